@@ -1,0 +1,128 @@
+/* Compute kernels: plain functions over raw float buffers (outputs first, then inputs, then
+ * sizes). Activations are NHWC. Every optimized kernel has a plain-C reference twin with the
+ * same signature and a `_ref` suffix; tests compare the two and check gradients by finite
+ * differences. Backward kernels ACCUMULATE into their gradient outputs (+=); a NULL gradient
+ * output is skipped. Private to the library and its tests: the public API is autograd.h. */
+#ifndef QT_KERNELS_H
+#define QT_KERNELS_H
+
+#include <stdint.h>
+
+/* ---- conv2d (oneDNN fp32 primitives, cached per shape) --------------------------------- */
+typedef struct {
+  int N, H, W, C;                 /* input (N, H, W, C) */
+  int OC, KH, KW;                 /* weight (OC, C/groups, KH, KW), PyTorch's OIHW layout */
+  int stride_h, stride_w;
+  int pad_h, pad_w;               /* symmetric zero padding */
+  int groups;                     /* C % groups == 0 and OC % groups == 0; depthwise: groups == C */
+  int OH, OW;                     /* derived by qt_conv2d_shape_init */
+} qt_conv2d_shape;
+
+/* Fills OH/OW; returns 0, or -1 when the shape is invalid (non-positive output, bad groups). */
+int qt_conv2d_shape_init(qt_conv2d_shape *s);
+
+/* out (N, OH, OW, OC) = conv(inp (N, H, W, C), weight (OC, C/groups, KH, KW)) + bias (OC) or NULL */
+void qt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias,
+                       const qt_conv2d_shape *s);
+void qt_conv2d_forward_ref(float *out, const float *inp, const float *weight, const float *bias,
+                           const qt_conv2d_shape *s);
+/* dinp (N,H,W,C) += ..., dweight (OC, C/groups, KH, KW) += ..., dbias (OC) += ... */
+void qt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const qt_conv2d_shape *s);
+void qt_conv2d_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, const qt_conv2d_shape *s);
+
+/* ---- linear (fully connected) ---------------------------------------------------------- */
+/* out (N, OUT) = inp (N, IN) @ weight (OUT, IN)^T + bias (OUT) or NULL */
+void qt_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                       int N, int IN, int OUT);
+void qt_linear_forward_ref(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int IN, int OUT);
+void qt_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int N, int IN, int OUT);
+void qt_linear_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int IN, int OUT);
+
+/* ---- batch norm over NHWC: M = N*H*W rows, C channels ----------------------------------- */
+/* Training: normalizes with the biased batch variance; writes the batch mean and
+ * invstd = 1/sqrt(var_biased + eps) (C each) for backward; updates running stats with
+ * running = (1-momentum)*running + momentum*batch, using the UNBIASED variance (M/(M-1)).
+ * running_mean/running_var may be NULL (no update). */
+void qt_batch_norm_forward_train(float *out, float *mean, float *invstd, const float *inp,
+                                 const float *gamma, const float *beta, float *running_mean,
+                                 float *running_var, float momentum, float eps, int M, int C);
+void qt_batch_norm_forward_train_ref(float *out, float *mean, float *invstd, const float *inp,
+                                     const float *gamma, const float *beta, float *running_mean,
+                                     float *running_var, float momentum, float eps, int M, int C);
+/* Eval: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta */
+void qt_batch_norm_forward_eval(float *out, const float *inp, const float *gamma, const float *beta,
+                                const float *running_mean, const float *running_var, float eps,
+                                int M, int C);
+void qt_batch_norm_forward_eval_ref(float *out, const float *inp, const float *gamma,
+                                    const float *beta, const float *running_mean,
+                                    const float *running_var, float eps, int M, int C);
+/* Backward of the training forward (batch statistics): mean/invstd as saved by forward. */
+void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                            const float *inp, const float *mean, const float *invstd,
+                            const float *gamma, int M, int C);
+void qt_batch_norm_backward_ref(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                                const float *inp, const float *mean, const float *invstd,
+                                const float *gamma, int M, int C);
+/* Backward of the eval forward (statistics are constants, e.g. frozen BN during QAT):
+ * pass invstd = 1/sqrt(running_var + eps) and mean = running_mean. */
+void qt_batch_norm_backward_eval(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                                 const float *inp, const float *mean, const float *invstd,
+                                 const float *gamma, int M, int C);
+void qt_batch_norm_backward_eval_ref(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                                     const float *inp, const float *mean, const float *invstd,
+                                     const float *gamma, int M, int C);
+
+/* ---- relu (out may alias inp) ---------------------------------------------------------- */
+void qt_relu_forward(float *out, const float *inp, int64_t n);
+void qt_relu_forward_ref(float *out, const float *inp, int64_t n);
+/* dinp += dout * (out > 0); uses the forward OUTPUT so relu can run in place. */
+void qt_relu_backward(float *dinp, const float *dout, const float *out, int64_t n);
+void qt_relu_backward_ref(float *dinp, const float *dout, const float *out, int64_t n);
+
+/* ---- pooling over NHWC ------------------------------------------------------------------ */
+typedef struct {
+  int N, H, W, C;
+  int KH, KW, stride_h, stride_w, pad_h, pad_w;
+  int OH, OW; /* derived by qt_pool2d_shape_init (floor mode, as PyTorch's default) */
+} qt_pool2d_shape;
+int qt_pool2d_shape_init(qt_pool2d_shape *s);
+
+/* Max pool; argmax (N, OH, OW, C) holds the flat index h*W+w of the chosen input (padding is
+ * -inf, ties pick the first in row-major window order, as PyTorch). */
+void qt_max_pool2d_forward(float *out, int32_t *argmax, const float *inp, const qt_pool2d_shape *s);
+void qt_max_pool2d_forward_ref(float *out, int32_t *argmax, const float *inp, const qt_pool2d_shape *s);
+void qt_max_pool2d_backward(float *dinp, const float *dout, const int32_t *argmax, const qt_pool2d_shape *s);
+void qt_max_pool2d_backward_ref(float *dinp, const float *dout, const int32_t *argmax, const qt_pool2d_shape *s);
+/* Average pool, count_include_pad = true (PyTorch's default). */
+void qt_avg_pool2d_forward(float *out, const float *inp, const qt_pool2d_shape *s);
+void qt_avg_pool2d_forward_ref(float *out, const float *inp, const qt_pool2d_shape *s);
+void qt_avg_pool2d_backward(float *dinp, const float *dout, const qt_pool2d_shape *s);
+void qt_avg_pool2d_backward_ref(float *dinp, const float *dout, const qt_pool2d_shape *s);
+/* Global average pool: out (N, C) = mean over H*W of inp (N, HW, C). */
+void qt_global_avg_pool_forward(float *out, const float *inp, int N, int HW, int C);
+void qt_global_avg_pool_forward_ref(float *out, const float *inp, int N, int HW, int C);
+void qt_global_avg_pool_backward(float *dinp, const float *dout, int N, int HW, int C);
+void qt_global_avg_pool_backward_ref(float *dinp, const float *dout, int N, int HW, int C);
+
+/* ---- add (residual) --------------------------------------------------------------------- */
+void qt_add_forward(float *out, const float *a, const float *b, int64_t n);
+void qt_add_forward_ref(float *out, const float *a, const float *b, int64_t n);
+/* da += dout; db += dout (either may be NULL) */
+void qt_add_backward(float *da, float *db, const float *dout, int64_t n);
+void qt_add_backward_ref(float *da, float *db, const float *dout, int64_t n);
+
+/* ---- softmax cross-entropy (mean over the batch) ---------------------------------------- */
+/* probs (N, C) receives softmax(logits); returns the mean negative log-likelihood.
+ * Labels must lie in [0, C). */
+float qt_cross_entropy_forward(float *probs, const float *logits, const int32_t *labels, int N, int C);
+float qt_cross_entropy_forward_ref(float *probs, const float *logits, const int32_t *labels, int N, int C);
+/* dlogits += dloss * (probs - onehot(labels)) / N */
+void qt_cross_entropy_backward(float *dlogits, const float *probs, const int32_t *labels, float dloss, int N, int C);
+void qt_cross_entropy_backward_ref(float *dlogits, const float *probs, const int32_t *labels, float dloss, int N, int C);
+
+#endif
