@@ -1,0 +1,85 @@
+/* Data: datasets held in memory as uint8 NHWC images with int32 labels (IDX, HDF5 or an
+ * image folder), and a loader that turns them into normalized, optionally shuffled and
+ * augmented float batches, prepared one batch ahead on a background thread.
+ *
+ * Everything the loader produces is a pure function of (seed, epoch, batch index), so a
+ * resumed training run sees exactly the batches an uninterrupted one would have seen. */
+#ifndef QT_DATA_H
+#define QT_DATA_H
+
+#include <stdint.h>
+
+#ifndef QT_ERR_LEN
+#define QT_ERR_LEN 512
+#endif
+
+/* ---------------------------------------------------------------- datasets */
+
+typedef struct {
+  int64_t n; int h, w, c;      /* images (n, h, w, c) uint8, NHWC; 1 <= c <= 4 */
+  int num_classes;             /* max label + 1, or the folder class count */
+  uint8_t *images;             /* (n, h, w, c) */
+  int32_t *labels;             /* (n), each in [0, num_classes) */
+  char **class_names;          /* NULL except for image folders (num_classes names) */
+} qt_dataset;
+
+/* All loaders: on success fill *ds (which must not hold data) and return 0; on failure leave
+ * *ds zeroed, write "data: <file>: <expected>, <found>" into err (QT_ERR_LEN bytes, may be
+ * NULL) and return -1. Buffers come from malloc; release them with qt_dataset_free. */
+
+/* MNIST IDX files (gzip'd or raw, detected from the content). Images: magic 0x00000803,
+ * dims (n, h, w); labels: magic 0x00000801, dim (n). c = 1. */
+int qt_dataset_load_idx(qt_dataset *ds, const char *images_path, const char *labels_path, char *err);
+
+/* HDF5 file with dataset "images" (uint8, (N,H,W,C) or (N,H,W)) and "labels" (any integer
+ * type, (N) or (N,1), values in [0, INT32_MAX]). */
+int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err);
+
+/* root/<class>/<file>.png|.jpg|.jpeg (extension case-insensitive; other files and names
+ * starting with '.' are ignored). Classes and files are sorted by name (byte order);
+ * label = class index. Images are decoded with `channels` channels (1..4; 1 = gray,
+ * 3 = RGB) and must all share the size of the first one. */
+int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char *err);
+
+/* Keeps the first n samples (n <= 0 or n >= ds->n: all). num_classes is unchanged. */
+void qt_dataset_limit(qt_dataset *ds, int64_t n);
+
+/* Frees every buffer and zeroes *ds; safe on a zeroed dataset. */
+void qt_dataset_free(qt_dataset *ds);
+
+/* ---------------------------------------------------------------- loader */
+
+typedef struct {
+  int batch_size;        /* > 0 */
+  int shuffle;           /* permute the samples every epoch */
+  uint64_t seed;
+  int drop_last;         /* drop a final partial batch */
+  float mean[4], std[4]; /* per channel: x = (pixel/255 - mean) / std; std != 0 */
+  int crop_pad;          /* > 0: pad with zero pixels by crop_pad, crop back to h x w at a
+                            random offset (0 <= crop_pad <= min(h, w)) */
+  int flip;              /* random horizontal flip, p = 0.5 (after the crop) */
+} qt_loader_config;
+
+typedef struct qt_loader qt_loader;   /* opaque */
+
+/* The loader keeps a pointer to ds (no copy): ds must outlive it and stay unchanged.
+ * Returns NULL and writes err on a bad configuration or out of memory. */
+qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, char *err);
+
+/* Begins epoch `epoch` (any value; order and augmentation depend only on seed and epoch)
+ * and starts preparing its first batches. A previous epoch still running is stopped. */
+void qt_loader_start_epoch(qt_loader *l, int epoch);
+
+/* Next batch of the current epoch: returns its size B (0 once the epoch is done) and sets
+ * *images to (B, h, w, c) normalized floats and *labels to (B). The pointers stay valid
+ * until the next call to qt_loader_next, qt_loader_start_epoch or qt_loader_free.
+ * Calling it before any qt_loader_start_epoch aborts (programming error). */
+int qt_loader_next(qt_loader *l, const float **images, const int32_t **labels);
+
+/* Batches per epoch: n / batch_size, rounded up unless drop_last. */
+int64_t qt_loader_num_batches(const qt_loader *l);
+
+/* Stops the background thread (if any) and frees the loader; NULL is fine. */
+void qt_loader_free(qt_loader *l);
+
+#endif

@@ -1,0 +1,631 @@
+/* Datasets: read MNIST IDX files (gzip'd or raw), HDF5 files and class-per-folder image trees
+ * into one uint8 NHWC buffer plus int32 labels. Every bad input is reported with the file,
+ * what was expected and what was found; a failed load leaves the dataset zeroed. */
+#include "data/data.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include <hdf5.h>
+#include <stb_image.h>
+#include <zlib.h>
+
+/* Largest image buffer we agree to allocate from a file header (16 GiB): a corrupt header
+ * then fails with a message instead of exhausting memory. */
+#define MAX_IMAGE_BYTES ((uint64_t)1 << 34)
+
+static void set_err(char *err, const char *fmt, ...) {
+  if (!err) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, QT_ERR_LEN, fmt, ap);
+  va_end(ap);
+}
+
+void qt_dataset_free(qt_dataset *ds) {
+  if (!ds) return;
+  free(ds->images);
+  free(ds->labels);
+  if (ds->class_names) {
+    for (int i = 0; i < ds->num_classes; i++) free(ds->class_names[i]);
+    free(ds->class_names);
+  }
+  memset(ds, 0, sizeof *ds);
+}
+
+void qt_dataset_limit(qt_dataset *ds, int64_t n) {
+  if (n <= 0 || n >= ds->n) return;
+  size_t image_bytes = (size_t)n * (size_t)ds->h * (size_t)ds->w * (size_t)ds->c;
+  /* Shrinking realloc may move or fail; on failure the larger block is still valid. */
+  uint8_t *images = realloc(ds->images, image_bytes);
+  if (images) ds->images = images;
+  int32_t *labels = realloc(ds->labels, (size_t)n * sizeof *labels);
+  if (labels) ds->labels = labels;
+  ds->n = n;
+}
+
+/* Sets num_classes to max label + 1; labels must already be >= 0. */
+static void set_num_classes(qt_dataset *ds) {
+  int32_t max = -1;
+  for (int64_t i = 0; i < ds->n; i++)
+    if (ds->labels[i] > max) max = ds->labels[i];
+  ds->num_classes = max + 1;
+}
+
+/* ================================================================ IDX */
+
+/* gzread reads gzip'd and raw files alike, so one path serves both. */
+typedef struct {
+  gzFile f;
+  const char *path;
+  char *err;
+} idx_file;
+
+static int idx_open(idx_file *f, const char *path, char *err) {
+  f->path = path;
+  f->err = err;
+  errno = 0;
+  f->f = gzopen(path, "rb");
+  if (!f->f) {
+    set_err(err, "data: %s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
+    return -1;
+  }
+  gzbuffer(f->f, 1 << 17);
+  return 0;
+}
+
+static void idx_close(idx_file *f) {
+  if (f->f) gzclose(f->f);
+  f->f = NULL;
+}
+
+/* zlib's message without the "path: " prefix gzerror puts in front of it. */
+static const char *gz_message(idx_file *f, int *code) {
+  const char *msg = gzerror(f->f, code);
+  size_t len = strlen(f->path);
+  if (strncmp(msg, f->path, len) == 0 && msg[len] == ':' && msg[len + 1] == ' ') msg += len + 2;
+  return msg;
+}
+
+/* Reads exactly len bytes of `what`; a short read is "truncated", a zlib error "corrupt". */
+static int idx_read(idx_file *f, void *buf, uint64_t len, const char *what) {
+  uint8_t *p = buf;
+  uint64_t done = 0;
+  while (done < len) {
+    uint64_t chunk = len - done;
+    if (chunk > (1u << 24)) chunk = 1u << 24;
+    int r = gzread(f->f, p + done, (unsigned)chunk);
+    if (r < 0) {
+      int code;
+      const char *msg = gz_message(f, &code);
+      set_err(f->err, "data: %s: corrupt compressed data (%s) while reading %" PRIu64 " %s bytes",
+              f->path, msg, len, what);
+      return -1;
+    }
+    if (r == 0) break;
+    done += (uint64_t)r;
+  }
+  if (done < len) {
+    int code;
+    const char *msg = gz_message(f, &code);
+    if (code != Z_OK && code != Z_STREAM_END)
+      set_err(f->err, "data: %s: truncated: expected %" PRIu64 " %s bytes, got %" PRIu64 " (%s)",
+              f->path, len, what, done, msg);
+    else
+      set_err(f->err, "data: %s: truncated: expected %" PRIu64 " %s bytes, got %" PRIu64,
+              f->path, len, what, done);
+    return -1;
+  }
+  return 0;
+}
+
+/* The data must end the file: trailing bytes mean the header does not describe the file, and
+ * reading on is what makes zlib verify the gzip trailer (CRC and length). */
+static int idx_expect_end(idx_file *f, uint64_t data_bytes) {
+  uint8_t extra;
+  int r = gzread(f->f, &extra, 1);
+  if (r < 0) {
+    int code;
+    const char *msg = gz_message(f, &code);
+    set_err(f->err, "data: %s: corrupt compressed data (%s) at the end of the stream", f->path, msg);
+    return -1;
+  }
+  if (r == 0) {
+    /* zlib reports a stream cut short (e.g. a missing CRC trailer) as a soft Z_BUF_ERROR. */
+    int code;
+    const char *msg = gz_message(f, &code);
+    if (code != Z_OK) {
+      set_err(f->err, "data: %s: truncated: the compressed stream ends early (%s) after %" PRIu64 " bytes of header and data",
+              f->path, msg, data_bytes);
+      return -1;
+    }
+  }
+  if (r > 0) {
+    set_err(f->err, "data: %s: expected the file to end after %" PRIu64 " bytes of header and data, found more",
+            f->path, data_bytes);
+    return -1;
+  }
+  return 0;
+}
+
+static uint32_t read_be32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* Reads magic and ndims dimensions; the magic 0x000008NN means unsigned bytes, NN dims. */
+static int idx_header(idx_file *f, int ndims, uint32_t *dims) {
+  uint8_t buf[4 * 4];
+  const uint32_t want = 0x00000800u | (uint32_t)ndims;
+  const char *kind = ndims == 3 ? "IDX images: unsigned bytes, 3 dimensions" : "IDX labels: unsigned bytes, 1 dimension";
+  if (idx_read(f, buf, 4, "magic number") != 0) return -1;
+  uint32_t magic = read_be32(buf);
+  if (magic != want) {
+    const char *hint = "";
+    if (magic == 0x00000801u) hint = " (an IDX labels file)";
+    else if (magic == 0x00000803u) hint = " (an IDX images file)";
+    else if ((magic & 0xffff0000u) != 0) hint = " (not an IDX file)";
+    set_err(f->err, "data: %s: bad magic number: expected 0x%08x (%s), found 0x%08x%s",
+            f->path, want, kind, magic, hint);
+    return -1;
+  }
+  if (idx_read(f, buf, 4 * (uint64_t)ndims, "header") != 0) return -1;
+  for (int i = 0; i < ndims; i++) dims[i] = read_be32(buf + 4 * i);
+  return 0;
+}
+
+int qt_dataset_load_idx(qt_dataset *ds, const char *images_path, const char *labels_path, char *err) {
+  qt_dataset out = {0};
+  idx_file fi = {0}, fl = {0};
+  uint8_t *raw_labels = NULL;
+  uint32_t idims[3], ldims[1];
+
+  if (idx_open(&fi, images_path, err) != 0) goto fail;
+  if (idx_header(&fi, 3, idims) != 0) goto fail;
+  if (idims[0] == 0 || idims[1] == 0 || idims[2] == 0) {
+    set_err(err, "data: %s: expected non-zero dimensions, found (%u, %u, %u)", images_path,
+            idims[0], idims[1], idims[2]);
+    goto fail;
+  }
+  uint64_t image_bytes = (uint64_t)idims[0] * idims[1] * idims[2];
+  if (idims[1] > 65535 || idims[2] > 65535 || image_bytes > MAX_IMAGE_BYTES) {
+    set_err(err, "data: %s: implausible dimensions (%u, %u, %u) in the header", images_path,
+            idims[0], idims[1], idims[2]);
+    goto fail;
+  }
+
+  if (idx_open(&fl, labels_path, err) != 0) goto fail;
+  if (idx_header(&fl, 1, ldims) != 0) goto fail;
+  if (ldims[0] != idims[0]) {
+    set_err(err, "data: %s: label count %u does not match image count %u in %s", labels_path,
+            ldims[0], idims[0], images_path);
+    goto fail;
+  }
+
+  out.n = idims[0];
+  out.h = (int)idims[1];
+  out.w = (int)idims[2];
+  out.c = 1;
+  out.images = malloc((size_t)image_bytes);
+  out.labels = malloc((size_t)out.n * sizeof *out.labels);
+  raw_labels = malloc((size_t)out.n);
+  if (!out.images || !out.labels || !raw_labels) {
+    set_err(err, "data: %s: out of memory for %" PRIu64 " image bytes", images_path, image_bytes);
+    goto fail;
+  }
+  if (idx_read(&fi, out.images, image_bytes, "image") != 0) goto fail;
+  if (idx_expect_end(&fi, 16 + image_bytes) != 0) goto fail;
+  if (idx_read(&fl, raw_labels, (uint64_t)out.n, "label") != 0) goto fail;
+  if (idx_expect_end(&fl, 8 + (uint64_t)out.n) != 0) goto fail;
+  idx_close(&fi);
+  idx_close(&fl);
+
+  /* IDX labels are unsigned bytes, so 0 <= label < 256 holds by construction. */
+  for (int64_t i = 0; i < out.n; i++) out.labels[i] = raw_labels[i];
+  free(raw_labels);
+  set_num_classes(&out);
+  *ds = out;
+  return 0;
+
+fail:
+  idx_close(&fi);
+  idx_close(&fl);
+  free(raw_labels);
+  qt_dataset_free(&out);
+  memset(ds, 0, sizeof *ds);
+  return -1;
+}
+
+/* ================================================================ HDF5 */
+
+static void describe_h5_type(hid_t type, char *buf, size_t len) {
+  H5T_class_t cls = H5Tget_class(type);
+  size_t bits = H5Tget_size(type) * 8;
+  switch (cls) {
+  case H5T_INTEGER:
+    snprintf(buf, len, "%s %zu-bit integer", H5Tget_sign(type) == H5T_SGN_NONE ? "unsigned" : "signed", bits);
+    break;
+  case H5T_FLOAT: snprintf(buf, len, "%zu-bit float", bits); break;
+  case H5T_STRING: snprintf(buf, len, "string"); break;
+  case H5T_ENUM: snprintf(buf, len, "enum (e.g. bool)"); break;
+  case H5T_COMPOUND: snprintf(buf, len, "compound"); break;
+  default: snprintf(buf, len, "type class %d", (int)cls); break;
+  }
+}
+
+static void describe_dims(const hsize_t *dims, int rank, char *buf, size_t len) {
+  size_t used = (size_t)snprintf(buf, len, "(");
+  for (int i = 0; i < rank && used < len; i++)
+    used += (size_t)snprintf(buf + used, len - used, i ? ", %llu" : "%llu", (unsigned long long)dims[i]);
+  if (used < len) snprintf(buf + used, len - used, rank == 1 ? ",)" : ")");
+}
+
+/* Opens dataset `name`, returning its id, type and simple-extent dims (rank <= 8). */
+static hid_t open_h5_dataset(hid_t file, const char *path, const char *name, const char *expected,
+                             hid_t *type, hsize_t *dims, int *rank, char *err) {
+  if (H5Lexists(file, name, H5P_DEFAULT) <= 0) {
+    set_err(err, "data: %s: missing dataset \"%s\" (expected %s)", path, name, expected);
+    return -1;
+  }
+  hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
+  if (d < 0) {
+    set_err(err, "data: %s: \"%s\" is not a readable dataset (expected %s)", path, name, expected);
+    return -1;
+  }
+  hid_t space = H5Dget_space(d);
+  *rank = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
+  if (*rank < 0 || *rank > 8) {
+    set_err(err, "data: %s: dataset \"%s\": expected %s, found an unreadable or rank > 8 dataspace", path, name, expected);
+    if (space >= 0) H5Sclose(space);
+    H5Dclose(d);
+    return -1;
+  }
+  H5Sget_simple_extent_dims(space, dims, NULL);
+  H5Sclose(space);
+  *type = H5Dget_type(d);
+  return d;
+}
+
+int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
+  qt_dataset out = {0};
+  hid_t file = -1, dimg = -1, dlab = -1, timg = -1, tlab = -1;
+  hsize_t idims[8], ldims[8];
+  int irank = 0, lrank = 0;
+  int64_t *raw_labels = NULL;
+  char tbuf[64], dbuf[160];
+  int status = -1;
+
+  /* The HDF5 library prints its error stack by default; our messages replace it. */
+  H5E_auto2_t old_func;
+  void *old_data;
+  H5Eget_auto2(H5E_DEFAULT, &old_func, &old_data);
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+
+  FILE *probe = fopen(path, "rb");
+  if (!probe) {
+    set_err(err, "data: %s: cannot open: %s", path, strerror(errno));
+    goto done;
+  }
+  fclose(probe);
+  if (H5Fis_hdf5(path) <= 0) {
+    set_err(err, "data: %s: expected an HDF5 file, found no HDF5 signature", path);
+    goto done;
+  }
+  file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (file < 0) {
+    set_err(err, "data: %s: cannot open as HDF5 (corrupt or unsupported file)", path);
+    goto done;
+  }
+
+  const char *img_expected = "uint8 images of shape (N,H,W,C) or (N,H,W)";
+  dimg = open_h5_dataset(file, path, "images", img_expected, &timg, idims, &irank, err);
+  if (dimg < 0) goto done;
+  if (H5Tget_class(timg) != H5T_INTEGER || H5Tget_size(timg) != 1 || H5Tget_sign(timg) != H5T_SGN_NONE) {
+    describe_h5_type(timg, tbuf, sizeof tbuf);
+    set_err(err, "data: %s: dataset \"images\": expected uint8, found %s", path, tbuf);
+    goto done;
+  }
+  describe_dims(idims, irank, dbuf, sizeof dbuf);
+  if (irank != 3 && irank != 4) {
+    set_err(err, "data: %s: dataset \"images\": expected rank 3 (N,H,W) or 4 (N,H,W,C), found rank %d %s",
+            path, irank, dbuf);
+    goto done;
+  }
+  hsize_t channels = irank == 4 ? idims[3] : 1;
+  if (idims[0] == 0 || idims[1] == 0 || idims[2] == 0 || channels < 1 || channels > 4 ||
+      idims[1] > 65535 || idims[2] > 65535) {
+    set_err(err, "data: %s: dataset \"images\": expected N, H, W > 0 and 1 <= C <= 4, found %s", path, dbuf);
+    goto done;
+  }
+  uint64_t image_bytes = (uint64_t)idims[0] * idims[1] * idims[2] * channels;
+  if (idims[0] > MAX_IMAGE_BYTES || image_bytes > MAX_IMAGE_BYTES) {
+    set_err(err, "data: %s: dataset \"images\": implausibly large shape %s", path, dbuf);
+    goto done;
+  }
+
+  const char *lab_expected = "integer labels of shape (N)";
+  dlab = open_h5_dataset(file, path, "labels", lab_expected, &tlab, ldims, &lrank, err);
+  if (dlab < 0) goto done;
+  if (H5Tget_class(tlab) != H5T_INTEGER) {
+    describe_h5_type(tlab, tbuf, sizeof tbuf);
+    set_err(err, "data: %s: dataset \"labels\": expected an integer type, found %s", path, tbuf);
+    goto done;
+  }
+  describe_dims(ldims, lrank, dbuf, sizeof dbuf);
+  if (!(lrank == 1 || (lrank == 2 && ldims[1] == 1))) {
+    set_err(err, "data: %s: dataset \"labels\": expected rank 1 (N), found rank %d %s", path, lrank, dbuf);
+    goto done;
+  }
+  if (ldims[0] != idims[0]) {
+    set_err(err, "data: %s: dataset \"labels\" has %llu entries but \"images\" has %llu", path,
+            (unsigned long long)ldims[0], (unsigned long long)idims[0]);
+    goto done;
+  }
+
+  out.n = (int64_t)idims[0];
+  out.h = (int)idims[1];
+  out.w = (int)idims[2];
+  out.c = (int)channels;
+  out.images = malloc((size_t)image_bytes);
+  out.labels = malloc((size_t)out.n * sizeof *out.labels);
+  raw_labels = malloc((size_t)out.n * sizeof *raw_labels);
+  if (!out.images || !out.labels || !raw_labels) {
+    set_err(err, "data: %s: out of memory for %" PRIu64 " image bytes", path, image_bytes);
+    goto done;
+  }
+  if (H5Dread(dimg, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.images) < 0) {
+    set_err(err, "data: %s: dataset \"images\": read failed (corrupt or truncated file)", path);
+    goto done;
+  }
+  /* Read as int64 so any integer type converts without wrapping; range-check below. */
+  if (H5Dread(dlab, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw_labels) < 0) {
+    set_err(err, "data: %s: dataset \"labels\": read failed (corrupt or truncated file)", path);
+    goto done;
+  }
+  for (int64_t i = 0; i < out.n; i++) {
+    if (raw_labels[i] < 0 || raw_labels[i] > INT32_MAX) {
+      set_err(err, "data: %s: dataset \"labels\"[%" PRId64 "]: expected a label in [0, %d], found %" PRId64,
+              path, i, INT32_MAX, raw_labels[i]);
+      goto done;
+    }
+    out.labels[i] = (int32_t)raw_labels[i];
+  }
+  set_num_classes(&out);
+  status = 0;
+
+done:
+  free(raw_labels);
+  if (timg >= 0) H5Tclose(timg);
+  if (tlab >= 0) H5Tclose(tlab);
+  if (dimg >= 0) H5Dclose(dimg);
+  if (dlab >= 0) H5Dclose(dlab);
+  if (file >= 0) H5Fclose(file);
+  H5Eset_auto2(H5E_DEFAULT, old_func, old_data);
+  if (status == 0) {
+    *ds = out;
+  } else {
+    qt_dataset_free(&out);
+    memset(ds, 0, sizeof *ds);
+  }
+  return status;
+}
+
+/* ================================================================ image folder */
+
+typedef struct {
+  char **items;
+  size_t n, cap;
+} name_list;
+
+static void name_list_free(name_list *l) {
+  for (size_t i = 0; i < l->n; i++) free(l->items[i]);
+  free(l->items);
+  memset(l, 0, sizeof *l);
+}
+
+static int name_list_push(name_list *l, const char *s) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    char **items = realloc(l->items, cap * sizeof *items);
+    if (!items) return -1;
+    l->items = items;
+    l->cap = cap;
+  }
+  char *copy = strdup(s);
+  if (!copy) return -1;
+  l->items[l->n++] = copy;
+  return 0;
+}
+
+static int compare_names(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int has_image_extension(const char *name) {
+  const char *dot = strrchr(name, '.');
+  if (!dot || dot == name) return 0;
+  return !strcasecmp(dot, ".png") || !strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg");
+}
+
+static char *join_path(const char *dir, const char *name) {
+  size_t len = strlen(dir) + 1 + strlen(name) + 1;
+  char *p = malloc(len);
+  if (p) snprintf(p, len, "%s/%s", dir, name);
+  return p;
+}
+
+/* Lists the entries of dir that are directories (want_dirs) or image files, sorted by name. */
+static int list_entries(const char *dir, int want_dirs, name_list *out, char *err) {
+  DIR *d = opendir(dir);
+  if (!d) {
+    set_err(err, "data: %s: cannot open folder: %s", dir, strerror(errno));
+    return -1;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    if (!want_dirs && !has_image_extension(e->d_name)) continue;
+    char *full = join_path(dir, e->d_name);
+    struct stat st;
+    if (!full) goto oom;
+    int ok = stat(full, &st) == 0 && (want_dirs ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode));
+    free(full);
+    if (ok && name_list_push(out, e->d_name) != 0) goto oom;
+  }
+  closedir(d);
+  if (out->n) qsort(out->items, out->n, sizeof *out->items, compare_names);
+  return 0;
+oom:
+  closedir(d);
+  set_err(err, "data: %s: out of memory listing the folder", dir);
+  return -1;
+}
+
+/* Per-file outcome of the parallel decode, reported afterwards for the first failing file. */
+typedef struct {
+  const char *reason;   /* stbi_failure_reason() of a failed decode, else NULL */
+  int w, h;             /* found size, when it differs from the first image */
+} decode_status;
+
+int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char *err) {
+  qt_dataset out = {0};
+  name_list classes = {0}, files = {0};
+  int32_t *file_labels = NULL;
+  decode_status *status = NULL;
+  int result = -1;
+
+  if (channels < 1 || channels > 4) {
+    set_err(err, "data: %s: expected channels in 1..4 (1 gray, 3 RGB), found %d", root, channels);
+    goto done;
+  }
+  if (list_entries(root, 1, &classes, err) != 0) goto done;
+  if (classes.n == 0) {
+    set_err(err, "data: %s: expected class folders %s/<class>/ holding images, found none", root, root);
+    goto done;
+  }
+  if (classes.n > INT32_MAX) {
+    set_err(err, "data: %s: too many class folders (%zu)", root, classes.n);
+    goto done;
+  }
+
+  /* Gather every file path with its class index, in sorted class then file order. */
+  for (size_t k = 0; k < classes.n; k++) {
+    char *class_dir = join_path(root, classes.items[k]);
+    name_list names = {0};
+    if (!class_dir) {
+      set_err(err, "data: %s: out of memory", root);
+      goto done;
+    }
+    int rc = list_entries(class_dir, 0, &names, err);
+    if (rc == 0 && names.n == 0) {
+      set_err(err, "data: %s: expected .png/.jpg/.jpeg images in class folder, found none", class_dir);
+      rc = -1;
+    }
+    int32_t *grown = rc == 0 ? realloc(file_labels, (files.n + names.n) * sizeof *grown) : NULL;
+    if (rc == 0 && !grown) {
+      set_err(err, "data: %s: out of memory", root);
+      rc = -1;
+    }
+    if (grown) file_labels = grown;
+    for (size_t i = 0; rc == 0 && i < names.n; i++) {
+      char *full = join_path(class_dir, names.items[i]);
+      if (!full || name_list_push(&files, full) != 0) {
+        set_err(err, "data: %s: out of memory", root);
+        rc = -1;
+      } else {
+        file_labels[files.n - 1] = (int32_t)k;
+      }
+      free(full);
+    }
+    name_list_free(&names);
+    free(class_dir);
+    if (rc != 0) goto done;
+  }
+
+  /* The first image fixes the size every other image must have. */
+  int w0, h0, comp;
+  uint8_t *pix = stbi_load(files.items[0], &w0, &h0, &comp, channels);
+  if (!pix) {
+    set_err(err, "data: %s: cannot decode image: %s", files.items[0], stbi_failure_reason());
+    goto done;
+  }
+  size_t image_size = (size_t)w0 * (size_t)h0 * (size_t)channels;
+  if ((uint64_t)image_size * files.n > MAX_IMAGE_BYTES) {
+    stbi_image_free(pix);
+    set_err(err, "data: %s: %zu images of %dx%dx%d exceed the %" PRIu64 "-byte limit", root, files.n, h0, w0,
+            channels, MAX_IMAGE_BYTES);
+    goto done;
+  }
+  out.n = (int64_t)files.n;
+  out.h = h0;
+  out.w = w0;
+  out.c = channels;
+  out.images = malloc(files.n * image_size);
+  out.labels = malloc(files.n * sizeof *out.labels);
+  status = calloc(files.n, sizeof *status);
+  if (!out.images || !out.labels || !status) {
+    stbi_image_free(pix);
+    set_err(err, "data: %s: out of memory for %zu images of %dx%dx%d", root, files.n, h0, w0, channels);
+    goto done;
+  }
+  memcpy(out.images, pix, image_size);
+  stbi_image_free(pix);
+
+  /* stbi_failure_reason is thread-local in this stb, so files decode in parallel; errors are
+   * reported afterwards for the first failing file so the message does not depend on timing. */
+  const int64_t nfiles = (int64_t)files.n;
+  #pragma omp parallel for schedule(dynamic, 8)
+  for (int64_t i = 1; i < nfiles; i++) {
+    int w, h, cc;
+    uint8_t *p = stbi_load(files.items[i], &w, &h, &cc, channels);
+    if (!p) {
+      status[i].reason = stbi_failure_reason();
+      if (!status[i].reason) status[i].reason = "unknown error";
+      continue;
+    }
+    if (w != w0 || h != h0) {
+      status[i].w = w;
+      status[i].h = h;
+    } else {
+      memcpy(out.images + (size_t)i * image_size, p, image_size);
+    }
+    stbi_image_free(p);
+  }
+  for (size_t i = 1; i < files.n; i++) {
+    if (status[i].reason) {
+      set_err(err, "data: %s: cannot decode image: %s", files.items[i], status[i].reason);
+      goto done;
+    }
+    if (status[i].w) {
+      set_err(err, "data: %s: expected %dx%d (width x height) like %s, found %dx%d", files.items[i],
+              w0, h0, files.items[0], status[i].w, status[i].h);
+      goto done;
+    }
+  }
+
+  memcpy(out.labels, file_labels, files.n * sizeof *out.labels);
+  out.num_classes = (int)classes.n;
+  out.class_names = classes.items;   /* ownership moves to the dataset */
+  classes.items = NULL;
+  classes.n = classes.cap = 0;
+  result = 0;
+
+done:
+  free(status);
+  free(file_labels);
+  name_list_free(&files);
+  name_list_free(&classes);
+  if (result == 0) {
+    *ds = out;
+  } else {
+    qt_dataset_free(&out);
+    memset(ds, 0, sizeof *ds);
+  }
+  return result;
+}

@@ -1,0 +1,318 @@
+/* Loader: turns a uint8 dataset into normalized float batches, shuffled and augmented as a
+ * pure function of (seed, epoch, batch index), so resuming a run reproduces it exactly.
+ * A background thread fills batch k+1 while the trainer uses batch k (double buffering);
+ * if the thread cannot be started, batches are filled on the caller's thread instead. */
+#include "data/data.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOADER_ABORT(msg) do { fprintf(stderr, "%s:%d: data loader: %s\n", __FILE__, __LINE__, msg); abort(); } while (0)
+#define LOADER_CHECK(call) do { if ((call) != 0) LOADER_ABORT(#call " failed"); } while (0)
+
+/* Domain constants keep the shuffle and augmentation streams independent for one seed. */
+#define SHUFFLE_DOMAIN 0x53485546464c4555ull
+#define AUGMENT_DOMAIN 0x4155474d454e5455ull
+
+struct qt_loader {
+  const qt_dataset *ds;
+  qt_loader_config cfg;
+  int64_t num_batches;
+  size_t sample_size;          /* h * w * c */
+  int batch_capacity;          /* min(batch_size, n): rows in each slot */
+  float lut[4][256];           /* normalized value of each pixel value, per channel */
+  int64_t *order;              /* (n) dataset index at each position of the epoch */
+
+  /* Double buffer: batch b lives in slot b % 2. slot_batch[s] is the batch the slot holds,
+   * or -1 while it is free; the worker writes only free slots, the trainer reads only filled
+   * ones, and both hand slots over under mu. */
+  float *slot_images[2];       /* (batch_capacity, h, w, c) */
+  int32_t *slot_labels[2];     /* (batch_capacity) */
+  int slot_count[2];
+  int64_t slot_batch[2];
+
+  int started;                 /* an epoch has been started */
+  int epoch;
+  int64_t next_batch;          /* batch the trainer receives next */
+  int held_slot;               /* slot returned by the last qt_loader_next, or -1 */
+
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  pthread_t thread;
+  int thread_running;
+  int stop;                    /* asks the worker to quit (under mu) */
+};
+
+static void set_err(char *err, const char *fmt, ...) {
+  if (!err) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, QT_ERR_LEN, fmt, ap);
+  va_end(ap);
+}
+
+/* ---------------------------------------------------------------- random numbers */
+
+static uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* splitmix64: the state advances by the golden-ratio increment, the output is mix64. */
+static uint64_t rng_next(uint64_t *state) {
+  uint64_t z = *state;
+  *state += 0x9e3779b97f4a7c15ull;
+  return mix64(z);
+}
+
+/* Uniform in [0, bound) without modulo bias. */
+static uint64_t rng_below(uint64_t *state, uint64_t bound) {
+  uint64_t threshold = (0 - bound) % bound;
+  for (;;) {
+    uint64_t r = rng_next(state);
+    if (r >= threshold) return r % bound;
+  }
+}
+
+static uint64_t epoch_key(uint64_t seed, uint64_t domain, int epoch) {
+  return mix64(mix64(seed ^ domain) ^ (uint64_t)(int64_t)epoch);
+}
+
+/* ---------------------------------------------------------------- batch filling */
+
+static void compute_order(qt_loader *l) {
+  const int64_t n = l->ds->n;
+  for (int64_t i = 0; i < n; i++) l->order[i] = i;
+  if (!l->cfg.shuffle) return;
+  uint64_t state = epoch_key(l->cfg.seed, SHUFFLE_DOMAIN, l->epoch);
+  for (int64_t i = n - 1; i > 0; i--) {
+    int64_t j = (int64_t)rng_below(&state, (uint64_t)i + 1);
+    int64_t t = l->order[i];
+    l->order[i] = l->order[j];
+    l->order[j] = t;
+  }
+}
+
+/* Writes one sample: pad with zero pixels, crop h x w at (dy, dx) of the padded image, then
+ * mirror if flip; normalization goes through the per-channel lookup table. */
+static void fill_sample(const qt_loader *l, float *dst, const uint8_t *src, int dy, int dx, int flip) {
+  const int h = l->ds->h, w = l->ds->w, c = l->ds->c, pad = l->cfg.crop_pad;
+  if (dy == pad && dx == pad && !flip) {
+    if (c == 1) {
+      const float *lut = l->lut[0];
+      for (size_t p = 0; p < l->sample_size; p++) dst[p] = lut[src[p]];
+    } else {
+      for (size_t p = 0; p < l->sample_size; p += (size_t)c)
+        for (int ch = 0; ch < c; ch++) dst[p + ch] = l->lut[ch][src[p + ch]];
+    }
+    return;
+  }
+  for (int y = 0; y < h; y++) {
+    const int sy = y + dy - pad;
+    for (int x = 0; x < w; x++) {
+      const int sx = (flip ? w - 1 - x : x) + dx - pad;
+      float *out = dst + ((size_t)y * w + x) * c;
+      if (sy < 0 || sy >= h || sx < 0 || sx >= w) {
+        for (int ch = 0; ch < c; ch++) out[ch] = l->lut[ch][0];
+      } else {
+        const uint8_t *in = src + ((size_t)sy * w + sx) * c;
+        for (int ch = 0; ch < c; ch++) out[ch] = l->lut[ch][in[ch]];
+      }
+    }
+  }
+}
+
+/* Fills slot s with batch b of the current epoch: a pure function of (seed, epoch, b). */
+static void fill_batch(qt_loader *l, int64_t b, int s) {
+  const qt_dataset *ds = l->ds;
+  const int64_t start = b * l->cfg.batch_size;
+  int64_t count = ds->n - start;
+  if (count > l->cfg.batch_size) count = l->cfg.batch_size;
+  const int augment = l->cfg.crop_pad > 0 || l->cfg.flip;
+  const uint64_t aug_key = epoch_key(l->cfg.seed, AUGMENT_DOMAIN, l->epoch);
+  for (int64_t i = 0; i < count; i++) {
+    const int64_t pos = start + i;
+    const int64_t idx = l->order[pos];
+    int dy = l->cfg.crop_pad, dx = l->cfg.crop_pad, flip = 0;
+    if (augment) {
+      /* Always three draws in the same order, so enabling one augmentation leaves the
+       * others' random numbers unchanged. */
+      uint64_t state = mix64(aug_key ^ (uint64_t)pos);
+      uint64_t span = 2 * (uint64_t)l->cfg.crop_pad + 1;
+      int ry = (int)rng_below(&state, span);
+      int rx = (int)rng_below(&state, span);
+      int rf = (int)(rng_next(&state) >> 63);
+      if (l->cfg.crop_pad > 0) { dy = ry; dx = rx; }
+      if (l->cfg.flip) flip = rf;
+    }
+    l->slot_labels[s][i] = ds->labels[idx];
+    fill_sample(l, l->slot_images[s] + (size_t)i * l->sample_size,
+                ds->images + (size_t)idx * l->sample_size, dy, dx, flip);
+  }
+  l->slot_count[s] = (int)count;
+}
+
+/* ---------------------------------------------------------------- prefetch thread */
+
+static void *worker_main(void *arg) {
+  qt_loader *l = arg;
+  for (int64_t b = 0; b < l->num_batches; b++) {
+    const int s = (int)(b % 2);
+    pthread_mutex_lock(&l->mu);
+    while (!l->stop && l->slot_batch[s] != -1) pthread_cond_wait(&l->cv, &l->mu);
+    const int stop = l->stop;
+    pthread_mutex_unlock(&l->mu);
+    if (stop) break;
+    fill_batch(l, b, s);
+    pthread_mutex_lock(&l->mu);
+    l->slot_batch[s] = b;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+  }
+  return NULL;
+}
+
+static void stop_worker(qt_loader *l) {
+  if (!l->thread_running) return;
+  pthread_mutex_lock(&l->mu);
+  l->stop = 1;
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+  LOADER_CHECK(pthread_join(l->thread, NULL));
+  l->thread_running = 0;
+  l->stop = 0;
+}
+
+/* ---------------------------------------------------------------- public API */
+
+qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, char *err) {
+  if (!ds || !cfg) {
+    set_err(err, "data loader: expected a dataset and a configuration, found NULL");
+    return NULL;
+  }
+  if (ds->n <= 0 || !ds->images || !ds->labels || ds->h <= 0 || ds->w <= 0 || ds->c < 1 || ds->c > 4) {
+    set_err(err, "data loader: expected a loaded dataset with n > 0 and 1 <= c <= 4, found n=%lld h=%d w=%d c=%d",
+            (long long)ds->n, ds->h, ds->w, ds->c);
+    return NULL;
+  }
+  if (cfg->batch_size <= 0) {
+    set_err(err, "data loader: expected batch_size > 0, found %d", cfg->batch_size);
+    return NULL;
+  }
+  if (cfg->drop_last && ds->n < cfg->batch_size) {
+    set_err(err, "data loader: batch_size %d with drop_last leaves no batch of a dataset of %lld samples",
+            cfg->batch_size, (long long)ds->n);
+    return NULL;
+  }
+  const int min_side = ds->h < ds->w ? ds->h : ds->w;
+  if (cfg->crop_pad < 0 || cfg->crop_pad > min_side) {
+    set_err(err, "data loader: expected 0 <= crop_pad <= %d (the smaller image side), found %d", min_side, cfg->crop_pad);
+    return NULL;
+  }
+  for (int ch = 0; ch < ds->c; ch++) {
+    if (!isfinite(cfg->mean[ch]) || !isfinite(cfg->std[ch]) || cfg->std[ch] == 0.0f) {
+      set_err(err, "data loader: channel %d: expected a finite mean and a finite non-zero std, found mean %g std %g",
+              ch, (double)cfg->mean[ch], (double)cfg->std[ch]);
+      return NULL;
+    }
+  }
+
+  qt_loader *l = calloc(1, sizeof *l);
+  if (!l) {
+    set_err(err, "data loader: out of memory");
+    return NULL;
+  }
+  l->ds = ds;
+  l->cfg = *cfg;
+  l->num_batches = cfg->drop_last ? ds->n / cfg->batch_size : (ds->n + cfg->batch_size - 1) / cfg->batch_size;
+  l->sample_size = (size_t)ds->h * (size_t)ds->w * (size_t)ds->c;
+  l->batch_capacity = ds->n < cfg->batch_size ? (int)ds->n : cfg->batch_size;
+  l->held_slot = -1;
+  l->slot_batch[0] = l->slot_batch[1] = -1;
+  for (int ch = 0; ch < ds->c; ch++)
+    for (int p = 0; p < 256; p++)
+      l->lut[ch][p] = ((float)p / 255.0f - cfg->mean[ch]) / cfg->std[ch];
+  l->order = malloc((size_t)ds->n * sizeof *l->order);
+  for (int s = 0; s < 2; s++) {
+    l->slot_images[s] = malloc((size_t)l->batch_capacity * l->sample_size * sizeof(float));
+    l->slot_labels[s] = malloc((size_t)l->batch_capacity * sizeof(int32_t));
+  }
+  if (!l->order || !l->slot_images[0] || !l->slot_images[1] || !l->slot_labels[0] || !l->slot_labels[1]) {
+    set_err(err, "data loader: out of memory for batches of %d x %zu", l->batch_capacity, l->sample_size);
+    for (int s = 0; s < 2; s++) { free(l->slot_images[s]); free(l->slot_labels[s]); }
+    free(l->order);
+    free(l);
+    return NULL;
+  }
+  LOADER_CHECK(pthread_mutex_init(&l->mu, NULL));
+  LOADER_CHECK(pthread_cond_init(&l->cv, NULL));
+  return l;
+}
+
+void qt_loader_start_epoch(qt_loader *l, int epoch) {
+  if (!l) LOADER_ABORT("qt_loader_start_epoch: NULL loader");
+  stop_worker(l);
+  l->epoch = epoch;
+  l->started = 1;
+  l->next_batch = 0;
+  l->held_slot = -1;
+  l->slot_batch[0] = l->slot_batch[1] = -1;
+  compute_order(l);
+  if (l->num_batches > 0 && pthread_create(&l->thread, NULL, worker_main, l) == 0)
+    l->thread_running = 1;
+}
+
+int qt_loader_next(qt_loader *l, const float **images, const int32_t **labels) {
+  if (!l) LOADER_ABORT("qt_loader_next: NULL loader");
+  if (!l->started) LOADER_ABORT("qt_loader_next called before qt_loader_start_epoch");
+  if (l->held_slot >= 0) {
+    pthread_mutex_lock(&l->mu);
+    l->slot_batch[l->held_slot] = -1;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    l->held_slot = -1;
+  }
+  if (l->next_batch >= l->num_batches) {
+    if (images) *images = NULL;
+    if (labels) *labels = NULL;
+    return 0;
+  }
+  const int64_t b = l->next_batch;
+  const int s = (int)(b % 2);
+  if (l->thread_running) {
+    pthread_mutex_lock(&l->mu);
+    while (l->slot_batch[s] != b) pthread_cond_wait(&l->cv, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+  } else {
+    fill_batch(l, b, s);   /* no worker thread: fill on the caller's thread */
+    l->slot_batch[s] = b;
+  }
+  l->held_slot = s;
+  l->next_batch = b + 1;
+  if (images) *images = l->slot_images[s];
+  if (labels) *labels = l->slot_labels[s];
+  return l->slot_count[s];
+}
+
+int64_t qt_loader_num_batches(const qt_loader *l) {
+  return l ? l->num_batches : 0;
+}
+
+void qt_loader_free(qt_loader *l) {
+  if (!l) return;
+  stop_worker(l);
+  pthread_cond_destroy(&l->cv);
+  pthread_mutex_destroy(&l->mu);
+  for (int s = 0; s < 2; s++) {
+    free(l->slot_images[s]);
+    free(l->slot_labels[s]);
+  }
+  free(l->order);
+  free(l);
+}
