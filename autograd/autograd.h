@@ -1,0 +1,86 @@
+/* Tensors, the per-step arena, the tape and the differentiable ops.
+ *
+ * A qt_ctx owns one training step's memory: an arena from which activations, their
+ * gradients and the tape's saved state are bump-allocated, rewound by qt_ctx_reset (no
+ * per-tensor frees). With gradients enabled, every op whose inputs require grad appends a
+ * backward record to the tape; qt_backward replays it in reverse. Parameters live outside the
+ * arena (long-lived slabs owned by the graph) and their gradients ACCUMULATE.
+ * Activations are NHWC: (N, H, W, C); flattened features are (N, F). */
+#ifndef QT_AUTOGRAD_H
+#define QT_AUTOGRAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QT_MAX_DIMS 4
+
+typedef enum { QT_F32, QT_I8, QT_U8, QT_I32, QT_DTYPE_COUNT } qt_dtype;
+const char *qt_dtype_name(qt_dtype t);
+size_t qt_dtype_size(qt_dtype t);
+
+typedef struct qt_tensor {
+  qt_dtype dtype;
+  int ndim;
+  int64_t shape[QT_MAX_DIMS];
+  void *data;
+  float *grad;       /* same numel as data (f32 only); NULL until backward needs it */
+  int requires_grad;
+} qt_tensor;
+
+static inline float *qt_f32(const qt_tensor *t) { return (float *)t->data; }
+int64_t qt_tensor_numel(const qt_tensor *t);
+
+typedef struct qt_ctx qt_ctx;
+
+qt_ctx *qt_ctx_create(void);
+void qt_ctx_free(qt_ctx *ctx);
+/* Rewinds the arena and clears the tape: every tensor made since is gone. */
+void qt_ctx_reset(qt_ctx *ctx);
+void qt_ctx_set_grad(qt_ctx *ctx, int enabled);
+int qt_ctx_grad_enabled(const qt_ctx *ctx);
+/* Bytes the arena held at its fullest so far. */
+size_t qt_ctx_peak_bytes(const qt_ctx *ctx);
+
+/* 64-byte aligned arena memory, uninitialized (or zeroed). */
+void *qt_arena_alloc(qt_ctx *ctx, size_t bytes);
+void *qt_arena_calloc(qt_ctx *ctx, size_t bytes);
+
+/* A new arena tensor (uninitialized data). */
+qt_tensor *qt_tensor_new(qt_ctx *ctx, qt_dtype dtype, int ndim, const int64_t *shape);
+/* An arena tensor header over caller-owned data (e.g. a parameter slab or a loader batch). */
+qt_tensor *qt_tensor_wrap(qt_ctx *ctx, qt_dtype dtype, int ndim, const int64_t *shape, void *data);
+/* The gradient buffer of t, allocated zeroed in the arena on first use. */
+float *qt_tensor_grad(qt_ctx *ctx, qt_tensor *t);
+
+/* Seeds d(loss) = 1 for a one-element loss and replays the tape in reverse. */
+void qt_backward(qt_ctx *ctx, qt_tensor *loss);
+
+/* ---- differentiable ops: each returns a new arena tensor ------------------------------ */
+/* x (N,H,W,C), w (OC, C/groups, KH, KW), b (OC) or NULL -> (N, OH, OW, OC) */
+qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
+                     int pad_h, int pad_w, int groups);
+/* BatchNorm over the last dim. training: batch statistics, running stats updated in place
+ * (momentum, unbiased variance); otherwise running stats. */
+qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
+                         float *running_var, int training, float momentum, float eps);
+/* inplace: the output reuses x's memory (x must have no other consumer). */
+qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace);
+qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad);
+qt_tensor *qt_avg_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad);
+/* (N,H,W,C) -> (N,C) */
+qt_tensor *qt_global_avg_pool(qt_ctx *ctx, qt_tensor *x);
+/* (N, ...) -> (N, prod(...)); a view sharing memory, in NHWC order. */
+qt_tensor *qt_flatten(qt_ctx *ctx, qt_tensor *x);
+/* x (N, IN), w (OUT, IN), b (OUT) or NULL -> (N, OUT) */
+qt_tensor *qt_linear(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b);
+qt_tensor *qt_add(qt_ctx *ctx, qt_tensor *a, qt_tensor *b);
+/* Mean softmax cross-entropy of logits (N, C) against labels (N) in [0, C): a (1) tensor.
+ * If probs_out is not NULL it receives the arena softmax (N, C). */
+qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *labels, float **probs_out);
+
+/* ---- invariant checks (always on) ------------------------------------------------------ */
+void qt_panic(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
+#define QT_ASSERT(cond, ...) \
+  do { if (!(cond)) qt_panic(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+
+#endif

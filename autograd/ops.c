@@ -1,0 +1,334 @@
+/* Differentiable ops: shape checks, output allocation, the kernel call and the tape record.
+ * Shape errors here are programming errors (graphs validate shapes when they are built), so
+ * they abort with file:line and both shapes. */
+#include "autograd/autograd.h"
+#include "autograd/kernels.h"
+#include "autograd/tape.h"
+
+#include <math.h>
+#include <string.h>
+
+static void check_f32(const qt_tensor *t, int ndim, const char *op, const char *what) {
+  QT_ASSERT(t->dtype == QT_F32, "%s: %s is %s, want float32", op, what, qt_dtype_name(t->dtype));
+  QT_ASSERT(ndim < 0 || t->ndim == ndim, "%s: %s has rank %d, want %d", op, what, t->ndim, ndim);
+}
+
+/* ---- conv2d ----------------------------------------------------------------------------- */
+typedef struct {
+  qt_tensor *x, *w, *b, *y;
+  qt_conv2d_shape s;
+} conv_saved;
+
+static void conv2d_backward(qt_ctx *ctx, void *p) {
+  conv_saved *s = p;
+  if (!s->y->grad) return;
+  float *dx = s->x->requires_grad ? qt_tensor_grad(ctx, s->x) : NULL;
+  float *dw = s->w->requires_grad ? qt_tensor_grad(ctx, s->w) : NULL;
+  float *db = s->b && s->b->requires_grad ? qt_tensor_grad(ctx, s->b) : NULL;
+  qt_conv2d_backward(dx, dw, db, s->y->grad, qt_f32(s->x), qt_f32(s->w), &s->s);
+}
+
+qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
+                     int pad_h, int pad_w, int groups) {
+  check_f32(x, 4, "conv2d", "input");
+  check_f32(w, 4, "conv2d", "weight");
+  qt_conv2d_shape s = {
+      .N = (int)x->shape[0], .H = (int)x->shape[1], .W = (int)x->shape[2], .C = (int)x->shape[3],
+      .OC = (int)w->shape[0], .KH = (int)w->shape[2], .KW = (int)w->shape[3],
+      .stride_h = stride_h, .stride_w = stride_w, .pad_h = pad_h, .pad_w = pad_w, .groups = groups};
+  QT_ASSERT(groups >= 1 && w->shape[1] * groups == x->shape[3],
+            "conv2d: weight in-channels %lld x groups %d != input channels %lld", (long long)w->shape[1], groups,
+            (long long)x->shape[3]);
+  QT_ASSERT(!b || (b->ndim == 1 && b->shape[0] == w->shape[0]), "conv2d: bias shape does not match %d outputs",
+            s.OC);
+  QT_ASSERT(qt_conv2d_shape_init(&s) == 0, "conv2d: invalid shape (input %dx%d, kernel %dx%d, stride %d, pad %d)",
+            s.H, s.W, s.KH, s.KW, stride_h, pad_h);
+  int64_t shape[4] = {s.N, s.OH, s.OW, s.OC};
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
+  qt_conv2d_forward(qt_f32(y), qt_f32(x), qt_f32(w), b ? qt_f32(b) : NULL, &s);
+  if (qt_tape_recording(ctx, x, w, b)) {
+    y->requires_grad = 1;
+    conv_saved *sv = qt_tape_push(ctx, conv2d_backward, sizeof *sv);
+    *sv = (conv_saved){x, w, b, y, s};
+  }
+  return y;
+}
+
+/* ---- batch norm ------------------------------------------------------------------------- */
+typedef struct {
+  qt_tensor *x, *gamma, *beta, *y;
+  float *mean, *invstd;
+  int training, M, C;
+} bn_saved;
+
+static void batch_norm_backward(qt_ctx *ctx, void *p) {
+  bn_saved *s = p;
+  if (!s->y->grad) return;
+  float *dx = s->x->requires_grad ? qt_tensor_grad(ctx, s->x) : NULL;
+  float *dg = s->gamma->requires_grad ? qt_tensor_grad(ctx, s->gamma) : NULL;
+  float *db = s->beta->requires_grad ? qt_tensor_grad(ctx, s->beta) : NULL;
+  if (s->training)
+    qt_batch_norm_backward(dx, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma), s->M, s->C);
+  else
+    qt_batch_norm_backward_eval(dx, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma), s->M,
+                                s->C);
+}
+
+qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
+                         float *running_var, int training, float momentum, float eps) {
+  check_f32(x, -1, "batch_norm", "input");
+  int C = (int)x->shape[x->ndim - 1];
+  int M = (int)(qt_tensor_numel(x) / (C ? C : 1));
+  QT_ASSERT(gamma->shape[0] == C && beta->shape[0] == C, "batch_norm: %lld/%lld parameters for %d channels",
+            (long long)gamma->shape[0], (long long)beta->shape[0], C);
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+  int rec = qt_tape_recording(ctx, x, gamma, beta);
+  float *mean = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
+  float *invstd = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
+  if (training) {
+    QT_ASSERT(M > 1, "batch_norm: training needs more than one value per channel (got %d)", M);
+    qt_batch_norm_forward_train(qt_f32(y), mean, invstd, qt_f32(x), qt_f32(gamma), qt_f32(beta), running_mean,
+                                running_var, momentum, eps, M, C);
+  } else {
+    qt_batch_norm_forward_eval(qt_f32(y), qt_f32(x), qt_f32(gamma), qt_f32(beta), running_mean, running_var, eps, M,
+                               C);
+    if (rec)
+      for (int c = 0; c < C; c++) {
+        mean[c] = running_mean[c];
+        invstd[c] = 1.0f / sqrtf(running_var[c] + eps);
+      }
+  }
+  if (rec) {
+    y->requires_grad = 1;
+    bn_saved *sv = qt_tape_push(ctx, batch_norm_backward, sizeof *sv);
+    *sv = (bn_saved){x, gamma, beta, y, mean, invstd, training, M, C};
+  }
+  return y;
+}
+
+/* ---- relu ------------------------------------------------------------------------------- */
+typedef struct {
+  qt_tensor *x, *y;
+} unary_saved;
+
+static void relu_backward(qt_ctx *ctx, void *p) {
+  unary_saved *s = p;
+  if (!s->y->grad || !s->x->requires_grad) return;
+  int64_t n = qt_tensor_numel(s->y);
+  if (!s->x->grad && s->x->data == s->y->data) {
+    /* In place: the input's gradient is the output's, masked where the output is zero. */
+    float *g = s->y->grad;
+    const float *out = qt_f32(s->y);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) g[i] = out[i] > 0.0f ? g[i] : 0.0f;
+    s->x->grad = g;
+    return;
+  }
+  qt_relu_backward(qt_tensor_grad(ctx, s->x), s->y->grad, qt_f32(s->y), n);
+}
+
+qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace) {
+  check_f32(x, -1, "relu", "input");
+  qt_tensor *y = inplace ? qt_tensor_wrap(ctx, QT_F32, x->ndim, x->shape, x->data)
+                         : qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+  qt_relu_forward(qt_f32(y), qt_f32(x), qt_tensor_numel(x));
+  if (qt_tape_recording(ctx, x, NULL, NULL)) {
+    y->requires_grad = 1;
+    unary_saved *sv = qt_tape_push(ctx, relu_backward, sizeof *sv);
+    *sv = (unary_saved){x, y};
+  }
+  return y;
+}
+
+/* ---- pooling ---------------------------------------------------------------------------- */
+typedef struct {
+  qt_tensor *x, *y;
+  int32_t *argmax;
+  qt_pool2d_shape s;
+  int avg;
+} pool_saved;
+
+static void pool2d_backward(qt_ctx *ctx, void *p) {
+  pool_saved *s = p;
+  if (!s->y->grad || !s->x->requires_grad) return;
+  float *dx = qt_tensor_grad(ctx, s->x);
+  if (s->avg)
+    qt_avg_pool2d_backward(dx, s->y->grad, &s->s);
+  else
+    qt_max_pool2d_backward(dx, s->y->grad, s->argmax, &s->s);
+}
+
+static qt_tensor *pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad, int avg) {
+  const char *op = avg ? "avg_pool2d" : "max_pool2d";
+  check_f32(x, 4, op, "input");
+  qt_pool2d_shape s = {.N = (int)x->shape[0], .H = (int)x->shape[1], .W = (int)x->shape[2],
+                       .C = (int)x->shape[3], .KH = kernel, .KW = kernel, .stride_h = stride,
+                       .stride_w = stride, .pad_h = pad, .pad_w = pad};
+  QT_ASSERT(qt_pool2d_shape_init(&s) == 0, "%s: invalid shape (input %dx%d, kernel %d, stride %d, pad %d)", op, s.H,
+            s.W, kernel, stride, pad);
+  int64_t shape[4] = {s.N, s.OH, s.OW, s.C};
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
+  int rec = qt_tape_recording(ctx, x, NULL, NULL);
+  int32_t *argmax = NULL;
+  if (avg) {
+    qt_avg_pool2d_forward(qt_f32(y), qt_f32(x), &s);
+  } else {
+    argmax = qt_arena_alloc(ctx, (size_t)qt_tensor_numel(y) * sizeof(int32_t));
+    qt_max_pool2d_forward(qt_f32(y), argmax, qt_f32(x), &s);
+  }
+  if (rec) {
+    y->requires_grad = 1;
+    pool_saved *sv = qt_tape_push(ctx, pool2d_backward, sizeof *sv);
+    *sv = (pool_saved){x, y, argmax, s, avg};
+  }
+  return y;
+}
+
+qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad) {
+  return pool2d(ctx, x, kernel, stride, pad, 0);
+}
+qt_tensor *qt_avg_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad) {
+  return pool2d(ctx, x, kernel, stride, pad, 1);
+}
+
+static void global_avg_pool_backward(qt_ctx *ctx, void *p) {
+  unary_saved *s = p;
+  if (!s->y->grad || !s->x->requires_grad) return;
+  qt_global_avg_pool_backward(qt_tensor_grad(ctx, s->x), s->y->grad, (int)s->x->shape[0],
+                              (int)(s->x->shape[1] * s->x->shape[2]), (int)s->x->shape[3]);
+}
+
+qt_tensor *qt_global_avg_pool(qt_ctx *ctx, qt_tensor *x) {
+  check_f32(x, 4, "global_avg_pool", "input");
+  int64_t shape[2] = {x->shape[0], x->shape[3]};
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, 2, shape);
+  qt_global_avg_pool_forward(qt_f32(y), qt_f32(x), (int)x->shape[0], (int)(x->shape[1] * x->shape[2]),
+                             (int)x->shape[3]);
+  if (qt_tape_recording(ctx, x, NULL, NULL)) {
+    y->requires_grad = 1;
+    unary_saved *sv = qt_tape_push(ctx, global_avg_pool_backward, sizeof *sv);
+    *sv = (unary_saved){x, y};
+  }
+  return y;
+}
+
+/* ---- flatten (a view) ------------------------------------------------------------------- */
+static void flatten_backward(qt_ctx *ctx, void *p) {
+  (void)ctx;
+  unary_saved *s = p;
+  if (!s->y->grad || !s->x->requires_grad) return;
+  if (!s->x->grad) {
+    s->x->grad = s->y->grad; /* same memory order: share the gradient buffer */
+    return;
+  }
+  qt_add_backward(s->x->grad, NULL, s->y->grad, qt_tensor_numel(s->y));
+}
+
+qt_tensor *qt_flatten(qt_ctx *ctx, qt_tensor *x) {
+  int64_t shape[2] = {x->shape[0], x->shape[0] ? qt_tensor_numel(x) / x->shape[0] : 0};
+  qt_tensor *y = qt_tensor_wrap(ctx, x->dtype, 2, shape, x->data);
+  if (qt_tape_recording(ctx, x, NULL, NULL)) {
+    y->requires_grad = 1;
+    unary_saved *sv = qt_tape_push(ctx, flatten_backward, sizeof *sv);
+    *sv = (unary_saved){x, y};
+  }
+  return y;
+}
+
+/* ---- linear ----------------------------------------------------------------------------- */
+typedef struct {
+  qt_tensor *x, *w, *b, *y;
+} linear_saved;
+
+static void linear_backward(qt_ctx *ctx, void *p) {
+  linear_saved *s = p;
+  if (!s->y->grad) return;
+  float *dx = s->x->requires_grad ? qt_tensor_grad(ctx, s->x) : NULL;
+  float *dw = s->w->requires_grad ? qt_tensor_grad(ctx, s->w) : NULL;
+  float *db = s->b && s->b->requires_grad ? qt_tensor_grad(ctx, s->b) : NULL;
+  qt_linear_backward(dx, dw, db, s->y->grad, qt_f32(s->x), qt_f32(s->w), (int)s->x->shape[0], (int)s->x->shape[1],
+                     (int)s->w->shape[0]);
+}
+
+qt_tensor *qt_linear(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b) {
+  check_f32(x, 2, "linear", "input");
+  check_f32(w, 2, "linear", "weight");
+  QT_ASSERT(w->shape[1] == x->shape[1], "linear: weight has %lld inputs, input has %lld features",
+            (long long)w->shape[1], (long long)x->shape[1]);
+  QT_ASSERT(!b || b->shape[0] == w->shape[0], "linear: bias does not match %lld outputs", (long long)w->shape[0]);
+  int64_t shape[2] = {x->shape[0], w->shape[0]};
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, 2, shape);
+  qt_linear_forward(qt_f32(y), qt_f32(x), qt_f32(w), b ? qt_f32(b) : NULL, (int)x->shape[0], (int)x->shape[1],
+                    (int)w->shape[0]);
+  if (qt_tape_recording(ctx, x, w, b)) {
+    y->requires_grad = 1;
+    linear_saved *sv = qt_tape_push(ctx, linear_backward, sizeof *sv);
+    *sv = (linear_saved){x, w, b, y};
+  }
+  return y;
+}
+
+/* ---- add -------------------------------------------------------------------------------- */
+typedef struct {
+  qt_tensor *a, *b, *y;
+} add_saved;
+
+static void add_backward(qt_ctx *ctx, void *p) {
+  add_saved *s = p;
+  if (!s->y->grad) return;
+  float *da = s->a->requires_grad ? qt_tensor_grad(ctx, s->a) : NULL;
+  float *db = s->b->requires_grad ? qt_tensor_grad(ctx, s->b) : NULL;
+  qt_add_backward(da, db, s->y->grad, qt_tensor_numel(s->y));
+}
+
+qt_tensor *qt_add(qt_ctx *ctx, qt_tensor *a, qt_tensor *b) {
+  check_f32(a, -1, "add", "first input");
+  check_f32(b, a->ndim, "add", "second input");
+  for (int i = 0; i < a->ndim; i++)
+    QT_ASSERT(a->shape[i] == b->shape[i], "add: dimension %d differs (%lld vs %lld)", i, (long long)a->shape[i],
+              (long long)b->shape[i]);
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, a->ndim, a->shape);
+  qt_add_forward(qt_f32(y), qt_f32(a), qt_f32(b), qt_tensor_numel(a));
+  if (qt_tape_recording(ctx, a, b, NULL)) {
+    y->requires_grad = 1;
+    add_saved *sv = qt_tape_push(ctx, add_backward, sizeof *sv);
+    *sv = (add_saved){a, b, y};
+  }
+  return y;
+}
+
+/* ---- softmax cross-entropy -------------------------------------------------------------- */
+typedef struct {
+  qt_tensor *logits, *loss;
+  float *probs;
+  const int32_t *labels;
+} ce_saved;
+
+static void cross_entropy_backward(qt_ctx *ctx, void *p) {
+  ce_saved *s = p;
+  if (!s->loss->grad || !s->logits->requires_grad) return;
+  qt_cross_entropy_backward(qt_tensor_grad(ctx, s->logits), s->probs, s->labels, s->loss->grad[0],
+                            (int)s->logits->shape[0], (int)s->logits->shape[1]);
+}
+
+qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *labels, float **probs_out) {
+  check_f32(logits, 2, "cross_entropy", "logits");
+  int N = (int)logits->shape[0], C = (int)logits->shape[1];
+  for (int i = 0; i < N; i++)
+    QT_ASSERT(labels[i] >= 0 && labels[i] < C, "cross_entropy: label %d of sample %d outside [0, %d)", labels[i], i,
+              C);
+  int64_t one = 1;
+  qt_tensor *loss = qt_tensor_new(ctx, QT_F32, 1, &one);
+  float *probs = qt_arena_alloc(ctx, (size_t)N * (size_t)C * sizeof(float));
+  qt_f32(loss)[0] = qt_cross_entropy_forward(probs, qt_f32(logits), labels, N, C);
+  if (probs_out) *probs_out = probs;
+  if (qt_tape_recording(ctx, logits, NULL, NULL)) {
+    loss->requires_grad = 1;
+    /* labels are copied: the caller's batch buffer may be reused before backward runs. */
+    int32_t *lab = qt_arena_alloc(ctx, (size_t)N * sizeof(int32_t));
+    memcpy(lab, labels, (size_t)N * sizeof(int32_t));
+    ce_saved *sv = qt_tape_push(ctx, cross_entropy_backward, sizeof *sv);
+    *sv = (ce_saved){logits, loss, probs, lab};
+  }
+  return loss;
+}

@@ -1,0 +1,190 @@
+/* Tensors, the step arena and the tape. */
+#include "autograd/autograd.h"
+#include "autograd/tape.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void qt_panic(const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "%s:%d: internal error: ", file, line);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  abort();
+}
+
+static const char *const dtype_names[] = {"float32", "int8", "uint8", "int32"};
+static const size_t dtype_sizes[] = {4, 1, 1, 4};
+_Static_assert(sizeof dtype_names / sizeof dtype_names[0] == QT_DTYPE_COUNT, "dtype name table");
+_Static_assert(sizeof dtype_sizes / sizeof dtype_sizes[0] == QT_DTYPE_COUNT, "dtype size table");
+
+const char *qt_dtype_name(qt_dtype t) { return (unsigned)t < QT_DTYPE_COUNT ? dtype_names[t] : "?"; }
+size_t qt_dtype_size(qt_dtype t) {
+  QT_ASSERT((unsigned)t < QT_DTYPE_COUNT, "bad dtype %d", (int)t);
+  return dtype_sizes[t];
+}
+
+int64_t qt_tensor_numel(const qt_tensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+  return n;
+}
+
+/* ---- arena ------------------------------------------------------------------------------ */
+typedef struct arena_block {
+  struct arena_block *next;
+  size_t size, used;
+  unsigned char *mem;
+} arena_block;
+
+struct qt_ctx {
+  arena_block *blocks;   /* current block first */
+  size_t capacity;       /* sum of block sizes */
+  size_t used_total;     /* bytes handed out since reset, over all blocks */
+  size_t peak;
+  int grad_enabled;
+  qt_tape_entry *tape;
+  size_t tape_len, tape_cap;
+};
+
+#define ARENA_ALIGN 64
+#define ARENA_MIN_BLOCK ((size_t)8 << 20)
+
+static arena_block *block_new(size_t size) {
+  arena_block *b = malloc(sizeof *b);
+  QT_ASSERT(b, "out of memory allocating an arena block header");
+  b->mem = aligned_alloc(ARENA_ALIGN, size);
+  QT_ASSERT(b->mem, "out of memory: arena needed a block of %zu bytes", size);
+  b->size = size;
+  b->used = 0;
+  b->next = NULL;
+  return b;
+}
+
+static void blocks_free(arena_block *b) {
+  while (b) {
+    arena_block *n = b->next;
+    free(b->mem);
+    free(b);
+    b = n;
+  }
+}
+
+qt_ctx *qt_ctx_create(void) {
+  qt_ctx *ctx = calloc(1, sizeof *ctx);
+  QT_ASSERT(ctx, "out of memory");
+  ctx->grad_enabled = 1;
+  return ctx;
+}
+
+void qt_ctx_free(qt_ctx *ctx) {
+  if (!ctx) return;
+  blocks_free(ctx->blocks);
+  free(ctx->tape);
+  free(ctx);
+}
+
+void qt_ctx_reset(qt_ctx *ctx) {
+  /* After a step that needed several blocks, replace them by one block that fits the whole
+   * step, so steady-state steps bump-allocate from a single block. */
+  if (ctx->blocks && ctx->blocks->next) {
+    size_t cap = ctx->capacity;
+    blocks_free(ctx->blocks);
+    ctx->blocks = block_new(cap);
+    ctx->capacity = cap;
+  } else if (ctx->blocks) {
+    ctx->blocks->used = 0;
+  }
+  ctx->used_total = 0;
+  ctx->tape_len = 0;
+}
+
+void qt_ctx_set_grad(qt_ctx *ctx, int enabled) { ctx->grad_enabled = enabled; }
+int qt_ctx_grad_enabled(const qt_ctx *ctx) { return ctx->grad_enabled; }
+size_t qt_ctx_peak_bytes(const qt_ctx *ctx) { return ctx->peak; }
+
+void *qt_arena_alloc(qt_ctx *ctx, size_t bytes) {
+  size_t need = (bytes + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+  if (need == 0) need = ARENA_ALIGN;
+  arena_block *b = ctx->blocks;
+  if (!b || b->size - b->used < need) {
+    size_t size = ctx->capacity > ARENA_MIN_BLOCK ? ctx->capacity : ARENA_MIN_BLOCK;
+    if (size < need) size = need;
+    arena_block *nb = block_new(size);
+    nb->next = ctx->blocks;
+    ctx->blocks = nb;
+    ctx->capacity += size;
+    b = nb;
+  }
+  void *p = b->mem + b->used;
+  b->used += need;
+  ctx->used_total += need;
+  if (ctx->used_total > ctx->peak) ctx->peak = ctx->used_total;
+  return p;
+}
+
+void *qt_arena_calloc(qt_ctx *ctx, size_t bytes) {
+  void *p = qt_arena_alloc(ctx, bytes);
+  memset(p, 0, bytes);
+  return p;
+}
+
+qt_tensor *qt_tensor_wrap(qt_ctx *ctx, qt_dtype dtype, int ndim, const int64_t *shape, void *data) {
+  QT_ASSERT(ndim >= 1 && ndim <= QT_MAX_DIMS, "tensor rank %d outside 1..%d", ndim, QT_MAX_DIMS);
+  qt_tensor *t = qt_arena_alloc(ctx, sizeof *t);
+  memset(t, 0, sizeof *t);
+  t->dtype = dtype;
+  t->ndim = ndim;
+  for (int i = 0; i < ndim; i++) {
+    QT_ASSERT(shape[i] >= 0, "negative dimension %lld", (long long)shape[i]);
+    t->shape[i] = shape[i];
+  }
+  t->data = data;
+  return t;
+}
+
+qt_tensor *qt_tensor_new(qt_ctx *ctx, qt_dtype dtype, int ndim, const int64_t *shape) {
+  qt_tensor *t = qt_tensor_wrap(ctx, dtype, ndim, shape, NULL);
+  t->data = qt_arena_alloc(ctx, (size_t)qt_tensor_numel(t) * qt_dtype_size(dtype));
+  return t;
+}
+
+float *qt_tensor_grad(qt_ctx *ctx, qt_tensor *t) {
+  QT_ASSERT(t->dtype == QT_F32, "gradient of a %s tensor", qt_dtype_name(t->dtype));
+  if (!t->grad) t->grad = qt_arena_calloc(ctx, (size_t)qt_tensor_numel(t) * sizeof(float));
+  return t->grad;
+}
+
+/* ---- tape ------------------------------------------------------------------------------- */
+void *qt_tape_push(qt_ctx *ctx, qt_backward_fn fn, size_t saved_bytes) {
+  if (ctx->tape_len == ctx->tape_cap) {
+    size_t cap = ctx->tape_cap ? ctx->tape_cap * 2 : 64;
+    qt_tape_entry *t = realloc(ctx->tape, cap * sizeof *t);
+    QT_ASSERT(t, "out of memory growing the tape to %zu entries", cap);
+    ctx->tape = t;
+    ctx->tape_cap = cap;
+  }
+  void *saved = qt_arena_calloc(ctx, saved_bytes);
+  ctx->tape[ctx->tape_len].fn = fn;
+  ctx->tape[ctx->tape_len].saved = saved;
+  ctx->tape_len++;
+  return saved;
+}
+
+int qt_tape_recording(const qt_ctx *ctx, const qt_tensor *a, const qt_tensor *b, const qt_tensor *c) {
+  if (!ctx->grad_enabled) return 0;
+  return (a && a->requires_grad) || (b && b->requires_grad) || (c && c->requires_grad);
+}
+
+void qt_backward(qt_ctx *ctx, qt_tensor *loss) {
+  QT_ASSERT(qt_tensor_numel(loss) == 1, "backward from a loss of %lld elements (want 1)",
+            (long long)qt_tensor_numel(loss));
+  QT_ASSERT(loss->requires_grad, "backward from a loss that does not require grad");
+  qt_tensor_grad(ctx, loss)[0] = 1.0f;
+  for (size_t i = ctx->tape_len; i-- > 0;) ctx->tape[i].fn(ctx, ctx->tape[i].saved);
+  ctx->tape_len = 0;
+}
