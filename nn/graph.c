@@ -1,0 +1,447 @@
+/* Graph IR: builder, finalize (slabs), initialization, mode switch and executor. */
+#include "nn/nn.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const op_names[] = {"input", "conv2d", "batch_norm", "relu", "max_pool2d",
+                                       "avg_pool2d", "global_avg_pool", "flatten", "linear", "add"};
+_Static_assert(sizeof op_names / sizeof op_names[0] == QT_OP_COUNT, "op name table out of sync with qt_op");
+
+const char *qt_op_name(qt_op op) { return (unsigned)op < QT_OP_COUNT ? op_names[op] : "?"; }
+
+int qt_op_parse(const char *name, qt_op *out) {
+  for (int i = 0; i < QT_OP_COUNT; i++)
+    if (strcmp(name, op_names[i]) == 0) {
+      *out = (qt_op)i;
+      return 0;
+    }
+  return -1;
+}
+
+qt_graph *qt_graph_create(const char *name) {
+  qt_graph *g = calloc(1, sizeof *g);
+  QT_ASSERT(g, "out of memory");
+  snprintf(g->name, sizeof g->name, "%s", name);
+  g->input = g->output = -1;
+  return g;
+}
+
+void qt_graph_free(qt_graph *g) {
+  if (!g) return;
+  free(g->nodes);
+  free(g->values);
+  free(g->tensors);
+  free(g->params);
+  free(g->grads);
+  free(g->buffers);
+  free(g);
+}
+
+static int builder_error(qt_graph *g, const char *fmt, ...) {
+  if (g->error[0]) return -1;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g->error, sizeof g->error, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static void *grow(void *p, int *cap, int need, size_t elsize) {
+  if (need <= *cap) return p;
+  int c = *cap ? *cap * 2 : 16;
+  while (c < need) c *= 2;
+  p = realloc(p, (size_t)c * elsize);
+  QT_ASSERT(p, "out of memory growing a graph table");
+  *cap = c;
+  return p;
+}
+
+static int check_value(qt_graph *g, const char *name, int x) {
+  if (g->error[0]) return -1;
+  if (g->finalized) return builder_error(g, "graph %s: node %s added after finalize", g->name, name);
+  if (x < 0 || x >= g->n_values) return builder_error(g, "node %s: input value %d does not exist", name, x);
+  return 0;
+}
+
+static int new_value(qt_graph *g, const char *name, int ndim, const int64_t *shape, int producer) {
+  g->values = grow(g->values, &g->cap_values, g->n_values + 1, sizeof *g->values);
+  qt_value *v = &g->values[g->n_values];
+  memset(v, 0, sizeof *v);
+  snprintf(v->name, sizeof v->name, "%s", name);
+  v->ndim = ndim;
+  for (int i = 0; i < ndim; i++) v->shape[i] = shape[i];
+  v->producer = producer;
+  return g->n_values++;
+}
+
+static qt_node *new_node(qt_graph *g, qt_op op, const char *name, const int *inputs, int n_inputs) {
+  for (int i = 0; i < g->n_nodes; i++)
+    if (strcmp(g->nodes[i].name, name) == 0) {
+      builder_error(g, "graph %s: two nodes named '%s'", g->name, name);
+      return NULL;
+    }
+  if (strlen(name) >= QT_NAME_LEN) {
+    builder_error(g, "graph %s: node name '%s' longer than %d characters", g->name, name, QT_NAME_LEN - 1);
+    return NULL;
+  }
+  g->nodes = grow(g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof *g->nodes);
+  qt_node *n = &g->nodes[g->n_nodes++];
+  memset(n, 0, sizeof *n);
+  n->op = op;
+  snprintf(n->name, sizeof n->name, "%s", name);
+  for (int i = 0; i < n_inputs; i++) {
+    n->inputs[i] = inputs[i];
+    g->values[inputs[i]].consumers++;
+  }
+  n->n_inputs = n_inputs;
+  for (int i = 0; i < QT_MAX_PARAMS; i++) n->param[i] = n->buffer[i] = -1;
+  n->training = 1;
+  return n;
+}
+
+static int new_tensor(qt_graph *g, int node, const char *suffix, int ndim, const int64_t *shape, int is_buffer) {
+  g->tensors = grow(g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof *g->tensors);
+  qt_param *p = &g->tensors[g->n_tensors];
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "%s.%s", g->nodes[node].name, suffix);
+  p->ndim = ndim;
+  p->numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    p->shape[i] = shape[i];
+    p->numel *= shape[i];
+  }
+  p->is_buffer = is_buffer;
+  p->node = node;
+  return g->n_tensors++;
+}
+
+int qt_graph_input(qt_graph *g, const char *name, int h, int w, int c) {
+  if (g->error[0]) return -1;
+  if (g->input >= 0) return builder_error(g, "graph %s: a second input '%s'", g->name, name);
+  if (h < 1 || w < 1 || c < 1) return builder_error(g, "input %s: bad shape %dx%dx%d", name, h, w, c);
+  qt_node *n = new_node(g, QT_OP_INPUT, name, NULL, 0);
+  if (!n) return -1;
+  int64_t shape[3] = {h, w, c};
+  n->output = new_value(g, name, 3, shape, g->n_nodes - 1);
+  g->input = n->output;
+  return n->output;
+}
+
+static int spatial_out(int in, int k, int s, int p) { return (in + 2 * p - k) / s + 1; }
+
+int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int kernel, int stride, int pad,
+                    int groups, int bias) {
+  if (check_value(g, name, x)) return -1;
+  qt_value *v = &g->values[x];
+  if (v->ndim != 3) return builder_error(g, "conv2d %s: input '%s' is not an image (H, W, C)", name, v->name);
+  int C = (int)v->shape[2];
+  if (groups < 1 || C % groups || out_channels % groups)
+    return builder_error(g, "conv2d %s: groups %d must divide in-channels %d and out-channels %d", name, groups, C,
+                         out_channels);
+  int oh = spatial_out((int)v->shape[0], kernel, stride, pad), ow = spatial_out((int)v->shape[1], kernel, stride, pad);
+  if (kernel < 1 || stride < 1 || pad < 0 || oh < 1 || ow < 1)
+    return builder_error(g, "conv2d %s: kernel %d stride %d pad %d do not fit input %lldx%lld", name, kernel, stride,
+                         pad, (long long)v->shape[0], (long long)v->shape[1]);
+  int inputs[1] = {x};
+  qt_node *n = new_node(g, QT_OP_CONV2D, name, inputs, 1);
+  if (!n) return -1;
+  int id = g->n_nodes - 1;
+  n->attr = (qt_node_attrs){.kernel_h = kernel, .kernel_w = kernel, .stride_h = stride, .stride_w = stride,
+                            .pad_h = pad, .pad_w = pad, .groups = groups, .out_channels = out_channels};
+  int64_t ws[4] = {out_channels, C / groups, kernel, kernel};
+  n->param[QT_P_WEIGHT] = new_tensor(g, id, "weight", 4, ws, 0);
+  if (bias) {
+    int64_t bs[1] = {out_channels};
+    n = &g->nodes[id];
+    n->param[QT_P_BIAS] = new_tensor(g, id, "bias", 1, bs, 0);
+  }
+  int64_t shape[3] = {oh, ow, out_channels};
+  return g->nodes[id].output = new_value(g, name, 3, shape, id);
+}
+
+int qt_graph_batch_norm(qt_graph *g, const char *name, int x) {
+  if (check_value(g, name, x)) return -1;
+  qt_value v = g->values[x];
+  int inputs[1] = {x};
+  qt_node *n = new_node(g, QT_OP_BATCH_NORM, name, inputs, 1);
+  if (!n) return -1;
+  int id = g->n_nodes - 1;
+  n->attr.eps = 1e-5f;
+  n->attr.momentum = 0.1f;
+  int64_t cs[1] = {v.shape[v.ndim - 1]};
+  g->nodes[id].param[QT_P_GAMMA] = new_tensor(g, id, "weight", 1, cs, 0);
+  g->nodes[id].param[QT_P_BETA] = new_tensor(g, id, "bias", 1, cs, 0);
+  g->nodes[id].buffer[QT_B_RUNNING_MEAN] = new_tensor(g, id, "running_mean", 1, cs, 1);
+  g->nodes[id].buffer[QT_B_RUNNING_VAR] = new_tensor(g, id, "running_var", 1, cs, 1);
+  return g->nodes[id].output = new_value(g, name, v.ndim, v.shape, id);
+}
+
+static int unary(qt_graph *g, qt_op op, const char *name, int x, int ndim, const int64_t *shape) {
+  int inputs[1] = {x};
+  qt_node *n = new_node(g, op, name, inputs, 1);
+  if (!n) return -1;
+  int id = g->n_nodes - 1;
+  return g->nodes[id].output = new_value(g, name, ndim, shape, id);
+}
+
+int qt_graph_relu(qt_graph *g, const char *name, int x) {
+  if (check_value(g, name, x)) return -1;
+  qt_value v = g->values[x];
+  return unary(g, QT_OP_RELU, name, x, v.ndim, v.shape);
+}
+
+static int pool(qt_graph *g, qt_op op, const char *name, int x, int kernel, int stride, int pad) {
+  if (check_value(g, name, x)) return -1;
+  qt_value v = g->values[x];
+  if (v.ndim != 3) return builder_error(g, "%s %s: input '%s' is not an image", qt_op_name(op), name, v.name);
+  int oh = spatial_out((int)v.shape[0], kernel, stride, pad), ow = spatial_out((int)v.shape[1], kernel, stride, pad);
+  if (kernel < 1 || stride < 1 || pad < 0 || 2 * pad > kernel || oh < 1 || ow < 1)
+    return builder_error(g, "%s %s: kernel %d stride %d pad %d do not fit input %lldx%lld", qt_op_name(op), name,
+                         kernel, stride, pad, (long long)v.shape[0], (long long)v.shape[1]);
+  int64_t shape[3] = {oh, ow, v.shape[2]};
+  int out = unary(g, op, name, x, 3, shape);
+  if (out >= 0)
+    g->nodes[g->n_nodes - 1].attr = (qt_node_attrs){.kernel_h = kernel, .kernel_w = kernel, .stride_h = stride,
+                                                     .stride_w = stride, .pad_h = pad, .pad_w = pad};
+  return out;
+}
+
+int qt_graph_max_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad) {
+  return pool(g, QT_OP_MAX_POOL2D, name, x, kernel, stride, pad);
+}
+int qt_graph_avg_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad) {
+  return pool(g, QT_OP_AVG_POOL2D, name, x, kernel, stride, pad);
+}
+
+int qt_graph_global_avg_pool(qt_graph *g, const char *name, int x) {
+  if (check_value(g, name, x)) return -1;
+  qt_value v = g->values[x];
+  if (v.ndim != 3) return builder_error(g, "global_avg_pool %s: input '%s' is not an image", name, v.name);
+  int64_t shape[1] = {v.shape[2]};
+  return unary(g, QT_OP_GLOBAL_AVG_POOL, name, x, 1, shape);
+}
+
+int qt_graph_flatten(qt_graph *g, const char *name, int x) {
+  if (check_value(g, name, x)) return -1;
+  qt_value v = g->values[x];
+  int64_t f = 1;
+  for (int i = 0; i < v.ndim; i++) f *= v.shape[i];
+  return unary(g, QT_OP_FLATTEN, name, x, 1, &f);
+}
+
+int qt_graph_linear(qt_graph *g, const char *name, int x, int out_features, int bias) {
+  if (check_value(g, name, x)) return -1;
+  qt_value v = g->values[x];
+  if (v.ndim != 1)
+    return builder_error(g, "linear %s: input '%s' has rank %d, want flat features (insert a flatten)", name, v.name,
+                         v.ndim);
+  if (out_features < 1) return builder_error(g, "linear %s: %d output features", name, out_features);
+  int inputs[1] = {x};
+  qt_node *n = new_node(g, QT_OP_LINEAR, name, inputs, 1);
+  if (!n) return -1;
+  int id = g->n_nodes - 1;
+  n->attr.out_channels = out_features;
+  int64_t ws[2] = {out_features, v.shape[0]};
+  g->nodes[id].param[QT_P_WEIGHT] = new_tensor(g, id, "weight", 2, ws, 0);
+  if (bias) {
+    int64_t bs[1] = {out_features};
+    g->nodes[id].param[QT_P_BIAS] = new_tensor(g, id, "bias", 1, bs, 0);
+  }
+  int64_t shape[1] = {out_features};
+  return g->nodes[id].output = new_value(g, name, 1, shape, id);
+}
+
+int qt_graph_add(qt_graph *g, const char *name, int a, int b) {
+  if (check_value(g, name, a) || check_value(g, name, b)) return -1;
+  qt_value va = g->values[a], vb = g->values[b];
+  int same = va.ndim == vb.ndim;
+  for (int i = 0; same && i < va.ndim; i++) same = va.shape[i] == vb.shape[i];
+  if (!same) return builder_error(g, "add %s: inputs '%s' and '%s' differ in shape", name, va.name, vb.name);
+  int inputs[2] = {a, b};
+  qt_node *n = new_node(g, QT_OP_ADD, name, inputs, 2);
+  if (!n) return -1;
+  int id = g->n_nodes - 1;
+  return g->nodes[id].output = new_value(g, name, va.ndim, va.shape, id);
+}
+
+int qt_graph_finalize(qt_graph *g, int output, char *err) {
+  if (g->error[0]) {
+    snprintf(err, QT_ERR_LEN, "%s", g->error);
+    return -1;
+  }
+  if (g->input < 0) {
+    snprintf(err, QT_ERR_LEN, "graph %s: no input", g->name);
+    return -1;
+  }
+  if (output < 0 || output >= g->n_values) {
+    snprintf(err, QT_ERR_LEN, "graph %s: output value %d does not exist", g->name, output);
+    return -1;
+  }
+  g->output = output;
+  g->n_params = g->n_buffers = 0;
+  for (int i = 0; i < g->n_tensors; i++) {
+    qt_param *p = &g->tensors[i];
+    int64_t *n = p->is_buffer ? &g->n_buffers : &g->n_params;
+    p->offset = *n;
+    *n += (p->numel + 15) & ~(int64_t)15; /* 64-byte aligned regions */
+  }
+  free(g->params);
+  free(g->grads);
+  free(g->buffers);
+  g->params = aligned_alloc(64, (size_t)(g->n_params + 16) * sizeof(float));
+  g->grads = aligned_alloc(64, (size_t)(g->n_params + 16) * sizeof(float));
+  g->buffers = aligned_alloc(64, (size_t)(g->n_buffers + 16) * sizeof(float));
+  QT_ASSERT(g->params && g->grads && g->buffers, "out of memory allocating %lld parameters", (long long)g->n_params);
+  memset(g->params, 0, (size_t)(g->n_params + 16) * sizeof(float));
+  memset(g->grads, 0, (size_t)(g->n_params + 16) * sizeof(float));
+  memset(g->buffers, 0, (size_t)(g->n_buffers + 16) * sizeof(float));
+  g->finalized = 1;
+  qt_graph_init_params(g, 0);
+  return 0;
+}
+
+/* splitmix64: a small, well-mixed generator for initialization. */
+static uint64_t splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static float uniform(uint64_t *s, float bound) {
+  double u = (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
+  return (float)((2.0 * u - 1.0) * bound);
+}
+
+void qt_graph_init_params(qt_graph *g, uint64_t seed) {
+  QT_ASSERT(g->finalized, "init of graph %s before finalize", g->name);
+  uint64_t s = seed ^ 0x5EEDull;
+  for (int i = 0; i < g->n_nodes; i++) {
+    qt_node *n = &g->nodes[i];
+    if (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) {
+      qt_param *w = &g->tensors[n->param[QT_P_WEIGHT]];
+      int64_t fan_in = w->numel / w->shape[0];
+      float bound = 1.0f / sqrtf((float)fan_in);
+      float *wd = g->params + w->offset;
+      for (int64_t k = 0; k < w->numel; k++) wd[k] = uniform(&s, bound);
+      if (n->param[QT_P_BIAS] >= 0) {
+        qt_param *b = &g->tensors[n->param[QT_P_BIAS]];
+        for (int64_t k = 0; k < b->numel; k++) g->params[b->offset + k] = uniform(&s, bound);
+      }
+    } else if (n->op == QT_OP_BATCH_NORM) {
+      qt_param *gm = &g->tensors[n->param[QT_P_GAMMA]], *bt = &g->tensors[n->param[QT_P_BETA]];
+      qt_param *rm = &g->tensors[n->buffer[QT_B_RUNNING_MEAN]], *rv = &g->tensors[n->buffer[QT_B_RUNNING_VAR]];
+      for (int64_t k = 0; k < gm->numel; k++) {
+        g->params[gm->offset + k] = 1.0f;
+        g->params[bt->offset + k] = 0.0f;
+        g->buffers[rm->offset + k] = 0.0f;
+        g->buffers[rv->offset + k] = 1.0f;
+      }
+    }
+  }
+}
+
+int qt_graph_find_tensor(const qt_graph *g, const char *name) {
+  for (int i = 0; i < g->n_tensors; i++)
+    if (strcmp(g->tensors[i].name, name) == 0) return i;
+  return -1;
+}
+
+float *qt_graph_tensor_data(qt_graph *g, int tensor) {
+  QT_ASSERT(tensor >= 0 && tensor < g->n_tensors && g->finalized, "tensor %d of graph %s", tensor, g->name);
+  qt_param *p = &g->tensors[tensor];
+  return (p->is_buffer ? g->buffers : g->params) + p->offset;
+}
+
+int qt_graph_find_node(const qt_graph *g, const char *name) {
+  for (int i = 0; i < g->n_nodes; i++)
+    if (strcmp(g->nodes[i].name, name) == 0) return i;
+  return -1;
+}
+
+void qt_graph_set_training(qt_graph *g, int training) {
+  for (int i = 0; i < g->n_nodes; i++) g->nodes[i].training = training;
+}
+
+void qt_graph_zero_grad(qt_graph *g) { memset(g->grads, 0, (size_t)g->n_params * sizeof(float)); }
+
+/* A parameter as an arena tensor header over the slabs. */
+static qt_tensor *param_tensor(qt_graph *g, qt_ctx *ctx, int idx) {
+  if (idx < 0) return NULL;
+  qt_param *p = &g->tensors[idx];
+  QT_ASSERT(!p->is_buffer, "parameter %s is a buffer", p->name);
+  qt_tensor *t = qt_tensor_wrap(ctx, QT_F32, p->ndim, p->shape, g->params + p->offset);
+  t->grad = g->grads + p->offset;
+  t->requires_grad = 1;
+  return t;
+}
+
+/* Whether relu may overwrite its input: the input has no other reader, and its producer
+ * owns the buffer and does not need its own output for backward. */
+static int relu_inplace_ok(const qt_graph *g, int x) {
+  const qt_value *v = &g->values[x];
+  if (v->consumers != 1 || x == g->output) return 0;
+  qt_op p = g->nodes[v->producer].op;
+  return p == QT_OP_CONV2D || p == QT_OP_BATCH_NORM || p == QT_OP_LINEAR || p == QT_OP_ADD;
+}
+
+qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input) {
+  QT_ASSERT(g->finalized, "forward of graph %s before finalize", g->name);
+  qt_value *in = &g->values[g->input];
+  QT_ASSERT(input->ndim == 4 && input->shape[1] == in->shape[0] && input->shape[2] == in->shape[1] &&
+                input->shape[3] == in->shape[2],
+            "graph %s: input of shape (%lld, %lld, %lld, %lld), want (N, %lld, %lld, %lld)", g->name,
+            (long long)input->shape[0], (long long)input->shape[1], (long long)input->shape[2],
+            (long long)input->shape[3], (long long)in->shape[0], (long long)in->shape[1], (long long)in->shape[2]);
+  qt_tensor **vals = qt_arena_calloc(ctx, (size_t)g->n_values * sizeof *vals);
+  vals[g->input] = input;
+  for (int i = 0; i < g->n_nodes; i++) {
+    qt_node *n = &g->nodes[i];
+    qt_tensor *x = n->n_inputs > 0 ? vals[n->inputs[0]] : NULL;
+    qt_tensor *y = NULL;
+    const qt_node_attrs *a = &n->attr;
+    switch (n->op) {
+      case QT_OP_INPUT:
+        continue;
+      case QT_OP_CONV2D:
+        y = qt_conv2d(ctx, x, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), param_tensor(g, ctx, n->param[QT_P_BIAS]),
+                      a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
+        break;
+      case QT_OP_BATCH_NORM:
+        y = qt_batch_norm(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
+                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
+                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training, a->momentum,
+                          a->eps);
+        break;
+      case QT_OP_RELU:
+        y = qt_relu(ctx, x, relu_inplace_ok(g, n->inputs[0]));
+        break;
+      case QT_OP_MAX_POOL2D:
+        y = qt_max_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h);
+        break;
+      case QT_OP_AVG_POOL2D:
+        y = qt_avg_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h);
+        break;
+      case QT_OP_GLOBAL_AVG_POOL:
+        y = qt_global_avg_pool(ctx, x);
+        break;
+      case QT_OP_FLATTEN:
+        y = qt_flatten(ctx, x);
+        break;
+      case QT_OP_LINEAR:
+        y = qt_linear(ctx, x, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), param_tensor(g, ctx, n->param[QT_P_BIAS]));
+        break;
+      case QT_OP_ADD:
+        y = qt_add(ctx, x, vals[n->inputs[1]]);
+        break;
+      case QT_OP_COUNT:
+        break;
+    }
+    QT_ASSERT(y, "graph %s: node %s has op %d with no executor", g->name, n->name, (int)n->op);
+    vals[n->output] = y;
+  }
+  return vals[g->output];
+}

@@ -1,0 +1,145 @@
+/* The graph IR: what a model is. Nodes (an op, input/output value ids, attributes, owned
+ * parameters and buffers, a name) and values (per-sample shapes, NHWC). A builder API,
+ * model presets, the executor for train and eval modes, and a Graphviz dump.
+ *
+ * Parameters and gradients each live in one slab (a flat float array) owned by the graph;
+ * buffers (BN running statistics) in a third. Optimizers and checkpoints work on the slabs. */
+#ifndef QT_NN_H
+#define QT_NN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "autograd/autograd.h"
+
+#ifndef QT_ERR_LEN
+#define QT_ERR_LEN 512
+#endif
+
+#define QT_NAME_LEN 64
+#define QT_MAX_INPUTS 4
+#define QT_MAX_PARAMS 4
+
+typedef enum {
+  QT_OP_INPUT,
+  QT_OP_CONV2D,
+  QT_OP_BATCH_NORM,
+  QT_OP_RELU,
+  QT_OP_MAX_POOL2D,
+  QT_OP_AVG_POOL2D,
+  QT_OP_GLOBAL_AVG_POOL,
+  QT_OP_FLATTEN,
+  QT_OP_LINEAR,
+  QT_OP_ADD,
+  QT_OP_COUNT
+} qt_op;
+const char *qt_op_name(qt_op op);
+/* Parses an op name; returns -1 when unknown. */
+int qt_op_parse(const char *name, qt_op *out);
+
+/* Parameter roles within a node's param[] and buffer[] slots. */
+enum { QT_P_WEIGHT = 0, QT_P_BIAS = 1 };          /* conv2d, linear */
+enum { QT_P_GAMMA = 0, QT_P_BETA = 1 };           /* batch_norm ("weight", "bias" in PyTorch) */
+enum { QT_B_RUNNING_MEAN = 0, QT_B_RUNNING_VAR = 1 };
+
+typedef struct {
+  int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, groups; /* conv2d, pools */
+  int out_channels;                                                  /* conv2d, linear */
+  float eps, momentum;                                               /* batch_norm */
+} qt_node_attrs;
+
+typedef struct {
+  qt_op op;
+  char name[QT_NAME_LEN];
+  int inputs[QT_MAX_INPUTS];
+  int n_inputs;
+  int output;                  /* value id */
+  qt_node_attrs attr;
+  int param[QT_MAX_PARAMS];    /* indices into the graph's tensor table, -1 = none */
+  int buffer[QT_MAX_PARAMS];
+  int training;                /* mode of stateful nodes (batch_norm) */
+} qt_node;
+
+typedef struct {
+  char name[QT_NAME_LEN];
+  int ndim;                    /* per-sample rank: 3 (H, W, C) or 1 (F) */
+  int64_t shape[3];
+  int producer;                /* node id */
+  int consumers;               /* number of node inputs reading it */
+} qt_value;
+
+/* A parameter or buffer: a named region of a slab. */
+typedef struct {
+  char name[2 * QT_NAME_LEN];  /* "conv1.weight", "bn1.running_mean" (PyTorch's names) */
+  int ndim;
+  int64_t shape[4];
+  int64_t numel;
+  int64_t offset;              /* in floats, into the params or buffers slab */
+  int is_buffer;
+  int node;
+} qt_param;
+
+typedef struct qt_graph {
+  char name[QT_NAME_LEN];
+  qt_node *nodes;
+  int n_nodes, cap_nodes;
+  qt_value *values;
+  int n_values, cap_values;
+  qt_param *tensors;
+  int n_tensors, cap_tensors;
+  int input, output;           /* value ids */
+  int finalized;
+  float *params, *grads;       /* slabs: n_params floats each */
+  int64_t n_params;
+  float *buffers;              /* slab: n_buffers floats */
+  int64_t n_buffers;
+  char error[QT_ERR_LEN];      /* first builder error */
+} qt_graph;
+
+qt_graph *qt_graph_create(const char *name);
+void qt_graph_free(qt_graph *g);
+
+/* Builder: each returns the new node's output value id, or -1 after recording an error in
+ * g->error (later calls then fail too; qt_graph_finalize reports it). */
+int qt_graph_input(qt_graph *g, const char *name, int h, int w, int c);
+int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int kernel, int stride, int pad,
+                    int groups, int bias);
+int qt_graph_batch_norm(qt_graph *g, const char *name, int x);
+int qt_graph_relu(qt_graph *g, const char *name, int x);
+int qt_graph_max_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad);
+int qt_graph_avg_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad);
+int qt_graph_global_avg_pool(qt_graph *g, const char *name, int x);
+int qt_graph_flatten(qt_graph *g, const char *name, int x);
+int qt_graph_linear(qt_graph *g, const char *name, int x, int out_features, int bias);
+int qt_graph_add(qt_graph *g, const char *name, int a, int b);
+/* Marks the output and allocates the slabs (zeroed; BN running_var = 1, gamma = 1). */
+int qt_graph_finalize(qt_graph *g, int output, char *err);
+
+/* PyTorch's default initialization (kaiming-uniform a=sqrt(5) for weights, uniform
+ * +-1/sqrt(fan_in) for biases, gamma 1, beta 0, running mean 0, var 1), seeded. */
+void qt_graph_init_params(qt_graph *g, uint64_t seed);
+
+/* Tensor table lookup by name; -1 when absent. */
+int qt_graph_find_tensor(const qt_graph *g, const char *name);
+float *qt_graph_tensor_data(qt_graph *g, int tensor);
+int qt_graph_find_node(const qt_graph *g, const char *name);
+
+/* Mode switch: every stateful node follows it. */
+void qt_graph_set_training(qt_graph *g, int training);
+
+/* Runs the graph on input (N, H, W, C). With ctx's grad mode on, records the tape; parameter
+ * gradients accumulate into g->grads. Returns the output tensor (arena). */
+qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input);
+void qt_graph_zero_grad(qt_graph *g);
+
+/* Graphviz dot: one box per node (op, name, output shape), parameters as labels. */
+int qt_graph_write_dot(const qt_graph *g, FILE *f);
+/* Human-readable summary (one line per node) with parameter counts. */
+void qt_graph_print(const qt_graph *g, FILE *f);
+
+/* Model presets (DESIGN section 6); NULL with err set for an unknown name. */
+qt_graph *qt_model_build(const char *name, char *err);
+/* The names qt_model_build accepts, "a|b|c". */
+const char *qt_model_names(void);
+
+#endif
