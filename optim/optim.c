@@ -1,0 +1,199 @@
+/* SGD and AdamW over one flat parameter slab, with PyTorch 1.13's update order and float32
+ * rounding, bit for bit (tests/optim/test_optim_ref): each PyTorch tensor op is one float
+ * operation here; where PyTorch's AVX2 kernels fuse a multiply-add (add with alpha, addcmul)
+ * we use fmaf; Python-side scalars (1 - lr*wd, the bias corrections) are computed in double
+ * and rounded to float once, as PyTorch does when it hands a Python number to a float kernel.
+ * (fmaf is a single instruction with -march=native on FMA hardware, a libm call otherwise.) */
+#include "optim/optim.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct qt_optim {
+  qt_optim_config cfg;
+  int64_t n;
+  int64_t steps;
+  int n_state;
+  float *state;         /* (n_state, n), one slab */
+  const uint8_t *decay; /* (n) or NULL = all decay; borrowed */
+};
+
+static void panic(const char *file, int line, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 3, 4)));
+static void panic(const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "%s:%d: internal error: ", file, line);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  abort();
+}
+#define CHECK(cond, ...)                                 \
+  do {                                                   \
+    if (!(cond)) panic(__FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
+
+static const char *const optim_kind_names[] = {"sgd", "adamw"};
+_Static_assert(sizeof optim_kind_names / sizeof optim_kind_names[0] == QT_OPTIM_COUNT,
+               "optimizer name table");
+
+const char *qt_optim_kind_name(qt_optim_kind k) {
+  return (unsigned)k < QT_OPTIM_COUNT ? optim_kind_names[k] : "?";
+}
+
+int qt_optim_kind_parse(const char *name, qt_optim_kind *out) {
+  for (int k = 0; k < QT_OPTIM_COUNT; k++) {
+    if (name && strcmp(name, optim_kind_names[k]) == 0) {
+      *out = (qt_optim_kind)k;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+static int fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(char *err, const char *fmt, ...) {
+  if (err) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, QT_ERR_LEN, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+int qt_optim_config_check(const qt_optim_config *cfg, char *err) {
+  if ((unsigned)cfg->kind >= QT_OPTIM_COUNT)
+    return fail(err, "optim: kind: expected sgd or adamw, found %d", (int)cfg->kind);
+  if (!(cfg->weight_decay >= 0 && isfinite(cfg->weight_decay)))
+    return fail(err, "optim: weight_decay: expected a finite number >= 0, found %g", cfg->weight_decay);
+  if (cfg->kind == QT_OPTIM_SGD) {
+    if (!(cfg->momentum >= 0 && isfinite(cfg->momentum)))
+      return fail(err, "optim: momentum: expected a finite number >= 0, found %g", cfg->momentum);
+    if (!isfinite(cfg->dampening))
+      return fail(err, "optim: dampening: expected a finite number, found %g", cfg->dampening);
+    if (cfg->nesterov && !(cfg->momentum > 0 && cfg->dampening == 0))
+      return fail(err,
+                  "optim: nesterov: expected momentum > 0 and dampening 0, found momentum %g, dampening %g",
+                  cfg->momentum, cfg->dampening);
+  } else {
+    if (!(cfg->beta1 >= 0 && cfg->beta1 < 1))
+      return fail(err, "optim: beta1: expected a number in [0, 1), found %g", cfg->beta1);
+    if (!(cfg->beta2 >= 0 && cfg->beta2 < 1))
+      return fail(err, "optim: beta2: expected a number in [0, 1), found %g", cfg->beta2);
+    if (!(cfg->eps >= 0 && isfinite(cfg->eps)))
+      return fail(err, "optim: eps: expected a finite number >= 0, found %g", cfg->eps);
+  }
+  return 0;
+}
+
+qt_optim *qt_optim_create(const qt_optim_config *cfg, int64_t n) {
+  char err[QT_ERR_LEN];
+  CHECK(qt_optim_config_check(cfg, err) == 0, "qt_optim_create: %s", err);
+  CHECK(n >= 1, "qt_optim_create: %lld parameters (want >= 1)", (long long)n);
+  qt_optim *o = calloc(1, sizeof *o);
+  if (!o) return NULL;
+  o->cfg = *cfg;
+  o->n = n;
+  o->n_state = cfg->kind == QT_OPTIM_ADAMW ? 2 : cfg->momentum != 0 ? 1 : 0;
+  if (o->n_state) {
+    o->state = calloc((size_t)o->n_state * (size_t)n, sizeof(float));
+    if (!o->state) {
+      free(o);
+      return NULL;
+    }
+  }
+  return o;
+}
+
+void qt_optim_free(qt_optim *o) {
+  if (!o) return;
+  free(o->state);
+  free(o);
+}
+
+void qt_optim_set_decay_mask(qt_optim *o, const uint8_t *mask) { o->decay = mask; }
+int qt_optim_state_count(const qt_optim *o) { return o->n_state; }
+int64_t qt_optim_numel(const qt_optim *o) { return o->n; }
+int64_t qt_optim_steps(const qt_optim *o) { return o->steps; }
+
+void qt_optim_set_steps(qt_optim *o, int64_t steps) {
+  CHECK(steps >= 0, "qt_optim_set_steps: %lld (want >= 0)", (long long)steps);
+  o->steps = steps;
+}
+
+float *qt_optim_state(qt_optim *o, int i, const char **name) {
+  static const char *const sgd_names[] = {"momentum_buffer"};
+  static const char *const adamw_names[] = {"exp_avg", "exp_avg_sq"};
+  CHECK(i >= 0 && i < o->n_state, "qt_optim_state: index %d of %d state slabs (%s)", i, o->n_state,
+        qt_optim_kind_name(o->cfg.kind));
+  if (name) *name = o->cfg.kind == QT_OPTIM_ADAMW ? adamw_names[i] : sgd_names[i];
+  return o->state + (int64_t)i * o->n;
+}
+
+/* Parallel loops pay off only on large slabs. */
+#define QT_OPTIM_OMP_MIN 16384
+
+/* torch.optim.SGD._single_tensor_sgd, per element:
+ *   d = g + wd*p;  buf = first step ? d : momentum*buf + (1-dampening)*d;
+ *   d = nesterov ? d + momentum*buf : buf;  p -= lr*d */
+static void sgd_step(qt_optim *o, float *params, const float *grads, float lr) {
+  const int64_t n = o->n;
+  const float wd = o->cfg.weight_decay, momentum = o->cfg.momentum;
+  const float damp = (float)(1.0 - (double)o->cfg.dampening);
+  const int nesterov = o->cfg.nesterov, first = o->steps == 0;
+  const uint8_t *decay = o->decay;
+  float *buf = o->state; /* (n) or NULL without momentum */
+#pragma omp parallel for schedule(static) if (n >= QT_OPTIM_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    float d = grads[i];
+    if (wd != 0 && (!decay || decay[i])) d = fmaf(params[i], wd, d);
+    if (buf) {
+      buf[i] = first ? d : fmaf(d, damp, buf[i] * momentum);
+      d = nesterov ? fmaf(buf[i], momentum, d) : buf[i];
+    }
+    params[i] = fmaf(d, -lr, params[i]);
+  }
+}
+
+/* torch.optim.AdamW._single_tensor_adamw (amsgrad off), step t counted from 1:
+ *   p *= 1 - lr*wd;  m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g;
+ *   p += (-lr/(1-beta1^t)) * m / (sqrt(v)/sqrt(1-beta2^t) + eps) */
+static void adamw_step(qt_optim *o, float *params, const float *grads, float lr) {
+  const int64_t n = o->n;
+  const double t = (double)(o->steps + 1);
+  const float beta1 = o->cfg.beta1, beta2 = o->cfg.beta2, eps = o->cfg.eps;
+  const float one_minus_beta1 = (float)(1.0 - (double)beta1);
+  const float one_minus_beta2 = (float)(1.0 - (double)beta2);
+  const float shrink = (float)(1.0 - (double)lr * (double)o->cfg.weight_decay);
+  const int decoupled = o->cfg.weight_decay != 0;
+  const float neg_step_size = (float)-((double)lr / (1.0 - pow((double)beta1, t)));
+  const float bias_correction2_sqrt = (float)sqrt(1.0 - pow((double)beta2, t));
+  const uint8_t *decay = o->decay;
+  float *exp_avg = o->state, *exp_avg_sq = o->state + n; /* (n) each */
+#pragma omp parallel for schedule(static) if (n >= QT_OPTIM_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    const float g = grads[i];
+    float p = params[i];
+    if (decoupled && (!decay || decay[i])) p = p * shrink;
+    const float m = fmaf(g, one_minus_beta1, exp_avg[i] * beta1);
+    const float v = fmaf(one_minus_beta2 * g, g, exp_avg_sq[i] * beta2);
+    const float denom = sqrtf(v) / bias_correction2_sqrt + eps;
+    params[i] = p + neg_step_size * m / denom;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+  }
+}
+
+void qt_optim_step(qt_optim *o, float *params, const float *grads, float lr) {
+  switch (o->cfg.kind) {
+  case QT_OPTIM_SGD: sgd_step(o, params, grads, lr); break;
+  case QT_OPTIM_ADAMW: adamw_step(o, params, grads, lr); break;
+  default: panic(__FILE__, __LINE__, "qt_optim_step: optimizer kind %d has no step", (int)o->cfg.kind);
+  }
+  o->steps++;
+}
