@@ -1,0 +1,475 @@
+/* Batch norm over NHWC activations (M = N*H*W rows of C contiguous channels) on the CPU, and
+ * its plain reference twins. Semantics are PyTorch's BatchNorm2d: normalize with the biased
+ * batch variance, update running stats with the unbiased one (M/(M-1)).
+ *
+ * Determinism: every reduction cuts the rows into fixed chunks (a function of M and C only,
+ * never of the thread count or timing), keeps one double partial per chunk and channel, and
+ * one thread combines the partials in chunk order. Results are bit-identical run to run and
+ * for any OMP_NUM_THREADS.
+ *
+ * Vectorization for any C: a chunk is walked as groups of k rows, a "pattern" of L = k*C
+ * floats with L a multiple of 16, so the inner loops run over L unit-stride lanes whatever C
+ * is; per-channel constants are replicated into patterns of L floats. A float accumulator
+ * lane sums only chunk_rows/k values before it is folded into double.
+ *
+ * Statistics are two-pass inside a chunk (mean, then squares around that mean, the chunk still
+ * in cache) and chunks are merged with the exact parallel-variance identity, so a large mean
+ * does not cancel the variance.
+ *
+ * gamma and beta may be NULL (PyTorch's affine=False: 1 and 0). Training with M == 1 aborts:
+ * PyTorch refuses it too ("Expected more than 1 value per channel when training"; its native
+ * kernel would store a NaN running_var, the unbiased variance being 0/0). */
+#include "autograd/autograd.h"
+#include "autograd/kernels.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Below this many elements the OpenMP team costs more than it saves. */
+#define BN_PARALLEL_MIN 32768
+/* Target floats per reduction chunk: 128 KB, which stays in L2 for the second pass. */
+#define BN_CHUNK_ELEMS 32768
+
+typedef struct {
+  int64_t M;
+  int C;
+  int k;              /* rows per pattern */
+  int L;              /* k*C floats per pattern */
+  int64_t chunk_rows; /* multiple of k */
+  int64_t nchunks;
+} bn_plan;
+
+static int gcd_int(int a, int b) {
+  while (b) {
+    int t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+static bn_plan bn_plan_make(int64_t M, int C) {
+  bn_plan p = {.M = M, .C = C, .k = 1};
+  int64_t lcm = (int64_t)C / gcd_int(C, 16) * 16;
+  if (lcm <= 2048) {
+    p.k = (int)(lcm / C);
+    while ((int64_t)p.k * C < 128) p.k *= 2;
+  }
+  p.L = p.k * C;
+  int64_t groups = BN_CHUNK_ELEMS / p.L;
+  if (groups < 16) groups = 16;
+  p.chunk_rows = groups * p.k;
+  p.nchunks = (M + p.chunk_rows - 1) / p.chunk_rows;
+  return p;
+}
+
+/* Replicates per-channel values v (C) into a pattern of L floats. */
+static void pattern_fill(float *rep, const float *v, float dflt, const bn_plan *p) {
+  for (int t = 0; t < p->k; t++)
+    for (int c = 0; c < p->C; c++) rep[t * p->C + c] = v ? v[c] : dflt;
+}
+
+/* Folds the k row-slots of a pattern accumulator into one double per channel. */
+static void pattern_fold(double *out, const float *acc, const bn_plan *p) {
+  for (int c = 0; c < p->C; c++) {
+    double s = 0;
+    for (int t = 0; t < p->k; t++) s += acc[t * p->C + c];
+    out[c] = s;
+  }
+}
+
+/* Floats per scratch pattern, rounded to whole cache lines so threads never share one. */
+static size_t pattern_stride(const bn_plan *p) { return ((size_t)p->L + 15) & ~(size_t)15; }
+
+/* Per-thread scratch: nbuf patterns for each thread of the team. */
+static float *thread_scratch(float *ws, int nbuf, const bn_plan *p) {
+  return ws + (size_t)omp_get_thread_num() * (size_t)nbuf * pattern_stride(p);
+}
+
+/* 64-byte aligned, so the scratch patterns start on cache lines. */
+static void *xmalloc(size_t n) {
+  void *q = aligned_alloc(64, (n + 63) & ~(size_t)63);
+  QT_ASSERT(q, "batch norm: out of memory allocating %zu bytes of scratch", n);
+  return q;
+}
+
+/* ---- training forward ------------------------------------------------------------------- */
+
+/* Statistics of one chunk of `rows` rows, per channel: its mean rounded to float (mu), the sum
+ * of deviations from that mean (dev, ~0 up to the rounding of mu) and of their squares (sq).
+ * The first pass sums x - x[first row] so float lanes hold deviations, not the (possibly large)
+ * mean itself; the second pass re-reads the chunk from cache. */
+static void chunk_stats(double *mu, double *dev, double *sq, const float *restrict x, int64_t rows,
+                        const bn_plan *p, float *restrict acc, float *restrict rep) {
+  const int L = p->L, C = p->C;
+  const int64_t groups = rows / p->k, tail = rows - groups * p->k;
+  const float *xt = x + groups * L;
+  pattern_fill(rep, x, 0, p); /* shift: the chunk's first row */
+  memset(acc, 0, (size_t)L * sizeof *acc);
+  for (int64_t g = 0; g < groups; g++) {
+    const float *restrict xg = x + g * L;
+#pragma omp simd
+    for (int j = 0; j < L; j++) acc[j] += xg[j] - rep[j];
+  }
+  for (int64_t t = 0; t < tail; t++)
+    for (int c = 0; c < C; c++) acc[c] += xt[t * C + c] - rep[c];
+  pattern_fold(dev, acc, p);
+  for (int c = 0; c < C; c++) {
+    const double shift = x[c];
+    mu[c] = (float)(shift + dev[c] / (double)rows);
+    dev[c] += (double)rows * (shift - mu[c]);
+  }
+  for (int t = 0; t < p->k; t++)
+    for (int c = 0; c < C; c++) rep[t * C + c] = (float)mu[c];
+
+  memset(acc, 0, (size_t)L * sizeof *acc);
+  for (int64_t g = 0; g < groups; g++) {
+    const float *restrict xg = x + g * L;
+#pragma omp simd
+    for (int j = 0; j < L; j++) {
+      float d = xg[j] - rep[j];
+      acc[j] += d * d;
+    }
+  }
+  for (int64_t t = 0; t < tail; t++)
+    for (int c = 0; c < C; c++) {
+      float d = xt[t * C + c] - rep[c];
+      acc[c] += d * d;
+    }
+  pattern_fold(sq, acc, p);
+}
+
+/* out = ((x - mhi) - mlo) * a + b over all M rows, per-channel constants given as patterns.
+ * mhi + mlo is the batch mean split into two floats (mlo NULL: 0), so a mean much larger
+ * than the spread still yields outputs exact to float rounding. */
+static void bn_apply(float *restrict out, const float *restrict x, const float *restrict mhi,
+                     const float *restrict mlo, const float *restrict arep, const float *restrict brep,
+                     const bn_plan *p) {
+  const int L = p->L, C = p->C;
+  const int64_t groups = p->M / p->k, tail = p->M - groups * p->k;
+  if (mlo) {
+#pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
+    for (int64_t g = 0; g < groups; g++) {
+      const float *restrict xg = x + g * L;
+      float *restrict og = out + g * L;
+#pragma omp simd
+      for (int j = 0; j < L; j++) og[j] = ((xg[j] - mhi[j]) - mlo[j]) * arep[j] + brep[j];
+    }
+  } else {
+#pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
+    for (int64_t g = 0; g < groups; g++) {
+      const float *restrict xg = x + g * L;
+      float *restrict og = out + g * L;
+#pragma omp simd
+      for (int j = 0; j < L; j++) og[j] = (xg[j] - mhi[j]) * arep[j] + brep[j];
+    }
+  }
+  for (int64_t t = 0; t < tail; t++) {
+    const float *xt = x + (groups * p->k + t) * C;
+    float *ot = out + (groups * p->k + t) * C;
+    for (int c = 0; c < C; c++) ot[c] = ((xt[c] - mhi[c]) - (mlo ? mlo[c] : 0.0f)) * arep[c] + brep[c];
+  }
+}
+
+void qt_batch_norm_forward_train(float *out, float *mean, float *invstd, const float *inp,
+                                 const float *gamma, const float *beta, float *running_mean,
+                                 float *running_var, float momentum, float eps, int M, int C) {
+  QT_ASSERT(M > 1 && C > 0,
+            "batch_norm_forward_train: needs more than one value per channel (M=%d, C=%d), as PyTorch", M, C);
+  const bn_plan p = bn_plan_make(M, C);
+  const int nthreads = omp_get_max_threads();
+  const size_t npart = (size_t)p.nchunks * (size_t)C;
+  double *part = xmalloc(3 * npart * sizeof(double));
+  double *pmu = part, *pdev = part + npart, *psq = part + 2 * npart;
+  float *ws = xmalloc(((size_t)nthreads * 2 + 7) * pattern_stride(&p) * sizeof(float));
+
+#pragma omp parallel for schedule(static) if ((int64_t)M * C >= BN_PARALLEL_MIN)
+  for (int64_t i = 0; i < p.nchunks; i++) {
+    float *scratch = thread_scratch(ws, 2, &p);
+    int64_t r0 = i * p.chunk_rows, rows = p.M - r0 < p.chunk_rows ? p.M - r0 : p.chunk_rows;
+    chunk_stats(pmu + i * C, pdev + i * C, psq + i * C, inp + r0 * C, rows, &p, scratch,
+                scratch + pattern_stride(&p));
+  }
+
+  /* Merge the chunks in order (exact parallel-variance identity), then build the patterns
+   * for the apply pass in the scratch the parallel region has released. */
+  const size_t ps = pattern_stride(&p);
+  float *mhi = ws, *mlo = ws + ps, *arep = ws + 2 * ps, *brep = ws + 3 * ps, *chi = ws + 4 * ps;
+  float *clo = ws + 5 * ps, *ca = ws + 6 * ps;
+  for (int c = 0; c < C; c++) {
+    double s = 0;
+    for (int64_t i = 0; i < p.nchunks; i++) {
+      const double n = (double)(p.M - i * p.chunk_rows < p.chunk_rows ? p.M - i * p.chunk_rows : p.chunk_rows);
+      s += n * pmu[i * C + c] + pdev[i * C + c];
+    }
+    const double m = s / (double)M;
+    double m2 = 0;
+    for (int64_t i = 0; i < p.nchunks; i++) {
+      const double n = (double)(p.M - i * p.chunk_rows < p.chunk_rows ? p.M - i * p.chunk_rows : p.chunk_rows);
+      const double dm = pmu[i * C + c] - m;
+      m2 += psq[i * C + c] + 2.0 * dm * pdev[i * C + c] + n * dm * dm;
+    }
+    if (m2 < 0) m2 = 0;
+    const double var = m2 / (double)M;
+    const double is = 1.0 / sqrt(var + (double)eps);
+    mean[c] = (float)m;
+    invstd[c] = (float)is;
+    if (running_mean)
+      running_mean[c] = (float)((double)momentum * m + (1.0 - (double)momentum) * (double)running_mean[c]);
+    if (running_var)
+      running_var[c] = (float)((double)momentum * (m2 / (double)(M - 1)) +
+                               (1.0 - (double)momentum) * (double)running_var[c]);
+    chi[c] = (float)m;
+    clo[c] = (float)(m - (double)chi[c]);
+    ca[c] = (float)((gamma ? (double)gamma[c] : 1.0) * is);
+  }
+  pattern_fill(mhi, chi, 0, &p);
+  pattern_fill(mlo, clo, 0, &p);
+  pattern_fill(arep, ca, 0, &p);
+  pattern_fill(brep, beta, 0, &p);
+  bn_apply(out, inp, mhi, mlo, arep, brep, &p);
+  free(ws);
+  free(part);
+}
+
+void qt_batch_norm_forward_train_ref(float *out, float *mean, float *invstd, const float *inp,
+                                     const float *gamma, const float *beta, float *running_mean,
+                                     float *running_var, float momentum, float eps, int M, int C) {
+  QT_ASSERT(M > 1 && C > 0,
+            "batch_norm_forward_train_ref: needs more than one value per channel (M=%d, C=%d)", M, C);
+  for (int c = 0; c < C; c++) {
+    double s = 0;
+    for (int64_t r = 0; r < M; r++) s += inp[r * C + c];
+    const double m = s / M;
+    double q = 0;
+    for (int64_t r = 0; r < M; r++) {
+      const double d = inp[r * C + c] - m;
+      q += d * d;
+    }
+    const double is = 1.0 / sqrt(q / M + (double)eps);
+    const double g = gamma ? gamma[c] : 1.0, b = beta ? beta[c] : 0.0;
+    for (int64_t r = 0; r < M; r++) out[r * C + c] = (float)((inp[r * C + c] - m) * is * g + b);
+    mean[c] = (float)m;
+    invstd[c] = (float)is;
+    if (running_mean) running_mean[c] = (float)(momentum * m + (1.0 - momentum) * running_mean[c]);
+    if (running_var) running_var[c] = (float)(momentum * (q / (M - 1)) + (1.0 - momentum) * running_var[c]);
+  }
+}
+
+/* ---- eval forward ----------------------------------------------------------------------- */
+
+void qt_batch_norm_forward_eval(float *out, const float *inp, const float *gamma, const float *beta,
+                                const float *running_mean, const float *running_var, float eps,
+                                int M, int C) {
+  QT_ASSERT(M > 0 && C > 0, "batch_norm_forward_eval: empty input (M=%d, C=%d)", M, C);
+  const bn_plan p = bn_plan_make(M, C);
+  float *ws = xmalloc(5 * (size_t)p.L * sizeof(float));
+  float *mrep = ws, *arep = ws + p.L, *brep = ws + 2 * p.L, *ca = ws + 3 * p.L;
+  for (int c = 0; c < C; c++)
+    ca[c] = (float)((gamma ? (double)gamma[c] : 1.0) / sqrt((double)running_var[c] + (double)eps));
+  pattern_fill(mrep, running_mean, 0, &p);
+  pattern_fill(arep, ca, 0, &p);
+  pattern_fill(brep, beta, 0, &p);
+  bn_apply(out, inp, mrep, NULL, arep, brep, &p);
+  free(ws);
+}
+
+void qt_batch_norm_forward_eval_ref(float *out, const float *inp, const float *gamma,
+                                    const float *beta, const float *running_mean,
+                                    const float *running_var, float eps, int M, int C) {
+  for (int c = 0; c < C; c++) {
+    const double is = 1.0 / sqrt((double)running_var[c] + (double)eps);
+    const double g = gamma ? gamma[c] : 1.0, b = beta ? beta[c] : 0.0;
+    for (int64_t r = 0; r < M; r++) out[r * C + c] = (float)((inp[r * C + c] - running_mean[c]) * is * g + b);
+  }
+}
+
+/* ---- backward ---------------------------------------------------------------------------- */
+
+/* Per-chunk sums of dout and of dout*(x - mean), one double per chunk and channel; for the
+ * eval backward (dx_scale != NULL) the chunk also does dinp += dout * dx_scale in the same pass. */
+static void chunk_grad_sums(double *sdy, double *sdyx, float *restrict dinp, const float *restrict dout,
+                            const float *restrict x, int64_t rows, const bn_plan *p, const float *restrict mrep,
+                            const float *restrict dx_scale, float *restrict acc_s, float *restrict acc_p) {
+  const int L = p->L, C = p->C;
+  const int64_t groups = rows / p->k, tail = rows - groups * p->k;
+  memset(acc_s, 0, (size_t)L * sizeof *acc_s);
+  memset(acc_p, 0, (size_t)L * sizeof *acc_p);
+  if (dinp && dx_scale) {
+    for (int64_t g = 0; g < groups; g++) {
+      const float *restrict xg = x + g * L, *restrict dg = dout + g * L;
+      float *restrict ig = dinp + g * L;
+#pragma omp simd
+      for (int j = 0; j < L; j++) {
+        acc_s[j] += dg[j];
+        acc_p[j] += dg[j] * (xg[j] - mrep[j]);
+        ig[j] += dg[j] * dx_scale[j];
+      }
+    }
+  } else {
+    for (int64_t g = 0; g < groups; g++) {
+      const float *restrict xg = x + g * L, *restrict dg = dout + g * L;
+#pragma omp simd
+      for (int j = 0; j < L; j++) {
+        acc_s[j] += dg[j];
+        acc_p[j] += dg[j] * (xg[j] - mrep[j]);
+      }
+    }
+  }
+  for (int64_t t = 0; t < tail; t++) {
+    const int64_t o = groups * L + t * C;
+    for (int c = 0; c < C; c++) {
+      acc_s[c] += dout[o + c];
+      acc_p[c] += dout[o + c] * (x[o + c] - mrep[c]);
+      if (dinp && dx_scale) dinp[o + c] += dout[o + c] * dx_scale[c];
+    }
+  }
+  pattern_fold(sdy, acc_s, p);
+  pattern_fold(sdyx, acc_p, p);
+}
+
+/* Reduces sum(dout) and sum(dout*(x-mean)) per channel into sdy/sdyx (C doubles each),
+ * deterministically; with dx_scale also applies the eval dinp update in the same pass. */
+static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, const float *dout, const float *inp,
+                         const float *mrep, const float *dx_scale, const bn_plan *p) {
+  const int C = p->C;
+  const int nthreads = omp_get_max_threads();
+  const size_t npart = (size_t)p->nchunks * (size_t)C;
+  double *part = xmalloc(2 * npart * sizeof(double));
+  float *ws = xmalloc((size_t)nthreads * 2 * pattern_stride(p) * sizeof(float));
+#pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
+  for (int64_t i = 0; i < p->nchunks; i++) {
+    float *scratch = thread_scratch(ws, 2, p);
+    int64_t r0 = i * p->chunk_rows, rows = p->M - r0 < p->chunk_rows ? p->M - r0 : p->chunk_rows;
+    chunk_grad_sums(part + i * C, part + npart + i * C, dinp ? dinp + r0 * C : NULL, dout + r0 * C,
+                    inp + r0 * C, rows, p, mrep, dx_scale, scratch, scratch + pattern_stride(p));
+  }
+  for (int c = 0; c < C; c++) {
+    double s = 0, q = 0;
+    for (int64_t i = 0; i < p->nchunks; i++) {
+      s += part[i * C + c];
+      q += part[npart + i * C + c];
+    }
+    sdy[c] = s;
+    sdyx[c] = q;
+  }
+  free(ws);
+  free(part);
+}
+
+void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                            const float *inp, const float *mean, const float *invstd,
+                            const float *gamma, int M, int C) {
+  if (!dinp && !dgamma && !dbeta) return;
+  QT_ASSERT(M > 0 && C > 0, "batch_norm_backward: empty input (M=%d, C=%d)", M, C);
+  const bn_plan p = bn_plan_make(M, C);
+  double *sums = xmalloc(2 * (size_t)C * sizeof(double));
+  float *ws = xmalloc(8 * (size_t)p.L * sizeof(float));
+  float *mrep = ws, *gmrep = ws + p.L, *psrep = ws + 2 * p.L, *arep = ws + 3 * p.L;
+  float *cg = ws + 4 * p.L, *cp = ws + 5 * p.L, *ca = ws + 6 * p.L;
+  pattern_fill(mrep, mean, 0, &p);
+  bn_grad_sums(sums, sums + C, NULL, dout, inp, mrep, NULL, &p);
+  for (int c = 0; c < C; c++) {
+    const double sdy = sums[c], sdyx = sums[C + c], is = invstd[c];
+    if (dbeta) dbeta[c] += (float)sdy;
+    if (dgamma) dgamma[c] += (float)(sdyx * is);
+    cg[c] = (float)(sdy / M);
+    cp[c] = (float)(is * is * sdyx / M);
+    ca[c] = (float)((gamma ? (double)gamma[c] : 1.0) * is);
+  }
+  if (dinp) {
+    pattern_fill(gmrep, cg, 0, &p);
+    pattern_fill(psrep, cp, 0, &p);
+    pattern_fill(arep, ca, 0, &p);
+    const int L = p.L;
+    const int64_t groups = p.M / p.k, tail = p.M - groups * p.k;
+#pragma omp parallel for schedule(static) if ((int64_t)M * C >= BN_PARALLEL_MIN)
+    for (int64_t g = 0; g < groups; g++) {
+      const float *restrict xg = inp + g * L, *restrict dg = dout + g * L;
+      float *restrict ig = dinp + g * L;
+#pragma omp simd
+      for (int j = 0; j < L; j++) ig[j] += (dg[j] - gmrep[j] - (xg[j] - mrep[j]) * psrep[j]) * arep[j];
+    }
+    for (int64_t t = 0; t < tail; t++) {
+      const int64_t o = (groups * p.k + t) * C;
+      for (int c = 0; c < C; c++)
+        dinp[o + c] += (dout[o + c] - gmrep[c] - (inp[o + c] - mrep[c]) * psrep[c]) * arep[c];
+    }
+  }
+  free(ws);
+  free(sums);
+}
+
+void qt_batch_norm_backward_ref(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                                const float *inp, const float *mean, const float *invstd,
+                                const float *gamma, int M, int C) {
+  for (int c = 0; c < C; c++) {
+    double sdy = 0, sdyx = 0;
+    for (int64_t r = 0; r < M; r++) {
+      sdy += dout[r * C + c];
+      sdyx += (double)dout[r * C + c] * ((double)inp[r * C + c] - mean[c]);
+    }
+    const double is = invstd[c], g = gamma ? gamma[c] : 1.0;
+    if (dbeta) dbeta[c] += (float)sdy;
+    if (dgamma) dgamma[c] += (float)(sdyx * is);
+    if (dinp)
+      for (int64_t r = 0; r < M; r++)
+        dinp[r * C + c] += (float)(g * is *
+                                   (dout[r * C + c] - sdy / M - ((double)inp[r * C + c] - mean[c]) * is * is * sdyx / M));
+  }
+}
+
+void qt_batch_norm_backward_eval(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                                 const float *inp, const float *mean, const float *invstd,
+                                 const float *gamma, int M, int C) {
+  if (!dinp && !dgamma && !dbeta) return;
+  QT_ASSERT(M > 0 && C > 0, "batch_norm_backward_eval: empty input (M=%d, C=%d)", M, C);
+  const bn_plan p = bn_plan_make(M, C);
+  float *ws = xmalloc(3 * (size_t)p.L * sizeof(float));
+  float *mrep = ws, *arep = ws + p.L, *ca = ws + 2 * p.L;
+  for (int c = 0; c < C; c++) ca[c] = (float)((gamma ? (double)gamma[c] : 1.0) * (double)invstd[c]);
+  pattern_fill(arep, ca, 0, &p);
+  if (dgamma || dbeta) {
+    double *sums = xmalloc(2 * (size_t)C * sizeof(double));
+    pattern_fill(mrep, mean, 0, &p);
+    bn_grad_sums(sums, sums + C, dinp, dout, inp, mrep, arep, &p);
+    for (int c = 0; c < C; c++) {
+      if (dbeta) dbeta[c] += (float)sums[c];
+      if (dgamma) dgamma[c] += (float)(sums[C + c] * (double)invstd[c]);
+    }
+    free(sums);
+  } else {
+    const int L = p.L;
+    const int64_t groups = p.M / p.k, tail = p.M - groups * p.k;
+#pragma omp parallel for schedule(static) if ((int64_t)M * C >= BN_PARALLEL_MIN)
+    for (int64_t g = 0; g < groups; g++) {
+      const float *restrict dg = dout + g * L;
+      float *restrict ig = dinp + g * L;
+#pragma omp simd
+      for (int j = 0; j < L; j++) ig[j] += dg[j] * arep[j];
+    }
+    for (int64_t t = 0; t < tail; t++) {
+      const int64_t o = (groups * p.k + t) * C;
+      for (int c = 0; c < C; c++) dinp[o + c] += dout[o + c] * arep[c];
+    }
+  }
+  free(ws);
+}
+
+void qt_batch_norm_backward_eval_ref(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                                     const float *inp, const float *mean, const float *invstd,
+                                     const float *gamma, int M, int C) {
+  for (int c = 0; c < C; c++) {
+    double sdy = 0, sdyx = 0;
+    const double is = invstd[c], g = gamma ? gamma[c] : 1.0;
+    for (int64_t r = 0; r < M; r++) {
+      sdy += dout[r * C + c];
+      sdyx += (double)dout[r * C + c] * ((double)inp[r * C + c] - mean[c]);
+      if (dinp) dinp[r * C + c] += (float)(dout[r * C + c] * g * is);
+    }
+    if (dbeta) dbeta[c] += (float)sdy;
+    if (dgamma) dgamma[c] += (float)(sdyx * is);
+  }
+}

@@ -1,0 +1,256 @@
+/* Optimized CPU kernels against their plain `_ref` twins on odd shapes (C = 3, 7, 32, ...;
+ * odd H and W; padding; stride != kernel; sizes that cross the parallel and chunking
+ * thresholds, with tail rows), including accumulation into pre-filled gradients and NULL
+ * gradient outputs.
+ * Tolerances: pooling max/argmax, relu and add are exact; avg pools 1e-6 abs + 1e-5 rel;
+ * batch norm outputs 2e-5 abs + 2e-5 rel, its channel sums (dgamma, dbeta) 1e-4 abs + 1e-4 rel
+ * (float vs double accumulation over up to 40000 rows); cross-entropy 1e-6 abs + 1e-5 rel. */
+#include "autograd/kernels.h"
+#include "tests/common/testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float *uniform(int64_t n, float lo, float hi, uint64_t seed) {
+  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+  qt_test_fill_uniform(p, n, lo, hi, seed);
+  return p;
+}
+
+static float *copy(const float *x, int64_t n) {
+  float *p = malloc((size_t)n * sizeof *p);
+  memcpy(p, x, (size_t)n * sizeof *p);
+  return p;
+}
+
+static void check_exact_f32(const char *what, const float *got, const float *want, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (memcmp(&got[i], &want[i], sizeof(float)) != 0 && !(isnan(got[i]) && isnan(want[i]))) {
+      qt_test_fail("%s: differs at %lld: got %.9g want %.9g", what, (long long)i, got[i], want[i]);
+      return;
+    }
+}
+
+static void check_exact_i32(const char *what, const int32_t *got, const int32_t *want, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (got[i] != want[i]) {
+      qt_test_fail("%s: differs at %lld: got %d want %d", what, (long long)i, got[i], want[i]);
+      return;
+    }
+}
+
+/* ---- batch norm -------------------------------------------------------------------------- */
+
+static void test_batch_norm(int M, int C, float center, uint64_t seed) {
+  char what[128];
+  const int64_t n = (int64_t)M * C;
+  float *x = uniform(n, center - 2.0f, center + 2.0f, seed);
+  float *gamma = uniform(C, 0.5f, 1.5f, seed + 1), *beta = uniform(C, -0.5f, 0.5f, seed + 2);
+  float *rm0 = uniform(C, -0.2f, 0.2f, seed + 3), *rv0 = uniform(C, 0.5f, 2.0f, seed + 4);
+  float *dy = uniform(n, -1.0f, 1.0f, seed + 5), *dx0 = uniform(n, -1.0f, 1.0f, seed + 6);
+  float *dg0 = uniform(C, -1.0f, 1.0f, seed + 7), *db0 = uniform(C, -1.0f, 1.0f, seed + 8);
+
+  /* training forward */
+  float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *m1 = malloc(C * 4), *m2 = malloc(C * 4);
+  float *s1 = malloc(C * 4), *s2 = malloc(C * 4);
+  float *rm1 = copy(rm0, C), *rv1 = copy(rv0, C), *rm2 = copy(rm0, C), *rv2 = copy(rv0, C);
+  qt_batch_norm_forward_train(y1, m1, s1, x, gamma, beta, rm1, rv1, 0.1f, 1e-5f, M, C);
+  qt_batch_norm_forward_train_ref(y2, m2, s2, x, gamma, beta, rm2, rv2, 0.1f, 1e-5f, M, C);
+#define BN_WHAT(s) (snprintf(what, sizeof what, "bn M=%d C=%d center=%g: %s", M, C, center, s), what)
+  qt_test_close(BN_WHAT("train out"), y1, y2, n, 2e-5f, 2e-5f);
+  qt_test_close(BN_WHAT("train mean"), m1, m2, C, 1e-6f, 1e-6f);
+  qt_test_close(BN_WHAT("train invstd"), s1, s2, C, 0, 1e-5f);
+  qt_test_close(BN_WHAT("running mean"), rm1, rm2, C, 1e-6f, 1e-6f);
+  qt_test_close(BN_WHAT("running var"), rv1, rv2, C, 0, 1e-5f);
+  /* no running stats, no affine */
+  qt_batch_norm_forward_train(y1, m1, s1, x, NULL, NULL, NULL, NULL, 0.1f, 1e-5f, M, C);
+  qt_batch_norm_forward_train_ref(y2, m2, s2, x, NULL, NULL, NULL, NULL, 0.1f, 1e-5f, M, C);
+  qt_test_close(BN_WHAT("train out (affine=False)"), y1, y2, n, 2e-5f, 2e-5f);
+
+  /* training backward, accumulating, all outputs and each NULL pattern */
+  for (int mask = 1; mask < 8; mask++) {
+    float *dxa = mask & 1 ? copy(dx0, n) : NULL, *dxb = mask & 1 ? copy(dx0, n) : NULL;
+    float *dga = mask & 2 ? copy(dg0, C) : NULL, *dgb = mask & 2 ? copy(dg0, C) : NULL;
+    float *dba = mask & 4 ? copy(db0, C) : NULL, *dbb = mask & 4 ? copy(db0, C) : NULL;
+    qt_batch_norm_backward(dxa, dga, dba, dy, x, m2, s2, gamma, M, C);
+    qt_batch_norm_backward_ref(dxb, dgb, dbb, dy, x, m2, s2, gamma, M, C);
+    if (dxa) qt_test_close(BN_WHAT("backward dinp"), dxa, dxb, n, 2e-5f, 2e-5f);
+    if (dga) qt_test_close(BN_WHAT("backward dgamma"), dga, dgb, C, 1e-4f, 1e-4f);
+    if (dba) qt_test_close(BN_WHAT("backward dbeta"), dba, dbb, C, 1e-4f, 1e-4f);
+    qt_batch_norm_backward_eval(dxa, dga, dba, dy, x, rm0, s2, gamma, M, C);
+    qt_batch_norm_backward_eval_ref(dxb, dgb, dbb, dy, x, rm0, s2, gamma, M, C);
+    if (dxa) qt_test_close(BN_WHAT("backward_eval dinp"), dxa, dxb, n, 2e-5f, 2e-5f);
+    if (dga) qt_test_close(BN_WHAT("backward_eval dgamma"), dga, dgb, C, 1e-4f, 1e-4f);
+    if (dba) qt_test_close(BN_WHAT("backward_eval dbeta"), dba, dbb, C, 1e-4f, 1e-4f);
+    free(dxa), free(dxb), free(dga), free(dgb), free(dba), free(dbb);
+  }
+  /* everything NULL is a no-op */
+  qt_batch_norm_backward(NULL, NULL, NULL, dy, x, m2, s2, gamma, M, C);
+  qt_batch_norm_backward_eval(NULL, NULL, NULL, dy, x, m2, s2, gamma, M, C);
+
+  /* eval forward */
+  qt_batch_norm_forward_eval(y1, x, gamma, beta, rm0, rv0, 1e-5f, M, C);
+  qt_batch_norm_forward_eval_ref(y2, x, gamma, beta, rm0, rv0, 1e-5f, M, C);
+  qt_test_close(BN_WHAT("eval out"), y1, y2, n, 2e-5f, 2e-5f);
+#undef BN_WHAT
+  free(x), free(gamma), free(beta), free(rm0), free(rv0), free(dy), free(dx0), free(dg0), free(db0);
+  free(y1), free(y2), free(m1), free(m2), free(s1), free(s2), free(rm1), free(rv1), free(rm2), free(rv2);
+}
+
+/* ---- pooling ----------------------------------------------------------------------------- */
+
+typedef struct {
+  int N, H, W, C, KH, KW, sh, sw, ph, pw;
+} pool_case;
+
+/* kind 0: uniform values; 1: coarse values with many ties; 2: ties plus NaNs */
+static void test_pool(pool_case pc, int kind, uint64_t seed) {
+  char what[160];
+  qt_pool2d_shape s = {.N = pc.N, .H = pc.H, .W = pc.W, .C = pc.C, .KH = pc.KH, .KW = pc.KW,
+                       .stride_h = pc.sh, .stride_w = pc.sw, .pad_h = pc.ph, .pad_w = pc.pw};
+  if (qt_pool2d_shape_init(&s) != 0) {
+    qt_test_fail("pool shape init refused a valid case");
+    return;
+  }
+  const int64_t nin = (int64_t)s.N * s.H * s.W * s.C, nout = (int64_t)s.N * s.OH * s.OW * s.C;
+  float *x = uniform(nin, -1.0f, 1.0f, seed);
+  if (kind >= 1)
+    for (int64_t i = 0; i < nin; i++) x[i] = roundf(x[i] * 2.0f) / 2.0f;
+  if (kind == 2)
+    for (int64_t i = 0; i < nin; i += 7) x[i] = NAN;
+  float *dy = uniform(nout, -1.0f, 1.0f, seed + 1), *dx0 = uniform(nin, -1.0f, 1.0f, seed + 2);
+  float *y1 = malloc(nout * 4), *y2 = malloc(nout * 4);
+  int32_t *a1 = malloc(nout * 4), *a2 = malloc(nout * 4);
+  float *dx1 = copy(dx0, nin), *dx2 = copy(dx0, nin);
+#define P_WHAT(t) \
+  (snprintf(what, sizeof what, "pool N%d H%d W%d C%d k%dx%d s%dx%d p%dx%d kind%d: %s", pc.N, pc.H, pc.W, pc.C, pc.KH, \
+            pc.KW, pc.sh, pc.sw, pc.ph, pc.pw, kind, t), what)
+  qt_max_pool2d_forward(y1, a1, x, &s);
+  qt_max_pool2d_forward_ref(y2, a2, x, &s);
+  check_exact_f32(P_WHAT("max out"), y1, y2, nout);
+  check_exact_i32(P_WHAT("max argmax"), a1, a2, nout);
+  if (kind < 2) { /* a NaN gradient path is not meaningful */
+    qt_max_pool2d_backward(dx1, dy, a2, &s);
+    qt_max_pool2d_backward_ref(dx2, dy, a2, &s);
+    qt_test_close(P_WHAT("max dinp"), dx1, dx2, nin, 0, 0);
+
+    qt_avg_pool2d_forward(y1, x, &s);
+    qt_avg_pool2d_forward_ref(y2, x, &s);
+    qt_test_close(P_WHAT("avg out"), y1, y2, nout, 1e-6f, 1e-5f);
+    memcpy(dx1, dx0, nin * 4);
+    memcpy(dx2, dx0, nin * 4);
+    qt_avg_pool2d_backward(dx1, dy, &s);
+    qt_avg_pool2d_backward_ref(dx2, dy, &s);
+    qt_test_close(P_WHAT("avg dinp"), dx1, dx2, nin, 1e-6f, 1e-5f);
+  }
+#undef P_WHAT
+  free(x), free(dy), free(dx0), free(y1), free(y2), free(a1), free(a2), free(dx1), free(dx2);
+}
+
+static void test_global_avg_pool(int N, int HW, int C, uint64_t seed) {
+  char what[96];
+  const int64_t nin = (int64_t)N * HW * C;
+  float *x = uniform(nin, -1.0f, 1.0f, seed), *dy = uniform((int64_t)N * C, -1.0f, 1.0f, seed + 1);
+  float *dx0 = uniform(nin, -1.0f, 1.0f, seed + 2), *dx1 = copy(dx0, nin), *dx2 = copy(dx0, nin);
+  float *y1 = malloc((size_t)N * C * 4), *y2 = malloc((size_t)N * C * 4);
+  snprintf(what, sizeof what, "global_avg_pool N%d HW%d C%d", N, HW, C);
+  qt_global_avg_pool_forward(y1, x, N, HW, C);
+  qt_global_avg_pool_forward_ref(y2, x, N, HW, C);
+  qt_test_close(what, y1, y2, (int64_t)N * C, 1e-6f, 1e-5f);
+  qt_global_avg_pool_backward(dx1, dy, N, HW, C);
+  qt_global_avg_pool_backward_ref(dx2, dy, N, HW, C);
+  qt_test_close(what, dx1, dx2, nin, 0, 0);
+  free(x), free(dy), free(dx0), free(dx1), free(dx2), free(y1), free(y2);
+}
+
+/* ---- element-wise ------------------------------------------------------------------------ */
+
+static void test_relu_add(int64_t n, uint64_t seed) {
+  float *x = uniform(n, -1.0f, 1.0f, seed), *b = uniform(n, -1.0f, 1.0f, seed + 1);
+  for (int64_t i = 0; i < n; i += 5) x[i] = 0.0f;
+  for (int64_t i = 1; i < n; i += 11) x[i] = -0.0f;
+  for (int64_t i = 2; i < n; i += 13) x[i] = NAN;
+  float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *dy = uniform(n, -1.0f, 1.0f, seed + 2);
+  float *dx0 = uniform(n, -1.0f, 1.0f, seed + 3), *dx1 = copy(dx0, n), *dx2 = copy(dx0, n);
+  qt_relu_forward(y1, x, n);
+  qt_relu_forward_ref(y2, x, n);
+  check_exact_f32("relu forward", y1, y2, n);
+  float *inplace = copy(x, n);
+  qt_relu_forward(inplace, inplace, n);
+  check_exact_f32("relu forward in place", inplace, y2, n);
+  qt_relu_backward(dx1, dy, y2, n);
+  qt_relu_backward_ref(dx2, dy, y2, n);
+  check_exact_f32("relu backward", dx1, dx2, n);
+
+  qt_add_forward(y1, x, b, n);
+  qt_add_forward_ref(y2, x, b, n);
+  check_exact_f32("add forward", y1, y2, n);
+  float *ina = copy(x, n);
+  qt_add_forward(ina, ina, b, n);
+  check_exact_f32("add forward in place", ina, y2, n);
+  float *da1 = copy(dx0, n), *db1 = copy(b, n), *da2 = copy(dx0, n), *db2 = copy(b, n);
+  qt_add_backward(da1, db1, dy, n);
+  qt_add_backward_ref(da2, db2, dy, n);
+  check_exact_f32("add backward da", da1, da2, n);
+  check_exact_f32("add backward db", db1, db2, n);
+  qt_add_backward(NULL, db1, dy, n);
+  qt_add_backward_ref(NULL, db2, dy, n);
+  qt_add_backward(da1, NULL, dy, n);
+  qt_add_backward_ref(da2, NULL, dy, n);
+  check_exact_f32("add backward da (db NULL)", da1, da2, n);
+  check_exact_f32("add backward db (da NULL)", db1, db2, n);
+  free(x), free(b), free(y1), free(y2), free(dy), free(dx0), free(dx1), free(dx2), free(inplace), free(ina);
+  free(da1), free(db1), free(da2), free(db2);
+}
+
+static void test_cross_entropy(int N, int C, float scale, uint64_t seed) {
+  char what[96];
+  const int64_t n = (int64_t)N * C;
+  float *x = uniform(n, -scale, scale, seed), *p1 = malloc(n * 4), *p2 = malloc(n * 4);
+  float *d0 = uniform(n, -1.0f, 1.0f, seed + 1), *d1 = copy(d0, n), *d2 = copy(d0, n);
+  int32_t *labels = malloc((size_t)N * sizeof *labels);
+  for (int i = 0; i < N; i++) labels[i] = (int32_t)((i * 7919u + (unsigned)seed) % (unsigned)C);
+  snprintf(what, sizeof what, "cross_entropy N%d C%d scale%g", N, C, scale);
+  float l1 = qt_cross_entropy_forward(p1, x, labels, N, C);
+  float l2 = qt_cross_entropy_forward_ref(p2, x, labels, N, C);
+  qt_test_close(what, &l1, &l2, 1, 1e-6f, 1e-5f);
+  qt_test_close(what, p1, p2, n, 1e-6f, 1e-5f);
+  qt_cross_entropy_backward(d1, p2, labels, 1.7f, N, C);
+  qt_cross_entropy_backward_ref(d2, p2, labels, 1.7f, N, C);
+  qt_test_close(what, d1, d2, n, 1e-7f, 1e-6f);
+  free(x), free(p1), free(p2), free(d0), free(d1), free(d2), free(labels);
+}
+
+int main(void) {
+  /* (M, C): tiny, odd C, multi-chunk with tail rows (C=7: 32-row patterns, 4672-row chunks),
+   * the FashionCNN channel counts, and wide C (pattern of 2 rows; pattern of 1 row). */
+  const int bn[][2] = {{105, 3}, {126, 7}, {429, 32}, {10007, 7}, {40000, 32}, {3 * 7 * 7 * 3, 64},
+                       {77, 1000}, {40, 2500}, {2, 5}, {1037, 1}};
+  for (size_t i = 0; i < sizeof bn / sizeof bn[0]; i++) test_batch_norm(bn[i][0], bn[i][1], 0.0f, 10 + i);
+  test_batch_norm(10007, 7, 1000.0f, 99); /* large mean: the variance must not cancel */
+  test_batch_norm(40000, 32, -300.0f, 98);
+
+  const pool_case pools[] = {
+      {2, 7, 9, 3, 2, 2, 2, 2, 0, 0},   {3, 11, 13, 7, 3, 3, 2, 2, 1, 1},  {2, 9, 7, 32, 3, 3, 1, 1, 1, 1},
+      {1, 5, 5, 7, 2, 2, 3, 3, 0, 0},   {2, 8, 8, 5, 3, 3, 3, 3, 1, 1},    {2, 6, 7, 3, 1, 1, 1, 1, 0, 0},
+      {2, 9, 10, 4, 3, 2, 1, 2, 1, 1},  {2, 1, 9, 6, 1, 3, 1, 2, 0, 1},    {8, 28, 28, 32, 2, 2, 2, 2, 0, 0},
+      {4, 15, 15, 64, 3, 3, 2, 2, 1, 1}, {3, 7, 7, 7, 5, 5, 2, 2, 2, 2},
+  };
+  for (size_t i = 0; i < sizeof pools / sizeof pools[0]; i++)
+    for (int kind = 0; kind < 3; kind++) test_pool(pools[i], kind, 100 + i);
+
+  test_global_avg_pool(3, 35, 7, 200);
+  test_global_avg_pool(2, 1, 5, 201);
+  test_global_avg_pool(16, 49, 64, 202);
+
+  test_relu_add(13, 300);
+  test_relu_add(1000003, 301);
+
+  test_cross_entropy(5, 3, 3.0f, 400);
+  test_cross_entropy(128, 10, 5.0f, 401);
+  test_cross_entropy(7, 1000, 20.0f, 402);
+  test_cross_entropy(300, 300, 50.0f, 403);
+  return qt_test_finish();
+}
