@@ -47,7 +47,8 @@ void qt_linear_backward_ref(float *dinp, float *dweight, float *dbias, const flo
 /* Training: normalizes with the biased batch variance; writes the batch mean and
  * invstd = 1/sqrt(var_biased + eps) (C each) for backward; updates running stats with
  * running = (1-momentum)*running + momentum*batch, using the UNBIASED variance (M/(M-1)).
- * running_mean/running_var may be NULL (no update). */
+ * running_mean/running_var may be NULL (no update); gamma/beta may be NULL (affine=False).
+ * Training needs M >= 2 (aborts otherwise, as PyTorch refuses it). */
 void qt_batch_norm_forward_train(float *out, float *mean, float *invstd, const float *inp,
                                  const float *gamma, const float *beta, float *running_mean,
                                  float *running_var, float momentum, float eps, int M, int C);
@@ -80,7 +81,8 @@ void qt_batch_norm_backward_eval_ref(float *dinp, float *dgamma, float *dbeta, c
 /* ---- relu (out may alias inp) ---------------------------------------------------------- */
 void qt_relu_forward(float *out, const float *inp, int64_t n);
 void qt_relu_forward_ref(float *out, const float *inp, int64_t n);
-/* dinp += dout * (out > 0); uses the forward OUTPUT so relu can run in place. */
+/* dinp += (out <= 0) ? 0 : dout (PyTorch's threshold_backward); uses the forward OUTPUT so
+ * relu can run in place. */
 void qt_relu_backward(float *dinp, const float *dout, const float *out, int64_t n);
 void qt_relu_backward_ref(float *dinp, const float *dout, const float *out, int64_t n);
 

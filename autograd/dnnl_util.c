@@ -1,0 +1,110 @@
+/* Shared oneDNN engine, stream and checked helpers (see dnnl_util.h). */
+#include "autograd/dnnl_util.h"
+
+#include <oneapi/dnnl/dnnl_debug.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static dnnl_engine_t g_engine;
+static dnnl_stream_t g_stream;
+
+void qt_dnnl_check_status(dnnl_status_t st, const char *expr, const char *file, int line) {
+  if (st == dnnl_success) return;
+  fprintf(stderr, "%s:%d: oneDNN call failed with %s: %s\n", file, line, dnnl_status2str(st), expr);
+  abort();
+}
+
+void qt_dnnl_die(const char *file, int line, const char *msg) {
+  fprintf(stderr, "%s:%d: %s\n", file, line, msg);
+  abort();
+}
+
+static void release_engine(void) {
+  if (g_stream) dnnl_stream_destroy(g_stream);
+  if (g_engine) dnnl_engine_destroy(g_engine);
+  g_stream = NULL;
+  g_engine = NULL;
+}
+
+dnnl_engine_t qt_dnnl_engine(void) {
+  if (!g_engine) {
+    QT_DNNL_CHECK(dnnl_engine_create(&g_engine, dnnl_cpu, 0));
+    QT_DNNL_CHECK(dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags));
+    atexit(release_engine);
+  }
+  return g_engine;
+}
+
+dnnl_stream_t qt_dnnl_stream(void) {
+  qt_dnnl_engine();
+  return g_stream;
+}
+
+dnnl_primitive_t qt_dnnl_primitive_create(const_dnnl_primitive_desc_t pd) {
+  dnnl_primitive_t prim = NULL;
+  QT_DNNL_CHECK(dnnl_primitive_create(&prim, pd));
+  return prim;
+}
+
+dnnl_memory_t qt_dnnl_memory_unbound(const dnnl_memory_desc_t *md) {
+  dnnl_memory_t mem = NULL;
+  QT_DNNL_CHECK(dnnl_memory_create(&mem, md, qt_dnnl_engine(), DNNL_MEMORY_NONE));
+  return mem;
+}
+
+dnnl_memory_t qt_dnnl_memory_owned(const dnnl_memory_desc_t *md) {
+  dnnl_memory_t mem = NULL;
+  QT_DNNL_CHECK(dnnl_memory_create(&mem, md, qt_dnnl_engine(), DNNL_MEMORY_ALLOCATE));
+  return mem;
+}
+
+void qt_dnnl_memory_bind(dnnl_memory_t mem, const void *data) {
+  QT_DNNL_CHECK(dnnl_memory_set_data_handle(mem, (void *)data));
+}
+
+dnnl_memory_desc_t qt_dnnl_md(int ndims, const dnnl_dim_t *dims, dnnl_format_tag_t tag) {
+  dnnl_memory_desc_t md;
+  QT_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, ndims, dims, dnnl_f32, tag));
+  return md;
+}
+
+dnnl_primitive_t qt_dnnl_reorder_create(const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst,
+                                        int accumulate) {
+  dnnl_primitive_attr_t attr = NULL;
+  dnnl_post_ops_t ops = NULL;
+  if (accumulate) {
+    QT_DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+    QT_DNNL_CHECK(dnnl_post_ops_create(&ops));
+    QT_DNNL_CHECK(dnnl_post_ops_append_sum(ops, 1.0f));
+    QT_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, ops));
+  }
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_engine_t eng = qt_dnnl_engine();
+  QT_DNNL_CHECK(dnnl_reorder_primitive_desc_create(&pd, src, eng, dst, eng, attr));
+  dnnl_primitive_t prim = qt_dnnl_primitive_create(pd);
+  QT_DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+  if (ops) QT_DNNL_CHECK(dnnl_post_ops_destroy(ops));
+  if (attr) QT_DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+  return prim;
+}
+
+void qt_dnnl_reorder_run(dnnl_primitive_t reorder, dnnl_memory_t src, dnnl_memory_t dst) {
+  dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+  qt_dnnl_execute(reorder, 2, args);
+}
+
+void qt_dnnl_execute(dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t *args) {
+  dnnl_stream_t stream = qt_dnnl_stream();
+  QT_DNNL_CHECK(dnnl_primitive_execute(prim, stream, nargs, args));
+  QT_DNNL_CHECK(dnnl_stream_wait(stream));
+}
+
+void qt_dnnl_primitive_destroy(dnnl_primitive_t *prim) {
+  if (*prim) QT_DNNL_CHECK(dnnl_primitive_destroy(*prim));
+  *prim = NULL;
+}
+
+void qt_dnnl_memory_destroy(dnnl_memory_t *mem) {
+  if (*mem) QT_DNNL_CHECK(dnnl_memory_destroy(*mem));
+  *mem = NULL;
+}

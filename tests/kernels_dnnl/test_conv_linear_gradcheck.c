@@ -1,0 +1,143 @@
+/* Finite-difference gradient checks of the conv2d and linear reference kernels. The loss is
+ * L = sum(out * g) (in double) for a fixed random g, so dL/dout = g. Both ops are linear in each
+ * argument separately, so a central difference is exact up to rounding even with a large step:
+ * eps = 0.1, divided by the step actually taken in float. Rounding of the fp32 outputs bounds
+ * the error near 1e-5 for these sizes; tolerance atol 2e-4, rtol 1e-4. Every element of
+ * dinp, dweight and dbias is checked. */
+#include "autograd/kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/common/testutil.h"
+
+#define EPS 0.1f
+#define ATOL 2e-4f
+#define RTOL 1e-4f
+
+static float *filled(int64_t n, uint64_t seed) {
+  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+  if (!p) {
+    fprintf(stderr, "test: out of memory\n");
+    exit(1);
+  }
+  qt_test_fill_uniform(p, n, -1.0f, 1.0f, seed);
+  return p;
+}
+
+static float *zeros(int64_t n) {
+  float *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
+  if (!p) {
+    fprintf(stderr, "test: out of memory\n");
+    exit(1);
+  }
+  return p;
+}
+
+/* The op's forward as a function of its three parameter buffers. */
+typedef void (*forward_fn)(float *out, const float *inp, const float *weight, const float *bias, const void *shape);
+
+typedef struct {
+  forward_fn forward;
+  const void *shape;
+  float *inp, *weight, *bias, *out, *g;
+  int64_t n_out;
+} fd_problem;
+
+static double loss(fd_problem *p) {
+  p->forward(p->out, p->inp, p->weight, p->bias, p->shape);
+  double l = 0.0;
+  for (int64_t i = 0; i < p->n_out; i++) l += (double)p->out[i] * p->g[i];
+  return l;
+}
+
+/* Numerical dL/dx for every element of x (one of p's buffers), compared with analytic. */
+static void check_fd(const char *what, fd_problem *p, float *x, int64_t n, const float *analytic) {
+  float *numeric = zeros(n);
+  for (int64_t i = 0; i < n; i++) {
+    const float x0 = x[i], hi = x0 + EPS, lo = x0 - EPS;
+    x[i] = hi;
+    const double l_hi = loss(p);
+    x[i] = lo;
+    const double l_lo = loss(p);
+    x[i] = x0;
+    numeric[i] = (float)((l_hi - l_lo) / ((double)hi - (double)lo));
+  }
+  qt_test_close(what, analytic, numeric, n, ATOL, RTOL);
+  free(numeric);
+}
+
+static void conv_forward_adapter(float *out, const float *inp, const float *weight, const float *bias,
+                                 const void *shape) {
+  qt_conv2d_forward_ref(out, inp, weight, bias, shape);
+}
+
+static void check_conv(qt_conv2d_shape s, const char *name, uint64_t seed) {
+  if (qt_conv2d_shape_init(&s) != 0) {
+    qt_test_fail("%s: shape rejected", name);
+    return;
+  }
+  const int64_t ni = (int64_t)s.N * s.H * s.W * s.C, no = (int64_t)s.N * s.OH * s.OW * s.OC;
+  const int64_t nw = (int64_t)s.OC * (s.C / s.groups) * s.KH * s.KW;
+  fd_problem p = {.forward = conv_forward_adapter, .shape = &s, .n_out = no};
+  p.inp = filled(ni, seed + 1);
+  p.weight = filled(nw, seed + 2);
+  p.bias = filled(s.OC, seed + 3);
+  p.g = filled(no, seed + 4);
+  p.out = zeros(no);
+  float *di = zeros(ni), *dw = zeros(nw), *db = zeros(s.OC);
+  qt_conv2d_backward_ref(di, dw, db, p.g, p.inp, p.weight, &s);
+  char what[128];
+  snprintf(what, sizeof what, "%s: dinp", name);
+  check_fd(what, &p, p.inp, ni, di);
+  snprintf(what, sizeof what, "%s: dweight", name);
+  check_fd(what, &p, p.weight, nw, dw);
+  snprintf(what, sizeof what, "%s: dbias", name);
+  check_fd(what, &p, p.bias, s.OC, db);
+  free(p.inp), free(p.weight), free(p.bias), free(p.g), free(p.out), free(di), free(dw), free(db);
+}
+
+typedef struct {
+  int N, IN, OUT;
+} linear_shape;
+
+static void linear_forward_adapter(float *out, const float *inp, const float *weight, const float *bias,
+                                   const void *shape) {
+  const linear_shape *s = shape;
+  qt_linear_forward_ref(out, inp, weight, bias, s->N, s->IN, s->OUT);
+}
+
+static void check_linear(int N, int IN, int OUT, uint64_t seed) {
+  linear_shape s = {N, IN, OUT};
+  const int64_t ni = (int64_t)N * IN, no = (int64_t)N * OUT, nw = (int64_t)OUT * IN;
+  fd_problem p = {.forward = linear_forward_adapter, .shape = &s, .n_out = no};
+  p.inp = filled(ni, seed + 1);
+  p.weight = filled(nw, seed + 2);
+  p.bias = filled(OUT, seed + 3);
+  p.g = filled(no, seed + 4);
+  p.out = zeros(no);
+  float *di = zeros(ni), *dw = zeros(nw), *db = zeros(OUT);
+  qt_linear_backward_ref(di, dw, db, p.g, p.inp, p.weight, N, IN, OUT);
+  check_fd("linear: dinp", &p, p.inp, ni, di);
+  check_fd("linear: dweight", &p, p.weight, nw, dw);
+  check_fd("linear: dbias", &p, p.bias, OUT, db);
+  free(p.inp), free(p.weight), free(p.bias), free(p.g), free(p.out), free(di), free(dw), free(db);
+}
+
+int main(void) {
+  check_conv((qt_conv2d_shape){.N = 2, .H = 5, .W = 4, .C = 4, .OC = 6, .KH = 3, .KW = 3, .stride_h = 2,
+                               .stride_w = 1, .pad_h = 1, .pad_w = 1, .groups = 2},
+             "conv grouped, stride (2,1)", 10);
+  check_conv((qt_conv2d_shape){.N = 2, .H = 5, .W = 5, .C = 1, .OC = 3, .KH = 3, .KW = 3, .stride_h = 1,
+                               .stride_w = 1, .pad_h = 1, .pad_w = 1, .groups = 1},
+             "conv C=1", 20);
+  check_conv((qt_conv2d_shape){.N = 1, .H = 4, .W = 5, .C = 3, .OC = 3, .KH = 2, .KW = 3, .stride_h = 1,
+                               .stride_w = 2, .pad_h = 1, .pad_w = 2, .groups = 3},
+             "conv depthwise 2x3, pad (1,2)", 30);
+  check_conv((qt_conv2d_shape){.N = 2, .H = 4, .W = 3, .C = 5, .OC = 2, .KH = 1, .KW = 1, .stride_h = 1,
+                               .stride_w = 1, .pad_h = 0, .pad_w = 0, .groups = 1},
+             "conv 1x1", 40);
+  check_linear(3, 6, 4, 50);
+  return qt_test_finish();
+}

@@ -1,0 +1,205 @@
+/* Optimized conv2d / linear kernels against their plain-C reference twins: forward with and
+ * without bias; backward with every subset of (dinp, dweight, dbias) requested, accumulating
+ * into pre-filled gradient buffers; weights changed between calls on a cached shape; more
+ * shapes than the primitive cache holds. Tolerance: atol 2e-4, rtol 1e-4 (fp32 vs a double-
+ * accumulating reference, values in [-1, 1], sums of at most a few thousand products). */
+#include "autograd/kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/common/testutil.h"
+
+#define ATOL 2e-4f
+#define RTOL 1e-4f
+
+static float *filled(int64_t n, uint64_t seed) {
+  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+  if (!p) {
+    fprintf(stderr, "test: out of memory\n");
+    exit(1);
+  }
+  qt_test_fill_uniform(p, n, -1.0f, 1.0f, seed);
+  return p;
+}
+
+static float *copy(const float *src, int64_t n) {
+  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+  if (!p) {
+    fprintf(stderr, "test: out of memory\n");
+    exit(1);
+  }
+  memcpy(p, src, (size_t)n * sizeof *p);
+  return p;
+}
+
+/* ---- conv2d ------------------------------------------------------------------------------ */
+
+static void conv_label(char *buf, size_t len, const qt_conv2d_shape *s, const char *what) {
+  snprintf(buf, len, "conv N%d %dx%d C%d OC%d k%dx%d s%d,%d p%d,%d g%d: %s", s->N, s->H, s->W, s->C, s->OC, s->KH,
+           s->KW, s->stride_h, s->stride_w, s->pad_h, s->pad_w, s->groups, what);
+}
+
+static void check_conv(qt_conv2d_shape s, uint64_t seed) {
+  if (qt_conv2d_shape_init(&s) != 0) {
+    qt_test_fail("conv shape N%d %dx%d C%d OC%d rejected", s.N, s.H, s.W, s.C, s.OC);
+    return;
+  }
+  const int64_t ni = (int64_t)s.N * s.H * s.W * s.C, no = (int64_t)s.N * s.OH * s.OW * s.OC;
+  const int64_t nw = (int64_t)s.OC * (s.C / s.groups) * s.KH * s.KW;
+  float *inp = filled(ni, seed + 1), *weight = filled(nw, seed + 2), *bias = filled(s.OC, seed + 3);
+  float *dout = filled(no, seed + 4);
+  float *out = filled(no, 99), *out_ref = filled(no, 98);
+  char what[256];
+
+  for (int has_bias = 0; has_bias < 2; has_bias++) {
+    qt_conv2d_forward(out, inp, weight, has_bias ? bias : NULL, &s);
+    qt_conv2d_forward_ref(out_ref, inp, weight, has_bias ? bias : NULL, &s);
+    conv_label(what, sizeof what, &s, has_bias ? "forward with bias" : "forward");
+    qt_test_close(what, out, out_ref, no, ATOL, RTOL);
+  }
+
+  /* weights change between calls on a cached shape: the reorder must see the new values */
+  for (int64_t i = 0; i < nw; i++) weight[i] *= -0.5f;
+  qt_conv2d_forward(out, inp, weight, bias, &s);
+  qt_conv2d_forward_ref(out_ref, inp, weight, bias, &s);
+  conv_label(what, sizeof what, &s, "forward after weight update");
+  qt_test_close(what, out, out_ref, no, ATOL, RTOL);
+
+  /* every subset of requested gradients, accumulating into pre-filled buffers */
+  for (int mask = 0; mask < 8; mask++) {
+    float *di = filled(ni, seed + 10), *dw = filled(nw, seed + 11), *db = filled(s.OC, seed + 12);
+    float *di_ref = copy(di, ni), *dw_ref = copy(dw, nw), *db_ref = copy(db, s.OC);
+    float *di0 = copy(di, ni), *dw0 = copy(dw, nw), *db0 = copy(db, s.OC);
+    const int want_i = mask & 1, want_w = mask & 2, want_b = mask & 4;
+    qt_conv2d_backward(want_i ? di : NULL, want_w ? dw : NULL, want_b ? db : NULL, dout, inp, weight, &s);
+    qt_conv2d_backward_ref(want_i ? di_ref : NULL, want_w ? dw_ref : NULL, want_b ? db_ref : NULL, dout, inp,
+                           weight, &s);
+    char tag[64];
+    snprintf(tag, sizeof tag, "backward mask %d dinp", mask);
+    conv_label(what, sizeof what, &s, tag);
+    qt_test_close(what, di, want_i ? di_ref : di0, ni, ATOL, RTOL);
+    snprintf(tag, sizeof tag, "backward mask %d dweight", mask);
+    conv_label(what, sizeof what, &s, tag);
+    qt_test_close(what, dw, want_w ? dw_ref : dw0, nw, ATOL, RTOL);
+    snprintf(tag, sizeof tag, "backward mask %d dbias", mask);
+    conv_label(what, sizeof what, &s, tag);
+    qt_test_close(what, db, want_b ? db_ref : db0, s.OC, ATOL, RTOL);
+    free(di), free(dw), free(db), free(di_ref), free(dw_ref), free(db_ref), free(di0), free(dw0), free(db0);
+  }
+  free(inp), free(weight), free(bias), free(dout), free(out), free(out_ref);
+}
+
+static qt_conv2d_shape conv_shape(int N, int H, int W, int C, int OC, int KH, int KW, int sh, int sw, int ph, int pw,
+                                  int groups) {
+  qt_conv2d_shape s = {.N = N, .H = H, .W = W, .C = C, .OC = OC, .KH = KH, .KW = KW, .stride_h = sh,
+                       .stride_w = sw, .pad_h = ph, .pad_w = pw, .groups = groups};
+  return s;
+}
+
+static void check_conv_shape_init(void) {
+  qt_conv2d_shape s = conv_shape(2, 8, 7, 4, 6, 3, 3, 2, 1, 1, 0, 2);
+  QT_CHECK(qt_conv2d_shape_init(&s) == 0 && s.OH == 4 && s.OW == 5);
+  s = conv_shape(1, 2, 2, 1, 1, 3, 3, 1, 1, 0, 0, 1); /* kernel larger than the input */
+  QT_CHECK(qt_conv2d_shape_init(&s) == -1);
+  s = conv_shape(1, 5, 5, 6, 4, 3, 3, 1, 1, 1, 1, 4); /* C not divisible by groups */
+  QT_CHECK(qt_conv2d_shape_init(&s) == -1);
+  s = conv_shape(1, 5, 5, 4, 6, 3, 3, 1, 1, 1, 1, 4); /* OC not divisible by groups */
+  QT_CHECK(qt_conv2d_shape_init(&s) == -1);
+  s = conv_shape(1, 5, 5, 4, 4, 3, 3, 0, 1, 1, 1, 1); /* zero stride */
+  QT_CHECK(qt_conv2d_shape_init(&s) == -1);
+  s = conv_shape(1, 5, 5, 4, 4, 3, 3, 1, 1, -1, 1, 1); /* negative padding */
+  QT_CHECK(qt_conv2d_shape_init(&s) == -1);
+  s = conv_shape(0, 5, 5, 4, 4, 3, 3, 1, 1, 1, 1, 1); /* empty batch */
+  QT_CHECK(qt_conv2d_shape_init(&s) == -1);
+  s = conv_shape(1, 5, 4, 4, 4, 1, 1, 3, 2, 2, 1, 1); /* padding beyond the kernel, as torch allows */
+  QT_CHECK(qt_conv2d_shape_init(&s) == 0 && s.OH == 3 && s.OW == 3);
+  s = conv_shape(1, 3, 3, 4, 4, 3, 3, 1, 1, 0, 0, 1); /* one output pixel */
+  QT_CHECK(qt_conv2d_shape_init(&s) == 0 && s.OH == 1 && s.OW == 1);
+}
+
+/* More distinct shapes than the primitive cache holds (64), then the first ones again:
+ * eviction must leave every later call correct. */
+static void check_conv_cache_eviction(void) {
+  for (int round = 0; round < 2; round++)
+    for (int n = 1; n <= 70; n += round ? 23 : 1) {
+      qt_conv2d_shape s = conv_shape(n, 4, 3, 2, 3, 3, 3, 1, 1, 1, 1, 1);
+      QT_CHECK(qt_conv2d_shape_init(&s) == 0);
+      const int64_t ni = (int64_t)n * 4 * 3 * 2, no = (int64_t)n * s.OH * s.OW * 3, nw = 3 * 2 * 9;
+      float *inp = filled(ni, 500 + n), *weight = filled(nw, 600 + n), *dout = filled(no, 700 + n);
+      float *out = filled(no, 1), *out_ref = filled(no, 2);
+      float *dw = filled(nw, 3), *dw_ref = copy(dw, nw), *di = filled(ni, 4), *di_ref = copy(di, ni);
+      qt_conv2d_forward(out, inp, weight, NULL, &s);
+      qt_conv2d_forward_ref(out_ref, inp, weight, NULL, &s);
+      qt_conv2d_backward(di, dw, NULL, dout, inp, weight, &s);
+      qt_conv2d_backward_ref(di_ref, dw_ref, NULL, dout, inp, weight, &s);
+      char what[64];
+      snprintf(what, sizeof what, "cache eviction round %d N%d", round, n);
+      qt_test_close(what, out, out_ref, no, ATOL, RTOL);
+      qt_test_close(what, dw, dw_ref, nw, ATOL, RTOL);
+      qt_test_close(what, di, di_ref, ni, ATOL, RTOL);
+      free(inp), free(weight), free(dout), free(out), free(out_ref), free(dw), free(dw_ref), free(di), free(di_ref);
+    }
+}
+
+/* ---- linear ------------------------------------------------------------------------------ */
+
+static void check_linear(int N, int IN, int OUT, uint64_t seed) {
+  const int64_t ni = (int64_t)N * IN, no = (int64_t)N * OUT, nw = (int64_t)OUT * IN;
+  float *inp = filled(ni, seed + 1), *weight = filled(nw, seed + 2), *bias = filled(OUT, seed + 3);
+  float *dout = filled(no, seed + 4), *out = filled(no, 99), *out_ref = filled(no, 98);
+  char what[128];
+  for (int has_bias = 0; has_bias < 2; has_bias++) {
+    qt_linear_forward(out, inp, weight, has_bias ? bias : NULL, N, IN, OUT);
+    qt_linear_forward_ref(out_ref, inp, weight, has_bias ? bias : NULL, N, IN, OUT);
+    snprintf(what, sizeof what, "linear N%d IN%d OUT%d forward%s", N, IN, OUT, has_bias ? " with bias" : "");
+    qt_test_close(what, out, out_ref, no, ATOL, RTOL);
+  }
+  for (int mask = 0; mask < 8; mask++) {
+    float *di = filled(ni, seed + 10), *dw = filled(nw, seed + 11), *db = filled(OUT, seed + 12);
+    float *di_ref = copy(di, ni), *dw_ref = copy(dw, nw), *db_ref = copy(db, OUT);
+    float *di0 = copy(di, ni), *dw0 = copy(dw, nw), *db0 = copy(db, OUT);
+    const int want_i = mask & 1, want_w = mask & 2, want_b = mask & 4;
+    qt_linear_backward(want_i ? di : NULL, want_w ? dw : NULL, want_b ? db : NULL, dout, inp, weight, N, IN, OUT);
+    qt_linear_backward_ref(want_i ? di_ref : NULL, want_w ? dw_ref : NULL, want_b ? db_ref : NULL, dout, inp, weight,
+                           N, IN, OUT);
+    snprintf(what, sizeof what, "linear N%d IN%d OUT%d backward mask %d dinp", N, IN, OUT, mask);
+    qt_test_close(what, di, want_i ? di_ref : di0, ni, ATOL, RTOL);
+    snprintf(what, sizeof what, "linear N%d IN%d OUT%d backward mask %d dweight", N, IN, OUT, mask);
+    qt_test_close(what, dw, want_w ? dw_ref : dw0, nw, ATOL, RTOL);
+    snprintf(what, sizeof what, "linear N%d IN%d OUT%d backward mask %d dbias", N, IN, OUT, mask);
+    qt_test_close(what, db, want_b ? db_ref : db0, OUT, ATOL, RTOL);
+    free(di), free(dw), free(db), free(di_ref), free(dw_ref), free(db_ref), free(di0), free(dw0), free(db0);
+  }
+  free(inp), free(weight), free(bias), free(dout), free(out), free(out_ref);
+}
+
+int main(void) {
+  check_conv_shape_init();
+  /*                    N   H   W   C  OC KH KW sh sw ph pw  g */
+  check_conv(conv_shape(3, 7, 5, 1, 4, 3, 3, 1, 1, 1, 1, 1), 100);      /* C=1, non-square input */
+  check_conv(conv_shape(1, 8, 8, 1, 32, 3, 3, 1, 1, 1, 1, 1), 200);     /* FashionCNN layer 1, batch 1 */
+  check_conv(conv_shape(3, 6, 6, 32, 64, 3, 3, 1, 1, 1, 1, 1), 300);    /* FashionCNN layer 2, C=32 */
+  check_conv(conv_shape(3, 8, 7, 8, 12, 3, 3, 2, 2, 1, 1, 1), 400);     /* stride 2, unused right padding */
+  check_conv(conv_shape(2, 10, 7, 6, 4, 5, 3, 2, 1, 2, 0, 1), 500);     /* 5x3 kernel, pad 2 and 0 */
+  check_conv(conv_shape(3, 6, 6, 8, 6, 3, 3, 1, 1, 0, 0, 2), 600);      /* groups=2, no padding */
+  check_conv(conv_shape(2, 9, 8, 4, 6, 3, 3, 2, 2, 1, 1, 2), 700);      /* groups=2, stride 2 */
+  check_conv(conv_shape(2, 7, 7, 16, 16, 3, 3, 1, 1, 1, 1, 16), 800);   /* depthwise */
+  check_conv(conv_shape(1, 7, 6, 8, 16, 3, 3, 2, 2, 1, 1, 8), 900);     /* depthwise, multiplier 2, stride 2 */
+  check_conv(conv_shape(3, 5, 4, 32, 8, 1, 1, 1, 1, 0, 0, 1), 1000);    /* 1x1 */
+  check_conv(conv_shape(2, 6, 5, 16, 24, 1, 1, 2, 2, 0, 0, 1), 1100);   /* 1x1 stride 2 */
+  check_conv(conv_shape(1, 1, 1, 3, 2, 1, 1, 1, 1, 0, 0, 1), 1200);     /* a single pixel */
+  check_conv(conv_shape(3, 5, 5, 32, 32, 3, 3, 1, 1, 2, 2, 1), 1300);   /* pad 2 on both sides */
+  check_conv(conv_shape(2, 28, 28, 1, 32, 3, 3, 1, 1, 1, 1, 1), 1400);  /* layer 1 at full size */
+  check_conv(conv_shape(2, 7, 8, 4, 6, 1, 1, 3, 3, 0, 0, 1), 1500);     /* stride 3: last rows unused */
+  check_conv(conv_shape(2, 5, 4, 3, 4, 1, 3, 2, 1, 2, 3, 1), 1600);     /* padding beyond the kernel */
+  check_conv_cache_eviction();
+
+  check_linear(1, 1, 1, 10);
+  check_linear(3, 7, 5, 20);
+  check_linear(4, 300, 17, 30);
+  check_linear(5, 128, 10, 40);
+  check_linear(32, 3136, 128, 50);
+  return qt_test_finish();
+}
