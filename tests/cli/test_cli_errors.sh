@@ -1,0 +1,44 @@
+#!/bin/bash
+# qat_train's configuration errors: each has its own message naming file, line and key, and a
+# non-zero exit; nothing is trained. Usage: test_cli_errors.sh path/to/qat_train
+set -u
+BIN="$1"
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail=0
+
+# expect NAME EXPECTED_STATUS PATTERN... -- ARGS...
+expect() {
+  local name="$1" status="$2"; shift 2
+  local pats=()
+  while [ "$1" != "--" ]; do pats+=("$1"); shift; done
+  shift
+  "$BIN" "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  if [ "$rc" -ne "$status" ]; then
+    echo "$name: exit $rc, want $status; stderr:"; cat "$T/err"; fail=1; return
+  fi
+  for p in "${pats[@]}"; do
+    if ! grep -qF -- "$p" "$T/err"; then
+      echo "$name: stderr lacks '$p':"; cat "$T/err"; fail=1
+    fi
+  done
+}
+
+printf '[train]\nepochs = 1\n' > "$T/ok.ini"
+printf '[train]\nepocs = 1\n' > "$T/misspelled.ini"
+printf '[model]\nname = fashion_cnn\n[train]\nbatch_size = ten\n' > "$T/badvalue.ini"
+printf '[trian]\nepochs = 1\n' > "$T/badsection.ini"
+printf '[model]\nname = fashion_rnn\n' > "$T/badenum.ini"
+
+expect missing_file 2 "nope.ini" -- "$T/nope.ini"
+expect misspelled_key 2 "misspelled.ini:2" "epocs" "epochs" -- "$T/misspelled.ini"
+expect bad_value 2 "badvalue.ini:4" "batch_size" "ten" "integer" -- "$T/badvalue.ini"
+expect bad_section 2 "badsection.ini:1" "trian" -- "$T/badsection.ini"
+expect bad_enum 2 "badenum.ini:2" "fashion_rnn" "fashion_cnn" -- "$T/badenum.ini"
+expect bad_override 2 "train.epoch" "epochs" -- "$T/ok.ini" train.epoch=3
+expect bad_override_value 2 "train.lr" "-1" -- "$T/ok.ini" train.lr=-1
+expect no_args 2 "usage" --
+expect missing_data 1 "no_such_dir/train.gz" -- "$T/ok.ini" data.train_images=/no_such_dir/train.gz "output.dir=$T/run"
+
+[ $fail -eq 0 ] || exit 1

@@ -1,0 +1,238 @@
+/* HDF5 checkpoints: /params/<name>, /buffers/<name> (PyTorch's state_dict names and shapes,
+ * weights OIHW), /optim/<state> (flat, over the parameter slab), root attributes epoch,
+ * step, seed, model, config. Written to a temporary file, fsync'd, then renamed: a crash
+ * never leaves a half-written checkpoint under the real name. */
+#include "train/train.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <hdf5_hl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+
+static int fsync_path(const char *path) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  int r = fsync(fd);
+  close(fd);
+  return r;
+}
+
+int qt_write_file_atomic(const char *path, const char *text, size_t len, char *err) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    snprintf(err, QT_ERR_LEN, "cannot write '%s': %s", tmp, strerror(errno));
+    return -1;
+  }
+  size_t w = fwrite(text, 1, len, f);
+  int bad = w != len || fflush(f) != 0 || fsync(fileno(f)) != 0;
+  bad |= fclose(f) != 0;
+  if (bad || rename(tmp, path) != 0) {
+    snprintf(err, QT_ERR_LEN, "cannot write '%s': %s", path, strerror(errno));
+    unlink(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+double qt_peak_rss_mb(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */
+}
+
+static int write_f32(hid_t group, const char *name, int ndim, const int64_t *shape, const float *data) {
+  hsize_t dims[4];
+  for (int i = 0; i < ndim; i++) dims[i] = (hsize_t)shape[i];
+  return H5LTmake_dataset_float(group, name, ndim, dims, data) < 0 ? -1 : 0;
+}
+
+static int set_attr_i64(hid_t loc, const char *name, int64_t v) {
+  hid_t sp = H5Screate(H5S_SCALAR);
+  hid_t a = H5Acreate2(loc, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+  herr_t r = a < 0 ? -1 : H5Awrite(a, H5T_NATIVE_INT64, &v);
+  if (a >= 0) H5Aclose(a);
+  H5Sclose(sp);
+  return r < 0 ? -1 : 0;
+}
+
+static int get_attr_i64(hid_t loc, const char *name, int64_t *v) {
+  if (H5Aexists(loc, name) <= 0) return -1;
+  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+  if (a < 0) return -1;
+  herr_t r = H5Aread(a, H5T_NATIVE_INT64, v);
+  H5Aclose(a);
+  return r < 0 ? -1 : 0;
+}
+
+int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const qt_checkpoint_meta *meta,
+                       char *err) {
+  quiet_hdf5();
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (f < 0) {
+    snprintf(err, QT_ERR_LEN, "checkpoint: cannot create '%s' (directory missing or not writable?)", tmp);
+    return -1;
+  }
+  int bad = 0;
+  hid_t gp = H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t gb = H5Gcreate2(f, "buffers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  for (int i = 0; i < g->n_tensors && !bad; i++) {
+    const qt_param *p = &g->tensors[i];
+    const float *data = (p->is_buffer ? g->buffers : g->params) + p->offset;
+    bad |= write_f32(p->is_buffer ? gb : gp, p->name, p->ndim, p->shape, data);
+  }
+  H5Gclose(gp);
+  H5Gclose(gb);
+  if (opt && !bad) {
+    hid_t go = H5Gcreate2(f, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    for (int i = 0; i < qt_optim_state_count(opt) && !bad; i++) {
+      const char *name = NULL;
+      float *st = qt_optim_state(opt, i, &name);
+      bad |= write_f32(go, name, 1, &g->n_params, st);
+    }
+    bad |= set_attr_i64(go, "steps", qt_optim_steps(opt));
+    H5Gclose(go);
+  }
+  if (!bad) {
+    bad |= set_attr_i64(f, "epoch", meta->epoch);
+    bad |= set_attr_i64(f, "step", meta->step);
+    bad |= set_attr_i64(f, "seed", (int64_t)meta->seed);
+    bad |= H5LTset_attribute_string(f, "/", "model", g->name) < 0;
+    bad |= H5LTset_attribute_string(f, "/", "config", meta->config_ini ? meta->config_ini : "") < 0;
+    bad |= H5LTset_attribute_string(f, "/", "format", "qat-checkpoint-1") < 0;
+  }
+  bad |= H5Fclose(f) < 0;
+  if (bad || fsync_path(tmp) != 0 || rename(tmp, path) != 0) {
+    snprintf(err, QT_ERR_LEN, "checkpoint: writing '%s' failed (disk full?); the previous checkpoint is kept", path);
+    unlink(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+static int read_f32(hid_t f, const char *group, const char *name, int ndim, const int64_t *shape, float *out,
+                    const char *path, char *err) {
+  char full[256];
+  snprintf(full, sizeof full, "/%s/%s", group, name);
+  if (H5Lexists(f, group, H5P_DEFAULT) <= 0 || H5Lexists(f, full, H5P_DEFAULT) <= 0) {
+    snprintf(err, QT_ERR_LEN, "checkpoint '%s': missing dataset %s (a different model?)", path, full);
+    return -1;
+  }
+  int rank = 0;
+  hsize_t dims[8];
+  H5T_class_t cls;
+  size_t sz;
+  if (H5LTget_dataset_ndims(f, full, &rank) < 0 || rank != ndim || rank > 8 ||
+      H5LTget_dataset_info(f, full, dims, &cls, &sz) < 0) {
+    snprintf(err, QT_ERR_LEN, "checkpoint '%s': %s has rank %d, want %d", path, full, rank, ndim);
+    return -1;
+  }
+  for (int i = 0; i < ndim; i++)
+    if ((int64_t)dims[i] != shape[i]) {
+      snprintf(err, QT_ERR_LEN, "checkpoint '%s': %s dimension %d is %llu, the model wants %lld", path, full, i,
+               (unsigned long long)dims[i], (long long)shape[i]);
+      return -1;
+    }
+  if (cls != H5T_FLOAT || H5LTread_dataset_float(f, full, out) < 0) {
+    snprintf(err, QT_ERR_LEN, "checkpoint '%s': cannot read %s as float32", path, full);
+    return -1;
+  }
+  return 0;
+}
+
+int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
+  quiet_hdf5();
+  if (access(path, R_OK) != 0) {
+    snprintf(err, QT_ERR_LEN, "checkpoint: cannot open '%s': %s", path, strerror(errno));
+    return -1;
+  }
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) {
+    snprintf(err, QT_ERR_LEN, "checkpoint: '%s' is not a readable HDF5 file (corrupt or truncated?)", path);
+    return -1;
+  }
+  int rc = -1;
+  char model[QT_NAME_LEN] = "";
+  hsize_t dims;
+  H5T_class_t cls;
+  size_t sz = 0;
+  if (H5LTget_attribute_info(f, "/", "model", &dims, &cls, &sz) < 0 || sz >= sizeof model ||
+      H5LTget_attribute_string(f, "/", "model", model) < 0) {
+    snprintf(err, QT_ERR_LEN, "checkpoint '%s': no 'model' attribute (not a qat checkpoint?)", path);
+    goto done;
+  }
+  if (strcmp(model, g->name) != 0) {
+    snprintf(err, QT_ERR_LEN, "checkpoint '%s' holds model '%s', the config builds '%s'", path, model, g->name);
+    goto done;
+  }
+  /* Read into scratch copies first so a failure leaves the graph untouched. */
+  float *params = malloc((size_t)(g->n_params + 16) * sizeof(float));
+  float *buffers = malloc((size_t)(g->n_buffers + 16) * sizeof(float));
+  QT_ASSERT(params && buffers, "out of memory");
+  memcpy(params, g->params, (size_t)g->n_params * sizeof(float));
+  memcpy(buffers, g->buffers, (size_t)g->n_buffers * sizeof(float));
+  int bad = 0;
+  for (int i = 0; i < g->n_tensors && !bad; i++) {
+    const qt_param *p = &g->tensors[i];
+    bad = read_f32(f, p->is_buffer ? "buffers" : "params", p->name, p->ndim, p->shape,
+                   (p->is_buffer ? buffers : params) + p->offset, path, err);
+  }
+  int64_t epoch = 0, step = 0, seed = 0, osteps = 0;
+  if (!bad && (get_attr_i64(f, "epoch", &epoch) || get_attr_i64(f, "step", &step) || get_attr_i64(f, "seed", &seed))) {
+    snprintf(err, QT_ERR_LEN, "checkpoint '%s': missing epoch/step/seed attributes", path);
+    bad = 1;
+  }
+  float **states = NULL;
+  int ns = opt ? qt_optim_state_count(opt) : 0;
+  if (!bad && opt) {
+    states = calloc((size_t)ns + 1, sizeof *states);
+    hid_t go = H5Lexists(f, "optim", H5P_DEFAULT) > 0 ? H5Gopen2(f, "optim", H5P_DEFAULT) : -1;
+    if (go < 0 || get_attr_i64(go, "steps", &osteps)) {
+      snprintf(err, QT_ERR_LEN, "checkpoint '%s': no optimizer state (/optim) to resume from", path);
+      bad = 1;
+    }
+    if (go >= 0) H5Gclose(go);
+    for (int i = 0; i < ns && !bad; i++) {
+      const char *name = NULL;
+      qt_optim_state(opt, i, &name);
+      states[i] = malloc((size_t)(g->n_params + 1) * sizeof(float));
+      bad = read_f32(f, "optim", name, 1, &g->n_params, states[i], path, err);
+    }
+  }
+  if (!bad && meta) {
+    memset(meta, 0, sizeof *meta);
+    meta->epoch = (int)epoch;
+    meta->step = step;
+    meta->seed = (uint64_t)seed;
+    if (H5LTget_attribute_info(f, "/", "config", &dims, &cls, &sz) >= 0) {
+      meta->config_ini = calloc(sz + 1, 1);
+      if (H5LTget_attribute_string(f, "/", "config", meta->config_ini) < 0) meta->config_ini[0] = 0;
+    }
+  }
+  if (!bad) {
+    memcpy(g->params, params, (size_t)g->n_params * sizeof(float));
+    memcpy(g->buffers, buffers, (size_t)g->n_buffers * sizeof(float));
+    for (int i = 0; i < ns; i++) {
+      const char *name;
+      memcpy(qt_optim_state(opt, i, &name), states[i], (size_t)g->n_params * sizeof(float));
+    }
+    if (opt) qt_optim_set_steps(opt, osteps);
+    rc = 0;
+  }
+  for (int i = 0; states && i < ns; i++) free(states[i]);
+  free(states);
+  free(params);
+  free(buffers);
+done:
+  H5Fclose(f);
+  return rc;
+}

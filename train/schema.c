@@ -1,0 +1,62 @@
+/* Every key `qat_train` accepts. Adding a key = adding a row here (and reading it). */
+#include "train/train.h"
+
+#define FASHION "/usr/share/datasets/fashion-mnist/"
+
+static const qt_cfg_key schema[] = {
+    {"model", "name", QT_CFG_ENUM, "fashion_cnn", 0, 0, "fashion_cnn|fashion_mlp|res_cnn", "model preset"},
+
+    {"data", "format", QT_CFG_ENUM, "idx", 0, 0, "idx|hdf5|folder",
+     "idx: gzip'd MNIST-format files; hdf5: images/labels datasets; folder: root/<class>/*.png|jpg"},
+    {"data", "train_images", QT_CFG_STRING, FASHION "train-images-idx3-ubyte.gz", 0, 0, NULL, "idx training images"},
+    {"data", "train_labels", QT_CFG_STRING, FASHION "train-labels-idx1-ubyte.gz", 0, 0, NULL, "idx training labels"},
+    {"data", "test_images", QT_CFG_STRING, FASHION "t10k-images-idx3-ubyte.gz", 0, 0, NULL, "idx test images"},
+    {"data", "test_labels", QT_CFG_STRING, FASHION "t10k-labels-idx1-ubyte.gz", 0, 0, NULL, "idx test labels"},
+    {"data", "train_path", QT_CFG_STRING, "", 0, 0, NULL, "hdf5 file or image folder root (training)"},
+    {"data", "test_path", QT_CFG_STRING, "", 0, 0, NULL, "hdf5 file or image folder root (test)"},
+    {"data", "channels", QT_CFG_INT, "1", 1, 3, NULL, "channels to decode image folders to (1 or 3)"},
+    {"data", "train_limit", QT_CFG_INT, "0", 0, 1e9, NULL, "use only the first N training images (0 = all)"},
+    {"data", "test_limit", QT_CFG_INT, "0", 0, 1e9, NULL, "use only the first N test images (0 = all)"},
+    {"data", "mean", QT_CFG_FLOAT, "0.2860", -10, 10, NULL, "normalization mean (pixel/255 scale)"},
+    {"data", "std", QT_CFG_FLOAT, "0.3530", 1e-6, 100, NULL, "normalization std (pixel/255 scale)"},
+    {"data", "crop_pad", QT_CFG_INT, "0", 0, 64, NULL, "random-crop augmentation padding (0 = off)"},
+    {"data", "flip", QT_CFG_BOOL, "false", 0, 0, NULL, "random horizontal flip augmentation"},
+
+    {"train", "epochs", QT_CFG_INT, "4", 1, 100000, NULL, "training epochs"},
+    {"train", "batch_size", QT_CFG_INT, "128", 2, 65536, NULL, "training batch size"},
+    {"train", "eval_batch_size", QT_CFG_INT, "256", 1, 65536, NULL, "evaluation batch size"},
+    {"train", "optimizer", QT_CFG_ENUM, "sgd", 0, 0, "sgd|adamw", "optimizer"},
+    {"train", "lr", QT_CFG_FLOAT, "0.05", 0, 1e30, NULL, "base learning rate"},
+    {"train", "min_lr", QT_CFG_FLOAT, "0", 0, 1e30, NULL, "final learning rate of cosine/linear schedules"},
+    {"train", "schedule", QT_CFG_ENUM, "cosine", 0, 0, "constant|step|cosine|linear", "learning-rate schedule (per step)"},
+    {"train", "warmup_epochs", QT_CFG_FLOAT, "0", 0, 1000, NULL, "linear warmup length in epochs"},
+    {"train", "step_epochs", QT_CFG_FLOAT, "1", 1e-6, 1e6, NULL, "step schedule: epochs between decays"},
+    {"train", "gamma", QT_CFG_FLOAT, "0.1", 0, 1, NULL, "step schedule: decay factor"},
+    {"train", "momentum", QT_CFG_FLOAT, "0.9", 0, 0.999999, NULL, "SGD momentum"},
+    {"train", "nesterov", QT_CFG_BOOL, "false", 0, 0, NULL, "SGD Nesterov momentum"},
+    {"train", "weight_decay", QT_CFG_FLOAT, "5e-4", 0, 1, NULL, "weight decay (SGD: L2; AdamW: decoupled)"},
+    {"train", "beta1", QT_CFG_FLOAT, "0.9", 0, 0.999999, NULL, "AdamW beta1"},
+    {"train", "beta2", QT_CFG_FLOAT, "0.999", 0, 0.999999, NULL, "AdamW beta2"},
+    {"train", "adam_eps", QT_CFG_FLOAT, "1e-8", 0, 1, NULL, "AdamW epsilon"},
+    {"train", "seed", QT_CFG_INT, "0", 0, 2147483647, NULL, "seed of initialization, shuffling and augmentation"},
+    {"train", "threads", QT_CFG_INT, "0", 0, 1024, NULL, "OpenMP threads (0 = all cores)"},
+    {"train", "resume", QT_CFG_BOOL, "false", 0, 0, NULL, "continue from output.dir's checkpoint if present"},
+    {"train", "stop_after_epochs", QT_CFG_INT, "0", 0, 100000, NULL,
+     "stop this run after N epochs as if interrupted (0 = run to the end); resume continues"},
+
+    {"output", "dir", QT_CFG_STRING, "runs/default", 0, 0, NULL, "output directory (created)"},
+    {"output", "progress", QT_CFG_ENUM, "auto", 0, 0, "auto|bar|lines|none",
+     "auto: a progress bar on a terminal, one line per epoch otherwise"},
+    {"output", "dot", QT_CFG_BOOL, "true", 0, 0, NULL, "write the model graph as model.dot"},
+};
+
+const qt_cfg_key *qt_train_schema(int *n_keys) {
+  *n_keys = (int)(sizeof schema / sizeof schema[0]);
+  return schema;
+}
+
+qt_config *qt_train_config_create(void) {
+  int n;
+  const qt_cfg_key *s = qt_train_schema(&n);
+  return qt_config_create(s, n);
+}

@@ -1,0 +1,60 @@
+/* The training job behind `qat_train config.ini`: the configuration schema, data loading,
+ * the training loop with progress, CSV log and summary.json, evaluation, and HDF5
+ * checkpoints (atomic) with resume. The library never exits; it returns 0 or -1 with a
+ * message in err. */
+#ifndef QT_TRAIN_H
+#define QT_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "autograd/autograd.h"
+#include "cli/config.h"
+#include "data/data.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+
+#ifndef QT_ERR_LEN
+#define QT_ERR_LEN 512
+#endif
+
+/* The schema of every key `qat_train` accepts (section, key, type, default, range, help). */
+const qt_cfg_key *qt_train_schema(int *n_keys);
+/* A config holding the schema's defaults. */
+qt_config *qt_train_config_create(void);
+
+/* Runs the whole job described by cfg (train, evaluate, checkpoint, summary). */
+int qt_train_run(qt_config *cfg, char *err);
+
+/* ---- evaluation -------------------------------------------------------------------------- */
+typedef struct {
+  double accuracy;   /* top-1, in [0, 1] */
+  double loss;       /* mean cross-entropy */
+  int64_t n;
+  double seconds;
+} qt_eval_result;
+/* Eval mode, no grad, in batches; the graph's mode is restored afterwards. */
+int qt_evaluate(qt_graph *g, const qt_dataset *ds, const qt_loader_config *lc, qt_eval_result *out, char *err);
+
+/* ---- checkpoints (HDF5) ------------------------------------------------------------------ */
+typedef struct {
+  int epoch;            /* epochs completed */
+  int64_t step;         /* optimizer steps taken */
+  uint64_t seed;
+  char *config_ini;     /* resolved config text (malloc'd on load) */
+} qt_checkpoint_meta;
+
+/* Writes parameters, buffers, optimizer state (if opt) and meta to path atomically
+ * (path.tmp, fsync, rename). */
+int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const qt_checkpoint_meta *meta,
+                       char *err);
+/* Loads into an already built graph of the same architecture (every tensor must be present
+ * with the same shape); optimizer state only if opt is not NULL. meta may be NULL. */
+int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err);
+
+/* Peak resident set size of this process so far, in MB. */
+double qt_peak_rss_mb(void);
+/* Writes `text` to `path` atomically (temporary file, fsync, rename). */
+int qt_write_file_atomic(const char *path, const char *text, size_t len, char *err);
+
+#endif
