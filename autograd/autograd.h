@@ -60,9 +60,10 @@ void qt_backward(qt_ctx *ctx, qt_tensor *loss);
 qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
                      int pad_h, int pad_w, int groups);
 /* BatchNorm over the last dim. training: batch statistics, running stats updated in place
- * (momentum, unbiased variance); otherwise running stats. */
+ * (momentum, unbiased variance); otherwise running stats. inplace: when nothing is recorded
+ * (no grad), the output may reuse x's memory (x must have no other consumer). */
 qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
-                         float *running_var, int training, float momentum, float eps);
+                         float *running_var, int training, float momentum, float eps, int inplace);
 /* inplace: the output reuses x's memory (x must have no other consumer). */
 qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace);
 qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad);

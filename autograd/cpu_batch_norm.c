@@ -143,8 +143,9 @@ static void chunk_stats(double *mu, double *dev, double *sq, const float *restri
 
 /* out = ((x - mhi) - mlo) * a + b over all M rows, per-channel constants given as patterns.
  * mhi + mlo is the batch mean split into two floats (mlo NULL: 0), so a mean much larger
- * than the spread still yields outputs exact to float rounding. */
-static void bn_apply(float *restrict out, const float *restrict x, const float *restrict mhi,
+ * than the spread still yields outputs exact to float rounding. out may equal x (in-place
+ * eval BN), so neither is restrict-qualified. */
+static void bn_apply(float *out, const float *x, const float *restrict mhi,
                      const float *restrict mlo, const float *restrict arep, const float *restrict brep,
                      const bn_plan *p) {
   const int L = p->L, C = p->C;
@@ -152,16 +153,16 @@ static void bn_apply(float *restrict out, const float *restrict x, const float *
   if (mlo) {
 #pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
     for (int64_t g = 0; g < groups; g++) {
-      const float *restrict xg = x + g * L;
-      float *restrict og = out + g * L;
+      const float *xg = x + g * L;
+      float *og = out + g * L;
 #pragma omp simd
       for (int j = 0; j < L; j++) og[j] = ((xg[j] - mhi[j]) - mlo[j]) * arep[j] + brep[j];
     }
   } else {
 #pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
     for (int64_t g = 0; g < groups; g++) {
-      const float *restrict xg = x + g * L;
-      float *restrict og = out + g * L;
+      const float *xg = x + g * L;
+      float *og = out + g * L;
 #pragma omp simd
       for (int j = 0; j < L; j++) og[j] = (xg[j] - mhi[j]) * arep[j] + brep[j];
     }

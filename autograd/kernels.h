@@ -44,7 +44,7 @@ void qt_linear_backward_ref(float *dinp, float *dweight, float *dbias, const flo
                             const float *inp, const float *weight, int N, int IN, int OUT);
 
 /* ---- batch norm over NHWC: M = N*H*W rows, C channels ----------------------------------- */
-/* Training: normalizes with the biased batch variance; writes the batch mean and
+/* Training (out may equal inp): normalizes with the biased batch variance; writes the batch mean and
  * invstd = 1/sqrt(var_biased + eps) (C each) for backward; updates running stats with
  * running = (1-momentum)*running + momentum*batch, using the UNBIASED variance (M/(M-1)).
  * running_mean/running_var may be NULL (no update); gamma/beta may be NULL (affine=False).
@@ -55,7 +55,7 @@ void qt_batch_norm_forward_train(float *out, float *mean, float *invstd, const f
 void qt_batch_norm_forward_train_ref(float *out, float *mean, float *invstd, const float *inp,
                                      const float *gamma, const float *beta, float *running_mean,
                                      float *running_var, float momentum, float eps, int M, int C);
-/* Eval: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta */
+/* Eval: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta; out may equal inp. */
 void qt_batch_norm_forward_eval(float *out, const float *inp, const float *gamma, const float *beta,
                                 const float *running_mean, const float *running_var, float eps,
                                 int M, int C);

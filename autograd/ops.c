@@ -75,14 +75,16 @@ static void batch_norm_backward(qt_ctx *ctx, void *p) {
 }
 
 qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
-                         float *running_var, int training, float momentum, float eps) {
+                         float *running_var, int training, float momentum, float eps, int inplace) {
   check_f32(x, -1, "batch_norm", "input");
   int C = (int)x->shape[x->ndim - 1];
   int M = (int)(qt_tensor_numel(x) / (C ? C : 1));
   QT_ASSERT(gamma->shape[0] == C && beta->shape[0] == C, "batch_norm: %lld/%lld parameters for %d channels",
             (long long)gamma->shape[0], (long long)beta->shape[0], C);
-  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
   int rec = qt_tape_recording(ctx, x, gamma, beta);
+  /* Backward reads x, so only an unrecorded BN may overwrite it. */
+  qt_tensor *y = inplace && !rec ? qt_tensor_wrap(ctx, QT_F32, x->ndim, x->shape, x->data)
+                                 : qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
   float *mean = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
   float *invstd = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
   if (training) {

@@ -379,8 +379,8 @@ static qt_tensor *param_tensor(qt_graph *g, qt_ctx *ctx, int idx) {
   return t;
 }
 
-/* Whether relu may overwrite its input: the input has no other reader, and its producer
- * owns the buffer and does not need its own output for backward. */
+/* Whether relu (or an unrecorded batch norm) may overwrite its input: the input has no other
+ * reader, and its producer owns the buffer and does not need its own output for backward. */
 static int relu_inplace_ok(const qt_graph *g, int x) {
   const qt_value *v = &g->values[x];
   if (v->consumers != 1 || x == g->output) return 0;
@@ -414,7 +414,7 @@ qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input) {
         y = qt_batch_norm(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
                           g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
                           g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training, a->momentum,
-                          a->eps);
+                          a->eps, relu_inplace_ok(g, n->inputs[0]));
         break;
       case QT_OP_RELU:
         y = qt_relu(ctx, x, relu_inplace_ok(g, n->inputs[0]));

@@ -136,11 +136,13 @@ static int argmax_row(const float *p, int C) {
   return best;
 }
 
-int qt_evaluate(qt_graph *g, const qt_dataset *ds, const qt_loader_config *lc, qt_eval_result *out, char *err) {
+int qt_evaluate(qt_graph *g, qt_ctx *shared, const qt_dataset *ds, const qt_loader_config *lc, qt_eval_result *out,
+                char *err) {
   memset(out, 0, sizeof *out);
   qt_loader *l = qt_loader_create(ds, lc, err);
   if (!l) return -1;
-  qt_ctx *ctx = qt_ctx_create();
+  qt_ctx *ctx = shared ? shared : qt_ctx_create();
+  int grad = qt_ctx_grad_enabled(ctx);
   qt_ctx_set_grad(ctx, 0);
   qt_graph_set_training(g, 0);
   double t0 = now_seconds(), loss_sum = 0;
@@ -165,7 +167,9 @@ int qt_evaluate(qt_graph *g, const qt_dataset *ds, const qt_loader_config *lc, q
   out->n = n;
   out->accuracy = n ? (double)correct / (double)n : 0;
   out->loss = n ? loss_sum / (double)n : 0;
-  qt_ctx_free(ctx);
+  qt_ctx_reset(ctx);
+  qt_ctx_set_grad(ctx, grad);
+  if (!shared) qt_ctx_free(ctx);
   qt_loader_free(l);
   qt_graph_set_training(g, 1);
   return 0;
@@ -242,7 +246,8 @@ static int csv_read(const char *path, epoch_row *rows, int max, int upto) {
   return n;
 }
 
-static int write_summary(const char *path, const qt_config *cfg, const qt_graph *g, const epoch_row *rows, int n,
+static int write_summary(const char *path, const qt_config *cfg, const qt_graph *g, double arena_mb,
+                         const epoch_row *rows, int n,
                          const qt_eval_result *test, int epochs_done, const char *ckpt, char *err) {
   strbuf b = {0};
   double secs = 0;
@@ -257,7 +262,8 @@ static int write_summary(const char *path, const qt_config *cfg, const qt_graph 
   sb_printf(&b, "  \"train\": {\n    \"epochs\": %d,\n    \"images_per_s\": %.1f,\n    \"epoch_seconds\": [", epochs_done,
             secs > 0 ? (double)imgs / secs : 0.0);
   for (int i = 0; i < n; i++) sb_printf(&b, "%s%.3f", i ? ", " : "", rows[i].seconds);
-  sb_printf(&b, "],\n    \"peak_rss_mb\": %.1f,\n", qt_peak_rss_mb());
+  sb_printf(&b, "],\n    \"peak_rss_mb\": %.1f,\n    \"arena_peak_mb\": %.1f,\n", qt_peak_rss_mb(),
+            arena_mb);
   if (n)
     sb_printf(&b, "    \"final_train_loss\": %.6f,\n    \"final_train_accuracy\": %.6f,\n", rows[n - 1].train_loss,
               rows[n - 1].train_acc);
@@ -433,7 +439,7 @@ int qt_train_run(qt_config *cfg, char *err) {
     double secs = now_seconds() - t0;
     progress_draw(&prog, epoch + 1, epochs, b, nb, seen ? loss_sum / (double)seen : 0,
                   seen ? (double)correct / (double)seen : 0, seen / secs, secs, 1);
-    if (qt_evaluate(g, &test, &ec, &ev, err)) goto out;
+    if (qt_evaluate(g, ctx, &test, &ec, &ev, err)) goto out;
     epoch_row r = {epoch + 1, lr, seen ? loss_sum / (double)seen : 0, seen ? (double)correct / (double)seen : 0,
                    ev.loss, ev.accuracy, seen / secs, secs, seen};
     rows[n_rows++] = r;
@@ -448,9 +454,9 @@ int qt_train_run(qt_config *cfg, char *err) {
     ran++;
   }
   if (ran == 0 || ev.n == 0) {
-    if (qt_evaluate(g, &test, &ec, &ev, err)) goto out;
+    if (qt_evaluate(g, ctx, &test, &ec, &ev, err)) goto out;
   }
-  if (write_summary(summary_path, cfg, g, rows, n_rows, &ev, n_rows ? rows[n_rows - 1].epoch : start_epoch,
+  if (write_summary(summary_path, cfg, g, (double)qt_ctx_peak_bytes(ctx) / 1048576.0, rows, n_rows, &ev, n_rows ? rows[n_rows - 1].epoch : start_epoch,
                     ckpt_path, err))
     goto out;
   if (prog.mode)

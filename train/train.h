@@ -33,8 +33,10 @@ typedef struct {
   int64_t n;
   double seconds;
 } qt_eval_result;
-/* Eval mode, no grad, in batches; the graph's mode is restored afterwards. */
-int qt_evaluate(qt_graph *g, const qt_dataset *ds, const qt_loader_config *lc, qt_eval_result *out, char *err);
+/* Eval mode, no grad, in batches; the graph is left in training mode afterwards. ctx: an
+ * arena to reuse (the training loop's, so the two share memory), or NULL for a private one. */
+int qt_evaluate(qt_graph *g, qt_ctx *ctx, const qt_dataset *ds, const qt_loader_config *lc, qt_eval_result *out,
+                char *err);
 
 /* ---- checkpoints (HDF5) ------------------------------------------------------------------ */
 typedef struct {
