@@ -344,6 +344,13 @@ void qt_graph_init_params(qt_graph *g, uint64_t seed) {
   }
 }
 
+int64_t qt_graph_param_count(const qt_graph *g) {
+  int64_t n = 0;
+  for (int i = 0; i < g->n_tensors; i++)
+    if (!g->tensors[i].is_buffer) n += g->tensors[i].numel;
+  return n;
+}
+
 int qt_graph_find_tensor(const qt_graph *g, const char *name) {
   for (int i = 0; i < g->n_tensors; i++)
     if (strcmp(g->tensors[i].name, name) == 0) return i;

@@ -126,7 +126,7 @@ int qt_graph_write_dot(const qt_graph *g, FILE *f) {
 }
 
 void qt_graph_print(const qt_graph *g, FILE *f) {
-  fprintf(f, "graph %s: %d nodes, %lld parameters\n", g->name, g->n_nodes, (long long)g->n_params);
+  fprintf(f, "graph %s: %d nodes, %lld parameters\n", g->name, g->n_nodes, (long long)qt_graph_param_count(g));
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     char shape[64];

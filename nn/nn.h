@@ -119,6 +119,9 @@ int qt_graph_finalize(qt_graph *g, int output, char *err);
  * +-1/sqrt(fan_in) for biases, gamma 1, beta 0, running mean 0, var 1), seeded. */
 void qt_graph_init_params(qt_graph *g, uint64_t seed);
 
+/* Number of trainable parameter elements (the slab also holds alignment padding). */
+int64_t qt_graph_param_count(const qt_graph *g);
+
 /* Tensor table lookup by name; -1 when absent. */
 int qt_graph_find_tensor(const qt_graph *g, const char *name);
 float *qt_graph_tensor_data(qt_graph *g, int tensor);

@@ -256,7 +256,7 @@ static int write_summary(const char *path, const qt_config *cfg, const qt_graph 
     secs += rows[i].seconds;
     imgs += rows[i].images;
   }
-  sb_printf(&b, "{\n  \"model\": \"%s\",\n  \"parameters\": %lld,\n", g->name, (long long)g->n_params);
+  sb_printf(&b, "{\n  \"model\": \"%s\",\n  \"parameters\": %lld,\n", g->name, (long long)qt_graph_param_count(g));
   sb_printf(&b, "  \"stages\": {\n    \"fp32\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}\n  },\n",
             test->accuracy, test->loss, (long long)test->n);
   sb_printf(&b, "  \"train\": {\n    \"epochs\": %d,\n    \"images_per_s\": %.1f,\n    \"epoch_seconds\": [", epochs_done,
@@ -384,7 +384,7 @@ int qt_train_run(qt_config *cfg, char *err) {
 
   if (prog.mode)
     fprintf(stderr, "%s: %lld parameters; %lld training / %lld test images; %d epochs of %lld batches; %d threads\n",
-            g->name, (long long)g->n_params, (long long)train.n, (long long)test.n, epochs, (long long)nb,
+            g->name, (long long)qt_graph_param_count(g), (long long)train.n, (long long)test.n, epochs, (long long)nb,
             omp_get_max_threads());
 
   ctx = qt_ctx_create();

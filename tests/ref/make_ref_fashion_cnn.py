@@ -48,16 +48,19 @@ def train(model, x_all, y_all, dtype):
     model = model.to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     losses = []
+    grad0 = {}
     model.train()
     for s in range(STEPS):
         x, y = x_all[s * BATCH:(s + 1) * BATCH].to(dtype), y_all[s * BATCH:(s + 1) * BATCH]
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
+        if s == 0:
+            grad0 = {k: p.grad.detach().double().numpy().copy() for k, p in model.named_parameters()}
         opt.step()
         losses.append(loss.item())
     final = {k: v.detach().double().numpy() for k, v in model.state_dict().items() if "num_batches" not in k}
-    return np.array(losses), final
+    return np.array(losses), final, grad0
 
 
 def main():
@@ -74,8 +77,8 @@ def main():
     m32, m64 = FashionCNN(), FashionCNN()
     m32.load_state_dict(init, strict=False)
     m64.load_state_dict(init, strict=False)
-    losses32, final32 = train(m32, x_all, y_all, torch.float32)
-    losses64, final64 = train(m64, x_all, y_all, torch.float64)
+    losses32, final32, _ = train(m32, x_all, y_all, torch.float32)
+    losses64, final64, grad0 = train(m64, x_all, y_all, torch.float64)
     with h5py.File(os.path.join(HERE, "fashion_cnn_steps.h5"), "w") as f:
         f.create_dataset("images", data=images, compression="gzip")
         f.create_dataset("labels", data=labels)
@@ -89,6 +92,10 @@ def main():
                 k, a, b = "fc1.weight_rows0to7", a[:8], b[:8]
             f.create_dataset("final/" + k, data=a.astype(np.float32))
             f.create_dataset("final_float32_spread/" + k, data=np.array([np.abs(a - b).max()], dtype=np.float32))
+        for k, v in grad0.items():  # gradients of the first step (float64)
+            if k == "fc1.weight":
+                k, v = "fc1.weight_rows0to7", v[:8]
+            f.create_dataset("grad0/" + k, data=v.astype(np.float32))
     print("losses64", " ".join("%.5f" % l for l in losses64))
     print("losses32", " ".join("%.5f" % l for l in losses32))
 

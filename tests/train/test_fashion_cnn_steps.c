@@ -54,6 +54,21 @@ int main(void) {
     got[s] = qt_f32(loss)[0];
     qt_graph_zero_grad(g);
     qt_backward(ctx, loss);
+    if (s == 0) /* the tape's gradients against PyTorch float64 autograd: 1e-5 + 1e-4 relative
+                  (conv1.weight sums 25k float32 terms with cancellation) */
+      for (int i = 0; i < g->n_tensors; i++) {
+        if (g->tensors[i].is_buffer) continue;
+        const char *tn = g->tensors[i].name;
+        int fc1 = strcmp(tn, "fc1.weight") == 0;
+        char name[256];
+        snprintf(name, sizeof name, "grad0/%s", fc1 ? "fc1.weight_rows0to7" : tn);
+        int64_t gs[8];
+        float *want = qt_test_load_f32(ref, name, gs, &nd);
+        char what[300];
+        snprintf(what, sizeof what, "step 0 gradient of %s", tn);
+        qt_test_close(what, g->grads + g->tensors[i].offset, want, fc1 ? 8 * 3136 : g->tensors[i].numel, 1e-5f, 1e-4f);
+        free(want);
+      }
     qt_optim_step(opt, g->params, g->grads, 0.05f);
   }
   for (int s = 0; s < STEPS; s++) {
