@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(build-essential cmake pkg-config libdnnl-dev libhdf5-dev libstb-dev libinih-dev zlib1g-dev
+# libdnnl-dev only recommends the OpenCL dev files, but its CMake config needs them.
+PACKAGES=(build-essential cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libhdf5-dev libstb-dev libinih-dev zlib1g-dev
           dataset-fashion-mnist)
 missing=()
 for p in "${PACKAGES[@]}"; do
