@@ -1,0 +1,342 @@
+/* Fake quant (forward with the clipped-STE mask, backward), the LSQ backward, quantize and
+ * dequantize: each optimized kernel (one fused OpenMP + SIMD pass) next to its plain `_ref`
+ * twin, which transcribes PyTorch 1.13's scalar CPU kernels (QuantizedOpKernels.cpp).
+ *
+ * PyTorch computes q = static_cast<int64_t>(zp + nearbyint(x * inv_s)) with the sum in float
+ * and the mask on that int64. x86 turns NaN, +-Inf and anything outside int64 into INT64_MIN,
+ * so such inputs land on quant_min with mask 0 (yes, +Inf becomes quant_min). The optimized
+ * kernels reproduce it in float: q >= 2^63 or NaN becomes -Inf before the clamp.
+ *
+ * Relies on the C11 (non-GNU) default -ffp-contract=off; the LSQ kernel calls fmaf() where
+ * PyTorch's AVX2 build contracts (see qt_fake_quant_lsq_backward in quant.h). */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qat/quant.h"
+
+#define QUANT_ASSERT(cond, msg)                                                              \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      fprintf(stderr, "%s:%d: invariant broken: %s\n", __FILE__, __LINE__, msg);             \
+      abort();                                                                               \
+    }                                                                                        \
+  } while (0)
+
+/* Below this many elements a parallel region costs more than it saves. */
+#define QUANT_PARALLEL_MIN 32768
+#define QUANT_INT64_LIMIT 0x1p63f
+
+static void check_view(int64_t outer, int channels, int64_t inner, const float *scale, const int32_t *zero_point,
+                       int qmin, int qmax) {
+  QUANT_ASSERT(outer >= 0 && inner >= 0 && channels >= 1, "fake quant: bad (outer, channels, inner) view");
+  QUANT_ASSERT(scale && zero_point, "fake quant: scale and zero_point are required");
+  QUANT_ASSERT(qmin < qmax, "fake quant: quant_min must be below quant_max");
+}
+
+/* round(x * inv_s) + zp in float as PyTorch forms it; non-representable-as-int64 -> -Inf. */
+static inline float quant_round(float x, float inv_s, float zpf) {
+  float q = nearbyintf(x * inv_s) + zpf;
+  return q < QUANT_INT64_LIMIT ? q : -INFINITY;
+}
+
+static inline float quant_clamp(float q, float lo, float hi) {
+  q = q > lo ? q : lo; /* -Inf (PyTorch's INT64_MIN) clamps to lo */
+  return q < hi ? q : hi;
+}
+
+/* ---- fake quant forward ---------------------------------------------------------------- */
+
+/* One run of n elements sharing one scale/zero point. */
+static inline void fq_run(float *out, uint8_t *mask, const float *inp, int64_t n, float s, int32_t zp, float lo,
+                          float hi) {
+  const float inv_s = 1.0f / s, zpf = (float)zp;
+  if (mask) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      float q = quant_round(inp[i], inv_s, zpf);
+      mask[i] = (uint8_t)((q >= lo) & (q <= hi));
+      out[i] = (quant_clamp(q, lo, hi) - zpf) * s;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) out[i] = (quant_clamp(quant_round(inp[i], inv_s, zpf), lo, hi) - zpf) * s;
+  }
+}
+
+void qt_fake_quant_forward(float *out, uint8_t *mask, const float *inp, int64_t outer, int channels,
+                           int64_t inner, const float *scale, const int32_t *zero_point, int qmin, int qmax) {
+  check_view(outer, channels, inner, scale, zero_point, qmin, qmax);
+  const int64_t n = outer * channels * inner;
+  const float lo = (float)qmin, hi = (float)qmax;
+  if (channels == 1) {
+    /* per tensor: one flat run split into equal static chunks */
+#pragma omp parallel if (n >= QUANT_PARALLEL_MIN)
+    {
+      int nt = omp_get_num_threads(), t = omp_get_thread_num();
+      int64_t per = (n + nt - 1) / nt, b = t * per, e = b + per < n ? b + per : n;
+      if (b < e) fq_run(out + b, mask ? mask + b : NULL, inp + b, e - b, scale[0], zero_point[0], lo, hi);
+    }
+  } else if (inner == 1) {
+    /* channels last (NHWC activations): vectorize across channels, split the rows; the
+     * per-channel 1/s and float zero points are computed once, not per row */
+    const int C = channels;
+    float *inv = malloc(2 * (size_t)C * sizeof(float));
+    QUANT_ASSERT(inv, "out of memory");
+    float *zpf = inv + C;
+    for (int c = 0; c < C; c++) {
+      inv[c] = 1.0f / scale[c];
+      zpf[c] = (float)zero_point[c];
+    }
+#pragma omp parallel for schedule(static) if (n >= QUANT_PARALLEL_MIN)
+    for (int64_t o = 0; o < outer; o++) {
+      const float *x = inp + o * C;
+      float *y = out + o * C;
+      uint8_t *m = mask ? mask + o * C : NULL;
+      if (m) {
+#pragma omp simd
+        for (int c = 0; c < C; c++) {
+          float q = quant_round(x[c], inv[c], zpf[c]);
+          m[c] = (uint8_t)((q >= lo) & (q <= hi));
+          y[c] = (quant_clamp(q, lo, hi) - zpf[c]) * scale[c];
+        }
+      } else {
+#pragma omp simd
+        for (int c = 0; c < C; c++) y[c] = (quant_clamp(quant_round(x[c], inv[c], zpf[c]), lo, hi) - zpf[c]) * scale[c];
+      }
+    }
+    free(inv);
+  } else {
+    /* channel in the middle (OIHW weights: outer 1): one run per (outer, channel) row */
+    const int64_t rows = outer * channels;
+#pragma omp parallel for schedule(static) if (n >= QUANT_PARALLEL_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+      int c = (int)(r % channels);
+      fq_run(out + r * inner, mask ? mask + r * inner : NULL, inp + r * inner, inner, scale[c], zero_point[c], lo, hi);
+    }
+  }
+}
+
+/* PyTorch's scalar code, transcribed: int64 arithmetic, the cast's x86 result spelled out. */
+static int64_t torch_cast_int64(float v) {
+  if (isnan(v) || v >= QUANT_INT64_LIMIT || v < -QUANT_INT64_LIMIT) return INT64_MIN;
+  return (int64_t)v;
+}
+
+void qt_fake_quant_forward_ref(float *out, uint8_t *mask, const float *inp, int64_t outer, int channels,
+                               int64_t inner, const float *scale, const int32_t *zero_point, int qmin, int qmax) {
+  check_view(outer, channels, inner, scale, zero_point, qmin, qmax);
+  for (int64_t o = 0; o < outer; o++) {
+    for (int c = 0; c < channels; c++) {
+      const float sc = scale[c], inv_scale = 1.0f / sc;
+      const int64_t zp = zero_point[c];
+      for (int64_t i = 0; i < inner; i++) {
+        int64_t idx = (o * channels + c) * inner + i;
+        int64_t qval = torch_cast_int64((float)zp + nearbyintf(inp[idx] * inv_scale));
+        int64_t clamped = qval < qmin ? qmin : qval > qmax ? qmax : qval;
+        if (mask) mask[idx] = (uint8_t)(qmin <= qval && qval <= qmax);
+        out[idx] = (float)(clamped - zp) * sc;
+      }
+    }
+  }
+}
+
+/* ---- fake quant backward (clipped STE) ------------------------------------------------- */
+
+void qt_fake_quant_backward(float *dinp, const float *dout, const uint8_t *mask, int64_t n) {
+  /* dY * mask as PyTorch multiplies it (a NaN/Inf gradient stays NaN where masked) */
+#pragma omp parallel for simd schedule(static) if (n >= QUANT_PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) dinp[i] += dout[i] * (float)mask[i];
+}
+
+void qt_fake_quant_backward_ref(float *dinp, const float *dout, const uint8_t *mask, int64_t n) {
+  for (int64_t i = 0; i < n; i++) dinp[i] += dout[i] * (mask[i] ? 1.0f : 0.0f);
+}
+
+/* ---- LSQ backward ---------------------------------------------------------------------- */
+
+/* c ? a : b on the bits: with gcc's default -ftrapping-math a float ?: may be turned back into
+ * a branch around trapping arithmetic, which stops the LSQ loops from vectorizing. */
+static inline float select_bits(int c, float a, float b) {
+  uint32_t ua, ub, m = -(uint32_t)(c != 0);
+  memcpy(&ua, &a, sizeof ua);
+  memcpy(&ub, &b, sizeof ub);
+  uint32_t r = (ua & m) | (ub & ~m);
+  float f;
+  memcpy(&f, &r, sizeof f);
+  return f;
+}
+
+/* One element of PyTorch's fake_quantize_learnable_{tensor,channel}_grad_kernel_cpu as its
+ * AVX2 build computes it: xq = nearbyint(fma(x, inv_s, zp)) and xfq - x = fma(xq - zp, s, -x).
+ * Sets dx (dy * in_range), ds and dz (the scale and zero-point terms). A macro with quiet
+ * comparisons and bit selects, so the `omp simd` loops around it vectorize. */
+#define LSQ_ELEMENT(x, dy, s, inv_s, zpf, lo, hi, gf, dx, ds, dz)                                   \
+  do {                                                                                              \
+    float xq_ = nearbyintf(fmaf((x), (inv_s), (zpf)));                                              \
+    xq_ = select_bits(isless(xq_, QUANT_INT64_LIMIT), xq_, -INFINITY);                              \
+    int ge_ = isgreaterequal(xq_, (lo)), in_ = ge_ & islessequal(xq_, (hi));                        \
+    float in_term_ = (((dy) * fmaf(xq_ - (zpf), (s), -(x))) * (inv_s)) * (gf);                      \
+    float out_term_ = ((dy) * select_bits(ge_, (hi) - (zpf), (lo) - (zpf))) * (gf);                 \
+    (dx) = (dy) * select_bits(in_, 1.0f, 0.0f);                                                     \
+    (ds) = select_bits(in_, in_term_, out_term_);                                                   \
+    (dz) = select_bits(in_, 0.0f, ((-(dy)) * (s)) * (gf));                                          \
+  } while (0)
+
+void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, const float *dout,
+                                const float *inp, int64_t outer, int channels, int64_t inner,
+                                const float *scale, const int32_t *zero_point, int qmin, int qmax,
+                                float grad_factor) {
+  check_view(outer, channels, inner, scale, zero_point, qmin, qmax);
+  const int64_t n = outer * channels * inner;
+  if (channels == 1) outer = 1, inner = n; /* per tensor: one flat row whatever the view */
+  const float lo = (float)qmin, hi = (float)qmax;
+  const int C = channels;
+  int nt = n >= QUANT_PARALLEL_MIN ? omp_get_max_threads() : 1;
+  /* per-thread partial sums, combined in thread order: deterministic for a thread count */
+  double *part = calloc((size_t)nt * 2 * (size_t)C, sizeof(double));
+  QUANT_ASSERT(part, "out of memory");
+#pragma omp parallel num_threads(nt)
+  {
+    int t = omp_get_thread_num(), T = omp_get_num_threads();
+    double *ps = part + (size_t)t * 2 * C, *pz = ps + C;
+    if (inner == 1 && C > 1) {
+      int64_t per = (outer + T - 1) / T, b = t * per, e = b + per < outer ? b + per : outer;
+      for (int64_t o = b; o < e; o++) {
+#pragma omp simd
+        for (int c = 0; c < C; c++) {
+          int64_t i = o * C + c;
+          float s = scale[c], dx, ds, dz;
+          LSQ_ELEMENT(inp[i], dout[i], s, 1.0f / s, (float)zero_point[c], lo, hi, grad_factor, dx, ds, dz);
+          dinp[i] += dx;
+          ps[c] += ds;
+          pz[c] += dz;
+        }
+      }
+    } else {
+      /* rows of `inner`; a single long row (per tensor) is split across threads too */
+      int64_t per = (n + T - 1) / T, b = t * per, e = b + per < n ? b + per : n;
+      for (int64_t start = b; start < e;) {
+        int64_t r = start / inner, stop = (r + 1) * inner < e ? (r + 1) * inner : e;
+        int c = (int)(r % C);
+        const float s = scale[c], inv_s = 1.0f / s, zpf = (float)zero_point[c];
+        double as = 0, az = 0;
+#pragma omp simd reduction(+ : as, az)
+        for (int64_t i = start; i < stop; i++) {
+          float dx, ds, dz;
+          LSQ_ELEMENT(inp[i], dout[i], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
+          dinp[i] += dx;
+          as += ds;
+          az += dz;
+        }
+        ps[c] += as;
+        pz[c] += az;
+        start = stop;
+      }
+    }
+  }
+  for (int c = 0; c < C; c++) {
+    double s = 0, z = 0;
+    for (int t = 0; t < nt; t++) {
+      s += part[(size_t)t * 2 * C + c];
+      z += part[(size_t)t * 2 * C + C + c];
+    }
+    dscale[c] += (float)s;
+    if (dzero_point) dzero_point[c] += (float)z;
+  }
+  free(part);
+}
+
+void qt_fake_quant_lsq_backward_ref(float *dinp, float *dscale, float *dzero_point, const float *dout,
+                                    const float *inp, int64_t outer, int channels, int64_t inner,
+                                    const float *scale, const int32_t *zero_point, int qmin, int qmax,
+                                    float grad_factor) {
+  check_view(outer, channels, inner, scale, zero_point, qmin, qmax);
+  for (int c = 0; c < channels; c++) {
+    const float sc = scale[c], inv_scale = 1.0f / sc;
+    const int64_t zp = zero_point[c];
+    const float dscale_small = (float)(qmin - zp), dscale_big = (float)(qmax - zp);
+    double sum_s = 0, sum_z = 0;
+    for (int64_t o = 0; o < outer; o++) {
+      for (int64_t i = 0; i < inner; i++) {
+        int64_t idx = (o * channels + c) * inner + i;
+        float x = inp[idx], dy = dout[idx];
+        int64_t xqi = torch_cast_int64(nearbyintf(fmaf(x, inv_scale, (float)zp)));
+        dinp[idx] += dy * (float)(xqi >= qmin && xqi <= qmax);
+        int64_t clamped = xqi > qmax ? qmax : xqi < qmin ? qmin : xqi;
+        if (xqi < qmin || xqi > qmax) {
+          sum_z += (dy * -1.0f * sc) * grad_factor;
+          sum_s += (xqi < qmin ? dy * dscale_small : dy * dscale_big) * grad_factor;
+        } else {
+          sum_s += dy * fmaf((float)(clamped - zp), sc, -x) * inv_scale * grad_factor;
+        }
+      }
+    }
+    dscale[c] += (float)sum_s;
+    if (dzero_point) dzero_point[c] += (float)sum_z;
+  }
+}
+
+/* ---- quantize / dequantize ------------------------------------------------------------- */
+
+void qt_quantize(int32_t *q, const float *inp, int64_t outer, int channels, int64_t inner, const float *scale,
+                 const int32_t *zero_point, int qmin, int qmax) {
+  check_view(outer, channels, inner, scale, zero_point, qmin, qmax);
+  const int64_t rows = outer * channels, n = rows * inner;
+  const float lo = (float)qmin, hi = (float)qmax;
+  if (channels == 1) { /* per tensor: flat, whatever the view */
+    const float s = scale[0], inv_s = 1.0f / s, zpf = (float)zero_point[0];
+#pragma omp parallel for simd schedule(static) if (n >= QUANT_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) q[i] = (int32_t)quant_clamp(quant_round(inp[i], inv_s, zpf), lo, hi);
+  } else if (inner == 1) {
+    const int C = channels;
+#pragma omp parallel for schedule(static) if (n >= QUANT_PARALLEL_MIN)
+    for (int64_t o = 0; o < outer; o++) {
+#pragma omp simd
+      for (int c = 0; c < C; c++) {
+        float s = scale[c], zpf = (float)zero_point[c];
+        q[o * C + c] = (int32_t)quant_clamp(quant_round(inp[o * C + c], 1.0f / s, zpf), lo, hi);
+      }
+    }
+  } else {
+#pragma omp parallel for schedule(static) if (n >= QUANT_PARALLEL_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+      int c = (int)(r % channels);
+      const float s = scale[c], inv_s = 1.0f / s, zpf = (float)zero_point[c];
+      const float *x = inp + r * inner;
+      int32_t *y = q + r * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < inner; i++) y[i] = (int32_t)quant_clamp(quant_round(x[i], inv_s, zpf), lo, hi);
+    }
+  }
+}
+
+void qt_dequantize(float *out, const int32_t *q, int64_t outer, int channels, int64_t inner, const float *scale,
+                   const int32_t *zero_point) {
+  QUANT_ASSERT(outer >= 0 && inner >= 0 && channels >= 1, "dequantize: bad (outer, channels, inner) view");
+  const int64_t rows = outer * channels, n = rows * inner;
+  if (channels == 1) { /* per tensor: flat, whatever the view */
+    const float s = scale[0];
+    const int32_t zp = zero_point[0];
+#pragma omp parallel for simd schedule(static) if (n >= QUANT_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = (float)(q[i] - zp) * s;
+  } else if (inner == 1) {
+    const int C = channels;
+#pragma omp parallel for schedule(static) if (n >= QUANT_PARALLEL_MIN)
+    for (int64_t o = 0; o < outer; o++) {
+#pragma omp simd
+      for (int c = 0; c < C; c++) out[o * C + c] = (float)(q[o * C + c] - zero_point[c]) * scale[c];
+    }
+  } else {
+#pragma omp parallel for schedule(static) if (n >= QUANT_PARALLEL_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+      int c = (int)(r % channels);
+      const float s = scale[c];
+      const int32_t zp = zero_point[c];
+#pragma omp simd
+      for (int64_t i = 0; i < inner; i++) out[r * inner + i] = (float)(q[r * inner + i] - zp) * s;
+    }
+  }
+}
