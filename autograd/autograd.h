@@ -79,6 +79,21 @@ qt_tensor *qt_add(qt_ctx *ctx, qt_tensor *a, qt_tensor *b);
  * If probs_out is not NULL it receives the arena softmax (N, C). */
 qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *labels, float **probs_out);
 
+/* ---- quantization-aware training ops --------------------------------------------------- */
+/* Fake quant of x viewed as (outer, channels, inner) with per-channel scale/zero_point
+ * (channels == 1: per tensor); the clipped straight-through estimator in backward. */
+qt_tensor *qt_fake_quant(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner, const float *scale,
+                         const int32_t *zero_point, int qmin, int qmax);
+/* y = x * s (divide: x / s) with s (C) along x's first axis (weights (C, ...)) or its last
+ * axis (activations (..., C)); gradients flow to x and s. */
+qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide);
+/* y = x + b with b (C) along the last axis. */
+qt_tensor *qt_channel_add(qt_ctx *ctx, qt_tensor *x, qt_tensor *b);
+/* BN scale factor sf = gamma / sqrt(running_var + eps) (C); gradient flows to gamma. */
+qt_tensor *qt_bn_scale_factor(qt_ctx *ctx, qt_tensor *gamma, const float *running_var, float eps);
+/* The same numbers without autograd: convert folds with exactly what training computed. */
+void qt_bn_scale_factor_values(float *sf, const float *gamma, const float *running_var, float eps, int C);
+
 /* ---- invariant checks (always on) ------------------------------------------------------ */
 void qt_panic(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
 #define QT_ASSERT(cond, ...) \

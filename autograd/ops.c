@@ -4,8 +4,10 @@
 #include "autograd/autograd.h"
 #include "autograd/kernels.h"
 #include "autograd/tape.h"
+#include "qat/quant.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void check_f32(const qt_tensor *t, int ndim, const char *op, const char *what) {
@@ -333,4 +335,199 @@ qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *label
     *sv = (ce_saved){logits, loss, probs, lab};
   }
   return loss;
+}
+
+/* ---- quantization-aware training ops ---------------------------------------------------- */
+typedef struct {
+  qt_tensor *x, *y;
+  uint8_t *mask;
+} fq_saved;
+
+static void fake_quant_backward(qt_ctx *ctx, void *p) {
+  fq_saved *s = p;
+  if (!s->y->grad || !s->x->requires_grad) return;
+  qt_fake_quant_backward(qt_tensor_grad(ctx, s->x), s->y->grad, s->mask, qt_tensor_numel(s->y));
+}
+
+qt_tensor *qt_fake_quant(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner, const float *scale,
+                         const int32_t *zero_point, int qmin, int qmax) {
+  check_f32(x, -1, "fake_quant", "input");
+  QT_ASSERT(outer * channels * inner == qt_tensor_numel(x), "fake_quant: view (%lld, %d, %lld) of %lld elements",
+            (long long)outer, channels, (long long)inner, (long long)qt_tensor_numel(x));
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+  int rec = qt_tape_recording(ctx, x, NULL, NULL);
+  uint8_t *mask = rec ? qt_arena_alloc(ctx, (size_t)qt_tensor_numel(x)) : NULL;
+  qt_fake_quant_forward(qt_f32(y), mask, qt_f32(x), outer, channels, inner, scale, zero_point, qmin, qmax);
+  if (rec) {
+    y->requires_grad = 1;
+    fq_saved *sv = qt_tape_push(ctx, fake_quant_backward, sizeof *sv);
+    *sv = (fq_saved){x, y, mask};
+  }
+  return y;
+}
+
+typedef struct {
+  qt_tensor *x, *s, *y;
+  int first_axis, divide;
+} cs_saved;
+
+static void channel_scale_backward(qt_ctx *ctx, void *p) {
+  cs_saved *sv = p;
+  if (!sv->y->grad) return;
+  const int64_t n = qt_tensor_numel(sv->x);
+  const int C = (int)sv->s->shape[0];
+  const int64_t rows = n / C; /* first axis: C rows of `rows` elements; last axis: rows of C */
+  const float *dy = sv->y->grad, *x = qt_f32(sv->x), *s = qt_f32(sv->s);
+  if (sv->x->requires_grad) {
+    float *dx = qt_tensor_grad(ctx, sv->x);
+    if (sv->first_axis) {
+#pragma omp parallel for schedule(static)
+      for (int c = 0; c < C; c++)
+        for (int64_t i = 0; i < rows; i++) {
+          const int64_t k = (int64_t)c * rows + i;
+          dx[k] += sv->divide ? dy[k] / s[c] : dy[k] * s[c];
+        }
+    } else {
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++)
+          dx[r * C + c] += sv->divide ? dy[r * C + c] / s[c] : dy[r * C + c] * s[c];
+    }
+  }
+  if (sv->s->requires_grad) {
+    /* d/ds (x*s) = x; d/ds (x/s) = -x/s^2. Per-channel sums in double, fixed order. */
+    float *ds = qt_tensor_grad(ctx, sv->s);
+    double *acc = calloc((size_t)C, sizeof(double));
+    QT_ASSERT(acc, "out of memory");
+    if (sv->first_axis) {
+#pragma omp parallel for schedule(static)
+      for (int c = 0; c < C; c++) {
+        double a = 0;
+        for (int64_t i = 0; i < rows; i++) a += (double)dy[(int64_t)c * rows + i] * x[(int64_t)c * rows + i];
+        acc[c] = a;
+      }
+    } else {
+      /* Fixed chunks combined in order: deterministic for any thread count. */
+      const int64_t chunk = 1024, nchunks = (rows + chunk - 1) / chunk;
+      double *part = calloc((size_t)(nchunks * C), sizeof(double));
+      QT_ASSERT(part, "out of memory");
+#pragma omp parallel for schedule(static)
+      for (int64_t k = 0; k < nchunks; k++) {
+        double *pk = part + k * C;
+        const int64_t r1 = (k + 1) * chunk < rows ? (k + 1) * chunk : rows;
+        for (int64_t r = k * chunk; r < r1; r++)
+          for (int c = 0; c < C; c++) pk[c] += (double)dy[r * C + c] * x[r * C + c];
+      }
+      for (int64_t k = 0; k < nchunks; k++)
+        for (int c = 0; c < C; c++) acc[c] += part[k * C + c];
+      free(part);
+    }
+    for (int c = 0; c < C; c++)
+      ds[c] += sv->divide ? (float)(-acc[c] / ((double)s[c] * s[c])) : (float)acc[c];
+    free(acc);
+  }
+}
+
+qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide) {
+  check_f32(x, -1, "channel_scale", "input");
+  check_f32(s, 1, "channel_scale", "scale");
+  const int C = (int)s->shape[0];
+  QT_ASSERT(first_axis ? x->shape[0] == C : x->shape[x->ndim - 1] == C,
+            "channel_scale: %d scales for a tensor whose %s axis has %lld", C, first_axis ? "first" : "last",
+            (long long)(first_axis ? x->shape[0] : x->shape[x->ndim - 1]));
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+  const int64_t n = qt_tensor_numel(x), rows = n / C;
+  float *yd = qt_f32(y);
+  const float *xd = qt_f32(x), *sd = qt_f32(s);
+  if (first_axis) {
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++)
+      for (int64_t i = 0; i < rows; i++)
+        yd[(int64_t)c * rows + i] = divide ? xd[(int64_t)c * rows + i] / sd[c] : xd[(int64_t)c * rows + i] * sd[c];
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+      for (int c = 0; c < C; c++) yd[r * C + c] = divide ? xd[r * C + c] / sd[c] : xd[r * C + c] * sd[c];
+  }
+  if (qt_tape_recording(ctx, x, s, NULL)) {
+    y->requires_grad = 1;
+    cs_saved *sv = qt_tape_push(ctx, channel_scale_backward, sizeof *sv);
+    *sv = (cs_saved){x, s, y, first_axis, divide};
+  }
+  return y;
+}
+
+typedef struct {
+  qt_tensor *x, *b, *y;
+} ca_saved;
+
+static void channel_add_backward(qt_ctx *ctx, void *p) {
+  ca_saved *sv = p;
+  if (!sv->y->grad) return;
+  const int C = (int)sv->b->shape[0];
+  const int64_t n = qt_tensor_numel(sv->y), rows = n / C;
+  if (sv->x->requires_grad) qt_add_backward(qt_tensor_grad(ctx, sv->x), NULL, sv->y->grad, n);
+  if (sv->b->requires_grad) {
+    float *db = qt_tensor_grad(ctx, sv->b);
+    double *acc = calloc((size_t)C, sizeof(double));
+    QT_ASSERT(acc, "out of memory");
+    for (int64_t r = 0; r < rows; r++)
+      for (int c = 0; c < C; c++) acc[c] += sv->y->grad[r * C + c];
+    for (int c = 0; c < C; c++) db[c] += (float)acc[c];
+    free(acc);
+  }
+}
+
+qt_tensor *qt_channel_add(qt_ctx *ctx, qt_tensor *x, qt_tensor *b) {
+  check_f32(x, -1, "channel_add", "input");
+  const int C = (int)b->shape[0];
+  QT_ASSERT(x->shape[x->ndim - 1] == C, "channel_add: %d biases for %lld channels", C,
+            (long long)x->shape[x->ndim - 1]);
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+  const int64_t rows = qt_tensor_numel(x) / C;
+  float *yd = qt_f32(y);
+  const float *xd = qt_f32(x), *bd = qt_f32(b);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++)
+    for (int c = 0; c < C; c++) yd[r * C + c] = xd[r * C + c] + bd[c];
+  if (qt_tape_recording(ctx, x, b, NULL)) {
+    y->requires_grad = 1;
+    ca_saved *sv = qt_tape_push(ctx, channel_add_backward, sizeof *sv);
+    *sv = (ca_saved){x, b, y};
+  }
+  return y;
+}
+
+void qt_bn_scale_factor_values(float *sf, const float *gamma, const float *running_var, float eps, int C) {
+  for (int c = 0; c < C; c++) sf[c] = gamma[c] / sqrtf(running_var[c] + eps);
+}
+
+typedef struct {
+  qt_tensor *gamma, *sf;
+  const float *running_var;
+  float eps;
+} sf_saved;
+
+static void bn_scale_factor_backward(qt_ctx *ctx, void *p) {
+  sf_saved *sv = p;
+  if (!sv->sf->grad || !sv->gamma->requires_grad) return;
+  float *dg = qt_tensor_grad(ctx, sv->gamma);
+  const int C = (int)sv->gamma->shape[0];
+  for (int c = 0; c < C; c++) dg[c] += sv->sf->grad[c] / sqrtf(sv->running_var[c] + sv->eps);
+}
+
+qt_tensor *qt_bn_scale_factor(qt_ctx *ctx, qt_tensor *gamma, const float *running_var, float eps) {
+  check_f32(gamma, 1, "bn_scale_factor", "gamma");
+  qt_tensor *sf = qt_tensor_new(ctx, QT_F32, 1, gamma->shape);
+  qt_bn_scale_factor_values(qt_f32(sf), qt_f32(gamma), running_var, eps, (int)gamma->shape[0]);
+  if (qt_tape_recording(ctx, gamma, NULL, NULL)) {
+    sf->requires_grad = 1;
+    /* running_var changes in place during the step's BN forward; backward needs the value
+     * used here, so keep a copy. */
+    float *rv = qt_arena_alloc(ctx, (size_t)gamma->shape[0] * sizeof(float));
+    memcpy(rv, running_var, (size_t)gamma->shape[0] * sizeof(float));
+    sf_saved *sv = qt_tape_push(ctx, bn_scale_factor_backward, sizeof *sv);
+    *sv = (sf_saved){gamma, sf, rv, eps};
+  }
+  return sf;
 }

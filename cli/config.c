@@ -723,6 +723,12 @@ const char *qt_config_string(const qt_config *c, const char *section, const char
   return get(c, __func__, section, key, QT_CFG_STRING, QT_CFG_ENUM)->value;
 }
 
+const char *qt_config_value(const qt_config *c, const char *section, const char *key) {
+  const int k = find_key(c, section, key);
+  if (k < 0) PANIC("qt_config_value: key [%s] %s is not in the config schema", section, key);
+  return c->slots[k].value;
+}
+
 int qt_config_enum(const qt_config *c, const char *section, const char *key) {
   const char *v = get(c, __func__, section, key, QT_CFG_ENUM, QT_CFG_ENUM)->value;
   const char *p = c->schema[find_key(c, section, key)].choices;

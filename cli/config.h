@@ -86,6 +86,8 @@ double qt_config_float(const qt_config *c, const char *section, const char *key)
 int qt_config_bool(const qt_config *c, const char *section, const char *key);
 const char *qt_config_string(const qt_config *c, const char *section, const char *key);
 int qt_config_enum(const qt_config *c, const char *section, const char *key);
+/* The current value of any key as text (as it would be written to an INI file). */
+const char *qt_config_value(const qt_config *c, const char *section, const char *key);
 /* Where the current value came from: "default", "<file>:<line>", "override" or "set". */
 const char *qt_config_origin(const qt_config *c, const char *section, const char *key);
 

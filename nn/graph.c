@@ -6,8 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const op_names[] = {"input", "conv2d", "batch_norm", "relu", "max_pool2d",
-                                       "avg_pool2d", "global_avg_pool", "flatten", "linear", "add"};
+static const char *const op_names[] = {"input",   "conv2d",     "batch_norm", "relu",     "max_pool2d",
+                                       "avg_pool2d", "global_avg_pool", "flatten", "linear", "add",
+                                       "fake_quant", "conv_bn",  "quantize",   "dequantize"};
 _Static_assert(sizeof op_names / sizeof op_names[0] == QT_OP_COUNT, "op name table out of sync with qt_op");
 
 const char *qt_op_name(qt_op op) { return (unsigned)op < QT_OP_COUNT ? op_names[op] : "?"; }
@@ -31,6 +32,10 @@ qt_graph *qt_graph_create(const char *name) {
 
 void qt_graph_free(qt_graph *g) {
   if (!g) return;
+  for (int i = 0; i < g->n_nodes; i++) {
+    qt_qstate_free(g->nodes[i].q);
+    qt_qstate_free(g->nodes[i].wq);
+  }
   free(g->nodes);
   free(g->values);
   free(g->tensors);
@@ -267,7 +272,7 @@ int qt_graph_add(qt_graph *g, const char *name, int a, int b) {
   return g->nodes[id].output = new_value(g, name, va.ndim, va.shape, id);
 }
 
-int qt_graph_finalize(qt_graph *g, int output, char *err) {
+int qt_graph_alloc(qt_graph *g, char *err) {
   if (g->error[0]) {
     snprintf(err, QT_ERR_LEN, "%s", g->error);
     return -1;
@@ -276,11 +281,10 @@ int qt_graph_finalize(qt_graph *g, int output, char *err) {
     snprintf(err, QT_ERR_LEN, "graph %s: no input", g->name);
     return -1;
   }
-  if (output < 0 || output >= g->n_values) {
-    snprintf(err, QT_ERR_LEN, "graph %s: output value %d does not exist", g->name, output);
+  if (g->output < 0 || g->output >= g->n_values) {
+    snprintf(err, QT_ERR_LEN, "graph %s: output value %d does not exist", g->name, g->output);
     return -1;
   }
-  g->output = output;
   g->n_params = g->n_buffers = 0;
   for (int i = 0; i < g->n_tensors; i++) {
     qt_param *p = &g->tensors[i];
@@ -299,8 +303,52 @@ int qt_graph_finalize(qt_graph *g, int output, char *err) {
   memset(g->grads, 0, (size_t)(g->n_params + 16) * sizeof(float));
   memset(g->buffers, 0, (size_t)(g->n_buffers + 16) * sizeof(float));
   g->finalized = 1;
+  return 0;
+}
+
+int qt_graph_finalize(qt_graph *g, int output, char *err) {
+  g->output = output;
+  if (qt_graph_alloc(g, err)) return -1;
   qt_graph_init_params(g, 0);
   return 0;
+}
+
+int qt_graph_add_node(qt_graph *g, qt_op op, const char *name, const int *inputs, int n_inputs,
+                      const qt_node_attrs *attr, int out_ndim, const int64_t *out_shape) {
+  for (int i = 0; i < n_inputs; i++)
+    if (check_value(g, name, inputs[i])) return -1;
+  QT_ASSERT(n_inputs <= QT_MAX_INPUTS, "node %s: %d inputs", name, n_inputs);
+  qt_node *n = new_node(g, op, name, inputs, n_inputs);
+  if (!n) return -1;
+  int id = g->n_nodes - 1;
+  if (attr) n->attr = *attr;
+  if (op == QT_OP_INPUT) {
+    g->nodes[id].output = new_value(g, name, out_ndim, out_shape, id);
+    g->input = g->nodes[id].output;
+  } else {
+    g->nodes[id].output = new_value(g, name, out_ndim, out_shape, id);
+  }
+  return id;
+}
+
+int qt_graph_share_weight(qt_graph *g, int node, int from_node) {
+  if (g->error[0]) return -1;
+  qt_node *n = &g->nodes[node], *f = &g->nodes[from_node];
+  int own = n->param[QT_P_WEIGHT], other = f->param[QT_P_WEIGHT];
+  if (own < 0 || other < 0 || n->param[QT_P_BIAS] >= 0 || own != g->n_tensors - 1)
+    return builder_error(g, "node %s: can share the weight of %s only right after being added, without bias", n->name,
+                         f->name);
+  qt_param *a = &g->tensors[own], *b = &g->tensors[other];
+  int same = a->ndim == b->ndim;
+  for (int i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
+  if (!same) return builder_error(g, "node %s: weight shape differs from %s's", n->name, f->name);
+  g->n_tensors--;
+  n->param[QT_P_WEIGHT] = other;
+  return 0;
+}
+
+int qt_graph_add_tensor(qt_graph *g, int node, const char *suffix, int ndim, const int64_t *shape, int is_buffer) {
+  return new_tensor(g, node, suffix, ndim, shape, is_buffer);
 }
 
 /* splitmix64: a small, well-mixed generator for initialization. */
@@ -392,18 +440,58 @@ static int relu_inplace_ok(const qt_graph *g, int x) {
   const qt_value *v = &g->values[x];
   if (v->consumers != 1 || x == g->output) return 0;
   qt_op p = g->nodes[v->producer].op;
-  return p == QT_OP_CONV2D || p == QT_OP_BATCH_NORM || p == QT_OP_LINEAR || p == QT_OP_ADD;
+  return p == QT_OP_CONV2D || p == QT_OP_BATCH_NORM || p == QT_OP_LINEAR || p == QT_OP_ADD || p == QT_OP_CONV_BN;
+}
+
+static qt_tensor *fail(qt_graph *g, const char *fmt, const char *node, const char *why) {
+  snprintf(g->error, sizeof g->error, fmt, node, why);
+  return NULL;
+}
+
+/* The weight a conv/linear computes with: the parameter itself (fp32), its fake-quantized
+ * version (prepared graphs; observed first in training mode), or the dequantized integer
+ * weights of a convert graph. */
+static qt_tensor *effective_weight(qt_graph *g, qt_ctx *ctx, qt_node *n, qt_tensor *w) {
+  qt_qstate *q = n->wq;
+  if (!q) return w;
+  const int64_t numel = qt_tensor_numel(w), inner = numel / q->channels;
+  if (q->qweight) {
+    qt_tensor *t = qt_tensor_new(ctx, QT_F32, w->ndim, w->shape);
+    qt_dequantize(qt_f32(t), q->qweight, 1, q->channels, inner, q->scale, q->zero_point);
+    return t;
+  }
+  if (n->training && q->observe) {
+    char err[QT_ERR_LEN];
+    if (qt_qstate_observe(q, qt_f32(w), 1, inner, err))
+      return fail(g, "weight quantization of %s: %s", n->name, err);
+  }
+  if (!q->fake_quant) return w;
+  if (!q->calibrated) return fail(g, "weight quantization of %s: %s", n->name, "no qparams yet (observer never ran)");
+  return qt_fake_quant(ctx, w, 1, q->channels, inner, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
 }
 
 qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input) {
+  return qt_graph_forward_values(g, ctx, input, NULL);
+}
+
+qt_tensor *qt_graph_forward_values(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values) {
+  return qt_graph_forward_forced(g, ctx, input, values, NULL);
+}
+
+qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values,
+                                   qt_tensor *const *force) {
   QT_ASSERT(g->finalized, "forward of graph %s before finalize", g->name);
   qt_value *in = &g->values[g->input];
-  QT_ASSERT(input->ndim == 4 && input->shape[1] == in->shape[0] && input->shape[2] == in->shape[1] &&
-                input->shape[3] == in->shape[2],
-            "graph %s: input of shape (%lld, %lld, %lld, %lld), want (N, %lld, %lld, %lld)", g->name,
-            (long long)input->shape[0], (long long)input->shape[1], (long long)input->shape[2],
-            (long long)input->shape[3], (long long)in->shape[0], (long long)in->shape[1], (long long)in->shape[2]);
+  if (!(input->ndim == 4 && input->shape[1] == in->shape[0] && input->shape[2] == in->shape[1] &&
+        input->shape[3] == in->shape[2])) {
+    snprintf(g->error, sizeof g->error, "graph %s: input of shape (%lld, %lld, %lld, %lld), want (N, %lld, %lld, %lld)",
+             g->name, (long long)input->shape[0], (long long)input->shape[1], (long long)input->shape[2],
+             (long long)input->shape[3], (long long)in->shape[0], (long long)in->shape[1], (long long)in->shape[2]);
+    return NULL;
+  }
+  g->error[0] = 0;
   qt_tensor **vals = qt_arena_calloc(ctx, (size_t)g->n_values * sizeof *vals);
+  if (values) *values = vals;
   vals[g->input] = input;
   for (int i = 0; i < g->n_nodes; i++) {
     qt_node *n = &g->nodes[i];
@@ -413,15 +501,35 @@ qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input) {
     switch (n->op) {
       case QT_OP_INPUT:
         continue;
-      case QT_OP_CONV2D:
-        y = qt_conv2d(ctx, x, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), param_tensor(g, ctx, n->param[QT_P_BIAS]),
-                      a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
+      case QT_OP_CONV2D: {
+        qt_tensor *w = effective_weight(g, ctx, n, param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
+        if (!w) return NULL;
+        y = qt_conv2d(ctx, x, w, param_tensor(g, ctx, n->param[QT_P_BIAS]), a->stride_h, a->stride_w, a->pad_h,
+                      a->pad_w, a->groups);
         break;
+      }
+      case QT_OP_CONV_BN: {
+        /* DESIGN 3.4: conv(x, fq(W * sf)) / sf (+ b), then a real BN. */
+        qt_tensor *gamma = param_tensor(g, ctx, n->param[QT_P_BN_GAMMA]);
+        const float *rv = g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset;
+        qt_tensor *sf = qt_bn_scale_factor(ctx, gamma, rv, a->eps);
+        qt_tensor *ws = qt_channel_scale(ctx, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), sf, 1, 0);
+        qt_tensor *w = effective_weight(g, ctx, n, ws);
+        if (!w) return NULL;
+        y = qt_conv2d(ctx, x, w, NULL, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
+        y = qt_channel_scale(ctx, y, sf, 0, 1);
+        if (n->param[QT_P_BIAS] >= 0) y = qt_channel_add(ctx, y, param_tensor(g, ctx, n->param[QT_P_BIAS]));
+        y = qt_batch_norm(ctx, y, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
+                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
+                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training && !n->bn_frozen,
+                          a->momentum, a->eps, 0);
+        break;
+      }
       case QT_OP_BATCH_NORM:
         y = qt_batch_norm(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
                           g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
-                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training, a->momentum,
-                          a->eps, relu_inplace_ok(g, n->inputs[0]));
+                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training && !n->bn_frozen,
+                          a->momentum, a->eps, relu_inplace_ok(g, n->inputs[0]));
         break;
       case QT_OP_RELU:
         y = qt_relu(ctx, x, relu_inplace_ok(g, n->inputs[0]));
@@ -438,17 +546,52 @@ qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input) {
       case QT_OP_FLATTEN:
         y = qt_flatten(ctx, x);
         break;
-      case QT_OP_LINEAR:
-        y = qt_linear(ctx, x, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), param_tensor(g, ctx, n->param[QT_P_BIAS]));
+      case QT_OP_LINEAR: {
+        qt_tensor *w = effective_weight(g, ctx, n, param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
+        if (!w) return NULL;
+        y = qt_linear(ctx, x, w, param_tensor(g, ctx, n->param[QT_P_BIAS]));
         break;
+      }
       case QT_OP_ADD:
         y = qt_add(ctx, x, vals[n->inputs[1]]);
         break;
+      case QT_OP_FAKE_QUANT: {
+        qt_qstate *q = n->q;
+        const int64_t numel = qt_tensor_numel(x), outer = numel / q->channels;
+        if (n->training && q->observe) {
+          char err[QT_ERR_LEN];
+          if (qt_qstate_observe(q, qt_f32(x), outer, 1, err)) return fail(g, "fake_quant %s: %s", n->name, err);
+        }
+        if (!q->fake_quant) {
+          y = x;
+          break;
+        }
+        if (!q->calibrated) return fail(g, "fake_quant %s: %s", n->name, "no qparams yet (observer never ran)");
+        y = qt_fake_quant(ctx, x, outer, q->channels, 1, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
+        break;
+      }
+      case QT_OP_QUANTIZE: {
+        qt_qstate *q = n->q;
+        const int64_t numel = qt_tensor_numel(x);
+        y = qt_tensor_new(ctx, QT_I32, x->ndim, x->shape);
+        qt_quantize((int32_t *)y->data, qt_f32(x), numel / q->channels, q->channels, 1, q->scale, q->zero_point,
+                    q->spec.qmin, q->spec.qmax);
+        break;
+      }
+      case QT_OP_DEQUANTIZE: {
+        qt_qstate *q = n->q;
+        QT_ASSERT(x->dtype == QT_I32, "dequantize %s: input is %s", n->name, qt_dtype_name(x->dtype));
+        const int64_t numel = qt_tensor_numel(x);
+        y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+        qt_dequantize(qt_f32(y), (const int32_t *)x->data, numel / q->channels, q->channels, 1, q->scale,
+                      q->zero_point);
+        break;
+      }
       case QT_OP_COUNT:
         break;
     }
     QT_ASSERT(y, "graph %s: node %s has op %d with no executor", g->name, n->name, (int)n->op);
-    vals[n->output] = y;
+    vals[n->output] = force && force[n->output] ? force[n->output] : y;
   }
   return vals[g->output];
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "autograd/autograd.h"
+#include "qat/quant.h"
 
 #ifndef QT_ERR_LEN
 #define QT_ERR_LEN 512
@@ -31,6 +32,10 @@ typedef enum {
   QT_OP_FLATTEN,
   QT_OP_LINEAR,
   QT_OP_ADD,
+  QT_OP_FAKE_QUANT, /* observer + fake quant of its input (prepared graphs) */
+  QT_OP_CONV_BN,    /* QAT conv + BN with delayed folding (DESIGN 3.4) */
+  QT_OP_QUANTIZE,   /* fp32 -> integers (convert graph) */
+  QT_OP_DEQUANTIZE, /* integers -> fp32 (convert graph) */
   QT_OP_COUNT
 } qt_op;
 const char *qt_op_name(qt_op op);
@@ -38,9 +43,45 @@ const char *qt_op_name(qt_op op);
 int qt_op_parse(const char *name, qt_op *out);
 
 /* Parameter roles within a node's param[] and buffer[] slots. */
-enum { QT_P_WEIGHT = 0, QT_P_BIAS = 1 };          /* conv2d, linear */
+enum { QT_P_WEIGHT = 0, QT_P_BIAS = 1 };          /* conv2d, linear, conv_bn */
 enum { QT_P_GAMMA = 0, QT_P_BETA = 1 };           /* batch_norm ("weight", "bias" in PyTorch) */
+enum { QT_P_BN_GAMMA = 2, QT_P_BN_BETA = 3 };     /* conv_bn */
 enum { QT_B_RUNNING_MEAN = 0, QT_B_RUNNING_VAR = 1 };
+
+/* How one edge or weight is quantized: the Quantizer's annotation. */
+typedef struct {
+  int bits;                   /* 2..8 */
+  int qmin, qmax;             /* derived from bits and signedness, possibly restricted */
+  int is_signed;
+  int symmetric;              /* zero point 0 (signed) */
+  int per_channel;            /* weights: axis 0 (output channels) */
+  qt_observer_kind observer;
+  qt_range_method method;     /* histogram observers */
+  float percentile;
+} qt_qspec;
+
+/* Quantization state living on a node: the spec, the observer, the qparams training uses and
+ * the enable flags; in a convert graph also the integer weights. */
+typedef struct qt_qstate {
+  qt_qspec spec;
+  int channels;               /* 1 = per-tensor */
+  float *scale;               /* channels */
+  int32_t *zero_point;        /* channels */
+  qt_observer obs;
+  int observe;                /* observer enabled */
+  int fake_quant;             /* fake quant enabled */
+  int calibrated;             /* scale/zero_point hold qparams */
+  int32_t *qweight;           /* convert graphs: integer weights (numel of the weight), else NULL */
+  int64_t n_qweight;
+} qt_qstate;
+
+/* New state for a spec with `channels` channels (observer initialized, flags on). NULL with err
+ * set when the observer cannot be made (histogram per channel). */
+qt_qstate *qt_qstate_create(const qt_qspec *spec, int channels, char *err);
+qt_qstate *qt_qstate_clone(const qt_qstate *q);
+void qt_qstate_free(qt_qstate *q);
+/* Observes data (outer, channels, inner) and refreshes scale/zero_point from the observer. */
+int qt_qstate_observe(qt_qstate *q, const float *data, int64_t outer, int64_t inner, char *err);
 
 typedef struct {
   int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, groups; /* conv2d, pools */
@@ -57,7 +98,10 @@ typedef struct {
   qt_node_attrs attr;
   int param[QT_MAX_PARAMS];    /* indices into the graph's tensor table, -1 = none */
   int buffer[QT_MAX_PARAMS];
-  int training;                /* mode of stateful nodes (batch_norm) */
+  int training;                /* mode of stateful nodes (batch_norm, conv_bn, fake_quant) */
+  qt_qstate *q;                /* fake_quant / quantize / dequantize: activation quantization */
+  qt_qstate *wq;               /* conv2d / linear / conv_bn: weight quantization, NULL = fp32 */
+  int bn_frozen;               /* batch_norm / conv_bn: running statistics frozen */
 } qt_node;
 
 typedef struct {
@@ -131,8 +175,29 @@ int qt_graph_find_node(const qt_graph *g, const char *name);
 void qt_graph_set_training(qt_graph *g, int training);
 
 /* Runs the graph on input (N, H, W, C). With ctx's grad mode on, records the tape; parameter
- * gradients accumulate into g->grads. Returns the output tensor (arena). */
+ * gradients accumulate into g->grads. Returns the output tensor (arena), or NULL with the
+ * reason in g->error (e.g. an observer saw NaN: the message names the node). */
 qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input);
+/* Like qt_graph_forward, also filling values[v] (arena tensors, n_values entries) for every
+ * value, for per-node comparisons. */
+qt_tensor *qt_graph_forward_values(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values);
+/* Like qt_graph_forward_values, but where force[v] is not NULL, value v takes that tensor
+ * instead of what its node computed (teacher forcing: the check compares each segment of two
+ * graphs from identical inputs). */
+qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values,
+                                   qt_tensor *const *force);
+
+/* Low-level builder pieces for graph passes (prepare, convert): append a node with the given
+ * op, inputs and attributes whose output has the given per-sample shape. Returns the node id. */
+int qt_graph_add_node(qt_graph *g, qt_op op, const char *name, const int *inputs, int n_inputs,
+                      const qt_node_attrs *attr, int out_ndim, const int64_t *out_shape);
+/* Makes node use from_node's weight tensor (a shared weight); call right after adding the
+ * node (a conv2d or linear without bias). */
+int qt_graph_share_weight(qt_graph *g, int node, int from_node);
+/* Adds a parameter (or buffer) tensor owned by node `node`, named "<node>.<suffix>". */
+int qt_graph_add_tensor(qt_graph *g, int node, const char *suffix, int ndim, const int64_t *shape, int is_buffer);
+/* Allocates slabs after passes (keeps g->output). Data must then be copied in by the pass. */
+int qt_graph_alloc(qt_graph *g, char *err);
 void qt_graph_zero_grad(qt_graph *g);
 
 /* Graphviz dot: one box per node (op, name, output shape), parameters as labels. */

@@ -1,6 +1,7 @@
 /* The training job: data, model, optimizer, loop with progress, CSV log, checkpoints,
  * evaluation and summary.json. */
 #include "train/train.h"
+#include "train/quant_job.h"
 
 #include <errno.h>
 #include <math.h>
@@ -139,6 +140,7 @@ static int argmax_row(const float *p, int C) {
 int qt_evaluate(qt_graph *g, qt_ctx *shared, const qt_dataset *ds, const qt_loader_config *lc, qt_eval_result *out,
                 char *err) {
   memset(out, 0, sizeof *out);
+  int rc = 0;
   qt_loader *l = qt_loader_create(ds, lc, err);
   if (!l) return -1;
   qt_ctx *ctx = shared ? shared : qt_ctx_create();
@@ -156,6 +158,11 @@ int qt_evaluate(qt_graph *g, qt_ctx *shared, const qt_dataset *ds, const qt_load
     int64_t shape[4] = {B, ds->h, ds->w, ds->c};
     qt_tensor *x = qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)images);
     qt_tensor *logits = qt_graph_forward(g, ctx, x);
+    if (!logits) {
+      snprintf(err, QT_ERR_LEN, "evaluating: %s", g->error);
+      rc = -1;
+      break;
+    }
     float *probs;
     int C = (int)logits->shape[1];
     qt_tensor *loss = qt_cross_entropy(ctx, logits, labels, &probs);
@@ -172,7 +179,7 @@ int qt_evaluate(qt_graph *g, qt_ctx *shared, const qt_dataset *ds, const qt_load
   if (!shared) qt_ctx_free(ctx);
   qt_loader_free(l);
   qt_graph_set_training(g, 1);
-  return 0;
+  return rc;
 }
 
 /* ---- progress ------------------------------------------------------------------------------- */
@@ -247,8 +254,8 @@ static int csv_read(const char *path, epoch_row *rows, int max, int upto) {
 }
 
 static int write_summary(const char *path, const qt_config *cfg, const qt_graph *g, double arena_mb,
-                         const epoch_row *rows, int n,
-                         const qt_eval_result *test, int epochs_done, const char *ckpt, char *err) {
+                         const epoch_row *rows, int n, const qt_eval_result *test, const qt_quant_result *q,
+                         int epochs_done, const char *ckpt, char *err) {
   strbuf b = {0};
   double secs = 0;
   int64_t imgs = 0;
@@ -257,8 +264,31 @@ static int write_summary(const char *path, const qt_config *cfg, const qt_graph 
     imgs += rows[i].images;
   }
   sb_printf(&b, "{\n  \"model\": \"%s\",\n  \"parameters\": %lld,\n", g->name, (long long)qt_graph_param_count(g));
-  sb_printf(&b, "  \"stages\": {\n    \"fp32\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}\n  },\n",
+  sb_printf(&b, "  \"stages\": {\n    \"fp32\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}",
             test->accuracy, test->loss, (long long)test->n);
+  if (q) {
+    sb_printf(&b, ",\n    \"fake_quant\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}",
+              q->fake_quant.accuracy, q->fake_quant.loss, (long long)q->fake_quant.n);
+    sb_printf(&b, ",\n    \"qdq\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}",
+              q->qdq.accuracy, q->qdq.loss, (long long)q->qdq.n);
+  }
+  sb_printf(&b, "\n  },\n");
+  if (q) {
+    sb_printf(&b, "  \"quant\": {\"mode\": \"%s\", \"weight_bits\": %d, \"activation_bits\": %d},\n",
+              qt_config_string(cfg, "quant", "mode"), qt_config_int(cfg, "quant", "weight_bits"),
+              qt_config_int(cfg, "quant", "activation_bits"));
+    sb_printf(&b, "  \"convert\": {\"qdq_model\": \"%s\"},\n", q->qdq_path);
+    sb_printf(&b, "  \"check\": {\"ok\": %s, \"quantization_points\": %d, \"weights\": %d, \"max_lsb\": %.3f, "
+                  "\"tie_flips\": %lld, \"reason\": \"",
+              q->check.ok ? "true" : "false", q->check.n_checked_points, q->check.n_checked_weights, q->check.max_lsb,
+              (long long)q->check.tie_mismatches);
+    for (const char *r = q->check.reason; *r; r++) {
+      if (*r == '"' || *r == '\\') sb_printf(&b, "\\%c", *r);
+      else if (*r == '\n') sb_printf(&b, "\\n");
+      else sb_printf(&b, "%c", *r);
+    }
+    sb_printf(&b, "\"},\n");
+  }
   sb_printf(&b, "  \"train\": {\n    \"epochs\": %d,\n    \"images_per_s\": %.1f,\n    \"epoch_seconds\": [", epochs_done,
             secs > 0 ? (double)imgs / secs : 0.0);
   for (int i = 0; i < n; i++) sb_printf(&b, "%s%.3f", i ? ", " : "", rows[i].seconds);
@@ -278,7 +308,7 @@ static int write_summary(const char *path, const qt_config *cfg, const qt_graph 
 int qt_train_run(qt_config *cfg, char *err) {
   int rc = -1;
   qt_dataset train = {0}, test = {0};
-  qt_graph *g = NULL;
+  qt_graph *g = NULL, *prepared = NULL;
   qt_optim *opt = NULL;
   qt_loader *loader = NULL;
   qt_ctx *ctx = NULL;
@@ -329,6 +359,43 @@ int qt_train_run(qt_config *cfg, char *err) {
     }
   }
 
+  ctx = qt_ctx_create();
+  int batch = qt_config_int(cfg, "train", "batch_size");
+  qt_loader_config lc = loader_config(cfg, batch, 1, 1, train.c);
+  qt_loader_config ec = loader_config(cfg, qt_config_int(cfg, "train", "eval_batch_size"), 0, 0, train.c);
+  const char *qmode = qt_config_string(cfg, "quant", "mode");
+  const int quant = strcmp(qmode, "none") != 0, ptq = strcmp(qmode, "ptq") == 0;
+  qt_graph *tg = g; /* the graph trained: fp32, or the prepared graph */
+  qt_eval_result ev_fp32 = {0};
+  qt_quant_result qres;
+  memset(&qres, 0, sizeof qres);
+  if (quant) {
+    if (qt_config_bool(cfg, "train", "resume") && access(ckpt_path, F_OK) == 0) {
+      snprintf(err, QT_ERR_LEN, "train.resume: resuming a quantized run (quant.mode = %s) is not supported yet; "
+                                "start it again", qmode);
+      goto out;
+    }
+    if (qt_quant_obtain_fp32(cfg, g, prog.mode != 0, err)) goto out;
+    if (qt_evaluate(g, ctx, &test, &ec, &ev_fp32, err)) goto out;
+    if (prog.mode) fprintf(stderr, "quant: fp32 test accuracy %.2f%%\n", 100 * ev_fp32.accuracy);
+    char rep_path[4200];
+    snprintf(rep_path, sizeof rep_path, "%s/quantizer.txt", dir);
+    FILE *rep = fopen(rep_path, "w");
+    prepared = qt_quant_prepare(cfg, g, rep, err);
+    if (rep) fclose(rep);
+    if (!prepared) goto out;
+    tg = prepared;
+    if (qt_config_bool(cfg, "output", "dot")) {
+      snprintf(rep_path, sizeof rep_path, "%s/model_prepared.dot", dir);
+      FILE *f = fopen(rep_path, "w");
+      if (f) {
+        qt_graph_write_dot(tg, f);
+        fclose(f);
+      }
+    }
+    if (ptq && qt_quant_calibrate(cfg, tg, &train, &lc, ctx, prog.mode != 0, err)) goto out;
+  }
+
   qt_optim_config oc = {0};
   if (qt_optim_kind_parse(qt_config_string(cfg, "train", "optimizer"), &oc.kind)) {
     snprintf(err, QT_ERR_LEN, "train.optimizer: unknown '%s'", qt_config_string(cfg, "train", "optimizer"));
@@ -342,15 +409,11 @@ int qt_train_run(qt_config *cfg, char *err) {
   oc.eps = (float)qt_config_float(cfg, "train", "adam_eps");
   if (oc.kind == QT_OPTIM_ADAMW) oc.momentum = 0;
   if (qt_optim_config_check(&oc, err)) goto out;
-  opt = qt_optim_create(&oc, g->n_params);
-
-  int batch = qt_config_int(cfg, "train", "batch_size");
-  qt_loader_config lc = loader_config(cfg, batch, 1, 1, train.c);
-  qt_loader_config ec = loader_config(cfg, qt_config_int(cfg, "train", "eval_batch_size"), 0, 0, train.c);
+  opt = qt_optim_create(&oc, tg->n_params);
   loader = qt_loader_create(&train, &lc, err);
   if (!loader) goto out;
   int64_t nb = qt_loader_num_batches(loader);
-  int epochs = qt_config_int(cfg, "train", "epochs");
+  int epochs = ptq ? 0 : qt_config_int(cfg, "train", "epochs");
   qt_lr_schedule sched = {0};
   if (qt_lr_kind_parse(qt_config_string(cfg, "train", "schedule"), &sched.kind)) {
     snprintf(err, QT_ERR_LEN, "train.schedule: unknown '%s'", qt_config_string(cfg, "train", "schedule"));
@@ -358,7 +421,7 @@ int qt_train_run(qt_config *cfg, char *err) {
   }
   sched.base_lr = (float)qt_config_float(cfg, "train", "lr");
   sched.min_lr = (float)qt_config_float(cfg, "train", "min_lr");
-  sched.total_steps = nb * epochs;
+  sched.total_steps = nb * (epochs > 0 ? epochs : 1);
   sched.warmup_steps = (int64_t)llround(qt_config_float(cfg, "train", "warmup_epochs") * (double)nb);
   sched.step_size = (int64_t)llround(qt_config_float(cfg, "train", "step_epochs") * (double)nb);
   if (sched.step_size < 1) sched.step_size = 1;
@@ -386,8 +449,6 @@ int qt_train_run(qt_config *cfg, char *err) {
     fprintf(stderr, "%s: %lld parameters; %lld training / %lld test images; %d epochs of %lld batches; %d threads\n",
             g->name, (long long)qt_graph_param_count(g), (long long)train.n, (long long)test.n, epochs, (long long)nb,
             omp_get_max_threads());
-
-  ctx = qt_ctx_create();
   int stop_after = qt_config_int(cfg, "train", "stop_after_epochs");
   qt_eval_result ev = {0};
   int ran = 0;
@@ -396,7 +457,12 @@ int qt_train_run(qt_config *cfg, char *err) {
       if (prog.mode) fprintf(stderr, "stopping after %d epoch(s) as train.stop_after_epochs says\n", ran);
       break;
     }
-    qt_graph_set_training(g, 1);
+    qt_graph_set_training(tg, 1);
+    if (quant) {
+      int fo = qt_config_int(cfg, "quant", "freeze_observers_after"), fb = qt_config_int(cfg, "quant", "freeze_bn_after");
+      if (fo > 0 && epoch >= fo) qt_set_observers(tg, 0);
+      if (fb > 0 && epoch >= fb) qt_freeze_bn(tg, 1);
+    }
     qt_loader_start_epoch(loader, epoch);
     double t0 = now_seconds(), loss_sum = 0;
     int64_t correct = 0, seen = 0, b = 0;
@@ -409,7 +475,11 @@ int qt_train_run(qt_config *cfg, char *err) {
       qt_ctx_set_grad(ctx, 1);
       int64_t shape[4] = {B, train.h, train.w, train.c};
       qt_tensor *x = qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)images);
-      qt_tensor *logits = qt_graph_forward(g, ctx, x);
+      qt_tensor *logits = qt_graph_forward(tg, ctx, x);
+      if (!logits) {
+        snprintf(err, QT_ERR_LEN, "epoch %d, batch %lld: %s", epoch + 1, (long long)b + 1, tg->error);
+        goto out;
+      }
       float *probs;
       qt_tensor *loss = qt_cross_entropy(ctx, logits, labels, &probs);
       float lv = qt_f32(loss)[0];
@@ -422,10 +492,10 @@ int qt_train_run(qt_config *cfg, char *err) {
                  access(ckpt_path, F_OK) == 0 ? ckpt_path : "none written yet");
         goto out;
       }
-      qt_graph_zero_grad(g);
+      qt_graph_zero_grad(tg);
       qt_backward(ctx, loss);
       lr = qt_lr_at(&sched, step);
-      qt_optim_step(opt, g->params, g->grads, lr);
+      qt_optim_step(opt, tg->params, tg->grads, lr);
       step++;
       b++;
       loss_sum += (double)lv * B;
@@ -439,7 +509,7 @@ int qt_train_run(qt_config *cfg, char *err) {
     double secs = now_seconds() - t0;
     progress_draw(&prog, epoch + 1, epochs, b, nb, seen ? loss_sum / (double)seen : 0,
                   seen ? (double)correct / (double)seen : 0, seen / secs, secs, 1);
-    if (qt_evaluate(g, ctx, &test, &ec, &ev, err)) goto out;
+    if (qt_evaluate(tg, ctx, &test, &ec, &ev, err)) goto out;
     epoch_row r = {epoch + 1, lr, seen ? loss_sum / (double)seen : 0, seen ? (double)correct / (double)seen : 0,
                    ev.loss, ev.accuracy, seen / secs, secs, seen};
     rows[n_rows++] = r;
@@ -449,19 +519,30 @@ int qt_train_run(qt_config *cfg, char *err) {
               epoch + 1, epochs, r.train_loss, 100 * r.train_acc, r.test_loss, 100 * r.test_acc, r.images_per_s,
               r.seconds, r.lr);
     qt_checkpoint_meta meta = {epoch + 1, step, seed, ini};
-    if (qt_checkpoint_save(ckpt_path, g, opt, &meta, err)) goto out;
+    if (qt_checkpoint_save(ckpt_path, tg, opt, &meta, err)) goto out;
     csv_write(csv_path, rows, n_rows, err);
     ran++;
   }
-  if (ran == 0 || ev.n == 0) {
+  if (!quant && (ran == 0 || ev.n == 0)) {
     if (qt_evaluate(g, ctx, &test, &ec, &ev, err)) goto out;
   }
-  if (write_summary(summary_path, cfg, g, (double)qt_ctx_peak_bytes(ctx) / 1048576.0, rows, n_rows, &ev, n_rows ? rows[n_rows - 1].epoch : start_epoch,
+  if (quant && qt_quant_finish(cfg, tg, &test, &ec, ctx, dir, &qres, prog.mode != 0, err)) goto out;
+  if (write_summary(summary_path, cfg, g, (double)qt_ctx_peak_bytes(ctx) / 1048576.0, rows, n_rows,
+                    quant ? &ev_fp32 : &ev, quant ? &qres : NULL, n_rows ? rows[n_rows - 1].epoch : start_epoch,
                     ckpt_path, err))
     goto out;
-  if (prog.mode)
+  if (prog.mode && !quant)
     fprintf(stderr, "fp32 test accuracy %.2f%%; summary in %s; peak RSS %.0f MB\n", 100 * ev.accuracy, summary_path,
             qt_peak_rss_mb());
+  if (prog.mode && quant)
+    fprintf(stderr, "test accuracy: fp32 %.2f%%, fake quant %.2f%%, Q/DQ graph %.2f%%; summary in %s; peak RSS %.0f MB\n",
+            100 * ev_fp32.accuracy, 100 * qres.fake_quant.accuracy, 100 * qres.qdq.accuracy, summary_path,
+            qt_peak_rss_mb());
+  if (quant && !qres.check.ok) {
+    snprintf(err, QT_ERR_LEN, "the training graph and the convert graph disagree (see summary.json check.reason):\n%s",
+             qres.check.reason);
+    goto out;
+  }
   rc = 0;
 out:
   free(ini);
@@ -470,6 +551,7 @@ out:
   qt_loader_free(loader);
   if (opt) qt_optim_free(opt);
   qt_graph_free(g);
+  qt_graph_free(prepared);
   qt_dataset_free(&train);
   qt_dataset_free(&test);
   return rc;

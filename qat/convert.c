@@ -1,0 +1,152 @@
+/* convert: the prepared graph (after calibration or training) -> the Q/DQ graph. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "qat/qat.h"
+
+static int add_tensor_copy(qt_graph *c, int node, const char *suffix, const qt_param *src, int **pending, int *n,
+                           const float **srcdata, const float *data) {
+  int t = qt_graph_add_tensor(c, node, suffix, src->ndim, src->shape, src->is_buffer);
+  (*pending)[*n] = t;
+  srcdata[*n] = data;
+  (*n)++;
+  return t;
+}
+
+/* Quantizes a weight (OC, ...) with its per-channel (or per-tensor) qparams into integers. */
+static void quantize_weight(qt_qstate *q, const float *w, int64_t numel) {
+  q->n_qweight = numel;
+  q->qweight = malloc((size_t)numel * sizeof(int32_t));
+  QT_ASSERT(q->qweight, "out of memory");
+  qt_quantize(q->qweight, w, 1, q->channels, numel / q->channels, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
+}
+
+qt_graph *qt_convert(const qt_graph *pg, char *err) {
+  qt_graph *p = (qt_graph *)pg;
+  err[0] = 0;
+  qt_graph *c = qt_graph_create(p->name);
+  int *vmap = malloc((size_t)p->n_values * sizeof(int));
+  int cap = 2 * p->n_tensors + 8, n_pending = 0;
+  int *pending = malloc((size_t)cap * sizeof(int));
+  const float **srcdata = malloc((size_t)cap * sizeof(float *));
+  float **owned = calloc((size_t)cap, sizeof(float *)); /* folded data computed here */
+  int n_owned = 0;
+  int *fold_nodes = malloc((size_t)(p->n_nodes + 1) * sizeof(int)); /* new conv nodes needing qweight */
+  int *fold_src = malloc((size_t)(p->n_nodes + 1) * sizeof(int));
+  int n_fold = 0;
+  QT_ASSERT(vmap && pending && srcdata && owned && fold_nodes && fold_src, "out of memory");
+
+  for (int i = 0; i < p->n_nodes && !err[0]; i++) {
+    const qt_node *n = &p->nodes[i];
+    const qt_value *v = &p->values[n->output];
+    int inputs[QT_MAX_INPUTS];
+    for (int k = 0; k < n->n_inputs; k++) inputs[k] = vmap[n->inputs[k]];
+    if (n->op == QT_OP_FAKE_QUANT) {
+      if (!n->q->calibrated) {
+        snprintf(err, QT_ERR_LEN, "convert: fake_quant %s has no qparams (calibrate or train first)", n->name);
+        break;
+      }
+      char name[QT_NAME_LEN + 16];
+      snprintf(name, sizeof name, "%s.quantize", n->name);
+      int qn = qt_graph_add_node(c, QT_OP_QUANTIZE, name, inputs, 1, NULL, v->ndim, v->shape);
+      if (qn < 0) break;
+      c->nodes[qn].q = qt_qstate_clone(n->q);
+      int qv = c->nodes[qn].output;
+      snprintf(name, sizeof name, "%s.dequantize", n->name);
+      int dn = qt_graph_add_node(c, QT_OP_DEQUANTIZE, name, &qv, 1, NULL, v->ndim, v->shape);
+      if (dn < 0) break;
+      c->nodes[dn].q = qt_qstate_clone(n->q);
+      vmap[n->output] = c->nodes[dn].output;
+      continue;
+    }
+    qt_op op = n->op == QT_OP_CONV_BN ? QT_OP_CONV2D : n->op;
+    int id = qt_graph_add_node(c, op, n->name, inputs, n->n_inputs, &n->attr, v->ndim, v->shape);
+    if (id < 0) break;
+    vmap[n->output] = c->nodes[id].output;
+    c->nodes[id].bn_frozen = n->bn_frozen;
+    if (n->op == QT_OP_CONV_BN) {
+      /* Fold with exactly the numbers training used: W * sf and beta + (b - mean) * sf. */
+      const qt_param *w = &p->tensors[n->param[QT_P_WEIGHT]];
+      const int OC = (int)w->shape[0];
+      const int64_t inner = w->numel / OC;
+      const float *W = qt_graph_tensor_data(p, n->param[QT_P_WEIGHT]);
+      const float *b = n->param[QT_P_BIAS] >= 0 ? qt_graph_tensor_data(p, n->param[QT_P_BIAS]) : NULL;
+      const float *gamma = qt_graph_tensor_data(p, n->param[QT_P_BN_GAMMA]);
+      const float *beta = qt_graph_tensor_data(p, n->param[QT_P_BN_BETA]);
+      const float *rm = qt_graph_tensor_data(p, n->buffer[QT_B_RUNNING_MEAN]);
+      const float *rv = qt_graph_tensor_data(p, n->buffer[QT_B_RUNNING_VAR]);
+      float *sf = malloc((size_t)OC * sizeof(float));
+      float *Wf = malloc((size_t)w->numel * sizeof(float)), *bf = malloc((size_t)OC * sizeof(float));
+      QT_ASSERT(sf && Wf && bf, "out of memory");
+      qt_bn_scale_factor_values(sf, gamma, rv, n->attr.eps, OC);
+      for (int o = 0; o < OC; o++) {
+        for (int64_t k = 0; k < inner; k++) Wf[o * inner + k] = W[o * inner + k] * sf[o];
+        bf[o] = beta[o] + ((b ? b[o] : 0.0f) - rm[o]) * sf[o];
+      }
+      free(sf);
+      owned[n_owned++] = Wf;
+      owned[n_owned++] = bf;
+      c->nodes[id].param[QT_P_WEIGHT] = add_tensor_copy(c, id, "weight", w, &pending, &n_pending, srcdata, Wf);
+      qt_param bp = {.ndim = 1, .shape = {OC}, .numel = OC};
+      c->nodes[id].param[QT_P_BIAS] = add_tensor_copy(c, id, "bias", &bp, &pending, &n_pending, srcdata, bf);
+    } else {
+      for (int k = 0; k < QT_MAX_PARAMS; k++) {
+        if (n->param[k] >= 0) {
+          const qt_param *t = &p->tensors[n->param[k]];
+          const char *dot = strrchr(t->name, '.');
+          c->nodes[id].param[k] =
+              add_tensor_copy(c, id, dot ? dot + 1 : t->name, t, &pending, &n_pending, srcdata,
+                              qt_graph_tensor_data(p, n->param[k]));
+        }
+        if (n->buffer[k] >= 0) {
+          const qt_param *t = &p->tensors[n->buffer[k]];
+          const char *dot = strrchr(t->name, '.');
+          c->nodes[id].buffer[k] =
+              add_tensor_copy(c, id, dot ? dot + 1 : t->name, t, &pending, &n_pending, srcdata,
+                              qt_graph_tensor_data(p, n->buffer[k]));
+        }
+      }
+    }
+    if (n->wq) {
+      if (!n->wq->calibrated) {
+        snprintf(err, QT_ERR_LEN, "convert: weight quantization of %s has no qparams (calibrate or train first)",
+                 n->name);
+        break;
+      }
+      c->nodes[id].wq = qt_qstate_clone(n->wq);
+      fold_nodes[n_fold] = id;
+      fold_src[n_fold++] = i;
+    }
+  }
+  if (!err[0] && c->error[0]) snprintf(err, QT_ERR_LEN, "convert: %s", c->error);
+  if (!err[0]) {
+    c->output = vmap[p->output];
+    if (qt_graph_alloc(c, err) == 0) {
+      for (int k = 0; k < n_pending; k++)
+        memcpy(qt_graph_tensor_data(c, pending[k]), srcdata[k], (size_t)c->tensors[pending[k]].numel * sizeof(float));
+      for (int k = 0; k < n_fold; k++) {
+        qt_node *m = &c->nodes[fold_nodes[k]];
+        const qt_param *w = &c->tensors[m->param[QT_P_WEIGHT]];
+        quantize_weight(m->wq, qt_graph_tensor_data(c, m->param[QT_P_WEIGHT]), w->numel);
+      }
+    }
+  }
+  for (int k = 0; k < n_owned; k++) free(owned[k]);
+  free(owned);
+  free(vmap);
+  free(pending);
+  free(srcdata);
+  free(fold_nodes);
+  free(fold_src);
+  if (err[0]) {
+    qt_graph_free(c);
+    return NULL;
+  }
+  qt_graph_set_training(c, 0);
+  qt_freeze_bn(c, 1);
+  for (int i = 0; i < c->n_nodes; i++) {
+    if (c->nodes[i].q) c->nodes[i].q->observe = 0;
+    if (c->nodes[i].wq) c->nodes[i].wq->observe = 0;
+  }
+  return c;
+}

@@ -1,0 +1,241 @@
+/* prepare (PTQ: fold BN, then observe; QAT: conv_bn with delayed folding), mode switches. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "qat/qat.h"
+
+typedef struct {
+  int dst, src;       /* tensor ids: new graph <- old graph */
+} tensor_copy;
+
+typedef struct {
+  int w, b;           /* new conv weight and bias tensors */
+  int conv, bn;       /* old nodes */
+} bn_fold;
+
+typedef struct {
+  const qt_graph *g;
+  qt_graph *p;
+  int *vmap;          /* old value -> new value */
+  int *tmap;          /* old tensor -> new tensor */
+  tensor_copy *copies;
+  int n_copies;
+  bn_fold *folds;
+  int n_folds;
+} prep;
+
+static const char *suffix_of(const qt_graph *g, int tensor) {
+  const qt_param *t = &g->tensors[tensor];
+  const char *owner = g->nodes[t->node].name;
+  size_t n = strlen(owner);
+  return strncmp(t->name, owner, n) == 0 && t->name[n] == '.' ? t->name + n + 1 : t->name;
+}
+
+/* Maps an old tensor into the new graph on node `node` (shared tensors map once). */
+static int map_tensor(prep *s, int node, int old, const char *suffix) {
+  if (old < 0) return -1;
+  if (s->tmap[old] >= 0) return s->tmap[old];
+  const qt_param *t = &s->g->tensors[old];
+  int nt = qt_graph_add_tensor(s->p, node, suffix ? suffix : suffix_of(s->g, old), t->ndim, t->shape, t->is_buffer);
+  s->tmap[old] = nt;
+  s->copies[s->n_copies++] = (tensor_copy){nt, old};
+  return nt;
+}
+
+/* Copies node i as is (same op, attributes, parameters). */
+static int copy_node(prep *s, int i) {
+  const qt_node *n = &s->g->nodes[i];
+  int inputs[QT_MAX_INPUTS];
+  for (int k = 0; k < n->n_inputs; k++) inputs[k] = s->vmap[n->inputs[k]];
+  const qt_value *v = &s->g->values[n->output];
+  int id = qt_graph_add_node(s->p, n->op, n->name, inputs, n->n_inputs, &n->attr, v->ndim, v->shape);
+  if (id < 0) return -1;
+  for (int k = 0; k < QT_MAX_PARAMS; k++) {
+    s->p->nodes[id].param[k] = map_tensor(s, id, n->param[k], NULL);
+    s->p->nodes[id].buffer[k] = map_tensor(s, id, n->buffer[k], NULL);
+  }
+  s->p->nodes[id].bn_frozen = n->bn_frozen;
+  s->vmap[n->output] = s->p->nodes[id].output;
+  return id;
+}
+
+static int add_fake_quant(prep *s, int old_value, const qt_qspec *spec, char *err) {
+  char name[QT_NAME_LEN];
+  snprintf(name, sizeof name, "%s.fq", s->g->values[old_value].name);
+  int in = s->vmap[old_value];
+  const qt_value *v = &s->p->values[in];
+  int id = qt_graph_add_node(s->p, QT_OP_FAKE_QUANT, name, &in, 1, NULL, v->ndim, v->shape);
+  if (id < 0) {
+    snprintf(err, QT_ERR_LEN, "prepare: %s", s->p->error);
+    return -1;
+  }
+  s->p->nodes[id].q = qt_qstate_create(spec, 1, err);
+  if (!s->p->nodes[id].q) return -1;
+  s->vmap[old_value] = s->p->nodes[id].output;
+  return 0;
+}
+
+static int attach_weight_quant(prep *s, int new_node, const qt_qspec *spec, int out_channels, char *err) {
+  qt_qspec sp = *spec;
+  s->p->nodes[new_node].wq = qt_qstate_create(&sp, sp.per_channel ? out_channels : 1, err);
+  return s->p->nodes[new_node].wq ? 0 : -1;
+}
+
+qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode mode, char *err) {
+  err[0] = 0;
+  prep s = {.g = g};
+  s.p = qt_graph_create(g->name);
+  s.vmap = malloc((size_t)g->n_values * sizeof(int));
+  s.tmap = malloc((size_t)(g->n_tensors + 1) * sizeof(int));
+  s.copies = malloc((size_t)(g->n_tensors + 1) * sizeof(tensor_copy));
+  s.folds = malloc((size_t)(g->n_nodes + 1) * sizeof(bn_fold));
+  QT_ASSERT(s.vmap && s.tmap && s.copies && s.folds, "out of memory");
+  for (int v = 0; v < g->n_values; v++) s.vmap[v] = -1;
+  for (int t = 0; t < g->n_tensors; t++) s.tmap[t] = -1;
+
+  /* A weight used by two conv->bn chains cannot be folded: each chain would fold it with
+   * its own BN statistics. */
+  for (int i = 0; i < g->n_nodes; i++) {
+    if (g->nodes[i].op != QT_OP_BATCH_NORM || a->unit[i] == i || g->nodes[a->unit[i]].op != QT_OP_CONV2D) continue;
+    int w = g->nodes[a->unit[i]].param[QT_P_WEIGHT];
+    for (int j = i + 1; j < g->n_nodes; j++) {
+      if (g->nodes[j].op != QT_OP_BATCH_NORM || a->unit[j] == j) continue;
+      const qt_node *c2 = &g->nodes[a->unit[j]];
+      if (c2->op == QT_OP_CONV2D && c2->param[QT_P_WEIGHT] == w) {
+        snprintf(err, QT_ERR_LEN,
+                 "prepare: weight %s is shared by two conv->bn chains (%s->%s and %s->%s); folding BN into it "
+                 "would fold it twice with different statistics. Refusing: give each conv its own weight",
+                 g->tensors[w].name, g->nodes[a->unit[i]].name, g->nodes[i].name, c2->name, g->nodes[j].name);
+        goto fail;
+      }
+    }
+  }
+
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    int new_id = -1;
+    if (n->op == QT_OP_BATCH_NORM && a->unit[i] != i && g->nodes[a->unit[i]].op == QT_OP_CONV2D &&
+        (mode == QT_PREPARE_PTQ || a->weight[a->unit[i]])) {
+      /* handled with its conv below */
+      continue;
+    }
+    int bn = -1;
+    if (n->op == QT_OP_CONV2D)
+      for (int j = i + 1; j < g->n_nodes; j++)
+        if (a->unit[j] == i && g->nodes[j].op == QT_OP_BATCH_NORM) bn = j;
+    if (bn >= 0 && (mode == QT_PREPARE_PTQ || a->weight[i])) {
+      const qt_node *b = &g->nodes[bn];
+      const qt_value *v = &g->values[b->output];
+      int in = s.vmap[n->inputs[0]];
+      qt_node_attrs attr = n->attr;
+      attr.eps = b->attr.eps;
+      attr.momentum = b->attr.momentum;
+      if (mode == QT_PREPARE_QAT) {
+        new_id = qt_graph_add_node(s.p, QT_OP_CONV_BN, n->name, &in, 1, &attr, v->ndim, v->shape);
+        if (new_id < 0) break;
+        qt_node *m = &s.p->nodes[new_id];
+        m->param[QT_P_WEIGHT] = map_tensor(&s, new_id, n->param[QT_P_WEIGHT], "weight");
+        m = &s.p->nodes[new_id];
+        m->param[QT_P_BIAS] = map_tensor(&s, new_id, n->param[QT_P_BIAS], "bias");
+        m = &s.p->nodes[new_id];
+        m->param[QT_P_BN_GAMMA] = map_tensor(&s, new_id, b->param[QT_P_GAMMA], "bn.weight");
+        m = &s.p->nodes[new_id];
+        m->param[QT_P_BN_BETA] = map_tensor(&s, new_id, b->param[QT_P_BETA], "bn.bias");
+        m = &s.p->nodes[new_id];
+        m->buffer[QT_B_RUNNING_MEAN] = map_tensor(&s, new_id, b->buffer[QT_B_RUNNING_MEAN], "bn.running_mean");
+        m = &s.p->nodes[new_id];
+        m->buffer[QT_B_RUNNING_VAR] = map_tensor(&s, new_id, b->buffer[QT_B_RUNNING_VAR], "bn.running_var");
+        s.p->nodes[new_id].bn_frozen = b->bn_frozen;
+      } else {
+        /* PTQ: the BN is folded into a conv with bias, right here (DESIGN 3.4). */
+        new_id = qt_graph_add_node(s.p, QT_OP_CONV2D, n->name, &in, 1, &attr, v->ndim, v->shape);
+        if (new_id < 0) break;
+        const qt_param *w = &g->tensors[n->param[QT_P_WEIGHT]];
+        int wt = qt_graph_add_tensor(s.p, new_id, "weight", w->ndim, w->shape, 0);
+        int64_t oc = w->shape[0];
+        int bt = qt_graph_add_tensor(s.p, new_id, "bias", 1, &oc, 0);
+        s.p->nodes[new_id].param[QT_P_WEIGHT] = wt;
+        s.p->nodes[new_id].param[QT_P_BIAS] = bt;
+        s.folds[s.n_folds++] = (bn_fold){wt, bt, i, bn};
+      }
+      if (a->weight[i] && attach_weight_quant(&s, new_id, &a->weight_spec[i], n->attr.out_channels, err)) goto fail;
+      s.vmap[n->output] = s.vmap[b->output] = s.p->nodes[new_id].output;
+      if (a->act[b->output] && add_fake_quant(&s, b->output, &a->act_spec[b->output], err)) goto fail;
+      continue;
+    }
+    if (n->op == QT_OP_INPUT) {
+      const qt_value *v = &g->values[n->output];
+      new_id = qt_graph_add_node(s.p, QT_OP_INPUT, n->name, NULL, 0, NULL, v->ndim, v->shape);
+      if (new_id < 0) break;
+      s.vmap[n->output] = s.p->nodes[new_id].output;
+    } else {
+      new_id = copy_node(&s, i);
+      if (new_id < 0) break;
+      if (a->weight[i] && attach_weight_quant(&s, new_id, &a->weight_spec[i], n->attr.out_channels, err)) goto fail;
+    }
+    if (a->act[n->output] && add_fake_quant(&s, n->output, &a->act_spec[n->output], err)) goto fail;
+  }
+  if (s.p->error[0]) {
+    snprintf(err, QT_ERR_LEN, "prepare: %s", s.p->error);
+    goto fail;
+  }
+  s.p->output = s.vmap[g->output];
+  if (qt_graph_alloc(s.p, err)) goto fail;
+  for (int k = 0; k < s.n_copies; k++)
+    memcpy(qt_graph_tensor_data(s.p, s.copies[k].dst), qt_graph_tensor_data((qt_graph *)g, s.copies[k].src),
+           (size_t)g->tensors[s.copies[k].src].numel * sizeof(float));
+  for (int k = 0; k < s.n_folds; k++) {
+    const bn_fold *f = &s.folds[k];
+    const qt_node *c = &g->nodes[f->conv], *b = &g->nodes[f->bn];
+    qt_graph *gg = (qt_graph *)g;
+    const qt_param *w = &g->tensors[c->param[QT_P_WEIGHT]];
+    const int OC = (int)w->shape[0];
+    const int64_t inner = w->numel / OC;
+    const float *W = qt_graph_tensor_data(gg, c->param[QT_P_WEIGHT]);
+    const float *cb = c->param[QT_P_BIAS] >= 0 ? qt_graph_tensor_data(gg, c->param[QT_P_BIAS]) : NULL;
+    const float *gamma = qt_graph_tensor_data(gg, b->param[QT_P_GAMMA]), *beta = qt_graph_tensor_data(gg, b->param[QT_P_BETA]);
+    const float *rm = qt_graph_tensor_data(gg, b->buffer[QT_B_RUNNING_MEAN]);
+    const float *rv = qt_graph_tensor_data(gg, b->buffer[QT_B_RUNNING_VAR]);
+    float *sf = malloc((size_t)OC * sizeof(float));
+    qt_bn_scale_factor_values(sf, gamma, rv, b->attr.eps, OC);
+    float *Wf = qt_graph_tensor_data(s.p, f->w), *bf = qt_graph_tensor_data(s.p, f->b);
+    for (int o = 0; o < OC; o++) {
+      for (int64_t k2 = 0; k2 < inner; k2++) Wf[o * inner + k2] = W[o * inner + k2] * sf[o];
+      bf[o] = beta[o] + ((cb ? cb[o] : 0.0f) - rm[o]) * sf[o];
+    }
+    free(sf);
+  }
+  free(s.vmap);
+  free(s.tmap);
+  free(s.copies);
+  free(s.folds);
+  qt_graph_set_training(s.p, 1);
+  return s.p;
+fail:
+  if (!err[0] && s.p->error[0]) snprintf(err, QT_ERR_LEN, "prepare: %s", s.p->error);
+  free(s.vmap);
+  free(s.tmap);
+  free(s.copies);
+  free(s.folds);
+  qt_graph_free(s.p);
+  return NULL;
+}
+
+void qt_set_observers(qt_graph *g, int enabled) {
+  for (int i = 0; i < g->n_nodes; i++) {
+    if (g->nodes[i].q) g->nodes[i].q->observe = enabled;
+    if (g->nodes[i].wq) g->nodes[i].wq->observe = enabled;
+  }
+}
+
+void qt_set_fake_quant(qt_graph *g, int enabled) {
+  for (int i = 0; i < g->n_nodes; i++) {
+    if (g->nodes[i].q) g->nodes[i].q->fake_quant = enabled;
+    if (g->nodes[i].wq) g->nodes[i].wq->fake_quant = enabled;
+  }
+}
+
+void qt_freeze_bn(qt_graph *g, int frozen) {
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].op == QT_OP_BATCH_NORM || g->nodes[i].op == QT_OP_CONV_BN) g->nodes[i].bn_frozen = frozen;
+}

@@ -1,0 +1,106 @@
+/* Quantization-aware training passes over the graph IR (DESIGN section 1, 3):
+ *
+ *   fp32 graph --quantizer--> annotations --prepare--> prepared graph (observers, fake quant,
+ *   QAT conv_bn with delayed folding, or PTQ with BN folded) --calibrate | train--> --convert-->
+ *   Q/DQ graph (quantize/dequantize pairs, integer weights, BN folded) --check--> verdict
+ *
+ * The Quantizer is the contract between a model and a backend: it says which edges and
+ * weights are quantized and how. The built-in `onednn` quantizer describes oneDNN's int8
+ * kernels on this CPU: u8 affine activations, s8 per-channel symmetric weights, conv->bn->relu
+ * and linear->relu as units (no quantization inside a unit), max-pool/flatten/relu outputs
+ * sharing their input's qparams, and 7-bit weights when the CPU lacks VNNI (DESIGN 4). */
+#ifndef QT_QAT_H
+#define QT_QAT_H
+
+#include <stdio.h>
+
+#include "nn/nn.h"
+#include "qat/quant.h"
+
+#define QT_MAX_OVERRIDES 64
+
+typedef struct {
+  char name[QT_NAME_LEN];  /* node name (conv/linear) */
+  int fp32;                /* leave the layer in fp32 */
+  int weight_bits;         /* 0 = the default */
+  int activation_bits;     /* 0 = the default (the unit's output) */
+} qt_layer_override;
+
+typedef struct {
+  int weight_bits;                     /* 2..8 */
+  int activation_bits;                 /* 2..8 */
+  qt_observer_kind weight_observer;    /* per channel: minmax or moving_average */
+  qt_observer_kind activation_observer;
+  qt_range_method activation_method;   /* histogram: percentile / mse */
+  float percentile;
+  int has_vnni;                        /* 1: full-range 8-bit weights are exact on this CPU */
+  int n_overrides;
+  qt_layer_override overrides[QT_MAX_OVERRIDES];
+} qt_quantizer_config;
+
+/* Defaults: W8A8, per-channel min-max weights, moving-average activations, VNNI read from
+ * oneDNN's effective ISA. */
+void qt_quantizer_config_default(qt_quantizer_config *c);
+/* Whether oneDNN's effective ISA on this CPU has VNNI (u8 x s8 dot products without 16-bit
+ * saturation). */
+int qt_cpu_has_vnni(void);
+/* Parses "conv1=fp32;fc1=w4a8;fc2=w8" into overrides. */
+int qt_parse_overrides(qt_quantizer_config *c, const char *text, char *err);
+
+/* The Quantizer's output: per value, whether it is quantized (and how) or shares another
+ * value's qparams; per node, the weight spec; per node, the unit it belongs to. */
+typedef struct {
+  int n_values, n_nodes;
+  int *act;          /* per value: 1 = a quantization point */
+  qt_qspec *act_spec;
+  int *share;        /* per value: value whose qparams it shares, or -1 */
+  int *weight;       /* per node: 1 = weight quantized */
+  qt_qspec *weight_spec;
+  int *unit;         /* per node: id of the first node of its unit (itself if alone) */
+} qt_annotations;
+
+int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_annotations *out, char *err);
+void qt_annotations_free(qt_annotations *a);
+/* One line per quantization point and weight, for humans and the run's report. */
+void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f);
+
+/* ---- prepare ------------------------------------------------------------------------------ */
+typedef enum { QT_PREPARE_PTQ, QT_PREPARE_QAT } qt_prepare_mode;
+
+/* A new graph with fake-quant nodes at the annotated points and weight quantization on the
+ * annotated layers. PTQ folds each conv->bn into the conv (weights and a bias) first; QAT
+ * turns each conv->bn into a conv_bn node (delayed folding, DESIGN 3.4). Parameters, buffers
+ * and names are carried over (conv_bn's BN tensors are "<conv>.bn.weight" etc.). A weight
+ * shared by two conv->bn chains is refused. */
+qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode mode, char *err);
+
+/* Mode switches (DESIGN 3.5): observers on/off, fake quant on/off, BN statistics frozen. */
+void qt_set_observers(qt_graph *g, int enabled);
+void qt_set_fake_quant(qt_graph *g, int enabled);
+void qt_freeze_bn(qt_graph *g, int frozen);
+
+/* ---- convert ------------------------------------------------------------------------------ */
+/* The Q/DQ graph: each fake quant becomes quantize -> dequantize with the same qparams
+ * (named "<fq>.quantize", "<fq>.dequantize"); conv_bn becomes a conv2d with the folded weight
+ * W * sf and bias beta + (b - running_mean) * sf; every quantized weight is stored as
+ * integers with its scales (the float weight it quantized is kept in the slab for audits). */
+qt_graph *qt_convert(const qt_graph *prepared, char *err);
+
+/* ---- the consistency check ----------------------------------------------------------------- */
+typedef struct {
+  int ok;
+  int n_checked_points, n_checked_weights;
+  double max_lsb;             /* largest output difference, in LSB, over all Q/DQ points */
+  int64_t tie_mismatches;     /* 1-LSB differences explained by a rounding tie */
+  char reason[4096];          /* first failures, one per line: node and reason */
+} qt_check_report;
+
+/* Structural and numerical comparison of the eval-mode training graph with the convert graph
+ * on `batch` (N, H, W, C). Both graphs are put in eval mode. */
+int qt_check(qt_graph *trained, qt_graph *converted, const float *batch, int n, qt_check_report *r, char *err);
+
+/* ---- the Q/DQ graph file (HDF5, docs/qdq_format.md) ----------------------------------------- */
+int qt_qdq_save(const char *path, const qt_graph *g, char *err);
+qt_graph *qt_qdq_load(const char *path, char *err);
+
+#endif

@@ -1,0 +1,265 @@
+/* The built-in `onednn` Quantizer: annotations describing oneDNN's int8 kernels. */
+#include <oneapi/dnnl/dnnl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qat/qat.h"
+
+int qt_cpu_has_vnni(void) {
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  return (isa & dnnl_cpu_isa_avx512_core_vnni) == dnnl_cpu_isa_avx512_core_vnni ||
+         (isa & dnnl_cpu_isa_avx2_vnni) == dnnl_cpu_isa_avx2_vnni;
+}
+
+void qt_quantizer_config_default(qt_quantizer_config *c) {
+  memset(c, 0, sizeof *c);
+  c->weight_bits = 8;
+  c->activation_bits = 8;
+  c->weight_observer = QT_OBSERVER_MINMAX;
+  c->activation_observer = QT_OBSERVER_MOVING_AVERAGE;
+  c->activation_method = QT_RANGE_MINMAX;
+  c->percentile = 99.99f;
+  c->has_vnni = qt_cpu_has_vnni();
+}
+
+int qt_parse_overrides(qt_quantizer_config *c, const char *text, char *err) {
+  c->n_overrides = 0;
+  const char *p = text;
+  while (*p) {
+    while (*p == ' ' || *p == ';' || *p == ',') p++;
+    if (!*p) break;
+    const char *end = p;
+    while (*end && *end != ';' && *end != ',') end++;
+    char item[128];
+    size_t len = (size_t)(end - p);
+    if (len >= sizeof item) len = sizeof item - 1;
+    memcpy(item, p, len);
+    item[len] = 0;
+    while (len && item[len - 1] == ' ') item[--len] = 0;
+    char *eq = strchr(item, '=');
+    if (!eq || eq == item || !eq[1]) {
+      snprintf(err, QT_ERR_LEN, "quant.layer_overrides: '%s' is not NODE=fp32 or NODE=wNaM (e.g. fc2=fp32;conv1=w8a8)",
+               item);
+      return -1;
+    }
+    *eq = 0;
+    if (c->n_overrides == QT_MAX_OVERRIDES) {
+      snprintf(err, QT_ERR_LEN, "quant.layer_overrides: more than %d entries", QT_MAX_OVERRIDES);
+      return -1;
+    }
+    qt_layer_override *o = &c->overrides[c->n_overrides];
+    memset(o, 0, sizeof *o);
+    snprintf(o->name, sizeof o->name, "%s", item);
+    const char *v = eq + 1;
+    if (strcmp(v, "fp32") == 0) {
+      o->fp32 = 1;
+    } else {
+      int w = 0, a = 0, n = 0;
+      if (sscanf(v, "w%da%d%n", &w, &a, &n) == 2 && v[n] == 0) {
+      } else if (sscanf(v, "w%d%n", &w, &n) == 1 && v[n] == 0) {
+        a = 0;
+      } else if (sscanf(v, "a%d%n", &a, &n) == 1 && v[n] == 0) {
+        w = 0;
+      } else {
+        snprintf(err, QT_ERR_LEN, "quant.layer_overrides: '%s=%s': expected fp32, wNaM, wN or aM with N, M in 2..8",
+                 item, v);
+        return -1;
+      }
+      if ((w && (w < 2 || w > 8)) || (a && (a < 2 || a > 8))) {
+        snprintf(err, QT_ERR_LEN, "quant.layer_overrides: '%s=%s': bit widths must lie in 2..8", item, v);
+        return -1;
+      }
+      o->weight_bits = w;
+      o->activation_bits = a;
+    }
+    c->n_overrides++;
+    p = end;
+  }
+  return 0;
+}
+
+static const qt_layer_override *find_override(const qt_quantizer_config *c, const char *name) {
+  for (int i = 0; i < c->n_overrides; i++)
+    if (strcmp(c->overrides[i].name, name) == 0) return &c->overrides[i];
+  return NULL;
+}
+
+static qt_qspec act_spec(const qt_quantizer_config *c, int bits) {
+  qt_qspec s;
+  memset(&s, 0, sizeof s);
+  s.bits = bits;
+  s.is_signed = 0;
+  s.symmetric = 0;
+  s.per_channel = 0;
+  qt_qrange(bits, 0, &s.qmin, &s.qmax);
+  s.observer = c->activation_observer;
+  s.method = c->activation_method;
+  s.percentile = c->percentile;
+  return s;
+}
+
+static qt_qspec weight_spec(const qt_quantizer_config *c, int bits) {
+  qt_qspec s;
+  memset(&s, 0, sizeof s);
+  s.bits = bits;
+  s.is_signed = 1;
+  s.symmetric = 1;
+  s.per_channel = 1;
+  qt_qrange(bits, 1, &s.qmin, &s.qmax);
+  if (bits == 8 && !c->has_vnni) {
+    /* DESIGN 4: without VNNI, u8 x s8 pairs saturate a 16-bit accumulator; weights in
+     * [-64, 63] keep oneDNN's int8 kernels exact. */
+    s.bits = 7;
+    qt_qrange(7, 1, &s.qmin, &s.qmax);
+  }
+  s.observer = c->weight_observer;
+  s.method = QT_RANGE_MINMAX;
+  return s;
+}
+
+/* The only consumer of value v, or -1. */
+static int sole_consumer(const qt_graph *g, int v) {
+  if (g->values[v].consumers != 1 || v == g->output) return -1;
+  for (int i = 0; i < g->n_nodes; i++)
+    for (int k = 0; k < g->nodes[i].n_inputs; k++)
+      if (g->nodes[i].inputs[k] == v) return i;
+  return -1;
+}
+
+/* Whether v is a quantization point or shares one's qparams. */
+static int quantized_value(const qt_annotations *a, int v) {
+  for (int hops = 0; v >= 0 && hops < 1000; hops++) {
+    if (a->act[v]) return 1;
+    v = a->share[v];
+  }
+  return 0;
+}
+
+int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_annotations *out, char *err) {
+  memset(out, 0, sizeof *out);
+  if (cfg->weight_bits < 2 || cfg->weight_bits > 8 || cfg->activation_bits < 2 || cfg->activation_bits > 8) {
+    snprintf(err, QT_ERR_LEN, "quantizer onednn: bit widths W%d A%d outside 2..8", cfg->weight_bits,
+             cfg->activation_bits);
+    return -1;
+  }
+  for (int i = 0; i < cfg->n_overrides; i++)
+    if (qt_graph_find_node(g, cfg->overrides[i].name) < 0) {
+      snprintf(err, QT_ERR_LEN, "quant.layer_overrides: no node named '%s' in model %s", cfg->overrides[i].name,
+               g->name);
+      return -1;
+    }
+  out->n_values = g->n_values;
+  out->n_nodes = g->n_nodes;
+  out->act = calloc((size_t)g->n_values, sizeof(int));
+  out->act_spec = calloc((size_t)g->n_values, sizeof(qt_qspec));
+  out->share = malloc((size_t)g->n_values * sizeof(int));
+  out->weight = calloc((size_t)g->n_nodes, sizeof(int));
+  out->weight_spec = calloc((size_t)g->n_nodes, sizeof(qt_qspec));
+  out->unit = malloc((size_t)g->n_nodes * sizeof(int));
+  QT_ASSERT(out->act && out->act_spec && out->share && out->weight && out->weight_spec && out->unit, "out of memory");
+  for (int v = 0; v < g->n_values; v++) out->share[v] = -1;
+  for (int i = 0; i < g->n_nodes; i++) out->unit[i] = i;
+
+  /* Units: conv -> bn -> relu, conv -> relu, linear -> relu, add -> relu. */
+  int *last = malloc((size_t)g->n_nodes * sizeof(int)); /* last node of the unit headed here */
+  int *quantized_unit = calloc((size_t)g->n_nodes, sizeof(int));
+  for (int i = 0; i < g->n_nodes; i++) last[i] = i;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    if (out->unit[i] != i) continue;
+    int tail = i;
+    if (n->op == QT_OP_CONV2D) {
+      int c = sole_consumer(g, n->output);
+      if (c >= 0 && g->nodes[c].op == QT_OP_BATCH_NORM) {
+        out->unit[c] = i;
+        tail = c;
+      }
+    }
+    if (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD) {
+      int c = sole_consumer(g, g->nodes[tail].output);
+      if (c >= 0 && g->nodes[c].op == QT_OP_RELU) {
+        out->unit[c] = i;
+        tail = c;
+      }
+    }
+    last[i] = tail;
+    const qt_layer_override *o = find_override(cfg, n->name);
+    int fp32 = o && o->fp32;
+    if ((n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) && !fp32) {
+      out->weight[i] = 1;
+      out->weight_spec[i] = weight_spec(cfg, o && o->weight_bits ? o->weight_bits : cfg->weight_bits);
+    }
+    if (!fp32 && (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD ||
+                  n->op == QT_OP_AVG_POOL2D || n->op == QT_OP_GLOBAL_AVG_POOL))
+      quantized_unit[i] = 1;
+  }
+  /* Unit outputs are quantization points; pass-through ops share their input's qparams. */
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    if (out->unit[i] != i) continue;
+    if (quantized_unit[i]) {
+      const qt_layer_override *o = find_override(cfg, n->name);
+      int v = g->nodes[last[i]].output;
+      out->act[v] = 1;
+      out->act_spec[v] = act_spec(cfg, o && o->activation_bits ? o->activation_bits : cfg->activation_bits);
+    } else if ((n->op == QT_OP_MAX_POOL2D || n->op == QT_OP_FLATTEN || n->op == QT_OP_RELU) &&
+               quantized_value(out, n->inputs[0])) {
+      out->share[n->output] = n->inputs[0];
+    }
+  }
+  /* The inputs of quantized units must be quantized: annotate those that are not (the graph
+   * input, the output of an fp32 layer). */
+  for (int i = 0; i < g->n_nodes; i++) {
+    if (!quantized_unit[i]) continue;
+    const qt_node *n = &g->nodes[i];
+    for (int k = 0; k < n->n_inputs; k++) {
+      int v = n->inputs[k];
+      if (quantized_value(out, v)) continue;
+      out->act[v] = 1;
+      out->act_spec[v] = act_spec(cfg, cfg->activation_bits);
+      /* pass-through ops after it now share it */
+      for (int j = 0; j < g->n_nodes; j++) {
+        const qt_node *m = &g->nodes[j];
+        if ((m->op == QT_OP_MAX_POOL2D || m->op == QT_OP_FLATTEN || m->op == QT_OP_RELU) && out->unit[j] == j &&
+            out->share[m->output] < 0 && quantized_value(out, m->inputs[0]) && !out->act[m->output])
+          out->share[m->output] = m->inputs[0];
+      }
+    }
+  }
+  free(last);
+  free(quantized_unit);
+  return 0;
+}
+
+void qt_annotations_free(qt_annotations *a) {
+  free(a->act);
+  free(a->act_spec);
+  free(a->share);
+  free(a->weight);
+  free(a->weight_spec);
+  free(a->unit);
+  memset(a, 0, sizeof *a);
+}
+
+static void spec_str(const qt_qspec *s, char *buf, size_t n) {
+  snprintf(buf, n, "%s%d [%d, %d] %s%s, %s", s->is_signed ? "s" : "u", s->bits, s->qmin, s->qmax,
+           s->symmetric ? "symmetric" : "affine", s->per_channel ? " per-channel" : " per-tensor",
+           qt_observer_kind_name(s->observer));
+}
+
+void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f) {
+  char buf[160];
+  for (int v = 0; v < a->n_values; v++) {
+    if (a->act[v]) {
+      spec_str(&a->act_spec[v], buf, sizeof buf);
+      fprintf(f, "  activation %-16s %s\n", g->values[v].name, buf);
+    } else if (a->share[v] >= 0) {
+      fprintf(f, "  activation %-16s shares %s\n", g->values[v].name, g->values[a->share[v]].name);
+    }
+  }
+  for (int i = 0; i < a->n_nodes; i++)
+    if (a->weight[i]) {
+      spec_str(&a->weight_spec[i], buf, sizeof buf);
+      fprintf(f, "  weight     %-16s %s\n", g->nodes[i].name, buf);
+    }
+}

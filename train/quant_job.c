@@ -1,0 +1,181 @@
+/* The quantization half of the training job: obtain the fp32 model, prepare (PTQ/QAT),
+ * calibrate, and after training convert, save, reload, evaluate and check. */
+#include <libgen.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "qat/qat.h"
+#include "train/quant_job.h"
+
+int qt_quant_obtain_fp32(const qt_config *cfg, qt_graph *g, int verbose, char *err) {
+  const char *ck = qt_config_string(cfg, "quant", "fp32_checkpoint");
+  if (!ck[0]) {
+    if (verbose) fprintf(stderr, "quant: no quant.fp32_checkpoint: quantizing from the initialization\n");
+    return 0;
+  }
+  if (access(ck, F_OK) != 0) {
+    const char *fc = qt_config_string(cfg, "quant", "fp32_config");
+    if (!fc[0]) {
+      snprintf(err, QT_ERR_LEN, "quant.fp32_checkpoint '%s' does not exist (set quant.fp32_config to train it first)",
+               ck);
+      return -1;
+    }
+    char dirbuf[4096], expect[4200];
+    snprintf(dirbuf, sizeof dirbuf, "%s", ck);
+    const char *dir = dirname(dirbuf);
+    snprintf(expect, sizeof expect, "%s/checkpoint.h5", dir);
+    const char *base = strrchr(ck, '/') ? strrchr(ck, '/') + 1 : ck;
+    if (strcmp(base, "checkpoint.h5") != 0) {
+      snprintf(err, QT_ERR_LEN, "quant.fp32_checkpoint '%s': to train it from quant.fp32_config it must be named "
+                                "<output dir>/checkpoint.h5", ck);
+      return -1;
+    }
+    if (verbose) fprintf(stderr, "quant: %s does not exist yet: training it with %s first\n", ck, fc);
+    qt_config *sub = qt_train_config_create();
+    int rc = qt_config_load_file(sub, fc, err);
+    /* the same data, threads and terminal as this run; the fp32 recipe from its config */
+    int n;
+    const qt_cfg_key *schema = qt_train_schema(&n);
+    for (int i = 0; i < n && !rc; i++)
+      if (strcmp(schema[i].section, "data") == 0)
+        rc = qt_config_set(sub, "data", schema[i].key, qt_config_value(cfg, "data", schema[i].key), err);
+    if (!rc) rc = qt_config_set(sub, "train", "threads", qt_config_value(cfg, "train", "threads"), err);
+    if (!rc) rc = qt_config_set(sub, "output", "progress", qt_config_value(cfg, "output", "progress"), err);
+    if (!rc) rc = qt_config_set(sub, "output", "dir", dir, err);
+    if (!rc && strcmp(qt_config_string(sub, "quant", "mode"), "none") != 0) {
+      snprintf(err, QT_ERR_LEN, "quant.fp32_config '%s' is itself a quantized run (quant.mode = %s)", fc,
+               qt_config_string(sub, "quant", "mode"));
+      rc = -1;
+    }
+    if (!rc) rc = qt_train_run(sub, err);
+    qt_config_free(sub);
+    if (rc) return -1;
+  }
+  qt_checkpoint_meta meta;
+  if (qt_checkpoint_load(ck, g, NULL, &meta, err)) return -1;
+  free(meta.config_ini);
+  if (verbose) fprintf(stderr, "quant: starting from %s (%d fp32 epochs)\n", ck, meta.epoch);
+  return 0;
+}
+
+
+
+qt_graph *qt_quant_prepare(const qt_config *cfg, const qt_graph *g, FILE *report, char *err) {
+  qt_quantizer_config qc;
+  qt_quantizer_config_default(&qc);
+  const char *mode = qt_config_string(cfg, "quant", "mode");
+  int qat = strcmp(mode, "qat") == 0;
+  qc.weight_bits = qt_config_int(cfg, "quant", "weight_bits");
+  qc.activation_bits = qt_config_int(cfg, "quant", "activation_bits");
+  const char *isa = qt_config_string(cfg, "quant", "isa");
+  if (strcmp(isa, "vnni") == 0) qc.has_vnni = 1;
+  if (strcmp(isa, "no_vnni") == 0) qc.has_vnni = 0;
+  const char *wo = qt_config_string(cfg, "quant", "weight_observer");
+  if (strcmp(wo, "auto") == 0) wo = qat ? "moving_average" : "minmax";
+
+  if (qt_observer_kind_parse(wo, &qc.weight_observer) ||
+      qt_observer_kind_parse(qt_config_string(cfg, "quant", "activation_observer"), &qc.activation_observer) ||
+      qt_range_method_parse(qt_config_string(cfg, "quant", "activation_range"), &qc.activation_method)) {
+    snprintf(err, QT_ERR_LEN, "quant: unknown observer or range method");
+    return NULL;
+  }
+  qc.percentile = (float)qt_config_float(cfg, "quant", "percentile");
+  if (qt_parse_overrides(&qc, qt_config_string(cfg, "quant", "layer_overrides"), err)) return NULL;
+  qt_annotations ann;
+  if (qt_quantizer_onednn(g, &qc, &ann, err)) return NULL;
+  if (report) {
+    fprintf(report, "quantizer onednn (W%d A%d, %s):\n", qc.weight_bits, qc.activation_bits,
+            qc.has_vnni ? "VNNI: full-range 8-bit weights" : "no VNNI: 8-bit weights restricted to 7 bits");
+    qt_annotations_print(g, &ann, report);
+  }
+  qt_graph *p = qt_prepare(g, &ann, qat ? QT_PREPARE_QAT : QT_PREPARE_PTQ, err);
+  qt_annotations_free(&ann);
+  return p;
+}
+
+void qt_calibration_mode(qt_graph *p) {
+  qt_graph_set_training(p, 0);
+  for (int i = 0; i < p->n_nodes; i++)
+    if (p->nodes[i].q || p->nodes[i].wq) p->nodes[i].training = 1; /* observers run, BN stays in eval */
+  qt_set_observers(p, 1);
+  qt_set_fake_quant(p, 0);
+}
+
+int qt_quant_calibrate(const qt_config *cfg, qt_graph *p, const qt_dataset *train, const qt_loader_config *lc,
+                       qt_ctx *ctx, int verbose, char *err) {
+  int batches = qt_config_int(cfg, "quant", "calibration_batches");
+  qt_loader *l = qt_loader_create(train, lc, err);
+  if (!l) return -1;
+  qt_calibration_mode(p);
+  qt_ctx_set_grad(ctx, 0);
+  qt_loader_start_epoch(l, 0);
+  const float *images;
+  const int32_t *labels;
+  int B, done = 0, rc = 0;
+  while (done < batches && (B = qt_loader_next(l, &images, &labels)) > 0) {
+    qt_ctx_reset(ctx);
+    int64_t shape[4] = {B, train->h, train->w, train->c};
+    if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)images))) {
+      snprintf(err, QT_ERR_LEN, "calibration batch %d: %s", done + 1, p->error);
+      rc = -1;
+      break;
+    }
+    done++;
+  }
+  qt_ctx_reset(ctx);
+  qt_ctx_set_grad(ctx, 1);
+  qt_loader_free(l);
+  qt_set_observers(p, 0);
+  qt_set_fake_quant(p, 1);
+  qt_graph_set_training(p, 1);
+  if (!rc && verbose) fprintf(stderr, "quant: calibrated on %d batches\n", done);
+  return rc;
+}
+
+int qt_quant_finish(const qt_config *cfg, qt_graph *p, const qt_dataset *test, const qt_loader_config *ec,
+                    qt_ctx *ctx, const char *dir, qt_quant_result *res, int verbose, char *err) {
+  memset(res, 0, sizeof *res);
+  if (qt_evaluate(p, ctx, test, ec, &res->fake_quant, err)) return -1;
+  qt_graph *c = qt_convert(p, err);
+  if (!c) return -1;
+  snprintf(res->qdq_path, sizeof res->qdq_path, "%s/model_qdq.h5", dir);
+  int rc = qt_qdq_save(res->qdq_path, c, err);
+  qt_graph_free(c);
+  if (rc) return -1;
+  /* Everything downstream uses the file, as a deployment tool would. */
+  qt_graph *loaded = qt_qdq_load(res->qdq_path, err);
+  if (!loaded) return -1;
+  rc = qt_evaluate(loaded, ctx, test, ec, &res->qdq, err);
+  qt_graph_set_training(loaded, 0);
+  if (!rc) {
+    int n = qt_config_int(cfg, "quant", "check_batch");
+    if (n > test->n) n = (int)test->n;
+    qt_loader_config lc = *ec;
+    lc.batch_size = n;
+    lc.shuffle = 0;
+    qt_loader *l = qt_loader_create(test, &lc, err);
+    if (!l) {
+      rc = -1;
+    } else {
+      const float *images;
+      const int32_t *labels;
+      qt_loader_start_epoch(l, 0);
+      int B = qt_loader_next(l, &images, &labels);
+      rc = qt_check(p, loaded, images, B, &res->check, err);
+      qt_loader_free(l);
+    }
+  }
+  qt_graph_free(loaded);
+  if (!rc && verbose) {
+    fprintf(stderr, "quant: fake-quant %.2f%%, Q/DQ graph %.2f%% (%s)\n", 100 * res->fake_quant.accuracy,
+            100 * res->qdq.accuracy, res->qdq_path);
+    fprintf(stderr, "check (training graph = convert graph): %s; %d quantization points, %d weights, max %.1f LSB, "
+                    "%lld tie flips\n%s",
+            res->check.ok ? "PASS" : "FAIL", res->check.n_checked_points, res->check.n_checked_weights,
+            res->check.max_lsb, (long long)res->check.tie_mismatches, res->check.reason);
+  }
+
+  return rc;
+}
