@@ -1,0 +1,276 @@
+/* Helpers shared by the Q/DQ file tests: a small hand-built convert graph (input 8x8x3 ->
+ * Q/DQ -> conv2d with per-channel int weights + bias -> relu -> Q/DQ -> max_pool -> flatten ->
+ * linear with int weights -> Q/DQ), a graph using every fp32 op, a field-by-field graph
+ * comparison and a forward pass into a malloc'ed copy. Header-only: each test is one program. */
+#ifndef QT_QDQ_COMMON_H
+#define QT_QDQ_COMMON_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qat/qat.h"
+#include "tests/common/testutil.h"
+
+static inline qt_qspec qdq_spec(int bits, int is_signed, int qmin, int qmax, int symmetric, int per_channel) {
+  qt_qspec s;
+  memset(&s, 0, sizeof s);
+  s.bits = bits;
+  s.is_signed = is_signed;
+  s.qmin = qmin;
+  s.qmax = qmax;
+  s.symmetric = symmetric;
+  s.per_channel = per_channel;
+  s.observer = per_channel ? QT_OBSERVER_MINMAX : QT_OBSERVER_MOVING_AVERAGE;
+  s.method = QT_RANGE_MINMAX;
+  return s;
+}
+
+static inline qt_qstate *qdq_act_state(float scale, int zp) {
+  char err[QT_ERR_LEN];
+  qt_qspec s = qdq_spec(8, 0, 0, 255, 0, 0);
+  qt_qstate *q = qt_qstate_create(&s, 1, err);
+  QT_ASSERT(q, "%s", err);
+  q->scale[0] = scale;
+  q->zero_point[0] = zp;
+  q->calibrated = 1;
+  q->observe = 0;
+  return q;
+}
+
+/* Weight quantization of node n with spec s: per-channel symmetric scales from max |w|, then
+ * the integer weights (convert's job, done by hand here). */
+static inline void qdq_quantize_weight(qt_graph *g, int node, const qt_qspec *s) {
+  char err[QT_ERR_LEN];
+  qt_node *n = &g->nodes[node];
+  const qt_param *w = &g->tensors[n->param[QT_P_WEIGHT]];
+  const int ch = s->per_channel ? (int)w->shape[0] : 1;
+  const int64_t inner = w->numel / ch;
+  qt_qstate_free(n->wq);
+  n->wq = qt_qstate_create(s, ch, err);
+  QT_ASSERT(n->wq, "%s", err);
+  const float *wd = qt_graph_tensor_data(g, n->param[QT_P_WEIGHT]);
+  for (int c = 0; c < ch; c++) {
+    float m = 0;
+    for (int64_t k = 0; k < inner; k++) m = fmaxf(m, fabsf(wd[c * inner + k]));
+    n->wq->scale[c] = fmaxf(m, 1e-6f) / (float)(s->symmetric ? s->qmax : (s->qmax - s->qmin));
+    n->wq->zero_point[c] = s->symmetric ? 0 : (s->qmin + s->qmax + 1) / 2;
+  }
+  n->wq->n_qweight = w->numel;
+  n->wq->qweight = malloc((size_t)w->numel * sizeof(int32_t));
+  qt_quantize(n->wq->qweight, wd, 1, ch, inner, n->wq->scale, n->wq->zero_point, s->qmin, s->qmax);
+  n->wq->calibrated = 1;
+  n->wq->observe = 0;
+}
+
+/* Appends quantize -> dequantize after value x; returns the dequantized value. */
+static inline int qdq_pair(qt_graph *g, const char *prefix, int x, float scale, int zp) {
+  char name[QT_NAME_LEN];
+  const qt_value *v = &g->values[x];
+  int nd = v->ndim;
+  int64_t shape[3] = {v->shape[0], v->shape[1], v->shape[2]};
+  snprintf(name, sizeof name, "%s.quantize", prefix);
+  int qn = qt_graph_add_node(g, QT_OP_QUANTIZE, name, &x, 1, NULL, nd, shape);
+  QT_ASSERT(qn >= 0, "%s", g->error);
+  g->nodes[qn].q = qdq_act_state(scale, zp);
+  int qv = g->nodes[qn].output;
+  snprintf(name, sizeof name, "%s.dequantize", prefix);
+  int dn = qt_graph_add_node(g, QT_OP_DEQUANTIZE, name, &qv, 1, NULL, nd, shape);
+  QT_ASSERT(dn >= 0, "%s", g->error);
+  g->nodes[dn].q = qdq_act_state(scale, zp);
+  return g->nodes[dn].output;
+}
+
+static inline void qdq_fill_params(qt_graph *g, uint64_t seed) {
+  for (int t = 0; t < g->n_tensors; t++) {
+    qt_param *p = &g->tensors[t];
+    float *d = qt_graph_tensor_data(g, t);
+    if (strstr(p->name, "running_var")) qt_test_fill_uniform(d, p->numel, 0.5f, 1.5f, seed + (uint64_t)t);
+    else qt_test_fill_uniform(d, p->numel, -0.5f, 0.5f, seed + (uint64_t)t);
+  }
+}
+
+/* The brief's graph. Node 3 is conv1. linear_spec NULL: 4-bit signed symmetric. */
+static inline qt_graph *qdq_small_graph(const qt_qspec *linear_spec) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("qdq_small");
+  int x = qt_graph_input(g, "input", 8, 8, 3);
+  x = qdq_pair(g, "input", x, 2.0f / 255.0f, 128);
+  x = qt_graph_conv2d(g, "conv1", x, 4, 3, 1, 1, 1, 1);
+  x = qt_graph_relu(g, "relu1", x);
+  x = qdq_pair(g, "relu1", x, 0.01f, 0);
+  x = qt_graph_max_pool2d(g, "pool1", x, 2, 2, 0);
+  x = qt_graph_flatten(g, "flatten", x);
+  x = qt_graph_linear(g, "fc", x, 10, 1);
+  x = qdq_pair(g, "fc", x, 0.02f, 128);
+  QT_ASSERT(qt_graph_finalize(g, x, err) == 0, "%s", err);
+  qdq_fill_params(g, 11);
+  qt_qspec cs = qdq_spec(8, 1, -64, 63, 1, 1); /* 7-bit weights for a non-VNNI CPU */
+  qt_qspec ls = linear_spec ? *linear_spec : qdq_spec(4, 1, -8, 7, 1, 1);
+  qdq_quantize_weight(g, qt_graph_find_node(g, "conv1"), &cs);
+  qdq_quantize_weight(g, qt_graph_find_node(g, "fc"), &ls);
+  qt_graph_set_training(g, 0);
+  return g;
+}
+
+/* Every fp32 op: conv -> batch_norm -> relu -> avg_pool -> (1x1 conv) + add -> global_avg_pool
+ * -> Q/DQ -> linear, with a grouped conv and frozen BN. */
+static inline qt_graph *qdq_all_ops_graph(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("qdq_all_ops");
+  int x = qt_graph_input(g, "image", 9, 9, 4);
+  int c = qt_graph_conv2d(g, "conv_a", x, 8, 3, 2, 1, 2, 0);
+  c = qt_graph_batch_norm(g, "bn_a", c);
+  c = qt_graph_relu(g, "relu_a", c);
+  int p = qt_graph_avg_pool2d(g, "avg", c, 3, 1, 1);
+  int s = qt_graph_conv2d(g, "conv_b", p, 8, 1, 1, 0, 1, 1);
+  int a = qt_graph_add(g, "residual", p, s);
+  int gp = qt_graph_global_avg_pool(g, "gap", a);
+  gp = qdq_pair(g, "gap", gp, 0.05f, 3);
+  int y = qt_graph_linear(g, "head", gp, 5, 1);
+  QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
+  qdq_fill_params(g, 5);
+  qt_qspec hs = qdq_spec(8, 1, -128, 127, 1, 1);
+  qdq_quantize_weight(g, qt_graph_find_node(g, "head"), &hs);
+  qt_freeze_bn(g, 1);
+  qt_graph_set_training(g, 0);
+  return g;
+}
+
+static inline int qdq_same_qstate(const char *what, const qt_qstate *a, const qt_qstate *b) {
+  if (!a || !b) {
+    if (a != b) qt_test_fail("%s: one graph has the record, the other not", what);
+    return a == b;
+  }
+  const qt_qspec *x = &a->spec, *y = &b->spec;
+  if (x->bits != y->bits || x->qmin != y->qmin || x->qmax != y->qmax || x->is_signed != y->is_signed ||
+      x->symmetric != y->symmetric || x->per_channel != y->per_channel || x->observer != y->observer ||
+      x->method != y->method || memcmp(&x->percentile, &y->percentile, sizeof(float)) != 0) {
+    qt_test_fail("%s: specs differ (bits %d/%d, qmin %d/%d, qmax %d/%d)", what, x->bits, y->bits, x->qmin, y->qmin,
+                 x->qmax, y->qmax);
+    return 0;
+  }
+  if (a->channels != b->channels || memcmp(a->scale, b->scale, (size_t)a->channels * sizeof(float)) != 0 ||
+      memcmp(a->zero_point, b->zero_point, (size_t)a->channels * sizeof(int32_t)) != 0) {
+    qt_test_fail("%s: channels/scale/zero_point differ", what);
+    return 0;
+  }
+  if (a->calibrated != b->calibrated || a->observe != b->observe || a->fake_quant != b->fake_quant) {
+    qt_test_fail("%s: flags differ (calibrated %d/%d observe %d/%d fake_quant %d/%d)", what, a->calibrated,
+                 b->calibrated, a->observe, b->observe, a->fake_quant, b->fake_quant);
+    return 0;
+  }
+  if (a->n_qweight != b->n_qweight || (a->qweight == NULL) != (b->qweight == NULL) ||
+      (a->qweight && memcmp(a->qweight, b->qweight, (size_t)a->n_qweight * sizeof(int32_t)) != 0)) {
+    qt_test_fail("%s: integer weights differ", what);
+    return 0;
+  }
+  return 1;
+}
+
+/* Field-by-field equality; reports the first difference under `what`. */
+static inline int qdq_same_graph(const char *what, const qt_graph *a, const qt_graph *b) {
+  if (strcmp(a->name, b->name) || a->n_nodes != b->n_nodes || a->n_values != b->n_values ||
+      a->n_tensors != b->n_tensors || a->input != b->input || a->output != b->output) {
+    qt_test_fail("%s: graph header differs ('%s'/'%s', %d/%d nodes, %d/%d values, %d/%d tensors)", what, a->name,
+                 b->name, a->n_nodes, b->n_nodes, a->n_values, b->n_values, a->n_tensors, b->n_tensors);
+    return 0;
+  }
+  char w[256];
+  for (int i = 0; i < a->n_nodes; i++) {
+    const qt_node *x = &a->nodes[i], *y = &b->nodes[i];
+    snprintf(w, sizeof w, "%s: node %d '%s'", what, i, x->name);
+    if (x->op != y->op || strcmp(x->name, y->name) || x->n_inputs != y->n_inputs || x->output != y->output ||
+        memcmp(x->inputs, y->inputs, (size_t)x->n_inputs * sizeof(int)) ||
+        memcmp(&x->attr, &y->attr, sizeof x->attr) || memcmp(x->param, y->param, sizeof x->param) ||
+        memcmp(x->buffer, y->buffer, sizeof x->buffer) || x->bn_frozen != y->bn_frozen || x->training != y->training) {
+      qt_test_fail("%s: op, name, ids, attributes, slots or mode differ", w);
+      return 0;
+    }
+    char wq[300];
+    snprintf(wq, sizeof wq, "%s activation", w);
+    if (!qdq_same_qstate(wq, x->q, y->q)) return 0;
+    snprintf(wq, sizeof wq, "%s weight", w);
+    if (!qdq_same_qstate(wq, x->wq, y->wq)) return 0;
+  }
+  for (int v = 0; v < a->n_values; v++) {
+    const qt_value *x = &a->values[v], *y = &b->values[v];
+    if (strcmp(x->name, y->name) || x->ndim != y->ndim || memcmp(x->shape, y->shape, sizeof(int64_t) * (size_t)x->ndim) ||
+        x->producer != y->producer || x->consumers != y->consumers) {
+      qt_test_fail("%s: value %d '%s' differs", what, v, x->name);
+      return 0;
+    }
+  }
+  for (int t = 0; t < a->n_tensors; t++) {
+    const qt_param *x = &a->tensors[t], *y = &b->tensors[t];
+    if (strcmp(x->name, y->name) || x->ndim != y->ndim || memcmp(x->shape, y->shape, sizeof(int64_t) * (size_t)x->ndim) ||
+        x->numel != y->numel || x->is_buffer != y->is_buffer || x->node != y->node || x->offset != y->offset) {
+      qt_test_fail("%s: tensor %d '%s' header differs", what, t, x->name);
+      return 0;
+    }
+    const float *dx = (x->is_buffer ? a->buffers : a->params) + x->offset;
+    const float *dy = (y->is_buffer ? b->buffers : b->params) + y->offset;
+    if (memcmp(dx, dy, (size_t)x->numel * sizeof(float))) {
+      qt_test_fail("%s: tensor '%s' data differs", what, x->name);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* Forward on n random samples; returns a malloc'ed copy of the output (*numel elements). */
+static inline float *qdq_forward(qt_graph *g, int n, uint64_t seed, int64_t *numel) {
+  const qt_value *in = &g->values[g->input];
+  int64_t shape[4] = {n, in->shape[0], in->shape[1], in->shape[2]};
+  int64_t count = shape[0] * shape[1] * shape[2] * shape[3];
+  float *x = malloc((size_t)count * sizeof(float));
+  qt_test_fill_uniform(x, count, -1.0f, 1.0f, seed);
+  qt_ctx *ctx = qt_ctx_create();
+  qt_ctx_set_grad(ctx, 0);
+  qt_tensor *out = qt_graph_forward(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x));
+  float *copy = NULL;
+  if (!out) {
+    qt_test_fail("forward of graph %s: %s", g->name, g->error);
+  } else {
+    *numel = qt_tensor_numel(out);
+    copy = malloc((size_t)*numel * sizeof(float));
+    QT_ASSERT(out->dtype == QT_F32, "output dtype");
+    memcpy(copy, out->data, (size_t)*numel * sizeof(float));
+  }
+  qt_ctx_free(ctx);
+  free(x);
+  return copy;
+}
+
+/* Output of a and b on the same random batch must be bit-identical. */
+static inline void qdq_check_same_outputs(const char *what, qt_graph *a, qt_graph *b, int n, uint64_t seed) {
+  int64_t na = 0, nb = 0;
+  float *ya = qdq_forward(a, n, seed, &na), *yb = qdq_forward(b, n, seed, &nb);
+  if (ya && yb) {
+    if (na != nb) qt_test_fail("%s: %lld vs %lld outputs", what, (long long)na, (long long)nb);
+    else if (memcmp(ya, yb, (size_t)na * sizeof(float)) != 0) qt_test_close(what, yb, ya, na, 0.0f, 0.0f);
+  }
+  free(ya);
+  free(yb);
+}
+
+static inline unsigned char *qdq_read_bytes(const char *path, long *len) {
+  FILE *f = fopen(path, "rb");
+  QT_ASSERT(f, "cannot read %s", path);
+  fseek(f, 0, SEEK_END);
+  *len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *b = malloc((size_t)*len + 1);
+  QT_ASSERT(b && fread(b, 1, (size_t)*len, f) == (size_t)*len, "reading %s", path);
+  fclose(f);
+  return b;
+}
+
+static inline void qdq_write_bytes(const char *path, const unsigned char *b, long len) {
+  FILE *f = fopen(path, "wb");
+  QT_ASSERT(f && fwrite(b, 1, (size_t)len, f) == (size_t)len, "writing %s", path);
+  fclose(f);
+}
+
+#endif

@@ -1,0 +1,219 @@
+#!/usr/bin/python3
+"""Reads a Q/DQ graph file (docs/qdq_format.md) with h5py alone, as another tool would, and
+prints the node list and every quantization point.
+
+    read_qdq.py model_qdq.h5                 # node list + quantization points
+    read_qdq.py model_qdq.h5 --io io.h5      # also run the reference interpreter below on
+                                             # io.h5:/input (N,H,W,C) and compare with /output
+
+The interpreter is a plain numpy reading of the format document (NHWC activations, OIHW
+weights, q = clamp(round_half_even(x * (1/scale)) + zp, qmin, qmax), x = (q - zp) * scale).
+It accumulates in float64, so it may differ from the C executor (float32, oneDNN) by a
+rounding flip at a quantization point; --max-lsb bounds the output difference in units of the
+last dequantize's scale. Exit status: 0 ok, 1 mismatch or malformed file, 77 when h5py is
+missing (CTest's skip code)."""
+import argparse
+import sys
+
+try:
+    import h5py
+    import numpy as np
+except ImportError as e:  # pragma: no cover
+    print(f"read_qdq.py: skipped: {e}", file=sys.stderr)
+    sys.exit(77)
+
+FORMAT = "qt-qdq-graph"
+
+
+def text(v):
+    """Attribute strings come back as bytes (fixed-length) or str (variable-length)."""
+    return v.decode() if isinstance(v, (bytes, np.bytes_)) else str(v)
+
+
+def load(path):
+    f = h5py.File(path, "r")
+    if text(f.attrs.get("format", b"")) != FORMAT:
+        raise SystemExit(f"{path}: format attribute is not '{FORMAT}'")
+    if int(f.attrs["format_version"]) != 1:
+        raise SystemExit(f"{path}: format version {int(f.attrs['format_version'])}, this reader knows 1")
+    nodes = []
+    for key in f["nodes"]:  # "<index>_<name>"; sort by the index, not the text
+        g = f["nodes"][key]
+        a = {k: (text(v) if isinstance(v, (bytes, np.bytes_, str)) else v) for k, v in g.attrs.items()}
+        a["inputs"] = [int(i) for i in np.atleast_1d(g.attrs["inputs"])]
+        nodes.append(a)
+    nodes.sort(key=lambda a: int(a["index"]))
+    values = {
+        "name": [text(n) for n in f["values/name"][:]],
+        "ndim": f["values/ndim"][:],
+        "shape": f["values/shape"][:],
+    }
+    tensors = {name: ds[...] for name, ds in f["tensors"].items()}
+    quant = {}
+    for kind in ("activation", "weight"):
+        for name, g in f["quant"][kind].items():
+            r = {k: (text(v) if isinstance(v, (bytes, np.bytes_, str)) else v) for k, v in g.attrs.items()}
+            r["scale"] = g["scale"][:].astype(np.float32)
+            r["zero_point"] = g["zero_point"][:].astype(np.int64)
+            if kind == "weight":
+                r["weight_int"] = g["weight_int"][...]
+            quant[(kind, name)] = r
+    return f, nodes, values, tensors, quant
+
+
+def value_shape(values, v):
+    return tuple(int(d) for d in values["shape"][v][: values["ndim"][v]])
+
+
+def describe(path, f, nodes, values, tensors, quant):
+    print(f"{path}: graph '{text(f.attrs['name'])}', {len(nodes)} nodes, {len(tensors)} tensors, "
+          f"input value {int(f.attrs['input'])}, output value {int(f.attrs['output'])}")
+    for a in nodes:
+        op = a["op"]
+        extra = []
+        if op == "conv2d":
+            extra.append(f"k{a['kernel_h']}x{a['kernel_w']} s{a['stride_h']}x{a['stride_w']} "
+                         f"p{a['pad_h']}x{a['pad_w']} g{a['groups']} oc{a['out_channels']}")
+        elif op in ("max_pool2d", "avg_pool2d"):
+            extra.append(f"k{a['kernel_h']} s{a['stride_h']} p{a['pad_h']}")
+        elif op == "linear":
+            extra.append(f"out{a['out_channels']}")
+        elif op == "batch_norm":
+            extra.append(f"eps {float(a['eps']):g}")
+        for slot in ("weight", "bias", "running_mean", "running_var"):
+            if slot in a:
+                extra.append(f"{slot}={a[slot]}{tuple(tensors[a[slot]].shape)}")
+        if ("weight", a["name"]) in quant:
+            extra.append("int weights")
+        ins = ",".join(str(i) for i in a["inputs"])
+        print(f"  {int(a['index']):3d} {op:15s} {a['name']:22s} [{ins}] -> {int(a['output'])} "
+              f"{value_shape(values, int(a['output']))}  {' '.join(extra)}")
+    print("quantization points:")
+    for (kind, name), r in sorted(quant.items(), key=lambda kv: int(kv[1]["node"])):
+        mode = f"per-channel axis {int(r['axis'])}" if int(r["per_channel"]) else "per-tensor"
+        sign = "signed" if int(r["signed"]) else "unsigned"
+        sym = "symmetric" if int(r["symmetric"]) else "affine"
+        s, z = r["scale"], r["zero_point"]
+        sc = f"scale {s[0]:.6g}" if len(s) == 1 else f"scale [{s.min():.6g} .. {s.max():.6g}] x{len(s)}"
+        zp = f"zp {z[0]}" if len(z) == 1 else f"zp [{z.min()} .. {z.max()}]"
+        line = (f"  {kind:10s} {name:22s} node {int(r['node']):3d}: {int(r['bits'])}-bit {sign} {sym} {mode}, "
+                f"[{int(r['qmin'])}, {int(r['qmax'])}], {sc}, {zp}")
+        if kind == "weight":
+            w = r["weight_int"]
+            line += f", weight_int {w.dtype} {tuple(w.shape)} in [{w.min()}, {w.max()}] of '{r['tensor']}'"
+        print(line)
+
+
+# ---- reference interpreter ----------------------------------------------------------------
+
+def quantize(x, r):
+    """q = clamp(round_half_even(x * (1/scale)) + zp, qmin, qmax), per channel on the last axis."""
+    inv = (np.float32(1.0) / r["scale"]).astype(np.float32)
+    q = np.rint(x.astype(np.float32) * inv).astype(np.float32) + r["zero_point"].astype(np.float32)
+    q = np.where(np.isnan(q) | (q >= np.float32(2.0**63)), -np.inf, q)  # PyTorch: -> INT64_MIN -> qmin
+    return np.clip(q, int(r["qmin"]), int(r["qmax"])).astype(np.int32)
+
+
+def dequantize(q, r):
+    return ((q.astype(np.int64) - r["zero_point"]).astype(np.float32) * r["scale"]).astype(np.float32)
+
+
+def weight_of(a, tensors, quant):
+    """The weight an op computes with: dequantized integers (axis 0) or the float tensor."""
+    r = quant.get(("weight", a["name"]))
+    if r is None:
+        return tensors[a["weight"]].astype(np.float64)
+    w = r["weight_int"].astype(np.int64)
+    bshape = (-1,) + (1,) * (w.ndim - 1)
+    return ((w - r["zero_point"].reshape(bshape)).astype(np.float32) * r["scale"].reshape(bshape)).astype(np.float64)
+
+
+def windows(x, kh, kw, sh, sw, ph, pw, fill):
+    """(N,H,W,C) -> (N,OH,OW,C,KH,KW) windows after padding with `fill`."""
+    x = np.pad(x, ((0, 0), (ph, ph), (pw, pw), (0, 0)), constant_values=fill)
+    v = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(1, 2))
+    return v[:, ::sh, ::sw]
+
+
+def run(nodes, values, tensors, quant, x, output):
+    vals = {}
+    for a in nodes:
+        op, ins = a["op"], [vals.get(i) for i in a["inputs"]]
+        xi = ins[0] if ins else None
+        if op == "input":
+            y = x.astype(np.float32)
+        elif op == "quantize":
+            y = quantize(xi, quant[("activation", a["name"])])
+        elif op == "dequantize":
+            y = dequantize(xi, quant[("activation", a["name"])])
+        elif op == "conv2d":
+            w = weight_of(a, tensors, quant)  # (OC, C/groups, KH, KW)
+            win = windows(xi.astype(np.float64), int(a["kernel_h"]), int(a["kernel_w"]), int(a["stride_h"]),
+                          int(a["stride_w"]), int(a["pad_h"]), int(a["pad_w"]), 0.0)
+            G, OC = int(a["groups"]), w.shape[0]
+            cg, og = w.shape[1], OC // G
+            y = np.concatenate([np.tensordot(win[:, :, :, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og],
+                                             axes=([3, 4, 5], [1, 2, 3])) for g in range(G)], axis=3)
+            if "bias" in a:
+                y = y + tensors[a["bias"]]
+            y = y.astype(np.float32)
+        elif op == "linear":
+            y = xi.astype(np.float64) @ weight_of(a, tensors, quant).T
+            if "bias" in a:
+                y = y + tensors[a["bias"]]
+            y = y.astype(np.float32)
+        elif op == "relu":
+            y = np.maximum(xi, np.float32(0))
+        elif op == "max_pool2d":
+            k, s, p = int(a["kernel_h"]), int(a["stride_h"]), int(a["pad_h"])
+            y = windows(xi, k, k, s, s, p, p, -np.inf).max(axis=(4, 5)).astype(np.float32)
+        elif op == "avg_pool2d":  # count_include_pad: divide by k*k
+            k, s, p = int(a["kernel_h"]), int(a["stride_h"]), int(a["pad_h"])
+            y = windows(xi.astype(np.float64), k, k, s, s, p, p, 0.0).sum(axis=(4, 5)) / (k * k)
+            y = y.astype(np.float32)
+        elif op == "global_avg_pool":
+            y = xi.astype(np.float64).mean(axis=(1, 2)).astype(np.float32)
+        elif op == "flatten":  # NHWC order: (N, H*W*C) with C fastest
+            y = xi.reshape(xi.shape[0], -1)
+        elif op == "add":
+            y = (ins[0].astype(np.float64) + ins[1]).astype(np.float32)
+        elif op == "batch_norm":
+            g, b = tensors[a["weight"]], tensors[a["bias"]]
+            m, v = tensors[a["running_mean"]], tensors[a["running_var"]]
+            y = ((xi - m) / np.sqrt(v.astype(np.float64) + float(a["eps"])) * g + b).astype(np.float32)
+        else:
+            raise SystemExit(f"node {a['index']} '{a['name']}': op '{op}' unknown to this reader")
+        vals[int(a["output"])] = y
+    return vals[output]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("--io", help="HDF5 file with /input (N,H,W,C) and /output to compare against")
+    ap.add_argument("--max-lsb", type=float, default=2.0, help="allowed output difference, in output LSB")
+    args = ap.parse_args()
+    f, nodes, values, tensors, quant = load(args.file)
+    describe(args.file, f, nodes, values, tensors, quant)
+    if not args.io:
+        return 0
+    with h5py.File(args.io, "r") as io:
+        x, want = io["input"][...], io["output"][...]
+    got = run(nodes, values, tensors, quant, x, int(f.attrs["output"]))
+    got = got.reshape(want.shape)
+    diff = np.abs(got.astype(np.float64) - want)
+    exact = float((diff == 0).mean())
+    last = nodes[int(f["values/producer"][int(f.attrs["output"])])]
+    if last["op"] == "dequantize":  # a quantized output: count in its LSB
+        lsb = float(quant[("activation", last["name"])]["scale"].max())
+        tol, unit = args.max_lsb * lsb, f"{diff.max() / lsb:.2f} LSB (tolerance {args.max_lsb:g} LSB)"
+    else:  # an fp32 output: float32 vs float64 accumulation only
+        tol = 1e-5 * (1.0 + float(np.abs(want).max()))
+        unit = f"fp32 output (tolerance {tol:.3g})"
+    print(f"reference interpreter vs {args.io}: max |diff| {diff.max():.3g} = {unit}, "
+          f"{100 * exact:.1f}% bit-identical")
+    return 0 if diff.max() <= tol else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

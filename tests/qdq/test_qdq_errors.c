@@ -1,0 +1,343 @@
+/* Q/DQ file validation: each bad input (missing file, not HDF5, truncated, wrong format or
+ * version, unknown op, value id out of range or out of order, tensor shape that does not fit
+ * its op, integers outside [qmin, qmax], bad scales and zero points, missing datasets,
+ * attributes and records, orphan records) fails with its own message naming the file and the
+ * object; a refused save names the node and leaves the existing file untouched. */
+#include <hdf5.h>
+#include <hdf5_hl.h>
+#include <math.h>
+#include <unistd.h>
+
+#include "tests/qdq/qdq_common.h"
+
+#define BASE "qdq_err_base.h5"
+
+typedef void (*edit_fn)(hid_t f);
+
+/* Copies the base file, applies edit, loads and expects a failure whose message holds the
+ * file name and `needle`. */
+static void expect_load_error(const char *what, edit_fn edit, const char *needle) {
+  char path[256], err[QT_ERR_LEN] = "";
+  snprintf(path, sizeof path, "qdq_err_%s.h5", what);
+  long len = 0;
+  unsigned char *bytes = qdq_read_bytes(BASE, &len);
+  qdq_write_bytes(path, bytes, len);
+  free(bytes);
+  if (edit) {
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    QT_ASSERT(f >= 0, "%s: cannot reopen %s", what, path);
+    edit(f);
+    QT_ASSERT(H5Fclose(f) >= 0, "%s: closing %s", what, path);
+  }
+  qt_graph *g = qt_qdq_load(path, err);
+  if (getenv("QT_TEST_VERBOSE")) fprintf(stderr, "%-18s %s\n", what, err);
+  if (H5Fget_obj_count((hid_t)H5F_OBJ_ALL, H5F_OBJ_ALL) != 0) qt_test_fail("%s: HDF5 objects left open", what);
+  if (g) {
+    qt_test_fail("%s: load succeeded, want an error mentioning '%s'", what, needle);
+    qt_graph_free(g);
+  } else if (!strstr(err, needle) || !strstr(err, path)) {
+    qt_test_fail("%s: error '%s' lacks '%s' or the file name", what, err, needle);
+  }
+  unlink(path);
+}
+
+static void set_str(hid_t f, const char *obj, const char *name, const char *v) {
+  QT_ASSERT(H5LTset_attribute_string(f, obj, name, v) >= 0, "set %s %s", obj, name);
+}
+static void set_ints(hid_t f, const char *obj, const char *name, const int *v, size_t n) {
+  QT_ASSERT(H5LTset_attribute_int(f, obj, name, v, n) >= 0, "set %s %s", obj, name);
+}
+static void set_int(hid_t f, const char *obj, const char *name, int v) { set_ints(f, obj, name, &v, 1); }
+
+/* Rewrites element k of a float or int dataset. */
+static void poke_f32(hid_t f, const char *path, int64_t k, float v) {
+  hid_t d = H5Dopen2(f, path, H5P_DEFAULT);
+  hid_t sp = H5Dget_space(d);
+  int64_t n = H5Sget_simple_extent_npoints(sp);
+  float *buf = malloc((size_t)n * sizeof(float));
+  QT_ASSERT(d >= 0 && H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0, "read %s", path);
+  buf[k] = v;
+  QT_ASSERT(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0, "write %s", path);
+  free(buf);
+  H5Sclose(sp);
+  H5Dclose(d);
+}
+static void poke_i32(hid_t f, const char *path, int64_t k, int v) {
+  hid_t d = H5Dopen2(f, path, H5P_DEFAULT);
+  hid_t sp = H5Dget_space(d);
+  int64_t n = H5Sget_simple_extent_npoints(sp);
+  int *buf = malloc((size_t)n * sizeof(int));
+  QT_ASSERT(d >= 0 && H5Dread(d, H5T_NATIVE_INT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0, "read %s", path);
+  buf[k] = v;
+  QT_ASSERT(H5Dwrite(d, H5T_NATIVE_INT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0, "write %s", path);
+  free(buf);
+  H5Sclose(sp);
+  H5Dclose(d);
+}
+
+/* Replaces /tensors/<name> with a float dataset of another shape (same attributes). */
+static void reshape_tensor(hid_t f, const char *name, int ndim, const hsize_t *dims, int index, int node) {
+  char path[256];
+  snprintf(path, sizeof path, "/tensors/%s", name);
+  QT_ASSERT(H5Ldelete(f, path, H5P_DEFAULT) >= 0, "delete %s", path);
+  hsize_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= dims[d];
+  float *zeros = calloc((size_t)n, sizeof(float));
+  QT_ASSERT(H5LTmake_dataset_float(f, path, ndim, dims, zeros) >= 0, "make %s", path);
+  free(zeros);
+  set_int(f, path, "index", index);
+  set_int(f, path, "node", node);
+  set_int(f, path, "is_buffer", 0);
+}
+
+static void del(hid_t f, const char *path) { QT_ASSERT(H5Ldelete(f, path, H5P_DEFAULT) >= 0, "delete %s", path); }
+
+static void e_format(hid_t f) { set_str(f, "/", "format", "onnx"); }
+static void e_no_format(hid_t f) { QT_ASSERT(H5Adelete(f, "format") >= 0, "delete format"); }
+static void e_version(hid_t f) { set_int(f, "/", "format_version", 2); }
+static void e_unknown_op(hid_t f) { set_str(f, "/nodes/0003_conv1", "op", "sigmoid2"); }
+static void e_prepared_op(hid_t f) { set_str(f, "/nodes/0004_relu1", "op", "fake_quant"); }
+static void e_value_range(hid_t f) { set_int(f, "/nodes/0009_fc", "inputs", 999); }
+static void e_value_order(hid_t f) { set_int(f, "/nodes/0003_conv1", "inputs", 7); }
+static void e_output_range(hid_t f) { set_int(f, "/", "output", -3); }
+static void e_too_many_inputs(hid_t f) {
+  int in[5] = {0, 0, 0, 0, 0};
+  set_ints(f, "/nodes/0004_relu1", "inputs", in, 5);
+}
+static void e_add_arity(hid_t f) {
+  int in[2] = {3, 3};
+  set_ints(f, "/nodes/0004_relu1", "inputs", in, 2);
+}
+static void e_dequant_input(hid_t f) { set_int(f, "/nodes/0002_input.dequantize", "inputs", 0); }
+static void e_int_input(hid_t f) { set_int(f, "/nodes/0003_conv1", "inputs", 1); }
+static void e_conv_not_4d(hid_t f) {
+  hsize_t d[2] = {4, 27};
+  reshape_tensor(f, "conv1.weight", 2, d, 0, 3);
+}
+static void e_linear_features(hid_t f) {
+  hsize_t d[2] = {10, 63};
+  reshape_tensor(f, "fc.weight", 2, d, 2, 9);
+}
+static void e_bias_shape(hid_t f) {
+  hsize_t d[1] = {5};
+  reshape_tensor(f, "conv1.bias", 1, d, 1, 3);
+}
+static void e_kernel_attr(hid_t f) { set_int(f, "/nodes/0003_conv1", "kernel_h", 5); }
+static void e_pool_stride(hid_t f) { set_int(f, "/nodes/0007_pool1", "stride_h", 0); }
+static void e_value_shape(hid_t f) {
+  hid_t d = H5Dopen2(f, "/values/shape", H5P_DEFAULT);
+  int64_t s[12 * 3];
+  QT_ASSERT(H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) >= 0, "read shape");
+  s[3 * 3 + 2] = 5; /* conv1's output: 8x8x5 */
+  s[4 * 3 + 2] = 5; /* relu1 follows it */
+  QT_ASSERT(H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) >= 0, "write shape");
+  H5Dclose(d);
+}
+static void e_weight_int_range(hid_t f) { poke_i32(f, "/quant/weight/conv1/weight_int", 5, 100); }
+static void e_weight_int_shape(hid_t f) {
+  del(f, "/quant/weight/fc/weight_int");
+  hsize_t d[2] = {64, 10};
+  int zeros[640] = {0};
+  QT_ASSERT(H5LTmake_dataset_int(f, "/quant/weight/fc/weight_int", 2, d, zeros) >= 0, "make weight_int");
+}
+static void e_scale_nan(hid_t f) { poke_f32(f, "/quant/weight/conv1/scale", 2, NAN); }
+static void e_scale_inf(hid_t f) { poke_f32(f, "/quant/activation/relu1.quantize/scale", 0, INFINITY); }
+static void e_scale_zero(hid_t f) { poke_f32(f, "/quant/activation/fc.dequantize/scale", 0, 0.0f); }
+static void e_scale_negative(hid_t f) { poke_f32(f, "/quant/weight/fc/scale", 9, -0.5f); }
+static void e_zero_point(hid_t f) { poke_i32(f, "/quant/activation/input.quantize/zero_point", 0, 256); }
+static void e_qrange(hid_t f) { set_int(f, "/quant/weight/conv1", "qmax", 300); }
+static void e_bits(hid_t f) { set_int(f, "/quant/weight/conv1", "bits", 40); }
+static void e_channels(hid_t f) { set_int(f, "/quant/weight/fc", "channels", 9); }
+static void e_axis(hid_t f) { set_int(f, "/quant/weight/fc", "axis", 1); }
+static void e_missing_scale(hid_t f) { del(f, "/quant/weight/conv1/scale"); }
+static void e_missing_zp(hid_t f) { del(f, "/quant/activation/fc.quantize/zero_point"); }
+static void e_missing_weight_int(hid_t f) { del(f, "/quant/weight/fc/weight_int"); }
+static void e_missing_values(hid_t f) { del(f, "/values/shape"); }
+static void e_missing_tensor(hid_t f) {
+  del(f, "/tensors/fc.bias");
+  set_int(f, "/", "n_tensors", 3);
+}
+static void e_missing_node(hid_t f) { del(f, "/nodes/0007_pool1"); }
+static void e_missing_attr(hid_t f) { QT_ASSERT(H5Adelete_by_name(f, "/nodes/0003_conv1", "stride_h", H5P_DEFAULT) >= 0, "x"); }
+static void e_missing_record(hid_t f) { del(f, "/quant/activation/relu1.quantize"); }
+static void e_orphan_record(hid_t f) {
+  QT_ASSERT(H5Ocopy(f, "/quant/activation/fc.quantize", f, "/quant/activation/ghost", H5P_DEFAULT, H5P_DEFAULT) >= 0, "copy");
+}
+static void e_record_on_relu(hid_t f) {
+  QT_ASSERT(H5Ocopy(f, "/quant/weight/conv1", f, "/quant/weight/relu1", H5P_DEFAULT, H5P_DEFAULT) >= 0, "copy");
+  set_int(f, "/quant/weight/relu1", "node", 4);
+}
+static void e_float_as_int(hid_t f) {
+  float v = 1.5f;
+  QT_ASSERT(H5LTset_attribute_float(f, "/nodes/0003_conv1", "groups", &v, 1) >= 0, "set groups");
+}
+static void e_tensor_owner(hid_t f) { set_int(f, "/tensors/fc.bias", "node", 3); }
+static void e_long_name(hid_t f) {
+  char name[200];
+  memset(name, 'x', sizeof name - 1);
+  name[sizeof name - 1] = 0;
+  set_str(f, "/nodes/0004_relu1", "name", name);
+}
+
+/* Attributes as h5py writes them: variable-length UTF-8 strings, int64 integers. */
+static void set_vlen_str(hid_t f, const char *obj, const char *name, const char *v) {
+  QT_ASSERT(H5Adelete_by_name(f, obj, name, H5P_DEFAULT) >= 0, "delete %s %s", obj, name);
+  hid_t t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, H5T_VARIABLE);
+  H5Tset_cset(t, H5T_CSET_UTF8);
+  hid_t sp = H5Screate(H5S_SCALAR);
+  hid_t a = H5Acreate_by_name(f, obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  QT_ASSERT(a >= 0 && H5Awrite(a, t, &v) >= 0, "write %s %s", obj, name);
+  H5Aclose(a);
+  H5Sclose(sp);
+  H5Tclose(t);
+}
+static void set_i64(hid_t f, const char *obj, const char *name, long long v) {
+  QT_ASSERT(H5Adelete_by_name(f, obj, name, H5P_DEFAULT) >= 0, "delete %s %s", obj, name);
+  QT_ASSERT(H5LTset_attribute_long_long(f, obj, name, &v, 1) >= 0, "write %s %s", obj, name);
+}
+static void e_foreign_writer(hid_t f) {
+  set_vlen_str(f, "/nodes/0003_conv1", "op", "conv2d");
+  set_vlen_str(f, "/nodes/0009_fc", "weight", "fc.weight");
+  set_vlen_str(f, "/", "format", "qt-qdq-graph");
+  set_i64(f, "/nodes/0003_conv1", "kernel_h", 3);
+  set_i64(f, "/quant/weight/fc", "qmin", -8);
+}
+static void e_vlen_too_long(hid_t f) {
+  char name[100];
+  memset(name, 'y', sizeof name - 1);
+  name[sizeof name - 1] = 0;
+  set_vlen_str(f, "/nodes/0004_relu1", "name", name);
+}
+
+/* The edited file must load and equal the graph the base file holds. */
+static void expect_load_same(const char *what, edit_fn edit, const qt_graph *want) {
+  char path[256], err[QT_ERR_LEN] = "";
+  snprintf(path, sizeof path, "qdq_ok_%s.h5", what);
+  long len = 0;
+  unsigned char *bytes = qdq_read_bytes(BASE, &len);
+  qdq_write_bytes(path, bytes, len);
+  free(bytes);
+  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+  QT_ASSERT(f >= 0, "%s: cannot reopen %s", what, path);
+  edit(f);
+  H5Fclose(f);
+  qt_graph *g = qt_qdq_load(path, err);
+  if (!g) qt_test_fail("%s: %s", what, err);
+  else qdq_same_graph(what, want, g);
+  qt_graph_free(g);
+  unlink(path);
+}
+
+static void save_errors(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qdq_small_graph(NULL);
+  if (qt_qdq_save("/nonexistent_dir_qdq/x.h5", g, err) == 0 || !strstr(err, "/nonexistent_dir_qdq/x.h5.tmp"))
+    qt_test_fail("save into a missing directory: '%s'", err);
+
+  /* A refused save leaves the existing file as it was. */
+  long len0 = 0, len1 = 0;
+  unsigned char *before = qdq_read_bytes(BASE, &len0);
+  qt_node *conv = &g->nodes[qt_graph_find_node(g, "conv1")];
+  conv->wq->qweight[3] = 64;
+  if (qt_qdq_save(BASE, g, err) == 0 || !strstr(err, "node 3 'conv1'") || !strstr(err, "integer weight 3 = 64"))
+    qt_test_fail("save with an integer weight outside [qmin, qmax]: '%s'", err);
+  conv->wq->qweight[3] = 0;
+  conv->wq->scale[1] = 0.0f;
+  if (qt_qdq_save(BASE, g, err) == 0 || !strstr(err, "scale[1] = 0"))
+    qt_test_fail("save with a zero scale: '%s'", err);
+  conv->wq->scale[1] = 0.01f;
+  int32_t *qw = conv->wq->qweight;
+  conv->wq->qweight = NULL;
+  if (qt_qdq_save(BASE, g, err) == 0 || !strstr(err, "without integer weights"))
+    qt_test_fail("save of fake-quant weights: '%s'", err);
+  conv->wq->qweight = qw;
+  conv->op = QT_OP_FAKE_QUANT;
+  if (qt_qdq_save(BASE, g, err) == 0 || !strstr(err, "prepared graphs"))
+    qt_test_fail("save of a prepared op: '%s'", err);
+  conv->op = QT_OP_CONV2D;
+  unsigned char *after = qdq_read_bytes(BASE, &len1);
+  if (len0 != len1 || memcmp(before, after, (size_t)len0) != 0) qt_test_fail("a refused save changed %s", BASE);
+  QT_CHECK(access(BASE ".tmp", F_OK) != 0);
+  free(before);
+  free(after);
+  qt_graph_free(g);
+}
+
+int main(void) {
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  char err[QT_ERR_LEN];
+  qt_graph *g = qdq_small_graph(NULL);
+  QT_ASSERT(qt_qdq_save(BASE, g, err) == 0, "%s", err);
+  qt_graph_free(g);
+  g = qt_qdq_load(BASE, err);
+  QT_CHECK(g != NULL); /* the base file itself is fine */
+  qt_graph_free(g);
+
+  g = qt_qdq_load("qdq_err_missing.h5", err);
+  if (g || !strstr(err, "qdq_err_missing.h5") || !strstr(err, "No such file"))
+    qt_test_fail("missing file: '%s'", err);
+  qdq_write_bytes("qdq_err_text.h5", (const unsigned char *)"not a graph\n", 12);
+  g = qt_qdq_load("qdq_err_text.h5", err);
+  if (g || !strstr(err, "qdq_err_text.h5") || !strstr(err, "not a readable HDF5 file"))
+    qt_test_fail("text file: '%s'", err);
+  unlink("qdq_err_text.h5");
+  long len = 0;
+  unsigned char *bytes = qdq_read_bytes(BASE, &len);
+  qdq_write_bytes("qdq_err_half.h5", bytes, len / 2);
+  free(bytes);
+  g = qt_qdq_load("qdq_err_half.h5", err);
+  if (g || !strstr(err, "qdq_err_half.h5") || !strstr(err, "truncated"))
+    qt_test_fail("file cut at half: '%s'", err);
+  unlink("qdq_err_half.h5");
+
+  expect_load_error("format", e_format, "format is 'onnx', want 'qt-qdq-graph'");
+  expect_load_error("no_format", e_no_format, "no 'format' attribute");
+  expect_load_error("version", e_version, "format version 2");
+  expect_load_error("unknown_op", e_unknown_op, "node 3 'conv1': unknown op 'sigmoid2'");
+  expect_load_error("prepared_op", e_prepared_op, "node 4 'relu1': op 'fake_quant' belongs to prepared graphs");
+  expect_load_error("value_range", e_value_range, "node 9 'fc': input value id 999 out of range (12 values)");
+  expect_load_error("value_order", e_value_order, "node 3 'conv1': input value 7 is produced by a later node");
+  expect_load_error("output_range", e_output_range, "graph output value id -3 out of range (12 values)");
+  expect_load_error("too_many_inputs", e_too_many_inputs, "'inputs' has 5 elements");
+  expect_load_error("arity", e_add_arity, "node 4 'relu1': op 'relu' takes 1 input(s), has 2");
+  expect_load_error("dequant_input", e_dequant_input, "dequantize reads 'input', which is not the output of a quantize");
+  expect_load_error("int_input", e_int_input, "node 3 'conv1': reads the integer output of quantize 'input.quantize'");
+  expect_load_error("conv_not_4d", e_conv_not_4d, "node 3 'conv1': weight 'conv1.weight' is 2-D, conv2d wants 4-D");
+  expect_load_error("linear_features", e_linear_features, "weight 'fc.weight' takes 63 features, input 'flatten' has 64");
+  expect_load_error("bias_shape", e_bias_shape, "tensor 'conv1.bias' has shape (5), want (4)");
+  expect_load_error("kernel_attr", e_kernel_attr, "has a 3x3 kernel, the attributes say 5x3");
+  expect_load_error("pool_stride", e_pool_stride, "node 7 'pool1': max_pool2d needs a square kernel");
+  expect_load_error("value_shape", e_value_shape, "output value 'conv1' has shape (8, 8, 5), op 'conv2d' computes (8, 8, 4)");
+  expect_load_error("weight_int_range", e_weight_int_range, "node 3 'conv1': integer weight 5 = 100 outside [qmin -64, qmax 63]");
+  expect_load_error("weight_int_shape", e_weight_int_shape, "'weight_int' has shape (64, 10), want (10, 64)");
+  expect_load_error("scale_nan", e_scale_nan, "node 3 'conv1': weight quantization: scale[2] = nan is not a finite number > 0");
+  expect_load_error("scale_inf", e_scale_inf, "scale[0] = inf");
+  expect_load_error("scale_zero", e_scale_zero, "node 11 'fc.dequantize': activation quantization: scale[0] = 0");
+  expect_load_error("scale_negative", e_scale_negative, "scale[9] = -0.5");
+  expect_load_error("zero_point", e_zero_point, "zero_point[0] = 256 outside [qmin 0, qmax 255]");
+  expect_load_error("qrange", e_qrange, "[qmin -64, qmax 300] is not a range within 8-bit signed");
+  expect_load_error("bits", e_bits, "bits 40 outside 2..16");
+  expect_load_error("channels", e_channels, "/quant/weight/fc: dataset 'scale' has shape (10), want (9)");
+  expect_load_error("axis", e_axis, "/quant/weight/fc: axis 1, want 0");
+  expect_load_error("missing_scale", e_missing_scale, "/quant/weight/conv1: missing dataset 'scale'");
+  expect_load_error("missing_zp", e_missing_zp, "/quant/activation/fc.quantize: missing dataset 'zero_point'");
+  expect_load_error("missing_weight_int", e_missing_weight_int, "/quant/weight/fc: missing dataset 'weight_int'");
+  expect_load_error("missing_values", e_missing_values, "/values: missing dataset 'shape'");
+  expect_load_error("missing_tensor", e_missing_tensor, "node 9 'fc': bias tensor 'fc.bias' is not in /tensors");
+  expect_load_error("missing_node", e_missing_node, "/nodes holds 11 groups, attribute n_nodes says 12");
+  expect_load_error("missing_attr", e_missing_attr, "/nodes/0003_conv1: missing attribute 'stride_h'");
+  expect_load_error("missing_record", e_missing_record, "node 5 'relu1.quantize': quantize without an activation quantization record");
+  expect_load_error("orphan_record", e_orphan_record, "/quant/activation/ghost: a record for no node");
+  expect_load_error("record_on_relu", e_record_on_relu, "node 4 'relu1' (relu) has no weight to quantize");
+  expect_load_error("float_as_int", e_float_as_int, "attribute 'groups' is not an integer");
+  expect_load_error("tensor_owner", e_tensor_owner, "/tensors/fc.bias: the name must be '<owner node>.<suffix>'");
+  expect_load_error("long_name", e_long_name, "attribute 'name' is longer than 63 characters");
+  expect_load_error("vlen_too_long", e_vlen_too_long, "attribute 'name' is longer than 63 characters");
+  g = qdq_small_graph(NULL);
+  expect_load_same("foreign_writer", e_foreign_writer, g);
+  qt_graph_free(g);
+  save_errors();
+  unlink(BASE);
+  return qt_test_finish();
+}
