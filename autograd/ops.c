@@ -346,7 +346,18 @@ typedef struct {
 static void fake_quant_backward(qt_ctx *ctx, void *p) {
   fq_saved *s = p;
   if (!s->y->grad || !s->x->requires_grad) return;
-  qt_fake_quant_backward(qt_tensor_grad(ctx, s->x), s->y->grad, s->mask, qt_tensor_numel(s->y));
+  const int64_t n = qt_tensor_numel(s->y);
+  if (!s->x->grad) {
+    /* The output's gradient is final (its consumers ran first) and needed by no one else:
+     * mask it in place and hand it to the input, saving a zeroed buffer and a pass. */
+    float *g = s->y->grad;
+    const uint8_t *m = s->mask;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) g[i] = m[i] ? g[i] : 0.0f;
+    s->x->grad = g;
+    return;
+  }
+  qt_fake_quant_backward(qt_tensor_grad(ctx, s->x), s->y->grad, s->mask, n);
 }
 
 qt_tensor *qt_fake_quant(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner, const float *scale,
@@ -371,6 +382,9 @@ typedef struct {
   int first_axis, divide;
 } cs_saved;
 
+/* Rows per chunk of the last-axis reductions: fixed, so sums do not depend on threads. */
+#define CS_CHUNK 256
+
 static void channel_scale_backward(qt_ctx *ctx, void *p) {
   cs_saved *sv = p;
   if (!sv->y->grad) return;
@@ -378,54 +392,73 @@ static void channel_scale_backward(qt_ctx *ctx, void *p) {
   const int C = (int)sv->s->shape[0];
   const int64_t rows = n / C; /* first axis: C rows of `rows` elements; last axis: rows of C */
   const float *dy = sv->y->grad, *x = qt_f32(sv->x), *s = qt_f32(sv->s);
-  if (sv->x->requires_grad) {
-    float *dx = qt_tensor_grad(ctx, sv->x);
-    if (sv->first_axis) {
+  /* Last axis with no input gradient yet: overwrite the output's (final) gradient in place
+   * and hand it to the input, as relu and fake_quant do. */
+  const int in_place = !sv->first_axis && sv->x->requires_grad && !sv->x->grad;
+  float *dx = in_place ? sv->y->grad : sv->x->requires_grad ? qt_tensor_grad(ctx, sv->x) : NULL;
+  float *ds = sv->s->requires_grad ? qt_tensor_grad(ctx, sv->s) : NULL;
+  double *acc = calloc((size_t)C, sizeof(double));
+  QT_ASSERT(acc, "out of memory");
+  const int divide = sv->divide;
+  if (sv->first_axis) {
+    /* Weights (C, ...): small; one pass per channel. */
 #pragma omp parallel for schedule(static)
-      for (int c = 0; c < C; c++)
-        for (int64_t i = 0; i < rows; i++) {
-          const int64_t k = (int64_t)c * rows + i;
-          dx[k] += sv->divide ? dy[k] / s[c] : dy[k] * s[c];
-        }
-    } else {
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < rows; r++)
-        for (int c = 0; c < C; c++)
-          dx[r * C + c] += sv->divide ? dy[r * C + c] / s[c] : dy[r * C + c] * s[c];
+    for (int c = 0; c < C; c++) {
+      const int64_t o = (int64_t)c * rows;
+      double a = 0;
+      for (int64_t i = 0; i < rows; i++) {
+        if (dx) dx[o + i] += divide ? dy[o + i] / s[c] : dy[o + i] * s[c];
+        a += (double)dy[o + i] * x[o + i];
+      }
+      acc[c] = a;
     }
-  }
-  if (sv->s->requires_grad) {
-    /* d/ds (x*s) = x; d/ds (x/s) = -x/s^2. Per-channel sums in double, fixed order. */
-    float *ds = qt_tensor_grad(ctx, sv->s);
-    double *acc = calloc((size_t)C, sizeof(double));
-    QT_ASSERT(acc, "out of memory");
-    if (sv->first_axis) {
+  } else {
+    /* Activations (..., C): one fused pass writes dx and per-chunk float sums of dy * x
+     * (vectorized over channels), combined in double in chunk order. */
+    const int64_t nchunks = (rows + CS_CHUNK - 1) / CS_CHUNK;
+    float *part = ds ? malloc((size_t)(nchunks * C) * sizeof(float)) : NULL;
+    QT_ASSERT(!ds || part, "out of memory");
 #pragma omp parallel for schedule(static)
-      for (int c = 0; c < C; c++) {
-        double a = 0;
-        for (int64_t i = 0; i < rows; i++) a += (double)dy[(int64_t)c * rows + i] * x[(int64_t)c * rows + i];
-        acc[c] = a;
+    for (int64_t k = 0; k < nchunks; k++) {
+      const int64_t r0 = k * CS_CHUNK, r1 = r0 + CS_CHUNK < rows ? r0 + CS_CHUNK : rows;
+      float *pk = part ? part + k * C : NULL;
+      if (pk)
+        for (int c = 0; c < C; c++) pk[c] = 0.0f;
+      for (int64_t r = r0; r < r1; r++) {
+        const float *dyr = dy + r * C, *xr = x + r * C;
+        if (pk) { /* before dx: in place, dx overwrites dy */
+#pragma omp simd
+          for (int c = 0; c < C; c++) pk[c] += dyr[c] * xr[c];
+        }
+        if (dx) {
+          float *dxr = dx + r * C;
+          if (in_place && divide) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dxr[c] = dyr[c] / s[c];
+          } else if (in_place) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dxr[c] = dyr[c] * s[c];
+          } else if (divide) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dxr[c] += dyr[c] / s[c];
+          } else {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dxr[c] += dyr[c] * s[c];
+          }
+        }
       }
-    } else {
-      /* Fixed chunks combined in order: deterministic for any thread count. */
-      const int64_t chunk = 1024, nchunks = (rows + chunk - 1) / chunk;
-      double *part = calloc((size_t)(nchunks * C), sizeof(double));
-      QT_ASSERT(part, "out of memory");
-#pragma omp parallel for schedule(static)
-      for (int64_t k = 0; k < nchunks; k++) {
-        double *pk = part + k * C;
-        const int64_t r1 = (k + 1) * chunk < rows ? (k + 1) * chunk : rows;
-        for (int64_t r = k * chunk; r < r1; r++)
-          for (int c = 0; c < C; c++) pk[c] += (double)dy[r * C + c] * x[r * C + c];
-      }
+    }
+    if (part) {
       for (int64_t k = 0; k < nchunks; k++)
         for (int c = 0; c < C; c++) acc[c] += part[k * C + c];
       free(part);
     }
-    for (int c = 0; c < C; c++)
-      ds[c] += sv->divide ? (float)(-acc[c] / ((double)s[c] * s[c])) : (float)acc[c];
-    free(acc);
   }
+  if (in_place) sv->x->grad = dx;
+  /* d/ds (x*s) = x; d/ds (x/s) = -x/s^2 */
+  if (ds)
+    for (int c = 0; c < C; c++) ds[c] += divide ? (float)(-acc[c] / ((double)s[c] * s[c])) : (float)acc[c];
+  free(acc);
 }
 
 qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide) {
@@ -444,10 +477,18 @@ qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_a
     for (int c = 0; c < C; c++)
       for (int64_t i = 0; i < rows; i++)
         yd[(int64_t)c * rows + i] = divide ? xd[(int64_t)c * rows + i] / sd[c] : xd[(int64_t)c * rows + i] * sd[c];
+  } else if (divide) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+#pragma omp simd
+      for (int c = 0; c < C; c++) yd[r * C + c] = xd[r * C + c] / sd[c];
+    }
   } else {
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-      for (int c = 0; c < C; c++) yd[r * C + c] = divide ? xd[r * C + c] / sd[c] : xd[r * C + c] * sd[c];
+    for (int64_t r = 0; r < rows; r++) {
+#pragma omp simd
+      for (int c = 0; c < C; c++) yd[r * C + c] = xd[r * C + c] * sd[c];
+    }
   }
   if (qt_tape_recording(ctx, x, s, NULL)) {
     y->requires_grad = 1;

@@ -140,6 +140,13 @@ int qt_quant_finish(const qt_config *cfg, qt_graph *p, const qt_dataset *test, c
   if (qt_evaluate(p, ctx, test, ec, &res->fake_quant, err)) return -1;
   qt_graph *c = qt_convert(p, err);
   if (!c) return -1;
+  /* The eval-mode training graph too, so qat_check can compare the two files later. */
+  snprintf(res->trained_path, sizeof res->trained_path, "%s/model_trained.h5", dir);
+  qt_graph_set_training(p, 0);
+  if (qt_qdq_save(res->trained_path, p, err)) {
+    qt_graph_free(c);
+    return -1;
+  }
   snprintf(res->qdq_path, sizeof res->qdq_path, "%s/model_qdq.h5", dir);
   int rc = qt_qdq_save(res->qdq_path, c, err);
   qt_graph_free(c);

@@ -8,6 +8,7 @@
 typedef struct {
   qt_eval_result fake_quant, qdq;
   char qdq_path[4200];
+  char trained_path[4200];
   qt_check_report check;
 } qt_quant_result;
 

@@ -65,8 +65,6 @@ static int make_dirs(const char *path, char *err) {
 }
 
 /* ---- data ----------------------------------------------------------------------------------- */
-int qt_train_load_data(const qt_config *cfg, qt_dataset *train, qt_dataset *test, char *err);
-
 int qt_train_load_data(const qt_config *cfg, qt_dataset *train, qt_dataset *test, char *err) {
   const char *fmt = qt_config_string(cfg, "data", "format");
   memset(train, 0, sizeof *train);
@@ -277,7 +275,8 @@ static int write_summary(const char *path, const qt_config *cfg, const qt_graph 
     sb_printf(&b, "  \"quant\": {\"mode\": \"%s\", \"weight_bits\": %d, \"activation_bits\": %d},\n",
               qt_config_string(cfg, "quant", "mode"), qt_config_int(cfg, "quant", "weight_bits"),
               qt_config_int(cfg, "quant", "activation_bits"));
-    sb_printf(&b, "  \"convert\": {\"qdq_model\": \"%s\"},\n", q->qdq_path);
+    sb_printf(&b, "  \"convert\": {\"qdq_model\": \"%s\", \"trained_model\": \"%s\"},\n", q->qdq_path,
+              q->trained_path);
     sb_printf(&b, "  \"check\": {\"ok\": %s, \"quantization_points\": %d, \"weights\": %d, \"max_lsb\": %.3f, "
                   "\"tie_flips\": %lld, \"reason\": \"",
               q->check.ok ? "true" : "false", q->check.n_checked_points, q->check.n_checked_weights, q->check.max_lsb,

@@ -23,6 +23,9 @@ const qt_cfg_key *qt_train_schema(int *n_keys);
 /* A config holding the schema's defaults. */
 qt_config *qt_train_config_create(void);
 
+/* Loads the training and test sets the config's [data] section describes (limits applied). */
+int qt_train_load_data(const qt_config *cfg, qt_dataset *train, qt_dataset *test, char *err);
+
 /* Runs the whole job described by cfg (train, evaluate, checkpoint, summary). */
 int qt_train_run(qt_config *cfg, char *err);
 
