@@ -1,10 +1,13 @@
-/* The Q/DQ graph file (docs/qdq_format.md): qt_qdq_save writes a convert graph to HDF5 in a
- * layout any HDF5 reader (h5py) can use without this code; qt_qdq_load rebuilds it with the
- * graph builder and validates everything an executor would trust (op names, value ids and
- * their order, tensor shapes against each op, quantization ranges, scales, integer weights),
- * so a corrupt or hand-edited file gives a message naming the file and the object, never a
- * crash. Datasets carry Fletcher-32 checksums and metadata uses HDF5 1.10's checksummed
- * object headers, so flipped bytes are caught rather than loaded as other numbers. */
+/* The Q/DQ graph file (docs/qdq_format.md): qt_qdq_save writes a convert graph, or an
+ * eval-mode prepared (training) graph, to HDF5 in a layout any HDF5 reader (h5py) can use
+ * without this code; qt_qdq_load rebuilds it with the graph builder and validates everything
+ * an executor would trust (op names, value ids and their order, tensor shapes against each op,
+ * quantization ranges, scales, integer weights), so a corrupt or hand-edited file gives a
+ * message naming the file and the object, never a crash. The root attribute `kind` says which
+ * of the two graphs a file holds; each kind admits only its own ops and records, so a reader
+ * of Q/DQ graphs never mistakes fake-quantized float weights for integer ones. Datasets carry
+ * Fletcher-32 checksums and metadata uses HDF5 1.10's checksummed object headers, so flipped
+ * bytes are caught rather than loaded as other numbers. */
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
@@ -28,8 +31,9 @@
 #define QDQ_COMPACT_LINKS 65535 /* links kept in the (checksummed) group header, not a heap */
 #define NODE_LINK_LEN (QT_NAME_LEN + 16)
 
-/* Node attributes naming the tensors in param[] / buffer[] slots (PyTorch's names). */
-static const char *const param_slot_names[QT_MAX_PARAMS] = {"weight", "bias", "param2", "param3"};
+/* Node attributes naming the tensors in param[] / buffer[] slots (PyTorch's names; conv_bn's
+ * BN gamma and beta are its BatchNorm's weight and bias). */
+static const char *const param_slot_names[QT_MAX_PARAMS] = {"weight", "bias", "bn_weight", "bn_bias"};
 static const char *const buffer_slot_names[QT_MAX_PARAMS] = {"running_mean", "running_var", "buffer2", "buffer3"};
 
 static int fail(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -50,16 +54,62 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *s) {
 /* Node names become HDF5 link names: not empty, not ".", no '/'. */
 static int bad_link_name(const char *name) { return !name[0] || !strcmp(name, ".") || strchr(name, '/') != NULL; }
 
+/* What a file holds (root attribute `kind`): a convert graph (quantize/dequantize, integer
+ * weights) or a prepared graph in eval mode (fake_quant, conv_bn, fake-quantized float weights). */
+typedef enum { KIND_QDQ, KIND_PREPARED, KIND_COUNT } graph_kind;
+static const char *const kind_names[KIND_COUNT] = {"qdq", "prepared"};
+static const char *const kind_titles[KIND_COUNT] = {"Q/DQ graphs", "prepared graphs"};
+
+/* Which kind node n belongs to by itself: -1 when it fits both (fp32 ops). `why` says so. */
+static int node_kind(const qt_node *n, char *why, size_t len) {
+  if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN || n->op == QT_OP_QUANTIZE || n->op == QT_OP_DEQUANTIZE) {
+    snprintf(why, len, "op '%s'", qt_op_name(n->op));
+    return n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN ? KIND_PREPARED : KIND_QDQ;
+  }
+  if (n->wq) {
+    snprintf(why, len, "%s",
+             n->wq->qweight ? "a weight quantized to integers" : "weight quantization without integer weights");
+    return n->wq->qweight ? KIND_QDQ : KIND_PREPARED;
+  }
+  return -1;
+}
+
+/* The kind of an in-memory graph: prepared when any node is, else qdq (an fp32 graph is a
+ * valid Q/DQ graph). A graph holding parts of both is refused. */
+static int infer_kind(const qt_graph *g, graph_kind *kind, char *msg) {
+  int first[KIND_COUNT] = {-1, -1};
+  char why[KIND_COUNT][96];
+  for (int i = 0; i < g->n_nodes; i++) {
+    char w[96];
+    int k = node_kind(&g->nodes[i], w, sizeof w);
+    if (k >= 0 && first[k] < 0) {
+      first[k] = i;
+      memcpy(why[k], w, sizeof w);
+    }
+  }
+  if (first[KIND_QDQ] >= 0 && first[KIND_PREPARED] >= 0) {
+    const int p = first[KIND_PREPARED], q = first[KIND_QDQ];
+    return fail(msg,
+                "node %d '%s': %s belongs to prepared graphs, but node %d '%s': %s belongs to Q/DQ graphs; a file "
+                "holds one or the other (save the prepared graph, or its qt_convert result)",
+                p, g->nodes[p].name, why[KIND_PREPARED], q, g->nodes[q].name, why[KIND_QDQ]);
+  }
+  *kind = first[KIND_PREPARED] >= 0 ? KIND_PREPARED : KIND_QDQ;
+  return 0;
+}
+
 /* ---- validation, shared by save (the graph in memory) and load (the rebuilt graph) -------- */
 
 /* How an op uses a parameter / buffer slot: 0 never, 1 optional, 2 required. */
+_Static_assert(QT_MAX_PARAMS == 4 && QT_P_BN_GAMMA == 2 && QT_P_BN_BETA == 3, "conv_bn slots and their names");
 static int param_slot_use(qt_op op, int k) {
   if (op == QT_OP_CONV2D || op == QT_OP_LINEAR) return k == QT_P_WEIGHT ? 2 : k == QT_P_BIAS ? 1 : 0;
+  if (op == QT_OP_CONV_BN) return k == QT_P_BIAS ? 1 : 2; /* weight, bias, BN gamma, BN beta */
   if (op == QT_OP_BATCH_NORM) return k == QT_P_GAMMA || k == QT_P_BETA ? 2 : 0;
   return 0;
 }
 static int buffer_slot_use(qt_op op, int k) {
-  return op == QT_OP_BATCH_NORM && (k == QT_B_RUNNING_MEAN || k == QT_B_RUNNING_VAR) ? 2 : 0;
+  return (op == QT_OP_BATCH_NORM || op == QT_OP_CONV_BN) && (k == QT_B_RUNNING_MEAN || k == QT_B_RUNNING_VAR) ? 2 : 0;
 }
 
 static int op_inputs(qt_op op) { return op == QT_OP_INPUT ? 0 : op == QT_OP_ADD ? 2 : 1; }
@@ -93,7 +143,7 @@ static int64_t window_out(int64_t in, int k, int s, int p) {
 }
 
 /* Shapes, ids, topological order and slots: everything but quantization records. */
-static int validate_structure(const qt_graph *g, char *msg) {
+static int validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
   if (g->n_nodes < 1) return fail(msg, "graph '%s' has no nodes", g->name);
   for (int v = 0; v < g->n_values; v++) {
     const qt_value *val = &g->values[v];
@@ -126,8 +176,12 @@ static int validate_structure(const qt_graph *g, char *msg) {
     snprintf(where, sizeof where, "node %d '%s'", i, n->name);
     if ((unsigned)n->op >= QT_OP_COUNT) return fail(msg, "%s: op %d is not an op", where, (int)n->op);
     const char *op = qt_op_name(n->op);
-    if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN)
+    char why[96];
+    const int nk = node_kind(n, why, sizeof why);
+    if ((n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN) && kind == KIND_QDQ)
       return fail(msg, "%s: op '%s' belongs to prepared graphs, not to a Q/DQ graph (run qt_convert first)", where, op);
+    if (nk >= 0 && nk != (int)kind)
+      return fail(msg, "%s: %s belongs to %s, not to %s", where, why, kind_titles[nk], kind_titles[kind]);
     if (n->n_inputs != op_inputs(n->op))
       return fail(msg, "%s: op '%s' takes %d input(s), has %d", where, op, op_inputs(n->op), n->n_inputs);
     for (int k = 0; k < n->n_inputs; k++) {
@@ -170,10 +224,11 @@ static int validate_structure(const qt_graph *g, char *msg) {
         want_nd = 3;
         memcpy(want, y->shape, sizeof want);
         break;
-      case QT_OP_CONV2D: {
-        if (x->ndim != 3) return fail(msg, "%s: conv2d input '%s' is not an image (H, W, C)", where, x->name);
+      case QT_OP_CONV2D:
+      case QT_OP_CONV_BN: {
+        if (x->ndim != 3) return fail(msg, "%s: %s input '%s' is not an image (H, W, C)", where, op, x->name);
         if (W->ndim != 4)
-          return fail(msg, "%s: weight '%s' is %d-D, conv2d wants 4-D (OC, C/groups, KH, KW)", where, W->name, W->ndim);
+          return fail(msg, "%s: weight '%s' is %d-D, %s wants 4-D (OC, C/groups, KH, KW)", where, W->name, W->ndim, op);
         shape_str(s1, sizeof s1, W->ndim, W->shape);
         const int64_t C = x->shape[2], OC = W->shape[0];
         if (a->groups < 1 || C % a->groups || OC % a->groups || W->shape[1] * a->groups != C)
@@ -193,6 +248,14 @@ static int validate_structure(const qt_graph *g, char *msg) {
         want[2] = OC;
         want_nd = 3;
         if (check_vector(g, where, n->param[QT_P_BIAS], OC, msg)) return -1;
+        if (n->op == QT_OP_CONV_BN &&
+            (check_vector(g, where, n->param[QT_P_BN_GAMMA], OC, msg) ||
+             check_vector(g, where, n->param[QT_P_BN_BETA], OC, msg) ||
+             check_vector(g, where, n->buffer[QT_B_RUNNING_MEAN], OC, msg) ||
+             check_vector(g, where, n->buffer[QT_B_RUNNING_VAR], OC, msg)))
+          return -1;
+        if (n->op == QT_OP_CONV_BN && (!isfinite(a->eps) || !(a->eps > 0) || !isfinite(a->momentum)))
+          return fail(msg, "%s: eps %g must be finite and > 0, momentum %g finite", where, a->eps, a->momentum);
         break;
       }
       case QT_OP_LINEAR:
@@ -255,11 +318,12 @@ static int validate_structure(const qt_graph *g, char *msg) {
       case QT_OP_RELU:
       case QT_OP_QUANTIZE:
       case QT_OP_DEQUANTIZE:
+      case QT_OP_FAKE_QUANT:
         want_nd = x->ndim;
         memcpy(want, x->shape, sizeof want);
         break;
       default:
-        return fail(msg, "%s: op '%s' is not part of a Q/DQ graph", where, op);
+        return fail(msg, "%s: op '%s' has no meaning in a file", where, op);
     }
     int same = y->ndim == want_nd;
     for (int d = 0; same && d < want_nd; d++) same = y->shape[d] == want[d];
@@ -281,8 +345,8 @@ static int record_axis(const qt_qspec *s, int is_weight, int value_ndim) {
   return !s->per_channel ? -1 : is_weight ? 0 : value_ndim;
 }
 
-static int check_qstate(const qt_qstate *q, int is_weight, int64_t axis_dim, int64_t numel, const char *where,
-                        char *msg) {
+static int check_qstate(const qt_qstate *q, graph_kind kind, int is_weight, int64_t axis_dim, int64_t numel,
+                        const char *where, char *msg) {
   const char *what = is_weight ? "weight quantization" : "activation quantization";
   const qt_qspec *s = &q->spec;
   if (s->bits < 2 || s->bits > QDQ_MAX_BITS)
@@ -299,12 +363,23 @@ static int check_qstate(const qt_qstate *q, int is_weight, int64_t axis_dim, int
     return fail(msg, "%s: %s: %d channels, want %lld (%s)", where, what, q->channels, (long long)want_ch,
                 s->per_channel ? (is_weight ? "per channel along axis 0" : "per channel along the last axis")
                                : "per tensor");
+  /* A loaded record is calibrated; an uncalibrated one holds placeholders, not qparams. */
+  if (kind == KIND_PREPARED && !q->calibrated)
+    return fail(msg, "%s: %s holds no qparams yet (its observer never ran: calibrate or train first)", where, what);
   for (int c = 0; c < q->channels; c++) {
     if (!isfinite(q->scale[c]) || !(q->scale[c] > 0))
       return fail(msg, "%s: %s: scale[%d] = %g is not a finite number > 0", where, what, c, q->scale[c]);
     if (q->zero_point[c] < s->qmin || q->zero_point[c] > s->qmax)
       return fail(msg, "%s: %s: zero_point[%d] = %d outside [qmin %d, qmax %d]", where, what, c, q->zero_point[c],
                   s->qmin, s->qmax);
+  }
+  if (kind == KIND_PREPARED) {
+    /* The file cannot say that fake quant is off: the loaded graph would apply it. */
+    if (!q->fake_quant)
+      return fail(msg, "%s: %s has fake quant off; a prepared graph is stored with fake quant on "
+                       "(qt_set_fake_quant(g, 1) before saving)", where, what);
+    if (q->qweight) return fail(msg, "%s: %s holds integer weights, which a prepared graph does not", where, what);
+    return 0;
   }
   if (!is_weight) {
     if (q->qweight) return fail(msg, "%s: activation quantization holds integer weights", where);
@@ -322,25 +397,25 @@ static int check_qstate(const qt_qstate *q, int is_weight, int64_t axis_dim, int
   return 0;
 }
 
-static int validate_quant(const qt_graph *g, char *msg) {
+static int validate_quant(const qt_graph *g, graph_kind kind, char *msg) {
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     char where[QT_NAME_LEN + 32];
     snprintf(where, sizeof where, "node %d '%s'", i, n->name);
-    if (n->op == QT_OP_QUANTIZE || n->op == QT_OP_DEQUANTIZE) {
+    if (n->op == QT_OP_QUANTIZE || n->op == QT_OP_DEQUANTIZE || n->op == QT_OP_FAKE_QUANT) {
       if (!n->q) return fail(msg, "%s: %s without an activation quantization record", where, qt_op_name(n->op));
       const qt_value *x = &g->values[n->inputs[0]];
-      if (check_qstate(n->q, 0, x->shape[x->ndim - 1], 0, where, msg)) return -1;
+      if (check_qstate(n->q, kind, 0, x->shape[x->ndim - 1], 0, where, msg)) return -1;
     } else if (n->q) {
-      return fail(msg, "%s: op '%s' carries an activation quantization record (only quantize/dequantize do)", where,
-                  qt_op_name(n->op));
+      return fail(msg, "%s: op '%s' carries an activation quantization record (only %s do)", where, qt_op_name(n->op),
+                  kind == KIND_PREPARED ? "fake_quant nodes" : "quantize/dequantize");
     }
     if (n->wq) {
-      if (n->op != QT_OP_CONV2D && n->op != QT_OP_LINEAR)
-        return fail(msg, "%s: op '%s' carries a weight quantization record (only conv2d/linear do)", where,
-                    qt_op_name(n->op));
+      if (n->op != QT_OP_CONV2D && n->op != QT_OP_LINEAR && n->op != QT_OP_CONV_BN)
+        return fail(msg, "%s: op '%s' carries a weight quantization record (only conv2d/linear%s do)", where,
+                    qt_op_name(n->op), kind == KIND_PREPARED ? "/conv_bn" : "");
       const qt_param *W = &g->tensors[n->param[QT_P_WEIGHT]];
-      if (check_qstate(n->wq, 1, W->shape[0], W->numel, where, msg)) return -1;
+      if (check_qstate(n->wq, kind, 1, W->shape[0], W->numel, where, msg)) return -1;
     }
   }
   return 0;
@@ -432,7 +507,8 @@ static int write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, c
   hsize_t ch[1] = {(hsize_t)q->channels};
   bad = bad || dset_write(w, r, "scale", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, ch, q->scale) ||
         dset_write(w, r, "zero_point", H5T_STD_I32LE, H5T_NATIVE_INT32, 1, ch, q->zero_point);
-  if (!bad && is_weight) {
+  if (!bad && is_weight) bad = attr_str(r, "tensor", g->tensors[n->param[QT_P_WEIGHT]].name);
+  if (!bad && is_weight && q->qweight) { /* Q/DQ graphs; a prepared graph fake-quantizes the float weight */
     const qt_param *W = &g->tensors[n->param[QT_P_WEIGHT]];
     const weight_int_kind kind = weight_int_pick(s);
     const hid_t ftypes[] = {H5T_STD_U8LE, H5T_STD_I8LE, H5T_STD_I16LE, H5T_STD_I32LE};
@@ -452,16 +528,17 @@ static int write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, c
     }
     hsize_t dims[4];
     for (int d = 0; d < W->ndim; d++) dims[d] = (hsize_t)W->shape[d];
-    bad = dset_write(w, r, "weight_int", ftype, mtype, W->ndim, dims, buf) || attr_str(r, "tensor", W->name);
+    bad = dset_write(w, r, "weight_int", ftype, mtype, W->ndim, dims, buf);
     free(buf);
   }
   bad |= H5Gclose(r) < 0;
   return bad ? -1 : 0;
 }
 
-static int write_graph(writer *w, hid_t f, const qt_graph *g) {
+static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
   snprintf(w->where, sizeof w->where, "the root attributes");
-  if (attr_str(f, "format", QDQ_FORMAT) || attr_int(f, "format_version", QDQ_VERSION) || attr_str(f, "name", g->name) ||
+  if (attr_str(f, "format", QDQ_FORMAT) || attr_int(f, "format_version", QDQ_VERSION) ||
+      attr_str(f, "kind", kind_names[kind]) || attr_str(f, "name", g->name) ||
       attr_int(f, "input", g->input) || attr_int(f, "output", g->output) || attr_int(f, "n_nodes", g->n_nodes) ||
       attr_int(f, "n_values", g->n_values) || attr_int(f, "n_tensors", g->n_tensors) ||
       attr_str(f, "layout", "activations NHWC, weights OIHW, per-sample value shapes"))
@@ -600,13 +677,20 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
       return fail(err, "qdq save '%s': tensor '%s' is not named '<owner node>.<suffix>' (owner node %d)", path, p->name,
                   p->node);
   }
-  if (validate_structure(g, msg) || validate_quant(g, msg)) return fail(err, "qdq save '%s': %s", path, msg);
+  graph_kind kind = KIND_QDQ;
+  if (infer_kind(g, &kind, msg) || validate_structure(g, kind, msg) || validate_quant(g, kind, msg))
+    return fail(err, "qdq save '%s': %s", path, msg);
 
   char tmp[4200];
   if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return fail(err, "qdq save: path too long");
   hid_t fapl = file_access();
-  hid_t f = fapl < 0 ? -1 : H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  /* The root group is created with the file: its object times must be off too, or the bytes
+   * depend on the clock. */
+  hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+  hid_t f = fapl < 0 || fcpl < 0 || H5Pset_obj_track_times(fcpl, 0) < 0 ? -1
+                                                                       : H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, fapl);
   if (fapl >= 0) H5Pclose(fapl);
+  if (fcpl >= 0) H5Pclose(fcpl);
   if (f < 0) return fail(err, "qdq save '%s': cannot create '%s' (directory missing or not writable?)", path, tmp);
   writer w;
   snprintf(w.where, sizeof w.where, "the file");
@@ -615,7 +699,7 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
   int bad = w.dcpl < 0 || w.gcpl < 0 || H5Pset_obj_track_times(w.dcpl, 0) < 0 ||
             H5Pset_obj_track_times(w.gcpl, 0) < 0 ||
             H5Pset_link_phase_change(w.gcpl, QDQ_COMPACT_LINKS, QDQ_COMPACT_LINKS) < 0;
-  bad = bad || write_graph(&w, f, g);
+  bad = bad || write_graph(&w, f, g, kind);
   if (w.dcpl >= 0) H5Pclose(w.dcpl);
   if (w.gcpl >= 0) H5Pclose(w.gcpl);
   bad |= H5Fclose(f) < 0;
@@ -928,8 +1012,9 @@ static int read_tensor(hid_t gt, const char *name, int n_tensors, int n_nodes, t
   return r->data ? 0 : -1;
 }
 
-/* Reads /quant/<kind>/<node name> into a new qstate on node `node` of g. */
-static int read_qrecord(hid_t parent, const char *kind, qt_graph *g, int node, char *msg) {
+/* Reads /quant/<kind>/<node name> into a new qstate on node `node` of g; weight records hold
+ * integer weights in Q/DQ graphs and none in prepared graphs. */
+static int read_qrecord(hid_t parent, const char *kind, graph_kind graph, qt_graph *g, int node, char *msg) {
   qt_node *n = &g->nodes[node];
   const int is_weight = kind[0] == 'w';
   char obj[QT_NAME_LEN + 32];
@@ -987,9 +1072,21 @@ static int read_qrecord(hid_t parent, const char *kind, qt_graph *g, int node, c
       fail(msg, "%s: quantizes tensor '%s', the node's weight is '%s'", obj, tensor, W->name);
       goto done;
     }
-    if (!(qw = read_dataset(r, obj, "weight_int", H5T_INTEGER, H5T_NATIVE_INT32, W->ndim, W->shape, 4, NULL, NULL, msg)))
-      goto done;
-    n_qweight = W->numel;
+    if (graph == KIND_PREPARED) {
+      htri_t has = H5Lexists(r, "weight_int", H5P_DEFAULT);
+      if (has != 0) {
+        fail(msg, has < 0 ? "%s: cannot look up dataset 'weight_int' (corrupt file?)"
+                          : "%s: holds 'weight_int', but a prepared graph fake-quantizes its float weight (kind "
+                            "'prepared' has no integer weights)",
+             obj);
+        goto done;
+      }
+    } else {
+      if (!(qw = read_dataset(r, obj, "weight_int", H5T_INTEGER, H5T_NATIVE_INT32, W->ndim, W->shape, 4, NULL, NULL,
+                              msg)))
+        goto done;
+      n_qweight = W->numel;
+    }
   }
   char cerr[QT_ERR_LEN];
   if (!(q = qt_qstate_create(&s, channels, cerr))) {
@@ -1057,6 +1154,26 @@ static qt_graph *load_graph(hid_t f, char *msg) {
   if (version != QDQ_VERSION) {
     fail(msg, "format version %d; this build reads version %d", version, QDQ_VERSION);
     goto done;
+  }
+  graph_kind kind = KIND_QDQ; /* files written before `kind` existed hold Q/DQ graphs */
+  {
+    htri_t has = H5Aexists(f, "kind");
+    char ks[64];
+    if (has < 0) {
+      fail(msg, "/: cannot read the attributes (corrupt file: checksum or decoding failed)");
+      goto done;
+    }
+    if (has > 0) {
+      if (read_attr_str(f, "/", "kind", ks, sizeof ks, msg)) goto done;
+      if (strcmp(ks, kind_names[KIND_QDQ]) == 0) {
+        kind = KIND_QDQ;
+      } else if (strcmp(ks, kind_names[KIND_PREPARED]) == 0) {
+        kind = KIND_PREPARED;
+      } else {
+        fail(msg, "kind is '%s', want '%s' or '%s'", ks, kind_names[KIND_QDQ], kind_names[KIND_PREPARED]);
+        goto done;
+      }
+    }
   }
   if (read_attr_str(f, "/", "name", name, sizeof name, msg) || read_attr_int(f, "/", "input", &input, msg) ||
       read_attr_int(f, "/", "output", &output, msg) || read_attr_int(f, "/", "n_nodes", &a_nodes, msg) ||
@@ -1204,7 +1321,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
         if (b) g->nodes[i].buffer[k] = t;
         else g->nodes[i].param[k] = t;
       }
-  if (validate_structure(g, msg)) goto done;
+  if (validate_structure(g, kind, msg)) goto done;
   char aerr[QT_ERR_LEN];
   if (qt_graph_alloc(g, aerr)) {
     fail(msg, "%s", aerr);
@@ -1218,11 +1335,12 @@ static qt_graph *load_graph(hid_t f, char *msg) {
       (gw = group_open(gq, "/quant", "weight", msg)) < 0)
     goto done;
   for (int i = 0; i < n_nodes; i++) {
-    if (H5Lexists(ga, g->nodes[i].name, H5P_DEFAULT) != 0 && read_qrecord(ga, "activation", g, i, msg)) goto done;
-    if (H5Lexists(gw, g->nodes[i].name, H5P_DEFAULT) != 0 && read_qrecord(gw, "weight", g, i, msg)) goto done;
+    if (H5Lexists(ga, g->nodes[i].name, H5P_DEFAULT) != 0 && read_qrecord(ga, "activation", kind, g, i, msg))
+      goto done;
+    if (H5Lexists(gw, g->nodes[i].name, H5P_DEFAULT) != 0 && read_qrecord(gw, "weight", kind, g, i, msg)) goto done;
   }
   if (check_records_claimed(ga, "activation", g, msg) || check_records_claimed(gw, "weight", g, msg) ||
-      validate_quant(g, msg))
+      validate_quant(g, kind, msg))
     goto done;
   qt_graph_set_training(g, 0);
   ok = 1;

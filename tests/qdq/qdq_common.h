@@ -1,10 +1,12 @@
 /* Helpers shared by the Q/DQ file tests: a small hand-built convert graph (input 8x8x3 ->
  * Q/DQ -> conv2d with per-channel int weights + bias -> relu -> Q/DQ -> max_pool -> flatten ->
- * linear with int weights -> Q/DQ), a graph using every fp32 op, a field-by-field graph
- * comparison and a forward pass into a malloc'ed copy. Header-only: each test is one program. */
+ * linear with int weights -> Q/DQ), a graph using every fp32 op, prepared (training) graphs
+ * observed on random batches, a field-by-field graph comparison and a forward pass into a
+ * malloc'ed copy. Header-only: each test is one program. */
 #ifndef QT_QDQ_COMMON_H
 #define QT_QDQ_COMMON_H
 
+#include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,6 +140,41 @@ static inline qt_graph *qdq_all_ops_graph(void) {
   return g;
 }
 
+/* Non-trivial parameters (PyTorch's initialization) and BN gamma, beta and running
+ * statistics (running_var > 0), so folding and the conv_bn scale factor matter. */
+static inline void qdq_randomize(qt_graph *g, uint64_t seed) {
+  qt_graph_init_params(g, seed);
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    if (n->op != QT_OP_BATCH_NORM) continue;
+    const int C = (int)g->tensors[n->param[QT_P_GAMMA]].numel;
+    qt_test_fill_uniform(qt_graph_tensor_data(g, n->param[QT_P_GAMMA]), C, 0.5f, 1.5f, seed + 4 * (uint64_t)i);
+    qt_test_fill_uniform(qt_graph_tensor_data(g, n->param[QT_P_BETA]), C, -0.2f, 0.2f, seed + 4 * (uint64_t)i + 1);
+    qt_test_fill_uniform(qt_graph_tensor_data(g, n->buffer[QT_B_RUNNING_MEAN]), C, -0.3f, 0.3f, seed + 4 * (uint64_t)i + 2);
+    qt_test_fill_uniform(qt_graph_tensor_data(g, n->buffer[QT_B_RUNNING_VAR]), C, 0.25f, 2.0f, seed + 4 * (uint64_t)i + 3);
+  }
+}
+
+/* An fp32 graph small enough to fuzz: conv (no bias) -> bn -> relu -> max_pool -> conv (bias)
+ * -> bn -> relu -> flatten -> linear. QAT turns both conv->bn into conv_bn. */
+static inline qt_graph *qdq_small_fp32_graph(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("qdq_small_prepared");
+  int x = qt_graph_input(g, "input", 8, 8, 3);
+  x = qt_graph_conv2d(g, "conv1", x, 4, 3, 1, 1, 1, 0);
+  x = qt_graph_batch_norm(g, "bn1", x);
+  x = qt_graph_relu(g, "relu1", x);
+  x = qt_graph_max_pool2d(g, "pool1", x, 2, 2, 0);
+  x = qt_graph_conv2d(g, "conv2", x, 6, 3, 1, 1, 1, 1);
+  x = qt_graph_batch_norm(g, "bn2", x);
+  x = qt_graph_relu(g, "relu2", x);
+  x = qt_graph_flatten(g, "flatten", x);
+  x = qt_graph_linear(g, "fc", x, 10, 1);
+  QT_ASSERT(qt_graph_finalize(g, x, err) == 0, "%s", err);
+  qdq_randomize(g, 21);
+  return g;
+}
+
 static inline int qdq_same_qstate(const char *what, const qt_qstate *a, const qt_qstate *b) {
   if (!a || !b) {
     if (a != b) qt_test_fail("%s: one graph has the record, the other not", what);
@@ -255,6 +292,38 @@ static inline void qdq_check_same_outputs(const char *what, qt_graph *a, qt_grap
   free(yb);
 }
 
+/* fp32 graph g -> the onednn quantizer (config qc) -> prepare -> `passes` forward passes in
+ * training mode with observers on (BN batch statistics in QAT) on random batches -> eval
+ * mode: what qat_train saves as model_trained.h5. NULL (after a test failure) on error. */
+static inline qt_graph *qdq_prepared_graph(const qt_graph *g, const qt_quantizer_config *qc, qt_prepare_mode mode,
+                                           int passes, uint64_t seed) {
+  char err[QT_ERR_LEN];
+  qt_annotations ann;
+  if (qt_quantizer_onednn(g, qc, &ann, err)) {
+    qt_test_fail("%s: quantizer: %s", g->name, err);
+    return NULL;
+  }
+  qt_graph *p = qt_prepare(g, &ann, mode, err);
+  qt_annotations_free(&ann);
+  if (!p) {
+    qt_test_fail("%s: prepare: %s", g->name, err);
+    return NULL;
+  }
+  qt_graph_set_training(p, 1);
+  qt_set_observers(p, 1);
+  for (int k = 0; k < passes; k++) {
+    int64_t n = 0;
+    float *y = qdq_forward(p, 8, seed + (uint64_t)k, &n);
+    if (!y) {
+      qt_graph_free(p);
+      return NULL;
+    }
+    free(y);
+  }
+  qt_graph_set_training(p, 0);
+  return p;
+}
+
 static inline unsigned char *qdq_read_bytes(const char *path, long *len) {
   FILE *f = fopen(path, "rb");
   QT_ASSERT(f, "cannot read %s", path);
@@ -265,6 +334,22 @@ static inline unsigned char *qdq_read_bytes(const char *path, long *len) {
   QT_ASSERT(b && fread(b, 1, (size_t)*len, f) == (size_t)*len, "reading %s", path);
   fclose(f);
   return b;
+}
+
+/* No object in the file carries a modification or creation time (the root group included):
+ * the bytes must not depend on the clock. Checks the root, a group and a dataset. */
+static inline void qdq_expect_no_times(const char *path) {
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  const char *objs[] = {"/", "/nodes", "/values/name"};
+  for (int k = 0; f >= 0 && k < 3; k++) {
+    hid_t o = H5Oopen(f, objs[k], H5P_DEFAULT);
+    H5O_info_t info;
+    if (o < 0 || H5Oget_info2(o, &info, H5O_INFO_TIME) < 0 || info.mtime || info.ctime || info.btime)
+      qt_test_fail("%s: object %s carries a time (saves would differ by the clock)", path, objs[k]);
+    if (o >= 0) H5Oclose(o);
+  }
+  if (f < 0) qt_test_fail("%s: cannot open", path);
+  else H5Fclose(f);
 }
 
 static inline void qdq_write_bytes(const char *path, const unsigned char *b, long len) {

@@ -1,13 +1,16 @@
 #!/usr/bin/python3
 """Reads a Q/DQ graph file (docs/qdq_format.md) with h5py alone, as another tool would, and
-prints the node list and every quantization point.
+prints the node list and every quantization point. Both kinds of file: `qdq` (convert graphs)
+and `prepared` (eval-mode training graphs: fake_quant, conv_bn, fake-quantized float weights).
 
     read_qdq.py model_qdq.h5                 # node list + quantization points
     read_qdq.py model_qdq.h5 --io io.h5      # also run the reference interpreter below on
                                              # io.h5:/input (N,H,W,C) and compare with /output
 
 The interpreter is a plain numpy reading of the format document (NHWC activations, OIHW
-weights, q = clamp(round_half_even(x * (1/scale)) + zp, qmin, qmax), x = (q - zp) * scale).
+weights, q = clamp(round_half_even(x * (1/scale)) + zp, qmin, qmax), x = (q - zp) * scale;
+fake_quant = dequantize(quantize(x)); conv_bn = conv(x, fq(W * sf)) / sf + b, then batch norm
+with the running statistics, sf = gamma / sqrt(running_var + eps) in float32).
 It accumulates in float64, so it may differ from the C executor (float32, oneDNN) by a
 rounding flip at a quantization point; --max-lsb bounds the output difference in units of the
 last dequantize's scale. Exit status: 0 ok, 1 mismatch or malformed file, 77 when h5py is
@@ -36,6 +39,9 @@ def load(path):
         raise SystemExit(f"{path}: format attribute is not '{FORMAT}'")
     if int(f.attrs["format_version"]) != 1:
         raise SystemExit(f"{path}: format version {int(f.attrs['format_version'])}, this reader knows 1")
+    graph_kind = text(f.attrs.get("kind", b"qdq"))  # absent in files from before prepared graphs
+    if graph_kind not in ("qdq", "prepared"):
+        raise SystemExit(f"{path}: kind '{graph_kind}', this reader knows 'qdq' and 'prepared'")
     nodes = []
     for key in f["nodes"]:  # "<index>_<name>"; sort by the index, not the text
         g = f["nodes"][key]
@@ -55,9 +61,13 @@ def load(path):
             r = {k: (text(v) if isinstance(v, (bytes, np.bytes_, str)) else v) for k, v in g.attrs.items()}
             r["scale"] = g["scale"][:].astype(np.float32)
             r["zero_point"] = g["zero_point"][:].astype(np.int64)
-            if kind == "weight":
+            if kind == "weight" and "weight_int" in g:  # prepared graphs: qparams only
                 r["weight_int"] = g["weight_int"][...]
             quant[(kind, name)] = r
+    ops = {a["op"] for a in nodes}
+    wrong = ops & ({"fake_quant", "conv_bn"} if graph_kind == "qdq" else {"quantize", "dequantize"})
+    if wrong:
+        raise SystemExit(f"{path}: kind '{graph_kind}' holds op(s) {sorted(wrong)}")
     return f, nodes, values, tensors, quant
 
 
@@ -66,25 +76,26 @@ def value_shape(values, v):
 
 
 def describe(path, f, nodes, values, tensors, quant):
-    print(f"{path}: graph '{text(f.attrs['name'])}', {len(nodes)} nodes, {len(tensors)} tensors, "
+    print(f"{path}: {text(f.attrs.get('kind', b'qdq'))} graph '{text(f.attrs['name'])}', {len(nodes)} nodes, "
+          f"{len(tensors)} tensors, "
           f"input value {int(f.attrs['input'])}, output value {int(f.attrs['output'])}")
     for a in nodes:
         op = a["op"]
         extra = []
-        if op == "conv2d":
+        if op in ("conv2d", "conv_bn"):
             extra.append(f"k{a['kernel_h']}x{a['kernel_w']} s{a['stride_h']}x{a['stride_w']} "
                          f"p{a['pad_h']}x{a['pad_w']} g{a['groups']} oc{a['out_channels']}")
         elif op in ("max_pool2d", "avg_pool2d"):
             extra.append(f"k{a['kernel_h']} s{a['stride_h']} p{a['pad_h']}")
         elif op == "linear":
             extra.append(f"out{a['out_channels']}")
-        elif op == "batch_norm":
-            extra.append(f"eps {float(a['eps']):g}")
-        for slot in ("weight", "bias", "running_mean", "running_var"):
+        if op in ("batch_norm", "conv_bn"):
+            extra.append(f"eps {float(a['eps']):g}" + (" frozen" if int(a["bn_frozen"]) else ""))
+        for slot in ("weight", "bias", "bn_weight", "bn_bias", "running_mean", "running_var"):
             if slot in a:
                 extra.append(f"{slot}={a[slot]}{tuple(tensors[a[slot]].shape)}")
         if ("weight", a["name"]) in quant:
-            extra.append("int weights")
+            extra.append("int weights" if "weight_int" in quant[("weight", a["name"])] else "fake-quant weights")
         ins = ",".join(str(i) for i in a["inputs"])
         print(f"  {int(a['index']):3d} {op:15s} {a['name']:22s} [{ins}] -> {int(a['output'])} "
               f"{value_shape(values, int(a['output']))}  {' '.join(extra)}")
@@ -98,7 +109,7 @@ def describe(path, f, nodes, values, tensors, quant):
         zp = f"zp {z[0]}" if len(z) == 1 else f"zp [{z.min()} .. {z.max()}]"
         line = (f"  {kind:10s} {name:22s} node {int(r['node']):3d}: {int(r['bits'])}-bit {sign} {sym} {mode}, "
                 f"[{int(r['qmin'])}, {int(r['qmax'])}], {sc}, {zp}")
-        if kind == "weight":
+        if "weight_int" in r:
             w = r["weight_int"]
             line += f", weight_int {w.dtype} {tuple(w.shape)} in [{w.min()}, {w.max()}] of '{r['tensor']}'"
         print(line)
@@ -118,14 +129,45 @@ def dequantize(q, r):
     return ((q.astype(np.int64) - r["zero_point"]).astype(np.float32) * r["scale"]).astype(np.float32)
 
 
-def weight_of(a, tensors, quant):
-    """The weight an op computes with: dequantized integers (axis 0) or the float tensor."""
+def fake_quant_weight(w, r):
+    """dequantize(quantize(w)) per channel along axis 0 (or per tensor), all in float32."""
+    bshape = (-1,) + (1,) * (w.ndim - 1)
+    s = r["scale"].reshape(bshape)
+    zp = r["zero_point"].reshape(bshape)
+    inv = (np.float32(1.0) / s).astype(np.float32)
+    q = np.rint(w.astype(np.float32) * inv).astype(np.float32) + zp.astype(np.float32)
+    q = np.clip(q, int(r["qmin"]), int(r["qmax"])).astype(np.int64)
+    return ((q - zp).astype(np.float32) * s).astype(np.float32)
+
+
+def weight_of(a, tensors, quant, w=None):
+    """The weight an op computes with: dequantized integers (axis 0), the fake-quantized float
+    tensor (prepared graphs; `w` overrides the tensor, conv_bn's W * sf), or the float tensor."""
     r = quant.get(("weight", a["name"]))
+    if w is None:
+        w = tensors[a["weight"]]
     if r is None:
-        return tensors[a["weight"]].astype(np.float64)
+        return w.astype(np.float64)
+    if "weight_int" not in r:
+        return fake_quant_weight(w, r).astype(np.float64)
     w = r["weight_int"].astype(np.int64)
     bshape = (-1,) + (1,) * (w.ndim - 1)
     return ((w - r["zero_point"].reshape(bshape)).astype(np.float32) * r["scale"].reshape(bshape)).astype(np.float64)
+
+
+def conv2d(x, w, a):
+    """NHWC x (float64) with OIHW w: grouped 2-D cross-correlation, zero padding."""
+    win = windows(x, int(a["kernel_h"]), int(a["kernel_w"]), int(a["stride_h"]), int(a["stride_w"]),
+                  int(a["pad_h"]), int(a["pad_w"]), 0.0)
+    G, OC = int(a["groups"]), w.shape[0]
+    cg, og = w.shape[1], OC // G
+    return np.concatenate([np.tensordot(win[:, :, :, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og],
+                                        axes=([3, 4, 5], [1, 2, 3])) for g in range(G)], axis=3)
+
+
+def batch_norm(x, a, tensors, gamma, beta):
+    m, v = tensors[a["running_mean"]], tensors[a["running_var"]]
+    return ((x - m) / np.sqrt(v.astype(np.float64) + float(a["eps"])) * gamma + beta).astype(np.float32)
 
 
 def windows(x, kh, kw, sh, sw, ph, pw, fill):
@@ -146,17 +188,22 @@ def run(nodes, values, tensors, quant, x, output):
             y = quantize(xi, quant[("activation", a["name"])])
         elif op == "dequantize":
             y = dequantize(xi, quant[("activation", a["name"])])
+        elif op == "fake_quant":
+            r = quant[("activation", a["name"])]
+            y = dequantize(quantize(xi, r), r)
         elif op == "conv2d":
-            w = weight_of(a, tensors, quant)  # (OC, C/groups, KH, KW)
-            win = windows(xi.astype(np.float64), int(a["kernel_h"]), int(a["kernel_w"]), int(a["stride_h"]),
-                          int(a["stride_w"]), int(a["pad_h"]), int(a["pad_w"]), 0.0)
-            G, OC = int(a["groups"]), w.shape[0]
-            cg, og = w.shape[1], OC // G
-            y = np.concatenate([np.tensordot(win[:, :, :, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og],
-                                             axes=([3, 4, 5], [1, 2, 3])) for g in range(G)], axis=3)
+            y = conv2d(xi.astype(np.float64), weight_of(a, tensors, quant), a)  # w: (OC, C/groups, KH, KW)
             if "bias" in a:
                 y = y + tensors[a["bias"]]
             y = y.astype(np.float32)
+        elif op == "conv_bn":  # eval: conv(x, fq(W * sf)) / sf + b, then BN with the running statistics
+            gamma, beta = tensors[a["bn_weight"]], tensors[a["bn_bias"]]
+            sf = (gamma / np.sqrt(tensors[a["running_var"]] + np.float32(a["eps"]))).astype(np.float32)
+            ws = (tensors[a["weight"]] * sf.reshape(-1, 1, 1, 1)).astype(np.float32)
+            y = (conv2d(xi.astype(np.float64), weight_of(a, tensors, quant, ws), a).astype(np.float32) / sf)
+            if "bias" in a:
+                y = y + tensors[a["bias"]]
+            y = batch_norm(y.astype(np.float32), a, tensors, gamma, beta)
         elif op == "linear":
             y = xi.astype(np.float64) @ weight_of(a, tensors, quant).T
             if "bias" in a:
@@ -178,9 +225,7 @@ def run(nodes, values, tensors, quant, x, output):
         elif op == "add":
             y = (ins[0].astype(np.float64) + ins[1]).astype(np.float32)
         elif op == "batch_norm":
-            g, b = tensors[a["weight"]], tensors[a["bias"]]
-            m, v = tensors[a["running_mean"]], tensors[a["running_var"]]
-            y = ((xi - m) / np.sqrt(v.astype(np.float64) + float(a["eps"])) * g + b).astype(np.float32)
+            y = batch_norm(xi, a, tensors, tensors[a["weight"]], tensors[a["bias"]])
         else:
             raise SystemExit(f"node {a['index']} '{a['name']}': op '{op}' unknown to this reader")
         vals[int(a["output"])] = y
@@ -204,7 +249,7 @@ def main():
     diff = np.abs(got.astype(np.float64) - want)
     exact = float((diff == 0).mean())
     last = nodes[int(f["values/producer"][int(f.attrs["output"])])]
-    if last["op"] == "dequantize":  # a quantized output: count in its LSB
+    if last["op"] in ("dequantize", "fake_quant"):  # a quantized output: count in its LSB
         lsb = float(quant[("activation", last["name"])]["scale"].max())
         tol, unit = args.max_lsb * lsb, f"{diff.max() / lsb:.2f} LSB (tolerance {args.max_lsb:g} LSB)"
     else:  # an fp32 output: float32 vs float64 accumulation only

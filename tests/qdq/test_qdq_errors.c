@@ -1,8 +1,10 @@
 /* Q/DQ file validation: each bad input (missing file, not HDF5, truncated, wrong format or
  * version, unknown op, value id out of range or out of order, tensor shape that does not fit
  * its op, integers outside [qmin, qmax], bad scales and zero points, missing datasets,
- * attributes and records, orphan records) fails with its own message naming the file and the
- * object; a refused save names the node and leaves the existing file untouched. */
+ * attributes and records, orphan records, a Q/DQ graph labelled kind 'prepared') fails with its
+ * own message naming the file and the object; a file without the `kind` attribute (written
+ * before prepared graphs could be saved) loads as a Q/DQ graph; a refused save names the node
+ * and leaves the existing file untouched. */
 #include <hdf5.h>
 #include <hdf5_hl.h>
 #include <math.h>
@@ -203,6 +205,10 @@ static void e_foreign_writer(hid_t f) {
   set_i64(f, "/nodes/0003_conv1", "kernel_h", 3);
   set_i64(f, "/quant/weight/fc", "qmin", -8);
 }
+/* A file from before prepared graphs existed: no root attribute `kind` (means qdq). */
+static void e_no_kind(hid_t f) { QT_ASSERT(H5Adelete(f, "kind") >= 0, "delete kind"); }
+static void e_kind_prepared(hid_t f) { set_str(f, "/", "kind", "prepared"); }
+
 static void e_vlen_too_long(hid_t f) {
   char name[100];
   memset(name, 'y', sizeof name - 1);
@@ -296,6 +302,7 @@ int main(void) {
   expect_load_error("version", e_version, "format version 2");
   expect_load_error("unknown_op", e_unknown_op, "node 3 'conv1': unknown op 'sigmoid2'");
   expect_load_error("prepared_op", e_prepared_op, "node 4 'relu1': op 'fake_quant' belongs to prepared graphs");
+  expect_load_error("kind_prepared", e_kind_prepared, "node 1 'input.quantize': op 'quantize' belongs to Q/DQ graphs");
   expect_load_error("value_range", e_value_range, "node 9 'fc': input value id 999 out of range (12 values)");
   expect_load_error("value_order", e_value_order, "node 3 'conv1': input value 7 is produced by a later node");
   expect_load_error("output_range", e_output_range, "graph output value id -3 out of range (12 values)");
@@ -336,6 +343,7 @@ int main(void) {
   expect_load_error("vlen_too_long", e_vlen_too_long, "attribute 'name' is longer than 63 characters");
   g = qdq_small_graph(NULL);
   expect_load_same("foreign_writer", e_foreign_writer, g);
+  expect_load_same("no_kind", e_no_kind, g);
   qt_graph_free(g);
   save_errors();
   unlink(BASE);

@@ -1,7 +1,8 @@
-/* Q/DQ file robustness: 80 (or $QT_QDQ_FUZZ_VARIANTS) corrupted copies of a saved graph (random byte flips, zeroed and
- * random blocks, truncations at random lengths) each either load (and then equal the original
- * graph and run) or fail with a message naming the file; none crashes (run under ASan/UBSan
- * with -DQT_SANITIZE=ON). Counts of each outcome are printed with QT_TEST_VERBOSE set. */
+/* Q/DQ file robustness: 80 (or $QT_QDQ_FUZZ_VARIANTS) corrupted copies of each of two saved graphs, a Q/DQ graph and
+ * a prepared (QAT, conv_bn) graph (random byte flips, zeroed and random blocks, truncations at
+ * random lengths) each either load (and then equal the original graph and run) or fail with a
+ * message naming the file; none crashes (run under ASan/UBSan with -DQT_SANITIZE=ON). Counts of
+ * each outcome are printed with QT_TEST_VERBOSE set. */
 #include <hdf5.h>
 #include <unistd.h>
 
@@ -15,15 +16,11 @@ static uint64_t rng(void) {
   return z ^ (z >> 31);
 }
 
-int main(void) {
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-  /* No HDF5 free lists: freed blocks go back to malloc, so a leak is reported where it was
-   * really allocated (lsan_hdf5.supp names HDF5's own leak on corrupt object headers). */
-  H5set_free_list_limits(0, 0, 0, 0, 0, 0);
+static void fuzz(const char *name, qt_graph *g) {
   char err[QT_ERR_LEN];
   const char *base = "qdq_fuzz_base.h5", *path = "qdq_fuzz_case.h5";
-  qt_graph *g = qdq_small_graph(NULL);
   QT_ASSERT(qt_qdq_save(base, g, err) == 0, "%s", err);
+  qt_set_observers(g, 0); /* as a loaded graph has them */
   long len = 0;
   unsigned char *orig = qdq_read_bytes(base, &len);
   unsigned char *buf = malloc((size_t)len);
@@ -52,25 +49,41 @@ int main(void) {
     if (h) {
       loaded++;
       /* Every byte that matters is checksummed: a file that loads is the original graph. */
-      char what[64];
-      snprintf(what, sizeof what, "variant %d (mode %d)", v, mode);
+      char what[96];
+      snprintf(what, sizeof what, "%s variant %d (mode %d)", name, v, mode);
       qdq_same_graph(what, g, h);
       qdq_check_same_outputs(what, g, h, 2, (uint64_t)v);
       qt_graph_free(h);
     } else {
       refused++;
-      if (!strstr(err, path)) qt_test_fail("variant %d: message '%s' does not name the file", v, err);
+      if (!strstr(err, path)) qt_test_fail("%s variant %d: message '%s' does not name the file", name, v, err);
     }
-    if (getenv("QT_TEST_VERBOSE")) fprintf(stderr, "variant %2d mode %d: %s\n", v, mode, h ? "loaded" : err);
+    if (getenv("QT_TEST_VERBOSE")) fprintf(stderr, "%s variant %2d mode %d: %s\n", name, v, mode, h ? "loaded" : err);
     ssize_t open_ids = H5Fget_obj_count((hid_t)H5F_OBJ_ALL, H5F_OBJ_ALL);
-    if (open_ids != 0) qt_test_fail("variant %d: %zd HDF5 objects left open after the load", v, open_ids);
+    if (open_ids != 0) qt_test_fail("%s variant %d: %zd HDF5 objects left open after the load", name, v, open_ids);
   }
-  if (getenv("QT_TEST_VERBOSE")) fprintf(stderr, "%d loaded, %d refused\n", loaded, refused);
+  if (getenv("QT_TEST_VERBOSE")) fprintf(stderr, "%s: %d loaded, %d refused\n", name, loaded, refused);
   QT_CHECK(refused > 0);
   free(buf);
   free(orig);
-  qt_graph_free(g);
   unlink(path);
   unlink(base);
+}
+
+int main(void) {
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  /* No HDF5 free lists: freed blocks go back to malloc, so a leak is reported where it was
+   * really allocated (lsan_hdf5.supp names HDF5's own leak on corrupt object headers). */
+  H5set_free_list_limits(0, 0, 0, 0, 0, 0);
+  qt_graph *g = qdq_small_graph(NULL);
+  fuzz("qdq", g);
+  qt_graph_free(g);
+  qt_graph *f = qdq_small_fp32_graph();
+  qt_quantizer_config qc;
+  qt_quantizer_config_default(&qc);
+  g = qdq_prepared_graph(f, &qc, QT_PREPARE_QAT, 2, 3);
+  qt_graph_free(f);
+  if (g) fuzz("prepared", g);
+  qt_graph_free(g);
   return qt_test_finish();
 }
