@@ -84,6 +84,10 @@ qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *label
  * (channels == 1: per tensor); the clipped straight-through estimator in backward. */
 qt_tensor *qt_fake_quant(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner, const float *scale,
                          const int32_t *zero_point, int qmin, int qmax);
+/* LSQ: fake quant with a learned per-channel scale tensor (C); the gradient reaches x (clipped
+ * STE) and the scale (PyTorch's _fake_quantize_learnable_*_affine, scaled by grad_factor). */
+qt_tensor *qt_fake_quant_lsq(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner, qt_tensor *scale,
+                             const int32_t *zero_point, int qmin, int qmax, float grad_factor);
 /* y = x * s (divide: x / s) with s (C) along x's first axis (weights (C, ...)) or its last
  * axis (activations (..., C)); gradients flow to x and s. */
 qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide);

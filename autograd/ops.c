@@ -378,6 +378,44 @@ qt_tensor *qt_fake_quant(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels,
 }
 
 typedef struct {
+  qt_tensor *x, *scale, *y;
+  int64_t outer, inner;
+  int channels, qmin, qmax;
+  const int32_t *zp;
+  float grad_factor;
+} lsq_saved;
+
+static void fake_quant_lsq_backward(qt_ctx *ctx, void *p) {
+  lsq_saved *s = p;
+  if (!s->y->grad) return;
+  float *dx = s->x->requires_grad ? qt_tensor_grad(ctx, s->x) : NULL;
+  float *ds = s->scale->requires_grad ? qt_tensor_grad(ctx, s->scale) : NULL;
+  if (!dx && !ds) return;
+  /* the kernel writes both gradients; route a missing one to scratch */
+  if (!dx) dx = qt_arena_calloc(ctx, (size_t)qt_tensor_numel(s->x) * sizeof(float));
+  if (!ds) ds = qt_arena_calloc(ctx, (size_t)s->channels * sizeof(float));
+  qt_fake_quant_lsq_backward(dx, ds, NULL, s->y->grad, qt_f32(s->x), s->outer, s->channels, s->inner,
+                             qt_f32(s->scale), s->zp, s->qmin, s->qmax, s->grad_factor);
+}
+
+qt_tensor *qt_fake_quant_lsq(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner, qt_tensor *scale,
+                             const int32_t *zero_point, int qmin, int qmax, float grad_factor) {
+  check_f32(x, -1, "fake_quant_lsq", "input");
+  check_f32(scale, 1, "fake_quant_lsq", "scale");
+  QT_ASSERT(outer * channels * inner == qt_tensor_numel(x) && scale->shape[0] == channels,
+            "fake_quant_lsq: view (%lld, %d, %lld) of %lld elements with %lld scales", (long long)outer, channels,
+            (long long)inner, (long long)qt_tensor_numel(x), (long long)scale->shape[0]);
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+  qt_fake_quant_forward(qt_f32(y), NULL, qt_f32(x), outer, channels, inner, qt_f32(scale), zero_point, qmin, qmax);
+  if (qt_tape_recording(ctx, x, scale, NULL)) {
+    y->requires_grad = 1;
+    lsq_saved *sv = qt_tape_push(ctx, fake_quant_lsq_backward, sizeof *sv);
+    *sv = (lsq_saved){x, scale, y, outer, inner, channels, qmin, qmax, zero_point, grad_factor};
+  }
+  return y;
+}
+
+typedef struct {
   qt_tensor *x, *s, *y;
   int first_axis, divide;
 } cs_saved;

@@ -1,6 +1,7 @@
 /* Graph IR: builder, finalize (slabs), initialization, mode switch and executor. */
 #include "nn/nn.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -448,6 +449,38 @@ static qt_tensor *fail(qt_graph *g, const char *fmt, const char *node, const cha
   return NULL;
 }
 
+/* LSQ: the observer's first qparams initialize the learned scale. */
+static void lsq_init(qt_graph *g, qt_qstate *q) {
+  memcpy(qt_graph_tensor_data(g, q->scale_param), q->scale, (size_t)q->channels * sizeof(float));
+}
+
+/* LSQ: the learned scale as a parameter tensor, clamped to >= FLT_EPSILON (as PyTorch's
+ * _LearnableFakeQuantize clamps it), mirrored into q->scale so convert and the check see the
+ * qparams training used. */
+static qt_tensor *lsq_scale(qt_graph *g, qt_ctx *ctx, qt_qstate *q) {
+  float *s = qt_graph_tensor_data(g, q->scale_param);
+  for (int c = 0; c < q->channels; c++) {
+    if (!(s[c] >= FLT_EPSILON)) s[c] = FLT_EPSILON;
+    q->scale[c] = s[c];
+  }
+  return param_tensor(g, ctx, q->scale_param);
+}
+
+void qt_graph_sync_learned_scales(qt_graph *g) {
+  for (int i = 0; i < g->n_nodes; i++) {
+    qt_qstate *qs[2] = {g->nodes[i].q, g->nodes[i].wq};
+    for (int k = 0; k < 2; k++) {
+      qt_qstate *q = qs[k];
+      if (!q || q->scale_param < 0 || !q->calibrated) continue;
+      float *s = qt_graph_tensor_data(g, q->scale_param);
+      for (int c = 0; c < q->channels; c++) {
+        if (!(s[c] >= FLT_EPSILON)) s[c] = FLT_EPSILON;
+        q->scale[c] = s[c];
+      }
+    }
+  }
+}
+
 /* The weight a conv/linear computes with: the parameter itself (fp32), its fake-quantized
  * version (prepared graphs; observed first in training mode), or the dequantized integer
  * weights of a convert graph. */
@@ -460,13 +493,19 @@ static qt_tensor *effective_weight(qt_graph *g, qt_ctx *ctx, qt_node *n, qt_tens
     qt_dequantize(qt_f32(t), q->qweight, 1, q->channels, inner, q->scale, q->zero_point);
     return t;
   }
-  if (n->training && q->observe) {
+  if (n->training && q->observe && !(q->scale_param >= 0 && q->calibrated)) {
     char err[QT_ERR_LEN];
     if (qt_qstate_observe(q, qt_f32(w), 1, inner, err))
       return fail(g, "weight quantization of %s: %s", n->name, err);
+    if (q->scale_param >= 0) lsq_init(g, q);
   }
   if (!q->fake_quant) return w;
   if (!q->calibrated) return fail(g, "weight quantization of %s: %s", n->name, "no qparams yet (observer never ran)");
+  if (q->scale_param >= 0) {
+    qt_tensor *st = lsq_scale(g, ctx, q);
+    return qt_fake_quant_lsq(ctx, w, 1, q->channels, inner, st, q->zero_point, q->spec.qmin, q->spec.qmax,
+                             1.0f / sqrtf((float)inner * (float)q->spec.qmax));
+  }
   return qt_fake_quant(ctx, w, 1, q->channels, inner, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
 }
 
@@ -558,16 +597,23 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
       case QT_OP_FAKE_QUANT: {
         qt_qstate *q = n->q;
         const int64_t numel = qt_tensor_numel(x), outer = numel / q->channels;
-        if (n->training && q->observe) {
+        if (n->training && q->observe && !(q->scale_param >= 0 && q->calibrated)) {
           char err[QT_ERR_LEN];
           if (qt_qstate_observe(q, qt_f32(x), outer, 1, err)) return fail(g, "fake_quant %s: %s", n->name, err);
+          if (q->scale_param >= 0) lsq_init(g, q);
         }
         if (!q->fake_quant) {
           y = x;
           break;
         }
         if (!q->calibrated) return fail(g, "fake_quant %s: %s", n->name, "no qparams yet (observer never ran)");
-        y = qt_fake_quant(ctx, x, outer, q->channels, 1, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
+        if (q->scale_param >= 0) {
+          const int64_t per_sample = numel / (x->shape[0] > 0 ? x->shape[0] : 1);
+          y = qt_fake_quant_lsq(ctx, x, outer, q->channels, 1, lsq_scale(g, ctx, q), q->zero_point, q->spec.qmin,
+                                q->spec.qmax, 1.0f / sqrtf((float)per_sample * (float)q->spec.qmax));
+        } else {
+          y = qt_fake_quant(ctx, x, outer, q->channels, 1, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
+        }
         break;
       }
       case QT_OP_QUANTIZE: {

@@ -58,6 +58,7 @@ typedef struct {
   qt_observer_kind observer;
   qt_range_method method;     /* histogram observers */
   float percentile;
+  int learnable;              /* LSQ: the scale is a trained parameter (initialized by the observer) */
 } qt_qspec;
 
 /* Quantization state living on a node: the spec, the observer, the qparams training uses and
@@ -73,6 +74,7 @@ typedef struct qt_qstate {
   int calibrated;             /* scale/zero_point hold qparams */
   int32_t *qweight;           /* convert graphs: integer weights (numel of the weight), else NULL */
   int64_t n_qweight;
+  int scale_param;            /* LSQ: tensor holding the learned scale (channels), else -1 */
 } qt_qstate;
 
 /* New state for a spec with `channels` channels (observer initialized, flags on). NULL with err
@@ -170,6 +172,11 @@ int64_t qt_graph_param_count(const qt_graph *g);
 int qt_graph_find_tensor(const qt_graph *g, const char *name);
 float *qt_graph_tensor_data(qt_graph *g, int tensor);
 int qt_graph_find_node(const qt_graph *g, const char *name);
+
+/* LSQ: copies every learned scale parameter (clamped to >= FLT_EPSILON) into its state's
+ * scale[], so the qparams stored on nodes are the ones the next forward uses. Call after an
+ * optimizer step before reading qparams (the check and the training job do). */
+void qt_graph_sync_learned_scales(qt_graph *g);
 
 /* Mode switch: every stateful node follows it. */
 void qt_graph_set_training(qt_graph *g, int training);

@@ -23,6 +23,7 @@ qt_qstate *qt_qstate_create(const qt_qspec *spec, int channels, char *err) {
   if (spec->percentile > 0) q->obs.percentile = spec->percentile;
   q->observe = 1;
   q->fake_quant = 1;
+  q->scale_param = -1;
   return q;
 }
 

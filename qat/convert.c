@@ -1,4 +1,5 @@
 /* convert: the prepared graph (after calibration or training) -> the Q/DQ graph. */
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,18 @@ static void quantize_weight(qt_qstate *q, const float *w, int64_t numel) {
   q->qweight = malloc((size_t)numel * sizeof(int32_t));
   QT_ASSERT(q->qweight, "out of memory");
   qt_quantize(q->qweight, w, 1, q->channels, numel / q->channels, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
+}
+
+/* A copy of q for the convert graph: LSQ scales come from their (clamped) parameter, the way
+ * training's last forward used them; the copy owns no parameter. */
+static qt_qstate *convert_state(qt_graph *p, const qt_qstate *q) {
+  qt_qstate *c = qt_qstate_clone(q);
+  if (q->scale_param >= 0) {
+    const float *s = qt_graph_tensor_data(p, q->scale_param);
+    for (int k = 0; k < q->channels; k++) c->scale[k] = s[k] >= FLT_EPSILON ? s[k] : FLT_EPSILON;
+  }
+  c->scale_param = -1;
+  return c;
 }
 
 qt_graph *qt_convert(const qt_graph *pg, char *err) {
@@ -50,12 +63,12 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
       snprintf(name, sizeof name, "%s.quantize", n->name);
       int qn = qt_graph_add_node(c, QT_OP_QUANTIZE, name, inputs, 1, NULL, v->ndim, v->shape);
       if (qn < 0) break;
-      c->nodes[qn].q = qt_qstate_clone(n->q);
+      c->nodes[qn].q = convert_state(p, n->q);
       int qv = c->nodes[qn].output;
       snprintf(name, sizeof name, "%s.dequantize", n->name);
       int dn = qt_graph_add_node(c, QT_OP_DEQUANTIZE, name, &qv, 1, NULL, v->ndim, v->shape);
       if (dn < 0) break;
-      c->nodes[dn].q = qt_qstate_clone(n->q);
+      c->nodes[dn].q = convert_state(p, n->q);
       vmap[n->output] = c->nodes[dn].output;
       continue;
     }
@@ -113,7 +126,7 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
                  n->name);
         break;
       }
-      c->nodes[id].wq = qt_qstate_clone(n->wq);
+      c->nodes[id].wq = convert_state(p, n->wq);
       fold_nodes[n_fold] = id;
       fold_src[n_fold++] = i;
     }

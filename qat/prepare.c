@@ -71,6 +71,10 @@ static int add_fake_quant(prep *s, int old_value, const qt_qspec *spec, char *er
   }
   s->p->nodes[id].q = qt_qstate_create(spec, 1, err);
   if (!s->p->nodes[id].q) return -1;
+  if (spec->learnable) {
+    int64_t one = 1;
+    s->p->nodes[id].q->scale_param = qt_graph_add_tensor(s->p, id, "scale", 1, &one, 0);
+  }
   s->vmap[old_value] = s->p->nodes[id].output;
   return 0;
 }
@@ -78,7 +82,12 @@ static int add_fake_quant(prep *s, int old_value, const qt_qspec *spec, char *er
 static int attach_weight_quant(prep *s, int new_node, const qt_qspec *spec, int out_channels, char *err) {
   qt_qspec sp = *spec;
   s->p->nodes[new_node].wq = qt_qstate_create(&sp, sp.per_channel ? out_channels : 1, err);
-  return s->p->nodes[new_node].wq ? 0 : -1;
+  if (!s->p->nodes[new_node].wq) return -1;
+  if (sp.learnable) {
+    int64_t ch = sp.per_channel ? out_channels : 1;
+    s->p->nodes[new_node].wq->scale_param = qt_graph_add_tensor(s->p, new_node, "weight_scale", 1, &ch, 0);
+  }
+  return 0;
 }
 
 qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode mode, char *err) {

@@ -33,6 +33,7 @@ typedef struct {
   qt_observer_kind activation_observer;
   qt_range_method activation_method;   /* histogram: percentile / mse */
   float percentile;
+  int learnable_scale;                 /* LSQ: weights and activations learn their scales (QAT) */
   int has_vnni;                        /* 1: full-range 8-bit weights are exact on this CPU */
   int n_overrides;
   qt_layer_override overrides[QT_MAX_OVERRIDES];

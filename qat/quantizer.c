@@ -95,6 +95,7 @@ static qt_qspec act_spec(const qt_quantizer_config *c, int bits) {
   s.observer = c->activation_observer;
   s.method = c->activation_method;
   s.percentile = c->percentile;
+  s.learnable = c->learnable_scale;
   return s;
 }
 
@@ -114,6 +115,7 @@ static qt_qspec weight_spec(const qt_quantizer_config *c, int bits) {
   }
   s.observer = c->weight_observer;
   s.method = QT_RANGE_MINMAX;
+  s.learnable = c->learnable_scale;
   return s;
 }
 

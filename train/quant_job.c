@@ -82,6 +82,11 @@ qt_graph *qt_quant_prepare(const qt_config *cfg, const qt_graph *g, FILE *report
     return NULL;
   }
   qc.percentile = (float)qt_config_float(cfg, "quant", "percentile");
+  qc.learnable_scale = qt_config_bool(cfg, "quant", "learnable_scale");
+  if (qc.learnable_scale && !qat) {
+    snprintf(err, QT_ERR_LEN, "quant.learnable_scale needs quant.mode = qat (PTQ learns nothing)");
+    return NULL;
+  }
   if (qt_parse_overrides(&qc, qt_config_string(cfg, "quant", "layer_overrides"), err)) return NULL;
   qt_annotations ann;
   if (qt_quantizer_onednn(g, &qc, &ann, err)) return NULL;
@@ -137,6 +142,7 @@ int qt_quant_calibrate(const qt_config *cfg, qt_graph *p, const qt_dataset *trai
 int qt_quant_finish(const qt_config *cfg, qt_graph *p, const qt_dataset *test, const qt_loader_config *ec,
                     qt_ctx *ctx, const char *dir, qt_quant_result *res, int verbose, char *err) {
   memset(res, 0, sizeof *res);
+  qt_graph_sync_learned_scales(p);
   if (qt_evaluate(p, ctx, test, ec, &res->fake_quant, err)) return -1;
   qt_graph *c = qt_convert(p, err);
   if (!c) return -1;

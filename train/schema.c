@@ -58,6 +58,8 @@ static const qt_cfg_key schema[] = {
     {"quant", "activation_range", QT_CFG_ENUM, "minmax", 0, 0, "minmax|percentile|mse",
      "histogram observer: how the range is chosen"},
     {"quant", "percentile", QT_CFG_FLOAT, "99.99", 50, 100, NULL, "histogram + percentile: the percentile kept"},
+    {"quant", "learnable_scale", QT_CFG_BOOL, "false", 0, 0, NULL,
+     "QAT: LSQ, scales are trained parameters (initialized by the observers on the first batch)"},
     {"quant", "layer_overrides", QT_CFG_STRING, "", 0, 0, NULL,
      "per-layer settings by node name, e.g. conv1=w8a8;fc2=fp32 (mixed precision)"},
     {"quant", "fp32_checkpoint", QT_CFG_STRING, "", 0, 0, NULL,

@@ -21,6 +21,8 @@ static float *batch(uint64_t seed) {
   return x;
 }
 
+static int g_lsq; /* prepared_model: learnable scales */
+
 static qt_graph *prepared_model(const char *model, qt_prepare_mode mode, int wbits, int abits, int vnni) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build(model, err);
@@ -33,6 +35,7 @@ static qt_graph *prepared_model(const char *model, qt_prepare_mode mode, int wbi
   qc.activation_bits = abits;
   qc.has_vnni = vnni;
   qc.weight_observer = mode == QT_PREPARE_QAT ? QT_OBSERVER_MOVING_AVERAGE : QT_OBSERVER_MINMAX;
+  qc.learnable_scale = g_lsq;
   qt_annotations a;
   if (qt_quantizer_onednn(g, &qc, &a, err)) qt_test_fail("quantizer: %s", err);
   qt_graph *p = qt_prepare(g, &a, mode, err);
@@ -138,6 +141,29 @@ static void round_trip(const char *model, qt_prepare_mode mode, int wbits, int a
     qt_test_fail("%s %s W%dA%d: check failed:\n%s", model, mode == QT_PREPARE_QAT ? "QAT" : "PTQ", wbits, abits,
                  r.reason);
   if (r.max_lsb > 1.0) qt_test_fail("%s: max %.2f LSB", model, r.max_lsb);
+  qt_graph_free(c);
+  qt_graph_free(p);
+}
+
+static void lsq_moves_scales(void) {
+  qt_graph *p = prepared_model("fashion_cnn", QT_PREPARE_QAT, 4, 4, 1);
+  exercise(p, QT_PREPARE_QAT); /* first forward initializes, later steps train */
+  int t = qt_graph_find_tensor(p, "relu1.fq.scale"), w = qt_graph_find_tensor(p, "conv2.weight_scale");
+  QT_CHECK(t >= 0 && w >= 0);
+  if (t < 0 || w < 0) return;
+  const qt_node *fq = &p->nodes[qt_graph_find_node(p, "relu1.fq")];
+  qt_graph_sync_learned_scales(p);
+  QT_CHECK(fq->q->scale[0] == qt_graph_tensor_data(p, t)[0]);
+  /* the observer's running min/max would give another scale than the learned one */
+  float obs_scale;
+  int32_t obs_zp;
+  char err[QT_ERR_LEN];
+  QT_CHECK(qt_observer_qparams(&fq->q->obs, fq->q->spec.qmin, fq->q->spec.qmax, 0, &obs_scale, &obs_zp, err) == 0);
+  if (obs_scale == fq->q->scale[0]) qt_test_fail("LSQ: relu1.fq scale did not move from its initialization");
+  qt_graph *c = qt_convert(p, err);
+  QT_CHECK(c != NULL);
+  const qt_node *qn = &c->nodes[qt_graph_find_node(c, "relu1.fq.quantize")];
+  QT_CHECK(qn->q->scale[0] == qt_graph_tensor_data(p, t)[0] && qn->q->scale_param == -1);
   qt_graph_free(c);
   qt_graph_free(p);
 }
@@ -280,6 +306,12 @@ int main(void) {
   round_trip("res_cnn", QT_PREPARE_QAT, 8, 8);
   round_trip("res_cnn", QT_PREPARE_PTQ, 3, 3);
   round_trip("fashion_mlp", QT_PREPARE_QAT, 2, 8);
+  /* LSQ: scales are parameters that training moves; convert and check follow them */
+  g_lsq = 1;
+  round_trip("fashion_cnn", QT_PREPARE_QAT, 4, 4);
+  round_trip("res_cnn", QT_PREPARE_QAT, 4, 8);
+  lsq_moves_scales();
+  g_lsq = 0;
   negatives();
   shared_weight_refused();
   nan_in_observer();
