@@ -36,6 +36,8 @@ qt_ctx *qt_ctx_create(void);
 void qt_ctx_free(qt_ctx *ctx);
 /* Rewinds the arena and clears the tape: every tensor made since is gone. */
 void qt_ctx_reset(qt_ctx *ctx);
+/* Rewinds like qt_ctx_reset and also returns the arena's memory to the system. */
+void qt_ctx_release(qt_ctx *ctx);
 void qt_ctx_set_grad(qt_ctx *ctx, int enabled);
 int qt_ctx_grad_enabled(const qt_ctx *ctx);
 /* Bytes the arena held at its fullest so far. */

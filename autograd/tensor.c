@@ -103,6 +103,14 @@ void qt_ctx_reset(qt_ctx *ctx) {
   ctx->tape_len = 0;
 }
 
+void qt_ctx_release(qt_ctx *ctx) {
+  blocks_free(ctx->blocks);
+  ctx->blocks = NULL;
+  ctx->capacity = 0;
+  ctx->used_total = 0;
+  ctx->tape_len = 0;
+}
+
 void qt_ctx_set_grad(qt_ctx *ctx, int enabled) { ctx->grad_enabled = enabled; }
 int qt_ctx_grad_enabled(const qt_ctx *ctx) { return ctx->grad_enabled; }
 size_t qt_ctx_peak_bytes(const qt_ctx *ctx) { return ctx->peak; }

@@ -71,7 +71,7 @@ static const qt_cfg_key schema[] = {
      "QAT: disable observers (freeze the qparams) after this many epochs (0 = never)"},
     {"quant", "freeze_bn_after", QT_CFG_INT, "0", 0, 100000, NULL,
      "QAT: freeze BN running statistics after this many epochs (0 = never)"},
-    {"quant", "check_batch", QT_CFG_INT, "256", 1, 100000, NULL,
+    {"quant", "check_batch", QT_CFG_INT, "128", 1, 100000, NULL,
      "test images the training-graph = convert-graph check runs on"},
 
     {"output", "dir", QT_CFG_STRING, "runs/default", 0, 0, NULL, "output directory (created)"},

@@ -525,8 +525,12 @@ int qt_train_run(qt_config *cfg, char *err) {
   if (!quant && (ran == 0 || ev.n == 0)) {
     if (qt_evaluate(g, ctx, &test, &ec, &ev, err)) goto out;
   }
-  if (quant && qt_quant_finish(cfg, tg, &test, &ec, ctx, dir, &qres, prog.mode != 0, err)) goto out;
-  if (write_summary(summary_path, cfg, g, (double)qt_ctx_peak_bytes(ctx) / 1048576.0, rows, n_rows,
+  double arena_mb = (double)qt_ctx_peak_bytes(ctx) / 1048576.0;
+  if (quant) {
+    qt_ctx_release(ctx); /* the training step's memory is not needed by convert and the check */
+    if (qt_quant_finish(cfg, tg, &test, &ec, ctx, dir, &qres, prog.mode != 0, err)) goto out;
+  }
+  if (write_summary(summary_path, cfg, g, arena_mb, rows, n_rows,
                     quant ? &ev_fp32 : &ev, quant ? &qres : NULL, n_rows ? rows[n_rows - 1].epoch : start_epoch,
                     ckpt_path, err))
     goto out;
