@@ -1,0 +1,42 @@
+/* oneDNN int8 primitives behind the lowered model (private to the backend library): int8
+ * convolution and inner product (u8 activations, s8 weights, per-channel output scales,
+ * bias in accumulator units, fused ReLU / clip, runtime zero points) and u8 max pooling.
+ * Each op keeps its primitives per batch size (a few sizes, round robin); weights are
+ * reordered into the primitive's layout once per primitive, never per call. */
+#ifndef QT_BACKEND_INT8_H
+#define QT_BACKEND_INT8_H
+
+#include <stdint.h>
+
+#ifndef QT_ERR_LEN
+#define QT_ERR_LEN 512
+#endif
+
+typedef enum { QT_INT8_CONV, QT_INT8_LINEAR, QT_INT8_MAX_POOL } qt_int8_kind;
+
+typedef struct {
+  qt_int8_kind kind;
+  int H, W, C;                 /* input per sample, NHWC; linear: H = W = 1, C = IN */
+  int OC, OH, OW;              /* output per sample; pool: OC = C; linear: OH = OW = 1 */
+  int KH, KW, stride_h, stride_w, pad_h, pad_w; /* conv, pool (symmetric padding, floor mode) */
+  int zp_src, zp_dst;          /* conv: runtime zero points (0 = none); linear: must be 0 */
+  int relu;                    /* eltwise relu post-op */
+  int clip;                    /* eltwise clip post-op to [clip_lo, clip_hi] (output units before zp_dst) */
+  int clip_lo, clip_hi;
+  int dst_f32;                 /* f32 dst (the caller requantizes) instead of u8 */
+} qt_int8_params;
+
+typedef struct qt_int8_op qt_int8_op;
+
+/* weight: s8 in OIHW (conv) or (OUT, IN) (linear), NULL for pooling; bias: f32 (OC) in
+ * accumulator units; oscale: (OC). All copied. Creates a primitive for a probe batch to learn
+ * whether oneDNN implements the scheme: NULL with err when it does not. */
+qt_int8_op *qt_int8_op_create(const qt_int8_params *p, const int8_t *weight, const float *bias, const float *oscale,
+                              char *err);
+/* dst (N, OH, OW, OC) u8 (or f32 for dst_f32) from src (N, H, W, C) u8. */
+void qt_int8_op_run(qt_int8_op *op, void *dst, const uint8_t *src, int N);
+void qt_int8_op_free(qt_int8_op *op);
+/* The implementation oneDNN picked for the last primitive created ("jit_int8:avx512_core_vnni"...). */
+const char *qt_int8_op_impl(const qt_int8_op *op);
+
+#endif

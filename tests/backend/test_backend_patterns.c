@@ -1,0 +1,392 @@
+/* Each lowered pattern against the Q/DQ reference interpreter (qt_graph_forward) on random
+ * data: dq -> conv [-> relu] -> q (input zero point, padding, stride, output zero point, a
+ * 4-bit output range), dq -> flatten -> linear [-> relu] -> q (folded input zero point, f32
+ * requantization for an output zero point), max pooling on u8, a fallback partition
+ * (average pooling), FashionCNN converted end to end (W8A8 and W4A4), batch sizes changing
+ * between runs, and a prepared graph refused. Int8 partitions: at most 1 output LSB with
+ * realistic scales, 0 with power-of-two scales and small integers (exact arithmetic);
+ * max pooling and fallbacks: identical. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "qat/qat.h"
+#include "tests/common/testutil.h"
+
+/* ---- building small Q/DQ graphs ----------------------------------------------------------- */
+
+static qt_qstate *act_state(float scale, int zp, int qmax) {
+  char err[QT_ERR_LEN];
+  qt_qspec s;
+  memset(&s, 0, sizeof s);
+  s.bits = qmax == 255 ? 8 : qmax == 15 ? 4 : 8;
+  s.qmin = 0;
+  s.qmax = qmax;
+  s.observer = QT_OBSERVER_MOVING_AVERAGE;
+  qt_qstate *q = qt_qstate_create(&s, 1, err);
+  QT_ASSERT(q, "%s", err);
+  q->scale[0] = scale;
+  q->zero_point[0] = zp;
+  q->calibrated = 1;
+  q->observe = 0;
+  return q;
+}
+
+/* Appends quantize -> dequantize (range [0, qmax]) after x; returns the dequantized value. */
+static int qdq(qt_graph *g, const char *prefix, int x, float scale, int zp, int qmax) {
+  char name[QT_NAME_LEN];
+  const qt_value *v = &g->values[x];
+  const int nd = v->ndim;
+  const int64_t shape[3] = {v->shape[0], v->shape[1], v->shape[2]};
+  snprintf(name, sizeof name, "%s.quantize", prefix);
+  int qn = qt_graph_add_node(g, QT_OP_QUANTIZE, name, &x, 1, NULL, nd, shape);
+  QT_ASSERT(qn >= 0, "%s", g->error);
+  g->nodes[qn].q = act_state(scale, zp, qmax);
+  const int qv = g->nodes[qn].output;
+  snprintf(name, sizeof name, "%s.dequantize", prefix);
+  int dn = qt_graph_add_node(g, QT_OP_DEQUANTIZE, name, &qv, 1, NULL, nd, shape);
+  QT_ASSERT(dn >= 0, "%s", g->error);
+  g->nodes[dn].q = act_state(scale, zp, qmax);
+  return g->nodes[dn].output;
+}
+
+static uint64_t rng_state = 12345;
+static uint32_t rnd(void) {
+  rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+  return (uint32_t)(rng_state >> 33);
+}
+static float rnd_uniform(float lo, float hi) { return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f; }
+
+/* Integer weights in [-wmax, wmax] (s8 per-channel symmetric) with per-channel scales; the
+ * bias, if any, random (or, exact, an integer multiple of s_x * s_w[c]). */
+static void quantize_weights(qt_graph *g, const char *name, int wmax, float s_x, int exact) {
+  char err[QT_ERR_LEN];
+  qt_node *n = &g->nodes[qt_graph_find_node(g, name)];
+  const qt_param *w = &g->tensors[n->param[QT_P_WEIGHT]];
+  const int OC = (int)w->shape[0];
+  qt_qspec s;
+  memset(&s, 0, sizeof s);
+  s.bits = 8;
+  s.is_signed = 1;
+  s.qmin = -128;
+  s.qmax = 127;
+  s.symmetric = 1;
+  s.per_channel = 1;
+  s.observer = QT_OBSERVER_MINMAX;
+  n->wq = qt_qstate_create(&s, OC, err);
+  QT_ASSERT(n->wq, "%s", err);
+  n->wq->n_qweight = w->numel;
+  n->wq->qweight = malloc((size_t)w->numel * sizeof(int32_t));
+  for (int64_t k = 0; k < w->numel; k++) n->wq->qweight[k] = (int32_t)(rnd() % (2 * wmax + 1)) - wmax;
+  float *b = n->param[QT_P_BIAS] >= 0 ? qt_graph_tensor_data(g, n->param[QT_P_BIAS]) : NULL;
+  for (int c = 0; c < OC; c++) {
+    n->wq->scale[c] = exact ? ldexpf(1.0f, -6 - (int)(rnd() % 3)) : rnd_uniform(0.002f, 0.02f);
+    if (b) b[c] = exact ? (float)((int)(rnd() % 401) - 200) * s_x * n->wq->scale[c] : rnd_uniform(-0.5f, 0.5f);
+  }
+  n->wq->calibrated = 1;
+  n->wq->observe = 0;
+}
+
+/* Calibrates every quantize after the first (the graph input's) from the range its input
+ * takes on x, in order (affine, [0, qmax]); exact: the scale rounded up to a power of two. */
+static void calibrate(qt_graph *g, const float *x, int n, int exact) {
+  qt_ctx *ctx = qt_ctx_create();
+  const qt_value *in = &g->values[g->input];
+  const int64_t shape[4] = {n, in->shape[0], in->shape[1], in->shape[2]};
+  int first = 1;
+  for (int i = 0; i < g->n_nodes; i++) {
+    qt_node *q = &g->nodes[i];
+    if (q->op != QT_OP_QUANTIZE) continue;
+    if (first) {
+      first = 0;
+      continue;
+    }
+    qt_ctx_reset(ctx);
+    qt_tensor **vals;
+    QT_ASSERT(qt_graph_forward_values(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &vals), "%s",
+              g->error);
+    const qt_tensor *v = vals[q->inputs[0]];
+    float lo = 0, hi = 0;
+    for (int64_t k = 0; k < qt_tensor_numel(v); k++) {
+      lo = fminf(lo, qt_f32(v)[k]);
+      hi = fmaxf(hi, qt_f32(v)[k]);
+    }
+    const int qmax = q->q->spec.qmax;
+    float s = fmaxf(hi - lo, 1e-3f) / (float)qmax;
+    if (exact) s = ldexpf(1.0f, (int)ceilf(log2f(s)));
+    int zp = (int)nearbyintf(-lo / s);
+    if (zp > qmax) zp = qmax;
+    qt_node *d = &g->nodes[q->output + 1]; /* qdq() appends the pair together */
+    QT_ASSERT(d->op == QT_OP_DEQUANTIZE, "pair of %s", q->name);
+    q->q->scale[0] = d->q->scale[0] = s;
+    q->q->zero_point[0] = d->q->zero_point[0] = zp;
+  }
+  qt_ctx_free(ctx);
+}
+
+static float *random_input(const qt_graph *g, int n, float lo, float hi) {
+  const int64_t numel = n * g->values[g->input].shape[0] * g->values[g->input].shape[1] * g->values[g->input].shape[2];
+  float *x = malloc((size_t)numel * sizeof(float));
+  for (int64_t i = 0; i < numel; i++) x[i] = rnd_uniform(lo, hi);
+  return x;
+}
+
+/* Output LSB: the scale of the final dequantize, or 0 when the output is fp32. */
+static float output_lsb(const qt_graph *g) {
+  const qt_node *o = &g->nodes[g->values[g->output].producer];
+  return o->op == QT_OP_DEQUANTIZE ? o->q->scale[0] : 0.0f;
+}
+
+/* Lowers g, runs both on x; checks the partition counts and max_lsb (0: bit-identical).
+ * Returns the max difference in LSB (absolute for fp32 outputs). */
+static double compare(const char *what, qt_graph *g, const float *x, int n, int want_int8, int want_fallback,
+                      double max_lsb) {
+  char err[QT_ERR_LEN];
+  qt_graph_set_training(g, 0);
+  qt_lowered *m = qt_lower(g, err);
+  if (!m) {
+    qt_test_fail("%s: lower: %s", what, err);
+    return 1e9;
+  }
+  if ((want_int8 >= 0 && qt_lowered_count(m, QT_PART_INT8) != want_int8) ||
+      qt_lowered_count(m, QT_PART_FALLBACK) != want_fallback) {
+    qt_test_fail("%s: %d int8 / %d fallback partitions, want %d / %d", what, qt_lowered_count(m, QT_PART_INT8),
+                 qt_lowered_count(m, QT_PART_FALLBACK), want_int8, want_fallback);
+    qt_lowered_report(m, stderr);
+  }
+  const int64_t on = qt_lowered_output_numel(m) * n;
+  float *got = malloc((size_t)on * sizeof(float));
+  if (qt_lowered_run(m, got, x, n, err)) qt_test_fail("%s: run: %s", what, err);
+  qt_ctx *ctx = qt_ctx_create();
+  const qt_value *in = &g->values[g->input];
+  const int64_t shape[4] = {n, in->shape[0], in->shape[1], in->shape[2]};
+  qt_tensor *y = qt_graph_forward(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x));
+  QT_ASSERT(y && qt_tensor_numel(y) == on, "%s: reference forward: %s", what, g->error);
+  const float lsb = output_lsb(g);
+  double worst = 0;
+  int64_t bad = 0, diff = 0;
+  for (int64_t i = 0; i < on; i++) {
+    double d = fabs((double)got[i] - (double)qt_f32(y)[i]);
+    if (lsb > 0) d /= lsb;
+    if (d > 0) diff++;
+    if (d > max_lsb + 1e-4) {
+      if (bad++ < 5)
+        fprintf(stderr, "%s: element %lld: lowered %.7g, Q/DQ %.7g (%.3g %s)\n", what, (long long)i, got[i],
+                qt_f32(y)[i], d, lsb > 0 ? "LSB" : "abs");
+    }
+    if (d > worst) worst = d;
+  }
+  if (bad) qt_test_fail("%s: %lld of %lld outputs beyond %.0f LSB (max %.3g)", what, (long long)bad, (long long)on,
+                        max_lsb, worst);
+  if (getenv("QT_TEST_VERBOSE"))
+    fprintf(stderr, "%s: max %.3g LSB, %lld of %lld differ\n", what, worst, (long long)diff, (long long)on);
+  free(got);
+  qt_ctx_free(ctx);
+  qt_lowered_free(m);
+  return worst;
+}
+
+static qt_graph *finalize(qt_graph *g, int y) {
+  char err[QT_ERR_LEN];
+  QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
+  for (int t = 0; t < g->n_tensors; t++)
+    if (!g->tensors[t].is_buffer) qt_test_fill_uniform(qt_graph_tensor_data(g, t), g->tensors[t].numel, -0.5f, 0.5f, 3);
+  return g;
+}
+
+/* ---- patterns ----------------------------------------------------------------------------- */
+
+/* input 10x10x3 -> q/dq (zp 100) -> conv 3x3 [stride] pad 1 -> [relu] -> q/dq [0, qmax] */
+static void set_output_zero_point(qt_graph *g, int zp) {
+  qt_node *d = &g->nodes[g->values[g->output].producer];
+  qt_node *q = &g->nodes[g->values[d->inputs[0]].producer];
+  d->q->zero_point[0] = q->q->zero_point[0] = zp;
+}
+
+/* zp_out >= 0 forces the output zero point (even: oneDNN's dst zero point; odd: f32 dst and
+ * requantization, see backend/lower.c), else it comes from calibration. */
+static void conv_pattern(int relu, int stride, int qmax, int zp_out, int exact) {
+  char what[128];
+  snprintf(what, sizeof what, "conv%s stride %d out [0,%d] zp %d%s", relu ? "+relu" : "", stride, qmax, zp_out,
+           exact ? " exact" : "");
+  const float s_in = exact ? 1.0f / 64 : 0.0123f;
+  qt_graph *g = qt_graph_create("conv_pattern");
+  int x = qt_graph_input(g, "input", 10, 10, 3);
+  x = qdq(g, "input.fq", x, s_in, 100, 255);
+  x = qt_graph_conv2d(g, "conv", x, 16, 3, stride, 1, 1, 1);
+  if (relu) x = qt_graph_relu(g, "relu", x);
+  x = qdq(g, "out.fq", x, 1.0f, 0, qmax);
+  finalize(g, x);
+  quantize_weights(g, "conv", exact ? 7 : 127, s_in, exact);
+  float *in = random_input(g, 8, -100 * s_in - 0.1f, 155 * s_in + 0.1f);
+  calibrate(g, in, 8, exact);
+  if (zp_out >= 0) set_output_zero_point(g, zp_out);
+  compare(what, g, in, 8, 1, 0, exact ? 0 : 1);
+  free(in);
+  qt_graph_free(g);
+}
+
+/* input 4x4x5 -> q/dq (zp_in) -> flatten -> linear 12 -> [relu] -> q/dq */
+static void linear_pattern(int relu, int zp_in, int exact) {
+  char what[128];
+  snprintf(what, sizeof what, "flatten+linear%s zp_in %d%s", relu ? "+relu" : "", zp_in, exact ? " exact" : "");
+  const float s_in = exact ? 1.0f / 32 : 0.0171f;
+  qt_graph *g = qt_graph_create("linear_pattern");
+  int x = qt_graph_input(g, "input", 4, 4, 5);
+  x = qdq(g, "input.fq", x, s_in, zp_in, 255);
+  x = qt_graph_flatten(g, "flatten", x);
+  x = qt_graph_linear(g, "fc", x, 12, 1);
+  if (relu) x = qt_graph_relu(g, "relu", x);
+  x = qdq(g, "out.fq", x, 1.0f, 0, 255);
+  finalize(g, x);
+  quantize_weights(g, "fc", exact ? 7 : 127, s_in, exact);
+  float *in = random_input(g, 16, -(float)zp_in * s_in - 0.1f, (float)(255 - zp_in) * s_in + 0.1f);
+  calibrate(g, in, 16, exact);
+  /* int8: the layer and the flatten view */
+  compare(what, g, in, 16, 2, 0, exact ? 0 : 1);
+  free(in);
+  qt_graph_free(g);
+}
+
+/* input 9x9x4 -> q/dq -> max_pool (k3 s2 p1: padding) -> fp32 output: identical. */
+static void max_pool_pattern(void) {
+  qt_graph *g = qt_graph_create("max_pool_pattern");
+  int x = qt_graph_input(g, "input", 9, 9, 4);
+  x = qdq(g, "input.fq", x, 0.02f, 37, 255);
+  x = qt_graph_max_pool2d(g, "pool", x, 3, 2, 1);
+  finalize(g, x);
+  float *in = random_input(g, 8, -1.0f, 4.5f);
+  compare("max pool on u8", g, in, 8, 1, 0, 0);
+  free(in);
+  qt_graph_free(g);
+}
+
+/* dq -> avg_pool -> q: no int8 pattern, runs in fp32, bit-identical; the report names it. */
+static void fallback_pattern(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("fallback_pattern");
+  int x = qt_graph_input(g, "input", 8, 8, 4);
+  x = qdq(g, "input.fq", x, 0.015f, 90, 255);
+  x = qt_graph_avg_pool2d(g, "avgpool", x, 3, 2, 1);
+  x = qdq(g, "avgpool.fq", x, 0.011f, 80, 255);
+  finalize(g, x);
+  float *in = random_input(g, 8, -1.5f, 2.5f);
+  compare("avg pool fallback", g, in, 8, 0, 1, 0);
+  qt_lowered *m = qt_lower(g, err);
+  int found = 0;
+  for (int i = 0; m && i < qt_lowered_partition_count(m); i++) {
+    const char *nodes, *detail;
+    if (qt_lowered_partition(m, i, &nodes, &detail) == QT_PART_FALLBACK)
+      found = strcmp(nodes, "avgpool") == 0 && strstr(detail, "avg_pool2d") && strstr(detail, "no int8");
+  }
+  if (!found) qt_test_fail("fallback: the report does not list avgpool as an avg_pool2d fallback with its reason");
+  qt_lowered_free(m);
+  free(in);
+  qt_graph_free(g);
+}
+
+/* FashionCNN through the real pipeline: quantizer -> PTQ prepare -> calibration -> convert. */
+static qt_graph *converted_model(const char *model, int wbits, int abits) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_model_build(model, err);
+  qt_graph_init_params(g, 5);
+  for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.3f + 0.2f * (float)(i % 7);
+  qt_quantizer_config qc;
+  qt_quantizer_config_default(&qc);
+  qc.weight_bits = wbits;
+  qc.activation_bits = abits;
+  qt_annotations a;
+  QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
+  QT_ASSERT(p, "%s", err);
+  qt_annotations_free(&a);
+  qt_graph_free(g);
+  qt_ctx *ctx = qt_ctx_create();
+  const int64_t shape[4] = {32, 28, 28, 1};
+  qt_graph_set_training(p, 1);
+  for (int s = 0; s < 3; s++) {
+    float *x = malloc(sizeof(float) * 32 * 784);
+    qt_test_fill_uniform(x, 32 * 784, -0.8f, 2.0f, 40 + (uint64_t)s);
+    qt_ctx_reset(ctx);
+    QT_ASSERT(qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x)), "%s", p->error);
+    free(x);
+  }
+  qt_ctx_free(ctx);
+  qt_graph_set_training(p, 0);
+  qt_graph *c = qt_convert(p, err);
+  QT_ASSERT(c, "%s", err);
+  qt_graph_free(p);
+  return c;
+}
+
+static void fashion_cnn(int wbits, int abits) {
+  char what[64];
+  snprintf(what, sizeof what, "fashion_cnn W%dA%d", wbits, abits);
+  qt_graph *g = converted_model("fashion_cnn", wbits, abits);
+  float *x = malloc(sizeof(float) * 256 * 784);
+  qt_test_fill_uniform(x, 256 * 784, -0.8f, 2.0f, 99);
+  /* conv1, pool1, conv2, pool2, flatten, fc1, fc2: all int8 */
+  compare(what, g, x, 256, 7, 0, 1);
+  /* batch sizes changing between runs reuse and rebuild cached primitives */
+  compare(what, g, x, 3, 7, 0, 1);
+  compare(what, g, x + 5 * 784, 17, 7, 0, 1);
+  free(x);
+  qt_graph_free(g);
+}
+
+/* ResCNN: residual adds (and global average pooling) fall back to fp32 between int8 convs. */
+static void res_cnn(void) {
+  qt_graph *g = converted_model("res_cnn", 8, 8);
+  float *x = malloc(sizeof(float) * 64 * 784);
+  qt_test_fill_uniform(x, 64 * 784, -0.8f, 2.0f, 98);
+  char err[QT_ERR_LEN];
+  qt_lowered *m = qt_lower(g, err);
+  QT_ASSERT(m, "%s", err);
+  if (getenv("QT_TEST_VERBOSE")) qt_lowered_report(m, stderr);
+  const int fallbacks = qt_lowered_count(m, QT_PART_FALLBACK);
+  qt_lowered_free(m);
+  compare("res_cnn W8A8", g, x, 64, -1, fallbacks, 1);
+  free(x);
+  qt_graph_free(g);
+}
+
+static void prepared_refused(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_model_build("fashion_cnn", err);
+  qt_quantizer_config qc;
+  qt_quantizer_config_default(&qc);
+  qt_annotations a;
+  QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
+  err[0] = 0;
+  qt_lowered *m = qt_lower(p, err);
+  if (m || !strstr(err, "prepared")) qt_test_fail("a prepared graph must be refused naming it, got '%s'", err);
+  qt_lowered_free(m);
+  qt_annotations_free(&a);
+  qt_graph_free(p);
+  qt_graph_free(g);
+}
+
+int main(void) {
+  for (int exact = 0; exact <= 1; exact++) {
+    conv_pattern(1, 1, 255, -1, exact);
+    conv_pattern(0, 2, 255, -1, exact);  /* output zero point from calibration */
+    conv_pattern(0, 2, 255, 100, exact); /* even: oneDNN's dst zero point */
+    conv_pattern(0, 1, 255, 101, exact); /* odd: f32 dst, requantized */
+    conv_pattern(1, 1, 15, -1, exact);   /* 4-bit output: clip post-op */
+    conv_pattern(0, 1, 15, 6, exact);    /* 4-bit, dst zero point and clip */
+    conv_pattern(0, 1, 15, 7, exact);
+    linear_pattern(1, 0, exact);
+    linear_pattern(1, 77, exact);   /* input zero point folded into the bias */
+    linear_pattern(0, 77, exact);   /* output zero point: f32 dst, requantized */
+  }
+  max_pool_pattern();
+  fallback_pattern();
+  fashion_cnn(8, 8);
+  fashion_cnn(4, 4);
+  res_cnn();
+  prepared_refused();
+  return qt_test_finish();
+}
