@@ -110,12 +110,20 @@ int qt_graph_write_dot(const qt_graph *g, FILE *f) {
     for (int k = 0; k < QT_MAX_PARAMS; k++)
       if (n->param[k] >= 0) {
         const qt_param *p = &g->tensors[n->param[k]];
-        const char *dot = strrchr(p->name, '.');
-        fprintf(f, "\\n%s (", dot ? dot + 1 : p->name);
+        size_t len = strlen(n->name);
+        const char *suffix = strncmp(p->name, n->name, len) == 0 && p->name[len] == '.' ? p->name + len + 1 : p->name;
+        fprintf(f, "\\n%s (", suffix);
         for (int d = 0; d < p->ndim; d++) fprintf(f, "%s%lld", d ? "x" : "", (long long)p->shape[d]);
         fprintf(f, ")");
       }
-    fprintf(f, "\"%s];\n", n->op == QT_OP_INPUT ? ", shape=ellipse" : "");
+    const qt_qstate *qs[2] = {n->q, n->wq};
+    for (int k = 0; k < 2; k++)
+      if (qs[k])
+        fprintf(f, "\\n%s%s%d [%d, %d]%s%s", k ? "weight " : "", qs[k]->spec.is_signed ? "s" : "u", qs[k]->spec.bits,
+                qs[k]->spec.qmin, qs[k]->spec.qmax, qs[k]->spec.per_channel ? " per-channel" : "",
+                qs[k]->qweight ? " (integers)" : "");
+    const int quant = n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_QUANTIZE || n->op == QT_OP_DEQUANTIZE;
+    fprintf(f, "\"%s];\n", n->op == QT_OP_INPUT ? ", shape=ellipse" : quant ? ", style=\"rounded,filled\", fillcolor=\"#e8f0ff\"" : "");
   }
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
