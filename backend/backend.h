@@ -9,6 +9,9 @@
  *                                   into the bias; a non-zero output zero point requantizes
  *                                   the f32 result in a small loop)
  *   max_pool2d / flatten of a dq    run on the u8 tensor (dequantize is monotone: exact)
+ *   dq + dq -> add [-> relu] -> q   u8 + u8 -> u8, each input with its own scale and zero
+ *                                   point, requantized in the reference's float operations
+ *                                   (bit-exact; ResCNN's residual blocks stay on u8)
  *   q of the fp32 graph input       quantize straight to u8
  * Anything else runs as dq -> fp32 op -> q with the framework's fp32 kernels: a fallback
  * partition, listed in the partition report with its reason. Activations stay NHWC u8
@@ -24,6 +27,7 @@
 #include <stdio.h>
 
 #include "nn/nn.h"
+#include "qat/qat.h" /* qt_backend_desc */
 
 typedef struct qt_lowered qt_lowered; /* opaque */
 
@@ -56,5 +60,113 @@ qt_partition_kind qt_lowered_partition(const qt_lowered *m, int i, const char **
 int qt_lowered_count(const qt_lowered *m, qt_partition_kind k);
 /* The report: a header line, then one line per partition. */
 void qt_lowered_report(const qt_lowered *m, FILE *f);
+
+/* ==== backend descriptions and the check pass (backend/check.c) ============================== */
+/* qt_backend_desc (qat/qat.h) says what a backend's integer kernels accept. */
+
+typedef enum { QT_ISA_AUTO, QT_ISA_VNNI, QT_ISA_NO_VNNI } qt_isa_choice;
+
+/* The built-in backend above: oneDNN int8 on this CPU. Ops it lowers to integers (conv2d,
+ * linear, relu, max_pool2d, flatten, add), 2..8-bit signed symmetric weights (per channel or per
+ * tensor), 2..8-bit unsigned per-tensor activations, any scale. isa: AUTO reads oneDNN's
+ * effective ISA (dnnl_get_effective_cpu_isa); VNNI / NO_VNNI force it (DESIGN 4 describes an
+ * AVX2 machine without VNNI, where u8 x s8 pairs saturate a 16-bit sum). */
+void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa);
+
+/* An accelerator described by an INI file (experiments/accel_fictional.ini):
+ *   [accelerator]
+ *   name = ...                 ops = conv2d, linear, relu, ...   (op names, comma-separated)
+ *   weight_bits = 8            activation_bits = 8               (comma lists of 2..8)
+ *   per_tensor_only = true     symmetric = true                  power_of_two_scales = true
+ *   max_channels = 64          (output channels / features; 0 = any)
+ * per_tensor_only applies to weights and activations; symmetric means signed ranges with zero
+ * point 0 for both. Returns 0, or -1 with err naming the file, line and key. */
+int qt_backend_desc_load(qt_backend_desc *d, const char *path, char *err);
+/* The same from INI text; origin names it in messages. */
+int qt_backend_desc_parse(qt_backend_desc *d, const char *text, const char *origin, char *err);
+/* One paragraph: name, ops, bit widths, requirements, ISA. */
+void qt_backend_desc_print(const qt_backend_desc *d, FILE *f);
+
+/* Whether one quantization record (a quantize node's activation record, or a layer's weight
+ * record) is acceptable to the backend: NULL, or the first reason it is not, written to why. */
+const char *qt_backend_record_problem(const qt_backend_desc *d, const qt_qstate *q, int is_weight, char *why,
+                                      size_t n);
+
+typedef enum {
+  QT_VIOLATION_OP,             /* op not run by the backend, on quantized data */
+  QT_VIOLATION_BITS,           /* bit width not allowed */
+  QT_VIOLATION_SIGN,           /* signed / unsigned range not accepted */
+  QT_VIOLATION_SYMMETRIC,      /* non-zero zero point where symmetric is required */
+  QT_VIOLATION_GRANULARITY,    /* per-channel qparams where per-tensor is required */
+  QT_VIOLATION_POW2,           /* scale not a power of two */
+  QT_VIOLATION_CHANNELS,       /* more output channels than the backend has */
+  QT_VIOLATION_SATURATION,     /* u8 x s8 pair sums can leave int16 (non-VNNI x86) */
+  QT_VIOLATION_INPUT,          /* quantized weights on an unquantized input (weight-only) */
+  QT_VIOLATION_COUNT
+} qt_violation_kind;
+const char *qt_violation_kind_name(qt_violation_kind k);
+
+typedef struct {
+  qt_violation_kind kind;
+  int node;                    /* node id in the checked graph */
+  char node_name[QT_NAME_LEN];
+  char reason[320];
+} qt_violation;
+
+/* The check's findings: violations (the backend cannot run this as the graph says: a CPU
+ * fallback, or on non-VNNI x86 a silently wrong result) and notes (facts worth knowing that
+ * break no constraint, e.g. a layer left in fp32). */
+typedef struct {
+  char graph[QT_NAME_LEN], backend[QT_NAME_LEN], isa[40];
+  qt_violation *items;
+  int n, cap;
+  int count[QT_VIOLATION_COUNT];
+  char (*notes)[320];
+  int n_notes, cap_notes;
+  int n_records, n_layers;     /* activation records and integer-weight layers checked */
+} qt_backend_check_result;
+
+/* Reads only the Q/DQ graph g (qt_qdq_load / qt_convert): every quantize node's record, every
+ * integer-weight layer (its record, integer range, channels, input quantization and, with
+ * pair_sum_int16, the largest u8 x s8 pair sum from the actual integer weights and the input's
+ * range), and every op on quantized data. Returns 0 (result filled, possibly with violations),
+ * or -1 with err for a graph that is not a Q/DQ graph. Free the result with _free. */
+int qt_backend_check(const qt_graph *g, const qt_backend_desc *d, qt_backend_check_result *r, char *err);
+void qt_backend_check_result_free(qt_backend_check_result *r);
+/* Violations one per line ("node: [kind] reason"), then notes, then a verdict line. */
+void qt_backend_check_print(const qt_backend_check_result *r, FILE *f);
+
+/* ==== the accelerator runtime (backend/accel.c) =============================================== */
+/* Partitions a Q/DQ graph between an accelerator (per its description) and the CPU, and runs
+ * it: accelerator partitions are simulated in integer arithmetic as the device would compute
+ * them (int8 tensors, int32 accumulators, the bias in accumulator units, power-of-two
+ * requantization by a rounding shift, saturation), CPU partitions run the fp32 ops of the
+ * Q/DQ graph, and transfers quantize / dequantize at the boundaries. The accelerator runs:
+ *   dq -> conv2d | linear [-> relu] -> q    integer weights, output requantized
+ *   dq -> add [-> relu] -> q                inputs aligned by shifting, requantized
+ *   relu, max_pool2d, flatten on its int8 tensors (same qparams)
+ * when the op is listed, every record involved is acceptable (qt_backend_record_problem) and
+ * the layer fits max_channels; every other node runs on the CPU, with its reason. */
+typedef struct qt_accel qt_accel; /* opaque */
+
+/* g must outlive the model and stay unchanged (its parameters are read at run time).
+ * NULL with err for a graph that is not a finalized Q/DQ graph. */
+qt_accel *qt_accel_partition(const qt_graph *g, const qt_backend_desc *d, char *err);
+void qt_accel_free(qt_accel *a);
+/* Runs on input (n, H, W, C) fp32 NHWC; out (n, qt_accel_output_numel) fp32. */
+int qt_accel_run(qt_accel *a, float *out, const float *input, int n, char *err);
+int64_t qt_accel_output_numel(const qt_accel *a);
+
+/* Partitions in execution order: QT_PART_INT8 = on the accelerator (detail: its kernels, one
+ * per line), QT_PART_FALLBACK = on the CPU (detail: "node: reason", one per line),
+ * QT_PART_BOUNDARY = a transfer (quantize on the way in, dequantize on the way out). Nodes are
+ * listed "a -> b -> c" in execution order. */
+int qt_accel_partition_count(const qt_accel *a);
+qt_partition_kind qt_accel_partition_get(const qt_accel *a, int i, const char **nodes, const char **detail);
+int qt_accel_count(const qt_accel *a, qt_partition_kind k);
+/* Where node `name` runs: 1 accelerator, 0 CPU (reason set), -1 no such node. */
+int qt_accel_node_on_accel(const qt_accel *a, const char *name, const char **reason);
+/* The report: a header line, then one line per partition. */
+void qt_accel_report(const qt_accel *a, FILE *f);
 
 #endif

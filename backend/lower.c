@@ -6,8 +6,9 @@
  * the Q/DQ graph computes. A dequantize is free (it only records qparams on the integer
  * buffer); its fp32 form is materialized only when an fp32 consumer needs it. Max pooling
  * and flatten keep a u8 representation (dequantize is monotone and elementwise), so the
- * int8 kernels chain over u8 NHWC tensors. Each runtime buffer ("slot") is allocated from
- * the context's arena at every run. */
+ * int8 kernels chain over u8 NHWC tensors; a residual add of two u8 tensors requantizes
+ * straight to u8 (lower_add_u8). Each runtime buffer ("slot") is allocated from the
+ * context's arena at every run. */
 #include "backend/backend.h"
 
 #include <math.h>
@@ -28,7 +29,7 @@ typedef struct {
   int32_t *zero_point;
 } value_rep;
 
-typedef enum { ST_QUANTIZE, ST_DEQUANTIZE, ST_INT8, ST_REQUANTIZE, ST_FALLBACK } step_kind;
+typedef enum { ST_QUANTIZE, ST_DEQUANTIZE, ST_INT8, ST_REQUANTIZE, ST_FALLBACK, ST_ADD_U8 } step_kind;
 
 typedef struct {
   step_kind kind;
@@ -42,6 +43,9 @@ typedef struct {
   int int_u8;            /* the integer side is u8 (else i32) */
   /* int8 kernel */
   qt_int8_op *op;
+  /* u8 add: each input's dequantized values by integer (256 entries), a fused relu */
+  float *lut[2];
+  int relu;
   /* fallback: the node's op, attributes and parameters (owned copies) */
   qt_op op_kind;
   qt_node_attrs attr;
@@ -369,6 +373,63 @@ static const char *lower_max_pool_u8(lowering *L, int i) {
   return NULL;
 }
 
+/* dq(a) + dq(b) [-> relu] -> q on u8 tensors, each input with its own scale and zero point.
+ * The step computes per element what the Q/DQ graph computes, in the same float operations:
+ * (float)(q - zp) * s for each input (a 256-entry table), one float add, the relu, then the
+ * reference quantize; so it is bit-exact, and no fp32 tensor is materialized. */
+static const char *lower_add_u8(lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const value_rep *in[2] = {&L->rep[n->inputs[0]], &L->rep[n->inputs[1]]};
+  for (int k = 0; k < 2; k++) {
+    if (in[k]->kind != REP_U8) return "an input is not a u8-quantized tensor (no dequantize before it)";
+    if (in[k]->channels != 1) return "an input has per-channel activation qparams";
+  }
+  int v = n->output, c = L->consumer[v], relu = -1;
+  if (v == g->output || c < 0) return "output is not consumed by exactly one node (no requantization point)";
+  if (g->nodes[c].op == QT_OP_RELU) {
+    relu = c;
+    v = g->nodes[c].output;
+    c = L->consumer[v];
+    if (v == g->output || c < 0) return "relu output is not consumed by exactly one quantize";
+  }
+  if (g->nodes[c].op != QT_OP_QUANTIZE) return "output is not followed by a quantize (no requantization point)";
+  const qt_node *qn = &g->nodes[c];
+  if (qn->q->channels != 1) return "output has per-channel activation qparams";
+  if (qn->q->spec.qmin < 0 || qn->q->spec.qmax > 255) return "output range does not fit u8";
+  qt_lowered *m = L->m;
+  step *s = new_step(m, ST_ADD_U8);
+  s->in[0] = in[0]->slot;
+  s->in[1] = in[1]->slot;
+  s->in_numel = value_numel(&g->values[n->output]);
+  s->out = new_slot(m, (size_t)s->in_numel);
+  for (int k = 0; k < 2; k++) {
+    s->lut[k] = keep(m, 256 * sizeof(float));
+    for (int q = 0; q < 256; q++) s->lut[k][q] = (float)(q - in[k]->zero_point[0]) * in[k]->scale[0];
+  }
+  s->relu = relu >= 0;
+  s->qmin = qn->q->spec.qmin;
+  s->qmax = qn->q->spec.qmax;
+  value_rep *r = &L->rep[qn->output];
+  r->kind = REP_U8;
+  r->slot = s->out;
+  r->f32_slot = -1;
+  set_qparams(L, r, qn->q);
+  s->channels = 1;
+  s->scale = r->scale;
+  s->zero_point = r->zero_point;
+  L->done[i] = 1;
+  if (relu >= 0) L->done[relu] = 1;
+  L->done[c] = 1;
+  char nodes[256];
+  snprintf(nodes, sizeof nodes, "%s + %s -> %s%s%s -> %s", g->nodes[g->values[n->inputs[0]].producer].name,
+           g->nodes[g->values[n->inputs[1]].producer].name, n->name, relu >= 0 ? " -> " : "",
+           relu >= 0 ? g->nodes[relu].name : "", qn->name);
+  add_part(m, QT_PART_INT8, nodes, "add u8 + u8 -> u8%s (own scales and zero points, requantized)",
+           relu >= 0 ? ", fused relu" : "");
+  return NULL;
+}
+
 /* dq -> fp32 op: the node runs with the framework's fp32 kernels on fp32 inputs. */
 static void lower_fallback(lowering *L, int i, const char *reason) {
   const qt_graph *g = L->g;
@@ -497,9 +558,11 @@ qt_lowered *qt_lower(const qt_graph *g, char *err) {
                  out->kind == REP_U8 ? "u8" : out->kind == REP_I32 ? "i32" : "fp32");
         break;
       }
-      case QT_OP_ADD:
-        lower_fallback(&L, i, "int8 add with requantization is not lowered yet");
+      case QT_OP_ADD: {
+        const char *why = lower_add_u8(&L, i);
+        if (why) lower_fallback(&L, i, why);
         break;
+      }
       default:
         lower_fallback(&L, i, "no int8 pattern for this op");
         break;
@@ -567,6 +630,25 @@ static void run_dequantize(const step *s, float *out, const void *in, int64_t n)
   } else {
 #pragma omp parallel for schedule(static) if (n >= 65536)
     for (int64_t i = 0; i < n; i++) out[i] = (float)((int32_t)q[i] - s->zero_point[i % C]) * s->scale[i % C];
+  }
+}
+
+/* u8 add: per block, the reference's float operations into a small buffer, then the
+ * reference quantize (so every rounding is the Q/DQ graph's own). */
+static void run_add_u8(const step *s, uint8_t *out, const uint8_t *a, const uint8_t *b, int64_t n) {
+  enum { BLOCK = 4096 };
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    float y[BLOCK];
+    int32_t q[BLOCK];
+    const int64_t i0 = blk * BLOCK, len = n - i0 < BLOCK ? n - i0 : BLOCK;
+    for (int64_t k = 0; k < len; k++) {
+      const float v = s->lut[0][a[i0 + k]] + s->lut[1][b[i0 + k]];
+      y[k] = s->relu && v < 0.0f ? 0.0f : v;
+    }
+    qt_quantize(q, y, len, 1, 1, s->scale, s->zero_point, s->qmin, s->qmax);
+    for (int64_t k = 0; k < len; k++) out[i0 + k] = (uint8_t)q[k];
   }
 }
 
@@ -655,6 +737,9 @@ int qt_lowered_run(qt_lowered *m, float *out, const float *input, int n, char *e
         break;
       case ST_REQUANTIZE:
         run_requantize(s, o, in, numel);
+        break;
+      case ST_ADD_U8:
+        run_add_u8(s, o, in, m->bufs[s->in[1]], numel);
         break;
       case ST_FALLBACK:
         break;

@@ -59,6 +59,8 @@ typedef struct {
   qt_range_method method;     /* histogram observers */
   float percentile;
   int learnable;              /* LSQ: the scale is a trained parameter (initialized by the observer) */
+  int pow2_scale;             /* scales rounded up to a power of two when computed from a range
+                               * (hardware that rescales by shifting); affine zero points follow */
 } qt_qspec;
 
 /* Quantization state living on a node: the spec, the observer, the qparams training uses and

@@ -1,4 +1,6 @@
 /* Quantization state on graph nodes: spec, observer, qparams and flags. */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,10 +59,40 @@ void qt_qstate_free(qt_qstate *q) {
   free(q);
 }
 
+/* Rounds each scale up to the next power of two (exact: frexpf/ldexpf), so that hardware can
+ * rescale by shifting; an affine zero point is recomputed for the new scale from the observed
+ * range, with the formula of qt_qparams_from_range. */
+static int round_scales_to_pow2(qt_qstate *q, char *err) {
+  float *mn = NULL;
+  if (!q->spec.symmetric) {
+    mn = malloc(2 * (size_t)q->channels * sizeof(float));
+    QT_ASSERT(mn, "out of memory");
+    if (qt_observer_range(&q->obs, q->spec.qmin, q->spec.qmax, mn, mn + q->channels)) {
+      snprintf(err, QT_ERR_LEN, "observer: no range to round a power-of-two scale from");
+      free(mn);
+      return -1;
+    }
+  }
+  for (int c = 0; c < q->channels; c++) {
+    int e;
+    const float m = frexpf(q->scale[c], &e); /* scale = m * 2^e, m in [0.5, 1) */
+    if (m != 0.5f) q->scale[c] = ldexpf(1.0f, e);
+    if (mn) {
+      const float min_neg = mn[c] < 0.0f ? mn[c] : 0.0f;
+      const float r = nearbyintf(min_neg / q->scale[c]);
+      const int64_t z = (int64_t)q->spec.qmin - (int64_t)r;
+      q->zero_point[c] = (int32_t)(z < q->spec.qmin ? q->spec.qmin : z > q->spec.qmax ? q->spec.qmax : z);
+    }
+  }
+  free(mn);
+  return 0;
+}
+
 int qt_qstate_observe(qt_qstate *q, const float *data, int64_t outer, int64_t inner, char *err) {
   if (qt_observer_update(&q->obs, data, outer, inner, err)) return -1;
   if (qt_observer_qparams(&q->obs, q->spec.qmin, q->spec.qmax, q->spec.symmetric, q->scale, q->zero_point, err))
     return -1;
+  if (q->spec.pow2_scale && round_scales_to_pow2(q, err)) return -1;
   q->calibrated = 1;
   return 0;
 }

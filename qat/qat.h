@@ -61,6 +61,44 @@ typedef struct {
 } qt_annotations;
 
 int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_annotations *out, char *err);
+
+/* ---- backend descriptions and the Quantizer derived from one -------------------------------- */
+/* What a backend's integer kernels accept: the contract a Quantizer is written from and the
+ * check pass (backend/backend.h, qt_backend_check) verifies a Q/DQ graph against. It lives
+ * here, beside the Quantizer, because the Quantizer reads it; the backend module builds and
+ * loads descriptions (the built-in onednn_cpu one, an accelerator's from an INI file). */
+typedef enum { QT_SIGN_ANY, QT_SIGN_UNSIGNED, QT_SIGN_SIGNED, QT_SIGN_COUNT } qt_signedness;
+const char *qt_signedness_name(qt_signedness s);
+
+typedef struct {
+  char name[QT_NAME_LEN];
+  unsigned char ops[QT_OP_COUNT];     /* 1: the backend runs this op on integers */
+  unsigned weight_bits;               /* allowed widths: bit b set for b-bit (2..8) */
+  unsigned activation_bits;
+  qt_signedness weight_sign, activation_sign;
+  int weight_symmetric;               /* zero point 0 required */
+  int activation_symmetric;
+  int weight_per_tensor_only;         /* per-channel weights refused */
+  int activation_per_tensor_only;     /* per-channel activations refused */
+  int pow2_scales;                    /* every scale a power of two */
+  int max_channels;                   /* output channels (conv2d) / features (linear); 0 = any */
+  int pair_sum_int16;                 /* u8 x s8 products summed in pairs into a saturating int16
+                                       * (x86 AVX2 without VNNI, DESIGN 4) */
+  char isa[32];                       /* informative: "avx2", "avx512_core_vnni", "accelerator" */
+} qt_backend_desc;
+
+/* The Quantizer a backend description implies: units as in the onednn quantizer (conv->bn->relu,
+ * conv->relu, linear->relu, add->relu); a conv2d / linear is quantized when its op is listed
+ * and its output channels fit max_channels, an add / avg_pool2d / global_avg_pool when listed;
+ * everything else stays fp32 (and its consumers get a quantized input where they need one).
+ * Weights: signed, symmetric when required (else affine), per channel unless per-tensor only;
+ * activations: unsigned affine, or signed symmetric when the backend asks for signed or
+ * symmetric activations; per tensor; scales rounded up to powers of two when required. Bit
+ * widths come from cfg (and its overrides) and must be allowed by d; with pair_sum_int16,
+ * 8-bit weights are restricted to [-64, 63] as the onednn quantizer does without VNNI.
+ * cfg->has_vnni is ignored (d says it). LSQ is refused with power-of-two scales. */
+int qt_quantizer_from_backend(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg,
+                              qt_annotations *out, char *err);
 void qt_annotations_free(qt_annotations *a);
 /* One line per quantization point and weight, for humans and the run's report. */
 void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f);

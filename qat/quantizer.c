@@ -1,4 +1,5 @@
-/* The built-in `onednn` Quantizer: annotations describing oneDNN's int8 kernels. */
+/* The built-in `onednn` Quantizer (annotations describing oneDNN's int8 kernels) and the
+ * Quantizer derived from a backend description (qt_quantizer_from_backend). */
 #include <oneapi/dnnl/dnnl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -244,9 +245,9 @@ void qt_annotations_free(qt_annotations *a) {
 }
 
 static void spec_str(const qt_qspec *s, char *buf, size_t n) {
-  snprintf(buf, n, "%s%d [%d, %d] %s%s, %s", s->is_signed ? "s" : "u", s->bits, s->qmin, s->qmax,
+  snprintf(buf, n, "%s%d [%d, %d] %s%s%s, %s", s->is_signed ? "s" : "u", s->bits, s->qmin, s->qmax,
            s->symmetric ? "symmetric" : "affine", s->per_channel ? " per-channel" : " per-tensor",
-           qt_observer_kind_name(s->observer));
+           s->pow2_scale ? " power-of-two scales" : "", qt_observer_kind_name(s->observer));
 }
 
 void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f) {
@@ -264,4 +265,185 @@ void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f) {
       spec_str(&a->weight_spec[i], buf, sizeof buf);
       fprintf(f, "  weight     %-16s %s\n", g->nodes[i].name, buf);
     }
+}
+
+/* ---- the Quantizer derived from a backend description ------------------------------------- */
+
+const char *qt_signedness_name(qt_signedness s) {
+  static const char *const names[] = {"any", "unsigned", "signed"};
+  _Static_assert(sizeof names / sizeof names[0] == QT_SIGN_COUNT, "signedness names out of sync");
+  return (unsigned)s < QT_SIGN_COUNT ? names[s] : "?";
+}
+
+static int bits_allowed(unsigned mask, int bits) { return bits >= 2 && bits <= 8 && ((mask >> bits) & 1u); }
+
+static void bits_list(unsigned mask, char *buf, size_t n) {
+  size_t len = 0;
+  buf[0] = 0;
+  for (int b = 2; b <= 8; b++)
+    if ((mask >> b) & 1u) len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%d", len ? ", " : "", b);
+  if (!len) snprintf(buf, n, "none");
+}
+
+static int backend_act_signed(const qt_backend_desc *d) {
+  return d->activation_sign == QT_SIGN_SIGNED || (d->activation_sign == QT_SIGN_ANY && d->activation_symmetric);
+}
+
+static qt_qspec backend_act_spec(const qt_backend_desc *d, const qt_quantizer_config *c, int bits) {
+  qt_qspec s = act_spec(c, bits);
+  s.is_signed = backend_act_signed(d);
+  s.symmetric = d->activation_symmetric;
+  qt_qrange(bits, s.is_signed, &s.qmin, &s.qmax);
+  s.pow2_scale = d->pow2_scales;
+  return s;
+}
+
+static qt_qspec backend_weight_spec(const qt_backend_desc *d, const qt_quantizer_config *c, int bits) {
+  qt_qspec s;
+  memset(&s, 0, sizeof s);
+  s.bits = bits;
+  s.is_signed = d->weight_sign != QT_SIGN_UNSIGNED;
+  s.symmetric = d->weight_symmetric;
+  s.per_channel = !d->weight_per_tensor_only;
+  qt_qrange(bits, s.is_signed, &s.qmin, &s.qmax);
+  if (d->pair_sum_int16 && s.is_signed && !backend_act_signed(d)) {
+    /* DESIGN 4: u8 x s8 pairs sum into a saturating int16: 2 * max|w| * max(a) <= 32767. */
+    const int a_max = (1 << c->activation_bits) - 1;
+    int w_max = 32767 / (2 * a_max);
+    if (w_max < -s.qmin) {
+      s.qmin = -w_max;
+      s.qmax = w_max - 1;
+      while (s.bits > 2 && (1 << (s.bits - 2)) >= w_max) s.bits--;
+    }
+  }
+  s.observer = c->weight_observer;
+  s.method = QT_RANGE_MINMAX;
+  s.learnable = c->learnable_scale;
+  s.pow2_scale = d->pow2_scales;
+  return s;
+}
+
+static int layer_fits(const qt_backend_desc *d, const qt_node *n) {
+  return d->ops[n->op] && (d->max_channels <= 0 || n->attr.out_channels <= d->max_channels);
+}
+
+int qt_quantizer_from_backend(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg,
+                              qt_annotations *out, char *err) {
+  memset(out, 0, sizeof *out);
+  char wl[64], al[64];
+  bits_list(d->weight_bits, wl, sizeof wl);
+  bits_list(d->activation_bits, al, sizeof al);
+  if (!bits_allowed(d->weight_bits, cfg->weight_bits) || !bits_allowed(d->activation_bits, cfg->activation_bits)) {
+    snprintf(err, QT_ERR_LEN, "quantizer %s: W%d A%d requested; the backend allows weight bits {%s}, activation bits {%s}",
+             d->name, cfg->weight_bits, cfg->activation_bits, wl, al);
+    return -1;
+  }
+  if (d->activation_symmetric && d->activation_sign == QT_SIGN_UNSIGNED) {
+    snprintf(err, QT_ERR_LEN, "quantizer %s: symmetric unsigned activations have no zero point 0 (use signed "
+             "activations or allow affine ones)", d->name);
+    return -1;
+  }
+  if (cfg->learnable_scale && d->pow2_scales) {
+    snprintf(err, QT_ERR_LEN, "quantizer %s: learnable scales (LSQ) cannot stay powers of two", d->name);
+    return -1;
+  }
+  for (int i = 0; i < cfg->n_overrides; i++) {
+    const qt_layer_override *o = &cfg->overrides[i];
+    if (qt_graph_find_node(g, o->name) < 0) {
+      snprintf(err, QT_ERR_LEN, "quant.layer_overrides: no node named '%s' in model %s", o->name, g->name);
+      return -1;
+    }
+    if ((o->weight_bits && !bits_allowed(d->weight_bits, o->weight_bits)) ||
+        (o->activation_bits && !bits_allowed(d->activation_bits, o->activation_bits))) {
+      snprintf(err, QT_ERR_LEN, "quant.layer_overrides: %s=w%da%d: %s allows weight bits {%s}, activation bits {%s}",
+               o->name, o->weight_bits, o->activation_bits, d->name, wl, al);
+      return -1;
+    }
+  }
+  out->n_values = g->n_values;
+  out->n_nodes = g->n_nodes;
+  out->act = calloc((size_t)g->n_values, sizeof(int));
+  out->act_spec = calloc((size_t)g->n_values, sizeof(qt_qspec));
+  out->share = malloc((size_t)g->n_values * sizeof(int));
+  out->weight = calloc((size_t)g->n_nodes, sizeof(int));
+  out->weight_spec = calloc((size_t)g->n_nodes, sizeof(qt_qspec));
+  out->unit = malloc((size_t)g->n_nodes * sizeof(int));
+  int *last = malloc((size_t)g->n_nodes * sizeof(int));
+  int *quantized_unit = calloc((size_t)g->n_nodes, sizeof(int));
+  QT_ASSERT(out->act && out->act_spec && out->share && out->weight && out->weight_spec && out->unit && last &&
+                quantized_unit,
+            "out of memory");
+  for (int v = 0; v < g->n_values; v++) out->share[v] = -1;
+  for (int i = 0; i < g->n_nodes; i++) out->unit[i] = last[i] = i;
+
+  /* Units: conv -> bn (folded by prepare/convert), then a relu the backend runs fused. */
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    if (out->unit[i] != i) continue;
+    int tail = i;
+    if (n->op == QT_OP_CONV2D) {
+      int c = sole_consumer(g, n->output);
+      if (c >= 0 && g->nodes[c].op == QT_OP_BATCH_NORM) {
+        out->unit[c] = i;
+        tail = c;
+      }
+    }
+    const qt_layer_override *o = find_override(cfg, n->name);
+    const int fp32 = o && o->fp32;
+    int quantized = 0;
+    if (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) {
+      quantized = !fp32 && layer_fits(d, n);
+      if (quantized) {
+        out->weight[i] = 1;
+        out->weight_spec[i] = backend_weight_spec(d, cfg, o && o->weight_bits ? o->weight_bits : cfg->weight_bits);
+      }
+    } else if (n->op == QT_OP_ADD || n->op == QT_OP_AVG_POOL2D || n->op == QT_OP_GLOBAL_AVG_POOL) {
+      quantized = !fp32 && d->ops[n->op];
+    }
+    if (quantized && (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD) && d->ops[QT_OP_RELU]) {
+      int c = sole_consumer(g, g->nodes[tail].output);
+      if (c >= 0 && g->nodes[c].op == QT_OP_RELU) {
+        out->unit[c] = i;
+        tail = c;
+      }
+    }
+    last[i] = tail;
+    quantized_unit[i] = quantized;
+  }
+  /* Unit outputs are quantization points; pass-through ops the backend runs share their
+   * input's qparams. */
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    if (out->unit[i] != i) continue;
+    if (quantized_unit[i]) {
+      const qt_layer_override *o = find_override(cfg, n->name);
+      int v = g->nodes[last[i]].output;
+      out->act[v] = 1;
+      out->act_spec[v] = backend_act_spec(d, cfg, o && o->activation_bits ? o->activation_bits : cfg->activation_bits);
+    } else if ((n->op == QT_OP_MAX_POOL2D || n->op == QT_OP_FLATTEN || n->op == QT_OP_RELU) && d->ops[n->op] &&
+               quantized_value(out, n->inputs[0])) {
+      out->share[n->output] = n->inputs[0];
+    }
+  }
+  /* The inputs of quantized units must be quantized: annotate those that are not (the graph
+   * input, the output of an fp32 layer), then let pass-through ops after them share. */
+  for (int i = 0; i < g->n_nodes; i++) {
+    if (!quantized_unit[i]) continue;
+    const qt_node *n = &g->nodes[i];
+    for (int k = 0; k < n->n_inputs; k++) {
+      int v = n->inputs[k];
+      if (quantized_value(out, v)) continue;
+      out->act[v] = 1;
+      out->act_spec[v] = backend_act_spec(d, cfg, cfg->activation_bits);
+      for (int j = 0; j < g->n_nodes; j++) {
+        const qt_node *m = &g->nodes[j];
+        if ((m->op == QT_OP_MAX_POOL2D || m->op == QT_OP_FLATTEN || m->op == QT_OP_RELU) && d->ops[m->op] &&
+            out->unit[j] == j && out->share[m->output] < 0 && quantized_value(out, m->inputs[0]) && !out->act[m->output])
+          out->share[m->output] = m->inputs[0];
+      }
+    }
+  }
+  free(last);
+  free(quantized_unit);
+  return 0;
 }

@@ -1,0 +1,318 @@
+/* The backend check pass: reads only a Q/DQ graph and lists every place where it asks a backend
+ * for something the backend's integer kernels cannot do (backend.h, qt_backend_check), and the
+ * description of the built-in onednn_cpu backend the pass checks against by default.
+ *
+ * Why a separate pass: the lowering (lower.c) silently falls back to fp32 for what it cannot
+ * lower, and on x86 without VNNI oneDNN silently saturates u8 x s8 pair sums in 16 bits.
+ * Neither shows in the Q/DQ graph's own numbers; this pass makes both visible before
+ * deployment, from the file alone. */
+#include <math.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+
+const char *qt_violation_kind_name(qt_violation_kind k) {
+  static const char *const names[] = {"op",          "bits",       "sign",  "symmetric", "granularity",
+                                      "power-of-two", "channels", "saturation", "input"};
+  _Static_assert(sizeof names / sizeof names[0] == QT_VIOLATION_COUNT, "violation kind names out of sync");
+  return (unsigned)k < QT_VIOLATION_COUNT ? names[k] : "?";
+}
+
+/* ---- the onednn_cpu description ---------------------------------------------------------- */
+
+static const char *isa_name(dnnl_cpu_isa_t isa) {
+  switch ((int)isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "unknown";
+  }
+}
+
+void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
+  memset(d, 0, sizeof *d);
+  snprintf(d->name, sizeof d->name, "onednn_cpu");
+  const qt_op ops[] = {QT_OP_CONV2D, QT_OP_LINEAR, QT_OP_RELU, QT_OP_MAX_POOL2D, QT_OP_FLATTEN, QT_OP_ADD};
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
+  d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 */
+  d->weight_sign = QT_SIGN_SIGNED;             /* s8 weights */
+  d->activation_sign = QT_SIGN_UNSIGNED;       /* u8 activations (s8 ones are never exact, DESIGN 4) */
+  d->weight_symmetric = 1;                     /* oneDNN takes no weight zero point */
+  d->activation_per_tensor_only = 1;           /* one runtime zero point per tensor */
+  const int vnni = isa == QT_ISA_AUTO ? qt_cpu_has_vnni() : isa == QT_ISA_VNNI;
+  d->pair_sum_int16 = !vnni;
+  if (isa == QT_ISA_AUTO)
+    snprintf(d->isa, sizeof d->isa, "%s", isa_name(dnnl_get_effective_cpu_isa()));
+  else
+    snprintf(d->isa, sizeof d->isa, "%s (forced)", vnni ? "vnni" : "avx2, no vnni");
+}
+
+static void bits_str(unsigned mask, char *buf, size_t n) {
+  size_t len = 0;
+  buf[0] = 0;
+  for (int b = 2; b <= 8; b++)
+    if ((mask >> b) & 1u) len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%d", len ? "," : "", b);
+  if (!len) snprintf(buf, n, "none");
+}
+
+void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
+  char wb[32], ab[32];
+  bits_str(d->weight_bits, wb, sizeof wb);
+  bits_str(d->activation_bits, ab, sizeof ab);
+  fprintf(f, "backend %s (%s)\n  ops:", d->name, d->isa);
+  for (int op = 0; op < QT_OP_COUNT; op++)
+    if (d->ops[op]) fprintf(f, " %s", qt_op_name((qt_op)op));
+  fprintf(f, "\n  weights: %s bits, %s, %s, %s\n", wb, qt_signedness_name(d->weight_sign),
+          d->weight_symmetric ? "symmetric" : "affine allowed",
+          d->weight_per_tensor_only ? "per-tensor only" : "per-channel allowed");
+  fprintf(f, "  activations: %s bits, %s, %s, %s\n", ab, qt_signedness_name(d->activation_sign),
+          d->activation_symmetric ? "symmetric" : "affine allowed",
+          d->activation_per_tensor_only ? "per-tensor only" : "per-channel allowed");
+  fprintf(f, "  scales: %s; max channels: ", d->pow2_scales ? "powers of two" : "any");
+  if (d->max_channels > 0)
+    fprintf(f, "%d", d->max_channels);
+  else
+    fprintf(f, "any");
+  fprintf(f, "; u8 x s8 pair sums: %s\n", d->pair_sum_int16 ? "saturating int16 (no VNNI)" : "exact");
+}
+
+/* ---- records ----------------------------------------------------------------------------- */
+
+typedef struct {
+  qt_violation_kind kind;
+  char reason[320];
+} problem;
+
+static int is_pow2(float s) {
+  int e;
+  return s > 0 && isfinite(s) && frexpf(s, &e) == 0.5f;
+}
+
+/* Every problem of one record (at most one per kind); returns the count. */
+static int record_problems(const qt_backend_desc *d, const qt_qstate *q, int is_weight, problem *out) {
+  const char *what = is_weight ? "weights" : "activations";
+  const int bits = q->spec.bits, is_signed = q->spec.is_signed || q->spec.qmin < 0;
+  const unsigned mask = is_weight ? d->weight_bits : d->activation_bits;
+  const qt_signedness need = is_weight ? d->weight_sign : d->activation_sign;
+  int n = 0;
+  if (bits < 2 || bits > 8 || !((mask >> bits) & 1u)) {
+    char allowed[32];
+    bits_str(mask, allowed, sizeof allowed);
+    out[n].kind = QT_VIOLATION_BITS;
+    snprintf(out[n++].reason, sizeof out->reason, "%d-bit %s [%d, %d]; %s takes {%s}-bit %s", bits, what,
+             q->spec.qmin, q->spec.qmax, d->name, allowed, what);
+  }
+  if ((need == QT_SIGN_SIGNED && !is_signed) || (need == QT_SIGN_UNSIGNED && is_signed)) {
+    out[n].kind = QT_VIOLATION_SIGN;
+    snprintf(out[n++].reason, sizeof out->reason, "%s %s [%d, %d]; %s takes %s %s only", is_signed ? "signed" : "unsigned",
+             what, q->spec.qmin, q->spec.qmax, d->name, qt_signedness_name(need), what);
+  }
+  if (is_weight ? d->weight_symmetric : d->activation_symmetric) {
+    int bad = 0, first = -1;
+    for (int c = 0; c < q->channels; c++)
+      if (q->zero_point[c] != 0) {
+        if (first < 0) first = c;
+        bad++;
+      }
+    if (bad) {
+      out[n].kind = QT_VIOLATION_SYMMETRIC;
+      snprintf(out[n++].reason, sizeof out->reason, "%s zero point %d%s (%d of %d channels non-zero); %s requires "
+               "symmetric %s (zero point 0)", what, q->zero_point[first], q->channels > 1 ? " in a channel" : "", bad,
+               q->channels, d->name, what);
+    }
+  }
+  if (q->channels > 1 && (is_weight ? d->weight_per_tensor_only : d->activation_per_tensor_only)) {
+    out[n].kind = QT_VIOLATION_GRANULARITY;
+    snprintf(out[n++].reason, sizeof out->reason, "per-channel %s (%d scales); %s requires one scale per tensor", what,
+             q->channels, d->name);
+  }
+  if (d->pow2_scales) {
+    int bad = 0, first = -1;
+    for (int c = 0; c < q->channels; c++)
+      if (!is_pow2(q->scale[c])) {
+        if (first < 0) first = c;
+        bad++;
+      }
+    if (bad) {
+      int e;
+      frexpf(q->scale[first], &e);
+      out[n].kind = QT_VIOLATION_POW2;
+      snprintf(out[n++].reason, sizeof out->reason, "%s scale %.9g is not a power of two (between 2^%d and 2^%d; %d of "
+               "%d scales); %s rescales by shifting", what, q->scale[first], e - 1, e, bad, q->channels, d->name);
+    }
+  }
+  return n;
+}
+
+const char *qt_backend_record_problem(const qt_backend_desc *d, const qt_qstate *q, int is_weight, char *why,
+                                      size_t n) {
+  problem p[QT_VIOLATION_COUNT];
+  if (!record_problems(d, q, is_weight, p)) return NULL;
+  snprintf(why, n, "%s", p[0].reason);
+  return why;
+}
+
+/* ---- the pass ---------------------------------------------------------------------------- */
+
+static void add_violation(qt_backend_check_result *r, const qt_graph *g, int node, qt_violation_kind kind,
+                          const char *fmt, ...) {
+  if (r->n == r->cap) {
+    r->cap = r->cap ? 2 * r->cap : 16;
+    r->items = realloc(r->items, (size_t)r->cap * sizeof *r->items);
+    QT_ASSERT(r->items, "out of memory");
+  }
+  qt_violation *v = &r->items[r->n++];
+  v->kind = kind;
+  v->node = node;
+  snprintf(v->node_name, sizeof v->node_name, "%s", g->nodes[node].name);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(v->reason, sizeof v->reason, fmt, ap);
+  va_end(ap);
+  r->count[kind]++;
+}
+
+static void add_note(qt_backend_check_result *r, const char *fmt, ...) {
+  if (r->n_notes == r->cap_notes) {
+    r->cap_notes = r->cap_notes ? 2 * r->cap_notes : 8;
+    r->notes = realloc(r->notes, (size_t)r->cap_notes * sizeof *r->notes);
+    QT_ASSERT(r->notes, "out of memory");
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->notes[r->n_notes++], sizeof r->notes[0], fmt, ap);
+  va_end(ap);
+}
+
+/* The dequantize whose integers value v carries, through ops that keep them (flatten,
+ * max_pool2d and relu commute with a dequantize); -1 when v is computed in fp32. */
+static int integer_source(const qt_graph *g, int v) {
+  for (;;) {
+    const qt_node *p = &g->nodes[g->values[v].producer];
+    if (p->op == QT_OP_DEQUANTIZE) return g->values[v].producer;
+    if (p->op != QT_OP_FLATTEN && p->op != QT_OP_MAX_POOL2D && p->op != QT_OP_RELU) return -1;
+    v = p->inputs[0];
+  }
+}
+
+/* The pair-sum bound of DESIGN 4: oneDNN without VNNI multiplies u8 activations by s8 weights
+ * and adds adjacent products in a saturating int16 (vpmaddubsw), so a1*w1 + a2*w2 must stay
+ * within [-32768, 32767]. The worst pair is 2 * max(a) * max|w| with a the raw u8 value. */
+static void check_saturation(qt_backend_check_result *r, const qt_graph *g, int i, const qt_qstate *in) {
+  const qt_node *n = &g->nodes[i];
+  const qt_qstate *wq = n->wq;
+  const int a_max = in->spec.qmax;
+  if (in->spec.qmin < 0) return; /* signed activations: flagged as a sign violation instead */
+  const int64_t inner = wq->n_qweight / wq->channels;
+  int64_t w_max = 0;
+  for (int64_t k = 0; k < wq->n_qweight; k++) {
+    int64_t w = llabs((int64_t)wq->qweight[k] - wq->zero_point[k / inner]);
+    if (w > w_max) w_max = w;
+  }
+  const int64_t pair = 2 * (int64_t)a_max * w_max;
+  if (pair > 32767)
+    add_violation(r, g, i, QT_VIOLATION_SATURATION,
+                  "u8 x s8 pair sums reach 2 * %d * %lld = %lld > 32767 (activations [%d, %d], integer weights up to "
+                  "|%lld|): without VNNI the int16 sum saturates and results are wrong; keep weights in [-64, 63] "
+                  "(7 bits) or activations in [0, 127]",
+                  a_max, (long long)w_max, (long long)pair, in->spec.qmin, in->spec.qmax, (long long)w_max);
+}
+
+int qt_backend_check(const qt_graph *g, const qt_backend_desc *d, qt_backend_check_result *r, char *err) {
+  memset(r, 0, sizeof *r);
+  snprintf(r->graph, sizeof r->graph, "%s", g->name);
+  snprintf(r->backend, sizeof r->backend, "%s", d->name);
+  snprintf(r->isa, sizeof r->isa, "%s", d->isa);
+  if (!g->finalized) {
+    snprintf(err, QT_ERR_LEN, "backend check: graph %s is not finalized", g->name);
+    return -1;
+  }
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN || (n->wq && !n->wq->qweight)) {
+      snprintf(err, QT_ERR_LEN,
+               "backend check: graph %s: node %d '%s' (%s) belongs to a prepared (training) graph; check the Q/DQ "
+               "graph from qt_convert (model_qdq.h5)",
+               g->name, i, n->name, qt_op_name(n->op));
+      return -1;
+    }
+  }
+  problem p[QT_VIOLATION_COUNT];
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    switch (n->op) {
+      case QT_OP_INPUT:
+      case QT_OP_DEQUANTIZE: /* carries its quantize's record (the loader checks the pair) */
+        continue;
+      case QT_OP_QUANTIZE: {
+        r->n_records++;
+        const int k = record_problems(d, n->q, 0, p);
+        for (int j = 0; j < k; j++) add_violation(r, g, i, p[j].kind, "%s", p[j].reason);
+        continue;
+      }
+      default:
+        break;
+    }
+    int integer_input = 0;
+    for (int k = 0; k < n->n_inputs; k++) integer_input |= integer_source(g, n->inputs[k]) >= 0;
+    const int layer = (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) && n->wq;
+    if (!d->ops[n->op] && (integer_input || layer))
+      add_violation(r, g, i, QT_VIOLATION_OP,
+                    "op %s on quantized data is not run by %s: it runs in fp32 on the CPU (a fallback partition)",
+                    qt_op_name(n->op), d->name);
+    if (!layer) {
+      if ((n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) && integer_input && d->ops[n->op])
+        add_note(r, "%s: %s left in fp32 (weights not quantized): runs on the CPU", n->name, qt_op_name(n->op));
+      continue;
+    }
+    r->n_layers++;
+    const int k = record_problems(d, n->wq, 1, p);
+    for (int j = 0; j < k; j++) add_violation(r, g, i, p[j].kind, "%s", p[j].reason);
+    if (d->max_channels > 0 && n->attr.out_channels > d->max_channels)
+      add_violation(r, g, i, QT_VIOLATION_CHANNELS, "%d output %s; %s has at most %d", n->attr.out_channels,
+                    n->op == QT_OP_CONV2D ? "channels" : "features", d->name, d->max_channels);
+    const int src = integer_source(g, n->inputs[0]);
+    if (src < 0) {
+      add_violation(r, g, i, QT_VIOLATION_INPUT,
+                    "integer weights on an fp32 input '%s' (weight-only quantization): no integer kernel takes it",
+                    g->values[n->inputs[0]].name);
+      continue;
+    }
+    if (d->pair_sum_int16) check_saturation(r, g, i, g->nodes[src].q);
+  }
+  return 0;
+}
+
+void qt_backend_check_result_free(qt_backend_check_result *r) {
+  free(r->items);
+  free(r->notes);
+  memset(r, 0, sizeof *r);
+}
+
+void qt_backend_check_print(const qt_backend_check_result *r, FILE *f) {
+  fprintf(f, "backend check of %s against %s (%s): %d activation records, %d integer-weight layers\n", r->graph,
+          r->backend, r->isa, r->n_records, r->n_layers);
+  for (int i = 0; i < r->n; i++)
+    fprintf(f, "  %s: [%s] %s\n", r->items[i].node_name, qt_violation_kind_name(r->items[i].kind), r->items[i].reason);
+  for (int i = 0; i < r->n_notes; i++) fprintf(f, "  note: %s\n", r->notes[i]);
+  if (!r->n) {
+    fprintf(f, "PASS: no violations\n");
+    return;
+  }
+  fprintf(f, "FAIL: %d violation%s (", r->n, r->n == 1 ? "" : "s");
+  int first = 1;
+  for (int k = 0; k < QT_VIOLATION_COUNT; k++)
+    if (r->count[k]) {
+      fprintf(f, "%s%s %d", first ? "" : ", ", qt_violation_kind_name((qt_violation_kind)k), r->count[k]);
+      first = 0;
+    }
+  fprintf(f, ")\n");
+}

@@ -1,0 +1,359 @@
+/* qat_backend_check MODEL_QDQ.h5 [--backend onednn_cpu|DESC.ini] [--isa auto|vnni|no_vnni] [--warn]
+ *                   [--partition] [--run] [--config CFG.ini] [--images N] [--batch N]
+ * qat_backend_check --quantize CFG.ini OUT_QDQ.h5 --backend DESC.ini [...the options above]
+ *
+ * The backend check pass as a command: reads the Q/DQ graph file and lists every violation of
+ * the backend's constraints (ops, bit widths, sign, symmetry, per-channel, power-of-two scales,
+ * channels, and on x86 without VNNI the u8 x s8 pair sums that saturate int16), each with its
+ * node and reason. The backend is the built-in onednn_cpu (its ISA from oneDNN, or forced with
+ * --isa) or an accelerator described by an INI file (experiments/accel_fictional.ini).
+ * --partition prints which parts run on the backend and which fall back to the CPU, with
+ * reasons; --run also runs the partitioned model on the config's test set (default:
+ * Fashion-MNIST) against the Q/DQ reference: accuracy, largest output difference in LSB, top-1
+ * agreement. --quantize first makes OUT_QDQ.h5 from a qat_train config: the fp32 checkpoint it
+ * names (quant.fp32_checkpoint), quantized with the Quantizer derived from the backend
+ * description (quant.weight_bits, activation_bits, observers, layer_overrides), PTQ-calibrated
+ * on quant.calibration_batches training batches, converted and saved.
+ * Exit 0: no violations (or --warn) and, with --run, within 2 LSB and >= 99% identical top-1;
+ * 1: violations, or --run outside those bounds; 2: bad input. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backend/backend.h"
+#include "qat/qat.h"
+#include "train/train.h"
+
+static int usage(void) {
+  fprintf(stderr,
+          "usage: qat_backend_check MODEL_QDQ.h5 [--backend onednn_cpu|DESC.ini] [--isa auto|vnni|no_vnni] [--warn]\n"
+          "                         [--partition] [--run] [--config CFG.ini] [--images N] [--batch N]\n"
+          "       qat_backend_check --quantize CFG.ini OUT_QDQ.h5 --backend DESC.ini [options above]\n");
+  return 2;
+}
+
+static int parse_int(const char *opt, const char *s, long lo, long hi, int *out) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (!*s || *end || v < lo || v > hi) {
+    fprintf(stderr, "qat_backend_check: %s expects an integer in [%ld, %ld], found '%s'\n", opt, lo, hi, s);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+static qt_loader_config loader_config(const qt_config *cfg, int batch, int channels) {
+  qt_loader_config lc;
+  memset(&lc, 0, sizeof lc);
+  lc.batch_size = batch;
+  lc.seed = (uint64_t)qt_config_int(cfg, "train", "seed");
+  for (int c = 0; c < channels && c < 4; c++) {
+    lc.mean[c] = (float)qt_config_float(cfg, "data", "mean");
+    lc.std[c] = (float)qt_config_float(cfg, "data", "std");
+  }
+  return lc;
+}
+
+/* mkdir -p of the directory holding path. */
+static int make_parent_dirs(const char *path, char *err) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) return 0;
+  *slash = 0;
+  for (char *p = dir + 1; ; p++) {
+    const char c = *p;
+    if (c == '/' || c == 0) {
+      *p = 0;
+      if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        snprintf(err, QT_ERR_LEN, "cannot create directory '%s': %s", dir, strerror(errno));
+        return -1;
+      }
+      *p = c;
+    }
+    if (!c) break;
+  }
+  return 0;
+}
+
+/* PTQ with the Quantizer derived from d: build, load the fp32 checkpoint, annotate, prepare,
+ * calibrate, convert, save. */
+static int quantize(const qt_config *cfg, const qt_backend_desc *d, const char *out_path, char *err) {
+  int rc = -1;
+  qt_graph *g = qt_model_build(qt_config_string(cfg, "model", "name"), err), *p = NULL, *c = NULL;
+  qt_dataset train, test;
+  memset(&train, 0, sizeof train);
+  memset(&test, 0, sizeof test);
+  qt_loader *l = NULL;
+  qt_ctx *ctx = NULL;
+  qt_annotations ann;
+  memset(&ann, 0, sizeof ann);
+  if (!g) goto done;
+  const char *ck = qt_config_string(cfg, "quant", "fp32_checkpoint");
+  if (!ck[0]) {
+    snprintf(err, QT_ERR_LEN, "--quantize: the config sets no quant.fp32_checkpoint (the fp32 model to quantize)");
+    goto done;
+  }
+  if (qt_checkpoint_load(ck, g, NULL, NULL, err)) goto done;
+  qt_quantizer_config qc;
+  qt_quantizer_config_default(&qc);
+  qc.weight_bits = qt_config_int(cfg, "quant", "weight_bits");
+  qc.activation_bits = qt_config_int(cfg, "quant", "activation_bits");
+  const char *wo = qt_config_string(cfg, "quant", "weight_observer");
+  if (qt_observer_kind_parse(strcmp(wo, "auto") == 0 ? "minmax" : wo, &qc.weight_observer) ||
+      qt_observer_kind_parse(qt_config_string(cfg, "quant", "activation_observer"), &qc.activation_observer) ||
+      qt_range_method_parse(qt_config_string(cfg, "quant", "activation_range"), &qc.activation_method)) {
+    snprintf(err, QT_ERR_LEN, "--quantize: unknown observer or range method");
+    goto done;
+  }
+  qc.percentile = (float)qt_config_float(cfg, "quant", "percentile");
+  if (qt_parse_overrides(&qc, qt_config_string(cfg, "quant", "layer_overrides"), err)) goto done;
+  if (qt_quantizer_from_backend(g, d, &qc, &ann, err)) goto done;
+  printf("quantizer derived from %s (W%d A%d):\n", d->name, qc.weight_bits, qc.activation_bits);
+  qt_annotations_print(g, &ann, stdout);
+  p = qt_prepare(g, &ann, QT_PREPARE_PTQ, err);
+  if (!p) goto done;
+  if (qt_train_load_data(cfg, &train, &test, err)) goto done;
+  qt_loader_config lc = loader_config(cfg, qt_config_int(cfg, "train", "batch_size"), train.c);
+  lc.shuffle = 1;
+  l = qt_loader_create(&train, &lc, err);
+  if (!l) goto done;
+  ctx = qt_ctx_create();
+  qt_ctx_set_grad(ctx, 0);
+  /* calibration mode: observers on, fake quant off, BN (none left after PTQ folding) in eval */
+  qt_graph_set_training(p, 0);
+  for (int i = 0; i < p->n_nodes; i++)
+    if (p->nodes[i].q || p->nodes[i].wq) p->nodes[i].training = 1;
+  qt_set_observers(p, 1);
+  qt_set_fake_quant(p, 0);
+  qt_loader_start_epoch(l, 0);
+  const int batches = qt_config_int(cfg, "quant", "calibration_batches");
+  int done_batches = 0, B;
+  const float *images;
+  const int32_t *labels;
+  while (done_batches < batches && (B = qt_loader_next(l, &images, &labels)) > 0) {
+    qt_ctx_reset(ctx);
+    const int64_t shape[4] = {B, train.h, train.w, train.c};
+    if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)images))) {
+      snprintf(err, QT_ERR_LEN, "calibration batch %d: %s", done_batches + 1, p->error);
+      goto done;
+    }
+    done_batches++;
+  }
+  qt_set_observers(p, 0);
+  qt_set_fake_quant(p, 1);
+  qt_graph_set_training(p, 0);
+  c = qt_convert(p, err);
+  if (!c || make_parent_dirs(out_path, err) || qt_qdq_save(out_path, c, err)) goto done;
+  printf("calibrated on %d batches; wrote %s\n", done_batches, out_path);
+  rc = 0;
+done:
+  qt_annotations_free(&ann);
+  qt_ctx_free(ctx);
+  qt_loader_free(l);
+  qt_dataset_free(&train);
+  qt_dataset_free(&test);
+  qt_graph_free(c);
+  qt_graph_free(p);
+  qt_graph_free(g);
+  return rc;
+}
+
+static int argmax(const float *x, int n) {
+  int b = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[b]) b = i;
+  return b;
+}
+
+/* The partitioned model (accelerator or lowered oneDNN) against the Q/DQ reference on the
+ * test set. Returns 0 within bounds, 1 outside, 2 on error. */
+static int run_compare(qt_graph *g, qt_accel *acc, qt_lowered *low, const qt_config *cfg, int images, int batch,
+                       char *err) {
+  int status = 2;
+  qt_dataset train, test;
+  memset(&train, 0, sizeof train);
+  memset(&test, 0, sizeof test);
+  qt_loader *l = NULL;
+  qt_ctx *ctx = qt_ctx_create();
+  float *out = NULL;
+  if (qt_train_load_data(cfg, &train, &test, err)) goto done;
+  if (images > 0) qt_dataset_limit(&test, images);
+  const qt_value *in = &g->values[g->input];
+  if (test.h != in->shape[0] || test.w != in->shape[1] || test.c != in->shape[2]) {
+    snprintf(err, QT_ERR_LEN, "model %s wants %lldx%lldx%lld images, the test set holds %dx%dx%d", g->name,
+             (long long)in->shape[0], (long long)in->shape[1], (long long)in->shape[2], test.h, test.w, test.c);
+    goto done;
+  }
+  const int64_t classes = acc ? qt_accel_output_numel(acc) : qt_lowered_output_numel(low);
+  qt_loader_config lc = loader_config(cfg, batch, test.c);
+  l = qt_loader_create(&test, &lc, err);
+  out = malloc((size_t)batch * (size_t)classes * sizeof(float));
+  if (!l || !out) goto done;
+  const qt_node *on = &g->nodes[g->values[g->output].producer];
+  const float lsb = on->op == QT_OP_DEQUANTIZE && on->q->channels == 1 ? on->q->scale[0] : 0;
+  qt_graph_set_training(g, 0);
+  qt_loader_start_epoch(l, 0);
+  int64_t seen = 0, correct = 0, ref_correct = 0, agree = 0, differ = 0;
+  double max_diff = 0;
+  const float *x;
+  const int32_t *labels;
+  int n;
+  while ((n = qt_loader_next(l, &x, &labels)) > 0) {
+    if (acc ? qt_accel_run(acc, out, x, n, err) : qt_lowered_run(low, out, x, n, err)) goto done;
+    qt_ctx_reset(ctx);
+    const int64_t shape[4] = {n, test.h, test.w, test.c};
+    qt_tensor *y = qt_graph_forward(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x));
+    if (!y) {
+      snprintf(err, QT_ERR_LEN, "Q/DQ reference: %s", g->error);
+      goto done;
+    }
+    for (int i = 0; i < n; i++) {
+      const float *o = out + (int64_t)i * classes, *r = qt_f32(y) + (int64_t)i * classes;
+      const int p = argmax(o, (int)classes), pr = argmax(r, (int)classes);
+      correct += p == labels[i];
+      ref_correct += pr == labels[i];
+      agree += p == pr;
+      for (int k = 0; k < classes; k++) {
+        double dd = fabs((double)o[k] - (double)r[k]) / (lsb > 0 ? lsb : 1.0);
+        differ += dd > 0;
+        if (dd > max_diff) max_diff = dd;
+      }
+    }
+    seen += n;
+  }
+  const double agreement = seen ? (double)agree / (double)seen : 1.0;
+  printf("run: %lld test images: device top-1 %.2f%%, Q/DQ reference top-1 %.2f%%; outputs: max difference %.3g %s, "
+         "%lld of %lld differ; identical top-1 on %.2f%%\n",
+         (long long)seen, seen ? 100.0 * (double)correct / (double)seen : 0.0,
+         seen ? 100.0 * (double)ref_correct / (double)seen : 0.0, max_diff, lsb > 0 ? "LSB" : "(absolute)",
+         (long long)differ, (long long)(seen * classes), 100.0 * agreement);
+  status = (lsb > 0 && max_diff > 2.0001) || agreement < 0.99 ? 1 : 0;
+  if (status) printf("run: FAIL: the device must stay within 2 output LSB and agree on >= 99%% of images\n");
+done:
+  free(out);
+  qt_ctx_free(ctx);
+  qt_loader_free(l);
+  qt_dataset_free(&train);
+  qt_dataset_free(&test);
+  return status;
+}
+
+int main(int argc, char **argv) {
+  const char *model_path = NULL, *backend = "onednn_cpu", *config_path = NULL, *quant_config = NULL;
+  qt_isa_choice isa = QT_ISA_AUTO;
+  int warn = 0, partition = 0, run = 0, images = 0, batch = 256;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
+      backend = argv[++i];
+    } else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
+      const char *v = argv[++i];
+      if (strcmp(v, "auto") == 0) isa = QT_ISA_AUTO;
+      else if (strcmp(v, "vnni") == 0) isa = QT_ISA_VNNI;
+      else if (strcmp(v, "no_vnni") == 0) isa = QT_ISA_NO_VNNI;
+      else {
+        fprintf(stderr, "qat_backend_check: --isa expects auto, vnni or no_vnni, found '%s'\n", v);
+        return 2;
+      }
+    } else if (strcmp(argv[i], "--warn") == 0) {
+      warn = 1;
+    } else if (strcmp(argv[i], "--partition") == 0) {
+      partition = 1;
+    } else if (strcmp(argv[i], "--run") == 0) {
+      run = partition = 1;
+    } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
+      config_path = argv[++i];
+    } else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
+      if (parse_int("--images", argv[++i], 1, 1000000000, &images)) return 2;
+    } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
+      if (parse_int("--batch", argv[++i], 1, 65536, &batch)) return 2;
+    } else if (strcmp(argv[i], "--quantize") == 0 && i + 2 < argc) {
+      quant_config = argv[++i];
+      model_path = argv[++i];
+    } else if (argv[i][0] != '-' && !model_path) {
+      model_path = argv[i];
+    } else {
+      return usage();
+    }
+  }
+  if (!model_path) return usage();
+  char err[QT_ERR_LEN];
+  qt_backend_desc d;
+  const int is_onednn = strcmp(backend, "onednn_cpu") == 0;
+  if (is_onednn) {
+    qt_backend_desc_onednn_cpu(&d, isa);
+  } else {
+    if (isa != QT_ISA_AUTO) {
+      fprintf(stderr, "qat_backend_check: --isa applies to the onednn_cpu backend, not to %s\n", backend);
+      return 2;
+    }
+    if (qt_backend_desc_load(&d, backend, err)) {
+      fprintf(stderr, "qat_backend_check: %s\n", err);
+      return 2;
+    }
+  }
+  qt_config *cfg = qt_train_config_create();
+  if (quant_config && config_path) {
+    fprintf(stderr, "qat_backend_check: --quantize takes its data from CFG.ini; drop --config\n");
+    qt_config_free(cfg);
+    return 2;
+  }
+  if ((quant_config || config_path) && qt_config_load_file(cfg, quant_config ? quant_config : config_path, err)) {
+    fprintf(stderr, "qat_backend_check: %s\n", err);
+    qt_config_free(cfg);
+    return 2;
+  }
+  if (quant_config && quantize(cfg, &d, model_path, err)) {
+    fprintf(stderr, "qat_backend_check: --quantize %s: %s\n", quant_config, err);
+    qt_config_free(cfg);
+    return 2;
+  }
+  qt_graph *g = qt_qdq_load(model_path, err);
+  if (!g) {
+    fprintf(stderr, "qat_backend_check: %s\n", err);
+    qt_config_free(cfg);
+    return 2;
+  }
+  int status = 2;
+  qt_accel *acc = NULL;
+  qt_lowered *low = NULL;
+  qt_backend_check_result r;
+  memset(&r, 0, sizeof r);
+  if (qt_backend_check(g, &d, &r, err)) goto fail;
+  qt_backend_desc_print(&d, stdout);
+  qt_backend_check_print(&r, stdout);
+  status = r.n && !warn ? 1 : 0;
+  if (r.n && warn) printf("(--warn: violations reported as warnings)\n");
+  if (partition) {
+    if (is_onednn) {
+      low = qt_lower(g, err);
+      if (!low) goto fail;
+      qt_lowered_report(low, stdout);
+    } else {
+      acc = qt_accel_partition(g, &d, err);
+      if (!acc) goto fail;
+      qt_accel_report(acc, stdout);
+    }
+  }
+  if (run) {
+    if (!quant_config) qt_config_set(cfg, "data", "train_limit", "1", err);
+    int rs = run_compare(g, acc, low, cfg, images, batch, err);
+    if (rs == 2) goto fail;
+    if (rs) status = 1;
+  }
+  goto done;
+fail:
+  fprintf(stderr, "qat_backend_check: %s\n", err);
+  status = 2;
+done:
+  qt_backend_check_result_free(&r);
+  qt_accel_free(acc);
+  qt_lowered_free(low);
+  qt_graph_free(g);
+  qt_config_free(cfg);
+  return status;
+}

@@ -1,0 +1,74 @@
+/* The int8 residual add of the oneDNN lowering (backend/lower.c, lower_add_u8): two u8 inputs
+ * with their own scales and zero points, output requantized to u8 (with a fused relu, and a
+ * 4-bit output range that clamps), bit-exact against the Q/DQ reference interpreter; ResCNN
+ * converted W8A8 lowers both residual adds to u8 (only global average pooling falls back) and
+ * stays within 1 output LSB of the Q/DQ graph end to end. */
+#include "tests/backend_check/bcheck_util.h"
+
+static void compare(const char *what, qt_graph *g, const float *x, int n, int want_add_int8, int want_fallback,
+                    double max_lsb) {
+  char err[QT_ERR_LEN];
+  qt_graph_set_training(g, 0);
+  qt_lowered *m = qt_lower(g, err);
+  QT_ASSERT(m, "%s: %s", what, err);
+  int adds = 0;
+  for (int i = 0; i < qt_lowered_partition_count(m); i++) {
+    const char *nodes, *detail;
+    if (qt_lowered_partition(m, i, &nodes, &detail) == QT_PART_INT8 && strstr(detail, "add u8 + u8 -> u8")) adds++;
+  }
+  if (adds != want_add_int8 || qt_lowered_count(m, QT_PART_FALLBACK) != want_fallback) {
+    qt_test_fail("%s: %d u8 adds and %d fallbacks, want %d and %d", what, adds, qt_lowered_count(m, QT_PART_FALLBACK),
+                 want_add_int8, want_fallback);
+    qt_lowered_report(m, stderr);
+  }
+  if (getenv("QT_TEST_VERBOSE")) qt_lowered_report(m, stderr);
+  const int64_t on = qt_lowered_output_numel(m) * n;
+  float *got = malloc((size_t)on * sizeof(float));
+  if (qt_lowered_run(m, got, x, n, err)) qt_test_fail("%s: run: %s", what, err);
+  float *want = reference(g, x, n);
+  double agree;
+  const double d = max_lsb_diff(got, want, on, output_lsb(g), (int)qt_lowered_output_numel(m), &agree);
+  if (d > max_lsb) qt_test_fail("%s: lowered vs Q/DQ graph: max %.3g LSB, allowed %.0f", what, d, max_lsb);
+  free(got);
+  free(want);
+  qt_lowered_free(m);
+}
+
+/* input 7x5x6 -> q/dq (s1, z1) = a; input -> q/dq (s2, z2) = b; a + b [-> relu] -> q/dq [0, qmax] */
+static void add_pattern(int relu, int qmax, float s1, int z1, float s2, int z2, float s3, int z3) {
+  char err[QT_ERR_LEN], what[160];
+  snprintf(what, sizeof what, "add%s: %g/%d + %g/%d -> %g/%d [0, %d]", relu ? "+relu" : "", s1, z1, s2, z2, s3, z3,
+           qmax);
+  qt_graph *g = qt_graph_create("add_pattern");
+  int x = qt_graph_input(g, "input", 7, 5, 6);
+  int a = qdq(g, "a.fq", x, 0, 255, s1, z1);
+  int b = qdq(g, "b.fq", x, 0, 255, s2, z2);
+  int y = qt_graph_add(g, "add", a, b);
+  if (relu) y = qt_graph_relu(g, "relu", y);
+  y = qdq(g, "out.fq", y, 0, qmax, s3, z3);
+  QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
+  const int n = 64;
+  float *in = malloc(sizeof(float) * n * 7 * 5 * 6);
+  qt_test_fill_uniform(in, n * 7 * 5 * 6, -1.5f, 2.5f, 7);
+  compare(what, g, in, n, 1, 0, 0);
+  free(in);
+  qt_graph_free(g);
+}
+
+static void res_cnn(void) {
+  qt_graph *g = ptq_model("res_cnn", NULL, 8, 8, 1, "add_res_cnn.h5");
+  float *x = malloc(sizeof(float) * 64 * 784);
+  qt_test_fill_uniform(x, 64 * 784, -0.8f, 2.0f, 98);
+  compare("res_cnn W8A8", g, x, 64, 2, 1, 1);
+  free(x);
+  qt_graph_free(g);
+}
+
+int main(void) {
+  add_pattern(1, 255, 0.0123f, 100, 0.0071f, 37, 0.019f, 0);
+  add_pattern(0, 255, 0.0123f, 101, 0.0071f, 37, 0.031f, 129);
+  add_pattern(1, 15, 0.02f, 80, 0.011f, 3, 0.1f, 0);   /* 4-bit output: clamps */
+  add_pattern(0, 255, 1.0f / 64, 64, 1.0f / 32, 20, 1.0f / 16, 90); /* ties: power-of-two scales */
+  res_cnn();
+  return qt_test_finish();
+}
