@@ -1,5 +1,6 @@
 /* The quantization half of the training job: obtain the fp32 model, prepare (PTQ/QAT),
- * calibrate, and after training convert, save, reload, evaluate and check. */
+ * calibrate, and after training convert, save, reload, evaluate and check; then lower the
+ * saved Q/DQ graph and make the three-stage report (eval/report.h). */
 #include <libgen.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -190,5 +191,48 @@ int qt_quant_finish(const qt_config *cfg, qt_graph *p, const qt_dataset *test, c
             res->check.max_lsb, (long long)res->check.tie_mismatches, res->check.reason);
   }
 
+  return rc;
+}
+
+/* Inference timing: batch 256 (the deployment target), best of 3 rounds of 8 batches. The
+ * device is read inside the graph on the first 1024 test images. */
+enum { QT_INFER_BATCH = 256, QT_INFER_BATCHES = 8, QT_INFER_ROUNDS = 3, QT_PROBE_IMAGES = 1024 };
+
+static void print_deploy(FILE *f, const qt_lowered *m, const qt_quant_result *res) {
+  qt_lowered_report(m, f);
+  qt_report_print(&res->report, f);
+  fprintf(f, "inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s (%.2fx)\n",
+          res->speed.batch, QT_INFER_ROUNDS, (long long)res->speed.images, res->speed.fp32_images_per_s,
+          res->speed.int8_images_per_s,
+          res->speed.fp32_images_per_s > 0 ? res->speed.int8_images_per_s / res->speed.fp32_images_per_s : 0.0);
+}
+
+int qt_quant_deploy(qt_graph *fp32, const qt_dataset *test, const qt_loader_config *ec, const char *dir,
+                    qt_quant_result *res, int verbose, char *err) {
+  /* From the file, as a deployment tool would. */
+  qt_graph *qdq = qt_qdq_load(res->qdq_path, err);
+  if (!qdq) return -1;
+  qt_lowered *m = qt_lower(qdq, err);
+  int rc = -1;
+  if (!m) goto out;
+  if (qt_report_run(fp32, qdq, m, test, ec, QT_PROBE_IMAGES, &res->report, err)) goto out;
+  if (qt_inference_measure(fp32, m, test, ec, QT_INFER_BATCH, QT_INFER_BATCHES, QT_INFER_ROUNDS, &res->speed, err))
+    goto out;
+  snprintf(res->report_path, sizeof res->report_path, "%s/report.txt", dir);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  QT_ASSERT(f, "out of memory for the report");
+  print_deploy(f, m, res);
+  fclose(f);
+  rc = qt_write_file_atomic(res->report_path, text, len, err);
+  free(text);
+  if (rc) goto out;
+  res->deployed = 1;
+  if (verbose) print_deploy(stderr, m, res);
+out:
+  qt_lowered_free(m);
+  qt_graph_free(qdq);
+  if (fp32) qt_graph_set_training(fp32, 1); /* as qt_evaluate leaves graphs */
   return rc;
 }

@@ -2,6 +2,7 @@
 #ifndef QT_QUANT_JOB_H
 #define QT_QUANT_JOB_H
 
+#include "eval/report.h"
 #include "qat/qat.h"
 #include "train/train.h"
 
@@ -10,6 +11,11 @@ typedef struct {
   char qdq_path[4200];
   char trained_path[4200];
   qt_check_report check;
+  /* qt_quant_deploy: the lowered Q/DQ graph on the test set and inference speed */
+  int deployed;
+  qt_report report;
+  qt_inference_speed speed;
+  char report_path[4200];
 } qt_quant_result;
 
 int qt_quant_obtain_fp32(const qt_config *cfg, qt_graph *g, int verbose, char *err);
@@ -19,5 +25,10 @@ int qt_quant_calibrate(const qt_config *cfg, qt_graph *p, const qt_dataset *trai
                        qt_ctx *ctx, int verbose, char *err);
 int qt_quant_finish(const qt_config *cfg, qt_graph *p, const qt_dataset *test, const qt_loader_config *ec,
                     qt_ctx *ctx, const char *dir, qt_quant_result *res, int verbose, char *err);
+/* After qt_quant_finish: lowers the saved Q/DQ graph (res->qdq_path), runs the three-stage
+ * report (fp32 graph, Q/DQ graph, int8 device) on the test set, times fp32 and int8 inference
+ * at batch 256, writes <dir>/report.txt and prints it when verbose. */
+int qt_quant_deploy(qt_graph *fp32, const qt_dataset *test, const qt_loader_config *ec, const char *dir,
+                    qt_quant_result *res, int verbose, char *err);
 
 #endif

@@ -268,7 +268,9 @@ static int write_summary(const char *path, const qt_config *cfg, const qt_graph 
     sb_printf(&b, ",\n    \"fake_quant\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}",
               q->fake_quant.accuracy, q->fake_quant.loss, (long long)q->fake_quant.n);
     sb_printf(&b, ",\n    \"qdq\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}",
-              q->qdq.accuracy, q->qdq.loss, (long long)q->qdq.n);
+              q->qdq.accuracy, q->qdq.loss, (long long)q->qdq.n);    if (q->deployed)
+      sb_printf(&b, ",\n    \"int8\": {\"test_accuracy\": %.6f, \"test_images\": %lld}", q->report.device_accuracy,
+                (long long)q->report.images);
   }
   sb_printf(&b, "\n  },\n");
   if (q) {
@@ -287,6 +289,16 @@ static int write_summary(const char *path, const qt_config *cfg, const qt_graph 
       else sb_printf(&b, "%c", *r);
     }
     sb_printf(&b, "\"},\n");
+    if (q->deployed) {
+      char *rep = qt_report_json(&q->report, "  ");
+      sb_printf(&b, "%s,\n", rep);
+      free(rep);
+      sb_printf(&b, "  \"inference\": {\"batch_size\": %d, \"fp32_images_per_s\": %.1f, \"int8_images_per_s\": %.1f, "
+                    "\"int8_vs_fp32\": %.3f},\n  \"report\": \"%s\",\n",
+                q->speed.batch, q->speed.fp32_images_per_s, q->speed.int8_images_per_s,
+                q->speed.fp32_images_per_s > 0 ? q->speed.int8_images_per_s / q->speed.fp32_images_per_s : 0.0,
+                q->report_path);
+    }
   }
   sb_printf(&b, "  \"train\": {\n    \"epochs\": %d,\n    \"images_per_s\": %.1f,\n    \"epoch_seconds\": [", epochs_done,
             secs > 0 ? (double)imgs / secs : 0.0);
@@ -425,6 +437,12 @@ int qt_train_run(qt_config *cfg, char *err) {
   sched.step_size = (int64_t)llround(qt_config_float(cfg, "train", "step_epochs") * (double)nb);
   if (sched.step_size < 1) sched.step_size = 1;
   sched.gamma = (float)qt_config_float(cfg, "train", "gamma");
+  if (epochs > 0 && sched.warmup_steps >= sched.total_steps) {
+    snprintf(err, QT_ERR_LEN, "train.warmup_epochs = %g covers the whole run of %d epochs",
+             qt_config_float(cfg, "train", "warmup_epochs"), epochs);
+    goto out;
+  }
+  if (qt_lr_schedule_check(&sched, err)) goto out;
 
   ini = qt_config_to_ini_string(cfg);
   int start_epoch = 0;
@@ -529,6 +547,8 @@ int qt_train_run(qt_config *cfg, char *err) {
   if (quant) {
     qt_ctx_release(ctx); /* the training step's memory is not needed by convert and the check */
     if (qt_quant_finish(cfg, tg, &test, &ec, ctx, dir, &qres, prog.mode != 0, err)) goto out;
+    qt_ctx_release(ctx);
+    if (qt_quant_deploy(g, &test, &ec, dir, &qres, prog.mode != 0, err)) goto out;
   }
   if (write_summary(summary_path, cfg, g, arena_mb, rows, n_rows,
                     quant ? &ev_fp32 : &ev, quant ? &qres : NULL, n_rows ? rows[n_rows - 1].epoch : start_epoch,
@@ -538,9 +558,10 @@ int qt_train_run(qt_config *cfg, char *err) {
     fprintf(stderr, "fp32 test accuracy %.2f%%; summary in %s; peak RSS %.0f MB\n", 100 * ev.accuracy, summary_path,
             qt_peak_rss_mb());
   if (prog.mode && quant)
-    fprintf(stderr, "test accuracy: fp32 %.2f%%, fake quant %.2f%%, Q/DQ graph %.2f%%; summary in %s; peak RSS %.0f MB\n",
-            100 * ev_fp32.accuracy, 100 * qres.fake_quant.accuracy, 100 * qres.qdq.accuracy, summary_path,
-            qt_peak_rss_mb());
+    fprintf(stderr, "test accuracy: fp32 %.2f%%, fake quant %.2f%%, Q/DQ graph %.2f%%, int8 device %.2f%%; summary in %s; "
+                    "peak RSS %.0f MB\n",
+            100 * ev_fp32.accuracy, 100 * qres.fake_quant.accuracy, 100 * qres.qdq.accuracy,
+            100 * qres.report.device_accuracy, summary_path, qt_peak_rss_mb());
   if (quant && !qres.check.ok) {
     snprintf(err, QT_ERR_LEN, "the training graph and the convert graph disagree (see summary.json check.reason):\n%s",
              qres.check.reason);

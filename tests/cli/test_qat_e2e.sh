@@ -2,7 +2,9 @@
 # End to end on a slice of Fashion-MNIST: qat_train trains a tiny fp32 model (through
 # quant.fp32_config, as the example configs do), fine-tunes it with W4A4 QAT, converts it,
 # saves both graphs and checks them; qat_check then re-checks the two files. A PTQ W8A8 run
-# does the same. Then the check must catch a tampered Q/DQ file (a changed scale).
+# does the same. Then the check must catch a tampered Q/DQ file (a changed scale). Both runs
+# end with the three-stage report (summary.json keys, report.txt); qat_report makes it again
+# from the files and refuses bad input with exit 2.
 # Usage: test_qat_e2e.sh BIN_DIR SOURCE_DIR
 set -u
 BIN="$1"
@@ -20,9 +22,33 @@ fi
 for f in fp32/checkpoint.h5 qat/summary.json qat/model_qdq.h5 qat/model_trained.h5 qat/quantizer.txt; do
   [ -s "$T/$f" ] || { echo "missing $f"; fail=1; }
 done
-for key in '"fake_quant"' '"qdq"' '"check"' '"ok": true' '"qdq_model"'; do
+report_keys=('"int8": {"test_accuracy"' '"int8_vs_qdq"' '"max_lsb"' '"top1_agreement"' '"lsb_histogram"' '"sqnr_db"'
+             '"stage_loss_points"' '"verdict"' '"fp32_images_per_s"' '"int8_images_per_s"')
+for key in '"fake_quant"' '"qdq"' '"check"' '"ok": true' '"qdq_model"' "${report_keys[@]}"; do
   grep -qF "$key" "$T/qat/summary.json" || { echo "summary.json lacks $key"; cat "$T/qat/summary.json"; fail=1; }
 done
+# The report's numbers: valid JSON, the device within 2 output LSB of the Q/DQ graph and
+# agreeing on >= 99% of top-1, positive speeds (skipped without python3).
+check_summary() {
+  command -v python3 >/dev/null || return 0
+  python3 - "$1" <<'PY' || { echo "summary.json report numbers out of bounds: $1"; cat "$1"; return 1; }
+import json, sys
+s = json.load(open(sys.argv[1]))
+d, inf = s["int8_vs_qdq"], s["inference"]
+assert 0 <= s["stages"]["int8"]["test_accuracy"] <= 1, s["stages"]
+assert s["stages"]["int8"]["test_images"] == s["stages"]["qdq"]["test_images"]
+assert d["max_lsb"] is not None and d["max_lsb"] <= 2.0, d
+assert d["top1_agreement"] >= 0.99, d
+assert sum(d["lsb_histogram"].values()) == 10 * d["images"], d
+assert inf["batch_size"] == 256 and inf["fp32_images_per_s"] > 0 and inf["int8_images_per_s"] > 0, inf
+points = {p["point"]: p for p in s["sqnr_db"]}
+assert "input" in points and points["input"]["fp32_vs_qdq"] is not None, points
+assert all(p["qdq_vs_int8"] is not None for p in s["sqnr_db"] if p["kind"] == "activation"), points
+assert "stage 1" in s["verdict"] and "stage 2" in s["verdict"], s["verdict"]
+PY
+}
+check_summary "$T/qat/summary.json" || fail=1
+[ -s "$T/qat/report.txt" ] && grep -q "verdict:" "$T/qat/report.txt" || { echo "qat/report.txt missing or without a verdict"; fail=1; }
 if ! "$BIN/qat_check" "$T/qat/model_trained.h5" "$T/qat/model_qdq.h5" --images 256 >"$T/check.log" 2>&1; then
   echo "qat_check failed:"; cat "$T/check.log"; fail=1
 fi
@@ -34,6 +60,27 @@ if ! "$BIN/qat_train" experiments/fashion_cnn_ptq_w8a8.ini "${common[@]}" quant.
 fi
 "$BIN/qat_check" "$T/ptq/model_trained.h5" "$T/ptq/model_qdq.h5" --images 128 >"$T/check2.log" 2>&1 ||
   { echo "qat_check (PTQ) failed:"; cat "$T/check2.log"; fail=1; }
+check_summary "$T/ptq/summary.json" || fail=1
+
+# The report as a command, from the files.
+if ! "$BIN/qat_report" "$T/ptq/model_qdq.h5" --fp32 "$T/fp32/checkpoint.h5" --model fashion_cnn --images 256 \
+    --timing-rounds 1 >"$T/report.log" 2>&1; then
+  echo "qat_report failed:"; cat "$T/report.log"; fail=1
+fi
+for line in "three-stage report on 256 test images" "fp32 model      top-1" "Q/DQ vs device: identical top-1" \
+    "relu2 (activation)" "verdict: stage 1 (fp32 -> Q/DQ: quantization) lost" "inference at batch 256"; do
+  grep -qF "$line" "$T/report.log" || { echo "qat_report output lacks '$line':"; cat "$T/report.log"; fail=1; }
+done
+"$BIN/qat_report" "$T/qat/model_qdq.h5" --images 64 --no-timing >"$T/report2.log" 2>&1 &&
+  grep -q "not measured (no fp32 model)" "$T/report2.log" ||
+  { echo "qat_report without --fp32 failed:"; cat "$T/report2.log"; fail=1; }
+for bad in "$T/nope.h5" "$T/qat/model_qdq.h5 --model fashion_cnn" "$T/qat/model_qdq.h5 --fp32 $T/qat/checkpoint.h5" \
+    "$T/qat/model_qdq.h5 --images 0" "$T/qat/model_trained.h5"; do
+  # shellcheck disable=SC2086
+  "$BIN/qat_report" $bad >"$T/report3.log" 2>&1
+  rc=$?
+  [ $rc -eq 2 ] || { echo "qat_report $bad: exit $rc, want 2:"; cat "$T/report3.log"; fail=1; }
+done
 
 # Tamper: checking the PTQ training graph against the QAT convert graph must fail (different
 # qparams everywhere) and name a node.

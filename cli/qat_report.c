@@ -1,0 +1,120 @@
+/* qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME]] [--config CFG.ini] [--images N]
+ *            [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R]:
+ * the three-stage accuracy report as a command (eval/report.h). Lowers the Q/DQ graph to int8
+ * kernels, runs the config's test set (default: Fashion-MNIST) through the fp32 model (the
+ * checkpoint loaded into the preset NAME, by default the Q/DQ graph's model name), the Q/DQ
+ * graph and the device, and prints the partition report, accuracies, Q/DQ-vs-device top-1
+ * agreement and output LSB histogram, per-point SQNR, which stage lost accuracy, and fp32 /
+ * int8 inference images/s at batch 256. --images N: the first N test images; --batch N: the
+ * report's batch size (default 256; timing always uses 256); --probe-images N: the device is
+ * read inside the graph on the first N images (default 1024; 0: only at the output);
+ * --no-timing: skip the speed measurement; --timing-rounds R: best of R rounds (default 3).
+ * Exit 0: reported; 1: a failure while running; 2: bad input (unreadable model or checkpoint,
+ * bad option, missing data). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eval/report.h"
+#include "qat/qat.h"
+#include "train/train.h"
+
+static int usage(void) {
+  fprintf(stderr, "usage: qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME]] [--config CFG.ini] "
+                  "[--images N] [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R]\n");
+  return 2;
+}
+
+static int parse_int(const char *opt, const char *s, long lo, long hi, int *out) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (!*s || *end || v < lo || v > hi) {
+    fprintf(stderr, "qat_report: %s expects an integer in [%ld, %ld], found '%s'\n", opt, lo, hi, s);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || argv[1][0] == '-') return usage();
+  const char *qdq_path = argv[1], *fp32_path = NULL, *model_name = NULL, *config_path = NULL;
+  int images = 0, batch = 256, probe = 1024, timing = 1, rounds = 3;
+  for (int i = 2; i < argc; i++) {
+    if (strcmp(argv[i], "--fp32") == 0 && i + 1 < argc) fp32_path = argv[++i];
+    else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) model_name = argv[++i];
+    else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) config_path = argv[++i];
+    else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
+      if (parse_int("--images", argv[++i], 1, 1000000000, &images)) return 2;
+    } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
+      if (parse_int("--batch", argv[++i], 1, 65536, &batch)) return 2;
+    } else if (strcmp(argv[i], "--timing-rounds") == 0 && i + 1 < argc) {
+      if (parse_int("--timing-rounds", argv[++i], 1, 1000, &rounds)) return 2;
+    } else if (strcmp(argv[i], "--probe-images") == 0 && i + 1 < argc) {
+      if (parse_int("--probe-images", argv[++i], 0, 1000000000, &probe)) return 2;
+    } else if (strcmp(argv[i], "--no-timing") == 0) timing = 0;
+    else return usage();
+  }
+  if (model_name && !fp32_path) {
+    fprintf(stderr, "qat_report: --model names the architecture of the --fp32 checkpoint; give --fp32 too\n");
+    return 2;
+  }
+  char err[QT_ERR_LEN];
+  int status = 2;
+  qt_graph *qdq = NULL, *fp32 = NULL;
+  qt_lowered *m = NULL;
+  qt_config *cfg = qt_train_config_create();
+  qt_dataset train, test;
+  memset(&train, 0, sizeof train);
+  memset(&test, 0, sizeof test);
+
+  /* Bad input: exit 2. */
+  if (config_path && qt_config_load_file(cfg, config_path, err)) goto fail;
+  if (!(qdq = qt_qdq_load(qdq_path, err))) goto fail;
+  if (fp32_path) {
+    if (!(fp32 = qt_model_build(model_name ? model_name : qdq->name, err))) goto fail;
+    if (qt_checkpoint_load(fp32_path, fp32, NULL, NULL, err)) goto fail;
+  }
+  if (!(m = qt_lower(qdq, err))) goto fail;
+  if (qt_config_set(cfg, "data", "train_limit", "1", err)) goto fail;
+  if (qt_train_load_data(cfg, &train, &test, err)) goto fail;
+  if (images > 0) qt_dataset_limit(&test, images);
+
+  /* Running: exit 1 on failure. */
+  status = 1;
+  qt_loader_config lc;
+  memset(&lc, 0, sizeof lc);
+  lc.batch_size = batch;
+  for (int ch = 0; ch < 4; ch++) {
+    lc.mean[ch] = (float)qt_config_float(cfg, "data", "mean");
+    lc.std[ch] = (float)qt_config_float(cfg, "data", "std");
+  }
+  qt_report r;
+  if (qt_report_run(fp32, qdq, m, &test, &lc, probe, &r, err)) goto fail;
+  printf("qat_report: %s%s%s\n", qdq_path, fp32_path ? " against fp32 " : "", fp32_path ? fp32_path : "");
+  qt_lowered_report(m, stdout);
+  qt_report_print(&r, stdout);
+  if (timing) {
+    qt_inference_speed s;
+    if (qt_inference_measure(fp32, m, &test, &lc, 256, 8, rounds, &s, err)) goto fail;
+    if (fp32)
+      printf("inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s "
+             "(%.2fx)\n", s.batch, rounds, (long long)s.images, s.fp32_images_per_s, s.int8_images_per_s,
+             s.int8_images_per_s / s.fp32_images_per_s);
+    else
+      printf("inference at batch %d (best of %d rounds of %lld images): int8 %.0f images/s (no fp32 model given)\n",
+             s.batch, rounds, (long long)s.images, s.int8_images_per_s);
+  }
+  status = 0;
+  goto done;
+fail:
+  fprintf(stderr, "qat_report: %s\n", err);
+done:
+  qt_lowered_free(m);
+  qt_graph_free(qdq);
+  qt_graph_free(fp32);
+  qt_dataset_free(&train);
+  qt_dataset_free(&test);
+  qt_config_free(cfg);
+  return status;
+}

@@ -1,0 +1,466 @@
+/* The three-stage accuracy report (report.h): one pass over the test set through the fp32
+ * graph, the Q/DQ graph and the lowered int8 model, compared point by point. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eval/report.h"
+
+const char *qt_point_kind_name(qt_point_kind k) {
+  static const char *const names[] = {"activation", "weight", "output"};
+  _Static_assert(sizeof names / sizeof names[0] == QT_POINT_KIND_COUNT, "point kind names out of sync");
+  return (unsigned)k < QT_POINT_KIND_COUNT ? names[k] : "?";
+}
+
+/* How one activation point (or the fp32 output) is measured in every batch. */
+typedef struct {
+  int point;           /* index into r->points */
+  int qdq_value;       /* the Q/DQ graph's value at the point (the dequantize's output) */
+  int fp32_value;      /* the fp32 graph's value of the same name, or -1 */
+  int device_output;   /* the point is the graph output: compare with the device's output */
+  int probe;           /* else read the device with a probe (probe_points) */
+} point_plan;
+
+static int64_t value_numel(const qt_value *v) {
+  int64_t n = 1;
+  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
+  return n;
+}
+
+/* The value of that name with that many elements per sample, or -1. */
+static int find_value(const qt_graph *g, const char *name, int64_t numel) {
+  for (int v = 0; v < g->n_values; v++)
+    if (strcmp(g->values[v].name, name) == 0) return value_numel(&g->values[v]) == numel ? v : -1;
+  return -1;
+}
+
+/* Whether a consumer of value v overwrote it in place (the executor runs BN and ReLU in place
+ * on a value nothing else reads): then values[v] no longer holds v. Flatten is a view. */
+static int overwritten(const qt_graph *g, qt_tensor *const *values, int v) {
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    if (n->op == QT_OP_FLATTEN || !values[n->output]) continue;
+    for (int k = 0; k < n->n_inputs; k++)
+      if (n->inputs[k] == v && values[n->output]->data == values[v]->data) return 1;
+  }
+  return 0;
+}
+
+static int argmax(const float *x, int64_t n) {
+  int64_t b = 0;
+  for (int64_t i = 1; i < n; i++)
+    if (x[i] > x[b]) b = i;
+  return (int)b;
+}
+
+static qt_report_point *add_point(qt_report *r, const char *name, qt_point_kind kind, char *err) {
+  if (r->n_points == QT_REPORT_MAX_POINTS) {
+    snprintf(err, QT_ERR_LEN, "report: more than %d quantization points and weights (at '%s')", QT_REPORT_MAX_POINTS,
+             name);
+    return NULL;
+  }
+  qt_report_point *p = &r->points[r->n_points++];
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->kind = kind;
+  return p;
+}
+
+/* Each integer weight against the float weight convert quantized (kept in the Q/DQ slab). */
+static int add_weight_points(const qt_graph *qdq, qt_report *r, char *err) {
+  for (int i = 0; i < qdq->n_nodes; i++) {
+    const qt_node *n = &qdq->nodes[i];
+    if (!n->wq || !n->wq->qweight || n->param[QT_P_WEIGHT] < 0) continue;
+    const qt_param *t = &qdq->tensors[n->param[QT_P_WEIGHT]];
+    QT_ASSERT(n->wq->n_qweight == t->numel, "weight %s: %lld integers for %lld floats", t->name,
+              (long long)n->wq->n_qweight, (long long)t->numel);
+    qt_report_point *p = add_point(r, t->name, QT_POINT_WEIGHT, err);
+    if (!p) return -1;
+    float *deq = malloc((size_t)t->numel * sizeof(float));
+    QT_ASSERT(deq, "out of memory for weight %s", t->name);
+    const int ch = n->wq->channels; /* per channel: axis 0 (OIHW / (OUT, IN)) */
+    qt_dequantize(deq, n->wq->qweight, 1, ch, t->numel / ch, n->wq->scale, n->wq->zero_point);
+    qt_sqnr_add(&p->fp32_vs_qdq, qdq->params + t->offset, deq, t->numel);
+    free(deq);
+  }
+  return 0;
+}
+
+/* Plans the activation points (and the output when it is fp32). */
+static int plan_points(qt_graph *fp32, const qt_graph *qdq, qt_report *r, point_plan *plans, int *n_plans,
+                       char *err) {
+  int output_covered = 0;
+  *n_plans = 0;
+  for (int i = 0; i < qdq->n_nodes; i++) {
+    const qt_node *q = &qdq->nodes[i];
+    if (q->op != QT_OP_QUANTIZE) continue;
+    int dq = -1;
+    for (int j = i + 1; j < qdq->n_nodes && dq < 0; j++)
+      if (qdq->nodes[j].op == QT_OP_DEQUANTIZE && qdq->nodes[j].inputs[0] == q->output) dq = j;
+    if (dq < 0) continue;
+    const int v = qdq->nodes[dq].output;
+    /* The point is named after the fp32 graph's value it quantizes: convert names the pair
+     * "<value>.fq.quantize" after it. Not the quantize's input: PTQ folds conv -> bn, so there
+     * the fp32 graph's "bn" value is read from the folded "conv" node. */
+    char name[QT_NAME_LEN];
+    const char *suffix = ".fq.quantize";
+    const size_t len = strlen(q->name), sl = strlen(suffix);
+    if (len > sl && strcmp(q->name + len - sl, suffix) == 0) snprintf(name, sizeof name, "%.*s", (int)(len - sl), q->name);
+    else snprintf(name, sizeof name, "%s", qdq->values[q->inputs[0]].name);
+    qt_report_point *p = add_point(r, name, QT_POINT_ACTIVATION, err);
+    if (!p) return -1;
+    point_plan *pl = &plans[(*n_plans)++];
+    memset(pl, 0, sizeof *pl);
+    pl->point = r->n_points - 1;
+    pl->qdq_value = v;
+    pl->fp32_value = fp32 ? find_value(fp32, name, value_numel(&qdq->values[v])) : -1;
+    p->is_output = pl->device_output = v == qdq->output;
+    output_covered |= p->is_output;
+    pl->probe = !pl->device_output;
+  }
+  if (!output_covered) {
+    const qt_value *ov = &qdq->values[qdq->output];
+    qt_report_point *p = add_point(r, ov->name, QT_POINT_OUTPUT, err);
+    if (!p) return -1;
+    p->is_output = 1;
+    point_plan *pl = &plans[(*n_plans)++];
+    memset(pl, 0, sizeof *pl);
+    pl->point = r->n_points - 1;
+    pl->qdq_value = qdq->output;
+    pl->fp32_value = fp32 ? find_value(fp32, ov->name, value_numel(ov)) : -1;
+    pl->device_output = 1;
+  }
+  return 0;
+}
+
+int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_dataset *ds, const qt_loader_config *lc,
+                  int64_t probe_images, qt_report *r, char *err) {
+  memset(r, 0, sizeof *r);
+  int h, w, c;
+  qt_lowered_input_shape(device, &h, &w, &c);
+  const qt_value *qin = &qdq->values[qdq->input];
+  if (qin->shape[0] != h || qin->shape[1] != w || qin->shape[2] != c) {
+    snprintf(err, QT_ERR_LEN, "report: the lowered model takes %dx%dx%d images but the Q/DQ graph %s takes %lldx%lldx%lld",
+             h, w, c, qdq->name, (long long)qin->shape[0], (long long)qin->shape[1], (long long)qin->shape[2]);
+    return -1;
+  }
+  if (ds->h != h || ds->w != w || ds->c != c) {
+    snprintf(err, QT_ERR_LEN, "report: model %s takes %dx%dx%d images, the test set holds %dx%dx%d", qdq->name, h, w,
+             c, ds->h, ds->w, ds->c);
+    return -1;
+  }
+  const int64_t classes = qt_lowered_output_numel(device);
+  if (classes != value_numel(&qdq->values[qdq->output])) {
+    snprintf(err, QT_ERR_LEN, "report: the lowered model has %lld outputs, the Q/DQ graph %s %lld", (long long)classes,
+             qdq->name, (long long)value_numel(&qdq->values[qdq->output]));
+    return -1;
+  }
+  if (fp32) {
+    const qt_value *fin = &fp32->values[fp32->input], *fout = &fp32->values[fp32->output];
+    if (fin->shape[0] != h || fin->shape[1] != w || fin->shape[2] != c || value_numel(fout) != classes) {
+      snprintf(err, QT_ERR_LEN, "report: the fp32 model %s (%lldx%lldx%lld -> %lld) does not match the Q/DQ graph %s "
+                                "(%dx%dx%d -> %lld)",
+               fp32->name, (long long)fin->shape[0], (long long)fin->shape[1], (long long)fin->shape[2],
+               (long long)value_numel(fout), qdq->name, h, w, c, (long long)classes);
+      return -1;
+    }
+  }
+  r->has_fp32 = fp32 != NULL;
+  r->int8_partitions = qt_lowered_count(device, QT_PART_INT8);
+  r->fallback_partitions = qt_lowered_count(device, QT_PART_FALLBACK);
+  const qt_node *out_node = &qdq->nodes[qdq->values[qdq->output].producer];
+  if (out_node->op == QT_OP_DEQUANTIZE && out_node->q->channels == 1) r->output_scale = out_node->q->scale[0];
+
+  point_plan *plans = calloc((size_t)qdq->n_nodes + 1, sizeof *plans);
+  QT_ASSERT(plans, "out of memory");
+  int n_plans = 0, rc = -1;
+  qt_loader *l = NULL;
+  qt_ctx *ctx = NULL;
+  qt_lowered *probe = NULL;
+  float *out = NULL;
+  if (plan_points(fp32, qdq, r, plans, &n_plans, err)) goto done;
+  if (add_weight_points(qdq, r, err)) goto done;
+
+  qt_loader_config cfg = *lc;
+  cfg.shuffle = 0;
+  cfg.crop_pad = 0;
+  cfg.flip = 0;
+  l = qt_loader_create(ds, &cfg, err);
+  if (!l) goto done;
+  out = malloc((size_t)cfg.batch_size * (size_t)classes * sizeof(float));
+  QT_ASSERT(out, "out of memory for a batch of %d", cfg.batch_size);
+  ctx = qt_ctx_create();
+  qt_ctx_set_grad(ctx, 0);
+  if (fp32) qt_graph_set_training(fp32, 0);
+  qt_graph_set_training(qdq, 0);
+  qt_loader_start_epoch(l, 0);
+  const float *x;
+  const int32_t *labels;
+  int n;
+  while ((n = qt_loader_next(l, &x, &labels)) > 0) {
+    qt_ctx_reset(ctx);
+    const int64_t shape[4] = {n, h, w, c};
+    qt_tensor **fv = NULL, **qv = NULL;
+    qt_tensor *fy = NULL;
+    if (fp32 && !(fy = qt_graph_forward_values(fp32, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &fv))) {
+      snprintf(err, QT_ERR_LEN, "report: fp32 model: %s", fp32->error);
+      goto done;
+    }
+    qt_tensor *qy = qt_graph_forward_values(qdq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &qv);
+    if (!qy) {
+      snprintf(err, QT_ERR_LEN, "report: Q/DQ graph: %s", qdq->error);
+      goto done;
+    }
+    if (qt_lowered_run(device, out, x, n, err)) goto done;
+    const float *qo = qt_f32(qy);
+    for (int i = 0; i < n; i++) {
+      const int64_t off = (int64_t)i * classes;
+      const int pq = argmax(qo + off, classes), pd = argmax(out + off, classes);
+      if (fy) r->fp32_correct += argmax(qt_f32(fy) + off, classes) == labels[i];
+      r->qdq_correct += pq == labels[i];
+      r->device_correct += pd == labels[i];
+      r->agree += pq == pd;
+    }
+    const int64_t numel = (int64_t)n * classes;
+    for (int64_t k = 0; k < numel; k++) {
+      const double d = fabs((double)out[k] - (double)qo[k]);
+      if (d > r->max_abs_diff || d != d) r->max_abs_diff = d;
+    }
+    if (r->output_scale > 0) qt_lsb_histogram_add(&r->lsb, out, qo, numel, r->output_scale);
+    for (int k = 0; k < n_plans; k++) {
+      const point_plan *pl = &plans[k];
+      qt_report_point *p = &r->points[pl->point];
+      const float *qd = qt_f32(qv[pl->qdq_value]);
+      const int64_t pn = (int64_t)n * value_numel(&qdq->values[pl->qdq_value]);
+      if (pl->fp32_value >= 0 && !overwritten(fp32, fv, pl->fp32_value))
+        qt_sqnr_add(&p->fp32_vs_qdq, qt_f32(fv[pl->fp32_value]), qd, pn);
+      if (pl->device_output) qt_sqnr_add(&p->qdq_vs_device, qd, out, pn);
+    }
+    r->images += n;
+  }
+  if (r->images == 0) {
+    snprintf(err, QT_ERR_LEN, "report: the test set is empty");
+    goto done;
+  }
+
+  /* The device at intermediate points. The runtime returns only the graph output, so each
+   * point is read by lowering the same graph with that point as the output (qt_lower copies
+   * what it needs; the graph is not modified): every node lowers as before and the probe also
+   * dequantizes the point. One probe at a time (each holds its own kernels and arena), on the
+   * first probe_images images. */
+  for (int k = 0; k < n_plans && probe_images > 0; k++) {
+    const point_plan *pl = &plans[k];
+    if (!pl->probe) continue;
+    qt_report_point *p = &r->points[pl->point];
+    qt_graph view = *qdq;
+    view.output = pl->qdq_value;
+    if (!(probe = qt_lower(&view, err))) goto done;
+    const int64_t per_sample = value_numel(&qdq->values[pl->qdq_value]);
+    QT_ASSERT(qt_lowered_output_numel(probe) == per_sample, "probe %s: wrong output size", p->name);
+    float *po = malloc((size_t)cfg.batch_size * (size_t)per_sample * sizeof(float));
+    QT_ASSERT(po, "out of memory for a batch of %d", cfg.batch_size);
+    int64_t seen = 0;
+    qt_loader_start_epoch(l, 0);
+    while (seen < probe_images && (n = qt_loader_next(l, &x, &labels)) > 0) {
+      if (n > probe_images - seen) n = (int)(probe_images - seen);
+      qt_ctx_reset(ctx);
+      const int64_t shape[4] = {n, h, w, c};
+      qt_tensor **qv = NULL;
+      if (!qt_graph_forward_values(qdq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &qv)) {
+        snprintf(err, QT_ERR_LEN, "report: Q/DQ graph: %s", qdq->error);
+        free(po);
+        goto done;
+      }
+      if (qt_lowered_run(probe, po, x, n, err)) {
+        free(po);
+        goto done;
+      }
+      qt_sqnr_add(&p->qdq_vs_device, qt_f32(qv[pl->qdq_value]), po, (int64_t)n * per_sample);
+      seen += n;
+    }
+    r->probe_images = seen;
+    free(po);
+    qt_lowered_free(probe);
+    probe = NULL;
+  }
+  const double N = (double)r->images;
+  r->fp32_accuracy = fp32 ? (double)r->fp32_correct / N : 0;
+  r->qdq_accuracy = (double)r->qdq_correct / N;
+  r->device_accuracy = (double)r->device_correct / N;
+  r->top1_agreement = (double)r->agree / N;
+  rc = 0;
+done:
+  qt_lowered_free(probe);
+  free(plans);
+  free(out);
+  qt_ctx_free(ctx);
+  qt_loader_free(l);
+  return rc;
+}
+
+/* ---- verdict, text and JSON ------------------------------------------------------------- */
+
+double qt_report_stage1_loss(const qt_report *r) {
+  if (!r->has_fp32 || r->images == 0) return NAN;
+  return 100.0 * (double)(r->fp32_correct - r->qdq_correct) / (double)r->images;
+}
+
+double qt_report_stage2_loss(const qt_report *r) {
+  if (r->images == 0) return NAN;
+  return 100.0 * (double)(r->qdq_correct - r->device_correct) / (double)r->images;
+}
+
+void qt_report_verdict(const qt_report *r, char *buf, size_t len) {
+  const double s1 = qt_report_stage1_loss(r), s2 = qt_report_stage2_loss(r);
+  /* Judged on whole images: a stage lost accuracy when it got fewer images right. */
+  const int64_t l1 = r->has_fp32 ? r->fp32_correct - r->qdq_correct : 0, l2 = r->qdq_correct - r->device_correct;
+  char a[160], b[160];
+  if (r->has_fp32) snprintf(a, sizeof a, "stage 1 (fp32 -> Q/DQ: quantization) lost %.2f points", s1);
+  else snprintf(a, sizeof a, "stage 1 (fp32 -> Q/DQ: quantization) not measured (no fp32 model)");
+  snprintf(b, sizeof b, "stage 2 (Q/DQ -> int8 device: lowering) lost %.2f points", s2);
+  const char *who;
+  if (l1 > 0 && l2 > 0)
+    who = l1 >= l2 ? "both stages lost accuracy, stage 1 (quantization) the most"
+                   : "both stages lost accuracy, stage 2 (lowering) the most";
+  else if (l1 > 0) who = "the accuracy was lost in stage 1 (quantization: the quantizer settings or QAT)";
+  else if (l2 > 0) who = "the accuracy was lost in stage 2 (lowering: the backend's integer kernels)";
+  else if (r->has_fp32) who = "neither stage lost accuracy";
+  else who = "stage 2 lost no accuracy";
+  int k = snprintf(buf, len, "%s; %s: %s", a, b, who);
+  if (k >= 0 && (size_t)k < len && r->output_scale > 0 && r->lsb.max_lsb > 2.0)
+    snprintf(buf + k, len - (size_t)k,
+             "; the device is %.1f output LSB away from the Q/DQ graph (more than the 1-2 LSB of integer rounding: a "
+             "lowering bug)",
+             r->lsb.max_lsb);
+}
+
+static void fmt_db(char *buf, size_t n, const qt_sqnr_sum *s, const char *none) {
+  const double db = qt_sqnr_sum_db(s);
+  if (s->n == 0) snprintf(buf, n, "%s", none);
+  else if (isinf(db)) snprintf(buf, n, db > 0 ? "inf (identical)" : "-inf");
+  else snprintf(buf, n, "%.2f", db);
+}
+
+void qt_report_print(const qt_report *r, FILE *f) {
+  fprintf(f, "three-stage report on %lld test images (%d int8, %d fallback partitions):\n", (long long)r->images,
+          r->int8_partitions, r->fallback_partitions);
+  if (r->has_fp32) fprintf(f, "  fp32 model      top-1 %6.2f%%\n", 100 * r->fp32_accuracy);
+  else fprintf(f, "  fp32 model      not given\n");
+  fprintf(f, "  Q/DQ graph      top-1 %6.2f%%", 100 * r->qdq_accuracy);
+  if (r->has_fp32) fprintf(f, "   stage 1 (quantization) lost %.2f points", qt_report_stage1_loss(r));
+  fprintf(f, "\n  int8 device     top-1 %6.2f%%   stage 2 (lowering) lost %.2f points\n", 100 * r->device_accuracy,
+          qt_report_stage2_loss(r));
+  fprintf(f, "  Q/DQ vs device: identical top-1 on %.2f%% of images; ", 100 * r->top1_agreement);
+  if (r->output_scale > 0)
+    fprintf(f, "logit differences in output LSB (%.6g): max %.2f; 0 LSB %lld, 1 LSB %lld, 2 LSB %lld, >2 LSB %lld\n",
+            (double)r->output_scale, r->lsb.max_lsb, (long long)r->lsb.count[0], (long long)r->lsb.count[1],
+            (long long)r->lsb.count[2], (long long)r->lsb.count[3]);
+  else fprintf(f, "fp32 output (no LSB): max logit difference %.6g\n", r->max_abs_diff);
+  fprintf(f, "  SQNR (dB) at each quantization point   %-16s %s", "fp32 vs Q/DQ", "Q/DQ vs device");
+  if (r->probe_images > 0 && r->probe_images < r->images)
+    fprintf(f, " (inside the graph: first %lld images)", (long long)r->probe_images);
+  fprintf(f, "\n");
+  for (int i = 0; i < r->n_points; i++) {
+    const qt_report_point *p = &r->points[i];
+    char a[32], b[32], name[160];
+    fmt_db(a, sizeof a, &p->fp32_vs_qdq, r->has_fp32 ? "-" : "(no fp32)");
+    fmt_db(b, sizeof b, &p->qdq_vs_device,
+           p->kind == QT_POINT_WEIGHT ? "(same integers)" : r->probe_images ? "-" : "(not probed)");
+    snprintf(name, sizeof name, "%s (%s%s)", p->name, qt_point_kind_name(p->kind),
+             p->is_output && p->kind != QT_POINT_OUTPUT ? ", output" : "");
+    fprintf(f, "    %-38s %-16s %s\n", name, a, b);
+  }
+  char v[768];
+  qt_report_verdict(r, v, sizeof v);
+  fprintf(f, "  verdict: %s\n", v);
+}
+
+typedef struct {
+  char *s;
+  size_t len, cap;
+} strbuf;
+
+static void sb_printf(strbuf *b, const char *fmt, ...) {
+  va_list ap;
+  for (;;) {
+    const size_t room = b->cap - b->len;
+    va_start(ap, fmt);
+    const int n = vsnprintf(b->s ? b->s + b->len : NULL, room, fmt, ap);
+    va_end(ap);
+    QT_ASSERT(n >= 0, "formatting failed");
+    if ((size_t)n < room) {
+      b->len += (size_t)n;
+      return;
+    }
+    size_t cap = b->cap ? b->cap * 2 : 1024;
+    while (cap - b->len <= (size_t)n) cap *= 2;
+    b->s = realloc(b->s, cap);
+    QT_ASSERT(b->s, "out of memory");
+    b->cap = cap;
+  }
+}
+
+static void sb_json_string(strbuf *b, const char *s) {
+  sb_printf(b, "\"");
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') sb_printf(b, "\\%c", *s);
+    else if (*s == '\n') sb_printf(b, "\\n");
+    else if ((unsigned char)*s < 0x20) sb_printf(b, "\\u%04x", (unsigned char)*s);
+    else sb_printf(b, "%c", *s);
+  }
+  sb_printf(b, "\"");
+}
+
+static void sb_json_db(strbuf *b, const qt_sqnr_sum *s) {
+  const double db = qt_sqnr_sum_db(s);
+  if (s->n == 0 || isnan(db)) sb_printf(b, "null");
+  else if (isinf(db)) sb_printf(b, "%.1f", db > 0 ? 999.0 : -999.0);
+  else sb_printf(b, "%.3f", db);
+}
+
+static void sb_json_number(strbuf *b, double x) {
+  if (isfinite(x)) sb_printf(b, "%.6f", x);
+  else sb_printf(b, "null");
+}
+
+char *qt_report_json(const qt_report *r, const char *in) {
+  strbuf b = {0};
+  sb_printf(&b, "%s\"int8_vs_qdq\": {\"images\": %lld, \"probe_images\": %lld, \"top1_agreement\": %.6f, "
+                "\"max_lsb\": ", in, (long long)r->images, (long long)r->probe_images, r->top1_agreement);
+  if (r->output_scale > 0) {
+    sb_json_number(&b, r->lsb.max_lsb);
+    sb_printf(&b, ", \"output_scale\": %.9g, \"lsb_histogram\": {\"0\": %lld, \"1\": %lld, \"2\": %lld, "
+                  "\"over_2\": %lld}",
+              (double)r->output_scale, (long long)r->lsb.count[0], (long long)r->lsb.count[1],
+              (long long)r->lsb.count[2], (long long)r->lsb.count[3]);
+  } else {
+    sb_printf(&b, "null, \"output_scale\": null, \"lsb_histogram\": null");
+  }
+  sb_printf(&b, ", \"max_abs_diff\": ");
+  sb_json_number(&b, r->max_abs_diff);
+  sb_printf(&b, "},\n");
+  sb_printf(&b, "%s\"sqnr_db\": [", in);
+  for (int i = 0; i < r->n_points; i++) {
+    const qt_report_point *p = &r->points[i];
+    sb_printf(&b, "%s\n%s  {\"point\": ", i ? "," : "", in);
+    sb_json_string(&b, p->name);
+    sb_printf(&b, ", \"kind\": \"%s\", \"output\": %s, \"fp32_vs_qdq\": ", qt_point_kind_name(p->kind),
+              p->is_output ? "true" : "false");
+    sb_json_db(&b, &p->fp32_vs_qdq);
+    sb_printf(&b, ", \"qdq_vs_int8\": ");
+    sb_json_db(&b, &p->qdq_vs_device);
+    sb_printf(&b, "}");
+  }
+  sb_printf(&b, "\n%s],\n%s\"stage_loss_points\": {\"quantization\": ", in, in);
+  sb_json_number(&b, qt_report_stage1_loss(r));
+  sb_printf(&b, ", \"lowering\": ");
+  sb_json_number(&b, qt_report_stage2_loss(r));
+  sb_printf(&b, "},\n%s\"verdict\": ", in);
+  char v[768];
+  qt_report_verdict(r, v, sizeof v);
+  sb_json_string(&b, v);
+  sb_printf(&b, ",\n%s\"lowering\": {\"int8_partitions\": %d, \"fallback_partitions\": %d}", in, r->int8_partitions,
+            r->fallback_partitions);
+  return b.s;
+}
