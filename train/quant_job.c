@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "qat/qat.h"
 #include "train/quant_job.h"
 
@@ -90,7 +91,19 @@ qt_graph *qt_quant_prepare(const qt_config *cfg, const qt_graph *g, FILE *report
   }
   if (qt_parse_overrides(&qc, qt_config_string(cfg, "quant", "layer_overrides"), err)) return NULL;
   qt_annotations ann;
-  if (qt_quantizer_onednn(g, &qc, &ann, err)) return NULL;
+  if (strcmp(qt_config_string(cfg, "quant", "quantizer"), "backend") == 0) {
+    const char *path = qt_config_string(cfg, "quant", "backend");
+    if (!path[0]) {
+      snprintf(err, QT_ERR_LEN, "quant.quantizer = backend needs quant.backend (a backend description file)");
+      return NULL;
+    }
+    qt_backend_desc d;
+    if (qt_backend_desc_load(&d, path, err)) return NULL;
+    if (qt_quantizer_from_backend(g, &d, &qc, &ann, err)) return NULL;
+    if (report) fprintf(report, "quantizer derived from backend %s (%s)\n", d.name, path);
+  } else if (qt_quantizer_onednn(g, &qc, &ann, err)) {
+    return NULL;
+  }
   if (report) {
     fprintf(report, "quantizer onednn (W%d A%d, %s):\n", qc.weight_bits, qc.activation_bits,
             qc.has_vnni ? "VNNI: full-range 8-bit weights" : "no VNNI: 8-bit weights restricted to 7 bits");

@@ -46,7 +46,10 @@ static const qt_cfg_key schema[] = {
 
     {"quant", "mode", QT_CFG_ENUM, "none", 0, 0, "none|ptq|qat",
      "none: fp32 training; ptq: calibrate then convert; qat: fine-tune with fake quant then convert"},
-    {"quant", "quantizer", QT_CFG_ENUM, "onednn", 0, 0, "onednn", "the backend's Quantizer"},
+    {"quant", "quantizer", QT_CFG_ENUM, "onednn", 0, 0, "onednn|backend",
+     "the Quantizer: onednn (built in) or derived from the description in quant.backend"},
+    {"quant", "backend", QT_CFG_STRING, "", 0, 0, NULL,
+     "backend description INI (e.g. experiments/accel_fictional.ini) when quant.quantizer = backend"},
     {"quant", "weight_bits", QT_CFG_INT, "8", 2, 8, NULL, "weight bit width"},
     {"quant", "activation_bits", QT_CFG_INT, "8", 2, 8, NULL, "activation bit width"},
     {"quant", "isa", QT_CFG_ENUM, "auto", 0, 0, "auto|vnni|no_vnni",
