@@ -77,6 +77,22 @@ static const qt_cfg_key schema[] = {
     {"quant", "check_batch", QT_CFG_INT, "128", 1, 100000, NULL,
      "test images the training-graph = convert-graph check runs on"},
 
+    {"analysis", "calibration_methods", QT_CFG_STRING, "", 0, 0, NULL,
+     "PTQ debugging: activation calibration methods to compare, e.g. minmax,moving_average,percentile,mse "
+     "(empty = no comparison)"},
+    {"analysis", "calibration_batches", QT_CFG_STRING, "", 0, 0, NULL,
+     "PTQ debugging: ascending calibration batch counts to compare, e.g. 1,8,32 (empty = quant.calibration_batches)"},
+    {"analysis", "layer_sqnr", QT_CFG_BOOL, "false", 0, 0, NULL,
+     "PTQ debugging: SQNR between the fp32 and the fake-quant model, node by node"},
+    {"analysis", "sensitivity", QT_CFG_BOOL, "false", 0, 0, NULL,
+     "PTQ debugging: accuracy when only one layer is quantized, for each conv/linear layer"},
+    {"analysis", "mixed_precision_k", QT_CFG_STRING, "", 0, 0, NULL,
+     "PTQ debugging: keep the k most sensitive layers at analysis.mixed_precision_keep, e.g. 0,1,2,3"},
+    {"analysis", "mixed_precision_keep", QT_CFG_ENUM, "w8a8", 0, 0, "w8a8|fp32",
+     "PTQ debugging: what the k most sensitive layers are kept at"},
+    {"analysis", "images", QT_CFG_INT, "2000", 0, 1e9, NULL,
+     "PTQ debugging: test images every analysis variant is evaluated on (0 = all)"},
+
     {"output", "dir", QT_CFG_STRING, "runs/default", 0, 0, NULL, "output directory (created)"},
     {"output", "progress", QT_CFG_ENUM, "auto", 0, 0, "auto|bar|lines|none",
      "auto: a progress bar on a terminal, one line per epoch otherwise"},

@@ -2,6 +2,7 @@
  * evaluation and summary.json. */
 #include "train/train.h"
 #include "train/quant_job.h"
+#include "train/analysis.h"
 
 #include <errno.h>
 #include <math.h>
@@ -253,7 +254,7 @@ static int csv_read(const char *path, epoch_row *rows, int max, int upto) {
 
 static int write_summary(const char *path, const qt_config *cfg, const qt_graph *g, double arena_mb,
                          const epoch_row *rows, int n, const qt_eval_result *test, const qt_quant_result *q,
-                         int epochs_done, const char *ckpt, char *err) {
+                         int epochs_done, const char *ckpt, const char *analysis, char *err) {
   strbuf b = {0};
   double secs = 0;
   int64_t imgs = 0;
@@ -310,6 +311,7 @@ static int write_summary(const char *path, const qt_config *cfg, const qt_graph 
               rows[n - 1].train_acc);
   sb_printf(&b, "    \"batch_size\": %d,\n    \"threads\": %d\n  },\n", qt_config_int(cfg, "train", "batch_size"),
             omp_get_max_threads());
+  if (analysis && analysis[0]) sb_printf(&b, "  \"analysis\": \"%s\",\n", analysis);
   sb_printf(&b, "  \"checkpoint\": \"%s\"\n}\n", ckpt);
   int rc = qt_write_file_atomic(path, b.s, b.len, err);
   free(b.s);
@@ -380,6 +382,7 @@ int qt_train_run(qt_config *cfg, char *err) {
   qt_eval_result ev_fp32 = {0};
   qt_quant_result qres;
   memset(&qres, 0, sizeof qres);
+  char analysis_path[4200] = "";
   if (quant) {
     if (qt_config_bool(cfg, "train", "resume") && access(ckpt_path, F_OK) == 0) {
       snprintf(err, QT_ERR_LEN, "train.resume: resuming a quantized run (quant.mode = %s) is not supported yet; "
@@ -405,6 +408,10 @@ int qt_train_run(qt_config *cfg, char *err) {
       }
     }
     if (ptq && qt_quant_calibrate(cfg, tg, &train, &lc, ctx, prog.mode != 0, err)) goto out;
+    if (qt_analysis_wanted(cfg) &&
+        qt_analysis_run(cfg, g, &train, &test, &lc, &ec, ctx, dir, analysis_path, sizeof analysis_path, prog.mode != 0,
+                        err))
+      goto out;
   }
 
   qt_optim_config oc = {0};
@@ -552,7 +559,7 @@ int qt_train_run(qt_config *cfg, char *err) {
   }
   if (write_summary(summary_path, cfg, g, arena_mb, rows, n_rows,
                     quant ? &ev_fp32 : &ev, quant ? &qres : NULL, n_rows ? rows[n_rows - 1].epoch : start_epoch,
-                    ckpt_path, err))
+                    ckpt_path, analysis_path, err))
     goto out;
   if (prog.mode && !quant)
     fprintf(stderr, "fp32 test accuracy %.2f%%; summary in %s; peak RSS %.0f MB\n", 100 * ev.accuracy, summary_path,
