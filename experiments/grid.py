@@ -75,7 +75,7 @@ def load_grid(path, quick):
                 quick_overrides = shlex.split(v)
             else:
                 g[k] = v
-    known = {"models", "methods", "bits", "seeds", "threads", "fp32_config", "overrides"}
+    known = {"models", "methods", "bits", "seeds", "threads", "fp32_config", "overrides", "env"}
     for k in g:
         if k not in known:
             sys.exit("grid: %s: unknown key %r in [grid]/[quick] (known: %s)"
@@ -90,6 +90,7 @@ def load_grid(path, quick):
         "threads": int(g.get("threads", "2")),
         "fp32_config": g.get("fp32_config", "experiments/{model}_fp32.ini"),
         "overrides": shlex.split(g.get("overrides", "")),
+        "env": dict(kv.split("=", 1) for kv in shlex.split(g.get("env", "")) if "=" in kv),
         "quick_overrides": quick_overrides,
         "method_overrides": {},
     }
@@ -164,15 +165,17 @@ def read_json(path):
         return None
 
 
-def execute(runs_plan, runs, resume, threads):
+def execute(runs_plan, runs, resume, grid):
     n = len(runs_plan)
     t_grid = time.time()
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(grid["threads"]))
+    env.update(grid["env"])
     for i, (model, seed, method, bits, argv) in enumerate(runs_plan, 1):
         d = run_dir(runs, model, seed, method, bits)
         label = "%s seed %d %s%s" % (model, seed, method, "" if method == "fp32" else " " + bits)
         meta = read_json(os.path.join(d, "grid_run.json"))
-        if (resume and meta and meta.get("argv") == argv and meta.get("rc") == 0
+        if (resume and meta and meta.get("argv") == argv and meta.get("env") == grid["env"]
+                and meta.get("rc") == 0
                 and os.path.exists(os.path.join(d, "summary.json"))):
             print("[%d/%d] %s: done before (--resume), %.1f s" % (i, n, label, meta.get("wall_s", 0)),
                   flush=True)
@@ -200,7 +203,7 @@ def execute(runs_plan, runs, resume, threads):
             rc = subprocess.call(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
         wall = time.time() - t0
         with open(os.path.join(d, "grid_run.json"), "w") as f:
-            json.dump({"argv": argv, "rc": rc, "wall_s": round(wall, 2),
+            json.dump({"argv": argv, "env": grid["env"], "rc": rc, "wall_s": round(wall, 2),
                        "finished": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
         rec = collect_run(runs, model, seed, method, bits)
         accs = " ".join("%s %s" % (STAGE_TITLES[s].split()[0], pct(rec[s]))
@@ -402,6 +405,9 @@ def write_outputs(grid, records, table, out, runs, started, elapsed):
           ]
     for m in grid["methods"]:
         L.append("- %s: `%s`." % (m.upper(), " ".join(grid["method_overrides"].get(m, []))))
+    L.append("- Every run: `%s`, one run at a time." % " ".join(
+        ["train.threads=%d" % grid["threads"]] + grid["overrides"] + grid["quick_overrides"]
+        + ["%s=%s" % kv for kv in sorted(grid["env"].items())]))
     L.append("- Test images per accuracy: %s. Stages: **fp32** (the fp32 checkpoint), **fake-quant** "
              "(the eval-mode training graph with fake quant), **Q/DQ** (the converted graph loaded back "
              "from model_qdq.h5), **int8 device** (the Q/DQ graph lowered to oneDNN int8 kernels). "
@@ -758,7 +764,7 @@ def main():
         print("grid: %d runs (%s%d models x %d seeds), runs in %s, results in %s" %
               (len(p), "quick, " if a.quick else "", len(grid["models"]), len(grid["seeds"]), runs, out),
               flush=True)
-        execute(p, runs, a.resume, grid["threads"])
+        execute(p, runs, a.resume, grid)
     records = [collect_run(runs, m, s, me, b) for m, s, me, b, _ in p]
     if not any(r["summary"] for r in records):
         print("grid: no run results in %s" % runs, file=sys.stderr)
@@ -780,4 +786,7 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # e.g. --dry-run | head
+        sys.exit(0)
