@@ -59,16 +59,13 @@ static float *trained_weight(qt_graph *t, const qt_node *n, int64_t *numel) {
   *numel = w->numel;
   float *out = malloc((size_t)w->numel * sizeof(float));
   QT_ASSERT(out, "out of memory");
-  memcpy(out, qt_graph_tensor_data(t, n->param[QT_P_WEIGHT]), (size_t)w->numel * sizeof(float));
+  const float *W = qt_graph_tensor_data(t, n->param[QT_P_WEIGHT]);
   if (n->op == QT_OP_CONV_BN) {
     const int OC = (int)w->shape[0];
-    const int64_t inner = w->numel / OC;
-    float *sf = malloc((size_t)OC * sizeof(float));
-    qt_bn_scale_factor_values(sf, qt_graph_tensor_data(t, n->param[QT_P_BN_GAMMA]),
-                              qt_graph_tensor_data(t, n->buffer[QT_B_RUNNING_VAR]), n->attr.eps, OC);
-    for (int o = 0; o < OC; o++)
-      for (int64_t k = 0; k < inner; k++) out[o * inner + k] *= sf[o];
-    free(sf);
+    qt_bn_fold(out, NULL, W, NULL, qt_graph_tensor_data(t, n->param[QT_P_BN_GAMMA]), NULL, NULL,
+               qt_graph_tensor_data(t, n->buffer[QT_B_RUNNING_VAR]), n->attr.eps, OC, w->numel / OC);
+  } else {
+    memcpy(out, W, (size_t)w->numel * sizeof(float));
   }
   return out;
 }

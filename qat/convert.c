@@ -44,10 +44,9 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
   const float **srcdata = malloc((size_t)cap * sizeof(float *));
   float **owned = calloc((size_t)cap, sizeof(float *)); /* folded data computed here */
   int n_owned = 0;
-  int *fold_nodes = malloc((size_t)(p->n_nodes + 1) * sizeof(int)); /* new conv nodes needing qweight */
-  int *fold_src = malloc((size_t)(p->n_nodes + 1) * sizeof(int));
-  int n_fold = 0;
-  QT_ASSERT(vmap && pending && srcdata && owned && fold_nodes && fold_src, "out of memory");
+  int *qweight_nodes = malloc((size_t)(p->n_nodes + 1) * sizeof(int)); /* new conv nodes needing qweight */
+  int n_qweight_nodes = 0;
+  QT_ASSERT(vmap && pending && srcdata && owned && qweight_nodes, "out of memory");
 
   for (int i = 0; i < p->n_nodes && !err[0]; i++) {
     const qt_node *n = &p->nodes[i];
@@ -78,25 +77,17 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
     vmap[n->output] = c->nodes[id].output;
     c->nodes[id].bn_frozen = n->bn_frozen;
     if (n->op == QT_OP_CONV_BN) {
-      /* Fold with exactly the numbers training used: W * sf and beta + (b - mean) * sf. */
+      /* Fold with exactly the numbers training used (qt_bn_fold). */
       const qt_param *w = &p->tensors[n->param[QT_P_WEIGHT]];
       const int OC = (int)w->shape[0];
       const int64_t inner = w->numel / OC;
       const float *W = qt_graph_tensor_data(p, n->param[QT_P_WEIGHT]);
       const float *b = n->param[QT_P_BIAS] >= 0 ? qt_graph_tensor_data(p, n->param[QT_P_BIAS]) : NULL;
-      const float *gamma = qt_graph_tensor_data(p, n->param[QT_P_BN_GAMMA]);
-      const float *beta = qt_graph_tensor_data(p, n->param[QT_P_BN_BETA]);
-      const float *rm = qt_graph_tensor_data(p, n->buffer[QT_B_RUNNING_MEAN]);
-      const float *rv = qt_graph_tensor_data(p, n->buffer[QT_B_RUNNING_VAR]);
-      float *sf = malloc((size_t)OC * sizeof(float));
       float *Wf = malloc((size_t)w->numel * sizeof(float)), *bf = malloc((size_t)OC * sizeof(float));
-      QT_ASSERT(sf && Wf && bf, "out of memory");
-      qt_bn_scale_factor_values(sf, gamma, rv, n->attr.eps, OC);
-      for (int o = 0; o < OC; o++) {
-        for (int64_t k = 0; k < inner; k++) Wf[o * inner + k] = W[o * inner + k] * sf[o];
-        bf[o] = beta[o] + ((b ? b[o] : 0.0f) - rm[o]) * sf[o];
-      }
-      free(sf);
+      QT_ASSERT(Wf && bf, "out of memory");
+      qt_bn_fold(Wf, bf, W, b, qt_graph_tensor_data(p, n->param[QT_P_BN_GAMMA]),
+                 qt_graph_tensor_data(p, n->param[QT_P_BN_BETA]), qt_graph_tensor_data(p, n->buffer[QT_B_RUNNING_MEAN]),
+                 qt_graph_tensor_data(p, n->buffer[QT_B_RUNNING_VAR]), n->attr.eps, OC, inner);
       owned[n_owned++] = Wf;
       owned[n_owned++] = bf;
       c->nodes[id].param[QT_P_WEIGHT] = add_tensor_copy(c, id, "weight", w, &pending, &n_pending, srcdata, Wf);
@@ -127,8 +118,7 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
         break;
       }
       c->nodes[id].wq = convert_state(p, n->wq);
-      fold_nodes[n_fold] = id;
-      fold_src[n_fold++] = i;
+      qweight_nodes[n_qweight_nodes++] = id;
     }
   }
   if (!err[0] && c->error[0]) snprintf(err, QT_ERR_LEN, "convert: %s", c->error);
@@ -137,8 +127,8 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
     if (qt_graph_alloc(c, err) == 0) {
       for (int k = 0; k < n_pending; k++)
         memcpy(qt_graph_tensor_data(c, pending[k]), srcdata[k], (size_t)c->tensors[pending[k]].numel * sizeof(float));
-      for (int k = 0; k < n_fold; k++) {
-        qt_node *m = &c->nodes[fold_nodes[k]];
+      for (int k = 0; k < n_qweight_nodes; k++) {
+        qt_node *m = &c->nodes[qweight_nodes[k]];
         const qt_param *w = &c->tensors[m->param[QT_P_WEIGHT]];
         quantize_weight(m->wq, qt_graph_tensor_data(c, m->param[QT_P_WEIGHT]), w->numel);
       }
@@ -149,8 +139,7 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
   free(vmap);
   free(pending);
   free(srcdata);
-  free(fold_nodes);
-  free(fold_src);
+  free(qweight_nodes);
   if (err[0]) {
     qt_graph_free(c);
     return NULL;

@@ -203,16 +203,9 @@ qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode
     const float *W = qt_graph_tensor_data(gg, c->param[QT_P_WEIGHT]);
     const float *cb = c->param[QT_P_BIAS] >= 0 ? qt_graph_tensor_data(gg, c->param[QT_P_BIAS]) : NULL;
     const float *gamma = qt_graph_tensor_data(gg, b->param[QT_P_GAMMA]), *beta = qt_graph_tensor_data(gg, b->param[QT_P_BETA]);
-    const float *rm = qt_graph_tensor_data(gg, b->buffer[QT_B_RUNNING_MEAN]);
-    const float *rv = qt_graph_tensor_data(gg, b->buffer[QT_B_RUNNING_VAR]);
-    float *sf = malloc((size_t)OC * sizeof(float));
-    qt_bn_scale_factor_values(sf, gamma, rv, b->attr.eps, OC);
-    float *Wf = qt_graph_tensor_data(s.p, f->w), *bf = qt_graph_tensor_data(s.p, f->b);
-    for (int o = 0; o < OC; o++) {
-      for (int64_t k2 = 0; k2 < inner; k2++) Wf[o * inner + k2] = W[o * inner + k2] * sf[o];
-      bf[o] = beta[o] + ((cb ? cb[o] : 0.0f) - rm[o]) * sf[o];
-    }
-    free(sf);
+    qt_bn_fold(qt_graph_tensor_data(s.p, f->w), qt_graph_tensor_data(s.p, f->b), W, cb, gamma, beta,
+               qt_graph_tensor_data(gg, b->buffer[QT_B_RUNNING_MEAN]), qt_graph_tensor_data(gg, b->buffer[QT_B_RUNNING_VAR]),
+               b->attr.eps, OC, inner);
   }
   free(s.vmap);
   free(s.tmap);
@@ -228,6 +221,18 @@ fail:
   free(s.folds);
   qt_graph_free(s.p);
   return NULL;
+}
+
+void qt_bn_fold(float *Wf, float *bf, const float *W, const float *b, const float *gamma, const float *beta,
+                const float *mean, const float *var, float eps, int OC, int64_t inner) {
+  float *sf = malloc((size_t)OC * sizeof(float));
+  QT_ASSERT(sf, "out of memory");
+  qt_bn_scale_factor_values(sf, gamma, var, eps, OC);
+  for (int o = 0; o < OC; o++) {
+    for (int64_t k = 0; k < inner; k++) Wf[o * inner + k] = W[o * inner + k] * sf[o];
+    if (bf) bf[o] = beta[o] + ((b ? b[o] : 0.0f) - mean[o]) * sf[o];
+  }
+  free(sf);
 }
 
 void qt_set_observers(qt_graph *g, int enabled) {

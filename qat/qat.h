@@ -118,6 +118,14 @@ void qt_set_observers(qt_graph *g, int enabled);
 void qt_set_fake_quant(qt_graph *g, int enabled);
 void qt_freeze_bn(qt_graph *g, int frozen);
 
+/* The BN fold (DESIGN 3.4) with exactly the float operations QAT training uses:
+ * sf = gamma / sqrt(var + eps) (qt_bn_scale_factor_values), Wf = W * sf per output channel,
+ * bf = beta + (b - mean) * sf. W and Wf are (OC, inner); b may be NULL (no conv bias); bf may
+ * be NULL (weights only, as the check needs). PTQ prepare, convert and the check all fold with
+ * this one function, so their numbers cannot drift apart. */
+void qt_bn_fold(float *Wf, float *bf, const float *W, const float *b, const float *gamma, const float *beta,
+                const float *mean, const float *var, float eps, int OC, int64_t inner);
+
 /* ---- convert ------------------------------------------------------------------------------ */
 /* The Q/DQ graph: each fake quant becomes quantize -> dequantize with the same qparams
  * (named "<fq>.quantize", "<fq>.dequantize"); conv_bn becomes a conv2d with the folded weight
