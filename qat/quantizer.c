@@ -138,6 +138,52 @@ static int quantized_value(const qt_annotations *a, int v) {
   return 0;
 }
 
+static qt_qspec backend_act_spec(const qt_backend_desc *d, const qt_quantizer_config *c, int bits);
+
+/* Whether op may pass its input's qparams through (max-pool, flatten, relu: they keep values
+ * on the input's grid), and the backend, if any, runs it. */
+static int passes_through(const qt_backend_desc *d, qt_op op) {
+  return (op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU) && (!d || d->ops[op]);
+}
+
+/* The last two passes both Quantizers share. The outputs of quantized units become
+ * quantization points (activation spec from the backend description d, or onednn's when d is
+ * NULL) and pass-through ops share their input's qparams; then the inputs of quantized units
+ * that are not quantized yet (the graph input, the output of an fp32 layer) become points too,
+ * and pass-through ops after them share. last[i]: the last node of the unit headed by i. */
+static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, const qt_backend_desc *d,
+                         const int *last, const int *quantized_unit, qt_annotations *out) {
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    if (out->unit[i] != i) continue;
+    if (quantized_unit[i]) {
+      const qt_layer_override *o = find_override(cfg, n->name);
+      const int bits = o && o->activation_bits ? o->activation_bits : cfg->activation_bits;
+      int v = g->nodes[last[i]].output;
+      out->act[v] = 1;
+      out->act_spec[v] = d ? backend_act_spec(d, cfg, bits) : act_spec(cfg, bits);
+    } else if (passes_through(d, n->op) && quantized_value(out, n->inputs[0])) {
+      out->share[n->output] = n->inputs[0];
+    }
+  }
+  for (int i = 0; i < g->n_nodes; i++) {
+    if (!quantized_unit[i]) continue;
+    const qt_node *n = &g->nodes[i];
+    for (int k = 0; k < n->n_inputs; k++) {
+      int v = n->inputs[k];
+      if (quantized_value(out, v)) continue;
+      out->act[v] = 1;
+      out->act_spec[v] = d ? backend_act_spec(d, cfg, cfg->activation_bits) : act_spec(cfg, cfg->activation_bits);
+      for (int j = 0; j < g->n_nodes; j++) {
+        const qt_node *m = &g->nodes[j];
+        if (passes_through(d, m->op) && out->unit[j] == j && out->share[m->output] < 0 &&
+            quantized_value(out, m->inputs[0]) && !out->act[m->output])
+          out->share[m->output] = m->inputs[0];
+      }
+    }
+  }
+}
+
 int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_annotations *out, char *err) {
   memset(out, 0, sizeof *out);
   if (cfg->weight_bits < 2 || cfg->weight_bits > 8 || cfg->activation_bits < 2 || cfg->activation_bits > 8) {
@@ -196,39 +242,7 @@ int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_an
                   n->op == QT_OP_AVG_POOL2D || n->op == QT_OP_GLOBAL_AVG_POOL))
       quantized_unit[i] = 1;
   }
-  /* Unit outputs are quantization points; pass-through ops share their input's qparams. */
-  for (int i = 0; i < g->n_nodes; i++) {
-    const qt_node *n = &g->nodes[i];
-    if (out->unit[i] != i) continue;
-    if (quantized_unit[i]) {
-      const qt_layer_override *o = find_override(cfg, n->name);
-      int v = g->nodes[last[i]].output;
-      out->act[v] = 1;
-      out->act_spec[v] = act_spec(cfg, o && o->activation_bits ? o->activation_bits : cfg->activation_bits);
-    } else if ((n->op == QT_OP_MAX_POOL2D || n->op == QT_OP_FLATTEN || n->op == QT_OP_RELU) &&
-               quantized_value(out, n->inputs[0])) {
-      out->share[n->output] = n->inputs[0];
-    }
-  }
-  /* The inputs of quantized units must be quantized: annotate those that are not (the graph
-   * input, the output of an fp32 layer). */
-  for (int i = 0; i < g->n_nodes; i++) {
-    if (!quantized_unit[i]) continue;
-    const qt_node *n = &g->nodes[i];
-    for (int k = 0; k < n->n_inputs; k++) {
-      int v = n->inputs[k];
-      if (quantized_value(out, v)) continue;
-      out->act[v] = 1;
-      out->act_spec[v] = act_spec(cfg, cfg->activation_bits);
-      /* pass-through ops after it now share it */
-      for (int j = 0; j < g->n_nodes; j++) {
-        const qt_node *m = &g->nodes[j];
-        if ((m->op == QT_OP_MAX_POOL2D || m->op == QT_OP_FLATTEN || m->op == QT_OP_RELU) && out->unit[j] == j &&
-            out->share[m->output] < 0 && quantized_value(out, m->inputs[0]) && !out->act[m->output])
-          out->share[m->output] = m->inputs[0];
-      }
-    }
-  }
+  place_points(g, cfg, NULL, last, quantized_unit, out);
   free(last);
   free(quantized_unit);
   return 0;
@@ -410,39 +424,7 @@ int qt_quantizer_from_backend(const qt_graph *g, const qt_backend_desc *d, const
     last[i] = tail;
     quantized_unit[i] = quantized;
   }
-  /* Unit outputs are quantization points; pass-through ops the backend runs share their
-   * input's qparams. */
-  for (int i = 0; i < g->n_nodes; i++) {
-    const qt_node *n = &g->nodes[i];
-    if (out->unit[i] != i) continue;
-    if (quantized_unit[i]) {
-      const qt_layer_override *o = find_override(cfg, n->name);
-      int v = g->nodes[last[i]].output;
-      out->act[v] = 1;
-      out->act_spec[v] = backend_act_spec(d, cfg, o && o->activation_bits ? o->activation_bits : cfg->activation_bits);
-    } else if ((n->op == QT_OP_MAX_POOL2D || n->op == QT_OP_FLATTEN || n->op == QT_OP_RELU) && d->ops[n->op] &&
-               quantized_value(out, n->inputs[0])) {
-      out->share[n->output] = n->inputs[0];
-    }
-  }
-  /* The inputs of quantized units must be quantized: annotate those that are not (the graph
-   * input, the output of an fp32 layer), then let pass-through ops after them share. */
-  for (int i = 0; i < g->n_nodes; i++) {
-    if (!quantized_unit[i]) continue;
-    const qt_node *n = &g->nodes[i];
-    for (int k = 0; k < n->n_inputs; k++) {
-      int v = n->inputs[k];
-      if (quantized_value(out, v)) continue;
-      out->act[v] = 1;
-      out->act_spec[v] = backend_act_spec(d, cfg, cfg->activation_bits);
-      for (int j = 0; j < g->n_nodes; j++) {
-        const qt_node *m = &g->nodes[j];
-        if ((m->op == QT_OP_MAX_POOL2D || m->op == QT_OP_FLATTEN || m->op == QT_OP_RELU) && d->ops[m->op] &&
-            out->unit[j] == j && out->share[m->output] < 0 && quantized_value(out, m->inputs[0]) && !out->act[m->output])
-          out->share[m->output] = m->inputs[0];
-      }
-    }
-  }
+  place_points(g, cfg, d, last, quantized_unit, out);
   free(last);
   free(quantized_unit);
   return 0;
