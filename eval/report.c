@@ -1,7 +1,6 @@
 /* The three-stage accuracy report (report.h): one pass over the test set through the fp32
  * graph, the Q/DQ graph and the lowered int8 model, compared point by point. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -376,91 +375,57 @@ void qt_report_print(const qt_report *r, FILE *f) {
   fprintf(f, "  verdict: %s\n", v);
 }
 
-typedef struct {
-  char *s;
-  size_t len, cap;
-} strbuf;
 
-static void sb_printf(strbuf *b, const char *fmt, ...) {
-  va_list ap;
-  for (;;) {
-    const size_t room = b->cap - b->len;
-    va_start(ap, fmt);
-    const int n = vsnprintf(b->s ? b->s + b->len : NULL, room, fmt, ap);
-    va_end(ap);
-    QT_ASSERT(n >= 0, "formatting failed");
-    if ((size_t)n < room) {
-      b->len += (size_t)n;
-      return;
-    }
-    size_t cap = b->cap ? b->cap * 2 : 1024;
-    while (cap - b->len <= (size_t)n) cap *= 2;
-    b->s = realloc(b->s, cap);
-    QT_ASSERT(b->s, "out of memory");
-    b->cap = cap;
-  }
-}
 
-static void sb_json_string(strbuf *b, const char *s) {
-  sb_printf(b, "\"");
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\') sb_printf(b, "\\%c", *s);
-    else if (*s == '\n') sb_printf(b, "\\n");
-    else if ((unsigned char)*s < 0x20) sb_printf(b, "\\u%04x", (unsigned char)*s);
-    else sb_printf(b, "%c", *s);
-  }
-  sb_printf(b, "\"");
-}
-
-static void sb_json_db(strbuf *b, const qt_sqnr_sum *s) {
+static void sb_json_db(qt_strbuf *b, const qt_sqnr_sum *s) {
   const double db = qt_sqnr_sum_db(s);
-  if (s->n == 0 || isnan(db)) sb_printf(b, "null");
-  else if (isinf(db)) sb_printf(b, "%.1f", db > 0 ? 999.0 : -999.0);
-  else sb_printf(b, "%.3f", db);
+  if (s->n == 0 || isnan(db)) qt_strbuf_printf(b, "null");
+  else if (isinf(db)) qt_strbuf_printf(b, "%.1f", db > 0 ? 999.0 : -999.0);
+  else qt_strbuf_printf(b, "%.3f", db);
 }
 
-static void sb_json_number(strbuf *b, double x) {
-  if (isfinite(x)) sb_printf(b, "%.6f", x);
-  else sb_printf(b, "null");
+static void sb_json_number(qt_strbuf *b, double x) {
+  if (isfinite(x)) qt_strbuf_printf(b, "%.6f", x);
+  else qt_strbuf_printf(b, "null");
 }
 
 char *qt_report_json(const qt_report *r, const char *in) {
-  strbuf b = {0};
-  sb_printf(&b, "%s\"int8_vs_qdq\": {\"images\": %lld, \"probe_images\": %lld, \"top1_agreement\": %.6f, "
+  qt_strbuf b = {0};
+  qt_strbuf_printf(&b, "%s\"int8_vs_qdq\": {\"images\": %lld, \"probe_images\": %lld, \"top1_agreement\": %.6f, "
                 "\"max_lsb\": ", in, (long long)r->images, (long long)r->probe_images, r->top1_agreement);
   if (r->output_scale > 0) {
     sb_json_number(&b, r->lsb.max_lsb);
-    sb_printf(&b, ", \"output_scale\": %.9g, \"lsb_histogram\": {\"0\": %lld, \"1\": %lld, \"2\": %lld, "
+    qt_strbuf_printf(&b, ", \"output_scale\": %.9g, \"lsb_histogram\": {\"0\": %lld, \"1\": %lld, \"2\": %lld, "
                   "\"over_2\": %lld}",
               (double)r->output_scale, (long long)r->lsb.count[0], (long long)r->lsb.count[1],
               (long long)r->lsb.count[2], (long long)r->lsb.count[3]);
   } else {
-    sb_printf(&b, "null, \"output_scale\": null, \"lsb_histogram\": null");
+    qt_strbuf_printf(&b, "null, \"output_scale\": null, \"lsb_histogram\": null");
   }
-  sb_printf(&b, ", \"max_abs_diff\": ");
+  qt_strbuf_printf(&b, ", \"max_abs_diff\": ");
   sb_json_number(&b, r->max_abs_diff);
-  sb_printf(&b, "},\n");
-  sb_printf(&b, "%s\"sqnr_db\": [", in);
+  qt_strbuf_printf(&b, "},\n");
+  qt_strbuf_printf(&b, "%s\"sqnr_db\": [", in);
   for (int i = 0; i < r->n_points; i++) {
     const qt_report_point *p = &r->points[i];
-    sb_printf(&b, "%s\n%s  {\"point\": ", i ? "," : "", in);
-    sb_json_string(&b, p->name);
-    sb_printf(&b, ", \"kind\": \"%s\", \"output\": %s, \"fp32_vs_qdq\": ", qt_point_kind_name(p->kind),
+    qt_strbuf_printf(&b, "%s\n%s  {\"point\": ", i ? "," : "", in);
+    qt_strbuf_json_string(&b, p->name);
+    qt_strbuf_printf(&b, ", \"kind\": \"%s\", \"output\": %s, \"fp32_vs_qdq\": ", qt_point_kind_name(p->kind),
               p->is_output ? "true" : "false");
     sb_json_db(&b, &p->fp32_vs_qdq);
-    sb_printf(&b, ", \"qdq_vs_int8\": ");
+    qt_strbuf_printf(&b, ", \"qdq_vs_int8\": ");
     sb_json_db(&b, &p->qdq_vs_device);
-    sb_printf(&b, "}");
+    qt_strbuf_printf(&b, "}");
   }
-  sb_printf(&b, "\n%s],\n%s\"stage_loss_points\": {\"quantization\": ", in, in);
+  qt_strbuf_printf(&b, "\n%s],\n%s\"stage_loss_points\": {\"quantization\": ", in, in);
   sb_json_number(&b, qt_report_stage1_loss(r));
-  sb_printf(&b, ", \"lowering\": ");
+  qt_strbuf_printf(&b, ", \"lowering\": ");
   sb_json_number(&b, qt_report_stage2_loss(r));
-  sb_printf(&b, "},\n%s\"verdict\": ", in);
+  qt_strbuf_printf(&b, "},\n%s\"verdict\": ", in);
   char v[768];
   qt_report_verdict(r, v, sizeof v);
-  sb_json_string(&b, v);
-  sb_printf(&b, ",\n%s\"lowering\": {\"int8_partitions\": %d, \"fallback_partitions\": %d}", in, r->int8_partitions,
+  qt_strbuf_json_string(&b, v);
+  qt_strbuf_printf(&b, ",\n%s\"lowering\": {\"int8_partitions\": %d, \"fallback_partitions\": %d}", in, r->int8_partitions,
             r->fallback_partitions);
   return b.s;
 }

@@ -4,7 +4,6 @@
 #include "train/analysis.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,32 +12,6 @@
 
 #define MAX_LIST 16
 #define MAX_LAYERS 64
-
-/* ---- a growable string ------------------------------------------------------------------ */
-typedef struct {
-  char *s;
-  size_t len, cap;
-} sbuf;
-
-static void sb(sbuf *b, const char *fmt, ...) {
-  va_list ap;
-  for (;;) {
-    size_t room = b->cap - b->len;
-    va_start(ap, fmt);
-    int n = vsnprintf(b->s ? b->s + b->len : NULL, room, fmt, ap);
-    va_end(ap);
-    QT_ASSERT(n >= 0, "formatting failed");
-    if ((size_t)n < room) {
-      b->len += (size_t)n;
-      return;
-    }
-    size_t cap = b->cap ? b->cap * 2 : 4096;
-    while (cap - b->len <= (size_t)n) cap *= 2;
-    b->s = realloc(b->s, cap);
-    QT_ASSERT(b->s, "out of memory");
-    b->cap = cap;
-  }
-}
 
 /* ---- per-node SQNR ------------------------------------------------------------------------- */
 static int consumer_of(const qt_graph *g, int value, qt_op op) {
@@ -283,15 +256,15 @@ static qt_graph *calibrate_eval(const qt_config *c, const qt_graph *fp32, const 
 }
 
 /* ---- output helpers --------------------------------------------------------------------------- */
-static void json_db(sbuf *b, double db) {
-  if (isnan(db)) sb(b, "null");
-  else if (isinf(db)) sb(b, "%s", db > 0 ? "999.0" : "-999.0");
-  else sb(b, "%.3f", db);
+static void json_db(qt_strbuf *b, double db) {
+  if (isnan(db)) qt_strbuf_printf(b, "null");
+  else if (isinf(db)) qt_strbuf_printf(b, "%s", db > 0 ? "999.0" : "-999.0");
+  else qt_strbuf_printf(b, "%.3f", db);
 }
-static void md_db(sbuf *b, double db) {
-  if (isnan(db)) sb(b, "n/a");
-  else if (isinf(db)) sb(b, "%s", db > 0 ? "inf (exact)" : "-inf");
-  else sb(b, "%.2f", db);
+static void md_db(qt_strbuf *b, double db) {
+  if (isnan(db)) qt_strbuf_printf(b, "n/a");
+  else if (isinf(db)) qt_strbuf_printf(b, "%s", db > 0 ? "inf (exact)" : "-inf");
+  else qt_strbuf_printf(b, "%.2f", db);
 }
 
 typedef struct {
@@ -303,7 +276,7 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
                     const qt_loader_config *lc, const qt_loader_config *ec, qt_ctx *ctx, const char *dir,
                     char *json_path, size_t json_path_len, int verbose, char *err) {
   int rc = -1;
-  sbuf md = {0}, js = {0};
+  qt_strbuf md = {0}, js = {0};
   qt_node_sqnr *srows = NULL;
   int n_srows = 0;
   qt_config *c = NULL;
@@ -343,22 +316,22 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
   if (verbose)
     fprintf(stderr, "analysis: fp32 accuracy %.2f%% on %lld test images\n", 100 * ref.accuracy, (long long)sub.n);
 
-  sb(&md, "# PTQ debugging: %s, W%dA%d\n\n", fp32->name, wb, ab);
-  sb(&md, "Evaluated on the first %lld test images. fp32 accuracy: **%.2f%%**. Configured calibration: %s, %d batches "
+  qt_strbuf_printf(&md, "# PTQ debugging: %s, W%dA%d\n\n", fp32->name, wb, ab);
+  qt_strbuf_printf(&md, "Evaluated on the first %lld test images. fp32 accuracy: **%.2f%%**. Configured calibration: %s, %d batches "
           "of %d.\n\n",
      (long long)sub.n, 100 * ref.accuracy, config_method(cfg), cal, lc->batch_size);
-  sb(&js, "{\n  \"model\": \"%s\",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n  \"images\": %lld,\n"
+  qt_strbuf_printf(&js, "{\n  \"model\": \"%s\",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n  \"images\": %lld,\n"
           "  \"fp32_accuracy\": %.6f,\n  \"fp32_model_bytes\": %lld",
      fp32->name, wb, ab, (long long)sub.n, ref.accuracy, (long long)fp32_bytes);
 
   /* 1. calibration methods x batches: one cumulative calibration pass per method */
   if (n_methods > 0) {
-    sb(&md, "## Calibration method x calibration batches (accuracy %%)\n\n| method |");
-    for (int k = 0; k < n_counts; k++) sb(&md, " %d |", counts[k]);
-    sb(&md, "\n|---|");
-    for (int k = 0; k < n_counts; k++) sb(&md, "---:|");
-    sb(&md, "\n");
-    sb(&js, ",\n  \"calibration\": [");
+    qt_strbuf_printf(&md, "## Calibration method x calibration batches (accuracy %%)\n\n| method |");
+    for (int k = 0; k < n_counts; k++) qt_strbuf_printf(&md, " %d |", counts[k]);
+    qt_strbuf_printf(&md, "\n|---|");
+    for (int k = 0; k < n_counts; k++) qt_strbuf_printf(&md, "---:|");
+    qt_strbuf_printf(&md, "\n");
+    qt_strbuf_printf(&js, ",\n  \"calibration\": [");
     for (int m = 0; m < n_methods; m++) {
       c = clone_config(cfg, err);
       if (!c || set_method(c, methods[m], err)) goto out;
@@ -367,21 +340,21 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
       if (!calibrate_eval(c, fp32, train, lc, &sub, ec, ctx, counts, n_counts, acc, used, 0, err)) goto out;
       qt_config_free(c);
       c = NULL;
-      sb(&md, "| %s |", methods[m]);
+      qt_strbuf_printf(&md, "| %s |", methods[m]);
       for (int k = 0; k < n_counts; k++) {
-        sb(&md, " %.2f%s |", 100 * acc[k], used[k] < counts[k] ? "*" : "");
-        sb(&js, "%s\n    {\"method\": \"%s\", \"batches\": %d, \"batches_used\": %d, \"accuracy\": %.6f}",
+        qt_strbuf_printf(&md, " %.2f%s |", 100 * acc[k], used[k] < counts[k] ? "*" : "");
+        qt_strbuf_printf(&js, "%s\n    {\"method\": \"%s\", \"batches\": %d, \"batches_used\": %d, \"accuracy\": %.6f}",
            m || k ? "," : "", methods[m], counts[k], used[k], acc[k]);
       }
-      sb(&md, "\n");
+      qt_strbuf_printf(&md, "\n");
       if (verbose) {
         fprintf(stderr, "analysis: calibration %s:", methods[m]);
         for (int k = 0; k < n_counts; k++) fprintf(stderr, " %d batches %.2f%%", counts[k], 100 * acc[k]);
         fprintf(stderr, "\n");
       }
     }
-    sb(&md, "\n");
-    sb(&js, "\n  ]");
+    qt_strbuf_printf(&md, "\n");
+    qt_strbuf_printf(&js, "\n  ]");
   }
 
   /* 2. per-node SQNR of the configured variant */
@@ -393,35 +366,35 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
     int r = qt_analysis_node_sqnr(fp32, p, ctx, &sub, ec, sub.n, &srows, &n_srows, err);
     qt_graph_free(p);
     if (r) goto out;
-    sb(&md, "## Per-node SQNR, fp32 vs fake quant (configured settings, accuracy %.2f%%)\n\n", 100 * acc);
-    sb(&md, "Each row compares the fp32 value with what the fake-quant graph's consumers see (after the node's "
+    qt_strbuf_printf(&md, "## Per-node SQNR, fp32 vs fake quant (configured settings, accuracy %.2f%%)\n\n", 100 * acc);
+    qt_strbuf_printf(&md, "Each row compares the fp32 value with what the fake-quant graph's consumers see (after the node's "
             "fake quant, if any); errors accumulate along the graph.\n\n");
-    sb(&md, "| node | op | fp32 value | weight bits | output quantized | SQNR (dB) |\n|---|---|---|---:|---|---:|\n");
-    sb(&js, ",\n  \"sqnr\": {\"accuracy\": %.6f, \"nodes\": [", acc);
+    qt_strbuf_printf(&md, "| node | op | fp32 value | weight bits | output quantized | SQNR (dB) |\n|---|---|---|---:|---|---:|\n");
+    qt_strbuf_printf(&js, ",\n  \"sqnr\": {\"accuracy\": %.6f, \"nodes\": [", acc);
     for (int i = 0; i < n_srows; i++) {
       const qt_node_sqnr *s = &srows[i];
       double db = qt_sqnr_sum_db(&s->sqnr);
       char wbits[16] = "-";
       if (s->weight_bits) snprintf(wbits, sizeof wbits, "%d", s->weight_bits);
-      sb(&md, "| %s | %s | %s | %s | %s | ", s->node, s->op, s->ref, wbits, s->act_quantized ? "yes" : "no");
+      qt_strbuf_printf(&md, "| %s | %s | %s | %s | %s | ", s->node, s->op, s->ref, wbits, s->act_quantized ? "yes" : "no");
       md_db(&md, db);
-      sb(&md, " |\n");
-      sb(&js, "%s\n    {\"node\": \"%s\", \"op\": \"%s\", \"fp32_value\": \"%s\", \"weight_bits\": %d, "
+      qt_strbuf_printf(&md, " |\n");
+      qt_strbuf_printf(&js, "%s\n    {\"node\": \"%s\", \"op\": \"%s\", \"fp32_value\": \"%s\", \"weight_bits\": %d, "
               "\"output_quantized\": %s, \"sqnr_db\": ",
          i ? "," : "", s->node, s->op, s->ref, s->weight_bits, s->act_quantized ? "true" : "false");
       json_db(&js, db);
-      sb(&js, "}");
+      qt_strbuf_printf(&js, "}");
     }
-    sb(&md, "\n");
-    sb(&js, "\n  ]}");
+    qt_strbuf_printf(&md, "\n");
+    qt_strbuf_printf(&js, "\n  ]}");
   }
 
   /* 3. sensitivity: only one layer quantized */
   layer_sens sens[MAX_LAYERS];
   if (want_sens) {
-    sb(&md, "## Sensitivity: only one layer quantized at W%dA%d\n\n| layer | accuracy %% | drop (points) |\n"
+    qt_strbuf_printf(&md, "## Sensitivity: only one layer quantized at W%dA%d\n\n| layer | accuracy %% | drop (points) |\n"
             "|---|---:|---:|\n", wb, ab);
-    sb(&js, ",\n  \"sensitivity\": [");
+    qt_strbuf_printf(&js, ",\n  \"sensitivity\": [");
     for (int L = 0; L < n_layers; L++) {
       char ov[4096] = "";
       size_t len = 0;
@@ -435,13 +408,13 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
       c = NULL;
       snprintf(sens[L].name, sizeof sens[L].name, "%s", layers[L]);
       sens[L].drop = 100 * (ref.accuracy - sens[L].acc);
-      sb(&md, "| %s | %.2f | %.2f |\n", layers[L], 100 * sens[L].acc, sens[L].drop);
-      sb(&js, "%s\n    {\"layer\": \"%s\", \"accuracy\": %.6f, \"drop_points\": %.4f}", L ? "," : "", layers[L],
+      qt_strbuf_printf(&md, "| %s | %.2f | %.2f |\n", layers[L], 100 * sens[L].acc, sens[L].drop);
+      qt_strbuf_printf(&js, "%s\n    {\"layer\": \"%s\", \"accuracy\": %.6f, \"drop_points\": %.4f}", L ? "," : "", layers[L],
          sens[L].acc, sens[L].drop);
       if (verbose) fprintf(stderr, "analysis: only %s quantized: %.2f%%\n", layers[L], 100 * sens[L].acc);
     }
-    sb(&md, "\n");
-    sb(&js, "\n  ]");
+    qt_strbuf_printf(&md, "\n");
+    qt_strbuf_printf(&js, "\n  ]");
   }
 
   /* 4. mixed precision: the k most sensitive layers kept at `keep` */
@@ -454,11 +427,11 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
         order[j] = order[j - 1];
         order[j - 1] = t;
       }
-    sb(&md, "## Mixed precision: the k most sensitive layers at %s, the rest at W%dA%d\n\n", keep, wb, ab);
-    sb(&md, "Model size: conv/linear weights at their bit widths plus 4-byte biases (BN folded); fp32: %lld bytes.\n\n",
+    qt_strbuf_printf(&md, "## Mixed precision: the k most sensitive layers at %s, the rest at W%dA%d\n\n", keep, wb, ab);
+    qt_strbuf_printf(&md, "Model size: conv/linear weights at their bit widths plus 4-byte biases (BN folded); fp32: %lld bytes.\n\n",
        (long long)fp32_bytes);
-    sb(&md, "| k | layers kept at %s | accuracy %% | model bytes | vs fp32 |\n|---:|---|---:|---:|---:|\n", keep);
-    sb(&js, ",\n  \"mixed_precision\": {\"keep\": \"%s\", \"rows\": [", keep);
+    qt_strbuf_printf(&md, "| k | layers kept at %s | accuracy %% | model bytes | vs fp32 |\n|---:|---|---:|---:|---:|\n", keep);
+    qt_strbuf_printf(&js, ",\n  \"mixed_precision\": {\"keep\": \"%s\", \"rows\": [", keep);
     for (int q = 0; q < n_ks; q++) {
       int k = ks[q] > n_layers ? n_layers : ks[q];
       char ov[4096] = "", names[4096] = "", jnames[4096] = "";
@@ -479,16 +452,16 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
       qt_graph_free(p);
       qt_config_free(c);
       c = NULL;
-      sb(&md, "| %d | %s | %.2f | %lld | %.1f%% |\n", k, k ? names : "(none)", 100 * acc, (long long)bytes,
+      qt_strbuf_printf(&md, "| %d | %s | %.2f | %lld | %.1f%% |\n", k, k ? names : "(none)", 100 * acc, (long long)bytes,
          100.0 * (double)bytes / (double)fp32_bytes);
-      sb(&js, "%s\n    {\"k\": %d, \"kept\": [%s], \"accuracy\": %.6f, \"model_bytes\": %lld}", q ? "," : "", k, jnames,
+      qt_strbuf_printf(&js, "%s\n    {\"k\": %d, \"kept\": [%s], \"accuracy\": %.6f, \"model_bytes\": %lld}", q ? "," : "", k, jnames,
          acc, (long long)bytes);
       if (verbose) fprintf(stderr, "analysis: mixed precision k=%d: %.2f%%, %lld bytes\n", k, 100 * acc, (long long)bytes);
     }
-    sb(&md, "\n");
-    sb(&js, "\n  ]}");
+    qt_strbuf_printf(&md, "\n");
+    qt_strbuf_printf(&js, "\n  ]}");
   }
-  sb(&js, "\n}\n");
+  qt_strbuf_printf(&js, "\n}\n");
 
   char path[4200];
   snprintf(path, sizeof path, "%s/analysis.md", dir);

@@ -7,7 +7,6 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -18,32 +17,6 @@ static double now_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* ---- a growable string ------------------------------------------------------------------ */
-typedef struct {
-  char *s;
-  size_t len, cap;
-} strbuf;
-
-static void sb_printf(strbuf *b, const char *fmt, ...) {
-  va_list ap;
-  for (;;) {
-    size_t room = b->cap - b->len;
-    va_start(ap, fmt);
-    int n = vsnprintf(b->s ? b->s + b->len : NULL, room, fmt, ap);
-    va_end(ap);
-    QT_ASSERT(n >= 0, "formatting failed");
-    if ((size_t)n < room) {
-      b->len += (size_t)n;
-      return;
-    }
-    size_t cap = b->cap ? b->cap * 2 : 1024;
-    while (cap - b->len <= (size_t)n) cap *= 2;
-    b->s = realloc(b->s, cap);
-    QT_ASSERT(b->s, "out of memory");
-    b->cap = cap;
-  }
 }
 
 /* ---- directories -------------------------------------------------------------------------- */
@@ -218,10 +191,10 @@ typedef struct {
 } epoch_row;
 
 static void csv_write(const char *path, const epoch_row *rows, int n, char *err) {
-  strbuf b = {0};
-  sb_printf(&b, "epoch,lr,train_loss,train_accuracy,test_loss,test_accuracy,images_per_s,epoch_seconds,images\n");
+  qt_strbuf b = {0};
+  qt_strbuf_printf(&b, "epoch,lr,train_loss,train_accuracy,test_loss,test_accuracy,images_per_s,epoch_seconds,images\n");
   for (int i = 0; i < n; i++)
-    sb_printf(&b, "%d,%.8g,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%lld\n", rows[i].epoch, rows[i].lr, rows[i].train_loss,
+    qt_strbuf_printf(&b, "%d,%.8g,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%lld\n", rows[i].epoch, rows[i].lr, rows[i].train_loss,
               rows[i].train_acc, rows[i].test_loss, rows[i].test_acc, rows[i].images_per_s, rows[i].seconds,
               (long long)rows[i].images);
   if (qt_write_file_atomic(path, b.s, b.len, err)) fprintf(stderr, "warning: %s\n", err);
@@ -255,64 +228,60 @@ static int csv_read(const char *path, epoch_row *rows, int max, int upto) {
 static int write_summary(const char *path, const qt_config *cfg, const qt_graph *g, double arena_mb,
                          const epoch_row *rows, int n, const qt_eval_result *test, const qt_quant_result *q,
                          int epochs_done, const char *ckpt, const char *analysis, char *err) {
-  strbuf b = {0};
+  qt_strbuf b = {0};
   double secs = 0;
   int64_t imgs = 0;
   for (int i = 0; i < n; i++) {
     secs += rows[i].seconds;
     imgs += rows[i].images;
   }
-  sb_printf(&b, "{\n  \"model\": \"%s\",\n  \"parameters\": %lld,\n", g->name, (long long)qt_graph_param_count(g));
-  sb_printf(&b, "  \"stages\": {\n    \"fp32\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}",
+  qt_strbuf_printf(&b, "{\n  \"model\": \"%s\",\n  \"parameters\": %lld,\n", g->name, (long long)qt_graph_param_count(g));
+  qt_strbuf_printf(&b, "  \"stages\": {\n    \"fp32\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}",
             test->accuracy, test->loss, (long long)test->n);
   if (q) {
-    sb_printf(&b, ",\n    \"fake_quant\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}",
+    qt_strbuf_printf(&b, ",\n    \"fake_quant\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}",
               q->fake_quant.accuracy, q->fake_quant.loss, (long long)q->fake_quant.n);
-    sb_printf(&b, ",\n    \"qdq\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}",
+    qt_strbuf_printf(&b, ",\n    \"qdq\": {\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"test_images\": %lld}",
               q->qdq.accuracy, q->qdq.loss, (long long)q->qdq.n);    if (q->deployed)
-      sb_printf(&b, ",\n    \"int8\": {\"test_accuracy\": %.6f, \"test_images\": %lld}", q->report.device_accuracy,
+      qt_strbuf_printf(&b, ",\n    \"int8\": {\"test_accuracy\": %.6f, \"test_images\": %lld}", q->report.device_accuracy,
                 (long long)q->report.images);
   }
-  sb_printf(&b, "\n  },\n");
+  qt_strbuf_printf(&b, "\n  },\n");
   if (q) {
-    sb_printf(&b, "  \"quant\": {\"mode\": \"%s\", \"weight_bits\": %d, \"activation_bits\": %d},\n",
+    qt_strbuf_printf(&b, "  \"quant\": {\"mode\": \"%s\", \"weight_bits\": %d, \"activation_bits\": %d},\n",
               qt_config_string(cfg, "quant", "mode"), qt_config_int(cfg, "quant", "weight_bits"),
               qt_config_int(cfg, "quant", "activation_bits"));
-    sb_printf(&b, "  \"convert\": {\"qdq_model\": \"%s\", \"trained_model\": \"%s\"},\n", q->qdq_path,
+    qt_strbuf_printf(&b, "  \"convert\": {\"qdq_model\": \"%s\", \"trained_model\": \"%s\"},\n", q->qdq_path,
               q->trained_path);
-    sb_printf(&b, "  \"check\": {\"ok\": %s, \"quantization_points\": %d, \"weights\": %d, \"max_lsb\": %.3f, "
-                  "\"tie_flips\": %lld, \"reason\": \"",
+    qt_strbuf_printf(&b, "  \"check\": {\"ok\": %s, \"quantization_points\": %d, \"weights\": %d, \"max_lsb\": %.3f, "
+                  "\"tie_flips\": %lld, \"reason\": ",
               q->check.ok ? "true" : "false", q->check.n_checked_points, q->check.n_checked_weights, q->check.max_lsb,
               (long long)q->check.tie_mismatches);
-    for (const char *r = q->check.reason; *r; r++) {
-      if (*r == '"' || *r == '\\') sb_printf(&b, "\\%c", *r);
-      else if (*r == '\n') sb_printf(&b, "\\n");
-      else sb_printf(&b, "%c", *r);
-    }
-    sb_printf(&b, "\"},\n");
+    qt_strbuf_json_string(&b, q->check.reason);
+    qt_strbuf_printf(&b, "},\n");
     if (q->deployed) {
       char *rep = qt_report_json(&q->report, "  ");
-      sb_printf(&b, "%s,\n", rep);
+      qt_strbuf_printf(&b, "%s,\n", rep);
       free(rep);
-      sb_printf(&b, "  \"inference\": {\"batch_size\": %d, \"fp32_images_per_s\": %.1f, \"int8_images_per_s\": %.1f, "
+      qt_strbuf_printf(&b, "  \"inference\": {\"batch_size\": %d, \"fp32_images_per_s\": %.1f, \"int8_images_per_s\": %.1f, "
                     "\"int8_vs_fp32\": %.3f},\n  \"report\": \"%s\",\n",
                 q->speed.batch, q->speed.fp32_images_per_s, q->speed.int8_images_per_s,
                 q->speed.fp32_images_per_s > 0 ? q->speed.int8_images_per_s / q->speed.fp32_images_per_s : 0.0,
                 q->report_path);
     }
   }
-  sb_printf(&b, "  \"train\": {\n    \"epochs\": %d,\n    \"images_per_s\": %.1f,\n    \"epoch_seconds\": [", epochs_done,
+  qt_strbuf_printf(&b, "  \"train\": {\n    \"epochs\": %d,\n    \"images_per_s\": %.1f,\n    \"epoch_seconds\": [", epochs_done,
             secs > 0 ? (double)imgs / secs : 0.0);
-  for (int i = 0; i < n; i++) sb_printf(&b, "%s%.3f", i ? ", " : "", rows[i].seconds);
-  sb_printf(&b, "],\n    \"peak_rss_mb\": %.1f,\n    \"arena_peak_mb\": %.1f,\n", qt_peak_rss_mb(),
+  for (int i = 0; i < n; i++) qt_strbuf_printf(&b, "%s%.3f", i ? ", " : "", rows[i].seconds);
+  qt_strbuf_printf(&b, "],\n    \"peak_rss_mb\": %.1f,\n    \"arena_peak_mb\": %.1f,\n", qt_peak_rss_mb(),
             arena_mb);
   if (n)
-    sb_printf(&b, "    \"final_train_loss\": %.6f,\n    \"final_train_accuracy\": %.6f,\n", rows[n - 1].train_loss,
+    qt_strbuf_printf(&b, "    \"final_train_loss\": %.6f,\n    \"final_train_accuracy\": %.6f,\n", rows[n - 1].train_loss,
               rows[n - 1].train_acc);
-  sb_printf(&b, "    \"batch_size\": %d,\n    \"threads\": %d\n  },\n", qt_config_int(cfg, "train", "batch_size"),
+  qt_strbuf_printf(&b, "    \"batch_size\": %d,\n    \"threads\": %d\n  },\n", qt_config_int(cfg, "train", "batch_size"),
             omp_get_max_threads());
-  if (analysis && analysis[0]) sb_printf(&b, "  \"analysis\": \"%s\",\n", analysis);
-  sb_printf(&b, "  \"checkpoint\": \"%s\"\n}\n", ckpt);
+  if (analysis && analysis[0]) qt_strbuf_printf(&b, "  \"analysis\": \"%s\",\n", analysis);
+  qt_strbuf_printf(&b, "  \"checkpoint\": \"%s\"\n}\n", ckpt);
   int rc = qt_write_file_atomic(path, b.s, b.len, err);
   free(b.s);
   return rc;
