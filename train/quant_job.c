@@ -11,23 +11,18 @@
 #include "qat/qat.h"
 #include "train/quant_job.h"
 
-int qt_quant_obtain_fp32(const qt_config *cfg, qt_graph *g, int verbose, char *err) {
+int qt_quant_ensure_fp32(const qt_config *cfg, int verbose, char *err) {
   const char *ck = qt_config_string(cfg, "quant", "fp32_checkpoint");
-  if (!ck[0]) {
-    if (verbose) fprintf(stderr, "quant: no quant.fp32_checkpoint: quantizing from the initialization\n");
-    return 0;
-  }
-  if (access(ck, F_OK) != 0) {
+  if (ck[0] && access(ck, F_OK) != 0) {
     const char *fc = qt_config_string(cfg, "quant", "fp32_config");
     if (!fc[0]) {
       snprintf(err, QT_ERR_LEN, "quant.fp32_checkpoint '%s' does not exist (set quant.fp32_config to train it first)",
                ck);
       return -1;
     }
-    char dirbuf[4096], expect[4200];
+    char dirbuf[4096];
     snprintf(dirbuf, sizeof dirbuf, "%s", ck);
     const char *dir = dirname(dirbuf);
-    snprintf(expect, sizeof expect, "%s/checkpoint.h5", dir);
     const char *base = strrchr(ck, '/') ? strrchr(ck, '/') + 1 : ck;
     if (strcmp(base, "checkpoint.h5") != 0) {
       snprintf(err, QT_ERR_LEN, "quant.fp32_checkpoint '%s': to train it from quant.fp32_config it must be named "
@@ -55,6 +50,16 @@ int qt_quant_obtain_fp32(const qt_config *cfg, qt_graph *g, int verbose, char *e
     qt_config_free(sub);
     if (rc) return -1;
   }
+  return 0;
+}
+
+int qt_quant_obtain_fp32(const qt_config *cfg, qt_graph *g, int verbose, char *err) {
+  const char *ck = qt_config_string(cfg, "quant", "fp32_checkpoint");
+  if (!ck[0]) {
+    if (verbose) fprintf(stderr, "quant: no quant.fp32_checkpoint: quantizing from the initialization\n");
+    return 0;
+  }
+  if (qt_quant_ensure_fp32(cfg, verbose, err)) return -1;
   qt_checkpoint_meta meta;
   if (qt_checkpoint_load(ck, g, NULL, &meta, err)) return -1;
   free(meta.config_ini);

@@ -18,6 +18,11 @@ typedef struct {
   char report_path[4200];
 } qt_quant_result;
 
+/* Trains quant.fp32_checkpoint with quant.fp32_config when it does not exist yet (a sub-run
+ * in this process). The job calls it before loading its own data, so the two runs' datasets
+ * are never in memory together. */
+int qt_quant_ensure_fp32(const qt_config *cfg, int verbose, char *err);
+/* The above, then loads the checkpoint into g (nothing to load: g keeps its initialization). */
 int qt_quant_obtain_fp32(const qt_config *cfg, qt_graph *g, int verbose, char *err);
 qt_graph *qt_quant_prepare(const qt_config *cfg, const qt_graph *g, FILE *report, char *err);
 void qt_calibration_mode(qt_graph *p);

@@ -313,6 +313,9 @@ int qt_train_run(qt_config *cfg, char *err) {
                            : strcmp(pmode, "bar") == 0   ? 2
                                                          : (isatty(2) ? 2 : 1)};
 
+  if (strcmp(qt_config_string(cfg, "quant", "mode"), "none") != 0 &&
+      qt_quant_ensure_fp32(cfg, prog.mode != 0, err))
+    goto out;
   if (qt_train_load_data(cfg, &train, &test, err)) goto out;
   g = qt_model_build(qt_config_string(cfg, "model", "name"), err);
   if (!g) goto out;
