@@ -449,7 +449,13 @@ static qt_tensor *fail(qt_graph *g, const char *fmt, const char *node, const cha
   return NULL;
 }
 
-/* LSQ: the observer's first qparams initialize the learned scale. */
+/* LSQ: once fake quant runs on calibrated qparams the learned scale is the source of truth and
+ * observers no longer touch it. Before that (a calibration pass, fake quant off) every batch is
+ * observed and the scale follows the observer; in QAT started from observers the first training
+ * batch initializes it. */
+static int lsq_initialized(const qt_qstate *q) { return q->scale_param >= 0 && q->calibrated && q->fake_quant; }
+
+/* LSQ: the observer's qparams initialize the learned scale. */
 static void lsq_init(qt_graph *g, qt_qstate *q) {
   memcpy(qt_graph_tensor_data(g, q->scale_param), q->scale, (size_t)q->channels * sizeof(float));
 }
@@ -493,7 +499,7 @@ static qt_tensor *effective_weight(qt_graph *g, qt_ctx *ctx, qt_node *n, qt_tens
     qt_dequantize(qt_f32(t), q->qweight, 1, q->channels, inner, q->scale, q->zero_point);
     return t;
   }
-  if (n->training && q->observe && !(q->scale_param >= 0 && q->calibrated)) {
+  if (n->training && q->observe && !lsq_initialized(q)) {
     char err[QT_ERR_LEN];
     if (qt_qstate_observe(q, qt_f32(w), 1, inner, err))
       return fail(g, "weight quantization of %s: %s", n->name, err);
@@ -597,7 +603,7 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
       case QT_OP_FAKE_QUANT: {
         qt_qstate *q = n->q;
         const int64_t numel = qt_tensor_numel(x), outer = numel / q->channels;
-        if (n->training && q->observe && !(q->scale_param >= 0 && q->calibrated)) {
+        if (n->training && q->observe && !lsq_initialized(q)) {
           char err[QT_ERR_LEN];
           if (qt_qstate_observe(q, qt_f32(x), outer, 1, err)) return fail(g, "fake_quant %s: %s", n->name, err);
           if (q->scale_param >= 0) lsq_init(g, q);

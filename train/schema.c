@@ -69,11 +69,15 @@ static const qt_cfg_key schema[] = {
      "fp32 checkpoint to quantize (empty: from the initialization)"},
     {"quant", "fp32_config", QT_CFG_STRING, "", 0, 0, NULL,
      "config that trains fp32_checkpoint when it does not exist yet"},
-    {"quant", "calibration_batches", QT_CFG_INT, "32", 1, 100000, NULL, "PTQ: training batches to calibrate on"},
-    {"quant", "freeze_observers_after", QT_CFG_INT, "0", 0, 100000, NULL,
-     "QAT: disable observers (freeze the qparams) after this many epochs (0 = never)"},
-    {"quant", "freeze_bn_after", QT_CFG_INT, "0", 0, 100000, NULL,
-     "QAT: freeze BN running statistics after this many epochs (0 = never)"},
+    {"quant", "calibration_batches", QT_CFG_INT, "32", 1, 100000, NULL, "PTQ (and QAT with quant.qat_init = calibration): training batches to calibrate on"},
+    {"quant", "qat_init", QT_CFG_ENUM, "observers", 0, 0, "observers|calibration",
+     "QAT: where the qparams start: observers (they track the training batches; LSQ scales are "
+     "initialized on the first batch) or calibration (PTQ calibration on quant.calibration_batches "
+     "batches first; the qparams then stay fixed, or are learned with LSQ)"},
+    {"quant", "freeze_observers_after", QT_CFG_FLOAT, "0", 0, 100000, NULL,
+     "QAT: disable observers (freeze the qparams) after this many epochs, fractions allowed (0 = never)"},
+    {"quant", "freeze_bn_after", QT_CFG_FLOAT, "0", 0, 100000, NULL,
+     "QAT: freeze BN running statistics after this many epochs, fractions allowed (0 = never)"},
     {"quant", "check_batch", QT_CFG_INT, "128", 1, 100000, NULL,
      "test images the training-graph = convert-graph check runs on"},
 

@@ -379,7 +379,14 @@ int qt_train_run(qt_config *cfg, char *err) {
         fclose(f);
       }
     }
-    if (ptq && qt_quant_calibrate(cfg, tg, &train, &lc, ctx, prog.mode != 0, err)) goto out;
+    const int calibrate = ptq || strcmp(qt_config_string(cfg, "quant", "qat_init"), "calibration") == 0;
+    if (!ptq && calibrate && qt_config_float(cfg, "quant", "freeze_observers_after") > 0) {
+      snprintf(err, QT_ERR_LEN, "quant.freeze_observers_after = %g has no effect with quant.qat_init = calibration: "
+                                "the calibrated qparams stay fixed (or are learned with LSQ) from the start",
+               qt_config_float(cfg, "quant", "freeze_observers_after"));
+      goto out;
+    }
+    if (calibrate && qt_quant_calibrate(cfg, tg, &train, &lc, ctx, prog.mode != 0, err)) goto out;
     if (qt_analysis_wanted(cfg) &&
         qt_analysis_run(cfg, g, &train, &test, &lc, &ec, ctx, dir, analysis_path, sizeof analysis_path, prog.mode != 0,
                         err))
@@ -446,6 +453,8 @@ int qt_train_run(qt_config *cfg, char *err) {
             g->name, (long long)qt_graph_param_count(g), (long long)train.n, (long long)test.n, epochs, (long long)nb,
             omp_get_max_threads());
   int stop_after = qt_config_int(cfg, "train", "stop_after_epochs");
+  const double freeze_obs = qt_config_float(cfg, "quant", "freeze_observers_after"),
+               freeze_bn = qt_config_float(cfg, "quant", "freeze_bn_after");
   qt_eval_result ev = {0};
   int ran = 0;
   for (int epoch = start_epoch; epoch < epochs; epoch++) {
@@ -454,11 +463,6 @@ int qt_train_run(qt_config *cfg, char *err) {
       break;
     }
     qt_graph_set_training(tg, 1);
-    if (quant) {
-      int fo = qt_config_int(cfg, "quant", "freeze_observers_after"), fb = qt_config_int(cfg, "quant", "freeze_bn_after");
-      if (fo > 0 && epoch >= fo) qt_set_observers(tg, 0);
-      if (fb > 0 && epoch >= fb) qt_freeze_bn(tg, 1);
-    }
     qt_loader_start_epoch(loader, epoch);
     double t0 = now_seconds(), loss_sum = 0;
     int64_t correct = 0, seen = 0, b = 0;
@@ -467,6 +471,11 @@ int qt_train_run(qt_config *cfg, char *err) {
     const int32_t *labels;
     int B;
     while ((B = qt_loader_next(loader, &images, &labels)) > 0) {
+      if (quant) { /* the freeze schedules, in (fractional) epochs, checked before every step */
+        double at = epoch + (double)b / (double)nb;
+        if (freeze_obs > 0 && at >= freeze_obs) qt_set_observers(tg, 0);
+        if (freeze_bn > 0 && at >= freeze_bn) qt_freeze_bn(tg, 1);
+      }
       qt_ctx_reset(ctx);
       qt_ctx_set_grad(ctx, 1);
       int64_t shape[4] = {B, train.h, train.w, train.c};

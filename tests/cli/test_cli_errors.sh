@@ -39,6 +39,9 @@ expect bad_enum 2 "badenum.ini:2" "fashion_rnn" "fashion_cnn" -- "$T/badenum.ini
 expect bad_override 2 "train.epoch" "epochs" -- "$T/ok.ini" train.epoch=3
 expect bad_override_value 2 "train.lr" "-1" -- "$T/ok.ini" train.lr=-1
 expect no_args 2 "usage" --
+expect bad_qat_init 2 "quant.qat_init" "calibration" -- "$T/ok.ini" quant.qat_init=ptq
+expect qat_init_vs_freeze 1 "freeze_observers_after" "qat_init = calibration" -- "$T/ok.ini" quant.mode=qat \
+  quant.qat_init=calibration quant.freeze_observers_after=1 data.train_limit=256 data.test_limit=128 "output.dir=$T/run"
 expect missing_data 1 "no_such_dir/train.gz" -- "$T/ok.ini" data.train_images=/no_such_dir/train.gz "output.dir=$T/run"
 
 [ $fail -eq 0 ] || exit 1

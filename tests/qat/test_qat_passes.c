@@ -4,7 +4,8 @@
  * - negative cases the check must catch: a changed scale, a missing Q/DQ pair, a quantization
  *   point moved past a ReLU, BN folded with the wrong statistics, an integer outside the range;
  * - folding a weight shared by two conv->BN chains is refused; NaN reaching an observer is an
- *   error naming the node. */
+ *   error naming the node;
+ * - LSQ scales: trained and followed by convert; initialized from a whole calibration pass. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -297,6 +298,52 @@ static void nan_in_observer(void) {
   qt_ctx_free(ctx);
   qt_graph_free(p);
 }
+/* QAT initialized from a calibration pass (quant.qat_init = calibration) with LSQ: while fake
+ * quant is off every batch is observed and the learned scale follows the observer; once fake
+ * quant is on (observers off) the scale is the trained parameter and is left alone. */
+static void lsq_from_calibration(void) {
+  qt_graph *p = prepared_model("fashion_cnn", QT_PREPARE_QAT, 4, 4, 1);
+  int t = qt_graph_find_tensor(p, "relu1.fq.scale");
+  QT_CHECK(t >= 0);
+  if (t < 0) return;
+  const qt_node *fq = &p->nodes[qt_graph_find_node(p, "relu1.fq")];
+  qt_ctx *ctx = qt_ctx_create();
+  qt_ctx_set_grad(ctx, 0);
+  qt_set_fake_quant(p, 0);
+  qt_set_observers(p, 1);
+  qt_graph_set_training(p, 1);
+  int64_t shape[4] = {N, 28, 28, 1};
+  float first = 0;
+  const float gain[3] = {1.0f, 3.0f, 0.5f}; /* batches of different ranges */
+  for (int s = 0; s < 3; s++) {
+    float *x = batch(200 + (uint64_t)s);
+    for (int i = 0; i < N * 784; i++) x[i] *= gain[s];
+    qt_ctx_reset(ctx);
+    if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x)))
+      qt_test_fail("calibration forward: %s", p->error);
+    free(x);
+    if (s == 0) first = qt_graph_tensor_data(p, t)[0];
+  }
+  float obs_scale;
+  int32_t obs_zp;
+  char err[QT_ERR_LEN];
+  QT_CHECK(qt_observer_qparams(&fq->q->obs, fq->q->spec.qmin, fq->q->spec.qmax, 0, &obs_scale, &obs_zp, err) == 0);
+  const float calibrated = qt_graph_tensor_data(p, t)[0];
+  QT_CHECK(calibrated == obs_scale);
+  if (calibrated == first) qt_test_fail("LSQ calibration: the scale stayed at the first batch's (%g)", first);
+  /* training: observers off, fake quant on; a forward must not re-initialize the scale */
+  qt_set_observers(p, 0);
+  qt_set_fake_quant(p, 1);
+  qt_graph_tensor_data(p, t)[0] = 0.75f * calibrated; /* as if an optimizer step moved it */
+  float *x = batch(300);
+  qt_ctx_reset(ctx);
+  QT_CHECK(qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x)) != NULL);
+  free(x);
+  QT_CHECK(qt_graph_tensor_data(p, t)[0] == 0.75f * calibrated && fq->q->scale[0] == 0.75f * calibrated);
+  qt_ctx_free(ctx);
+  qt_graph_free(p);
+}
+
 
 int main(void) {
   annotations();
@@ -311,6 +358,7 @@ int main(void) {
   round_trip("fashion_cnn", QT_PREPARE_QAT, 4, 4);
   round_trip("res_cnn", QT_PREPARE_QAT, 4, 8);
   lsq_moves_scales();
+  lsq_from_calibration();
   g_lsq = 0;
   negatives();
   shared_weight_refused();
