@@ -58,6 +58,13 @@ def parse_bits(tag):
     return w, a
 
 
+METHOD_KEYS = {"mode", "label", "about", "overrides"}
+STUDY_KEYS = {"title", "about", "models", "bits", "methods"}
+DEBUG_KEYS = {"models", "bits", "seed", "overrides"}
+GRID_KEYS = {"models", "methods", "bits", "seeds", "threads", "fp32_config", "overrides", "env"}
+DEBUG = "ptq_debug"  # the method name of PTQ-debugging runs
+
+
 def load_grid(path, quick):
     cp = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=None)
     cp.optionxform = str
@@ -65,6 +72,24 @@ def load_grid(path, quick):
         sys.exit("grid: cannot read %s" % path)
     if not cp.has_section("grid"):
         sys.exit("grid: %s has no [grid] section" % path)
+
+    def fail(msg):
+        sys.exit("grid: %s: %s" % (path, msg))
+
+    def check_keys(sec, known):
+        for k in cp[sec]:
+            if k not in known:
+                fail("unknown key %r in [%s] (known: %s)" % (k, sec, ", ".join(sorted(known))))
+
+    def bits_list(text, where):
+        out = split_list(text)
+        for b in out:
+            try:
+                parse_bits(b)
+            except ValueError as e:
+                fail("%s: %s" % (where, e))
+        return out
+
     g = dict(cp["grid"])
     quick_overrides = []
     if quick:
@@ -75,44 +100,104 @@ def load_grid(path, quick):
                 quick_overrides = shlex.split(v)
             else:
                 g[k] = v
-    known = {"models", "methods", "bits", "seeds", "threads", "fp32_config", "overrides", "env"}
     for k in g:
-        if k not in known:
-            sys.exit("grid: %s: unknown key %r in [grid]/[quick] (known: %s)"
-                     % (path, k, ", ".join(sorted(known))))
+        if k not in GRID_KEYS:
+            fail("unknown key %r in [grid]/[quick] (known: %s)" % (k, ", ".join(sorted(GRID_KEYS))))
     grid = {
         "path": path,
         "quick": quick,
         "models": split_list(g.get("models", "")),
         "methods": split_list(g.get("methods", "")),
-        "bits": split_list(g.get("bits", "")),
+        "bits": bits_list(g.get("bits", ""), "[grid] bits"),
         "seeds": [int(s) for s in split_list(g.get("seeds", "0"))],
         "threads": int(g.get("threads", "2")),
         "fp32_config": g.get("fp32_config", "experiments/{model}_fp32.ini"),
         "overrides": shlex.split(g.get("overrides", "")),
         "env": dict(kv.split("=", 1) for kv in shlex.split(g.get("env", "")) if "=" in kv),
         "quick_overrides": quick_overrides,
-        "method_overrides": {},
+        "method_defs": {"fp32": {"mode": "fp32", "label": "fp32", "about": "", "overrides": []}},
+        "model_overrides": {},
+        "studies": [],
+        "debug": None,
     }
-    for m in grid["methods"]:
-        if m not in ("ptq", "qat"):
-            sys.exit("grid: %s: method %r is not ptq or qat" % (path, m))
-    for b in grid["bits"]:
-        try:
-            parse_bits(b)
-        except ValueError as e:
-            sys.exit("grid: %s: %s" % (path, e))
     if not grid["models"] or not grid["seeds"]:
-        sys.exit("grid: %s: models and seeds must not be empty" % path)
+        fail("models and seeds must not be empty")
+    defs = grid["method_defs"]
     for sec in cp.sections():
         if sec in ("grid", "quick"):
             continue
-        grid["method_overrides"][sec] = shlex.split(cp[sec].get("overrides", ""))
+        if sec.startswith("study:"):
+            continue
+        if sec == DEBUG:
+            check_keys(sec, DEBUG_KEYS)
+            d = cp[sec]
+            grid["debug"] = {
+                "models": split_list(d.get("models", "")) or grid["models"],
+                "bits": bits_list(d.get("bits", "w4a4"), "[%s] bits" % sec),
+                "seed": int(d.get("seed", str(grid["seeds"][0]))),
+                "overrides": shlex.split(d.get("overrides", "")),
+            }
+            if grid["debug"]["seed"] not in grid["seeds"]:
+                fail("[%s] seed %d is not one of the grid's seeds %s (it needs that fp32 checkpoint)"
+                     % (sec, grid["debug"]["seed"], grid["seeds"]))
+            defs[DEBUG] = {"mode": "ptq", "label": "PTQ debugging", "about": "",
+                           "overrides": grid["debug"]["overrides"]}
+            continue
+        if ":" in sec:  # [method:model]: extra overrides of one method on one model
+            check_keys(sec, {"overrides"})
+            grid["model_overrides"][sec] = shlex.split(cp[sec].get("overrides", ""))
+            continue
+        check_keys(sec, METHOD_KEYS if sec != "fp32" else {"overrides", "about"})
+        d = cp[sec]
+        if sec == "fp32":
+            defs["fp32"]["overrides"] = shlex.split(d.get("overrides", ""))
+            continue
+        mode = d.get("mode", sec if sec in ("ptq", "qat") else "")
+        if mode not in ("ptq", "qat"):
+            fail("[%s]: mode must be ptq or qat (got %r)" % (sec, mode))
+        if sec == DEBUG or not sec.replace("_", "").isalnum():
+            fail("[%s]: a method name is letters, digits and underscores (and not %s)" % (sec, DEBUG))
+        defs[sec] = {"mode": mode, "label": d.get("label", sec.upper()).strip(),
+                     "about": " ".join(d.get("about", "").split()),
+                     "overrides": shlex.split(d.get("overrides", ""))}
+    for m in grid["methods"]:
+        if m not in defs or m in ("fp32", DEBUG):
+            fail("[grid] method %r has no [%s] section with mode = ptq|qat" % (m, m))
+    for sec in cp.sections():
+        if not sec.startswith("study:"):
+            continue
+        check_keys(sec, STUDY_KEYS)
+        d = cp[sec]
+        st = {"name": sec.split(":", 1)[1], "title": d.get("title", sec).strip(),
+              "about": " ".join(d.get("about", "").split()),
+              "models": split_list(d.get("models", "")) or grid["models"],
+              "bits": bits_list(d.get("bits", ""), "[%s] bits" % sec) or grid["bits"],
+              "methods": split_list(d.get("methods", ""))}
+        if not st["methods"]:
+            fail("[%s] lists no methods" % sec)
+        for m in st["methods"]:
+            if m not in defs or m in ("fp32", DEBUG):
+                fail("[%s] method %r has no section of its own with mode = ptq|qat" % (sec, m))
+        grid["studies"].append(st)
+    for key in grid["model_overrides"]:
+        if key.split(":", 1)[0] not in defs:
+            fail("[%s]: %r is not a method" % (key, key.split(":", 1)[0]))
+    labels = [defs[m]["label"] for m in defs]
+    if len(set(labels)) != len(labels):
+        fail("two methods share a label: %s" % ", ".join(labels))
     return grid
 
 
+def mode(grid, method):
+    return grid["method_defs"][method]["mode"]
+
+
+def label(grid, method):
+    return grid["method_defs"][method]["label"]
+
+
 def configured_rows(grid):
-    """(model, method, bits) of every table row, in table order."""
+    """(model, method, bits) of every row of the main table, in table order."""
     rows = []
     for model in grid["models"]:
         rows.append((model, "fp32", "fp32"))
@@ -120,6 +205,27 @@ def configured_rows(grid):
             for bits in grid["bits"]:
                 rows.append((model, method, bits))
     return rows
+
+
+def study_rows(study):
+    return [(model, method, bits) for model in study["models"] for bits in study["bits"]
+            for method in study["methods"]]
+
+
+def all_rows(grid):
+    """Every (model, method, bits) some table shows, without repeats, fp32 rows included."""
+    rows = list(configured_rows(grid))
+    for st in grid["studies"]:
+        for model in st["models"]:
+            if (model, "fp32", "fp32") not in rows:
+                rows.append((model, "fp32", "fp32"))
+        rows += [r for r in study_rows(st) if r not in rows]
+    return rows
+
+
+def debug_runs(grid):
+    d = grid["debug"]
+    return [] if not d else [(model, d["seed"], DEBUG, bits) for model in d["models"] for bits in d["bits"]]
 
 
 def run_dir(runs, model, seed, method, bits):
@@ -130,13 +236,13 @@ def run_dir(runs, model, seed, method, bits):
 def command(grid, qat_train, runs, model, seed, method, bits):
     cfg = os.path.join(REPO, grid["fp32_config"].replace("{model}", model))
     argv = [qat_train, cfg] + list(grid["overrides"])
-    argv += grid["method_overrides"].get(method, [])
-    argv += grid["method_overrides"].get("%s:%s" % (method, model), [])
+    argv += grid["method_defs"][method]["overrides"]
+    argv += grid["model_overrides"].get("%s:%s" % (method, model), [])
     argv += grid["quick_overrides"]
     if method != "fp32":
         w, a = parse_bits(bits)
         ckpt = os.path.join(run_dir(runs, model, seed, "fp32", "fp32"), "checkpoint.h5")
-        argv += ["quant.mode=%s" % method, "quant.weight_bits=%d" % w,
+        argv += ["quant.mode=%s" % mode(grid, method), "quant.weight_bits=%d" % w,
                  "quant.activation_bits=%d" % a, "quant.fp32_checkpoint=%s" % ckpt]
     argv += ["train.seed=%d" % seed, "train.threads=%d" % grid["threads"],
              "output.dir=%s" % run_dir(runs, model, seed, method, bits), "output.progress=lines"]
@@ -144,14 +250,18 @@ def command(grid, qat_train, runs, model, seed, method, bits):
 
 
 def plan(grid, qat_train, runs):
-    """Every run in execution order: the fp32 run of a (model, seed) first."""
+    """Every run in execution order: the fp32 run of a (model, seed) first, the PTQ-debugging
+    runs last."""
+    rows = all_rows(grid)
+    models = []
+    for model, _, _ in rows:
+        if model not in models:
+            models.append(model)
     out = []
-    for model in grid["models"]:
+    for model in models:
         for seed in grid["seeds"]:
-            out.append((model, seed, "fp32", "fp32"))
-            for method in grid["methods"]:
-                for bits in grid["bits"]:
-                    out.append((model, seed, method, bits))
+            out += [(model, seed, method, bits) for m, method, bits in rows if m == model]
+    out += debug_runs(grid)
     return [(m, s, me, b, command(grid, qat_train, runs, m, s, me, b)) for m, s, me, b in out]
 
 
@@ -277,7 +387,7 @@ def mean_std(values):
 
 def aggregate(grid, records):
     table = []
-    for model, method, bits in configured_rows(grid):
+    for model, method, bits in all_rows(grid):
         recs = [r for r in records if (r["model"], r["method"], r["bits"]) == (model, method, bits)]
         ok = [r for r in recs if r["ok"]]
         row = {"model": model, "method": method, "bits": bits, "seeds_configured": len(grid["seeds"]),
@@ -335,12 +445,53 @@ def machine():
     return "%s, %d cores" % (cpu or "unknown CPU", os.cpu_count() or 0)
 
 
+def qat_methods(grid, methods):
+    return [m for m in methods if mode(grid, m) == "qat"]
+
+
+def ptq_methods(grid, methods):
+    return [m for m in methods if mode(grid, m) == "ptq"]
+
+
+def primary_qat(grid):
+    """The QAT method the training curves follow: the first QAT method of [grid] methods."""
+    q = qat_methods(grid, grid["methods"])
+    return q[0] if q else None
+
+
+def paired(records, model, bits, a, b, seeds):
+    """Per-seed differences of the Q/DQ accuracy of method a and method b (b = "fp32": the
+    fp32 checkpoint of that seed), as (mean, std, n)."""
+    d = []
+    for seed in seeds:
+        ra = [r for r in records if (r["model"], r["method"], r["bits"], r["seed"]) == (model, a, bits, seed)
+              and r["ok"] and r["qdq"] is not None]
+        if not ra:
+            continue
+        if b == "fp32":
+            if ra[0]["fp32"] is not None:
+                d.append(ra[0]["qdq"] - ra[0]["fp32"])
+            continue
+        rb = [r for r in records if (r["model"], r["method"], r["bits"], r["seed"]) == (model, b, bits, seed)
+              and r["ok"] and r["qdq"] is not None]
+        if rb:
+            d.append(ra[0]["qdq"] - rb[0]["qdq"])
+    return mean_std(d)
+
+
+def gain_pairs(grid):
+    """(QAT method, PTQ method) pairs of the main table whose difference is reported."""
+    return [(q, p) for q in qat_methods(grid, grid["methods"]) for p in ptq_methods(grid, grid["methods"])]
+
+
 def drop_table(grid, table):
-    """Q/DQ accuracy minus fp32 (points, mean over seeds) per model, bits and method."""
+    """Q/DQ accuracy minus fp32 (points, mean over seeds) per model, bits and method, and the
+    QAT - PTQ differences."""
     by = {(r["model"], r["method"], r["bits"]): r for r in table}
-    lines = ["| model | bits | " + " | ".join("%s Q/DQ − fp32" % m.upper() for m in grid["methods"])
-             + (" | QAT − PTQ |" if set(grid["methods"]) >= {"ptq", "qat"} else " |"),
-             "|---|---|" + "---:|" * (len(grid["methods"]) + (1 if set(grid["methods"]) >= {"ptq", "qat"} else 0))]
+    pairs = gain_pairs(grid)
+    lines = ["| model | bits | " + " | ".join("%s Q/DQ − fp32" % label(grid, m) for m in grid["methods"])
+             + "".join(" | %s − %s" % (label(grid, q), label(grid, p)) for q, p in pairs) + " |",
+             "|---|---|" + "---:|" * (len(grid["methods"]) + len(pairs))]
     for model in grid["models"]:
         for bits in plot_order(grid["bits"]):
             cells = []
@@ -353,11 +504,69 @@ def drop_table(grid, table):
                 d = 100 * (r["qdq"][0] - r["fp32"][0])
                 vals[m] = r["qdq"][0]
                 cells.append(("**%+.2f**" if d < -2.0 else "%+.2f") % d)
-            if set(grid["methods"]) >= {"ptq", "qat"}:
-                cells.append("%+.2f" % (100 * (vals["qat"] - vals["ptq"]))
-                             if "qat" in vals and "ptq" in vals else "—")
+            for q, p in pairs:
+                cells.append("%+.2f" % (100 * (vals[q] - vals[p])) if q in vals and p in vals else "—")
             lines.append("| %s | %s | %s |" % (model, bits_label(bits), " | ".join(cells)))
     return lines
+
+
+def study_table(grid, st, records, table):
+    by = {(r["model"], r["method"], r["bits"]): r for r in table}
+    cols = [(model, bits) for model in st["models"] for bits in st["bits"]]
+    head = ["| method | recipe (overrides of the grid's fp32 recipe) |"]
+    for model, bits in cols:
+        fp = by.get((model, "fp32", "fp32"))
+        head.append(" %s %s (fp32 %s) |" % (model, bits_label(bits), pm(fp["fp32"]) if fp else "—"))
+    L = ["".join(head), "|---|---|" + "---:|" * len(cols)]
+    for m in st["methods"]:
+        d = grid["method_defs"][m]
+        recipe = d["about"] or "`%s`" % " ".join(d["overrides"])
+        cells = []
+        for model, bits in cols:
+            r = by.get((model, m, bits))
+            g = paired(records, model, bits, m, "fp32", grid["seeds"])
+            if r is None or r["qdq"][0] is None:
+                cells.append("—")
+            else:
+                cells.append("%s (%s)" % (pm(r["qdq"]), "—" if g[0] is None else "%+.2f" % (100 * g[0])))
+        L.append("| %s | %s | %s |" % (d["label"], recipe, " | ".join(cells)))
+    return L
+
+
+def debug_outputs(grid, records, out):
+    """Copies every PTQ-debugging run's analysis into OUT/ptq_debug/<model>_<bits>.{md,json} and
+    writes OUT/ptq_debug.md (all of them); returns [(model, bits, ok)]."""
+    dd = os.path.join(out, DEBUG)
+    if os.path.isdir(dd):
+        shutil.rmtree(dd)
+    res = []
+    md = ["# PTQ debugging", "",
+          "Written by `experiments/grid.py` (section `[%s]` of `%s`): qat_train's `[analysis]` on the "
+          "seed-%d fp32 checkpoint of each model, overrides `%s`. One section per model and bit width "
+          "(the run's analysis.md); the JSON twins are in `%s/`." %
+          (DEBUG, os.path.relpath(grid["path"], REPO), grid["debug"]["seed"],
+           " ".join(grid["debug"]["overrides"] + grid["quick_overrides"]), DEBUG), ""]
+    for model, seed, method, bits in debug_runs(grid):
+        r = [x for x in records if (x["model"], x["seed"], x["method"], x["bits"]) == (model, seed, method, bits)]
+        src = os.path.join(r[0]["dir"], "analysis.md") if r else ""
+        ok = bool(r) and r[0]["ok"] and os.path.exists(src)
+        res.append((model, bits, ok))
+        md.append("")
+        if not ok:
+            md += ["## %s %s: no analysis (the run failed; see %s)" %
+                   (model, bits_label(bits), shown_path(os.path.join(r[0]["dir"], "log.txt")) if r else "—"), ""]
+            continue
+        os.makedirs(dd, exist_ok=True)
+        for ext in ("md", "json"):
+            f = os.path.join(r[0]["dir"], "analysis." + ext)
+            if os.path.exists(f):
+                shutil.copyfile(f, os.path.join(dd, "%s_%s.%s" % (model, bits, ext)))
+        with open(src) as f:
+            for line in f.read().rstrip("\n").split("\n"):
+                md.append("#" + line if line.startswith("#") else line)
+    with open(os.path.join(out, "ptq_debug.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    return res
 
 
 def write_outputs(grid, records, table, out, runs, started, elapsed):
@@ -372,11 +581,18 @@ def write_outputs(grid, records, table, out, runs, started, elapsed):
         for r in records:
             w.writerow([("1" if r[c] else "0") if c == "ok" else "" if r[c] is None else
                         ("%.6f" % r[c] if isinstance(r[c], float) else r[c]) for c in cols])
+    debug = debug_outputs(grid, records, out) if grid["debug"] else []
     # results.json: the aggregated table
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump({"quick": grid["quick"], "grid": os.path.relpath(grid["path"], REPO),
                    "seeds": grid["seeds"], "machine": machine(), "written": started,
                    "runs_wall_min": round(sum(r["wall_s"] or 0 for r in records) / 60.0, 2),
+                   "methods": {m: d for m, d in grid["method_defs"].items() if m != DEBUG},
+                   "main": {"models": grid["models"], "methods": grid["methods"], "bits": grid["bits"]},
+                   "studies": grid["studies"],
+                   "ptq_debug": [{"model": m, "bits": b, "ok": ok,
+                                  "md": "%s/%s_%s.md" % (DEBUG, m, b) if ok else None}
+                                 for m, b, ok in debug],
                    "rows": [{k: (list(v) if isinstance(v, tuple) else v) for k, v in r.items()}
                             for r in table]}, f, indent=1)
 
@@ -400,11 +616,15 @@ def write_outputs(grid, records, table, out, runs, started, elapsed):
            sum(r["wall_s"] or 0 for r in records) / 60.0), ""]
     L += ["- Models: %s; seeds %s (mean ± sample std over seeds; n = seeds that ran)." %
           (", ".join(grid["models"]), ", ".join(map(str, grid["seeds"]))),
-          "- fp32: `%s` (%s). PTQ and QAT start from the fp32 checkpoint of the same model and seed." %
-          (grid["fp32_config"], " ".join(grid["method_overrides"].get("fp32", [])) or "as is"),
+          "- fp32: `%s` (%s). Every PTQ and QAT run starts from the fp32 checkpoint of the same "
+          "model and seed." %
+          (grid["fp32_config"], " ".join(grid["method_defs"]["fp32"]["overrides"]) or "as is"),
           ]
-    for m in grid["methods"]:
-        L.append("- %s: `%s`." % (m.upper(), " ".join(grid["method_overrides"].get(m, []))))
+    shown = list(grid["methods"]) + [m for st in grid["studies"] for m in st["methods"]]
+    for m in [m for i, m in enumerate(shown) if m not in shown[:i]]:
+        d = grid["method_defs"][m]
+        L.append("- %s (%s%s): `%s`." % (d["label"], d["mode"].upper(), ("; " + d["about"]) if d["about"] else "",
+                                         " ".join(d["overrides"])))
     L.append("- Every run: `%s`, one run at a time." % " ".join(
         ["train.threads=%d" % grid["threads"]] + grid["overrides"] + grid["quick_overrides"]
         + ["%s=%s" % kv for kv in sorted(grid["env"].items())]))
@@ -419,10 +639,13 @@ def write_outputs(grid, records, table, out, runs, started, elapsed):
     L += ["| model | method | bits | fp32 | fake-quant | Q/DQ | int8 device | int8 vs Q/DQ max LSB | "
           "check ok | n seeds |",
           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    main = set(configured_rows(grid))
     for r in table:
+        if (r["model"], r["method"], r["bits"]) not in main:
+            continue
         quant = r["method"] != "fp32"
         L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %d%s |" % (
-            r["model"], r["method"].upper() if quant else "fp32", bits_label(r["bits"]),
+            r["model"], label(grid, r["method"]), bits_label(r["bits"]),
             pm(r["fp32"]), pm(r["fake_quant"]) if quant else "—", pm(r["qdq"]) if quant else "—",
             pm(r["int8"]) if quant else "—",
             ("—" if r["int8_max_lsb"] is None else "%.0f" % r["int8_max_lsb"]) if quant else "—",
@@ -433,41 +656,61 @@ def write_outputs(grid, records, table, out, runs, started, elapsed):
           "lost), and what QAT gains over PTQ at the same bit widths:", ""]
     L += drop_table(grid, table)
     # stage 2, per run
-    q = [r for r in records if r["method"] != "fp32" and r["ok"]
+    q = [r for r in records if r["method"] not in ("fp32", DEBUG) and r["ok"]
          and r["qdq"] is not None and r["int8"] is not None]
     if q:
         diff = [abs(r["qdq"] - r["int8"]) for r in q]
         lsb = [r["int8_max_lsb"] for r in q if r["int8_max_lsb"] is not None]
         agree = [r["int8_top1_agreement"] for r in q if r["int8_top1_agreement"] is not None]
-        L += ["", "Lowering (Q/DQ graph → int8 device), per run: in %d of %d quantized runs the two "
-              "had the same test accuracy; the largest difference was %.2f points, the lowest top-1 "
-              "agreement %s%%, the largest logit difference %s output LSB." %
+        L += ["", "Lowering (Q/DQ graph → int8 device), per run (every table of this page): in %d of %d "
+              "quantized runs the two had the same test accuracy; the largest difference was %.2f points, "
+              "the lowest top-1 agreement %s%%, the largest logit difference %s output LSB." %
               (sum(1 for d in diff if d == 0.0), len(q), 100 * max(diff),
                "%.2f" % (100 * min(agree)) if agree else "—",
                "%.0f" % max(lsb) if lsb else "—")]
+    for st in grid["studies"]:
+        L += ["", "## %s" % st["title"], ""]
+        if st["about"]:
+            L += [st["about"], ""]
+        L += ["Q/DQ-graph test accuracy, mean ± std over seeds, and in parentheses its difference to "
+              "the fp32 checkpoint (points, mean of the per-seed differences). Every row starts from "
+              "the same fp32 checkpoints; rows shared with the main table are the same runs.", ""]
+        L += study_table(grid, st, records, table)
+        L += ["", "![%s](study_%s.png)" % (st["title"], st["name"]), ""]
+    if grid["debug"]:
+        L += ["", "## PTQ debugging", "",
+              "Calibration methods × number of calibration batches, per-node SQNR (fp32 vs fake "
+              "quant), one-layer sensitivity and mixed precision, per model: [ptq_debug.md](ptq_debug.md)"
+              " (%s)." % ", ".join("%s %s%s" % (m, bits_label(b), "" if ok else " FAILED")
+                                   for m, b, ok in debug), ""]
+    pq = primary_qat(grid)
     L += ["", "## Plots", "",
           "![accuracy vs bit width](accuracy_vs_bits.png)", "",
-          "`accuracy_vs_bits.png`: Q/DQ-graph test accuracy of PTQ and QAT per bit width (mean ± std "
-          "over seeds; open markers: the int8 device), the fp32 accuracy as a dashed line.", "",
-          "![QAT minus PTQ](ptq_vs_qat.png)", "",
-          "`ptq_vs_qat.png`: QAT minus PTQ (Q/DQ graph), points, mean ± std over seeds of the "
-          "per-seed difference (both start from the same fp32 checkpoint).", "",
-          "![QAT training curves](qat_curves.png)", "",
-          "`qat_curves.png`: test accuracy and training loss per epoch (mean ± std over seeds): the "
-          "fp32 epochs, then the QAT epochs of every bit width, which start from the last fp32 epoch.",
-          ""]
+          "`accuracy_vs_bits.png`: Q/DQ-graph test accuracy of every method per bit width (mean ± std "
+          "over seeds; open markers: the int8 device), the fp32 accuracy as a dashed line.", ""]
+    if "ptq_vs_qat.png" in plot_files(grid):
+        L += ["![QAT minus PTQ](ptq_vs_qat.png)", "",
+              "`ptq_vs_qat.png`: %s minus each PTQ method (Q/DQ graph), points, mean ± std over seeds "
+              "of the per-seed difference (all start from the same fp32 checkpoint)." % label(grid, pq), ""]
+    if pq:
+        L += ["![QAT training curves](qat_curves.png)", "",
+              "`qat_curves.png`: test accuracy and training loss per epoch (mean ± std over seeds): the "
+              "fp32 epochs, then the %s epochs of every bit width, which start from the last fp32 epoch."
+              % label(grid, pq), ""]
+    runs_of = lambda model, method, key: [r[key] for r in records if r["model"] == model and r["method"] == method
+                                          and r["ok"] and r[key] is not None]
     L += ["## Timings", "",
           "Medians over the runs of a kind (seeds and bit widths; a median, because the machine "
           "may be shared and a few runs slowed down by others).", "",
-          "| model | fp32 epoch s | QAT epoch s | fp32 run s | PTQ run s | QAT run s |",
-          "|---|---:|---:|---:|---:|---:|"]
+          "| model | fp32 epoch s | %s epoch s | fp32 run s | %s |" %
+          (label(grid, pq) if pq else "QAT", " | ".join("%s run s" % label(grid, m) for m in grid["methods"])),
+          "|---|---:|---:|---:|" + "---:|" * len(grid["methods"])]
     for model in grid["models"]:
-        def avg(method, key):
-            v = [r[key] for r in records if r["model"] == model and r["method"] == method
-                 and r["ok"] and r[key] is not None]
+        def med(method, key):
+            v = runs_of(model, method, key)
             return ("%.1f" if key == "wall_s" else "%.2f") % statistics.median(v) if v else "—"
-        L.append("| %s | %s | %s | %s | %s | %s |" % (model, avg("fp32", "epoch_s"), avg("qat", "epoch_s"),
-                 avg("fp32", "wall_s"), avg("ptq", "wall_s"), avg("qat", "wall_s")))
+        L.append("| %s | %s | %s | %s | %s |" % (model, med("fp32", "epoch_s"), med(pq, "epoch_s") if pq else "—",
+                 med("fp32", "wall_s"), " | ".join(med(m, "wall_s") for m in grid["methods"])))
     L += ["", "A quantized run's wall time includes convert, the consistency check, lowering, the "
           "three-stage evaluation and the fp32/int8 inference timing. Per-run numbers: `runs.csv`; "
           "run directories: `%s` (not committed)." % shown_path(runs), ""]
@@ -481,43 +724,55 @@ def fmt(x, scale=100.0):
     return "?" if x is None else "%.4f" % (scale * x)
 
 
+COLORS = ["#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+
+
 def write_plots(grid, records, table, out):
     pd = os.path.join(out, "plotdata")
-    os.makedirs(pd, exist_ok=True)
+    if os.path.isdir(pd):
+        shutil.rmtree(pd)
+    os.makedirs(pd)
     by = {(r["model"], r["method"], r["bits"]): r for r in table}
     order = plot_order(grid["bits"])
     models = grid["models"]
-    # accuracy vs bits, one file per model
+    methods = grid["methods"]
+    pq = primary_qat(grid)
+    pairs = [(q, p) for q, p in gain_pairs(grid) if q == pq]
+    # accuracy vs bits, one file per model: x, bits, fp32, fp32_std, then per method qdq std int8
     for model in models:
         fp = by[(model, "fp32", "fp32")]["fp32"]
         with open(os.path.join(pd, "acc_%s.dat" % model), "w") as f:
-            f.write("# x bits ptq_qdq ptq_std ptq_int8 qat_qdq qat_std qat_int8 fp32 fp32_std\n")
+            f.write("# x bits fp32 fp32_std " + " ".join("%s_qdq %s_std %s_int8" % (m, m, m) for m in methods) + "\n")
             for i, bits in enumerate(order):
                 cells = []
-                for m in ("ptq", "qat"):
+                for m in methods:
                     r = by.get((model, m, bits))
                     cells += ([fmt(r["qdq"][0]), fmt(r["qdq"][1]), fmt(r["int8"][0])] if r
                               else ["?", "?", "?"])
-                f.write("%d %s %s %s %s\n" % (i, bits_label(bits), " ".join(cells),
-                                              fmt(fp[0]), fmt(fp[1])))
-    # QAT - PTQ, paired per seed
+                f.write("%d %s %s %s %s\n" % (i, bits_label(bits), fmt(fp[0]), fmt(fp[1]), " ".join(cells)))
+    # primary QAT minus every PTQ method, paired per seed
     with open(os.path.join(pd, "gain.dat"), "w") as f:
-        f.write("# bits " + " ".join("%s %s_std" % (m, m) for m in models) + "\n")
+        f.write("# bits " + " ".join("%s-%s %s-%s_std" % (model, p, model, p) for model in models
+                                     for _, p in pairs) + "\n")
         for bits in order:
             cells = []
             for model in models:
-                d = []
-                for seed in grid["seeds"]:
-                    p = [r for r in records if (r["model"], r["method"], r["bits"], r["seed"])
-                         == (model, "ptq", bits, seed) and r["ok"] and r["qdq"] is not None]
-                    q = [r for r in records if (r["model"], r["method"], r["bits"], r["seed"])
-                         == (model, "qat", bits, seed) and r["ok"] and r["qdq"] is not None]
-                    if p and q:
-                        d.append(q[0]["qdq"] - p[0]["qdq"])
-                m, s, _ = mean_std(d)
-                cells += [fmt(m), fmt(s if s is not None else None)]
+                for q, p in pairs:
+                    m, sd, _ = paired(records, model, bits, q, p, grid["seeds"])
+                    cells += [fmt(m), fmt(sd)]
             f.write("%s %s\n" % (bits_label(bits), " ".join(cells)))
-    # training curves: fp32 epochs then QAT epochs, mean +- std over seeds
+    # studies: Q/DQ minus fp32 per method (rows) and model x bits (columns), paired per seed
+    for st in grid["studies"]:
+        cols = [(model, bits) for model in st["models"] for bits in st["bits"]]
+        with open(os.path.join(pd, "study_%s.dat" % st["name"]), "w") as f:
+            f.write("# method " + " ".join("%s_%s %s_%s_std" % (m, b, m, b) for m, b in cols) + "\n")
+            for meth in st["methods"]:
+                cells = []
+                for model, bits in cols:
+                    m, sd, _ = paired(records, model, bits, meth, "fp32", grid["seeds"])
+                    cells += [fmt(m), fmt(sd)]
+                f.write('"%s" %s\n' % (label(grid, meth), " ".join(cells)))
+    # training curves: fp32 epochs then the primary QAT's epochs, mean +- std over seeds
     curve_titles = {}
     for model in models:
         blocks, titles = [], []
@@ -538,12 +793,12 @@ def write_plots(grid, records, table, out):
 
         blocks.append(block(fp32_recs, 0))
         titles.append("fp32")
-        if "qat" in grid["methods"]:
+        if pq:
             for bits in order:
-                recs = [r for r in records if (r["model"], r["method"], r["bits"]) == (model, "qat", bits)
+                recs = [r for r in records if (r["model"], r["method"], r["bits"]) == (model, pq, bits)
                         and r["ok"]]
                 blocks.append(block(recs, n_fp32))
-                titles.append("QAT " + bits_label(bits))
+                titles.append("%s %s" % (label(grid, pq), bits_label(bits)))
         with open(os.path.join(pd, "curves_%s.dat" % model), "w") as f:
             f.write("# epoch test_acc test_acc_std train_loss train_loss_std; blocks: %s\n"
                     % ", ".join(titles))
@@ -560,79 +815,108 @@ def write_plots(grid, records, table, out):
          'set key below horizontal maxcols 3 font ",10"',
          'set bars small',
          '# accuracy vs bit width',
-         'set terminal pngcairo noenhanced size %d,520 font "sans,11"' % (460 * len(models) + 40),
+         'set terminal pngcairo noenhanced size %d,540 font "sans,11"' % (460 * len(models) + 40),
          'set output "accuracy_vs_bits.png"',
-         'set multiplot layout 1,%d title "Test accuracy vs bit width: PTQ and QAT (Q/DQ graph, '
+         'set multiplot layout 1,%d title "Test accuracy vs bit width (Q/DQ graph, '
          'mean ± std over %d seed%s)%s"' % (len(models), nseeds, "s" if nseeds > 1 else "", tag),
          'set xrange [-0.5:%f]' % (len(order) - 0.5),
          'set ylabel "test accuracy (%)"',
          'set xlabel "bit width (W: weights, A: activations)"']
+    step = 0.14 / max(1, len(methods) - 1)
     for model in models:
         f = "plotdata/acc_%s.dat" % model
-        parts = ['"%s" u 1:9:xtic(2) w lines dt 2 lw 2 lc rgb "#555555" t "fp32"' % f]
-        if "ptq" in grid["methods"]:
-            parts += ['"%s" u ($1-0.07):3:4 w yerrorlines pt 7 lw 2 lc rgb "#d62728" t "PTQ"' % f,
-                      '"%s" u ($1-0.07):5 w points pt 6 ps 1.6 lc rgb "#d62728" t "PTQ int8 device"' % f]
-        if "qat" in grid["methods"]:
-            parts += ['"%s" u ($1+0.07):6:7 w yerrorlines pt 5 lw 2 lc rgb "#1f77b4" t "QAT"' % f,
-                      '"%s" u ($1+0.07):8 w points pt 4 ps 1.6 lc rgb "#1f77b4" t "QAT int8 device"' % f]
+        parts = ['"%s" u 1:3:xtic(2) w lines dt 2 lw 2 lc rgb "#555555" t "fp32"' % f]
+        for i, m in enumerate(methods):
+            c = 5 + 3 * i
+            dx = -0.07 + i * step if len(methods) > 1 else 0.0
+            col = COLORS[i % len(COLORS)]
+            parts += ['"%s" u ($1%+.3f):%d:%d w yerrorlines pt %d lw 2 lc rgb "%s" t "%s"'
+                      % (f, dx, c, c + 1, 7 if mode(grid, m) == "ptq" else 5, col, label(grid, m)),
+                      '"%s" u ($1%+.3f):%d w points pt %d ps 1.6 lc rgb "%s" t "%s int8 device"'
+                      % (f, dx, c + 2, 6 if mode(grid, m) == "ptq" else 4, col, label(grid, m))]
         G += ['set title "%s"' % model, 'plot ' + ", \\\n     ".join(parts)]
     G += ['unset multiplot', 'unset xrange', 'unset xlabel']
-    # QAT - PTQ
+    model_colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
     if "ptq_vs_qat.png" in plot_files(grid):
-        G += ['set terminal pngcairo noenhanced size 900,520 font "sans,11"',
+        G += ['set terminal pngcairo noenhanced size 1000,540 font "sans,11"',
               'set output "ptq_vs_qat.png"',
-              'set title "QAT minus PTQ, Q/DQ-graph test accuracy (points, mean ± std over seeds)%s"'
-              % tag,
+              'set title "%s minus PTQ, Q/DQ-graph test accuracy (points, mean ± std over seeds)%s"'
+              % (label(grid, pq), tag),
               'set style data histograms',
               'set style histogram errorbars gap 2 lw 1',
-              'set style fill solid 0.8 border -1',
               'set boxwidth 0.9',
               'set key inside top left',
               'set yrange [*:*]',
               'set xzeroaxis lt -1',
-              'set ylabel "QAT − PTQ (points)"']
-        colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+              'set ylabel "%s − PTQ (points)"' % label(grid, pq)]
         parts = []
+        k = 0
         for i, model in enumerate(models):
-            c = 2 + 2 * i
-            parts.append('"plotdata/gain.dat" u %d:%d%s t "%s" lc rgb "%s"'
-                         % (c, c + 1, ":xtic(1)" if i == 0 else "", model,
-                            colors[i % len(colors)]))
+            for j, (_, p) in enumerate(pairs):
+                c = 2 + 2 * k
+                k += 1
+                fill = "fs solid 0.8 border -1" if j == 0 else "fs pattern %d border -1" % (j + 1)
+                parts.append('"plotdata/gain.dat" u %d:%d%s t "%s vs %s" lc rgb "%s" %s'
+                             % (c, c + 1, ":xtic(1)" if k == 1 else "", model, label(grid, p),
+                                model_colors[i % len(model_colors)], fill))
         G += ['plot ' + ", \\\n     ".join(parts)]
         G += ['set style data lines', 'set style fill empty', 'unset xzeroaxis']
+    for st in grid["studies"]:
+        cols = [(model, bits) for model in st["models"] for bits in st["bits"]]
+        G += ['# study %s' % st["name"],
+              'set terminal pngcairo noenhanced size %d,560 font "sans,11"' % max(900, 110 * len(st["methods"]) * max(1, len(cols) // 2 + 1)),
+              'set output "study_%s.png"' % st["name"],
+              'set title "%s: Q/DQ-graph accuracy minus fp32 (points, mean ± std over seeds)%s"' % (st["title"], tag),
+              'set style data histograms',
+              'set style histogram errorbars gap 2 lw 1',
+              'set style fill solid 0.8 border -1',
+              'set boxwidth 0.9',
+              'set key below horizontal',
+              'set yrange [*:*]',
+              'set xzeroaxis lt -1',
+              'set xtics rotate by -25 left',
+              'set ylabel "Q/DQ − fp32 (points)"']
+        parts = []
+        for k, (model, bits) in enumerate(cols):
+            c = 2 + 2 * k
+            parts.append('"plotdata/study_%s.dat" u %d:%d%s t "%s %s" lc rgb "%s"'
+                         % (st["name"], c, c + 1, ":xtic(1)" if k == 0 else "", model, bits_label(bits),
+                            model_colors[k % len(model_colors)]))
+        G += ['plot ' + ", \\\n     ".join(parts)]
+        G += ['set style data lines', 'set style fill empty', 'unset xzeroaxis', 'set xtics norotate']
     # training curves
-    G += ['set terminal pngcairo noenhanced size %d,820 font "sans,11"' % (460 * len(models) + 40),
-          'set output "qat_curves.png"',
-          'set multiplot layout 2,%d title "Training curves: fp32 epochs, then QAT (mean ± std over '
-          'seeds)%s"' % (len(models), tag),
-          'set key inside bottom right font ",9"',
-          'set xlabel "epoch"', 'set xtics 1']
-    palette = ["#000000", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
-    for panel, (col, lab) in enumerate(((2, "test accuracy (%)"), (4, "training loss"))):
-        for model in models:
-            titles, n_fp32 = curve_titles[model]
-            f = "plotdata/curves_%s.dat" % model
-            G += ['set title "%s"' % model, 'set ylabel "%s"' % lab,
-                  'set arrow 1 from %f, graph 0 to %f, graph 1 nohead dt 3 lc rgb "#888888"'
-                  % (n_fp32 + 0.5, n_fp32 + 0.5)]
-            if panel == 1:
-                G.append('set logscale y')
-            parts = []
-            for i, t in enumerate(titles):
-                parts.append('"%s" index %d u 1:%d:%d w yerrorlines pt 7 ps 0.8 lw %d lc rgb "%s" t "%s"'
-                             % (f, i, col, col + 1, 2 if i == 0 else 1, palette[i % len(palette)], t))
-            G += ['plot ' + ", \\\n     ".join(parts)]
-            if panel == 1:
-                G.append('unset logscale y')
-    G += ['unset multiplot', 'unset arrow 1', 'set output']
+    if pq:
+        G += ['set terminal pngcairo noenhanced size %d,820 font "sans,11"' % (460 * len(models) + 40),
+              'set output "qat_curves.png"',
+              'set multiplot layout 2,%d title "Training curves: fp32 epochs, then %s (mean ± std over '
+              'seeds)%s"' % (len(models), label(grid, pq), tag),
+              'set key inside bottom right font ",9"',
+              'set xlabel "epoch"', 'set xtics 1']
+        palette = ["#000000", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
+        for panel, (col, lab) in enumerate(((2, "test accuracy (%)"), (4, "training loss"))):
+            for model in models:
+                titles, n_fp32 = curve_titles[model]
+                f = "plotdata/curves_%s.dat" % model
+                G += ['set title "%s"' % model, 'set ylabel "%s"' % lab,
+                      'set arrow 1 from %f, graph 0 to %f, graph 1 nohead dt 3 lc rgb "#888888"'
+                      % (n_fp32 + 0.5, n_fp32 + 0.5)]
+                if panel == 1:
+                    G.append('set logscale y')
+                parts = []
+                for i, t in enumerate(titles):
+                    parts.append('"%s" index %d u 1:%d:%d w yerrorlines pt 7 ps 0.8 lw %d lc rgb "%s" t "%s"'
+                                 % (f, i, col, col + 1, 2 if i == 0 else 1, palette[i % len(palette)], t))
+                G += ['plot ' + ", \\\n     ".join(parts)]
+                if panel == 1:
+                    G.append('unset logscale y')
+        G += ['unset multiplot', 'unset arrow 1']
+    G += ['set output']
     gp = os.path.join(pd, "plots.gp")
     with open(gp, "w") as f:
         f.write("\n".join(G) + "\n")
-    for png in ("accuracy_vs_bits.png", "ptq_vs_qat.png", "qat_curves.png"):
-        p = os.path.join(out, png)
-        if os.path.exists(p):
-            os.remove(p)
+    for png in os.listdir(out):
+        if png.endswith(".png"):
+            os.remove(os.path.join(out, png))
     if not shutil.which("gnuplot"):
         print("grid: gnuplot not found (Debian: apt-get install gnuplot-nox); plots not drawn",
               file=sys.stderr)
@@ -647,8 +931,10 @@ def write_plots(grid, records, table, out):
 # ----------------------------------------------------------------------------- checking
 
 def plot_files(grid):
-    both = set(grid["methods"]) >= {"ptq", "qat"}
-    return ["accuracy_vs_bits.png"] + (["ptq_vs_qat.png"] if both else []) + ["qat_curves.png"]
+    gains = primary_qat(grid) and ptq_methods(grid, grid["methods"])
+    return (["accuracy_vs_bits.png"] + (["ptq_vs_qat.png"] if gains else [])
+            + (["qat_curves.png"] if primary_qat(grid) else [])
+            + ["study_%s.png" % st["name"] for st in grid["studies"]])
 
 
 def check_outputs(grid, out):
@@ -670,7 +956,8 @@ def check_outputs(grid, out):
         runs = []
         problems.append("runs.csv missing")
     nseeds = len(grid["seeds"])
-    for key in configured_rows(grid):
+    main = set(configured_rows(grid))
+    for key in all_rows(grid):
         model, method, bits = key
         name = "%s %s %s" % (model, method, bits)
         r = rows.get(key)
@@ -687,8 +974,8 @@ def check_outputs(grid, out):
                                 % (name, st, STAGE_TITLES[st]))
         if method != "fp32" and r["n"] and r["check_ok"] != r["n"]:
             problems.append("%s: consistency check ok in %d of %d runs" % (name, r["check_ok"], r["n"]))
-        if md is not None and ("| %s | %s | %s |" % (model, method.upper() if method != "fp32" else "fp32",
-                                                     bits_label(bits))) not in md:
+        if md is not None and key in main and \
+                ("| %s | %s | %s |" % (model, label(grid, method), bits_label(bits))) not in md:
             problems.append("%s: row missing from results.md" % name)
         got = [x for x in runs if (x["model"], x["method"], x["bits"]) == key]
         if len(got) != nseeds:
@@ -700,6 +987,40 @@ def check_outputs(grid, out):
                 v = fnum(x.get(st))
                 if v is None or not (0.0 <= v <= 1.0):
                     problems.append("%s seed %s: %s accuracy %r not in [0, 1]" % (name, x["seed"], st, x.get(st)))
+    for st in grid["studies"]:
+        if md is None:
+            break
+        sec = md.split("## %s\n" % st["title"], 1)
+        if len(sec) < 2:
+            problems.append("study %s: section missing from results.md" % st["name"])
+            continue
+        body = sec[1].split("\n## ", 1)[0]
+        for m in st["methods"]:
+            line = [ln for ln in body.split("\n") if ln.startswith("| %s |" % label(grid, m))]
+            if not line or line[0].count("—") > 0:
+                problems.append("study %s: row %s missing or incomplete in results.md" % (st["name"], label(grid, m)))
+    if grid["debug"]:
+        try:
+            with open(os.path.join(out, "ptq_debug.md")) as f:
+                dbg = f.read()
+        except OSError:
+            dbg = ""
+            problems.append("ptq_debug.md missing")
+        for model, seed, method, bits in debug_runs(grid):
+            w, a = parse_bits(bits)
+            p = os.path.join(out, DEBUG, "%s_%s.md" % (model, bits))
+            try:
+                with open(p) as f:
+                    text = f.read()
+            except OSError:
+                problems.append("PTQ debugging %s %s: %s missing (the run failed?)" % (model, bits, shown_path(p)))
+                continue
+            if not text.startswith("# PTQ debugging: %s, W%dA%d" % (model, w, a)) or "\n## " not in text:
+                problems.append("PTQ debugging %s %s: %s has no analysis sections" % (model, bits, shown_path(p)))
+            if "## PTQ debugging: %s, W%dA%d" % (model, w, a) not in dbg:
+                problems.append("PTQ debugging %s %s: not in ptq_debug.md" % (model, bits))
+            if not os.path.exists(p[:-3] + ".json"):
+                problems.append("PTQ debugging %s %s: %s.json missing" % (model, bits, shown_path(p[:-3])))
     for png in plot_files(grid):
         p = os.path.join(out, png)
         try:
@@ -753,7 +1074,7 @@ def main():
     if a.dry_run:
         for model, seed, method, bits, argv in p:
             print(" ".join(shlex.quote(x) for x in argv))
-        print("# %d runs, %d table rows" % (len(p), len(configured_rows(grid))))
+        print("# %d runs, %d table rows" % (len(p), len(all_rows(grid))))
         return 0
     started = time.strftime("%Y-%m-%d %H:%M")
     t0 = time.time()
@@ -780,8 +1101,9 @@ def main():
             for pr in problems:
                 print("  " + pr)
             return 1
-        print("grid --check: ok (%d rows x %d seeds, 3 stages, %d plots)" %
-              (len(configured_rows(grid)), len(grid["seeds"]), 3))
+        print("grid --check: ok (%d rows x %d seeds, 3 stages, %d studies, %d PTQ-debugging runs, %d plots)" %
+              (len(all_rows(grid)), len(grid["seeds"]), len(grid["studies"]), len(debug_runs(grid)),
+               len(plot_files(grid))))
     return 0
 
 
