@@ -66,6 +66,7 @@ int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_da
   qt_loader *l = qt_loader_create(&sub, &c, err);
   if (!l) rc = -1;
   int grad = qt_ctx_grad_enabled(ctx);
+  const int same = fp32 == fq; /* one QAT graph: the reference pass runs with fake quant off */
   qt_ctx_set_grad(ctx, 0);
   qt_graph_set_training(fp32, 0);
   qt_graph_set_training(fq, 0);
@@ -78,7 +79,10 @@ int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_da
       qt_ctx_reset(ctx);
       int64_t shape[4] = {B, sub.h, sub.w, sub.c};
       qt_tensor **va = NULL, **vb = NULL;
-      if (!qt_graph_forward_values(fp32, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &va)) {
+      if (same) qt_set_fake_quant(fq, 0);
+      qt_tensor *ya = qt_graph_forward_values(fp32, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &va);
+      if (same) qt_set_fake_quant(fq, 1);
+      if (!ya) {
         snprintf(err, QT_ERR_LEN, "SQNR: fp32 graph: %s", fp32->error);
         rc = -1;
         break;
@@ -160,10 +164,25 @@ static int int_list(const char *key, const char *text, int *out, int max, int lo
   return n;
 }
 
-int qt_analysis_wanted(const qt_config *cfg) {
-  if (strcmp(qt_config_string(cfg, "quant", "mode"), "ptq") != 0) return 0;
-  return qt_config_string(cfg, "analysis", "calibration_methods")[0] || qt_config_bool(cfg, "analysis", "layer_sqnr") ||
-         qt_config_bool(cfg, "analysis", "sensitivity") || qt_config_string(cfg, "analysis", "mixed_precision_k")[0];
+int qt_analysis_wanted(const qt_config *cfg, char *err) {
+  const char *mode = qt_config_string(cfg, "quant", "mode");
+  const char *ptq_only = qt_config_string(cfg, "analysis", "calibration_methods")[0]  ? "calibration_methods"
+                         : qt_config_string(cfg, "analysis", "calibration_batches")[0] ? "calibration_batches"
+                         : qt_config_bool(cfg, "analysis", "sensitivity")              ? "sensitivity"
+                         : qt_config_string(cfg, "analysis", "mixed_precision_k")[0]   ? "mixed_precision_k"
+                                                                                       : NULL;
+  const int sqnr = qt_config_bool(cfg, "analysis", "layer_sqnr");
+  if (strcmp(mode, "ptq") == 0) return ptq_only || sqnr;
+  if (ptq_only) {
+    snprintf(err, QT_ERR_LEN, "analysis.%s is a PTQ debugging tool: it needs quant.mode = ptq (this run: %s)%s", ptq_only,
+             mode, strcmp(mode, "qat") == 0 ? "; a QAT run supports analysis.layer_sqnr" : "");
+    return -1;
+  }
+  if (sqnr && strcmp(mode, "qat") != 0) {
+    snprintf(err, QT_ERR_LEN, "analysis.layer_sqnr needs quant.mode = ptq or qat (this run: %s)", mode);
+    return -1;
+  }
+  return sqnr;
 }
 
 /* A copy of cfg (all keys) for one variant. */
@@ -272,6 +291,39 @@ typedef struct {
   double acc, drop;
 } layer_sens;
 
+/* The per-node SQNR section of analysis.md (a table under `title`) and the "sqnr" member of
+ * analysis.json; ref_name names the reference graph ("fp32"). */
+static void write_sqnr(qt_strbuf *md, qt_strbuf *js, const char *title, const char *ref_name, double acc,
+                       const qt_node_sqnr *rows, int n_rows) {
+  qt_strbuf_printf(md, "## Per-node SQNR, %s (accuracy %.2f%%)\n\n", title, 100 * acc);
+  qt_strbuf_printf(md, "Each row compares the %s value with what the fake-quant graph's consumers see (after the "
+                       "node's fake quant, if any); errors accumulate along the graph.\n\n", ref_name);
+  qt_strbuf_printf(md, "| node | op | %s value | weight bits | output quantized | SQNR (dB) |\n"
+                       "|---|---|---|---:|---|---:|\n", ref_name);
+  qt_strbuf_printf(js, ",\n  \"sqnr\": {\"accuracy\": %.6f, \"reference\": ", acc);
+  qt_strbuf_json_string(js, ref_name);
+  qt_strbuf_printf(js, ", \"nodes\": [");
+  for (int i = 0; i < n_rows; i++) {
+    const qt_node_sqnr *r = &rows[i];
+    double db = qt_sqnr_sum_db(&r->sqnr);
+    char wbits[16] = "-";
+    if (r->weight_bits) snprintf(wbits, sizeof wbits, "%d", r->weight_bits);
+    qt_strbuf_printf(md, "| %s | %s | %s | %s | %s | ", r->node, r->op, r->ref, wbits, r->act_quantized ? "yes" : "no");
+    md_db(md, db);
+    qt_strbuf_printf(md, " |\n");
+    qt_strbuf_printf(js, "%s\n    {\"node\": ", i ? "," : "");
+    qt_strbuf_json_string(js, r->node);
+    qt_strbuf_printf(js, ", \"op\": \"%s\", \"fp32_value\": ", r->op);
+    qt_strbuf_json_string(js, r->ref);
+    qt_strbuf_printf(js, ", \"weight_bits\": %d, \"output_quantized\": %s, \"sqnr_db\": ", r->weight_bits,
+                     r->act_quantized ? "true" : "false");
+    json_db(js, db);
+    qt_strbuf_printf(js, "}");
+  }
+  qt_strbuf_printf(md, "\n");
+  qt_strbuf_printf(js, "\n  ]}");
+}
+
 int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *train, const qt_dataset *test,
                     const qt_loader_config *lc, const qt_loader_config *ec, qt_ctx *ctx, const char *dir,
                     char *json_path, size_t json_path_len, int verbose, char *err) {
@@ -366,27 +418,7 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
     int r = qt_analysis_node_sqnr(fp32, p, ctx, &sub, ec, sub.n, &srows, &n_srows, err);
     qt_graph_free(p);
     if (r) goto out;
-    qt_strbuf_printf(&md, "## Per-node SQNR, fp32 vs fake quant (configured settings, accuracy %.2f%%)\n\n", 100 * acc);
-    qt_strbuf_printf(&md, "Each row compares the fp32 value with what the fake-quant graph's consumers see (after the node's "
-            "fake quant, if any); errors accumulate along the graph.\n\n");
-    qt_strbuf_printf(&md, "| node | op | fp32 value | weight bits | output quantized | SQNR (dB) |\n|---|---|---|---:|---|---:|\n");
-    qt_strbuf_printf(&js, ",\n  \"sqnr\": {\"accuracy\": %.6f, \"nodes\": [", acc);
-    for (int i = 0; i < n_srows; i++) {
-      const qt_node_sqnr *s = &srows[i];
-      double db = qt_sqnr_sum_db(&s->sqnr);
-      char wbits[16] = "-";
-      if (s->weight_bits) snprintf(wbits, sizeof wbits, "%d", s->weight_bits);
-      qt_strbuf_printf(&md, "| %s | %s | %s | %s | %s | ", s->node, s->op, s->ref, wbits, s->act_quantized ? "yes" : "no");
-      md_db(&md, db);
-      qt_strbuf_printf(&md, " |\n");
-      qt_strbuf_printf(&js, "%s\n    {\"node\": \"%s\", \"op\": \"%s\", \"fp32_value\": \"%s\", \"weight_bits\": %d, "
-              "\"output_quantized\": %s, \"sqnr_db\": ",
-         i ? "," : "", s->node, s->op, s->ref, s->weight_bits, s->act_quantized ? "true" : "false");
-      json_db(&js, db);
-      qt_strbuf_printf(&js, "}");
-    }
-    qt_strbuf_printf(&md, "\n");
-    qt_strbuf_printf(&js, "\n  ]}");
+    write_sqnr(&md, &js, "fp32 vs fake quant (configured settings)", "fp32", acc, srows, n_srows);
   }
 
   /* 3. sensitivity: only one layer quantized */
@@ -476,5 +508,50 @@ out:
   free(md.s);
   free(js.s);
   qt_graph_set_training(fp32, 1);
+  return rc;
+}
+
+int qt_analysis_run_qat(const qt_config *cfg, qt_graph *qat, const qt_dataset *test, const qt_loader_config *ec,
+                        qt_ctx *ctx, const char *dir, char *json_path, size_t json_path_len, int verbose, char *err) {
+  int rc = -1;
+  qt_strbuf md = {0}, js = {0};
+  qt_node_sqnr *rows = NULL;
+  int n_rows = 0;
+  qt_dataset sub = *test;
+  int64_t images = qt_config_int(cfg, "analysis", "images");
+  if (images > 0 && images < sub.n) sub.n = images;
+  const int wb = qt_config_int(cfg, "quant", "weight_bits"), ab = qt_config_int(cfg, "quant", "activation_bits");
+  qt_eval_result on, off;
+  qt_graph_sync_learned_scales(qat);
+  if (qt_evaluate(qat, ctx, &sub, ec, &on, err)) goto out;
+  qt_set_fake_quant(qat, 0);
+  rc = qt_evaluate(qat, ctx, &sub, ec, &off, err);
+  qt_set_fake_quant(qat, 1);
+  if (rc) goto out;
+  rc = -1;
+  if (qt_analysis_node_sqnr(qat, qat, ctx, &sub, ec, sub.n, &rows, &n_rows, err)) goto out;
+  qt_strbuf_printf(&md, "# QAT debugging: %s, W%dA%d\n\n", qat->name, wb, ab);
+  qt_strbuf_printf(&md, "The QAT-trained model on the first %lld test images: with fake quant **%.2f%%**, with fake quant "
+                        "off (the float model QAT trained, BN statistics as trained) **%.2f%%**.\n\n",
+                   (long long)sub.n, 100 * on.accuracy, 100 * off.accuracy);
+  qt_strbuf_printf(&js, "{\n  \"model\": ");
+  qt_strbuf_json_string(&js, qat->name);
+  qt_strbuf_printf(&js, ",\n  \"mode\": \"qat\",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n"
+                        "  \"images\": %lld,\n  \"accuracy\": %.6f,\n  \"float_accuracy\": %.6f",
+                   wb, ab, (long long)sub.n, on.accuracy, off.accuracy);
+  write_sqnr(&md, &js, "the QAT model without vs with fake quant", "float (fake quant off)", on.accuracy, rows, n_rows);
+  qt_strbuf_printf(&js, "\n}\n");
+  char path[4200];
+  snprintf(path, sizeof path, "%s/analysis.md", dir);
+  if (qt_write_file_atomic(path, md.s, md.len, err)) goto out;
+  snprintf(json_path, json_path_len, "%s/analysis.json", dir);
+  if (qt_write_file_atomic(json_path, js.s, js.len, err)) goto out;
+  if (verbose) fprintf(stderr, "analysis: written to %s and %s\n", path, json_path);
+  rc = 0;
+out:
+  free(rows);
+  free(md.s);
+  free(js.s);
+  qt_graph_set_training(qat, 1);
   return rc;
 }

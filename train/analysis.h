@@ -1,4 +1,4 @@
-/* Private to train/: PTQ debugging (the [analysis] keys). On a PTQ run, after the fp32 model
+/* Private to train/: PTQ debugging (the [analysis] keys; QAT runs: per-node SQNR only). On a PTQ run, after the fp32 model
  * is loaded, compares calibration methods and calibration lengths, measures the SQNR between
  * the fp32 and the fake-quant model node by node, the accuracy drop when only one layer is
  * quantized, and a mixed-precision sweep (the k most sensitive layers kept at 8 bits or fp32,
@@ -34,8 +34,10 @@ int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_da
  * without bias feeding a batch_norm counts the bias the fold gives it). */
 int64_t qt_analysis_model_bytes(const qt_graph *g);
 
-/* Whether cfg asks for any analysis (and the run is a PTQ run). */
-int qt_analysis_wanted(const qt_config *cfg);
+/* Whether cfg asks for any analysis: 1 yes, 0 no, -1 (err set) when it asks for what its
+ * quant.mode cannot do (the calibration sweep, sensitivity and mixed precision need PTQ;
+ * layer_sqnr needs PTQ or QAT). */
+int qt_analysis_wanted(const qt_config *cfg, char *err);
 
 /* The whole analysis; fp32 is the loaded fp32 model (left in training mode). lc: the
  * calibration loader (as the run calibrates), ec: the evaluation loader. Fills path with
@@ -43,5 +45,12 @@ int qt_analysis_wanted(const qt_config *cfg);
 int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *train, const qt_dataset *test,
                     const qt_loader_config *lc, const qt_loader_config *ec, qt_ctx *ctx, const char *dir,
                     char *json_path, size_t json_path_len, int verbose, char *err);
+
+/* QAT debugging (analysis.layer_sqnr on a QAT run), after training: the accuracy of the trained
+ * prepared graph with and without fake quant, and the per-node SQNR between the two (the float
+ * model QAT trained against what its fake quants make of it). Writes <dir>/analysis.md/.json;
+ * fills json_path. The graph is left in training mode with fake quant on. */
+int qt_analysis_run_qat(const qt_config *cfg, qt_graph *qat, const qt_dataset *test, const qt_loader_config *ec,
+                        qt_ctx *ctx, const char *dir, char *json_path, size_t json_path_len, int verbose, char *err);
 
 #endif

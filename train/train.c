@@ -313,6 +313,17 @@ int qt_train_run(qt_config *cfg, char *err) {
                            : strcmp(pmode, "bar") == 0   ? 2
                                                          : (isatty(2) ? 2 : 1)};
 
+  /* settings that contradict each other, before any work */
+  const int analysis = qt_analysis_wanted(cfg, err);
+  if (analysis < 0) goto out;
+  if (strcmp(qt_config_string(cfg, "quant", "mode"), "qat") == 0 &&
+      strcmp(qt_config_string(cfg, "quant", "qat_init"), "calibration") == 0 &&
+      qt_config_float(cfg, "quant", "freeze_observers_after") > 0) {
+    snprintf(err, QT_ERR_LEN, "quant.freeze_observers_after = %g has no effect with quant.qat_init = calibration: "
+                              "the calibrated qparams stay fixed (or are learned with LSQ) from the start",
+             qt_config_float(cfg, "quant", "freeze_observers_after"));
+    goto out;
+  }
   if (strcmp(qt_config_string(cfg, "quant", "mode"), "none") != 0 &&
       qt_quant_ensure_fp32(cfg, prog.mode != 0, err))
     goto out;
@@ -380,14 +391,8 @@ int qt_train_run(qt_config *cfg, char *err) {
       }
     }
     const int calibrate = ptq || strcmp(qt_config_string(cfg, "quant", "qat_init"), "calibration") == 0;
-    if (!ptq && calibrate && qt_config_float(cfg, "quant", "freeze_observers_after") > 0) {
-      snprintf(err, QT_ERR_LEN, "quant.freeze_observers_after = %g has no effect with quant.qat_init = calibration: "
-                                "the calibrated qparams stay fixed (or are learned with LSQ) from the start",
-               qt_config_float(cfg, "quant", "freeze_observers_after"));
-      goto out;
-    }
     if (calibrate && qt_quant_calibrate(cfg, tg, &train, &lc, ctx, prog.mode != 0, err)) goto out;
-    if (qt_analysis_wanted(cfg) &&
+    if (ptq && analysis &&
         qt_analysis_run(cfg, g, &train, &test, &lc, &ec, ctx, dir, analysis_path, sizeof analysis_path, prog.mode != 0,
                         err))
       goto out;
@@ -532,6 +537,9 @@ int qt_train_run(qt_config *cfg, char *err) {
     if (qt_evaluate(g, ctx, &test, &ec, &ev, err)) goto out;
   }
   double arena_mb = (double)qt_ctx_peak_bytes(ctx) / 1048576.0;
+  if (quant && !ptq && analysis &&
+      qt_analysis_run_qat(cfg, tg, &test, &ec, ctx, dir, analysis_path, sizeof analysis_path, prog.mode != 0, err))
+    goto out;
   if (quant) {
     qt_ctx_release(ctx); /* the training step's memory is not needed by convert and the check */
     if (qt_quant_finish(cfg, tg, &test, &ec, ctx, dir, &qres, prog.mode != 0, err)) goto out;

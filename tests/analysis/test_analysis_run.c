@@ -3,7 +3,8 @@
  * names the latter in summary.json; the tables have the expected rows; the cumulative
  * calibration sweep (one pass per method, evaluated at 1 and then 2 batches) gives at 2 batches
  * the accuracy of a fresh 2-batch calibration with the same settings (the mixed-precision row
- * k = 0 and the SQNR section); model size grows with k; bad keys are refused with a message. */
+ * k = 0 and the SQNR section); model size grows with k; bad keys are refused with a message.
+ * A QAT run with analysis.layer_sqnr writes the QAT-debugging SQNR table; PTQ-only tools are refused there. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,23 +25,36 @@ static char *slurp(const char *path) {
   return s;
 }
 
-static int run(const char *dir, const char *extra, char *err) {
+static int run_keys(const char *dir, const char *const *keys, size_t n_keys, const char *extra, char *err) {
   char buf[512];
   qt_config *c = qt_train_config_create();
-  const char *keys[] = {"model.name=fashion_cnn", "data.train_limit=512", "data.test_limit=256", "train.batch_size=64",
-                        "output.progress=none", "output.dot=false", "train.threads=2", "quant.mode=ptq",
-                        "quant.weight_bits=4", "quant.activation_bits=4", "quant.calibration_batches=2",
-                        "analysis.calibration_methods=minmax,moving_average,percentile,mse",
-                        "analysis.calibration_batches=1,2", "analysis.layer_sqnr=true", "analysis.sensitivity=true",
-                        "analysis.mixed_precision_k=0,1,4", "analysis.images=200"};
   int rc = 0;
-  for (size_t i = 0; i < sizeof keys / sizeof keys[0] && !rc; i++) rc = qt_config_apply_override(c, keys[i], err);
+  for (size_t i = 0; i < n_keys && !rc; i++) rc = qt_config_apply_override(c, keys[i], err);
   snprintf(buf, sizeof buf, "output.dir=%s", dir);
   if (!rc) rc = qt_config_apply_override(c, buf, err);
   if (!rc && extra) rc = qt_config_apply_override(c, extra, err);
   if (!rc) rc = qt_train_run(c, err);
   qt_config_free(c);
   return rc;
+}
+
+static int run(const char *dir, const char *extra, char *err) {
+  static const char *const keys[] = {"model.name=fashion_cnn", "data.train_limit=512", "data.test_limit=256", "train.batch_size=64",
+                        "output.progress=none", "output.dot=false", "train.threads=2", "quant.mode=ptq",
+                        "quant.weight_bits=4", "quant.activation_bits=4", "quant.calibration_batches=2",
+                        "analysis.calibration_methods=minmax,moving_average,percentile,mse",
+                        "analysis.calibration_batches=1,2", "analysis.layer_sqnr=true", "analysis.sensitivity=true",
+                        "analysis.mixed_precision_k=0,1,4", "analysis.images=200"};
+  return run_keys(dir, keys, sizeof keys / sizeof keys[0], extra, err);
+}
+
+/* A one-epoch QAT run with analysis.layer_sqnr (QAT debugging). */
+static int run_qat(const char *dir, const char *extra, char *err) {
+  static const char *const keys[] = {"model.name=fashion_cnn", "data.train_limit=512", "data.test_limit=256",
+                                     "train.batch_size=64", "train.epochs=1", "train.lr=0.01", "output.progress=none",
+                                     "output.dot=false", "train.threads=2", "quant.mode=qat", "quant.weight_bits=4",
+                                     "quant.activation_bits=4", "analysis.layer_sqnr=true", "analysis.images=200"};
+  return run_keys(dir, keys, sizeof keys / sizeof keys[0], extra, err);
 }
 
 /* The number after `key` in the first object of s containing `anchor`. */
@@ -94,6 +108,31 @@ int main(void) {
   if (run("run_bad", "analysis.calibration_methods=minmax,bogus", err) == 0)
     qt_test_fail("an unknown calibration method was accepted");
   else if (!strstr(err, "bogus")) qt_test_fail("unknown method: message does not name it: %s", err);
+  free(summary);
+  free(js);
+  free(md);
+
+  /* QAT: per-node SQNR of the trained model, fake quant off vs on; the PTQ tools are refused */
+  if (system("rm -rf run_analysis_qat")) return 1;
+  if (run_qat("run_analysis_qat", NULL, err)) {
+    qt_test_fail("QAT run: %s", err);
+    return qt_test_finish();
+  }
+  summary = slurp("run_analysis_qat/summary.json");
+  js = slurp("run_analysis_qat/analysis.json");
+  md = slurp("run_analysis_qat/analysis.md");
+  QT_CHECK(summary && js && md);
+  if (!summary || !js || !md) return qt_test_finish();
+  QT_CHECK(strstr(summary, "\"analysis\": \"run_analysis_qat/analysis.json\"") != NULL);
+  QT_CHECK(strstr(md, "# QAT debugging: fashion_cnn, W4A4") && strstr(md, "## Per-node SQNR") &&
+           strstr(md, "| conv1 | conv_bn |") && strstr(md, "| fc2 | linear |"));
+  QT_CHECK(count(js, "\"node\":") >= 8 && strstr(js, "\"mode\": \"qat\"") && strstr(js, "\"images\": 200"));
+  double on = number_after(js, "\"mode\"", "\"accuracy\": "), off = number_after(js, "\"mode\"", "\"float_accuracy\": ");
+  if (!(on >= 0 && on <= 1 && off >= 0 && off <= 1)) qt_test_fail("QAT accuracies %.6f / %.6f", on, off);
+  if (run_qat("run_bad", "analysis.sensitivity=true", err) == 0)
+    qt_test_fail("analysis.sensitivity was accepted on a QAT run");
+  else if (!strstr(err, "analysis.sensitivity") || !strstr(err, "quant.mode = ptq"))
+    qt_test_fail("sensitivity on QAT: unclear message: %s", err);
   free(summary);
   free(js);
   free(md);

@@ -10,6 +10,7 @@
  * round(y/0.5) = 0, 3, 5, 18 -> clamped to 15 -> 0, 1.5, 2.5, 7.5.
  * SQNR(fc) = 10 log10(sum y^2 / sum (y - y_q)^2) = 10 log10(108.2829 / 5.9429) = 12.6055 dB.
  * The images go in batches of 3 and 1, so the sums must accumulate across batches.
+ * The fake-quant graph compared with itself (fake quant off as the reference) gives the same.
  * Also: model bytes = weight at its bits (rounded up to bytes) + 4 per bias element. */
 #include <math.h>
 #include <stdio.h>
@@ -105,6 +106,20 @@ int main(void) {
   }
   QT_CHECK(seen_fc == 1 && seen_in == 2);
   QT_CHECK(n == 3);
+
+  /* The same graph as its own reference (QAT debugging): the pass with fake quant off is the
+   * fp32 fc, so fc has the same known answer; fake quant is on again afterwards. */
+  free(rows);
+  rows = NULL;
+  if (qt_analysis_node_sqnr(p, p, ctx, &ds, &lc, 0, &rows, &n, err)) qt_test_fail("node sqnr (same graph): %s", err);
+  int seen = 0;
+  for (int i = 0; i < n; i++)
+    if (strcmp(rows[i].node, "fc") == 0) {
+      seen = 1;
+      double db = qt_sqnr_sum_db(&rows[i].sqnr);
+      if (!(fabs(db - want) < 1e-4)) qt_test_fail("fc (same graph): SQNR %.6f dB, want %.6f dB", db, want);
+    }
+  QT_CHECK(seen && p->nodes[out_fq].q->fake_quant && p->nodes[fc].wq->fake_quant && p->nodes[in_fq].q->fake_quant);
 
   /* Model size: fp32: 4 (weight) + 4 (bias); 8-bit weight: 1 + 4. */
   QT_CHECK(qt_analysis_model_bytes(g) == 8);
