@@ -5,18 +5,23 @@
     /usr/bin/python3 experiments/grid.py --quick --check # CI-sized grid -> runs/grid_quick/results/
     /usr/bin/python3 experiments/grid.py --report-only   # redraw tables and plots from the runs
 
-The grid (models, methods, bit widths, seeds, recipes) is experiments/grid/grid.ini. For every
-model and seed, one fp32 checkpoint is trained with the model's fp32 recipe; every PTQ and QAT
-row of that (model, seed) starts from it. Runs are sequential (each qat_train uses all
-`threads`). Each run lives in RUNS/<model>/seed<S>/<method>[_wXaY]/ (qat_train's output.dir,
-with grid_run.json: the command, exit status and wall time, and log.txt: its output).
+The grid is experiments/grid/grid.ini. A method is a named recipe ([ptq], [ptq_mse], [qat],
+...: mode ptq|qat, a label, qat_train overrides). The main table is models x methods x bit
+widths ([grid]); a study ([study:NAME]) is a further table over its own models, bit widths and
+methods (the QAT knobs); [ptq_debug] runs qat_train's PTQ debugging ([analysis] keys) per model.
+For every model and seed, one fp32 checkpoint is trained with the model's fp32 recipe; every
+quantized run of that (model, seed) starts from it, and a (model, method, bits, seed) shared by
+several tables runs once. Runs are sequential (each qat_train uses all `threads`). Each run
+lives in RUNS/<model>/seed<S>/<method>[_wXaY]/ (qat_train's output.dir, with grid_run.json:
+the command, exit status and wall time, and log.txt: its output).
 
-Writes into OUT: results.md (the table: mean +- std over seeds of every stage), results.json,
-runs.csv (one line per run), accuracy_vs_bits.png, ptq_vs_qat.png, qat_curves.png and
-plotdata/ (the gnuplot script and its data files). --check validates OUT (every configured row
-present with all its seeds, accuracies in [0, 1], the three stages fp32 / Q/DQ / int8 device
-in every quantized row, the consistency check passed, the plots non-empty PNGs) and exits 1
-otherwise.
+Writes into OUT: results.md (the main table: mean +- std over seeds of every stage; where each
+method breaks; the studies), results.json, runs.csv (one line per run), accuracy_vs_bits.png,
+ptq_vs_qat.png, qat_curves.png, study_<NAME>.png, ptq_debug.md with ptq_debug/ (each model's
+analysis.md/json) and plotdata/ (the gnuplot script and its data files). --check validates OUT
+(every configured row of every table present with all its seeds, accuracies in [0, 1], the
+three stages fp32 / Q/DQ / int8 device in every quantized row, the consistency check passed,
+the PTQ-debugging analyses present, the plots non-empty PNGs) and exits 1 otherwise.
 
 Python standard library only; plots need gnuplot (Debian: gnuplot-nox).
 """
@@ -997,7 +1002,7 @@ def check_outputs(grid, out):
         body = sec[1].split("\n## ", 1)[0]
         for m in st["methods"]:
             line = [ln for ln in body.split("\n") if ln.startswith("| %s |" % label(grid, m))]
-            if not line or line[0].count("—") > 0:
+            if not line or any(c.strip() == "—" for c in line[0].split("|")[3:-1]):
                 problems.append("study %s: row %s missing or incomplete in results.md" % (st["name"], label(grid, m)))
     if grid["debug"]:
         try:
