@@ -324,6 +324,18 @@ static void write_sqnr(qt_strbuf *md, qt_strbuf *js, const char *title, const ch
   qt_strbuf_printf(js, "\n  ]}");
 }
 
+/* <dir>/analysis.md and <dir>/analysis.json, each written atomically; json_path gets the latter. */
+static int write_outputs(const char *dir, const qt_strbuf *md, const qt_strbuf *js, char *json_path, size_t json_path_len,
+                         int verbose, char *err) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/analysis.md", dir);
+  if (qt_write_file_atomic(path, md->s, md->len, err)) return -1;
+  snprintf(json_path, json_path_len, "%s/analysis.json", dir);
+  if (qt_write_file_atomic(json_path, js->s, js->len, err)) return -1;
+  if (verbose) fprintf(stderr, "analysis: written to %s and %s\n", path, json_path);
+  return 0;
+}
+
 int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *train, const qt_dataset *test,
                     const qt_loader_config *lc, const qt_loader_config *ec, qt_ctx *ctx, const char *dir,
                     char *json_path, size_t json_path_len, int verbose, char *err) {
@@ -495,12 +507,7 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
   }
   qt_strbuf_printf(&js, "\n}\n");
 
-  char path[4200];
-  snprintf(path, sizeof path, "%s/analysis.md", dir);
-  if (qt_write_file_atomic(path, md.s, md.len, err)) goto out;
-  snprintf(json_path, json_path_len, "%s/analysis.json", dir);
-  if (qt_write_file_atomic(json_path, js.s, js.len, err)) goto out;
-  if (verbose) fprintf(stderr, "analysis: written to %s and %s\n", path, json_path);
+  if (write_outputs(dir, &md, &js, json_path, json_path_len, verbose, err)) goto out;
   rc = 0;
 out:
   if (c) qt_config_free(c);
@@ -541,12 +548,7 @@ int qt_analysis_run_qat(const qt_config *cfg, qt_graph *qat, const qt_dataset *t
                    wb, ab, (long long)sub.n, on.accuracy, off.accuracy);
   write_sqnr(&md, &js, "the QAT model without vs with fake quant", "float (fake quant off)", on.accuracy, rows, n_rows);
   qt_strbuf_printf(&js, "\n}\n");
-  char path[4200];
-  snprintf(path, sizeof path, "%s/analysis.md", dir);
-  if (qt_write_file_atomic(path, md.s, md.len, err)) goto out;
-  snprintf(json_path, json_path_len, "%s/analysis.json", dir);
-  if (qt_write_file_atomic(json_path, js.s, js.len, err)) goto out;
-  if (verbose) fprintf(stderr, "analysis: written to %s and %s\n", path, json_path);
+  if (write_outputs(dir, &md, &js, json_path, json_path_len, verbose, err)) goto out;
   rc = 0;
 out:
   free(rows);
