@@ -1,8 +1,10 @@
 /* HDF5 checkpoints: /params/<name>, /buffers/<name> (PyTorch's state_dict names and shapes,
  * weights OIHW), /optim/<state> (flat, over the parameter slab), root attributes epoch,
- * step, seed, model, config. Written to a temporary file, fsync'd, then renamed: a crash
- * never leaves a half-written checkpoint under the real name. */
+ * step, seed, model, config; for a prepared (quantized) graph also /quant, the quantization
+ * training state (qat/qstate_file.h). Written to a temporary file, fsync'd, then renamed: a
+ * crash never leaves a half-written checkpoint under the real name. */
 #include "train/train.h"
+#include "qat/qstate_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -110,9 +112,12 @@ int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const
     bad |= H5LTset_attribute_string(f, "/", "config", meta->config_ini ? meta->config_ini : "") < 0;
     bad |= H5LTset_attribute_string(f, "/", "format", "qat-checkpoint-1") < 0;
   }
+  char qerr[QT_ERR_LEN] = "";
+  if (!bad && qt_graph_has_quant_state(g)) bad |= qt_quant_state_write(f, g, qerr) != 0;
   bad |= H5Fclose(f) < 0;
   if (bad || fsync_path(tmp) != 0 || rename(tmp, path) != 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint: writing '%s' failed (disk full?); the previous checkpoint is kept", path);
+    snprintf(err, QT_ERR_LEN, "checkpoint: writing '%s' failed (%s); the previous checkpoint is kept", path,
+             qerr[0] ? qerr : "disk full?");
     unlink(tmp);
     return -1;
   }
@@ -174,6 +179,23 @@ int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoi
     snprintf(err, QT_ERR_LEN, "checkpoint '%s' holds model '%s', the config builds '%s'", path, model, g->name);
     goto done;
   }
+  /* A prepared (quantized) graph and its quantization state go together: an fp32 checkpoint
+   * cannot resume a quantized run, nor a quantized run's checkpoint be taken for fp32 weights. */
+  const int file_quant = H5Lexists(f, "quant", H5P_DEFAULT) > 0, graph_quant = qt_graph_has_quant_state(g);
+  if (graph_quant && !file_quant) {
+    snprintf(err, QT_ERR_LEN,
+             "checkpoint '%s' holds no quantization state (/quant): it was written by an fp32 run (or by a quantized "
+             "run before such runs could be resumed), but the graph to load is a prepared (quantized) one",
+             path);
+    goto done;
+  }
+  if (!graph_quant && file_quant) {
+    snprintf(err, QT_ERR_LEN,
+             "checkpoint '%s' holds a quantized run's training graph (/quant: fake quant, conv_bn, qparams), not the "
+             "fp32 model '%s': resume it as the same quantized run, or load an fp32 run's checkpoint",
+             path, g->name);
+    goto done;
+  }
   /* Read into scratch copies first so a failure leaves the graph untouched. */
   float *params = malloc((size_t)(g->n_params + 16) * sizeof(float));
   float *buffers = malloc((size_t)(g->n_buffers + 16) * sizeof(float));
@@ -208,6 +230,14 @@ int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoi
       bad = read_f32(f, "optim", name, 1, &g->n_params, states[i], path, err);
     }
   }
+  qt_quant_state *qs = NULL;
+  if (!bad && graph_quant) {
+    char qerr[QT_ERR_LEN];
+    if (!(qs = qt_quant_state_read(f, g, qerr))) {
+      snprintf(err, QT_ERR_LEN, "checkpoint '%s' does not match this run's prepared graph: %s", path, qerr);
+      bad = 1;
+    }
+  }
   if (!bad && meta) {
     memset(meta, 0, sizeof *meta);
     meta->epoch = (int)epoch;
@@ -226,13 +256,50 @@ int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoi
       memcpy(qt_optim_state(opt, i, &name), states[i], (size_t)g->n_params * sizeof(float));
     }
     if (opt) qt_optim_set_steps(opt, osteps);
+    if (qs) qt_quant_state_apply(g, qs);
+    qs = NULL;
     rc = 0;
   }
+  qt_quant_state_free(qs);
   for (int i = 0; states && i < ns; i++) free(states[i]);
   free(states);
   free(params);
   free(buffers);
 done:
+  H5Fclose(f);
+  return rc;
+}
+
+int qt_checkpoint_read_meta(const char *path, qt_checkpoint_meta *meta, char *err) {
+  quiet_hdf5();
+  memset(meta, 0, sizeof *meta);
+  if (access(path, R_OK) != 0) {
+    snprintf(err, QT_ERR_LEN, "checkpoint: cannot open '%s': %s", path, strerror(errno));
+    return -1;
+  }
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) {
+    snprintf(err, QT_ERR_LEN, "checkpoint: '%s' is not a readable HDF5 file (corrupt or truncated?)", path);
+    return -1;
+  }
+  int64_t epoch = 0, step = 0, seed = 0;
+  int rc = -1;
+  if (get_attr_i64(f, "epoch", &epoch) || get_attr_i64(f, "step", &step) || get_attr_i64(f, "seed", &seed)) {
+    snprintf(err, QT_ERR_LEN, "checkpoint '%s': missing epoch/step/seed attributes", path);
+  } else {
+    meta->epoch = (int)epoch;
+    meta->step = step;
+    meta->seed = (uint64_t)seed;
+    hsize_t dims;
+    H5T_class_t cls;
+    size_t sz = 0;
+    if (H5LTget_attribute_info(f, "/", "config", &dims, &cls, &sz) >= 0) {
+      meta->config_ini = calloc(sz + 1, 1);
+      QT_ASSERT(meta->config_ini, "out of memory");
+      if (H5LTget_attribute_string(f, "/", "config", meta->config_ini) < 0) meta->config_ini[0] = 0;
+    }
+    rc = 0;
+  }
   H5Fclose(f);
   return rc;
 }

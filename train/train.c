@@ -287,6 +287,52 @@ static int write_summary(const char *path, const qt_config *cfg, const qt_graph 
   return rc;
 }
 
+/* train.resume: the checkpoint's stored config must agree with this run on quant.mode and, for
+ * a quantized run, on every [quant] key that shaped the prepared graph or its training so far
+ * (all but the post-training check_batch and fp32_config, which only says how to make the fp32
+ * checkpoint). [train] keys may change on resume, as for fp32 runs. The graph itself is compared
+ * again when the checkpoint is loaded (qt_checkpoint_load). */
+static int resume_config_matches(const qt_config *cfg, const char *ini, const char *path, char *err) {
+  if (!ini || !ini[0]) {
+    fprintf(stderr, "warning: %s stores no config; comparing its graph with this run's only\n", path);
+    return 0;
+  }
+  qt_config *old = qt_train_config_create();
+  char lerr[QT_ERR_LEN];
+  if (qt_config_load_string(old, ini, path, lerr)) {
+    fprintf(stderr, "warning: cannot read the config stored in %s (%s); comparing its graph with this run's only\n",
+            path, lerr);
+    qt_config_free(old);
+    return 0;
+  }
+  const int quant = strcmp(qt_config_string(cfg, "quant", "mode"), "none") != 0;
+  int n, rc = 0;
+  const qt_cfg_key *schema = qt_train_schema(&n);
+  for (int i = 0; i < n && !rc; i++) {
+    const qt_cfg_key *k = &schema[i];
+    if (strcmp(k->section, "quant") != 0 || (!quant && strcmp(k->key, "mode") != 0) ||
+        strcmp(k->key, "check_batch") == 0 || strcmp(k->key, "fp32_config") == 0)
+      continue;
+    int same;
+    switch (k->type) {
+      case QT_CFG_INT: same = qt_config_int64(old, k->section, k->key) == qt_config_int64(cfg, k->section, k->key); break;
+      case QT_CFG_FLOAT: same = qt_config_float(old, k->section, k->key) == qt_config_float(cfg, k->section, k->key); break;
+      case QT_CFG_BOOL: same = qt_config_bool(old, k->section, k->key) == qt_config_bool(cfg, k->section, k->key); break;
+      case QT_CFG_ENUM: same = qt_config_enum(old, k->section, k->key) == qt_config_enum(cfg, k->section, k->key); break;
+      default: same = strcmp(qt_config_string(old, k->section, k->key), qt_config_string(cfg, k->section, k->key)) == 0;
+    }
+    if (!same) {
+      snprintf(err, QT_ERR_LEN,
+               "train.resume: checkpoint '%s' was written with quant.%s = '%s', this run has quant.%s = '%s'; a "
+               "resumed run keeps its [quant] settings (restore the setting, or start again in another output.dir)",
+               path, k->key, qt_config_value(old, k->section, k->key), k->key, qt_config_value(cfg, k->section, k->key));
+      rc = -1;
+    }
+  }
+  qt_config_free(old);
+  return rc;
+}
+
 int qt_train_run(qt_config *cfg, char *err) {
   int rc = -1;
   qt_dataset train = {0}, test = {0};
@@ -323,6 +369,19 @@ int qt_train_run(qt_config *cfg, char *err) {
                               "the calibrated qparams stay fixed (or are learned with LSQ) from the start",
              qt_config_float(cfg, "quant", "freeze_observers_after"));
     goto out;
+  }
+  /* train.resume with a checkpoint: a PTQ run has no epochs and simply calibrates again; any
+   * other run must match the checkpoint's [quant] settings (checked before any work). */
+  const int ptq_run = strcmp(qt_config_string(cfg, "quant", "mode"), "ptq") == 0;
+  const int resuming = qt_config_bool(cfg, "train", "resume") && access(ckpt_path, F_OK) == 0 && !ptq_run;
+  if (qt_config_bool(cfg, "train", "resume") && ptq_run && prog.mode)
+    fprintf(stderr, "train.resume: a PTQ run has no epochs to resume; calibrating again\n");
+  if (resuming) {
+    qt_checkpoint_meta meta;
+    if (qt_checkpoint_read_meta(ckpt_path, &meta, err)) goto out;
+    int bad = resume_config_matches(cfg, meta.config_ini, ckpt_path, err);
+    free(meta.config_ini);
+    if (bad) goto out;
   }
   if (strcmp(qt_config_string(cfg, "quant", "mode"), "none") != 0 &&
       qt_quant_ensure_fp32(cfg, prog.mode != 0, err))
@@ -367,11 +426,8 @@ int qt_train_run(qt_config *cfg, char *err) {
   memset(&qres, 0, sizeof qres);
   char analysis_path[4200] = "";
   if (quant) {
-    if (qt_config_bool(cfg, "train", "resume") && access(ckpt_path, F_OK) == 0) {
-      snprintf(err, QT_ERR_LEN, "train.resume: resuming a quantized run (quant.mode = %s) is not supported yet; "
-                                "start it again", qmode);
-      goto out;
-    }
+    /* Resuming QAT: the fp32 model is obtained and prepared exactly as at the start; the
+     * checkpoint then replaces the prepared graph's state (below), calibration included. */
     if (qt_quant_obtain_fp32(cfg, g, prog.mode != 0, err)) goto out;
     if (qt_evaluate(g, ctx, &test, &ec, &ev_fp32, err)) goto out;
     if (prog.mode) fprintf(stderr, "quant: fp32 test accuracy %.2f%%\n", 100 * ev_fp32.accuracy);
@@ -390,7 +446,8 @@ int qt_train_run(qt_config *cfg, char *err) {
         fclose(f);
       }
     }
-    const int calibrate = ptq || strcmp(qt_config_string(cfg, "quant", "qat_init"), "calibration") == 0;
+    const int calibrate =
+        ptq || (!resuming && strcmp(qt_config_string(cfg, "quant", "qat_init"), "calibration") == 0);
     if (calibrate && qt_quant_calibrate(cfg, tg, &train, &lc, ctx, prog.mode != 0, err)) goto out;
     if (ptq && analysis &&
         qt_analysis_run(cfg, g, &train, &test, &lc, &ec, ctx, dir, analysis_path, sizeof analysis_path, prog.mode != 0,
@@ -440,9 +497,9 @@ int qt_train_run(qt_config *cfg, char *err) {
   int64_t step = 0;
   rows = calloc((size_t)epochs + 1, sizeof *rows);
   int n_rows = 0;
-  if (qt_config_bool(cfg, "train", "resume") && access(ckpt_path, F_OK) == 0) {
+  if (resuming) {
     qt_checkpoint_meta meta;
-    if (qt_checkpoint_load(ckpt_path, g, opt, &meta, err)) goto out;
+    if (qt_checkpoint_load(ckpt_path, tg, opt, &meta, err)) goto out;
     if (meta.seed != seed)
       fprintf(stderr, "warning: resuming %s trained with seed %llu under train.seed = %llu\n", ckpt_path,
               (unsigned long long)meta.seed, (unsigned long long)seed);

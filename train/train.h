@@ -50,12 +50,19 @@ typedef struct {
 } qt_checkpoint_meta;
 
 /* Writes parameters, buffers, optimizer state (if opt) and meta to path atomically
- * (path.tmp, fsync, rename). */
+ * (path.tmp, fsync, rename). A prepared (quantized) graph also gets its quantization training
+ * state: qparams, observer state, enable flags, LSQ links and bn_frozen flags (/quant,
+ * qat/qstate_file.h), so that a QAT run resumes bit for bit. */
 int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const qt_checkpoint_meta *meta,
                        char *err);
 /* Loads into an already built graph of the same architecture (every tensor must be present
- * with the same shape); optimizer state only if opt is not NULL. meta may be NULL. */
+ * with the same shape); optimizer state only if opt is not NULL. meta may be NULL. A prepared
+ * graph needs a checkpoint with /quant whose records match its own (same points, bit widths,
+ * ranges, observers, LSQ), and an fp32 graph one without; otherwise the load is refused with
+ * a message naming the file and the mismatch. All or nothing: on error g is untouched. */
 int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err);
+/* Only the meta (epoch, step, seed, config text), without a graph. */
+int qt_checkpoint_read_meta(const char *path, qt_checkpoint_meta *meta, char *err);
 
 /* Peak resident set size of this process so far, in MB. */
 double qt_peak_rss_mb(void);
