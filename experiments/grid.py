@@ -769,14 +769,16 @@ def write_plots(grid, records, table, out):
     # studies: Q/DQ minus fp32 per method (rows) and model x bits (columns), paired per seed
     for st in grid["studies"]:
         cols = [(model, bits) for model in st["models"] for bits in st["bits"]]
-        with open(os.path.join(pd, "study_%s.dat" % st["name"]), "w") as f:
-            f.write("# method " + " ".join("%s_%s %s_%s_std" % (m, b, m, b) for m, b in cols) + "\n")
-            for meth in st["methods"]:
-                cells = []
-                for model, bits in cols:
-                    m, sd, _ = paired(records, model, bits, meth, "fp32", grid["seeds"])
-                    cells += [fmt(m), fmt(sd)]
-                f.write('"%s" %s\n' % (label(grid, meth), " ".join(cells)))
+        # all methods, and the QAT methods alone (a zoomed panel: PTQ may lose ten times more)
+        for suffix, meths in (("", st["methods"]), ("_qat", qat_methods(grid, st["methods"]))):
+            with open(os.path.join(pd, "study_%s%s.dat" % (st["name"], suffix)), "w") as f:
+                f.write("# method " + " ".join("%s_%s %s_%s_std" % (m, b, m, b) for m, b in cols) + "\n")
+                for meth in meths:
+                    cells = []
+                    for model, bits in cols:
+                        m, sd, _ = paired(records, model, bits, meth, "fp32", grid["seeds"])
+                        cells += [fmt(m), fmt(sd)]
+                    f.write('"%s" %s\n' % (label(grid, meth), " ".join(cells)))
     # training curves: fp32 epochs then the primary QAT's epochs, mean +- std over seeds
     curve_titles = {}
     for model in models:
@@ -868,10 +870,15 @@ def write_plots(grid, records, table, out):
         G += ['set style data lines', 'set style fill empty', 'unset xzeroaxis']
     for st in grid["studies"]:
         cols = [(model, bits) for model in st["models"] for bits in st["bits"]]
+        panels = [("", st["methods"], "all methods")]
+        if qat_methods(grid, st["methods"]) and ptq_methods(grid, st["methods"]):
+            panels.append(("_qat", qat_methods(grid, st["methods"]), "QAT methods only (zoomed)"))
         G += ['# study %s' % st["name"],
-              'set terminal pngcairo noenhanced size %d,560 font "sans,11"' % max(900, 110 * len(st["methods"]) * max(1, len(cols) // 2 + 1)),
+              'set terminal pngcairo noenhanced size %d,%d font "sans,11"'
+              % (max(900, 40 * len(st["methods"]) * (len(cols) + 1) + 120), 480 * len(panels) + 40),
               'set output "study_%s.png"' % st["name"],
-              'set title "%s: Q/DQ-graph accuracy minus fp32 (points, mean ± std over seeds)%s"' % (st["title"], tag),
+              'set multiplot layout %d,1 title "%s: Q/DQ-graph accuracy minus fp32 (points, mean ± std over '
+              'seeds)%s"' % (len(panels), st["title"], tag),
               'set style data histograms',
               'set style histogram errorbars gap 2 lw 1',
               'set style fill solid 0.8 border -1',
@@ -879,16 +886,18 @@ def write_plots(grid, records, table, out):
               'set key below horizontal',
               'set yrange [*:*]',
               'set xzeroaxis lt -1',
-              'set xtics rotate by -25 left',
+              'set xtics rotate by -20 left',
               'set ylabel "Q/DQ − fp32 (points)"']
-        parts = []
-        for k, (model, bits) in enumerate(cols):
-            c = 2 + 2 * k
-            parts.append('"plotdata/study_%s.dat" u %d:%d%s t "%s %s" lc rgb "%s"'
-                         % (st["name"], c, c + 1, ":xtic(1)" if k == 0 else "", model, bits_label(bits),
-                            model_colors[k % len(model_colors)]))
-        G += ['plot ' + ", \\\n     ".join(parts)]
-        G += ['set style data lines', 'set style fill empty', 'unset xzeroaxis', 'set xtics norotate']
+        for suffix, _, title in panels:
+            parts = []
+            for k, (model, bits) in enumerate(cols):
+                c = 2 + 2 * k
+                parts.append('"plotdata/study_%s%s.dat" u %d:%d%s t "%s %s" lc rgb "%s"'
+                             % (st["name"], suffix, c, c + 1, ":xtic(1)" if k == 0 else "", model,
+                                bits_label(bits), model_colors[k % len(model_colors)]))
+            G += ['set title "%s"' % title, 'plot ' + ", \\\n     ".join(parts)]
+        G += ['unset multiplot', 'set style data lines', 'set style fill empty', 'unset xzeroaxis',
+              'set xtics norotate']
     # training curves
     if pq:
         G += ['set terminal pngcairo noenhanced size %d,820 font "sans,11"' % (460 * len(models) + 40),

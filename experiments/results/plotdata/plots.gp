@@ -5,50 +5,84 @@ set grid ytics lc rgb "#dddddd"
 set key below horizontal maxcols 3 font ",10"
 set bars small
 # accuracy vs bit width
-set terminal pngcairo noenhanced size 1420,520 font "sans,11"
+set terminal pngcairo noenhanced size 1420,540 font "sans,11"
 set output "accuracy_vs_bits.png"
-set multiplot layout 1,3 title "Test accuracy vs bit width: PTQ and QAT (Q/DQ graph, mean ± std over 3 seeds)"
+set multiplot layout 1,3 title "Test accuracy vs bit width (Q/DQ graph, mean ± std over 3 seeds)"
 set xrange [-0.5:4.500000]
 set ylabel "test accuracy (%)"
 set xlabel "bit width (W: weights, A: activations)"
 set title "fashion_cnn"
-plot "plotdata/acc_fashion_cnn.dat" u 1:9:xtic(2) w lines dt 2 lw 2 lc rgb "#555555" t "fp32", \
-     "plotdata/acc_fashion_cnn.dat" u ($1-0.07):3:4 w yerrorlines pt 7 lw 2 lc rgb "#d62728" t "PTQ", \
-     "plotdata/acc_fashion_cnn.dat" u ($1-0.07):5 w points pt 6 ps 1.6 lc rgb "#d62728" t "PTQ int8 device", \
-     "plotdata/acc_fashion_cnn.dat" u ($1+0.07):6:7 w yerrorlines pt 5 lw 2 lc rgb "#1f77b4" t "QAT", \
-     "plotdata/acc_fashion_cnn.dat" u ($1+0.07):8 w points pt 4 ps 1.6 lc rgb "#1f77b4" t "QAT int8 device"
+plot "plotdata/acc_fashion_cnn.dat" u 1:3:xtic(2) w lines dt 2 lw 2 lc rgb "#555555" t "fp32", \
+     "plotdata/acc_fashion_cnn.dat" u ($1-0.070):5:6 w yerrorlines pt 7 lw 2 lc rgb "#d62728" t "PTQ", \
+     "plotdata/acc_fashion_cnn.dat" u ($1-0.070):7 w points pt 6 ps 1.6 lc rgb "#d62728" t "PTQ int8 device", \
+     "plotdata/acc_fashion_cnn.dat" u ($1+0.000):8:9 w yerrorlines pt 7 lw 2 lc rgb "#ff7f0e" t "PTQ-MSE", \
+     "plotdata/acc_fashion_cnn.dat" u ($1+0.000):10 w points pt 6 ps 1.6 lc rgb "#ff7f0e" t "PTQ-MSE int8 device", \
+     "plotdata/acc_fashion_cnn.dat" u ($1+0.070):11:12 w yerrorlines pt 5 lw 2 lc rgb "#1f77b4" t "QAT", \
+     "plotdata/acc_fashion_cnn.dat" u ($1+0.070):13 w points pt 4 ps 1.6 lc rgb "#1f77b4" t "QAT int8 device"
 set title "fashion_mlp"
-plot "plotdata/acc_fashion_mlp.dat" u 1:9:xtic(2) w lines dt 2 lw 2 lc rgb "#555555" t "fp32", \
-     "plotdata/acc_fashion_mlp.dat" u ($1-0.07):3:4 w yerrorlines pt 7 lw 2 lc rgb "#d62728" t "PTQ", \
-     "plotdata/acc_fashion_mlp.dat" u ($1-0.07):5 w points pt 6 ps 1.6 lc rgb "#d62728" t "PTQ int8 device", \
-     "plotdata/acc_fashion_mlp.dat" u ($1+0.07):6:7 w yerrorlines pt 5 lw 2 lc rgb "#1f77b4" t "QAT", \
-     "plotdata/acc_fashion_mlp.dat" u ($1+0.07):8 w points pt 4 ps 1.6 lc rgb "#1f77b4" t "QAT int8 device"
+plot "plotdata/acc_fashion_mlp.dat" u 1:3:xtic(2) w lines dt 2 lw 2 lc rgb "#555555" t "fp32", \
+     "plotdata/acc_fashion_mlp.dat" u ($1-0.070):5:6 w yerrorlines pt 7 lw 2 lc rgb "#d62728" t "PTQ", \
+     "plotdata/acc_fashion_mlp.dat" u ($1-0.070):7 w points pt 6 ps 1.6 lc rgb "#d62728" t "PTQ int8 device", \
+     "plotdata/acc_fashion_mlp.dat" u ($1+0.000):8:9 w yerrorlines pt 7 lw 2 lc rgb "#ff7f0e" t "PTQ-MSE", \
+     "plotdata/acc_fashion_mlp.dat" u ($1+0.000):10 w points pt 6 ps 1.6 lc rgb "#ff7f0e" t "PTQ-MSE int8 device", \
+     "plotdata/acc_fashion_mlp.dat" u ($1+0.070):11:12 w yerrorlines pt 5 lw 2 lc rgb "#1f77b4" t "QAT", \
+     "plotdata/acc_fashion_mlp.dat" u ($1+0.070):13 w points pt 4 ps 1.6 lc rgb "#1f77b4" t "QAT int8 device"
 set title "res_cnn"
-plot "plotdata/acc_res_cnn.dat" u 1:9:xtic(2) w lines dt 2 lw 2 lc rgb "#555555" t "fp32", \
-     "plotdata/acc_res_cnn.dat" u ($1-0.07):3:4 w yerrorlines pt 7 lw 2 lc rgb "#d62728" t "PTQ", \
-     "plotdata/acc_res_cnn.dat" u ($1-0.07):5 w points pt 6 ps 1.6 lc rgb "#d62728" t "PTQ int8 device", \
-     "plotdata/acc_res_cnn.dat" u ($1+0.07):6:7 w yerrorlines pt 5 lw 2 lc rgb "#1f77b4" t "QAT", \
-     "plotdata/acc_res_cnn.dat" u ($1+0.07):8 w points pt 4 ps 1.6 lc rgb "#1f77b4" t "QAT int8 device"
+plot "plotdata/acc_res_cnn.dat" u 1:3:xtic(2) w lines dt 2 lw 2 lc rgb "#555555" t "fp32", \
+     "plotdata/acc_res_cnn.dat" u ($1-0.070):5:6 w yerrorlines pt 7 lw 2 lc rgb "#d62728" t "PTQ", \
+     "plotdata/acc_res_cnn.dat" u ($1-0.070):7 w points pt 6 ps 1.6 lc rgb "#d62728" t "PTQ int8 device", \
+     "plotdata/acc_res_cnn.dat" u ($1+0.000):8:9 w yerrorlines pt 7 lw 2 lc rgb "#ff7f0e" t "PTQ-MSE", \
+     "plotdata/acc_res_cnn.dat" u ($1+0.000):10 w points pt 6 ps 1.6 lc rgb "#ff7f0e" t "PTQ-MSE int8 device", \
+     "plotdata/acc_res_cnn.dat" u ($1+0.070):11:12 w yerrorlines pt 5 lw 2 lc rgb "#1f77b4" t "QAT", \
+     "plotdata/acc_res_cnn.dat" u ($1+0.070):13 w points pt 4 ps 1.6 lc rgb "#1f77b4" t "QAT int8 device"
 unset multiplot
 unset xrange
 unset xlabel
-set terminal pngcairo noenhanced size 900,520 font "sans,11"
+set terminal pngcairo noenhanced size 1000,540 font "sans,11"
 set output "ptq_vs_qat.png"
 set title "QAT minus PTQ, Q/DQ-graph test accuracy (points, mean ± std over seeds)"
 set style data histograms
 set style histogram errorbars gap 2 lw 1
-set style fill solid 0.8 border -1
 set boxwidth 0.9
 set key inside top left
 set yrange [*:*]
 set xzeroaxis lt -1
 set ylabel "QAT − PTQ (points)"
-plot "plotdata/gain.dat" u 2:3:xtic(1) t "fashion_cnn" lc rgb "#1f77b4", \
-     "plotdata/gain.dat" u 4:5 t "fashion_mlp" lc rgb "#ff7f0e", \
-     "plotdata/gain.dat" u 6:7 t "res_cnn" lc rgb "#2ca02c"
+plot "plotdata/gain.dat" u 2:3:xtic(1) t "fashion_cnn vs PTQ" lc rgb "#1f77b4" fs solid 0.8 border -1, \
+     "plotdata/gain.dat" u 4:5 t "fashion_cnn vs PTQ-MSE" lc rgb "#1f77b4" fs pattern 2 border -1, \
+     "plotdata/gain.dat" u 6:7 t "fashion_mlp vs PTQ" lc rgb "#ff7f0e" fs solid 0.8 border -1, \
+     "plotdata/gain.dat" u 8:9 t "fashion_mlp vs PTQ-MSE" lc rgb "#ff7f0e" fs pattern 2 border -1, \
+     "plotdata/gain.dat" u 10:11 t "res_cnn vs PTQ" lc rgb "#2ca02c" fs solid 0.8 border -1, \
+     "plotdata/gain.dat" u 12:13 t "res_cnn vs PTQ-MSE" lc rgb "#2ca02c" fs pattern 2 border -1
 set style data lines
 set style fill empty
 unset xzeroaxis
+# study qat_knobs
+set terminal pngcairo noenhanced size 1400,1000 font "sans,11"
+set output "study_qat_knobs.png"
+set multiplot layout 2,1 title "QAT knobs at W4A4: STE vs LSQ, freeze schedules, initialization: Q/DQ-graph accuracy minus fp32 (points, mean ± std over seeds)"
+set style data histograms
+set style histogram errorbars gap 2 lw 1
+set style fill solid 0.8 border -1
+set boxwidth 0.9
+set key below horizontal
+set yrange [*:*]
+set xzeroaxis lt -1
+set xtics rotate by -20 left
+set ylabel "Q/DQ − fp32 (points)"
+set title "all methods"
+plot "plotdata/study_qat_knobs.dat" u 2:3:xtic(1) t "fashion_cnn W4A4" lc rgb "#1f77b4", \
+     "plotdata/study_qat_knobs.dat" u 4:5 t "fashion_mlp W4A4" lc rgb "#ff7f0e", \
+     "plotdata/study_qat_knobs.dat" u 6:7 t "res_cnn W4A4" lc rgb "#2ca02c"
+set title "QAT methods only (zoomed)"
+plot "plotdata/study_qat_knobs_qat.dat" u 2:3:xtic(1) t "fashion_cnn W4A4" lc rgb "#1f77b4", \
+     "plotdata/study_qat_knobs_qat.dat" u 4:5 t "fashion_mlp W4A4" lc rgb "#ff7f0e", \
+     "plotdata/study_qat_knobs_qat.dat" u 6:7 t "res_cnn W4A4" lc rgb "#2ca02c"
+unset multiplot
+set style data lines
+set style fill empty
+unset xzeroaxis
+set xtics norotate
 set terminal pngcairo noenhanced size 1420,820 font "sans,11"
 set output "qat_curves.png"
 set multiplot layout 2,3 title "Training curves: fp32 epochs, then QAT (mean ± std over seeds)"
