@@ -15,8 +15,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(build, cfg, extra):
-    out = tempfile.mkdtemp(prefix="bench_qat_")
+def run(build, cfg, extra, out=None):
+    out = out or tempfile.mkdtemp(prefix="bench_qat_")
     cmd = [os.path.join(build, "bin", "qat_train"), os.path.join(ROOT, "experiments", cfg), "output.progress=none",
            "output.dir=" + out] + extra
     subprocess.run(cmd, check=True, cwd=ROOT)
@@ -33,7 +33,7 @@ def main():
     base = tempfile.mkdtemp(prefix="bench_qat_fp32_")
     ck = os.path.join(base, "checkpoint.h5")
     common = ["data.train_limit=%d" % a.images, "data.test_limit=1000", "train.threads=2"]
-    run(a.build, "fashion_cnn_fp32.ini", common + ["train.epochs=1", "output.dir=" + base])
+    run(a.build, "fashion_cnn_fp32.ini", common + ["train.epochs=1"], out=base)
     plain = ["quant.learnable_scale=false", "quant.activation_observer=moving_average", "quant.freeze_bn_after=0"]
     fp32, qat, lsq = [], [], []
     for _ in range(a.repeat):
