@@ -223,13 +223,24 @@ void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, 
         int c = (int)(r % C);
         const float s = scale[c], inv_s = 1.0f / s, zpf = (float)zero_point[c];
         double as = 0, az = 0;
+        if (dzero_point) {
 #pragma omp simd reduction(+ : as, az)
-        for (int64_t i = start; i < stop; i++) {
-          float dx, ds, dz;
-          LSQ_ELEMENT(inp[i], dout[i], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
-          dinp[i] += dx;
-          as += ds;
-          az += dz;
+          for (int64_t i = start; i < stop; i++) {
+            float dx, ds, dz;
+            LSQ_ELEMENT(inp[i], dout[i], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
+            dinp[i] += dx;
+            as += ds;
+            az += dz;
+          }
+        } else { /* the zero point is not learned (symmetric LSQ): no dz sum to carry */
+#pragma omp simd reduction(+ : as)
+          for (int64_t i = start; i < stop; i++) {
+            float dx, ds, dz;
+            LSQ_ELEMENT(inp[i], dout[i], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
+            (void)dz;
+            dinp[i] += dx;
+            as += ds;
+          }
         }
         ps[c] += as;
         pz[c] += az;

@@ -112,6 +112,12 @@ static void run(const shape *sh, uint64_t seed) {
   qt_fake_quant_lsq_backward(g2, ds2, dz2, dy, x, sh->outer, C, sh->inner, scale, zp, qmin, qmax, gf);
   if (memcmp(ds, ds2, (size_t)C * sizeof(float)) || memcmp(dz, dz2, (size_t)C * sizeof(float)))
     qt_test_fail("%s lsq sums differ between two identical runs", what);
+  /* without a zero-point gradient (symmetric LSQ, a separate loop): the same dx and dscale bits */
+  memset(g2, 0, (size_t)n * sizeof(float));
+  memset(ds2, 0, (size_t)C * sizeof(float));
+  qt_fake_quant_lsq_backward(g2, ds2, NULL, dy, x, sh->outer, C, sh->inner, scale, zp, qmin, qmax, gf);
+  if (memcmp(ds, ds2, (size_t)C * sizeof(float)) || memcmp(g, g2, (size_t)n * sizeof(float)))
+    qt_test_fail("%s lsq without dzero_point: dx or dscale differ from the run with it", what);
 
   /* one thread gives the same elementwise results */
   int threads = omp_get_max_threads();
