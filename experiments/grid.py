@@ -187,9 +187,12 @@ def load_grid(path, quick):
     for key in grid["model_overrides"]:
         if key.split(":", 1)[0] not in defs:
             fail("[%s]: %r is not a method" % (key, key.split(":", 1)[0]))
-    labels = [defs[m]["label"] for m in defs]
-    if len(set(labels)) != len(labels):
-        fail("two methods share a label: %s" % ", ".join(labels))
+    seen = {}
+    for m in defs:
+        if defs[m]["label"] in seen:
+            fail("[%s] and [%s] share the label %r (tables and plots name methods by label)"
+                 % (seen[defs[m]["label"]], m, defs[m]["label"]))
+        seen[defs[m]["label"]] = m
     return grid
 
 
