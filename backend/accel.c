@@ -745,26 +745,11 @@ static void run_cpu(qt_accel *a, rt_value *rt, int i, const float *input, int N)
                         g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
                         g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, 0, at->momentum, at->eps, 0);
       break;
-    case QT_OP_RELU:
-      y = qt_relu(ctx, x, 0);
-      break;
-    case QT_OP_MAX_POOL2D:
-      y = qt_max_pool2d(ctx, x, at->kernel_h, at->stride_h, at->pad_h);
-      break;
-    case QT_OP_AVG_POOL2D:
-      y = qt_avg_pool2d(ctx, x, at->kernel_h, at->stride_h, at->pad_h);
-      break;
-    case QT_OP_GLOBAL_AVG_POOL:
-      y = qt_global_avg_pool(ctx, x);
-      break;
-    case QT_OP_FLATTEN:
-      y = qt_flatten(ctx, x);
-      break;
-    case QT_OP_ADD:
-      y = qt_add(ctx, x, wrap(ctx, fp32_of(a, rt, n->inputs[1], N), N, &g->values[n->inputs[1]]));
-      break;
     default:
-      QT_ASSERT(0, "accelerator runtime: node %s (%s) has no CPU executor", n->name, qt_op_name(n->op));
+      y = qt_apply_simple_op(
+          ctx, n->op, at, x,
+          n->op == QT_OP_ADD ? wrap(ctx, fp32_of(a, rt, n->inputs[1], N), N, &g->values[n->inputs[1]]) : NULL, 0);
+      QT_ASSERT(y, "accelerator runtime: node %s (%s) has no CPU executor", n->name, qt_op_name(n->op));
   }
   out->f = qt_f32(y);
 }

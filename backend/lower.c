@@ -687,23 +687,11 @@ static void *run_fallback(const step *s, qt_ctx *ctx, void **bufs, int N) {
       y = qt_batch_norm(ctx, x, gm, bt, s->mean, s->var, 0, a->momentum, a->eps, 0);
       break;
     }
-    case QT_OP_RELU:
-      y = qt_relu(ctx, x, 0);
-      break;
-    case QT_OP_MAX_POOL2D:
-      y = qt_max_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h);
-      break;
-    case QT_OP_AVG_POOL2D:
-      y = qt_avg_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h);
-      break;
-    case QT_OP_GLOBAL_AVG_POOL:
-      y = qt_global_avg_pool(ctx, x);
-      break;
-    case QT_OP_ADD:
-      y = qt_add(ctx, x, wrap(ctx, bufs[s->in[1]], N, s->in_ndim[1], s->in_shape[1]));
-      break;
     default:
-      QT_ASSERT(0, "lowered fallback step with op %s has no executor", qt_op_name(s->op_kind));
+      y = qt_apply_simple_op(ctx, s->op_kind, a, x,
+                             s->op_kind == QT_OP_ADD ? wrap(ctx, bufs[s->in[1]], N, s->in_ndim[1], s->in_shape[1]) : NULL,
+                             0);
+      QT_ASSERT(y, "lowered fallback step with op %s has no executor", qt_op_name(s->op_kind));
   }
   return y->data;
 }

@@ -515,6 +515,25 @@ static qt_tensor *effective_weight(qt_graph *g, qt_ctx *ctx, qt_node *n, qt_tens
   return qt_fake_quant(ctx, w, 1, q->channels, inner, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
 }
 
+qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_tensor *x, qt_tensor *x2, int inplace) {
+  switch (op) {
+    case QT_OP_RELU:
+      return qt_relu(ctx, x, inplace);
+    case QT_OP_MAX_POOL2D:
+      return qt_max_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h);
+    case QT_OP_AVG_POOL2D:
+      return qt_avg_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h);
+    case QT_OP_GLOBAL_AVG_POOL:
+      return qt_global_avg_pool(ctx, x);
+    case QT_OP_FLATTEN:
+      return qt_flatten(ctx, x);
+    case QT_OP_ADD:
+      return x2 ? qt_add(ctx, x, x2) : NULL;
+    default:
+      return NULL;
+  }
+}
+
 qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input) {
   return qt_graph_forward_values(g, ctx, input, NULL);
 }
@@ -577,19 +596,13 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
                           a->momentum, a->eps, relu_inplace_ok(g, n->inputs[0]));
         break;
       case QT_OP_RELU:
-        y = qt_relu(ctx, x, relu_inplace_ok(g, n->inputs[0]));
-        break;
       case QT_OP_MAX_POOL2D:
-        y = qt_max_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h);
-        break;
       case QT_OP_AVG_POOL2D:
-        y = qt_avg_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h);
-        break;
       case QT_OP_GLOBAL_AVG_POOL:
-        y = qt_global_avg_pool(ctx, x);
-        break;
       case QT_OP_FLATTEN:
-        y = qt_flatten(ctx, x);
+      case QT_OP_ADD:
+        y = qt_apply_simple_op(ctx, n->op, a, x, n->op == QT_OP_ADD ? vals[n->inputs[1]] : NULL,
+                               n->op == QT_OP_RELU && relu_inplace_ok(g, n->inputs[0]));
         break;
       case QT_OP_LINEAR: {
         qt_tensor *w = effective_weight(g, ctx, n, param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
@@ -597,9 +610,6 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
         y = qt_linear(ctx, x, w, param_tensor(g, ctx, n->param[QT_P_BIAS]));
         break;
       }
-      case QT_OP_ADD:
-        y = qt_add(ctx, x, vals[n->inputs[1]]);
-        break;
       case QT_OP_FAKE_QUANT: {
         qt_qstate *q = n->q;
         const int64_t numel = qt_tensor_numel(x), outer = numel / q->channels;

@@ -186,6 +186,10 @@ void qt_graph_set_training(qt_graph *g, int training);
 /* Runs the graph on input (N, H, W, C). With ctx's grad mode on, records the tape; parameter
  * gradients accumulate into g->grads. Returns the output tensor (arena), or NULL with the
  * reason in g->error (e.g. an observer saw NaN: the message names the node). */
+/* The parameter-free ops on tensors: relu (in place when `inplace`), max/avg/global-average
+ * pool, flatten, add (x + x2). One definition for this executor and the backends' fp32
+ * fallbacks; NULL for any other op. */
+qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_tensor *x, qt_tensor *x2, int inplace);
 qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input);
 /* Like qt_graph_forward, also filling values[v] (arena tensors, n_values entries) for every
  * value, for per-node comparisons. */
