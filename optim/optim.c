@@ -5,6 +5,7 @@
  * and rounded to float once, as PyTorch does when it hands a Python number to a float kernel.
  * (fmaf is a single instruction with -march=native on FMA hardware, a libm call otherwise.) */
 #include "optim/optim.h"
+#include "optim/optim_internal.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -45,18 +46,20 @@ const char *qt_optim_kind_name(qt_optim_kind k) {
   return (unsigned)k < QT_OPTIM_COUNT ? optim_kind_names[k] : "?";
 }
 
-int qt_optim_kind_parse(const char *name, qt_optim_kind *out) {
-  for (int k = 0; k < QT_OPTIM_COUNT; k++) {
-    if (name && strcmp(name, optim_kind_names[k]) == 0) {
-      *out = (qt_optim_kind)k;
-      return 0;
-    }
-  }
+int qt_optim_name_index(const char *const *names, int n, const char *name) {
+  for (int k = 0; k < n; k++)
+    if (name && strcmp(name, names[k]) == 0) return k;
   return -1;
 }
 
-static int fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(char *err, const char *fmt, ...) {
+int qt_optim_kind_parse(const char *name, qt_optim_kind *out) {
+  int k = qt_optim_name_index(optim_kind_names, QT_OPTIM_COUNT, name);
+  if (k < 0) return -1;
+  *out = (qt_optim_kind)k;
+  return 0;
+}
+
+int qt_optim_fail(char *err, const char *fmt, ...) {
   if (err) {
     va_list ap;
     va_start(ap, fmt);
@@ -68,25 +71,25 @@ static int fail(char *err, const char *fmt, ...) {
 
 int qt_optim_config_check(const qt_optim_config *cfg, char *err) {
   if ((unsigned)cfg->kind >= QT_OPTIM_COUNT)
-    return fail(err, "optim: kind: expected sgd or adamw, found %d", (int)cfg->kind);
+    return qt_optim_fail(err, "optim: kind: expected sgd or adamw, found %d", (int)cfg->kind);
   if (!(cfg->weight_decay >= 0 && isfinite(cfg->weight_decay)))
-    return fail(err, "optim: weight_decay: expected a finite number >= 0, found %g", cfg->weight_decay);
+    return qt_optim_fail(err, "optim: weight_decay: expected a finite number >= 0, found %g", cfg->weight_decay);
   if (cfg->kind == QT_OPTIM_SGD) {
     if (!(cfg->momentum >= 0 && isfinite(cfg->momentum)))
-      return fail(err, "optim: momentum: expected a finite number >= 0, found %g", cfg->momentum);
+      return qt_optim_fail(err, "optim: momentum: expected a finite number >= 0, found %g", cfg->momentum);
     if (!isfinite(cfg->dampening))
-      return fail(err, "optim: dampening: expected a finite number, found %g", cfg->dampening);
+      return qt_optim_fail(err, "optim: dampening: expected a finite number, found %g", cfg->dampening);
     if (cfg->nesterov && !(cfg->momentum > 0 && cfg->dampening == 0))
-      return fail(err,
+      return qt_optim_fail(err,
                   "optim: nesterov: expected momentum > 0 and dampening 0, found momentum %g, dampening %g",
                   cfg->momentum, cfg->dampening);
   } else {
     if (!(cfg->beta1 >= 0 && cfg->beta1 < 1))
-      return fail(err, "optim: beta1: expected a number in [0, 1), found %g", cfg->beta1);
+      return qt_optim_fail(err, "optim: beta1: expected a number in [0, 1), found %g", cfg->beta1);
     if (!(cfg->beta2 >= 0 && cfg->beta2 < 1))
-      return fail(err, "optim: beta2: expected a number in [0, 1), found %g", cfg->beta2);
+      return qt_optim_fail(err, "optim: beta2: expected a number in [0, 1), found %g", cfg->beta2);
     if (!(cfg->eps >= 0 && isfinite(cfg->eps)))
-      return fail(err, "optim: eps: expected a finite number >= 0, found %g", cfg->eps);
+      return qt_optim_fail(err, "optim: eps: expected a finite number >= 0, found %g", cfg->eps);
   }
   return 0;
 }

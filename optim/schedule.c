@@ -2,9 +2,9 @@
  * step can be evaluated directly and a resumed run needs no scheduler state. PyTorch's
  * schedulers update recursively; tests/optim checks both agree to float precision. */
 #include "optim/optim.h"
+#include "optim/optim_internal.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,47 +17,34 @@ _Static_assert(sizeof lr_kind_names / sizeof lr_kind_names[0] == QT_LR_COUNT, "l
 const char *qt_lr_kind_name(qt_lr_kind k) { return (unsigned)k < QT_LR_COUNT ? lr_kind_names[k] : "?"; }
 
 int qt_lr_kind_parse(const char *name, qt_lr_kind *out) {
-  for (int k = 0; k < QT_LR_COUNT; k++) {
-    if (name && strcmp(name, lr_kind_names[k]) == 0) {
-      *out = (qt_lr_kind)k;
-      return 0;
-    }
-  }
-  return -1;
+  int k = qt_optim_name_index(lr_kind_names, QT_LR_COUNT, name);
+  if (k < 0) return -1;
+  *out = (qt_lr_kind)k;
+  return 0;
 }
 
-static int fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(char *err, const char *fmt, ...) {
-  if (err) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, QT_ERR_LEN, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 int qt_lr_schedule_check(const qt_lr_schedule *s, char *err) {
   if ((unsigned)s->kind >= QT_LR_COUNT)
-    return fail(err, "lr schedule: kind: expected constant, step, cosine or linear, found %d", (int)s->kind);
+    return qt_optim_fail(err, "lr schedule: kind: expected constant, step, cosine or linear, found %d", (int)s->kind);
   if (!(s->base_lr >= 0 && isfinite(s->base_lr)))
-    return fail(err, "lr schedule: base_lr: expected a finite number >= 0, found %g", s->base_lr);
+    return qt_optim_fail(err, "lr schedule: base_lr: expected a finite number >= 0, found %g", s->base_lr);
   if (s->warmup_steps < 0)
-    return fail(err, "lr schedule: warmup_steps: expected >= 0, found %lld", (long long)s->warmup_steps);
+    return qt_optim_fail(err, "lr schedule: warmup_steps: expected >= 0, found %lld", (long long)s->warmup_steps);
   switch (s->kind) {
   case QT_LR_COSINE:
   case QT_LR_LINEAR:
     if (!(s->min_lr >= 0 && isfinite(s->min_lr)))
-      return fail(err, "lr schedule: min_lr: expected a finite number >= 0, found %g", s->min_lr);
+      return qt_optim_fail(err, "lr schedule: min_lr: expected a finite number >= 0, found %g", s->min_lr);
     if (s->total_steps <= s->warmup_steps)
-      return fail(err, "lr schedule: total_steps: expected more than warmup_steps (%lld) for %s, found %lld",
+      return qt_optim_fail(err, "lr schedule: total_steps: expected more than warmup_steps (%lld) for %s, found %lld",
                   (long long)s->warmup_steps, qt_lr_kind_name(s->kind), (long long)s->total_steps);
     break;
   case QT_LR_STEP:
     if (s->step_size < 1)
-      return fail(err, "lr schedule: step_size: expected >= 1, found %lld", (long long)s->step_size);
+      return qt_optim_fail(err, "lr schedule: step_size: expected >= 1, found %lld", (long long)s->step_size);
     if (!(s->gamma >= 0 && isfinite(s->gamma)))
-      return fail(err, "lr schedule: gamma: expected a finite number >= 0, found %g", s->gamma);
+      return qt_optim_fail(err, "lr schedule: gamma: expected a finite number >= 0, found %g", s->gamma);
     break;
   default: break;
   }
