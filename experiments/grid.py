@@ -4,6 +4,7 @@
     /usr/bin/python3 experiments/grid.py                 # the full grid -> experiments/results/
     /usr/bin/python3 experiments/grid.py --quick --check # CI-sized grid -> runs/grid_quick/results/
     /usr/bin/python3 experiments/grid.py --report-only   # redraw tables and plots from the runs
+    /usr/bin/python3 experiments/grid.py --models fashion_cnn --seeds 0 --resume  # a slice -> runs/grid_slice/
 
 The grid is experiments/grid/grid.ini. A method is a named recipe ([ptq], [ptq_mse], [qat],
 ...: mode ptq|qat, a label, qat_train overrides). The main table is models x methods x bit
@@ -194,6 +195,37 @@ def load_grid(path, quick):
                  % (seen[defs[m]["label"]], m, defs[m]["label"]))
         seen[defs[m]["label"]] = m
     return grid
+
+
+def restrict(grid, models, seeds):
+    """--models / --seeds: keep only those, in the main table, the studies and PTQ debugging."""
+    if models:
+        keep = split_list(models)
+        known = set(grid["models"]) | {m for st in grid["studies"] for m in st["models"]}
+        for m in keep:
+            if m not in known:
+                sys.exit("grid: --models: %r is not a model of the grid (%s)" % (m, ", ".join(sorted(known))))
+        grid["models"] = [m for m in grid["models"] if m in keep]
+        for st in grid["studies"]:
+            st["models"] = [m for m in st["models"] if m in keep]
+        grid["studies"] = [st for st in grid["studies"] if st["models"]]
+        if grid["debug"]:
+            grid["debug"]["models"] = [m for m in grid["debug"]["models"] if m in keep]
+            if not grid["debug"]["models"]:
+                grid["debug"] = None
+        if not grid["models"]:
+            sys.exit("grid: --models leaves the main table empty")
+    if seeds:
+        try:
+            keep = [int(x) for x in split_list(seeds)]
+        except ValueError:
+            sys.exit("grid: --seeds: %r is not a list of integers" % seeds)
+        for x in keep:
+            if x not in grid["seeds"]:
+                sys.exit("grid: --seeds: %d is not a seed of the grid (%s)" % (x, grid["seeds"]))
+        grid["seeds"] = [x for x in grid["seeds"] if x in keep]
+        if grid["debug"] and grid["debug"]["seed"] not in grid["seeds"]:
+            grid["debug"] = None
 
 
 def mode(grid, method):
@@ -1064,7 +1096,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(REPO, "build"),
                     help="build directory holding bin/qat_train (default: build/)")
     ap.add_argument("--out", help="results folder (default: experiments/results/; with --quick "
-                    "runs/grid_quick/results/)")
+                    "runs/grid_quick/results/; with --models/--seeds runs/grid_slice/results/)")
     ap.add_argument("--runs", help="run directories (default: runs/grid/, with --quick "
                     "runs/grid_quick/runs/, OUT/runs/ when --out is given)")
     ap.add_argument("--resume", action="store_true",
@@ -1072,17 +1104,23 @@ def main():
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing; write tables and plots from the existing runs")
     ap.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    ap.add_argument("--models", help="only these models (comma-separated), in every table")
+    ap.add_argument("--seeds", help="only these seeds (comma-separated)")
     ap.add_argument("--check", action="store_true",
                     help="validate the outputs; exit 1 if anything is missing or wrong")
     a = ap.parse_args()
 
     grid = load_grid(os.path.abspath(a.config), a.quick)
+    restrict(grid, a.models, a.seeds)
     if a.out:
         out = os.path.abspath(a.out)
         runs = os.path.abspath(a.runs) if a.runs else os.path.join(out, "runs")
     elif a.quick:  # not committed: experiments/results/ holds the full grid's results
         out = os.path.join(REPO, "runs", "grid_quick", "results")
         runs = os.path.abspath(a.runs) if a.runs else os.path.join(REPO, "runs", "grid_quick", "runs")
+    elif a.models or a.seeds:  # a slice never overwrites the committed full results
+        out = os.path.join(REPO, "runs", "grid_slice", "results")
+        runs = os.path.abspath(a.runs) if a.runs else os.path.join(REPO, "runs", "grid")
     else:
         out = os.path.join(REPO, "experiments", "results")
         runs = os.path.abspath(a.runs) if a.runs else os.path.join(REPO, "runs", "grid")
