@@ -663,8 +663,9 @@ def write_outputs(grid, records, table, out, runs, started, elapsed):
     shown = list(grid["methods"]) + [m for st in grid["studies"] for m in st["methods"]]
     for m in [m for i, m in enumerate(shown) if m not in shown[:i]]:
         d = grid["method_defs"][m]
-        L.append("- %s (%s%s): `%s`." % (d["label"], d["mode"].upper(), ("; " + d["about"]) if d["about"] else "",
-                                         " ".join(d["overrides"])))
+        L.append("- **%s** (%s run)%s overrides `%s`." % (d["label"], d["mode"].upper(),
+                                                         (": " + d["about"] + ";") if d["about"] else ":",
+                                                         " ".join(d["overrides"])))
     L.append("- Every run: `%s`, one run at a time." % " ".join(
         ["train.threads=%d" % grid["threads"]] + grid["overrides"] + grid["quick_overrides"]
         + ["%s=%s" % kv for kv in sorted(grid["env"].items())]))
