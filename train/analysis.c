@@ -384,9 +384,11 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
   qt_strbuf_printf(&md, "Evaluated on the first %lld test images. fp32 accuracy: **%.2f%%**. Configured calibration: %s, %d batches "
           "of %d.\n\n",
      (long long)sub.n, 100 * ref.accuracy, config_method(cfg), cal, lc->batch_size);
-  qt_strbuf_printf(&js, "{\n  \"model\": \"%s\",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n  \"images\": %lld,\n"
+  qt_strbuf_printf(&js, "{\n  \"model\": ");
+  qt_strbuf_json_string(&js, fp32->name);
+  qt_strbuf_printf(&js, ",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n  \"images\": %lld,\n"
           "  \"fp32_accuracy\": %.6f,\n  \"fp32_model_bytes\": %lld",
-     fp32->name, wb, ab, (long long)sub.n, ref.accuracy, (long long)fp32_bytes);
+     wb, ab, (long long)sub.n, ref.accuracy, (long long)fp32_bytes);
 
   /* 1. calibration methods x batches: one cumulative calibration pass per method */
   if (n_methods > 0) {
@@ -453,8 +455,9 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
       snprintf(sens[L].name, sizeof sens[L].name, "%s", layers[L]);
       sens[L].drop = 100 * (ref.accuracy - sens[L].acc);
       qt_strbuf_printf(&md, "| %s | %.2f | %.2f |\n", layers[L], 100 * sens[L].acc, sens[L].drop);
-      qt_strbuf_printf(&js, "%s\n    {\"layer\": \"%s\", \"accuracy\": %.6f, \"drop_points\": %.4f}", L ? "," : "", layers[L],
-         sens[L].acc, sens[L].drop);
+      qt_strbuf_printf(&js, "%s\n    {\"layer\": ", L ? "," : "");
+      qt_strbuf_json_string(&js, layers[L]);
+      qt_strbuf_printf(&js, ", \"accuracy\": %.6f, \"drop_points\": %.4f}", sens[L].acc, sens[L].drop);
       if (verbose) fprintf(stderr, "analysis: only %s quantized: %.2f%%\n", layers[L], 100 * sens[L].acc);
     }
     qt_strbuf_printf(&md, "\n");
@@ -478,13 +481,12 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
     qt_strbuf_printf(&js, ",\n  \"mixed_precision\": {\"keep\": \"%s\", \"rows\": [", keep);
     for (int q = 0; q < n_ks; q++) {
       int k = ks[q] > n_layers ? n_layers : ks[q];
-      char ov[4096] = "", names[4096] = "", jnames[4096] = "";
-      size_t len = 0, nl = 0, jl = 0;
+      char ov[4096] = "", names[4096] = "";
+      size_t len = 0, nl = 0;
       for (int i = 0; i < k; i++) {
         const char *nm = layers[order[i]];
         len += (size_t)snprintf(ov + len, sizeof ov - len, "%s%s=%s", len ? ";" : "", nm, keep);
         nl += (size_t)snprintf(names + nl, sizeof names - nl, "%s%s", nl ? ", " : "", nm);
-        jl += (size_t)snprintf(jnames + jl, sizeof jnames - jl, "%s\"%s\"", jl ? ", " : "", nm);
       }
       c = clone_config(cfg, err);
       if (!c || qt_config_set(c, "quant", "layer_overrides", ov, err)) goto out;
@@ -498,8 +500,12 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
       c = NULL;
       qt_strbuf_printf(&md, "| %d | %s | %.2f | %lld | %.1f%% |\n", k, k ? names : "(none)", 100 * acc, (long long)bytes,
          100.0 * (double)bytes / (double)fp32_bytes);
-      qt_strbuf_printf(&js, "%s\n    {\"k\": %d, \"kept\": [%s], \"accuracy\": %.6f, \"model_bytes\": %lld}", q ? "," : "", k, jnames,
-         acc, (long long)bytes);
+      qt_strbuf_printf(&js, "%s\n    {\"k\": %d, \"kept\": [", q ? "," : "", k);
+      for (int i = 0; i < k; i++) {
+        if (i) qt_strbuf_printf(&js, ", ");
+        qt_strbuf_json_string(&js, layers[order[i]]);
+      }
+      qt_strbuf_printf(&js, "], \"accuracy\": %.6f, \"model_bytes\": %lld}", acc, (long long)bytes);
       if (verbose) fprintf(stderr, "analysis: mixed precision k=%d: %.2f%%, %lld bytes\n", k, 100 * acc, (long long)bytes);
     }
     qt_strbuf_printf(&md, "\n");
