@@ -6,6 +6,8 @@
 
 #include "eval/report.h"
 
+enum { QT_REPORT_MAX_BATCH = 64 };
+
 const char *qt_point_kind_name(qt_point_kind k) {
   static const char *const names[] = {"activation", "weight", "output"};
   _Static_assert(sizeof names / sizeof names[0] == QT_POINT_KIND_COUNT, "point kind names out of sync");
@@ -185,6 +187,9 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_da
   cfg.shuffle = 0;
   cfg.crop_pad = 0;
   cfg.flip = 0;
+  /* Every number here is per image, so the batch only sets the memory: the fp32 and Q/DQ graphs
+   * keep all their values of a batch side by side (at 256 that was ~150 MB for FashionCNN). */
+  if (cfg.batch_size > QT_REPORT_MAX_BATCH) cfg.batch_size = QT_REPORT_MAX_BATCH;
   l = qt_loader_create(ds, &cfg, err);
   if (!l) goto done;
   out = malloc((size_t)cfg.batch_size * (size_t)classes * sizeof(float));

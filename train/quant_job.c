@@ -182,6 +182,8 @@ int qt_quant_finish(const qt_config *cfg, qt_graph *p, const qt_dataset *test, c
   rc = qt_evaluate(loaded, ctx, test, ec, &res->qdq, err);
   qt_graph_set_training(loaded, 0);
   if (!rc) {
+    /* the check runs both graphs in arenas of its own: hand the evaluation arena back first */
+    qt_ctx_release(ctx);
     int n = qt_config_int(cfg, "quant", "check_batch");
     if (n > test->n) n = (int)test->n;
     qt_loader_config lc = *ec;
