@@ -1,6 +1,6 @@
 /* PTQ debugging (train/analysis.h): calibration sweep, per-node SQNR, one-layer sensitivity,
  * mixed precision. Each variant is a sub-config of the run's config (different [quant] keys)
- * prepared with qt_quant_prepare and calibrated like qt_quant_calibrate does. */
+ * prepared with qt_quant_prepare and calibrated with qt_quant_calibrate_until. */
 #include "train/analysis.h"
 
 #include <math.h>
@@ -231,33 +231,15 @@ static qt_graph *calibrate_eval(const qt_config *c, const qt_graph *fp32, const 
     return NULL;
   }
   qt_loader_start_epoch(l, 0);
-  int done = 0, rc = 0, exhausted = 0;
+  int done = 0, rc = 0;
   for (int k = 0; k < n_counts && !rc; k++) {
-    qt_calibration_mode(p);
-    qt_ctx_set_grad(ctx, 0);
-    const float *x;
-    const int32_t *labels;
-    int B;
-    while (!exhausted && done < counts[k]) {
-      if ((B = qt_loader_next(l, &x, &labels)) <= 0) {
-        exhausted = 1;
-        break;
-      }
-      qt_ctx_reset(ctx);
-      int64_t shape[4] = {B, train->h, train->w, train->c};
-      if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x))) {
-        snprintf(err, QT_ERR_LEN, "analysis: calibration batch %d: %s", done + 1, p->error);
-        rc = -1;
-        break;
-      }
-      done++;
+    if (qt_quant_calibrate_until(p, l, train, ctx, counts[k], &done, err)) {
+      char why[QT_ERR_LEN];
+      snprintf(why, sizeof why, "%s", err);
+      snprintf(err, QT_ERR_LEN, "analysis: %s", why);
+      rc = -1;
+      break;
     }
-    qt_ctx_reset(ctx);
-    qt_ctx_set_grad(ctx, 1);
-    qt_set_observers(p, 0);
-    qt_set_fake_quant(p, 1);
-    qt_graph_set_training(p, 1);
-    if (rc) break;
     qt_eval_result r;
     if (qt_evaluate(p, ctx, sub, ec, &r, err)) {
       rc = -1;

@@ -119,41 +119,48 @@ qt_graph *qt_quant_prepare(const qt_config *cfg, const qt_graph *g, FILE *report
   return p;
 }
 
-void qt_calibration_mode(qt_graph *p) {
+/* Observers run, fake quant is off, BN stays in eval (its running statistics are used). */
+static void calibration_mode(qt_graph *p) {
   qt_graph_set_training(p, 0);
   for (int i = 0; i < p->n_nodes; i++)
-    if (p->nodes[i].q || p->nodes[i].wq) p->nodes[i].training = 1; /* observers run, BN stays in eval */
+    if (p->nodes[i].q || p->nodes[i].wq) p->nodes[i].training = 1;
   qt_set_observers(p, 1);
   qt_set_fake_quant(p, 0);
 }
 
-int qt_quant_calibrate(const qt_config *cfg, qt_graph *p, const qt_dataset *train, const qt_loader_config *lc,
-                       qt_ctx *ctx, int verbose, char *err) {
-  int batches = qt_config_int(cfg, "quant", "calibration_batches");
-  qt_loader *l = qt_loader_create(train, lc, err);
-  if (!l) return -1;
-  qt_calibration_mode(p);
+int qt_quant_calibrate_until(qt_graph *p, qt_loader *l, const qt_dataset *train, qt_ctx *ctx, int until, int *done,
+                             char *err) {
+  calibration_mode(p);
   qt_ctx_set_grad(ctx, 0);
-  qt_loader_start_epoch(l, 0);
   const float *images;
   const int32_t *labels;
-  int B, done = 0, rc = 0;
-  while (done < batches && (B = qt_loader_next(l, &images, &labels)) > 0) {
+  int B, rc = 0;
+  while (*done < until && (B = qt_loader_next(l, &images, &labels)) > 0) {
     qt_ctx_reset(ctx);
     int64_t shape[4] = {B, train->h, train->w, train->c};
     if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)images))) {
-      snprintf(err, QT_ERR_LEN, "calibration batch %d: %s", done + 1, p->error);
+      snprintf(err, QT_ERR_LEN, "calibration batch %d: %s", *done + 1, p->error);
       rc = -1;
       break;
     }
-    done++;
+    (*done)++;
   }
   qt_ctx_reset(ctx);
   qt_ctx_set_grad(ctx, 1);
-  qt_loader_free(l);
   qt_set_observers(p, 0);
   qt_set_fake_quant(p, 1);
   qt_graph_set_training(p, 1);
+  return rc;
+}
+
+int qt_quant_calibrate(const qt_config *cfg, qt_graph *p, const qt_dataset *train, const qt_loader_config *lc,
+                       qt_ctx *ctx, int verbose, char *err) {
+  qt_loader *l = qt_loader_create(train, lc, err);
+  if (!l) return -1;
+  qt_loader_start_epoch(l, 0);
+  int done = 0;
+  int rc = qt_quant_calibrate_until(p, l, train, ctx, qt_config_int(cfg, "quant", "calibration_batches"), &done, err);
+  qt_loader_free(l);
   if (!rc && verbose) fprintf(stderr, "quant: calibrated on %d batches\n", done);
   return rc;
 }

@@ -25,7 +25,12 @@ int qt_quant_ensure_fp32(const qt_config *cfg, int verbose, char *err);
 /* The above, then loads the checkpoint into g (nothing to load: g keeps its initialization). */
 int qt_quant_obtain_fp32(const qt_config *cfg, qt_graph *g, int verbose, char *err);
 qt_graph *qt_quant_prepare(const qt_config *cfg, const qt_graph *g, FILE *report, char *err);
-void qt_calibration_mode(qt_graph *p);
+/* Calibrates p on the next batches of the started loader l (observers on, fake quant off, BN
+ * in eval) until *done (counted across calls) reaches `until` or the epoch ends, then leaves p
+ * in training mode with fake quant on and observers off. -1 with err on a forward error. */
+int qt_quant_calibrate_until(qt_graph *p, qt_loader *l, const qt_dataset *train, qt_ctx *ctx, int until, int *done,
+                             char *err);
+/* quant.calibration_batches training batches (lc, epoch 0) through qt_quant_calibrate_until. */
 int qt_quant_calibrate(const qt_config *cfg, qt_graph *p, const qt_dataset *train, const qt_loader_config *lc,
                        qt_ctx *ctx, int verbose, char *err);
 int qt_quant_finish(const qt_config *cfg, qt_graph *p, const qt_dataset *test, const qt_loader_config *ec,
