@@ -184,6 +184,27 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
   }
 }
 
+/* Empty annotations for g (no points, nothing shared, every node its own unit) and the two
+ * per-node work arrays both quantizers fill: last[i] (the last node of the unit headed by i,
+ * initially i) and quantized_unit[i] (0). The caller frees the work arrays. */
+static void annotations_init(qt_annotations *out, const qt_graph *g, int **last, int **quantized_unit) {
+  out->n_values = g->n_values;
+  out->n_nodes = g->n_nodes;
+  out->act = calloc((size_t)g->n_values, sizeof(int));
+  out->act_spec = calloc((size_t)g->n_values, sizeof(qt_qspec));
+  out->share = malloc((size_t)g->n_values * sizeof(int));
+  out->weight = calloc((size_t)g->n_nodes, sizeof(int));
+  out->weight_spec = calloc((size_t)g->n_nodes, sizeof(qt_qspec));
+  out->unit = malloc((size_t)g->n_nodes * sizeof(int));
+  *last = malloc((size_t)g->n_nodes * sizeof(int));
+  *quantized_unit = calloc((size_t)g->n_nodes, sizeof(int));
+  QT_ASSERT(out->act && out->act_spec && out->share && out->weight && out->weight_spec && out->unit && *last &&
+                *quantized_unit,
+            "out of memory");
+  for (int v = 0; v < g->n_values; v++) out->share[v] = -1;
+  for (int i = 0; i < g->n_nodes; i++) out->unit[i] = (*last)[i] = i;
+}
+
 int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_annotations *out, char *err) {
   memset(out, 0, sizeof *out);
   if (cfg->weight_bits < 2 || cfg->weight_bits > 8 || cfg->activation_bits < 2 || cfg->activation_bits > 8) {
@@ -197,22 +218,10 @@ int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_an
                g->name);
       return -1;
     }
-  out->n_values = g->n_values;
-  out->n_nodes = g->n_nodes;
-  out->act = calloc((size_t)g->n_values, sizeof(int));
-  out->act_spec = calloc((size_t)g->n_values, sizeof(qt_qspec));
-  out->share = malloc((size_t)g->n_values * sizeof(int));
-  out->weight = calloc((size_t)g->n_nodes, sizeof(int));
-  out->weight_spec = calloc((size_t)g->n_nodes, sizeof(qt_qspec));
-  out->unit = malloc((size_t)g->n_nodes * sizeof(int));
-  QT_ASSERT(out->act && out->act_spec && out->share && out->weight && out->weight_spec && out->unit, "out of memory");
-  for (int v = 0; v < g->n_values; v++) out->share[v] = -1;
-  for (int i = 0; i < g->n_nodes; i++) out->unit[i] = i;
+  int *last, *quantized_unit;
+  annotations_init(out, g, &last, &quantized_unit);
 
   /* Units: conv -> bn -> relu, conv -> relu, linear -> relu, add -> relu. */
-  int *last = malloc((size_t)g->n_nodes * sizeof(int)); /* last node of the unit headed here */
-  int *quantized_unit = calloc((size_t)g->n_nodes, sizeof(int));
-  for (int i = 0; i < g->n_nodes; i++) last[i] = i;
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     if (out->unit[i] != i) continue;
@@ -374,21 +383,8 @@ int qt_quantizer_from_backend(const qt_graph *g, const qt_backend_desc *d, const
       return -1;
     }
   }
-  out->n_values = g->n_values;
-  out->n_nodes = g->n_nodes;
-  out->act = calloc((size_t)g->n_values, sizeof(int));
-  out->act_spec = calloc((size_t)g->n_values, sizeof(qt_qspec));
-  out->share = malloc((size_t)g->n_values * sizeof(int));
-  out->weight = calloc((size_t)g->n_nodes, sizeof(int));
-  out->weight_spec = calloc((size_t)g->n_nodes, sizeof(qt_qspec));
-  out->unit = malloc((size_t)g->n_nodes * sizeof(int));
-  int *last = malloc((size_t)g->n_nodes * sizeof(int));
-  int *quantized_unit = calloc((size_t)g->n_nodes, sizeof(int));
-  QT_ASSERT(out->act && out->act_spec && out->share && out->weight && out->weight_spec && out->unit && last &&
-                quantized_unit,
-            "out of memory");
-  for (int v = 0; v < g->n_values; v++) out->share[v] = -1;
-  for (int i = 0; i < g->n_nodes; i++) out->unit[i] = last[i] = i;
+  int *last, *quantized_unit;
+  annotations_init(out, g, &last, &quantized_unit);
 
   /* Units: conv -> bn (folded by prepare/convert), then a relu the backend runs fused. */
   for (int i = 0; i < g->n_nodes; i++) {
