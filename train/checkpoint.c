@@ -154,17 +154,43 @@ static int read_f32(hid_t f, const char *group, const char *name, int ndim, cons
   return 0;
 }
 
-int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
+/* Opens a checkpoint for reading; -1 (err set) when it is missing or not HDF5. */
+static hid_t open_checkpoint(const char *path, char *err) {
   quiet_hdf5();
   if (access(path, R_OK) != 0) {
     snprintf(err, QT_ERR_LEN, "checkpoint: cannot open '%s': %s", path, strerror(errno));
     return -1;
   }
   hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (f < 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint: '%s' is not a readable HDF5 file (corrupt or truncated?)", path);
+  if (f < 0) snprintf(err, QT_ERR_LEN, "checkpoint: '%s' is not a readable HDF5 file (corrupt or truncated?)", path);
+  return f;
+}
+
+/* The root attributes epoch, step, seed (required) and config (optional; malloc'd). */
+static int read_meta(hid_t f, const char *path, qt_checkpoint_meta *meta, char *err) {
+  memset(meta, 0, sizeof *meta);
+  int64_t epoch = 0, step = 0, seed = 0;
+  if (get_attr_i64(f, "epoch", &epoch) || get_attr_i64(f, "step", &step) || get_attr_i64(f, "seed", &seed)) {
+    snprintf(err, QT_ERR_LEN, "checkpoint '%s': missing epoch/step/seed attributes", path);
     return -1;
   }
+  meta->epoch = (int)epoch;
+  meta->step = step;
+  meta->seed = (uint64_t)seed;
+  hsize_t dims;
+  H5T_class_t cls;
+  size_t sz = 0;
+  if (H5LTget_attribute_info(f, "/", "config", &dims, &cls, &sz) >= 0) {
+    meta->config_ini = calloc(sz + 1, 1);
+    QT_ASSERT(meta->config_ini, "out of memory");
+    if (H5LTget_attribute_string(f, "/", "config", meta->config_ini) < 0) meta->config_ini[0] = 0;
+  }
+  return 0;
+}
+
+int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
+  hid_t f = open_checkpoint(path, err);
+  if (f < 0) return -1;
   int rc = -1;
   char model[QT_NAME_LEN] = "";
   hsize_t dims;
@@ -208,11 +234,9 @@ int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoi
     bad = read_f32(f, p->is_buffer ? "buffers" : "params", p->name, p->ndim, p->shape,
                    (p->is_buffer ? buffers : params) + p->offset, path, err);
   }
-  int64_t epoch = 0, step = 0, seed = 0, osteps = 0;
-  if (!bad && (get_attr_i64(f, "epoch", &epoch) || get_attr_i64(f, "step", &step) || get_attr_i64(f, "seed", &seed))) {
-    snprintf(err, QT_ERR_LEN, "checkpoint '%s': missing epoch/step/seed attributes", path);
-    bad = 1;
-  }
+  int64_t osteps = 0;
+  qt_checkpoint_meta m = {0};
+  if (!bad) bad = read_meta(f, path, &m, err) != 0;
   float **states = NULL;
   int ns = opt ? qt_optim_state_count(opt) : 0;
   if (!bad && opt) {
@@ -239,15 +263,10 @@ int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoi
     }
   }
   if (!bad && meta) {
-    memset(meta, 0, sizeof *meta);
-    meta->epoch = (int)epoch;
-    meta->step = step;
-    meta->seed = (uint64_t)seed;
-    if (H5LTget_attribute_info(f, "/", "config", &dims, &cls, &sz) >= 0) {
-      meta->config_ini = calloc(sz + 1, 1);
-      if (H5LTget_attribute_string(f, "/", "config", meta->config_ini) < 0) meta->config_ini[0] = 0;
-    }
+    *meta = m;
+    m.config_ini = NULL;
   }
+  free(m.config_ini);
   if (!bad) {
     memcpy(g->params, params, (size_t)g->n_params * sizeof(float));
     memcpy(g->buffers, buffers, (size_t)g->n_buffers * sizeof(float));
@@ -271,35 +290,10 @@ done:
 }
 
 int qt_checkpoint_read_meta(const char *path, qt_checkpoint_meta *meta, char *err) {
-  quiet_hdf5();
   memset(meta, 0, sizeof *meta);
-  if (access(path, R_OK) != 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint: cannot open '%s': %s", path, strerror(errno));
-    return -1;
-  }
-  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (f < 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint: '%s' is not a readable HDF5 file (corrupt or truncated?)", path);
-    return -1;
-  }
-  int64_t epoch = 0, step = 0, seed = 0;
-  int rc = -1;
-  if (get_attr_i64(f, "epoch", &epoch) || get_attr_i64(f, "step", &step) || get_attr_i64(f, "seed", &seed)) {
-    snprintf(err, QT_ERR_LEN, "checkpoint '%s': missing epoch/step/seed attributes", path);
-  } else {
-    meta->epoch = (int)epoch;
-    meta->step = step;
-    meta->seed = (uint64_t)seed;
-    hsize_t dims;
-    H5T_class_t cls;
-    size_t sz = 0;
-    if (H5LTget_attribute_info(f, "/", "config", &dims, &cls, &sz) >= 0) {
-      meta->config_ini = calloc(sz + 1, 1);
-      QT_ASSERT(meta->config_ini, "out of memory");
-      if (H5LTget_attribute_string(f, "/", "config", meta->config_ini) < 0) meta->config_ini[0] = 0;
-    }
-    rc = 0;
-  }
+  hid_t f = open_checkpoint(path, err);
+  if (f < 0) return -1;
+  int rc = read_meta(f, path, meta, err);
   H5Fclose(f);
   return rc;
 }
