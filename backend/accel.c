@@ -225,14 +225,6 @@ static int exponent(float s) {
   return e - 1;
 }
 
-/* The only consumer of value v (v not the graph output), else -1. */
-static int sole_consumer(const qt_graph *g, int v) {
-  if (g->values[v].consumers != 1 || v == g->output) return -1;
-  for (int i = 0; i < g->n_nodes; i++)
-    for (int k = 0; k < g->nodes[i].n_inputs; k++)
-      if (g->nodes[i].inputs[k] == v) return i;
-  return -1;
-}
 
 /* What the description requires of a record, and what the simulated device needs whatever the
  * description says: one power-of-two scale, zero point 0 (its requantizer only shifts). */
@@ -259,7 +251,7 @@ typedef struct {
 static const char *match_output(planner *P, int i, int *relu, int *quant, char *why, size_t n) {
   const qt_graph *g = P->a->g;
   const qt_backend_desc *d = &P->a->d;
-  int v = g->nodes[i].output, c = sole_consumer(g, v);
+  int v = g->nodes[i].output, c = qt_graph_sole_consumer(g, v);
   *relu = -1;
   if (c >= 0 && g->nodes[c].op == QT_OP_RELU) {
     if (!d->ops[QT_OP_RELU]) {
@@ -268,7 +260,7 @@ static const char *match_output(planner *P, int i, int *relu, int *quant, char *
     }
     *relu = c;
     v = g->nodes[c].output;
-    c = sole_consumer(g, v);
+    c = qt_graph_sole_consumer(g, v);
   }
   if (c < 0 || g->nodes[c].op != QT_OP_QUANTIZE) {
     snprintf(why, n, "its output is not requantized (no quantize after it): the accelerator produces int8 only");

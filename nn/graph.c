@@ -412,6 +412,14 @@ float *qt_graph_tensor_data(qt_graph *g, int tensor) {
   return (p->is_buffer ? g->buffers : g->params) + p->offset;
 }
 
+int qt_graph_sole_consumer(const qt_graph *g, int v) {
+  if (g->values[v].consumers != 1 || v == g->output) return -1;
+  for (int i = 0; i < g->n_nodes; i++)
+    for (int k = 0; k < g->nodes[i].n_inputs; k++)
+      if (g->nodes[i].inputs[k] == v) return i;
+  return -1;
+}
+
 int qt_graph_find_node(const qt_graph *g, const char *name) {
   for (int i = 0; i < g->n_nodes; i++)
     if (strcmp(g->nodes[i].name, name) == 0) return i;

@@ -120,14 +120,6 @@ static qt_qspec weight_spec(const qt_quantizer_config *c, int bits) {
   return s;
 }
 
-/* The only consumer of value v, or -1. */
-static int sole_consumer(const qt_graph *g, int v) {
-  if (g->values[v].consumers != 1 || v == g->output) return -1;
-  for (int i = 0; i < g->n_nodes; i++)
-    for (int k = 0; k < g->nodes[i].n_inputs; k++)
-      if (g->nodes[i].inputs[k] == v) return i;
-  return -1;
-}
 
 /* Whether v is a quantization point or shares one's qparams. */
 static int quantized_value(const qt_annotations *a, int v) {
@@ -227,14 +219,14 @@ int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_an
     if (out->unit[i] != i) continue;
     int tail = i;
     if (n->op == QT_OP_CONV2D) {
-      int c = sole_consumer(g, n->output);
+      int c = qt_graph_sole_consumer(g, n->output);
       if (c >= 0 && g->nodes[c].op == QT_OP_BATCH_NORM) {
         out->unit[c] = i;
         tail = c;
       }
     }
     if (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD) {
-      int c = sole_consumer(g, g->nodes[tail].output);
+      int c = qt_graph_sole_consumer(g, g->nodes[tail].output);
       if (c >= 0 && g->nodes[c].op == QT_OP_RELU) {
         out->unit[c] = i;
         tail = c;
@@ -392,7 +384,7 @@ int qt_quantizer_from_backend(const qt_graph *g, const qt_backend_desc *d, const
     if (out->unit[i] != i) continue;
     int tail = i;
     if (n->op == QT_OP_CONV2D) {
-      int c = sole_consumer(g, n->output);
+      int c = qt_graph_sole_consumer(g, n->output);
       if (c >= 0 && g->nodes[c].op == QT_OP_BATCH_NORM) {
         out->unit[c] = i;
         tail = c;
@@ -411,7 +403,7 @@ int qt_quantizer_from_backend(const qt_graph *g, const qt_backend_desc *d, const
       quantized = !fp32 && d->ops[n->op];
     }
     if (quantized && (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD) && d->ops[QT_OP_RELU]) {
-      int c = sole_consumer(g, g->nodes[tail].output);
+      int c = qt_graph_sole_consumer(g, g->nodes[tail].output);
       if (c >= 0 && g->nodes[c].op == QT_OP_RELU) {
         out->unit[c] = i;
         tail = c;
