@@ -800,3 +800,14 @@ char *qt_config_to_ini_string(const qt_config *c) {
   }
   return buf;
 }
+
+int qt_cli_parse_int(const char *prog, const char *opt, const char *s, long lo, long hi, int *out) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (!*s || *end || v < lo || v > hi) {
+    fprintf(stderr, "%s: %s expects an integer in [%ld, %ld], found '%s'\n", prog, opt, lo, hi, s);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}

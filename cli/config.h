@@ -98,4 +98,9 @@ int qt_config_write_ini(const qt_config *c, FILE *f);
 /* The same text in a malloc'd string (for checkpoints); NULL when memory runs out. */
 char *qt_config_to_ini_string(const qt_config *c);
 
+/* Command-line option values: parses s as a whole decimal integer in [lo, hi] into *out;
+ * otherwise prints "<prog>: <opt> expects an integer in [lo, hi], found '<s>'" to stderr and
+ * returns -1. */
+int qt_cli_parse_int(const char *prog, const char *opt, const char *s, long lo, long hi, int *out);
+
 #endif

@@ -25,6 +25,7 @@
 
 #include "backend/backend.h"
 #include "qat/qat.h"
+#include "cli/config.h"
 #include "train/train.h"
 
 static int usage(void) {
@@ -33,17 +34,6 @@ static int usage(void) {
           "                         [--partition] [--run] [--config CFG.ini] [--images N] [--batch N]\n"
           "       qat_backend_check --quantize CFG.ini OUT_QDQ.h5 --backend DESC.ini [options above]\n");
   return 2;
-}
-
-static int parse_int(const char *opt, const char *s, long lo, long hi, int *out) {
-  char *end;
-  long v = strtol(s, &end, 10);
-  if (!*s || *end || v < lo || v > hi) {
-    fprintf(stderr, "qat_backend_check: %s expects an integer in [%ld, %ld], found '%s'\n", opt, lo, hi, s);
-    return -1;
-  }
-  *out = (int)v;
-  return 0;
 }
 
 static qt_loader_config loader_config(const qt_config *cfg, int batch, int channels) {
@@ -268,9 +258,9 @@ int main(int argc, char **argv) {
     } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
       config_path = argv[++i];
     } else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
-      if (parse_int("--images", argv[++i], 1, 1000000000, &images)) return 2;
+      if (qt_cli_parse_int("qat_backend_check", "--images", argv[++i], 1, 1000000000, &images)) return 2;
     } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
-      if (parse_int("--batch", argv[++i], 1, 65536, &batch)) return 2;
+      if (qt_cli_parse_int("qat_backend_check", "--batch", argv[++i], 1, 65536, &batch)) return 2;
     } else if (strcmp(argv[i], "--quantize") == 0 && i + 2 < argc) {
       quant_config = argv[++i];
       model_path = argv[++i];

@@ -17,23 +17,13 @@
 
 #include "eval/report.h"
 #include "qat/qat.h"
+#include "cli/config.h"
 #include "train/train.h"
 
 static int usage(void) {
   fprintf(stderr, "usage: qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME]] [--config CFG.ini] "
                   "[--images N] [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R]\n");
   return 2;
-}
-
-static int parse_int(const char *opt, const char *s, long lo, long hi, int *out) {
-  char *end;
-  long v = strtol(s, &end, 10);
-  if (!*s || *end || v < lo || v > hi) {
-    fprintf(stderr, "qat_report: %s expects an integer in [%ld, %ld], found '%s'\n", opt, lo, hi, s);
-    return -1;
-  }
-  *out = (int)v;
-  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -45,13 +35,13 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) model_name = argv[++i];
     else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) config_path = argv[++i];
     else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
-      if (parse_int("--images", argv[++i], 1, 1000000000, &images)) return 2;
+      if (qt_cli_parse_int("qat_report", "--images", argv[++i], 1, 1000000000, &images)) return 2;
     } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
-      if (parse_int("--batch", argv[++i], 1, 65536, &batch)) return 2;
+      if (qt_cli_parse_int("qat_report", "--batch", argv[++i], 1, 65536, &batch)) return 2;
     } else if (strcmp(argv[i], "--timing-rounds") == 0 && i + 1 < argc) {
-      if (parse_int("--timing-rounds", argv[++i], 1, 1000, &rounds)) return 2;
+      if (qt_cli_parse_int("qat_report", "--timing-rounds", argv[++i], 1, 1000, &rounds)) return 2;
     } else if (strcmp(argv[i], "--probe-images") == 0 && i + 1 < argc) {
-      if (parse_int("--probe-images", argv[++i], 0, 1000000000, &probe)) return 2;
+      if (qt_cli_parse_int("qat_report", "--probe-images", argv[++i], 0, 1000000000, &probe)) return 2;
     } else if (strcmp(argv[i], "--no-timing") == 0) timing = 0;
     else return usage();
   }

@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "qat/qat.h"
+#include "cli/config.h"
 #include "train/train.h"
 
 static int usage(void) {
@@ -26,17 +27,6 @@ static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int parse_int(const char *opt, const char *s, long lo, long hi, int *out) {
-  char *end;
-  long v = strtol(s, &end, 10);
-  if (!*s || *end || v < lo || v > hi) {
-    fprintf(stderr, "qat_run: %s expects an integer in [%ld, %ld], found '%s'\n", opt, lo, hi, s);
-    return -1;
-  }
-  *out = (int)v;
-  return 0;
 }
 
 static int argmax(const float *x, int n) {
@@ -54,9 +44,9 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
       config_path = argv[++i];
     } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
-      if (parse_int("--batch", argv[++i], 1, 65536, &batch)) return 2;
+      if (qt_cli_parse_int("qat_run", "--batch", argv[++i], 1, 65536, &batch)) return 2;
     } else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
-      if (parse_int("--images", argv[++i], 1, 1000000000, &images)) return 2;
+      if (qt_cli_parse_int("qat_run", "--images", argv[++i], 1, 1000000000, &images)) return 2;
     } else if (strcmp(argv[i], "--compare") == 0) {
       compare = 1;
     } else if (strcmp(argv[i], "--quiet") == 0) {
