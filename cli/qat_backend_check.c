@@ -36,18 +36,6 @@ static int usage(void) {
   return 2;
 }
 
-static qt_loader_config loader_config(const qt_config *cfg, int batch, int channels) {
-  qt_loader_config lc;
-  memset(&lc, 0, sizeof lc);
-  lc.batch_size = batch;
-  lc.seed = (uint64_t)qt_config_int(cfg, "train", "seed");
-  for (int c = 0; c < channels && c < 4; c++) {
-    lc.mean[c] = (float)qt_config_float(cfg, "data", "mean");
-    lc.std[c] = (float)qt_config_float(cfg, "data", "std");
-  }
-  return lc;
-}
-
 /* mkdir -p of the directory holding path. */
 static int make_parent_dirs(const char *path, char *err) {
   char dir[4096];
@@ -108,7 +96,7 @@ static int quantize(const qt_config *cfg, const qt_backend_desc *d, const char *
   p = qt_prepare(g, &ann, QT_PREPARE_PTQ, err);
   if (!p) goto done;
   if (qt_train_load_data(cfg, &train, &test, err)) goto done;
-  qt_loader_config lc = loader_config(cfg, qt_config_int(cfg, "train", "batch_size"), train.c);
+  qt_loader_config lc = qt_train_loader_config(cfg, qt_config_int(cfg, "train", "batch_size"), 0, 0);
   lc.shuffle = 1;
   l = qt_loader_create(&train, &lc, err);
   if (!l) goto done;
@@ -180,7 +168,7 @@ static int run_compare(qt_graph *g, qt_accel *acc, qt_lowered *low, const qt_con
     goto done;
   }
   const int64_t classes = acc ? qt_accel_output_numel(acc) : qt_lowered_output_numel(low);
-  qt_loader_config lc = loader_config(cfg, batch, test.c);
+  qt_loader_config lc = qt_train_loader_config(cfg, batch, 0, 0);
   l = qt_loader_create(&test, &lc, err);
   out = malloc((size_t)batch * (size_t)classes * sizeof(float));
   if (!l || !out) goto done;

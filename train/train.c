@@ -82,7 +82,7 @@ int qt_train_load_data(const qt_config *cfg, qt_dataset *train, qt_dataset *test
   return 0;
 }
 
-static qt_loader_config loader_config(const qt_config *cfg, int batch, int shuffle, int augment, int channels) {
+qt_loader_config qt_train_loader_config(const qt_config *cfg, int batch, int shuffle, int augment) {
   qt_loader_config lc;
   memset(&lc, 0, sizeof lc);
   lc.batch_size = batch;
@@ -93,7 +93,6 @@ static qt_loader_config loader_config(const qt_config *cfg, int batch, int shuff
     lc.mean[c] = (float)qt_config_float(cfg, "data", "mean");
     lc.std[c] = (float)qt_config_float(cfg, "data", "std");
   }
-  (void)channels;
   if (augment) {
     lc.crop_pad = qt_config_int(cfg, "data", "crop_pad");
     lc.flip = qt_config_bool(cfg, "data", "flip");
@@ -416,8 +415,8 @@ int qt_train_run(qt_config *cfg, char *err) {
 
   ctx = qt_ctx_create();
   int batch = qt_config_int(cfg, "train", "batch_size");
-  qt_loader_config lc = loader_config(cfg, batch, 1, 1, train.c);
-  qt_loader_config ec = loader_config(cfg, qt_config_int(cfg, "train", "eval_batch_size"), 0, 0, train.c);
+  qt_loader_config lc = qt_train_loader_config(cfg, batch, 1, 1);
+  qt_loader_config ec = qt_train_loader_config(cfg, qt_config_int(cfg, "train", "eval_batch_size"), 0, 0);
   const char *qmode = qt_config_string(cfg, "quant", "mode");
   const int quant = strcmp(qmode, "none") != 0, ptq = strcmp(qmode, "ptq") == 0;
   qt_graph *tg = g; /* the graph trained: fp32, or the prepared graph */

@@ -25,6 +25,9 @@ qt_config *qt_train_config_create(void);
 
 /* Loads the training and test sets the config's [data] section describes (limits applied). */
 int qt_train_load_data(const qt_config *cfg, qt_dataset *train, qt_dataset *test, char *err);
+/* The loader settings of a run's config: batch, train.seed, data.mean/std; with augment also
+ * data.crop_pad and data.flip. */
+qt_loader_config qt_train_loader_config(const qt_config *cfg, int batch, int shuffle, int augment);
 
 /* Runs the whole job described by cfg (train, evaluate, checkpoint, summary). */
 int qt_train_run(qt_config *cfg, char *err);
