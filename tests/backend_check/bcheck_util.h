@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "qat/qat.h"
+#include "tests/common/ptq_util.h"
 #include "tests/common/testutil.h"
 
 /* The accelerator description shipped in experiments/. */
@@ -45,25 +46,7 @@ static inline qt_graph *ptq_model(const char *model, const qt_backend_desc *d, i
     QT_ASSERT(qt_quantizer_from_backend(g, d, &qc, &a, err) == 0, "%s", err);
   else
     QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
-  QT_ASSERT(p, "%s", err);
-  qt_annotations_free(&a);
-  qt_graph_free(g);
-  qt_ctx *ctx = qt_ctx_create();
-  const int64_t shape[4] = {32, 28, 28, 1};
-  float *x = malloc(sizeof(float) * 32 * 784);
-  qt_graph_set_training(p, 1);
-  for (int s = 0; s < 3; s++) {
-    qt_test_fill_uniform(x, 32 * 784, -0.8f, 2.0f, 40 + (uint64_t)s);
-    qt_ctx_reset(ctx);
-    QT_ASSERT(qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x)), "%s", p->error);
-  }
-  free(x);
-  qt_ctx_free(ctx);
-  qt_graph_set_training(p, 0);
-  qt_graph *c = qt_convert(p, err);
-  QT_ASSERT(c, "%s", err);
-  qt_graph_free(p);
+  qt_graph *c = qt_test_ptq_convert(g, &a);
   QT_ASSERT(qt_qdq_save(path, c, err) == 0, "%s", err);
   qt_graph_free(c);
   qt_graph *loaded = qt_qdq_load(path, err);
