@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/base.h"
+
 #define QT_MAX_DIMS 4
 
 typedef enum { QT_F32, QT_I8, QT_U8, QT_I32, QT_DTYPE_COUNT } qt_dtype;
@@ -99,20 +101,5 @@ qt_tensor *qt_channel_add(qt_ctx *ctx, qt_tensor *x, qt_tensor *b);
 qt_tensor *qt_bn_scale_factor(qt_ctx *ctx, qt_tensor *gamma, const float *running_var, float eps);
 /* The same numbers without autograd: convert folds with exactly what training computed. */
 void qt_bn_scale_factor_values(float *sf, const float *gamma, const float *running_var, float eps, int C);
-
-/* ---- a growable string (reports, JSON, CSV) -------------------------------------------- */
-typedef struct {
-  char *s; /* NUL-terminated once anything was printed; free() it */
-  size_t len, cap;
-} qt_strbuf;
-/* Appends printf-style text, growing the buffer (out of memory aborts). */
-void qt_strbuf_printf(qt_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Appends s as a quoted JSON string (", \ and control characters escaped). */
-void qt_strbuf_json_string(qt_strbuf *b, const char *s);
-
-/* ---- invariant checks (always on) ------------------------------------------------------ */
-void qt_panic(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
-#define QT_ASSERT(cond, ...) \
-  do { if (!(cond)) qt_panic(__FILE__, __LINE__, __VA_ARGS__); } while (0)
 
 #endif

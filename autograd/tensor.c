@@ -7,46 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void qt_panic(const char *file, int line, const char *fmt, ...) {
-  va_list ap;
-  fprintf(stderr, "%s:%d: internal error: ", file, line);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-  abort();
-}
-
-void qt_strbuf_printf(qt_strbuf *b, const char *fmt, ...) {
-  va_list ap;
-  for (;;) {
-    const size_t room = b->cap - b->len;
-    va_start(ap, fmt);
-    const int n = vsnprintf(b->s ? b->s + b->len : NULL, room, fmt, ap);
-    va_end(ap);
-    QT_ASSERT(n >= 0, "formatting failed");
-    if ((size_t)n < room) {
-      b->len += (size_t)n;
-      return;
-    }
-    size_t cap = b->cap ? b->cap * 2 : 1024;
-    while (cap - b->len <= (size_t)n) cap *= 2;
-    b->s = realloc(b->s, cap);
-    QT_ASSERT(b->s, "out of memory");
-    b->cap = cap;
-  }
-}
-
-void qt_strbuf_json_string(qt_strbuf *b, const char *s) {
-  qt_strbuf_printf(b, "\"");
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\') qt_strbuf_printf(b, "\\%c", *s);
-    else if (*s == '\n') qt_strbuf_printf(b, "\\n");
-    else if ((unsigned char)*s < 0x20) qt_strbuf_printf(b, "\\u%04x", (unsigned char)*s);
-    else qt_strbuf_printf(b, "%c", *s);
-  }
-  qt_strbuf_printf(b, "\"");
-}
 
 static const char *const dtype_names[] = {"float32", "int8", "uint8", "int32"};
 static const size_t dtype_sizes[] = {4, 1, 1, 4};

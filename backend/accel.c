@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "cli/config.h"
+#include "config/config.h"
 
 /* ---- the description file ---------------------------------------------------------------- */
 

@@ -8,9 +8,7 @@
 
 #include <stdint.h>
 
-#ifndef QT_ERR_LEN
-#define QT_ERR_LEN 512
-#endif
+#include "base/base.h"
 
 typedef enum { QT_INT8_CONV, QT_INT8_LINEAR, QT_INT8_MAX_POOL } qt_int8_kind;
 

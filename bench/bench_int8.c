@@ -12,12 +12,6 @@
 #include "backend/backend.h"
 #include "qat/qat.h"
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static void fill(float *x, int64_t n, uint64_t seed) {
   for (int64_t i = 0; i < n; i++) {
     seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -64,11 +58,11 @@ static double measure(run_fn fn, void *state, const float *x, int n, double seco
   for (int i = 0; i < 2; i++)
     if (fn(state, x, n)) return -1;
   int iters = 0;
-  double t0 = now(), t;
+  double t0 = qt_now_seconds(), t;
   do {
     if (fn(state, x, n)) return -1;
     iters++;
-    t = now();
+    t = qt_now_seconds();
   } while (t - t0 < seconds);
   return (double)iters * n / (t - t0);
 }

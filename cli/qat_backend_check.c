@@ -25,7 +25,7 @@
 
 #include "backend/backend.h"
 #include "qat/qat.h"
-#include "cli/config.h"
+#include "config/config.h"
 #include "train/train.h"
 
 static int usage(void) {
@@ -34,28 +34,6 @@ static int usage(void) {
           "                         [--partition] [--run] [--config CFG.ini] [--images N] [--batch N]\n"
           "       qat_backend_check --quantize CFG.ini OUT_QDQ.h5 --backend DESC.ini [options above]\n");
   return 2;
-}
-
-/* mkdir -p of the directory holding path. */
-static int make_parent_dirs(const char *path, char *err) {
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash) return 0;
-  *slash = 0;
-  for (char *p = dir + 1; ; p++) {
-    const char c = *p;
-    if (c == '/' || c == 0) {
-      *p = 0;
-      if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-        snprintf(err, QT_ERR_LEN, "cannot create directory '%s': %s", dir, strerror(errno));
-        return -1;
-      }
-      *p = c;
-    }
-    if (!c) break;
-  }
-  return 0;
 }
 
 /* PTQ with the Quantizer derived from d: build, load the fp32 checkpoint, annotate, prepare,
@@ -126,7 +104,7 @@ static int quantize(const qt_config *cfg, const qt_backend_desc *d, const char *
   qt_set_fake_quant(p, 1);
   qt_graph_set_training(p, 0);
   c = qt_convert(p, err);
-  if (!c || make_parent_dirs(out_path, err) || qt_qdq_save(out_path, c, err)) goto done;
+  if (!c || qt_mkdir_parent(out_path, err) || qt_qdq_save(out_path, c, err)) goto done;
   printf("calibrated on %d batches; wrote %s\n", done_batches, out_path);
   rc = 0;
 done:
@@ -139,13 +117,6 @@ done:
   qt_graph_free(p);
   qt_graph_free(g);
   return rc;
-}
-
-static int argmax(const float *x, int n) {
-  int b = 0;
-  for (int i = 1; i < n; i++)
-    if (x[i] > x[b]) b = i;
-  return b;
 }
 
 /* The partitioned model (accelerator or lowered oneDNN) against the Q/DQ reference on the
@@ -192,7 +163,7 @@ static int run_compare(qt_graph *g, qt_accel *acc, qt_lowered *low, const qt_con
     }
     for (int i = 0; i < n; i++) {
       const float *o = out + (int64_t)i * classes, *r = qt_f32(y) + (int64_t)i * classes;
-      const int p = argmax(o, (int)classes), pr = argmax(r, (int)classes);
+      const int p = (int)qt_argmax(o, (int)classes), pr = (int)qt_argmax(r, (int)classes);
       correct += p == labels[i];
       ref_correct += pr == labels[i];
       agree += p == pr;

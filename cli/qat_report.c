@@ -17,7 +17,7 @@
 
 #include "eval/report.h"
 #include "qat/qat.h"
-#include "cli/config.h"
+#include "config/config.h"
 #include "train/train.h"
 
 static int usage(void) {

@@ -15,25 +15,12 @@
 
 #include "backend/backend.h"
 #include "qat/qat.h"
-#include "cli/config.h"
+#include "config/config.h"
 #include "train/train.h"
 
 static int usage(void) {
   fprintf(stderr, "usage: qat_run MODEL_QDQ.h5 [--config CFG.ini] [--batch N] [--images N] [--compare] [--quiet]\n");
   return 2;
-}
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int argmax(const float *x, int n) {
-  int b = 0;
-  for (int i = 1; i < n; i++)
-    if (x[i] > x[b]) b = i;
-  return b;
 }
 
 int main(int argc, char **argv) {
@@ -129,9 +116,9 @@ int main(int argc, char **argv) {
     const int32_t *labels;
     int n = qt_loader_next(l, &x, &labels);
     if (n == 0) break;
-    double t0 = now();
+    double t0 = qt_now_seconds();
     if (qt_lowered_run(m, out, x, n, err)) goto fail;
-    seconds += now() - t0;
+    seconds += qt_now_seconds() - t0;
     const float *ref = NULL;
     if (compare) {
       qt_ctx_reset(ctx);
@@ -145,11 +132,11 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < n; i++) {
       const float *o = out + (int64_t)i * classes;
-      const int p = argmax(o, (int)classes);
+      const int p = (int)qt_argmax(o, (int)classes);
       correct += p == labels[i];
       if (ref) {
         const float *r = ref + (int64_t)i * classes;
-        const int pr = argmax(r, (int)classes);
+        const int pr = (int)qt_argmax(r, (int)classes);
         ref_correct += pr == labels[i];
         agree += pr == p;
         for (int k = 0; k < classes; k++) {

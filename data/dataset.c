@@ -21,14 +21,6 @@
  * then fails with a message instead of exhausting memory. */
 #define MAX_IMAGE_BYTES ((uint64_t)1 << 34)
 
-static void set_err(char *err, const char *fmt, ...) {
-  if (!err) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, QT_ERR_LEN, fmt, ap);
-  va_end(ap);
-}
-
 void qt_dataset_free(qt_dataset *ds) {
   if (!ds) return;
   free(ds->images);
@@ -74,7 +66,7 @@ static int idx_open(idx_file *f, const char *path, char *err) {
   errno = 0;
   f->f = gzopen(path, "rb");
   if (!f->f) {
-    set_err(err, "data: %s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
+    qt_err(err, "data: %s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
     return -1;
   }
   gzbuffer(f->f, 1 << 17);
@@ -105,7 +97,7 @@ static int idx_read(idx_file *f, void *buf, uint64_t len, const char *what) {
     if (r < 0) {
       int code;
       const char *msg = gz_message(f, &code);
-      set_err(f->err, "data: %s: corrupt compressed data (%s) while reading %" PRIu64 " %s bytes",
+      qt_err(f->err, "data: %s: corrupt compressed data (%s) while reading %" PRIu64 " %s bytes",
               f->path, msg, len, what);
       return -1;
     }
@@ -116,10 +108,10 @@ static int idx_read(idx_file *f, void *buf, uint64_t len, const char *what) {
     int code;
     const char *msg = gz_message(f, &code);
     if (code != Z_OK && code != Z_STREAM_END)
-      set_err(f->err, "data: %s: truncated: expected %" PRIu64 " %s bytes, got %" PRIu64 " (%s)",
+      qt_err(f->err, "data: %s: truncated: expected %" PRIu64 " %s bytes, got %" PRIu64 " (%s)",
               f->path, len, what, done, msg);
     else
-      set_err(f->err, "data: %s: truncated: expected %" PRIu64 " %s bytes, got %" PRIu64,
+      qt_err(f->err, "data: %s: truncated: expected %" PRIu64 " %s bytes, got %" PRIu64,
               f->path, len, what, done);
     return -1;
   }
@@ -134,7 +126,7 @@ static int idx_expect_end(idx_file *f, uint64_t data_bytes) {
   if (r < 0) {
     int code;
     const char *msg = gz_message(f, &code);
-    set_err(f->err, "data: %s: corrupt compressed data (%s) at the end of the stream", f->path, msg);
+    qt_err(f->err, "data: %s: corrupt compressed data (%s) at the end of the stream", f->path, msg);
     return -1;
   }
   if (r == 0) {
@@ -142,13 +134,13 @@ static int idx_expect_end(idx_file *f, uint64_t data_bytes) {
     int code;
     const char *msg = gz_message(f, &code);
     if (code != Z_OK) {
-      set_err(f->err, "data: %s: truncated: the compressed stream ends early (%s) after %" PRIu64 " bytes of header and data",
+      qt_err(f->err, "data: %s: truncated: the compressed stream ends early (%s) after %" PRIu64 " bytes of header and data",
               f->path, msg, data_bytes);
       return -1;
     }
   }
   if (r > 0) {
-    set_err(f->err, "data: %s: expected the file to end after %" PRIu64 " bytes of header and data, found more",
+    qt_err(f->err, "data: %s: expected the file to end after %" PRIu64 " bytes of header and data, found more",
             f->path, data_bytes);
     return -1;
   }
@@ -171,7 +163,7 @@ static int idx_header(idx_file *f, int ndims, uint32_t *dims) {
     if (magic == 0x00000801u) hint = " (an IDX labels file)";
     else if (magic == 0x00000803u) hint = " (an IDX images file)";
     else if ((magic & 0xffff0000u) != 0) hint = " (not an IDX file)";
-    set_err(f->err, "data: %s: bad magic number: expected 0x%08x (%s), found 0x%08x%s",
+    qt_err(f->err, "data: %s: bad magic number: expected 0x%08x (%s), found 0x%08x%s",
             f->path, want, kind, magic, hint);
     return -1;
   }
@@ -189,13 +181,13 @@ int qt_dataset_load_idx(qt_dataset *ds, const char *images_path, const char *lab
   if (idx_open(&fi, images_path, err) != 0) goto fail;
   if (idx_header(&fi, 3, idims) != 0) goto fail;
   if (idims[0] == 0 || idims[1] == 0 || idims[2] == 0) {
-    set_err(err, "data: %s: expected non-zero dimensions, found (%u, %u, %u)", images_path,
+    qt_err(err, "data: %s: expected non-zero dimensions, found (%u, %u, %u)", images_path,
             idims[0], idims[1], idims[2]);
     goto fail;
   }
   uint64_t image_bytes = (uint64_t)idims[0] * idims[1] * idims[2];
   if (idims[1] > 65535 || idims[2] > 65535 || image_bytes > MAX_IMAGE_BYTES) {
-    set_err(err, "data: %s: implausible dimensions (%u, %u, %u) in the header", images_path,
+    qt_err(err, "data: %s: implausible dimensions (%u, %u, %u) in the header", images_path,
             idims[0], idims[1], idims[2]);
     goto fail;
   }
@@ -203,7 +195,7 @@ int qt_dataset_load_idx(qt_dataset *ds, const char *images_path, const char *lab
   if (idx_open(&fl, labels_path, err) != 0) goto fail;
   if (idx_header(&fl, 1, ldims) != 0) goto fail;
   if (ldims[0] != idims[0]) {
-    set_err(err, "data: %s: label count %u does not match image count %u in %s", labels_path,
+    qt_err(err, "data: %s: label count %u does not match image count %u in %s", labels_path,
             ldims[0], idims[0], images_path);
     goto fail;
   }
@@ -216,7 +208,7 @@ int qt_dataset_load_idx(qt_dataset *ds, const char *images_path, const char *lab
   out.labels = malloc((size_t)out.n * sizeof *out.labels);
   raw_labels = malloc((size_t)out.n);
   if (!out.images || !out.labels || !raw_labels) {
-    set_err(err, "data: %s: out of memory for %" PRIu64 " image bytes", images_path, image_bytes);
+    qt_err(err, "data: %s: out of memory for %" PRIu64 " image bytes", images_path, image_bytes);
     goto fail;
   }
   if (idx_read(&fi, out.images, image_bytes, "image") != 0) goto fail;
@@ -270,18 +262,18 @@ static void describe_dims(const hsize_t *dims, int rank, char *buf, size_t len) 
 static hid_t open_h5_dataset(hid_t file, const char *path, const char *name, const char *expected,
                              hid_t *type, hsize_t *dims, int *rank, char *err) {
   if (H5Lexists(file, name, H5P_DEFAULT) <= 0) {
-    set_err(err, "data: %s: missing dataset \"%s\" (expected %s)", path, name, expected);
+    qt_err(err, "data: %s: missing dataset \"%s\" (expected %s)", path, name, expected);
     return -1;
   }
   hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
   if (d < 0) {
-    set_err(err, "data: %s: \"%s\" is not a readable dataset (expected %s)", path, name, expected);
+    qt_err(err, "data: %s: \"%s\" is not a readable dataset (expected %s)", path, name, expected);
     return -1;
   }
   hid_t space = H5Dget_space(d);
   *rank = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
   if (*rank < 0 || *rank > 8) {
-    set_err(err, "data: %s: dataset \"%s\": expected %s, found an unreadable or rank > 8 dataspace", path, name, expected);
+    qt_err(err, "data: %s: dataset \"%s\": expected %s, found an unreadable or rank > 8 dataspace", path, name, expected);
     if (space >= 0) H5Sclose(space);
     H5Dclose(d);
     return -1;
@@ -309,17 +301,17 @@ int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
 
   FILE *probe = fopen(path, "rb");
   if (!probe) {
-    set_err(err, "data: %s: cannot open: %s", path, strerror(errno));
+    qt_err(err, "data: %s: cannot open: %s", path, strerror(errno));
     goto done;
   }
   fclose(probe);
   if (H5Fis_hdf5(path) <= 0) {
-    set_err(err, "data: %s: expected an HDF5 file, found no HDF5 signature", path);
+    qt_err(err, "data: %s: expected an HDF5 file, found no HDF5 signature", path);
     goto done;
   }
   file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file < 0) {
-    set_err(err, "data: %s: cannot open as HDF5 (corrupt or unsupported file)", path);
+    qt_err(err, "data: %s: cannot open as HDF5 (corrupt or unsupported file)", path);
     goto done;
   }
 
@@ -328,24 +320,24 @@ int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
   if (dimg < 0) goto done;
   if (H5Tget_class(timg) != H5T_INTEGER || H5Tget_size(timg) != 1 || H5Tget_sign(timg) != H5T_SGN_NONE) {
     describe_h5_type(timg, tbuf, sizeof tbuf);
-    set_err(err, "data: %s: dataset \"images\": expected uint8, found %s", path, tbuf);
+    qt_err(err, "data: %s: dataset \"images\": expected uint8, found %s", path, tbuf);
     goto done;
   }
   describe_dims(idims, irank, dbuf, sizeof dbuf);
   if (irank != 3 && irank != 4) {
-    set_err(err, "data: %s: dataset \"images\": expected rank 3 (N,H,W) or 4 (N,H,W,C), found rank %d %s",
+    qt_err(err, "data: %s: dataset \"images\": expected rank 3 (N,H,W) or 4 (N,H,W,C), found rank %d %s",
             path, irank, dbuf);
     goto done;
   }
   hsize_t channels = irank == 4 ? idims[3] : 1;
   if (idims[0] == 0 || idims[1] == 0 || idims[2] == 0 || channels < 1 || channels > 4 ||
       idims[1] > 65535 || idims[2] > 65535) {
-    set_err(err, "data: %s: dataset \"images\": expected N, H, W > 0 and 1 <= C <= 4, found %s", path, dbuf);
+    qt_err(err, "data: %s: dataset \"images\": expected N, H, W > 0 and 1 <= C <= 4, found %s", path, dbuf);
     goto done;
   }
   uint64_t image_bytes = (uint64_t)idims[0] * idims[1] * idims[2] * channels;
   if (idims[0] > MAX_IMAGE_BYTES || image_bytes > MAX_IMAGE_BYTES) {
-    set_err(err, "data: %s: dataset \"images\": implausibly large shape %s", path, dbuf);
+    qt_err(err, "data: %s: dataset \"images\": implausibly large shape %s", path, dbuf);
     goto done;
   }
 
@@ -354,16 +346,16 @@ int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
   if (dlab < 0) goto done;
   if (H5Tget_class(tlab) != H5T_INTEGER) {
     describe_h5_type(tlab, tbuf, sizeof tbuf);
-    set_err(err, "data: %s: dataset \"labels\": expected an integer type, found %s", path, tbuf);
+    qt_err(err, "data: %s: dataset \"labels\": expected an integer type, found %s", path, tbuf);
     goto done;
   }
   describe_dims(ldims, lrank, dbuf, sizeof dbuf);
   if (!(lrank == 1 || (lrank == 2 && ldims[1] == 1))) {
-    set_err(err, "data: %s: dataset \"labels\": expected rank 1 (N), found rank %d %s", path, lrank, dbuf);
+    qt_err(err, "data: %s: dataset \"labels\": expected rank 1 (N), found rank %d %s", path, lrank, dbuf);
     goto done;
   }
   if (ldims[0] != idims[0]) {
-    set_err(err, "data: %s: dataset \"labels\" has %llu entries but \"images\" has %llu", path,
+    qt_err(err, "data: %s: dataset \"labels\" has %llu entries but \"images\" has %llu", path,
             (unsigned long long)ldims[0], (unsigned long long)idims[0]);
     goto done;
   }
@@ -376,21 +368,21 @@ int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
   out.labels = malloc((size_t)out.n * sizeof *out.labels);
   raw_labels = malloc((size_t)out.n * sizeof *raw_labels);
   if (!out.images || !out.labels || !raw_labels) {
-    set_err(err, "data: %s: out of memory for %" PRIu64 " image bytes", path, image_bytes);
+    qt_err(err, "data: %s: out of memory for %" PRIu64 " image bytes", path, image_bytes);
     goto done;
   }
   if (H5Dread(dimg, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.images) < 0) {
-    set_err(err, "data: %s: dataset \"images\": read failed (corrupt or truncated file)", path);
+    qt_err(err, "data: %s: dataset \"images\": read failed (corrupt or truncated file)", path);
     goto done;
   }
   /* Read as int64 so any integer type converts without wrapping; range-check below. */
   if (H5Dread(dlab, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw_labels) < 0) {
-    set_err(err, "data: %s: dataset \"labels\": read failed (corrupt or truncated file)", path);
+    qt_err(err, "data: %s: dataset \"labels\": read failed (corrupt or truncated file)", path);
     goto done;
   }
   for (int64_t i = 0; i < out.n; i++) {
     if (raw_labels[i] < 0 || raw_labels[i] > INT32_MAX) {
-      set_err(err, "data: %s: dataset \"labels\"[%" PRId64 "]: expected a label in [0, %d], found %" PRId64,
+      qt_err(err, "data: %s: dataset \"labels\"[%" PRId64 "]: expected a label in [0, %d], found %" PRId64,
               path, i, INT32_MAX, raw_labels[i]);
       goto done;
     }
@@ -464,7 +456,7 @@ static char *join_path(const char *dir, const char *name) {
 static int list_entries(const char *dir, int want_dirs, name_list *out, char *err) {
   DIR *d = opendir(dir);
   if (!d) {
-    set_err(err, "data: %s: cannot open folder: %s", dir, strerror(errno));
+    qt_err(err, "data: %s: cannot open folder: %s", dir, strerror(errno));
     return -1;
   }
   struct dirent *e;
@@ -483,7 +475,7 @@ static int list_entries(const char *dir, int want_dirs, name_list *out, char *er
   return 0;
 oom:
   closedir(d);
-  set_err(err, "data: %s: out of memory listing the folder", dir);
+  qt_err(err, "data: %s: out of memory listing the folder", dir);
   return -1;
 }
 
@@ -501,16 +493,16 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
   int result = -1;
 
   if (channels < 1 || channels > 4) {
-    set_err(err, "data: %s: expected channels in 1..4 (1 gray, 3 RGB), found %d", root, channels);
+    qt_err(err, "data: %s: expected channels in 1..4 (1 gray, 3 RGB), found %d", root, channels);
     goto done;
   }
   if (list_entries(root, 1, &classes, err) != 0) goto done;
   if (classes.n == 0) {
-    set_err(err, "data: %s: expected class folders %s/<class>/ holding images, found none", root, root);
+    qt_err(err, "data: %s: expected class folders %s/<class>/ holding images, found none", root, root);
     goto done;
   }
   if (classes.n > INT32_MAX) {
-    set_err(err, "data: %s: too many class folders (%zu)", root, classes.n);
+    qt_err(err, "data: %s: too many class folders (%zu)", root, classes.n);
     goto done;
   }
 
@@ -519,24 +511,24 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
     char *class_dir = join_path(root, classes.items[k]);
     name_list names = {0};
     if (!class_dir) {
-      set_err(err, "data: %s: out of memory", root);
+      qt_err(err, "data: %s: out of memory", root);
       goto done;
     }
     int rc = list_entries(class_dir, 0, &names, err);
     if (rc == 0 && names.n == 0) {
-      set_err(err, "data: %s: expected .png/.jpg/.jpeg images in class folder, found none", class_dir);
+      qt_err(err, "data: %s: expected .png/.jpg/.jpeg images in class folder, found none", class_dir);
       rc = -1;
     }
     int32_t *grown = rc == 0 ? realloc(file_labels, (files.n + names.n) * sizeof *grown) : NULL;
     if (rc == 0 && !grown) {
-      set_err(err, "data: %s: out of memory", root);
+      qt_err(err, "data: %s: out of memory", root);
       rc = -1;
     }
     if (grown) file_labels = grown;
     for (size_t i = 0; rc == 0 && i < names.n; i++) {
       char *full = join_path(class_dir, names.items[i]);
       if (!full || name_list_push(&files, full) != 0) {
-        set_err(err, "data: %s: out of memory", root);
+        qt_err(err, "data: %s: out of memory", root);
         rc = -1;
       } else {
         file_labels[files.n - 1] = (int32_t)k;
@@ -552,13 +544,13 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
   int w0, h0, comp;
   uint8_t *pix = stbi_load(files.items[0], &w0, &h0, &comp, channels);
   if (!pix) {
-    set_err(err, "data: %s: cannot decode image: %s", files.items[0], stbi_failure_reason());
+    qt_err(err, "data: %s: cannot decode image: %s", files.items[0], stbi_failure_reason());
     goto done;
   }
   size_t image_size = (size_t)w0 * (size_t)h0 * (size_t)channels;
   if ((uint64_t)image_size * files.n > MAX_IMAGE_BYTES) {
     stbi_image_free(pix);
-    set_err(err, "data: %s: %zu images of %dx%dx%d exceed the %" PRIu64 "-byte limit", root, files.n, h0, w0,
+    qt_err(err, "data: %s: %zu images of %dx%dx%d exceed the %" PRIu64 "-byte limit", root, files.n, h0, w0,
             channels, MAX_IMAGE_BYTES);
     goto done;
   }
@@ -571,7 +563,7 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
   status = calloc(files.n, sizeof *status);
   if (!out.images || !out.labels || !status) {
     stbi_image_free(pix);
-    set_err(err, "data: %s: out of memory for %zu images of %dx%dx%d", root, files.n, h0, w0, channels);
+    qt_err(err, "data: %s: out of memory for %zu images of %dx%dx%d", root, files.n, h0, w0, channels);
     goto done;
   }
   memcpy(out.images, pix, image_size);
@@ -599,11 +591,11 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
   }
   for (size_t i = 1; i < files.n; i++) {
     if (status[i].reason) {
-      set_err(err, "data: %s: cannot decode image: %s", files.items[i], status[i].reason);
+      qt_err(err, "data: %s: cannot decode image: %s", files.items[i], status[i].reason);
       goto done;
     }
     if (status[i].w) {
-      set_err(err, "data: %s: expected %dx%d (width x height) like %s, found %dx%d", files.items[i],
+      qt_err(err, "data: %s: expected %dx%d (width x height) like %s, found %dx%d", files.items[i],
               w0, h0, files.items[0], status[i].w, status[i].h);
       goto done;
     }

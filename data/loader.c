@@ -47,14 +47,6 @@ struct qt_loader {
   int stop;                    /* asks the worker to quit (under mu) */
 };
 
-static void set_err(char *err, const char *fmt, ...) {
-  if (!err) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, QT_ERR_LEN, fmt, ap);
-  va_end(ap);
-}
-
 /* ---------------------------------------------------------------- random numbers */
 
 static uint64_t mix64(uint64_t z) {
@@ -193,31 +185,31 @@ static void stop_worker(qt_loader *l) {
 
 qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, char *err) {
   if (!ds || !cfg) {
-    set_err(err, "data loader: expected a dataset and a configuration, found NULL");
+    qt_err(err, "data loader: expected a dataset and a configuration, found NULL");
     return NULL;
   }
   if (ds->n <= 0 || !ds->images || !ds->labels || ds->h <= 0 || ds->w <= 0 || ds->c < 1 || ds->c > 4) {
-    set_err(err, "data loader: expected a loaded dataset with n > 0 and 1 <= c <= 4, found n=%lld h=%d w=%d c=%d",
+    qt_err(err, "data loader: expected a loaded dataset with n > 0 and 1 <= c <= 4, found n=%lld h=%d w=%d c=%d",
             (long long)ds->n, ds->h, ds->w, ds->c);
     return NULL;
   }
   if (cfg->batch_size <= 0) {
-    set_err(err, "data loader: expected batch_size > 0, found %d", cfg->batch_size);
+    qt_err(err, "data loader: expected batch_size > 0, found %d", cfg->batch_size);
     return NULL;
   }
   if (cfg->drop_last && ds->n < cfg->batch_size) {
-    set_err(err, "data loader: batch_size %d with drop_last leaves no batch of a dataset of %lld samples",
+    qt_err(err, "data loader: batch_size %d with drop_last leaves no batch of a dataset of %lld samples",
             cfg->batch_size, (long long)ds->n);
     return NULL;
   }
   const int min_side = ds->h < ds->w ? ds->h : ds->w;
   if (cfg->crop_pad < 0 || cfg->crop_pad > min_side) {
-    set_err(err, "data loader: expected 0 <= crop_pad <= %d (the smaller image side), found %d", min_side, cfg->crop_pad);
+    qt_err(err, "data loader: expected 0 <= crop_pad <= %d (the smaller image side), found %d", min_side, cfg->crop_pad);
     return NULL;
   }
   for (int ch = 0; ch < ds->c; ch++) {
     if (!isfinite(cfg->mean[ch]) || !isfinite(cfg->std[ch]) || cfg->std[ch] == 0.0f) {
-      set_err(err, "data loader: channel %d: expected a finite mean and a finite non-zero std, found mean %g std %g",
+      qt_err(err, "data loader: channel %d: expected a finite mean and a finite non-zero std, found mean %g std %g",
               ch, (double)cfg->mean[ch], (double)cfg->std[ch]);
       return NULL;
     }
@@ -225,7 +217,7 @@ qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, c
 
   qt_loader *l = calloc(1, sizeof *l);
   if (!l) {
-    set_err(err, "data loader: out of memory");
+    qt_err(err, "data loader: out of memory");
     return NULL;
   }
   l->ds = ds;
@@ -244,7 +236,7 @@ qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, c
     l->slot_labels[s] = malloc((size_t)l->batch_capacity * sizeof(int32_t));
   }
   if (!l->order || !l->slot_images[0] || !l->slot_images[1] || !l->slot_labels[0] || !l->slot_labels[1]) {
-    set_err(err, "data loader: out of memory for batches of %d x %zu", l->batch_capacity, l->sample_size);
+    qt_err(err, "data loader: out of memory for batches of %d x %zu", l->batch_capacity, l->sample_size);
     for (int s = 0; s < 2; s++) { free(l->slot_images[s]); free(l->slot_labels[s]); }
     free(l->order);
     free(l);

@@ -48,13 +48,6 @@ static int overwritten(const qt_graph *g, qt_tensor *const *values, int v) {
   return 0;
 }
 
-static int argmax(const float *x, int64_t n) {
-  int64_t b = 0;
-  for (int64_t i = 1; i < n; i++)
-    if (x[i] > x[b]) b = i;
-  return (int)b;
-}
-
 static qt_report_point *add_point(qt_report *r, const char *name, qt_point_kind kind, char *err) {
   if (r->n_points == QT_REPORT_MAX_POINTS) {
     snprintf(err, QT_ERR_LEN, "report: more than %d quantization points and weights (at '%s')", QT_REPORT_MAX_POINTS,
@@ -220,8 +213,8 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_da
     const float *qo = qt_f32(qy);
     for (int i = 0; i < n; i++) {
       const int64_t off = (int64_t)i * classes;
-      const int pq = argmax(qo + off, classes), pd = argmax(out + off, classes);
-      if (fy) r->fp32_correct += argmax(qt_f32(fy) + off, classes) == labels[i];
+      const int pq = (int)qt_argmax(qo + off, classes), pd = (int)qt_argmax(out + off, classes);
+      if (fy) r->fp32_correct += (int)qt_argmax(qt_f32(fy) + off, classes) == labels[i];
       r->qdq_correct += pq == labels[i];
       r->device_correct += pd == labels[i];
       r->agree += pq == pd;

@@ -6,12 +6,6 @@
 
 #include "eval/report.h"
 
-static double now_seconds(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 typedef struct {
   qt_graph *fp32;
   qt_ctx *ctx;
@@ -36,10 +30,10 @@ static int run_int8(engines *e) { return qt_lowered_run(e->device, e->out, e->x,
 
 /* Seconds for `batches` runs, or -1. */
 static double time_runs(int (*run)(engines *), engines *e, int batches) {
-  const double t0 = now_seconds();
+  const double t0 = qt_now_seconds();
   for (int i = 0; i < batches; i++)
     if (run(e)) return -1;
-  return now_seconds() - t0;
+  return qt_now_seconds() - t0;
 }
 
 int qt_inference_measure(qt_graph *fp32, qt_lowered *device, const qt_dataset *ds, const qt_loader_config *lc,

@@ -13,9 +13,7 @@
 #include "autograd/autograd.h"
 #include "qat/quant.h"
 
-#ifndef QT_ERR_LEN
-#define QT_ERR_LEN 512
-#endif
+#include "base/base.h"
 
 #define QT_NAME_LEN 64
 #define QT_MAX_INPUTS 4

@@ -22,21 +22,6 @@ struct qt_optim {
   const uint8_t *decay; /* (n) or NULL = all decay; borrowed */
 };
 
-static void panic(const char *file, int line, const char *fmt, ...)
-    __attribute__((noreturn, format(printf, 3, 4)));
-static void panic(const char *file, int line, const char *fmt, ...) {
-  va_list ap;
-  fprintf(stderr, "%s:%d: internal error: ", file, line);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-  abort();
-}
-#define CHECK(cond, ...)                                 \
-  do {                                                   \
-    if (!(cond)) panic(__FILE__, __LINE__, __VA_ARGS__); \
-  } while (0)
 
 static const char *const optim_kind_names[] = {"sgd", "adamw"};
 _Static_assert(sizeof optim_kind_names / sizeof optim_kind_names[0] == QT_OPTIM_COUNT,
@@ -59,45 +44,35 @@ int qt_optim_kind_parse(const char *name, qt_optim_kind *out) {
   return 0;
 }
 
-int qt_optim_fail(char *err, const char *fmt, ...) {
-  if (err) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, QT_ERR_LEN, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
-
 int qt_optim_config_check(const qt_optim_config *cfg, char *err) {
   if ((unsigned)cfg->kind >= QT_OPTIM_COUNT)
-    return qt_optim_fail(err, "optim: kind: expected sgd or adamw, found %d", (int)cfg->kind);
+    return qt_err(err, "optim: kind: expected sgd or adamw, found %d", (int)cfg->kind);
   if (!(cfg->weight_decay >= 0 && isfinite(cfg->weight_decay)))
-    return qt_optim_fail(err, "optim: weight_decay: expected a finite number >= 0, found %g", cfg->weight_decay);
+    return qt_err(err, "optim: weight_decay: expected a finite number >= 0, found %g", cfg->weight_decay);
   if (cfg->kind == QT_OPTIM_SGD) {
     if (!(cfg->momentum >= 0 && isfinite(cfg->momentum)))
-      return qt_optim_fail(err, "optim: momentum: expected a finite number >= 0, found %g", cfg->momentum);
+      return qt_err(err, "optim: momentum: expected a finite number >= 0, found %g", cfg->momentum);
     if (!isfinite(cfg->dampening))
-      return qt_optim_fail(err, "optim: dampening: expected a finite number, found %g", cfg->dampening);
+      return qt_err(err, "optim: dampening: expected a finite number, found %g", cfg->dampening);
     if (cfg->nesterov && !(cfg->momentum > 0 && cfg->dampening == 0))
-      return qt_optim_fail(err,
+      return qt_err(err,
                   "optim: nesterov: expected momentum > 0 and dampening 0, found momentum %g, dampening %g",
                   cfg->momentum, cfg->dampening);
   } else {
     if (!(cfg->beta1 >= 0 && cfg->beta1 < 1))
-      return qt_optim_fail(err, "optim: beta1: expected a number in [0, 1), found %g", cfg->beta1);
+      return qt_err(err, "optim: beta1: expected a number in [0, 1), found %g", cfg->beta1);
     if (!(cfg->beta2 >= 0 && cfg->beta2 < 1))
-      return qt_optim_fail(err, "optim: beta2: expected a number in [0, 1), found %g", cfg->beta2);
+      return qt_err(err, "optim: beta2: expected a number in [0, 1), found %g", cfg->beta2);
     if (!(cfg->eps >= 0 && isfinite(cfg->eps)))
-      return qt_optim_fail(err, "optim: eps: expected a finite number >= 0, found %g", cfg->eps);
+      return qt_err(err, "optim: eps: expected a finite number >= 0, found %g", cfg->eps);
   }
   return 0;
 }
 
 qt_optim *qt_optim_create(const qt_optim_config *cfg, int64_t n) {
   char err[QT_ERR_LEN];
-  CHECK(qt_optim_config_check(cfg, err) == 0, "qt_optim_create: %s", err);
-  CHECK(n >= 1, "qt_optim_create: %lld parameters (want >= 1)", (long long)n);
+  QT_ASSERT(qt_optim_config_check(cfg, err) == 0, "qt_optim_create: %s", err);
+  QT_ASSERT(n >= 1, "qt_optim_create: %lld parameters (want >= 1)", (long long)n);
   qt_optim *o = calloc(1, sizeof *o);
   if (!o) return NULL;
   o->cfg = *cfg;
@@ -125,14 +100,14 @@ int64_t qt_optim_numel(const qt_optim *o) { return o->n; }
 int64_t qt_optim_steps(const qt_optim *o) { return o->steps; }
 
 void qt_optim_set_steps(qt_optim *o, int64_t steps) {
-  CHECK(steps >= 0, "qt_optim_set_steps: %lld (want >= 0)", (long long)steps);
+  QT_ASSERT(steps >= 0, "qt_optim_set_steps: %lld (want >= 0)", (long long)steps);
   o->steps = steps;
 }
 
 float *qt_optim_state(qt_optim *o, int i, const char **name) {
   static const char *const sgd_names[] = {"momentum_buffer"};
   static const char *const adamw_names[] = {"exp_avg", "exp_avg_sq"};
-  CHECK(i >= 0 && i < o->n_state, "qt_optim_state: index %d of %d state slabs (%s)", i, o->n_state,
+  QT_ASSERT(i >= 0 && i < o->n_state, "qt_optim_state: index %d of %d state slabs (%s)", i, o->n_state,
         qt_optim_kind_name(o->cfg.kind));
   if (name) *name = o->cfg.kind == QT_OPTIM_ADAMW ? adamw_names[i] : sgd_names[i];
   return o->state + (int64_t)i * o->n;
@@ -196,7 +171,7 @@ void qt_optim_step(qt_optim *o, float *params, const float *grads, float lr) {
   switch (o->cfg.kind) {
   case QT_OPTIM_SGD: sgd_step(o, params, grads, lr); break;
   case QT_OPTIM_ADAMW: adamw_step(o, params, grads, lr); break;
-  default: panic(__FILE__, __LINE__, "qt_optim_step: optimizer kind %d has no step", (int)o->cfg.kind);
+  default: qt_panic(__FILE__, __LINE__, "qt_optim_step: optimizer kind %d has no step", (int)o->cfg.kind);
   }
   o->steps++;
 }

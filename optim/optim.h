@@ -13,9 +13,7 @@
 
 #include <stdint.h>
 
-#ifndef QT_ERR_LEN
-#define QT_ERR_LEN 512
-#endif
+#include "base/base.h"
 
 /* ---------------------------------------------------------------- optimizers */
 

@@ -2,9 +2,6 @@
 #ifndef QT_OPTIM_INTERNAL_H
 #define QT_OPTIM_INTERNAL_H
 
-/* Formats into err (QT_ERR_LEN bytes, may be NULL) and returns -1. */
-int qt_optim_fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
 /* The index of `name` in names[0..n), -1 when absent (or name is NULL). */
 int qt_optim_name_index(const char *const *names, int n, const char *name);
 

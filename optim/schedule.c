@@ -26,25 +26,25 @@ int qt_lr_kind_parse(const char *name, qt_lr_kind *out) {
 
 int qt_lr_schedule_check(const qt_lr_schedule *s, char *err) {
   if ((unsigned)s->kind >= QT_LR_COUNT)
-    return qt_optim_fail(err, "lr schedule: kind: expected constant, step, cosine or linear, found %d", (int)s->kind);
+    return qt_err(err, "lr schedule: kind: expected constant, step, cosine or linear, found %d", (int)s->kind);
   if (!(s->base_lr >= 0 && isfinite(s->base_lr)))
-    return qt_optim_fail(err, "lr schedule: base_lr: expected a finite number >= 0, found %g", s->base_lr);
+    return qt_err(err, "lr schedule: base_lr: expected a finite number >= 0, found %g", s->base_lr);
   if (s->warmup_steps < 0)
-    return qt_optim_fail(err, "lr schedule: warmup_steps: expected >= 0, found %lld", (long long)s->warmup_steps);
+    return qt_err(err, "lr schedule: warmup_steps: expected >= 0, found %lld", (long long)s->warmup_steps);
   switch (s->kind) {
   case QT_LR_COSINE:
   case QT_LR_LINEAR:
     if (!(s->min_lr >= 0 && isfinite(s->min_lr)))
-      return qt_optim_fail(err, "lr schedule: min_lr: expected a finite number >= 0, found %g", s->min_lr);
+      return qt_err(err, "lr schedule: min_lr: expected a finite number >= 0, found %g", s->min_lr);
     if (s->total_steps <= s->warmup_steps)
-      return qt_optim_fail(err, "lr schedule: total_steps: expected more than warmup_steps (%lld) for %s, found %lld",
+      return qt_err(err, "lr schedule: total_steps: expected more than warmup_steps (%lld) for %s, found %lld",
                   (long long)s->warmup_steps, qt_lr_kind_name(s->kind), (long long)s->total_steps);
     break;
   case QT_LR_STEP:
     if (s->step_size < 1)
-      return qt_optim_fail(err, "lr schedule: step_size: expected >= 1, found %lld", (long long)s->step_size);
+      return qt_err(err, "lr schedule: step_size: expected >= 1, found %lld", (long long)s->step_size);
     if (!(s->gamma >= 0 && isfinite(s->gamma)))
-      return qt_optim_fail(err, "lr schedule: gamma: expected a finite number >= 0, found %g", s->gamma);
+      return qt_err(err, "lr schedule: gamma: expected a finite number >= 0, found %g", s->gamma);
     break;
   default: break;
   }

@@ -37,15 +37,6 @@
 static const char *const param_slot_names[QT_MAX_PARAMS] = {"weight", "bias", "bn_weight", "bn_bias"};
 static const char *const buffer_slot_names[QT_MAX_PARAMS] = {"running_mean", "running_var", "buffer2", "buffer3"};
 
-static int fail(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(char *msg, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, QT_ERR_LEN, fmt, ap);
-  va_end(ap);
-  return -1;
-}
-
 static void shape_str(char *buf, size_t n, int ndim, const int64_t *s) {
   size_t k = (size_t)snprintf(buf, n, "(");
   for (int i = 0; i < ndim && k < n; i++) k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)s[i]);
@@ -90,7 +81,7 @@ static int infer_kind(const qt_graph *g, graph_kind *kind, char *msg) {
   }
   if (first[KIND_QDQ] >= 0 && first[KIND_PREPARED] >= 0) {
     const int p = first[KIND_PREPARED], q = first[KIND_QDQ];
-    return fail(msg,
+    return qt_err(msg,
                 "node %d '%s': %s belongs to prepared graphs, but node %d '%s': %s belongs to Q/DQ graphs; a file "
                 "holds one or the other (save the prepared graph, or its qt_convert result)",
                 p, g->nodes[p].name, why[KIND_PREPARED], q, g->nodes[q].name, why[KIND_QDQ]);
@@ -117,11 +108,11 @@ static int op_inputs(qt_op op) { return op == QT_OP_INPUT ? 0 : op == QT_OP_ADD 
 
 static int check_slot(const qt_graph *g, const char *where, qt_op op, int t, int use, int is_buffer,
                       const char *slot, char *msg) {
-  if (t < 0) return use == 2 ? fail(msg, "%s: op '%s' needs a %s tensor", where, qt_op_name(op), slot) : 0;
-  if (t >= g->n_tensors) return fail(msg, "%s: %s tensor id %d out of range (%d tensors)", where, slot, t, g->n_tensors);
-  if (!use) return fail(msg, "%s: op '%s' has no %s tensor (found '%s')", where, qt_op_name(op), slot, g->tensors[t].name);
+  if (t < 0) return use == 2 ? qt_err(msg, "%s: op '%s' needs a %s tensor", where, qt_op_name(op), slot) : 0;
+  if (t >= g->n_tensors) return qt_err(msg, "%s: %s tensor id %d out of range (%d tensors)", where, slot, t, g->n_tensors);
+  if (!use) return qt_err(msg, "%s: op '%s' has no %s tensor (found '%s')", where, qt_op_name(op), slot, g->tensors[t].name);
   if (g->tensors[t].is_buffer != is_buffer)
-    return fail(msg, "%s: %s tensor '%s' is a %s, want a %s", where, slot, g->tensors[t].name,
+    return qt_err(msg, "%s: %s tensor '%s' is a %s, want a %s", where, slot, g->tensors[t].name,
                 g->tensors[t].is_buffer ? "buffer" : "parameter", is_buffer ? "buffer" : "parameter");
   return 0;
 }
@@ -132,7 +123,7 @@ static int check_vector(const qt_graph *g, const char *where, int t, int64_t len
   if (p->ndim != 1 || p->shape[0] != len) {
     char s[96];
     shape_str(s, sizeof s, p->ndim, p->shape);
-    return fail(msg, "%s: tensor '%s' has shape %s, want (%lld)", where, p->name, s, (long long)len);
+    return qt_err(msg, "%s: tensor '%s' has shape %s, want (%lld)", where, p->name, s, (long long)len);
   }
   return 0;
 }
@@ -145,68 +136,68 @@ static int64_t window_out(int64_t in, int k, int s, int p) {
 
 /* Shapes, ids, topological order and slots: everything but quantization records. */
 static int validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
-  if (g->n_nodes < 1) return fail(msg, "graph '%s' has no nodes", g->name);
+  if (g->n_nodes < 1) return qt_err(msg, "graph '%s' has no nodes", g->name);
   for (int v = 0; v < g->n_values; v++) {
     const qt_value *val = &g->values[v];
-    if (val->ndim < 1 || val->ndim > 3) return fail(msg, "value %d '%s': rank %d, want 1..3", v, val->name, val->ndim);
+    if (val->ndim < 1 || val->ndim > 3) return qt_err(msg, "value %d '%s': rank %d, want 1..3", v, val->name, val->ndim);
     int64_t numel = 1;
     for (int d = 0; d < val->ndim; d++) {
       if (val->shape[d] < 1 || val->shape[d] > QDQ_MAX_DIM)
-        return fail(msg, "value %d '%s': dimension %d is %lld", v, val->name, d, (long long)val->shape[d]);
+        return qt_err(msg, "value %d '%s': dimension %d is %lld", v, val->name, d, (long long)val->shape[d]);
       numel *= val->shape[d];
-      if (numel > QDQ_MAX_NUMEL) return fail(msg, "value %d '%s': more than %lld elements per sample", v, val->name,
+      if (numel > QDQ_MAX_NUMEL) return qt_err(msg, "value %d '%s': more than %lld elements per sample", v, val->name,
                                              (long long)QDQ_MAX_NUMEL);
     }
   }
   for (int t = 0; t < g->n_tensors; t++) {
     const qt_param *p = &g->tensors[t];
-    if (p->ndim < 1 || p->ndim > 4) return fail(msg, "tensor '%s': rank %d, want 1..4", p->name, p->ndim);
+    if (p->ndim < 1 || p->ndim > 4) return qt_err(msg, "tensor '%s': rank %d, want 1..4", p->name, p->ndim);
     int64_t numel = 1;
     for (int d = 0; d < p->ndim; d++) {
       if (p->shape[d] < 1 || p->shape[d] > QDQ_MAX_NUMEL)
-        return fail(msg, "tensor '%s': dimension %d is %lld", p->name, d, (long long)p->shape[d]);
+        return qt_err(msg, "tensor '%s': dimension %d is %lld", p->name, d, (long long)p->shape[d]);
       numel *= p->shape[d];
-      if (numel > QDQ_MAX_NUMEL) return fail(msg, "tensor '%s': more than %lld elements", p->name, (long long)QDQ_MAX_NUMEL);
+      if (numel > QDQ_MAX_NUMEL) return qt_err(msg, "tensor '%s': more than %lld elements", p->name, (long long)QDQ_MAX_NUMEL);
     }
-    if (numel != p->numel) return fail(msg, "tensor '%s': numel %lld disagrees with its shape", p->name, (long long)p->numel);
+    if (numel != p->numel) return qt_err(msg, "tensor '%s': numel %lld disagrees with its shape", p->name, (long long)p->numel);
   }
   int n_input_nodes = 0;
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     char where[QT_NAME_LEN + 32];
     snprintf(where, sizeof where, "node %d '%s'", i, n->name);
-    if ((unsigned)n->op >= QT_OP_COUNT) return fail(msg, "%s: op %d is not an op", where, (int)n->op);
+    if ((unsigned)n->op >= QT_OP_COUNT) return qt_err(msg, "%s: op %d is not an op", where, (int)n->op);
     const char *op = qt_op_name(n->op);
     char why[96];
     const int nk = node_kind(n, why, sizeof why);
     if ((n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN) && kind == KIND_QDQ)
-      return fail(msg, "%s: op '%s' belongs to prepared graphs, not to a Q/DQ graph (run qt_convert first)", where, op);
+      return qt_err(msg, "%s: op '%s' belongs to prepared graphs, not to a Q/DQ graph (run qt_convert first)", where, op);
     if (nk >= 0 && nk != (int)kind)
-      return fail(msg, "%s: %s belongs to %s, not to %s", where, why, kind_titles[nk], kind_titles[kind]);
+      return qt_err(msg, "%s: %s belongs to %s, not to %s", where, why, kind_titles[nk], kind_titles[kind]);
     if (n->n_inputs != op_inputs(n->op))
-      return fail(msg, "%s: op '%s' takes %d input(s), has %d", where, op, op_inputs(n->op), n->n_inputs);
+      return qt_err(msg, "%s: op '%s' takes %d input(s), has %d", where, op, op_inputs(n->op), n->n_inputs);
     for (int k = 0; k < n->n_inputs; k++) {
       int v = n->inputs[k];
       if (v < 0 || v >= g->n_values)
-        return fail(msg, "%s: input value id %d out of range (%d values)", where, v, g->n_values);
+        return qt_err(msg, "%s: input value id %d out of range (%d values)", where, v, g->n_values);
       int p = g->values[v].producer;
       if (p < 0 || p >= i)
-        return fail(msg, "%s: input value %d '%s' is not produced by an earlier node (nodes must be in topological order)",
+        return qt_err(msg, "%s: input value %d '%s' is not produced by an earlier node (nodes must be in topological order)",
                     where, v, g->values[v].name);
       int is_int = g->nodes[p].op == QT_OP_QUANTIZE;
       if (n->op == QT_OP_DEQUANTIZE && !is_int)
-        return fail(msg, "%s: dequantize reads '%s', which is not the output of a quantize node", where,
+        return qt_err(msg, "%s: dequantize reads '%s', which is not the output of a quantize node", where,
                     g->values[v].name);
       if (n->op != QT_OP_DEQUANTIZE && is_int)
-        return fail(msg, "%s: reads the integer output of quantize '%s'; only a dequantize may", where,
+        return qt_err(msg, "%s: reads the integer output of quantize '%s'; only a dequantize may", where,
                     g->nodes[p].name);
     }
     if (n->output < 0 || n->output >= g->n_values || g->values[n->output].producer != i)
-      return fail(msg, "%s: output value id %d out of range or produced by another node", where, n->output);
+      return qt_err(msg, "%s: output value id %d out of range or produced by another node", where, n->output);
     if (n->op == QT_OP_INPUT) {
       n_input_nodes++;
       if (g->input != n->output)
-        return fail(msg, "%s: the graph input is value %d, this input node produces %d", where, g->input, n->output);
+        return qt_err(msg, "%s: the graph input is value %d, this input node produces %d", where, g->input, n->output);
     }
     for (int k = 0; k < QT_MAX_PARAMS; k++) {
       if (check_slot(g, where, n->op, n->param[k], param_slot_use(n->op, k), 0, param_slot_names[k], msg) ||
@@ -221,29 +212,29 @@ static int validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
     int want_nd = 0;
     switch (n->op) {
       case QT_OP_INPUT:
-        if (y->ndim != 3) return fail(msg, "%s: the input value must be an image (H, W, C), has rank %d", where, y->ndim);
+        if (y->ndim != 3) return qt_err(msg, "%s: the input value must be an image (H, W, C), has rank %d", where, y->ndim);
         want_nd = 3;
         memcpy(want, y->shape, sizeof want);
         break;
       case QT_OP_CONV2D:
       case QT_OP_CONV_BN: {
-        if (x->ndim != 3) return fail(msg, "%s: %s input '%s' is not an image (H, W, C)", where, op, x->name);
+        if (x->ndim != 3) return qt_err(msg, "%s: %s input '%s' is not an image (H, W, C)", where, op, x->name);
         if (W->ndim != 4)
-          return fail(msg, "%s: weight '%s' is %d-D, %s wants 4-D (OC, C/groups, KH, KW)", where, W->name, W->ndim, op);
+          return qt_err(msg, "%s: weight '%s' is %d-D, %s wants 4-D (OC, C/groups, KH, KW)", where, W->name, W->ndim, op);
         shape_str(s1, sizeof s1, W->ndim, W->shape);
         const int64_t C = x->shape[2], OC = W->shape[0];
         if (a->groups < 1 || C % a->groups || OC % a->groups || W->shape[1] * a->groups != C)
-          return fail(msg, "%s: weight '%s' %s does not fit %lld input channels with groups %d", where, W->name, s1,
+          return qt_err(msg, "%s: weight '%s' %s does not fit %lld input channels with groups %d", where, W->name, s1,
                       (long long)C, a->groups);
         if (W->shape[2] != a->kernel_h || W->shape[3] != a->kernel_w)
-          return fail(msg, "%s: weight '%s' %s has a %lldx%lld kernel, the attributes say %dx%d", where, W->name, s1,
+          return qt_err(msg, "%s: weight '%s' %s has a %lldx%lld kernel, the attributes say %dx%d", where, W->name, s1,
                       (long long)W->shape[2], (long long)W->shape[3], a->kernel_h, a->kernel_w);
         if (a->out_channels != OC)
-          return fail(msg, "%s: out_channels %d, weight '%s' has %lld", where, a->out_channels, W->name, (long long)OC);
+          return qt_err(msg, "%s: out_channels %d, weight '%s' has %lld", where, a->out_channels, W->name, (long long)OC);
         want[0] = window_out(x->shape[0], a->kernel_h, a->stride_h, a->pad_h);
         want[1] = window_out(x->shape[1], a->kernel_w, a->stride_w, a->pad_w);
         if (want[0] < 1 || want[1] < 1)
-          return fail(msg, "%s: kernel %dx%d stride %dx%d pad %dx%d do not fit input %lldx%lld", where, a->kernel_h,
+          return qt_err(msg, "%s: kernel %dx%d stride %dx%d pad %dx%d do not fit input %lldx%lld", where, a->kernel_h,
                       a->kernel_w, a->stride_h, a->stride_w, a->pad_h, a->pad_w, (long long)x->shape[0],
                       (long long)x->shape[1]);
         want[2] = OC;
@@ -256,18 +247,18 @@ static int validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
              check_vector(g, where, n->buffer[QT_B_RUNNING_VAR], OC, msg)))
           return -1;
         if (n->op == QT_OP_CONV_BN && (!isfinite(a->eps) || !(a->eps > 0) || !isfinite(a->momentum)))
-          return fail(msg, "%s: eps %g must be finite and > 0, momentum %g finite", where, a->eps, a->momentum);
+          return qt_err(msg, "%s: eps %g must be finite and > 0, momentum %g finite", where, a->eps, a->momentum);
         break;
       }
       case QT_OP_LINEAR:
         if (x->ndim != 1)
-          return fail(msg, "%s: linear input '%s' has rank %d, want flat features (F)", where, x->name, x->ndim);
-        if (W->ndim != 2) return fail(msg, "%s: weight '%s' is %d-D, linear wants 2-D (OUT, IN)", where, W->name, W->ndim);
+          return qt_err(msg, "%s: linear input '%s' has rank %d, want flat features (F)", where, x->name, x->ndim);
+        if (W->ndim != 2) return qt_err(msg, "%s: weight '%s' is %d-D, linear wants 2-D (OUT, IN)", where, W->name, W->ndim);
         if (W->shape[1] != x->shape[0])
-          return fail(msg, "%s: weight '%s' takes %lld features, input '%s' has %lld", where, W->name,
+          return qt_err(msg, "%s: weight '%s' takes %lld features, input '%s' has %lld", where, W->name,
                       (long long)W->shape[1], x->name, (long long)x->shape[0]);
         if (a->out_channels != W->shape[0])
-          return fail(msg, "%s: out_channels %d, weight '%s' has %lld", where, a->out_channels, W->name,
+          return qt_err(msg, "%s: out_channels %d, weight '%s' has %lld", where, a->out_channels, W->name,
                       (long long)W->shape[0]);
         want[0] = W->shape[0];
         want_nd = 1;
@@ -280,27 +271,27 @@ static int validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
             check_vector(g, where, n->buffer[QT_B_RUNNING_VAR], C, msg))
           return -1;
         if (!isfinite(a->eps) || !(a->eps > 0) || !isfinite(a->momentum))
-          return fail(msg, "%s: eps %g must be finite and > 0, momentum %g finite", where, a->eps, a->momentum);
+          return qt_err(msg, "%s: eps %g must be finite and > 0, momentum %g finite", where, a->eps, a->momentum);
         want_nd = x->ndim;
         memcpy(want, x->shape, sizeof want);
         break;
       }
       case QT_OP_MAX_POOL2D:
       case QT_OP_AVG_POOL2D:
-        if (x->ndim != 3) return fail(msg, "%s: %s input '%s' is not an image (H, W, C)", where, op, x->name);
+        if (x->ndim != 3) return qt_err(msg, "%s: %s input '%s' is not an image (H, W, C)", where, op, x->name);
         if (a->kernel_h != a->kernel_w || a->stride_h != a->stride_w || a->pad_h != a->pad_w)
-          return fail(msg, "%s: %s needs a square kernel, stride and padding (kernel %dx%d stride %dx%d pad %dx%d)",
+          return qt_err(msg, "%s: %s needs a square kernel, stride and padding (kernel %dx%d stride %dx%d pad %dx%d)",
                       where, op, a->kernel_h, a->kernel_w, a->stride_h, a->stride_w, a->pad_h, a->pad_w);
         want[0] = window_out(x->shape[0], a->kernel_h, a->stride_h, a->pad_h);
         want[1] = window_out(x->shape[1], a->kernel_w, a->stride_w, a->pad_w);
         if (want[0] < 1 || want[1] < 1 || 2 * a->pad_h > a->kernel_h)
-          return fail(msg, "%s: kernel %d stride %d pad %d do not fit input %lldx%lld", where, a->kernel_h, a->stride_h,
+          return qt_err(msg, "%s: kernel %d stride %d pad %d do not fit input %lldx%lld", where, a->kernel_h, a->stride_h,
                       a->pad_h, (long long)x->shape[0], (long long)x->shape[1]);
         want[2] = x->shape[2];
         want_nd = 3;
         break;
       case QT_OP_GLOBAL_AVG_POOL:
-        if (x->ndim != 3) return fail(msg, "%s: global_avg_pool input '%s' is not an image (H, W, C)", where, x->name);
+        if (x->ndim != 3) return qt_err(msg, "%s: global_avg_pool input '%s' is not an image (H, W, C)", where, x->name);
         want[0] = x->shape[2];
         want_nd = 1;
         break;
@@ -313,7 +304,7 @@ static int validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
         const qt_value *b = &g->values[n->inputs[1]];
         int same = b->ndim == x->ndim;
         for (int d = 0; same && d < x->ndim; d++) same = b->shape[d] == x->shape[d];
-        if (!same) return fail(msg, "%s: add inputs '%s' and '%s' differ in shape", where, x->name, b->name);
+        if (!same) return qt_err(msg, "%s: add inputs '%s' and '%s' differ in shape", where, x->name, b->name);
       }
         /* fall through */
       case QT_OP_RELU:
@@ -324,19 +315,19 @@ static int validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
         memcpy(want, x->shape, sizeof want);
         break;
       default:
-        return fail(msg, "%s: op '%s' has no meaning in a file", where, op);
+        return qt_err(msg, "%s: op '%s' has no meaning in a file", where, op);
     }
     int same = y->ndim == want_nd;
     for (int d = 0; same && d < want_nd; d++) same = y->shape[d] == want[d];
     if (!same) {
       shape_str(s1, sizeof s1, y->ndim, y->shape);
       shape_str(s2, sizeof s2, want_nd, want);
-      return fail(msg, "%s: output value '%s' has shape %s, op '%s' computes %s", where, y->name, s1, op, s2);
+      return qt_err(msg, "%s: output value '%s' has shape %s, op '%s' computes %s", where, y->name, s1, op, s2);
     }
   }
-  if (n_input_nodes != 1) return fail(msg, "graph '%s' has %d input nodes, want 1", g->name, n_input_nodes);
+  if (n_input_nodes != 1) return qt_err(msg, "graph '%s' has %d input nodes, want 1", g->name, n_input_nodes);
   if (g->output < 0 || g->output >= g->n_values)
-    return fail(msg, "graph output value id %d out of range (%d values)", g->output, g->n_values);
+    return qt_err(msg, "graph output value id %d out of range (%d values)", g->output, g->n_values);
   return 0;
 }
 
@@ -351,49 +342,49 @@ static int check_qstate(const qt_qstate *q, graph_kind kind, int is_weight, int6
   const char *what = is_weight ? "weight quantization" : "activation quantization";
   const qt_qspec *s = &q->spec;
   if (s->bits < 2 || s->bits > QDQ_MAX_BITS)
-    return fail(msg, "%s: %s: bits %d outside 2..%d", where, what, s->bits, QDQ_MAX_BITS);
+    return qt_err(msg, "%s: %s: bits %d outside 2..%d", where, what, s->bits, QDQ_MAX_BITS);
   const int64_t lo = s->is_signed ? -((int64_t)1 << (s->bits - 1)) : 0;
   const int64_t hi = s->is_signed ? ((int64_t)1 << (s->bits - 1)) - 1 : ((int64_t)1 << s->bits) - 1;
   if (!(lo <= s->qmin && s->qmin < s->qmax && s->qmax <= hi))
-    return fail(msg, "%s: %s: [qmin %d, qmax %d] is not a range within %d-bit %s [%lld, %lld]", where, what, s->qmin,
+    return qt_err(msg, "%s: %s: [qmin %d, qmax %d] is not a range within %d-bit %s [%lld, %lld]", where, what, s->qmin,
                 s->qmax, s->bits, s->is_signed ? "signed" : "unsigned", (long long)lo, (long long)hi);
   if ((unsigned)s->observer >= QT_OBSERVER_COUNT || (unsigned)s->method >= QT_RANGE_COUNT || !isfinite(s->percentile))
-    return fail(msg, "%s: %s: bad observer settings", where, what);
+    return qt_err(msg, "%s: %s: bad observer settings", where, what);
   const int64_t want_ch = s->per_channel ? axis_dim : 1;
   if (q->channels != want_ch)
-    return fail(msg, "%s: %s: %d channels, want %lld (%s)", where, what, q->channels, (long long)want_ch,
+    return qt_err(msg, "%s: %s: %d channels, want %lld (%s)", where, what, q->channels, (long long)want_ch,
                 s->per_channel ? (is_weight ? "per channel along axis 0" : "per channel along the last axis")
                                : "per tensor");
   /* A loaded record is calibrated; an uncalibrated one holds placeholders, not qparams. */
   if (kind == KIND_PREPARED && !q->calibrated)
-    return fail(msg, "%s: %s holds no qparams yet (its observer never ran: calibrate or train first)", where, what);
+    return qt_err(msg, "%s: %s holds no qparams yet (its observer never ran: calibrate or train first)", where, what);
   for (int c = 0; c < q->channels; c++) {
     if (!isfinite(q->scale[c]) || !(q->scale[c] > 0))
-      return fail(msg, "%s: %s: scale[%d] = %g is not a finite number > 0", where, what, c, q->scale[c]);
+      return qt_err(msg, "%s: %s: scale[%d] = %g is not a finite number > 0", where, what, c, q->scale[c]);
     if (q->zero_point[c] < s->qmin || q->zero_point[c] > s->qmax)
-      return fail(msg, "%s: %s: zero_point[%d] = %d outside [qmin %d, qmax %d]", where, what, c, q->zero_point[c],
+      return qt_err(msg, "%s: %s: zero_point[%d] = %d outside [qmin %d, qmax %d]", where, what, c, q->zero_point[c],
                   s->qmin, s->qmax);
   }
   if (kind == KIND_PREPARED) {
     /* The file cannot say that fake quant is off: the loaded graph would apply it. */
     if (!q->fake_quant)
-      return fail(msg, "%s: %s has fake quant off; a prepared graph is stored with fake quant on "
+      return qt_err(msg, "%s: %s has fake quant off; a prepared graph is stored with fake quant on "
                        "(qt_set_fake_quant(g, 1) before saving)", where, what);
-    if (q->qweight) return fail(msg, "%s: %s holds integer weights, which a prepared graph does not", where, what);
+    if (q->qweight) return qt_err(msg, "%s: %s holds integer weights, which a prepared graph does not", where, what);
     return 0;
   }
   if (!is_weight) {
-    if (q->qweight) return fail(msg, "%s: activation quantization holds integer weights", where);
+    if (q->qweight) return qt_err(msg, "%s: activation quantization holds integer weights", where);
     return 0;
   }
   if (!q->qweight)
-    return fail(msg, "%s: weight quantization without integer weights (a prepared graph? run qt_convert first)", where);
+    return qt_err(msg, "%s: weight quantization without integer weights (a prepared graph? run qt_convert first)", where);
   if (q->n_qweight != numel)
-    return fail(msg, "%s: %lld integer weights, the weight has %lld elements", where, (long long)q->n_qweight,
+    return qt_err(msg, "%s: %lld integer weights, the weight has %lld elements", where, (long long)q->n_qweight,
                 (long long)numel);
   for (int64_t k = 0; k < numel; k++)
     if (q->qweight[k] < s->qmin || q->qweight[k] > s->qmax)
-      return fail(msg, "%s: integer weight %lld = %d outside [qmin %d, qmax %d]", where, (long long)k, q->qweight[k],
+      return qt_err(msg, "%s: integer weight %lld = %d outside [qmin %d, qmax %d]", where, (long long)k, q->qweight[k],
                   s->qmin, s->qmax);
   return 0;
 }
@@ -404,16 +395,16 @@ static int validate_quant(const qt_graph *g, graph_kind kind, char *msg) {
     char where[QT_NAME_LEN + 32];
     snprintf(where, sizeof where, "node %d '%s'", i, n->name);
     if (n->op == QT_OP_QUANTIZE || n->op == QT_OP_DEQUANTIZE || n->op == QT_OP_FAKE_QUANT) {
-      if (!n->q) return fail(msg, "%s: %s without an activation quantization record", where, qt_op_name(n->op));
+      if (!n->q) return qt_err(msg, "%s: %s without an activation quantization record", where, qt_op_name(n->op));
       const qt_value *x = &g->values[n->inputs[0]];
       if (check_qstate(n->q, kind, 0, x->shape[x->ndim - 1], 0, where, msg)) return -1;
     } else if (n->q) {
-      return fail(msg, "%s: op '%s' carries an activation quantization record (only %s do)", where, qt_op_name(n->op),
+      return qt_err(msg, "%s: op '%s' carries an activation quantization record (only %s do)", where, qt_op_name(n->op),
                   kind == KIND_PREPARED ? "fake_quant nodes" : "quantize/dequantize");
     }
     if (n->wq) {
       if (n->op != QT_OP_CONV2D && n->op != QT_OP_LINEAR && n->op != QT_OP_CONV_BN)
-        return fail(msg, "%s: op '%s' carries a weight quantization record (only conv2d/linear%s do)", where,
+        return qt_err(msg, "%s: op '%s' carries a weight quantization record (only conv2d/linear%s do)", where,
                     qt_op_name(n->op), kind == KIND_PREPARED ? "/conv_bn" : "");
       const qt_param *W = &g->tensors[n->param[QT_P_WEIGHT]];
       if (check_qstate(n->wq, kind, 1, W->shape[0], W->numel, where, msg)) return -1;
@@ -667,14 +658,6 @@ static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
   return bad ? -1 : 0;
 }
 
-static int fsync_path(const char *path) {
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return -1;
-  int r = fsync(fd);
-  close(fd);
-  return r;
-}
-
 /* A file access list asking for HDF5 1.10's format: checksummed object headers, superblock
  * and chunk indexes. */
 static hid_t file_access(void) {
@@ -690,26 +673,26 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   err[0] = 0;
   char msg[QT_ERR_LEN];
-  if (!g->finalized) return fail(err, "qdq save '%s': graph '%s' is not finalized", path, g->name);
+  if (!g->finalized) return qt_err(err, "qdq save '%s': graph '%s' is not finalized", path, g->name);
   for (int i = 0; i < g->n_nodes; i++)
     if (bad_link_name(g->nodes[i].name))
-      return fail(err, "qdq save '%s': node %d name '%s' is empty, '.' or holds '/', which an HDF5 name cannot", path, i,
+      return qt_err(err, "qdq save '%s': node %d name '%s' is empty, '.' or holds '/', which an HDF5 name cannot", path, i,
                   g->nodes[i].name);
   for (int t = 0; t < g->n_tensors; t++) {
     const qt_param *p = &g->tensors[t];
     if (strchr(p->name, '/'))
-      return fail(err, "qdq save '%s': tensor name '%s' holds '/', which an HDF5 name cannot", path, p->name);
+      return qt_err(err, "qdq save '%s': tensor name '%s' holds '/', which an HDF5 name cannot", path, p->name);
     const size_t len = p->node >= 0 && p->node < g->n_nodes ? strlen(g->nodes[p->node].name) : 0;
     if (!len || strncmp(p->name, g->nodes[p->node].name, len) != 0 || p->name[len] != '.' || !p->name[len + 1])
-      return fail(err, "qdq save '%s': tensor '%s' is not named '<owner node>.<suffix>' (owner node %d)", path, p->name,
+      return qt_err(err, "qdq save '%s': tensor '%s' is not named '<owner node>.<suffix>' (owner node %d)", path, p->name,
                   p->node);
   }
   graph_kind kind = KIND_QDQ;
   if (infer_kind(g, &kind, msg) || validate_structure(g, kind, msg) || validate_quant(g, kind, msg))
-    return fail(err, "qdq save '%s': %s", path, msg);
+    return qt_err(err, "qdq save '%s': %s", path, msg);
 
   char tmp[4200];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return fail(err, "qdq save: path too long");
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return qt_err(err, "qdq save: path too long");
   hid_t fapl = file_access();
   /* The root group is created with the file: its object times must be off too, or the bytes
    * depend on the clock. */
@@ -718,7 +701,7 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
                                                                        : H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, fapl);
   if (fapl >= 0) H5Pclose(fapl);
   if (fcpl >= 0) H5Pclose(fcpl);
-  if (f < 0) return fail(err, "qdq save '%s': cannot create '%s' (directory missing or not writable?)", path, tmp);
+  if (f < 0) return qt_err(err, "qdq save '%s': cannot create '%s' (directory missing or not writable?)", path, tmp);
   writer w;
   snprintf(w.where, sizeof w.where, "the file");
   w.dcpl = H5Pcreate(H5P_DATASET_CREATE);
@@ -730,11 +713,14 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
   if (w.dcpl >= 0) H5Pclose(w.dcpl);
   if (w.gcpl >= 0) H5Pclose(w.gcpl);
   bad |= H5Fclose(f) < 0;
-  if (bad || fsync_path(tmp) != 0 || rename(tmp, path) != 0) {
-    fail(err, "qdq save '%s': writing %s failed (disk full or not writable?); '%s' is unchanged", path, w.where, path);
+  if (bad) {
     unlink(tmp);
-    return -1;
+    return qt_err(err, "qdq save '%s': writing %s failed (disk full or not writable?); '%s' is unchanged", path,
+                  w.where, path);
   }
+  char cerr[QT_ERR_LEN];
+  if (qt_file_commit(tmp, path, cerr))
+    return qt_err(err, "qdq save '%s': %s (disk full or not writable?); '%s' is unchanged", path, cerr, path);
   return 0;
 }
 
@@ -744,10 +730,10 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
 static hid_t attr_open(hid_t loc, const char *obj, const char *name, H5T_class_t cls, int min_n, int max_n, int *n,
                        char *msg) {
   htri_t exists = H5Aexists(loc, name);
-  if (exists < 0) return fail(msg, "%s: cannot read the attributes (corrupt file: checksum or decoding failed)", obj);
-  if (exists == 0) return fail(msg, "%s: missing attribute '%s'", obj, name);
+  if (exists < 0) return qt_err(msg, "%s: cannot read the attributes (corrupt file: checksum or decoding failed)", obj);
+  if (exists == 0) return qt_err(msg, "%s: missing attribute '%s'", obj, name);
   hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
-  if (a < 0) return fail(msg, "%s: cannot open attribute '%s'", obj, name);
+  if (a < 0) return qt_err(msg, "%s: cannot open attribute '%s'", obj, name);
   hid_t t = H5Aget_type(a), sp = H5Aget_space(a);
   H5T_class_t c = t < 0 ? H5T_NO_CLASS : H5Tget_class(t);
   hssize_t np = sp < 0 ? -1 : H5Sget_simple_extent_npoints(sp);
@@ -756,11 +742,11 @@ static hid_t attr_open(hid_t loc, const char *obj, const char *name, H5T_class_t
   const char *want = cls == H5T_INTEGER ? "an integer" : cls == H5T_FLOAT ? "a float" : "a string";
   if (c != cls) {
     H5Aclose(a);
-    return fail(msg, "%s: attribute '%s' is not %s", obj, name, want);
+    return qt_err(msg, "%s: attribute '%s' is not %s", obj, name, want);
   }
   if (np < min_n || np > max_n) {
     H5Aclose(a);
-    return fail(msg, "%s: attribute '%s' has %lld elements, want %d..%d", obj, name, (long long)np, min_n, max_n);
+    return qt_err(msg, "%s: attribute '%s' has %lld elements, want %d..%d", obj, name, (long long)np, min_n, max_n);
   }
   if (n) *n = (int)np;
   return a;
@@ -774,21 +760,21 @@ static int read_attr_ints(hid_t loc, const char *obj, const char *name, int *v, 
   herr_t r = count ? H5Aread(a, H5T_NATIVE_INT, v) : 0;
   H5Aclose(a);
   if (n) *n = count;
-  return r < 0 ? fail(msg, "%s: cannot read attribute '%s'", obj, name) : 0;
+  return r < 0 ? qt_err(msg, "%s: cannot read attribute '%s'", obj, name) : 0;
 }
 static int read_attr_int(hid_t loc, const char *obj, const char *name, int *v, char *msg) {
   return read_attr_ints(loc, obj, name, v, 1, 1, NULL, msg);
 }
 static int read_attr_flag(hid_t loc, const char *obj, const char *name, int *v, char *msg) {
   if (read_attr_int(loc, obj, name, v, msg)) return -1;
-  return *v == 0 || *v == 1 ? 0 : fail(msg, "%s: attribute '%s' is %d, want 0 or 1", obj, name, *v);
+  return *v == 0 || *v == 1 ? 0 : qt_err(msg, "%s: attribute '%s' is %d, want 0 or 1", obj, name, *v);
 }
 static int read_attr_float(hid_t loc, const char *obj, const char *name, float *v, char *msg) {
   hid_t a = attr_open(loc, obj, name, H5T_FLOAT, 1, 1, NULL, msg);
   if (a < 0) return -1;
   herr_t r = H5Aread(a, H5T_NATIVE_FLOAT, v);
   H5Aclose(a);
-  return r < 0 ? fail(msg, "%s: cannot read attribute '%s'", obj, name) : 0;
+  return r < 0 ? qt_err(msg, "%s: cannot read attribute '%s'", obj, name) : 0;
 }
 
 /* A fixed- or variable-length string attribute into buf (cap bytes with the terminator). */
@@ -821,8 +807,8 @@ static int read_attr_str(hid_t loc, const char *obj, const char *name, char *buf
   if (mt >= 0) H5Tclose(mt);
   if (t >= 0) H5Tclose(t);
   H5Aclose(a);
-  if (rc == -2) return fail(msg, "%s: attribute '%s' is longer than %zu characters", obj, name, cap - 1);
-  return rc ? fail(msg, "%s: cannot read attribute '%s'", obj, name) : 0;
+  if (rc == -2) return qt_err(msg, "%s: attribute '%s' is longer than %zu characters", obj, name, cap - 1);
+  return rc ? qt_err(msg, "%s: cannot read attribute '%s'", obj, name) : 0;
 }
 
 /* Reads dataset `name` of loc (type class cls) into a new buffer of mtype elements. When
@@ -831,12 +817,12 @@ static void *read_dataset(hid_t loc, const char *obj, const char *name, H5T_clas
                           const int64_t *want_dims, int max_ndim, int *ndim_out, int64_t *dims_out, char *msg) {
   htri_t exists = H5Lexists(loc, name, H5P_DEFAULT);
   if (exists <= 0) {
-    fail(msg, exists < 0 ? "%s: cannot look up dataset '%s' (corrupt file?)" : "%s: missing dataset '%s'", obj, name);
+    qt_err(msg, exists < 0 ? "%s: cannot look up dataset '%s' (corrupt file?)" : "%s: missing dataset '%s'", obj, name);
     return NULL;
   }
   hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
   if (d < 0) {
-    fail(msg, "%s: '%s' is not a readable dataset (corrupt file?)", obj, name);
+    qt_err(msg, "%s: '%s' is not a readable dataset (corrupt file?)", obj, name);
     return NULL;
   }
   void *buf = NULL;
@@ -845,12 +831,12 @@ static void *read_dataset(hid_t loc, const char *obj, const char *name, H5T_clas
   hsize_t dims[8];
   char s1[96], s2[96];
   if (t < 0 || H5Tget_class(t) != cls) {
-    fail(msg, "%s: dataset '%s' is not %s", obj, name,
+    qt_err(msg, "%s: dataset '%s' is not %s", obj, name,
          cls == H5T_INTEGER ? "integer" : cls == H5T_FLOAT ? "floating point" : "a string array");
     goto done;
   }
   if (nd < 1 || nd > (want_ndim > 0 ? want_ndim : max_ndim) || nd > 8 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0) {
-    fail(msg, "%s: dataset '%s' has rank %d, want %s%d", obj, name, nd, want_ndim > 0 ? "" : "1..",
+    qt_err(msg, "%s: dataset '%s' has rank %d, want %s%d", obj, name, nd, want_ndim > 0 ? "" : "1..",
          want_ndim > 0 ? want_ndim : max_ndim);
     goto done;
   }
@@ -858,7 +844,7 @@ static void *read_dataset(hid_t loc, const char *obj, const char *name, H5T_clas
   for (int k = 0; k < nd; k++) {
     got[k] = (int64_t)dims[k];
     if (dims[k] > (hsize_t)QDQ_MAX_NUMEL || (numel *= got[k]) > QDQ_MAX_NUMEL || got[k] < 1) {
-      fail(msg, "%s: dataset '%s' is empty or larger than %lld elements", obj, name, (long long)QDQ_MAX_NUMEL);
+      qt_err(msg, "%s: dataset '%s' is empty or larger than %lld elements", obj, name, (long long)QDQ_MAX_NUMEL);
       goto done;
     }
   }
@@ -868,14 +854,14 @@ static void *read_dataset(hid_t loc, const char *obj, const char *name, H5T_clas
     if (!same) {
       shape_str(s1, sizeof s1, nd, got);
       shape_str(s2, sizeof s2, want_ndim, want_dims);
-      fail(msg, "%s: dataset '%s' has shape %s, want %s", obj, name, s1, s2);
+      qt_err(msg, "%s: dataset '%s' has shape %s, want %s", obj, name, s1, s2);
       goto done;
     }
   }
   buf = malloc((size_t)numel * H5Tget_size(mtype) + 1);
   QT_ASSERT(buf, "out of memory reading %lld elements", (long long)numel);
   if (H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
-    fail(msg, "%s: cannot read dataset '%s' (corrupt file: checksum or decoding failed)", obj, name);
+    qt_err(msg, "%s: cannot read dataset '%s' (corrupt file: checksum or decoding failed)", obj, name);
     free(buf);
     buf = NULL;
     goto done;
@@ -893,16 +879,16 @@ done:
 static hid_t group_open(hid_t loc, const char *obj, const char *name, char *msg) {
   htri_t exists = H5Lexists(loc, name, H5P_DEFAULT);
   if (exists <= 0)
-    return fail(msg, exists < 0 ? "%s: cannot look up group '%s' (corrupt file?)" : "%s: missing group '%s'", obj, name);
+    return qt_err(msg, exists < 0 ? "%s: cannot look up group '%s' (corrupt file?)" : "%s: missing group '%s'", obj, name);
   hid_t g = H5Gopen2(loc, name, H5P_DEFAULT);
-  return g < 0 ? fail(msg, "%s: '%s' is not a readable group (corrupt file?)", obj, name) : g;
+  return g < 0 ? qt_err(msg, "%s: '%s' is not a readable group (corrupt file?)", obj, name) : g;
 }
 
 /* Number of links in a group, bounded. */
 static int group_count(hid_t g, const char *obj, int max, char *msg) {
   H5G_info_t info;
-  if (H5Gget_info(g, &info) < 0) return fail(msg, "%s: cannot list the group (corrupt file?)", obj);
-  if (info.nlinks > (hsize_t)max) return fail(msg, "%s: %llu entries, more than %d", obj, (unsigned long long)info.nlinks, max);
+  if (H5Gget_info(g, &info) < 0) return qt_err(msg, "%s: cannot list the group (corrupt file?)", obj);
+  if (info.nlinks > (hsize_t)max) return qt_err(msg, "%s: %llu entries, more than %d", obj, (unsigned long long)info.nlinks, max);
   return (int)info.nlinks;
 }
 
@@ -937,8 +923,8 @@ static char *list_links(hid_t g, const char *obj, int count, size_t stride, char
   hsize_t idx = 0;
   herr_t r = H5Literate(g, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, link_list_add, &l);
   if (r < 0 || l.n != count) {
-    if (l.too_long) fail(msg, "%s: an entry has a name longer than %zu characters", obj, stride - 1);
-    else fail(msg, "%s: cannot list the entries (corrupt file?)", obj);
+    if (l.too_long) qt_err(msg, "%s: an entry has a name longer than %zu characters", obj, stride - 1);
+    else qt_err(msg, "%s: cannot list the entries (corrupt file?)", obj);
     free(l.names);
     return NULL;
   }
@@ -967,9 +953,9 @@ static int read_node(hid_t gn, const char *link, int n_nodes, node_rec *recs, ch
   char *end = NULL;
   long idx = strtol(link, &end, 10);
   if (end == link || *end != '_' || idx < 0 || idx >= n_nodes)
-    return fail(msg, "%s: a node group must be named <index>_<name> with index < %d", obj, n_nodes);
+    return qt_err(msg, "%s: a node group must be named <index>_<name> with index < %d", obj, n_nodes);
   node_rec *r = &recs[idx];
-  if (r->seen) return fail(msg, "%s: a second group for node %ld", obj, idx);
+  if (r->seen) return qt_err(msg, "%s: a second group for node %ld", obj, idx);
   r->seen = 1;
   hid_t g = group_open(gn, "/nodes", link, msg);
   if (g < 0) return -1;
@@ -980,19 +966,19 @@ static int read_node(hid_t gn, const char *link, int n_nodes, node_rec *recs, ch
       read_attr_str(g, obj, "op", op, sizeof op, msg))
     goto done;
   if (index != idx) {
-    fail(msg, "%s: attribute index is %d, the group name says %ld", obj, index, idx);
+    qt_err(msg, "%s: attribute index is %d, the group name says %ld", obj, index, idx);
     goto done;
   }
   if (bad_link_name(r->name)) {
-    fail(msg, "%s: node name '%s' is empty, '.' or holds '/'", obj, r->name);
+    qt_err(msg, "%s: node name '%s' is empty, '.' or holds '/'", obj, r->name);
     goto done;
   }
   if (strcmp(end + 1, r->name) != 0) {
-    fail(msg, "%s: attribute name is '%s', the group name says '%s'", obj, r->name, end + 1);
+    qt_err(msg, "%s: attribute name is '%s', the group name says '%s'", obj, r->name, end + 1);
     goto done;
   }
   if (qt_op_parse(op, &r->op)) {
-    fail(msg, "node %d '%s': unknown op '%s'", index, r->name, op);
+    qt_err(msg, "node %d '%s': unknown op '%s'", index, r->name, op);
     goto done;
   }
   if (read_attr_ints(g, obj, "inputs", r->inputs, 0, QT_MAX_INPUTS, &r->n_inputs, msg) ||
@@ -1021,16 +1007,16 @@ static int read_tensor(hid_t gt, const char *name, int n_tensors, int n_nodes, t
   char obj[2 * QT_NAME_LEN + 16];
   snprintf(obj, sizeof obj, "/tensors/%s", name);
   hid_t d = H5Dopen2(gt, name, H5P_DEFAULT);
-  if (d < 0) return fail(msg, "%s: not a readable dataset (corrupt file?)", obj);
+  if (d < 0) return qt_err(msg, "%s: not a readable dataset (corrupt file?)", obj);
   int index = -1, node = -1, is_buffer = 0;
   int bad = read_attr_int(d, obj, "index", &index, msg) || read_attr_int(d, obj, "node", &node, msg) ||
             read_attr_flag(d, obj, "is_buffer", &is_buffer, msg);
   H5Dclose(d);
   if (bad) return -1;
-  if (index < 0 || index >= n_tensors) return fail(msg, "%s: index %d out of range (%d tensors)", obj, index, n_tensors);
-  if (node < 0 || node >= n_nodes) return fail(msg, "%s: owner node %d out of range (%d nodes)", obj, node, n_nodes);
+  if (index < 0 || index >= n_tensors) return qt_err(msg, "%s: index %d out of range (%d tensors)", obj, index, n_tensors);
+  if (node < 0 || node >= n_nodes) return qt_err(msg, "%s: owner node %d out of range (%d nodes)", obj, node, n_nodes);
   tensor_rec *r = &recs[index];
-  if (r->seen) return fail(msg, "%s: index %d is taken by '%s'", obj, index, r->name);
+  if (r->seen) return qt_err(msg, "%s: index %d is taken by '%s'", obj, index, r->name);
   r->seen = 1;
   snprintf(r->name, sizeof r->name, "%s", name);
   r->node = node;
@@ -1067,21 +1053,21 @@ static int read_qrecord_new(hid_t parent, const char *kind, graph_kind graph, co
       read_attr_float(r, obj, "percentile", &s.percentile, msg))
     goto done;
   if (at_node != node) {
-    fail(msg, "%s: attribute node is %d, the record belongs to node %d", obj, at_node, node);
+    qt_err(msg, "%s: attribute node is %d, the record belongs to node %d", obj, at_node, node);
     goto done;
   }
   if (qt_observer_kind_parse(observer, &s.observer) || qt_range_method_parse(method, &s.method)) {
-    fail(msg, "%s: unknown observer '%s' or range method '%s'", obj, observer, method);
+    qt_err(msg, "%s: unknown observer '%s' or range method '%s'", obj, observer, method);
     goto done;
   }
   const qt_value *x = &g->values[n->n_inputs ? n->inputs[0] : n->output];
   if (axis != record_axis(&s, is_weight, x->ndim)) {
-    fail(msg, "%s: axis %d, want %d for a %s %s record", obj, axis, record_axis(&s, is_weight, x->ndim),
+    qt_err(msg, "%s: axis %d, want %d for a %s %s record", obj, axis, record_axis(&s, is_weight, x->ndim),
          s.per_channel ? "per-channel" : "per-tensor", kind);
     goto done;
   }
   if (channels < 1 || channels > QDQ_MAX_CHANNELS) {
-    fail(msg, "%s: channels %d out of range", obj, channels);
+    qt_err(msg, "%s: channels %d out of range", obj, channels);
     goto done;
   }
   const int64_t ch[1] = {channels};
@@ -1091,20 +1077,20 @@ static int read_qrecord_new(hid_t parent, const char *kind, graph_kind graph, co
   int64_t n_qweight = 0;
   if (is_weight) {
     if (n->param[QT_P_WEIGHT] < 0) {
-      fail(msg, "%s: node %d '%s' (%s) has no weight to quantize", obj, node, n->name, qt_op_name(n->op));
+      qt_err(msg, "%s: node %d '%s' (%s) has no weight to quantize", obj, node, n->name, qt_op_name(n->op));
       goto done;
     }
     const qt_param *W = &g->tensors[n->param[QT_P_WEIGHT]];
     char tensor[2 * QT_NAME_LEN];
     if (read_attr_str(r, obj, "tensor", tensor, sizeof tensor, msg)) goto done;
     if (strcmp(tensor, W->name) != 0) {
-      fail(msg, "%s: quantizes tensor '%s', the node's weight is '%s'", obj, tensor, W->name);
+      qt_err(msg, "%s: quantizes tensor '%s', the node's weight is '%s'", obj, tensor, W->name);
       goto done;
     }
     if (graph == KIND_PREPARED) {
       htri_t has = H5Lexists(r, "weight_int", H5P_DEFAULT);
       if (has != 0) {
-        fail(msg, has < 0 ? "%s: cannot look up dataset 'weight_int' (corrupt file?)"
+        qt_err(msg, has < 0 ? "%s: cannot look up dataset 'weight_int' (corrupt file?)"
                           : "%s: holds 'weight_int', but a prepared graph fake-quantizes its float weight (kind "
                             "'prepared' has no integer weights)",
              obj);
@@ -1119,7 +1105,7 @@ static int read_qrecord_new(hid_t parent, const char *kind, graph_kind graph, co
   }
   char cerr[QT_ERR_LEN];
   if (!(q = qt_qstate_create(&s, channels, cerr))) {
-    fail(msg, "%s: %s", obj, cerr);
+    qt_err(msg, "%s: %s", obj, cerr);
     goto done;
   }
   memcpy(q->scale, scale, (size_t)channels * sizeof(float));
@@ -1160,7 +1146,7 @@ static int check_records_claimed(hid_t gk, const char *kind, const qt_graph *g, 
     const char *name = names + (size_t)k * QT_NAME_LEN;
     int i = qt_graph_find_node(g, name);
     if (i < 0 || !(kind[0] == 'w' ? g->nodes[i].wq : g->nodes[i].q))
-      rc = fail(msg, "%s/%s: a record for no node of that name", obj, name);
+      rc = qt_err(msg, "%s/%s: a record for no node of that name", obj, name);
   }
   free(names);
   return rc;
@@ -1179,16 +1165,16 @@ static qt_graph *load_graph(hid_t f, char *msg) {
   char format[64], name[QT_NAME_LEN];
   int version = 0, input = -1, output = -1, a_nodes = 0, a_values = 0, a_tensors = 0;
   if (read_attr_str(f, "/", "format", format, sizeof format, msg)) {
-    fail(msg, "no 'format' attribute: not a Q/DQ graph file");
+    qt_err(msg, "no 'format' attribute: not a Q/DQ graph file");
     goto done;
   }
   if (strcmp(format, QDQ_FORMAT) != 0) {
-    fail(msg, "format is '%s', want '%s'", format, QDQ_FORMAT);
+    qt_err(msg, "format is '%s', want '%s'", format, QDQ_FORMAT);
     goto done;
   }
   if (read_attr_int(f, "/", "format_version", &version, msg)) goto done;
   if (version != QDQ_VERSION) {
-    fail(msg, "format version %d; this build reads version %d", version, QDQ_VERSION);
+    qt_err(msg, "format version %d; this build reads version %d", version, QDQ_VERSION);
     goto done;
   }
   graph_kind kind = KIND_QDQ; /* files written before `kind` existed hold Q/DQ graphs */
@@ -1196,7 +1182,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
     htri_t has = H5Aexists(f, "kind");
     char ks[64];
     if (has < 0) {
-      fail(msg, "/: cannot read the attributes (corrupt file: checksum or decoding failed)");
+      qt_err(msg, "/: cannot read the attributes (corrupt file: checksum or decoding failed)");
       goto done;
     }
     if (has > 0) {
@@ -1206,7 +1192,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
       } else if (strcmp(ks, kind_names[KIND_PREPARED]) == 0) {
         kind = KIND_PREPARED;
       } else {
-        fail(msg, "kind is '%s', want '%s' or '%s'", ks, kind_names[KIND_QDQ], kind_names[KIND_PREPARED]);
+        qt_err(msg, "kind is '%s', want '%s' or '%s'", ks, kind_names[KIND_QDQ], kind_names[KIND_PREPARED]);
         goto done;
       }
     }
@@ -1220,7 +1206,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
   if ((gn = group_open(f, "/", "nodes", msg)) < 0 || (n_nodes = group_count(gn, "/nodes", QDQ_MAX_NODES, msg)) < 0)
     goto done;
   if (n_nodes != a_nodes || n_nodes < 1) {
-    fail(msg, "/nodes holds %d groups, attribute n_nodes says %d", n_nodes, a_nodes);
+    qt_err(msg, "/nodes holds %d groups, attribute n_nodes says %d", n_nodes, a_nodes);
     goto done;
   }
   nodes = calloc((size_t)n_nodes, sizeof *nodes);
@@ -1238,7 +1224,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
   if (!(vndim = read_dataset(gv, "/values", "ndim", H5T_INTEGER, H5T_NATIVE_INT, 0, NULL, 1, &vnd, vd, msg))) goto done;
   n_values = (int)vd[0];
   if (n_values != a_values) {
-    fail(msg, "/values/ndim has %d entries, attribute n_values says %d", n_values, a_values);
+    qt_err(msg, "/values/ndim has %d entries, attribute n_values says %d", n_values, a_values);
     goto done;
   }
   const int64_t want_n[1] = {n_values}, want_s[2] = {n_values, 3};
@@ -1248,7 +1234,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
   {
     hid_t st = H5Tcopy(H5T_C_S1);
     if (st < 0 || H5Tset_size(st, QT_NAME_LEN) < 0 || H5Tset_strpad(st, H5T_STR_NULLTERM) < 0) {
-      fail(msg, "/values: cannot make a string type");
+      qt_err(msg, "/values: cannot make a string type");
       if (st >= 0) H5Tclose(st);
       goto done;
     }
@@ -1259,7 +1245,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
   for (int v = 0; v < n_values; v++) {
     vname[(size_t)v * QT_NAME_LEN + QT_NAME_LEN - 1] = 0;
     if (vndim[v] < 1 || vndim[v] > 3) {
-      fail(msg, "/values: value %d has rank %d, want 1..3", v, vndim[v]);
+      qt_err(msg, "/values: value %d has rank %d, want 1..3", v, vndim[v]);
       goto done;
     }
   }
@@ -1269,7 +1255,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
       (n_tensors = group_count(gt, "/tensors", 4 * QDQ_MAX_NODES, msg)) < 0)
     goto done;
   if (n_tensors != a_tensors) {
-    fail(msg, "/tensors holds %d datasets, attribute n_tensors says %d", n_tensors, a_tensors);
+    qt_err(msg, "/tensors holds %d datasets, attribute n_tensors says %d", n_tensors, a_tensors);
     goto done;
   }
   tensors = calloc((size_t)n_tensors + 1, sizeof *tensors);
@@ -1287,30 +1273,30 @@ static qt_graph *load_graph(hid_t f, char *msg) {
     for (int k = 0; k < r->n_inputs; k++)
       if (r->inputs[k] < 0 || r->inputs[k] >= g->n_values) {
         if (r->inputs[k] < 0 || r->inputs[k] >= n_values)
-          fail(msg, "node %d '%s': input value id %d out of range (%d values)", i, r->name, r->inputs[k], n_values);
+          qt_err(msg, "node %d '%s': input value id %d out of range (%d values)", i, r->name, r->inputs[k], n_values);
         else
-          fail(msg, "node %d '%s': input value %d is produced by a later node (nodes must be in topological order)", i,
+          qt_err(msg, "node %d '%s': input value %d is produced by a later node (nodes must be in topological order)", i,
                r->name, r->inputs[k]);
         goto done;
       }
     if (r->output < 0 || r->output >= n_values) {
-      fail(msg, "node %d '%s': output value id %d out of range (%d values)", i, r->name, r->output, n_values);
+      qt_err(msg, "node %d '%s': output value id %d out of range (%d values)", i, r->name, r->output, n_values);
       goto done;
     }
     const int o = r->output;
     if (qt_graph_add_node(g, r->op, r->name, r->inputs, r->n_inputs, &r->attr, vndim[o], vshape + (size_t)o * 3) < 0) {
-      fail(msg, "node %d '%s': %s", i, r->name, g->error);
+      qt_err(msg, "node %d '%s': %s", i, r->name, g->error);
       goto done;
     }
     if (g->nodes[i].output != o) {
-      fail(msg, "node %d '%s': output value id %d, but it produces value %d (one value per node, in node order)", i,
+      qt_err(msg, "node %d '%s': output value id %d, but it produces value %d (one value per node, in node order)", i,
            r->name, o, g->nodes[i].output);
       goto done;
     }
     g->nodes[i].bn_frozen = r->bn_frozen;
   }
   if (g->n_values != n_values) {
-    fail(msg, "/values has %d entries, the %d nodes produce %d", n_values, n_nodes, g->n_values);
+    qt_err(msg, "/values has %d entries, the %d nodes produce %d", n_values, n_nodes, g->n_values);
     goto done;
   }
   for (int v = 0; v < n_values; v++) {
@@ -1318,17 +1304,17 @@ static qt_graph *load_graph(hid_t f, char *msg) {
     int same = strcmp(val->name, vname + (size_t)v * QT_NAME_LEN) == 0 && vprod[v] == val->producer;
     for (int d = 0; d < 3; d++) same = same && vshape[v * 3 + d] == (d < val->ndim ? val->shape[d] : 0);
     if (!same) {
-      fail(msg, "/values: entry %d ('%s', producer %d) disagrees with node %d '%s'", v, vname + (size_t)v * QT_NAME_LEN,
+      qt_err(msg, "/values: entry %d ('%s', producer %d) disagrees with node %d '%s'", v, vname + (size_t)v * QT_NAME_LEN,
            vprod[v], val->producer, val->name);
       goto done;
     }
   }
   if (input != g->input) {
-    fail(msg, "graph input is value %d, the input node produces value %d", input, g->input);
+    qt_err(msg, "graph input is value %d, the input node produces value %d", input, g->input);
     goto done;
   }
   if (output < 0 || output >= n_values) {
-    fail(msg, "graph output value id %d out of range (%d values)", output, n_values);
+    qt_err(msg, "graph output value id %d out of range (%d values)", output, n_values);
     goto done;
   }
   g->output = output;
@@ -1337,7 +1323,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
     const char *owner = g->nodes[r->node].name;
     size_t len = strlen(owner);
     if (strncmp(r->name, owner, len) != 0 || r->name[len] != '.' || !r->name[len + 1]) {
-      fail(msg, "/tensors/%s: the name must be '<owner node>.<suffix>' with owner node %d '%s'", r->name, r->node, owner);
+      qt_err(msg, "/tensors/%s: the name must be '<owner node>.<suffix>' with owner node %d '%s'", r->name, r->node, owner);
       goto done;
     }
     int id = qt_graph_add_tensor(g, r->node, r->name + len + 1, r->ndim, r->shape, r->is_buffer);
@@ -1350,7 +1336,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
         if (!ref[0]) continue;
         int t = qt_graph_find_tensor(g, ref);
         if (t < 0) {
-          fail(msg, "node %d '%s': %s tensor '%s' is not in /tensors", i, nodes[i].name,
+          qt_err(msg, "node %d '%s': %s tensor '%s' is not in /tensors", i, nodes[i].name,
                b ? buffer_slot_names[k] : param_slot_names[k], ref);
           goto done;
         }
@@ -1360,7 +1346,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
   if (validate_structure(g, kind, msg)) goto done;
   char aerr[QT_ERR_LEN];
   if (qt_graph_alloc(g, aerr)) {
-    fail(msg, "%s", aerr);
+    qt_err(msg, "%s", aerr);
     goto done;
   }
   for (int t = 0; t < n_tensors; t++)
@@ -1406,20 +1392,20 @@ qt_graph *qt_qdq_load(const char *path, char *err) {
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   err[0] = 0;
   if (access(path, R_OK) != 0) {
-    fail(err, "qdq file '%s': cannot open: %s", path, strerror(errno));
+    qt_err(err, "qdq file '%s': cannot open: %s", path, strerror(errno));
     return NULL;
   }
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   hid_t f = fapl < 0 ? -1 : H5Fopen(path, H5F_ACC_RDONLY, fapl);
   if (fapl >= 0) H5Pclose(fapl);
   if (f < 0) {
-    fail(err, "qdq file '%s': not a readable HDF5 file (corrupt or truncated?)", path);
+    qt_err(err, "qdq file '%s': not a readable HDF5 file (corrupt or truncated?)", path);
     return NULL;
   }
   char msg[QT_ERR_LEN] = "";
   qt_graph *g = load_graph(f, msg);
   H5Fclose(f);
-  if (!g) fail(err, "qdq file '%s': %s", path, msg[0] ? msg : "unreadable");
+  if (!g) qt_err(err, "qdq file '%s': %s", path, msg[0] ? msg : "unreadable");
   return g;
 }
 
@@ -1442,7 +1428,7 @@ int qt_quant_state_write(hid_t f, const qt_graph *g, char *err) {
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   for (int i = 0; i < g->n_nodes; i++)
     if (bad_link_name(g->nodes[i].name))
-      return fail(err, "/quant: node %d name '%s' is empty, '.' or holds '/', which an HDF5 name cannot", i,
+      return qt_err(err, "/quant: node %d name '%s' is empty, '.' or holds '/', which an HDF5 name cannot", i,
                   g->nodes[i].name);
   writer w;
   snprintf(w.where, sizeof w.where, "/quant");
@@ -1468,7 +1454,7 @@ int qt_quant_state_write(hid_t f, const qt_graph *g, char *err) {
   if (gq >= 0) bad |= H5Gclose(gq) < 0;
   if (w.dcpl >= 0) H5Pclose(w.dcpl);
   if (w.gcpl >= 0) H5Pclose(w.gcpl);
-  return bad ? fail(err, "writing %s failed", w.where) : 0;
+  return bad ? qt_err(err, "writing %s failed", w.where) : 0;
 }
 
 struct qt_quant_state {
@@ -1494,7 +1480,7 @@ static int same_spec(const char *obj, const qt_qstate *got, const qt_qstate *wan
   const qt_qspec *a = &got->spec, *b = &want->spec;
   const char *tail = "in the checkpoint, but this run's prepared graph has";
 #define SAME_INT(field, name)                                                                                  \
-  if (a->field != b->field) return fail(msg, "%s: %s is %d %s %d", obj, name, (int)a->field, tail, (int)b->field)
+  if (a->field != b->field) return qt_err(msg, "%s: %s is %d %s %d", obj, name, (int)a->field, tail, (int)b->field)
   SAME_INT(bits, "bits");
   SAME_INT(qmin, "qmin");
   SAME_INT(qmax, "qmax");
@@ -1503,15 +1489,15 @@ static int same_spec(const char *obj, const qt_qstate *got, const qt_qstate *wan
   SAME_INT(per_channel, "per_channel");
 #undef SAME_INT
   if (got->channels != want->channels)
-    return fail(msg, "%s: channels is %d %s %d", obj, got->channels, tail, want->channels);
+    return qt_err(msg, "%s: channels is %d %s %d", obj, got->channels, tail, want->channels);
   if (a->observer != b->observer)
-    return fail(msg, "%s: observer is '%s' %s '%s'", obj, qt_observer_kind_name(a->observer), tail,
+    return qt_err(msg, "%s: observer is '%s' %s '%s'", obj, qt_observer_kind_name(a->observer), tail,
                 qt_observer_kind_name(b->observer));
   if (a->method != b->method)
-    return fail(msg, "%s: method is '%s' %s '%s'", obj, qt_range_method_name(a->method), tail,
+    return qt_err(msg, "%s: method is '%s' %s '%s'", obj, qt_range_method_name(a->method), tail,
                 qt_range_method_name(b->method));
   if (memcmp(&a->percentile, &b->percentile, sizeof(float)) != 0)
-    return fail(msg, "%s: percentile is %g %s %g", obj, a->percentile, tail, b->percentile);
+    return qt_err(msg, "%s: percentile is %g %s %g", obj, a->percentile, tail, b->percentile);
   return 0;
 }
 
@@ -1524,15 +1510,15 @@ static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qsta
       read_attr_flag(r, obj, "calibrated", &q->calibrated, msg) || read_attr_flag(r, obj, "pow2_scale", &pow2, msg))
     return -1;
   if (pow2 != (want->spec.pow2_scale ? 1 : 0))
-    return fail(msg, "%s: pow2_scale is %d in the checkpoint, but this run's prepared graph has %d", obj, pow2,
+    return qt_err(msg, "%s: pow2_scale is %d in the checkpoint, but this run's prepared graph has %d", obj, pow2,
                 want->spec.pow2_scale ? 1 : 0);
   htri_t has = H5Aexists(r, "learned_scale");
-  if (has < 0) return fail(msg, "%s: cannot read the attributes (corrupt file?)", obj);
+  if (has < 0) return qt_err(msg, "%s: cannot read the attributes (corrupt file?)", obj);
   char lsq[2 * QT_NAME_LEN] = "";
   if (has && read_attr_str(r, obj, "learned_scale", lsq, sizeof lsq, msg)) return -1;
   const char *want_lsq = want->scale_param >= 0 ? g->tensors[want->scale_param].name : "";
   if (strcmp(lsq, want_lsq) != 0)
-    return fail(msg, "%s: learned scale (LSQ) %s%s%s in the checkpoint, but %s%s%s in this run's prepared graph", obj,
+    return qt_err(msg, "%s: learned scale (LSQ) %s%s%s in the checkpoint, but %s%s%s in this run's prepared graph", obj,
                 lsq[0] ? "'" : "", lsq[0] ? lsq : "none", lsq[0] ? "'" : "", want_lsq[0] ? "'" : "",
                 want_lsq[0] ? want_lsq : "none", want_lsq[0] ? "'" : "");
   q->scale_param = want->scale_param;
@@ -1542,7 +1528,7 @@ static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qsta
     for (int c = 0; c < q->channels; c++)
       if (!isfinite(q->scale[c]) || !(q->scale[c] > 0) || q->zero_point[c] < q->spec.qmin ||
           q->zero_point[c] > q->spec.qmax)
-        return fail(msg, "%s: channel %d: scale %g, zero point %d are not qparams of [%d, %d]", obj, c, q->scale[c],
+        return qt_err(msg, "%s: channel %d: scale %g, zero point %d are not qparams of [%d, %d]", obj, c, q->scale[c],
                     q->zero_point[c], q->spec.qmin, q->spec.qmax);
 
   char oobj[QT_NAME_LEN + 48];
@@ -1566,12 +1552,12 @@ static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qsta
   qt_observer_kind k;
   qt_range_method m;
   if (qt_observer_kind_parse(kind, &k) || qt_range_method_parse(method, &m)) {
-    fail(msg, "%s: unknown observer '%s' or range method '%s'", oobj, kind, method);
+    qt_err(msg, "%s: unknown observer '%s' or range method '%s'", oobj, kind, method);
     goto done;
   }
   if (k != wo->kind || channels != wo->channels || m != wo->method || memcmp(&ac, &wo->averaging_constant, sizeof ac) ||
       memcmp(&pct, &wo->percentile, sizeof pct) || bins != wo->bins) {
-    fail(msg,
+    qt_err(msg,
          "%s: a %s observer (%d channels, averaging constant %g, method %s, percentile %g, %d bins) in the checkpoint, "
          "but this run's prepared graph has a %s observer (%d channels, averaging constant %g, method %s, percentile "
          "%g, %d bins)",
@@ -1585,18 +1571,18 @@ static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qsta
     goto done;
   has = H5Lexists(og, "hist", H5P_DEFAULT);
   if (has < 0) {
-    fail(msg, "%s: cannot look up dataset 'hist' (corrupt file?)", oobj);
+    qt_err(msg, "%s: cannot look up dataset 'hist' (corrupt file?)", oobj);
     goto done;
   }
   if (has && k != QT_OBSERVER_HISTOGRAM) {
-    fail(msg, "%s: a %s observer holds no histogram", oobj, kind);
+    qt_err(msg, "%s: a %s observer holds no histogram", oobj, kind);
     goto done;
   }
   if (has) {
     if (!(hist = read_dataset(og, oobj, "hist", H5T_INTEGER, H5T_NATIVE_INT64, 1, nb, 1, NULL, NULL, msg))) goto done;
     for (int b = 0; b < bins; b++)
       if (hist[b] < 0) {
-        fail(msg, "%s: hist[%d] = %lld is negative", oobj, b, (long long)hist[b]);
+        qt_err(msg, "%s: hist[%d] = %lld is negative", oobj, b, (long long)hist[b]);
         goto done;
       }
   }
@@ -1626,9 +1612,9 @@ static int read_state_record(hid_t gk, const char *kind, const qt_graph *g, int 
   char obj[QT_NAME_LEN + 32];
   snprintf(obj, sizeof obj, "/quant/%s/%s", kind, n->name);
   htri_t has = H5Lexists(gk, n->name, H5P_DEFAULT);
-  if (has < 0) return fail(msg, "%s: cannot look up the record (corrupt file?)", obj);
+  if (has < 0) return qt_err(msg, "%s: cannot look up the record (corrupt file?)", obj);
   if (!has)
-    return fail(msg, "%s: missing: this run's prepared graph quantizes %s %s, the checkpoint does not", obj,
+    return qt_err(msg, "%s: missing: this run's prepared graph quantizes %s %s, the checkpoint does not", obj,
                 kind[0] == 'w' ? "the weight of" : "the activation at", n->name);
   qt_qstate *q = NULL;
   if (read_qrecord_new(gk, kind, KIND_PREPARED, g, i, &q, msg)) return -1;
@@ -1656,7 +1642,7 @@ static herr_t bn_attr_known(hid_t loc, const char *name, const H5A_info_t *info,
   bn_check *c = data;
   int i = qt_graph_find_node(c->g, name);
   if (i < 0 || !is_bn_node(&c->g->nodes[i])) {
-    fail(c->msg, "/quant/bn: a flag for '%s', which is no batch_norm or conv_bn node of this run's prepared graph",
+    qt_err(c->msg, "/quant/bn: a flag for '%s', which is no batch_norm or conv_bn node of this run's prepared graph",
          name);
     return -1;
   }
@@ -1680,7 +1666,7 @@ qt_quant_state *qt_quant_state_read(hid_t f, const qt_graph *g, char *err) {
       read_attr_int(gq, "/quant", "format_version", &version, err))
     goto done;
   if (strcmp(format, QSTATE_FORMAT) != 0 || version != QSTATE_VERSION) {
-    fail(err, "/quant: format '%s' version %d; this build reads '%s' version %d", format, version, QSTATE_FORMAT,
+    qt_err(err, "/quant: format '%s' version %d; this build reads '%s' version %d", format, version, QSTATE_FORMAT,
          QSTATE_VERSION);
     goto done;
   }
@@ -1694,11 +1680,11 @@ qt_quant_state *qt_quant_state_read(hid_t f, const qt_graph *g, char *err) {
     if (is_bn_node(n)) {
       htri_t has = H5Aexists(gb, n->name);
       if (has < 0) {
-        fail(err, "/quant/bn: cannot read the attributes (corrupt file?)");
+        qt_err(err, "/quant/bn: cannot read the attributes (corrupt file?)");
         goto done;
       }
       if (!has) {
-        fail(err, "/quant/bn: no flag for %s node '%s' of this run's prepared graph", qt_op_name(n->op), n->name);
+        qt_err(err, "/quant/bn: no flag for %s node '%s' of this run's prepared graph", qt_op_name(n->op), n->name);
         goto done;
       }
       if (read_attr_flag(gb, "/quant/bn", n->name, &s->bn_frozen[i], err)) goto done;
@@ -1708,7 +1694,7 @@ qt_quant_state *qt_quant_state_read(hid_t f, const qt_graph *g, char *err) {
   bn_check bc = {g, err};
   hsize_t idx = 0;
   if (H5Aiterate2(gb, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, bn_attr_known, &bc) < 0) {
-    if (!err[0]) fail(err, "/quant/bn: cannot list the attributes (corrupt file?)");
+    if (!err[0]) qt_err(err, "/quant/bn: cannot list the attributes (corrupt file?)");
     goto done;
   }
   ok = 1;

@@ -11,9 +11,7 @@
 
 #include <stdint.h>
 
-#ifndef QT_ERR_LEN
-#define QT_ERR_LEN 512
-#endif
+#include "base/base.h"
 
 /* ---- quantization spec ----------------------------------------------------------------- */
 /* Integer range for a bit width: signed [-2^(b-1), 2^(b-1)-1] or unsigned [0, 2^b - 1],

@@ -42,29 +42,20 @@
 #define HIST_MIN_BINS 8
 #define HIST_MAX_BINS (1 << 24)
 
-static void set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set_err(char *err, const char *fmt, ...) {
-  if (!err) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, QT_ERR_LEN, fmt, ap);
-  va_end(ap);
-}
-
 /* ---- lifecycle ------------------------------------------------------------------------- */
 
 int qt_observer_init(qt_observer *o, qt_observer_kind kind, int channels, char *err) {
   memset(o, 0, sizeof *o);
   if ((unsigned)kind >= QT_OBSERVER_COUNT) {
-    set_err(err, "observer: unknown kind %d", (int)kind);
+    qt_err(err, "observer: unknown kind %d", (int)kind);
     return -1;
   }
   if (channels < 1) {
-    set_err(err, "observer: %d channels (expected at least 1)", channels);
+    qt_err(err, "observer: %d channels (expected at least 1)", channels);
     return -1;
   }
   if (kind == QT_OBSERVER_HISTOGRAM && channels != 1) {
-    set_err(err, "observer: the histogram observer is per tensor only (asked for %d channels)", channels);
+    qt_err(err, "observer: the histogram observer is per tensor only (asked for %d channels)", channels);
     return -1;
   }
   o->kind = kind;
@@ -289,7 +280,7 @@ int qt_observer_update(qt_observer *o, const float *x, int64_t outer, int64_t in
   const int64_t n = outer * C * inner;
   if (n == 0) return 0; /* PyTorch returns early on an empty tensor */
   if (o->kind == QT_OBSERVER_HISTOGRAM && !o->hist && (o->bins < HIST_MIN_BINS || o->bins > HIST_MAX_BINS)) {
-    set_err(err, "observer: histogram with %d bins (expected %d..%d)", o->bins, HIST_MIN_BINS, HIST_MAX_BINS);
+    qt_err(err, "observer: histogram with %d bins (expected %d..%d)", o->bins, HIST_MIN_BINS, HIST_MAX_BINS);
     return -1;
   }
   float *bmin = malloc(2 * (size_t)C * sizeof(float));
@@ -297,7 +288,7 @@ int qt_observer_update(qt_observer *o, const float *x, int64_t outer, int64_t in
   float *bmax = bmin + C;
   int64_t bad = batch_minmax(x, outer, C, inner, bmin, bmax);
   if (bad >= 0) {
-    set_err(err, "observer: input holds %s at element %lld", isnan(x[bad]) ? "NaN" : x[bad] > 0 ? "+Inf" : "-Inf",
+    qt_err(err, "observer: input holds %s at element %lld", isnan(x[bad]) ? "NaN" : x[bad] > 0 ? "+Inf" : "-Inf",
             (long long)bad);
     free(bmin);
     return -1;
@@ -518,7 +509,7 @@ static void percentile_range(const qt_observer *o, float *lo_out, float *hi_out)
 static int observer_range(const qt_observer *o, int qmin, int qmax, int symmetric, float *min, float *max,
                           char *err) {
   if (!o->initialized) {
-    set_err(err, "observer: nothing observed yet");
+    qt_err(err, "observer: nothing observed yet");
     return -1;
   }
   if (o->kind != QT_OBSERVER_HISTOGRAM || o->method == QT_RANGE_MINMAX || o->hist_min == o->hist_max) {
@@ -529,7 +520,7 @@ static int observer_range(const qt_observer *o, int qmin, int qmax, int symmetri
   switch (o->method) {
   case QT_RANGE_PERCENTILE:
     if (!(o->percentile > 50.0f && o->percentile <= 100.0f)) {
-      set_err(err, "observer: percentile %g outside (50, 100]", o->percentile);
+      qt_err(err, "observer: percentile %g outside (50, 100]", o->percentile);
       return -1;
     }
     percentile_range(o, min, max);
@@ -539,7 +530,7 @@ static int observer_range(const qt_observer *o, int qmin, int qmax, int symmetri
     mse_range(o, qmin, qmax, symmetric, min, max);
     return 0;
   default:
-    set_err(err, "observer: unknown range method %d", (int)o->method);
+    qt_err(err, "observer: unknown range method %d", (int)o->method);
     return -1;
   }
 }
@@ -557,7 +548,7 @@ int qt_observer_qparams(const qt_observer *o, int qmin, int qmax, int symmetric,
   int rc = observer_range(o, qmin, qmax, symmetric, mn, mx, err);
   for (int c = 0; rc == 0 && c < C; c++) {
     if (qt_qparams_from_range(mn[c], mx[c], qmin, qmax, symmetric, &scale[c], &zp[c])) {
-      set_err(err, "observer: channel %d range [%g, %g] gives no qparams", c, mn[c], mx[c]);
+      qt_err(err, "observer: channel %d range [%g, %g] gives no qparams", c, mn[c], mx[c]);
       rc = -1;
     }
   }

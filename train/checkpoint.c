@@ -17,39 +17,6 @@
 
 static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
-static int fsync_path(const char *path) {
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return -1;
-  int r = fsync(fd);
-  close(fd);
-  return r;
-}
-
-int qt_write_file_atomic(const char *path, const char *text, size_t len, char *err) {
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    snprintf(err, QT_ERR_LEN, "cannot write '%s': %s", tmp, strerror(errno));
-    return -1;
-  }
-  size_t w = fwrite(text, 1, len, f);
-  int bad = w != len || fflush(f) != 0 || fsync(fileno(f)) != 0;
-  bad |= fclose(f) != 0;
-  if (bad || rename(tmp, path) != 0) {
-    snprintf(err, QT_ERR_LEN, "cannot write '%s': %s", path, strerror(errno));
-    unlink(tmp);
-    return -1;
-  }
-  return 0;
-}
-
-double qt_peak_rss_mb(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */
-}
-
 static int write_f32(hid_t group, const char *name, int ndim, const int64_t *shape, const float *data) {
   hsize_t dims[4];
   for (int i = 0; i < ndim; i++) dims[i] = (hsize_t)shape[i];
@@ -115,11 +82,11 @@ int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const
   char qerr[QT_ERR_LEN] = "";
   if (!bad && qt_graph_has_quant_state(g)) bad |= qt_quant_state_write(f, g, qerr) != 0;
   bad |= H5Fclose(f) < 0;
-  if (bad || fsync_path(tmp) != 0 || rename(tmp, path) != 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint: writing '%s' failed (%s); the previous checkpoint is kept", path,
-             qerr[0] ? qerr : "disk full?");
+  char cerr[QT_ERR_LEN] = "";
+  if (bad || qt_file_commit(tmp, path, cerr)) {
     unlink(tmp);
-    return -1;
+    return qt_err(err, "checkpoint: writing '%s' failed (%s); the previous checkpoint is kept", path,
+                  qerr[0] ? qerr : cerr[0] ? cerr : "disk full?");
   }
   return 0;
 }

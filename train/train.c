@@ -13,31 +13,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* ---- directories -------------------------------------------------------------------------- */
-static int make_dirs(const char *path, char *err) {
-  char buf[4096];
-  snprintf(buf, sizeof buf, "%s", path);
-  for (char *p = buf + 1;; p++) {
-    if (*p == '/' || *p == 0) {
-      char c = *p;
-      *p = 0;
-      if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
-        snprintf(err, QT_ERR_LEN, "output.dir: cannot create '%s': %s", buf, strerror(errno));
-        return -1;
-      }
-      *p = c;
-      if (!c) break;
-    }
-  }
-  return 0;
-}
-
 /* ---- data ----------------------------------------------------------------------------------- */
 int qt_train_load_data(const qt_config *cfg, qt_dataset *train, qt_dataset *test, char *err) {
   const char *fmt = qt_config_string(cfg, "data", "format");
@@ -101,13 +76,6 @@ qt_loader_config qt_train_loader_config(const qt_config *cfg, int batch, int shu
 }
 
 /* ---- evaluation ----------------------------------------------------------------------------- */
-static int argmax_row(const float *p, int C) {
-  int best = 0;
-  for (int c = 1; c < C; c++)
-    if (p[c] > p[best]) best = c;
-  return best;
-}
-
 int qt_evaluate(qt_graph *g, qt_ctx *shared, const qt_dataset *ds, const qt_loader_config *lc, qt_eval_result *out,
                 char *err) {
   memset(out, 0, sizeof *out);
@@ -118,7 +86,7 @@ int qt_evaluate(qt_graph *g, qt_ctx *shared, const qt_dataset *ds, const qt_load
   int grad = qt_ctx_grad_enabled(ctx);
   qt_ctx_set_grad(ctx, 0);
   qt_graph_set_training(g, 0);
-  double t0 = now_seconds(), loss_sum = 0;
+  double t0 = qt_now_seconds(), loss_sum = 0;
   int64_t correct = 0, n = 0;
   qt_loader_start_epoch(l, 0);
   const float *images;
@@ -138,10 +106,10 @@ int qt_evaluate(qt_graph *g, qt_ctx *shared, const qt_dataset *ds, const qt_load
     int C = (int)logits->shape[1];
     qt_tensor *loss = qt_cross_entropy(ctx, logits, labels, &probs);
     loss_sum += (double)qt_f32(loss)[0] * B;
-    for (int i = 0; i < B; i++) correct += argmax_row(probs + (size_t)i * C, C) == labels[i];
+    for (int i = 0; i < B; i++) correct += qt_argmax(probs + (size_t)i * C, C) == labels[i];
     n += B;
   }
-  out->seconds = now_seconds() - t0;
+  out->seconds = qt_now_seconds() - t0;
   out->n = n;
   out->accuracy = n ? (double)correct / (double)n : 0;
   out->loss = n ? loss_sum / (double)n : 0;
@@ -168,7 +136,7 @@ static void fmt_eta(char *buf, size_t n, double s) {
 static void progress_draw(progress *p, int epoch, int epochs, int64_t b, int64_t nb, double loss, double acc,
                           double ips, double elapsed, int final) {
   if (p->mode != 2) return;
-  double t = now_seconds();
+  double t = qt_now_seconds();
   if (!final && t - p->last_draw < 0.2) return;
   p->last_draw = t;
   int width = 24, filled = nb ? (int)(width * b / nb) : width;
@@ -345,7 +313,10 @@ int qt_train_run(qt_config *cfg, char *err) {
   int threads = qt_config_int(cfg, "train", "threads");
   if (threads > 0) omp_set_num_threads(threads);
   const char *dir = qt_config_string(cfg, "output", "dir");
-  if (make_dirs(dir, err)) return -1;
+  {
+    char derr[QT_ERR_LEN];
+    if (qt_mkdir_p(dir, derr)) return qt_err(err, "output.dir: %s", derr);
+  }
   char ckpt_path[4096], csv_path[4096], summary_path[4096], dot_path[4096];
   snprintf(ckpt_path, sizeof ckpt_path, "%s/checkpoint.h5", dir);
   snprintf(csv_path, sizeof csv_path, "%s/metrics.csv", dir);
@@ -525,7 +496,7 @@ int qt_train_run(qt_config *cfg, char *err) {
     }
     qt_graph_set_training(tg, 1);
     qt_loader_start_epoch(loader, epoch);
-    double t0 = now_seconds(), loss_sum = 0;
+    double t0 = qt_now_seconds(), loss_sum = 0;
     int64_t correct = 0, seen = 0, b = 0;
     float lr = 0;
     const float *images;
@@ -566,13 +537,13 @@ int qt_train_run(qt_config *cfg, char *err) {
       b++;
       loss_sum += (double)lv * B;
       int C = (int)logits->shape[1];
-      for (int i = 0; i < B; i++) correct += argmax_row(probs + (size_t)i * C, C) == labels[i];
+      for (int i = 0; i < B; i++) correct += qt_argmax(probs + (size_t)i * C, C) == labels[i];
       seen += B;
-      double el = now_seconds() - t0;
+      double el = qt_now_seconds() - t0;
       progress_draw(&prog, epoch + 1, epochs, b, nb, loss_sum / (double)seen, (double)correct / (double)seen,
                     (double)seen / el, el, 0);
     }
-    double secs = now_seconds() - t0;
+    double secs = qt_now_seconds() - t0;
     progress_draw(&prog, epoch + 1, epochs, b, nb, seen ? loss_sum / (double)seen : 0,
                   seen ? (double)correct / (double)seen : 0, seen / secs, secs, 1);
     if (qt_evaluate(tg, ctx, &test, &ec, &ev, err)) goto out;

@@ -9,14 +9,12 @@
 #include <stdio.h>
 
 #include "autograd/autograd.h"
-#include "cli/config.h"
+#include "config/config.h"
 #include "data/data.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 
-#ifndef QT_ERR_LEN
-#define QT_ERR_LEN 512
-#endif
+#include "base/base.h"
 
 /* The schema of every key `qat_train` accepts (section, key, type, default, range, help). */
 const qt_cfg_key *qt_train_schema(int *n_keys);
@@ -67,9 +65,5 @@ int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoi
 /* Only the meta (epoch, step, seed, config text), without a graph. */
 int qt_checkpoint_read_meta(const char *path, qt_checkpoint_meta *meta, char *err);
 
-/* Peak resident set size of this process so far, in MB. */
-double qt_peak_rss_mb(void);
-/* Writes `text` to `path` atomically (temporary file, fsync, rename). */
-int qt_write_file_atomic(const char *path, const char *text, size_t len, char *err);
 
 #endif

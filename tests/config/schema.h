@@ -3,7 +3,7 @@
 #ifndef QT_TEST_CONFIG_SCHEMA_H
 #define QT_TEST_CONFIG_SCHEMA_H
 
-#include "cli/config.h"
+#include "config/config.h"
 
 #include <math.h>
 #include <stdio.h>

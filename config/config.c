@@ -5,7 +5,7 @@
  * strips indentation (so an indented key is never taken for a multi-line continuation) and
  * checks section headers (inih does not report empty sections). A load is staged and
  * committed only when the whole text is valid. */
-#include "cli/config.h"
+#include "config/config.h"
 
 /* Debian's libinih 55 is built with INI_HANDLER_LINENO (its parser passes the line number as a
  * 5th handler argument; checked by disassembly), so our handler type must match. We count lines
@@ -37,29 +37,8 @@ struct qt_config {
 static const char *const type_names[] = {"integer", "float", "bool", "string", "enum"};
 _Static_assert(sizeof type_names / sizeof type_names[0] == QT_CFG_TYPE_COUNT, "config type name table");
 
-static void panic(const char *file, int line, const char *fmt, ...)
-    __attribute__((noreturn, format(printf, 3, 4)));
-static void panic(const char *file, int line, const char *fmt, ...) {
-  va_list ap;
-  fprintf(stderr, "%s:%d: internal error: ", file, line);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-  abort();
-}
-#define PANIC(...) panic(__FILE__, __LINE__, __VA_ARGS__)
+#define PANIC(...) qt_panic(__FILE__, __LINE__, __VA_ARGS__)
 
-static int fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(char *err, const char *fmt, ...) {
-  if (err) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, QT_ERR_LEN, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 static char *copy_string(const char *s) {
   size_t n = strlen(s) + 1;
@@ -533,34 +512,34 @@ int qt_config_load_string(qt_config *c, const char *text, const char *origin, ch
   char **origins = calloc((size_t)(c->n ? c->n : 1), sizeof *origins);
   int rc = -1;
   if (!x.staged || !x.staged_line || !origins) {
-    fail(err, "config: %s: out of memory", x.origin);
+    qt_err(err, "config: %s: out of memory", x.origin);
     goto done;
   }
   const int parse = ini_parse_stream(read_line, &x, on_key, &x);
   if (parse == -2) {
-    fail(err, "config: %s: out of memory", x.origin);
+    qt_err(err, "config: %s: out of memory", x.origin);
     goto done;
   }
   if (parse > 0 && (x.err_line == 0 || parse < x.err_line)) {
     char found[80];
     line_text(found, sizeof found, text, parse);
     if (found[0] == '[')
-      fail(err, "config: %s:%d: syntax error: expected ']' to close the section header, found '%s'", x.origin,
+      qt_err(err, "config: %s:%d: syntax error: expected ']' to close the section header, found '%s'", x.origin,
            parse, found);
     else
-      fail(err, "config: %s:%d: syntax error: expected '[section]', 'key = value' or a comment, found '%s'",
+      qt_err(err, "config: %s:%d: syntax error: expected '[section]', 'key = value' or a comment, found '%s'",
            x.origin, parse, found);
     goto done;
   }
   if (x.err_line) {
-    fail(err, "%s", x.err);
+    qt_err(err, "%s", x.err);
     goto done;
   }
   for (int i = 0; i < c->n; i++) {
     if (!x.staged[i]) continue;
     origins[i] = format_string("%s:%d", x.origin, x.staged_line[i]);
     if (!origins[i]) {
-      fail(err, "config: %s: out of memory", x.origin);
+      qt_err(err, "config: %s: out of memory", x.origin);
       goto done;
     }
   }
@@ -583,7 +562,7 @@ done:
 
 int qt_config_load_file(qt_config *c, const char *path, char *err) {
   FILE *f = fopen(path, "rb");
-  if (!f) return fail(err, "config: cannot open '%s': %s", path, strerror(errno));
+  if (!f) return qt_err(err, "config: cannot open '%s': %s", path, strerror(errno));
   size_t cap = 4096, len = 0;
   char *text = malloc(cap);
   while (text) {
@@ -603,19 +582,19 @@ int qt_config_load_file(qt_config *c, const char *path, char *err) {
   }
   if (!text) {
     fclose(f);
-    return fail(err, "config: cannot read '%s': out of memory", path);
+    return qt_err(err, "config: cannot read '%s': out of memory", path);
   }
   if (ferror(f)) {
     int e = errno;
     fclose(f);
     free(text);
-    return fail(err, "config: cannot read '%s': %s", path, strerror(e));
+    return qt_err(err, "config: cannot read '%s': %s", path, strerror(e));
   }
   fclose(f);
   text[len] = '\0';
   if (strlen(text) != len) {
     free(text);
-    return fail(err, "config: '%s' contains a NUL byte: expected an INI text file", path);
+    return qt_err(err, "config: '%s' contains a NUL byte: expected an INI text file", path);
   }
   int rc = qt_config_load_string(c, text, path, err);
   free(text);
@@ -631,19 +610,19 @@ static int set_value(qt_config *c, const char *where, const char *section, const
   msg[0] = '\0';
   if (!section_known(c, section)) {
     describe_unknown_section(msg, sizeof msg, c, section);
-    return fail(err, "config: %s: %s", where, msg);
+    return qt_err(err, "config: %s: %s", where, msg);
   }
   const int k = find_key(c, section, key);
   if (k < 0) {
     describe_unknown_key(msg, sizeof msg, c, section, key);
-    return fail(err, "config: %s: %s", where, msg);
+    return qt_err(err, "config: %s: %s", where, msg);
   }
   char *canon = validate(&c->schema[k], value, msg, sizeof msg);
-  if (!canon) return fail(err, "config: %s: [%s] %s: %s", where, section, key, msg);
+  if (!canon) return qt_err(err, "config: %s: [%s] %s: %s", where, section, key, msg);
   char *org = copy_string(origin);
   if (!org) {
     free(canon);
-    return fail(err, "config: %s: out of memory", where);
+    return qt_err(err, "config: %s: out of memory", where);
   }
   slot_replace(c, k, canon, org);
   return 0;
@@ -667,7 +646,7 @@ int qt_config_apply_override(qt_config *c, const char *arg, char *err) {
   char where[QT_ERR_LEN / 4];
   snprintf(where, sizeof where, "override '%.80s%s'", arg, strlen(arg) > 80 ? "..." : "");
   const char *eq = strchr(arg, '=');
-  if (!eq) return fail(err, "config: %s: expected section.key=value, found no '='", where);
+  if (!eq) return qt_err(err, "config: %s: expected section.key=value, found no '='", where);
   char lhs[QT_ERR_LEN / 4], value[QT_ERR_LEN];
   trimmed(lhs, sizeof lhs, arg, (size_t)(eq - arg));
   trimmed(value, sizeof value, eq + 1, strlen(eq + 1));
@@ -681,7 +660,7 @@ int qt_config_apply_override(qt_config *c, const char *arg, char *err) {
       else
         hint[0] = '\0'; /* ambiguous: no hint */
     }
-    return fail(err, "config: %s: expected section.key=value, found no 'section.' before '%s'%s", where, lhs,
+    return qt_err(err, "config: %s: expected section.key=value, found no 'section.' before '%s'%s", where, lhs,
                 hint);
   }
   *dot = '\0';

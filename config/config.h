@@ -1,4 +1,4 @@
-/* Schema-driven INI configuration for the command-line programs.
+/* Schema-driven INI configuration (the programs' config files, backend descriptions).
  *
  * A program describes every key it understands in a table of qt_cfg_key rows (section, key,
  * type, default, range or choices, help); adding a key is adding a row. A qt_config holds, for
@@ -19,9 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#ifndef QT_ERR_LEN
-#define QT_ERR_LEN 512
-#endif
+#include "base/base.h"
 
 typedef enum {
   QT_CFG_INT,

@@ -1,0 +1,90 @@
+/* The base library, linked by every other library: the abort path for broken invariants (with a
+ * hook), the status type that carries a bad-input or environment failure with its message and
+ * maps it to an exit code, the error buffer length, a growable string with a JSON escaper,
+ * a monotonic clock, `mkdir -p`, atomic file writes with fsync, argmax and peak RSS.
+ *
+ * Two kinds of failure (STYLE.md): a broken invariant aborts through qt_panic with file:line;
+ * bad input or environment returns -1 with a message (QT_ERR_LEN bytes) naming what and where.
+ * Library functions take `char *err`; the stage functions and the programs carry a qt_status,
+ * whose code says which kind of failure it was (and so the exit status). */
+#ifndef QT_BASE_H
+#define QT_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Every error buffer in the project holds QT_ERR_LEN bytes. */
+#define QT_ERR_LEN 512
+
+/* ---- invariant checks (always on) ------------------------------------------------------------ */
+/* Prints "file:line: internal error: <message>" to stderr, calls the hook (if set) with the
+ * message, then aborts. */
+void qt_panic(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
+#define QT_ASSERT(cond, ...) \
+  do { if (!(cond)) qt_panic(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+/* Called by qt_panic before abort() with the whole message (e.g. to flush a log, or, in a test,
+ * to longjmp out and check that an invariant fired). Returns the previous hook. */
+typedef void (*qt_panic_hook)(const char *message);
+qt_panic_hook qt_panic_set_hook(qt_panic_hook hook);
+
+/* ---- errors ----------------------------------------------------------------------------------- */
+/* The one error formatter: writes the message to err (QT_ERR_LEN bytes; may be NULL) and returns
+ * -1, so that `return qt_err(err, "...", ...);` reports and fails in one statement. */
+int qt_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* What kind of failure a status is (SQLite style). */
+typedef enum {
+  QT_OK = 0,
+  QT_STATUS_INPUT,   /* bad input from the user: config, option, file name, model/data mismatch */
+  QT_STATUS_IO,      /* the environment: cannot read or write a file, disk full */
+  QT_STATUS_FORMAT,  /* a file exists but is not what it claims (corrupt or foreign) */
+  QT_STATUS_RUNTIME, /* the job failed while running: loss diverged, a check disagreed */
+  QT_STATUS_NOMEM,   /* out of memory */
+  QT_STATUS_COUNT
+} qt_status_code;
+
+typedef struct {
+  qt_status_code code;
+  char msg[QT_ERR_LEN];
+} qt_status;
+
+/* Sets code and message; returns -1. */
+int qt_status_set(qt_status *st, qt_status_code code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Gives a message already written into st->msg (by a `char *err` function) its code; returns -1. */
+int qt_status_fail(qt_status *st, qt_status_code code);
+/* The programs' exit status: 0 for QT_OK, 2 for bad input (QT_STATUS_INPUT), 1 for the rest. */
+int qt_status_exit_code(qt_status_code code);
+const char *qt_status_name(qt_status_code code);
+
+/* ---- a growable string (reports, JSON, CSV) --------------------------------------------------- */
+typedef struct {
+  char *s; /* NUL-terminated once anything was printed; free() it */
+  size_t len, cap;
+} qt_strbuf;
+/* Appends printf-style text, growing the buffer (out of memory aborts). */
+void qt_strbuf_printf(qt_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends s as a quoted JSON string (", \ and control characters escaped). */
+void qt_strbuf_json_string(qt_strbuf *b, const char *s);
+
+/* ---- time, files, memory ---------------------------------------------------------------------- */
+/* Seconds on the monotonic clock. */
+double qt_now_seconds(void);
+/* mkdir -p path. -1 with err ("cannot create directory 'a/b': <reason>") on failure. */
+int qt_mkdir_p(const char *path, char *err);
+/* mkdir -p of the directory that holds the file path (nothing when path has no '/'). */
+int qt_mkdir_parent(const char *path, char *err);
+/* fsync of a file or directory by path: 0, or -1 with errno set. */
+int qt_fsync_path(const char *path);
+/* Makes a fully written temporary file the real one: fsync(tmp), rename(tmp, path), fsync of
+ * the directory. On failure tmp is removed, path is untouched and err names path. */
+int qt_file_commit(const char *tmp, const char *path, char *err);
+/* Writes `text` to `path` atomically (path.tmp, fsync, rename). */
+int qt_write_file_atomic(const char *path, const char *text, size_t len, char *err);
+/* Peak resident set size of this process so far, in MB. */
+double qt_peak_rss_mb(void);
+
+/* ---- small numerics --------------------------------------------------------------------------- */
+/* Index of the largest of x[0..n-1]; the first one on ties (the top-1 tie rule everywhere). */
+int64_t qt_argmax(const float *x, int64_t n);
+
+#endif
