@@ -1,0 +1,62 @@
+#!/usr/bin/python3
+"""Compares two runs/ folders written by scripts/examples_run.sh: every summary.json value except
+timings and memory, every dataset and attribute of model_qdq.h5 and model_trained.h5, and
+quantizer.txt. Exit 0 when equal, 1 with the differences listed otherwise."""
+import json, os, sys
+import h5py, numpy as np
+
+VOLATILE = {"images_per_s", "epoch_seconds", "peak_rss_mb", "seconds", "threads",
+            "fp32_images_per_s", "int8_images_per_s", "speedup", "wall_seconds"}
+
+def flat(prefix, v, out):
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if k in VOLATILE or k.endswith("_seconds") or k.endswith("images_per_s"):
+                continue
+            flat(prefix + "." + k, x, out)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            flat("%s[%d]" % (prefix, i), x, out)
+    else:
+        out[prefix] = v
+
+def h5_items(path):
+    items = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            for k, a in obj.attrs.items():
+                items[name + "@" + k] = np.asarray(a).tobytes() if not isinstance(a, (str, bytes)) else a
+            if isinstance(obj, h5py.Dataset):
+                items[name] = obj[()].tobytes()
+        visit("/", f)
+        f.visititems(visit)
+    return items
+
+def main():
+    old, new = sys.argv[1], sys.argv[2]
+    bad = 0; compared = 0
+    for run in sorted(os.listdir(old)):
+        for fname in ("summary.json", "model_qdq.h5", "model_trained.h5", "quantizer.txt"):
+            a, b = os.path.join(old, run, fname), os.path.join(new, run, fname)
+            if not os.path.exists(a):
+                continue
+            if not os.path.exists(b):
+                print("missing %s" % b); bad += 1; continue
+            compared += 1
+            if fname == "summary.json":
+                fa, fb = {}, {}
+                flat("", json.load(open(a)), fa); flat("", json.load(open(b)), fb)
+            elif fname.endswith(".h5"):
+                fa, fb = h5_items(a), h5_items(b)
+            else:
+                fa, fb = {"text": open(a).read()}, {"text": open(b).read()}
+            for k in sorted(set(fa) | set(fb)):
+                if fa.get(k) != fb.get(k):
+                    bad += 1
+                    if bad <= 40:
+                        print("%s/%s %s: %r -> %r" % (run, fname, k, str(fa.get(k))[:80], str(fb.get(k))[:80]))
+    print("examples_compare: %d files compared, %d differences" % (compared, bad))
+    return 1 if bad or not compared else 0
+
+if __name__ == "__main__":
+    sys.exit(main())
