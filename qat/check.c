@@ -242,8 +242,8 @@ int qt_check(qt_graph *t, qt_graph *c, const float *batch, int n, qt_check_repor
   memset(r, 0, sizeof *r);
   r->ok = 1;
   err[0] = 0;
-  qt_graph_set_training(t, 0);
-  qt_graph_set_training(c, 0);
+  qt_graph_set_mode(t, QT_MODE_EVAL);
+  qt_graph_set_mode(c, QT_MODE_EVAL);
   qt_graph_sync_learned_scales(t);
   check_structure(t, c, r);
   if (r->n_checked_points == 0 && r->n_checked_weights == 0) fail(r, "the training graph has no quantization at all");

@@ -144,7 +144,7 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
     qt_graph_free(c);
     return NULL;
   }
-  qt_graph_set_training(c, 0);
+  qt_graph_set_mode(c, QT_MODE_EVAL);
   qt_freeze_bn(c, 1);
   for (int i = 0; i < c->n_nodes; i++) {
     if (c->nodes[i].q) c->nodes[i].q->observe = 0;

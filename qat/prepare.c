@@ -211,7 +211,7 @@ qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode
   free(s.tmap);
   free(s.copies);
   free(s.folds);
-  qt_graph_set_training(s.p, 1);
+  qt_graph_set_mode(s.p, QT_MODE_TRAIN);
   return s.p;
 fail:
   if (!err[0] && s.p->error[0]) snprintf(err, QT_ERR_LEN, "prepare: %s", s.p->error);
@@ -246,6 +246,26 @@ void qt_set_fake_quant(qt_graph *g, int enabled) {
   for (int i = 0; i < g->n_nodes; i++) {
     if (g->nodes[i].q) g->nodes[i].q->fake_quant = enabled;
     if (g->nodes[i].wq) g->nodes[i].wq->fake_quant = enabled;
+  }
+}
+
+void qt_graph_set_mode(qt_graph *g, qt_graph_mode mode) {
+  switch (mode) {
+    case QT_MODE_TRAIN:
+    case QT_MODE_EVAL:
+    case QT_MODE_EVAL_FLOAT:
+      qt_graph_set_training(g, mode == QT_MODE_TRAIN);
+      qt_set_fake_quant(g, mode != QT_MODE_EVAL_FLOAT);
+      break;
+    case QT_MODE_CALIBRATE:
+      /* observers see every batch; the rest computes as in eval (BN uses its running statistics) */
+      qt_graph_set_training(g, 0);
+      for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].q || g->nodes[i].wq) g->nodes[i].training = 1;
+      qt_set_observers(g, 1);
+      qt_set_fake_quant(g, 0);
+      break;
+    default: QT_ASSERT(0, "qt_graph_set_mode: mode %d", (int)mode);
   }
 }
 

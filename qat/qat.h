@@ -113,7 +113,19 @@ typedef enum { QT_PREPARE_PTQ, QT_PREPARE_QAT } qt_prepare_mode;
  * shared by two conv->bn chains is refused. */
 qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode mode, char *err);
 
-/* Mode switches (DESIGN 3.5): observers on/off, fake quant on/off, BN statistics frozen. */
+/* The one mode call, for fp32, prepared and Q/DQ graphs alike (DESIGN 3.5):
+ *   QT_MODE_TRAIN      every stateful node in training mode, fake quant on (observers keep
+ *                      their enable flag: the freeze schedules own it)
+ *   QT_MODE_EVAL       every node in eval mode, fake quant on (observers do not observe in eval)
+ *   QT_MODE_EVAL_FLOAT eval mode with fake quant off: a prepared graph as the float model it trains
+ *   QT_MODE_CALIBRATE  PTQ calibration: observers on and observing, fake quant off, BN and
+ *                      everything else as in eval
+ * A calibration that should leave fixed qparams ends with qt_set_observers(g, 0). */
+typedef enum { QT_MODE_TRAIN, QT_MODE_EVAL, QT_MODE_EVAL_FLOAT, QT_MODE_CALIBRATE } qt_graph_mode;
+void qt_graph_set_mode(qt_graph *g, qt_graph_mode mode);
+
+/* Schedules (DESIGN 3.5): observers on/off (freezing the qparams), fake quant on/off, BN
+ * statistics frozen. */
 void qt_set_observers(qt_graph *g, int enabled);
 void qt_set_fake_quant(qt_graph *g, int enabled);
 void qt_freeze_bn(qt_graph *g, int frozen);

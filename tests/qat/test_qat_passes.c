@@ -55,7 +55,7 @@ static void exercise(qt_graph *p, qt_prepare_mode mode) {
   for (int s = 0; s < 4; s++) {
     float *x = batch(100 + (uint64_t)s);
     qt_ctx_reset(ctx);
-    qt_graph_set_training(p, 1);
+    qt_graph_set_mode(p, QT_MODE_TRAIN);
     qt_ctx_set_grad(ctx, mode == QT_PREPARE_QAT);
     qt_tensor *out = qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x));
     if (!out) qt_test_fail("forward of prepared %s: %s", p->name, p->error);
@@ -290,7 +290,7 @@ static void nan_in_observer(void) {
   float *x = batch(3);
   x[100] = NAN;
   int64_t shape[4] = {N, 28, 28, 1};
-  qt_graph_set_training(p, 1);
+  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
   qt_tensor *y = qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x));
   if (y || !strstr(p->error, "input.fq") || !strstr(p->error, "NaN"))
     qt_test_fail("NaN not reported naming the node: '%s'", p->error);
@@ -309,9 +309,7 @@ static void lsq_from_calibration(void) {
   const qt_node *fq = &p->nodes[qt_graph_find_node(p, "relu1.fq")];
   qt_ctx *ctx = qt_ctx_create();
   qt_ctx_set_grad(ctx, 0);
-  qt_set_fake_quant(p, 0);
-  qt_set_observers(p, 1);
-  qt_graph_set_training(p, 1);
+  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
   int64_t shape[4] = {N, 28, 28, 1};
   float first = 0;
   const float gain[3] = {1.0f, 3.0f, 0.5f}; /* batches of different ranges */
@@ -333,7 +331,7 @@ static void lsq_from_calibration(void) {
   if (calibrated == first) qt_test_fail("LSQ calibration: the scale stayed at the first batch's (%g)", first);
   /* training: observers off, fake quant on; a forward must not re-initialize the scale */
   qt_set_observers(p, 0);
-  qt_set_fake_quant(p, 1);
+  qt_graph_set_mode(p, QT_MODE_TRAIN);
   qt_graph_tensor_data(p, t)[0] = 0.75f * calibrated; /* as if an optimizer step moved it */
   float *x = batch(300);
   qt_ctx_reset(ctx);
