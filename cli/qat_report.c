@@ -18,7 +18,7 @@
 #include "eval/report.h"
 #include "qat/qat.h"
 #include "config/config.h"
-#include "train/train.h"
+#include "train/pipeline.h"
 
 static int usage(void) {
   fprintf(stderr, "usage: qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME]] [--config CFG.ini] "
@@ -53,32 +53,30 @@ int main(int argc, char **argv) {
   int status = 2;
   qt_graph *qdq = NULL, *fp32 = NULL;
   qt_lowered *m = NULL;
-  qt_config *cfg = qt_train_config_create();
+  static qt_options o;
+  qt_status st = {0};
   qt_dataset train, test;
   memset(&train, 0, sizeof train);
   memset(&test, 0, sizeof test);
 
   /* Bad input: exit 2. */
-  if (config_path && qt_config_load_file(cfg, config_path, err)) goto fail;
+  if (qt_options_load(config_path, NULL, 0, &o, err)) goto fail;
   if (!(qdq = qt_qdq_load(qdq_path, err))) goto fail;
   if (fp32_path) {
     if (!(fp32 = qt_model_build(model_name ? model_name : qdq->name, err))) goto fail;
     if (qt_checkpoint_load(fp32_path, fp32, NULL, NULL, err)) goto fail;
   }
   if (!(m = qt_lower(qdq, err))) goto fail;
-  if (qt_config_set(cfg, "data", "train_limit", "1", err)) goto fail;
-  if (qt_train_load_data(cfg, &train, &test, err)) goto fail;
+  if (qt_stage_load_data(&o.data, QT_SPLIT_TEST, &train, &test, &st)) {
+    snprintf(err, sizeof err, "%s", st.msg);
+    goto fail;
+  }
   if (images > 0) qt_dataset_limit(&test, images);
 
   /* Running: exit 1 on failure. */
   status = 1;
-  qt_loader_config lc;
-  memset(&lc, 0, sizeof lc);
+  qt_loader_config lc = qt_stage_loader_config(&o, QT_LOADER_EVAL);
   lc.batch_size = batch;
-  for (int ch = 0; ch < 4; ch++) {
-    lc.mean[ch] = (float)qt_config_float(cfg, "data", "mean");
-    lc.std[ch] = (float)qt_config_float(cfg, "data", "std");
-  }
   qt_report r;
   if (qt_report_run(fp32, qdq, m, &test, &lc, probe, &r, err)) goto fail;
   printf("qat_report: %s%s%s\n", qdq_path, fp32_path ? " against fp32 " : "", fp32_path ? fp32_path : "");
@@ -105,6 +103,5 @@ done:
   qt_graph_free(fp32);
   qt_dataset_free(&train);
   qt_dataset_free(&test);
-  qt_config_free(cfg);
   return status;
 }

@@ -16,7 +16,7 @@
 #include "backend/backend.h"
 #include "qat/qat.h"
 #include "config/config.h"
-#include "train/train.h"
+#include "train/pipeline.h"
 
 static int usage(void) {
   fprintf(stderr, "usage: qat_run MODEL_QDQ.h5 [--config CFG.ini] [--batch N] [--images N] [--compare] [--quiet]\n");
@@ -66,16 +66,19 @@ int main(int argc, char **argv) {
   }
 
   int status = 2;
-  qt_config *cfg = qt_train_config_create();
+  static qt_options opts;
+  qt_status st = {0};
   qt_dataset train, test;
   memset(&train, 0, sizeof train);
   memset(&test, 0, sizeof test);
   qt_loader *l = NULL;
   qt_ctx *ctx = NULL;
   float *out = NULL;
-  if (config_path && qt_config_load_file(cfg, config_path, err)) goto fail;
-  if (qt_config_set(cfg, "data", "train_limit", "1", err)) goto fail;
-  if (qt_train_load_data(cfg, &train, &test, err)) goto fail;
+  if (qt_options_load(config_path, NULL, 0, &opts, err)) goto fail;
+  if (qt_stage_load_data(&opts.data, QT_SPLIT_TEST, &train, &test, &st)) {
+    snprintf(err, sizeof err, "%s", st.msg);
+    goto fail;
+  }
   if (images > 0) qt_dataset_limit(&test, images);
   int h, w, c;
   qt_lowered_input_shape(m, &h, &w, &c);
@@ -85,13 +88,8 @@ int main(int argc, char **argv) {
     goto fail;
   }
   const int64_t classes = qt_lowered_output_numel(m);
-  qt_loader_config lc;
-  memset(&lc, 0, sizeof lc);
+  qt_loader_config lc = qt_stage_loader_config(&opts, QT_LOADER_EVAL);
   lc.batch_size = batch;
-  for (int ch = 0; ch < 4; ch++) {
-    lc.mean[ch] = (float)qt_config_float(cfg, "data", "mean");
-    lc.std[ch] = (float)qt_config_float(cfg, "data", "std");
-  }
   l = qt_loader_create(&test, &lc, err);
   if (!l) goto fail;
   out = malloc((size_t)batch * (size_t)classes * sizeof(float));
@@ -173,7 +171,6 @@ done:
   qt_loader_free(l);
   qt_dataset_free(&train);
   qt_dataset_free(&test);
-  qt_config_free(cfg);
   qt_lowered_free(m);
   qt_graph_free(g);
   return status;

@@ -1,9 +1,10 @@
 /* qat_train config.ini [section.key=value ...]: parse, run the training job, map the status
- * to the exit code (0 done, 1 the job failed, 2 bad command line or configuration). */
+ * to the exit code (0 done, 1 the job failed, 2 bad command line, configuration or a
+ * combination of settings the run cannot do). */
 #include <stdio.h>
 #include <string.h>
 
-#include "train/train.h"
+#include "train/pipeline.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -33,21 +34,12 @@ int main(int argc, char **argv) {
     list_keys();
     return 0;
   }
-  char err[QT_ERR_LEN];
-  qt_config *cfg = qt_train_config_create();
-  if (qt_config_load_file(cfg, argv[1], err)) {
-    fprintf(stderr, "qat_train: %s\n", err);
-    qt_config_free(cfg);
+  static qt_options o;
+  qt_status st = {0};
+  if (qt_options_load(argv[1], argv + 2, argc - 2, &o, st.msg)) {
+    fprintf(stderr, "qat_train: %s\n", st.msg);
     return 2;
   }
-  for (int i = 2; i < argc; i++)
-    if (qt_config_apply_override(cfg, argv[i], err)) {
-      fprintf(stderr, "qat_train: %s\n", err);
-      qt_config_free(cfg);
-      return 2;
-    }
-  int rc = qt_train_run(cfg, err);
-  if (rc) fprintf(stderr, "qat_train: %s\n", err);
-  qt_config_free(cfg);
-  return rc ? 1 : 0;
+  if (qt_train_run(&o, &st)) fprintf(stderr, "qat_train: %s\n", st.msg);
+  return qt_status_exit_code(st.code);
 }

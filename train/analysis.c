@@ -1,6 +1,6 @@
 /* PTQ debugging (train/analysis.h): calibration sweep, per-node SQNR, one-layer sensitivity,
- * mixed precision. Each variant is a sub-config of the run's config (different [quant] keys)
- * prepared with qt_quant_prepare and calibrated with qt_quant_calibrate_until. */
+ * mixed precision. Each variant is a copy of the run's options with other [quant] settings,
+ * prepared with qt_stage_prepare and calibrated with qt_calibrate_until. */
 #include "train/analysis.h"
 
 #include <math.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "qat/qat.h"
-#include "train/quant_job.h"
+#include "train/pipeline.h"
 
 #define MAX_LIST 16
 #define MAX_LAYERS 64
@@ -22,14 +22,14 @@ static int consumer_of(const qt_graph *g, int value, qt_op op) {
   return -1;
 }
 
-int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_dataset *ds,
-                          const qt_loader_config *lc, int64_t images, qt_node_sqnr **rows_out, int *n_out,
-                          char *err) {
-  *rows_out = NULL;
-  *n_out = 0;
+/* The nodes of fq with a counterpart in fp32: rows (named), and the value ids compared. */
+static int match_nodes(const qt_graph *fp32, const qt_graph *fq, qt_node_sqnr **rows_out, int **ref_out, int **fq_out) {
   qt_node_sqnr *rows = calloc((size_t)fq->n_nodes + 1, sizeof *rows);
   int *ref_value = malloc(((size_t)fq->n_nodes + 1) * sizeof(int)), *fq_value = malloc(((size_t)fq->n_nodes + 1) * sizeof(int));
   QT_ASSERT(rows && ref_value && fq_value, "out of memory");
+  *rows_out = rows;
+  *ref_out = ref_value;
+  *fq_out = fq_value;
   int n = 0;
   for (int i = 0; i < fq->n_nodes; i++) {
     const qt_node *p = &fq->nodes[i];
@@ -56,6 +56,37 @@ int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_da
     fq_value[n] = v;
     n++;
   }
+  return n;
+}
+
+/* Both graphs on one batch; adds each compared pair to its row's SQNR sum. */
+static int sqnr_batch(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const int64_t *shape, const float *x,
+                      qt_node_sqnr *rows, const int *ref_value, const int *fq_value, int n, char *err) {
+  const int same = fp32 == fq; /* one QAT graph: the reference pass runs with fake quant off */
+  qt_ctx_reset(ctx);
+  qt_tensor **va = NULL, **vb = NULL;
+  if (same) qt_graph_set_mode(fq, QT_MODE_EVAL_FLOAT);
+  qt_tensor *ya = qt_graph_forward_values(fp32, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &va);
+  if (same) qt_graph_set_mode(fq, QT_MODE_EVAL);
+  if (!ya) return qt_err(err, "SQNR: fp32 graph: %s", fp32->error);
+  if (!qt_graph_forward_values(fq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &vb))
+    return qt_err(err, "SQNR: fake-quant graph: %s", fq->error);
+  for (int k = 0; k < n; k++) {
+    qt_tensor *a = va[ref_value[k]], *b = vb[fq_value[k]];
+    if (!a || !b || qt_tensor_numel(a) != qt_tensor_numel(b)) continue;
+    qt_sqnr_add(&rows[k].sqnr, qt_f32(a), qt_f32(b), qt_tensor_numel(a));
+  }
+  return 0;
+}
+
+int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_dataset *ds,
+                          const qt_loader_config *lc, int64_t images, qt_node_sqnr **rows_out, int *n_out,
+                          char *err) {
+  *rows_out = NULL;
+  *n_out = 0;
+  qt_node_sqnr *rows;
+  int *ref_value, *fq_value;
+  const int n = match_nodes(fp32, fq, &rows, &ref_value, &fq_value);
   qt_loader_config c = *lc;
   c.shuffle = 0;
   c.crop_pad = 0;
@@ -66,44 +97,24 @@ int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_da
   qt_loader *l = qt_loader_create(&sub, &c, err);
   if (!l) rc = -1;
   int grad = qt_ctx_grad_enabled(ctx);
-  const int same = fp32 == fq; /* one QAT graph: the reference pass runs with fake quant off */
   qt_ctx_set_grad(ctx, 0);
-  qt_graph_set_training(fp32, 0);
-  qt_graph_set_training(fq, 0);
+  qt_graph_set_mode(fp32, QT_MODE_EVAL);
+  qt_graph_set_mode(fq, QT_MODE_EVAL);
   if (l) {
     qt_loader_start_epoch(l, 0);
     const float *x;
     const int32_t *labels;
     int B;
-    while ((B = qt_loader_next(l, &x, &labels)) > 0) {
-      qt_ctx_reset(ctx);
-      int64_t shape[4] = {B, sub.h, sub.w, sub.c};
-      qt_tensor **va = NULL, **vb = NULL;
-      if (same) qt_set_fake_quant(fq, 0);
-      qt_tensor *ya = qt_graph_forward_values(fp32, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &va);
-      if (same) qt_set_fake_quant(fq, 1);
-      if (!ya) {
-        snprintf(err, QT_ERR_LEN, "SQNR: fp32 graph: %s", fp32->error);
-        rc = -1;
-        break;
-      }
-      if (!qt_graph_forward_values(fq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &vb)) {
-        snprintf(err, QT_ERR_LEN, "SQNR: fake-quant graph: %s", fq->error);
-        rc = -1;
-        break;
-      }
-      for (int k = 0; k < n; k++) {
-        qt_tensor *a = va[ref_value[k]], *b = vb[fq_value[k]];
-        if (!a || !b || qt_tensor_numel(a) != qt_tensor_numel(b)) continue;
-        qt_sqnr_add(&rows[k].sqnr, qt_f32(a), qt_f32(b), qt_tensor_numel(a));
-      }
+    while (!rc && (B = qt_loader_next(l, &x, &labels)) > 0) {
+      const int64_t shape[4] = {B, sub.h, sub.w, sub.c};
+      rc = sqnr_batch(fp32, fq, ctx, shape, x, rows, ref_value, fq_value, n, err);
     }
     qt_loader_free(l);
   }
   qt_ctx_reset(ctx);
   qt_ctx_set_grad(ctx, grad);
-  qt_graph_set_training(fp32, 1);
-  qt_graph_set_training(fq, 1);
+  qt_graph_set_mode(fp32, QT_MODE_TRAIN);
+  qt_graph_set_mode(fq, QT_MODE_TRAIN);
   free(ref_value);
   free(fq_value);
   if (rc) {
@@ -164,67 +175,80 @@ static int int_list(const char *key, const char *text, int *out, int max, int lo
   return n;
 }
 
-int qt_analysis_wanted(const qt_config *cfg, char *err) {
-  const char *mode = qt_config_string(cfg, "quant", "mode");
-  const char *ptq_only = qt_config_string(cfg, "analysis", "calibration_methods")[0]  ? "calibration_methods"
-                         : qt_config_string(cfg, "analysis", "calibration_batches")[0] ? "calibration_batches"
-                         : qt_config_bool(cfg, "analysis", "sensitivity")              ? "sensitivity"
-                         : qt_config_string(cfg, "analysis", "mixed_precision_k")[0]   ? "mixed_precision_k"
-                                                                                       : NULL;
-  const int sqnr = qt_config_bool(cfg, "analysis", "layer_sqnr");
-  if (strcmp(mode, "ptq") == 0) return ptq_only || sqnr;
-  if (ptq_only) {
-    snprintf(err, QT_ERR_LEN, "analysis.%s is a PTQ debugging tool: it needs quant.mode = ptq (this run: %s)%s", ptq_only,
-             mode, strcmp(mode, "qat") == 0 ? "; a QAT run supports analysis.layer_sqnr" : "");
-    return -1;
-  }
-  if (sqnr && strcmp(mode, "qat") != 0) {
-    snprintf(err, QT_ERR_LEN, "analysis.layer_sqnr needs quant.mode = ptq or qat (this run: %s)", mode);
-    return -1;
-  }
-  return sqnr;
+int qt_analysis_wanted(const qt_options *o) {
+  const qt_analysis_options *a = &o->analysis;
+  return a->calibration_methods[0] || a->calibration_batches[0] || a->sensitivity || a->mixed_precision_k[0] ||
+         a->layer_sqnr;
 }
 
-/* A copy of cfg (all keys) for one variant. */
-static qt_config *clone_config(const qt_config *cfg, char *err) {
-  qt_config *c = qt_train_config_create();
-  char *ini = qt_config_to_ini_string(cfg);
-  int rc = qt_config_load_string(c, ini, "analysis", err);
-  free(ini);
-  if (rc) {
-    qt_config_free(c);
-    return NULL;
-  }
+int qt_analysis_check_mode(const qt_options *o, char *err) {
+  const qt_analysis_options *a = &o->analysis;
+  const char *ptq_only = a->calibration_methods[0]   ? "calibration_methods"
+                         : a->calibration_batches[0] ? "calibration_batches"
+                         : a->sensitivity            ? "sensitivity"
+                         : a->mixed_precision_k[0]   ? "mixed_precision_k"
+                                                     : NULL;
+  const qt_quant_mode m = o->quant.mode;
+  const char *mode = m == QT_QUANT_PTQ ? "ptq" : m == QT_QUANT_QAT ? "qat" : "none";
+  if (m == QT_QUANT_PTQ) return 0;
+  if (ptq_only)
+    return qt_err(err, "analysis.%s is a PTQ debugging tool: it needs quant.mode = ptq (this run: %s)%s", ptq_only,
+                  mode, m == QT_QUANT_QAT ? "; a QAT run supports analysis.layer_sqnr" : "");
+  if (a->layer_sqnr && m != QT_QUANT_QAT)
+    return qt_err(err, "analysis.layer_sqnr needs quant.mode = ptq or qat (this run: %s)", mode);
+  return 0;
+}
+
+/* A copy of the options for one variant. */
+static qt_options *clone_options(const qt_options *o) {
+  qt_options *c = malloc(sizeof *c);
+  QT_ASSERT(c, "out of memory");
+  *c = *o;
   return c;
 }
 
-static int set_method(qt_config *c, const char *method, char *err) {
-  if (strcmp(method, "minmax") == 0 || strcmp(method, "moving_average") == 0)
-    return qt_config_set(c, "quant", "activation_observer", method, err);
-  if (strcmp(method, "percentile") == 0 || strcmp(method, "mse") == 0) {
-    if (qt_config_set(c, "quant", "activation_observer", "histogram", err)) return -1;
-    return qt_config_set(c, "quant", "activation_range", method, err);
+static int set_method(qt_options *c, const char *method, char *err) {
+  qt_observer_kind k;
+  qt_range_method r;
+  if (qt_observer_kind_parse(method, &k) == 0 && k != QT_OBSERVER_HISTOGRAM) {
+    c->quant.activation_observer = k;
+    return 0;
   }
-  snprintf(err, QT_ERR_LEN, "analysis.calibration_methods: unknown '%s' (minmax|moving_average|percentile|mse)", method);
-  return -1;
+  if (qt_range_method_parse(method, &r) == 0 && r != QT_RANGE_MINMAX) {
+    c->quant.activation_observer = QT_OBSERVER_HISTOGRAM;
+    c->quant.activation_range = r;
+    return 0;
+  }
+  return qt_err(err, "analysis.calibration_methods: unknown '%s' (minmax|moving_average|percentile|mse)", method);
+}
+
+static int set_overrides(qt_options *c, const char *ov, char *err) {
+  if (strlen(ov) >= sizeof c->quant.layer_overrides)
+    return qt_err(err, "analysis: layer overrides of %zu characters (at most %zu)", strlen(ov),
+                  sizeof c->quant.layer_overrides - 1);
+  snprintf(c->quant.layer_overrides, sizeof c->quant.layer_overrides, "%s", ov);
+  return 0;
 }
 
 /* The configured method's name. */
-static const char *config_method(const qt_config *cfg) {
-  const char *o = qt_config_string(cfg, "quant", "activation_observer");
-  if (strcmp(o, "histogram") == 0) return qt_config_string(cfg, "quant", "activation_range");
-  return o;
+static const char *config_method(const qt_options *o) {
+  if (o->quant.activation_observer == QT_OBSERVER_HISTOGRAM) return qt_range_method_name(o->quant.activation_range);
+  return qt_observer_kind_name(o->quant.activation_observer);
 }
 
 /* Prepares c's variant of fp32, calibrates it on lc's batches and evaluates it on `sub` after
  * each count in `counts` (ascending, cumulative: one pass). acc[i], used[i]: accuracy and
  * batches actually seen at counts[i]. Returns the calibrated graph when keep, else frees it. */
-static qt_graph *calibrate_eval(const qt_config *c, const qt_graph *fp32, const qt_dataset *train,
+static qt_graph *calibrate_eval(const qt_options *c, const qt_graph *fp32, const qt_dataset *train,
                                 const qt_loader_config *lc, const qt_dataset *sub, const qt_loader_config *ec,
                                 qt_ctx *ctx, const int *counts, int n_counts, double *acc, int *used, int keep,
                                 char *err) {
-  qt_graph *p = qt_quant_prepare(c, fp32, NULL, err);
-  if (!p) return NULL;
+  qt_status st = {0};
+  qt_graph *p = qt_stage_prepare(c, fp32, NULL, &st);
+  if (!p) {
+    snprintf(err, QT_ERR_LEN, "%s", st.msg);
+    return NULL;
+  }
   qt_loader *l = qt_loader_create(train, lc, err);
   if (!l) {
     qt_graph_free(p);
@@ -233,7 +257,7 @@ static qt_graph *calibrate_eval(const qt_config *c, const qt_graph *fp32, const 
   qt_loader_start_epoch(l, 0);
   int done = 0, rc = 0;
   for (int k = 0; k < n_counts && !rc; k++) {
-    if (qt_quant_calibrate_until(p, l, train, ctx, counts[k], &done, err)) {
+    if (qt_calibrate_until(p, l, train, ctx, counts[k], &done, err)) {
       char why[QT_ERR_LEN];
       snprintf(why, sizeof why, "%s", err);
       snprintf(err, QT_ERR_LEN, "analysis: %s", why);
@@ -318,210 +342,236 @@ static int write_outputs(const char *dir, const qt_strbuf *md, const qt_strbuf *
   return 0;
 }
 
-int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *train, const qt_dataset *test,
-                    const qt_loader_config *lc, const qt_loader_config *ec, qt_ctx *ctx, const char *dir,
-                    char *json_path, size_t json_path_len, int verbose, char *err) {
-  int rc = -1;
-  qt_strbuf md = {0}, js = {0};
-  qt_node_sqnr *srows = NULL;
-  int n_srows = 0;
-  qt_config *c = NULL;
-  qt_dataset sub = *test;
-  int64_t images = qt_config_int(cfg, "analysis", "images");
-  if (images > 0 && images < sub.n) sub.n = images;
-  const int wb = qt_config_int(cfg, "quant", "weight_bits"), ab = qt_config_int(cfg, "quant", "activation_bits");
-  const int cal = qt_config_int(cfg, "quant", "calibration_batches");
-  const char *keep = qt_config_string(cfg, "analysis", "mixed_precision_keep");
-
-  char methods[MAX_LIST][64];
-  int n_methods = split_list(qt_config_string(cfg, "analysis", "calibration_methods"), methods, MAX_LIST);
-  int counts[MAX_LIST], n_counts = int_list("calibration_batches", qt_config_string(cfg, "analysis", "calibration_batches"),
-                                            counts, MAX_LIST, 1, err);
-  if (n_counts < 0) return -1;
-  if (n_counts == 0) counts[n_counts++] = cal;
-  for (int i = 1; i < n_counts; i++)
-    if (counts[i] <= counts[i - 1]) {
-      snprintf(err, QT_ERR_LEN, "analysis.calibration_batches must be ascending (e.g. 1,8,32)");
-      return -1;
-    }
-  int ks[MAX_LIST], n_ks = int_list("mixed_precision_k", qt_config_string(cfg, "analysis", "mixed_precision_k"), ks,
-                                    MAX_LIST, 0, err);
-  if (n_ks < 0) return -1;
-  int want_sens = qt_config_bool(cfg, "analysis", "sensitivity") || n_ks > 0;
-
-  /* layers: conv2d / linear of the fp32 model */
-  char layers[MAX_LAYERS][QT_NAME_LEN];
-  int n_layers = 0;
-  for (int i = 0; i < fp32->n_nodes && n_layers < MAX_LAYERS; i++)
-    if (fp32->nodes[i].op == QT_OP_CONV2D || fp32->nodes[i].op == QT_OP_LINEAR)
-      snprintf(layers[n_layers++], QT_NAME_LEN, "%s", fp32->nodes[i].name);
-
+/* What every section of the PTQ analysis shares. */
+typedef struct {
+  const qt_options *o;
+  qt_graph *fp32;
+  const qt_dataset *train;
+  qt_dataset sub; /* the first analysis.images test images */
+  const qt_loader_config *lc, *ec;
+  qt_ctx *ctx;
+  int wb, ab, cal, verbose;
+  const char *keep;
+  char layers[MAX_LAYERS][QT_NAME_LEN]; /* conv2d / linear of the fp32 model */
+  int n_layers;
   qt_eval_result ref;
-  if (qt_evaluate(fp32, ctx, &sub, ec, &ref, err)) return -1;
-  const int64_t fp32_bytes = qt_analysis_model_bytes(fp32);
-  if (verbose)
-    fprintf(stderr, "analysis: fp32 accuracy %.2f%% on %lld test images\n", 100 * ref.accuracy, (long long)sub.n);
+  int64_t fp32_bytes;
+  qt_strbuf md, js;
+} analysis;
 
-  qt_strbuf_printf(&md, "# PTQ debugging: %s, W%dA%d\n\n", fp32->name, wb, ab);
-  qt_strbuf_printf(&md, "Evaluated on the first %lld test images. fp32 accuracy: **%.2f%%**. Configured calibration: %s, %d batches "
-          "of %d.\n\n",
-     (long long)sub.n, 100 * ref.accuracy, config_method(cfg), cal, lc->batch_size);
-  qt_strbuf_printf(&js, "{\n  \"model\": ");
-  qt_strbuf_json_string(&js, fp32->name);
-  qt_strbuf_printf(&js, ",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n  \"images\": %lld,\n"
-          "  \"fp32_accuracy\": %.6f,\n  \"fp32_model_bytes\": %lld",
-     wb, ab, (long long)sub.n, ref.accuracy, (long long)fp32_bytes);
-
-  /* 1. calibration methods x batches: one cumulative calibration pass per method */
-  if (n_methods > 0) {
-    qt_strbuf_printf(&md, "## Calibration method x calibration batches (accuracy %%)\n\n| method |");
-    for (int k = 0; k < n_counts; k++) qt_strbuf_printf(&md, " %d |", counts[k]);
-    qt_strbuf_printf(&md, "\n|---|");
-    for (int k = 0; k < n_counts; k++) qt_strbuf_printf(&md, "---:|");
-    qt_strbuf_printf(&md, "\n");
-    qt_strbuf_printf(&js, ",\n  \"calibration\": [");
-    for (int m = 0; m < n_methods; m++) {
-      c = clone_config(cfg, err);
-      if (!c || set_method(c, methods[m], err)) goto out;
-      double acc[MAX_LIST];
-      int used[MAX_LIST];
-      if (!calibrate_eval(c, fp32, train, lc, &sub, ec, ctx, counts, n_counts, acc, used, 0, err)) goto out;
-      qt_config_free(c);
-      c = NULL;
-      qt_strbuf_printf(&md, "| %s |", methods[m]);
-      for (int k = 0; k < n_counts; k++) {
-        qt_strbuf_printf(&md, " %.2f%s |", 100 * acc[k], used[k] < counts[k] ? "*" : "");
-        qt_strbuf_printf(&js, "%s\n    {\"method\": \"%s\", \"batches\": %d, \"batches_used\": %d, \"accuracy\": %.6f}",
-           m || k ? "," : "", methods[m], counts[k], used[k], acc[k]);
-      }
-      qt_strbuf_printf(&md, "\n");
-      if (verbose) {
-        fprintf(stderr, "analysis: calibration %s:", methods[m]);
-        for (int k = 0; k < n_counts; k++) fprintf(stderr, " %d batches %.2f%%", counts[k], 100 * acc[k]);
-        fprintf(stderr, "\n");
-      }
+/* 1. calibration methods x batches: one cumulative calibration pass per method */
+static int section_calibration(analysis *A, char methods[][64], int n_methods, const int *counts, int n_counts,
+                               char *err) {
+  qt_strbuf *md = &A->md, *js = &A->js;
+  qt_strbuf_printf(md, "## Calibration method x calibration batches (accuracy %%)\n\n| method |");
+  for (int k = 0; k < n_counts; k++) qt_strbuf_printf(md, " %d |", counts[k]);
+  qt_strbuf_printf(md, "\n|---|");
+  for (int k = 0; k < n_counts; k++) qt_strbuf_printf(md, "---:|");
+  qt_strbuf_printf(md, "\n");
+  qt_strbuf_printf(js, ",\n  \"calibration\": [");
+  for (int m = 0; m < n_methods; m++) {
+    qt_options *c = clone_options(A->o);
+    double acc[MAX_LIST];
+    int used[MAX_LIST];
+    int bad = set_method(c, methods[m], err) ||
+              !calibrate_eval(c, A->fp32, A->train, A->lc, &A->sub, A->ec, A->ctx, counts, n_counts, acc, used, 0, err);
+    free(c);
+    if (bad) return -1;
+    qt_strbuf_printf(md, "| %s |", methods[m]);
+    for (int k = 0; k < n_counts; k++) {
+      qt_strbuf_printf(md, " %.2f%s |", 100 * acc[k], used[k] < counts[k] ? "*" : "");
+      qt_strbuf_printf(js, "%s\n    {\"method\": \"%s\", \"batches\": %d, \"batches_used\": %d, \"accuracy\": %.6f}",
+                       m || k ? "," : "", methods[m], counts[k], used[k], acc[k]);
     }
-    qt_strbuf_printf(&md, "\n");
-    qt_strbuf_printf(&js, "\n  ]");
-  }
-
-  /* 2. per-node SQNR of the configured variant */
-  if (qt_config_bool(cfg, "analysis", "layer_sqnr")) {
-    double acc;
-    int used;
-    qt_graph *p = calibrate_eval(cfg, fp32, train, lc, &sub, ec, ctx, &cal, 1, &acc, &used, 1, err);
-    if (!p) goto out;
-    int r = qt_analysis_node_sqnr(fp32, p, ctx, &sub, ec, sub.n, &srows, &n_srows, err);
-    qt_graph_free(p);
-    if (r) goto out;
-    write_sqnr(&md, &js, "fp32 vs fake quant (configured settings)", "fp32", acc, srows, n_srows);
-  }
-
-  /* 3. sensitivity: only one layer quantized */
-  layer_sens sens[MAX_LAYERS];
-  if (want_sens) {
-    qt_strbuf_printf(&md, "## Sensitivity: only one layer quantized at W%dA%d\n\n| layer | accuracy %% | drop (points) |\n"
-            "|---|---:|---:|\n", wb, ab);
-    qt_strbuf_printf(&js, ",\n  \"sensitivity\": [");
-    for (int L = 0; L < n_layers; L++) {
-      char ov[4096] = "";
-      size_t len = 0;
-      for (int o = 0; o < n_layers; o++)
-        if (o != L) len += (size_t)snprintf(ov + len, sizeof ov - len, "%s%s=fp32", len ? ";" : "", layers[o]);
-      c = clone_config(cfg, err);
-      if (!c || qt_config_set(c, "quant", "layer_overrides", ov, err)) goto out;
-      int used;
-      if (!calibrate_eval(c, fp32, train, lc, &sub, ec, ctx, &cal, 1, &sens[L].acc, &used, 0, err)) goto out;
-      qt_config_free(c);
-      c = NULL;
-      snprintf(sens[L].name, sizeof sens[L].name, "%s", layers[L]);
-      sens[L].drop = 100 * (ref.accuracy - sens[L].acc);
-      qt_strbuf_printf(&md, "| %s | %.2f | %.2f |\n", layers[L], 100 * sens[L].acc, sens[L].drop);
-      qt_strbuf_printf(&js, "%s\n    {\"layer\": ", L ? "," : "");
-      qt_strbuf_json_string(&js, layers[L]);
-      qt_strbuf_printf(&js, ", \"accuracy\": %.6f, \"drop_points\": %.4f}", sens[L].acc, sens[L].drop);
-      if (verbose) fprintf(stderr, "analysis: only %s quantized: %.2f%%\n", layers[L], 100 * sens[L].acc);
+    qt_strbuf_printf(md, "\n");
+    if (A->verbose) {
+      fprintf(stderr, "analysis: calibration %s:", methods[m]);
+      for (int k = 0; k < n_counts; k++) fprintf(stderr, " %d batches %.2f%%", counts[k], 100 * acc[k]);
+      fprintf(stderr, "\n");
     }
-    qt_strbuf_printf(&md, "\n");
-    qt_strbuf_printf(&js, "\n  ]");
   }
+  qt_strbuf_printf(md, "\n");
+  qt_strbuf_printf(js, "\n  ]");
+  return 0;
+}
 
-  /* 4. mixed precision: the k most sensitive layers kept at `keep` */
-  if (n_ks > 0) {
-    int order[MAX_LAYERS];
-    for (int i = 0; i < n_layers; i++) order[i] = i;
-    for (int i = 1; i < n_layers; i++) /* stable insertion sort, largest drop first */
-      for (int j = i; j > 0 && sens[order[j]].drop > sens[order[j - 1]].drop; j--) {
-        int t = order[j];
-        order[j] = order[j - 1];
-        order[j - 1] = t;
-      }
-    qt_strbuf_printf(&md, "## Mixed precision: the k most sensitive layers at %s, the rest at W%dA%d\n\n", keep, wb, ab);
-    qt_strbuf_printf(&md, "Model size: conv/linear weights at their bit widths plus 4-byte biases (BN folded); fp32: %lld bytes.\n\n",
-       (long long)fp32_bytes);
-    qt_strbuf_printf(&md, "| k | layers kept at %s | accuracy %% | model bytes | vs fp32 |\n|---:|---|---:|---:|---:|\n", keep);
-    qt_strbuf_printf(&js, ",\n  \"mixed_precision\": {\"keep\": \"%s\", \"rows\": [", keep);
-    for (int q = 0; q < n_ks; q++) {
-      int k = ks[q] > n_layers ? n_layers : ks[q];
-      char ov[4096] = "", names[4096] = "";
-      size_t len = 0, nl = 0;
-      for (int i = 0; i < k; i++) {
-        const char *nm = layers[order[i]];
-        len += (size_t)snprintf(ov + len, sizeof ov - len, "%s%s=%s", len ? ";" : "", nm, keep);
-        nl += (size_t)snprintf(names + nl, sizeof names - nl, "%s%s", nl ? ", " : "", nm);
-      }
-      c = clone_config(cfg, err);
-      if (!c || qt_config_set(c, "quant", "layer_overrides", ov, err)) goto out;
-      double acc;
-      int used;
-      qt_graph *p = calibrate_eval(c, fp32, train, lc, &sub, ec, ctx, &cal, 1, &acc, &used, 1, err);
-      if (!p) goto out;
-      int64_t bytes = qt_analysis_model_bytes(p);
+/* 2. per-node SQNR of the configured variant */
+static int section_sqnr(analysis *A, char *err) {
+  double acc;
+  int used;
+  qt_node_sqnr *rows = NULL;
+  int n_rows = 0;
+  qt_graph *p = calibrate_eval(A->o, A->fp32, A->train, A->lc, &A->sub, A->ec, A->ctx, &A->cal, 1, &acc, &used, 1, err);
+  if (!p) return -1;
+  int r = qt_analysis_node_sqnr(A->fp32, p, A->ctx, &A->sub, A->ec, A->sub.n, &rows, &n_rows, err);
+  qt_graph_free(p);
+  if (!r) write_sqnr(&A->md, &A->js, "fp32 vs fake quant (configured settings)", "fp32", acc, rows, n_rows);
+  free(rows);
+  return r;
+}
+
+/* Accuracy of the configured variant with layer overrides ov; *bytes (may be NULL) gets its
+ * model size. */
+static int variant_accuracy(analysis *A, const char *ov, double *acc, int64_t *bytes, char *err) {
+  qt_options *c = clone_options(A->o);
+  int used, rc = set_overrides(c, ov, err);
+  if (!rc) {
+    qt_graph *p = calibrate_eval(c, A->fp32, A->train, A->lc, &A->sub, A->ec, A->ctx, &A->cal, 1, acc, &used,
+                                 bytes != NULL, err);
+    if (!p) rc = -1;
+    else if (bytes) {
+      *bytes = qt_analysis_model_bytes(p);
       qt_graph_free(p);
-      qt_config_free(c);
-      c = NULL;
-      qt_strbuf_printf(&md, "| %d | %s | %.2f | %lld | %.1f%% |\n", k, k ? names : "(none)", 100 * acc, (long long)bytes,
-         100.0 * (double)bytes / (double)fp32_bytes);
-      qt_strbuf_printf(&js, "%s\n    {\"k\": %d, \"kept\": [", q ? "," : "", k);
-      for (int i = 0; i < k; i++) {
-        if (i) qt_strbuf_printf(&js, ", ");
-        qt_strbuf_json_string(&js, layers[order[i]]);
-      }
-      qt_strbuf_printf(&js, "], \"accuracy\": %.6f, \"model_bytes\": %lld}", acc, (long long)bytes);
-      if (verbose) fprintf(stderr, "analysis: mixed precision k=%d: %.2f%%, %lld bytes\n", k, 100 * acc, (long long)bytes);
     }
-    qt_strbuf_printf(&md, "\n");
-    qt_strbuf_printf(&js, "\n  ]}");
   }
-  qt_strbuf_printf(&js, "\n}\n");
-
-  if (write_outputs(dir, &md, &js, json_path, json_path_len, verbose, err)) goto out;
-  rc = 0;
-out:
-  if (c) qt_config_free(c);
-  free(srows);
-  free(md.s);
-  free(js.s);
-  qt_graph_set_training(fp32, 1);
+  free(c);
   return rc;
 }
 
-int qt_analysis_run_qat(const qt_config *cfg, qt_graph *qat, const qt_dataset *test, const qt_loader_config *ec,
+/* 3. sensitivity: only one layer quantized */
+static int section_sensitivity(analysis *A, layer_sens *sens, char *err) {
+  qt_strbuf *md = &A->md, *js = &A->js;
+  qt_strbuf_printf(md, "## Sensitivity: only one layer quantized at W%dA%d\n\n| layer | accuracy %% | drop (points) |\n"
+                       "|---|---:|---:|\n", A->wb, A->ab);
+  qt_strbuf_printf(js, ",\n  \"sensitivity\": [");
+  for (int L = 0; L < A->n_layers; L++) {
+    char ov[4096] = "";
+    size_t len = 0;
+    for (int k = 0; k < A->n_layers; k++)
+      if (k != L) len += (size_t)snprintf(ov + len, sizeof ov - len, "%s%s=fp32", len ? ";" : "", A->layers[k]);
+    if (variant_accuracy(A, ov, &sens[L].acc, NULL, err)) return -1;
+    snprintf(sens[L].name, sizeof sens[L].name, "%s", A->layers[L]);
+    sens[L].drop = 100 * (A->ref.accuracy - sens[L].acc);
+    qt_strbuf_printf(md, "| %s | %.2f | %.2f |\n", A->layers[L], 100 * sens[L].acc, sens[L].drop);
+    qt_strbuf_printf(js, "%s\n    {\"layer\": ", L ? "," : "");
+    qt_strbuf_json_string(js, A->layers[L]);
+    qt_strbuf_printf(js, ", \"accuracy\": %.6f, \"drop_points\": %.4f}", sens[L].acc, sens[L].drop);
+    if (A->verbose) fprintf(stderr, "analysis: only %s quantized: %.2f%%\n", A->layers[L], 100 * sens[L].acc);
+  }
+  qt_strbuf_printf(md, "\n");
+  qt_strbuf_printf(js, "\n  ]");
+  return 0;
+}
+
+/* 4. mixed precision: the k most sensitive layers kept at analysis.mixed_precision_keep */
+static int section_mixed(analysis *A, const layer_sens *sens, const int *ks, int n_ks, char *err) {
+  qt_strbuf *md = &A->md, *js = &A->js;
+  const char *keep = A->keep;
+  int order[MAX_LAYERS];
+  for (int i = 0; i < A->n_layers; i++) order[i] = i;
+  for (int i = 1; i < A->n_layers; i++) /* stable insertion sort, largest drop first */
+    for (int j = i; j > 0 && sens[order[j]].drop > sens[order[j - 1]].drop; j--) {
+      int t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  qt_strbuf_printf(md, "## Mixed precision: the k most sensitive layers at %s, the rest at W%dA%d\n\n", keep, A->wb, A->ab);
+  qt_strbuf_printf(md, "Model size: conv/linear weights at their bit widths plus 4-byte biases (BN folded); fp32: %lld bytes.\n\n",
+                   (long long)A->fp32_bytes);
+  qt_strbuf_printf(md, "| k | layers kept at %s | accuracy %% | model bytes | vs fp32 |\n|---:|---|---:|---:|---:|\n", keep);
+  qt_strbuf_printf(js, ",\n  \"mixed_precision\": {\"keep\": \"%s\", \"rows\": [", keep);
+  for (int q = 0; q < n_ks; q++) {
+    int k = ks[q] > A->n_layers ? A->n_layers : ks[q];
+    char ov[4096] = "", names[4096] = "";
+    size_t len = 0, nl = 0;
+    for (int i = 0; i < k; i++) {
+      const char *nm = A->layers[order[i]];
+      len += (size_t)snprintf(ov + len, sizeof ov - len, "%s%s=%s", len ? ";" : "", nm, keep);
+      nl += (size_t)snprintf(names + nl, sizeof names - nl, "%s%s", nl ? ", " : "", nm);
+    }
+    double acc;
+    int64_t bytes;
+    if (variant_accuracy(A, ov, &acc, &bytes, err)) return -1;
+    qt_strbuf_printf(md, "| %d | %s | %.2f | %lld | %.1f%% |\n", k, k ? names : "(none)", 100 * acc, (long long)bytes,
+                     100.0 * (double)bytes / (double)A->fp32_bytes);
+    qt_strbuf_printf(js, "%s\n    {\"k\": %d, \"kept\": [", q ? "," : "", k);
+    for (int i = 0; i < k; i++) {
+      if (i) qt_strbuf_printf(js, ", ");
+      qt_strbuf_json_string(js, A->layers[order[i]]);
+    }
+    qt_strbuf_printf(js, "], \"accuracy\": %.6f, \"model_bytes\": %lld}", acc, (long long)bytes);
+    if (A->verbose) fprintf(stderr, "analysis: mixed precision k=%d: %.2f%%, %lld bytes\n", k, 100 * acc, (long long)bytes);
+  }
+  qt_strbuf_printf(md, "\n");
+  qt_strbuf_printf(js, "\n  ]}");
+  return 0;
+}
+
+/* The header of analysis.md / .json: the fp32 model on the analysis images. */
+static int section_header(analysis *A, char *err) {
+  if (qt_evaluate(A->fp32, A->ctx, &A->sub, A->ec, &A->ref, err)) return -1;
+  A->fp32_bytes = qt_analysis_model_bytes(A->fp32);
+  if (A->verbose)
+    fprintf(stderr, "analysis: fp32 accuracy %.2f%% on %lld test images\n", 100 * A->ref.accuracy, (long long)A->sub.n);
+  qt_strbuf_printf(&A->md, "# PTQ debugging: %s, W%dA%d\n\n", A->fp32->name, A->wb, A->ab);
+  qt_strbuf_printf(&A->md, "Evaluated on the first %lld test images. fp32 accuracy: **%.2f%%**. Configured calibration: %s, "
+                           "%d batches of %d.\n\n",
+                   (long long)A->sub.n, 100 * A->ref.accuracy, config_method(A->o), A->cal, A->lc->batch_size);
+  qt_strbuf_printf(&A->js, "{\n  \"model\": ");
+  qt_strbuf_json_string(&A->js, A->fp32->name);
+  qt_strbuf_printf(&A->js, ",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n  \"images\": %lld,\n"
+                           "  \"fp32_accuracy\": %.6f,\n  \"fp32_model_bytes\": %lld",
+                   A->wb, A->ab, (long long)A->sub.n, A->ref.accuracy, (long long)A->fp32_bytes);
+  return 0;
+}
+
+int qt_analysis_run(const qt_options *o, qt_graph *fp32, const qt_dataset *train, const qt_dataset *test,
+                    const qt_loader_config *lc, const qt_loader_config *ec, qt_ctx *ctx, const char *dir,
+                    char *json_path, size_t json_path_len, int verbose, char *err) {
+  analysis *A = calloc(1, sizeof *A);
+  QT_ASSERT(A, "out of memory");
+  *A = (analysis){.o = o, .fp32 = fp32, .train = train, .sub = *test, .lc = lc, .ec = ec, .ctx = ctx,
+                  .wb = o->quant.weight_bits, .ab = o->quant.activation_bits, .cal = o->quant.calibration_batches,
+                  .verbose = verbose, .keep = o->analysis.mixed_precision_keep == QT_KEEP_FP32 ? "fp32" : "w8a8"};
+  if (o->analysis.images > 0 && o->analysis.images < A->sub.n) A->sub.n = o->analysis.images;
+  char methods[MAX_LIST][64];
+  const int n_methods = split_list(o->analysis.calibration_methods, methods, MAX_LIST);
+  int counts[MAX_LIST], ks[MAX_LIST], rc = -1;
+  int n_counts = int_list("calibration_batches", o->analysis.calibration_batches, counts, MAX_LIST, 1, err);
+  const int n_ks = int_list("mixed_precision_k", o->analysis.mixed_precision_k, ks, MAX_LIST, 0, err);
+  if (n_counts < 0 || n_ks < 0) goto out;
+  if (n_counts == 0) counts[n_counts++] = A->cal;
+  for (int i = 1; i < n_counts; i++)
+    if (counts[i] <= counts[i - 1]) {
+      qt_err(err, "analysis.calibration_batches must be ascending (e.g. 1,8,32)");
+      goto out;
+    }
+  for (int i = 0; i < fp32->n_nodes && A->n_layers < MAX_LAYERS; i++)
+    if (fp32->nodes[i].op == QT_OP_CONV2D || fp32->nodes[i].op == QT_OP_LINEAR)
+      snprintf(A->layers[A->n_layers++], QT_NAME_LEN, "%s", fp32->nodes[i].name);
+  layer_sens sens[MAX_LAYERS];
+  if (section_header(A, err) ||
+      (n_methods > 0 && section_calibration(A, methods, n_methods, counts, n_counts, err)) ||
+      (o->analysis.layer_sqnr && section_sqnr(A, err)) ||
+      ((o->analysis.sensitivity || n_ks > 0) && section_sensitivity(A, sens, err)) ||
+      (n_ks > 0 && section_mixed(A, sens, ks, n_ks, err)))
+    goto out;
+  qt_strbuf_printf(&A->js, "\n}\n");
+  rc = write_outputs(dir, &A->md, &A->js, json_path, json_path_len, verbose, err);
+out:
+  free(A->md.s);
+  free(A->js.s);
+  free(A);
+  qt_graph_set_mode(fp32, QT_MODE_TRAIN);
+  return rc;
+}
+
+int qt_analysis_run_qat(const qt_options *o, qt_graph *qat, const qt_dataset *test, const qt_loader_config *ec,
                         qt_ctx *ctx, const char *dir, char *json_path, size_t json_path_len, int verbose, char *err) {
   int rc = -1;
   qt_strbuf md = {0}, js = {0};
   qt_node_sqnr *rows = NULL;
   int n_rows = 0;
   qt_dataset sub = *test;
-  int64_t images = qt_config_int(cfg, "analysis", "images");
+  int64_t images = o->analysis.images;
   if (images > 0 && images < sub.n) sub.n = images;
-  const int wb = qt_config_int(cfg, "quant", "weight_bits"), ab = qt_config_int(cfg, "quant", "activation_bits");
+  const int wb = o->quant.weight_bits, ab = o->quant.activation_bits;
   qt_eval_result on, off;
   qt_graph_sync_learned_scales(qat);
   if (qt_evaluate(qat, ctx, &sub, ec, &on, err)) goto out;
-  qt_set_fake_quant(qat, 0);
+  qt_graph_set_mode(qat, QT_MODE_EVAL_FLOAT);
   rc = qt_evaluate(qat, ctx, &sub, ec, &off, err);
-  qt_set_fake_quant(qat, 1);
+  qt_graph_set_mode(qat, QT_MODE_TRAIN);
   if (rc) goto out;
   rc = -1;
   if (qt_analysis_node_sqnr(qat, qat, ctx, &sub, ec, sub.n, &rows, &n_rows, err)) goto out;
@@ -542,6 +592,6 @@ out:
   free(rows);
   free(md.s);
   free(js.s);
-  qt_graph_set_training(qat, 1);
+  qt_graph_set_mode(qat, QT_MODE_TRAIN);
   return rc;
 }

@@ -8,6 +8,7 @@
 #define QT_ANALYSIS_H
 
 #include "eval/report.h"
+#include "train/options.h"
 #include "train/train.h"
 
 /* ---- per-node SQNR (fp32 graph vs fake-quant graph) ----------------------------------------- */
@@ -34,15 +35,17 @@ int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_da
  * without bias feeding a batch_norm counts the bias the fold gives it). */
 int64_t qt_analysis_model_bytes(const qt_graph *g);
 
-/* Whether cfg asks for any analysis: 1 yes, 0 no, -1 (err set) when it asks for what its
- * quant.mode cannot do (the calibration sweep, sensitivity and mixed precision need PTQ;
- * layer_sqnr needs PTQ or QAT). */
-int qt_analysis_wanted(const qt_config *cfg, char *err);
+/* Whether the options ask for any analysis. */
+int qt_analysis_wanted(const qt_options *o);
+/* -1 (err set) when the options ask for what their quant.mode cannot do (the calibration
+ * sweep, sensitivity and mixed precision need PTQ; layer_sqnr needs PTQ or QAT); checked by
+ * qt_options_resolve. */
+int qt_analysis_check_mode(const qt_options *o, char *err);
 
 /* The whole analysis; fp32 is the loaded fp32 model (left in training mode). lc: the
  * calibration loader (as the run calibrates), ec: the evaluation loader. Fills path with
  * <dir>/analysis.json. */
-int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *train, const qt_dataset *test,
+int qt_analysis_run(const qt_options *o, qt_graph *fp32, const qt_dataset *train, const qt_dataset *test,
                     const qt_loader_config *lc, const qt_loader_config *ec, qt_ctx *ctx, const char *dir,
                     char *json_path, size_t json_path_len, int verbose, char *err);
 
@@ -50,7 +53,7 @@ int qt_analysis_run(const qt_config *cfg, qt_graph *fp32, const qt_dataset *trai
  * prepared graph with and without fake quant, and the per-node SQNR between the two (the float
  * model QAT trained against what its fake quants make of it). Writes <dir>/analysis.md/.json;
  * fills json_path. The graph is left in training mode with fake quant on. */
-int qt_analysis_run_qat(const qt_config *cfg, qt_graph *qat, const qt_dataset *test, const qt_loader_config *ec,
+int qt_analysis_run_qat(const qt_options *o, qt_graph *qat, const qt_dataset *test, const qt_loader_config *ec,
                         qt_ctx *ctx, const char *dir, char *json_path, size_t json_path_len, int verbose, char *err);
 
 #endif

@@ -1,7 +1,6 @@
-/* The training job behind `qat_train config.ini`: the configuration schema, data loading,
- * the training loop with progress, CSV log and summary.json, evaluation, and HDF5
- * checkpoints (atomic) with resume. The library never exits; it returns 0 or -1 with a
- * message in err. */
+/* The training library's building blocks: evaluation and HDF5 checkpoints (atomic) with
+ * resume. The typed options are in train/options.h, the pipeline stages and the whole job in
+ * train/pipeline.h. The library never exits; it returns 0 or -1 with a message. */
 #ifndef QT_TRAIN_H
 #define QT_TRAIN_H
 
@@ -9,26 +8,11 @@
 #include <stdio.h>
 
 #include "autograd/autograd.h"
-#include "config/config.h"
 #include "data/data.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 
 #include "base/base.h"
-
-/* The schema of every key `qat_train` accepts (section, key, type, default, range, help). */
-const qt_cfg_key *qt_train_schema(int *n_keys);
-/* A config holding the schema's defaults. */
-qt_config *qt_train_config_create(void);
-
-/* Loads the training and test sets the config's [data] section describes (limits applied). */
-int qt_train_load_data(const qt_config *cfg, qt_dataset *train, qt_dataset *test, char *err);
-/* The loader settings of a run's config: batch, train.seed, data.mean/std; with augment also
- * data.crop_pad and data.flip. */
-qt_loader_config qt_train_loader_config(const qt_config *cfg, int batch, int shuffle, int augment);
-
-/* Runs the whole job described by cfg (train, evaluate, checkpoint, summary). */
-int qt_train_run(qt_config *cfg, char *err);
 
 /* ---- evaluation -------------------------------------------------------------------------- */
 typedef struct {
@@ -37,7 +21,8 @@ typedef struct {
   int64_t n;
   double seconds;
 } qt_eval_result;
-/* Eval mode, no grad, in batches; the graph is left in training mode afterwards. ctx: an
+/* Eval mode, no grad, in batches; the graph's modes are restored afterwards (fake quant and
+ * observers stay as the caller set them). ctx: an
  * arena to reuse (the training loop's, so the two share memory), or NULL for a private one. */
 int qt_evaluate(qt_graph *g, qt_ctx *ctx, const qt_dataset *ds, const qt_loader_config *lc, qt_eval_result *out,
                 char *err);

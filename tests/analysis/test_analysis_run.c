@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "tests/common/testutil.h"
-#include "train/train.h"
+#include "tests/common/train_util.h"
 
 static char *slurp(const char *path) {
   FILE *f = fopen(path, "rb");
@@ -33,7 +33,7 @@ static int run_keys(const char *dir, const char *const *keys, size_t n_keys, con
   snprintf(buf, sizeof buf, "output.dir=%s", dir);
   if (!rc) rc = qt_config_apply_override(c, buf, err);
   if (!rc && extra) rc = qt_config_apply_override(c, extra, err);
-  if (!rc) rc = qt_train_run(c, err);
+  if (!rc) rc = qt_test_train_run(c, err);
   qt_config_free(c);
   return rc;
 }

@@ -40,8 +40,19 @@ expect bad_override 2 "train.epoch" "epochs" -- "$T/ok.ini" train.epoch=3
 expect bad_override_value 2 "train.lr" "-1" -- "$T/ok.ini" train.lr=-1
 expect no_args 2 "usage" --
 expect bad_qat_init 2 "quant.qat_init" "calibration" -- "$T/ok.ini" quant.qat_init=ptq
-expect qat_init_vs_freeze 1 "freeze_observers_after" "qat_init = calibration" -- "$T/ok.ini" quant.mode=qat \
+# Settings that contradict each other: refused by the options resolver before any work (exit 2,
+# no output directory created).
+expect qat_init_vs_freeze 2 "freeze_observers_after" "qat_init = calibration" -- "$T/ok.ini" quant.mode=qat \
   quant.qat_init=calibration quant.freeze_observers_after=1 data.train_limit=256 data.test_limit=128 "output.dir=$T/run"
+expect lsq_needs_qat 2 "quant.learnable_scale needs quant.mode = qat" -- "$T/ok.ini" quant.mode=ptq \
+  quant.learnable_scale=true "output.dir=$T/run"
+expect backend_needs_file 2 "quant.quantizer = backend needs quant.backend" -- "$T/ok.ini" quant.mode=ptq \
+  quant.quantizer=backend "output.dir=$T/run"
+expect hdf5_needs_paths 2 "data.format = hdf5 needs data.train_path and data.test_path" -- "$T/ok.ini" \
+  data.format=hdf5 "output.dir=$T/run"
+expect analysis_needs_ptq 2 "analysis.sensitivity is a PTQ debugging tool" -- "$T/ok.ini" analysis.sensitivity=true \
+  "output.dir=$T/run"
+[ -e "$T/run" ] && { echo "a refused config created output.dir"; fail=1; }
 expect missing_data 1 "no_such_dir/train.gz" -- "$T/ok.ini" data.train_images=/no_such_dir/train.gz "output.dir=$T/run"
 
 [ $fail -eq 0 ] || exit 1

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "tests/common/testutil.h"
-#include "train/train.h"
+#include "tests/common/train_util.h"
 
 static qt_config *config(const char *dir, const char *extra1, const char *extra2) {
   char err[QT_ERR_LEN], buf[512];
@@ -26,7 +26,7 @@ static qt_config *config(const char *dir, const char *extra1, const char *extra2
 
 static int run(const char *dir, const char *e1, const char *e2, char *err) {
   qt_config *c = config(dir, e1, e2);
-  int rc = qt_train_run(c, err);
+  int rc = qt_test_train_run(c, err);
   qt_config_free(c);
   return rc;
 }

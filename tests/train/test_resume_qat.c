@@ -14,8 +14,7 @@
 #include <string.h>
 
 #include "tests/common/testutil.h"
-#include "train/quant_job.h"
-#include "train/train.h"
+#include "tests/common/train_util.h"
 
 #define MAX_EXTRA 8
 
@@ -53,7 +52,7 @@ static int run(const char *dir, const char *const *recipe, const char *more1, co
   if (more1) extra[n++] = more1;
   if (more2) extra[n++] = more2;
   qt_config *c = config(dir, extra);
-  int rc = qt_train_run(c, err);
+  int rc = qt_test_train_run(c, err);
   qt_config_free(c);
   return rc;
 }
@@ -127,7 +126,7 @@ static qt_graph *load_prepared(const char *dir, const char *const *recipe, qt_gr
   char err[QT_ERR_LEN], path[512];
   qt_config *c = config(dir, recipe);
   *fp32 = qt_model_build("fashion_cnn", err);
-  qt_graph *p = qt_quant_prepare(c, *fp32, NULL, err);
+  qt_graph *p = qt_test_prepare(c, *fp32, err);
   qt_config_free(c);
   if (!p) {
     qt_test_fail("prepare: %s", err);
@@ -239,7 +238,7 @@ int main(void) {
                         "output.dir=fp32"};
     for (size_t i = 0; i < sizeof fp / sizeof fp[0]; i++)
       if (qt_config_apply_override(c, fp[i], err)) qt_test_fail("%s", err);
-    if (qt_train_run(c, err)) qt_test_fail("fp32 run: %s", err);
+    if (qt_test_train_run(c, err)) qt_test_fail("fp32 run: %s", err);
     qt_config_free(c);
   }
   const char *lsq[] = {"quant.learnable_scale=true", "quant.activation_observer=histogram",
@@ -269,7 +268,7 @@ int main(void) {
     qt_config *c = config("mismatch", w8);
     qt_graph *g = qt_model_build("fashion_cnn", err);
     qt_graph_init_params(g, 1);
-    qt_graph *p = qt_quant_prepare(c, g, NULL, err);
+    qt_graph *p = qt_test_prepare(c, g, err);
     QT_CHECK(p != NULL);
     if (p) {
       float *before = malloc((size_t)p->n_params * sizeof(float));

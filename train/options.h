@@ -1,0 +1,128 @@
+/* The typed options of a run: the config (config/config.h, schema in train/schema.c) resolved
+ * once into a struct, one struct per section and C enums for every choice, with every rule
+ * that involves more than one key checked here. Library code takes these structs; string
+ * lookups by section and key exist only in the resolver (train/schema.c). */
+#ifndef QT_OPTIONS_H
+#define QT_OPTIONS_H
+
+#include <stdint.h>
+
+#include "base/base.h"
+#include "config/config.h"
+#include "optim/optim.h"
+#include "qat/quant.h"
+
+/* Longest string value (a path, a list); the parser limits lines to less than this. */
+#define QT_OPT_STR 512
+
+typedef enum { QT_DATA_IDX, QT_DATA_HDF5, QT_DATA_FOLDER, QT_DATA_FORMAT_COUNT } qt_data_format;
+typedef enum { QT_QUANT_NONE, QT_QUANT_PTQ, QT_QUANT_QAT, QT_QUANT_MODE_COUNT } qt_quant_mode;
+typedef enum { QT_QUANTIZER_ONEDNN, QT_QUANTIZER_BACKEND, QT_QUANTIZER_COUNT } qt_quantizer_choice;
+typedef enum { QT_QUANT_ISA_AUTO, QT_QUANT_ISA_VNNI, QT_QUANT_ISA_NO_VNNI, QT_QUANT_ISA_COUNT } qt_quant_isa;
+/* quant.weight_observer: auto = minmax for PTQ, moving_average for QAT. */
+typedef enum { QT_WOBS_AUTO, QT_WOBS_MINMAX, QT_WOBS_MOVING_AVERAGE, QT_WOBS_COUNT } qt_weight_observer_choice;
+typedef enum { QT_QAT_INIT_OBSERVERS, QT_QAT_INIT_CALIBRATION, QT_QAT_INIT_COUNT } qt_qat_init;
+typedef enum { QT_KEEP_W8A8, QT_KEEP_FP32, QT_KEEP_COUNT } qt_mixed_keep;
+typedef enum { QT_PROGRESS_AUTO, QT_PROGRESS_BAR, QT_PROGRESS_LINES, QT_PROGRESS_NONE, QT_PROGRESS_COUNT } qt_progress;
+
+typedef struct {
+  char name[QT_OPT_STR]; /* a preset of nn/models.c (qt_model_names) */
+} qt_model_options;
+
+typedef struct {
+  qt_data_format format;
+  char train_images[QT_OPT_STR], train_labels[QT_OPT_STR], test_images[QT_OPT_STR], test_labels[QT_OPT_STR];
+  char train_path[QT_OPT_STR], test_path[QT_OPT_STR]; /* hdf5 file or image-folder root */
+  int channels;                                        /* image folders: decode to 1 or 3 */
+  int train_limit, test_limit;                         /* first N images, 0 = all */
+  double mean, std;                                    /* normalization of pixel/255 values */
+  int crop_pad, flip;                                  /* augmentation of training batches */
+} qt_data_options;
+
+typedef struct {
+  int epochs, batch_size, eval_batch_size;
+  qt_optim_kind optimizer;
+  double lr, min_lr;
+  qt_lr_kind schedule;
+  double warmup_epochs, step_epochs, gamma;
+  double momentum;
+  int nesterov;
+  double weight_decay, beta1, beta2, adam_eps;
+  int seed, threads, resume, stop_after_epochs;
+} qt_train_options;
+
+typedef struct {
+  qt_quant_mode mode;
+  qt_quantizer_choice quantizer;
+  char backend[QT_OPT_STR];
+  int weight_bits, activation_bits;
+  qt_quant_isa isa;
+  qt_weight_observer_choice weight_observer;
+  qt_observer_kind activation_observer;
+  qt_range_method activation_range;
+  double percentile;
+  int learnable_scale;
+  char layer_overrides[QT_OPT_STR];
+  char fp32_checkpoint[QT_OPT_STR], fp32_config[QT_OPT_STR];
+  int calibration_batches;
+  qt_qat_init qat_init;
+  double freeze_observers_after, freeze_bn_after;
+  int check_batch;
+} qt_quant_options;
+
+typedef struct {
+  char calibration_methods[QT_OPT_STR], calibration_batches[QT_OPT_STR];
+  int layer_sqnr, sensitivity;
+  char mixed_precision_k[QT_OPT_STR];
+  qt_mixed_keep mixed_precision_keep;
+  int images;
+} qt_analysis_options;
+
+typedef struct {
+  char dir[QT_OPT_STR];
+  qt_progress progress;
+  int dot;
+} qt_output_options;
+
+typedef struct {
+  qt_model_options model;
+  qt_data_options data;
+  qt_train_options train;
+  qt_quant_options quant;
+  qt_analysis_options analysis;
+  qt_output_options output;
+} qt_options;
+
+/* The schema of every key `qat_train` accepts (section, key, type, default, range, help), in
+ * the order of the option structs. */
+const qt_cfg_key *qt_train_schema(int *n_keys);
+/* Where row i of the schema is stored in qt_options (byte offset). */
+size_t qt_options_offset(int row);
+/* A config holding the schema's defaults. */
+qt_config *qt_train_config_create(void);
+
+/* Resolves cfg into *o and checks every cross-key rule (e.g. quant.qat_init = calibration
+ * with quant.freeze_observers_after; analysis keys the mode cannot do). -1 with err naming the
+ * keys when the combination is refused. */
+int qt_options_resolve(const qt_config *cfg, qt_options *o, char *err);
+/* The options a config file gives (defaults, then the file, then the overrides), resolved: the
+ * one way a program turns a config file into options. path may be NULL (defaults only). */
+int qt_options_load(const char *path, char *const *overrides, int n_overrides, qt_options *o, char *err);
+/* The options as INI text (every key, with origins as comments), malloc'd: stored in checkpoints. */
+char *qt_options_to_ini(const qt_options *o);
+
+/* train.resume: whether the config stored in a checkpoint (INI text) keeps this run's [quant]
+ * settings (all but check_batch and fp32_config; only mode for fp32 runs). -1 with err naming
+ * the key and both values when not; a stored config that cannot be read is warned about. */
+int qt_options_resume_matches(const qt_options *o, const char *stored_ini, const char *path, char *err);
+
+/* The fp32 recipe that trains quant.fp32_checkpoint: quant.fp32_config's options with this
+ * run's [data], train.threads and output.progress, output.dir the checkpoint's folder. -1 with
+ * err when the config cannot be loaded, is itself quantized, or the checkpoint is not named
+ * <dir>/checkpoint.h5. */
+int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *err);
+
+/* The quant.weight_observer actually used (auto resolved by mode). */
+qt_observer_kind qt_options_weight_observer(const qt_quant_options *q);
+
+#endif

@@ -1,0 +1,116 @@
+/* The pipeline as library calls (DESIGN 1): each stage of `qat_train` is one function taking
+ * typed options (train/options.h), so that every program is argument parsing plus stage calls.
+ *
+ *   load data -> build model -> [obtain fp32 -> prepare -> calibrate] -> train epochs ->
+ *   [convert + check + save -> deploy + compare] -> summary
+ *
+ * Stages report failures through qt_status: QT_STATUS_INPUT for what the user gave (a
+ * contradictory setting, a model that does not fit the data), QT_STATUS_IO / FORMAT for files,
+ * QT_STATUS_RUNTIME for a job that failed while running (a diverging loss, a failed check). */
+#ifndef QT_PIPELINE_H
+#define QT_PIPELINE_H
+
+#include <stdio.h>
+
+#include "eval/report.h"
+#include "qat/qat.h"
+#include "train/options.h"
+#include "train/train.h"
+
+/* ---- data ------------------------------------------------------------------------------------ */
+typedef enum { QT_SPLIT_TRAIN = 1, QT_SPLIT_TEST = 2, QT_SPLIT_BOTH = 3 } qt_split;
+/* Loads the splits [data] describes (limits applied); a split not asked for is left empty.
+ * With both, their image shapes must agree. */
+int qt_stage_load_data(const qt_data_options *d, qt_split which, qt_dataset *train, qt_dataset *test,
+                       qt_status *st);
+
+/* What a loader is for: training batches (train.batch_size, shuffled, augmented), calibration
+ * batches (the same batches: PTQ calibrates on what QAT would train on) and evaluation
+ * (train.eval_batch_size, in order, no augmentation). The one place options become loader
+ * settings (normalization included). */
+typedef enum { QT_LOADER_TRAIN, QT_LOADER_CALIBRATE, QT_LOADER_EVAL } qt_loader_purpose;
+qt_loader_config qt_stage_loader_config(const qt_options *o, qt_loader_purpose purpose);
+
+/* The first n images of ds (n clipped to its size) as one evaluation batch: *images points into
+ * the returned loader's buffer (free it with qt_loader_free when done); *got is the count. */
+qt_loader *qt_stage_first_images(const qt_options *o, const qt_dataset *ds, int n, const float **images, int *got,
+                                 qt_status *st);
+
+/* ---- model ----------------------------------------------------------------------------------- */
+/* Builds model.name, checks that it takes data's images and has an output per class,
+ * initializes it from train.seed. data may be NULL (no check). */
+qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_status *st);
+/* The check qt_stage_build_model makes: g takes data's images and has an output per class. */
+int qt_stage_model_fits(const qt_options *o, const qt_graph *g, const qt_dataset *data, qt_status *st);
+/* Trains quant.fp32_checkpoint with quant.fp32_config when it does not exist yet (a sub-run in
+ * this process, before this run loads its own data), then loads it into g. Without
+ * quant.fp32_checkpoint g keeps its initialization. */
+int qt_stage_obtain_fp32(const qt_options *o, qt_graph *g, int verbose, qt_status *st);
+
+/* ---- quantization ---------------------------------------------------------------------------- */
+/* The Quantizer quant.quantizer names (with quant.backend's description), then prepare for
+ * quant.mode (PTQ folds BN; QAT keeps conv_bn). Writes what the Quantizer decided to report
+ * (may be NULL). */
+qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *fp32, FILE *report, qt_status *st);
+/* Calibrates p on quant.calibration_batches calibration batches of train (epoch 0; fewer when
+ * the epoch ends first: *batches, may be NULL, gets the count), then freezes its observers
+ * (the qparams stay fixed) and leaves it in QT_MODE_TRAIN. */
+int qt_stage_calibrate(const qt_options *o, qt_graph *p, const qt_dataset *train, qt_ctx *ctx, int *batches,
+                       int verbose, qt_status *st);
+/* Calibrates p on the next batches of the started loader l (QT_MODE_CALIBRATE) until *done
+ * (counted across calls) reaches `until` or the epoch ends, then as qt_stage_calibrate. */
+int qt_calibrate_until(qt_graph *p, qt_loader *l, const qt_dataset *train, qt_ctx *ctx, int until, int *done,
+                       char *err);
+/* PTQ from an fp32 checkpoint to a saved Q/DQ file, the stages above in order (build, obtain
+ * fp32, prepare, calibrate, convert, save): qat_backend_check --quantize. report (may be NULL)
+ * gets the Quantizer's decisions and a closing line "calibrated on N batches; wrote PATH". */
+int qt_stage_ptq_to_file(const qt_options *o, const char *out_path, FILE *report, qt_status *st);
+
+/* ---- training -------------------------------------------------------------------------------- */
+typedef struct qt_trainer qt_trainer; /* optimizer, LR schedule, training loader, step count */
+typedef struct {
+  int epoch; /* 1-based */
+  double lr, train_loss, train_acc, test_loss, test_acc, images_per_s, seconds;
+  int64_t images;
+} qt_epoch_stats;
+/* Trains g (fp32 or prepared) on train with [train] (and [quant]'s freeze schedules). */
+qt_trainer *qt_trainer_create(const qt_options *o, qt_graph *g, const qt_dataset *train, qt_status *st);
+void qt_trainer_free(qt_trainer *t);
+qt_optim *qt_trainer_optim(qt_trainer *t);
+int64_t qt_trainer_batches(const qt_trainer *t);
+int64_t qt_trainer_step(const qt_trainer *t);
+void qt_trainer_set_step(qt_trainer *t, int64_t step);
+/* One epoch (0-based `epoch`): the freeze schedules checked before every step, the NaN stop
+ * inside (the graph is not updated by a non-finite loss; the message names epoch, batch, step
+ * and lr). Fills the training half of *out; progress is drawn on stderr per output.progress. */
+int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out, qt_status *st);
+
+/* ---- convert, check, deploy ------------------------------------------------------------------ */
+typedef struct {
+  qt_eval_result fake_quant, qdq;
+  char qdq_path[4200];
+  char trained_path[4200];
+  qt_check_report check;
+  /* qt_stage_deploy: the lowered Q/DQ graph on the test set and inference speed */
+  int deployed;
+  qt_report report;
+  qt_inference_speed speed;
+  char report_path[4200];
+} qt_quant_result;
+/* Evaluates the trained prepared graph p, converts it, saves model_trained.h5 and model_qdq.h5
+ * into dir, evaluates the saved Q/DQ file and runs the check (training graph = convert graph)
+ * on quant.check_batch test images. A failed check is not an error here: res->check says it. */
+int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, qt_ctx *ctx, const char *dir,
+                     qt_quant_result *res, int verbose, qt_status *st);
+/* Lowers the saved Q/DQ graph (res->qdq_path), runs the three-stage report (fp32 graph, Q/DQ
+ * graph, int8 device) on the test set, times fp32 and int8 inference at batch 256, writes
+ * <dir>/report.txt (printed when verbose). */
+int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test, const char *dir,
+                    qt_quant_result *res, int verbose, qt_status *st);
+
+/* ---- the whole job --------------------------------------------------------------------------- */
+/* `qat_train`: train (fp32 or QAT) or calibrate (PTQ), evaluate, checkpoint, convert, check,
+ * deploy, report and write summary.json into output.dir. */
+int qt_train_run(const qt_options *o, qt_status *st);
+
+#endif

@@ -1,0 +1,340 @@
+/* `qat_train` as a table of contents of stage calls (train/pipeline.h), with the run's own
+ * files: metrics.csv, checkpoints, model.dot and summary.json. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train/analysis.h"
+#include "train/pipeline.h"
+
+typedef struct {
+  const qt_options *o;
+  int verbose, quant, resuming;
+  char ckpt[QT_OPT_STR + 32], csv[QT_OPT_STR + 32], summary[QT_OPT_STR + 32], analysis[QT_OPT_STR + 32];
+  qt_dataset train, test;
+  qt_graph *g;     /* the fp32 model */
+  qt_graph *tg;    /* the graph trained: g, or the prepared graph */
+  qt_ctx *ctx;
+  qt_trainer *trainer;
+  qt_epoch_stats *rows;
+  int n_rows, start_epoch;
+  qt_eval_result fp32, final;
+  qt_quant_result q;
+  double arena_mb;
+} run;
+
+/* ---- files ----------------------------------------------------------------------------------- */
+static void csv_write(const run *r) {
+  qt_strbuf b = {0};
+  char err[QT_ERR_LEN];
+  qt_strbuf_printf(&b, "epoch,lr,train_loss,train_accuracy,test_loss,test_accuracy,images_per_s,epoch_seconds,images\n");
+  for (int i = 0; i < r->n_rows; i++) {
+    const qt_epoch_stats *e = &r->rows[i];
+    qt_strbuf_printf(&b, "%d,%.8g,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%lld\n", e->epoch, e->lr, e->train_loss, e->train_acc,
+                     e->test_loss, e->test_acc, e->images_per_s, e->seconds, (long long)e->images);
+  }
+  if (qt_write_file_atomic(r->csv, b.s, b.len, err)) fprintf(stderr, "warning: %s\n", err);
+  free(b.s);
+}
+
+/* Rows of an earlier run's metrics.csv for epochs <= upto (resume), at most max. */
+static int csv_read(const char *path, qt_epoch_stats *rows, int max, int upto) {
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  char line[1024];
+  int n = 0;
+  if (fgets(line, sizeof line, f))
+    while (n < max && fgets(line, sizeof line, f)) {
+      qt_epoch_stats e;
+      long long images = 0;
+      if (sscanf(line, "%d,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lld", &e.epoch, &e.lr, &e.train_loss, &e.train_acc,
+                 &e.test_loss, &e.test_acc, &e.images_per_s, &e.seconds, &images) == 9 &&
+          e.epoch <= upto) {
+        e.images = images;
+        rows[n++] = e;
+      }
+    }
+  fclose(f);
+  return n;
+}
+
+static void write_dot(const run *r, const qt_graph *g, const char *file) {
+  if (!r->o->output.dot) return;
+  char path[QT_OPT_STR + 64];
+  snprintf(path, sizeof path, "%s/%s", r->o->output.dir, file);
+  FILE *f = fopen(path, "w");
+  if (!f) return;
+  qt_graph_write_dot(g, f);
+  fclose(f);
+}
+
+static void summary_stage(qt_strbuf *b, const char *name, const qt_eval_result *e, int with_loss) {
+  qt_strbuf_printf(b, ",\n    \"%s\": {\"test_accuracy\": %.6f", name, e->accuracy);
+  if (with_loss) qt_strbuf_printf(b, ", \"test_loss\": %.6f", e->loss);
+  qt_strbuf_printf(b, ", \"test_images\": %lld}", (long long)e->n);
+}
+
+static void summary_quant(qt_strbuf *b, const run *r) {
+  const qt_quant_result *q = &r->q;
+  qt_strbuf_printf(b, "  \"quant\": {\"mode\": \"%s\", \"weight_bits\": %d, \"activation_bits\": %d},\n",
+                   r->o->quant.mode == QT_QUANT_PTQ ? "ptq" : "qat", r->o->quant.weight_bits,
+                   r->o->quant.activation_bits);
+  qt_strbuf_printf(b, "  \"convert\": {\"qdq_model\": ");
+  qt_strbuf_json_string(b, q->qdq_path);
+  qt_strbuf_printf(b, ", \"trained_model\": ");
+  qt_strbuf_json_string(b, q->trained_path);
+  qt_strbuf_printf(b, "},\n  \"check\": {\"ok\": %s, \"quantization_points\": %d, \"weights\": %d, \"max_lsb\": %.3f, "
+                      "\"tie_flips\": %lld, \"reason\": ",
+                   q->check.ok ? "true" : "false", q->check.n_checked_points, q->check.n_checked_weights,
+                   q->check.max_lsb, (long long)q->check.tie_mismatches);
+  qt_strbuf_json_string(b, q->check.reason);
+  qt_strbuf_printf(b, "},\n");
+  if (!q->deployed) return;
+  char *rep = qt_report_json(&q->report, "  ");
+  qt_strbuf_printf(b, "%s,\n", rep);
+  free(rep);
+  qt_strbuf_printf(b, "  \"inference\": {\"batch_size\": %d, \"fp32_images_per_s\": %.1f, \"int8_images_per_s\": %.1f, "
+                      "\"int8_vs_fp32\": %.3f},\n  \"report\": ",
+                   q->speed.batch, q->speed.fp32_images_per_s, q->speed.int8_images_per_s,
+                   q->speed.fp32_images_per_s > 0 ? q->speed.int8_images_per_s / q->speed.fp32_images_per_s : 0.0);
+  qt_strbuf_json_string(b, q->report_path);
+  qt_strbuf_printf(b, ",\n");
+}
+
+static int write_summary(const run *r, char *err) {
+  qt_strbuf b = {0};
+  double secs = 0;
+  int64_t imgs = 0;
+  for (int i = 0; i < r->n_rows; i++) {
+    secs += r->rows[i].seconds;
+    imgs += r->rows[i].images;
+  }
+  qt_strbuf_printf(&b, "{\n  \"model\": ");
+  qt_strbuf_json_string(&b, r->g->name);
+  qt_strbuf_printf(&b, ",\n  \"parameters\": %lld,\n  \"stages\": {\n    \"fp32\": {\"test_accuracy\": %.6f, "
+                       "\"test_loss\": %.6f, \"test_images\": %lld}",
+                   (long long)qt_graph_param_count(r->g), r->fp32.accuracy, r->fp32.loss, (long long)r->fp32.n);
+  if (r->quant) {
+    summary_stage(&b, "fake_quant", &r->q.fake_quant, 1);
+    summary_stage(&b, "qdq", &r->q.qdq, 1);
+    if (r->q.deployed) {
+      qt_eval_result dev = {.accuracy = r->q.report.device_accuracy, .n = r->q.report.images};
+      summary_stage(&b, "int8", &dev, 0);
+    }
+  }
+  qt_strbuf_printf(&b, "\n  },\n");
+  if (r->quant) summary_quant(&b, r);
+  qt_strbuf_printf(&b, "  \"train\": {\n    \"epochs\": %d,\n    \"images_per_s\": %.1f,\n    \"epoch_seconds\": [",
+                   r->n_rows ? r->rows[r->n_rows - 1].epoch : r->start_epoch, secs > 0 ? (double)imgs / secs : 0.0);
+  for (int i = 0; i < r->n_rows; i++) qt_strbuf_printf(&b, "%s%.3f", i ? ", " : "", r->rows[i].seconds);
+  qt_strbuf_printf(&b, "],\n    \"peak_rss_mb\": %.1f,\n    \"arena_peak_mb\": %.1f,\n", qt_peak_rss_mb(), r->arena_mb);
+  if (r->n_rows)
+    qt_strbuf_printf(&b, "    \"final_train_loss\": %.6f,\n    \"final_train_accuracy\": %.6f,\n",
+                     r->rows[r->n_rows - 1].train_loss, r->rows[r->n_rows - 1].train_acc);
+  qt_strbuf_printf(&b, "    \"batch_size\": %d,\n    \"threads\": %d\n  },\n", r->o->train.batch_size,
+                   omp_get_max_threads());
+  if (r->analysis[0]) {
+    qt_strbuf_printf(&b, "  \"analysis\": ");
+    qt_strbuf_json_string(&b, r->analysis);
+    qt_strbuf_printf(&b, ",\n");
+  }
+  qt_strbuf_printf(&b, "  \"checkpoint\": ");
+  qt_strbuf_json_string(&b, r->ckpt);
+  qt_strbuf_printf(&b, "\n}\n");
+  int rc = qt_write_file_atomic(r->summary, b.s, b.len, err);
+  free(b.s);
+  return rc;
+}
+
+/* ---- the job's steps ------------------------------------------------------------------------- */
+/* Output folder, file names, threads, and the checks that come before any work. */
+static int run_open(run *r, const qt_options *o, qt_status *st) {
+  r->o = o;
+  r->verbose = o->output.progress != QT_PROGRESS_NONE;
+  r->quant = o->quant.mode != QT_QUANT_NONE;
+  if (o->train.threads > 0) omp_set_num_threads(o->train.threads);
+  char derr[QT_ERR_LEN];
+  if (qt_mkdir_p(o->output.dir, derr)) return qt_status_set(st, QT_STATUS_IO, "output.dir: %s", derr);
+  snprintf(r->ckpt, sizeof r->ckpt, "%s/checkpoint.h5", o->output.dir);
+  snprintf(r->csv, sizeof r->csv, "%s/metrics.csv", o->output.dir);
+  snprintf(r->summary, sizeof r->summary, "%s/summary.json", o->output.dir);
+  /* train.resume: a PTQ run has no epochs and simply calibrates again; any other run must
+   * match the checkpoint's [quant] settings (checked before any work). */
+  const int ptq = o->quant.mode == QT_QUANT_PTQ;
+  r->resuming = o->train.resume && access(r->ckpt, F_OK) == 0 && !ptq;
+  if (o->train.resume && ptq && r->verbose)
+    fprintf(stderr, "train.resume: a PTQ run has no epochs to resume; calibrating again\n");
+  if (!r->resuming) return 0;
+  qt_checkpoint_meta meta;
+  if (qt_checkpoint_read_meta(r->ckpt, &meta, st->msg)) return qt_status_fail(st, QT_STATUS_FORMAT);
+  int bad = qt_options_resume_matches(o, meta.config_ini, r->ckpt, st->msg);
+  free(meta.config_ini);
+  return bad ? qt_status_fail(st, QT_STATUS_INPUT) : 0;
+}
+
+/* The fp32 model: built, its fp32 checkpoint obtained (trained first if need be, before this
+ * run's data is loaded), then the data, checked against the model. */
+static int run_model_and_data(run *r, qt_status *st) {
+  const qt_options *o = r->o;
+  if (!(r->g = qt_stage_build_model(o, NULL, st))) return -1;
+  if (r->quant && qt_stage_obtain_fp32(o, r->g, r->verbose, st)) return -1;
+  if (qt_stage_load_data(&o->data, QT_SPLIT_BOTH, &r->train, &r->test, st) ||
+      qt_stage_model_fits(o, r->g, &r->train, st) || qt_stage_model_fits(o, r->g, &r->test, st))
+    return -1;
+  write_dot(r, r->g, "model.dot");
+  r->ctx = qt_ctx_create();
+  r->tg = r->g;
+  return 0;
+}
+
+/* PTQ / QAT before training: the fp32 accuracy, prepare, calibrate, PTQ debugging. */
+static int run_prepare(run *r, qt_status *st) {
+  const qt_options *o = r->o;
+  const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
+  if (qt_evaluate(r->g, r->ctx, &r->test, &ec, &r->fp32, st->msg)) return qt_status_fail(st, QT_STATUS_RUNTIME);
+  if (r->verbose) fprintf(stderr, "quant: fp32 test accuracy %.2f%%\n", 100 * r->fp32.accuracy);
+  char path[QT_OPT_STR + 32];
+  snprintf(path, sizeof path, "%s/quantizer.txt", o->output.dir);
+  FILE *rep = fopen(path, "w");
+  r->tg = qt_stage_prepare(o, r->g, rep, st);
+  if (rep) fclose(rep);
+  if (!r->tg) return -1;
+  write_dot(r, r->tg, "model_prepared.dot");
+  const int ptq = o->quant.mode == QT_QUANT_PTQ;
+  if ((ptq || (!r->resuming && o->quant.qat_init == QT_QAT_INIT_CALIBRATION)) &&
+      qt_stage_calibrate(o, r->tg, &r->train, r->ctx, NULL, r->verbose, st))
+    return -1;
+  if (!ptq || !qt_analysis_wanted(o)) return 0;
+  const qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_CALIBRATE);
+  if (qt_analysis_run(o, r->g, &r->train, &r->test, &lc, &ec, r->ctx, o->output.dir, r->analysis,
+                      sizeof r->analysis, r->verbose, st->msg))
+    return qt_status_fail(st, QT_STATUS_RUNTIME);
+  return 0;
+}
+
+/* The trainer, and on resume the checkpoint's state and the earlier epochs' rows. */
+static int run_trainer(run *r, qt_status *st) {
+  const qt_options *o = r->o;
+  const int epochs = o->quant.mode == QT_QUANT_PTQ ? 0 : o->train.epochs;
+  if (!(r->trainer = qt_trainer_create(o, r->tg, &r->train, st))) return -1;
+  r->rows = calloc((size_t)epochs + 1, sizeof *r->rows);
+  QT_ASSERT(r->rows, "out of memory");
+  if (r->resuming) {
+    qt_checkpoint_meta meta;
+    if (qt_checkpoint_load(r->ckpt, r->tg, qt_trainer_optim(r->trainer), &meta, st->msg))
+      return qt_status_fail(st, QT_STATUS_FORMAT);
+    free(meta.config_ini);
+    if (meta.epoch < 0 || meta.step < 0)
+      return qt_status_set(st, QT_STATUS_FORMAT, "train.resume: checkpoint '%s' holds epoch %d, step %lld", r->ckpt,
+                           meta.epoch, (long long)meta.step);
+    if (meta.seed != (uint64_t)o->train.seed)
+      fprintf(stderr, "warning: resuming %s trained with seed %llu under train.seed = %d\n", r->ckpt,
+              (unsigned long long)meta.seed, o->train.seed);
+    r->start_epoch = meta.epoch;
+    qt_trainer_set_step(r->trainer, meta.step);
+    r->n_rows = csv_read(r->csv, r->rows, epochs, r->start_epoch);
+    fprintf(stderr, "resuming from %s: %d epoch(s) done, step %lld\n", r->ckpt, r->start_epoch,
+            (long long)meta.step);
+  }
+  if (r->verbose)
+    fprintf(stderr, "%s: %lld parameters; %lld training / %lld test images; %d epochs of %lld batches; %d threads\n",
+            r->g->name, (long long)qt_graph_param_count(r->g), (long long)r->train.n, (long long)r->test.n, epochs,
+            (long long)qt_trainer_batches(r->trainer), omp_get_max_threads());
+  return 0;
+}
+
+/* Epochs: train, evaluate, checkpoint (then metrics.csv), until train.epochs or
+ * train.stop_after_epochs. */
+static int run_epochs(run *r, qt_status *st) {
+  const qt_options *o = r->o;
+  const int epochs = o->quant.mode == QT_QUANT_PTQ ? 0 : o->train.epochs, stop = o->train.stop_after_epochs;
+  const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
+  char *ini = qt_options_to_ini(o);
+  int rc = 0, ran = 0;
+  for (int epoch = r->start_epoch; epoch < epochs && !rc; epoch++, ran++) {
+    if (stop > 0 && ran >= stop) {
+      if (r->verbose) fprintf(stderr, "stopping after %d epoch(s) as train.stop_after_epochs says\n", ran);
+      break;
+    }
+    qt_epoch_stats *e = &r->rows[r->n_rows];
+    if (qt_trainer_epoch(r->trainer, r->ctx, epoch, e, st)) rc = -1;
+    else if (qt_evaluate(r->tg, r->ctx, &r->test, &ec, &r->final, st->msg)) rc = qt_status_fail(st, QT_STATUS_RUNTIME);
+    if (rc) break;
+    e->test_loss = r->final.loss;
+    e->test_acc = r->final.accuracy;
+    r->n_rows++;
+    if (r->verbose)
+      fprintf(stderr, "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  %.0f img/s  %.1f s  lr %.4g\n",
+              e->epoch, epochs, e->train_loss, 100 * e->train_acc, e->test_loss, 100 * e->test_acc, e->images_per_s,
+              e->seconds, e->lr);
+    qt_checkpoint_meta meta = {epoch + 1, qt_trainer_step(r->trainer), (uint64_t)o->train.seed, ini};
+    if (qt_checkpoint_save(r->ckpt, r->tg, qt_trainer_optim(r->trainer), &meta, st->msg))
+      rc = qt_status_fail(st, QT_STATUS_IO);
+    else
+      csv_write(r);
+  }
+  free(ini);
+  if (!rc && !r->quant && (ran == 0 || r->final.n == 0) &&
+      qt_evaluate(r->g, r->ctx, &r->test, &ec, &r->final, st->msg))
+    rc = qt_status_fail(st, QT_STATUS_RUNTIME);
+  if (!r->quant) r->fp32 = r->final;
+  r->arena_mb = (double)qt_ctx_peak_bytes(r->ctx) / 1048576.0;
+  return rc;
+}
+
+/* After training: QAT debugging, convert + check, deploy. */
+static int run_finish_quant(run *r, qt_status *st) {
+  const qt_options *o = r->o;
+  if (o->quant.mode == QT_QUANT_QAT && qt_analysis_wanted(o)) {
+    const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
+    if (qt_analysis_run_qat(o, r->tg, &r->test, &ec, r->ctx, o->output.dir, r->analysis, sizeof r->analysis,
+                            r->verbose, st->msg))
+      return qt_status_fail(st, QT_STATUS_RUNTIME);
+  }
+  qt_ctx_release(r->ctx); /* the training step's memory is not needed by convert and the check */
+  if (qt_stage_convert(o, r->tg, &r->test, r->ctx, o->output.dir, &r->q, r->verbose, st)) return -1;
+  qt_ctx_release(r->ctx);
+  return qt_stage_deploy(o, r->g, &r->test, o->output.dir, &r->q, r->verbose, st);
+}
+
+static void run_close(run *r) {
+  free(r->rows);
+  qt_ctx_free(r->ctx);
+  qt_trainer_free(r->trainer);
+  if (r->tg != r->g) qt_graph_free(r->tg);
+  qt_graph_free(r->g);
+  qt_dataset_free(&r->train);
+  qt_dataset_free(&r->test);
+}
+
+static void print_result(const run *r) {
+  if (!r->verbose) return;
+  if (!r->quant)
+    fprintf(stderr, "fp32 test accuracy %.2f%%; summary in %s; peak RSS %.0f MB\n", 100 * r->final.accuracy,
+            r->summary, qt_peak_rss_mb());
+  else
+    fprintf(stderr,
+            "test accuracy: fp32 %.2f%%, fake quant %.2f%%, Q/DQ graph %.2f%%, int8 device %.2f%%; summary in %s; "
+            "peak RSS %.0f MB\n",
+            100 * r->fp32.accuracy, 100 * r->q.fake_quant.accuracy, 100 * r->q.qdq.accuracy,
+            100 * r->q.report.device_accuracy, r->summary, qt_peak_rss_mb());
+}
+
+int qt_train_run(const qt_options *o, qt_status *st) {
+  run *r = calloc(1, sizeof *r);
+  QT_ASSERT(r, "out of memory");
+  st->code = QT_OK;
+  st->msg[0] = 0;
+  int rc = run_open(r, o, st) || run_model_and_data(r, st) || (r->quant && run_prepare(r, st)) ||
+           run_trainer(r, st) || run_epochs(r, st) || (r->quant && run_finish_quant(r, st));
+  if (!rc && write_summary(r, st->msg)) rc = qt_status_fail(st, QT_STATUS_IO);
+  if (!rc) print_result(r);
+  if (!rc && r->quant && !r->q.check.ok)
+    rc = qt_status_set(st, QT_STATUS_RUNTIME,
+                       "the training graph and the convert graph disagree (see summary.json check.reason):\n%s",
+                       r->q.check.reason);
+  run_close(r);
+  free(r);
+  return rc ? -1 : 0;
+}

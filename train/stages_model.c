@@ -1,0 +1,130 @@
+/* Stages before training: the data splits, loader settings, the model, the fp32 starting point. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train/pipeline.h"
+
+static int load_split(const qt_data_options *d, int test, qt_dataset *ds, char *err) {
+  switch (d->format) {
+    case QT_DATA_IDX:
+      return test ? qt_dataset_load_idx(ds, d->test_images, d->test_labels, err)
+                  : qt_dataset_load_idx(ds, d->train_images, d->train_labels, err);
+    case QT_DATA_HDF5: return qt_dataset_load_hdf5(ds, test ? d->test_path : d->train_path, err);
+    default: return qt_dataset_load_folder(ds, test ? d->test_path : d->train_path, d->channels, err);
+  }
+}
+
+int qt_stage_load_data(const qt_data_options *d, qt_split which, qt_dataset *train, qt_dataset *test, qt_status *st) {
+  memset(train, 0, sizeof *train);
+  memset(test, 0, sizeof *test);
+  if (((which & QT_SPLIT_TRAIN) && load_split(d, 0, train, st->msg)) ||
+      ((which & QT_SPLIT_TEST) && load_split(d, 1, test, st->msg))) {
+    qt_dataset_free(train);
+    qt_dataset_free(test);
+    return qt_status_fail(st, QT_STATUS_IO);
+  }
+  qt_dataset_limit(train, d->train_limit);
+  qt_dataset_limit(test, d->test_limit);
+  if (which == QT_SPLIT_BOTH && (train->h != test->h || train->w != test->w || train->c != test->c)) {
+    qt_status_set(st, QT_STATUS_INPUT, "data: training images are %dx%dx%d but test images are %dx%dx%d", train->h,
+                  train->w, train->c, test->h, test->w, test->c);
+    qt_dataset_free(train);
+    qt_dataset_free(test);
+    return -1;
+  }
+  return 0;
+}
+
+qt_loader_config qt_stage_loader_config(const qt_options *o, qt_loader_purpose purpose) {
+  qt_loader_config lc;
+  memset(&lc, 0, sizeof lc);
+  const int eval = purpose == QT_LOADER_EVAL;
+  lc.batch_size = eval ? o->train.eval_batch_size : o->train.batch_size;
+  lc.shuffle = !eval;
+  lc.seed = (uint64_t)o->train.seed;
+  lc.drop_last = 0;
+  for (int c = 0; c < 4; c++) {
+    lc.mean[c] = (float)o->data.mean;
+    lc.std[c] = (float)o->data.std;
+  }
+  if (!eval) {
+    lc.crop_pad = o->data.crop_pad;
+    lc.flip = o->data.flip;
+  }
+  return lc;
+}
+
+qt_loader *qt_stage_first_images(const qt_options *o, const qt_dataset *ds, int n, const float **images, int *got,
+                                 qt_status *st) {
+  qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_EVAL);
+  lc.batch_size = n < ds->n ? n : (int)ds->n;
+  qt_loader *l = qt_loader_create(ds, &lc, st->msg);
+  if (!l) {
+    qt_status_fail(st, QT_STATUS_INPUT);
+    return NULL;
+  }
+  const int32_t *labels;
+  qt_loader_start_epoch(l, 0);
+  *got = qt_loader_next(l, images, &labels);
+  return l;
+}
+
+int qt_stage_model_fits(const qt_options *o, const qt_graph *g, const qt_dataset *data, qt_status *st) {
+  const qt_value *in = &g->values[g->input];
+  const int C = (int)g->values[g->output].shape[0];
+  if (in->shape[0] != data->h || in->shape[1] != data->w || in->shape[2] != data->c)
+    return qt_status_set(st, QT_STATUS_INPUT, "model %s takes %lldx%lldx%lld images, data.%s gives %dx%dx%d", g->name,
+                         (long long)in->shape[0], (long long)in->shape[1], (long long)in->shape[2],
+                         o->data.format == QT_DATA_IDX ? "idx" : o->data.format == QT_DATA_HDF5 ? "hdf5" : "folder",
+                         data->h, data->w, data->c);
+  if (data->num_classes > C)
+    return qt_status_set(st, QT_STATUS_INPUT, "model %s has %d outputs but the data has %d classes", g->name, C,
+                         data->num_classes);
+  return 0;
+}
+
+qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_status *st) {
+  qt_graph *g = qt_model_build(o->model.name, st->msg);
+  if (!g) {
+    qt_status_fail(st, QT_STATUS_INPUT);
+    return NULL;
+  }
+  if (data && qt_stage_model_fits(o, g, data, st)) {
+    qt_graph_free(g);
+    return NULL;
+  }
+  qt_graph_init_params(g, (uint64_t)o->train.seed);
+  return g;
+}
+
+/* quant.fp32_checkpoint does not exist yet: train it with quant.fp32_config first. */
+static int ensure_fp32(const qt_options *o, int verbose, qt_status *st) {
+  const char *ck = o->quant.fp32_checkpoint;
+  if (!ck[0] || access(ck, F_OK) == 0) return 0;
+  qt_options *sub = malloc(sizeof *sub);
+  QT_ASSERT(sub, "out of memory");
+  int rc = qt_options_fp32_recipe(o, sub, st->msg);
+  if (rc) {
+    qt_status_fail(st, QT_STATUS_INPUT);
+  } else {
+    if (verbose) fprintf(stderr, "quant: %s does not exist yet: training it with %s first\n", ck, o->quant.fp32_config);
+    rc = qt_train_run(sub, st);
+  }
+  free(sub);
+  return rc;
+}
+
+int qt_stage_obtain_fp32(const qt_options *o, qt_graph *g, int verbose, qt_status *st) {
+  const char *ck = o->quant.fp32_checkpoint;
+  if (!ck[0]) {
+    if (verbose) fprintf(stderr, "quant: no quant.fp32_checkpoint: quantizing from the initialization\n");
+    return 0;
+  }
+  if (ensure_fp32(o, verbose, st)) return -1;
+  qt_checkpoint_meta meta;
+  if (qt_checkpoint_load(ck, g, NULL, &meta, st->msg)) return qt_status_fail(st, QT_STATUS_IO);
+  free(meta.config_ini);
+  if (verbose) fprintf(stderr, "quant: starting from %s (%d fp32 epochs)\n", ck, meta.epoch);
+  return 0;
+}

@@ -1,0 +1,228 @@
+/* The quantization stages: prepare (Quantizer + PTQ/QAT prepare), calibrate, and after training
+ * convert, save, reload, evaluate and check; then deploy the saved Q/DQ graph and make the
+ * three-stage report (eval/report.h). */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "train/pipeline.h"
+
+static int quantizer_config(const qt_quant_options *q, qt_quantizer_config *qc, char *err) {
+  qt_quantizer_config_default(qc);
+  qc->weight_bits = q->weight_bits;
+  qc->activation_bits = q->activation_bits;
+  if (q->isa == QT_QUANT_ISA_VNNI) qc->has_vnni = 1;
+  if (q->isa == QT_QUANT_ISA_NO_VNNI) qc->has_vnni = 0;
+  qc->weight_observer = qt_options_weight_observer(q);
+  qc->activation_observer = q->activation_observer;
+  qc->activation_method = q->activation_range;
+  qc->percentile = (float)q->percentile;
+  qc->learnable_scale = q->learnable_scale;
+  return qt_parse_overrides(qc, q->layer_overrides, err);
+}
+
+qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *g, FILE *report, qt_status *st) {
+  const qt_quant_options *q = &o->quant;
+  qt_quantizer_config qc;
+  if (quantizer_config(q, &qc, st->msg)) {
+    qt_status_fail(st, QT_STATUS_INPUT);
+    return NULL;
+  }
+  qt_annotations ann;
+  if (q->quantizer == QT_QUANTIZER_BACKEND) {
+    qt_backend_desc d;
+    if (qt_backend_desc_load(&d, q->backend, st->msg) || qt_quantizer_from_backend(g, &d, &qc, &ann, st->msg)) {
+      qt_status_fail(st, QT_STATUS_INPUT);
+      return NULL;
+    }
+    if (report) fprintf(report, "quantizer derived from backend %s (%s)\n", d.name, q->backend);
+  } else if (qt_quantizer_onednn(g, &qc, &ann, st->msg)) {
+    qt_status_fail(st, QT_STATUS_INPUT);
+    return NULL;
+  }
+  if (report) {
+    fprintf(report, "quantizer onednn (W%d A%d, %s):\n", qc.weight_bits, qc.activation_bits,
+            qc.has_vnni ? "VNNI: full-range 8-bit weights" : "no VNNI: 8-bit weights restricted to 7 bits");
+    qt_annotations_print(g, &ann, report);
+  }
+  qt_graph *p = qt_prepare(g, &ann, q->mode == QT_QUANT_QAT ? QT_PREPARE_QAT : QT_PREPARE_PTQ, st->msg);
+  qt_annotations_free(&ann);
+  if (!p) qt_status_fail(st, QT_STATUS_INPUT);
+  return p;
+}
+
+int qt_calibrate_until(qt_graph *p, qt_loader *l, const qt_dataset *train, qt_ctx *ctx, int until, int *done,
+                       char *err) {
+  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
+  qt_ctx_set_grad(ctx, 0);
+  const float *images;
+  const int32_t *labels;
+  int B, rc = 0;
+  while (*done < until && (B = qt_loader_next(l, &images, &labels)) > 0) {
+    qt_ctx_reset(ctx);
+    int64_t shape[4] = {B, train->h, train->w, train->c};
+    if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)images))) {
+      rc = qt_err(err, "calibration batch %d: %s", *done + 1, p->error);
+      break;
+    }
+    (*done)++;
+  }
+  qt_ctx_reset(ctx);
+  qt_ctx_set_grad(ctx, 1);
+  qt_set_observers(p, 0); /* the calibrated qparams stay fixed */
+  qt_graph_set_mode(p, QT_MODE_TRAIN);
+  return rc;
+}
+
+int qt_stage_calibrate(const qt_options *o, qt_graph *p, const qt_dataset *train, qt_ctx *ctx, int *batches,
+                       int verbose, qt_status *st) {
+  qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_CALIBRATE);
+  qt_loader *l = qt_loader_create(train, &lc, st->msg);
+  if (!l) return qt_status_fail(st, QT_STATUS_INPUT);
+  qt_loader_start_epoch(l, 0);
+  int done = 0;
+  int rc = qt_calibrate_until(p, l, train, ctx, o->quant.calibration_batches, &done, st->msg);
+  qt_loader_free(l);
+  if (rc) return qt_status_fail(st, QT_STATUS_RUNTIME);
+  if (verbose) fprintf(stderr, "quant: calibrated on %d batches\n", done);
+  if (batches) *batches = done;
+  return 0;
+}
+
+/* The check on the first quant.check_batch test images; the evaluation arena is handed back
+ * first (the check runs both graphs in arenas of its own). */
+static int run_check(const qt_options *o, qt_graph *p, qt_graph *loaded, const qt_dataset *test, qt_ctx *ctx,
+                     qt_check_report *check, qt_status *st) {
+  qt_ctx_release(ctx);
+  const float *images;
+  int n;
+  qt_loader *l = qt_stage_first_images(o, test, o->quant.check_batch, &images, &n, st);
+  if (!l) return -1;
+  int rc = qt_check(p, loaded, images, n, check, st->msg);
+  qt_loader_free(l);
+  return rc ? qt_status_fail(st, QT_STATUS_RUNTIME) : 0;
+}
+
+int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, qt_ctx *ctx, const char *dir,
+                     qt_quant_result *res, int verbose, qt_status *st) {
+  memset(res, 0, sizeof *res);
+  const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
+  qt_graph_sync_learned_scales(p);
+  if (qt_evaluate(p, ctx, test, &ec, &res->fake_quant, st->msg)) return qt_status_fail(st, QT_STATUS_RUNTIME);
+  qt_graph *c = qt_convert(p, st->msg);
+  if (!c) return qt_status_fail(st, QT_STATUS_RUNTIME);
+  /* The eval-mode training graph too, so qat_check can compare the two files later. */
+  snprintf(res->trained_path, sizeof res->trained_path, "%s/model_trained.h5", dir);
+  snprintf(res->qdq_path, sizeof res->qdq_path, "%s/model_qdq.h5", dir);
+  qt_graph_set_mode(p, QT_MODE_EVAL);
+  int rc = qt_qdq_save(res->trained_path, p, st->msg) || qt_qdq_save(res->qdq_path, c, st->msg);
+  qt_graph_free(c);
+  if (rc) return qt_status_fail(st, QT_STATUS_IO);
+  /* Everything downstream uses the file, as a deployment tool would. */
+  qt_graph *loaded = qt_qdq_load(res->qdq_path, st->msg);
+  if (!loaded) return qt_status_fail(st, QT_STATUS_FORMAT);
+  rc = qt_evaluate(loaded, ctx, test, &ec, &res->qdq, st->msg);
+  if (rc) qt_status_fail(st, QT_STATUS_RUNTIME);
+  qt_graph_set_mode(loaded, QT_MODE_EVAL);
+  if (!rc) rc = run_check(o, p, loaded, test, ctx, &res->check, st);
+  qt_graph_free(loaded);
+  if (rc) return -1;
+  if (verbose) {
+    fprintf(stderr, "quant: fake-quant %.2f%%, Q/DQ graph %.2f%% (%s)\n", 100 * res->fake_quant.accuracy,
+            100 * res->qdq.accuracy, res->qdq_path);
+    fprintf(stderr,
+            "check (training graph = convert graph): %s; %d quantization points, %d weights, max %.1f LSB, "
+            "%lld tie flips\n%s",
+            res->check.ok ? "PASS" : "FAIL", res->check.n_checked_points, res->check.n_checked_weights,
+            res->check.max_lsb, (long long)res->check.tie_mismatches, res->check.reason);
+  }
+  return 0;
+}
+
+/* Inference timing: batch 256 (the deployment target), best of 3 rounds of 8 batches. The
+ * device is read inside the graph on the first 1024 test images. */
+enum { QT_INFER_BATCH = 256, QT_INFER_BATCHES = 8, QT_INFER_ROUNDS = 3, QT_PROBE_IMAGES = 1024 };
+
+static void print_deploy(FILE *f, const qt_lowered *m, const qt_quant_result *res) {
+  qt_lowered_report(m, f);
+  qt_report_print(&res->report, f);
+  fprintf(f, "inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s (%.2fx)\n",
+          res->speed.batch, QT_INFER_ROUNDS, (long long)res->speed.images, res->speed.fp32_images_per_s,
+          res->speed.int8_images_per_s,
+          res->speed.fp32_images_per_s > 0 ? res->speed.int8_images_per_s / res->speed.fp32_images_per_s : 0.0);
+}
+
+int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test, const char *dir,
+                    qt_quant_result *res, int verbose, qt_status *st) {
+  const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
+  /* From the file, as a deployment tool would. */
+  qt_graph *qdq = qt_qdq_load(res->qdq_path, st->msg);
+  if (!qdq) return qt_status_fail(st, QT_STATUS_FORMAT);
+  qt_lowered *m = qt_lower(qdq, st->msg);
+  int rc = -1;
+  if (!m || qt_report_run(fp32, qdq, m, test, &ec, QT_PROBE_IMAGES, &res->report, st->msg) ||
+      qt_inference_measure(fp32, m, test, &ec, QT_INFER_BATCH, QT_INFER_BATCHES, QT_INFER_ROUNDS, &res->speed,
+                           st->msg)) {
+    qt_status_fail(st, QT_STATUS_RUNTIME);
+    goto out;
+  }
+  snprintf(res->report_path, sizeof res->report_path, "%s/report.txt", dir);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  QT_ASSERT(f, "out of memory for the report");
+  print_deploy(f, m, res);
+  fclose(f);
+  rc = qt_write_file_atomic(res->report_path, text, len, st->msg);
+  free(text);
+  if (rc) {
+    qt_status_fail(st, QT_STATUS_IO);
+    goto out;
+  }
+  res->deployed = 1;
+  if (verbose) print_deploy(stderr, m, res);
+out:
+  qt_lowered_free(m);
+  qt_graph_free(qdq);
+  if (fp32) qt_graph_set_mode(fp32, QT_MODE_TRAIN); /* as qt_evaluate used to leave graphs */
+  return rc;
+}
+
+int qt_stage_ptq_to_file(const qt_options *o, const char *out_path, FILE *report, qt_status *st) {
+  int rc = -1;
+  qt_dataset train = {0}, test = {0};
+  qt_graph *g = NULL, *p = NULL, *c = NULL;
+  qt_ctx *ctx = NULL;
+  if (!o->quant.fp32_checkpoint[0]) {
+    qt_status_set(st, QT_STATUS_INPUT, "the config sets no quant.fp32_checkpoint (the fp32 model to quantize)");
+    goto done;
+  }
+  if (!(g = qt_stage_build_model(o, NULL, st)) || qt_stage_obtain_fp32(o, g, 0, st) ||
+      !(p = qt_stage_prepare(o, g, report, st)) || qt_stage_load_data(&o->data, QT_SPLIT_TRAIN, &train, &test, st) ||
+      qt_stage_model_fits(o, g, &train, st))
+    goto done;
+  ctx = qt_ctx_create();
+  int batches = 0;
+  if (qt_stage_calibrate(o, p, &train, ctx, &batches, 0, st)) goto done;
+  qt_graph_set_mode(p, QT_MODE_EVAL);
+  if (!(c = qt_convert(p, st->msg))) {
+    qt_status_fail(st, QT_STATUS_RUNTIME);
+    goto done;
+  }
+  if (qt_mkdir_parent(out_path, st->msg) || qt_qdq_save(out_path, c, st->msg)) {
+    qt_status_fail(st, QT_STATUS_IO);
+    goto done;
+  }
+  if (report) fprintf(report, "calibrated on %d batches; wrote %s\n", batches, out_path);
+  rc = 0;
+done:
+  qt_ctx_free(ctx);
+  qt_dataset_free(&train);
+  qt_dataset_free(&test);
+  qt_graph_free(c);
+  qt_graph_free(p);
+  qt_graph_free(g);
+  return rc;
+}
