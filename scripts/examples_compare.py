@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Compares two runs/ folders written by scripts/examples_run.sh: every summary.json value except
-timings and memory, every dataset and attribute of model_qdq.h5 and model_trained.h5, and
+timings and memory, every dataset and attribute of model_qdq.h5 and model_trained.h5, every
+dataset of checkpoint.h5 (its attributes hold the config text, whose comments may change), and
 quantizer.txt. Exit 0 when equal, 1 with the differences listed otherwise."""
 import json, os, sys
 import h5py, numpy as np
@@ -20,11 +21,11 @@ def flat(prefix, v, out):
     else:
         out[prefix] = v
 
-def h5_items(path):
+def h5_items(path, attrs=True):
     items = {}
     with h5py.File(path, "r") as f:
         def visit(name, obj):
-            for k, a in obj.attrs.items():
+            for k, a in (obj.attrs.items() if attrs else []):
                 items[name + "@" + k] = np.asarray(a).tobytes() if not isinstance(a, (str, bytes)) else a
             if isinstance(obj, h5py.Dataset):
                 items[name] = obj[()].tobytes()
@@ -36,7 +37,7 @@ def main():
     old, new = sys.argv[1], sys.argv[2]
     bad = 0; compared = 0
     for run in sorted(os.listdir(old)):
-        for fname in ("summary.json", "model_qdq.h5", "model_trained.h5", "quantizer.txt"):
+        for fname in ("summary.json", "model_qdq.h5", "model_trained.h5", "checkpoint.h5", "quantizer.txt"):
             a, b = os.path.join(old, run, fname), os.path.join(new, run, fname)
             if not os.path.exists(a):
                 continue
@@ -47,7 +48,8 @@ def main():
                 fa, fb = {}, {}
                 flat("", json.load(open(a)), fa); flat("", json.load(open(b)), fb)
             elif fname.endswith(".h5"):
-                fa, fb = h5_items(a), h5_items(b)
+                attrs = fname != "checkpoint.h5"
+                fa, fb = h5_items(a, attrs), h5_items(b, attrs)
             else:
                 fa, fb = {"text": open(a).read()}, {"text": open(b).read()}
             for k in sorted(set(fa) | set(fb)):
