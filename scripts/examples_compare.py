@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 """Compares two runs/ folders written by scripts/examples_run.sh: every summary.json value except
-timings and memory, every dataset and attribute of model_qdq.h5 and model_trained.h5, every
-dataset of checkpoint.h5 (its attributes hold the config text, whose comments may change), and
-quantizer.txt. Exit 0 when equal, 1 with the differences listed otherwise."""
+timings and memory, the same of analysis.json, metrics.csv without its timing columns, every
+dataset and attribute of model_qdq.h5 and model_trained.h5, every dataset of checkpoint.h5 (its
+attributes hold the config text, whose comments may change), and quantizer.txt. Exit 0 when equal, 1 with the differences listed otherwise."""
 import json, os, sys
 import h5py, numpy as np
 
 VOLATILE = {"images_per_s", "epoch_seconds", "peak_rss_mb", "seconds", "threads",
-            "fp32_images_per_s", "int8_images_per_s", "speedup", "wall_seconds"}
+            "fp32_images_per_s", "int8_images_per_s", "int8_vs_fp32", "speedup", "wall_seconds"}
 
 def flat(prefix, v, out):
     if isinstance(v, dict):
@@ -37,19 +37,24 @@ def main():
     old, new = sys.argv[1], sys.argv[2]
     bad = 0; compared = 0
     for run in sorted(os.listdir(old)):
-        for fname in ("summary.json", "model_qdq.h5", "model_trained.h5", "checkpoint.h5", "quantizer.txt"):
+        for fname in ("summary.json", "analysis.json", "model_qdq.h5", "model_trained.h5", "checkpoint.h5",
+                      "quantizer.txt", "metrics.csv"):
             a, b = os.path.join(old, run, fname), os.path.join(new, run, fname)
             if not os.path.exists(a):
                 continue
             if not os.path.exists(b):
                 print("missing %s" % b); bad += 1; continue
             compared += 1
-            if fname == "summary.json":
+            if fname.endswith(".json"):
                 fa, fb = {}, {}
                 flat("", json.load(open(a)), fa); flat("", json.load(open(b)), fb)
             elif fname.endswith(".h5"):
                 attrs = fname != "checkpoint.h5"
                 fa, fb = h5_items(a, attrs), h5_items(b, attrs)
+            elif fname == "metrics.csv":  # without the timing columns (images_per_s, epoch_seconds)
+                rows = lambda p: {"row%d" % i: ",".join(c for j, c in enumerate(l.split(",")) if j not in (6, 7))
+                                  for i, l in enumerate(open(p))}
+                fa, fb = rows(a), rows(b)
             else:
                 fa, fb = {"text": open(a).read()}, {"text": open(b).read()}
             for k in sorted(set(fa) | set(fb)):
