@@ -263,7 +263,7 @@ int qt_backend_check(const qt_graph *g, const qt_backend_desc *d, qt_backend_che
     }
     int integer_input = 0;
     for (int k = 0; k < n->n_inputs; k++) integer_input |= integer_source(g, n->inputs[k]) >= 0;
-    const int layer = (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) && n->wq;
+    const int layer = qt_op_has_weight(n->op) && n->wq;
     if (!d->ops[n->op] && (integer_input || layer))
       add_violation(r, g, i, QT_VIOLATION_OP,
                     "op %s on quantized data is not run by %s: it runs in fp32 on the CPU (a fallback partition)",

@@ -448,7 +448,7 @@ static void lower_fallback(lowering *L, int i, const char *reason) {
   }
   const qt_value *yv = &g->values[n->output];
   s->out = new_slot(m, (size_t)value_numel(yv) * sizeof(float));
-  if (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) {
+  if (qt_op_has_weight(n->op)) {
     const qt_param *w = &g->tensors[n->param[QT_P_WEIGHT]];
     s->w_ndim = w->ndim;
     memcpy(s->w_shape, w->shape, sizeof s->w_shape);

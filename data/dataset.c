@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 
 #include <hdf5.h>
+
+#include "base/h5.h"
 #include <stb_image.h>
 #include <zlib.h>
 
@@ -236,28 +238,6 @@ fail:
 
 /* ================================================================ HDF5 */
 
-static void describe_h5_type(hid_t type, char *buf, size_t len) {
-  H5T_class_t cls = H5Tget_class(type);
-  size_t bits = H5Tget_size(type) * 8;
-  switch (cls) {
-  case H5T_INTEGER:
-    snprintf(buf, len, "%s %zu-bit integer", H5Tget_sign(type) == H5T_SGN_NONE ? "unsigned" : "signed", bits);
-    break;
-  case H5T_FLOAT: snprintf(buf, len, "%zu-bit float", bits); break;
-  case H5T_STRING: snprintf(buf, len, "string"); break;
-  case H5T_ENUM: snprintf(buf, len, "enum (e.g. bool)"); break;
-  case H5T_COMPOUND: snprintf(buf, len, "compound"); break;
-  default: snprintf(buf, len, "type class %d", (int)cls); break;
-  }
-}
-
-static void describe_dims(const hsize_t *dims, int rank, char *buf, size_t len) {
-  size_t used = (size_t)snprintf(buf, len, "(");
-  for (int i = 0; i < rank && used < len; i++)
-    used += (size_t)snprintf(buf + used, len - used, i ? ", %llu" : "%llu", (unsigned long long)dims[i]);
-  if (used < len) snprintf(buf + used, len - used, rank == 1 ? ",)" : ")");
-}
-
 /* Opens dataset `name`, returning its id, type and simple-extent dims (rank <= 8). */
 static hid_t open_h5_dataset(hid_t file, const char *path, const char *name, const char *expected,
                              hid_t *type, hsize_t *dims, int *rank, char *err) {
@@ -278,7 +258,7 @@ static hid_t open_h5_dataset(hid_t file, const char *path, const char *name, con
     H5Dclose(d);
     return -1;
   }
-  H5Sget_simple_extent_dims(space, dims, NULL);
+  if (*rank > 0) H5Sget_simple_extent_dims(space, dims, NULL);
   H5Sclose(space);
   *type = H5Dget_type(d);
   return d;
@@ -319,11 +299,11 @@ int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
   dimg = open_h5_dataset(file, path, "images", img_expected, &timg, idims, &irank, err);
   if (dimg < 0) goto done;
   if (H5Tget_class(timg) != H5T_INTEGER || H5Tget_size(timg) != 1 || H5Tget_sign(timg) != H5T_SGN_NONE) {
-    describe_h5_type(timg, tbuf, sizeof tbuf);
+    qt_h5_type_str(timg, tbuf, sizeof tbuf);
     qt_err(err, "data: %s: dataset \"images\": expected uint8, found %s", path, tbuf);
     goto done;
   }
-  describe_dims(idims, irank, dbuf, sizeof dbuf);
+  qt_h5_dims_str(irank, idims, dbuf, sizeof dbuf);
   if (irank != 3 && irank != 4) {
     qt_err(err, "data: %s: dataset \"images\": expected rank 3 (N,H,W) or 4 (N,H,W,C), found rank %d %s",
             path, irank, dbuf);
@@ -345,11 +325,11 @@ int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
   dlab = open_h5_dataset(file, path, "labels", lab_expected, &tlab, ldims, &lrank, err);
   if (dlab < 0) goto done;
   if (H5Tget_class(tlab) != H5T_INTEGER) {
-    describe_h5_type(tlab, tbuf, sizeof tbuf);
+    qt_h5_type_str(tlab, tbuf, sizeof tbuf);
     qt_err(err, "data: %s: dataset \"labels\": expected an integer type, found %s", path, tbuf);
     goto done;
   }
-  describe_dims(ldims, lrank, dbuf, sizeof dbuf);
+  qt_h5_dims_str(lrank, ldims, dbuf, sizeof dbuf);
   if (!(lrank == 1 || (lrank == 2 && ldims[1] == 1))) {
     qt_err(err, "data: %s: dataset \"labels\": expected rank 1 (N), found rank %d %s", path, lrank, dbuf);
     goto done;

@@ -7,22 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const op_names[] = {"input",   "conv2d",     "batch_norm", "relu",     "max_pool2d",
-                                       "avg_pool2d", "global_avg_pool", "flatten", "linear", "add",
-                                       "fake_quant", "conv_bn",  "quantize",   "dequantize"};
-_Static_assert(sizeof op_names / sizeof op_names[0] == QT_OP_COUNT, "op name table out of sync with qt_op");
-
-const char *qt_op_name(qt_op op) { return (unsigned)op < QT_OP_COUNT ? op_names[op] : "?"; }
-
-int qt_op_parse(const char *name, qt_op *out) {
-  for (int i = 0; i < QT_OP_COUNT; i++)
-    if (strcmp(name, op_names[i]) == 0) {
-      *out = (qt_op)i;
-      return 0;
-    }
-  return -1;
-}
-
 qt_graph *qt_graph_create(const char *name) {
   qt_graph *g = calloc(1, sizeof *g);
   QT_ASSERT(g, "out of memory");
@@ -136,83 +120,66 @@ int qt_graph_input(qt_graph *g, const char *name, int h, int w, int c) {
   return n->output;
 }
 
-static int spatial_out(int in, int k, int s, int p) { return (in + 2 * p - k) / s + 1; }
+/* The builders' common path: checks the inputs, infers the output shape with the op table,
+ * adds the node and the tensors of its slots (in slot order, parameters first): slot
+ * QT_P_WEIGHT of a layer with a weight takes wshape, every other slot is a vector over the
+ * output channels; an optional slot is made only when `optional` asks for it. */
+static int build(qt_graph *g, qt_op op, const char *name, const int *inputs, int n_inputs, const qt_node_attrs *attr,
+                 int wndim, const int64_t *wshape, int optional) {
+  const qt_value *in[QT_MAX_INPUTS];
+  for (int i = 0; i < n_inputs; i++) {
+    if (check_value(g, name, inputs[i])) return -1;
+    in[i] = &g->values[inputs[i]];
+  }
+  const qt_op_info *info = qt_op_info_get(op);
+  char why[QT_ERR_LEN];
+  int ndim = 0;
+  int64_t shape[3];
+  if (qt_op_output_shape(op, attr, in, n_inputs, &ndim, shape, why))
+    return builder_error(g, "%s %s: %s", info->name, name, why);
+  qt_node *n = new_node(g, op, name, inputs, n_inputs);
+  if (!n) return -1;
+  const int id = g->n_nodes - 1;
+  n->attr = *attr;
+  const int64_t channels[1] = {shape[ndim - 1]};
+  for (int b = 0; b < 2; b++)
+    for (int k = 0; k < QT_MAX_PARAMS; k++) {
+      const int use = b ? info->buffer_use[k] : info->param_use[k];
+      if (use == QT_SLOT_NONE || (use == QT_SLOT_OPTIONAL && !optional)) continue;
+      const int is_weight = !b && k == QT_P_WEIGHT && info->has_weight;
+      const int t = new_tensor(g, id, b ? info->buffer_suffix[k] : info->param_suffix[k], is_weight ? wndim : 1,
+                               is_weight ? wshape : channels, b);
+      if (b) g->nodes[id].buffer[k] = t;
+      else g->nodes[id].param[k] = t;
+    }
+  return g->nodes[id].output = new_value(g, name, ndim, shape, id);
+}
 
 int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int kernel, int stride, int pad,
                     int groups, int bias) {
   if (check_value(g, name, x)) return -1;
-  qt_value *v = &g->values[x];
-  if (v->ndim != 3) return builder_error(g, "conv2d %s: input '%s' is not an image (H, W, C)", name, v->name);
-  int C = (int)v->shape[2];
-  if (groups < 1 || C % groups || out_channels % groups)
-    return builder_error(g, "conv2d %s: groups %d must divide in-channels %d and out-channels %d", name, groups, C,
-                         out_channels);
-  int oh = spatial_out((int)v->shape[0], kernel, stride, pad), ow = spatial_out((int)v->shape[1], kernel, stride, pad);
-  if (kernel < 1 || stride < 1 || pad < 0 || oh < 1 || ow < 1)
-    return builder_error(g, "conv2d %s: kernel %d stride %d pad %d do not fit input %lldx%lld", name, kernel, stride,
-                         pad, (long long)v->shape[0], (long long)v->shape[1]);
-  int inputs[1] = {x};
-  qt_node *n = new_node(g, QT_OP_CONV2D, name, inputs, 1);
-  if (!n) return -1;
-  int id = g->n_nodes - 1;
-  n->attr = (qt_node_attrs){.kernel_h = kernel, .kernel_w = kernel, .stride_h = stride, .stride_w = stride,
-                            .pad_h = pad, .pad_w = pad, .groups = groups, .out_channels = out_channels};
-  int64_t ws[4] = {out_channels, C / groups, kernel, kernel};
-  n->param[QT_P_WEIGHT] = new_tensor(g, id, "weight", 4, ws, 0);
-  if (bias) {
-    int64_t bs[1] = {out_channels};
-    n = &g->nodes[id];
-    n->param[QT_P_BIAS] = new_tensor(g, id, "bias", 1, bs, 0);
-  }
-  int64_t shape[3] = {oh, ow, out_channels};
-  return g->nodes[id].output = new_value(g, name, 3, shape, id);
+  const qt_value *v = &g->values[x];
+  const int64_t C = v->ndim == 3 ? v->shape[2] : 1;
+  const qt_node_attrs attr = {.kernel_h = kernel, .kernel_w = kernel, .stride_h = stride, .stride_w = stride,
+                              .pad_h = pad, .pad_w = pad, .groups = groups, .out_channels = out_channels};
+  const int64_t ws[4] = {out_channels, groups >= 1 ? C / groups : 0, kernel, kernel};
+  return build(g, QT_OP_CONV2D, name, &x, 1, &attr, 4, ws, bias);
 }
 
 int qt_graph_batch_norm(qt_graph *g, const char *name, int x) {
-  if (check_value(g, name, x)) return -1;
-  qt_value v = g->values[x];
-  int inputs[1] = {x};
-  qt_node *n = new_node(g, QT_OP_BATCH_NORM, name, inputs, 1);
-  if (!n) return -1;
-  int id = g->n_nodes - 1;
-  n->attr.eps = 1e-5f;
-  n->attr.momentum = 0.1f;
-  int64_t cs[1] = {v.shape[v.ndim - 1]};
-  g->nodes[id].param[QT_P_GAMMA] = new_tensor(g, id, "weight", 1, cs, 0);
-  g->nodes[id].param[QT_P_BETA] = new_tensor(g, id, "bias", 1, cs, 0);
-  g->nodes[id].buffer[QT_B_RUNNING_MEAN] = new_tensor(g, id, "running_mean", 1, cs, 1);
-  g->nodes[id].buffer[QT_B_RUNNING_VAR] = new_tensor(g, id, "running_var", 1, cs, 1);
-  return g->nodes[id].output = new_value(g, name, v.ndim, v.shape, id);
-}
-
-static int unary(qt_graph *g, qt_op op, const char *name, int x, int ndim, const int64_t *shape) {
-  int inputs[1] = {x};
-  qt_node *n = new_node(g, op, name, inputs, 1);
-  if (!n) return -1;
-  int id = g->n_nodes - 1;
-  return g->nodes[id].output = new_value(g, name, ndim, shape, id);
+  const qt_node_attrs attr = {.eps = 1e-5f, .momentum = 0.1f};
+  return build(g, QT_OP_BATCH_NORM, name, &x, 1, &attr, 0, NULL, 0);
 }
 
 int qt_graph_relu(qt_graph *g, const char *name, int x) {
-  if (check_value(g, name, x)) return -1;
-  qt_value v = g->values[x];
-  return unary(g, QT_OP_RELU, name, x, v.ndim, v.shape);
+  const qt_node_attrs attr = {0};
+  return build(g, QT_OP_RELU, name, &x, 1, &attr, 0, NULL, 0);
 }
 
 static int pool(qt_graph *g, qt_op op, const char *name, int x, int kernel, int stride, int pad) {
-  if (check_value(g, name, x)) return -1;
-  qt_value v = g->values[x];
-  if (v.ndim != 3) return builder_error(g, "%s %s: input '%s' is not an image", qt_op_name(op), name, v.name);
-  int oh = spatial_out((int)v.shape[0], kernel, stride, pad), ow = spatial_out((int)v.shape[1], kernel, stride, pad);
-  if (kernel < 1 || stride < 1 || pad < 0 || 2 * pad > kernel || oh < 1 || ow < 1)
-    return builder_error(g, "%s %s: kernel %d stride %d pad %d do not fit input %lldx%lld", qt_op_name(op), name,
-                         kernel, stride, pad, (long long)v.shape[0], (long long)v.shape[1]);
-  int64_t shape[3] = {oh, ow, v.shape[2]};
-  int out = unary(g, op, name, x, 3, shape);
-  if (out >= 0)
-    g->nodes[g->n_nodes - 1].attr = (qt_node_attrs){.kernel_h = kernel, .kernel_w = kernel, .stride_h = stride,
-                                                     .stride_w = stride, .pad_h = pad, .pad_w = pad};
-  return out;
+  const qt_node_attrs attr = {.kernel_h = kernel, .kernel_w = kernel, .stride_h = stride, .stride_w = stride,
+                              .pad_h = pad, .pad_w = pad};
+  return build(g, op, name, &x, 1, &attr, 0, NULL, 0);
 }
 
 int qt_graph_max_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad) {
@@ -223,54 +190,26 @@ int qt_graph_avg_pool2d(qt_graph *g, const char *name, int x, int kernel, int st
 }
 
 int qt_graph_global_avg_pool(qt_graph *g, const char *name, int x) {
-  if (check_value(g, name, x)) return -1;
-  qt_value v = g->values[x];
-  if (v.ndim != 3) return builder_error(g, "global_avg_pool %s: input '%s' is not an image", name, v.name);
-  int64_t shape[1] = {v.shape[2]};
-  return unary(g, QT_OP_GLOBAL_AVG_POOL, name, x, 1, shape);
+  const qt_node_attrs attr = {0};
+  return build(g, QT_OP_GLOBAL_AVG_POOL, name, &x, 1, &attr, 0, NULL, 0);
 }
 
 int qt_graph_flatten(qt_graph *g, const char *name, int x) {
-  if (check_value(g, name, x)) return -1;
-  qt_value v = g->values[x];
-  int64_t f = 1;
-  for (int i = 0; i < v.ndim; i++) f *= v.shape[i];
-  return unary(g, QT_OP_FLATTEN, name, x, 1, &f);
+  const qt_node_attrs attr = {0};
+  return build(g, QT_OP_FLATTEN, name, &x, 1, &attr, 0, NULL, 0);
 }
 
 int qt_graph_linear(qt_graph *g, const char *name, int x, int out_features, int bias) {
   if (check_value(g, name, x)) return -1;
-  qt_value v = g->values[x];
-  if (v.ndim != 1)
-    return builder_error(g, "linear %s: input '%s' has rank %d, want flat features (insert a flatten)", name, v.name,
-                         v.ndim);
-  if (out_features < 1) return builder_error(g, "linear %s: %d output features", name, out_features);
-  int inputs[1] = {x};
-  qt_node *n = new_node(g, QT_OP_LINEAR, name, inputs, 1);
-  if (!n) return -1;
-  int id = g->n_nodes - 1;
-  n->attr.out_channels = out_features;
-  int64_t ws[2] = {out_features, v.shape[0]};
-  g->nodes[id].param[QT_P_WEIGHT] = new_tensor(g, id, "weight", 2, ws, 0);
-  if (bias) {
-    int64_t bs[1] = {out_features};
-    g->nodes[id].param[QT_P_BIAS] = new_tensor(g, id, "bias", 1, bs, 0);
-  }
-  int64_t shape[1] = {out_features};
-  return g->nodes[id].output = new_value(g, name, 1, shape, id);
+  const qt_node_attrs attr = {.out_channels = out_features};
+  const int64_t ws[2] = {out_features, g->values[x].shape[0]};
+  return build(g, QT_OP_LINEAR, name, &x, 1, &attr, 2, ws, bias);
 }
 
 int qt_graph_add(qt_graph *g, const char *name, int a, int b) {
-  if (check_value(g, name, a) || check_value(g, name, b)) return -1;
-  qt_value va = g->values[a], vb = g->values[b];
-  int same = va.ndim == vb.ndim;
-  for (int i = 0; same && i < va.ndim; i++) same = va.shape[i] == vb.shape[i];
-  if (!same) return builder_error(g, "add %s: inputs '%s' and '%s' differ in shape", name, va.name, vb.name);
-  int inputs[2] = {a, b};
-  qt_node *n = new_node(g, QT_OP_ADD, name, inputs, 2);
-  if (!n) return -1;
-  int id = g->n_nodes - 1;
-  return g->nodes[id].output = new_value(g, name, va.ndim, va.shape, id);
+  const int inputs[2] = {a, b};
+  const qt_node_attrs attr = {0};
+  return build(g, QT_OP_ADD, name, inputs, 2, &attr, 0, NULL, 0);
 }
 
 int qt_graph_alloc(qt_graph *g, char *err) {
@@ -498,7 +437,7 @@ void qt_graph_sync_learned_scales(qt_graph *g) {
 /* The weight a conv/linear computes with: the parameter itself (fp32), its fake-quantized
  * version (prepared graphs; observed first in training mode), or the dequantized integer
  * weights of a convert graph. */
-static qt_tensor *effective_weight(qt_graph *g, qt_ctx *ctx, qt_node *n, qt_tensor *w) {
+static qt_tensor *effective_weight(qt_graph *g, qt_ctx *ctx, qt_node *n, qt_tensor *w, char *err) {
   qt_qstate *q = n->wq;
   if (!q) return w;
   const int64_t numel = qt_tensor_numel(w), inner = numel / q->channels;
@@ -508,13 +447,18 @@ static qt_tensor *effective_weight(qt_graph *g, qt_ctx *ctx, qt_node *n, qt_tens
     return t;
   }
   if (n->training && q->observe && !lsq_initialized(q)) {
-    char err[QT_ERR_LEN];
-    if (qt_qstate_observe(q, qt_f32(w), 1, inner, err))
-      return fail(g, "weight quantization of %s: %s", n->name, err);
+    char why[QT_ERR_LEN];
+    if (qt_qstate_observe(q, qt_f32(w), 1, inner, why)) {
+      qt_err(err, "weight quantization of %s: %s", n->name, why);
+      return NULL;
+    }
     if (q->scale_param >= 0) lsq_init(g, q);
   }
   if (!q->fake_quant) return w;
-  if (!q->calibrated) return fail(g, "weight quantization of %s: %s", n->name, "no qparams yet (observer never ran)");
+  if (!q->calibrated) {
+    qt_err(err, "weight quantization of %s: %s", n->name, "no qparams yet (observer never ran)");
+    return NULL;
+  }
   if (q->scale_param >= 0) {
     qt_tensor *st = lsq_scale(g, ctx, q);
     return qt_fake_quant_lsq(ctx, w, 1, q->channels, inner, st, q->zero_point, q->spec.qmin, q->spec.qmax,
@@ -538,6 +482,33 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
     case QT_OP_ADD:
       return x2 ? qt_add(ctx, x, x2) : NULL;
     default:
+      return NULL;
+  }
+}
+
+qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const *inputs, int inplace, char *err) {
+  QT_ASSERT(node >= 0 && node < g->n_nodes && g->finalized, "node %d of graph %s", node, g->name);
+  qt_node *n = &g->nodes[node];
+  const qt_node_attrs *a = &n->attr;
+  qt_tensor *x = n->n_inputs > 0 ? inputs[0] : NULL, *w = NULL;
+  switch (n->op) {
+    case QT_OP_CONV2D:
+      if (!(w = effective_weight(g, ctx, n, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), err))) return NULL;
+      return qt_conv2d(ctx, x, w, param_tensor(g, ctx, n->param[QT_P_BIAS]), a->stride_h, a->stride_w, a->pad_h,
+                       a->pad_w, a->groups);
+    case QT_OP_LINEAR:
+      if (!(w = effective_weight(g, ctx, n, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), err))) return NULL;
+      return qt_linear(ctx, x, w, param_tensor(g, ctx, n->param[QT_P_BIAS]));
+    case QT_OP_BATCH_NORM:
+      return qt_batch_norm(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
+                           g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
+                           g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training && !n->bn_frozen,
+                           a->momentum, a->eps, inplace);
+    default:
+      if (qt_op_is_param_free(n->op))
+        return qt_apply_simple_op(ctx, n->op, a, x, n->n_inputs > 1 ? inputs[1] : NULL, inplace && n->op == QT_OP_RELU);
+      qt_err(err, "node %s: op '%s' is not an fp32 op (qt_node_forward computes conv2d, linear, batch_norm and the "
+                  "parameter-free ops)", n->name, qt_op_name(n->op));
       return NULL;
   }
 }
@@ -573,20 +544,13 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
     switch (n->op) {
       case QT_OP_INPUT:
         continue;
-      case QT_OP_CONV2D: {
-        qt_tensor *w = effective_weight(g, ctx, n, param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
-        if (!w) return NULL;
-        y = qt_conv2d(ctx, x, w, param_tensor(g, ctx, n->param[QT_P_BIAS]), a->stride_h, a->stride_w, a->pad_h,
-                      a->pad_w, a->groups);
-        break;
-      }
       case QT_OP_CONV_BN: {
         /* DESIGN 3.4: conv(x, fq(W * sf)) / sf (+ b), then a real BN. */
         qt_tensor *gamma = param_tensor(g, ctx, n->param[QT_P_BN_GAMMA]);
         const float *rv = g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset;
         qt_tensor *sf = qt_bn_scale_factor(ctx, gamma, rv, a->eps);
         qt_tensor *ws = qt_channel_scale(ctx, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), sf, 1, 0);
-        qt_tensor *w = effective_weight(g, ctx, n, ws);
+        qt_tensor *w = effective_weight(g, ctx, n, ws, g->error);
         if (!w) return NULL;
         y = qt_conv2d(ctx, x, w, NULL, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
         y = qt_channel_scale(ctx, y, sf, 0, 1);
@@ -597,25 +561,19 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
                           a->momentum, a->eps, 0);
         break;
       }
+      case QT_OP_CONV2D:
+      case QT_OP_LINEAR:
       case QT_OP_BATCH_NORM:
-        y = qt_batch_norm(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
-                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
-                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training && !n->bn_frozen,
-                          a->momentum, a->eps, relu_inplace_ok(g, n->inputs[0]));
-        break;
       case QT_OP_RELU:
       case QT_OP_MAX_POOL2D:
       case QT_OP_AVG_POOL2D:
       case QT_OP_GLOBAL_AVG_POOL:
       case QT_OP_FLATTEN:
-      case QT_OP_ADD:
-        y = qt_apply_simple_op(ctx, n->op, a, x, n->op == QT_OP_ADD ? vals[n->inputs[1]] : NULL,
-                               n->op == QT_OP_RELU && relu_inplace_ok(g, n->inputs[0]));
-        break;
-      case QT_OP_LINEAR: {
-        qt_tensor *w = effective_weight(g, ctx, n, param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
-        if (!w) return NULL;
-        y = qt_linear(ctx, x, w, param_tensor(g, ctx, n->param[QT_P_BIAS]));
+      case QT_OP_ADD: {
+        qt_tensor *ins[QT_MAX_INPUTS];
+        for (int k = 0; k < n->n_inputs; k++) ins[k] = vals[n->inputs[k]];
+        const int inplace = (n->op == QT_OP_RELU || n->op == QT_OP_BATCH_NORM) && relu_inplace_ok(g, n->inputs[0]);
+        if (!(y = qt_node_forward(g, ctx, i, ins, inplace, g->error))) return NULL;
         break;
       }
       case QT_OP_FAKE_QUANT: {

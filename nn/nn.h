@@ -92,6 +92,50 @@ typedef struct {
 } qt_node_attrs;
 
 typedef struct {
+  char name[QT_NAME_LEN];
+  int ndim;                    /* per-sample rank: 3 (H, W, C) or 1 (F) */
+  int64_t shape[3];
+  int producer;                /* node id */
+  int consumers;               /* number of node inputs reading it */
+} qt_value;
+
+/* ---- the op table (nn/ops.c): what every op is, in one place --------------------------------- */
+
+/* How an op uses a parameter or buffer slot. */
+typedef enum { QT_SLOT_NONE = 0, QT_SLOT_OPTIONAL = 1, QT_SLOT_REQUIRED = 2 } qt_slot_use;
+
+/* Per-sample output shape of a node from its inputs' values and attributes: 0 with *ndim and
+ * shape[0..*ndim-1] set, or -1 with the reason in err (no node name: the caller adds it). */
+typedef int (*qt_op_shape_fn)(const qt_node_attrs *attr, const qt_value *const *inputs, int *ndim, int64_t *shape,
+                              char *err);
+
+typedef struct {
+  const char *name;                          /* as in files and reports: "conv2d" */
+  int min_inputs, max_inputs;
+  const char *param_suffix[QT_MAX_PARAMS];   /* tensor name "<node>.<suffix>" (PyTorch state_dict) */
+  unsigned char param_use[QT_MAX_PARAMS];    /* qt_slot_use */
+  const char *buffer_suffix[QT_MAX_PARAMS];
+  unsigned char buffer_use[QT_MAX_PARAMS];
+  int has_weight;                            /* a weight in slot QT_P_WEIGHT that may be quantized */
+  int stateful;                              /* follows the train/eval mode switch */
+  int param_free;                            /* no tensors, no quantization state: qt_apply_simple_op */
+  qt_op_shape_fn shape;                      /* NULL for input (its shape is given) */
+} qt_op_info;
+
+/* The row of op (an invalid op is a broken invariant). */
+const qt_op_info *qt_op_info_get(qt_op op);
+/* conv2d, linear, conv_bn: the layers with a (quantizable) weight. */
+int qt_op_has_weight(qt_op op);
+/* batch_norm, conv_bn, fake_quant: nodes whose behaviour depends on node->training. */
+int qt_op_is_stateful(qt_op op);
+/* relu, pools, flatten, add: computed by qt_apply_simple_op. */
+int qt_op_is_param_free(qt_op op);
+/* Checks arity, then the table's shape function: the per-sample output shape, or -1 with err
+ * ("op 'relu' takes 1 input(s), has 2", "kernel 3x3 ... do not fit input 2x2"). */
+int qt_op_output_shape(qt_op op, const qt_node_attrs *attr, const qt_value *const *inputs, int n_inputs, int *ndim,
+                       int64_t shape[3], char *err);
+
+typedef struct {
   qt_op op;
   char name[QT_NAME_LEN];
   int inputs[QT_MAX_INPUTS];
@@ -105,14 +149,6 @@ typedef struct {
   qt_qstate *wq;               /* conv2d / linear / conv_bn: weight quantization, NULL = fp32 */
   int bn_frozen;               /* batch_norm / conv_bn: running statistics frozen */
 } qt_node;
-
-typedef struct {
-  char name[QT_NAME_LEN];
-  int ndim;                    /* per-sample rank: 3 (H, W, C) or 1 (F) */
-  int64_t shape[3];
-  int producer;                /* node id */
-  int consumers;               /* number of node inputs reading it */
-} qt_value;
 
 /* A parameter or buffer: a named region of a slab. */
 typedef struct {
@@ -190,6 +226,19 @@ void qt_graph_set_training(qt_graph *g, int training);
  * pool, flatten, add (x + x2). One definition for this executor and the backends' fp32
  * fallbacks; NULL for any other op. */
 qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_tensor *x, qt_tensor *x2, int inplace);
+/* One node of an fp32, prepared or Q/DQ graph, computed on its input tensors (inputs[k] holds
+ * the value n->inputs[k], batch first) with the node's own parameters from g: conv2d and linear
+ * with the weight the node computes with (the fp32 parameter; in a prepared graph its
+ * fake-quantized version, observed first in training mode; in a convert graph the dequantized
+ * integer weights), batch_norm (batch statistics and a running-statistics update when
+ * n->training && !n->bn_frozen, else the running statistics), and the parameter-free ops through
+ * qt_apply_simple_op. `inplace` lets relu and batch_norm overwrite inputs[0]. Parameters take part
+ * in the tape when ctx records one. The executor calls it for these ops; a backend's fp32
+ * fallback that holds the node id, its graph and the input tensors calls it the same way (with
+ * inplace 0 and the graph in eval mode). Returns the output (arena), or NULL with err set
+ * (an observer saw NaN, or the op is fake_quant, conv_bn, quantize, dequantize or input,
+ * which it does not compute). */
+qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const *inputs, int inplace, char *err);
 qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input);
 /* Like qt_graph_forward, also filling values[v] (arena tensors, n_values entries) for every
  * value, for per-node comparisons. */

@@ -235,7 +235,7 @@ int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_an
     last[i] = tail;
     const qt_layer_override *o = find_override(cfg, n->name);
     int fp32 = o && o->fp32;
-    if ((n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) && !fp32) {
+    if (qt_op_has_weight(n->op) && !fp32) {
       out->weight[i] = 1;
       out->weight_spec[i] = weight_spec(cfg, o && o->weight_bits ? o->weight_bits : cfg->weight_bits);
     }
@@ -393,7 +393,7 @@ int qt_quantizer_from_backend(const qt_graph *g, const qt_backend_desc *d, const
     const qt_layer_override *o = find_override(cfg, n->name);
     const int fp32 = o && o->fp32;
     int quantized = 0;
-    if (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) {
+    if (qt_op_has_weight(n->op)) {
       quantized = !fp32 && layer_fits(d, n);
       if (quantized) {
         out->weight[i] = 1;

@@ -2,48 +2,27 @@
  * weights OIHW), /optim/<state> (flat, over the parameter slab), root attributes epoch,
  * step, seed, model, config; for a prepared (quantized) graph also /quant, the quantization
  * training state (qat/qstate_file.h). Written to a temporary file, fsync'd, then renamed: a
- * crash never leaves a half-written checkpoint under the real name. */
+ * crash never leaves a half-written checkpoint under the real name. Every attribute is read
+ * through base/h5.h, which checks its class, rank and size first: a crafted file with an array
+ * `epoch` or a variable-length `model` gets a message, not a buffer overflow. */
 #include "train/train.h"
+#include "base/h5.h"
 #include "qat/qstate_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
-#include <hdf5_hl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
-
-static int write_f32(hid_t group, const char *name, int ndim, const int64_t *shape, const float *data) {
-  hsize_t dims[4];
-  for (int i = 0; i < ndim; i++) dims[i] = (hsize_t)shape[i];
-  return H5LTmake_dataset_float(group, name, ndim, dims, data) < 0 ? -1 : 0;
-}
-
-static int set_attr_i64(hid_t loc, const char *name, int64_t v) {
-  hid_t sp = H5Screate(H5S_SCALAR);
-  hid_t a = H5Acreate2(loc, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
-  herr_t r = a < 0 ? -1 : H5Awrite(a, H5T_NATIVE_INT64, &v);
-  if (a >= 0) H5Aclose(a);
-  H5Sclose(sp);
-  return r < 0 ? -1 : 0;
-}
-
-static int get_attr_i64(hid_t loc, const char *name, int64_t *v) {
-  if (H5Aexists(loc, name) <= 0) return -1;
-  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
-  if (a < 0) return -1;
-  herr_t r = H5Aread(a, H5T_NATIVE_INT64, v);
-  H5Aclose(a);
-  return r < 0 ? -1 : 0;
-}
+/* The largest config text a checkpoint may carry (the INI of a run). */
+#define CHECKPOINT_MAX_CONFIG ((size_t)1 << 20)
 
 int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const qt_checkpoint_meta *meta,
                        char *err) {
-  quiet_hdf5();
+  qt_h5_quiet();
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
@@ -57,7 +36,7 @@ int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const
   for (int i = 0; i < g->n_tensors && !bad; i++) {
     const qt_param *p = &g->tensors[i];
     const float *data = (p->is_buffer ? g->buffers : g->params) + p->offset;
-    bad |= write_f32(p->is_buffer ? gb : gp, p->name, p->ndim, p->shape, data);
+    bad |= qt_h5_dataset_write_f32(p->is_buffer ? gb : gp, p->name, p->ndim, p->shape, data);
   }
   H5Gclose(gp);
   H5Gclose(gb);
@@ -66,18 +45,18 @@ int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const
     for (int i = 0; i < qt_optim_state_count(opt) && !bad; i++) {
       const char *name = NULL;
       float *st = qt_optim_state(opt, i, &name);
-      bad |= write_f32(go, name, 1, &g->n_params, st);
+      bad |= qt_h5_dataset_write_f32(go, name, 1, &g->n_params, st);
     }
-    bad |= set_attr_i64(go, "steps", qt_optim_steps(opt));
+    bad |= qt_h5_attr_write_i64(go, "steps", qt_optim_steps(opt));
     H5Gclose(go);
   }
   if (!bad) {
-    bad |= set_attr_i64(f, "epoch", meta->epoch);
-    bad |= set_attr_i64(f, "step", meta->step);
-    bad |= set_attr_i64(f, "seed", (int64_t)meta->seed);
-    bad |= H5LTset_attribute_string(f, "/", "model", g->name) < 0;
-    bad |= H5LTset_attribute_string(f, "/", "config", meta->config_ini ? meta->config_ini : "") < 0;
-    bad |= H5LTset_attribute_string(f, "/", "format", "qat-checkpoint-1") < 0;
+    bad |= qt_h5_attr_write_i64(f, "epoch", meta->epoch);
+    bad |= qt_h5_attr_write_i64(f, "step", meta->step);
+    bad |= qt_h5_attr_write_i64(f, "seed", (int64_t)meta->seed);
+    bad |= qt_h5_attr_write_str(f, "model", g->name);
+    bad |= qt_h5_attr_write_str(f, "config", meta->config_ini ? meta->config_ini : "");
+    bad |= qt_h5_attr_write_str(f, "format", "qat-checkpoint-1");
   }
   char qerr[QT_ERR_LEN] = "";
   if (!bad && qt_graph_has_quant_state(g)) bad |= qt_quant_state_write(f, g, qerr) != 0;
@@ -93,65 +72,47 @@ int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const
 
 static int read_f32(hid_t f, const char *group, const char *name, int ndim, const int64_t *shape, float *out,
                     const char *path, char *err) {
-  char full[256];
+  char full[256], obj[64];
   snprintf(full, sizeof full, "/%s/%s", group, name);
-  if (H5Lexists(f, group, H5P_DEFAULT) <= 0 || H5Lexists(f, full, H5P_DEFAULT) <= 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint '%s': missing dataset %s (a different model?)", path, full);
-    return -1;
-  }
-  int rank = 0;
-  hsize_t dims[8];
-  H5T_class_t cls;
-  size_t sz;
-  if (H5LTget_dataset_ndims(f, full, &rank) < 0 || rank != ndim || rank > 8 ||
-      H5LTget_dataset_info(f, full, dims, &cls, &sz) < 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint '%s': %s has rank %d, want %d", path, full, rank, ndim);
-    return -1;
-  }
-  for (int i = 0; i < ndim; i++)
-    if ((int64_t)dims[i] != shape[i]) {
-      snprintf(err, QT_ERR_LEN, "checkpoint '%s': %s dimension %d is %llu, the model wants %lld", path, full, i,
-               (unsigned long long)dims[i], (long long)shape[i]);
-      return -1;
-    }
-  if (cls != H5T_FLOAT || H5LTread_dataset_float(f, full, out) < 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint '%s': cannot read %s as float32", path, full);
-    return -1;
-  }
-  return 0;
+  snprintf(obj, sizeof obj, "/%s", group);
+  if (H5Lexists(f, group, H5P_DEFAULT) <= 0 || H5Lexists(f, full, H5P_DEFAULT) <= 0)
+    return qt_err(err, "checkpoint '%s': missing dataset %s (a different model?)", path, full);
+  hid_t g = H5Gopen2(f, group, H5P_DEFAULT);
+  if (g < 0) return qt_err(err, "checkpoint '%s': %s is not a readable group", path, obj);
+  char msg[QT_ERR_LEN];
+  int rc = qt_h5_dataset_read_f32(g, NULL, obj, name, ndim, shape, out, msg);
+  H5Gclose(g);
+  return rc ? qt_err(err, "checkpoint '%s': %s (a different model?)", path, msg) : 0;
 }
 
 /* Opens a checkpoint for reading; -1 (err set) when it is missing or not HDF5. */
 static hid_t open_checkpoint(const char *path, char *err) {
-  quiet_hdf5();
-  if (access(path, R_OK) != 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint: cannot open '%s': %s", path, strerror(errno));
-    return -1;
-  }
-  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (f < 0) snprintf(err, QT_ERR_LEN, "checkpoint: '%s' is not a readable HDF5 file (corrupt or truncated?)", path);
+  char msg[QT_ERR_LEN];
+  hid_t f = qt_h5_open_read(path, "checkpoint", H5P_DEFAULT, msg);
+  if (f < 0) qt_err(err, "%s", msg);
   return f;
 }
 
-/* The root attributes epoch, step, seed (required) and config (optional; malloc'd). */
+/* The root attributes epoch, step, seed (required int64 scalars) and config (an optional
+ * string; malloc'd). */
 static int read_meta(hid_t f, const char *path, qt_checkpoint_meta *meta, char *err) {
   memset(meta, 0, sizeof *meta);
   int64_t epoch = 0, step = 0, seed = 0;
-  if (get_attr_i64(f, "epoch", &epoch) || get_attr_i64(f, "step", &step) || get_attr_i64(f, "seed", &seed)) {
-    snprintf(err, QT_ERR_LEN, "checkpoint '%s': missing epoch/step/seed attributes", path);
+  char file[4200];
+  snprintf(file, sizeof file, "checkpoint '%s'", path);
+  if (qt_h5_attr_read_i64(f, file, "/", "epoch", &epoch, err) || qt_h5_attr_read_i64(f, file, "/", "step", &step, err) ||
+      qt_h5_attr_read_i64(f, file, "/", "seed", &seed, err))
     return -1;
-  }
+  if (epoch < 0 || epoch > INT32_MAX || step < 0)
+    return qt_err(err, "checkpoint '%s': /: epoch %lld, step %lld, expected non-negative counts", path,
+                  (long long)epoch, (long long)step);
   meta->epoch = (int)epoch;
   meta->step = step;
   meta->seed = (uint64_t)seed;
-  hsize_t dims;
-  H5T_class_t cls;
-  size_t sz = 0;
-  if (H5LTget_attribute_info(f, "/", "config", &dims, &cls, &sz) >= 0) {
-    meta->config_ini = calloc(sz + 1, 1);
-    QT_ASSERT(meta->config_ini, "out of memory");
-    if (H5LTget_attribute_string(f, "/", "config", meta->config_ini) < 0) meta->config_ini[0] = 0;
-  }
+  const htri_t has = H5Aexists(f, "config");
+  if (has < 0) return qt_err(err, "checkpoint '%s': /: cannot read the attributes (corrupt file?)", path);
+  if (has && !(meta->config_ini = qt_h5_attr_read_str_alloc(f, file, "/", "config", CHECKPOINT_MAX_CONFIG, err)))
+    return -1;
   return 0;
 }
 
@@ -159,15 +120,13 @@ int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoi
   hid_t f = open_checkpoint(path, err);
   if (f < 0) return -1;
   int rc = -1;
-  char model[QT_NAME_LEN] = "";
-  hsize_t dims;
-  H5T_class_t cls;
-  size_t sz = 0;
-  if (H5LTget_attribute_info(f, "/", "model", &dims, &cls, &sz) < 0 || sz >= sizeof model ||
-      H5LTget_attribute_string(f, "/", "model", model) < 0) {
+  char model[QT_NAME_LEN] = "", file[4200];
+  snprintf(file, sizeof file, "checkpoint '%s'", path);
+  if (H5Aexists(f, "model") <= 0) {
     snprintf(err, QT_ERR_LEN, "checkpoint '%s': no 'model' attribute (not a qat checkpoint?)", path);
     goto done;
   }
+  if (qt_h5_attr_read_str(f, file, "/", "model", model, sizeof model, err)) goto done;
   if (strcmp(model, g->name) != 0) {
     snprintf(err, QT_ERR_LEN, "checkpoint '%s' holds model '%s', the config builds '%s'", path, model, g->name);
     goto done;
@@ -209,8 +168,10 @@ int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoi
   if (!bad && opt) {
     states = calloc((size_t)ns + 1, sizeof *states);
     hid_t go = H5Lexists(f, "optim", H5P_DEFAULT) > 0 ? H5Gopen2(f, "optim", H5P_DEFAULT) : -1;
-    if (go < 0 || get_attr_i64(go, "steps", &osteps)) {
+    if (go < 0) {
       snprintf(err, QT_ERR_LEN, "checkpoint '%s': no optimizer state (/optim) to resume from", path);
+      bad = 1;
+    } else if (qt_h5_attr_read_i64(go, file, "/optim", "steps", &osteps, err)) {
       bad = 1;
     }
     if (go >= 0) H5Gclose(go);

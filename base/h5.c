@@ -1,0 +1,367 @@
+/* HDF5 helpers shared by the checkpoint, the Q/DQ file and the dataset loader (base/h5.h). */
+#include "base/h5.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void qt_h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+
+/* "<file>: <obj>: " (or "<obj>: " without a file) followed by the message. */
+static int h5_err(char *err, const char *file, const char *obj, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int h5_err(char *err, const char *file, const char *obj, const char *fmt, ...) {
+  char what[QT_ERR_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  if (file) return qt_err(err, "%s: %s: %s", file, obj, what);
+  return qt_err(err, "%s: %s", obj, what);
+}
+
+hid_t qt_h5_open_read(const char *path, const char *what, hid_t fapl, char *err) {
+  qt_h5_quiet();
+  if (access(path, R_OK) != 0) return qt_err(err, "%s '%s': cannot open: %s", what, path, strerror(errno));
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+  if (f < 0) return qt_err(err, "%s '%s': not a readable HDF5 file (corrupt or truncated?)", what, path);
+  return f;
+}
+
+void qt_h5_type_str(hid_t type, char *buf, size_t len) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t size = H5Tget_size(type);
+  switch (cls) {
+    case H5T_INTEGER:
+      snprintf(buf, len, "%s %zu-bit integer", H5Tget_sign(type) == H5T_SGN_NONE ? "unsigned" : "signed", size * 8);
+      break;
+    case H5T_FLOAT: snprintf(buf, len, "%zu-bit float", size * 8); break;
+    case H5T_STRING:
+      if (H5Tis_variable_str(type) > 0) snprintf(buf, len, "variable-length string");
+      else snprintf(buf, len, "fixed-length string of %zu bytes", size);
+      break;
+    case H5T_ENUM: snprintf(buf, len, "enum (e.g. bool)"); break;
+    case H5T_COMPOUND: snprintf(buf, len, "compound"); break;
+    case H5T_VLEN: snprintf(buf, len, "variable-length sequence"); break;
+    case H5T_ARRAY: snprintf(buf, len, "array type"); break;
+    default: snprintf(buf, len, "type class %d", (int)cls); break;
+  }
+}
+
+void qt_h5_dims_str(int rank, const hsize_t *dims, char *buf, size_t len) {
+  if (rank == 0) {
+    snprintf(buf, len, "scalar");
+    return;
+  }
+  size_t used = (size_t)snprintf(buf, len, "(");
+  for (int i = 0; i < rank && used < len; i++)
+    used += (size_t)snprintf(buf + used, len - used, i ? ", %llu" : "%llu", (unsigned long long)dims[i]);
+  if (used < len) snprintf(buf + used, len - used, rank == 1 ? ",)" : ")");
+}
+
+/* ---- attributes: writing ----------------------------------------------------------------------- */
+
+int qt_h5_attr_write(hid_t loc, const char *name, hid_t ftype, hid_t mtype, int n, const void *data) {
+  hsize_t dims[1] = {(hsize_t)(n < 0 ? 0 : n)};
+  hid_t sp = n < 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, dims, NULL);
+  if (sp < 0) return -1;
+  hid_t a = H5Acreate2(loc, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT);
+  herr_t r = a < 0 ? -1 : n == 0 ? 0 : H5Awrite(a, mtype, data);
+  if (a >= 0 && H5Aclose(a) < 0) r = -1;
+  H5Sclose(sp);
+  return r < 0 ? -1 : 0;
+}
+int qt_h5_attr_write_int(hid_t loc, const char *name, int v) {
+  return qt_h5_attr_write(loc, name, H5T_STD_I32LE, H5T_NATIVE_INT, -1, &v);
+}
+int qt_h5_attr_write_i64(hid_t loc, const char *name, int64_t v) {
+  return qt_h5_attr_write(loc, name, H5T_STD_I64LE, H5T_NATIVE_INT64, -1, &v);
+}
+int qt_h5_attr_write_float(hid_t loc, const char *name, float v) {
+  return qt_h5_attr_write(loc, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, -1, &v);
+}
+int qt_h5_attr_write_floats(hid_t loc, const char *name, const float *v, int n) {
+  return qt_h5_attr_write(loc, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, n, v);
+}
+int qt_h5_attr_write_str(hid_t loc, const char *name, const char *s) {
+  hid_t t = H5Tcopy(H5T_C_S1);
+  if (t < 0) return -1;
+  int r = H5Tset_size(t, strlen(s) + 1) < 0 || H5Tset_strpad(t, H5T_STR_NULLTERM) < 0
+              ? -1
+              : qt_h5_attr_write(loc, name, t, t, -1, s);
+  H5Tclose(t);
+  return r;
+}
+
+/* ---- attributes: reading ----------------------------------------------------------------------- */
+
+static const char *class_want(H5T_class_t cls) {
+  return cls == H5T_INTEGER ? "an integer" : cls == H5T_FLOAT ? "a float" : "a string";
+}
+
+hid_t qt_h5_attr_open(hid_t loc, const char *file, const char *obj, const char *name, H5T_class_t cls, int64_t min_n,
+                      int64_t max_n, int64_t *n, char *err) {
+  htri_t exists = H5Aexists(loc, name);
+  if (exists < 0) return h5_err(err, file, obj, "cannot read the attributes (corrupt file: checksum or decoding failed)");
+  if (exists == 0) return h5_err(err, file, obj, "missing attribute '%s'", name);
+  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+  if (a < 0) return h5_err(err, file, obj, "cannot open attribute '%s'", name);
+  hid_t t = H5Aget_type(a), sp = H5Aget_space(a);
+  const H5T_class_t c = t < 0 ? H5T_NO_CLASS : H5Tget_class(t);
+  const H5S_class_t sc = sp < 0 ? H5S_NO_CLASS : H5Sget_simple_extent_type(sp);
+  const int rank = sp < 0 ? -1 : H5Sget_simple_extent_ndims(sp);
+  const hssize_t np = sp < 0 ? -1 : H5Sget_simple_extent_npoints(sp);
+  hsize_t dims[H5S_MAX_RANK];
+  if (rank > 0 && rank <= H5S_MAX_RANK) H5Sget_simple_extent_dims(sp, dims, NULL);
+  char found[96] = "an unreadable type", shape[96] = "an unreadable dataspace";
+  if (t >= 0) qt_h5_type_str(t, found, sizeof found);
+  if (rank >= 0 && rank <= H5S_MAX_RANK) qt_h5_dims_str(rank, dims, shape, sizeof shape);
+  if (sc == H5S_NULL) snprintf(shape, sizeof shape, "a null dataspace");
+  const size_t size = t >= 0 ? H5Tget_size(t) : 0;
+  if (t >= 0) H5Tclose(t);
+  if (sp >= 0) H5Sclose(sp);
+  int rc = 0;
+  if (c != cls)
+    rc = h5_err(err, file, obj, "attribute '%s' is not %s, expected %s, found a %s", name, class_want(cls),
+                class_want(cls), found);
+  else if ((cls == H5T_INTEGER || cls == H5T_FLOAT) && (size < 1 || size > 8))
+    rc = h5_err(err, file, obj, "attribute '%s' has an unsupported size, expected 1..8 bytes, found %zu", name, size);
+  else if (sc == H5S_NULL || rank < 0 || rank > 1)
+    rc = h5_err(err, file, obj, "attribute '%s' has rank %d, expected a scalar or a vector, found %s", name, rank,
+                shape);
+  else if (np < min_n || np > max_n)
+    rc = h5_err(err, file, obj, "attribute '%s' has %lld elements, expected %lld..%lld, found %s", name, (long long)np,
+                (long long)min_n, (long long)max_n, shape);
+  if (rc) {
+    H5Aclose(a);
+    return -1;
+  }
+  if (n) *n = (int64_t)np;
+  return a;
+}
+
+/* Reads up to max_n integers (as int64) after the checks. */
+static int read_i64s(hid_t loc, const char *file, const char *obj, const char *name, int64_t *v, int64_t min_n,
+                     int64_t max_n, int64_t *n, char *err) {
+  int64_t count = 0;
+  hid_t a = qt_h5_attr_open(loc, file, obj, name, H5T_INTEGER, min_n, max_n, &count, err);
+  if (a < 0) return -1;
+  herr_t r = count ? H5Aread(a, H5T_NATIVE_INT64, v) : 0;
+  H5Aclose(a);
+  if (n) *n = count;
+  return r < 0 ? h5_err(err, file, obj, "cannot read attribute '%s'", name) : 0;
+}
+
+int qt_h5_attr_read_i64(hid_t loc, const char *file, const char *obj, const char *name, int64_t *v, char *err) {
+  return read_i64s(loc, file, obj, name, v, 1, 1, NULL, err);
+}
+
+int qt_h5_attr_read_ints(hid_t loc, const char *file, const char *obj, const char *name, int *v, int min_n, int max_n,
+                         int *n, char *err) {
+  int64_t buf[64], count = 0;
+  QT_ASSERT(max_n >= 0 && max_n <= 64, "attribute %s: %d ints", name, max_n);
+  if (read_i64s(loc, file, obj, name, buf, min_n, max_n, &count, err)) return -1;
+  for (int64_t k = 0; k < count; k++) {
+    if (buf[k] < INT32_MIN || buf[k] > INT32_MAX)
+      return h5_err(err, file, obj, "attribute '%s'[%lld] is out of range, expected a 32-bit integer, found %lld",
+                    name, (long long)k, (long long)buf[k]);
+    v[k] = (int)buf[k];
+  }
+  if (n) *n = (int)count;
+  return 0;
+}
+
+int qt_h5_attr_read_int(hid_t loc, const char *file, const char *obj, const char *name, int *v, char *err) {
+  return qt_h5_attr_read_ints(loc, file, obj, name, v, 1, 1, NULL, err);
+}
+
+int qt_h5_attr_read_floats(hid_t loc, const char *file, const char *obj, const char *name, float *v, int n,
+                           char *err) {
+  hid_t a = qt_h5_attr_open(loc, file, obj, name, H5T_FLOAT, n, n, NULL, err);
+  if (a < 0) return -1;
+  herr_t r = n ? H5Aread(a, H5T_NATIVE_FLOAT, v) : 0;
+  H5Aclose(a);
+  return r < 0 ? h5_err(err, file, obj, "cannot read attribute '%s'", name) : 0;
+}
+
+int qt_h5_attr_read_float(hid_t loc, const char *file, const char *obj, const char *name, float *v, char *err) {
+  return qt_h5_attr_read_floats(loc, file, obj, name, v, 1, err);
+}
+
+/* A string attribute into a new buffer (max_len characters at most); -2 when longer. */
+static int read_str(hid_t a, size_t max_len, char **out) {
+  hid_t t = H5Aget_type(a), mt = H5Tcopy(H5T_C_S1);
+  int rc = -1;
+  *out = NULL;
+  if (t >= 0 && mt >= 0 && H5Tset_cset(mt, H5Tget_cset(t)) >= 0) {
+    if (H5Tis_variable_str(t) > 0) {
+      char *s = NULL;
+      if (H5Tset_size(mt, H5T_VARIABLE) >= 0 && H5Aread(a, mt, &s) >= 0) {
+        const size_t len = s ? strlen(s) : 0;
+        if (len > max_len) {
+          rc = -2;
+        } else {
+          *out = malloc(len + 1);
+          QT_ASSERT(*out, "out of memory");
+          if (len) memcpy(*out, s, len);
+          (*out)[len] = 0;
+          rc = 0;
+        }
+      }
+      if (s) H5free_memory(s);
+    } else {
+      const size_t sz = H5Tget_size(t);
+      if (sz == 0 || sz > max_len + 1) {
+        rc = sz == 0 ? -1 : -2;
+      } else {
+        char *buf = calloc(sz + 1, 1);
+        QT_ASSERT(buf, "out of memory");
+        if (H5Tset_size(mt, sz + 1) >= 0 && H5Tset_strpad(mt, H5T_STR_NULLTERM) >= 0 && H5Aread(a, mt, buf) >= 0) {
+          buf[sz] = 0;
+          if (strlen(buf) > max_len) {
+            free(buf);
+            rc = -2;
+          } else {
+            *out = buf;
+            rc = 0;
+          }
+        } else {
+          free(buf);
+        }
+      }
+    }
+  }
+  if (mt >= 0) H5Tclose(mt);
+  if (t >= 0) H5Tclose(t);
+  return rc;
+}
+
+char *qt_h5_attr_read_str_alloc(hid_t loc, const char *file, const char *obj, const char *name, size_t max_len,
+                                char *err) {
+  hid_t a = qt_h5_attr_open(loc, file, obj, name, H5T_STRING, 1, 1, NULL, err);
+  if (a < 0) return NULL;
+  char *s = NULL;
+  const int rc = read_str(a, max_len, &s);
+  H5Aclose(a);
+  if (rc == -2) h5_err(err, file, obj, "attribute '%s' is longer than %zu characters", name, max_len);
+  else if (rc) h5_err(err, file, obj, "cannot read attribute '%s'", name);
+  return s;
+}
+
+int qt_h5_attr_read_str(hid_t loc, const char *file, const char *obj, const char *name, char *buf, size_t cap,
+                        char *err) {
+  QT_ASSERT(cap >= 1, "attribute %s: no room", name);
+  char *s = qt_h5_attr_read_str_alloc(loc, file, obj, name, cap - 1, err);
+  if (!s) return -1;
+  memcpy(buf, s, strlen(s) + 1);
+  free(s);
+  return 0;
+}
+
+/* ---- datasets ---------------------------------------------------------------------------------- */
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *s) {
+  size_t k = (size_t)snprintf(buf, n, "(");
+  for (int i = 0; i < ndim && k < n; i++) k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)s[i]);
+  if (k < n) snprintf(buf + k, n - k, ")");
+}
+
+void *qt_h5_dataset_read(hid_t loc, const char *file, const char *obj, const char *name, H5T_class_t cls, hid_t mtype,
+                         int want_ndim, const int64_t *want_dims, int max_ndim, int64_t max_numel, int *ndim_out,
+                         int64_t *dims_out, char *err) {
+  htri_t exists = H5Lexists(loc, name, H5P_DEFAULT);
+  if (exists <= 0) {
+    if (exists < 0) h5_err(err, file, obj, "cannot look up dataset '%s' (corrupt file?)", name);
+    else h5_err(err, file, obj, "missing dataset '%s'", name);
+    return NULL;
+  }
+  hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
+  if (d < 0) {
+    h5_err(err, file, obj, "'%s' is not a readable dataset (corrupt file?)", name);
+    return NULL;
+  }
+  void *buf = NULL;
+  hid_t t = H5Dget_type(d), sp = H5Dget_space(d);
+  int nd = sp < 0 ? -1 : H5Sget_simple_extent_ndims(sp);
+  hsize_t dims[8];
+  char s1[96], s2[96];
+  if (t < 0 || H5Tget_class(t) != cls) {
+    h5_err(err, file, obj, "dataset '%s' is not %s", name,
+           cls == H5T_INTEGER ? "integer" : cls == H5T_FLOAT ? "floating point" : "a string array");
+    goto done;
+  }
+  if (nd < 1 || nd > (want_ndim > 0 ? want_ndim : max_ndim) || nd > 8 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0) {
+    h5_err(err, file, obj, "dataset '%s' has rank %d, want %s%d", name, nd, want_ndim > 0 ? "" : "1..",
+           want_ndim > 0 ? want_ndim : max_ndim);
+    goto done;
+  }
+  int64_t got[8], numel = 1;
+  for (int k = 0; k < nd; k++) {
+    got[k] = (int64_t)dims[k];
+    if (dims[k] > (hsize_t)max_numel || (numel *= got[k]) > max_numel || got[k] < 1) {
+      h5_err(err, file, obj, "dataset '%s' is empty or larger than %lld elements", name, (long long)max_numel);
+      goto done;
+    }
+  }
+  if (want_ndim > 0) {
+    int same = nd == want_ndim;
+    for (int k = 0; same && k < nd; k++) same = got[k] == want_dims[k];
+    if (!same) {
+      shape_str(s1, sizeof s1, nd, got);
+      shape_str(s2, sizeof s2, want_ndim, want_dims);
+      h5_err(err, file, obj, "dataset '%s' has shape %s, want %s", name, s1, s2);
+      goto done;
+    }
+  }
+  buf = malloc((size_t)numel * H5Tget_size(mtype) + 1);
+  QT_ASSERT(buf, "out of memory reading %lld elements", (long long)numel);
+  if (H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
+    h5_err(err, file, obj, "cannot read dataset '%s' (corrupt file: checksum or decoding failed)", name);
+    free(buf);
+    buf = NULL;
+    goto done;
+  }
+  if (ndim_out) *ndim_out = nd;
+  if (dims_out)
+    for (int k = 0; k < nd; k++) dims_out[k] = got[k];
+done:
+  if (t >= 0) H5Tclose(t);
+  if (sp >= 0) H5Sclose(sp);
+  H5Dclose(d);
+  return buf;
+}
+
+int qt_h5_dataset_read_f32(hid_t loc, const char *file, const char *obj, const char *name, int ndim,
+                           const int64_t *shape, float *out, char *err) {
+  int64_t numel = 1;
+  for (int k = 0; k < ndim; k++) numel *= shape[k];
+  float *data = qt_h5_dataset_read(loc, file, obj, name, H5T_FLOAT, H5T_NATIVE_FLOAT, ndim, shape, ndim,
+                                   numel > 0 ? numel : 1, NULL, NULL, err);
+  if (!data) return -1;
+  memcpy(out, data, (size_t)numel * sizeof(float));
+  free(data);
+  return 0;
+}
+
+int qt_h5_dataset_write_f32(hid_t loc, const char *name, int ndim, const int64_t *shape, const float *data) {
+  hsize_t dims[8];
+  QT_ASSERT(ndim >= 1 && ndim <= 8, "dataset %s: rank %d", name, ndim);
+  for (int i = 0; i < ndim; i++) dims[i] = (hsize_t)shape[i];
+  hid_t sp = H5Screate_simple(ndim, dims, NULL);
+  if (sp < 0) return -1;
+  hid_t d = H5Dcreate2(loc, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  herr_t r = d < 0 ? -1 : H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+  if (d >= 0 && H5Dclose(d) < 0) r = -1;
+  H5Sclose(sp);
+  return r < 0 ? -1 : 0;
+}
+
+hid_t qt_h5_group_open(hid_t loc, const char *file, const char *obj, const char *name, char *err) {
+  htri_t exists = H5Lexists(loc, name, H5P_DEFAULT);
+  if (exists < 0) return h5_err(err, file, obj, "cannot look up group '%s' (corrupt file?)", name);
+  if (exists == 0) return h5_err(err, file, obj, "missing group '%s'", name);
+  hid_t g = H5Gopen2(loc, name, H5P_DEFAULT);
+  return g < 0 ? h5_err(err, file, obj, "'%s' is not a readable group (corrupt file?)", name) : g;
+}

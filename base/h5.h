@@ -1,0 +1,85 @@
+/* The one set of HDF5 helpers (library qt_base_h5, linked to HDF5; base.h stays HDF5-free):
+ * open/create with HDF5's error printing silenced, typed attribute writers, attribute readers
+ * that check class, size, rank and element count BEFORE reading (a file is untrusted input: an
+ * array where a scalar is expected never overflows a buffer, a variable-length string is read
+ * as a string, not as a pointer), dataset readers of an expected shape, and describers of types
+ * and shapes for messages.
+ *
+ * Messages have the form "<file>: <object>: <what>, expected <x>, found <y>". `file` may be
+ * NULL when the caller adds its own prefix (the Q/DQ file reader does); `obj` names the group
+ * or dataset that holds the attribute ("/", "/nodes/0003_conv1"). */
+#ifndef QT_BASE_H5_H
+#define QT_BASE_H5_H
+
+#include <hdf5.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+
+/* Turns off HDF5's automatic error-stack printing (our messages replace it). */
+void qt_h5_quiet(void);
+/* Opens an existing file read-only (fapl may be H5P_DEFAULT). -1 with err: "<what> '<path>':
+ * cannot open: <reason>" or "<what> '<path>': not a readable HDF5 file (corrupt or truncated?)". */
+hid_t qt_h5_open_read(const char *path, const char *what, hid_t fapl, char *err);
+
+/* "signed 32-bit integer", "32-bit float", "fixed-length string of 7 bytes", "variable-length
+ * string", ... */
+void qt_h5_type_str(hid_t type, char *buf, size_t len);
+/* "(3, 4)", "(5,)" for rank 1, "scalar" for rank 0. */
+void qt_h5_dims_str(int rank, const hsize_t *dims, char *buf, size_t len);
+
+/* ---- attributes: writing (scalars unless n >= 0 is given) -------------------------------------- */
+/* A rank-1 attribute of n elements, or a scalar when n < 0; n == 0 writes an empty array. */
+int qt_h5_attr_write(hid_t loc, const char *name, hid_t ftype, hid_t mtype, int n, const void *data);
+int qt_h5_attr_write_int(hid_t loc, const char *name, int v);         /* int32 scalar */
+int qt_h5_attr_write_i64(hid_t loc, const char *name, int64_t v);     /* int64 scalar */
+int qt_h5_attr_write_float(hid_t loc, const char *name, float v);     /* float32 scalar */
+int qt_h5_attr_write_floats(hid_t loc, const char *name, const float *v, int n); /* float32 (n) */
+int qt_h5_attr_write_str(hid_t loc, const char *name, const char *s); /* fixed-length, NUL-terminated */
+
+/* ---- attributes: reading (all checks before H5Aread) ------------------------------------------- */
+/* Opens attribute `name` of loc, checking it exists, has type class cls (H5T_INTEGER, H5T_FLOAT
+ * or H5T_STRING), a simple dataspace of rank <= 1 (a scalar or a vector) and min_n..max_n
+ * elements. Returns the attribute id (close it) and *n, or -1 with err:
+ *   "<obj>: missing attribute 'x'"
+ *   "<obj>: attribute 'x' is not an integer, expected an integer, found a 32-bit float"
+ *   "<obj>: attribute 'x' has 3 elements, expected 1..1, found (3,)" */
+hid_t qt_h5_attr_open(hid_t loc, const char *file, const char *obj, const char *name, H5T_class_t cls, int64_t min_n,
+                      int64_t max_n, int64_t *n, char *err);
+/* Integer attributes: read as int64 and range-checked before narrowing. */
+int qt_h5_attr_read_i64(hid_t loc, const char *file, const char *obj, const char *name, int64_t *v, char *err);
+int qt_h5_attr_read_int(hid_t loc, const char *file, const char *obj, const char *name, int *v, char *err);
+/* Between min_n and max_n ints into v (max_n entries of room); *n gets the count. */
+int qt_h5_attr_read_ints(hid_t loc, const char *file, const char *obj, const char *name, int *v, int min_n, int max_n,
+                         int *n, char *err);
+int qt_h5_attr_read_float(hid_t loc, const char *file, const char *obj, const char *name, float *v, char *err);
+/* Exactly n floats. */
+int qt_h5_attr_read_floats(hid_t loc, const char *file, const char *obj, const char *name, float *v, int n,
+                           char *err);
+/* A fixed- or variable-length string scalar into buf (cap bytes with the terminator):
+ * "<obj>: attribute 'x' is longer than 63 characters". */
+int qt_h5_attr_read_str(hid_t loc, const char *file, const char *obj, const char *name, char *buf, size_t cap,
+                        char *err);
+/* The same into a new malloc'd string of at most max_len characters; NULL with err. */
+char *qt_h5_attr_read_str_alloc(hid_t loc, const char *file, const char *obj, const char *name, size_t max_len,
+                                char *err);
+
+/* ---- datasets ----------------------------------------------------------------------------------- */
+/* Reads dataset `name` of loc (type class cls) into a new buffer of mtype elements (free it).
+ * When want_ndim > 0 the shape must be want_dims; else any rank 1..max_ndim, returned in
+ * *ndim_out / dims_out. At most max_numel elements, none empty. NULL with err:
+ *   "<obj>: missing dataset 'x'", "<obj>: dataset 'x' is not integer",
+ *   "<obj>: dataset 'x' has shape (3), want (4)", "<obj>: dataset 'x' has rank 3, want 1..2". */
+void *qt_h5_dataset_read(hid_t loc, const char *file, const char *obj, const char *name, H5T_class_t cls, hid_t mtype,
+                         int want_ndim, const int64_t *want_dims, int max_ndim, int64_t max_numel, int *ndim_out,
+                         int64_t *dims_out, char *err);
+/* float32 dataset of exactly the given shape into out. */
+int qt_h5_dataset_read_f32(hid_t loc, const char *file, const char *obj, const char *name, int ndim,
+                           const int64_t *shape, float *out, char *err);
+/* A contiguous float32 dataset of the given shape. */
+int qt_h5_dataset_write_f32(hid_t loc, const char *name, int ndim, const int64_t *shape, const float *data);
+/* Opens group `name` of loc: "<obj>: missing group 'x'". */
+hid_t qt_h5_group_open(hid_t loc, const char *file, const char *obj, const char *name, char *err);
+
+#endif

@@ -1,0 +1,166 @@
+/* The op table: one row per qt_op saying what a node of that op is (name, arity, parameter and
+ * buffer slots with their PyTorch suffixes, flags) and how its output shape follows from its
+ * inputs. The builder, the executor, the Q/DQ file validator and the passes read it instead of
+ * keeping their own lists, so an op added to qt_op without its row breaks the build. */
+#include "nn/nn.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+/* Output side of a window (conv, pool); -1 when it does not fit. */
+static int64_t window_out(int64_t in, int k, int s, int p) {
+  if (k < 1 || s < 1 || p < 0 || in + 2 * (int64_t)p < k) return -1;
+  return (in + 2 * (int64_t)p - k) / s + 1;
+}
+
+static int same_as_input(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  (void)a;
+  (void)err;
+  *ndim = in[0]->ndim;
+  memcpy(shape, in[0]->shape, 3 * sizeof *shape);
+  return 0;
+}
+
+static int image_input(const char *op, const qt_value *x, char *err) {
+  return x->ndim == 3 ? 0 : qt_err(err, "%s input '%s' is not an image (H, W, C)", op, x->name);
+}
+
+static int conv_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  const qt_value *x = in[0];
+  if (image_input("conv2d", x, err)) return -1;
+  const int64_t C = x->shape[2];
+  if (a->groups < 1 || a->out_channels < 1 || C % a->groups || a->out_channels % a->groups)
+    return qt_err(err, "groups %d must divide in-channels %lld and out-channels %d", a->groups, (long long)C,
+                  a->out_channels);
+  shape[0] = window_out(x->shape[0], a->kernel_h, a->stride_h, a->pad_h);
+  shape[1] = window_out(x->shape[1], a->kernel_w, a->stride_w, a->pad_w);
+  if (shape[0] < 1 || shape[1] < 1)
+    return qt_err(err, "kernel %dx%d stride %dx%d pad %dx%d do not fit input %lldx%lld", a->kernel_h, a->kernel_w,
+                  a->stride_h, a->stride_w, a->pad_h, a->pad_w, (long long)x->shape[0], (long long)x->shape[1]);
+  shape[2] = a->out_channels;
+  *ndim = 3;
+  return 0;
+}
+
+static int pool_shape(const char *op, const qt_node_attrs *a, const qt_value *x, int *ndim, int64_t *shape,
+                      char *err) {
+  if (image_input(op, x, err)) return -1;
+  if (a->kernel_h != a->kernel_w || a->stride_h != a->stride_w || a->pad_h != a->pad_w)
+    return qt_err(err, "%s needs a square kernel, stride and padding (kernel %dx%d stride %dx%d pad %dx%d)", op,
+                  a->kernel_h, a->kernel_w, a->stride_h, a->stride_w, a->pad_h, a->pad_w);
+  shape[0] = window_out(x->shape[0], a->kernel_h, a->stride_h, a->pad_h);
+  shape[1] = window_out(x->shape[1], a->kernel_w, a->stride_w, a->pad_w);
+  if (shape[0] < 1 || shape[1] < 1 || 2 * a->pad_h > a->kernel_h)
+    return qt_err(err, "kernel %d stride %d pad %d do not fit input %lldx%lld", a->kernel_h, a->stride_h, a->pad_h,
+                  (long long)x->shape[0], (long long)x->shape[1]);
+  shape[2] = x->shape[2];
+  *ndim = 3;
+  return 0;
+}
+static int max_pool_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  return pool_shape("max_pool2d", a, in[0], ndim, shape, err);
+}
+static int avg_pool_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  return pool_shape("avg_pool2d", a, in[0], ndim, shape, err);
+}
+
+static int global_pool_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  (void)a;
+  if (image_input("global_avg_pool", in[0], err)) return -1;
+  shape[0] = in[0]->shape[2];
+  *ndim = 1;
+  return 0;
+}
+
+static int flatten_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  (void)a;
+  (void)err;
+  shape[0] = 1;
+  for (int d = 0; d < in[0]->ndim; d++) shape[0] *= in[0]->shape[d];
+  *ndim = 1;
+  return 0;
+}
+
+static int linear_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  const qt_value *x = in[0];
+  if (x->ndim != 1)
+    return qt_err(err, "linear input '%s' has rank %d, want flat features (F) (insert a flatten)", x->name, x->ndim);
+  if (a->out_channels < 1) return qt_err(err, "%d output features", a->out_channels);
+  shape[0] = a->out_channels;
+  *ndim = 1;
+  return 0;
+}
+
+static int add_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  int same = in[0]->ndim == in[1]->ndim;
+  for (int d = 0; same && d < in[0]->ndim; d++) same = in[0]->shape[d] == in[1]->shape[d];
+  if (!same) return qt_err(err, "add inputs '%s' and '%s' differ in shape", in[0]->name, in[1]->name);
+  return same_as_input(a, in, ndim, shape, err);
+}
+
+enum { NONE = QT_SLOT_NONE, OPT = QT_SLOT_OPTIONAL, REQ = QT_SLOT_REQUIRED };
+
+static const qt_op_info op_table[] = {
+    [QT_OP_INPUT] = {.name = "input", .min_inputs = 0, .max_inputs = 0},
+    [QT_OP_CONV2D] = {.name = "conv2d", .min_inputs = 1, .max_inputs = 1,
+                      .param_suffix = {"weight", "bias"}, .param_use = {REQ, OPT},
+                      .has_weight = 1, .shape = conv_shape},
+    [QT_OP_BATCH_NORM] = {.name = "batch_norm", .min_inputs = 1, .max_inputs = 1,
+                          .param_suffix = {"weight", "bias"}, .param_use = {REQ, REQ},
+                          .buffer_suffix = {"running_mean", "running_var"}, .buffer_use = {REQ, REQ},
+                          .stateful = 1, .shape = same_as_input},
+    [QT_OP_RELU] = {.name = "relu", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = same_as_input},
+    [QT_OP_MAX_POOL2D] = {.name = "max_pool2d", .min_inputs = 1, .max_inputs = 1, .param_free = 1,
+                          .shape = max_pool_shape},
+    [QT_OP_AVG_POOL2D] = {.name = "avg_pool2d", .min_inputs = 1, .max_inputs = 1, .param_free = 1,
+                          .shape = avg_pool_shape},
+    [QT_OP_GLOBAL_AVG_POOL] = {.name = "global_avg_pool", .min_inputs = 1, .max_inputs = 1, .param_free = 1,
+                               .shape = global_pool_shape},
+    [QT_OP_FLATTEN] = {.name = "flatten", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = flatten_shape},
+    [QT_OP_LINEAR] = {.name = "linear", .min_inputs = 1, .max_inputs = 1,
+                      .param_suffix = {"weight", "bias"}, .param_use = {REQ, OPT},
+                      .has_weight = 1, .shape = linear_shape},
+    [QT_OP_ADD] = {.name = "add", .min_inputs = 2, .max_inputs = 2, .param_free = 1, .shape = add_shape},
+    [QT_OP_FAKE_QUANT] = {.name = "fake_quant", .min_inputs = 1, .max_inputs = 1, .stateful = 1,
+                          .shape = same_as_input},
+    [QT_OP_CONV_BN] = {.name = "conv_bn", .min_inputs = 1, .max_inputs = 1,
+                       .param_suffix = {"weight", "bias", "bn.weight", "bn.bias"}, .param_use = {REQ, OPT, REQ, REQ},
+                       .buffer_suffix = {"bn.running_mean", "bn.running_var"}, .buffer_use = {REQ, REQ},
+                       .has_weight = 1, .stateful = 1, .shape = conv_shape},
+    [QT_OP_QUANTIZE] = {.name = "quantize", .min_inputs = 1, .max_inputs = 1, .shape = same_as_input},
+    [QT_OP_DEQUANTIZE] = {.name = "dequantize", .min_inputs = 1, .max_inputs = 1, .shape = same_as_input},
+};
+_Static_assert(sizeof op_table / sizeof op_table[0] == QT_OP_COUNT, "op table out of sync with qt_op");
+_Static_assert(QT_P_WEIGHT == 0 && QT_P_BIAS == 1 && QT_P_GAMMA == 0 && QT_P_BETA == 1 && QT_P_BN_GAMMA == 2 &&
+                   QT_P_BN_BETA == 3 && QT_B_RUNNING_MEAN == 0 && QT_B_RUNNING_VAR == 1,
+               "slot roles and the table's slot order");
+
+const qt_op_info *qt_op_info_get(qt_op op) {
+  QT_ASSERT((unsigned)op < QT_OP_COUNT && op_table[op].name, "op %d is not an op", (int)op);
+  return &op_table[op];
+}
+
+const char *qt_op_name(qt_op op) { return (unsigned)op < QT_OP_COUNT ? op_table[op].name : "?"; }
+
+int qt_op_parse(const char *name, qt_op *out) {
+  for (int i = 0; i < QT_OP_COUNT; i++)
+    if (strcmp(name, op_table[i].name) == 0) {
+      *out = (qt_op)i;
+      return 0;
+    }
+  return -1;
+}
+
+int qt_op_has_weight(qt_op op) { return (unsigned)op < QT_OP_COUNT && op_table[op].has_weight; }
+int qt_op_is_stateful(qt_op op) { return (unsigned)op < QT_OP_COUNT && op_table[op].stateful; }
+int qt_op_is_param_free(qt_op op) { return (unsigned)op < QT_OP_COUNT && op_table[op].param_free; }
+
+int qt_op_output_shape(qt_op op, const qt_node_attrs *attr, const qt_value *const *inputs, int n_inputs, int *ndim,
+                       int64_t shape[3], char *err) {
+  const qt_op_info *info = qt_op_info_get(op);
+  if (n_inputs < info->min_inputs || n_inputs > info->max_inputs)
+    return qt_err(err, "op '%s' takes %d input(s), has %d", info->name, info->min_inputs, n_inputs);
+  if (!info->shape) return qt_err(err, "op '%s' has no inferred output shape", info->name);
+  memset(shape, 0, 3 * sizeof *shape);
+  return info->shape(attr, inputs, ndim, shape, err);
+}

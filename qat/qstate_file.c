@@ -1,0 +1,336 @@
+/* The quantization training state in checkpoints (qat/qstate_file.h): the Q/DQ file's records
+ * plus what training needs to continue bit for bit (flags, LSQ tensor, observer state). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qat/qdq_internal.h"
+#include "qat/qstate_file.h"
+
+/* ---- training state in checkpoints (qat/qstate_file.h) ------------------------------------ */
+
+#define QSTATE_FORMAT "qt-quant-state"
+#define QSTATE_VERSION 1
+
+/* batch_norm and conv_bn: the nodes with BN running statistics (and a bn_frozen flag). */
+static int is_bn_node(const qt_node *n) { return qt_op_info_get(n->op)->buffer_use[QT_B_RUNNING_VAR] == QT_SLOT_REQUIRED; }
+
+int qt_graph_has_quant_state(const qt_graph *g) {
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    if (n->q || n->wq || n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN) return 1;
+  }
+  return 0;
+}
+
+int qt_quant_state_write(hid_t f, const qt_graph *g, char *err) {
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  for (int i = 0; i < g->n_nodes; i++)
+    if (qdq_bad_link_name(g->nodes[i].name))
+      return qt_err(err, "/quant: node %d name '%s' is empty, '.' or holds '/', which an HDF5 name cannot", i,
+                  g->nodes[i].name);
+  writer w;
+  snprintf(w.where, sizeof w.where, "/quant");
+  w.dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  w.gcpl = H5Pcreate(H5P_GROUP_CREATE);
+  int bad = w.dcpl < 0 || w.gcpl < 0 || H5Pset_obj_track_times(w.dcpl, 0) < 0 || H5Pset_obj_track_times(w.gcpl, 0) < 0;
+  hid_t gq = bad ? -1 : qdq_group_create(&w, f, "quant");
+  bad = bad || gq < 0 || qt_h5_attr_write_str(gq, "format", QSTATE_FORMAT) || qt_h5_attr_write_int(gq, "format_version", QSTATE_VERSION);
+  hid_t ga = bad ? -1 : qdq_group_create(&w, gq, qdq_record_names[QDQ_RECORD_ACTIVATION]),
+        gw = bad ? -1 : qdq_group_create(&w, gq, qdq_record_names[QDQ_RECORD_WEIGHT]);
+  bad = bad || ga < 0 || gw < 0;
+  for (int i = 0; i < g->n_nodes && !bad; i++) {
+    if (g->nodes[i].q) bad = qdq_write_qrecord(&w, ga, g, i, g->nodes[i].q, 0, 1);
+    if (!bad && g->nodes[i].wq) bad = qdq_write_qrecord(&w, gw, g, i, g->nodes[i].wq, 1, 1);
+  }
+  if (!bad) snprintf(w.where, sizeof w.where, "/quant/bn");
+  hid_t gb = bad ? -1 : qdq_group_create(&w, gq, "bn");
+  bad = bad || gb < 0;
+  for (int i = 0; i < g->n_nodes && !bad; i++)
+    if (is_bn_node(&g->nodes[i])) bad = qt_h5_attr_write_int(gb, g->nodes[i].name, g->nodes[i].bn_frozen ? 1 : 0);
+  if (gb >= 0) bad |= H5Gclose(gb) < 0;
+  if (ga >= 0) bad |= H5Gclose(ga) < 0;
+  if (gw >= 0) bad |= H5Gclose(gw) < 0;
+  if (gq >= 0) bad |= H5Gclose(gq) < 0;
+  if (w.dcpl >= 0) H5Pclose(w.dcpl);
+  if (w.gcpl >= 0) H5Pclose(w.gcpl);
+  return bad ? qt_err(err, "writing %s failed", w.where) : 0;
+}
+
+struct qt_quant_state {
+  int n_nodes;
+  qt_qstate **act, **wt; /* per node, NULL where the node has none */
+  int *bn_frozen;
+};
+
+void qt_quant_state_free(qt_quant_state *s) {
+  if (!s) return;
+  for (int i = 0; i < s->n_nodes; i++) {
+    qt_qstate_free(s->act[i]);
+    qt_qstate_free(s->wt[i]);
+  }
+  free(s->act);
+  free(s->wt);
+  free(s->bn_frozen);
+  free(s);
+}
+
+/* The stored spec must be the one this graph quantizes with. */
+static int same_spec(const char *obj, const qt_qstate *got, const qt_qstate *want, char *msg) {
+  const qt_qspec *a = &got->spec, *b = &want->spec;
+  const char *tail = "in the checkpoint, but this run's prepared graph has";
+#define SAME_INT(field, name)                                                                                  \
+  if (a->field != b->field) return qt_err(msg, "%s: %s is %d %s %d", obj, name, (int)a->field, tail, (int)b->field)
+  SAME_INT(bits, "bits");
+  SAME_INT(qmin, "qmin");
+  SAME_INT(qmax, "qmax");
+  SAME_INT(is_signed, "signed");
+  SAME_INT(symmetric, "symmetric");
+  SAME_INT(per_channel, "per_channel");
+#undef SAME_INT
+  if (got->channels != want->channels)
+    return qt_err(msg, "%s: channels is %d %s %d", obj, got->channels, tail, want->channels);
+  if (a->observer != b->observer)
+    return qt_err(msg, "%s: observer is '%s' %s '%s'", obj, qt_observer_kind_name(a->observer), tail,
+                qt_observer_kind_name(b->observer));
+  if (a->method != b->method)
+    return qt_err(msg, "%s: method is '%s' %s '%s'", obj, qt_range_method_name(a->method), tail,
+                qt_range_method_name(b->method));
+  if (memcmp(&a->percentile, &b->percentile, sizeof(float)) != 0)
+    return qt_err(msg, "%s: percentile is %g %s %g", obj, a->percentile, tail, b->percentile);
+  return 0;
+}
+
+/* Reads the training state of the record group r into q (made by qdq_read_qrecord_new from the
+ * same group) and checks it against the graph's own state `want`. */
+static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qstate *q, const qt_qstate *want,
+                            char *msg) {
+  int pow2 = 0;
+  if (read_attr_flag(r, obj, "observe", &q->observe, msg) || read_attr_flag(r, obj, "fake_quant", &q->fake_quant, msg) ||
+      read_attr_flag(r, obj, "calibrated", &q->calibrated, msg) || read_attr_flag(r, obj, "pow2_scale", &pow2, msg))
+    return -1;
+  if (pow2 != (want->spec.pow2_scale ? 1 : 0))
+    return qt_err(msg, "%s: pow2_scale is %d in the checkpoint, but this run's prepared graph has %d", obj, pow2,
+                want->spec.pow2_scale ? 1 : 0);
+  htri_t has = H5Aexists(r, "learned_scale");
+  if (has < 0) return qt_err(msg, "%s: cannot read the attributes (corrupt file?)", obj);
+  char lsq[2 * QT_NAME_LEN] = "";
+  if (has && read_attr_str(r, obj, "learned_scale", lsq, sizeof lsq, msg)) return -1;
+  const char *want_lsq = want->scale_param >= 0 ? g->tensors[want->scale_param].name : "";
+  if (strcmp(lsq, want_lsq) != 0)
+    return qt_err(msg, "%s: learned scale (LSQ) %s%s%s in the checkpoint, but %s%s%s in this run's prepared graph", obj,
+                lsq[0] ? "'" : "", lsq[0] ? lsq : "none", lsq[0] ? "'" : "", want_lsq[0] ? "'" : "",
+                want_lsq[0] ? want_lsq : "none", want_lsq[0] ? "'" : "");
+  q->scale_param = want->scale_param;
+  q->spec.pow2_scale = want->spec.pow2_scale;
+  q->spec.learnable = want->spec.learnable;
+  if (q->calibrated)
+    for (int c = 0; c < q->channels; c++)
+      if (!isfinite(q->scale[c]) || !(q->scale[c] > 0) || q->zero_point[c] < q->spec.qmin ||
+          q->zero_point[c] > q->spec.qmax)
+        return qt_err(msg, "%s: channel %d: scale %g, zero point %d are not qparams of [%d, %d]", obj, c, q->scale[c],
+                    q->zero_point[c], q->spec.qmin, q->spec.qmax);
+
+  char oobj[QT_NAME_LEN + 48];
+  snprintf(oobj, sizeof oobj, "%s/observer", obj);
+  hid_t og = qdq_group_open(r, obj, "observer", msg);
+  if (og < 0) return -1;
+  qt_observer *o = &q->obs;
+  const qt_observer *wo = &want->obs;
+  char kind[64], method[64];
+  int channels = 0, bins = 0, initialized = 0, rc = -1;
+  float ac = 0, pct = 0;
+  float *mn = NULL, *mx = NULL;
+  int64_t *hist = NULL;
+  if (read_attr_str(og, oobj, "kind", kind, sizeof kind, msg) || read_attr_int(og, oobj, "channels", &channels, msg) ||
+      read_attr_float(og, oobj, "averaging_constant", &ac, msg) ||
+      read_attr_str(og, oobj, "method", method, sizeof method, msg) ||
+      read_attr_float(og, oobj, "percentile", &pct, msg) || read_attr_int(og, oobj, "bins", &bins, msg) ||
+      read_attr_flag(og, oobj, "initialized", &initialized, msg) ||
+      read_attr_float(og, oobj, "hist_min", &o->hist_min, msg) || read_attr_float(og, oobj, "hist_max", &o->hist_max, msg))
+    goto done;
+  qt_observer_kind k;
+  qt_range_method m;
+  if (qt_observer_kind_parse(kind, &k) || qt_range_method_parse(method, &m)) {
+    qt_err(msg, "%s: unknown observer '%s' or range method '%s'", oobj, kind, method);
+    goto done;
+  }
+  if (k != wo->kind || channels != wo->channels || m != wo->method || memcmp(&ac, &wo->averaging_constant, sizeof ac) ||
+      memcmp(&pct, &wo->percentile, sizeof pct) || bins != wo->bins) {
+    qt_err(msg,
+         "%s: a %s observer (%d channels, averaging constant %g, method %s, percentile %g, %d bins) in the checkpoint, "
+         "but this run's prepared graph has a %s observer (%d channels, averaging constant %g, method %s, percentile "
+         "%g, %d bins)",
+         oobj, kind, channels, ac, method, pct, bins, qt_observer_kind_name(wo->kind), wo->channels,
+         wo->averaging_constant, qt_range_method_name(wo->method), wo->percentile, wo->bins);
+    goto done;
+  }
+  const int64_t ch[1] = {channels}, nb[1] = {bins};
+  if (!(mn = qdq_read_dataset(og, oobj, "min", H5T_FLOAT, H5T_NATIVE_FLOAT, 1, ch, 1, NULL, NULL, msg)) ||
+      !(mx = qdq_read_dataset(og, oobj, "max", H5T_FLOAT, H5T_NATIVE_FLOAT, 1, ch, 1, NULL, NULL, msg)))
+    goto done;
+  has = H5Lexists(og, "hist", H5P_DEFAULT);
+  if (has < 0) {
+    qt_err(msg, "%s: cannot look up dataset 'hist' (corrupt file?)", oobj);
+    goto done;
+  }
+  if (has && k != QT_OBSERVER_HISTOGRAM) {
+    qt_err(msg, "%s: a %s observer holds no histogram", oobj, kind);
+    goto done;
+  }
+  if (has) {
+    if (!(hist = qdq_read_dataset(og, oobj, "hist", H5T_INTEGER, H5T_NATIVE_INT64, 1, nb, 1, NULL, NULL, msg))) goto done;
+    for (int b = 0; b < bins; b++)
+      if (hist[b] < 0) {
+        qt_err(msg, "%s: hist[%d] = %lld is negative", oobj, b, (long long)hist[b]);
+        goto done;
+      }
+  }
+  o->averaging_constant = ac;
+  o->method = m;
+  o->percentile = pct;
+  o->bins = bins;
+  o->initialized = initialized;
+  memcpy(o->min, mn, (size_t)channels * sizeof(float));
+  memcpy(o->max, mx, (size_t)channels * sizeof(float));
+  free(o->hist);
+  o->hist = hist;
+  hist = NULL;
+  rc = 0;
+done:
+  free(mn);
+  free(mx);
+  free(hist);
+  H5Gclose(og);
+  return rc;
+}
+
+/* One record of node i: read, compared with the graph's, its training state added. */
+static int read_state_record(hid_t gk, qdq_record_kind kind, const qt_graph *g, int i, qt_qstate **out, char *msg) {
+  const qt_node *n = &g->nodes[i];
+  const qt_qstate *want = kind == QDQ_RECORD_WEIGHT ? n->wq : n->q;
+  char obj[QT_NAME_LEN + 32];
+  snprintf(obj, sizeof obj, "/quant/%s/%s", qdq_record_names[kind], n->name);
+  htri_t has = H5Lexists(gk, n->name, H5P_DEFAULT);
+  if (has < 0) return qt_err(msg, "%s: cannot look up the record (corrupt file?)", obj);
+  if (!has)
+    return qt_err(msg, "%s: missing: this run's prepared graph quantizes %s %s, the checkpoint does not", obj,
+                kind == QDQ_RECORD_WEIGHT ? "the weight of" : "the activation at", n->name);
+  qt_qstate *q = NULL;
+  if (qdq_read_qrecord_new(gk, kind, KIND_PREPARED, g, i, &q, msg)) return -1;
+  hid_t r = -1;
+  int rc = same_spec(obj, q, want, msg);
+  if (!rc && (r = qdq_group_open(gk, "/quant", n->name, msg)) < 0) rc = -1;
+  if (!rc) rc = read_train_state(r, obj, g, q, want, msg);
+  if (r >= 0) H5Gclose(r);
+  if (rc) {
+    qt_qstate_free(q);
+    return -1;
+  }
+  *out = q;
+  return 0;
+}
+
+typedef struct {
+  const qt_graph *g;
+  char *msg;
+} bn_check;
+
+static herr_t bn_attr_known(hid_t loc, const char *name, const H5A_info_t *info, void *data) {
+  (void)loc;
+  (void)info;
+  bn_check *c = data;
+  int i = qt_graph_find_node(c->g, name);
+  if (i < 0 || !is_bn_node(&c->g->nodes[i])) {
+    qt_err(c->msg, "/quant/bn: a flag for '%s', which is no batch_norm or conv_bn node of this run's prepared graph",
+         name);
+    return -1;
+  }
+  return 0;
+}
+
+qt_quant_state *qt_quant_state_read(hid_t f, const qt_graph *g, char *err) {
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  err[0] = 0;
+  qt_quant_state *s = calloc(1, sizeof *s);
+  QT_ASSERT(s, "out of memory");
+  s->n_nodes = g->n_nodes;
+  s->act = calloc((size_t)g->n_nodes + 1, sizeof *s->act);
+  s->wt = calloc((size_t)g->n_nodes + 1, sizeof *s->wt);
+  s->bn_frozen = calloc((size_t)g->n_nodes + 1, sizeof *s->bn_frozen);
+  QT_ASSERT(s->act && s->wt && s->bn_frozen, "out of memory");
+  hid_t gq = -1, ga = -1, gw = -1, gb = -1;
+  int ok = 0, version = 0;
+  char format[64];
+  if ((gq = qdq_group_open(f, "/", "quant", err)) < 0 || read_attr_str(gq, "/quant", "format", format, sizeof format, err) ||
+      read_attr_int(gq, "/quant", "format_version", &version, err))
+    goto done;
+  if (strcmp(format, QSTATE_FORMAT) != 0 || version != QSTATE_VERSION) {
+    qt_err(err, "/quant: format '%s' version %d; this build reads '%s' version %d", format, version, QSTATE_FORMAT,
+         QSTATE_VERSION);
+    goto done;
+  }
+  if ((ga = qdq_group_open(gq, "/quant", qdq_record_names[QDQ_RECORD_ACTIVATION], err)) < 0 || (gw = qdq_group_open(gq, "/quant", qdq_record_names[QDQ_RECORD_WEIGHT], err)) < 0 ||
+      (gb = qdq_group_open(gq, "/quant", "bn", err)) < 0)
+    goto done;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    if (n->q && read_state_record(ga, QDQ_RECORD_ACTIVATION, g, i, &s->act[i], err)) goto done;
+    if (n->wq && read_state_record(gw, QDQ_RECORD_WEIGHT, g, i, &s->wt[i], err)) goto done;
+    if (is_bn_node(n)) {
+      htri_t has = H5Aexists(gb, n->name);
+      if (has < 0) {
+        qt_err(err, "/quant/bn: cannot read the attributes (corrupt file?)");
+        goto done;
+      }
+      if (!has) {
+        qt_err(err, "/quant/bn: no flag for %s node '%s' of this run's prepared graph", qt_op_name(n->op), n->name);
+        goto done;
+      }
+      if (read_attr_flag(gb, "/quant/bn", n->name, &s->bn_frozen[i], err)) goto done;
+    }
+  }
+  if (qdq_check_records_claimed(ga, QDQ_RECORD_ACTIVATION, g, err) ||
+      qdq_check_records_claimed(gw, QDQ_RECORD_WEIGHT, g, err)) goto done;
+  bn_check bc = {g, err};
+  hsize_t idx = 0;
+  if (H5Aiterate2(gb, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, bn_attr_known, &bc) < 0) {
+    if (!err[0]) qt_err(err, "/quant/bn: cannot list the attributes (corrupt file?)");
+    goto done;
+  }
+  ok = 1;
+done:
+  if (gb >= 0) H5Gclose(gb);
+  if (ga >= 0) H5Gclose(ga);
+  if (gw >= 0) H5Gclose(gw);
+  if (gq >= 0) H5Gclose(gq);
+  if (!ok) {
+    qt_quant_state_free(s);
+    return NULL;
+  }
+  return s;
+}
+
+/* Copies src's qparams, flags and observer state into dst (the same spec). */
+static void qstate_assign(qt_qstate *dst, const qt_qstate *src) {
+  char err[QT_ERR_LEN];
+  memcpy(dst->scale, src->scale, (size_t)src->channels * sizeof(float));
+  memcpy(dst->zero_point, src->zero_point, (size_t)src->channels * sizeof(int32_t));
+  dst->observe = src->observe;
+  dst->fake_quant = src->fake_quant;
+  dst->calibrated = src->calibrated;
+  QT_ASSERT(qt_observer_copy(&dst->obs, &src->obs, err) == 0, "copying an observer: %s", err);
+}
+
+void qt_quant_state_apply(qt_graph *g, qt_quant_state *s) {
+  QT_ASSERT(s->n_nodes == g->n_nodes, "quant state of %d nodes applied to a graph of %d", s->n_nodes, g->n_nodes);
+  for (int i = 0; i < g->n_nodes; i++) {
+    qt_node *n = &g->nodes[i];
+    if (s->act[i]) qstate_assign(n->q, s->act[i]);
+    if (s->wt[i]) qstate_assign(n->wq, s->wt[i]);
+    if (is_bn_node(n)) n->bn_frozen = s->bn_frozen[i];
+  }
+  qt_quant_state_free(s);
+}
+
