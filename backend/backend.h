@@ -65,10 +65,14 @@ void qt_lowered_report(const qt_lowered *m, FILE *f);
 /* qt_backend_desc (qat/qat.h) says what a backend's integer kernels accept. */
 
 typedef enum { QT_ISA_AUTO, QT_ISA_VNNI, QT_ISA_NO_VNNI } qt_isa_choice;
+/* Whether oneDNN's effective ISA on this CPU has VNNI (u8 x s8 dot products without 16-bit
+ * saturation). */
+int qt_cpu_has_vnni(void);
 
 /* The built-in backend above: oneDNN int8 on this CPU. Ops it lowers to integers (conv2d,
  * linear, relu, max_pool2d, flatten, add), 2..8-bit signed symmetric weights (per channel or per
- * tensor), 2..8-bit unsigned per-tensor activations, any scale. isa: AUTO reads oneDNN's
+ * tensor), 2..8-bit unsigned per-tensor activations, any scale; average pools quantized at
+ * their boundaries (fp32 fallbacks); without VNNI, 8-bit weights given 7 bits. isa: AUTO reads oneDNN's
  * effective ISA (dnnl_get_effective_cpu_isa); VNNI / NO_VNNI force it (DESIGN 4 describes an
  * AVX2 machine without VNNI, where u8 x s8 pairs saturate a 16-bit sum). */
 void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa);

@@ -26,7 +26,9 @@ static qt_graph *make_qdq(char *err) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  if (qt_quantizer_onednn(g, &qc, &a, err)) return NULL;
+  qt_backend_desc d;
+  qt_backend_desc_onednn_cpu(&d, QT_ISA_AUTO);
+  if (qt_quantizer(g, &d, &qc, &a, err)) return NULL;
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   qt_annotations_free(&a);
   qt_graph_free(g);

@@ -76,9 +76,6 @@ qt_graph *qt_quant_prepare(const qt_config *cfg, const qt_graph *g, FILE *report
   int qat = strcmp(mode, "qat") == 0;
   qc.weight_bits = qt_config_int(cfg, "quant", "weight_bits");
   qc.activation_bits = qt_config_int(cfg, "quant", "activation_bits");
-  const char *isa = qt_config_string(cfg, "quant", "isa");
-  if (strcmp(isa, "vnni") == 0) qc.has_vnni = 1;
-  if (strcmp(isa, "no_vnni") == 0) qc.has_vnni = 0;
   const char *wo = qt_config_string(cfg, "quant", "weight_observer");
   if (strcmp(wo, "auto") == 0) wo = qat ? "moving_average" : "minmax";
 
@@ -96,22 +93,25 @@ qt_graph *qt_quant_prepare(const qt_config *cfg, const qt_graph *g, FILE *report
   }
   if (qt_parse_overrides(&qc, qt_config_string(cfg, "quant", "layer_overrides"), err)) return NULL;
   qt_annotations ann;
+  qt_backend_desc d;
+  const char *path = "built in";
   if (strcmp(qt_config_string(cfg, "quant", "quantizer"), "backend") == 0) {
-    const char *path = qt_config_string(cfg, "quant", "backend");
+    path = qt_config_string(cfg, "quant", "backend");
     if (!path[0]) {
       snprintf(err, QT_ERR_LEN, "quant.quantizer = backend needs quant.backend (a backend description file)");
       return NULL;
     }
-    qt_backend_desc d;
     if (qt_backend_desc_load(&d, path, err)) return NULL;
-    if (qt_quantizer_from_backend(g, &d, &qc, &ann, err)) return NULL;
-    if (report) fprintf(report, "quantizer derived from backend %s (%s)\n", d.name, path);
-  } else if (qt_quantizer_onednn(g, &qc, &ann, err)) {
-    return NULL;
+  } else {
+    const char *isa = qt_config_string(cfg, "quant", "isa");
+    qt_backend_desc_onednn_cpu(&d, strcmp(isa, "vnni") == 0      ? QT_ISA_VNNI
+                                   : strcmp(isa, "no_vnni") == 0 ? QT_ISA_NO_VNNI
+                                                                 : QT_ISA_AUTO);
   }
+  if (qt_quantizer(g, &d, &qc, &ann, err)) return NULL;
   if (report) {
-    fprintf(report, "quantizer onednn (W%d A%d, %s):\n", qc.weight_bits, qc.activation_bits,
-            qc.has_vnni ? "VNNI: full-range 8-bit weights" : "no VNNI: 8-bit weights restricted to 7 bits");
+    fprintf(report, "quantizer from backend %s (%s; %s) (W%d A%d%s):\n", d.name, d.isa, path, qc.weight_bits,
+            qc.activation_bits, d.weight_8bit_as_7bit ? ", 8-bit weights restricted to 7 bits" : "");
     qt_annotations_print(g, &ann, report);
   }
   qt_graph *p = qt_prepare(g, &ann, qat ? QT_PREPARE_QAT : QT_PREPARE_PTQ, err);

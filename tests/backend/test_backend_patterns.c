@@ -15,6 +15,7 @@
 #include "qat/qat.h"
 #include "tests/common/ptq_util.h"
 #include "tests/common/testutil.h"
+#include "tests/common/quantizer_util.h"
 
 /* ---- building small Q/DQ graphs ----------------------------------------------------------- */
 
@@ -299,7 +300,7 @@ static qt_graph *converted_model(const char *model, int wbits, int abits) {
   qc.weight_bits = wbits;
   qc.activation_bits = abits;
   qt_annotations a;
-  QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   return qt_test_ptq_convert(g, &a);
 }
 
@@ -340,7 +341,7 @@ static void prepared_refused(void) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   err[0] = 0;
   qt_lowered *m = qt_lower(p, err);

@@ -13,6 +13,7 @@
 
 #include "qat/qat.h"
 #include "tests/common/testutil.h"
+#include "tests/common/quantizer_util.h"
 
 #ifndef QT_QAT_RUN
 #error "QT_QAT_RUN (the qat_run binary) must be defined by the build"
@@ -65,7 +66,7 @@ static qt_graph *converted_fashion_cnn(void) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   QT_ASSERT(p, "%s", err);
   qt_annotations_free(&a);

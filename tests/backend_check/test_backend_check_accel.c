@@ -27,7 +27,7 @@ static void quantizer(void) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  QT_ASSERT(qt_quantizer_from_backend(g, &d, &qc, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_quantizer(g, &d, &qc, &a, err) == 0, "%s", err);
   const char *quantized[] = {"conv1", "conv2", "fc2"};
   for (int i = 0; i < 3; i++) {
     const int n = qt_graph_find_node(g, quantized[i]);
@@ -50,11 +50,11 @@ static void quantizer(void) {
   /* refusals */
   qc.weight_bits = 4;
   err[0] = 0;
-  if (qt_quantizer_from_backend(g, &d, &qc, &a, err) == 0 || !strstr(err, "allows weight bits {8}"))
+  if (qt_quantizer(g, &d, &qc, &a, err) == 0 || !strstr(err, "allows weight bits {8}"))
     qt_test_fail("W4 on an 8-bit-only accelerator: '%s'", err);
   qc.weight_bits = 8;
   qc.learnable_scale = 1;
-  if (qt_quantizer_from_backend(g, &d, &qc, &a, err) == 0 || !strstr(err, "powers of two"))
+  if (qt_quantizer(g, &d, &qc, &a, err) == 0 || !strstr(err, "powers of two"))
     qt_test_fail("LSQ with power-of-two scales: '%s'", err);
   qt_graph_free(g);
 }

@@ -11,6 +11,7 @@
 
 #include "tests/backend_check/bcheck_util.h"
 #include "train/train.h"
+#include "tests/common/quantizer_util.h"
 
 #ifndef QT_BACKEND_CHECK
 #error "QT_BACKEND_CHECK (the qat_backend_check binary) must be defined by the build"
@@ -88,7 +89,7 @@ int main(void) {
     qt_quantizer_config qc;
     qt_quantizer_config_default(&qc);
     qt_annotations a;
-    QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+    QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
     qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
     for (int i = 0; i < p->n_nodes; i++) {
       qt_qstate *qs[2] = {p->nodes[i].q, p->nodes[i].wq};

@@ -18,6 +18,7 @@
 #include "eval/report.h"
 #include "qat/qat.h"
 #include "tests/common/testutil.h"
+#include "tests/common/quantizer_util.h"
 
 enum { N_IMAGES = 200, BATCH = 64 };
 
@@ -123,7 +124,7 @@ static qt_graph *convert_w8a8(const qt_graph *g, const qt_dataset *ds) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   QT_ASSERT(p, "%s", err);
   qt_annotations_free(&a);

@@ -45,7 +45,7 @@ static void one(const char *model, qt_prepare_mode mode, int weight_bits, int ac
   qc.activation_bits = activation_bits;
   qt_annotations ann;
   qt_graph *p = NULL, *c = NULL, *h = NULL;
-  if (qt_quantizer_onednn(g, &qc, &ann, err)) {
+  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &ann, err)) {
     qt_test_fail("%s: quantizer: %s", what, err);
     goto done;
   }
