@@ -85,6 +85,8 @@ typedef struct {
                                        * as dq -> fp32 op -> q between integer kernels (onednn_cpu:
                                        * avg_pool2d, global_avg_pool) */
   char isa[32];                       /* informative: "avx2", "avx512_core_vnni", "accelerator" */
+  int onednn_runtime;                 /* 1: deployed by lowering to oneDNN's int8 kernels (the
+                                       * built-in onednn_cpu); 0: simulated as an accelerator */
 } qt_backend_desc;
 
 /* The Quantizer: annotations for g from the backend description d and the settings cfg.

@@ -225,8 +225,8 @@ int qt_quant_finish(const qt_config *cfg, qt_graph *p, const qt_dataset *test, c
  * device is read inside the graph on the first 1024 test images. */
 enum { QT_INFER_BATCH = 256, QT_INFER_BATCHES = 8, QT_INFER_ROUNDS = 3, QT_PROBE_IMAGES = 1024 };
 
-static void print_deploy(FILE *f, const qt_lowered *m, const qt_quant_result *res) {
-  qt_lowered_report(m, f);
+static void print_deploy(FILE *f, const qt_device *m, const qt_quant_result *res) {
+  qt_device_report(m, f);
   qt_report_print(&res->report, f);
   fprintf(f, "inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s (%.2fx)\n",
           res->speed.batch, QT_INFER_ROUNDS, (long long)res->speed.images, res->speed.fp32_images_per_s,
@@ -239,7 +239,7 @@ int qt_quant_deploy(qt_graph *fp32, const qt_dataset *test, const qt_loader_conf
   /* From the file, as a deployment tool would. */
   qt_graph *qdq = qt_qdq_load(res->qdq_path, err);
   if (!qdq) return -1;
-  qt_lowered *m = qt_lower(qdq, err);
+  qt_device *m = qt_device_open(qdq, NULL, err);
   int rc = -1;
   if (!m) goto out;
   if (qt_report_run(fp32, qdq, m, test, ec, QT_PROBE_IMAGES, &res->report, err)) goto out;
@@ -258,7 +258,7 @@ int qt_quant_deploy(qt_graph *fp32, const qt_dataset *test, const qt_loader_conf
   res->deployed = 1;
   if (verbose) print_deploy(stderr, m, res);
 out:
-  qt_lowered_free(m);
+  qt_device_free(m);
   qt_graph_free(qdq);
   if (fp32) qt_graph_set_training(fp32, 1); /* as qt_evaluate leaves graphs */
   return rc;

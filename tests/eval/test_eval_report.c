@@ -60,7 +60,7 @@ typedef struct {
   qt_ctx *ctx;
   int32_t *labels;    /* label_from_model: written */
   int64_t seen, correct;
-  qt_lowered *m;      /* count_device */
+  qt_device *m;      /* count_device */
   qt_sqnr_sum input;  /* input_sqnr */
   const qt_node *q;
 } run_state;
@@ -100,7 +100,7 @@ static void count_device(void *state, const float *x, int n, const int32_t *labe
   run_state *s = state;
   char err[QT_ERR_LEN];
   float out[BATCH * 10];
-  QT_ASSERT(qt_lowered_run(s->m, out, x, n, err) == 0, "%s", err);
+  QT_ASSERT(qt_device_run(s->m, out, x, n, err) == 0, "%s", err);
   for (int i = 0; i < n; i++) s->correct += argmax(out + i * 10, 10) == labels[i];
   s->seen += n;
 }
@@ -171,7 +171,7 @@ static void check_folded_points(const qt_dataset *ds) {
   }
   qt_graph_set_training(g, 0);
   qt_graph *qdq = convert_w8a8(g, ds);
-  qt_lowered *m = qt_lower(qdq, err);
+  qt_device *m = qt_device_open(qdq, NULL, err);
   QT_ASSERT(m, "%s", err);
   qt_report r;
   qt_loader_config lc = loader_config();
@@ -190,7 +190,7 @@ static void check_folded_points(const qt_dataset *ds) {
     if (folded != 2) qt_test_fail("res_cnn: %d points named after a folded bn (block*.bn2), want 2", folded);
     QT_CHECK(r.fallback_partitions > 0 && r.lsb.max_lsb <= 2.0);
   }
-  qt_lowered_free(m);
+  qt_device_free(m);
   qt_graph_free(qdq);
   qt_graph_free(g);
 }
@@ -219,11 +219,25 @@ static void check_verdicts(void) {
   r.device_correct = 901;
   qt_report_verdict(&r, v, sizeof v);
   if (!strstr(v, "neither stage lost accuracy") || !strstr(v, "lost -0.10 points")) qt_test_fail("verdict (none): %s", v);
-  r.lsb.max_lsb = 7;
+  if (strstr(v, "lowering bug")) qt_test_fail("verdict (1 LSB, the rule passes): %s", v);
+  /* the device is judged by the agreement rule (within 1 output LSB, >= 99.9% identical top-1) */
+  qt_device_agreement_init(&r.agreement, 0.1f);
+  r.agreement.images = r.agreement.agree = 1000;
+  r.lsb.max_lsb = r.agreement.max_lsb = 7;
+  r.agreement.over_max_lsb = 3;
   qt_report_verdict(&r, v, sizeof v);
   if (!strstr(v, "7.0 output LSB") || !strstr(v, "lowering bug")) qt_test_fail("verdict (7 LSB): %s", v);
+  r.lsb.max_lsb = r.agreement.max_lsb = 2;
+  qt_report_verdict(&r, v, sizeof v);
+  if (!strstr(v, "2.0 output LSB") || !strstr(v, "lowering bug")) qt_test_fail("verdict (2 LSB): %s", v);
+  r.lsb.max_lsb = r.agreement.max_lsb = 1;
+  r.agreement.over_max_lsb = 0;
+  r.agreement.agree = 998;
+  qt_report_verdict(&r, v, sizeof v);
+  if (!strstr(v, "99.80%") || !strstr(v, "lowering bug")) qt_test_fail("verdict (99.8%% top-1): %s", v);
+  r.agreement.agree = 1000;
   r.has_fp32 = 0;
-  r.lsb.max_lsb = 0;
+  r.lsb.max_lsb = r.agreement.max_lsb = 0;
   qt_report_verdict(&r, v, sizeof v);
   if (!strstr(v, "not measured")) qt_test_fail("verdict (no fp32): %s", v);
   if (!isnan(qt_report_stage1_loss(&r))) qt_test_fail("stage 1 loss without an fp32 model is not NaN");
@@ -260,7 +274,7 @@ int main(void) {
   memcpy(ds.labels, labels, N_IMAGES * sizeof(int32_t));
   free(labels);
   qt_graph *qdq = convert_w8a8(fp32, &ds);
-  qt_lowered *m = qt_lower(qdq, err);
+  qt_device *m = qt_device_open(qdq, NULL, err);
   QT_ASSERT(m, "%s", err);
 
   qt_report r;
@@ -369,7 +383,7 @@ int main(void) {
   else QT_CHECK(sp.batch == 32 && sp.images == 64 && sp.fp32_images_per_s > 0 && sp.int8_images_per_s > 0);
 
   qt_ctx_free(s.ctx);
-  qt_lowered_free(m);
+  qt_device_free(m);
   qt_graph_free(qdq);
   qt_graph_free(fp32);
   check_folded_points(&ds);
