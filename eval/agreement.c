@@ -54,7 +54,8 @@ int qt_device_agreement_pass(const qt_device_agreement *a) {
 }
 
 const char *qt_device_agreement_rule(void) {
-  return "within 1 output LSB and identical top-1 on >= 99.9% of images (an fp32 output: identical top-1 alone)";
+  return "within 1 output LSB of the Q/DQ graph, with identical top-1 on >= 99.9% of images (an fp32 output: "
+         "identical top-1 alone)";
 }
 
 /* The test set's loader, in order and without augmentation, after checking the image shape. */

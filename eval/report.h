@@ -80,7 +80,8 @@ void qt_device_agreement_add(qt_device_agreement *a, const float *device, const 
 double qt_device_agreement_top1(const qt_device_agreement *a); /* identical top-1, fraction of images */
 /* The rule: 1 when the device agrees, 0 when it does not. */
 int qt_device_agreement_pass(const qt_device_agreement *a);
-/* The rule in words, for messages: "within 1 output LSB and identical top-1 on >= 99.9% of images". */
+/* The rule in words, for messages: "within 1 output LSB of the Q/DQ graph, with identical top-1 on
+ * >= 99.9% of images (...)". */
 const char *qt_device_agreement_rule(void);
 
 /* Runs the test set (ds in lc's batches, in order, no augmentation) through the device and,
