@@ -4,7 +4,8 @@
  * one interface, for the oneDNN device and the accelerator alike: reading the output value by
  * name equals running); qat_run --compare on a Q/DQ graph whose output is fp32 (the last layer
  * left in fp32: no final dequantize, so no output LSB) says what it compared and passes (exit
- * 0). The command-line parts are skipped when Fashion-MNIST is not installed. */
+ * 0); where a node runs (qt_device_node_on_backend) is asked the same way of the oneDNN device.
+ * The command-line parts are skipped when Fashion-MNIST is not installed. */
 #include <hdf5.h>
 #include <hdf5_hl.h>
 #include <stdio.h>
@@ -115,6 +116,15 @@ int main(void) {
   qt_graph_free(ga);
   qt_graph *g32 = converted("fc2=fp32", NULL);
   QT_CHECK(qt_output_lsb(g32) == 0.0f && qt_output_lsb(g) > 0.0f);
+  { /* where a node runs, asked the same way of every device: fc2 left in fp32 falls back */
+    qt_device *dev = qt_device_open(g32, NULL, err);
+    QT_ASSERT(dev, "%s", err);
+    const char *reason = NULL;
+    QT_CHECK(qt_device_node_on_backend(dev, "conv1", NULL) == 1);
+    QT_CHECK(qt_device_node_on_backend(dev, "fc2", &reason) == 0 && reason && reason[0]);
+    QT_CHECK(qt_device_node_on_backend(dev, "no_such_node", NULL) == -1);
+    qt_device_free(dev);
+  }
   QT_ASSERT(qt_qdq_save("outputs_fp32_output.h5", g32, err) == 0, "%s", err);
   qt_graph_free(g32);
 

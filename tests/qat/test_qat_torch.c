@@ -136,7 +136,8 @@ static qt_graph *prepare(qt_graph *g, int wbits, int abits, qt_prepare_mode mode
   char err[QT_ERR_LEN];
   qt_quantizer_config qc = qat_config(wbits, abits);
   qt_annotations a;
-  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) /* 8-bit weights use the full range [-128, 127], as the PyTorch qconfig */) {
+  /* VNNI: 8-bit weights use the full range [-128, 127], as the PyTorch qconfig */
+  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err)) {
     qt_test_fail("quantizer: %s", err);
     return NULL;
   }
