@@ -64,11 +64,13 @@ int64_t qt_device_output_numel(const qt_device *dev);
 void qt_device_input_shape(const qt_device *dev, int *h, int *w, int *c);
 
 /* Any value of the Q/DQ graph, by value name or node name (the node's output), as the device
- * computes it, dequantized to fp32: out (n, qt_device_value_numel). The value is read from a
- * second deployment of the same graph with that value as its output (every node deploys as in
- * the first; the last one read is kept, so reading one value over many batches deploys once).
- * qt_device_value_numel: elements per sample, or -1 for no such value. read_value returns 0, or
- * -1 with err (no such value; a quantize's output, which is integers: read its dequantize). */
+ * computes it, dequantized to fp32: out (n, qt_device_value_numel); a quantize's output is read
+ * through its dequantize (the same integers). The value is read from a second deployment of the
+ * same graph with that value as its output (the last one read is kept, so reading one value over
+ * many batches deploys once): every node before it deploys as in the first, except that a value
+ * the device never materializes (a conv's output inside a fused conv -> relu -> q kernel) makes
+ * its unit run differently to return it. qt_device_value_numel: elements per sample, or -1 for
+ * no such value. read_value returns 0, or -1 with err (no such value). */
 int64_t qt_device_value_numel(const qt_device *dev, const char *name);
 int qt_device_read_value(qt_device *dev, const char *name, float *out, const float *input, int n, char *err);
 

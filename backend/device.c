@@ -111,12 +111,20 @@ void qt_device_input_shape(const qt_device *dev, int *h, int *w, int *c) {
   *c = (int)v->shape[2];
 }
 
-/* The value named name (a value, else a node's output), or -1. */
+/* The value named name (a value, else a node's output), or -1. A quantize's output (integers)
+ * is read through its dequantize: the same integers, dequantized. */
 static int find_value(const qt_graph *g, const char *name) {
-  for (int v = 0; v < g->n_values; v++)
-    if (strcmp(g->values[v].name, name) == 0) return v;
-  const int i = qt_graph_find_node(g, name);
-  return i >= 0 ? g->nodes[i].output : -1;
+  int v = -1;
+  for (int k = 0; k < g->n_values && v < 0; k++)
+    if (strcmp(g->values[k].name, name) == 0) v = k;
+  if (v < 0) {
+    const int i = qt_graph_find_node(g, name);
+    v = i >= 0 ? g->nodes[i].output : -1;
+  }
+  if (v >= 0 && v != g->input && g->nodes[g->values[v].producer].op == QT_OP_QUANTIZE)
+    for (int i = 0; i < g->n_nodes; i++)
+      if (g->nodes[i].op == QT_OP_DEQUANTIZE && g->nodes[i].inputs[0] == v) return g->nodes[i].output;
+  return v;
 }
 
 int64_t qt_device_value_numel(const qt_device *dev, const char *name) {
