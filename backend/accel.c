@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
+#include "backend/runtimes.h"
 #include "config/config.h"
 
 /* ---- the description file ---------------------------------------------------------------- */

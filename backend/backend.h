@@ -1,6 +1,8 @@
-/* Deployment backend (DESIGN 1, "lower"): turns a Q/DQ graph (docs/qdq_format.md, from
- * qt_convert or qt_qdq_load) into a lowered model that runs int8 oneDNN kernels where a
- * pattern matches and fp32 fallback partitions elsewhere, and runs it on batches.
+/* Deployment backends (DESIGN 1, "lower"): a device (qt_device, below) deploys a Q/DQ graph
+ * (docs/qdq_format.md, from qt_convert or qt_qdq_load) on a backend and runs it on batches.
+ * The built-in backend, onednn_cpu, lowers it to int8 oneDNN kernels where a pattern matches
+ * and fp32 fallback partitions elsewhere (backend/lower.c); an accelerator described by a file
+ * is simulated (backend/accel.c, described below).
  *
  * Lowered patterns (u8 affine activations, s8 per-channel symmetric weights):
  *   dq -> conv2d [-> relu] -> q     one oneDNN int8 convolution (runtime zero points, fused
@@ -29,46 +31,72 @@
 #include "nn/nn.h"
 #include "qat/qat.h" /* qt_backend_desc */
 
-typedef struct qt_lowered qt_lowered; /* opaque */
+/* ==== the device: one handle for every backend ================================================ */
+/* A device is a backend (its description, qat.h) plus a deployed model: a Q/DQ graph lowered to
+ * oneDNN int8 kernels with fp32 fallbacks (the built-in onednn_cpu backend), or partitioned
+ * between an accelerator simulated in its integer arithmetic and the CPU (a description loaded
+ * from a file). Callers hold a qt_device and never ask which kind it is. */
+typedef struct qt_device qt_device; /* opaque */
 
 typedef enum {
-  QT_PART_INT8,     /* one int8 kernel (or a u8 view) */
-  QT_PART_FALLBACK, /* dq -> fp32 op -> q on the CPU */
-  QT_PART_BOUNDARY, /* a quantize of an fp32 value or a dequantize materializing fp32 */
+  QT_PART_INT8,     /* on the backend's integer kernels (oneDNN int8, or the accelerator) */
+  QT_PART_FALLBACK, /* on the CPU in fp32 (dq -> fp32 op -> q), with its reason */
+  QT_PART_BOUNDARY, /* a quantize of an fp32 value or a dequantize materializing fp32 (a transfer) */
   QT_PART_COUNT
 } qt_partition_kind;
 const char *qt_partition_kind_name(qt_partition_kind k);
 
-/* Lowers a finalized Q/DQ graph. Everything needed is copied: g may be freed afterwards.
- * NULL with err set for a graph that is not a Q/DQ graph (fake_quant / conv_bn nodes or
- * weights without integers: a prepared graph, convert it first). */
-qt_lowered *qt_lower(const qt_graph *g, char *err);
-void qt_lowered_free(qt_lowered *m);
+/* Deploys the finalized Q/DQ graph g (qt_convert / qt_qdq_load) on the backend d (NULL: onednn_cpu
+ * with the ISA read from oneDNN). g must outlive the device and stay unchanged. NULL with err for
+ * a graph that is not a Q/DQ graph (fake_quant / conv_bn nodes or weights without integers: a
+ * prepared graph, convert it first) or whose output is integers. */
+qt_device *qt_device_open(const qt_graph *g, const qt_backend_desc *d, char *err);
+void qt_device_free(qt_device *dev);
+/* The backend's description and the graph the device runs. */
+const qt_backend_desc *qt_device_desc(const qt_device *dev);
+const qt_graph *qt_device_graph(const qt_device *dev);
 
-/* Runs the model on input (n, H, W, C) fp32 NHWC; writes out (n, qt_lowered_output_numel)
- * fp32: the graph output as the Q/DQ graph defines it (the dequantized integers when the
- * output is a dq). Returns 0, or -1 with err set (shape mismatch). */
-int qt_lowered_run(qt_lowered *m, float *out, const float *input, int n, char *err);
-int64_t qt_lowered_output_numel(const qt_lowered *m);
-void qt_lowered_input_shape(const qt_lowered *m, int *h, int *w, int *c);
+/* Runs the model on input (n, H, W, C) fp32 NHWC; writes out (n, qt_device_output_numel) fp32:
+ * the graph output as the Q/DQ graph defines it (the dequantized integers when the output is a
+ * dq). Returns 0, or -1 with err set. */
+int qt_device_run(qt_device *dev, float *out, const float *input, int n, char *err);
+int64_t qt_device_output_numel(const qt_device *dev);
+void qt_device_input_shape(const qt_device *dev, int *h, int *w, int *c);
+
+/* Any value of the Q/DQ graph, by value name or node name (the node's output), as the device
+ * computes it, dequantized to fp32: out (n, qt_device_value_numel); a quantize's output is read
+ * through its dequantize (the same integers). The value is read from a second deployment of the
+ * same graph with that value as its output (the last one read is kept, so reading one value over
+ * many batches deploys once): every node before it deploys as in the first, except that a value
+ * the device never materializes (a conv's output inside a fused conv -> relu -> q kernel) makes
+ * its unit run differently to return it. qt_device_value_numel: elements per sample, or -1 for
+ * no such value. read_value returns 0, or -1 with err (no such value). */
+int64_t qt_device_value_numel(const qt_device *dev, const char *name);
+int qt_device_read_value(qt_device *dev, const char *name, float *out, const float *input, int n, char *err);
 
 /* Partitions in execution order: kind, the Q/DQ graph nodes covered ("a -> b -> c") and a
- * detail (the kernel, or for a fallback the reason). */
-int qt_lowered_partition_count(const qt_lowered *m);
-qt_partition_kind qt_lowered_partition(const qt_lowered *m, int i, const char **nodes, const char **detail);
-/* Number of partitions of a kind. */
-int qt_lowered_count(const qt_lowered *m, qt_partition_kind k);
-/* The report: a header line, then one line per partition. */
-void qt_lowered_report(const qt_lowered *m, FILE *f);
+ * detail (the kernels; for a fallback the reason). */
+int qt_device_partition_count(const qt_device *dev);
+qt_partition_kind qt_device_partition(const qt_device *dev, int i, const char **nodes, const char **detail);
+int qt_device_count(const qt_device *dev, qt_partition_kind k);
+/* Where node `name` runs: 1 on the backend's integer kernels, 0 on the CPU in fp32 (reason set,
+ * "" when none is known), -1 no such node. */
+int qt_device_node_on_backend(const qt_device *dev, const char *name, const char **reason);
+/* The partition report: a header line, then one line (or more) per partition. */
+void qt_device_report(const qt_device *dev, FILE *f);
 
 /* ==== backend descriptions and the check pass (backend/check.c) ============================== */
 /* qt_backend_desc (qat/qat.h) says what a backend's integer kernels accept. */
 
 typedef enum { QT_ISA_AUTO, QT_ISA_VNNI, QT_ISA_NO_VNNI } qt_isa_choice;
+/* Whether oneDNN's effective ISA on this CPU has VNNI (u8 x s8 dot products without 16-bit
+ * saturation). */
+int qt_cpu_has_vnni(void);
 
 /* The built-in backend above: oneDNN int8 on this CPU. Ops it lowers to integers (conv2d,
  * linear, relu, max_pool2d, flatten, add), 2..8-bit signed symmetric weights (per channel or per
- * tensor), 2..8-bit unsigned per-tensor activations, any scale. isa: AUTO reads oneDNN's
+ * tensor), 2..8-bit unsigned per-tensor activations, any scale; average pools quantized at
+ * their boundaries (fp32 fallbacks); without VNNI, 8-bit weights given 7 bits. isa: AUTO reads oneDNN's
  * effective ISA (dnnl_get_effective_cpu_isa); VNNI / NO_VNNI force it (DESIGN 4 describes an
  * AVX2 machine without VNNI, where u8 x s8 pairs saturate a 16-bit sum). */
 void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa);
@@ -136,7 +164,7 @@ void qt_backend_check_result_free(qt_backend_check_result *r);
 /* Violations one per line ("node: [kind] reason"), then notes, then a verdict line. */
 void qt_backend_check_print(const qt_backend_check_result *r, FILE *f);
 
-/* ==== the accelerator runtime (backend/accel.c) =============================================== */
+/* ==== the accelerator runtime (backend/accel.c, behind qt_device) ==================== */
 /* Partitions a Q/DQ graph between an accelerator (per its description) and the CPU, and runs
  * it: accelerator partitions are simulated in integer arithmetic as the device would compute
  * them (int8 tensors, int32 accumulators, the bias in accumulator units, power-of-two
@@ -147,26 +175,5 @@ void qt_backend_check_print(const qt_backend_check_result *r, FILE *f);
  *   relu, max_pool2d, flatten on its int8 tensors (same qparams)
  * when the op is listed, every record involved is acceptable (qt_backend_record_problem) and
  * the layer fits max_channels; every other node runs on the CPU, with its reason. */
-typedef struct qt_accel qt_accel; /* opaque */
-
-/* g must outlive the model and stay unchanged (its parameters are read at run time).
- * NULL with err for a graph that is not a finalized Q/DQ graph. */
-qt_accel *qt_accel_partition(const qt_graph *g, const qt_backend_desc *d, char *err);
-void qt_accel_free(qt_accel *a);
-/* Runs on input (n, H, W, C) fp32 NHWC; out (n, qt_accel_output_numel) fp32. */
-int qt_accel_run(qt_accel *a, float *out, const float *input, int n, char *err);
-int64_t qt_accel_output_numel(const qt_accel *a);
-
-/* Partitions in execution order: QT_PART_INT8 = on the accelerator (detail: its kernels, one
- * per line), QT_PART_FALLBACK = on the CPU (detail: "node: reason", one per line),
- * QT_PART_BOUNDARY = a transfer (quantize on the way in, dequantize on the way out). Nodes are
- * listed "a -> b -> c" in execution order. */
-int qt_accel_partition_count(const qt_accel *a);
-qt_partition_kind qt_accel_partition_get(const qt_accel *a, int i, const char **nodes, const char **detail);
-int qt_accel_count(const qt_accel *a, qt_partition_kind k);
-/* Where node `name` runs: 1 accelerator, 0 CPU (reason set), -1 no such node. */
-int qt_accel_node_on_accel(const qt_accel *a, const char *name, const char **reason);
-/* The report: a header line, then one line per partition. */
-void qt_accel_report(const qt_accel *a, FILE *f);
 
 #endif

@@ -37,9 +37,16 @@ static const char *isa_name(dnnl_cpu_isa_t isa) {
   }
 }
 
+int qt_cpu_has_vnni(void) {
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  return (isa & dnnl_cpu_isa_avx512_core_vnni) == dnnl_cpu_isa_avx512_core_vnni ||
+         (isa & dnnl_cpu_isa_avx2_vnni) == dnnl_cpu_isa_avx2_vnni;
+}
+
 void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "onednn_cpu");
+  d->onednn_runtime = 1;
   const qt_op ops[] = {QT_OP_CONV2D, QT_OP_LINEAR, QT_OP_RELU, QT_OP_MAX_POOL2D, QT_OP_FLATTEN, QT_OP_ADD};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 */
@@ -49,6 +56,10 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
   d->activation_per_tensor_only = 1;           /* one runtime zero point per tensor */
   const int vnni = isa == QT_ISA_AUTO ? qt_cpu_has_vnni() : isa == QT_ISA_VNNI;
   d->pair_sum_int16 = !vnni;
+  d->weight_8bit_as_7bit = !vnni;              /* the Quantizer's answer to pair_sum_int16 (DESIGN 4) */
+  /* average pools have no int8 kernel here; their inputs and outputs stay quantized, so they
+   * run as dq -> fp32 -> q fallback partitions between int8 kernels */
+  d->fallback_quantized[QT_OP_AVG_POOL2D] = d->fallback_quantized[QT_OP_GLOBAL_AVG_POOL] = 1;
   if (isa == QT_ISA_AUTO)
     snprintf(d->isa, sizeof d->isa, "%s", isa_name(dnnl_get_effective_cpu_isa()));
   else

@@ -9,7 +9,7 @@
  * int8 kernels chain over u8 NHWC tensors; a residual add of two u8 tensors requantizes
  * straight to u8 (lower_add_u8). Each runtime buffer ("slot") is allocated from the
  * context's arena at every run. */
-#include "backend/backend.h"
+#include "backend/runtimes.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -1,6 +1,6 @@
 /* bench_int8 [MODEL_QDQ.h5] [--batch N] [--seconds S] [--rounds R]: FashionCNN inference images/s at batch
  * 256 (default) for the framework's fp32 graph executor, the Q/DQ reference interpreter and
- * the lowered int8 model (qt_lower). Without a file, the Q/DQ graph is made here: FashionCNN
+ * the int8 device (qt_device_open). Without a file, the Q/DQ graph is made here: FashionCNN
  * with PyTorch's initialization -> onednn Quantizer (W8A8) -> PTQ prepare -> calibration on
  * random batches -> convert. Inputs are random (speed does not depend on the values).
  * Prints one line per engine and the int8 / fp32 speed-up. */
@@ -26,7 +26,9 @@ static qt_graph *make_qdq(char *err) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  if (qt_quantizer_onednn(g, &qc, &a, err)) return NULL;
+  qt_backend_desc d;
+  qt_backend_desc_onednn_cpu(&d, QT_ISA_AUTO);
+  if (qt_quantizer(g, &d, &qc, &a, err)) return NULL;
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   qt_annotations_free(&a);
   qt_graph_free(g);
@@ -34,7 +36,7 @@ static qt_graph *make_qdq(char *err) {
   qt_ctx *ctx = qt_ctx_create();
   float *x = malloc(sizeof(float) * 64 * 784);
   const int64_t shape[4] = {64, 28, 28, 1};
-  qt_graph_set_training(p, 1); /* observers on, BN already folded by PTQ prepare */
+  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
   for (int s = 0; s < 4; s++) {
     fill(x, 64 * 784, 100 + (uint64_t)s);
     qt_ctx_reset(ctx);
@@ -43,7 +45,8 @@ static qt_graph *make_qdq(char *err) {
       return NULL;
     }
   }
-  qt_graph_set_training(p, 0);
+  qt_set_observers(p, 0);
+  qt_graph_set_mode(p, QT_MODE_EVAL);
   free(x);
   qt_ctx_free(ctx);
   qt_graph *c = qt_convert(p, err);
@@ -84,14 +87,14 @@ static int run_graph(void *state, const float *x, int n) {
 }
 
 typedef struct {
-  qt_lowered *m;
+  qt_device *m;
   float *out;
 } lowered_state;
 
 static int run_lowered(void *state, const float *x, int n) {
   lowered_state *s = state;
   char err[QT_ERR_LEN];
-  if (qt_lowered_run(s->m, s->out, x, n, err)) {
+  if (qt_device_run(s->m, s->out, x, n, err)) {
     fprintf(stderr, "bench_int8: %s\n", err);
     return -1;
   }
@@ -123,9 +126,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   qt_graph_init_params(fp32, 1);
-  qt_graph_set_training(fp32, 0);
-  qt_graph_set_training(qdq, 0);
-  qt_lowered *m = qt_lower(qdq, err);
+  qt_graph_set_mode(fp32, QT_MODE_EVAL);
+  qt_graph_set_mode(qdq, QT_MODE_EVAL);
+  qt_device *m = qt_device_open(qdq, NULL, err);
   if (!m) {
     fprintf(stderr, "bench_int8: %s\n", err);
     return 2;
@@ -133,7 +136,7 @@ int main(int argc, char **argv) {
   float *x = malloc(sizeof(float) * (size_t)batch * 784);
   fill(x, (int64_t)batch * 784, 7);
   graph_state gf = {fp32, qt_ctx_create()}, gq = {qdq, qt_ctx_create()};
-  lowered_state ls = {m, malloc(sizeof(float) * (size_t)batch * (size_t)qt_lowered_output_numel(m))};
+  lowered_state ls = {m, malloc(sizeof(float) * (size_t)batch * (size_t)qt_device_output_numel(m))};
   printf("bench_int8: FashionCNN %s, batch %d, %.1f s per engine in %d rounds\n",
          path ? path : "(converted here, W8A8 PTQ)", batch, seconds, rounds);
   /* Engines alternate over `rounds` rounds and each keeps its best round: on a shared
@@ -152,13 +155,13 @@ int main(int argc, char **argv) {
   printf("  fp32 graph executor      %8.0f images/s (best round)\n", f);
   printf("  Q/DQ reference graph     %8.0f images/s\n", q);
   printf("  int8 lowered             %8.0f images/s (%d int8, %d fallback partitions)\n", i8,
-         qt_lowered_count(m, QT_PART_INT8), qt_lowered_count(m, QT_PART_FALLBACK));
+         qt_device_count(m, QT_PART_INT8), qt_device_count(m, QT_PART_FALLBACK));
   printf("  int8 / fp32 speed-up     %8.2fx\n", i8 / f);
   free(x);
   free(ls.out);
   qt_ctx_free(gf.ctx);
   qt_ctx_free(gq.ctx);
-  qt_lowered_free(m);
+  qt_device_free(m);
   qt_graph_free(fp32);
   qt_graph_free(qdq);
   return f > 0 && q > 0 && i8 > 0 ? 0 : 1;

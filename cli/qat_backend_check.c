@@ -2,30 +2,17 @@
  *                   [--partition] [--run] [--config CFG.ini] [--images N] [--batch N]
  * qat_backend_check --quantize CFG.ini OUT_QDQ.h5 --backend DESC.ini [...the options above]
  *
- * The backend check pass as a command: reads the Q/DQ graph file and lists every violation of
- * the backend's constraints (ops, bit widths, sign, symmetry, per-channel, power-of-two scales,
- * channels, and on x86 without VNNI the u8 x s8 pair sums that saturate int16), each with its
- * node and reason. The backend is the built-in onednn_cpu (its ISA from oneDNN, or forced with
- * --isa) or an accelerator described by an INI file (experiments/accel_fictional.ini).
- * --partition prints which parts run on the backend and which fall back to the CPU, with
- * reasons; --run also runs the partitioned model on the config's test set (default:
- * Fashion-MNIST) against the Q/DQ reference: accuracy, largest output difference in LSB, top-1
- * agreement. --quantize first makes OUT_QDQ.h5 from a qat_train config: the fp32 checkpoint it
- * names (quant.fp32_checkpoint), quantized with the Quantizer derived from the backend
- * description (quant.weight_bits, activation_bits, observers, layer_overrides), PTQ-calibrated
- * on quant.calibration_batches training batches, converted and saved.
- * Exit 0: no violations (or --warn) and, with --run, within 2 LSB and >= 99% identical top-1;
- * 1: violations, or --run outside those bounds; 2: bad input. */
-#include <errno.h>
-#include <math.h>
+ * The backend check pass (backend.h) as a command: every violation of the backend's constraints in
+ * the Q/DQ graph file, with node and reason, for onednn_cpu (ISA from oneDNN, or --isa) or an
+ * accelerator described by an INI file. --partition deploys it (qt_device) and prints the
+ * partitions; --run compares the device with the Q/DQ reference on the config's test set (the one
+ * agreement rule, eval/report.h). --quantize first makes OUT_QDQ.h5 with the pipeline's PTQ
+ * stages (train/pipeline.h) and the backend's Quantizer, from CFG.ini's fp32 checkpoint.
+ * Exit 0: no violations (or --warn) and, with --run, the device passes the rule; 1: violations,
+ * or --run failing the rule; 2: bad input. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-#include "backend/backend.h"
-#include "qat/qat.h"
-#include "config/config.h"
 #include "train/pipeline.h"
 
 static int usage(void) {
@@ -36,203 +23,109 @@ static int usage(void) {
   return 2;
 }
 
-/* PTQ with the Quantizer derived from the description at desc_path: the pipeline's PTQ stages
- * on the options of cfg_path (its model, fp32 checkpoint, bit widths, observers, overrides,
- * calibration batches and data). */
-static int quantize(const char *cfg_path, const char *desc_path, const char *out_path, qt_options *o, char *err) {
-  char backend[QT_OPT_STR + 16];
-  snprintf(backend, sizeof backend, "quant.backend=%s", desc_path);
-  char *overrides[] = {"quant.mode=ptq", "quant.quantizer=backend", backend};
-  if (qt_options_load(cfg_path, overrides, 3, o, err)) return -1;
+/* The device against the Q/DQ reference on the config's test set, judged by the one agreement
+ * rule. Returns 0 pass, 1 fail, 2 on error. */
+static int run_compare(qt_device *dev, qt_graph *g, const char *cfg_path, int images, int batch, char *err) {
+  static qt_options o;
   qt_status st = {0};
-  int rc = qt_stage_ptq_to_file(o, out_path, stdout, &st);
-  if (rc) snprintf(err, QT_ERR_LEN, "%s", st.msg);
-  return rc;
-}
-
-/* The partitioned model (accelerator or lowered oneDNN) against the Q/DQ reference on the
- * test set. Returns 0 within bounds, 1 outside, 2 on error. */
-static int run_compare(qt_graph *g, qt_accel *acc, qt_lowered *low, const qt_options *opts, int images, int batch,
-                       char *err) {
+  qt_dataset test = {0};
+  qt_device_agreement a;
+  qt_loader_config lc;
   int status = 2;
-  qt_dataset train, test;
-  memset(&train, 0, sizeof train);
-  memset(&test, 0, sizeof test);
-  qt_loader *l = NULL;
-  qt_ctx *ctx = qt_ctx_create();
-  float *out = NULL;
-  qt_status st = {0};
-  if (qt_stage_load_data(&opts->data, QT_SPLIT_TEST, &train, &test, &st)) {
+  if (qt_stage_test_data(cfg_path, images, batch, &o, &test, &lc, &st) ||
+      qt_device_compare(dev, g, &test, &lc, &a, st.msg)) {
     snprintf(err, QT_ERR_LEN, "%s", st.msg);
     goto done;
   }
-  if (images > 0) qt_dataset_limit(&test, images);
-  const qt_value *in = &g->values[g->input];
-  if (test.h != in->shape[0] || test.w != in->shape[1] || test.c != in->shape[2]) {
-    snprintf(err, QT_ERR_LEN, "model %s wants %lldx%lldx%lld images, the test set holds %dx%dx%d", g->name,
-             (long long)in->shape[0], (long long)in->shape[1], (long long)in->shape[2], test.h, test.w, test.c);
-    goto done;
-  }
-  const int64_t classes = acc ? qt_accel_output_numel(acc) : qt_lowered_output_numel(low);
-  qt_loader_config lc = qt_stage_loader_config(opts, QT_LOADER_EVAL);
-  lc.batch_size = batch;
-  l = qt_loader_create(&test, &lc, err);
-  out = malloc((size_t)batch * (size_t)classes * sizeof(float));
-  if (!l || !out) goto done;
-  const qt_node *on = &g->nodes[g->values[g->output].producer];
-  const float lsb = on->op == QT_OP_DEQUANTIZE && on->q->channels == 1 ? on->q->scale[0] : 0;
-  qt_graph_set_training(g, 0);
-  qt_loader_start_epoch(l, 0);
-  int64_t seen = 0, correct = 0, ref_correct = 0, agree = 0, differ = 0;
-  double max_diff = 0;
-  const float *x;
-  const int32_t *labels;
-  int n;
-  while ((n = qt_loader_next(l, &x, &labels)) > 0) {
-    if (acc ? qt_accel_run(acc, out, x, n, err) : qt_lowered_run(low, out, x, n, err)) goto done;
-    qt_ctx_reset(ctx);
-    const int64_t shape[4] = {n, test.h, test.w, test.c};
-    qt_tensor *y = qt_graph_forward(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x));
-    if (!y) {
-      snprintf(err, QT_ERR_LEN, "Q/DQ reference: %s", g->error);
-      goto done;
-    }
-    for (int i = 0; i < n; i++) {
-      const float *o = out + (int64_t)i * classes, *r = qt_f32(y) + (int64_t)i * classes;
-      const int p = (int)qt_argmax(o, (int)classes), pr = (int)qt_argmax(r, (int)classes);
-      correct += p == labels[i];
-      ref_correct += pr == labels[i];
-      agree += p == pr;
-      for (int k = 0; k < classes; k++) {
-        double dd = fabs((double)o[k] - (double)r[k]) / (lsb > 0 ? lsb : 1.0);
-        differ += dd > 0;
-        if (dd > max_diff) max_diff = dd;
-      }
-    }
-    seen += n;
-  }
-  const double agreement = seen ? (double)agree / (double)seen : 1.0;
   printf("run: %lld test images: device top-1 %.2f%%, Q/DQ reference top-1 %.2f%%; outputs: max difference %.3g %s, "
-         "%lld of %lld differ; identical top-1 on %.2f%%\n",
-         (long long)seen, seen ? 100.0 * (double)correct / (double)seen : 0.0,
-         seen ? 100.0 * (double)ref_correct / (double)seen : 0.0, max_diff, lsb > 0 ? "LSB" : "(absolute)",
-         (long long)differ, (long long)(seen * classes), 100.0 * agreement);
-  status = (lsb > 0 && max_diff > 2.0001) || agreement < 0.99 ? 1 : 0;
-  if (status) printf("run: FAIL: the device must stay within 2 output LSB and agree on >= 99%% of images\n");
+         "%lld of %lld differ; identical top-1 on %.2f%%\n", (long long)a.images,
+         100.0 * (double)a.device_correct / (double)a.images, 100.0 * (double)a.qdq_correct / (double)a.images,
+         a.output_scale > 0 ? a.max_lsb : a.max_abs_diff, a.output_scale > 0 ? "LSB" : "(absolute; fp32 output)",
+         (long long)a.differ, (long long)a.outputs, 100.0 * qt_device_agreement_top1(&a));
+  status = !qt_device_agreement_pass(&a);
+  if (status) printf("run: FAIL: the device must stay %s\n", qt_device_agreement_rule());
 done:
-  free(out);
-  qt_ctx_free(ctx);
-  qt_loader_free(l);
-  qt_dataset_free(&train);
   qt_dataset_free(&test);
   return status;
 }
 
+/* --quantize: PTQ of CFG.ini's fp32 checkpoint with the backend's Quantizer (the pipeline's
+ * stages), written to out_path. */
+static int quantize(const char *cfg_path, const char *backend, const char *isa, const char *out_path, char *err) {
+  char b[QT_OPT_STR + 32], i[64];
+  const int onednn = strcmp(backend, "onednn_cpu") == 0;
+  snprintf(b, sizeof b, onednn ? "quant.quantizer=onednn" : "quant.backend=%s", backend);
+  snprintf(i, sizeof i, "quant.isa=%s", isa);
+  char *overrides[] = {"quant.mode=ptq", onednn ? i : "quant.quantizer=backend", b};
+  static qt_options o;
+  qt_status st = {0};
+  if (qt_options_load(cfg_path, overrides, 3, &o, err)) return -1;
+  if (!qt_stage_ptq_to_file(&o, out_path, stdout, &st)) return 0;
+  return qt_err(err, "%s", st.msg);
+}
+
 int main(int argc, char **argv) {
-  const char *model_path = NULL, *backend = "onednn_cpu", *config_path = NULL, *quant_config = NULL;
-  qt_isa_choice isa = QT_ISA_AUTO;
+  const char *model_path = NULL, *backend = "onednn_cpu", *config_path = NULL, *quant_config = NULL, *isa_arg = "auto";
   int warn = 0, partition = 0, run = 0, images = 0, batch = 256;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
-      backend = argv[++i];
-    } else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
-      const char *v = argv[++i];
-      if (strcmp(v, "auto") == 0) isa = QT_ISA_AUTO;
-      else if (strcmp(v, "vnni") == 0) isa = QT_ISA_VNNI;
-      else if (strcmp(v, "no_vnni") == 0) isa = QT_ISA_NO_VNNI;
-      else {
-        fprintf(stderr, "qat_backend_check: --isa expects auto, vnni or no_vnni, found '%s'\n", v);
-        return 2;
-      }
-    } else if (strcmp(argv[i], "--warn") == 0) {
-      warn = 1;
-    } else if (strcmp(argv[i], "--partition") == 0) {
-      partition = 1;
-    } else if (strcmp(argv[i], "--run") == 0) {
-      run = partition = 1;
-    } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
-      config_path = argv[++i];
-    } else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
+    if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
+    else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) isa_arg = argv[++i];
+    else if (strcmp(argv[i], "--warn") == 0) warn = 1;
+    else if (strcmp(argv[i], "--partition") == 0) partition = 1;
+    else if (strcmp(argv[i], "--run") == 0) run = partition = 1;
+    else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) config_path = argv[++i];
+    else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
       if (qt_cli_parse_int("qat_backend_check", "--images", argv[++i], 1, 1000000000, &images)) return 2;
     } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
       if (qt_cli_parse_int("qat_backend_check", "--batch", argv[++i], 1, 65536, &batch)) return 2;
     } else if (strcmp(argv[i], "--quantize") == 0 && i + 2 < argc) {
       quant_config = argv[++i];
       model_path = argv[++i];
-    } else if (argv[i][0] != '-' && !model_path) {
-      model_path = argv[i];
-    } else {
-      return usage();
-    }
+    } else if (argv[i][0] != '-' && !model_path) model_path = argv[i];
+    else return usage();
   }
   if (!model_path) return usage();
-  char err[QT_ERR_LEN];
-  qt_backend_desc d;
-  const int is_onednn = strcmp(backend, "onednn_cpu") == 0;
-  if (is_onednn) {
-    qt_backend_desc_onednn_cpu(&d, isa);
-  } else {
-    if (isa != QT_ISA_AUTO) {
-      fprintf(stderr, "qat_backend_check: --isa applies to the onednn_cpu backend, not to %s\n", backend);
-      return 2;
-    }
-    if (qt_backend_desc_load(&d, backend, err)) {
-      fprintf(stderr, "qat_backend_check: %s\n", err);
-      return 2;
-    }
-  }
-  static qt_options o;
-  if (quant_config && config_path) {
-    fprintf(stderr, "qat_backend_check: --quantize takes its data from CFG.ini; drop --config\n");
-    return 2;
-  }
-  if (quant_config && quantize(quant_config, backend, model_path, &o, err)) {
-    fprintf(stderr, "qat_backend_check: --quantize %s: %s\n", quant_config, err);
-    return 2;
-  }
-  if (!quant_config && qt_options_load(config_path, NULL, 0, &o, err)) {
-    fprintf(stderr, "qat_backend_check: %s\n", err);
-    return 2;
-  }
-  qt_graph *g = qt_qdq_load(model_path, err);
-  if (!g) {
-    fprintf(stderr, "qat_backend_check: %s\n", err);
-    return 2;
-  }
+  const qt_isa_choice isa = strcmp(isa_arg, "vnni") == 0      ? QT_ISA_VNNI
+                            : strcmp(isa_arg, "no_vnni") == 0 ? QT_ISA_NO_VNNI
+                                                              : QT_ISA_AUTO;
+  char err[QT_ERR_LEN], why[QT_ERR_LEN];
   int status = 2;
-  qt_accel *acc = NULL;
-  qt_lowered *low = NULL;
-  qt_backend_check_result r;
-  memset(&r, 0, sizeof r);
-  if (qt_backend_check(g, &d, &r, err)) goto fail;
+  qt_backend_desc d;
+  qt_graph *g = NULL;
+  qt_device *dev = NULL;
+  qt_backend_check_result r = {0};
+  /* `cond && qt_err(...)`: qt_err sets the message and returns -1 (true) */
+  if (isa == QT_ISA_AUTO && strcmp(isa_arg, "auto") != 0 &&
+      qt_err(err, "--isa expects auto, vnni or no_vnni, found '%s'", isa_arg))
+    goto fail;
+  if (strcmp(backend, "onednn_cpu") == 0) qt_backend_desc_onednn_cpu(&d, isa);
+  else if ((strcmp(isa_arg, "auto") != 0 &&
+            qt_err(err, "--isa applies to the onednn_cpu backend, not to %s", backend)) ||
+           qt_backend_desc_load(&d, backend, err))
+    goto fail;
+  if (quant_config && config_path && qt_err(err, "--quantize takes its data from CFG.ini; drop --config")) goto fail;
+  if (quant_config && quantize(quant_config, backend, isa_arg, model_path, why) &&
+      qt_err(err, "--quantize %s: %s", quant_config, why))
+    goto fail;
+  if (!(g = qt_qdq_load(model_path, err)) || qt_backend_check(g, &d, &r, err)) goto fail;
   qt_backend_desc_print(&d, stdout);
   qt_backend_check_print(&r, stdout);
   status = r.n && !warn ? 1 : 0;
   if (r.n && warn) printf("(--warn: violations reported as warnings)\n");
   if (partition) {
-    if (is_onednn) {
-      low = qt_lower(g, err);
-      if (!low) goto fail;
-      qt_lowered_report(low, stdout);
-    } else {
-      acc = qt_accel_partition(g, &d, err);
-      if (!acc) goto fail;
-      qt_accel_report(acc, stdout);
-    }
+    if (!(dev = qt_device_open(g, &d, err))) goto fail;
+    qt_device_report(dev, stdout);
   }
-  if (run) {
-    int rs = run_compare(g, acc, low, &o, images, batch, err);
-    if (rs == 2) goto fail;
-    if (rs) status = 1;
-  }
+  const int rs = run ? run_compare(dev, g, quant_config ? quant_config : config_path, images, batch, err) : 0;
+  if (rs == 2) goto fail;
+  status = rs ? 1 : status;
   goto done;
 fail:
   fprintf(stderr, "qat_backend_check: %s\n", err);
   status = 2;
 done:
   qt_backend_check_result_free(&r);
-  qt_accel_free(acc);
-  qt_lowered_free(low);
+  qt_device_free(dev);
   qt_graph_free(g);
   return status;
 }

@@ -8,32 +8,35 @@
  * int8 inference images/s at batch 256. --images N: the first N test images; --batch N: the
  * report's batch size (default 256; timing always uses 256); --probe-images N: the device is
  * read inside the graph on the first N images (default 1024; 0: only at the output);
- * --no-timing: skip the speed measurement; --timing-rounds R: best of R rounds (default 3).
+ * --no-timing: skip the speed measurement; --timing-rounds R: best of R rounds (default 3);
+ * --write-outputs OUT.h5 [--values NAME,...]: also writes the device's logits, the labels and the
+ * named intermediate values (qt_device_write_outputs) to an HDF5 file.
  * Exit 0: reported; 1: a failure while running; 2: bad input (unreadable model or checkpoint,
  * bad option, missing data). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "eval/report.h"
-#include "qat/qat.h"
-#include "config/config.h"
 #include "train/pipeline.h"
 
 static int usage(void) {
   fprintf(stderr, "usage: qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME]] [--config CFG.ini] "
-                  "[--images N] [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R]\n");
+                  "[--images N] [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R] "
+                  "[--write-outputs OUT.h5 [--values NAME,NAME...]]\n");
   return 2;
 }
 
 int main(int argc, char **argv) {
   if (argc < 2 || argv[1][0] == '-') return usage();
-  const char *qdq_path = argv[1], *fp32_path = NULL, *model_name = NULL, *config_path = NULL;
+  const char *qdq_path = argv[1], *fp32_path = NULL, *model_name = NULL, *config_path = NULL, *outputs_path = NULL;
+  char values_arg[4096] = "";
   int images = 0, batch = 256, probe = 1024, timing = 1, rounds = 3;
   for (int i = 2; i < argc; i++) {
     if (strcmp(argv[i], "--fp32") == 0 && i + 1 < argc) fp32_path = argv[++i];
     else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) model_name = argv[++i];
     else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) config_path = argv[++i];
+    else if (strcmp(argv[i], "--write-outputs") == 0 && i + 1 < argc) outputs_path = argv[++i];
+    else if (strcmp(argv[i], "--values") == 0 && i + 1 < argc) snprintf(values_arg, sizeof values_arg, "%s", argv[++i]);
     else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
       if (qt_cli_parse_int("qat_report", "--images", argv[++i], 1, 1000000000, &images)) return 2;
     } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
@@ -49,38 +52,37 @@ int main(int argc, char **argv) {
     fprintf(stderr, "qat_report: --model names the architecture of the --fp32 checkpoint; give --fp32 too\n");
     return 2;
   }
-  char err[QT_ERR_LEN];
-  int status = 2;
-  qt_graph *qdq = NULL, *fp32 = NULL;
-  qt_lowered *m = NULL;
+  if (values_arg[0] && !outputs_path) {
+    fprintf(stderr, "qat_report: --values names what --write-outputs writes; give --write-outputs too\n");
+    return 2;
+  }
+  const char *values[64];
+  int n_values = 0;
+  for (char *t = strtok(values_arg, ","); t && n_values < 64; t = strtok(NULL, ",")) values[n_values++] = t;
   static qt_options o;
   qt_status st = {0};
-  qt_dataset train, test;
-  memset(&train, 0, sizeof train);
-  memset(&test, 0, sizeof test);
+  char *err = st.msg;
+  int status = 2;
+  qt_graph *qdq = NULL, *fp32 = NULL;
+  qt_device *m = NULL;
+  qt_dataset test = {0};
+  qt_loader_config lc;
 
   /* Bad input: exit 2. */
-  if (qt_options_load(config_path, NULL, 0, &o, err)) goto fail;
   if (!(qdq = qt_qdq_load(qdq_path, err))) goto fail;
   if (fp32_path) {
     if (!(fp32 = qt_model_build(model_name ? model_name : qdq->name, err))) goto fail;
     if (qt_checkpoint_load(fp32_path, fp32, NULL, NULL, err)) goto fail;
   }
-  if (!(m = qt_lower(qdq, err))) goto fail;
-  if (qt_stage_load_data(&o.data, QT_SPLIT_TEST, &train, &test, &st)) {
-    snprintf(err, sizeof err, "%s", st.msg);
-    goto fail;
-  }
-  if (images > 0) qt_dataset_limit(&test, images);
+  if (!(m = qt_device_open(qdq, NULL, err))) goto fail;
+  if (qt_stage_test_data(config_path, images, batch, &o, &test, &lc, &st)) goto fail;
 
   /* Running: exit 1 on failure. */
   status = 1;
-  qt_loader_config lc = qt_stage_loader_config(&o, QT_LOADER_EVAL);
-  lc.batch_size = batch;
   qt_report r;
   if (qt_report_run(fp32, qdq, m, &test, &lc, probe, &r, err)) goto fail;
   printf("qat_report: %s%s%s\n", qdq_path, fp32_path ? " against fp32 " : "", fp32_path ? fp32_path : "");
-  qt_lowered_report(m, stdout);
+  qt_device_report(m, stdout);
   qt_report_print(&r, stdout);
   if (timing) {
     qt_inference_speed s;
@@ -93,15 +95,18 @@ int main(int argc, char **argv) {
       printf("inference at batch %d (best of %d rounds of %lld images): int8 %.0f images/s (no fp32 model given)\n",
              s.batch, rounds, (long long)s.images, s.int8_images_per_s);
   }
+  if (outputs_path) {
+    if (qt_device_write_outputs(m, &test, &lc, values, n_values, outputs_path, err)) goto fail;
+    printf("qat_report: wrote the device's logits%s to %s\n", n_values ? " and values" : "", outputs_path);
+  }
   status = 0;
   goto done;
 fail:
   fprintf(stderr, "qat_report: %s\n", err);
 done:
-  qt_lowered_free(m);
+  qt_device_free(m);
   qt_graph_free(qdq);
   qt_graph_free(fp32);
-  qt_dataset_free(&train);
   qt_dataset_free(&test);
   return status;
 }

@@ -128,11 +128,11 @@ static int plan_points(qt_graph *fp32, const qt_graph *qdq, qt_report *r, point_
   return 0;
 }
 
-int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_dataset *ds, const qt_loader_config *lc,
+int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dataset *ds, const qt_loader_config *lc,
                   int64_t probe_images, qt_report *r, char *err) {
   memset(r, 0, sizeof *r);
   int h, w, c;
-  qt_lowered_input_shape(device, &h, &w, &c);
+  qt_device_input_shape(device, &h, &w, &c);
   const qt_value *qin = &qdq->values[qdq->input];
   if (qin->shape[0] != h || qin->shape[1] != w || qin->shape[2] != c) {
     snprintf(err, QT_ERR_LEN, "report: the lowered model takes %dx%dx%d images but the Q/DQ graph %s takes %lldx%lldx%lld",
@@ -144,7 +144,7 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_da
              c, ds->h, ds->w, ds->c);
     return -1;
   }
-  const int64_t classes = qt_lowered_output_numel(device);
+  const int64_t classes = qt_device_output_numel(device);
   if (classes != value_numel(&qdq->values[qdq->output])) {
     snprintf(err, QT_ERR_LEN, "report: the lowered model has %lld outputs, the Q/DQ graph %s %lld", (long long)classes,
              qdq->name, (long long)value_numel(&qdq->values[qdq->output]));
@@ -161,17 +161,16 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_da
     }
   }
   r->has_fp32 = fp32 != NULL;
-  r->int8_partitions = qt_lowered_count(device, QT_PART_INT8);
-  r->fallback_partitions = qt_lowered_count(device, QT_PART_FALLBACK);
-  const qt_node *out_node = &qdq->nodes[qdq->values[qdq->output].producer];
-  if (out_node->op == QT_OP_DEQUANTIZE && out_node->q->channels == 1) r->output_scale = out_node->q->scale[0];
+  r->int8_partitions = qt_device_count(device, QT_PART_INT8);
+  r->fallback_partitions = qt_device_count(device, QT_PART_FALLBACK);
+  r->output_scale = qt_output_lsb(qdq);
+  qt_device_agreement_init(&r->agreement, r->output_scale);
 
   point_plan *plans = calloc((size_t)qdq->n_nodes + 1, sizeof *plans);
   QT_ASSERT(plans, "out of memory");
   int n_plans = 0, rc = -1;
   qt_loader *l = NULL;
   qt_ctx *ctx = NULL;
-  qt_lowered *probe = NULL;
   float *out = NULL;
   if (plan_points(fp32, qdq, r, plans, &n_plans, err)) goto done;
   if (add_weight_points(qdq, r, err)) goto done;
@@ -189,8 +188,8 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_da
   QT_ASSERT(out, "out of memory for a batch of %d", cfg.batch_size);
   ctx = qt_ctx_create();
   qt_ctx_set_grad(ctx, 0);
-  if (fp32) qt_graph_set_training(fp32, 0);
-  qt_graph_set_training(qdq, 0);
+  if (fp32) qt_graph_set_mode(fp32, QT_MODE_EVAL);
+  qt_graph_set_mode(qdq, QT_MODE_EVAL);
   qt_loader_start_epoch(l, 0);
   const float *x;
   const int32_t *labels;
@@ -209,7 +208,7 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_da
       snprintf(err, QT_ERR_LEN, "report: Q/DQ graph: %s", qdq->error);
       goto done;
     }
-    if (qt_lowered_run(device, out, x, n, err)) goto done;
+    if (qt_device_run(device, out, x, n, err)) goto done;
     const float *qo = qt_f32(qy);
     for (int i = 0; i < n; i++) {
       const int64_t off = (int64_t)i * classes;
@@ -225,6 +224,7 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_da
       if (d > r->max_abs_diff || d != d) r->max_abs_diff = d;
     }
     if (r->output_scale > 0) qt_lsb_histogram_add(&r->lsb, out, qo, numel, r->output_scale);
+    qt_device_agreement_add(&r->agreement, out, qo, labels, n, classes);
     for (int k = 0; k < n_plans; k++) {
       const point_plan *pl = &plans[k];
       qt_report_point *p = &r->points[pl->point];
@@ -241,20 +241,15 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_da
     goto done;
   }
 
-  /* The device at intermediate points. The runtime returns only the graph output, so each
-   * point is read by lowering the same graph with that point as the output (qt_lower copies
-   * what it needs; the graph is not modified): every node lowers as before and the probe also
-   * dequantizes the point. One probe at a time (each holds its own kernels and arena), on the
+  /* The device at intermediate points (qt_device_read_value), one point at a time over the
    * first probe_images images. */
   for (int k = 0; k < n_plans && probe_images > 0; k++) {
     const point_plan *pl = &plans[k];
     if (!pl->probe) continue;
     qt_report_point *p = &r->points[pl->point];
-    qt_graph view = *qdq;
-    view.output = pl->qdq_value;
-    if (!(probe = qt_lower(&view, err))) goto done;
+    const char *value = qdq->values[pl->qdq_value].name;
     const int64_t per_sample = value_numel(&qdq->values[pl->qdq_value]);
-    QT_ASSERT(qt_lowered_output_numel(probe) == per_sample, "probe %s: wrong output size", p->name);
+    QT_ASSERT(qt_device_value_numel(device, value) == per_sample, "probe %s: wrong value size", p->name);
     float *po = malloc((size_t)cfg.batch_size * (size_t)per_sample * sizeof(float));
     QT_ASSERT(po, "out of memory for a batch of %d", cfg.batch_size);
     int64_t seen = 0;
@@ -269,7 +264,7 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_da
         free(po);
         goto done;
       }
-      if (qt_lowered_run(probe, po, x, n, err)) {
+      if (qt_device_read_value(device, value, po, x, n, err)) {
         free(po);
         goto done;
       }
@@ -278,8 +273,6 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_da
     }
     r->probe_images = seen;
     free(po);
-    qt_lowered_free(probe);
-    probe = NULL;
   }
   const double N = (double)r->images;
   r->fp32_accuracy = fp32 ? (double)r->fp32_correct / N : 0;
@@ -288,7 +281,6 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_da
   r->top1_agreement = (double)r->agree / N;
   rc = 0;
 done:
-  qt_lowered_free(probe);
   free(plans);
   free(out);
   qt_ctx_free(ctx);
@@ -325,11 +317,17 @@ void qt_report_verdict(const qt_report *r, char *buf, size_t len) {
   else if (r->has_fp32) who = "neither stage lost accuracy";
   else who = "stage 2 lost no accuracy";
   int k = snprintf(buf, len, "%s; %s: %s", a, b, who);
-  if (k >= 0 && (size_t)k < len && r->output_scale > 0 && r->lsb.max_lsb > 2.0)
-    snprintf(buf + k, len - (size_t)k,
-             "; the device is %.1f output LSB away from the Q/DQ graph (more than the 1-2 LSB of integer rounding: a "
-             "lowering bug)",
-             r->lsb.max_lsb);
+  if (k >= 0 && (size_t)k < len && r->agreement.images > 0 && !qt_device_agreement_pass(&r->agreement)) {
+    if (r->output_scale > 0)
+      snprintf(buf + k, len - (size_t)k,
+               "; the device is %.1f output LSB away from the Q/DQ graph with identical top-1 on %.2f%% of images "
+               "(the rule: %s): a lowering bug",
+               r->agreement.max_lsb, 100 * qt_device_agreement_top1(&r->agreement), qt_device_agreement_rule());
+    else
+      snprintf(buf + k, len - (size_t)k,
+               "; the device has identical top-1 on %.2f%% of images (the rule: %s): a lowering bug",
+               100 * qt_device_agreement_top1(&r->agreement), qt_device_agreement_rule());
+  }
 }
 
 static void fmt_db(char *buf, size_t n, const qt_sqnr_sum *s, const char *none) {

@@ -8,8 +8,8 @@
  * LSB (max and a histogram), and per-point SQNR (fp32 vs Q/DQ, Q/DQ vs device) at every
  * quantization point, matched by value name across the graphs (a point is the value a
  * "<value>.fq.quantize" node reads; its Q/DQ-side value is what the dequantize returns).
- * Stage 1 belongs to the algorithm (quantizer settings, QAT); stage 2 to the backend and
- * should stay within 1-2 output LSB of integer rounding.
+ * Stage 1 belongs to the algorithm (quantizer settings, QAT); stage 2 to the backend, and the
+ * device must pass the one agreement rule below (qt_device_agreement_pass).
  *
  * The library never exits or prints unless asked; functions return 0 or -1 with err set. */
 #ifndef QT_REPORT_H
@@ -48,6 +48,57 @@ typedef struct {
 /* lsb must be > 0. */
 void qt_lsb_histogram_add(qt_lsb_histogram *h, const float *a, const float *b, int64_t n, float lsb);
 
+/* ---- the device against the Q/DQ graph: the one pass rule ---------------------------------- */
+/* A device agrees with the Q/DQ graph it runs when no output differs from the Q/DQ reference
+ * interpreter by more than QT_AGREEMENT_MAX_LSB output LSB (the final dequantize's per-tensor
+ * scale; integer rounding of float scales may flip one LSB, more is a lowering bug) and at
+ * least QT_AGREEMENT_MIN_TOP1 of the images have the same top-1. A graph whose output is fp32
+ * (no final dequantize) has no output LSB: it is judged on the top-1 agreement alone, and the
+ * largest absolute difference is reported. qat_run --compare, qat_backend_check --run and the
+ * three-stage report's verdict all judge with qt_device_agreement_pass. */
+#define QT_AGREEMENT_MAX_LSB 1.0
+#define QT_AGREEMENT_MIN_TOP1 0.999
+
+typedef struct {
+  int64_t images, outputs;        /* images compared, and output values (images x classes) */
+  int64_t device_correct, qdq_correct, agree;
+  float output_scale;             /* the output LSB; 0: fp32 output */
+  double max_lsb;                 /* largest |device - Q/DQ| / output_scale (0 for an fp32 output) */
+  int64_t over_max_lsb;           /* outputs more than QT_AGREEMENT_MAX_LSB apart */
+  int64_t differ;                 /* outputs that differ at all */
+  double max_abs_diff;            /* largest |device - Q/DQ| */
+  double device_seconds;          /* model time of the device runs (qt_device_compare) */
+} qt_device_agreement;
+
+/* The output LSB of a Q/DQ graph: the per-tensor scale of a final dequantize, else 0. */
+float qt_output_lsb(const qt_graph *qdq);
+/* Starts an empty comparison for outputs on the scale output_scale (0: fp32 output). */
+void qt_device_agreement_init(qt_device_agreement *a, float output_scale);
+/* Adds n images: device and Q/DQ outputs (n, classes), labels (n) or NULL. */
+void qt_device_agreement_add(qt_device_agreement *a, const float *device, const float *qdq, const int32_t *labels,
+                             int n, int64_t classes);
+double qt_device_agreement_top1(const qt_device_agreement *a); /* identical top-1, fraction of images */
+/* The rule: 1 when the device agrees, 0 when it does not. */
+int qt_device_agreement_pass(const qt_device_agreement *a);
+/* The rule in words, for messages: "within 1 output LSB of the Q/DQ graph, with identical top-1 on
+ * >= 99.9% of images (...)". */
+const char *qt_device_agreement_rule(void);
+
+/* Runs the test set (ds in lc's batches, in order, no augmentation) through the device and,
+ * when qdq is not NULL, the Q/DQ reference interpreter (put in eval mode), and fills a: device
+ * accuracy and model time always (the first batch is run once more before, untimed: kernels
+ * are created on first use), the comparison with qdq. Returns -1 with err on a shape mismatch
+ * or a failing run. */
+int qt_device_compare(qt_device *dev, qt_graph *qdq, const qt_dataset *ds, const qt_loader_config *lc,
+                      qt_device_agreement *a, char *err);
+
+/* Writes what the device computes on the test set (ds in lc's batches, in order, no
+ * augmentation) to the HDF5 file path, atomically (path.tmp, then renamed): "logits" (N,
+ * output shape), "labels" (N) int32, and one dataset per name in values (a value or node name of
+ * the device's Q/DQ graph, qt_device_read_value), (N, value shape) fp32. Returns -1 with err. */
+int qt_device_write_outputs(qt_device *dev, const qt_dataset *ds, const qt_loader_config *lc,
+                            const char *const *values, int n_values, const char *path, char *err);
+
 /* ---- the three-stage report --------------------------------------------------------------- */
 
 typedef enum {
@@ -77,6 +128,7 @@ typedef struct {
   float output_scale;             /* the output's LSB (its per-tensor dequantize scale); 0 = fp32 output */
   qt_lsb_histogram lsb;           /* device vs Q/DQ output logits (empty when output_scale is 0) */
   double max_abs_diff;            /* device vs Q/DQ output logits, absolute */
+  qt_device_agreement agreement;  /* the same comparison judged by the pass rule (verdict) */
   int64_t probe_images;           /* images the device was read on at intermediate points (0: not) */
   int int8_partitions, fallback_partitions;
   int n_points;
@@ -84,16 +136,13 @@ typedef struct {
 } qt_report;
 
 /* Runs the test set (ds in lc's batches; shuffling and augmentation are turned off) through
- * the fp32 graph (NULL: stage 1 is not measured), the Q/DQ graph and the lowered model
- * `device` (qt_lower of qdq) and fills r. Both graphs are run in eval mode and left in it.
+ * the fp32 graph (NULL: stage 1 is not measured), the Q/DQ graph and the device deployed from
+ * it (qt_device_open of qdq) and fills r. Both graphs are run in eval mode and left in it.
  * Accuracies, agreement, the LSB histogram, fp32-vs-Q/DQ SQNR and the output's
  * Q/DQ-vs-device SQNR cover the whole set. Q/DQ-vs-device SQNR at intermediate points covers
- * the first probe_images images (0: not measured): the runtime (backend.h) exposes only the
- * graph output, so each point is read by lowering the same Q/DQ graph with that point's
- * dequantize as the output (qt_lower copies the graph; every node lowers as before, the probe
- * additionally returns that value), one point at a time. Returns -1 with err on a shape
- * mismatch or a failing forward. */
-int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_lowered *device, const qt_dataset *ds, const qt_loader_config *lc,
+ * the first probe_images images (0: not measured), read with qt_device_read_value one point
+ * at a time. Returns -1 with err on a shape mismatch or a failing forward. */
+int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dataset *ds, const qt_loader_config *lc,
                   int64_t probe_images, qt_report *r, char *err);
 
 /* Accuracy lost by each stage, in percentage points (negative: gained). NAN when unmeasured. */
@@ -101,7 +150,8 @@ double qt_report_stage1_loss(const qt_report *r);
 double qt_report_stage2_loss(const qt_report *r);
 /* One line: what each stage lost and which of the two lost the accuracy, e.g. "stage 1
  * (fp32 -> Q/DQ: quantization) lost 2.40 points; stage 2 (Q/DQ -> int8 device: lowering)
- * lost 0.00 points: the accuracy was lost in stage 1 (quantization)". */
+ * lost 0.00 points: the accuracy was lost in stage 1 (quantization)", and when the device fails
+ * the agreement rule (qt_device_agreement_pass), that it does: a lowering bug. */
 void qt_report_verdict(const qt_report *r, char *buf, size_t len);
 /* The whole report for humans. */
 void qt_report_print(const qt_report *r, FILE *f);
@@ -121,11 +171,11 @@ typedef struct {
 } qt_inference_speed;
 
 /* Times the fp32 graph (eval mode, no gradients, the framework's executor; NULL to skip) and
- * the lowered model on one batch of `batch` test images (the first ones, repeated if the set is
+ * the device on one batch of `batch` test images (the first ones, repeated if the set is
  * smaller). Two warm-up runs per engine, then `rounds` rounds that alternate the engines, each
  * timing `batches` runs; each engine keeps its best round (on a shared machine other processes
  * slow single measurements down, never up). The fp32 graph is left in eval mode. */
-int qt_inference_measure(qt_graph *fp32, qt_lowered *device, const qt_dataset *ds, const qt_loader_config *lc,
+int qt_inference_measure(qt_graph *fp32, qt_device *device, const qt_dataset *ds, const qt_loader_config *lc,
                          int batch, int batches, int rounds, qt_inference_speed *out, char *err);
 
 #endif

@@ -1,4 +1,4 @@
-/* Inference speed (report.h): the framework's fp32 executor against the lowered int8 model on
+/* Inference speed (report.h): the framework's fp32 executor against the device on
  * the same batch of test images, timed model-only (no data loading). */
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +9,7 @@
 typedef struct {
   qt_graph *fp32;
   qt_ctx *ctx;
-  qt_lowered *device;
+  qt_device *device;
   float *out;
   const float *x;
   int n, h, w, c;
@@ -26,7 +26,7 @@ static int run_fp32(engines *e) {
   return 0;
 }
 
-static int run_int8(engines *e) { return qt_lowered_run(e->device, e->out, e->x, e->n, e->err); }
+static int run_int8(engines *e) { return qt_device_run(e->device, e->out, e->x, e->n, e->err); }
 
 /* Seconds for `batches` runs, or -1. */
 static double time_runs(int (*run)(engines *), engines *e, int batches) {
@@ -36,13 +36,13 @@ static double time_runs(int (*run)(engines *), engines *e, int batches) {
   return qt_now_seconds() - t0;
 }
 
-int qt_inference_measure(qt_graph *fp32, qt_lowered *device, const qt_dataset *ds, const qt_loader_config *lc,
+int qt_inference_measure(qt_graph *fp32, qt_device *device, const qt_dataset *ds, const qt_loader_config *lc,
                          int batch, int batches, int rounds, qt_inference_speed *out, char *err) {
   memset(out, 0, sizeof *out);
   QT_ASSERT(batch > 0 && batches > 0 && rounds > 0, "inference speed: batch %d, %d batches, %d rounds", batch, batches,
             rounds);
   int h, w, c;
-  qt_lowered_input_shape(device, &h, &w, &c);
+  qt_device_input_shape(device, &h, &w, &c);
   if (ds->n == 0 || ds->h != h || ds->w != w || ds->c != c) {
     snprintf(err, QT_ERR_LEN, "inference speed: the model takes %dx%dx%d images, the test set holds %lld of %dx%dx%d",
              h, w, c, (long long)ds->n, ds->h, ds->w, ds->c);
@@ -62,7 +62,7 @@ int qt_inference_measure(qt_graph *fp32, qt_lowered *device, const qt_dataset *d
   const int got = qt_loader_next(l, &images, &labels);
   const size_t per_sample = (size_t)h * (size_t)w * (size_t)c;
   float *x = malloc((size_t)batch * per_sample * sizeof(float));
-  float *o = malloc((size_t)batch * (size_t)qt_lowered_output_numel(device) * sizeof(float));
+  float *o = malloc((size_t)batch * (size_t)qt_device_output_numel(device) * sizeof(float));
   QT_ASSERT(x && o && got > 0, "inference speed: a batch of %d", batch);
   for (int i = 0; i < batch; i++) memcpy(x + (size_t)i * per_sample, images + (size_t)(i % got) * per_sample,
                                          per_sample * sizeof(float));
@@ -73,7 +73,7 @@ int qt_inference_measure(qt_graph *fp32, qt_lowered *device, const qt_dataset *d
   if (fp32) {
     e.ctx = qt_ctx_create();
     qt_ctx_set_grad(e.ctx, 0);
-    qt_graph_set_training(fp32, 0);
+    qt_graph_set_mode(fp32, QT_MODE_EVAL);
   }
   /* Warm-up: oneDNN primitives are created for the batch size on first use. */
   for (int i = 0; i < 2; i++)

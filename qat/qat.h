@@ -5,10 +5,11 @@
  *   Q/DQ graph (quantize/dequantize pairs, integer weights, BN folded) --check--> verdict
  *
  * The Quantizer is the contract between a model and a backend: it says which edges and
- * weights are quantized and how. The built-in `onednn` quantizer describes oneDNN's int8
- * kernels on this CPU: u8 affine activations, s8 per-channel symmetric weights, conv->bn->relu
- * and linear->relu as units (no quantization inside a unit), max-pool/flatten/relu outputs
- * sharing their input's qparams, and 7-bit weights when the CPU lacks VNNI (DESIGN 4). */
+ * weights are quantized and how, and it is one function of the graph, the backend's
+ * description (qt_backend_desc, below) and the user's settings. The backend module builds the
+ * descriptions: oneDNN's int8 kernels on this CPU (u8 affine activations, s8 per-channel
+ * symmetric weights, 7-bit weights when the CPU lacks VNNI, DESIGN 4) and accelerators
+ * described by an INI file. */
 #ifndef QT_QAT_H
 #define QT_QAT_H
 
@@ -34,17 +35,12 @@ typedef struct {
   qt_range_method activation_method;   /* histogram: percentile / mse */
   float percentile;
   int learnable_scale;                 /* LSQ: weights and activations learn their scales (QAT) */
-  int has_vnni;                        /* 1: full-range 8-bit weights are exact on this CPU */
   int n_overrides;
   qt_layer_override overrides[QT_MAX_OVERRIDES];
 } qt_quantizer_config;
 
-/* Defaults: W8A8, per-channel min-max weights, moving-average activations, VNNI read from
- * oneDNN's effective ISA. */
+/* Defaults: W8A8, min-max weights, moving-average activations. */
 void qt_quantizer_config_default(qt_quantizer_config *c);
-/* Whether oneDNN's effective ISA on this CPU has VNNI (u8 x s8 dot products without 16-bit
- * saturation). */
-int qt_cpu_has_vnni(void);
 /* Parses "conv1=fp32;fc1=w4a8;fc2=w8" into overrides. */
 int qt_parse_overrides(qt_quantizer_config *c, const char *text, char *err);
 
@@ -60,9 +56,7 @@ typedef struct {
   int *unit;         /* per node: id of the first node of its unit (itself if alone) */
 } qt_annotations;
 
-int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_annotations *out, char *err);
-
-/* ---- backend descriptions and the Quantizer derived from one -------------------------------- */
+/* ---- backend descriptions and the Quantizer ------------------------------------------------- */
 /* What a backend's integer kernels accept: the contract a Quantizer is written from and the
  * check pass (backend/backend.h, qt_backend_check) verifies a Q/DQ graph against. It lives
  * here, beside the Quantizer, because the Quantizer reads it; the backend module builds and
@@ -84,21 +78,32 @@ typedef struct {
   int max_channels;                   /* output channels (conv2d) / features (linear); 0 = any */
   int pair_sum_int16;                 /* u8 x s8 products summed in pairs into a saturating int16
                                        * (x86 AVX2 without VNNI, DESIGN 4) */
+  int weight_8bit_as_7bit;            /* 8-bit weights are given 7 bits, [-64, 63] (oneDNN without
+                                       * VNNI: exact whatever the activation width) */
+  unsigned char fallback_quantized[QT_OP_COUNT]; /* 1: not run on integers, but the Quantizer
+                                       * still quantizes its input and output, so the op runs
+                                       * as dq -> fp32 op -> q between integer kernels (onednn_cpu:
+                                       * avg_pool2d, global_avg_pool) */
   char isa[32];                       /* informative: "avx2", "avx512_core_vnni", "accelerator" */
+  int onednn_runtime;                 /* 1: deployed by lowering to oneDNN's int8 kernels (the
+                                       * built-in onednn_cpu); 0: simulated as an accelerator */
 } qt_backend_desc;
 
-/* The Quantizer a backend description implies: units as in the onednn quantizer (conv->bn->relu,
- * conv->relu, linear->relu, add->relu); a conv2d / linear is quantized when its op is listed
- * and its output channels fit max_channels, an add / avg_pool2d / global_avg_pool when listed;
- * everything else stays fp32 (and its consumers get a quantized input where they need one).
- * Weights: signed, symmetric when required (else affine), per channel unless per-tensor only;
- * activations: unsigned affine, or signed symmetric when the backend asks for signed or
- * symmetric activations; per tensor; scales rounded up to powers of two when required. Bit
- * widths come from cfg (and its overrides) and must be allowed by d; with pair_sum_int16,
- * 8-bit weights are restricted to [-64, 63] as the onednn quantizer does without VNNI.
- * cfg->has_vnni is ignored (d says it). LSQ is refused with power-of-two scales. */
-int qt_quantizer_from_backend(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg,
-                              qt_annotations *out, char *err);
+/* The Quantizer: annotations for g from the backend description d and the settings cfg.
+ * Units (no quantization inside): conv -> bn (folded), and a relu after a conv, linear or add
+ * when the backend runs relu. A conv2d / linear is quantized when its op is listed and its
+ * output channels fit max_channels (and no override leaves it fp32); an add / avg_pool2d /
+ * global_avg_pool when listed in ops or fallback_quantized; everything else stays fp32 (its
+ * quantized consumers get a quantized input). The outputs of max-pool, flatten and relu share
+ * their input's qparams when the backend runs them. Weights: signed unless the backend says
+ * unsigned, symmetric when required (else affine), per channel unless per-tensor only, 8-bit
+ * given 7 bits with weight_8bit_as_7bit, and otherwise with pair_sum_int16 narrowed so that
+ * 2 * max|w| * max(a) fits int16; activations: unsigned affine, or signed symmetric when the
+ * backend asks for signed or symmetric ones; per tensor; power-of-two scales when required.
+ * Bit widths come from cfg (and its overrides) and must be allowed by d. LSQ is refused with
+ * power-of-two scales. Returns 0, or -1 with err naming the setting and the backend. */
+int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, qt_annotations *out,
+                 char *err);
 void qt_annotations_free(qt_annotations *a);
 /* One line per quantization point and weight, for humans and the run's report. */
 void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f);

@@ -1,16 +1,10 @@
-/* The built-in `onednn` Quantizer (annotations describing oneDNN's int8 kernels) and the
- * Quantizer derived from a backend description (qt_quantizer_from_backend). */
-#include <oneapi/dnnl/dnnl.h>
+/* The Quantizer: annotations for a graph from a backend description (qat.h, qt_quantizer). The
+ * descriptions themselves (oneDNN on this CPU, an accelerator from its INI file) are built by
+ * the backend module. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "qat/qat.h"
-
-int qt_cpu_has_vnni(void) {
-  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-  return (isa & dnnl_cpu_isa_avx512_core_vnni) == dnnl_cpu_isa_avx512_core_vnni ||
-         (isa & dnnl_cpu_isa_avx2_vnni) == dnnl_cpu_isa_avx2_vnni;
-}
 
 void qt_quantizer_config_default(qt_quantizer_config *c) {
   memset(c, 0, sizeof *c);
@@ -20,7 +14,6 @@ void qt_quantizer_config_default(qt_quantizer_config *c) {
   c->activation_observer = QT_OBSERVER_MOVING_AVERAGE;
   c->activation_method = QT_RANGE_MINMAX;
   c->percentile = 99.99f;
-  c->has_vnni = qt_cpu_has_vnni();
 }
 
 int qt_parse_overrides(qt_quantizer_config *c, const char *text, char *err) {
@@ -85,41 +78,77 @@ static const qt_layer_override *find_override(const qt_quantizer_config *c, cons
   return NULL;
 }
 
-static qt_qspec act_spec(const qt_quantizer_config *c, int bits) {
+/* ---- the specs a backend description implies ------------------------------------------------ */
+
+const char *qt_signedness_name(qt_signedness s) {
+  static const char *const names[] = {"any", "unsigned", "signed"};
+  _Static_assert(sizeof names / sizeof names[0] == QT_SIGN_COUNT, "signedness names out of sync");
+  return (unsigned)s < QT_SIGN_COUNT ? names[s] : "?";
+}
+
+static int bits_allowed(unsigned mask, int bits) { return bits >= 2 && bits <= 8 && ((mask >> bits) & 1u); }
+
+static void bits_list(unsigned mask, char *buf, size_t n) {
+  size_t len = 0;
+  buf[0] = 0;
+  for (int b = 2; b <= 8; b++)
+    if ((mask >> b) & 1u) len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%d", len ? ", " : "", b);
+  if (!len) snprintf(buf, n, "none");
+}
+
+static int act_signed(const qt_backend_desc *d) {
+  return d->activation_sign == QT_SIGN_SIGNED || (d->activation_sign == QT_SIGN_ANY && d->activation_symmetric);
+}
+
+/* Activations: unsigned affine, or signed symmetric when the backend asks for signed or
+ * symmetric ones; per tensor. */
+static qt_qspec act_spec(const qt_backend_desc *d, const qt_quantizer_config *c, int bits) {
   qt_qspec s;
   memset(&s, 0, sizeof s);
   s.bits = bits;
-  s.is_signed = 0;
-  s.symmetric = 0;
+  s.is_signed = act_signed(d);
+  s.symmetric = d->activation_symmetric;
   s.per_channel = 0;
-  qt_qrange(bits, 0, &s.qmin, &s.qmax);
+  qt_qrange(bits, s.is_signed, &s.qmin, &s.qmax);
   s.observer = c->activation_observer;
   s.method = c->activation_method;
   s.percentile = c->percentile;
   s.learnable = c->learnable_scale;
+  s.pow2_scale = d->pow2_scales;
   return s;
 }
 
-static qt_qspec weight_spec(const qt_quantizer_config *c, int bits) {
+static qt_qspec weight_spec(const qt_backend_desc *d, const qt_quantizer_config *c, int bits) {
   qt_qspec s;
   memset(&s, 0, sizeof s);
   s.bits = bits;
-  s.is_signed = 1;
-  s.symmetric = 1;
-  s.per_channel = 1;
-  qt_qrange(bits, 1, &s.qmin, &s.qmax);
-  if (bits == 8 && !c->has_vnni) {
+  s.is_signed = d->weight_sign != QT_SIGN_UNSIGNED;
+  s.symmetric = d->weight_symmetric;
+  s.per_channel = !d->weight_per_tensor_only;
+  qt_qrange(bits, s.is_signed, &s.qmin, &s.qmax);
+  if (d->weight_8bit_as_7bit && bits == 8 && s.is_signed) {
     /* DESIGN 4: without VNNI, u8 x s8 pairs saturate a 16-bit accumulator; weights in
      * [-64, 63] keep oneDNN's int8 kernels exact. */
     s.bits = 7;
     qt_qrange(7, 1, &s.qmin, &s.qmax);
+  } else if (d->pair_sum_int16 && s.is_signed && !act_signed(d)) {
+    /* DESIGN 4: u8 x s8 pairs sum into a saturating int16: 2 * max|w| * max(a) <= 32767. */
+    const int a_max = (1 << c->activation_bits) - 1;
+    int w_max = 32767 / (2 * a_max);
+    if (w_max < -s.qmin) {
+      s.qmin = -w_max;
+      s.qmax = w_max - 1;
+      while (s.bits > 2 && (1 << (s.bits - 2)) >= w_max) s.bits--;
+    }
   }
   s.observer = c->weight_observer;
   s.method = QT_RANGE_MINMAX;
   s.learnable = c->learnable_scale;
+  s.pow2_scale = d->pow2_scales;
   return s;
 }
 
+/* ---- the Quantizer ----------------------------------------------------------------------------- */
 
 /* Whether v is a quantization point or shares one's qparams. */
 static int quantized_value(const qt_annotations *a, int v) {
@@ -130,19 +159,16 @@ static int quantized_value(const qt_annotations *a, int v) {
   return 0;
 }
 
-static qt_qspec backend_act_spec(const qt_backend_desc *d, const qt_quantizer_config *c, int bits);
-
 /* Whether op may pass its input's qparams through (max-pool, flatten, relu: they keep values
- * on the input's grid), and the backend, if any, runs it. */
+ * on the input's grid) and the backend runs it. */
 static int passes_through(const qt_backend_desc *d, qt_op op) {
-  return (op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU) && (!d || d->ops[op]);
+  return (op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU) && d->ops[op];
 }
 
-/* The last two passes both Quantizers share. The outputs of quantized units become
- * quantization points (activation spec from the backend description d, or onednn's when d is
- * NULL) and pass-through ops share their input's qparams; then the inputs of quantized units
- * that are not quantized yet (the graph input, the output of an fp32 layer) become points too,
- * and pass-through ops after them share. last[i]: the last node of the unit headed by i. */
+/* The outputs of quantized units become quantization points and pass-through ops share their
+ * input's qparams; then the inputs of quantized units that are not quantized yet (the graph
+ * input, the output of an fp32 layer) become points too, and pass-through ops after them
+ * share. last[i]: the last node of the unit headed by i. */
 static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, const qt_backend_desc *d,
                          const int *last, const int *quantized_unit, qt_annotations *out) {
   for (int i = 0; i < g->n_nodes; i++) {
@@ -153,7 +179,7 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
       const int bits = o && o->activation_bits ? o->activation_bits : cfg->activation_bits;
       int v = g->nodes[last[i]].output;
       out->act[v] = 1;
-      out->act_spec[v] = d ? backend_act_spec(d, cfg, bits) : act_spec(cfg, bits);
+      out->act_spec[v] = act_spec(d, cfg, bits);
     } else if (passes_through(d, n->op) && quantized_value(out, n->inputs[0])) {
       out->share[n->output] = n->inputs[0];
     }
@@ -165,7 +191,7 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
       int v = n->inputs[k];
       if (quantized_value(out, v)) continue;
       out->act[v] = 1;
-      out->act_spec[v] = d ? backend_act_spec(d, cfg, cfg->activation_bits) : act_spec(cfg, cfg->activation_bits);
+      out->act_spec[v] = act_spec(d, cfg, cfg->activation_bits);
       for (int j = 0; j < g->n_nodes; j++) {
         const qt_node *m = &g->nodes[j];
         if (passes_through(d, m->op) && out->unit[j] == j && out->share[m->output] < 0 &&
@@ -176,10 +202,8 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
   }
 }
 
-/* Empty annotations for g (no points, nothing shared, every node its own unit) and the two
- * per-node work arrays both quantizers fill: last[i] (the last node of the unit headed by i,
- * initially i) and quantized_unit[i] (0). The caller frees the work arrays. */
-static void annotations_init(qt_annotations *out, const qt_graph *g, int **last, int **quantized_unit) {
+/* Empty annotations for g (no points, nothing shared, every node its own unit). */
+static void annotations_init(qt_annotations *out, const qt_graph *g) {
   out->n_values = g->n_values;
   out->n_nodes = g->n_nodes;
   out->act = calloc((size_t)g->n_values, sizeof(int));
@@ -188,34 +212,56 @@ static void annotations_init(qt_annotations *out, const qt_graph *g, int **last,
   out->weight = calloc((size_t)g->n_nodes, sizeof(int));
   out->weight_spec = calloc((size_t)g->n_nodes, sizeof(qt_qspec));
   out->unit = malloc((size_t)g->n_nodes * sizeof(int));
-  *last = malloc((size_t)g->n_nodes * sizeof(int));
-  *quantized_unit = calloc((size_t)g->n_nodes, sizeof(int));
-  QT_ASSERT(out->act && out->act_spec && out->share && out->weight && out->weight_spec && out->unit && *last &&
-                *quantized_unit,
-            "out of memory");
+  QT_ASSERT(out->act && out->act_spec && out->share && out->weight && out->weight_spec && out->unit, "out of memory");
   for (int v = 0; v < g->n_values; v++) out->share[v] = -1;
-  for (int i = 0; i < g->n_nodes; i++) out->unit[i] = (*last)[i] = i;
+  for (int i = 0; i < g->n_nodes; i++) out->unit[i] = i;
 }
 
-int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_annotations *out, char *err) {
-  memset(out, 0, sizeof *out);
-  if (cfg->weight_bits < 2 || cfg->weight_bits > 8 || cfg->activation_bits < 2 || cfg->activation_bits > 8) {
-    snprintf(err, QT_ERR_LEN, "quantizer onednn: bit widths W%d A%d outside 2..8", cfg->weight_bits,
-             cfg->activation_bits);
-    return -1;
-  }
-  for (int i = 0; i < cfg->n_overrides; i++)
-    if (qt_graph_find_node(g, cfg->overrides[i].name) < 0) {
-      snprintf(err, QT_ERR_LEN, "quant.layer_overrides: no node named '%s' in model %s", cfg->overrides[i].name,
-               g->name);
-      return -1;
-    }
-  int *last, *quantized_unit;
-  annotations_init(out, g, &last, &quantized_unit);
+static int layer_fits(const qt_backend_desc *d, const qt_node *n) {
+  return d->ops[n->op] && (d->max_channels <= 0 || n->attr.out_channels <= d->max_channels);
+}
 
-  /* Units: conv -> bn -> relu, conv -> relu, linear -> relu, add -> relu. */
+/* Whether the settings are ones the backend can take; -1 with err otherwise. */
+static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, char *err) {
+  if (cfg->weight_bits < 2 || cfg->weight_bits > 8 || cfg->activation_bits < 2 || cfg->activation_bits > 8)
+    return qt_err(err, "quantizer %s: bit widths W%d A%d outside 2..8", d->name, cfg->weight_bits,
+                  cfg->activation_bits);
+  char wl[64], al[64];
+  bits_list(d->weight_bits, wl, sizeof wl);
+  bits_list(d->activation_bits, al, sizeof al);
+  if (!bits_allowed(d->weight_bits, cfg->weight_bits) || !bits_allowed(d->activation_bits, cfg->activation_bits))
+    return qt_err(err, "quantizer %s: W%d A%d requested; the backend allows weight bits {%s}, activation bits {%s}",
+                  d->name, cfg->weight_bits, cfg->activation_bits, wl, al);
+  if (d->activation_symmetric && d->activation_sign == QT_SIGN_UNSIGNED)
+    return qt_err(err, "quantizer %s: symmetric unsigned activations have no zero point 0 (use signed "
+                  "activations or allow affine ones)", d->name);
+  if (cfg->learnable_scale && d->pow2_scales)
+    return qt_err(err, "quantizer %s: learnable scales (LSQ) cannot stay powers of two", d->name);
+  for (int i = 0; i < cfg->n_overrides; i++) {
+    const qt_layer_override *o = &cfg->overrides[i];
+    if (qt_graph_find_node(g, o->name) < 0)
+      return qt_err(err, "quant.layer_overrides: no node named '%s' in model %s", o->name, g->name);
+    if ((o->weight_bits && !bits_allowed(d->weight_bits, o->weight_bits)) ||
+        (o->activation_bits && !bits_allowed(d->activation_bits, o->activation_bits)))
+      return qt_err(err, "quant.layer_overrides: %s=w%da%d: %s allows weight bits {%s}, activation bits {%s}",
+                    o->name, o->weight_bits, o->activation_bits, d->name, wl, al);
+  }
+  return 0;
+}
+
+int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, qt_annotations *out,
+                 char *err) {
+  memset(out, 0, sizeof *out);
+  if (check_settings(g, d, cfg, err)) return -1;
+  annotations_init(out, g);
+  int *last = malloc((size_t)g->n_nodes * sizeof(int)), *quantized_unit = calloc((size_t)g->n_nodes, sizeof(int));
+  QT_ASSERT(last && quantized_unit, "out of memory");
+
+  /* Units: conv -> bn (folded by prepare/convert), then a relu the backend runs fused after a
+   * conv, linear or add. */
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
+    last[i] = i;
     if (out->unit[i] != i) continue;
     int tail = i;
     if (n->op == QT_OP_CONV2D) {
@@ -225,7 +271,7 @@ int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_an
         tail = c;
       }
     }
-    if (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD) {
+    if ((n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD) && d->ops[QT_OP_RELU]) {
       int c = qt_graph_sole_consumer(g, g->nodes[tail].output);
       if (c >= 0 && g->nodes[c].op == QT_OP_RELU) {
         out->unit[c] = i;
@@ -234,16 +280,18 @@ int qt_quantizer_onednn(const qt_graph *g, const qt_quantizer_config *cfg, qt_an
     }
     last[i] = tail;
     const qt_layer_override *o = find_override(cfg, n->name);
-    int fp32 = o && o->fp32;
-    if (qt_op_has_weight(n->op) && !fp32) {
-      out->weight[i] = 1;
-      out->weight_spec[i] = weight_spec(cfg, o && o->weight_bits ? o->weight_bits : cfg->weight_bits);
+    const int fp32 = o && o->fp32;
+    if (qt_op_has_weight(n->op)) {
+      quantized_unit[i] = !fp32 && layer_fits(d, n);
+      if (quantized_unit[i]) {
+        out->weight[i] = 1;
+        out->weight_spec[i] = weight_spec(d, cfg, o && o->weight_bits ? o->weight_bits : cfg->weight_bits);
+      }
+    } else if (n->op == QT_OP_ADD || n->op == QT_OP_AVG_POOL2D || n->op == QT_OP_GLOBAL_AVG_POOL) {
+      quantized_unit[i] = !fp32 && (d->ops[n->op] || d->fallback_quantized[n->op]);
     }
-    if (!fp32 && (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD ||
-                  n->op == QT_OP_AVG_POOL2D || n->op == QT_OP_GLOBAL_AVG_POOL))
-      quantized_unit[i] = 1;
   }
-  place_points(g, cfg, NULL, last, quantized_unit, out);
+  place_points(g, cfg, d, last, quantized_unit, out);
   free(last);
   free(quantized_unit);
   return 0;
@@ -282,138 +330,3 @@ void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f) {
     }
 }
 
-/* ---- the Quantizer derived from a backend description ------------------------------------- */
-
-const char *qt_signedness_name(qt_signedness s) {
-  static const char *const names[] = {"any", "unsigned", "signed"};
-  _Static_assert(sizeof names / sizeof names[0] == QT_SIGN_COUNT, "signedness names out of sync");
-  return (unsigned)s < QT_SIGN_COUNT ? names[s] : "?";
-}
-
-static int bits_allowed(unsigned mask, int bits) { return bits >= 2 && bits <= 8 && ((mask >> bits) & 1u); }
-
-static void bits_list(unsigned mask, char *buf, size_t n) {
-  size_t len = 0;
-  buf[0] = 0;
-  for (int b = 2; b <= 8; b++)
-    if ((mask >> b) & 1u) len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%d", len ? ", " : "", b);
-  if (!len) snprintf(buf, n, "none");
-}
-
-static int backend_act_signed(const qt_backend_desc *d) {
-  return d->activation_sign == QT_SIGN_SIGNED || (d->activation_sign == QT_SIGN_ANY && d->activation_symmetric);
-}
-
-static qt_qspec backend_act_spec(const qt_backend_desc *d, const qt_quantizer_config *c, int bits) {
-  qt_qspec s = act_spec(c, bits);
-  s.is_signed = backend_act_signed(d);
-  s.symmetric = d->activation_symmetric;
-  qt_qrange(bits, s.is_signed, &s.qmin, &s.qmax);
-  s.pow2_scale = d->pow2_scales;
-  return s;
-}
-
-static qt_qspec backend_weight_spec(const qt_backend_desc *d, const qt_quantizer_config *c, int bits) {
-  qt_qspec s;
-  memset(&s, 0, sizeof s);
-  s.bits = bits;
-  s.is_signed = d->weight_sign != QT_SIGN_UNSIGNED;
-  s.symmetric = d->weight_symmetric;
-  s.per_channel = !d->weight_per_tensor_only;
-  qt_qrange(bits, s.is_signed, &s.qmin, &s.qmax);
-  if (d->pair_sum_int16 && s.is_signed && !backend_act_signed(d)) {
-    /* DESIGN 4: u8 x s8 pairs sum into a saturating int16: 2 * max|w| * max(a) <= 32767. */
-    const int a_max = (1 << c->activation_bits) - 1;
-    int w_max = 32767 / (2 * a_max);
-    if (w_max < -s.qmin) {
-      s.qmin = -w_max;
-      s.qmax = w_max - 1;
-      while (s.bits > 2 && (1 << (s.bits - 2)) >= w_max) s.bits--;
-    }
-  }
-  s.observer = c->weight_observer;
-  s.method = QT_RANGE_MINMAX;
-  s.learnable = c->learnable_scale;
-  s.pow2_scale = d->pow2_scales;
-  return s;
-}
-
-static int layer_fits(const qt_backend_desc *d, const qt_node *n) {
-  return d->ops[n->op] && (d->max_channels <= 0 || n->attr.out_channels <= d->max_channels);
-}
-
-int qt_quantizer_from_backend(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg,
-                              qt_annotations *out, char *err) {
-  memset(out, 0, sizeof *out);
-  char wl[64], al[64];
-  bits_list(d->weight_bits, wl, sizeof wl);
-  bits_list(d->activation_bits, al, sizeof al);
-  if (!bits_allowed(d->weight_bits, cfg->weight_bits) || !bits_allowed(d->activation_bits, cfg->activation_bits)) {
-    snprintf(err, QT_ERR_LEN, "quantizer %s: W%d A%d requested; the backend allows weight bits {%s}, activation bits {%s}",
-             d->name, cfg->weight_bits, cfg->activation_bits, wl, al);
-    return -1;
-  }
-  if (d->activation_symmetric && d->activation_sign == QT_SIGN_UNSIGNED) {
-    snprintf(err, QT_ERR_LEN, "quantizer %s: symmetric unsigned activations have no zero point 0 (use signed "
-             "activations or allow affine ones)", d->name);
-    return -1;
-  }
-  if (cfg->learnable_scale && d->pow2_scales) {
-    snprintf(err, QT_ERR_LEN, "quantizer %s: learnable scales (LSQ) cannot stay powers of two", d->name);
-    return -1;
-  }
-  for (int i = 0; i < cfg->n_overrides; i++) {
-    const qt_layer_override *o = &cfg->overrides[i];
-    if (qt_graph_find_node(g, o->name) < 0) {
-      snprintf(err, QT_ERR_LEN, "quant.layer_overrides: no node named '%s' in model %s", o->name, g->name);
-      return -1;
-    }
-    if ((o->weight_bits && !bits_allowed(d->weight_bits, o->weight_bits)) ||
-        (o->activation_bits && !bits_allowed(d->activation_bits, o->activation_bits))) {
-      snprintf(err, QT_ERR_LEN, "quant.layer_overrides: %s=w%da%d: %s allows weight bits {%s}, activation bits {%s}",
-               o->name, o->weight_bits, o->activation_bits, d->name, wl, al);
-      return -1;
-    }
-  }
-  int *last, *quantized_unit;
-  annotations_init(out, g, &last, &quantized_unit);
-
-  /* Units: conv -> bn (folded by prepare/convert), then a relu the backend runs fused. */
-  for (int i = 0; i < g->n_nodes; i++) {
-    const qt_node *n = &g->nodes[i];
-    if (out->unit[i] != i) continue;
-    int tail = i;
-    if (n->op == QT_OP_CONV2D) {
-      int c = qt_graph_sole_consumer(g, n->output);
-      if (c >= 0 && g->nodes[c].op == QT_OP_BATCH_NORM) {
-        out->unit[c] = i;
-        tail = c;
-      }
-    }
-    const qt_layer_override *o = find_override(cfg, n->name);
-    const int fp32 = o && o->fp32;
-    int quantized = 0;
-    if (qt_op_has_weight(n->op)) {
-      quantized = !fp32 && layer_fits(d, n);
-      if (quantized) {
-        out->weight[i] = 1;
-        out->weight_spec[i] = backend_weight_spec(d, cfg, o && o->weight_bits ? o->weight_bits : cfg->weight_bits);
-      }
-    } else if (n->op == QT_OP_ADD || n->op == QT_OP_AVG_POOL2D || n->op == QT_OP_GLOBAL_AVG_POOL) {
-      quantized = !fp32 && d->ops[n->op];
-    }
-    if (quantized && (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD) && d->ops[QT_OP_RELU]) {
-      int c = qt_graph_sole_consumer(g, g->nodes[tail].output);
-      if (c >= 0 && g->nodes[c].op == QT_OP_RELU) {
-        out->unit[c] = i;
-        tail = c;
-      }
-    }
-    last[i] = tail;
-    quantized_unit[i] = quantized;
-  }
-  place_points(g, cfg, d, last, quantized_unit, out);
-  free(last);
-  free(quantized_unit);
-  return 0;
-}

@@ -24,6 +24,13 @@ typedef enum { QT_SPLIT_TRAIN = 1, QT_SPLIT_TEST = 2, QT_SPLIT_BOTH = 3 } qt_spl
 int qt_stage_load_data(const qt_data_options *d, qt_split which, qt_dataset *train, qt_dataset *test,
                        qt_status *st);
 
+/* For the programs that evaluate a model file (qat_check, qat_run, qat_report,
+ * qat_backend_check): the options of config_path (NULL: the defaults, Fashion-MNIST), its test
+ * split cut to `images` (0 = all), and its evaluation loader settings at `batch` (0 =
+ * train.eval_batch_size). A bad config is QT_STATUS_INPUT, missing data QT_STATUS_IO. */
+int qt_stage_test_data(const char *config_path, int images, int batch, qt_options *o, qt_dataset *test,
+                       qt_loader_config *lc, qt_status *st);
+
 /* What a loader is for: training batches (train.batch_size, shuffled, augmented), calibration
  * batches (the same batches: PTQ calibrates on what QAT would train on) and evaluation
  * (train.eval_batch_size, in order, no augmentation). The one place options become loader

@@ -55,6 +55,18 @@ qt_loader_config qt_stage_loader_config(const qt_options *o, qt_loader_purpose p
   return lc;
 }
 
+int qt_stage_test_data(const char *config_path, int images, int batch, qt_options *o, qt_dataset *test,
+                       qt_loader_config *lc, qt_status *st) {
+  qt_dataset none;
+  memset(test, 0, sizeof *test);
+  if (qt_options_load(config_path, NULL, 0, o, st->msg)) return qt_status_fail(st, QT_STATUS_INPUT);
+  if (qt_stage_load_data(&o->data, QT_SPLIT_TEST, &none, test, st)) return -1;
+  if (images > 0) qt_dataset_limit(test, images);
+  *lc = qt_stage_loader_config(o, QT_LOADER_EVAL);
+  if (batch > 0) lc->batch_size = batch;
+  return 0;
+}
+
 qt_loader *qt_stage_first_images(const qt_options *o, const qt_dataset *ds, int n, const float **images, int *got,
                                  qt_status *st) {
   qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_EVAL);

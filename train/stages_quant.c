@@ -13,8 +13,6 @@ static int quantizer_config(const qt_quant_options *q, qt_quantizer_config *qc, 
   qt_quantizer_config_default(qc);
   qc->weight_bits = q->weight_bits;
   qc->activation_bits = q->activation_bits;
-  if (q->isa == QT_QUANT_ISA_VNNI) qc->has_vnni = 1;
-  if (q->isa == QT_QUANT_ISA_NO_VNNI) qc->has_vnni = 0;
   qc->weight_observer = qt_options_weight_observer(q);
   qc->activation_observer = q->activation_observer;
   qc->activation_method = q->activation_range;
@@ -30,21 +28,29 @@ qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *g, FILE *report,
     qt_status_fail(st, QT_STATUS_INPUT);
     return NULL;
   }
+  /* the Quantizer is a function of the backend's description: oneDNN's (its ISA read by the
+   * backend or forced by quant.isa) or one from a file */
   qt_annotations ann;
+  qt_backend_desc d;
+  const char *path = "built in";
   if (q->quantizer == QT_QUANTIZER_BACKEND) {
-    qt_backend_desc d;
-    if (qt_backend_desc_load(&d, q->backend, st->msg) || qt_quantizer_from_backend(g, &d, &qc, &ann, st->msg)) {
+    path = q->backend;
+    if (qt_backend_desc_load(&d, path, st->msg)) {
       qt_status_fail(st, QT_STATUS_INPUT);
       return NULL;
     }
-    if (report) fprintf(report, "quantizer derived from backend %s (%s)\n", d.name, q->backend);
-  } else if (qt_quantizer_onednn(g, &qc, &ann, st->msg)) {
+  } else {
+    qt_backend_desc_onednn_cpu(&d, q->isa == QT_QUANT_ISA_VNNI      ? QT_ISA_VNNI
+                                   : q->isa == QT_QUANT_ISA_NO_VNNI ? QT_ISA_NO_VNNI
+                                                                    : QT_ISA_AUTO);
+  }
+  if (qt_quantizer(g, &d, &qc, &ann, st->msg)) {
     qt_status_fail(st, QT_STATUS_INPUT);
     return NULL;
   }
   if (report) {
-    fprintf(report, "quantizer onednn (W%d A%d, %s):\n", qc.weight_bits, qc.activation_bits,
-            qc.has_vnni ? "VNNI: full-range 8-bit weights" : "no VNNI: 8-bit weights restricted to 7 bits");
+    fprintf(report, "quantizer from backend %s (%s; %s) (W%d A%d%s):\n", d.name, d.isa, path, qc.weight_bits,
+            qc.activation_bits, d.weight_8bit_as_7bit ? ", 8-bit weights restricted to 7 bits" : "");
     qt_annotations_print(g, &ann, report);
   }
   qt_graph *p = qt_prepare(g, &ann, q->mode == QT_QUANT_QAT ? QT_PREPARE_QAT : QT_PREPARE_PTQ, st->msg);
@@ -145,8 +151,8 @@ int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, q
  * device is read inside the graph on the first 1024 test images. */
 enum { QT_INFER_BATCH = 256, QT_INFER_BATCHES = 8, QT_INFER_ROUNDS = 3, QT_PROBE_IMAGES = 1024 };
 
-static void print_deploy(FILE *f, const qt_lowered *m, const qt_quant_result *res) {
-  qt_lowered_report(m, f);
+static void print_deploy(FILE *f, const qt_device *m, const qt_quant_result *res) {
+  qt_device_report(m, f);
   qt_report_print(&res->report, f);
   fprintf(f, "inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s (%.2fx)\n",
           res->speed.batch, QT_INFER_ROUNDS, (long long)res->speed.images, res->speed.fp32_images_per_s,
@@ -160,7 +166,7 @@ int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test,
   /* From the file, as a deployment tool would. */
   qt_graph *qdq = qt_qdq_load(res->qdq_path, st->msg);
   if (!qdq) return qt_status_fail(st, QT_STATUS_FORMAT);
-  qt_lowered *m = qt_lower(qdq, st->msg);
+  qt_device *m = qt_device_open(qdq, NULL, st->msg);
   int rc = -1;
   if (!m || qt_report_run(fp32, qdq, m, test, &ec, QT_PROBE_IMAGES, &res->report, st->msg) ||
       qt_inference_measure(fp32, m, test, &ec, QT_INFER_BATCH, QT_INFER_BATCHES, QT_INFER_ROUNDS, &res->speed,
@@ -184,7 +190,7 @@ int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test,
   res->deployed = 1;
   if (verbose) print_deploy(stderr, m, res);
 out:
-  qt_lowered_free(m);
+  qt_device_free(m);
   qt_graph_free(qdq);
   if (fp32) qt_graph_set_mode(fp32, QT_MODE_TRAIN); /* as qt_evaluate used to leave graphs */
   return rc;

@@ -20,6 +20,7 @@
 #include "qat/qat.h"
 #include "tests/common/testutil.h"
 #include "train/analysis.h"
+#include "tests/common/quantizer_util.h"
 
 static void set_q(qt_qstate *q, float scale, int qmin, int qmax) {
   for (int c = 0; c < q->channels; c++) {
@@ -46,7 +47,7 @@ int main(void) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations ann;
-  if (qt_quantizer_onednn(g, &qc, &ann, err)) qt_test_fail("quantizer: %s", err);
+  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &ann, err)) qt_test_fail("quantizer: %s", err);
   qt_graph *p = qt_prepare(g, &ann, QT_PREPARE_PTQ, err);
   qt_annotations_free(&ann);
   if (!p) {

@@ -15,6 +15,7 @@
 #include "qat/qat.h"
 #include "tests/common/ptq_util.h"
 #include "tests/common/testutil.h"
+#include "tests/common/quantizer_util.h"
 
 /* ---- building small Q/DQ graphs ----------------------------------------------------------- */
 
@@ -145,21 +146,21 @@ static float output_lsb(const qt_graph *g) {
 static double compare(const char *what, qt_graph *g, const float *x, int n, int want_int8, int want_fallback,
                       double max_lsb) {
   char err[QT_ERR_LEN];
-  qt_graph_set_training(g, 0);
-  qt_lowered *m = qt_lower(g, err);
+  qt_graph_set_mode(g, QT_MODE_EVAL);
+  qt_device *m = qt_device_open(g, NULL, err);
   if (!m) {
     qt_test_fail("%s: lower: %s", what, err);
     return 1e9;
   }
-  if ((want_int8 >= 0 && qt_lowered_count(m, QT_PART_INT8) != want_int8) ||
-      qt_lowered_count(m, QT_PART_FALLBACK) != want_fallback) {
-    qt_test_fail("%s: %d int8 / %d fallback partitions, want %d / %d", what, qt_lowered_count(m, QT_PART_INT8),
-                 qt_lowered_count(m, QT_PART_FALLBACK), want_int8, want_fallback);
-    qt_lowered_report(m, stderr);
+  if ((want_int8 >= 0 && qt_device_count(m, QT_PART_INT8) != want_int8) ||
+      qt_device_count(m, QT_PART_FALLBACK) != want_fallback) {
+    qt_test_fail("%s: %d int8 / %d fallback partitions, want %d / %d", what, qt_device_count(m, QT_PART_INT8),
+                 qt_device_count(m, QT_PART_FALLBACK), want_int8, want_fallback);
+    qt_device_report(m, stderr);
   }
-  const int64_t on = qt_lowered_output_numel(m) * n;
+  const int64_t on = qt_device_output_numel(m) * n;
   float *got = malloc((size_t)on * sizeof(float));
-  if (qt_lowered_run(m, got, x, n, err)) qt_test_fail("%s: run: %s", what, err);
+  if (qt_device_run(m, got, x, n, err)) qt_test_fail("%s: run: %s", what, err);
   qt_ctx *ctx = qt_ctx_create();
   const qt_value *in = &g->values[g->input];
   const int64_t shape[4] = {n, in->shape[0], in->shape[1], in->shape[2]};
@@ -185,7 +186,7 @@ static double compare(const char *what, qt_graph *g, const float *x, int n, int 
     fprintf(stderr, "%s: max %.3g LSB, %lld of %lld differ\n", what, worst, (long long)diff, (long long)on);
   free(got);
   qt_ctx_free(ctx);
-  qt_lowered_free(m);
+  qt_device_free(m);
   return worst;
 }
 
@@ -275,15 +276,15 @@ static void fallback_pattern(void) {
   finalize(g, x);
   float *in = random_input(g, 8, -1.5f, 2.5f);
   compare("avg pool fallback", g, in, 8, 0, 1, 0);
-  qt_lowered *m = qt_lower(g, err);
+  qt_device *m = qt_device_open(g, NULL, err);
   int found = 0;
-  for (int i = 0; m && i < qt_lowered_partition_count(m); i++) {
+  for (int i = 0; m && i < qt_device_partition_count(m); i++) {
     const char *nodes, *detail;
-    if (qt_lowered_partition(m, i, &nodes, &detail) == QT_PART_FALLBACK)
+    if (qt_device_partition(m, i, &nodes, &detail) == QT_PART_FALLBACK)
       found = strcmp(nodes, "avgpool") == 0 && strstr(detail, "avg_pool2d") && strstr(detail, "no int8");
   }
   if (!found) qt_test_fail("fallback: the report does not list avgpool as an avg_pool2d fallback with its reason");
-  qt_lowered_free(m);
+  qt_device_free(m);
   free(in);
   qt_graph_free(g);
 }
@@ -299,7 +300,7 @@ static qt_graph *converted_model(const char *model, int wbits, int abits) {
   qc.weight_bits = wbits;
   qc.activation_bits = abits;
   qt_annotations a;
-  QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   return qt_test_ptq_convert(g, &a);
 }
 
@@ -324,11 +325,11 @@ static void res_cnn(void) {
   float *x = malloc(sizeof(float) * 64 * 784);
   qt_test_fill_uniform(x, 64 * 784, -0.8f, 2.0f, 98);
   char err[QT_ERR_LEN];
-  qt_lowered *m = qt_lower(g, err);
+  qt_device *m = qt_device_open(g, NULL, err);
   QT_ASSERT(m, "%s", err);
-  if (getenv("QT_TEST_VERBOSE")) qt_lowered_report(m, stderr);
-  const int fallbacks = qt_lowered_count(m, QT_PART_FALLBACK);
-  qt_lowered_free(m);
+  if (getenv("QT_TEST_VERBOSE")) qt_device_report(m, stderr);
+  const int fallbacks = qt_device_count(m, QT_PART_FALLBACK);
+  qt_device_free(m);
   compare("res_cnn W8A8", g, x, 64, -1, fallbacks, 1);
   free(x);
   qt_graph_free(g);
@@ -340,12 +341,12 @@ static void prepared_refused(void) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   err[0] = 0;
-  qt_lowered *m = qt_lower(p, err);
+  qt_device *m = qt_device_open(p, NULL, err);
   if (m || !strstr(err, "prepared")) qt_test_fail("a prepared graph must be refused naming it, got '%s'", err);
-  qt_lowered_free(m);
+  qt_device_free(m);
   qt_annotations_free(&a);
   qt_graph_free(p);
   qt_graph_free(g);

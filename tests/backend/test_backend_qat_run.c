@@ -13,6 +13,7 @@
 
 #include "qat/qat.h"
 #include "tests/common/testutil.h"
+#include "tests/common/quantizer_util.h"
 
 #ifndef QT_QAT_RUN
 #error "QT_QAT_RUN (the qat_run binary) must be defined by the build"
@@ -65,7 +66,7 @@ static qt_graph *converted_fashion_cnn(void) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   QT_ASSERT(p, "%s", err);
   qt_annotations_free(&a);
@@ -74,9 +75,10 @@ static qt_graph *converted_fashion_cnn(void) {
   const int64_t shape[4] = {32, 28, 28, 1};
   float *x = malloc(sizeof(float) * 32 * 784);
   qt_test_fill_uniform(x, 32 * 784, -0.8f, 2.5f, 41);
-  qt_graph_set_training(p, 1);
+  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
   QT_ASSERT(qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x)), "%s", p->error);
-  qt_graph_set_training(p, 0);
+  qt_set_observers(p, 0);
+  qt_graph_set_mode(p, QT_MODE_EVAL);
   free(x);
   qt_ctx_free(ctx);
   qt_graph *c = qt_convert(p, err);

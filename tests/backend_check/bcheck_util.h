@@ -14,6 +14,7 @@
 #include "qat/qat.h"
 #include "tests/common/ptq_util.h"
 #include "tests/common/testutil.h"
+#include "tests/common/quantizer_util.h"
 
 /* The accelerator description shipped in experiments/. */
 static inline void accel_desc(qt_backend_desc *d) {
@@ -40,12 +41,11 @@ static inline qt_graph *ptq_model(const char *model, const qt_backend_desc *d, i
   qt_quantizer_config_default(&qc);
   qc.weight_bits = wbits;
   qc.activation_bits = abits;
-  qc.has_vnni = has_vnni;
   qt_annotations a;
   if (d)
-    QT_ASSERT(qt_quantizer_from_backend(g, d, &qc, &a, err) == 0, "%s", err);
+    QT_ASSERT(qt_quantizer(g, d, &qc, &a, err) == 0, "%s", err);
   else
-    QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+    QT_ASSERT(qt_test_quantizer_onednn(g, &qc, has_vnni ? QT_ISA_VNNI : QT_ISA_NO_VNNI, &a, err) == 0, "%s", err);
   qt_graph *c = qt_test_ptq_convert(g, &a);
   QT_ASSERT(qt_qdq_save(path, c, err) == 0, "%s", err);
   qt_graph_free(c);
@@ -151,7 +151,7 @@ static inline double max_lsb_diff(const float *a, const float *b, int64_t n, flo
 
 /* The Q/DQ reference interpreter's output on x (n, H, W, C), malloc'd. */
 static inline float *reference(qt_graph *g, const float *x, int n) {
-  qt_graph_set_training(g, 0);
+  qt_graph_set_mode(g, QT_MODE_EVAL);
   qt_ctx *ctx = qt_ctx_create();
   const qt_value *in = &g->values[g->input];
   const int64_t shape[4] = {n, in->shape[0], in->shape[1], in->shape[2]};

@@ -27,7 +27,7 @@ static void quantizer(void) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  QT_ASSERT(qt_quantizer_from_backend(g, &d, &qc, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_quantizer(g, &d, &qc, &a, err) == 0, "%s", err);
   const char *quantized[] = {"conv1", "conv2", "fc2"};
   for (int i = 0; i < 3; i++) {
     const int n = qt_graph_find_node(g, quantized[i]);
@@ -50,11 +50,11 @@ static void quantizer(void) {
   /* refusals */
   qc.weight_bits = 4;
   err[0] = 0;
-  if (qt_quantizer_from_backend(g, &d, &qc, &a, err) == 0 || !strstr(err, "allows weight bits {8}"))
+  if (qt_quantizer(g, &d, &qc, &a, err) == 0 || !strstr(err, "allows weight bits {8}"))
     qt_test_fail("W4 on an 8-bit-only accelerator: '%s'", err);
   qc.weight_bits = 8;
   qc.learnable_scale = 1;
-  if (qt_quantizer_from_backend(g, &d, &qc, &a, err) == 0 || !strstr(err, "powers of two"))
+  if (qt_quantizer(g, &d, &qc, &a, err) == 0 || !strstr(err, "powers of two"))
     qt_test_fail("LSQ with power-of-two scales: '%s'", err);
   qt_graph_free(g);
 }
@@ -73,31 +73,31 @@ static void records_pow2(const qt_graph *g) {
 static void run_vs_reference(const char *what, qt_graph *g, const qt_backend_desc *d, int n, double max_lsb,
                              double min_agree) {
   char err[QT_ERR_LEN];
-  qt_accel *a = qt_accel_partition(g, d, err);
+  qt_device *a = qt_device_open(g, d, err);
   QT_ASSERT(a, "%s", err);
   const qt_value *in = &g->values[g->input];
   const int64_t per = in->shape[0] * in->shape[1] * in->shape[2];
   float *x = malloc((size_t)(n * per) * sizeof(float));
   qt_test_fill_uniform(x, n * per, -0.8f, 2.0f, 77);
-  const int64_t classes = qt_accel_output_numel(a);
+  const int64_t classes = qt_device_output_numel(a);
   float *got = malloc((size_t)(n * classes) * sizeof(float));
-  if (qt_accel_run(a, got, x, n, err)) qt_test_fail("%s: run: %s", what, err);
+  if (qt_device_run(a, got, x, n, err)) qt_test_fail("%s: run: %s", what, err);
   float *want = reference(g, x, n);
   double agree;
   const double d_lsb = max_lsb_diff(got, want, n * classes, output_lsb(g), (int)classes, &agree);
   if (d_lsb > max_lsb || agree < min_agree) {
     qt_test_fail("%s: simulator vs Q/DQ graph: max %.3g LSB (allowed %.0f), identical top-1 %.1f%% (want >= %.1f%%)",
                  what, d_lsb, max_lsb, 100 * agree, 100 * min_agree);
-    qt_accel_report(a, stderr);
+    qt_device_report(a, stderr);
   }
   if (getenv("QT_TEST_VERBOSE")) {
-    qt_accel_report(a, stderr);
+    qt_device_report(a, stderr);
     fprintf(stderr, "%s: max %.3g LSB, top-1 agreement %.2f%%\n", what, d_lsb, 100 * agree);
   }
   free(x);
   free(got);
   free(want);
-  qt_accel_free(a);
+  qt_device_free(a);
 }
 
 static void fashion_cnn(void) {
@@ -115,33 +115,33 @@ static void fashion_cnn(void) {
   }
   qt_backend_check_result_free(&r);
 
-  qt_accel *a = qt_accel_partition(g, &d, err);
+  qt_device *a = qt_device_open(g, &d, err);
   QT_ASSERT(a, "%s", err);
   const char *on[] = {"input.fq.dequantize", "conv1", "relu1", "relu1.fq.quantize", "pool1", "conv2", "pool2",
                       "flatten", "fc2", "fc2.fq.quantize"};
   for (size_t i = 0; i < sizeof on / sizeof on[0]; i++)
-    if (qt_accel_node_on_accel(a, on[i], NULL) != 1) qt_test_fail("partition: %s should run on the accelerator", on[i]);
+    if (qt_device_node_on_backend(a, on[i], NULL) != 1) qt_test_fail("partition: %s should run on the accelerator", on[i]);
   const char *reason;
-  if (qt_accel_node_on_accel(a, "fc1", &reason) != 0 || !strstr(reason, "128 output features > max_channels 64"))
+  if (qt_device_node_on_backend(a, "fc1", &reason) != 0 || !strstr(reason, "128 output features > max_channels 64"))
     qt_test_fail("partition: fc1 should run on the CPU because of its 128 features, got '%s'", reason);
-  if (qt_accel_node_on_accel(a, "relu3", &reason) != 0 || !strstr(reason, "computed on the CPU"))
+  if (qt_device_node_on_backend(a, "relu3", &reason) != 0 || !strstr(reason, "computed on the CPU"))
     qt_test_fail("partition: relu3 should run on the CPU after fc1, got '%s'", reason);
-  if (qt_accel_count(a, QT_PART_INT8) != 2 || qt_accel_count(a, QT_PART_FALLBACK) != 2 ||
-      qt_accel_count(a, QT_PART_BOUNDARY) != 4) {
+  if (qt_device_count(a, QT_PART_INT8) != 2 || qt_device_count(a, QT_PART_FALLBACK) != 2 ||
+      qt_device_count(a, QT_PART_BOUNDARY) != 4) {
     qt_test_fail("partition: %d accelerator / %d cpu / %d transfer partitions, want 2 / 2 / 4",
-                 qt_accel_count(a, QT_PART_INT8), qt_accel_count(a, QT_PART_FALLBACK),
-                 qt_accel_count(a, QT_PART_BOUNDARY));
-    qt_accel_report(a, stderr);
+                 qt_device_count(a, QT_PART_INT8), qt_device_count(a, QT_PART_FALLBACK),
+                 qt_device_count(a, QT_PART_BOUNDARY));
+    qt_device_report(a, stderr);
   }
   int found = 0;
-  for (int i = 0; i < qt_accel_partition_count(a); i++) {
+  for (int i = 0; i < qt_device_partition_count(a); i++) {
     const char *nodes, *detail;
-    if (qt_accel_partition_get(a, i, &nodes, &detail) == QT_PART_FALLBACK && strcmp(nodes, "fc1 -> relu3") == 0 &&
+    if (qt_device_partition(a, i, &nodes, &detail) == QT_PART_FALLBACK && strcmp(nodes, "fc1 -> relu3") == 0 &&
         strstr(detail, "fc1: fp32 layer"))
       found = 1;
   }
   if (!found) qt_test_fail("partition report: no CPU partition 'fc1 -> relu3' with fc1's reason");
-  qt_accel_free(a);
+  qt_device_free(a);
   run_vs_reference("fashion_cnn on fict_npu", g, &d, 64, 2, 0.95);
   qt_graph_free(g);
 }
@@ -152,15 +152,15 @@ static void res_cnn(void) {
   qt_graph *g = ptq_model("res_cnn", &d, 8, 8, 1, "accel_res_cnn.h5");
   records_pow2(g);
   char err[QT_ERR_LEN];
-  qt_accel *a = qt_accel_partition(g, &d, err);
+  qt_device *a = qt_device_open(g, &d, err);
   QT_ASSERT(a, "%s", err);
   const char *reason;
-  if (qt_accel_node_on_accel(a, "block1.add", NULL) != 1 || qt_accel_node_on_accel(a, "block2.add", NULL) != 1)
+  if (qt_device_node_on_backend(a, "block1.add", NULL) != 1 || qt_device_node_on_backend(a, "block2.add", NULL) != 1)
     qt_test_fail("res_cnn: the residual adds should run on the accelerator");
-  if (qt_accel_node_on_accel(a, "gap", &reason) != 0 || !strstr(reason, "not in fict_npu's op list"))
+  if (qt_device_node_on_backend(a, "gap", &reason) != 0 || !strstr(reason, "not in fict_npu's op list"))
     qt_test_fail("res_cnn: gap should run on the CPU (not in the op list), got '%s'", reason);
-  if (qt_accel_node_on_accel(a, "fc", NULL) != 1) qt_test_fail("res_cnn: fc should run on the accelerator");
-  qt_accel_free(a);
+  if (qt_device_node_on_backend(a, "fc", NULL) != 1) qt_test_fail("res_cnn: fc should run on the accelerator");
+  qt_device_free(a);
   run_vs_reference("res_cnn on fict_npu", g, &d, 32, 2, 0.9);
   qt_graph_free(g);
 }
@@ -204,15 +204,15 @@ static void small(int exact_bias) {
   accel_desc(&d);
   qt_graph *g = small_graph(exact_bias);
   char err[QT_ERR_LEN];
-  qt_accel *a = qt_accel_partition(g, &d, err);
+  qt_device *a = qt_device_open(g, &d, err);
   QT_ASSERT(a, "%s", err);
   /* everything but the graph input on the accelerator: one partition between two transfers */
-  if (qt_accel_count(a, QT_PART_INT8) != 1 || qt_accel_count(a, QT_PART_FALLBACK) != 1 ||
-      qt_accel_count(a, QT_PART_BOUNDARY) != 2) {
+  if (qt_device_count(a, QT_PART_INT8) != 1 || qt_device_count(a, QT_PART_FALLBACK) != 1 ||
+      qt_device_count(a, QT_PART_BOUNDARY) != 2) {
     qt_test_fail("small graph: want input on the CPU and one accelerator partition");
-    qt_accel_report(a, stderr);
+    qt_device_report(a, stderr);
   }
-  qt_accel_free(a);
+  qt_device_free(a);
   run_vs_reference(exact_bias ? "small graph, exact biases" : "small graph, arbitrary biases", g, &d, 64,
                    exact_bias ? 0 : 1, exact_bias ? 1.0 : 0.9);
   qt_graph_free(g);
@@ -223,14 +223,14 @@ static void all_cpu(void) {
   accel_desc(&d);
   qt_graph *g = ptq_model("fashion_cnn", NULL, 8, 8, 1, "accel_all_cpu.h5");
   char err[QT_ERR_LEN];
-  qt_accel *a = qt_accel_partition(g, &d, err);
+  qt_device *a = qt_device_open(g, &d, err);
   QT_ASSERT(a, "%s", err);
-  if (qt_accel_count(a, QT_PART_INT8) != 0 || qt_accel_count(a, QT_PART_FALLBACK) != 1)
+  if (qt_device_count(a, QT_PART_INT8) != 0 || qt_device_count(a, QT_PART_FALLBACK) != 1)
     qt_test_fail("a oneDNN-quantized model should run wholly on the CPU of the accelerator backend");
   const char *reason;
-  qt_accel_node_on_accel(a, "conv1", &reason);
+  qt_device_node_on_backend(a, "conv1", &reason);
   if (!strstr(reason, "per-channel weights")) qt_test_fail("conv1's CPU reason: '%s'", reason);
-  qt_accel_free(a);
+  qt_device_free(a);
   run_vs_reference("onednn model on fict_npu (all CPU)", g, &d, 16, 0, 1.0);
   qt_graph_free(g);
 }

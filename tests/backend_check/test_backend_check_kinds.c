@@ -7,6 +7,7 @@
  * description's loader refuses bad files with the file, line and key. A prepared graph is
  * refused. qt_backend_record_problem gives the first problem of one record. */
 #include "tests/backend_check/bcheck_util.h"
+#include "tests/common/quantizer_util.h"
 
 static void expect(const qt_backend_check_result *r, qt_violation_kind k, const char *node, const char *text) {
   if (!violations(r, k, node, text)) {
@@ -103,7 +104,7 @@ static void prepared_refused(void) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   QT_ASSERT(p, "%s", err);
   qt_backend_desc d;

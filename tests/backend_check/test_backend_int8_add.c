@@ -8,30 +8,30 @@
 static void compare(const char *what, qt_graph *g, const float *x, int n, int want_add_int8, int want_fallback,
                     double max_lsb) {
   char err[QT_ERR_LEN];
-  qt_graph_set_training(g, 0);
-  qt_lowered *m = qt_lower(g, err);
+  qt_graph_set_mode(g, QT_MODE_EVAL);
+  qt_device *m = qt_device_open(g, NULL, err);
   QT_ASSERT(m, "%s: %s", what, err);
   int adds = 0;
-  for (int i = 0; i < qt_lowered_partition_count(m); i++) {
+  for (int i = 0; i < qt_device_partition_count(m); i++) {
     const char *nodes, *detail;
-    if (qt_lowered_partition(m, i, &nodes, &detail) == QT_PART_INT8 && strstr(detail, "add u8 + u8 -> u8")) adds++;
+    if (qt_device_partition(m, i, &nodes, &detail) == QT_PART_INT8 && strstr(detail, "add u8 + u8 -> u8")) adds++;
   }
-  if (adds != want_add_int8 || qt_lowered_count(m, QT_PART_FALLBACK) != want_fallback) {
-    qt_test_fail("%s: %d u8 adds and %d fallbacks, want %d and %d", what, adds, qt_lowered_count(m, QT_PART_FALLBACK),
+  if (adds != want_add_int8 || qt_device_count(m, QT_PART_FALLBACK) != want_fallback) {
+    qt_test_fail("%s: %d u8 adds and %d fallbacks, want %d and %d", what, adds, qt_device_count(m, QT_PART_FALLBACK),
                  want_add_int8, want_fallback);
-    qt_lowered_report(m, stderr);
+    qt_device_report(m, stderr);
   }
-  if (getenv("QT_TEST_VERBOSE")) qt_lowered_report(m, stderr);
-  const int64_t on = qt_lowered_output_numel(m) * n;
+  if (getenv("QT_TEST_VERBOSE")) qt_device_report(m, stderr);
+  const int64_t on = qt_device_output_numel(m) * n;
   float *got = malloc((size_t)on * sizeof(float));
-  if (qt_lowered_run(m, got, x, n, err)) qt_test_fail("%s: run: %s", what, err);
+  if (qt_device_run(m, got, x, n, err)) qt_test_fail("%s: run: %s", what, err);
   float *want = reference(g, x, n);
   double agree;
-  const double d = max_lsb_diff(got, want, on, output_lsb(g), (int)qt_lowered_output_numel(m), &agree);
+  const double d = max_lsb_diff(got, want, on, output_lsb(g), (int)qt_device_output_numel(m), &agree);
   if (d > max_lsb) qt_test_fail("%s: lowered vs Q/DQ graph: max %.3g LSB, allowed %.0f", what, d, max_lsb);
   free(got);
   free(want);
-  qt_lowered_free(m);
+  qt_device_free(m);
 }
 
 /* input 7x5x6 -> q/dq (s1, z1) = a; input -> q/dq (s2, z2) = b; a + b [-> relu] -> q/dq [0, qmax] */

@@ -20,7 +20,7 @@ static inline qt_graph *qt_test_ptq_convert(qt_graph *g, qt_annotations *a) {
   const int64_t shape[4] = {32, 28, 28, 1};
   float *x = malloc(sizeof(float) * 32 * 784);
   QT_ASSERT(x, "out of memory");
-  qt_graph_set_training(p, 1);
+  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
   for (int s = 0; s < 3; s++) {
     qt_test_fill_uniform(x, 32 * 784, -0.8f, 2.0f, 40 + (uint64_t)s);
     qt_ctx_reset(ctx);
@@ -28,7 +28,8 @@ static inline qt_graph *qt_test_ptq_convert(qt_graph *g, qt_annotations *a) {
   }
   free(x);
   qt_ctx_free(ctx);
-  qt_graph_set_training(p, 0);
+  qt_set_observers(p, 0);
+  qt_graph_set_mode(p, QT_MODE_EVAL);
   qt_graph *c = qt_convert(p, err);
   QT_ASSERT(c, "%s", err);
   qt_graph_free(p);

@@ -18,6 +18,7 @@
 #include "eval/report.h"
 #include "qat/qat.h"
 #include "tests/common/testutil.h"
+#include "tests/common/quantizer_util.h"
 
 enum { N_IMAGES = 200, BATCH = 64 };
 
@@ -59,7 +60,7 @@ typedef struct {
   qt_ctx *ctx;
   int32_t *labels;    /* label_from_model: written */
   int64_t seen, correct;
-  qt_lowered *m;      /* count_device */
+  qt_device *m;      /* count_device */
   qt_sqnr_sum input;  /* input_sqnr */
   const qt_node *q;
 } run_state;
@@ -99,7 +100,7 @@ static void count_device(void *state, const float *x, int n, const int32_t *labe
   run_state *s = state;
   char err[QT_ERR_LEN];
   float out[BATCH * 10];
-  QT_ASSERT(qt_lowered_run(s->m, out, x, n, err) == 0, "%s", err);
+  QT_ASSERT(qt_device_run(s->m, out, x, n, err) == 0, "%s", err);
   for (int i = 0; i < n; i++) s->correct += argmax(out + i * 10, 10) == labels[i];
   s->seen += n;
 }
@@ -123,15 +124,16 @@ static qt_graph *convert_w8a8(const qt_graph *g, const qt_dataset *ds) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  QT_ASSERT(qt_quantizer_onednn(g, &qc, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   QT_ASSERT(p, "%s", err);
   qt_annotations_free(&a);
   run_state s = {p, qt_ctx_create(), NULL, 0, 0, NULL, {0, 0, 0}, NULL};
   qt_ctx_set_grad(s.ctx, 0);
-  qt_graph_set_training(p, 1); /* observers run; BN is already folded by PTQ prepare */
+  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
   for_batches(ds, count_graph, &s);
-  qt_graph_set_training(p, 0);
+  qt_set_observers(p, 0);
+  qt_graph_set_mode(p, QT_MODE_EVAL);
   qt_ctx_free(s.ctx);
   qt_graph *c = qt_convert(p, err);
   QT_ASSERT(c, "%s", err);
@@ -168,9 +170,9 @@ static void check_folded_points(const qt_dataset *ds) {
     qt_test_fill_uniform(mean, C, -0.5f, 0.5f, seed++);
     qt_test_fill_uniform(var, C, 0.2f, 0.6f, seed++);
   }
-  qt_graph_set_training(g, 0);
+  qt_graph_set_mode(g, QT_MODE_EVAL);
   qt_graph *qdq = convert_w8a8(g, ds);
-  qt_lowered *m = qt_lower(qdq, err);
+  qt_device *m = qt_device_open(qdq, NULL, err);
   QT_ASSERT(m, "%s", err);
   qt_report r;
   qt_loader_config lc = loader_config();
@@ -189,7 +191,7 @@ static void check_folded_points(const qt_dataset *ds) {
     if (folded != 2) qt_test_fail("res_cnn: %d points named after a folded bn (block*.bn2), want 2", folded);
     QT_CHECK(r.fallback_partitions > 0 && r.lsb.max_lsb <= 2.0);
   }
-  qt_lowered_free(m);
+  qt_device_free(m);
   qt_graph_free(qdq);
   qt_graph_free(g);
 }
@@ -218,11 +220,25 @@ static void check_verdicts(void) {
   r.device_correct = 901;
   qt_report_verdict(&r, v, sizeof v);
   if (!strstr(v, "neither stage lost accuracy") || !strstr(v, "lost -0.10 points")) qt_test_fail("verdict (none): %s", v);
-  r.lsb.max_lsb = 7;
+  if (strstr(v, "lowering bug")) qt_test_fail("verdict (1 LSB, the rule passes): %s", v);
+  /* the device is judged by the agreement rule (within 1 output LSB, >= 99.9% identical top-1) */
+  qt_device_agreement_init(&r.agreement, 0.1f);
+  r.agreement.images = r.agreement.agree = 1000;
+  r.lsb.max_lsb = r.agreement.max_lsb = 7;
+  r.agreement.over_max_lsb = 3;
   qt_report_verdict(&r, v, sizeof v);
   if (!strstr(v, "7.0 output LSB") || !strstr(v, "lowering bug")) qt_test_fail("verdict (7 LSB): %s", v);
+  r.lsb.max_lsb = r.agreement.max_lsb = 2;
+  qt_report_verdict(&r, v, sizeof v);
+  if (!strstr(v, "2.0 output LSB") || !strstr(v, "lowering bug")) qt_test_fail("verdict (2 LSB): %s", v);
+  r.lsb.max_lsb = r.agreement.max_lsb = 1;
+  r.agreement.over_max_lsb = 0;
+  r.agreement.agree = 998;
+  qt_report_verdict(&r, v, sizeof v);
+  if (!strstr(v, "99.80%") || !strstr(v, "lowering bug")) qt_test_fail("verdict (99.8%% top-1): %s", v);
+  r.agreement.agree = 1000;
   r.has_fp32 = 0;
-  r.lsb.max_lsb = 0;
+  r.lsb.max_lsb = r.agreement.max_lsb = 0;
   qt_report_verdict(&r, v, sizeof v);
   if (!strstr(v, "not measured")) qt_test_fail("verdict (no fp32): %s", v);
   if (!isnan(qt_report_stage1_loss(&r))) qt_test_fail("stage 1 loss without an fp32 model is not NaN");
@@ -251,7 +267,7 @@ int main(void) {
   qt_graph *fp32 = qt_model_build("fashion_cnn", err);
   QT_ASSERT(fp32, "%s", err);
   qt_graph_init_params(fp32, 3);
-  qt_graph_set_training(fp32, 0);
+  qt_graph_set_mode(fp32, QT_MODE_EVAL);
   int32_t *labels = malloc(N_IMAGES * sizeof(int32_t)); /* not ds.labels: the loader reads those */
   run_state s = {fp32, qt_ctx_create(), labels, 0, 0, NULL, {0, 0, 0}, NULL};
   qt_ctx_set_grad(s.ctx, 0);
@@ -259,7 +275,7 @@ int main(void) {
   memcpy(ds.labels, labels, N_IMAGES * sizeof(int32_t));
   free(labels);
   qt_graph *qdq = convert_w8a8(fp32, &ds);
-  qt_lowered *m = qt_lower(qdq, err);
+  qt_device *m = qt_device_open(qdq, NULL, err);
   QT_ASSERT(m, "%s", err);
 
   qt_report r;
@@ -368,7 +384,7 @@ int main(void) {
   else QT_CHECK(sp.batch == 32 && sp.images == 64 && sp.fp32_images_per_s > 0 && sp.int8_images_per_s > 0);
 
   qt_ctx_free(s.ctx);
-  qt_lowered_free(m);
+  qt_device_free(m);
   qt_graph_free(qdq);
   qt_graph_free(fp32);
   check_folded_points(&ds);

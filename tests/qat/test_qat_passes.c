@@ -13,6 +13,7 @@
 
 #include "qat/qat.h"
 #include "tests/common/testutil.h"
+#include "tests/common/quantizer_util.h"
 
 enum { N = 16 };
 
@@ -34,11 +35,10 @@ static qt_graph *prepared_model(const char *model, qt_prepare_mode mode, int wbi
   qt_quantizer_config_default(&qc);
   qc.weight_bits = wbits;
   qc.activation_bits = abits;
-  qc.has_vnni = vnni;
   qc.weight_observer = mode == QT_PREPARE_QAT ? QT_OBSERVER_MOVING_AVERAGE : QT_OBSERVER_MINMAX;
   qc.learnable_scale = g_lsq;
   qt_annotations a;
-  if (qt_quantizer_onednn(g, &qc, &a, err)) qt_test_fail("quantizer: %s", err);
+  if (qt_test_quantizer_onednn(g, &qc, vnni ? QT_ISA_VNNI : QT_ISA_NO_VNNI, &a, err)) qt_test_fail("quantizer: %s", err);
   qt_graph *p = qt_prepare(g, &a, mode, err);
   if (!p) qt_test_fail("prepare %s: %s", model, err);
   qt_annotations_free(&a);
@@ -84,9 +84,8 @@ static void annotations(void) {
   qt_graph *g = qt_model_build("fashion_cnn", err);
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
-  qc.has_vnni = 0;
   qt_annotations a;
-  QT_CHECK(qt_quantizer_onednn(g, &qc, &a, err) == 0);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_NO_VNNI, &a, err) == 0);
   const char *points[] = {"input", "relu1", "relu2", "relu3", "fc2"};
   const char *shared[] = {"pool1", "pool2", "flatten"};
   int n_points = 0;
@@ -112,16 +111,15 @@ static void annotations(void) {
   QT_CHECK(!a.act[g->nodes[qt_graph_find_node(g, "conv1")].output]);
   QT_CHECK(!a.act[g->nodes[qt_graph_find_node(g, "bn1")].output]);
   qt_annotations_free(&a);
-  qc.has_vnni = 1;
   QT_CHECK(qt_parse_overrides(&qc, "fc2=fp32;conv1=w4a8", err) == 0);
-  QT_CHECK(qt_quantizer_onednn(g, &qc, &a, err) == 0);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
   int c1 = qt_graph_find_node(g, "conv1"), f2 = qt_graph_find_node(g, "fc2");
   QT_CHECK(a.weight_spec[c1].qmin == -8 && a.weight_spec[c1].qmax == 7);
   QT_CHECK(a.weight_spec[qt_graph_find_node(g, "conv2")].qmin == -128);
   QT_CHECK(!a.weight[f2] && !a.act[g->nodes[f2].output]);
   qt_annotations_free(&a);
   QT_CHECK(qt_parse_overrides(&qc, "fc9=fp32", err) == 0);
-  QT_CHECK(qt_quantizer_onednn(g, &qc, &a, err) != 0 && strstr(err, "fc9"));
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) != 0 && strstr(err, "fc9"));
   QT_CHECK(qt_parse_overrides(&qc, "fc2=w9", err) != 0 && strstr(err, "fc2=w9"));
   qt_graph_free(g);
 }
@@ -235,7 +233,7 @@ static void negatives(void) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  qt_quantizer_onednn(g, &qc, &a, err);
+  qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err);
   qt_graph *good = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   int relu1 = g->nodes[qt_graph_find_node(g, "relu1")].output, bn1 = g->nodes[qt_graph_find_node(g, "bn1")].output;
   a.act[relu1] = 0;
@@ -270,7 +268,7 @@ static void shared_weight_refused(void) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations an;
-  QT_CHECK(qt_quantizer_onednn(g, &qc, &an, err) == 0);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &an, err) == 0);
   for (int mode = 0; mode < 2; mode++) {
     qt_graph *p = qt_prepare(g, &an, (qt_prepare_mode)mode, err);
     if (p || !strstr(err, "convA.weight") || !strstr(err, "shared")) {

@@ -49,6 +49,7 @@
 #include "optim/optim.h"
 #include "qat/qat.h"
 #include "tests/common/testutil.h"
+#include "tests/common/quantizer_util.h"
 
 static char ref[4096];
 
@@ -126,7 +127,6 @@ static qt_quantizer_config qat_config(int wbits, int abits) {
   qt_quantizer_config_default(&qc);
   qc.weight_bits = wbits;
   qc.activation_bits = abits;
-  qc.has_vnni = 1; /* 8-bit weights use the full range [-128, 127], as the PyTorch qconfig */
   qc.weight_observer = QT_OBSERVER_MOVING_AVERAGE;
   qc.activation_observer = QT_OBSERVER_MOVING_AVERAGE;
   return qc;
@@ -136,7 +136,8 @@ static qt_graph *prepare(qt_graph *g, int wbits, int abits, qt_prepare_mode mode
   char err[QT_ERR_LEN];
   qt_quantizer_config qc = qat_config(wbits, abits);
   qt_annotations a;
-  if (qt_quantizer_onednn(g, &qc, &a, err)) {
+  /* VNNI: 8-bit weights use the full range [-128, 127], as the PyTorch qconfig */
+  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err)) {
     qt_test_fail("quantizer: %s", err);
     return NULL;
   }

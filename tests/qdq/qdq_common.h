@@ -14,6 +14,7 @@
 
 #include "qat/qat.h"
 #include "tests/common/testutil.h"
+#include "tests/common/quantizer_util.h"
 
 static inline qt_qspec qdq_spec(int bits, int is_signed, int qmin, int qmax, int symmetric, int per_channel) {
   qt_qspec s;
@@ -299,7 +300,7 @@ static inline qt_graph *qdq_prepared_graph(const qt_graph *g, const qt_quantizer
                                            int passes, uint64_t seed) {
   char err[QT_ERR_LEN];
   qt_annotations ann;
-  if (qt_quantizer_onednn(g, qc, &ann, err)) {
+  if (qt_test_quantizer_onednn(g, qc, QT_ISA_AUTO, &ann, err)) {
     qt_test_fail("%s: quantizer: %s", g->name, err);
     return NULL;
   }

@@ -45,7 +45,7 @@ static void one(const char *model, qt_prepare_mode mode, int weight_bits, int ac
   qc.activation_bits = activation_bits;
   qt_annotations ann;
   qt_graph *p = NULL, *c = NULL, *h = NULL;
-  if (qt_quantizer_onednn(g, &qc, &ann, err)) {
+  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &ann, err)) {
     qt_test_fail("%s: quantizer: %s", what, err);
     goto done;
   }
@@ -56,7 +56,7 @@ static void one(const char *model, qt_prepare_mode mode, int weight_bits, int ac
     goto done;
   }
   /* Observe one random batch in training mode (BN batch statistics for QAT). */
-  qt_graph_set_training(p, 1);
+  qt_graph_set_mode(p, QT_MODE_TRAIN);
   qt_set_observers(p, 1);
   int64_t n = 0;
   float *y = qdq_forward(p, 16, 42, &n);

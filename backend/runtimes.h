@@ -1,0 +1,57 @@
+/* The two runtimes behind qt_device (backend/device.c), private to the backend module. */
+#ifndef QT_BACKEND_RUNTIMES_H
+#define QT_BACKEND_RUNTIMES_H
+
+#include "backend/backend.h"
+
+/* ---- oneDNN int8 lowering (lower.c) ---------------------------------------------------------- */
+typedef struct qt_lowered qt_lowered;
+
+
+/* Lowers a finalized Q/DQ graph. Everything needed is copied: g may be freed afterwards.
+ * NULL with err set for a graph that is not a Q/DQ graph (fake_quant / conv_bn nodes or
+ * weights without integers: a prepared graph, convert it first). */
+qt_lowered *qt_lower(const qt_graph *g, char *err);
+void qt_lowered_free(qt_lowered *m);
+
+/* Runs the model on input (n, H, W, C) fp32 NHWC; writes out (n, qt_lowered_output_numel)
+ * fp32: the graph output as the Q/DQ graph defines it (the dequantized integers when the
+ * output is a dq). Returns 0, or -1 with err set (shape mismatch). */
+int qt_lowered_run(qt_lowered *m, float *out, const float *input, int n, char *err);
+int64_t qt_lowered_output_numel(const qt_lowered *m);
+void qt_lowered_input_shape(const qt_lowered *m, int *h, int *w, int *c);
+
+/* Partitions in execution order: kind, the Q/DQ graph nodes covered ("a -> b -> c") and a
+ * detail (the kernel, or for a fallback the reason). */
+int qt_lowered_partition_count(const qt_lowered *m);
+qt_partition_kind qt_lowered_partition(const qt_lowered *m, int i, const char **nodes, const char **detail);
+/* Number of partitions of a kind. */
+int qt_lowered_count(const qt_lowered *m, qt_partition_kind k);
+/* The report: a header line, then one line per partition. */
+void qt_lowered_report(const qt_lowered *m, FILE *f);
+
+/* ---- the accelerator simulator (accel.c) ----------------------------------------------------- */
+typedef struct qt_accel qt_accel; /* opaque */
+
+/* g must outlive the model and stay unchanged (its parameters are read at run time).
+ * NULL with err for a graph that is not a finalized Q/DQ graph. */
+qt_accel *qt_accel_partition(const qt_graph *g, const qt_backend_desc *d, char *err);
+void qt_accel_free(qt_accel *a);
+/* Runs on input (n, H, W, C) fp32 NHWC; out (n, qt_accel_output_numel) fp32. */
+int qt_accel_run(qt_accel *a, float *out, const float *input, int n, char *err);
+int64_t qt_accel_output_numel(const qt_accel *a);
+
+/* Partitions in execution order: QT_PART_INT8 = on the accelerator (detail: its kernels, one
+ * per line), QT_PART_FALLBACK = on the CPU (detail: "node: reason", one per line),
+ * QT_PART_BOUNDARY = a transfer (quantize on the way in, dequantize on the way out). Nodes are
+ * listed "a -> b -> c" in execution order. */
+int qt_accel_partition_count(const qt_accel *a);
+qt_partition_kind qt_accel_partition_get(const qt_accel *a, int i, const char **nodes, const char **detail);
+int qt_accel_count(const qt_accel *a, qt_partition_kind k);
+/* Where node `name` runs: 1 accelerator, 0 CPU (reason set), -1 no such node. */
+int qt_accel_node_on_accel(const qt_accel *a, const char *name, const char **reason);
+/* The report: a header line, then one line per partition. */
+void qt_accel_report(const qt_accel *a, FILE *f);
+
+
+#endif

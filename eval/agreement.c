@@ -1,0 +1,240 @@
+/* The device against the Q/DQ graph (report.h): the one pass rule, the run that measures it on
+ * a test set, and the writer of what the device computes (logits and any intermediate value). */
+#include <hdf5.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eval/report.h"
+
+/* The LSB ratio is computed in float: an exact 1-LSB difference may read 1.00003. */
+#define LSB_SLACK 1e-4
+
+float qt_output_lsb(const qt_graph *qdq) {
+  const qt_node *n = &qdq->nodes[qdq->values[qdq->output].producer];
+  return n->op == QT_OP_DEQUANTIZE && n->q->channels == 1 ? n->q->scale[0] : 0.0f;
+}
+
+void qt_device_agreement_init(qt_device_agreement *a, float output_scale) {
+  memset(a, 0, sizeof *a);
+  a->output_scale = output_scale;
+}
+
+void qt_device_agreement_add(qt_device_agreement *a, const float *device, const float *qdq, const int32_t *labels,
+                             int n, int64_t classes) {
+  for (int i = 0; i < n; i++) {
+    const float *o = device + (int64_t)i * classes, *r = qdq + (int64_t)i * classes;
+    const int64_t p = qt_argmax(o, classes), pr = qt_argmax(r, classes);
+    if (labels) {
+      a->device_correct += p == labels[i];
+      a->qdq_correct += pr == labels[i];
+    }
+    a->agree += p == pr;
+    for (int64_t k = 0; k < classes; k++) {
+      const double d = fabs((double)o[k] - (double)r[k]);
+      a->differ += d > 0;
+      if (d > a->max_abs_diff || d != d) a->max_abs_diff = d;
+      if (a->output_scale > 0) {
+        const double lsb = d / a->output_scale;
+        if (lsb > a->max_lsb || lsb != lsb) a->max_lsb = lsb;
+        a->over_max_lsb += !(lsb <= QT_AGREEMENT_MAX_LSB + LSB_SLACK);
+      }
+    }
+  }
+  a->images += n;
+  a->outputs += (int64_t)n * classes;
+}
+
+double qt_device_agreement_top1(const qt_device_agreement *a) {
+  return a->images ? (double)a->agree / (double)a->images : 1.0;
+}
+
+int qt_device_agreement_pass(const qt_device_agreement *a) {
+  return a->over_max_lsb == 0 && qt_device_agreement_top1(a) >= QT_AGREEMENT_MIN_TOP1;
+}
+
+const char *qt_device_agreement_rule(void) {
+  return "within 1 output LSB of the Q/DQ graph, with identical top-1 on >= 99.9% of images (an fp32 output: "
+         "identical top-1 alone)";
+}
+
+/* The test set's loader, in order and without augmentation, after checking the image shape. */
+static qt_loader *test_loader(const qt_device *dev, const qt_dataset *ds, const qt_loader_config *lc, char *err) {
+  int h, w, c;
+  qt_device_input_shape(dev, &h, &w, &c);
+  if (ds->h != h || ds->w != w || ds->c != c) {
+    qt_err(err, "model %s wants %dx%dx%d images, the test set holds %dx%dx%d", qt_device_graph(dev)->name, h, w, c,
+           ds->h, ds->w, ds->c);
+    return NULL;
+  }
+  qt_loader_config cfg = *lc;
+  cfg.shuffle = 0;
+  cfg.crop_pad = 0;
+  cfg.flip = 0;
+  return qt_loader_create(ds, &cfg, err);
+}
+
+int qt_device_compare(qt_device *dev, qt_graph *qdq, const qt_dataset *ds, const qt_loader_config *lc,
+                      qt_device_agreement *a, char *err) {
+  qt_device_agreement_init(a, qdq ? qt_output_lsb(qdq) : 0.0f);
+  qt_loader *l = test_loader(dev, ds, lc, err);
+  if (!l) return -1;
+  const int64_t classes = qt_device_output_numel(dev);
+  float *out = malloc((size_t)lc->batch_size * (size_t)classes * sizeof(float));
+  QT_ASSERT(out, "out of memory for a batch of %d outputs", lc->batch_size);
+  qt_ctx *ctx = qdq ? qt_ctx_create() : NULL;
+  if (ctx) qt_ctx_set_grad(ctx, 0);
+  if (qdq) qt_graph_set_mode(qdq, QT_MODE_EVAL);
+  int rc = -1, n;
+  const float *x;
+  const int32_t *labels;
+  /* Warm-up: primitives for the batch size are created on first use, not timed. */
+  qt_loader_start_epoch(l, 0);
+  if ((n = qt_loader_next(l, &x, &labels)) > 0 && qt_device_run(dev, out, x, n, err)) goto done;
+  qt_loader_start_epoch(l, 0);
+  while ((n = qt_loader_next(l, &x, &labels)) > 0) {
+    const double t0 = qt_now_seconds();
+    if (qt_device_run(dev, out, x, n, err)) goto done;
+    a->device_seconds += qt_now_seconds() - t0;
+    if (!qdq) {
+      for (int i = 0; i < n; i++) a->device_correct += qt_argmax(out + (int64_t)i * classes, classes) == labels[i];
+      a->images += n;
+      a->outputs += (int64_t)n * classes;
+      continue;
+    }
+    qt_ctx_reset(ctx);
+    const int64_t shape[4] = {n, ds->h, ds->w, ds->c};
+    qt_tensor *y = qt_graph_forward(qdq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x));
+    if (!y) {
+      qt_err(err, "Q/DQ reference: %s", qdq->error);
+      goto done;
+    }
+    qt_device_agreement_add(a, out, qt_f32(y), labels, n, classes);
+  }
+  if (a->images == 0) {
+    qt_err(err, "the test set is empty");
+    goto done;
+  }
+  rc = 0;
+done:
+  qt_ctx_free(ctx);
+  free(out);
+  qt_loader_free(l);
+  return rc;
+}
+
+/* ---- writing what the device computes ----------------------------------------------------------- */
+
+/* A dataset (N, shape) of type `type` in file f, written batch by batch. */
+static hid_t create_dataset(hid_t f, const char *name, hid_t type, int64_t N, const qt_value *v) {
+  hsize_t dims[1 + QT_MAX_DIMS];
+  int nd = 1;
+  dims[0] = (hsize_t)N;
+  for (int d = 0; v && d < v->ndim; d++) dims[nd++] = (hsize_t)v->shape[d];
+  hid_t space = H5Screate_simple(nd, dims, NULL);
+  hid_t ds = space < 0 ? -1 : H5Dcreate2(f, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (space >= 0) H5Sclose(space);
+  return ds;
+}
+
+/* Writes n rows at row `at` of dataset ds. */
+static int write_rows(hid_t ds, hid_t type, int64_t at, int n, const void *data) {
+  hid_t space = H5Dget_space(ds);
+  if (space < 0) return -1;
+  hsize_t dims[1 + QT_MAX_DIMS], start[1 + QT_MAX_DIMS] = {0}, count[1 + QT_MAX_DIMS];
+  const int nd = H5Sget_simple_extent_dims(space, dims, NULL);
+  for (int d = 0; d < nd; d++) count[d] = dims[d];
+  start[0] = (hsize_t)at;
+  count[0] = (hsize_t)n;
+  hid_t mem = H5Screate_simple(nd, count, NULL);
+  int rc = H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, count, NULL) < 0 ||
+                   H5Dwrite(ds, type, mem, space, H5P_DEFAULT, data) < 0
+               ? -1
+               : 0;
+  H5Sclose(mem);
+  H5Sclose(space);
+  return rc;
+}
+
+/* The value of that name (a value, else a node's output); it exists (checked before). */
+static const qt_value *named_value(const qt_graph *g, const char *name) {
+  for (int v = 0; v < g->n_values; v++)
+    if (strcmp(g->values[v].name, name) == 0) return &g->values[v];
+  return &g->values[g->nodes[qt_graph_find_node(g, name)].output];
+}
+
+int qt_device_write_outputs(qt_device *dev, const qt_dataset *ds, const qt_loader_config *lc,
+                            const char *const *values, int n_values, const char *path, char *err) {
+  const qt_graph *g = qt_device_graph(dev);
+  for (int k = 0; k < n_values; k++) {
+    if (qt_device_value_numel(dev, values[k]) < 0)
+      return qt_err(err, "--values: graph %s has no value or node named '%s'", g->name, values[k]);
+    if (strcmp(values[k], "logits") == 0 || strcmp(values[k], "labels") == 0 || strchr(values[k], '/'))
+      return qt_err(err, "--values: '%s' cannot name a dataset (reserved, or holds '/')", values[k]);
+  }
+  qt_loader *l = test_loader(dev, ds, lc, err);
+  if (!l) return -1;
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  if (qt_mkdir_parent(path, err)) {
+    qt_loader_free(l);
+    return -1;
+  }
+  hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (f < 0) {
+    qt_loader_free(l);
+    return qt_err(err, "cannot create '%s'", tmp);
+  }
+  err[0] = 0;
+  int rc, n;
+  float *out = NULL;
+  const float *x;
+  const int32_t *labels;
+  hid_t lab = create_dataset(f, "labels", H5T_NATIVE_INT32, ds->n, NULL);
+  if (lab < 0) goto fail;
+  /* One value at a time over the whole set: the device deploys each intermediate value once. */
+  for (int k = -1; k < n_values; k++) {
+    const char *name = k < 0 ? "logits" : values[k];
+    const qt_value *v = k < 0 ? &g->values[g->output] : named_value(g, name);
+    int64_t numel = 1;
+    for (int d = 0; d < v->ndim; d++) numel *= v->shape[d];
+    free(out);
+    out = malloc((size_t)lc->batch_size * (size_t)numel * sizeof(float));
+    QT_ASSERT(out, "out of memory for a batch of %s", name);
+    hid_t d = create_dataset(f, name, H5T_NATIVE_FLOAT, ds->n, v);
+    if (d < 0) goto fail;
+    int64_t at = 0;
+    qt_loader_start_epoch(l, 0);
+    while ((n = qt_loader_next(l, &x, &labels)) > 0) {
+      const int bad = (k < 0 ? qt_device_run(dev, out, x, n, err) : qt_device_read_value(dev, name, out, x, n, err)) ||
+                      (k < 0 && write_rows(lab, H5T_NATIVE_INT32, at, n, labels)) ||
+                      write_rows(d, H5T_NATIVE_FLOAT, at, n, out);
+      if (bad) {
+        H5Dclose(d);
+        goto fail;
+      }
+      at += n;
+    }
+    H5Dclose(d);
+  }
+  H5Dclose(lab);
+  lab = -1;
+  if (H5Fclose(f) < 0) {
+    f = -1;
+    qt_err(err, "cannot write '%s'", tmp);
+    goto fail;
+  }
+  f = -1;
+  rc = qt_file_commit(tmp, path, err);
+  free(out);
+  qt_loader_free(l);
+  return rc;
+fail:
+  if (!err[0]) qt_err(err, "cannot write '%s'", tmp);
+  if (lab >= 0) H5Dclose(lab);
+  if (f >= 0) H5Fclose(f);
+  remove(tmp);
+  free(out);
+  qt_loader_free(l);
+  return -1;
+}
