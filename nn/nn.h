@@ -1,6 +1,7 @@
 /* The graph IR: what a model is. Nodes (an op, input/output value ids, attributes, owned
- * parameters and buffers, a name) and values (per-sample shapes, NHWC). A builder API,
- * model presets, the executor for train and eval modes, and a Graphviz dump.
+ * parameters and buffers, a name) and values (per-sample shapes, NHWC). The op table (what
+ * every op is: arity, slots, flags, shape inference), a builder API, model presets, the
+ * executor for train and eval modes (one node at a time: qt_node_forward), and a Graphviz dump.
  *
  * Parameters and gradients each live in one slab (a flat float array) owned by the graph;
  * buffers (BN running statistics) in a third. Optimizers and checkpoints work on the slabs. */

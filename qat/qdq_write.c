@@ -260,7 +260,7 @@ static hid_t file_access(void) {
 }
 
 int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  qt_h5_quiet();
   err[0] = 0;
   char msg[QT_ERR_LEN];
   if (!g->finalized) return qt_err(err, "qdq save '%s': graph '%s' is not finalized", path, g->name);
@@ -288,11 +288,12 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
   /* The root group is created with the file: its object times must be off too, or the bytes
    * depend on the clock. */
   hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
-  hid_t f = fapl < 0 || fcpl < 0 || H5Pset_obj_track_times(fcpl, 0) < 0 ? -1
-                                                                       : H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, fapl);
+  char cmsg[QT_ERR_LEN];
+  snprintf(cmsg, sizeof cmsg, "cannot create '%s' (directory missing or not writable?)", tmp);
+  hid_t f = fapl < 0 || fcpl < 0 || H5Pset_obj_track_times(fcpl, 0) < 0 ? -1 : qt_h5_create(tmp, fcpl, fapl, cmsg);
   if (fapl >= 0) H5Pclose(fapl);
   if (fcpl >= 0) H5Pclose(fcpl);
-  if (f < 0) return qt_err(err, "qdq save '%s': cannot create '%s' (directory missing or not writable?)", path, tmp);
+  if (f < 0) return qt_err(err, "qdq save '%s': %s", path, cmsg);
   writer w;
   snprintf(w.where, sizeof w.where, "the file");
   w.dcpl = H5Pcreate(H5P_DATASET_CREATE);
