@@ -30,6 +30,13 @@ hid_t qt_h5_open_read(const char *path, const char *what, hid_t fapl, char *err)
   return f;
 }
 
+hid_t qt_h5_create(const char *path, hid_t fcpl, hid_t fapl, char *err) {
+  qt_h5_quiet();
+  hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, fapl);
+  if (f < 0) return qt_err(err, "cannot create '%s' (directory missing or not writable?)", path);
+  return f;
+}
+
 void qt_h5_type_str(hid_t type, char *buf, size_t len) {
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);

@@ -22,6 +22,10 @@ void qt_h5_quiet(void);
 /* Opens an existing file read-only (fapl may be H5P_DEFAULT). -1 with err: "<what> '<path>':
  * cannot open: <reason>" or "<what> '<path>': not a readable HDF5 file (corrupt or truncated?)". */
 hid_t qt_h5_open_read(const char *path, const char *what, hid_t fapl, char *err);
+/* Creates (truncates) path for writing with the given property lists (H5P_DEFAULT or lists
+ * the caller made); -1 with err "cannot create '<path>' (directory missing or not writable?)"
+ * for the caller to prefix. Writers create "<path>.tmp" and finish with qt_file_commit. */
+hid_t qt_h5_create(const char *path, hid_t fcpl, hid_t fapl, char *err);
 
 /* "signed 32-bit integer", "32-bit float", "fixed-length string of 7 bytes", "variable-length
  * string", ... */

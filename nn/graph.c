@@ -246,6 +246,31 @@ int qt_graph_alloc(qt_graph *g, char *err) {
   return 0;
 }
 
+int qt_input_preprocessing_check(const qt_graph *g, const qt_input_preprocessing *p, char *err) {
+  if (g->input < 0 || g->values[g->input].ndim != 3) return qt_err(err, "graph %s: no image input", g->name);
+  const int64_t C = g->values[g->input].shape[2];
+  if (p->channels != C || p->channels < 1 || p->channels > QT_MAX_INPUT_CHANNELS)
+    return qt_err(err, "input preprocessing of graph %s: %d channels, expected the input's %lld", g->name, p->channels,
+                  (long long)C);
+  for (int c = 0; c < p->channels; c++)
+    if (!isfinite(p->mean[c]) || !isfinite(p->std[c]) || !(p->std[c] > 0))
+      return qt_err(err, "input preprocessing of graph %s: channel %d: mean %g, std %g, expected finite values and std > 0",
+                    g->name, c, p->mean[c], p->std[c]);
+  return 0;
+}
+
+int qt_graph_set_input_preprocessing(qt_graph *g, const float *mean, const float *std, int channels, char *err) {
+  qt_input_preprocessing p = {.set = 1, .channels = channels};
+  if (channels < 1 || channels > QT_MAX_INPUT_CHANNELS)
+    return qt_err(err, "input preprocessing of graph %s: %d channels, expected 1..%d", g->name, channels,
+                  QT_MAX_INPUT_CHANNELS);
+  memcpy(p.mean, mean, (size_t)channels * sizeof *mean);
+  memcpy(p.std, std, (size_t)channels * sizeof *std);
+  if (qt_input_preprocessing_check(g, &p, err)) return -1;
+  g->input_pre = p;
+  return 0;
+}
+
 int qt_graph_finalize(qt_graph *g, int output, char *err) {
   g->output = output;
   if (qt_graph_alloc(g, err)) return -1;

@@ -1,6 +1,7 @@
 /* The graph IR: what a model is. Nodes (an op, input/output value ids, attributes, owned
- * parameters and buffers, a name) and values (per-sample shapes, NHWC). A builder API,
- * model presets, the executor for train and eval modes, and a Graphviz dump.
+ * parameters and buffers, a name) and values (per-sample shapes, NHWC). The op table (what
+ * every op is: arity, slots, flags, shape inference), a builder API, model presets, the
+ * executor for train and eval modes (one node at a time: qt_node_forward), and a Graphviz dump.
  *
  * Parameters and gradients each live in one slab (a flat float array) owned by the graph;
  * buffers (BN running statistics) in a third. Optimizers and checkpoints work on the slabs. */
@@ -161,6 +162,19 @@ typedef struct {
   int node;
 } qt_param;
 
+/* How raw data becomes the graph input, so that a deployment tool reading the model file needs
+ * nothing else: raw pixels in [raw_min, raw_max] = [0, 255], layout NHWC with the input value's
+ * (H, W, C), each channel c computed in float32 as
+ *     x = ((float)pixel / 255.0f - mean[c]) / std[c]
+ * (exactly what data/loader.c does). `set` 0 means not recorded (files without it load so). */
+#define QT_MAX_INPUT_CHANNELS 16
+typedef struct {
+  int set;
+  int channels;                         /* = the input's C when set */
+  float mean[QT_MAX_INPUT_CHANNELS];    /* applied to pixel/255 */
+  float std[QT_MAX_INPUT_CHANNELS];     /* finite, > 0 */
+} qt_input_preprocessing;
+
 typedef struct qt_graph {
   char name[QT_NAME_LEN];
   qt_node *nodes;
@@ -176,6 +190,7 @@ typedef struct qt_graph {
   float *buffers;              /* slab: n_buffers floats */
   int64_t n_buffers;
   char error[QT_ERR_LEN];      /* first builder error */
+  qt_input_preprocessing input_pre; /* not set unless the pipeline records it */
 } qt_graph;
 
 qt_graph *qt_graph_create(const char *name);
@@ -196,6 +211,16 @@ int qt_graph_linear(qt_graph *g, const char *name, int x, int out_features, int 
 int qt_graph_add(qt_graph *g, const char *name, int a, int b);
 /* Marks the output and allocates the slabs (zeroed; BN running_var = 1, gamma = 1). */
 int qt_graph_finalize(qt_graph *g, int output, char *err);
+
+/* Records the input preprocessing (see qt_input_preprocessing): per-channel mean and std as
+ * applied to pixel/255 values, `channels` of them, which must equal the input's C; std finite
+ * and > 0, mean finite. -1 with err otherwise (the graph is unchanged). qt_prepare and
+ * qt_convert copy it to the graphs they make, and qt_qdq_save stores it (docs/qdq_format.md,
+ * /input_preprocessing), so calling it once on the fp32 graph before qt_prepare puts it in both
+ * model_trained.h5 and model_qdq.h5. Saving works without it (the group is then absent). */
+int qt_graph_set_input_preprocessing(qt_graph *g, const float *mean, const float *std, int channels, char *err);
+/* Checks a description against graph g's input (as the setter and the file loader do). */
+int qt_input_preprocessing_check(const qt_graph *g, const qt_input_preprocessing *p, char *err);
 
 /* PyTorch's default initialization (kaiming-uniform a=sqrt(5) for weights, uniform
  * +-1/sqrt(fan_in) for biases, gamma 1, beta 0, running mean 0, var 1), seeded. */
@@ -219,9 +244,6 @@ void qt_graph_sync_learned_scales(qt_graph *g);
 /* Mode switch: every stateful node follows it. */
 void qt_graph_set_training(qt_graph *g, int training);
 
-/* Runs the graph on input (N, H, W, C). With ctx's grad mode on, records the tape; parameter
- * gradients accumulate into g->grads. Returns the output tensor (arena), or NULL with the
- * reason in g->error (e.g. an observer saw NaN: the message names the node). */
 /* The parameter-free ops on tensors: relu (in place when `inplace`), max/avg/global-average
  * pool, flatten, add (x + x2). One definition for this executor and the backends' fp32
  * fallbacks; NULL for any other op. */
@@ -239,6 +261,9 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
  * (an observer saw NaN, or the op is fake_quant, conv_bn, quantize, dequantize or input,
  * which it does not compute). */
 qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const *inputs, int inplace, char *err);
+/* Runs the graph on input (N, H, W, C). With ctx's grad mode on, records the tape; parameter
+ * gradients accumulate into g->grads. Returns the output tensor (arena), or NULL with the
+ * reason in g->error (e.g. an observer saw NaN: the message names the node). */
 qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input);
 /* Like qt_graph_forward, also filling values[v] (arena tensors, n_values entries) for every
  * value, for per-node comparisons. */

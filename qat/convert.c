@@ -38,6 +38,7 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
   qt_graph *p = (qt_graph *)pg;
   err[0] = 0;
   qt_graph *c = qt_graph_create(p->name);
+  c->input_pre = p->input_pre;
   int *vmap = malloc((size_t)p->n_values * sizeof(int));
   int cap = 2 * p->n_tensors + 8, n_pending = 0;
   int *pending = malloc((size_t)cap * sizeof(int));
@@ -75,7 +76,14 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
     int id = qt_graph_add_node(c, op, n->name, inputs, n->n_inputs, &n->attr, v->ndim, v->shape);
     if (id < 0) break;
     vmap[n->output] = c->nodes[id].output;
-    c->nodes[id].bn_frozen = n->bn_frozen;
+    /* eps, momentum and bn_frozen are BN's: the conv2d that conv_bn folds into carries none
+     * (0, as docs/qdq_format.md says of attributes an op does not use). */
+    if (op == QT_OP_BATCH_NORM) {
+      c->nodes[id].bn_frozen = n->bn_frozen;
+    } else {
+      c->nodes[id].attr.eps = c->nodes[id].attr.momentum = 0.0f;
+      c->nodes[id].bn_frozen = 0;
+    }
     if (n->op == QT_OP_CONV_BN) {
       /* Fold with exactly the numbers training used (qt_bn_fold). */
       const qt_param *w = &p->tensors[n->param[QT_P_WEIGHT]];

@@ -94,6 +94,7 @@ qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode
   err[0] = 0;
   prep s = {.g = g};
   s.p = qt_graph_create(g->name);
+  s.p->input_pre = g->input_pre;
   s.vmap = malloc((size_t)g->n_values * sizeof(int));
   s.tmap = malloc((size_t)(g->n_tensors + 1) * sizeof(int));
   s.copies = malloc((size_t)(g->n_tensors + 1) * sizeof(tensor_copy));
@@ -137,8 +138,10 @@ qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode
       const qt_value *v = &g->values[b->output];
       int in = s.vmap[n->inputs[0]];
       qt_node_attrs attr = n->attr;
-      attr.eps = b->attr.eps;
-      attr.momentum = b->attr.momentum;
+      if (mode == QT_PREPARE_QAT) { /* conv_bn keeps its BN's eps and momentum; a PTQ fold needs neither */
+        attr.eps = b->attr.eps;
+        attr.momentum = b->attr.momentum;
+      }
       if (mode == QT_PREPARE_QAT) {
         new_id = qt_graph_add_node(s.p, QT_OP_CONV_BN, n->name, &in, 1, &attr, v->ndim, v->shape);
         if (new_id < 0) break;

@@ -27,6 +27,9 @@
 #define QDQ_CHUNK_BYTES ((size_t)1 << 24)
 #define QDQ_COMPACT_LINKS 65535 /* links kept in the (checksummed) group header, not a heap */
 #define NODE_LINK_LEN (QT_NAME_LEN + 16)
+/* The optional input description (qt_input_preprocessing). */
+#define QDQ_INPUT_PRE_GROUP "input_preprocessing"
+#define QDQ_INPUT_PRE_FORMULA "x[n, h, w, c] = (float32(raw[n, h, w, c]) / 255 - mean[c]) / std[c], in float32"
 
 /* Node attributes naming the tensors in param[] / buffer[] slots (file keys, fixed by the
  * format; the tensors' own names carry the op table's PyTorch suffixes: conv_bn's BN gamma and

@@ -4,11 +4,9 @@
  * The root attribute `kind` says which of the two graphs a file holds; each kind admits only its
  * own ops and records, so a reader of Q/DQ graphs never mistakes fake-quantized float weights
  * for integer ones. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <unistd.h>
 #include <string.h>
 
 #include "qat/qdq_internal.h"
@@ -283,6 +281,50 @@ int qdq_check_records_claimed(hid_t gk, qdq_record_kind kind, const qt_graph *g,
   return rc;
 }
 
+/* The optional /input_preprocessing group: absent means not recorded. */
+static int read_input_preprocessing(hid_t f, qt_graph *g, char *msg) {
+  const char *obj = "/" QDQ_INPUT_PRE_GROUP;
+  htri_t has = H5Lexists(f, QDQ_INPUT_PRE_GROUP, H5P_DEFAULT);
+  if (has < 0) return qt_err(msg, "%s: cannot look up the group (corrupt file?)", obj);
+  if (!has) return 0;
+  hid_t gp = qdq_group_open(f, "/", QDQ_INPUT_PRE_GROUP, msg);
+  if (gp < 0) return -1;
+  const qt_value *x = &g->values[g->input];
+  qt_input_preprocessing p = {.set = 1, .channels = (int)x->shape[2]};
+  char layout[16];
+  int shape[3] = {0, 0, 0}, rc = -1;
+  float raw_min = 0, raw_max = 0, divisor = 0;
+  if (p.channels > QT_MAX_INPUT_CHANNELS) {
+    qt_err(msg, "%s: the input has %d channels, this build reads up to %d", obj, p.channels, QT_MAX_INPUT_CHANNELS);
+    goto done;
+  }
+  if (read_attr_str(gp, obj, "layout", layout, sizeof layout, msg) ||
+      read_attr_ints(gp, obj, "shape", shape, 3, 3, NULL, msg) || read_attr_float(gp, obj, "raw_min", &raw_min, msg) ||
+      read_attr_float(gp, obj, "raw_max", &raw_max, msg) || read_attr_float(gp, obj, "divisor", &divisor, msg) ||
+      qt_h5_attr_read_floats(gp, NULL, obj, "mean", p.mean, p.channels, msg) ||
+      qt_h5_attr_read_floats(gp, NULL, obj, "std", p.std, p.channels, msg))
+    goto done;
+  if (strcmp(layout, "NHWC") != 0) {
+    qt_err(msg, "%s: layout '%s', expected 'NHWC'", obj, layout);
+    goto done;
+  }
+  if (shape[0] != x->shape[0] || shape[1] != x->shape[1] || shape[2] != x->shape[2]) {
+    qt_err(msg, "%s: shape (%d, %d, %d), expected the input's (%lld, %lld, %lld)", obj, shape[0], shape[1], shape[2],
+           (long long)x->shape[0], (long long)x->shape[1], (long long)x->shape[2]);
+    goto done;
+  }
+  if (raw_min != 0.0f || raw_max != 255.0f || divisor != 255.0f) {
+    qt_err(msg, "%s: raw range [%g, %g] / %g, expected [0, 255] / 255", obj, raw_min, raw_max, divisor);
+    goto done;
+  }
+  if (qt_input_preprocessing_check(g, &p, msg)) goto done;
+  g->input_pre = p;
+  rc = 0;
+done:
+  H5Gclose(gp);
+  return rc;
+}
+
 static qt_graph *load_graph(hid_t f, char *msg) {
   qt_graph *g = NULL;
   node_rec *nodes = NULL;
@@ -495,6 +537,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
   if (qdq_check_records_claimed(ga, QDQ_RECORD_ACTIVATION, g, msg) || qdq_check_records_claimed(gw, QDQ_RECORD_WEIGHT, g, msg) ||
       qdq_validate_quant(g, kind, msg))
     goto done;
+  if (read_input_preprocessing(f, g, msg)) goto done;
   qt_graph_set_training(g, 0);
   ok = 1;
 done:
@@ -520,19 +563,9 @@ done:
 }
 
 qt_graph *qt_qdq_load(const char *path, char *err) {
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   err[0] = 0;
-  if (access(path, R_OK) != 0) {
-    qt_err(err, "qdq file '%s': cannot open: %s", path, strerror(errno));
-    return NULL;
-  }
-  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-  hid_t f = fapl < 0 ? -1 : H5Fopen(path, H5F_ACC_RDONLY, fapl);
-  if (fapl >= 0) H5Pclose(fapl);
-  if (f < 0) {
-    qt_err(err, "qdq file '%s': not a readable HDF5 file (corrupt or truncated?)", path);
-    return NULL;
-  }
+  hid_t f = qt_h5_open_read(path, "qdq file", H5P_DEFAULT, err);
+  if (f < 0) return NULL;
   char msg[QT_ERR_LEN] = "";
   qt_graph *g = load_graph(f, msg);
   H5Fclose(f);

@@ -124,6 +124,24 @@ int qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, cons
   return bad ? -1 : 0;
 }
 
+/* /input_preprocessing (only when the graph has it, so files without it keep their bytes). */
+static int write_input_preprocessing(writer *w, hid_t f, const qt_graph *g) {
+  const qt_input_preprocessing *p = &g->input_pre;
+  const qt_value *x = &g->values[g->input];
+  const int shape[3] = {(int)x->shape[0], (int)x->shape[1], (int)x->shape[2]};
+  snprintf(w->where, sizeof w->where, "/%s", QDQ_INPUT_PRE_GROUP);
+  hid_t gp = qdq_group_create(w, f, QDQ_INPUT_PRE_GROUP);
+  if (gp < 0) return -1;
+  int bad = qt_h5_attr_write_str(gp, "layout", "NHWC") ||
+            qt_h5_attr_write(gp, "shape", H5T_STD_I32LE, H5T_NATIVE_INT, 3, shape) ||
+            qt_h5_attr_write_float(gp, "raw_min", 0.0f) || qt_h5_attr_write_float(gp, "raw_max", 255.0f) ||
+            qt_h5_attr_write_float(gp, "divisor", 255.0f) || qt_h5_attr_write_floats(gp, "mean", p->mean, p->channels) ||
+            qt_h5_attr_write_floats(gp, "std", p->std, p->channels) ||
+            qt_h5_attr_write_str(gp, "formula", QDQ_INPUT_PRE_FORMULA);
+  bad |= H5Gclose(gp) < 0;
+  return bad ? -1 : 0;
+}
+
 static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
   snprintf(w->where, sizeof w->where, "the root attributes");
   if (qt_h5_attr_write_str(f, "format", QDQ_FORMAT) || qt_h5_attr_write_int(f, "format_version", QDQ_VERSION) ||
@@ -226,6 +244,7 @@ static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
   if (ga >= 0) bad |= H5Gclose(ga) < 0;
   if (gw >= 0) bad |= H5Gclose(gw) < 0;
   bad |= H5Gclose(gq) < 0;
+  if (!bad && g->input_pre.set) bad = write_input_preprocessing(w, f, g);
   return bad ? -1 : 0;
 }
 
@@ -241,7 +260,7 @@ static hid_t file_access(void) {
 }
 
 int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  qt_h5_quiet();
   err[0] = 0;
   char msg[QT_ERR_LEN];
   if (!g->finalized) return qt_err(err, "qdq save '%s': graph '%s' is not finalized", path, g->name);
@@ -259,7 +278,8 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
                   p->node);
   }
   graph_kind kind = KIND_QDQ;
-  if (qdq_infer_kind(g, &kind, msg) || qdq_validate_structure(g, kind, msg) || qdq_validate_quant(g, kind, msg))
+  if (qdq_infer_kind(g, &kind, msg) || qdq_validate_structure(g, kind, msg) || qdq_validate_quant(g, kind, msg) ||
+      (g->input_pre.set && qt_input_preprocessing_check(g, &g->input_pre, msg)))
     return qt_err(err, "qdq save '%s': %s", path, msg);
 
   char tmp[4200];
@@ -268,11 +288,12 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
   /* The root group is created with the file: its object times must be off too, or the bytes
    * depend on the clock. */
   hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
-  hid_t f = fapl < 0 || fcpl < 0 || H5Pset_obj_track_times(fcpl, 0) < 0 ? -1
-                                                                       : H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, fapl);
+  char cmsg[QT_ERR_LEN];
+  snprintf(cmsg, sizeof cmsg, "cannot create '%s' (directory missing or not writable?)", tmp);
+  hid_t f = fapl < 0 || fcpl < 0 || H5Pset_obj_track_times(fcpl, 0) < 0 ? -1 : qt_h5_create(tmp, fcpl, fapl, cmsg);
   if (fapl >= 0) H5Pclose(fapl);
   if (fcpl >= 0) H5Pclose(fcpl);
-  if (f < 0) return qt_err(err, "qdq save '%s': cannot create '%s' (directory missing or not writable?)", path, tmp);
+  if (f < 0) return qt_err(err, "qdq save '%s': %s", path, cmsg);
   writer w;
   snprintf(w.where, sizeof w.where, "the file");
   w.dcpl = H5Pcreate(H5P_DATASET_CREATE);

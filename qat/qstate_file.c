@@ -25,7 +25,7 @@ int qt_graph_has_quant_state(const qt_graph *g) {
 }
 
 int qt_quant_state_write(hid_t f, const qt_graph *g, char *err) {
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  qt_h5_quiet();
   for (int i = 0; i < g->n_nodes; i++)
     if (qdq_bad_link_name(g->nodes[i].name))
       return qt_err(err, "/quant: node %d name '%s' is empty, '.' or holds '/', which an HDF5 name cannot", i,
@@ -251,7 +251,7 @@ static herr_t bn_attr_known(hid_t loc, const char *name, const H5A_info_t *info,
 }
 
 qt_quant_state *qt_quant_state_read(hid_t f, const qt_graph *g, char *err) {
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  qt_h5_quiet();
   err[0] = 0;
   qt_quant_state *s = calloc(1, sizeof *s);
   QT_ASSERT(s, "out of memory");

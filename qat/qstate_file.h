@@ -1,7 +1,8 @@
 /* The quantization training state of a prepared graph inside an open HDF5 file: what a QAT
  * checkpoint holds beyond parameters, buffers and optimizer state (train/checkpoint.c). It
  * reuses the Q/DQ file's quantization records (docs/qdq_format.md, written and read by
- * qat/qdq_file.c) and adds to each record the state training needs to continue bit for bit:
+ * qat/qdq_write.c and qat/qdq_read.c; this part is qat/qstate_file.c) and adds to each record
+ * the state training needs to continue bit for bit:
  *
  *   /quant                              attributes: format "qt-quant-state", format_version 1
  *   /quant/activation/<node>            a record as in model_trained.h5 (spec attributes, scale,

@@ -25,11 +25,9 @@ int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const
   qt_h5_quiet();
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (f < 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint: cannot create '%s' (directory missing or not writable?)", tmp);
-    return -1;
-  }
+  char cmsg[QT_ERR_LEN];
+  hid_t f = qt_h5_create(tmp, H5P_DEFAULT, H5P_DEFAULT, cmsg);
+  if (f < 0) return qt_err(err, "checkpoint: %s", cmsg);
   int bad = 0;
   hid_t gp = H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   hid_t gb = H5Gcreate2(f, "buffers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);

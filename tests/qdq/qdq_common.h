@@ -215,6 +215,11 @@ static inline int qdq_same_graph(const char *what, const qt_graph *a, const qt_g
                  b->name, a->n_nodes, b->n_nodes, a->n_values, b->n_values, a->n_tensors, b->n_tensors);
     return 0;
   }
+  if (memcmp(&a->input_pre, &b->input_pre, sizeof a->input_pre)) {
+    qt_test_fail("%s: input preprocessing differs (set %d/%d, %d/%d channels)", what, a->input_pre.set,
+                 b->input_pre.set, a->input_pre.channels, b->input_pre.channels);
+    return 0;
+  }
   char w[256];
   for (int i = 0; i < a->n_nodes; i++) {
     const qt_node *x = &a->nodes[i], *y = &b->nodes[i];

@@ -5,7 +5,11 @@ and `prepared` (eval-mode training graphs: fake_quant, conv_bn, fake-quantized f
 
     read_qdq.py model_qdq.h5                 # node list + quantization points
     read_qdq.py model_qdq.h5 --io io.h5      # also run the reference interpreter below on
-                                             # io.h5:/input (N,H,W,C) and compare with /output
+                                             # io.h5:/input (N,H,W,C) and compare with /output;
+                                             # when the model file describes its input
+                                             # preprocessing and io.h5 has /raw (uint8 pixels),
+                                             # the input is computed from /raw with it and must
+                                             # equal /input exactly
 
 The interpreter is a plain numpy reading of the format document (NHWC activations, OIHW
 weights, q = clamp(round_half_even(x * (1/scale)) + zp, qmin, qmax), x = (q - zp) * scale;
@@ -64,6 +68,19 @@ def load(path):
             if kind == "weight" and "weight_int" in g:  # prepared graphs: qparams only
                 r["weight_int"] = g["weight_int"][...]
             quant[(kind, name)] = r
+    pre = None  # optional: how raw pixels become the input (absent in older files)
+    if "input_preprocessing" in f:
+        g = f["input_preprocessing"]
+        pre = {"layout": text(g.attrs["layout"]), "shape": tuple(int(d) for d in g.attrs["shape"]),
+               "raw_min": float(g.attrs["raw_min"]), "raw_max": float(g.attrs["raw_max"]),
+               "divisor": np.float32(g.attrs["divisor"]),
+               "mean": np.asarray(g.attrs["mean"], dtype=np.float32),
+               "std": np.asarray(g.attrs["std"], dtype=np.float32)}
+        inp = int(f.attrs["input"])
+        want = tuple(int(d) for d in f["values/shape"][inp][: f["values/ndim"][inp]])
+        if pre["layout"] != "NHWC" or pre["shape"] != want or len(pre["mean"]) != want[-1] or len(pre["std"]) != want[-1]:
+            raise SystemExit(f"{path}: input_preprocessing does not describe the input {want} (NHWC)")
+    values["input_preprocessing"] = pre
     ops = {a["op"] for a in nodes}
     wrong = ops & ({"fake_quant", "conv_bn"} if graph_kind == "qdq" else {"quantize", "dequantize"})
     if wrong:
@@ -79,6 +96,11 @@ def describe(path, f, nodes, values, tensors, quant):
     print(f"{path}: {text(f.attrs.get('kind', b'qdq'))} graph '{text(f.attrs['name'])}', {len(nodes)} nodes, "
           f"{len(tensors)} tensors, "
           f"input value {int(f.attrs['input'])}, output value {int(f.attrs['output'])}")
+    pre = values["input_preprocessing"]
+    if pre is not None:
+        print(f"  input preprocessing: {pre['layout']} {pre['shape']}, raw [{pre['raw_min']:g}, {pre['raw_max']:g}], "
+              f"x = (raw / {float(pre['divisor']):g} - mean) / std, mean {pre['mean'].tolist()}, "
+              f"std {pre['std'].tolist()}")
     for a in nodes:
         op = a["op"]
         extra = []
@@ -244,6 +266,16 @@ def main():
         return 0
     with h5py.File(args.io, "r") as io:
         x, want = io["input"][...], io["output"][...]
+        raw = io["raw"][...] if "raw" in io else None
+    pre = values["input_preprocessing"]
+    if pre is not None and raw is not None:  # float32, in this order, as the format says
+        xr = ((raw.astype(np.float32) / pre["divisor"]).astype(np.float32) - pre["mean"]) / pre["std"]
+        xr = xr.astype(np.float32)
+        if xr.shape != x.shape or not np.array_equal(xr, x):
+            print(f"input preprocessing of /raw differs from /input: max |diff| {np.abs(xr - x).max():.3g}")
+            return 1
+        print(f"input preprocessing applied to {args.io}:/raw reproduces /input exactly")
+        x = xr
     got = run(nodes, values, tensors, quant, x, int(f.attrs["output"]))
     got = got.reshape(want.shape)
     diff = np.abs(got.astype(np.float64) - want)

@@ -1,7 +1,8 @@
 /* Q/DQ file validation: each bad input (missing file, not HDF5, truncated, wrong format or
  * version, unknown op, value id out of range or out of order, tensor shape that does not fit
  * its op, integers outside [qmin, qmax], bad scales and zero points, missing datasets,
- * attributes and records, orphan records, a Q/DQ graph labelled kind 'prepared') fails with its
+ * attributes and records, orphan records, a Q/DQ graph labelled kind 'prepared', a bad input
+ * preprocessing description: std 0, a shape other than the input's, no mean) fails with its
  * own message naming the file and the object; a file without the `kind` attribute (written
  * before prepared graphs could be saved) loads as a Q/DQ graph; a refused save names the node
  * and leaves the existing file untouched. */
@@ -125,6 +126,27 @@ static void e_bias_shape(hid_t f) {
   reshape_tensor(f, "conv1.bias", 1, d, 1, 3);
 }
 static void e_kernel_attr(hid_t f) { set_int(f, "/nodes/0003_conv1", "kernel_h", 5); }
+/* /input_preprocessing for the 8x8x3 input: a valid group, then one flaw at a time. */
+static void input_pre(hid_t f, const int *shape, float std0, int with_mean) {
+  hid_t g = H5Gcreate2(f, "input_preprocessing", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  QT_ASSERT(g >= 0, "create /input_preprocessing");
+  H5Gclose(g);
+  const char *obj = "/input_preprocessing";
+  const float mean[3] = {0.5f, 0.25f, 0.125f}, std[3] = {std0, 0.5f, 0.25f}, raw[3] = {0.0f, 255.0f, 255.0f};
+  set_str(f, obj, "layout", "NHWC");
+  set_ints(f, obj, "shape", shape, 3);
+  QT_ASSERT(H5LTset_attribute_float(f, obj, "raw_min", &raw[0], 1) >= 0 &&
+                H5LTset_attribute_float(f, obj, "raw_max", &raw[1], 1) >= 0 &&
+                H5LTset_attribute_float(f, obj, "divisor", &raw[2], 1) >= 0 &&
+                (!with_mean || H5LTset_attribute_float(f, obj, "mean", mean, 3) >= 0) &&
+                H5LTset_attribute_float(f, obj, "std", std, 3) >= 0,
+            "set %s", obj);
+}
+static const int input_shape[3] = {8, 8, 3}, wrong_shape[3] = {8, 8, 1};
+static void e_pre_std(hid_t f) { input_pre(f, input_shape, 0.0f, 1); }
+static void e_pre_shape(hid_t f) { input_pre(f, wrong_shape, 1.0f, 1); }
+static void e_pre_mean(hid_t f) { input_pre(f, input_shape, 1.0f, 0); }
+
 static void e_pool_stride(hid_t f) { set_int(f, "/nodes/0007_pool1", "stride_h", 0); }
 static void e_value_shape(hid_t f) {
   hid_t d = H5Dopen2(f, "/values/shape", H5P_DEFAULT);
@@ -314,6 +336,9 @@ int main(void) {
   expect_load_error("linear_features", e_linear_features, "weight 'fc.weight' takes 63 features, input 'flatten' has 64");
   expect_load_error("bias_shape", e_bias_shape, "tensor 'conv1.bias' has shape (5), want (4)");
   expect_load_error("kernel_attr", e_kernel_attr, "has a 3x3 kernel, the attributes say 5x3");
+  expect_load_error("pre_std", e_pre_std, "input preprocessing of graph qdq_small: channel 0: mean 0.5, std 0, expected finite values and std > 0");
+  expect_load_error("pre_shape", e_pre_shape, "/input_preprocessing: shape (8, 8, 1), expected the input's (8, 8, 3)");
+  expect_load_error("pre_mean", e_pre_mean, "/input_preprocessing: missing attribute 'mean'");
   expect_load_error("pool_stride", e_pool_stride, "node 7 'pool1': max_pool2d needs a square kernel");
   expect_load_error("value_shape", e_value_shape, "output value 'conv1' has shape (8, 8, 5), op 'conv2d' computes (8, 8, 4)");
   expect_load_error("weight_int_range", e_weight_int_range, "node 3 'conv1': integer weight 5 = 100 outside [qmin -64, qmax 63]");
