@@ -674,12 +674,6 @@ static qt_tensor *wrap(qt_ctx *ctx, void *data, int N, const qt_value *v) {
   return qt_tensor_wrap(ctx, QT_F32, v->ndim + 1, s, data);
 }
 
-static qt_tensor *param(const qt_accel *a, int t) {
-  if (t < 0) return NULL;
-  const qt_param *p = &a->g->tensors[t];
-  return qt_tensor_wrap(a->ctx, QT_F32, p->ndim, p->shape, (p->is_buffer ? a->g->buffers : a->g->params) + p->offset);
-}
-
 static float *fp32_of(qt_accel *a, rt_value *rt, int v, int N) {
   rt_value *r = &rt[v];
   if (r->f) return r->f;
@@ -695,7 +689,6 @@ static void run_cpu(qt_accel *a, rt_value *rt, int i, const float *input, int N)
   const qt_graph *g = a->g;
   const qt_node *n = &g->nodes[i];
   qt_ctx *ctx = a->ctx;
-  const qt_node_attrs *at = &n->attr;
   rt_value *out = &rt[n->output];
   if (n->op == QT_OP_INPUT) {
     out->f = (float *)input;
@@ -715,34 +708,13 @@ static void run_cpu(qt_accel *a, rt_value *rt, int i, const float *input, int N)
                 n->q->spec.qmin, n->q->spec.qmax);
     return;
   }
-  qt_tensor *y = NULL;
-  switch (n->op) {
-    case QT_OP_CONV2D:
-    case QT_OP_LINEAR: {
-      qt_tensor *w = param(a, n->param[QT_P_WEIGHT]);
-      if (n->wq) { /* the dequantized integer weights */
-        qt_tensor *t = qt_tensor_new(ctx, QT_F32, w->ndim, w->shape);
-        qt_dequantize(qt_f32(t), n->wq->qweight, 1, n->wq->channels, qt_tensor_numel(w) / n->wq->channels,
-                      n->wq->scale, n->wq->zero_point);
-        w = t;
-      }
-      y = n->op == QT_OP_CONV2D
-              ? qt_conv2d(ctx, x, w, param(a, n->param[QT_P_BIAS]), at->stride_h, at->stride_w, at->pad_h, at->pad_w,
-                          at->groups)
-              : qt_linear(ctx, x, w, param(a, n->param[QT_P_BIAS]));
-      break;
-    }
-    case QT_OP_BATCH_NORM:
-      y = qt_batch_norm(ctx, x, param(a, n->param[QT_P_GAMMA]), param(a, n->param[QT_P_BETA]),
-                        g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
-                        g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, 0, at->momentum, at->eps, 0);
-      break;
-    default:
-      y = qt_apply_simple_op(
-          ctx, n->op, at, x,
-          n->op == QT_OP_ADD ? wrap(ctx, fp32_of(a, rt, n->inputs[1], N), N, &g->values[n->inputs[1]]) : NULL, 0);
-      QT_ASSERT(y, "accelerator runtime: node %s (%s) has no CPU executor", n->name, qt_op_name(n->op));
-  }
+  /* the executor's own node forward (nn.h); the graph is a finalized Q/DQ graph in eval mode,
+   * which the forward reads and never changes */
+  qt_tensor *ins[QT_MAX_INPUTS] = {x, NULL};
+  if (n->n_inputs > 1) ins[1] = wrap(ctx, fp32_of(a, rt, n->inputs[1], N), N, &g->values[n->inputs[1]]);
+  char err[QT_ERR_LEN];
+  qt_tensor *y = qt_node_forward((qt_graph *)g, ctx, i, ins, 0, err);
+  QT_ASSERT(y, "accelerator runtime: node %s (%s): %s", n->name, qt_op_name(n->op), err);
   out->f = qt_f32(y);
 }
 

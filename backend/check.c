@@ -280,7 +280,7 @@ int qt_backend_check(const qt_graph *g, const qt_backend_desc *d, qt_backend_che
                     "op %s on quantized data is not run by %s: it runs in fp32 on the CPU (a fallback partition)",
                     qt_op_name(n->op), d->name);
     if (!layer) {
-      if ((n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) && integer_input && d->ops[n->op])
+      if (qt_op_has_weight(n->op) && integer_input && d->ops[n->op])
         add_note(r, "%s: %s left in fp32 (weights not quantized): runs on the CPU", n->name, qt_op_name(n->op));
       continue;
     }

@@ -46,14 +46,10 @@ typedef struct {
   /* u8 add: each input's dequantized values by integer (256 entries), a fused relu */
   float *lut[2];
   int relu;
-  /* fallback: the node's op, attributes and parameters (owned copies) */
-  qt_op op_kind;
-  qt_node_attrs attr;
+  /* fallback: the node of the Q/DQ graph, run by qt_node_forward */
+  int node;
   int in_ndim[2];
   int64_t in_shape[2][3];
-  float *weight, *bias, *gamma, *beta, *mean, *var;
-  int w_ndim;
-  int64_t w_shape[4];
 } step;
 
 typedef struct {
@@ -81,6 +77,7 @@ struct qt_lowered {
   int n_kept, cap_kept;
   qt_ctx *ctx;
   void **bufs;           /* per slot, during a run */
+  const qt_graph *g;     /* the Q/DQ graph (borrowed): the fallbacks' nodes and parameters */
 };
 
 const char *qt_partition_kind_name(qt_partition_kind k) {
@@ -157,7 +154,6 @@ typedef struct {
 } lowering;
 
 static const float *param_data(const qt_graph *g, int t) { return t >= 0 ? g->params + g->tensors[t].offset : NULL; }
-static const float *buffer_data(const qt_graph *g, int t) { return g->buffers + g->tensors[t].offset; }
 
 /* The fp32 form of value v, materializing it with a dequantize step on first use. */
 static int f32_slot(lowering *L, int v) {
@@ -438,8 +434,7 @@ static void lower_fallback(lowering *L, int i, const char *reason) {
   int in_slots[2] = {-1, -1};
   for (int k = 0; k < n->n_inputs; k++) in_slots[k] = f32_slot(L, n->inputs[k]);
   step *s = new_step(m, ST_FALLBACK);
-  s->op_kind = n->op;
-  s->attr = n->attr;
+  s->node = i;
   for (int k = 0; k < n->n_inputs; k++) {
     const qt_value *v = &g->values[n->inputs[k]];
     s->in[k] = in_slots[k];
@@ -448,25 +443,6 @@ static void lower_fallback(lowering *L, int i, const char *reason) {
   }
   const qt_value *yv = &g->values[n->output];
   s->out = new_slot(m, (size_t)value_numel(yv) * sizeof(float));
-  if (qt_op_has_weight(n->op)) {
-    const qt_param *w = &g->tensors[n->param[QT_P_WEIGHT]];
-    s->w_ndim = w->ndim;
-    memcpy(s->w_shape, w->shape, sizeof s->w_shape);
-    s->weight = keep(m, (size_t)w->numel * sizeof(float));
-    if (n->wq) /* the dequantized integers, as the interpreter's effective_weight */
-      qt_dequantize(s->weight, n->wq->qweight, 1, n->wq->channels, w->numel / n->wq->channels, n->wq->scale,
-                    n->wq->zero_point);
-    else
-      memcpy(s->weight, param_data(g, n->param[QT_P_WEIGHT]), (size_t)w->numel * sizeof(float));
-    if (n->param[QT_P_BIAS] >= 0)
-      s->bias = keep_copy(m, param_data(g, n->param[QT_P_BIAS]), (size_t)g->tensors[n->param[QT_P_BIAS]].numel * sizeof(float));
-  } else if (n->op == QT_OP_BATCH_NORM) {
-    const size_t C = (size_t)g->tensors[n->param[QT_P_GAMMA]].numel * sizeof(float);
-    s->gamma = keep_copy(m, param_data(g, n->param[QT_P_GAMMA]), C);
-    s->beta = keep_copy(m, param_data(g, n->param[QT_P_BETA]), C);
-    s->mean = keep_copy(m, buffer_data(g, n->buffer[QT_B_RUNNING_MEAN]), C);
-    s->var = keep_copy(m, buffer_data(g, n->buffer[QT_B_RUNNING_VAR]), C);
-  }
   value_rep *r = &L->rep[n->output];
   r->kind = REP_F32;
   r->slot = r->f32_slot = s->out;
@@ -499,6 +475,7 @@ qt_lowered *qt_lower(const qt_graph *g, char *err) {
   }
   qt_lowered *m = calloc(1, sizeof *m);
   QT_ASSERT(m, "out of memory");
+  m->g = g;
   snprintf(m->name, sizeof m->name, "%s", g->name);
   lowering L = {g, m, calloc((size_t)g->n_values, sizeof(value_rep)), malloc((size_t)g->n_values * sizeof(int)),
                 calloc((size_t)g->n_nodes, sizeof(int)), err};
@@ -663,36 +640,15 @@ static void run_requantize(const step *s, uint8_t *out, const float *in, int64_t
   }
 }
 
-static void *run_fallback(const step *s, qt_ctx *ctx, void **bufs, int N) {
-  qt_tensor *x = wrap(ctx, bufs[s->in[0]], N, s->in_ndim[0], s->in_shape[0]);
-  const qt_node_attrs *a = &s->attr;
-  qt_tensor *y = NULL, *w = NULL, *b = NULL;
-  if (s->weight) {
-    w = qt_tensor_wrap(ctx, QT_F32, s->w_ndim, s->w_shape, s->weight);
-    if (s->bias) {
-      const int64_t oc = s->w_shape[0];
-      b = qt_tensor_wrap(ctx, QT_F32, 1, &oc, s->bias);
-    }
-  }
-  switch (s->op_kind) {
-    case QT_OP_CONV2D:
-      y = qt_conv2d(ctx, x, w, b, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
-      break;
-    case QT_OP_LINEAR:
-      y = qt_linear(ctx, x, w, b);
-      break;
-    case QT_OP_BATCH_NORM: {
-      const int64_t C = s->in_shape[0][s->in_ndim[0] - 1];
-      qt_tensor *gm = qt_tensor_wrap(ctx, QT_F32, 1, &C, s->gamma), *bt = qt_tensor_wrap(ctx, QT_F32, 1, &C, s->beta);
-      y = qt_batch_norm(ctx, x, gm, bt, s->mean, s->var, 0, a->momentum, a->eps, 0);
-      break;
-    }
-    default:
-      y = qt_apply_simple_op(ctx, s->op_kind, a, x,
-                             s->op_kind == QT_OP_ADD ? wrap(ctx, bufs[s->in[1]], N, s->in_ndim[1], s->in_shape[1]) : NULL,
-                             0);
-      QT_ASSERT(y, "lowered fallback step with op %s has no executor", qt_op_name(s->op_kind));
-  }
+/* The fallback node with the executor's own node forward (the graph is a finalized Q/DQ graph in
+ * eval mode, which the forward reads and never changes). */
+static void *run_fallback(const qt_lowered *m, const step *s, qt_ctx *ctx, void **bufs, int N) {
+  const qt_node *n = &m->g->nodes[s->node];
+  qt_tensor *ins[QT_MAX_INPUTS] = {NULL};
+  for (int k = 0; k < n->n_inputs && k < 2; k++) ins[k] = wrap(ctx, bufs[s->in[k]], N, s->in_ndim[k], s->in_shape[k]);
+  char err[QT_ERR_LEN];
+  qt_tensor *y = qt_node_forward((qt_graph *)m->g, ctx, s->node, ins, 0, err);
+  QT_ASSERT(y, "lowered fallback %s (%s): %s", n->name, qt_op_name(n->op), err);
   return y->data;
 }
 
@@ -708,7 +664,7 @@ int qt_lowered_run(qt_lowered *m, float *out, const float *input, int n, char *e
     void *in = s->in[0] >= 0 ? m->bufs[s->in[0]] : NULL;
     const int64_t numel = s->in_numel * n;
     if (s->kind == ST_FALLBACK) {
-      m->bufs[s->out] = run_fallback(s, m->ctx, m->bufs, n);
+      m->bufs[s->out] = run_fallback(m, s, m->ctx, m->bufs, n);
       continue;
     }
     void *o = qt_arena_alloc(m->ctx, m->slots[s->out].bytes * (size_t)n);

@@ -8,7 +8,8 @@
 typedef struct qt_lowered qt_lowered;
 
 
-/* Lowers a finalized Q/DQ graph. Everything needed is copied: g may be freed afterwards.
+/* Lowers a finalized Q/DQ graph. g must outlive the lowered model and stay unchanged: fallback
+ * partitions run its nodes with qt_node_forward (nn.h), reading their parameters from g.
  * NULL with err set for a graph that is not a Q/DQ graph (fake_quant / conv_bn nodes or
  * weights without integers: a prepared graph, convert it first). */
 qt_lowered *qt_lower(const qt_graph *g, char *err);

@@ -130,7 +130,7 @@ int64_t qt_analysis_model_bytes(const qt_graph *g) {
   int64_t bytes = 0;
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
-    if (n->op != QT_OP_CONV2D && n->op != QT_OP_LINEAR && n->op != QT_OP_CONV_BN) continue;
+    if (!qt_op_has_weight(n->op)) continue;
     int bits = n->wq ? n->wq->spec.bits : 32;
     if (n->param[QT_P_WEIGHT] >= 0) bytes += (g->tensors[n->param[QT_P_WEIGHT]].numel * bits + 7) / 8;
     if (n->param[QT_P_BIAS] >= 0) bytes += 4 * g->tensors[n->param[QT_P_BIAS]].numel;
@@ -537,7 +537,7 @@ int qt_analysis_run(const qt_options *o, qt_graph *fp32, const qt_dataset *train
       goto out;
     }
   for (int i = 0; i < fp32->n_nodes && A->n_layers < MAX_LAYERS; i++)
-    if (fp32->nodes[i].op == QT_OP_CONV2D || fp32->nodes[i].op == QT_OP_LINEAR)
+    if (qt_op_has_weight(fp32->nodes[i].op))
       snprintf(A->layers[A->n_layers++], QT_NAME_LEN, "%s", fp32->nodes[i].name);
   layer_sens sens[MAX_LAYERS];
   if (section_header(A, err) ||

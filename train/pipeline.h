@@ -45,6 +45,7 @@ qt_loader *qt_stage_first_images(const qt_options *o, const qt_dataset *ds, int 
 
 /* ---- model ----------------------------------------------------------------------------------- */
 /* Builds model.name, checks that it takes data's images and has an output per class,
+ * records the input preprocessing (data.mean / data.std: the model files carry it) and
  * initializes it from train.seed. data may be NULL (no check). */
 qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_status *st);
 /* The check qt_stage_build_model makes: g takes data's images and has an output per class. */

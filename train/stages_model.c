@@ -106,6 +106,19 @@ qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_s
     qt_graph_free(g);
     return NULL;
   }
+  /* the loader's normalization, recorded in the graph so the model files carry it */
+  const int C = (int)g->values[g->input].shape[2];
+  float mean[4], std[4];
+  for (int c = 0; c < C && c < 4; c++) {
+    mean[c] = (float)o->data.mean;
+    std[c] = (float)o->data.std;
+  }
+  if (C > 4 || qt_graph_set_input_preprocessing(g, mean, std, C, st->msg)) {
+    if (C > 4) snprintf(st->msg, sizeof st->msg, "model %s takes %d input channels (at most 4)", g->name, C);
+    qt_status_fail(st, QT_STATUS_INPUT);
+    qt_graph_free(g);
+    return NULL;
+  }
   qt_graph_init_params(g, (uint64_t)o->train.seed);
   return g;
 }
