@@ -23,32 +23,6 @@ static int usage(void) {
   return 2;
 }
 
-/* The device against the Q/DQ reference on the config's test set, judged by the one agreement
- * rule. Returns 0 pass, 1 fail, 2 on error. */
-static int run_compare(qt_device *dev, qt_graph *g, const char *cfg_path, int images, int batch, char *err) {
-  static qt_options o;
-  qt_status st = {0};
-  qt_dataset test = {0};
-  qt_device_agreement a;
-  qt_loader_config lc;
-  int status = 2;
-  if (qt_stage_test_data(cfg_path, images, batch, &o, &test, &lc, &st) ||
-      qt_device_compare(dev, g, &test, &lc, &a, st.msg)) {
-    snprintf(err, QT_ERR_LEN, "%s", st.msg);
-    goto done;
-  }
-  printf("run: %lld test images: device top-1 %.2f%%, Q/DQ reference top-1 %.2f%%; outputs: max difference %.3g %s, "
-         "%lld of %lld differ; identical top-1 on %.2f%%\n", (long long)a.images,
-         100.0 * (double)a.device_correct / (double)a.images, 100.0 * (double)a.qdq_correct / (double)a.images,
-         a.output_scale > 0 ? a.max_lsb : a.max_abs_diff, a.output_scale > 0 ? "LSB" : "(absolute; fp32 output)",
-         (long long)a.differ, (long long)a.outputs, 100.0 * qt_device_agreement_top1(&a));
-  status = !qt_device_agreement_pass(&a);
-  if (status) printf("run: FAIL: the device must stay %s\n", qt_device_agreement_rule());
-done:
-  qt_dataset_free(&test);
-  return status;
-}
-
 /* --quantize: PTQ of CFG.ini's fp32 checkpoint with the backend's Quantizer (the pipeline's
  * stages), written to out_path. */
 static int quantize(const char *cfg_path, const char *backend, const char *isa, const char *out_path, char *err) {
@@ -116,8 +90,10 @@ int main(int argc, char **argv) {
     if (!(dev = qt_device_open(g, &d, err))) goto fail;
     qt_device_report(dev, stdout);
   }
-  const int rs = run ? run_compare(dev, g, quant_config ? quant_config : config_path, images, batch, err) : 0;
-  if (rs == 2) goto fail;
+  qt_status st = {0};
+  const char *data_config = quant_config ? quant_config : config_path;
+  const int rs = run ? qt_stage_compare_device(data_config, images, batch, dev, g, "run", &st) : 0;
+  if (rs < 0 && qt_err(err, "%s", st.msg)) goto fail;
   status = rs ? 1 : status;
   goto done;
 fail:

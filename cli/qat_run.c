@@ -62,19 +62,7 @@ int main(int argc, char **argv) {
          (long long)a.images, batch, 100.0 * (double)a.device_correct / (double)a.images,
          (double)a.images / a.device_seconds, a.device_seconds);
   status = 0;
-  if (compare) {
-    printf("qat_run: Q/DQ reference top-1 %.2f%%; device vs Q/DQ: ", 100.0 * (double)a.qdq_correct / (double)a.images);
-    if (a.output_scale > 0)
-      printf("max logit difference %.3g LSB, %lld logits over 1 LSB, ", a.max_lsb, (long long)a.over_max_lsb);
-    else
-      printf("fp32 output (no output LSB): max logit difference %.3g (absolute), %lld of %lld logits differ, ",
-             a.max_abs_diff, (long long)a.differ, (long long)a.outputs);
-    printf("identical top-1 on %.3f%% of images\n", 100.0 * qt_device_agreement_top1(&a));
-    if (!qt_device_agreement_pass(&a)) {
-      printf("qat_run: FAIL: the device must stay %s\n", qt_device_agreement_rule());
-      status = 1;
-    }
-  }
+  if (compare && !qt_device_agreement_print(&a, "qat_run", stdout)) status = 1;
   if (outputs_path) {
     if (qt_device_write_outputs(dev, &test, &lc, values, n_values, outputs_path, err)) goto fail;
     printf("qat_run: wrote the device's logits%s to %s\n", n_values ? " and values" : "", outputs_path);

@@ -238,3 +238,19 @@ fail:
   qt_loader_free(l);
   return -1;
 }
+
+int qt_device_agreement_print(const qt_device_agreement *a, const char *prefix, FILE *f) {
+  const double n = a->images > 0 ? (double)a->images : 1.0;
+  fprintf(f, "%s: %lld test images: device top-1 %.2f%%, Q/DQ reference top-1 %.2f%%; outputs: ", prefix,
+          (long long)a->images, 100.0 * (double)a->device_correct / n, 100.0 * (double)a->qdq_correct / n);
+  if (a->output_scale > 0)
+    fprintf(f, "max difference %.3g LSB, %lld of %lld logits differ, %lld logits over 1 LSB", a->max_lsb,
+            (long long)a->differ, (long long)a->outputs, (long long)a->over_max_lsb);
+  else
+    fprintf(f, "max difference %.3g (absolute; fp32 output (no output LSB)), %lld of %lld logits differ",
+            a->max_abs_diff, (long long)a->differ, (long long)a->outputs);
+  fprintf(f, "; identical top-1 on %.3f%%\n", 100.0 * qt_device_agreement_top1(a));
+  const int pass = qt_device_agreement_pass(a);
+  if (!pass) fprintf(f, "%s: FAIL: the device must stay %s\n", prefix, qt_device_agreement_rule());
+  return pass;
+}

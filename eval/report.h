@@ -83,6 +83,12 @@ int qt_device_agreement_pass(const qt_device_agreement *a);
 /* The rule in words, for messages: "within 1 output LSB of the Q/DQ graph, with identical top-1 on
  * >= 99.9% of images (...)". */
 const char *qt_device_agreement_rule(void);
+/* The comparison as the programs print it (prefix: the program's name):
+ *   "<prefix>: N test images: device top-1 A%, Q/DQ reference top-1 B%; outputs: max difference
+ *    X LSB, K of M logits differ, L logits over 1 LSB; identical top-1 on P%"
+ * (an fp32 output: "max difference X (absolute; fp32 output (no output LSB))"), then, when the
+ * device fails the rule, "<prefix>: FAIL: the device must stay <rule>". Returns 1 when it passes. */
+int qt_device_agreement_print(const qt_device_agreement *a, const char *prefix, FILE *f);
 
 /* Runs the test set (ds in lc's batches, in order, no augmentation) through the device and,
  * when qdq is not NULL, the Q/DQ reference interpreter (put in eval mode), and fills a: device

@@ -114,103 +114,112 @@ static int read_meta(hid_t f, const char *path, qt_checkpoint_meta *meta, char *
   return 0;
 }
 
+/* The checkpoint holds g's model, and quantization state exactly when g is a prepared graph:
+ * an fp32 checkpoint cannot resume a quantized run, nor a quantized run's checkpoint be taken
+ * for fp32 weights. */
+static int check_model(hid_t f, const char *path, const qt_graph *g, char *err) {
+  char model[QT_NAME_LEN] = "", file[4200];
+  snprintf(file, sizeof file, "checkpoint '%s'", path);
+  if (H5Aexists(f, "model") <= 0)
+    return qt_err(err, "checkpoint '%s': no 'model' attribute (not a qat checkpoint?)", path);
+  if (qt_h5_attr_read_str(f, file, "/", "model", model, sizeof model, err)) return -1;
+  if (strcmp(model, g->name) != 0)
+    return qt_err(err, "checkpoint '%s' holds model '%s', the config builds '%s'", path, model, g->name);
+  const int file_quant = H5Lexists(f, "quant", H5P_DEFAULT) > 0, graph_quant = qt_graph_has_quant_state(g);
+  if (graph_quant && !file_quant)
+    return qt_err(err,
+                  "checkpoint '%s' holds no quantization state (/quant): it was written by an fp32 run (or by a "
+                  "quantized run before such runs could be resumed), but the graph to load is a prepared (quantized) "
+                  "one",
+                  path);
+  if (!graph_quant && file_quant)
+    return qt_err(err,
+                  "checkpoint '%s' holds a quantized run's training graph (/quant: fake quant, conv_bn, qparams), not "
+                  "the fp32 model '%s': resume it as the same quantized run, or load an fp32 run's checkpoint",
+                  path, g->name);
+  return 0;
+}
+
+/* The optimizer's state slabs (malloc'd, *states: qt_optim_state_count of them) and step count. */
+static int read_optim(hid_t f, const char *path, const qt_graph *g, qt_optim *opt, float ***states, int64_t *steps,
+                      char *err) {
+  const int ns = qt_optim_state_count(opt);
+  char file[4200];
+  snprintf(file, sizeof file, "checkpoint '%s'", path);
+  *states = calloc((size_t)ns + 1, sizeof **states);
+  QT_ASSERT(*states, "out of memory");
+  hid_t go = H5Lexists(f, "optim", H5P_DEFAULT) > 0 ? H5Gopen2(f, "optim", H5P_DEFAULT) : -1;
+  if (go < 0) return qt_err(err, "checkpoint '%s': no optimizer state (/optim) to resume from", path);
+  int bad = qt_h5_attr_read_i64(go, file, "/optim", "steps", steps, err) != 0;
+  H5Gclose(go);
+  for (int i = 0; i < ns && !bad; i++) {
+    const char *name = NULL;
+    qt_optim_state(opt, i, &name);
+    (*states)[i] = malloc((size_t)(g->n_params + 1) * sizeof(float));
+    QT_ASSERT((*states)[i], "out of memory");
+    bad = read_f32(f, "optim", name, 1, &g->n_params, (*states)[i], path, err);
+  }
+  return bad ? -1 : 0;
+}
+
+/* Everything g (and opt) will hold, read into scratch copies first so that a failure leaves
+ * the graph untouched. */
+typedef struct {
+  float *params, *buffers, **states;
+  int64_t steps;
+  qt_checkpoint_meta meta;
+  qt_quant_state *qs;
+} loaded;
+
+static int read_all(hid_t f, const char *path, qt_graph *g, qt_optim *opt, loaded *L, char *err) {
+  L->params = malloc((size_t)(g->n_params + 16) * sizeof(float));
+  L->buffers = malloc((size_t)(g->n_buffers + 16) * sizeof(float));
+  QT_ASSERT(L->params && L->buffers, "out of memory");
+  memcpy(L->params, g->params, (size_t)g->n_params * sizeof(float));
+  memcpy(L->buffers, g->buffers, (size_t)g->n_buffers * sizeof(float));
+  for (int i = 0; i < g->n_tensors; i++) {
+    const qt_param *p = &g->tensors[i];
+    if (read_f32(f, p->is_buffer ? "buffers" : "params", p->name, p->ndim, p->shape,
+                 (p->is_buffer ? L->buffers : L->params) + p->offset, path, err))
+      return -1;
+  }
+  if (read_meta(f, path, &L->meta, err)) return -1;
+  if (opt && read_optim(f, path, g, opt, &L->states, &L->steps, err)) return -1;
+  if (qt_graph_has_quant_state(g)) {
+    char qerr[QT_ERR_LEN];
+    if (!(L->qs = qt_quant_state_read(f, g, qerr)))
+      return qt_err(err, "checkpoint '%s' does not match this run's prepared graph: %s", path, qerr);
+  }
+  return 0;
+}
+
 int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
   hid_t f = open_checkpoint(path, err);
   if (f < 0) return -1;
-  int rc = -1;
-  char model[QT_NAME_LEN] = "", file[4200];
-  snprintf(file, sizeof file, "checkpoint '%s'", path);
-  if (H5Aexists(f, "model") <= 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint '%s': no 'model' attribute (not a qat checkpoint?)", path);
-    goto done;
-  }
-  if (qt_h5_attr_read_str(f, file, "/", "model", model, sizeof model, err)) goto done;
-  if (strcmp(model, g->name) != 0) {
-    snprintf(err, QT_ERR_LEN, "checkpoint '%s' holds model '%s', the config builds '%s'", path, model, g->name);
-    goto done;
-  }
-  /* A prepared (quantized) graph and its quantization state go together: an fp32 checkpoint
-   * cannot resume a quantized run, nor a quantized run's checkpoint be taken for fp32 weights. */
-  const int file_quant = H5Lexists(f, "quant", H5P_DEFAULT) > 0, graph_quant = qt_graph_has_quant_state(g);
-  if (graph_quant && !file_quant) {
-    snprintf(err, QT_ERR_LEN,
-             "checkpoint '%s' holds no quantization state (/quant): it was written by an fp32 run (or by a quantized "
-             "run before such runs could be resumed), but the graph to load is a prepared (quantized) one",
-             path);
-    goto done;
-  }
-  if (!graph_quant && file_quant) {
-    snprintf(err, QT_ERR_LEN,
-             "checkpoint '%s' holds a quantized run's training graph (/quant: fake quant, conv_bn, qparams), not the "
-             "fp32 model '%s': resume it as the same quantized run, or load an fp32 run's checkpoint",
-             path, g->name);
-    goto done;
-  }
-  /* Read into scratch copies first so a failure leaves the graph untouched. */
-  float *params = malloc((size_t)(g->n_params + 16) * sizeof(float));
-  float *buffers = malloc((size_t)(g->n_buffers + 16) * sizeof(float));
-  QT_ASSERT(params && buffers, "out of memory");
-  memcpy(params, g->params, (size_t)g->n_params * sizeof(float));
-  memcpy(buffers, g->buffers, (size_t)g->n_buffers * sizeof(float));
-  int bad = 0;
-  for (int i = 0; i < g->n_tensors && !bad; i++) {
-    const qt_param *p = &g->tensors[i];
-    bad = read_f32(f, p->is_buffer ? "buffers" : "params", p->name, p->ndim, p->shape,
-                   (p->is_buffer ? buffers : params) + p->offset, path, err);
-  }
-  int64_t osteps = 0;
-  qt_checkpoint_meta m = {0};
-  if (!bad) bad = read_meta(f, path, &m, err) != 0;
-  float **states = NULL;
-  int ns = opt ? qt_optim_state_count(opt) : 0;
-  if (!bad && opt) {
-    states = calloc((size_t)ns + 1, sizeof *states);
-    hid_t go = H5Lexists(f, "optim", H5P_DEFAULT) > 0 ? H5Gopen2(f, "optim", H5P_DEFAULT) : -1;
-    if (go < 0) {
-      snprintf(err, QT_ERR_LEN, "checkpoint '%s': no optimizer state (/optim) to resume from", path);
-      bad = 1;
-    } else if (qt_h5_attr_read_i64(go, file, "/optim", "steps", &osteps, err)) {
-      bad = 1;
-    }
-    if (go >= 0) H5Gclose(go);
-    for (int i = 0; i < ns && !bad; i++) {
-      const char *name = NULL;
-      qt_optim_state(opt, i, &name);
-      states[i] = malloc((size_t)(g->n_params + 1) * sizeof(float));
-      bad = read_f32(f, "optim", name, 1, &g->n_params, states[i], path, err);
-    }
-  }
-  qt_quant_state *qs = NULL;
-  if (!bad && graph_quant) {
-    char qerr[QT_ERR_LEN];
-    if (!(qs = qt_quant_state_read(f, g, qerr))) {
-      snprintf(err, QT_ERR_LEN, "checkpoint '%s' does not match this run's prepared graph: %s", path, qerr);
-      bad = 1;
-    }
-  }
-  if (!bad && meta) {
-    *meta = m;
-    m.config_ini = NULL;
-  }
-  free(m.config_ini);
-  if (!bad) {
-    memcpy(g->params, params, (size_t)g->n_params * sizeof(float));
-    memcpy(g->buffers, buffers, (size_t)g->n_buffers * sizeof(float));
+  loaded L = {0};
+  const int ns = opt ? qt_optim_state_count(opt) : 0;
+  const int rc = check_model(f, path, g, err) || read_all(f, path, g, opt, &L, err) ? -1 : 0;
+  if (!rc) {
+    memcpy(g->params, L.params, (size_t)g->n_params * sizeof(float));
+    memcpy(g->buffers, L.buffers, (size_t)g->n_buffers * sizeof(float));
     for (int i = 0; i < ns; i++) {
       const char *name;
-      memcpy(qt_optim_state(opt, i, &name), states[i], (size_t)g->n_params * sizeof(float));
+      memcpy(qt_optim_state(opt, i, &name), L.states[i], (size_t)g->n_params * sizeof(float));
     }
-    if (opt) qt_optim_set_steps(opt, osteps);
-    if (qs) qt_quant_state_apply(g, qs);
-    qs = NULL;
-    rc = 0;
+    if (opt) qt_optim_set_steps(opt, L.steps);
+    if (L.qs) qt_quant_state_apply(g, L.qs);
+    L.qs = NULL;
+    if (meta) {
+      *meta = L.meta;
+      L.meta.config_ini = NULL;
+    }
   }
-  qt_quant_state_free(qs);
-  for (int i = 0; states && i < ns; i++) free(states[i]);
-  free(states);
-  free(params);
-  free(buffers);
-done:
+  free(L.meta.config_ini);
+  qt_quant_state_free(L.qs);
+  for (int i = 0; L.states && i < ns; i++) free(L.states[i]);
+  free(L.states);
+  free(L.params);
+  free(L.buffers);
   H5Fclose(f);
   return rc;
 }

@@ -116,6 +116,12 @@ int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, q
 int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test, const char *dir,
                     qt_quant_result *res, int verbose, qt_status *st);
 
+/* The deployed model against the Q/DQ graph on a config's test set (qt_stage_test_data), judged
+ * by the one agreement rule and printed to stdout with qt_device_agreement_print: 0 passes,
+ * 1 fails, -1 on an error (st set). */
+int qt_stage_compare_device(const char *config_path, int images, int batch, qt_device *dev, qt_graph *qdq,
+                            const char *prefix, qt_status *st);
+
 /* ---- the whole job --------------------------------------------------------------------------- */
 /* `qat_train`: train (fp32 or QAT) or calibrate (PTQ), evaluate, checkpoint, convert, check,
  * deploy, report and write summary.json into output.dir. */

@@ -232,3 +232,18 @@ done:
   qt_graph_free(g);
   return rc;
 }
+
+int qt_stage_compare_device(const char *config_path, int images, int batch, qt_device *dev, qt_graph *qdq,
+                            const char *prefix, qt_status *st) {
+  static qt_options o;
+  qt_dataset test = {0};
+  qt_device_agreement a;
+  qt_loader_config lc;
+  int rc = -1;
+  if (!qt_stage_test_data(config_path, images, batch, &o, &test, &lc, st)) {
+    if (qt_device_compare(dev, qdq, &test, &lc, &a, st->msg)) qt_status_fail(st, QT_STATUS_RUNTIME);
+    else rc = !qt_device_agreement_print(&a, prefix, stdout);
+  }
+  qt_dataset_free(&test);
+  return rc;
+}
