@@ -1,5 +1,6 @@
 /* Shared oneDNN engine, stream and checked helpers (see dnnl_util.h). */
 #include "autograd/dnnl_util.h"
+#include "base/base.h"
 
 #include <oneapi/dnnl/dnnl_debug.h>
 #include <stdio.h>
@@ -10,13 +11,11 @@ static dnnl_stream_t g_stream;
 
 void qt_dnnl_check_status(dnnl_status_t st, const char *expr, const char *file, int line) {
   if (st == dnnl_success) return;
-  fprintf(stderr, "%s:%d: oneDNN call failed with %s: %s\n", file, line, dnnl_status2str(st), expr);
-  abort();
+  qt_panic(file, line, "oneDNN call failed with %s: %s", dnnl_status2str(st), expr);
 }
 
 void qt_dnnl_die(const char *file, int line, const char *msg) {
-  fprintf(stderr, "%s:%d: %s\n", file, line, msg);
-  abort();
+  qt_panic(file, line, "%s", msg);
 }
 
 static void release_engine(void) {

@@ -17,7 +17,6 @@
  * the CPU with the reason recorded. Values cross between the two by quantizing on the way in
  * and dequantizing on the way out (transfers). */
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -142,33 +141,11 @@ int qt_backend_desc_parse(qt_backend_desc *d, const char *text, const char *orig
 
 /* ---- growable strings and partitions ----------------------------------------------------- */
 
-typedef struct {
-  char *s;
-  size_t len, cap;
-} str;
-
-static void str_addf(str *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void str_addf(str *b, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int need = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (b->len + (size_t)need + 1 > b->cap) {
-    b->cap = (b->len + (size_t)need + 1) * 2;
-    b->s = realloc(b->s, b->cap);
-    QT_ASSERT(b->s, "out of memory");
-  }
-  va_start(ap, fmt);
-  vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
-  va_end(ap);
-  b->len += (size_t)need;
-}
-
-static const char *str_get(const str *b) { return b->s ? b->s : ""; }
+static const char *str_get(const qt_strbuf *b) { return b->s ? b->s : ""; }
 
 typedef struct {
   qt_partition_kind kind;
-  str nodes, detail;
+  qt_strbuf nodes, detail;
 } part;
 
 typedef enum { PL_CPU, PL_ACCEL, PL_FUSED, PL_TRANSFER_IN } placement;
@@ -208,7 +185,7 @@ static part *part_push(qt_accel *a, qt_partition_kind kind, int merge) {
   return p;
 }
 
-static void part_node(part *p, const char *name) { str_addf(&p->nodes, "%s%s", p->nodes.len ? " -> " : "", name); }
+static void part_node(part *p, const char *name) { qt_strbuf_printf(&p->nodes, "%s%s", p->nodes.len ? " -> " : "", name); }
 
 /* ---- planning ---------------------------------------------------------------------------- */
 
@@ -398,12 +375,12 @@ static void kernel_desc(qt_accel *a, part *pt, int i) {
   const qt_graph *g = a->g;
   const qt_node *n = &g->nodes[i];
   const node_plan *p = &a->plan[i];
-  str *s = &pt->detail;
-  if (s->len) str_addf(s, "\n");
+  qt_strbuf *s = &pt->detail;
+  if (s->len) qt_strbuf_printf(s, "\n");
   if (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD)
-    str_addf(s, "%s %s%s (shift %d)", n->name, qt_op_name(n->op), p->relu >= 0 ? "+relu" : "", p->shift);
+    qt_strbuf_printf(s, "%s %s%s (shift %d)", n->name, qt_op_name(n->op), p->relu >= 0 ? "+relu" : "", p->shift);
   else
-    str_addf(s, "%s %s", n->name, qt_op_name(n->op));
+    qt_strbuf_printf(s, "%s %s", n->name, qt_op_name(n->op));
 }
 
 /* Dequantizes value v to the CPU (once), listed as a transfer. */
@@ -414,7 +391,7 @@ static void plan_pull(planner *P, int v) {
   P->listed[a->g->values[v].producer] = 1;
   part *pt = part_push(a, QT_PART_BOUNDARY, 0);
   part_node(pt, a->g->values[v].name);
-  str_addf(&pt->detail, "to the CPU: dequantize s%d 2^%d -> fp32", P->rec[v]->spec.bits, exponent(P->rec[v]->scale[0]));
+  qt_strbuf_printf(&pt->detail, "to the CPU: dequantize s%d 2^%d -> fp32", P->rec[v]->spec.bits, exponent(P->rec[v]->scale[0]));
 }
 
 static void plan_cpu(planner *P, int i, const char *reason) {
@@ -426,7 +403,7 @@ static void plan_cpu(planner *P, int i, const char *reason) {
   snprintf(p->reason, sizeof p->reason, "%s", reason);
   part *pt = part_push(a, QT_PART_FALLBACK, 1);
   part_node(pt, n->name);
-  str_addf(&pt->detail, "%s%s: %s", pt->detail.len ? "\n" : "", n->name, reason);
+  qt_strbuf_printf(&pt->detail, "%s%s: %s", pt->detail.len ? "\n" : "", n->name, reason);
 }
 
 /* A dequantize on the accelerator is a view, listed in the partition of its first device
@@ -506,7 +483,7 @@ qt_accel *qt_accel_partition(const qt_graph *g, const qt_backend_desc *d, char *
           a->plan[i].place = PL_TRANSFER_IN;
           part *pt = part_push(a, QT_PART_BOUNDARY, 0);
           part_node(pt, n->name);
-          str_addf(&pt->detail, "to the accelerator: quantize fp32 -> s%d 2^%d on the CPU", n->q->spec.bits,
+          qt_strbuf_printf(&pt->detail, "to the accelerator: quantize fp32 -> s%d 2^%d on the CPU", n->q->spec.bits,
                    exponent(n->q->scale[0]));
           P.acc[n->output] = 1;
           P.rec[n->output] = n->q;

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LOADER_ABORT(msg) do { fprintf(stderr, "%s:%d: data loader: %s\n", __FILE__, __LINE__, msg); abort(); } while (0)
+#define LOADER_ABORT(msg) qt_panic(__FILE__, __LINE__, "data loader: %s", msg)
 #define LOADER_CHECK(call) do { if ((call) != 0) LOADER_ABORT(#call " failed"); } while (0)
 
 /* Domain constants keep the shuffle and augmentation streams independent for one seed. */

@@ -57,10 +57,8 @@ float qt_lr_at(const qt_lr_schedule *s, int64_t step) {
    * warmup) still gets a defined value. */
   if ((unsigned)s->kind >= QT_LR_COUNT || step < 0 || s->warmup_steps < 0 ||
       (s->kind == QT_LR_STEP && s->step_size < 1)) {
-    fprintf(stderr, "%s:%d: internal error: qt_lr_at(kind %d, step %lld, warmup_steps %lld, step_size %lld)\n",
-            __FILE__, __LINE__, (int)s->kind, (long long)step, (long long)s->warmup_steps,
-            (long long)s->step_size);
-    abort();
+    qt_panic(__FILE__, __LINE__, "qt_lr_at(kind %d, step %lld, warmup_steps %lld, step_size %lld)", (int)s->kind,
+             (long long)step, (long long)s->warmup_steps, (long long)s->step_size);
   }
   const double base = s->base_lr, lo = s->min_lr;
   if (step < s->warmup_steps) return (float)(base * (double)(step + 1) / (double)s->warmup_steps);
@@ -77,5 +75,5 @@ float qt_lr_at(const qt_lr_schedule *s, int64_t step) {
     return (float)(lo + (base - lo) * (1.0 - (double)t / (double)T));
   default: break;
   }
-  abort(); /* unreachable: the check above rejects unknown kinds */
+  qt_panic(__FILE__, __LINE__, "qt_lr_at: kind %d", (int)s->kind); /* unreachable: checked above */
 }

@@ -17,13 +17,7 @@
 
 #include "qat/quant.h"
 
-#define QUANT_ASSERT(cond, msg)                                                              \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
-      fprintf(stderr, "%s:%d: invariant broken: %s\n", __FILE__, __LINE__, msg);             \
-      abort();                                                                               \
-    }                                                                                        \
-  } while (0)
+#define QUANT_ASSERT(cond, msg) QT_ASSERT(cond, "invariant broken: %s", msg)
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define QUANT_PARALLEL_MIN 32768

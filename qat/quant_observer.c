@@ -30,13 +30,7 @@
 
 #include "qat/quant.h"
 
-#define QUANT_ASSERT(cond, msg)                                                              \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
-      fprintf(stderr, "%s:%d: invariant broken: %s\n", __FILE__, __LINE__, msg);             \
-      abort();                                                                               \
-    }                                                                                        \
-  } while (0)
+#define QUANT_ASSERT(cond, msg) QT_ASSERT(cond, "invariant broken: %s", msg)
 
 #define QUANT_PARALLEL_MIN 32768
 #define HIST_MIN_BINS 8

@@ -12,13 +12,7 @@
 
 #include "qat/quant.h"
 
-#define QUANT_ASSERT(cond, msg)                                                              \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
-      fprintf(stderr, "%s:%d: invariant broken: %s\n", __FILE__, __LINE__, msg);             \
-      abort();                                                                               \
-    }                                                                                        \
-  } while (0)
+#define QUANT_ASSERT(cond, msg) QT_ASSERT(cond, "invariant broken: %s", msg)
 
 int qt_qrange(int bits, int is_signed, int *qmin, int *qmax) {
   if (bits < 2 || bits > 8) return -1;
