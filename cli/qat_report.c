@@ -52,13 +52,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "qat_report: --model names the architecture of the --fp32 checkpoint; give --fp32 too\n");
     return 2;
   }
-  if (values_arg[0] && !outputs_path) {
-    fprintf(stderr, "qat_report: --values names what --write-outputs writes; give --write-outputs too\n");
-    return 2;
-  }
   const char *values[64];
-  int n_values = 0;
-  for (char *t = strtok(values_arg, ","); t && n_values < 64; t = strtok(NULL, ",")) values[n_values++] = t;
+  const int n_values = qt_cli_split_values("qat_report", values_arg, outputs_path, values, 64);
+  if (n_values < 0) return 2;
   static qt_options o;
   qt_status st = {0};
   char *err = st.msg;

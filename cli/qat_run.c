@@ -37,13 +37,9 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--quiet") == 0) quiet = 1;
     else return usage();
   }
-  if (values_arg[0] && !outputs_path) {
-    fprintf(stderr, "qat_run: --values names what --write-outputs writes; give --write-outputs too\n");
-    return 2;
-  }
   const char *values[64];
-  int n_values = 0;
-  for (char *t = strtok(values_arg, ","); t && n_values < 64; t = strtok(NULL, ",")) values[n_values++] = t;
+  const int n_values = qt_cli_split_values("qat_run", values_arg, outputs_path, values, 64);
+  if (n_values < 0) return 2;
 
   static qt_options o;
   qt_status st = {0};

@@ -790,3 +790,19 @@ int qt_cli_parse_int(const char *prog, const char *opt, const char *s, long lo, 
   *out = (int)v;
   return 0;
 }
+
+int qt_cli_split_values(const char *prog, char *list, const char *outputs_path, const char **names, int max) {
+  if (list[0] && !outputs_path) {
+    fprintf(stderr, "%s: --values names what --write-outputs writes; give --write-outputs too\n", prog);
+    return -1;
+  }
+  int n = 0;
+  for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
+    if (n == max) {
+      fprintf(stderr, "%s: --values names more than %d values\n", prog, max);
+      return -1;
+    }
+    names[n++] = t;
+  }
+  return n;
+}

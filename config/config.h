@@ -100,5 +100,9 @@ char *qt_config_to_ini_string(const qt_config *c);
  * otherwise prints "<prog>: <opt> expects an integer in [lo, hi], found '<s>'" to stderr and
  * returns -1. */
 int qt_cli_parse_int(const char *prog, const char *opt, const char *s, long lo, long hi, int *out);
+/* --values NAME,NAME... of --write-outputs (qat_run, qat_report): splits list (in place) into at
+ * most max names; -1 after printing "<prog>: ..." to stderr when names are given without
+ * --write-outputs (outputs_path NULL) or there are more than max. */
+int qt_cli_split_values(const char *prog, char *list, const char *outputs_path, const char **names, int max);
 
 #endif
