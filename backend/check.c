@@ -66,18 +66,10 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
     snprintf(d->isa, sizeof d->isa, "%s (forced)", vnni ? "vnni" : "avx2, no vnni");
 }
 
-static void bits_str(unsigned mask, char *buf, size_t n) {
-  size_t len = 0;
-  buf[0] = 0;
-  for (int b = 2; b <= 8; b++)
-    if ((mask >> b) & 1u) len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%d", len ? "," : "", b);
-  if (!len) snprintf(buf, n, "none");
-}
-
 void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
   char wb[32], ab[32];
-  bits_str(d->weight_bits, wb, sizeof wb);
-  bits_str(d->activation_bits, ab, sizeof ab);
+  qt_bits_mask_str(d->weight_bits, ",", wb, sizeof wb);
+  qt_bits_mask_str(d->activation_bits, ",", ab, sizeof ab);
   fprintf(f, "backend %s (%s)\n  ops:", d->name, d->isa);
   for (int op = 0; op < QT_OP_COUNT; op++)
     if (d->ops[op]) fprintf(f, " %s", qt_op_name((qt_op)op));
@@ -116,7 +108,7 @@ static int record_problems(const qt_backend_desc *d, const qt_qstate *q, int is_
   int n = 0;
   if (bits < 2 || bits > 8 || !((mask >> bits) & 1u)) {
     char allowed[32];
-    bits_str(mask, allowed, sizeof allowed);
+    qt_bits_mask_str(mask, ",", allowed, sizeof allowed);
     out[n].kind = QT_VIOLATION_BITS;
     snprintf(out[n++].reason, sizeof out->reason, "%d-bit %s [%d, %d]; %s takes {%s}-bit %s", bits, what,
              q->spec.qmin, q->spec.qmax, d->name, allowed, what);

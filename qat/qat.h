@@ -63,6 +63,8 @@ typedef struct {
  * loads descriptions (the built-in onednn_cpu one, an accelerator's from an INI file). */
 typedef enum { QT_SIGN_ANY, QT_SIGN_UNSIGNED, QT_SIGN_SIGNED, QT_SIGN_COUNT } qt_signedness;
 const char *qt_signedness_name(qt_signedness s);
+/* A bit-width mask (bit b set: b bits allowed, 2..8) as text, "2<sep>4<sep>8", or "none". */
+void qt_bits_mask_str(unsigned mask, const char *sep, char *buf, size_t n);
 
 typedef struct {
   char name[QT_NAME_LEN];

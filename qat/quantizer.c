@@ -88,11 +88,11 @@ const char *qt_signedness_name(qt_signedness s) {
 
 static int bits_allowed(unsigned mask, int bits) { return bits >= 2 && bits <= 8 && ((mask >> bits) & 1u); }
 
-static void bits_list(unsigned mask, char *buf, size_t n) {
+void qt_bits_mask_str(unsigned mask, const char *sep, char *buf, size_t n) {
   size_t len = 0;
   buf[0] = 0;
   for (int b = 2; b <= 8; b++)
-    if ((mask >> b) & 1u) len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%d", len ? ", " : "", b);
+    if ((mask >> b) & 1u) len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%d", len ? sep : "", b);
   if (!len) snprintf(buf, n, "none");
 }
 
@@ -227,8 +227,8 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
     return qt_err(err, "quantizer %s: bit widths W%d A%d outside 2..8", d->name, cfg->weight_bits,
                   cfg->activation_bits);
   char wl[64], al[64];
-  bits_list(d->weight_bits, wl, sizeof wl);
-  bits_list(d->activation_bits, al, sizeof al);
+  qt_bits_mask_str(d->weight_bits, ", ", wl, sizeof wl);
+  qt_bits_mask_str(d->activation_bits, ", ", al, sizeof al);
   if (!bits_allowed(d->weight_bits, cfg->weight_bits) || !bits_allowed(d->activation_bits, cfg->activation_bits))
     return qt_err(err, "quantizer %s: W%d A%d requested; the backend allows weight bits {%s}, activation bits {%s}",
                   d->name, cfg->weight_bits, cfg->activation_bits, wl, al);
