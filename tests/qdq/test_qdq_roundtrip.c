@@ -55,31 +55,13 @@ static void expect_weight_storage(const char *path, const char *node, hid_t want
   if (f >= 0) H5Fclose(f);
 }
 
-/* Input and output of the small graph for read_qdq.py's reference interpreter. */
-static void write_io(const char *path, qt_graph *g) {
-  const qt_value *in = &g->values[g->input];
-  const int n = 4;
-  int64_t numel = 0, xn = n * in->shape[0] * in->shape[1] * in->shape[2];
-  float *y = qdq_forward(g, n, 77, &numel);
-  float *x = malloc((size_t)xn * sizeof(float));
-  qt_test_fill_uniform(x, xn, -1.0f, 1.0f, 77);
-  hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  hsize_t xd[4] = {(hsize_t)n, (hsize_t)in->shape[0], (hsize_t)in->shape[1], (hsize_t)in->shape[2]};
-  hsize_t yd[2] = {(hsize_t)n, (hsize_t)(numel / n)};
-  QT_CHECK(f >= 0 && y && H5LTmake_dataset_float(f, "input", 4, xd, x) >= 0 &&
-           H5LTmake_dataset_float(f, "output", 2, yd, y) >= 0);
-  if (f >= 0) H5Fclose(f);
-  free(x);
-  free(y);
-}
-
 int main(void) {
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   qt_graph *g = qdq_small_graph(NULL);
   roundtrip("qdq_small.h5", g);
   expect_weight_storage("qdq_small.h5", "conv1", H5T_STD_I8LE, "int8");
   expect_weight_storage("qdq_small.h5", "fc", H5T_STD_I8LE, "int8 (4-bit values)");
-  write_io("qdq_small_io.h5", g);
+  qdq_write_io("qdq_small_io.h5", g, 77); /* for read_qdq.py */
 
   /* Same graph, same bytes. */
   char err[QT_ERR_LEN];
@@ -114,7 +96,7 @@ int main(void) {
 
   g = qdq_all_ops_graph();
   roundtrip("qdq_all_ops.h5", g);
-  write_io("qdq_all_ops_io.h5", g);
+  qdq_write_io("qdq_all_ops_io.h5", g, 77);
   qt_graph_free(g);
   return qt_test_finish();
 }
