@@ -75,24 +75,23 @@ int main(void) {
   qt_graph_free(g);
 
   /* Unsigned affine 8-bit weights -> uint8; 12-bit -> int16; 16-bit unsigned -> int32. */
-  qt_qspec u8 = qdq_spec(8, 0, 0, 255, 0, 1);
-  g = qdq_small_graph(&u8);
-  roundtrip("qdq_small_u8.h5", g);
-  expect_weight_storage("qdq_small_u8.h5", "fc", H5T_STD_U8LE, "uint8");
-  qt_graph_free(g);
-  qt_qspec s12 = qdq_spec(12, 1, -2048, 2047, 1, 0);
-  g = qdq_small_graph(&s12);
-  roundtrip("qdq_small_s12.h5", g);
-  expect_weight_storage("qdq_small_s12.h5", "fc", H5T_STD_I16LE, "int16");
-  qt_graph_free(g);
-  qt_qspec u16 = qdq_spec(16, 0, 0, 65535, 0, 1);
-  g = qdq_small_graph(&u16);
-  roundtrip("qdq_small_u16.h5", g);
-  expect_weight_storage("qdq_small_u16.h5", "fc", H5T_STD_I32LE, "int32");
-  qt_graph_free(g);
-  unlink("qdq_small_u8.h5");
-  unlink("qdq_small_s12.h5");
-  unlink("qdq_small_u16.h5");
+  const struct {
+    const char *path;
+    qt_qspec spec;
+    hid_t storage;
+    const char *storage_name;
+  } wide[] = {
+      {"qdq_small_u8.h5", qdq_spec(8, 0, 0, 255, 0, 1), H5T_STD_U8LE, "uint8"},
+      {"qdq_small_s12.h5", qdq_spec(12, 1, -2048, 2047, 1, 0), H5T_STD_I16LE, "int16"},
+      {"qdq_small_u16.h5", qdq_spec(16, 0, 0, 65535, 0, 1), H5T_STD_I32LE, "int32"},
+  };
+  for (int k = 0; k < 3; k++) {
+    g = qdq_small_graph(&wide[k].spec);
+    roundtrip(wide[k].path, g);
+    expect_weight_storage(wide[k].path, "fc", wide[k].storage, wide[k].storage_name);
+    qt_graph_free(g);
+    unlink(wide[k].path);
+  }
 
   g = qdq_all_ops_graph();
   roundtrip("qdq_all_ops.h5", g);
