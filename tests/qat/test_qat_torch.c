@@ -48,6 +48,7 @@
 
 #include "optim/optim.h"
 #include "qat/qat.h"
+#include "tests/common/graph_util.h"
 #include "tests/common/testutil.h"
 #include "tests/common/quantizer_util.h"
 
@@ -85,8 +86,8 @@ static void load_into(qt_graph *g, const char *tensor, const char *name) {
   free(v);
 }
 
-/* Compares graph tensor `tensor` with reference dataset `name`. */
-static void close_tensor(qt_graph *g, const char *tensor, const char *name, float atol, float rtol) {
+/* Compares graph tensor `tensor` (its gradient when grad) with reference dataset `name`. */
+static void close_data(qt_graph *g, const char *tensor, const char *name, float atol, float rtol, int grad) {
   int t = qt_graph_find_tensor(g, tensor);
   if (t < 0) {
     qt_test_fail("graph %s has no tensor %s", g->name, tensor);
@@ -94,26 +95,18 @@ static void close_tensor(qt_graph *g, const char *tensor, const char *name, floa
   }
   int64_t n;
   float *want = load(name, &n);
+  const float *got = grad ? g->grads + g->tensors[t].offset : qt_graph_tensor_data(g, t);
   if (n != g->tensors[t].numel)
     qt_test_fail("%s: %lld elements, want %lld", name, (long long)g->tensors[t].numel, (long long)n);
   else
-    qt_test_close(name, qt_graph_tensor_data(g, t), want, n, atol, rtol);
+    qt_test_close(name, got, want, n, atol, rtol);
   free(want);
 }
-
+static void close_tensor(qt_graph *g, const char *tensor, const char *name, float atol, float rtol) {
+  close_data(g, tensor, name, atol, rtol, 0);
+}
 static void close_grad(qt_graph *g, const char *tensor, const char *name, float atol, float rtol) {
-  int t = qt_graph_find_tensor(g, tensor);
-  if (t < 0) {
-    qt_test_fail("graph %s has no tensor %s", g->name, tensor);
-    return;
-  }
-  int64_t n;
-  float *want = load(name, &n);
-  if (n != g->tensors[t].numel)
-    qt_test_fail("%s: %lld elements, want %lld", name, (long long)g->tensors[t].numel, (long long)n);
-  else
-    qt_test_close(name, g->grads + g->tensors[t].offset, want, n, atol, rtol);
-  free(want);
+  close_data(g, tensor, name, atol, rtol, 1);
 }
 
 static qt_node *node(qt_graph *g, const char *name) {
@@ -545,18 +538,10 @@ static void fashion_cnn_steps(void) {
     qt_test_fail("fashion_cnn: %s", err);
     return;
   }
+  qt_test_load_graph_tensors(g, steps_ref, "init/");
   double checksum = 0;
-  for (int i = 0; i < g->n_tensors; i++) {
-    snprintf(name, sizeof name, "init/%s", g->tensors[i].name);
-    int64_t shape[8];
-    int nd;
-    float *v = qt_test_load_f32(steps_ref, name, shape, &nd);
-    QT_CHECK(qt_test_numel(shape, nd) == g->tensors[i].numel);
-    memcpy(qt_graph_tensor_data(g, i), v, (size_t)g->tensors[i].numel * sizeof(float));
-    if (strcmp(g->tensors[i].name, "conv1.weight") == 0)
-      for (int64_t k = 0; k < g->tensors[i].numel; k++) checksum += v[k];
-    free(v);
-  }
+  const int w1 = qt_graph_find_tensor(g, "conv1.weight");
+  for (int64_t k = 0; w1 >= 0 && k < g->tensors[w1].numel; k++) checksum += qt_graph_tensor_data(g, w1)[k];
   float want_sum = load1("fx/init_checksum");
   if (!(fabs(checksum - want_sum) <= 1e-5 * fabs(want_sum) + 1e-6))
     qt_test_fail(
