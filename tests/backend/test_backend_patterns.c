@@ -295,10 +295,7 @@ static qt_graph *converted_model(const char *model, int wbits, int abits) {
   qt_graph *g = qt_model_build(model, err);
   qt_graph_init_params(g, 5);
   for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.3f + 0.2f * (float)(i % 7);
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qc.weight_bits = wbits;
-  qc.activation_bits = abits;
+  qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
   qt_annotations a;
   QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   return qt_test_ptq_convert(g, &a);
@@ -338,16 +335,11 @@ static void res_cnn(void) {
 static void prepared_refused(void) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build("fashion_cnn", err);
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qt_annotations a;
-  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
+  qt_graph *p = qt_test_prepare_ptq_onednn(g);
   err[0] = 0;
   qt_device *m = qt_device_open(p, NULL, err);
   if (m || !strstr(err, "prepared")) qt_test_fail("a prepared graph must be refused naming it, got '%s'", err);
   qt_device_free(m);
-  qt_annotations_free(&a);
   qt_graph_free(p);
   qt_graph_free(g);
 }

@@ -37,10 +37,7 @@ static inline qt_graph *ptq_model(const char *model, const qt_backend_desc *d, i
     const int var = strstr(p->name, "running_var") != NULL;
     qt_test_fill_uniform(g->buffers + p->offset, p->numel, var ? 0.5f : -0.2f, var ? 1.5f : 0.2f, 30 + (uint64_t)t);
   }
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qc.weight_bits = wbits;
-  qc.activation_bits = abits;
+  qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
   qt_annotations a;
   if (d)
     QT_ASSERT(qt_quantizer(g, d, &qc, &a, err) == 0, "%s", err);

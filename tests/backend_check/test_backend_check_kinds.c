@@ -101,12 +101,7 @@ static void record_problem(void) {
 static void prepared_refused(void) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build("fashion_cnn", err);
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qt_annotations a;
-  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
-  QT_ASSERT(p, "%s", err);
+  qt_graph *p = qt_test_prepare_ptq_onednn(g);
   qt_backend_desc d;
   qt_backend_desc_onednn_cpu(&d, QT_ISA_AUTO);
   qt_backend_check_result r;
@@ -114,7 +109,6 @@ static void prepared_refused(void) {
   if (qt_backend_check(p, &d, &r, err) == 0 || !strstr(err, "prepared"))
     qt_test_fail("a prepared graph must be refused naming it, got '%s'", err);
   qt_backend_check_result_free(&r);
-  qt_annotations_free(&a);
   qt_graph_free(p);
   qt_graph_free(g);
 }

@@ -116,10 +116,7 @@ static qt_node *node(qt_graph *g, const char *name) {
 }
 
 static qt_quantizer_config qat_config(int wbits, int abits) {
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qc.weight_bits = wbits;
-  qc.activation_bits = abits;
+  qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
   qc.weight_observer = QT_OBSERVER_MOVING_AVERAGE;
   qc.activation_observer = QT_OBSERVER_MOVING_AVERAGE;
   return qc;
