@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "qat/qat.h"
+#include "tests/common/graph_util.h"
 #include "tests/common/testutil.h"
 #include "tests/common/quantizer_util.h"
 
@@ -34,15 +35,8 @@ static inline qt_qspec qdq_spec(int bits, int is_signed, int qmin, int qmax, int
 }
 
 static inline qt_qstate *qdq_act_state(float scale, int zp) {
-  char err[QT_ERR_LEN];
   qt_qspec s = qdq_spec(8, 0, 0, 255, 0, 0);
-  qt_qstate *q = qt_qstate_create(&s, 1, err);
-  QT_ASSERT(q, "%s", err);
-  q->scale[0] = scale;
-  q->zero_point[0] = zp;
-  q->calibrated = 1;
-  q->observe = 0;
-  return q;
+  return qt_test_qstate(&s, 1, scale, zp);
 }
 
 /* Weight quantization of node n with spec s: per-channel symmetric scales from max |w|, then
@@ -72,20 +66,7 @@ static inline void qdq_quantize_weight(qt_graph *g, int node, const qt_qspec *s)
 
 /* Appends quantize -> dequantize after value x; returns the dequantized value. */
 static inline int qdq_pair(qt_graph *g, const char *prefix, int x, float scale, int zp) {
-  char name[QT_NAME_LEN];
-  const qt_value *v = &g->values[x];
-  int nd = v->ndim;
-  int64_t shape[3] = {v->shape[0], v->shape[1], v->shape[2]};
-  snprintf(name, sizeof name, "%s.quantize", prefix);
-  int qn = qt_graph_add_node(g, QT_OP_QUANTIZE, name, &x, 1, NULL, nd, shape);
-  QT_ASSERT(qn >= 0, "%s", g->error);
-  g->nodes[qn].q = qdq_act_state(scale, zp);
-  int qv = g->nodes[qn].output;
-  snprintf(name, sizeof name, "%s.dequantize", prefix);
-  int dn = qt_graph_add_node(g, QT_OP_DEQUANTIZE, name, &qv, 1, NULL, nd, shape);
-  QT_ASSERT(dn >= 0, "%s", g->error);
-  g->nodes[dn].q = qdq_act_state(scale, zp);
-  return g->nodes[dn].output;
+  return qt_test_append_qdq(g, prefix, x, qdq_act_state(scale, zp), qdq_act_state(scale, zp));
 }
 
 static inline void qdq_fill_params(qt_graph *g, uint64_t seed) {
