@@ -110,3 +110,27 @@ void qt_test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t seed
     x[i] = lo + (hi - lo) * (float)((z >> 40) * (1.0 / 16777216.0));
   }
 }
+
+/* malloc of n floats (at least one), or exit. */
+static float *alloc_f32(int64_t n, int zero) {
+  float *p = zero ? calloc((size_t)(n > 0 ? n : 1), sizeof *p) : malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+  if (!p) {
+    fprintf(stderr, "test: out of memory\n");
+    exit(1);
+  }
+  return p;
+}
+
+float *qt_test_zeros(int64_t n) { return alloc_f32(n, 1); }
+
+float *qt_test_uniform(int64_t n, uint64_t seed) {
+  float *p = alloc_f32(n, 0);
+  qt_test_fill_uniform(p, n, -1.0f, 1.0f, seed);
+  return p;
+}
+
+float *qt_test_copy_f32(const float *src, int64_t n) {
+  float *p = alloc_f32(n, 0);
+  memcpy(p, src, (size_t)(n > 0 ? n : 0) * sizeof *p);
+  return p;
+}

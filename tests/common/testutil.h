@@ -37,4 +37,10 @@ int qt_test_finish(void);
 /* Deterministic uniform random floats in [lo, hi) from a seed (splitmix-based). */
 void qt_test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t seed);
 
+/* Float buffers for kernel tests: n zeros, n uniform in [-1, 1) from seed, a copy of src. Each
+ * holds at least one element and exits the test with a message when memory runs out. */
+float *qt_test_zeros(int64_t n);
+float *qt_test_uniform(int64_t n, uint64_t seed);
+float *qt_test_copy_f32(const float *src, int64_t n);
+
 #endif

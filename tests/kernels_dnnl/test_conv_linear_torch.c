@@ -26,15 +26,6 @@ static float *load(const char *group, const char *name, int64_t expect_numel) {
   return p;
 }
 
-static float *zeros(int64_t n) {
-  float *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
-  if (!p) {
-    fprintf(stderr, "test: out of memory\n");
-    exit(1);
-  }
-  return p;
-}
-
 typedef void (*conv_forward_fn)(float *, const float *, const float *, const float *, const qt_conv2d_shape *);
 typedef void (*conv_backward_fn)(float *, float *, float *, const float *, const float *, const float *,
                                  const qt_conv2d_shape *);
@@ -70,7 +61,7 @@ static void check_conv(const char *group) {
   const conv_backward_fn bwd[2] = {qt_conv2d_backward, qt_conv2d_backward_ref};
   const char *impl[2] = {"optimized", "reference"};
   for (int k = 0; k < 2; k++) {
-    float *out = zeros(no), *di = zeros(ni), *dw = zeros(nw), *db = zeros(s.OC);
+    float *out = qt_test_zeros(no), *di = qt_test_zeros(ni), *dw = qt_test_zeros(nw), *db = qt_test_zeros(s.OC);
     char what[128];
     fwd[k](out, inp, weight, bias, &s);
     snprintf(what, sizeof what, "%s %s: out", group, impl[k]);
@@ -117,7 +108,7 @@ static void check_linear(const char *group) {
   const linear_backward_fn bwd[2] = {qt_linear_backward, qt_linear_backward_ref};
   const char *impl[2] = {"optimized", "reference"};
   for (int k = 0; k < 2; k++) {
-    float *out = zeros(no), *di = zeros(ni), *dw = zeros(nw), *db = zeros(OUT);
+    float *out = qt_test_zeros(no), *di = qt_test_zeros(ni), *dw = qt_test_zeros(nw), *db = qt_test_zeros(OUT);
     char what[128];
     fwd[k](out, inp, weight, bias, N, IN, OUT);
     snprintf(what, sizeof what, "%s %s: out", group, impl[k]);
