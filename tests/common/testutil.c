@@ -55,6 +55,22 @@ int32_t *qt_test_load_i32(const char *path, const char *name, int64_t *shape, in
   return load(path, name, shape, ndim, H5T_NATIVE_INT32, sizeof(int32_t));
 }
 
+float *qt_test_load_f32_n(const char *path, const char *name, int64_t *n) {
+  int64_t shape[8];
+  int nd = 0;
+  float *p = qt_test_load_f32(path, name, shape, &nd);
+  if (n) *n = qt_test_numel(shape, nd);
+  return p;
+}
+
+int32_t *qt_test_load_i32_n(const char *path, const char *name, int64_t *n) {
+  int64_t shape[8];
+  int nd = 0;
+  int32_t *p = qt_test_load_i32(path, name, shape, &nd);
+  if (n) *n = qt_test_numel(shape, nd);
+  return p;
+}
+
 int64_t qt_test_numel(const int64_t *shape, int ndim) {
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i];

@@ -16,6 +16,9 @@ const char *qt_test_path(const char *relative);
 float *qt_test_load_f32(const char *path, const char *name, int64_t *shape, int *ndim);
 /* Same for int32 datasets (e.g. labels). */
 int32_t *qt_test_load_i32(const char *path, const char *name, int64_t *shape, int *ndim);
+/* The same two, reporting only the element count in *n (n may be NULL). */
+float *qt_test_load_f32_n(const char *path, const char *name, int64_t *n);
+int32_t *qt_test_load_i32_n(const char *path, const char *name, int64_t *n);
 /* Number of elements in a loaded shape. */
 int64_t qt_test_numel(const int64_t *shape, int ndim);
 

@@ -26,21 +26,29 @@ static float *load(const char *group, const char *name, int64_t expect_numel) {
   return p;
 }
 
-typedef void (*conv_forward_fn)(float *, const float *, const float *, const float *, const qt_conv2d_shape *);
-typedef void (*conv_backward_fn)(float *, float *, float *, const float *, const float *, const float *,
-                                 const qt_conv2d_shape *);
-
-static void check_conv(const char *group) {
+/* The integer dataset <group>/config, which must hold n entries (else a failed check and NULL). */
+static int32_t *load_config(const char *group, int64_t n) {
   char path[128];
   snprintf(path, sizeof path, "%s/config", group);
   int64_t cshape[8];
   int cndim = 0;
   int32_t *c = qt_test_load_i32(ref_file(), path, cshape, &cndim);
-  if (qt_test_numel(cshape, cndim) != 13) {
-    qt_test_fail("%s: config has %lld entries, expected 13", path, (long long)qt_test_numel(cshape, cndim));
+  if (qt_test_numel(cshape, cndim) != n) {
+    qt_test_fail("%s: config has %lld entries, expected %lld", path, (long long)qt_test_numel(cshape, cndim),
+                 (long long)n);
     free(c);
-    return;
+    return NULL;
   }
+  return c;
+}
+
+typedef void (*conv_forward_fn)(float *, const float *, const float *, const float *, const qt_conv2d_shape *);
+typedef void (*conv_backward_fn)(float *, float *, float *, const float *, const float *, const float *,
+                                 const qt_conv2d_shape *);
+
+static void check_conv(const char *group) {
+  int32_t *c = load_config(group, 13);
+  if (!c) return;
   qt_conv2d_shape s = {.N = c[0], .H = c[1], .W = c[2], .C = c[3], .OC = c[4], .KH = c[5], .KW = c[6],
                        .stride_h = c[7], .stride_w = c[8], .pad_h = c[9], .pad_w = c[10], .groups = c[11]};
   const int has_bias = c[12];
@@ -86,16 +94,8 @@ typedef void (*linear_backward_fn)(float *, float *, float *, const float *, con
                                    int);
 
 static void check_linear(const char *group) {
-  char path[128];
-  snprintf(path, sizeof path, "%s/config", group);
-  int64_t cshape[8];
-  int cndim = 0;
-  int32_t *c = qt_test_load_i32(ref_file(), path, cshape, &cndim);
-  if (qt_test_numel(cshape, cndim) != 3) {
-    qt_test_fail("%s: config has %lld entries, expected 3", path, (long long)qt_test_numel(cshape, cndim));
-    free(c);
-    return;
-  }
+  int32_t *c = load_config(group, 3);
+  if (!c) return;
   const int N = c[0], IN = c[1], OUT = c[2];
   free(c);
   const int64_t ni = (int64_t)N * IN, no = (int64_t)N * OUT, nw = (int64_t)OUT * IN;

@@ -57,7 +57,7 @@ static void bad_values(qt_observer_kind kind, int C, int64_t outer, int64_t inne
   const char *names[3] = {"NaN", "+Inf", "-Inf"};
   const int64_t where[3] = {n - 1, 0, n / 3};
   for (int k = 0; k < 3; k++) {
-    float *y = quant_dup(x, n);
+    float *y = qt_test_copy_f32(x, n);
     for (int64_t i = 0; i < n; i++) y[i] *= 10.0f; /* would widen the range if accepted */
     y[where[k]] = bad[k];
     if (k == 2 && n > 8) y[n - 2] = NAN; /* a later NaN: the first bad element is named */
