@@ -54,12 +54,13 @@
 
 static char ref[4096];
 
-static float *load(const char *name, int64_t *n) {
-  int64_t shape[8];
-  int nd;
-  float *v = qt_test_load_f32(ref, name, shape, &nd);
-  if (n) *n = qt_test_numel(shape, nd);
-  return v;
+static float *load(const char *name, int64_t *n) { return qt_test_load_f32_n(ref, name, n); }
+
+/* Index of graph tensor `tensor`; -1 after a failed check when g has none. */
+static int tensor_index(const qt_graph *g, const char *tensor) {
+  int t = qt_graph_find_tensor(g, tensor);
+  if (t < 0) qt_test_fail("graph %s has no tensor %s", g->name, tensor);
+  return t;
 }
 
 static float load1(const char *name) {
@@ -71,11 +72,8 @@ static float load1(const char *name) {
 
 /* Copies reference dataset `name` into graph tensor `tensor`, checking the element count. */
 static void load_into(qt_graph *g, const char *tensor, const char *name) {
-  int t = qt_graph_find_tensor(g, tensor);
-  if (t < 0) {
-    qt_test_fail("graph %s has no tensor %s", g->name, tensor);
-    return;
-  }
+  int t = tensor_index(g, tensor);
+  if (t < 0) return;
   int64_t n;
   float *v = load(name, &n);
   if (n != g->tensors[t].numel)
@@ -88,11 +86,8 @@ static void load_into(qt_graph *g, const char *tensor, const char *name) {
 
 /* Compares graph tensor `tensor` (its gradient when grad) with reference dataset `name`. */
 static void close_data(qt_graph *g, const char *tensor, const char *name, float atol, float rtol, int grad) {
-  int t = qt_graph_find_tensor(g, tensor);
-  if (t < 0) {
-    qt_test_fail("graph %s has no tensor %s", g->name, tensor);
-    return;
-  }
+  int t = tensor_index(g, tensor);
+  if (t < 0) return;
   int64_t n;
   float *want = load(name, &n);
   const float *got = grad ? g->grads + g->tensors[t].offset : qt_graph_tensor_data(g, t);
