@@ -55,20 +55,21 @@ int32_t *qt_test_load_i32(const char *path, const char *name, int64_t *shape, in
   return load(path, name, shape, ndim, H5T_NATIVE_INT32, sizeof(int32_t));
 }
 
-float *qt_test_load_f32_n(const char *path, const char *name, int64_t *n) {
+/* load, reporting the element count in *n (n may be NULL). */
+static void *load_n(const char *path, const char *name, int64_t *n, hid_t type, size_t elsize) {
   int64_t shape[8];
   int nd = 0;
-  float *p = qt_test_load_f32(path, name, shape, &nd);
+  void *p = load(path, name, shape, &nd, type, elsize);
   if (n) *n = qt_test_numel(shape, nd);
   return p;
 }
 
+float *qt_test_load_f32_n(const char *path, const char *name, int64_t *n) {
+  return load_n(path, name, n, H5T_NATIVE_FLOAT, sizeof(float));
+}
+
 int32_t *qt_test_load_i32_n(const char *path, const char *name, int64_t *n) {
-  int64_t shape[8];
-  int nd = 0;
-  int32_t *p = qt_test_load_i32(path, name, shape, &nd);
-  if (n) *n = qt_test_numel(shape, nd);
-  return p;
+  return load_n(path, name, n, H5T_NATIVE_INT32, sizeof(int32_t));
 }
 
 int64_t qt_test_numel(const int64_t *shape, int ndim) {
