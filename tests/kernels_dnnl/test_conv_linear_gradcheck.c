@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "tests/common/testutil.h"
+#include "tests/kernels_dnnl/conv_linear_util.h"
 
 #define EPS 0.1f
 #define ATOL 2e-4f
@@ -107,18 +108,18 @@ static void check_linear(int N, int IN, int OUT, uint64_t seed) {
 }
 
 int main(void) {
-  check_conv((qt_conv2d_shape){.N = 2, .H = 5, .W = 4, .C = 4, .OC = 6, .KH = 3, .KW = 3, .stride_h = 2,
-                               .stride_w = 1, .pad_h = 1, .pad_w = 1, .groups = 2},
-             "conv grouped, stride (2,1)", 10);
-  check_conv((qt_conv2d_shape){.N = 2, .H = 5, .W = 5, .C = 1, .OC = 3, .KH = 3, .KW = 3, .stride_h = 1,
-                               .stride_w = 1, .pad_h = 1, .pad_w = 1, .groups = 1},
-             "conv C=1", 20);
-  check_conv((qt_conv2d_shape){.N = 1, .H = 4, .W = 5, .C = 3, .OC = 3, .KH = 2, .KW = 3, .stride_h = 1,
-                               .stride_w = 2, .pad_h = 1, .pad_w = 2, .groups = 3},
-             "conv depthwise 2x3, pad (1,2)", 30);
-  check_conv((qt_conv2d_shape){.N = 2, .H = 4, .W = 3, .C = 5, .OC = 2, .KH = 1, .KW = 1, .stride_h = 1,
-                               .stride_w = 1, .pad_h = 0, .pad_w = 0, .groups = 1},
-             "conv 1x1", 40);
+  const struct {
+    qt_conv2d_shape s;
+    const char *name;
+    uint64_t seed;
+  } convs[] = {
+      /*   N  H  W  C OC KH KW sh sw ph pw  g */
+      {conv_shape(2, 5, 4, 4, 6, 3, 3, 2, 1, 1, 1, 2), "conv grouped, stride (2,1)", 10},
+      {conv_shape(2, 5, 5, 1, 3, 3, 3, 1, 1, 1, 1, 1), "conv C=1", 20},
+      {conv_shape(1, 4, 5, 3, 3, 2, 3, 1, 2, 1, 2, 3), "conv depthwise 2x3, pad (1,2)", 30},
+      {conv_shape(2, 4, 3, 5, 2, 1, 1, 1, 1, 0, 0, 1), "conv 1x1", 40},
+  };
+  for (int k = 0; k < 4; k++) check_conv(convs[k].s, convs[k].name, convs[k].seed);
   check_linear(3, 6, 4, 50);
   return qt_test_finish();
 }

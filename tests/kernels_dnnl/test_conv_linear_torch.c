@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "tests/common/testutil.h"
+#include "tests/kernels_dnnl/conv_linear_util.h"
 
 #define ATOL 1e-5f
 #define RTOL 1e-4f
@@ -49,8 +50,7 @@ typedef void (*conv_backward_fn)(float *, float *, float *, const float *, const
 static void check_conv(const char *group) {
   int32_t *c = load_config(group, 13);
   if (!c) return;
-  qt_conv2d_shape s = {.N = c[0], .H = c[1], .W = c[2], .C = c[3], .OC = c[4], .KH = c[5], .KW = c[6],
-                       .stride_h = c[7], .stride_w = c[8], .pad_h = c[9], .pad_w = c[10], .groups = c[11]};
+  qt_conv2d_shape s = conv_shape(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11]);
   const int has_bias = c[12];
   free(c);
   if (qt_conv2d_shape_init(&s) != 0) {

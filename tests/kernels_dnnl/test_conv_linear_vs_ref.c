@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "tests/common/testutil.h"
+#include "tests/kernels_dnnl/conv_linear_util.h"
 
 #define ATOL 2e-4f
 #define RTOL 1e-4f
@@ -69,13 +70,6 @@ static void check_conv(qt_conv2d_shape s, uint64_t seed) {
     free(di), free(dw), free(db), free(di_ref), free(dw_ref), free(db_ref), free(di0), free(dw0), free(db0);
   }
   free(inp), free(weight), free(bias), free(dout), free(out), free(out_ref);
-}
-
-static qt_conv2d_shape conv_shape(int N, int H, int W, int C, int OC, int KH, int KW, int sh, int sw, int ph, int pw,
-                                  int groups) {
-  qt_conv2d_shape s = {.N = N, .H = H, .W = W, .C = C, .OC = OC, .KH = KH, .KW = KW, .stride_h = sh,
-                       .stride_w = sw, .pad_h = ph, .pad_w = pw, .groups = groups};
-  return s;
 }
 
 static void check_conv_shape_init(void) {
@@ -176,10 +170,7 @@ int main(void) {
   check_conv(conv_shape(2, 5, 4, 3, 4, 1, 3, 2, 1, 2, 3, 1), 1600);     /* padding beyond the kernel */
   check_conv_cache_eviction();
 
-  check_linear(1, 1, 1, 10);
-  check_linear(3, 7, 5, 20);
-  check_linear(4, 300, 17, 30);
-  check_linear(5, 128, 10, 40);
-  check_linear(32, 3136, 128, 50);
+  const int linears[][3] = {{1, 1, 1}, {3, 7, 5}, {4, 300, 17}, {5, 128, 10}, {32, 3136, 128}}; /* N, IN, OUT */
+  for (int k = 0; k < 5; k++) check_linear(linears[k][0], linears[k][1], linears[k][2], 10 * (uint64_t)(k + 1));
   return qt_test_finish();
 }

@@ -104,6 +104,15 @@ static void close_grad(qt_graph *g, const char *tensor, const char *name, float 
   close_data(g, tensor, name, atol, rtol, 1);
 }
 
+/* The scales of q equal reference dataset `name` to the bit (one per channel). */
+static void same_scales(const char *what, const qt_qstate *q, const char *name) {
+  int64_t n;
+  float *want = load(name, &n);
+  if (n != q->channels) qt_test_fail("%s: %lld scales, want %d", what, (long long)n, q->channels);
+  else qt_test_close(what, q->scale, want, n, 0, 0);
+  free(want);
+}
+
 static qt_node *node(qt_graph *g, const char *name) {
   int i = qt_graph_find_node(g, name);
   QT_ASSERT(i >= 0, "graph %s has no node %s", g->name, name);
@@ -209,11 +218,8 @@ static void unit_step(qt_graph *p, const char *c) {
     free(y);
     /* the weight fake quant's scales: same observer on bit-identical W * sf */
     snprintf(d, sizeof d, "unit/%s/wscale", c);
-    float *ws = load(d, &n);
     snprintf(what, sizeof what, "unit %s: weight scales", c);
-    QT_CHECK(n == cb->wq->channels);
-    qt_test_close(what, cb->wq->scale, ws, n, 0, 0);
-    free(ws);
+    same_scales(what, cb->wq, d);
 
     qt_tensor *loss = qt_cross_entropy(ctx, out, labels, NULL);
     snprintf(d, sizeof d, "unit/%s/loss", c);
@@ -456,11 +462,8 @@ static void fold_qat_convert(qt_graph *p, const char *c, int bias) {
     qt_test_fail("QAT convert (%s): %lld of %lld integer weights differ from convert_fx", c, (long long)bad,
                  (long long)n);
   snprintf(d, sizeof d, "unit/%s/convert/wscale", c);
-  float *ws = load(d, &n);
   snprintf(what, sizeof what, "QAT convert (%s): weight scales", c);
-  QT_CHECK(n == cv->wq->channels);
-  qt_test_close(what, cv->wq->scale, ws, n, 0, 0);
-  free(ws);
+  same_scales(what, cv->wq, d);
   free(qw);
   free(fw);
   free(fb);
