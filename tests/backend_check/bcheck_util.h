@@ -63,6 +63,14 @@ static inline int violations(const qt_backend_check_result *r, qt_violation_kind
   return n;
 }
 
+/* The check pass of g against d; aborts when it cannot run. */
+static inline qt_backend_check_result bcheck_run(const qt_graph *g, const qt_backend_desc *d) {
+  char err[QT_ERR_LEN];
+  qt_backend_check_result r;
+  QT_ASSERT(qt_backend_check(g, d, &r, err) == 0, "%s", err);
+  return r;
+}
+
 /* ---- small Q/DQ graphs ------------------------------------------------------------------- */
 
 static inline qt_qstate *record(int qmin, int qmax, float scale, int zp, int channels) {

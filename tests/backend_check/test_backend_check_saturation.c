@@ -7,12 +7,9 @@
 #include "tests/backend_check/bcheck_util.h"
 
 static qt_backend_check_result check(const qt_graph *g, qt_isa_choice isa) {
-  char err[QT_ERR_LEN];
   qt_backend_desc d;
   qt_backend_desc_onednn_cpu(&d, isa);
-  qt_backend_check_result r;
-  QT_ASSERT(qt_backend_check(g, &d, &r, err) == 0, "%s", err);
-  return r;
+  return bcheck_run(g, &d);
 }
 
 /* The check of g on isa must find no violation; `what` names the case in the failure. */
