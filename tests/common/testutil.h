@@ -32,6 +32,18 @@ void qt_test_fail(const char *fmt, ...);
 /* CHECK(cond): records a failure naming file:line and the expression. */
 #define QT_CHECK(cond) do { if (!(cond)) qt_test_fail("%s:%d: check failed: %s", __FILE__, __LINE__, #cond); } while (0)
 
+/* QT_CHECK_NAMES(type, count, name_fn, parse_fn): the name of every value 0..count-1 of an enum
+ * parses back to that value (a failure names the value and its name). */
+#define QT_CHECK_NAMES(type, count, name_fn, parse_fn)                                                               \
+  do {                                                                                                               \
+    for (int k_ = 0; k_ < (int)(count); k_++) {                                                                      \
+      type got_ = (type)(count);                                                                                     \
+      if (parse_fn(name_fn((type)k_), &got_) != 0 || got_ != (type)k_)                                               \
+        qt_test_fail("%s:%d: %s(%s(%d) = '%s') does not give %d back", __FILE__, __LINE__, #parse_fn, #name_fn,      \
+                     k_, name_fn((type)k_), k_);                                                                     \
+    }                                                                                                                \
+  } while (0)
+
 /* Number of failures so far; tests end with `return qt_test_finish();`, which prints
  * "N passed, M failed"-style summary only on failure and returns the exit status. */
 int qt_test_failures(void);

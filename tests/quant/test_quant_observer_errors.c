@@ -126,14 +126,8 @@ static void lifecycle(void) {
 }
 
 static void names_and_ranges(void) {
-  for (int k = 0; k < QT_OBSERVER_COUNT; k++) {
-    qt_observer_kind got;
-    QT_CHECK(qt_observer_kind_parse(qt_observer_kind_name((qt_observer_kind)k), &got) == 0 && (int)got == k);
-  }
-  for (int m = 0; m < QT_RANGE_COUNT; m++) {
-    qt_range_method got;
-    QT_CHECK(qt_range_method_parse(qt_range_method_name((qt_range_method)m), &got) == 0 && (int)got == m);
-  }
+  QT_CHECK_NAMES(qt_observer_kind, QT_OBSERVER_COUNT, qt_observer_kind_name, qt_observer_kind_parse);
+  QT_CHECK_NAMES(qt_range_method, QT_RANGE_COUNT, qt_range_method_name, qt_range_method_parse);
   qt_observer_kind k;
   qt_range_method m;
   QT_CHECK(qt_observer_kind_parse("min_max", &k) == -1 && qt_observer_kind_parse(NULL, &k) == -1);
