@@ -26,6 +26,8 @@ import re
 import subprocess
 import sys
 
+from bench_util import torch_version
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FASHION = "/usr/share/datasets/fashion-mnist/"
@@ -150,17 +152,7 @@ def main():
     ap.add_argument("--fp32", default=os.path.join(ROOT, "runs", "fashion_cnn_fp32", "checkpoint.h5"))
     a = ap.parse_args()
     ensure_models(a.build, a.qdq, a.fp32)
-    try:
-        import torch
-        version = torch.__version__
-    except ImportError:
-        version = None
-        print("PyTorch not installed (apt-get install python3-torch): comparison skipped")
-    if version:
-        blas = subprocess.run(["dpkg-query", "-W", "-f=${Status}", "libopenblas0-pthread"], capture_output=True,
-                              text=True).stdout
-        if "installed" not in blas:
-            print("warning: libopenblas0-pthread is not installed: PyTorch's linear layers run on reference BLAS")
+    version = torch_version()
     best = {}  # label -> (images/s, accuracy), the best over repeats
     order = []
 

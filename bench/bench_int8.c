@@ -54,6 +54,12 @@ static qt_graph *make_qdq(char *err) {
   return c;
 }
 
+/* Prints msg as the bench's error; returns `status` for the caller to pass on. */
+static int report(const char *msg, int status) {
+  fprintf(stderr, "bench_int8: %s\n", msg);
+  return status;
+}
+
 /* Runs fn until `seconds` have passed (after 2 warm-up calls); returns images/s. */
 typedef int (*run_fn)(void *state, const float *x, int n);
 
@@ -79,10 +85,8 @@ static int run_graph(void *state, const float *x, int n) {
   graph_state *s = state;
   qt_ctx_reset(s->ctx);
   const int64_t shape[4] = {n, 28, 28, 1};
-  if (!qt_graph_forward(s->g, s->ctx, qt_tensor_wrap(s->ctx, QT_F32, 4, shape, (void *)x))) {
-    fprintf(stderr, "bench_int8: %s\n", s->g->error);
-    return -1;
-  }
+  if (!qt_graph_forward(s->g, s->ctx, qt_tensor_wrap(s->ctx, QT_F32, 4, shape, (void *)x)))
+    return report(s->g->error, -1);
   return 0;
 }
 
@@ -94,10 +98,7 @@ typedef struct {
 static int run_lowered(void *state, const float *x, int n) {
   lowered_state *s = state;
   char err[QT_ERR_LEN];
-  if (qt_device_run(s->m, s->out, x, n, err)) {
-    fprintf(stderr, "bench_int8: %s\n", err);
-    return -1;
-  }
+  if (qt_device_run(s->m, s->out, x, n, err)) return report(err, -1);
   return 0;
 }
 
@@ -121,18 +122,12 @@ int main(int argc, char **argv) {
   char err[QT_ERR_LEN];
   qt_graph *fp32 = qt_model_build("fashion_cnn", err);
   qt_graph *qdq = path ? qt_qdq_load(path, err) : make_qdq(err);
-  if (!fp32 || !qdq) {
-    fprintf(stderr, "bench_int8: %s\n", err);
-    return 2;
-  }
+  if (!fp32 || !qdq) return report(err, 2);
   qt_graph_init_params(fp32, 1);
   qt_graph_set_mode(fp32, QT_MODE_EVAL);
   qt_graph_set_mode(qdq, QT_MODE_EVAL);
   qt_device *m = qt_device_open(qdq, NULL, err);
-  if (!m) {
-    fprintf(stderr, "bench_int8: %s\n", err);
-    return 2;
-  }
+  if (!m) return report(err, 2);
   float *x = malloc(sizeof(float) * (size_t)batch * 784);
   fill(x, (int64_t)batch * 784, 7);
   graph_state gf = {fp32, qt_ctx_create()}, gq = {qdq, qt_ctx_create()};

@@ -15,6 +15,8 @@ import sys
 import tempfile
 import time
 
+from bench_util import torch_version
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FASHION = "/usr/share/datasets/fashion-mnist/"
@@ -74,20 +76,11 @@ def main():
     ours_ips, ours_rss = run_ours(a.build, a.images, a.threads)
     rows = [("qat (this framework)", ours_ips, ours_rss)]
     best = None
-    try:
-        import torch  # noqa: F401
-        have_torch = True
-    except ImportError:
-        have_torch = False
-        print("PyTorch not installed (apt-get install python3-torch): comparison skipped")
-    if have_torch:
-        blas = subprocess.run(["dpkg-query", "-W", "-f=${Status}", "libopenblas0-pthread"], capture_output=True,
-                              text=True).stdout
-        if "installed" not in blas:
-            print("warning: libopenblas0-pthread is not installed: PyTorch's linear layers run on reference BLAS")
+    version = torch_version()
+    if version:
         for layout in ("nchw", "channels_last"):
             ips, rss = run_torch(a.images, layout, a.threads)
-            rows.append(("pytorch %s %s" % (__import__("torch").__version__, layout), ips, rss))
+            rows.append(("pytorch %s %s" % (version, layout), ips, rss))
             if best is None or ips > best:
                 best = ips
     print("FashionCNN training, batch 128, %d threads, %d images, one epoch" % (a.threads, a.images))

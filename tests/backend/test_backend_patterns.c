@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "qat/qat.h"
+#include "tests/common/graph_util.h"
 #include "tests/common/ptq_util.h"
 #include "tests/common/testutil.h"
 #include "tests/common/quantizer_util.h"
@@ -20,38 +21,18 @@
 /* ---- building small Q/DQ graphs ----------------------------------------------------------- */
 
 static qt_qstate *act_state(float scale, int zp, int qmax) {
-  char err[QT_ERR_LEN];
   qt_qspec s;
   memset(&s, 0, sizeof s);
   s.bits = qmax == 255 ? 8 : qmax == 15 ? 4 : 8;
   s.qmin = 0;
   s.qmax = qmax;
   s.observer = QT_OBSERVER_MOVING_AVERAGE;
-  qt_qstate *q = qt_qstate_create(&s, 1, err);
-  QT_ASSERT(q, "%s", err);
-  q->scale[0] = scale;
-  q->zero_point[0] = zp;
-  q->calibrated = 1;
-  q->observe = 0;
-  return q;
+  return qt_test_qstate(&s, 1, scale, zp);
 }
 
 /* Appends quantize -> dequantize (range [0, qmax]) after x; returns the dequantized value. */
 static int qdq(qt_graph *g, const char *prefix, int x, float scale, int zp, int qmax) {
-  char name[QT_NAME_LEN];
-  const qt_value *v = &g->values[x];
-  const int nd = v->ndim;
-  const int64_t shape[3] = {v->shape[0], v->shape[1], v->shape[2]};
-  snprintf(name, sizeof name, "%s.quantize", prefix);
-  int qn = qt_graph_add_node(g, QT_OP_QUANTIZE, name, &x, 1, NULL, nd, shape);
-  QT_ASSERT(qn >= 0, "%s", g->error);
-  g->nodes[qn].q = act_state(scale, zp, qmax);
-  const int qv = g->nodes[qn].output;
-  snprintf(name, sizeof name, "%s.dequantize", prefix);
-  int dn = qt_graph_add_node(g, QT_OP_DEQUANTIZE, name, &qv, 1, NULL, nd, shape);
-  QT_ASSERT(dn >= 0, "%s", g->error);
-  g->nodes[dn].q = act_state(scale, zp, qmax);
-  return g->nodes[dn].output;
+  return qt_test_append_qdq(g, prefix, x, act_state(scale, zp, qmax), act_state(scale, zp, qmax));
 }
 
 static uint64_t rng_state = 12345;
@@ -295,10 +276,7 @@ static qt_graph *converted_model(const char *model, int wbits, int abits) {
   qt_graph *g = qt_model_build(model, err);
   qt_graph_init_params(g, 5);
   for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.3f + 0.2f * (float)(i % 7);
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qc.weight_bits = wbits;
-  qc.activation_bits = abits;
+  qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
   qt_annotations a;
   QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   return qt_test_ptq_convert(g, &a);
@@ -338,16 +316,11 @@ static void res_cnn(void) {
 static void prepared_refused(void) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build("fashion_cnn", err);
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qt_annotations a;
-  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
+  qt_graph *p = qt_test_prepare_ptq_onednn(g);
   err[0] = 0;
   qt_device *m = qt_device_open(p, NULL, err);
   if (m || !strstr(err, "prepared")) qt_test_fail("a prepared graph must be refused naming it, got '%s'", err);
   qt_device_free(m);
-  qt_annotations_free(&a);
   qt_graph_free(p);
   qt_graph_free(g);
 }

@@ -63,13 +63,7 @@ static qt_graph *converted_fashion_cnn(void) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build("fashion_cnn", err);
   qt_graph_init_params(g, 5);
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qt_annotations a;
-  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
-  QT_ASSERT(p, "%s", err);
-  qt_annotations_free(&a);
+  qt_graph *p = qt_test_prepare_ptq_onednn(g);
   qt_graph_free(g);
   qt_ctx *ctx = qt_ctx_create();
   const int64_t shape[4] = {32, 28, 28, 1};

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "qat/qat.h"
+#include "tests/common/graph_util.h"
 #include "tests/common/ptq_util.h"
 #include "tests/common/testutil.h"
 #include "tests/common/quantizer_util.h"
@@ -37,10 +38,7 @@ static inline qt_graph *ptq_model(const char *model, const qt_backend_desc *d, i
     const int var = strstr(p->name, "running_var") != NULL;
     qt_test_fill_uniform(g->buffers + p->offset, p->numel, var ? 0.5f : -0.2f, var ? 1.5f : 0.2f, 30 + (uint64_t)t);
   }
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qc.weight_bits = wbits;
-  qc.activation_bits = abits;
+  qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
   qt_annotations a;
   if (d)
     QT_ASSERT(qt_quantizer(g, d, &qc, &a, err) == 0, "%s", err);
@@ -65,10 +63,17 @@ static inline int violations(const qt_backend_check_result *r, qt_violation_kind
   return n;
 }
 
+/* The check pass of g against d; aborts when it cannot run. */
+static inline qt_backend_check_result bcheck_run(const qt_graph *g, const qt_backend_desc *d) {
+  char err[QT_ERR_LEN];
+  qt_backend_check_result r;
+  QT_ASSERT(qt_backend_check(g, d, &r, err) == 0, "%s", err);
+  return r;
+}
+
 /* ---- small Q/DQ graphs ------------------------------------------------------------------- */
 
 static inline qt_qstate *record(int qmin, int qmax, float scale, int zp, int channels) {
-  char err[QT_ERR_LEN];
   qt_qspec s;
   memset(&s, 0, sizeof s);
   s.is_signed = qmin < 0;
@@ -86,33 +91,12 @@ static inline qt_qstate *record(int qmin, int qmax, float scale, int zp, int cha
   s.symmetric = zp == 0;
   s.per_channel = channels > 1;
   s.observer = QT_OBSERVER_MINMAX;
-  qt_qstate *q = qt_qstate_create(&s, channels, err);
-  QT_ASSERT(q, "%s", err);
-  for (int c = 0; c < channels; c++) {
-    q->scale[c] = scale;
-    q->zero_point[c] = zp;
-  }
-  q->calibrated = 1;
-  q->observe = 0;
-  return q;
+  return qt_test_qstate(&s, channels, scale, zp);
 }
 
 /* Appends quantize -> dequantize after x; returns the dequantized value. */
 static inline int qdq(qt_graph *g, const char *prefix, int x, int qmin, int qmax, float scale, int zp) {
-  char name[QT_NAME_LEN];
-  const qt_value *v = &g->values[x];
-  const int nd = v->ndim;
-  const int64_t shape[3] = {v->shape[0], v->shape[1], v->shape[2]};
-  snprintf(name, sizeof name, "%s.quantize", prefix);
-  int qn = qt_graph_add_node(g, QT_OP_QUANTIZE, name, &x, 1, NULL, nd, shape);
-  QT_ASSERT(qn >= 0, "%s", g->error);
-  g->nodes[qn].q = record(qmin, qmax, scale, zp, 1);
-  const int qv = g->nodes[qn].output;
-  snprintf(name, sizeof name, "%s.dequantize", prefix);
-  int dn = qt_graph_add_node(g, QT_OP_DEQUANTIZE, name, &qv, 1, NULL, nd, shape);
-  QT_ASSERT(dn >= 0, "%s", g->error);
-  g->nodes[dn].q = record(qmin, qmax, scale, zp, 1);
-  return g->nodes[dn].output;
+  return qt_test_append_qdq(g, prefix, x, record(qmin, qmax, scale, zp, 1), record(qmin, qmax, scale, zp, 1));
 }
 
 /* Integer weights for layer `name` (after finalize): per-tensor symmetric s8 with `scale`,

@@ -86,11 +86,7 @@ int main(void) {
   expect("", 2, NULL, "usage");
   {
     qt_graph *g = qt_model_build("fashion_cnn", err);
-    qt_quantizer_config qc;
-    qt_quantizer_config_default(&qc);
-    qt_annotations a;
-    QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-    qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
+    qt_graph *p = qt_test_prepare_ptq_onednn(g);
     for (int i = 0; i < p->n_nodes; i++) {
       qt_qstate *qs[2] = {p->nodes[i].q, p->nodes[i].wq};
       for (int k = 0; k < 2; k++)
@@ -98,7 +94,6 @@ int main(void) {
     }
     qt_graph_set_mode(p, QT_MODE_EVAL);
     QT_ASSERT(qt_qdq_save("cli_prepared.h5", p, err) == 0, "%s", err);
-    qt_annotations_free(&a);
     qt_graph_free(p);
     qt_graph_free(g);
     expect("cli_prepared.h5", 2, NULL, "prepared");

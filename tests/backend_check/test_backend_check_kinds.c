@@ -16,13 +16,19 @@ static void expect(const qt_backend_check_result *r, qt_violation_kind k, const 
   }
 }
 
+/* g checked against d holds the violation (k, node, text); frees g. */
+static void expect_on(qt_graph *g, const qt_backend_desc *d, qt_violation_kind k, const char *node, const char *text) {
+  qt_backend_check_result r = bcheck_run(g, d);
+  expect(&r, k, node, text);
+  qt_backend_check_result_free(&r);
+  qt_graph_free(g);
+}
+
 static void onednn_model_on_accel(void) {
-  char err[QT_ERR_LEN];
   qt_backend_desc d;
   accel_desc(&d);
   qt_graph *g = ptq_model("fashion_cnn", NULL, 8, 8, 1, "kinds_w8a8.h5");
-  qt_backend_check_result r;
-  QT_ASSERT(qt_backend_check(g, &d, &r, err) == 0, "%s", err);
+  qt_backend_check_result r = bcheck_run(g, &d);
   expect(&r, QT_VIOLATION_SIGN, "input.fq.quantize", "unsigned activations [0, 255]; fict_npu takes signed activations only");
   expect(&r, QT_VIOLATION_SYMMETRIC, "input.fq.quantize", "requires symmetric activations (zero point 0)");
   expect(&r, QT_VIOLATION_GRANULARITY, "conv1", "per-channel weights (32 scales); fict_npu requires one scale per tensor");
@@ -36,7 +42,7 @@ static void onednn_model_on_accel(void) {
   qt_graph_free(g);
 
   g = ptq_model("fashion_cnn", NULL, 4, 8, 1, "kinds_w4a8.h5");
-  QT_ASSERT(qt_backend_check(g, &d, &r, err) == 0, "%s", err);
+  r = bcheck_run(g, &d);
   expect(&r, QT_VIOLATION_BITS, "fc2", "4-bit weights [-8, 7]; fict_npu takes {8}-bit weights");
   if (violations(&r, QT_VIOLATION_BITS, NULL, NULL) != 4) qt_test_fail("W4A8: all 4 layers have 4-bit weights");
   qt_backend_check_result_free(&r);
@@ -44,12 +50,10 @@ static void onednn_model_on_accel(void) {
 }
 
 static void res_cnn_on_onednn(void) {
-  char err[QT_ERR_LEN];
   qt_backend_desc d;
   qt_backend_desc_onednn_cpu(&d, QT_ISA_VNNI);
   qt_graph *g = ptq_model("res_cnn", NULL, 8, 8, 1, "kinds_res.h5");
-  qt_backend_check_result r;
-  QT_ASSERT(qt_backend_check(g, &d, &r, err) == 0, "%s", err);
+  qt_backend_check_result r = bcheck_run(g, &d);
   expect(&r, QT_VIOLATION_OP, "gap", "op global_avg_pool on quantized data is not run by onednn_cpu");
   if (r.n != 1) qt_test_fail("ResCNN on onednn_cpu: only gap's op violation expected (add runs on u8)");
   qt_backend_check_result_free(&r);
@@ -57,16 +61,11 @@ static void res_cnn_on_onednn(void) {
 }
 
 static void accel_model_on_onednn(void) {
-  char err[QT_ERR_LEN];
   qt_backend_desc acc, d;
   accel_desc(&acc);
   qt_backend_desc_onednn_cpu(&d, QT_ISA_VNNI);
   qt_graph *g = ptq_model("fashion_cnn", &acc, 8, 8, 1, "kinds_accel.h5");
-  qt_backend_check_result r;
-  QT_ASSERT(qt_backend_check(g, &d, &r, err) == 0, "%s", err);
-  expect(&r, QT_VIOLATION_SIGN, "relu1.fq.quantize", "signed activations [-128, 127]; onednn_cpu takes unsigned");
-  qt_backend_check_result_free(&r);
-  qt_graph_free(g);
+  expect_on(g, &d, QT_VIOLATION_SIGN, "relu1.fq.quantize", "signed activations [-128, 127]; onednn_cpu takes unsigned");
 }
 
 static void weight_only(void) {
@@ -79,11 +78,7 @@ static void weight_only(void) {
   x = qt_graph_linear(g, "fc", x, 4, 1);
   QT_ASSERT(qt_graph_finalize(g, x, err) == 0, "%s", err);
   int_weights(g, "fc", 0.02f, 60, 3);
-  qt_backend_check_result r;
-  QT_ASSERT(qt_backend_check(g, &d, &r, err) == 0, "%s", err);
-  expect(&r, QT_VIOLATION_INPUT, "fc", "integer weights on an fp32 input 'flatten' (weight-only quantization)");
-  qt_backend_check_result_free(&r);
-  qt_graph_free(g);
+  expect_on(g, &d, QT_VIOLATION_INPUT, "fc", "integer weights on an fp32 input 'flatten' (weight-only quantization)");
 }
 
 static void record_problem(void) {
@@ -101,12 +96,7 @@ static void record_problem(void) {
 static void prepared_refused(void) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build("fashion_cnn", err);
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qt_annotations a;
-  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
-  QT_ASSERT(p, "%s", err);
+  qt_graph *p = qt_test_prepare_ptq_onednn(g);
   qt_backend_desc d;
   qt_backend_desc_onednn_cpu(&d, QT_ISA_AUTO);
   qt_backend_check_result r;
@@ -114,7 +104,6 @@ static void prepared_refused(void) {
   if (qt_backend_check(p, &d, &r, err) == 0 || !strstr(err, "prepared"))
     qt_test_fail("a prepared graph must be refused naming it, got '%s'", err);
   qt_backend_check_result_free(&r);
-  qt_annotations_free(&a);
   qt_graph_free(p);
   qt_graph_free(g);
 }

@@ -7,12 +7,19 @@
 #include "tests/backend_check/bcheck_util.h"
 
 static qt_backend_check_result check(const qt_graph *g, qt_isa_choice isa) {
-  char err[QT_ERR_LEN];
   qt_backend_desc d;
   qt_backend_desc_onednn_cpu(&d, isa);
-  qt_backend_check_result r;
-  QT_ASSERT(qt_backend_check(g, &d, &r, err) == 0, "%s", err);
-  return r;
+  return bcheck_run(g, &d);
+}
+
+/* The check of g on isa must find no violation; `what` names the case in the failure. */
+static void expect_clean(const char *what, const qt_graph *g, qt_isa_choice isa) {
+  qt_backend_check_result r = check(g, isa);
+  if (r.n) {
+    qt_test_fail("%s: %d violations, want none", what, r.n);
+    qt_backend_check_print(&r, stderr);
+  }
+  qt_backend_check_result_free(&r);
 }
 
 static void fashion_cnn(void) {
@@ -29,44 +36,28 @@ static void fashion_cnn(void) {
     qt_backend_check_print(&r, stderr);
   }
   qt_backend_check_result_free(&r);
-  r = check(g, QT_ISA_VNNI);
-  if (r.n) {
-    qt_test_fail("W8A8 with VNNI forced: %d violations, want none", r.n);
-    qt_backend_check_print(&r, stderr);
-  }
-  qt_backend_check_result_free(&r);
+  expect_clean("W8A8 with VNNI forced", g, QT_ISA_VNNI);
   r = check(g, QT_ISA_AUTO); /* this machine: flagged exactly when oneDNN reports no VNNI */
   if ((r.n == 4) != !qt_cpu_has_vnni() || (r.n != 0 && r.n != 4))
     qt_test_fail("W8A8 with the ISA read from oneDNN (vnni %d): %d violations", qt_cpu_has_vnni(), r.n);
   qt_backend_check_result_free(&r);
   qt_graph_free(g);
 
-  /* 7-bit weights: the onednn quantizer for a non-VNNI CPU */
-  g = ptq_model("fashion_cnn", NULL, 8, 8, 0, "sat_w7a8.h5");
-  r = check(g, QT_ISA_NO_VNNI);
-  if (r.n) {
-    qt_test_fail("7-bit weights on no-VNNI: %d violations, want none", r.n);
-    qt_backend_check_print(&r, stderr);
+  /* Quantizations that cannot saturate on no-VNNI. */
+  const struct {
+    const char *what, *path;
+    int wbits, abits, has_vnni;
+  } clean[] = {
+      {"7-bit weights on no-VNNI", "sat_w7a8.h5", 8, 8, 0}, /* the onednn quantizer for a non-VNNI CPU */
+      /* 7-bit activations [0, 127]: 2 * 127 * 128 = 32512 */
+      {"8-bit weights with 7-bit activations on no-VNNI", "sat_w8a7.h5", 8, 7, 1},
+      {"4-bit weights on no-VNNI", "sat_w4a8.h5", 4, 8, 1}, /* always exact */
+  };
+  for (int k = 0; k < 3; k++) {
+    g = ptq_model("fashion_cnn", NULL, clean[k].wbits, clean[k].abits, clean[k].has_vnni, clean[k].path);
+    expect_clean(clean[k].what, g, QT_ISA_NO_VNNI);
+    qt_graph_free(g);
   }
-  qt_backend_check_result_free(&r);
-  qt_graph_free(g);
-
-  /* 8-bit weights, 7-bit activations [0, 127]: 2 * 127 * 128 = 32512 */
-  g = ptq_model("fashion_cnn", NULL, 8, 7, 1, "sat_w8a7.h5");
-  r = check(g, QT_ISA_NO_VNNI);
-  if (r.n) {
-    qt_test_fail("8-bit weights with 7-bit activations on no-VNNI: %d violations, want none", r.n);
-    qt_backend_check_print(&r, stderr);
-  }
-  qt_backend_check_result_free(&r);
-  qt_graph_free(g);
-
-  /* 4-bit weights are always exact */
-  g = ptq_model("fashion_cnn", NULL, 4, 8, 1, "sat_w4a8.h5");
-  r = check(g, QT_ISA_NO_VNNI);
-  if (r.n) qt_test_fail("4-bit weights on no-VNNI: %d violations, want none", r.n);
-  qt_backend_check_result_free(&r);
-  qt_graph_free(g);
 }
 
 /* input 2x2x4 -> q/dq [0, a_max] -> flatten -> linear 3 with one weight w (others 0) -> q/dq */

@@ -55,6 +55,23 @@ int32_t *qt_test_load_i32(const char *path, const char *name, int64_t *shape, in
   return load(path, name, shape, ndim, H5T_NATIVE_INT32, sizeof(int32_t));
 }
 
+/* load, reporting the element count in *n (n may be NULL). */
+static void *load_n(const char *path, const char *name, int64_t *n, hid_t type, size_t elsize) {
+  int64_t shape[8];
+  int nd = 0;
+  void *p = load(path, name, shape, &nd, type, elsize);
+  if (n) *n = qt_test_numel(shape, nd);
+  return p;
+}
+
+float *qt_test_load_f32_n(const char *path, const char *name, int64_t *n) {
+  return load_n(path, name, n, H5T_NATIVE_FLOAT, sizeof(float));
+}
+
+int32_t *qt_test_load_i32_n(const char *path, const char *name, int64_t *n) {
+  return load_n(path, name, n, H5T_NATIVE_INT32, sizeof(int32_t));
+}
+
 int64_t qt_test_numel(const int64_t *shape, int ndim) {
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i];
@@ -109,4 +126,28 @@ void qt_test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t seed
     z ^= z >> 31;
     x[i] = lo + (hi - lo) * (float)((z >> 40) * (1.0 / 16777216.0));
   }
+}
+
+/* malloc of n floats (at least one), or exit. */
+static float *alloc_f32(int64_t n, int zero) {
+  float *p = zero ? calloc((size_t)(n > 0 ? n : 1), sizeof *p) : malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+  if (!p) {
+    fprintf(stderr, "test: out of memory\n");
+    exit(1);
+  }
+  return p;
+}
+
+float *qt_test_zeros(int64_t n) { return alloc_f32(n, 1); }
+
+float *qt_test_uniform(int64_t n, uint64_t seed) {
+  float *p = alloc_f32(n, 0);
+  qt_test_fill_uniform(p, n, -1.0f, 1.0f, seed);
+  return p;
+}
+
+float *qt_test_copy_f32(const float *src, int64_t n) {
+  float *p = alloc_f32(n, 0);
+  memcpy(p, src, (size_t)(n > 0 ? n : 0) * sizeof *p);
+  return p;
 }

@@ -68,29 +68,26 @@ int main(void) {
   /* Bad values: what was expected and what was found. */
   EXPECT_ERROR(load_text(c, "value.ini", "[train]\n\nepochs = ten\n", err),
                "config: value.ini:3: [train] epochs: expected an integer in [1, 100000], found 'ten'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[train]\nepochs = 0\n", err),
-               "v.ini:2: [train] epochs: expected an integer in [1, 100000], found '0'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[train]\nepochs = 5.5\n", err), "found '5.5'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[train]\nepochs =\n", err),
-               "expected an integer in [1, 100000], found ''");
-  EXPECT_ERROR(load_text(c, "v.ini", "[train]\nseed = 99999999999999999999\n", err),
-               "[train] seed: expected an integer, found '99999999999999999999'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[train]\nmax_images = -1\n", err),
-               "expected an integer >= 0, found '-1'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[optim]\nlr = 0.1x\n", err),
-               "v.ini:2: [optim] lr: expected a finite number in [0, 10], found '0.1x'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[optim]\nlr = nan\n", err), "found 'nan'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[optim]\nlr = inf\n", err), "found 'inf'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[optim]\nweight_decay = 1e999\n", err),
-               "expected a finite number >= 0, found '1e999'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[optim]\nlr = 11\n", err),
-               "expected a finite number in [0, 10], found '11'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[optim]\nmomentum = 0.5\nshift = 0.5\n", err),
-               "v.ini:3: [optim] shift: expected a finite number <= 0, found '0.5'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[train]\naugment = maybe\n", err),
-               "[train] augment: expected a boolean (true/false, yes/no, on/off, 1/0), found 'maybe'");
-  EXPECT_ERROR(load_text(c, "v.ini", "[optim]\nkind = adam\n", err),
-               "v.ini:2: [optim] kind: expected one of 'sgd', 'adamw', found 'adam'");
+  const struct {
+    const char *text, *want;
+  } bad_values[] = {
+      {"[train]\nepochs = 0\n", "v.ini:2: [train] epochs: expected an integer in [1, 100000], found '0'"},
+      {"[train]\nepochs = 5.5\n", "found '5.5'"},
+      {"[train]\nepochs =\n", "expected an integer in [1, 100000], found ''"},
+      {"[train]\nseed = 99999999999999999999\n", "[train] seed: expected an integer, found '99999999999999999999'"},
+      {"[train]\nmax_images = -1\n", "expected an integer >= 0, found '-1'"},
+      {"[optim]\nlr = 0.1x\n", "v.ini:2: [optim] lr: expected a finite number in [0, 10], found '0.1x'"},
+      {"[optim]\nlr = nan\n", "found 'nan'"},
+      {"[optim]\nlr = inf\n", "found 'inf'"},
+      {"[optim]\nweight_decay = 1e999\n", "expected a finite number >= 0, found '1e999'"},
+      {"[optim]\nlr = 11\n", "expected a finite number in [0, 10], found '11'"},
+      {"[optim]\nmomentum = 0.5\nshift = 0.5\n", "v.ini:3: [optim] shift: expected a finite number <= 0, found '0.5'"},
+      {"[train]\naugment = maybe\n",
+       "[train] augment: expected a boolean (true/false, yes/no, on/off, 1/0), found 'maybe'"},
+      {"[optim]\nkind = adam\n", "v.ini:2: [optim] kind: expected one of 'sgd', 'adamw', found 'adam'"},
+  };
+  for (size_t k = 0; k < sizeof bad_values / sizeof bad_values[0]; k++)
+    EXPECT_ERROR(load_text(c, "v.ini", bad_values[k].text, err), bad_values[k].want);
 
   /* Duplicate key within one file (also across two blocks of the same section). */
   EXPECT_ERROR(load_text(c, "dup.ini", "[optim]\nlr = 0.1\nmomentum = 0.8\nlr = 0.2\n", err),

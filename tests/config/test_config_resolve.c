@@ -11,6 +11,13 @@
       qt_test_fail("%s:%d: origin of [%s] %s is '%s', want '%s'", __FILE__, __LINE__, (s), (k), o_, (want)); \
   } while (0)
 
+/* Each override of the NULL-terminated list must be accepted. */
+static void expect_overrides(qt_config *c, const char *const *overrides) {
+  char err[QT_ERR_LEN];
+  for (; *overrides; overrides++)
+    if (qt_config_apply_override(c, *overrides, err) != 0) qt_test_fail("override '%s' refused: %s", *overrides, err);
+}
+
 int main(void) {
   char err[QT_ERR_LEN] = "";
   qt_config *c = qt_config_create(test_schema, TEST_SCHEMA_N);
@@ -67,13 +74,15 @@ int main(void) {
   CHECK_ORIGIN(c, "optim", "lr", "second.ini:2");
 
   /* Overrides win over files; spaces around '=' are trimmed. */
-  QT_CHECK(qt_config_apply_override(c, "train.epochs=3", err) == 0);
-  QT_CHECK(qt_config_apply_override(c, "optim.lr = 0.125", err) == 0);
-  QT_CHECK(qt_config_apply_override(c, "train.augment=1", err) == 0);
-  QT_CHECK(qt_config_apply_override(c, "train.checkpoint=", err) == 0);
-  QT_CHECK(qt_config_apply_override(c, "train.max_images=9000000000000", err) == 0);
-  QT_CHECK(qt_config_apply_override(c, "schedule.warmup_steps=+10", err) == 0);
-  QT_CHECK(qt_config_apply_override(c, "data.path=/data/x=y.h5", err) == 0); /* '=' inside the value */
+  const char *const overrides[] = {"train.epochs=3",
+                                   "optim.lr = 0.125",
+                                   "train.augment=1",
+                                   "train.checkpoint=",
+                                   "train.max_images=9000000000000",
+                                   "schedule.warmup_steps=+10",
+                                   "data.path=/data/x=y.h5", /* '=' inside the value */
+                                   NULL};
+  expect_overrides(c, overrides);
   QT_CHECK(qt_config_int(c, "train", "epochs") == 3);
   QT_CHECK(qt_config_float(c, "optim", "lr") == 0.125);
   QT_CHECK(qt_config_bool(c, "train", "augment") == 1);
@@ -89,10 +98,8 @@ int main(void) {
   CHECK_ORIGIN(c, "optim", "momentum", "set");
 
   /* Boundary values of ranges are accepted. */
-  QT_CHECK(qt_config_apply_override(c, "train.epochs=100000", err) == 0);
-  QT_CHECK(qt_config_apply_override(c, "optim.lr=0", err) == 0);
-  QT_CHECK(qt_config_apply_override(c, "optim.lr=10", err) == 0);
-  QT_CHECK(qt_config_apply_override(c, "optim.shift=0", err) == 0);
+  const char *const bounds[] = {"train.epochs=100000", "optim.lr=0", "optim.lr=10", "optim.shift=0", NULL};
+  expect_overrides(c, bounds);
   QT_CHECK(qt_config_int(c, "train", "epochs") == 100000);
 
   /* An empty file changes nothing. */

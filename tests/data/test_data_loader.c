@@ -26,13 +26,21 @@ static void make_dataset(qt_dataset *ds) {
 }
 
 static qt_loader_config base_config(void) {
-  qt_loader_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.batch_size = 8;
-  cfg.shuffle = 1;
-  cfg.seed = 42;
+  qt_loader_config cfg = {.batch_size = 8, .shuffle = 1, .seed = 42};
   for (int ch = 0; ch < 4; ch++) { cfg.mean[ch] = ch < 2 ? MEAN[ch] : 0.0f; cfg.std[ch] = ch < 2 ? STD[ch] : 1.0f; }
   return cfg;
+}
+
+/* A loader of cfg over ds, which must make want_batches batches an epoch (a failed check
+ * otherwise; NULL when it cannot be created). */
+static qt_loader *loader_of(const qt_dataset *ds, const qt_loader_config *cfg, int64_t want_batches) {
+  char err[QT_ERR_LEN];
+  qt_loader *l = qt_loader_create(ds, cfg, err);
+  if (!l) qt_test_fail("loader of batch %d: %s", cfg->batch_size, err);
+  else if (qt_loader_num_batches(l) != want_batches)
+    qt_test_fail("loader of batch %d: %lld batches, want %lld", cfg->batch_size, (long long)qt_loader_num_batches(l),
+                 (long long)want_batches);
+  return l;
 }
 
 static double normalize(int pixel, int ch) {
@@ -140,8 +148,7 @@ int main(void) {
   /* drop_last: 4 full batches of 8, no repeats. */
   cfg = base_config();
   cfg.drop_last = 1;
-  a = qt_loader_create(&ds, &cfg, err);
-  QT_CHECK(a && qt_loader_num_batches(a) == 4);
+  a = loader_of(&ds, &cfg, 4);
   if (a) {
     QT_CHECK(run_epoch(a, 0, tmp, NULL, &nb) == 32 && nb == 4);
     check_permutation(tmp, 32, "drop_last");
@@ -150,8 +157,7 @@ int main(void) {
   /* A batch larger than the dataset without drop_last: one batch of N. */
   cfg = base_config();
   cfg.batch_size = 100;
-  a = qt_loader_create(&ds, &cfg, err);
-  QT_CHECK(a && qt_loader_num_batches(a) == 1);
+  a = loader_of(&ds, &cfg, 1);
   if (a) {
     QT_CHECK(run_epoch(a, 0, tmp, NULL, &nb) == N && nb == 1);
     qt_loader_free(a);

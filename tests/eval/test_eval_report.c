@@ -121,13 +121,7 @@ static void input_sqnr(void *state, const float *x, int n, const int32_t *labels
 
 static qt_graph *convert_w8a8(const qt_graph *g, const qt_dataset *ds) {
   char err[QT_ERR_LEN];
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qt_annotations a;
-  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
-  QT_ASSERT(p, "%s", err);
-  qt_annotations_free(&a);
+  qt_graph *p = qt_test_prepare_ptq_onednn(g);
   run_state s = {p, qt_ctx_create(), NULL, 0, 0, NULL, {0, 0, 0}, NULL};
   qt_ctx_set_grad(s.ctx, 0);
   qt_graph_set_mode(p, QT_MODE_CALIBRATE);

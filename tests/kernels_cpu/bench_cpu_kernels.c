@@ -36,17 +36,11 @@ static int cmp_double(const void *a, const void *b) {
     (result) = t_[REPS / 2];                    \
   } while (0)
 
-static float *alloc_uniform(int64_t n, uint64_t seed) {
-  float *p = malloc((size_t)n * sizeof *p);
-  qt_test_fill_uniform(p, n, -1.0f, 1.0f, seed);
-  return p;
-}
-
 static void bench_shape(int N, int H, int W, int C) {
   const int64_t n = (int64_t)N * H * W * C;
   const int M = N * H * W;
-  float *x = alloc_uniform(n, 1), *y = alloc_uniform(n, 2), *dy = alloc_uniform(n, 3), *dx = calloc((size_t)n, 4);
-  float *gamma = alloc_uniform(C, 4), *beta = alloc_uniform(C, 5), *mean = malloc(C * 4), *invstd = malloc(C * 4);
+  float *x = qt_test_uniform(n, 1), *y = qt_test_uniform(n, 2), *dy = qt_test_uniform(n, 3), *dx = calloc((size_t)n, 4);
+  float *gamma = qt_test_uniform(C, 4), *beta = qt_test_uniform(C, 5), *mean = malloc(C * 4), *invstd = malloc(C * 4);
   float *rm = calloc(C, 4), *rv = calloc(C, 4), *dg = calloc(C, 4), *db = calloc(C, 4);
   double f, b, e, be;
   TIME_MS(f, qt_batch_norm_forward_train(y, mean, invstd, x, gamma, beta, rm, rv, 0.1f, 1e-5f, M, C));
@@ -73,7 +67,7 @@ int main(void) {
   bench_shape(128, 28, 28, 32);
   bench_shape(128, 14, 14, 64);
   const int N = 128, C = 10;
-  float *logits = alloc_uniform(N * C, 6), *probs = malloc(N * C * 4), *dl = calloc(N * C, 4);
+  float *logits = qt_test_uniform(N * C, 6), *probs = malloc(N * C * 4), *dl = calloc(N * C, 4);
   int32_t *labels = malloc(N * sizeof *labels);
   for (int i = 0; i < N; i++) labels[i] = (i * 7) % C;
   double f, b;

@@ -203,11 +203,8 @@ int main(void) {
   test_batch_norm(1);
   test_batch_norm(0);
   test_relu_add();
-  test_pool(0, 2, 2, 0);
-  test_pool(0, 3, 2, 1);
-  test_pool(1, 3, 1, 1);
-  test_pool(1, 3, 2, 1);
-  test_pool(2, 1, 1, 0);
+  const int pools[][4] = {{0, 2, 2, 0}, {0, 3, 2, 1}, {1, 3, 1, 1}, {1, 3, 2, 1}, {2, 1, 1, 0}}; /* kind, K, S, P */
+  for (int k = 0; k < 5; k++) test_pool(pools[k][0], pools[k][1], pools[k][2], pools[k][3]);
   test_cross_entropy();
   return qt_test_finish();
 }

@@ -35,7 +35,6 @@ static float *load_n(const char *name, int64_t *n) {
   return p;
 }
 
-static float *zeros(int64_t n) { return calloc((size_t)n, sizeof(float)); }
 
 /* ---- batch norm -------------------------------------------------------------------------- */
 
@@ -47,7 +46,7 @@ static void test_batch_norm(int use_ref) {
   const int C = (int)sx[3], M = (int)(n / C);
   float *gamma = load_n("bn_gamma", &nc), *beta = load_n("bn_beta", &nc);
   float *rm = load_n("bn_rm0", &nc), *rv = load_n("bn_rv0", &nc), *dy = load_n("bn_dy", &n);
-  float *y = zeros(n), *mean = zeros(C), *invstd = zeros(C), *dx = zeros(n), *dg = zeros(C), *db = zeros(C);
+  float *y = qt_test_zeros(n), *mean = qt_test_zeros(C), *invstd = qt_test_zeros(C), *dx = qt_test_zeros(n), *dg = qt_test_zeros(C), *db = qt_test_zeros(C);
 #define W(s) (snprintf(what, sizeof what, "%s bn %s", use_ref ? "ref" : "opt", s), what)
 #define CMP(got, name, count)                          \
   do {                                                 \
@@ -101,7 +100,7 @@ static void test_max_pool(const char *prefix, int K, int S, int P, int with_grad
   QT_CHECK(qt_pool2d_shape_init(&s) == 0);
   QT_CHECK(s.OH == sy[1] && s.OW == sy[2]);
   const int64_t nin = sx[0] * sx[1] * sx[2] * sx[3], nout = sy[0] * sy[1] * sy[2] * sy[3];
-  float *y = zeros(nout);
+  float *y = qt_test_zeros(nout);
   int32_t *idx = calloc(nout, 4);
   (use_ref ? qt_max_pool2d_forward_ref : qt_max_pool2d_forward)(y, idx, x, &s);
   snprintf(what, sizeof what, "%s %s", use_ref ? "ref" : "opt", prefix);
@@ -117,7 +116,7 @@ static void test_max_pool(const char *prefix, int K, int S, int P, int with_grad
     float *dy = load(name, sy);
     snprintf(name, sizeof name, "%s_dx", prefix);
     float *want_dx = load(name, sx);
-    float *dx = zeros(nin);
+    float *dx = qt_test_zeros(nin);
     (use_ref ? qt_max_pool2d_backward_ref : qt_max_pool2d_backward)(dx, dy, idx, &s);
     qt_test_close(what, dx, want_dx, nin, ATOL, RTOL);
     free(dy), free(want_dx), free(dx);
@@ -132,7 +131,7 @@ static void test_avg_pool(int use_ref) {
                        .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1};
   QT_CHECK(qt_pool2d_shape_init(&s) == 0);
   const int64_t nin = sx[0] * sx[1] * sx[2] * sx[3], nout = sy[0] * sy[1] * sy[2] * sy[3];
-  float *y = zeros(nout), *dx = zeros(nin);
+  float *y = qt_test_zeros(nout), *dx = qt_test_zeros(nin);
   (use_ref ? qt_avg_pool2d_forward_ref : qt_avg_pool2d_forward)(y, x, &s);
   qt_test_close(use_ref ? "ref avg_pool y" : "opt avg_pool y", y, want, nout, ATOL, RTOL);
   (use_ref ? qt_avg_pool2d_backward_ref : qt_avg_pool2d_backward)(dx, dy, &s);
@@ -141,7 +140,7 @@ static void test_avg_pool(int use_ref) {
 
   x = load("gap_x", sx), want = load("gap_y", sy), dy = load("gap_dy", sy), want_dx = load("gap_dx", sx);
   const int N = (int)sx[0], HW = (int)(sx[1] * sx[2]), C = (int)sx[3];
-  y = zeros((int64_t)N * C), dx = zeros((int64_t)N * HW * C);
+  y = qt_test_zeros((int64_t)N * C), dx = qt_test_zeros((int64_t)N * HW * C);
   (use_ref ? qt_global_avg_pool_forward_ref : qt_global_avg_pool_forward)(y, x, N, HW, C);
   qt_test_close(use_ref ? "ref global_avg_pool y" : "opt global_avg_pool y", y, want, (int64_t)N * C, ATOL, RTOL);
   (use_ref ? qt_global_avg_pool_backward_ref : qt_global_avg_pool_backward)(dx, dy, N, HW, C);
@@ -155,7 +154,7 @@ static void test_avg_pool(int use_ref) {
 static void test_relu(int use_ref) {
   int64_t n;
   float *x = load_n("relu_x", &n), *want = load_n("relu_y", &n), *dy = load_n("relu_dy", &n);
-  float *want_dx = load_n("relu_dx", &n), *y = zeros(n), *dx = zeros(n);
+  float *want_dx = load_n("relu_dx", &n), *y = qt_test_zeros(n), *dx = qt_test_zeros(n);
   (use_ref ? qt_relu_forward_ref : qt_relu_forward)(y, x, n);
   qt_test_close(use_ref ? "ref relu y" : "opt relu y", y, want, n, 0, 0);
   (use_ref ? qt_relu_backward_ref : qt_relu_backward)(dx, dy, y, n);
@@ -170,7 +169,7 @@ static void test_cross_entropy(int use_ref) {
   int32_t *labels = qt_test_load_i32(ref_file(), "ce_labels", NULL, NULL);
   float *want_loss = load_n("ce_loss", &one), *want_p = load_n("ce_probs", &n);
   float *want_d = load_n("ce_dlogits", &n), *want_d2 = load_n("ce_dlogits_scaled", &n);
-  float *p = zeros(n), *d = zeros(n), *d2 = zeros(n);
+  float *p = qt_test_zeros(n), *d = qt_test_zeros(n), *d2 = qt_test_zeros(n);
   float loss = (use_ref ? qt_cross_entropy_forward_ref : qt_cross_entropy_forward)(p, logits, labels, N, C);
   qt_test_close(use_ref ? "ref ce loss" : "opt ce loss", &loss, want_loss, 1, ATOL, RTOL);
   qt_test_close(use_ref ? "ref ce probs" : "opt ce probs", p, want_p, n, ATOL, RTOL);

@@ -19,12 +19,6 @@ static float *uniform(int64_t n, float lo, float hi, uint64_t seed) {
   return p;
 }
 
-static float *copy(const float *x, int64_t n) {
-  float *p = malloc((size_t)n * sizeof *p);
-  memcpy(p, x, (size_t)n * sizeof *p);
-  return p;
-}
-
 static void check_exact_f32(const char *what, const float *got, const float *want, int64_t n) {
   for (int64_t i = 0; i < n; i++)
     if (memcmp(&got[i], &want[i], sizeof(float)) != 0 && !(isnan(got[i]) && isnan(want[i]))) {
@@ -55,7 +49,7 @@ static void test_batch_norm(int M, int C, float center, uint64_t seed) {
   /* training forward */
   float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *m1 = malloc(C * 4), *m2 = malloc(C * 4);
   float *s1 = malloc(C * 4), *s2 = malloc(C * 4);
-  float *rm1 = copy(rm0, C), *rv1 = copy(rv0, C), *rm2 = copy(rm0, C), *rv2 = copy(rv0, C);
+  float *rm1 = qt_test_copy_f32(rm0, C), *rv1 = qt_test_copy_f32(rv0, C), *rm2 = qt_test_copy_f32(rm0, C), *rv2 = qt_test_copy_f32(rv0, C);
   qt_batch_norm_forward_train(y1, m1, s1, x, gamma, beta, rm1, rv1, 0.1f, 1e-5f, M, C);
   qt_batch_norm_forward_train_ref(y2, m2, s2, x, gamma, beta, rm2, rv2, 0.1f, 1e-5f, M, C);
 #define BN_WHAT(s) (snprintf(what, sizeof what, "bn M=%d C=%d center=%g: %s", M, C, center, s), what)
@@ -71,9 +65,9 @@ static void test_batch_norm(int M, int C, float center, uint64_t seed) {
 
   /* training backward, accumulating, all outputs and each NULL pattern */
   for (int mask = 1; mask < 8; mask++) {
-    float *dxa = mask & 1 ? copy(dx0, n) : NULL, *dxb = mask & 1 ? copy(dx0, n) : NULL;
-    float *dga = mask & 2 ? copy(dg0, C) : NULL, *dgb = mask & 2 ? copy(dg0, C) : NULL;
-    float *dba = mask & 4 ? copy(db0, C) : NULL, *dbb = mask & 4 ? copy(db0, C) : NULL;
+    float *dxa = mask & 1 ? qt_test_copy_f32(dx0, n) : NULL, *dxb = mask & 1 ? qt_test_copy_f32(dx0, n) : NULL;
+    float *dga = mask & 2 ? qt_test_copy_f32(dg0, C) : NULL, *dgb = mask & 2 ? qt_test_copy_f32(dg0, C) : NULL;
+    float *dba = mask & 4 ? qt_test_copy_f32(db0, C) : NULL, *dbb = mask & 4 ? qt_test_copy_f32(db0, C) : NULL;
     qt_batch_norm_backward(dxa, dga, dba, dy, x, m2, s2, gamma, M, C);
     qt_batch_norm_backward_ref(dxb, dgb, dbb, dy, x, m2, s2, gamma, M, C);
     if (dxa) qt_test_close(BN_WHAT("backward dinp"), dxa, dxb, n, 2e-5f, 2e-5f);
@@ -123,7 +117,7 @@ static void test_pool(pool_case pc, int kind, uint64_t seed) {
   float *dy = uniform(nout, -1.0f, 1.0f, seed + 1), *dx0 = uniform(nin, -1.0f, 1.0f, seed + 2);
   float *y1 = malloc(nout * 4), *y2 = malloc(nout * 4);
   int32_t *a1 = malloc(nout * 4), *a2 = malloc(nout * 4);
-  float *dx1 = copy(dx0, nin), *dx2 = copy(dx0, nin);
+  float *dx1 = qt_test_copy_f32(dx0, nin), *dx2 = qt_test_copy_f32(dx0, nin);
 #define P_WHAT(t) \
   (snprintf(what, sizeof what, "pool N%d H%d W%d C%d k%dx%d s%dx%d p%dx%d kind%d: %s", pc.N, pc.H, pc.W, pc.C, pc.KH, \
             pc.KW, pc.sh, pc.sw, pc.ph, pc.pw, kind, t), what)
@@ -153,7 +147,7 @@ static void test_global_avg_pool(int N, int HW, int C, uint64_t seed) {
   char what[96];
   const int64_t nin = (int64_t)N * HW * C;
   float *x = uniform(nin, -1.0f, 1.0f, seed), *dy = uniform((int64_t)N * C, -1.0f, 1.0f, seed + 1);
-  float *dx0 = uniform(nin, -1.0f, 1.0f, seed + 2), *dx1 = copy(dx0, nin), *dx2 = copy(dx0, nin);
+  float *dx0 = uniform(nin, -1.0f, 1.0f, seed + 2), *dx1 = qt_test_copy_f32(dx0, nin), *dx2 = qt_test_copy_f32(dx0, nin);
   float *y1 = malloc((size_t)N * C * 4), *y2 = malloc((size_t)N * C * 4);
   snprintf(what, sizeof what, "global_avg_pool N%d HW%d C%d", N, HW, C);
   qt_global_avg_pool_forward(y1, x, N, HW, C);
@@ -173,11 +167,11 @@ static void test_relu_add(int64_t n, uint64_t seed) {
   for (int64_t i = 1; i < n; i += 11) x[i] = -0.0f;
   for (int64_t i = 2; i < n; i += 13) x[i] = NAN;
   float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *dy = uniform(n, -1.0f, 1.0f, seed + 2);
-  float *dx0 = uniform(n, -1.0f, 1.0f, seed + 3), *dx1 = copy(dx0, n), *dx2 = copy(dx0, n);
+  float *dx0 = uniform(n, -1.0f, 1.0f, seed + 3), *dx1 = qt_test_copy_f32(dx0, n), *dx2 = qt_test_copy_f32(dx0, n);
   qt_relu_forward(y1, x, n);
   qt_relu_forward_ref(y2, x, n);
   check_exact_f32("relu forward", y1, y2, n);
-  float *inplace = copy(x, n);
+  float *inplace = qt_test_copy_f32(x, n);
   qt_relu_forward(inplace, inplace, n);
   check_exact_f32("relu forward in place", inplace, y2, n);
   qt_relu_backward(dx1, dy, y2, n);
@@ -187,10 +181,10 @@ static void test_relu_add(int64_t n, uint64_t seed) {
   qt_add_forward(y1, x, b, n);
   qt_add_forward_ref(y2, x, b, n);
   check_exact_f32("add forward", y1, y2, n);
-  float *ina = copy(x, n);
+  float *ina = qt_test_copy_f32(x, n);
   qt_add_forward(ina, ina, b, n);
   check_exact_f32("add forward in place", ina, y2, n);
-  float *da1 = copy(dx0, n), *db1 = copy(b, n), *da2 = copy(dx0, n), *db2 = copy(b, n);
+  float *da1 = qt_test_copy_f32(dx0, n), *db1 = qt_test_copy_f32(b, n), *da2 = qt_test_copy_f32(dx0, n), *db2 = qt_test_copy_f32(b, n);
   qt_add_backward(da1, db1, dy, n);
   qt_add_backward_ref(da2, db2, dy, n);
   check_exact_f32("add backward da", da1, da2, n);
@@ -209,7 +203,7 @@ static void test_cross_entropy(int N, int C, float scale, uint64_t seed) {
   char what[96];
   const int64_t n = (int64_t)N * C;
   float *x = uniform(n, -scale, scale, seed), *p1 = malloc(n * 4), *p2 = malloc(n * 4);
-  float *d0 = uniform(n, -1.0f, 1.0f, seed + 1), *d1 = copy(d0, n), *d2 = copy(d0, n);
+  float *d0 = uniform(n, -1.0f, 1.0f, seed + 1), *d1 = qt_test_copy_f32(d0, n), *d2 = qt_test_copy_f32(d0, n);
   int32_t *labels = malloc((size_t)N * sizeof *labels);
   for (int i = 0; i < N; i++) labels[i] = (int32_t)((i * 7919u + (unsigned)seed) % (unsigned)C);
   snprintf(what, sizeof what, "cross_entropy N%d C%d scale%g", N, C, scale);

@@ -44,16 +44,6 @@ static double time_ms(bench_fn fn, void *ctx) {
   return best;
 }
 
-static float *alloc_filled(int64_t n, uint64_t seed) {
-  float *p = malloc((size_t)n * sizeof *p);
-  if (!p) {
-    fprintf(stderr, "bench: out of memory\n");
-    exit(1);
-  }
-  qt_test_fill_uniform(p, n, -1.0f, 1.0f, seed);
-  return p;
-}
-
 /* ---- conv2d ------------------------------------------------------------------------------ */
 
 typedef struct {
@@ -82,12 +72,12 @@ static void bench_conv(const char *name, int N, int H, int C, int OC) {
     exit(1);
   }
   const int64_t ni = (int64_t)N * H * H * C, no = (int64_t)N * k.s.OH * k.s.OW * OC, nw = (int64_t)OC * C * 9;
-  k.inp = alloc_filled(ni, 1);
-  k.weight = alloc_filled(nw, 2);
-  k.out = alloc_filled(no, 3);
-  k.dout = alloc_filled(no, 4);
-  k.dinp = alloc_filled(ni, 5);
-  k.dweight = alloc_filled(nw, 6);
+  k.inp = qt_test_uniform(ni, 1);
+  k.weight = qt_test_uniform(nw, 2);
+  k.out = qt_test_uniform(no, 3);
+  k.dout = qt_test_uniform(no, 4);
+  k.dinp = qt_test_uniform(ni, 5);
+  k.dweight = qt_test_uniform(nw, 6);
   const double gflop = 2.0 * (double)no * C * 9 * 1e-9;
   const double f = time_ms(conv_fwd, &k), bd = time_ms(conv_bwd_data, &k), bw = time_ms(conv_bwd_weights, &k);
   printf("%-34s fwd %7.3f  bwd_data %7.3f  bwd_weights %7.3f ms   (fwd %5.1f GFLOP/s)\n", name, f, bd, bw,
@@ -262,14 +252,14 @@ static void ip_bwd_weights(void *p) {
 
 static void bench_linear(const char *name, int N, int IN, int OUT, int forward_only) {
   linear_case k = {.N = N, .IN = IN, .OUT = OUT};
-  k.inp = alloc_filled((int64_t)N * IN, 1);
-  k.weight = alloc_filled((int64_t)OUT * IN, 2);
-  k.bias = alloc_filled(OUT, 3);
-  k.out = alloc_filled((int64_t)N * OUT, 4);
-  k.dout = alloc_filled((int64_t)N * OUT, 5);
-  k.dinp = alloc_filled((int64_t)N * IN, 6);
-  k.dweight = alloc_filled((int64_t)OUT * IN, 7);
-  k.dbias = alloc_filled(OUT, 8);
+  k.inp = qt_test_uniform((int64_t)N * IN, 1);
+  k.weight = qt_test_uniform((int64_t)OUT * IN, 2);
+  k.bias = qt_test_uniform(OUT, 3);
+  k.out = qt_test_uniform((int64_t)N * OUT, 4);
+  k.dout = qt_test_uniform((int64_t)N * OUT, 5);
+  k.dinp = qt_test_uniform((int64_t)N * IN, 6);
+  k.dweight = qt_test_uniform((int64_t)OUT * IN, 7);
+  k.dbias = qt_test_uniform(OUT, 8);
   ip_case c;
   ip_init(&c, &k);
   if (forward_only) {

@@ -11,29 +11,11 @@
 #include <string.h>
 
 #include "tests/common/testutil.h"
+#include "tests/kernels_dnnl/conv_linear_util.h"
 
 #define EPS 0.1f
 #define ATOL 2e-4f
 #define RTOL 1e-4f
-
-static float *filled(int64_t n, uint64_t seed) {
-  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-  if (!p) {
-    fprintf(stderr, "test: out of memory\n");
-    exit(1);
-  }
-  qt_test_fill_uniform(p, n, -1.0f, 1.0f, seed);
-  return p;
-}
-
-static float *zeros(int64_t n) {
-  float *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
-  if (!p) {
-    fprintf(stderr, "test: out of memory\n");
-    exit(1);
-  }
-  return p;
-}
 
 /* The op's forward as a function of its three parameter buffers. */
 typedef void (*forward_fn)(float *out, const float *inp, const float *weight, const float *bias, const void *shape);
@@ -54,7 +36,7 @@ static double loss(fd_problem *p) {
 
 /* Numerical dL/dx for every element of x (one of p's buffers), compared with analytic. */
 static void check_fd(const char *what, fd_problem *p, float *x, int64_t n, const float *analytic) {
-  float *numeric = zeros(n);
+  float *numeric = qt_test_zeros(n);
   for (int64_t i = 0; i < n; i++) {
     const float x0 = x[i], hi = x0 + EPS, lo = x0 - EPS;
     x[i] = hi;
@@ -81,12 +63,12 @@ static void check_conv(qt_conv2d_shape s, const char *name, uint64_t seed) {
   const int64_t ni = (int64_t)s.N * s.H * s.W * s.C, no = (int64_t)s.N * s.OH * s.OW * s.OC;
   const int64_t nw = (int64_t)s.OC * (s.C / s.groups) * s.KH * s.KW;
   fd_problem p = {.forward = conv_forward_adapter, .shape = &s, .n_out = no};
-  p.inp = filled(ni, seed + 1);
-  p.weight = filled(nw, seed + 2);
-  p.bias = filled(s.OC, seed + 3);
-  p.g = filled(no, seed + 4);
-  p.out = zeros(no);
-  float *di = zeros(ni), *dw = zeros(nw), *db = zeros(s.OC);
+  p.inp = qt_test_uniform(ni, seed + 1);
+  p.weight = qt_test_uniform(nw, seed + 2);
+  p.bias = qt_test_uniform(s.OC, seed + 3);
+  p.g = qt_test_uniform(no, seed + 4);
+  p.out = qt_test_zeros(no);
+  float *di = qt_test_zeros(ni), *dw = qt_test_zeros(nw), *db = qt_test_zeros(s.OC);
   qt_conv2d_backward_ref(di, dw, db, p.g, p.inp, p.weight, &s);
   char what[128];
   snprintf(what, sizeof what, "%s: dinp", name);
@@ -112,12 +94,12 @@ static void check_linear(int N, int IN, int OUT, uint64_t seed) {
   linear_shape s = {N, IN, OUT};
   const int64_t ni = (int64_t)N * IN, no = (int64_t)N * OUT, nw = (int64_t)OUT * IN;
   fd_problem p = {.forward = linear_forward_adapter, .shape = &s, .n_out = no};
-  p.inp = filled(ni, seed + 1);
-  p.weight = filled(nw, seed + 2);
-  p.bias = filled(OUT, seed + 3);
-  p.g = filled(no, seed + 4);
-  p.out = zeros(no);
-  float *di = zeros(ni), *dw = zeros(nw), *db = zeros(OUT);
+  p.inp = qt_test_uniform(ni, seed + 1);
+  p.weight = qt_test_uniform(nw, seed + 2);
+  p.bias = qt_test_uniform(OUT, seed + 3);
+  p.g = qt_test_uniform(no, seed + 4);
+  p.out = qt_test_zeros(no);
+  float *di = qt_test_zeros(ni), *dw = qt_test_zeros(nw), *db = qt_test_zeros(OUT);
   qt_linear_backward_ref(di, dw, db, p.g, p.inp, p.weight, N, IN, OUT);
   check_fd("linear: dinp", &p, p.inp, ni, di);
   check_fd("linear: dweight", &p, p.weight, nw, dw);
@@ -126,18 +108,18 @@ static void check_linear(int N, int IN, int OUT, uint64_t seed) {
 }
 
 int main(void) {
-  check_conv((qt_conv2d_shape){.N = 2, .H = 5, .W = 4, .C = 4, .OC = 6, .KH = 3, .KW = 3, .stride_h = 2,
-                               .stride_w = 1, .pad_h = 1, .pad_w = 1, .groups = 2},
-             "conv grouped, stride (2,1)", 10);
-  check_conv((qt_conv2d_shape){.N = 2, .H = 5, .W = 5, .C = 1, .OC = 3, .KH = 3, .KW = 3, .stride_h = 1,
-                               .stride_w = 1, .pad_h = 1, .pad_w = 1, .groups = 1},
-             "conv C=1", 20);
-  check_conv((qt_conv2d_shape){.N = 1, .H = 4, .W = 5, .C = 3, .OC = 3, .KH = 2, .KW = 3, .stride_h = 1,
-                               .stride_w = 2, .pad_h = 1, .pad_w = 2, .groups = 3},
-             "conv depthwise 2x3, pad (1,2)", 30);
-  check_conv((qt_conv2d_shape){.N = 2, .H = 4, .W = 3, .C = 5, .OC = 2, .KH = 1, .KW = 1, .stride_h = 1,
-                               .stride_w = 1, .pad_h = 0, .pad_w = 0, .groups = 1},
-             "conv 1x1", 40);
+  const struct {
+    qt_conv2d_shape s;
+    const char *name;
+    uint64_t seed;
+  } convs[] = {
+      /*   N  H  W  C OC KH KW sh sw ph pw  g */
+      {conv_shape(2, 5, 4, 4, 6, 3, 3, 2, 1, 1, 1, 2), "conv grouped, stride (2,1)", 10},
+      {conv_shape(2, 5, 5, 1, 3, 3, 3, 1, 1, 1, 1, 1), "conv C=1", 20},
+      {conv_shape(1, 4, 5, 3, 3, 2, 3, 1, 2, 1, 2, 3), "conv depthwise 2x3, pad (1,2)", 30},
+      {conv_shape(2, 4, 3, 5, 2, 1, 1, 1, 1, 0, 0, 1), "conv 1x1", 40},
+  };
+  for (int k = 0; k < 4; k++) check_conv(convs[k].s, convs[k].name, convs[k].seed);
   check_linear(3, 6, 4, 50);
   return qt_test_finish();
 }

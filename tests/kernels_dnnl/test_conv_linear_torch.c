@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "tests/common/testutil.h"
+#include "tests/kernels_dnnl/conv_linear_util.h"
 
 #define ATOL 1e-5f
 #define RTOL 1e-4f
@@ -26,13 +27,20 @@ static float *load(const char *group, const char *name, int64_t expect_numel) {
   return p;
 }
 
-static float *zeros(int64_t n) {
-  float *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
-  if (!p) {
-    fprintf(stderr, "test: out of memory\n");
-    exit(1);
+/* The integer dataset <group>/config, which must hold n entries (else a failed check and NULL). */
+static int32_t *load_config(const char *group, int64_t n) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/config", group);
+  int64_t cshape[8];
+  int cndim = 0;
+  int32_t *c = qt_test_load_i32(ref_file(), path, cshape, &cndim);
+  if (qt_test_numel(cshape, cndim) != n) {
+    qt_test_fail("%s: config has %lld entries, expected %lld", path, (long long)qt_test_numel(cshape, cndim),
+                 (long long)n);
+    free(c);
+    return NULL;
   }
-  return p;
+  return c;
 }
 
 typedef void (*conv_forward_fn)(float *, const float *, const float *, const float *, const qt_conv2d_shape *);
@@ -40,18 +48,9 @@ typedef void (*conv_backward_fn)(float *, float *, float *, const float *, const
                                  const qt_conv2d_shape *);
 
 static void check_conv(const char *group) {
-  char path[128];
-  snprintf(path, sizeof path, "%s/config", group);
-  int64_t cshape[8];
-  int cndim = 0;
-  int32_t *c = qt_test_load_i32(ref_file(), path, cshape, &cndim);
-  if (qt_test_numel(cshape, cndim) != 13) {
-    qt_test_fail("%s: config has %lld entries, expected 13", path, (long long)qt_test_numel(cshape, cndim));
-    free(c);
-    return;
-  }
-  qt_conv2d_shape s = {.N = c[0], .H = c[1], .W = c[2], .C = c[3], .OC = c[4], .KH = c[5], .KW = c[6],
-                       .stride_h = c[7], .stride_w = c[8], .pad_h = c[9], .pad_w = c[10], .groups = c[11]};
+  int32_t *c = load_config(group, 13);
+  if (!c) return;
+  qt_conv2d_shape s = conv_shape(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11]);
   const int has_bias = c[12];
   free(c);
   if (qt_conv2d_shape_init(&s) != 0) {
@@ -70,7 +69,7 @@ static void check_conv(const char *group) {
   const conv_backward_fn bwd[2] = {qt_conv2d_backward, qt_conv2d_backward_ref};
   const char *impl[2] = {"optimized", "reference"};
   for (int k = 0; k < 2; k++) {
-    float *out = zeros(no), *di = zeros(ni), *dw = zeros(nw), *db = zeros(s.OC);
+    float *out = qt_test_zeros(no), *di = qt_test_zeros(ni), *dw = qt_test_zeros(nw), *db = qt_test_zeros(s.OC);
     char what[128];
     fwd[k](out, inp, weight, bias, &s);
     snprintf(what, sizeof what, "%s %s: out", group, impl[k]);
@@ -95,16 +94,8 @@ typedef void (*linear_backward_fn)(float *, float *, float *, const float *, con
                                    int);
 
 static void check_linear(const char *group) {
-  char path[128];
-  snprintf(path, sizeof path, "%s/config", group);
-  int64_t cshape[8];
-  int cndim = 0;
-  int32_t *c = qt_test_load_i32(ref_file(), path, cshape, &cndim);
-  if (qt_test_numel(cshape, cndim) != 3) {
-    qt_test_fail("%s: config has %lld entries, expected 3", path, (long long)qt_test_numel(cshape, cndim));
-    free(c);
-    return;
-  }
+  int32_t *c = load_config(group, 3);
+  if (!c) return;
   const int N = c[0], IN = c[1], OUT = c[2];
   free(c);
   const int64_t ni = (int64_t)N * IN, no = (int64_t)N * OUT, nw = (int64_t)OUT * IN;
@@ -117,7 +108,7 @@ static void check_linear(const char *group) {
   const linear_backward_fn bwd[2] = {qt_linear_backward, qt_linear_backward_ref};
   const char *impl[2] = {"optimized", "reference"};
   for (int k = 0; k < 2; k++) {
-    float *out = zeros(no), *di = zeros(ni), *dw = zeros(nw), *db = zeros(OUT);
+    float *out = qt_test_zeros(no), *di = qt_test_zeros(ni), *dw = qt_test_zeros(nw), *db = qt_test_zeros(OUT);
     char what[128];
     fwd[k](out, inp, weight, bias, N, IN, OUT);
     snprintf(what, sizeof what, "%s %s: out", group, impl[k]);

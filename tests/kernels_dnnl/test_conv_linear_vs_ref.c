@@ -10,29 +10,10 @@
 #include <string.h>
 
 #include "tests/common/testutil.h"
+#include "tests/kernels_dnnl/conv_linear_util.h"
 
 #define ATOL 2e-4f
 #define RTOL 1e-4f
-
-static float *filled(int64_t n, uint64_t seed) {
-  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-  if (!p) {
-    fprintf(stderr, "test: out of memory\n");
-    exit(1);
-  }
-  qt_test_fill_uniform(p, n, -1.0f, 1.0f, seed);
-  return p;
-}
-
-static float *copy(const float *src, int64_t n) {
-  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-  if (!p) {
-    fprintf(stderr, "test: out of memory\n");
-    exit(1);
-  }
-  memcpy(p, src, (size_t)n * sizeof *p);
-  return p;
-}
 
 /* ---- conv2d ------------------------------------------------------------------------------ */
 
@@ -48,9 +29,9 @@ static void check_conv(qt_conv2d_shape s, uint64_t seed) {
   }
   const int64_t ni = (int64_t)s.N * s.H * s.W * s.C, no = (int64_t)s.N * s.OH * s.OW * s.OC;
   const int64_t nw = (int64_t)s.OC * (s.C / s.groups) * s.KH * s.KW;
-  float *inp = filled(ni, seed + 1), *weight = filled(nw, seed + 2), *bias = filled(s.OC, seed + 3);
-  float *dout = filled(no, seed + 4);
-  float *out = filled(no, 99), *out_ref = filled(no, 98);
+  float *inp = qt_test_uniform(ni, seed + 1), *weight = qt_test_uniform(nw, seed + 2), *bias = qt_test_uniform(s.OC, seed + 3);
+  float *dout = qt_test_uniform(no, seed + 4);
+  float *out = qt_test_uniform(no, 99), *out_ref = qt_test_uniform(no, 98);
   char what[256];
 
   for (int has_bias = 0; has_bias < 2; has_bias++) {
@@ -69,9 +50,9 @@ static void check_conv(qt_conv2d_shape s, uint64_t seed) {
 
   /* every subset of requested gradients, accumulating into pre-filled buffers */
   for (int mask = 0; mask < 8; mask++) {
-    float *di = filled(ni, seed + 10), *dw = filled(nw, seed + 11), *db = filled(s.OC, seed + 12);
-    float *di_ref = copy(di, ni), *dw_ref = copy(dw, nw), *db_ref = copy(db, s.OC);
-    float *di0 = copy(di, ni), *dw0 = copy(dw, nw), *db0 = copy(db, s.OC);
+    float *di = qt_test_uniform(ni, seed + 10), *dw = qt_test_uniform(nw, seed + 11), *db = qt_test_uniform(s.OC, seed + 12);
+    float *di_ref = qt_test_copy_f32(di, ni), *dw_ref = qt_test_copy_f32(dw, nw), *db_ref = qt_test_copy_f32(db, s.OC);
+    float *di0 = qt_test_copy_f32(di, ni), *dw0 = qt_test_copy_f32(dw, nw), *db0 = qt_test_copy_f32(db, s.OC);
     const int want_i = mask & 1, want_w = mask & 2, want_b = mask & 4;
     qt_conv2d_backward(want_i ? di : NULL, want_w ? dw : NULL, want_b ? db : NULL, dout, inp, weight, &s);
     qt_conv2d_backward_ref(want_i ? di_ref : NULL, want_w ? dw_ref : NULL, want_b ? db_ref : NULL, dout, inp,
@@ -89,13 +70,6 @@ static void check_conv(qt_conv2d_shape s, uint64_t seed) {
     free(di), free(dw), free(db), free(di_ref), free(dw_ref), free(db_ref), free(di0), free(dw0), free(db0);
   }
   free(inp), free(weight), free(bias), free(dout), free(out), free(out_ref);
-}
-
-static qt_conv2d_shape conv_shape(int N, int H, int W, int C, int OC, int KH, int KW, int sh, int sw, int ph, int pw,
-                                  int groups) {
-  qt_conv2d_shape s = {.N = N, .H = H, .W = W, .C = C, .OC = OC, .KH = KH, .KW = KW, .stride_h = sh,
-                       .stride_w = sw, .pad_h = ph, .pad_w = pw, .groups = groups};
-  return s;
 }
 
 static void check_conv_shape_init(void) {
@@ -127,9 +101,9 @@ static void check_conv_cache_eviction(void) {
       qt_conv2d_shape s = conv_shape(n, 4, 3, 2, 3, 3, 3, 1, 1, 1, 1, 1);
       QT_CHECK(qt_conv2d_shape_init(&s) == 0);
       const int64_t ni = (int64_t)n * 4 * 3 * 2, no = (int64_t)n * s.OH * s.OW * 3, nw = 3 * 2 * 9;
-      float *inp = filled(ni, 500 + n), *weight = filled(nw, 600 + n), *dout = filled(no, 700 + n);
-      float *out = filled(no, 1), *out_ref = filled(no, 2);
-      float *dw = filled(nw, 3), *dw_ref = copy(dw, nw), *di = filled(ni, 4), *di_ref = copy(di, ni);
+      float *inp = qt_test_uniform(ni, 500 + n), *weight = qt_test_uniform(nw, 600 + n), *dout = qt_test_uniform(no, 700 + n);
+      float *out = qt_test_uniform(no, 1), *out_ref = qt_test_uniform(no, 2);
+      float *dw = qt_test_uniform(nw, 3), *dw_ref = qt_test_copy_f32(dw, nw), *di = qt_test_uniform(ni, 4), *di_ref = qt_test_copy_f32(di, ni);
       qt_conv2d_forward(out, inp, weight, NULL, &s);
       qt_conv2d_forward_ref(out_ref, inp, weight, NULL, &s);
       qt_conv2d_backward(di, dw, NULL, dout, inp, weight, &s);
@@ -147,8 +121,8 @@ static void check_conv_cache_eviction(void) {
 
 static void check_linear(int N, int IN, int OUT, uint64_t seed) {
   const int64_t ni = (int64_t)N * IN, no = (int64_t)N * OUT, nw = (int64_t)OUT * IN;
-  float *inp = filled(ni, seed + 1), *weight = filled(nw, seed + 2), *bias = filled(OUT, seed + 3);
-  float *dout = filled(no, seed + 4), *out = filled(no, 99), *out_ref = filled(no, 98);
+  float *inp = qt_test_uniform(ni, seed + 1), *weight = qt_test_uniform(nw, seed + 2), *bias = qt_test_uniform(OUT, seed + 3);
+  float *dout = qt_test_uniform(no, seed + 4), *out = qt_test_uniform(no, 99), *out_ref = qt_test_uniform(no, 98);
   char what[128];
   for (int has_bias = 0; has_bias < 2; has_bias++) {
     qt_linear_forward(out, inp, weight, has_bias ? bias : NULL, N, IN, OUT);
@@ -157,9 +131,9 @@ static void check_linear(int N, int IN, int OUT, uint64_t seed) {
     qt_test_close(what, out, out_ref, no, ATOL, RTOL);
   }
   for (int mask = 0; mask < 8; mask++) {
-    float *di = filled(ni, seed + 10), *dw = filled(nw, seed + 11), *db = filled(OUT, seed + 12);
-    float *di_ref = copy(di, ni), *dw_ref = copy(dw, nw), *db_ref = copy(db, OUT);
-    float *di0 = copy(di, ni), *dw0 = copy(dw, nw), *db0 = copy(db, OUT);
+    float *di = qt_test_uniform(ni, seed + 10), *dw = qt_test_uniform(nw, seed + 11), *db = qt_test_uniform(OUT, seed + 12);
+    float *di_ref = qt_test_copy_f32(di, ni), *dw_ref = qt_test_copy_f32(dw, nw), *db_ref = qt_test_copy_f32(db, OUT);
+    float *di0 = qt_test_copy_f32(di, ni), *dw0 = qt_test_copy_f32(dw, nw), *db0 = qt_test_copy_f32(db, OUT);
     const int want_i = mask & 1, want_w = mask & 2, want_b = mask & 4;
     qt_linear_backward(want_i ? di : NULL, want_w ? dw : NULL, want_b ? db : NULL, dout, inp, weight, N, IN, OUT);
     qt_linear_backward_ref(want_i ? di_ref : NULL, want_w ? dw_ref : NULL, want_b ? db_ref : NULL, dout, inp, weight,
@@ -196,10 +170,7 @@ int main(void) {
   check_conv(conv_shape(2, 5, 4, 3, 4, 1, 3, 2, 1, 2, 3, 1), 1600);     /* padding beyond the kernel */
   check_conv_cache_eviction();
 
-  check_linear(1, 1, 1, 10);
-  check_linear(3, 7, 5, 20);
-  check_linear(4, 300, 17, 30);
-  check_linear(5, 128, 10, 40);
-  check_linear(32, 3136, 128, 50);
+  const int linears[][3] = {{1, 1, 1}, {3, 7, 5}, {4, 300, 17}, {5, 128, 10}, {32, 3136, 128}}; /* N, IN, OUT */
+  for (int k = 0; k < 5; k++) check_linear(linears[k][0], linears[k][1], linears[k][2], 10 * (uint64_t)(k + 1));
   return qt_test_finish();
 }

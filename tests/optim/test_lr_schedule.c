@@ -123,10 +123,7 @@ int main(void) {
   check_error((qt_lr_schedule){.kind = QT_LR_COUNT, .base_lr = 0.1f}, "kind");
 
   /* Names round-trip. */
-  for (int k = 0; k < QT_LR_COUNT; k++) {
-    qt_lr_kind got = QT_LR_COUNT;
-    QT_CHECK(qt_lr_kind_parse(qt_lr_kind_name((qt_lr_kind)k), &got) == 0 && got == (qt_lr_kind)k);
-  }
+  QT_CHECK_NAMES(qt_lr_kind, QT_LR_COUNT, qt_lr_kind_name, qt_lr_kind_parse);
   qt_lr_kind unused;
   QT_CHECK(qt_lr_kind_parse("cosin", &unused) == -1);
   QT_CHECK(strcmp(qt_lr_kind_name(QT_LR_COSINE), "cosine") == 0);

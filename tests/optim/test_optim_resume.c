@@ -129,10 +129,7 @@ int main(void) {
   QT_CHECK(qt_optim_config_check(&sgd, NULL) == 0 && qt_optim_config_check(&adamw, NULL) == 0);
 
   /* Names round-trip. */
-  for (int k = 0; k < QT_OPTIM_COUNT; k++) {
-    qt_optim_kind got = QT_OPTIM_COUNT;
-    QT_CHECK(qt_optim_kind_parse(qt_optim_kind_name((qt_optim_kind)k), &got) == 0 && got == (qt_optim_kind)k);
-  }
+  QT_CHECK_NAMES(qt_optim_kind, QT_OPTIM_COUNT, qt_optim_kind_name, qt_optim_kind_parse);
   qt_optim_kind unused;
   QT_CHECK(qt_optim_kind_parse("adam", &unused) == -1);
   QT_CHECK(strcmp(qt_optim_kind_name(QT_OPTIM_ADAMW), "adamw") == 0);

@@ -31,10 +31,7 @@ static qt_graph *prepared_model(const char *model, qt_prepare_mode mode, int wbi
   qt_graph_init_params(g, 11);
   /* non-trivial BN statistics, so folding matters */
   for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.3f + 0.2f * (float)(i % 7);
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qc.weight_bits = wbits;
-  qc.activation_bits = abits;
+  qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
   qc.weight_observer = mode == QT_PREPARE_QAT ? QT_OBSERVER_MOVING_AVERAGE : QT_OBSERVER_MINMAX;
   qc.learnable_scale = g_lsq;
   qt_annotations a;

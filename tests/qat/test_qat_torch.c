@@ -48,17 +48,19 @@
 
 #include "optim/optim.h"
 #include "qat/qat.h"
+#include "tests/common/graph_util.h"
 #include "tests/common/testutil.h"
 #include "tests/common/quantizer_util.h"
 
 static char ref[4096];
 
-static float *load(const char *name, int64_t *n) {
-  int64_t shape[8];
-  int nd;
-  float *v = qt_test_load_f32(ref, name, shape, &nd);
-  if (n) *n = qt_test_numel(shape, nd);
-  return v;
+static float *load(const char *name, int64_t *n) { return qt_test_load_f32_n(ref, name, n); }
+
+/* Index of graph tensor `tensor`; -1 after a failed check when g has none. */
+static int tensor_index(const qt_graph *g, const char *tensor) {
+  int t = qt_graph_find_tensor(g, tensor);
+  if (t < 0) qt_test_fail("graph %s has no tensor %s", g->name, tensor);
+  return t;
 }
 
 static float load1(const char *name) {
@@ -70,11 +72,8 @@ static float load1(const char *name) {
 
 /* Copies reference dataset `name` into graph tensor `tensor`, checking the element count. */
 static void load_into(qt_graph *g, const char *tensor, const char *name) {
-  int t = qt_graph_find_tensor(g, tensor);
-  if (t < 0) {
-    qt_test_fail("graph %s has no tensor %s", g->name, tensor);
-    return;
-  }
+  int t = tensor_index(g, tensor);
+  if (t < 0) return;
   int64_t n;
   float *v = load(name, &n);
   if (n != g->tensors[t].numel)
@@ -85,34 +84,32 @@ static void load_into(qt_graph *g, const char *tensor, const char *name) {
   free(v);
 }
 
-/* Compares graph tensor `tensor` with reference dataset `name`. */
-static void close_tensor(qt_graph *g, const char *tensor, const char *name, float atol, float rtol) {
-  int t = qt_graph_find_tensor(g, tensor);
-  if (t < 0) {
-    qt_test_fail("graph %s has no tensor %s", g->name, tensor);
-    return;
-  }
+/* Compares graph tensor `tensor` (its gradient when grad) with reference dataset `name`. */
+static void close_data(qt_graph *g, const char *tensor, const char *name, float atol, float rtol, int grad) {
+  int t = tensor_index(g, tensor);
+  if (t < 0) return;
   int64_t n;
   float *want = load(name, &n);
+  const float *got = grad ? g->grads + g->tensors[t].offset : qt_graph_tensor_data(g, t);
   if (n != g->tensors[t].numel)
     qt_test_fail("%s: %lld elements, want %lld", name, (long long)g->tensors[t].numel, (long long)n);
   else
-    qt_test_close(name, qt_graph_tensor_data(g, t), want, n, atol, rtol);
+    qt_test_close(name, got, want, n, atol, rtol);
   free(want);
 }
-
+static void close_tensor(qt_graph *g, const char *tensor, const char *name, float atol, float rtol) {
+  close_data(g, tensor, name, atol, rtol, 0);
+}
 static void close_grad(qt_graph *g, const char *tensor, const char *name, float atol, float rtol) {
-  int t = qt_graph_find_tensor(g, tensor);
-  if (t < 0) {
-    qt_test_fail("graph %s has no tensor %s", g->name, tensor);
-    return;
-  }
+  close_data(g, tensor, name, atol, rtol, 1);
+}
+
+/* The scales of q equal reference dataset `name` to the bit (one per channel). */
+static void same_scales(const char *what, const qt_qstate *q, const char *name) {
   int64_t n;
   float *want = load(name, &n);
-  if (n != g->tensors[t].numel)
-    qt_test_fail("%s: %lld elements, want %lld", name, (long long)g->tensors[t].numel, (long long)n);
-  else
-    qt_test_close(name, g->grads + g->tensors[t].offset, want, n, atol, rtol);
+  if (n != q->channels) qt_test_fail("%s: %lld scales, want %d", what, (long long)n, q->channels);
+  else qt_test_close(what, q->scale, want, n, 0, 0);
   free(want);
 }
 
@@ -123,10 +120,7 @@ static qt_node *node(qt_graph *g, const char *name) {
 }
 
 static qt_quantizer_config qat_config(int wbits, int abits) {
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qc.weight_bits = wbits;
-  qc.activation_bits = abits;
+  qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
   qc.weight_observer = QT_OBSERVER_MOVING_AVERAGE;
   qc.activation_observer = QT_OBSERVER_MOVING_AVERAGE;
   return qc;
@@ -224,11 +218,8 @@ static void unit_step(qt_graph *p, const char *c) {
     free(y);
     /* the weight fake quant's scales: same observer on bit-identical W * sf */
     snprintf(d, sizeof d, "unit/%s/wscale", c);
-    float *ws = load(d, &n);
     snprintf(what, sizeof what, "unit %s: weight scales", c);
-    QT_CHECK(n == cb->wq->channels);
-    qt_test_close(what, cb->wq->scale, ws, n, 0, 0);
-    free(ws);
+    same_scales(what, cb->wq, d);
 
     qt_tensor *loss = qt_cross_entropy(ctx, out, labels, NULL);
     snprintf(d, sizeof d, "unit/%s/loss", c);
@@ -471,11 +462,8 @@ static void fold_qat_convert(qt_graph *p, const char *c, int bias) {
     qt_test_fail("QAT convert (%s): %lld of %lld integer weights differ from convert_fx", c, (long long)bad,
                  (long long)n);
   snprintf(d, sizeof d, "unit/%s/convert/wscale", c);
-  float *ws = load(d, &n);
   snprintf(what, sizeof what, "QAT convert (%s): weight scales", c);
-  QT_CHECK(n == cv->wq->channels);
-  qt_test_close(what, cv->wq->scale, ws, n, 0, 0);
-  free(ws);
+  same_scales(what, cv->wq, d);
   free(qw);
   free(fw);
   free(fb);
@@ -545,18 +533,10 @@ static void fashion_cnn_steps(void) {
     qt_test_fail("fashion_cnn: %s", err);
     return;
   }
+  qt_test_load_graph_tensors(g, steps_ref, "init/");
   double checksum = 0;
-  for (int i = 0; i < g->n_tensors; i++) {
-    snprintf(name, sizeof name, "init/%s", g->tensors[i].name);
-    int64_t shape[8];
-    int nd;
-    float *v = qt_test_load_f32(steps_ref, name, shape, &nd);
-    QT_CHECK(qt_test_numel(shape, nd) == g->tensors[i].numel);
-    memcpy(qt_graph_tensor_data(g, i), v, (size_t)g->tensors[i].numel * sizeof(float));
-    if (strcmp(g->tensors[i].name, "conv1.weight") == 0)
-      for (int64_t k = 0; k < g->tensors[i].numel; k++) checksum += v[k];
-    free(v);
-  }
+  const int w1 = qt_graph_find_tensor(g, "conv1.weight");
+  for (int64_t k = 0; w1 >= 0 && k < g->tensors[w1].numel; k++) checksum += qt_graph_tensor_data(g, w1)[k];
   float want_sum = load1("fx/init_checksum");
   if (!(fabs(checksum - want_sum) <= 1e-5 * fabs(want_sum) + 1e-6))
     qt_test_fail(

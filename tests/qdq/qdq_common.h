@@ -2,17 +2,21 @@
  * Q/DQ -> conv2d with per-channel int weights + bias -> relu -> Q/DQ -> max_pool -> flatten ->
  * linear with int weights -> Q/DQ), a graph using every fp32 op, prepared (training) graphs
  * observed on random batches, a field-by-field graph comparison and a forward pass into a
- * malloc'ed copy. Header-only: each test is one program. */
+ * malloc'ed copy, and the file edits the validation tests share. Header-only: each test is
+ * one program. */
 #ifndef QT_QDQ_COMMON_H
 #define QT_QDQ_COMMON_H
 
 #include <hdf5.h>
+#include <hdf5_hl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "qat/qat.h"
+#include "tests/common/graph_util.h"
 #include "tests/common/testutil.h"
 #include "tests/common/quantizer_util.h"
 
@@ -31,15 +35,8 @@ static inline qt_qspec qdq_spec(int bits, int is_signed, int qmin, int qmax, int
 }
 
 static inline qt_qstate *qdq_act_state(float scale, int zp) {
-  char err[QT_ERR_LEN];
   qt_qspec s = qdq_spec(8, 0, 0, 255, 0, 0);
-  qt_qstate *q = qt_qstate_create(&s, 1, err);
-  QT_ASSERT(q, "%s", err);
-  q->scale[0] = scale;
-  q->zero_point[0] = zp;
-  q->calibrated = 1;
-  q->observe = 0;
-  return q;
+  return qt_test_qstate(&s, 1, scale, zp);
 }
 
 /* Weight quantization of node n with spec s: per-channel symmetric scales from max |w|, then
@@ -69,20 +66,7 @@ static inline void qdq_quantize_weight(qt_graph *g, int node, const qt_qspec *s)
 
 /* Appends quantize -> dequantize after value x; returns the dequantized value. */
 static inline int qdq_pair(qt_graph *g, const char *prefix, int x, float scale, int zp) {
-  char name[QT_NAME_LEN];
-  const qt_value *v = &g->values[x];
-  int nd = v->ndim;
-  int64_t shape[3] = {v->shape[0], v->shape[1], v->shape[2]};
-  snprintf(name, sizeof name, "%s.quantize", prefix);
-  int qn = qt_graph_add_node(g, QT_OP_QUANTIZE, name, &x, 1, NULL, nd, shape);
-  QT_ASSERT(qn >= 0, "%s", g->error);
-  g->nodes[qn].q = qdq_act_state(scale, zp);
-  int qv = g->nodes[qn].output;
-  snprintf(name, sizeof name, "%s.dequantize", prefix);
-  int dn = qt_graph_add_node(g, QT_OP_DEQUANTIZE, name, &qv, 1, NULL, nd, shape);
-  QT_ASSERT(dn >= 0, "%s", g->error);
-  g->nodes[dn].q = qdq_act_state(scale, zp);
-  return g->nodes[dn].output;
+  return qt_test_append_qdq(g, prefix, x, qdq_act_state(scale, zp), qdq_act_state(scale, zp));
 }
 
 static inline void qdq_fill_params(qt_graph *g, uint64_t seed) {
@@ -362,6 +346,91 @@ static inline void qdq_write_bytes(const char *path, const unsigned char *b, lon
   FILE *f = fopen(path, "wb");
   QT_ASSERT(f && fwrite(b, 1, (size_t)len, f) == (size_t)len, "writing %s", path);
   fclose(f);
+}
+
+/* Input and output of g on n = 4 random samples (uniform in [-1, 1), seed) into `path`, for
+ * read_qdq.py's reference interpreter. */
+static inline void qdq_write_io(const char *path, qt_graph *g, uint64_t seed) {
+  const qt_value *in = &g->values[g->input];
+  const int n = 4;
+  int64_t numel = 0, xn = n * in->shape[0] * in->shape[1] * in->shape[2];
+  float *y = qdq_forward(g, n, seed, &numel);
+  float *x = malloc((size_t)xn * sizeof(float));
+  qt_test_fill_uniform(x, xn, -1.0f, 1.0f, seed);
+  hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  hsize_t xd[4] = {(hsize_t)n, (hsize_t)in->shape[0], (hsize_t)in->shape[1], (hsize_t)in->shape[2]};
+  hsize_t yd[2] = {(hsize_t)n, (hsize_t)(numel / n)};
+  QT_CHECK(f >= 0 && y && H5LTmake_dataset_float(f, "input", 4, xd, x) >= 0 &&
+           H5LTmake_dataset_float(f, "output", 2, yd, y) >= 0);
+  if (f >= 0) H5Fclose(f);
+  free(x);
+  free(y);
+}
+
+/* An edit of an open Q/DQ file, for the validation tests. */
+typedef void (*qdq_edit_fn)(hid_t f);
+
+/* Copies file `from` to `to`, then applies edit (when not NULL) to the copy. */
+static inline void qdq_copy_edited(const char *from, const char *to, qdq_edit_fn edit, const char *what) {
+  long len = 0;
+  unsigned char *bytes = qdq_read_bytes(from, &len);
+  qdq_write_bytes(to, bytes, len);
+  free(bytes);
+  if (!edit) return;
+  hid_t f = H5Fopen(to, H5F_ACC_RDWR, H5P_DEFAULT);
+  QT_ASSERT(f >= 0, "%s: cannot reopen %s", what, to);
+  edit(f);
+  QT_ASSERT(H5Fclose(f) >= 0, "%s: closing %s", what, to);
+}
+
+/* Copies `base` to <prefix><what>.h5, applies edit, loads and expects a failure whose message
+ * holds the file name and `needle`, with no HDF5 object left open. */
+static inline void qdq_expect_load_error(const char *base, const char *prefix, const char *what, qdq_edit_fn edit,
+                                         const char *needle) {
+  char path[256], err[QT_ERR_LEN] = "";
+  snprintf(path, sizeof path, "%s%s.h5", prefix, what);
+  qdq_copy_edited(base, path, edit, what);
+  qt_graph *g = qt_qdq_load(path, err);
+  if (getenv("QT_TEST_VERBOSE")) fprintf(stderr, "%-18s %s\n", what, err);
+  if (H5Fget_obj_count((hid_t)H5F_OBJ_ALL, H5F_OBJ_ALL) != 0) qt_test_fail("%s: HDF5 objects left open", what);
+  if (g) {
+    qt_test_fail("%s: load succeeded, want an error mentioning '%s'", what, needle);
+    qt_graph_free(g);
+  } else if (!strstr(err, needle) || !strstr(err, path)) {
+    qt_test_fail("%s: error '%s' lacks '%s' or the file name", what, err, needle);
+  }
+  unlink(path);
+}
+
+/* One case of a validation table: the edit, and what the load error must say. */
+typedef struct {
+  const char *what;
+  qdq_edit_fn edit;
+  const char *needle;
+} qdq_error_case;
+
+/* qdq_expect_load_error for each of the n cases. */
+static inline void qdq_expect_load_errors(const char *base, const char *prefix, const qdq_error_case *cases, int n) {
+  for (int i = 0; i < n; i++) qdq_expect_load_error(base, prefix, cases[i].what, cases[i].edit, cases[i].needle);
+}
+
+static inline void qdq_set_str(hid_t f, const char *obj, const char *name, const char *v) {
+  QT_ASSERT(H5LTset_attribute_string(f, obj, name, v) >= 0, "set %s %s", obj, name);
+}
+
+/* Sets dimension `axis` of value `value` in /values/shape (3 dims a value) to `dim`. */
+static inline void qdq_set_value_dim(hid_t f, int value, int axis, int64_t dim) {
+  hid_t d = H5Dopen2(f, "/values/shape", H5P_DEFAULT);
+  hid_t sp = d < 0 ? -1 : H5Dget_space(d);
+  const int64_t n = sp < 0 ? 0 : H5Sget_simple_extent_npoints(sp);
+  int64_t *s = malloc((size_t)(n > 0 ? n : 1) * sizeof *s);
+  QT_ASSERT(s && n > 3 * value + axis && H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) >= 0,
+            "read shape");
+  s[3 * value + axis] = dim;
+  QT_ASSERT(H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) >= 0, "write shape");
+  free(s);
+  H5Sclose(sp);
+  H5Dclose(d);
 }
 
 #endif

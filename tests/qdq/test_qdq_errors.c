@@ -15,68 +15,26 @@
 
 #define BASE "qdq_err_base.h5"
 
-typedef void (*edit_fn)(hid_t f);
-
-/* Copies the base file, applies edit, loads and expects a failure whose message holds the
- * file name and `needle`. */
-static void expect_load_error(const char *what, edit_fn edit, const char *needle) {
-  char path[256], err[QT_ERR_LEN] = "";
-  snprintf(path, sizeof path, "qdq_err_%s.h5", what);
-  long len = 0;
-  unsigned char *bytes = qdq_read_bytes(BASE, &len);
-  qdq_write_bytes(path, bytes, len);
-  free(bytes);
-  if (edit) {
-    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
-    QT_ASSERT(f >= 0, "%s: cannot reopen %s", what, path);
-    edit(f);
-    QT_ASSERT(H5Fclose(f) >= 0, "%s: closing %s", what, path);
-  }
-  qt_graph *g = qt_qdq_load(path, err);
-  if (getenv("QT_TEST_VERBOSE")) fprintf(stderr, "%-18s %s\n", what, err);
-  if (H5Fget_obj_count((hid_t)H5F_OBJ_ALL, H5F_OBJ_ALL) != 0) qt_test_fail("%s: HDF5 objects left open", what);
-  if (g) {
-    qt_test_fail("%s: load succeeded, want an error mentioning '%s'", what, needle);
-    qt_graph_free(g);
-  } else if (!strstr(err, needle) || !strstr(err, path)) {
-    qt_test_fail("%s: error '%s' lacks '%s' or the file name", what, err, needle);
-  }
-  unlink(path);
-}
-
-static void set_str(hid_t f, const char *obj, const char *name, const char *v) {
-  QT_ASSERT(H5LTset_attribute_string(f, obj, name, v) >= 0, "set %s %s", obj, name);
-}
 static void set_ints(hid_t f, const char *obj, const char *name, const int *v, size_t n) {
   QT_ASSERT(H5LTset_attribute_int(f, obj, name, v, n) >= 0, "set %s %s", obj, name);
 }
 static void set_int(hid_t f, const char *obj, const char *name, int v) { set_ints(f, obj, name, &v, 1); }
 
-/* Rewrites element k of a float or int dataset. */
-static void poke_f32(hid_t f, const char *path, int64_t k, float v) {
+/* Rewrites element k (of `size` bytes, memory type `type`) of a dataset. */
+static void poke(hid_t f, const char *path, int64_t k, hid_t type, const void *v, size_t size) {
   hid_t d = H5Dopen2(f, path, H5P_DEFAULT);
   hid_t sp = H5Dget_space(d);
   int64_t n = H5Sget_simple_extent_npoints(sp);
-  float *buf = malloc((size_t)n * sizeof(float));
-  QT_ASSERT(d >= 0 && H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0, "read %s", path);
-  buf[k] = v;
-  QT_ASSERT(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0, "write %s", path);
+  unsigned char *buf = malloc((size_t)n * size);
+  QT_ASSERT(d >= 0 && H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0, "read %s", path);
+  memcpy(buf + (size_t)k * size, v, size);
+  QT_ASSERT(H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0, "write %s", path);
   free(buf);
   H5Sclose(sp);
   H5Dclose(d);
 }
-static void poke_i32(hid_t f, const char *path, int64_t k, int v) {
-  hid_t d = H5Dopen2(f, path, H5P_DEFAULT);
-  hid_t sp = H5Dget_space(d);
-  int64_t n = H5Sget_simple_extent_npoints(sp);
-  int *buf = malloc((size_t)n * sizeof(int));
-  QT_ASSERT(d >= 0 && H5Dread(d, H5T_NATIVE_INT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0, "read %s", path);
-  buf[k] = v;
-  QT_ASSERT(H5Dwrite(d, H5T_NATIVE_INT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0, "write %s", path);
-  free(buf);
-  H5Sclose(sp);
-  H5Dclose(d);
-}
+static void poke_f32(hid_t f, const char *path, int64_t k, float v) { poke(f, path, k, H5T_NATIVE_FLOAT, &v, sizeof v); }
+static void poke_i32(hid_t f, const char *path, int64_t k, int v) { poke(f, path, k, H5T_NATIVE_INT, &v, sizeof v); }
 
 /* Replaces /tensors/<name> with a float dataset of another shape (same attributes). */
 static void reshape_tensor(hid_t f, const char *name, int ndim, const hsize_t *dims, int index, int node) {
@@ -95,11 +53,11 @@ static void reshape_tensor(hid_t f, const char *name, int ndim, const hsize_t *d
 
 static void del(hid_t f, const char *path) { QT_ASSERT(H5Ldelete(f, path, H5P_DEFAULT) >= 0, "delete %s", path); }
 
-static void e_format(hid_t f) { set_str(f, "/", "format", "onnx"); }
+static void e_format(hid_t f) { qdq_set_str(f, "/", "format", "onnx"); }
 static void e_no_format(hid_t f) { QT_ASSERT(H5Adelete(f, "format") >= 0, "delete format"); }
 static void e_version(hid_t f) { set_int(f, "/", "format_version", 2); }
-static void e_unknown_op(hid_t f) { set_str(f, "/nodes/0003_conv1", "op", "sigmoid2"); }
-static void e_prepared_op(hid_t f) { set_str(f, "/nodes/0004_relu1", "op", "fake_quant"); }
+static void e_unknown_op(hid_t f) { qdq_set_str(f, "/nodes/0003_conv1", "op", "sigmoid2"); }
+static void e_prepared_op(hid_t f) { qdq_set_str(f, "/nodes/0004_relu1", "op", "fake_quant"); }
 static void e_value_range(hid_t f) { set_int(f, "/nodes/0009_fc", "inputs", 999); }
 static void e_value_order(hid_t f) { set_int(f, "/nodes/0003_conv1", "inputs", 7); }
 static void e_output_range(hid_t f) { set_int(f, "/", "output", -3); }
@@ -133,7 +91,7 @@ static void input_pre(hid_t f, const int *shape, float std0, int with_mean) {
   H5Gclose(g);
   const char *obj = "/input_preprocessing";
   const float mean[3] = {0.5f, 0.25f, 0.125f}, std[3] = {std0, 0.5f, 0.25f}, raw[3] = {0.0f, 255.0f, 255.0f};
-  set_str(f, obj, "layout", "NHWC");
+  qdq_set_str(f, obj, "layout", "NHWC");
   set_ints(f, obj, "shape", shape, 3);
   QT_ASSERT(H5LTset_attribute_float(f, obj, "raw_min", &raw[0], 1) >= 0 &&
                 H5LTset_attribute_float(f, obj, "raw_max", &raw[1], 1) >= 0 &&
@@ -149,13 +107,8 @@ static void e_pre_mean(hid_t f) { input_pre(f, input_shape, 1.0f, 0); }
 
 static void e_pool_stride(hid_t f) { set_int(f, "/nodes/0007_pool1", "stride_h", 0); }
 static void e_value_shape(hid_t f) {
-  hid_t d = H5Dopen2(f, "/values/shape", H5P_DEFAULT);
-  int64_t s[12 * 3];
-  QT_ASSERT(H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) >= 0, "read shape");
-  s[3 * 3 + 2] = 5; /* conv1's output: 8x8x5 */
-  s[4 * 3 + 2] = 5; /* relu1 follows it */
-  QT_ASSERT(H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) >= 0, "write shape");
-  H5Dclose(d);
+  qdq_set_value_dim(f, 3, 2, 5); /* conv1's output: 8x8x5 */
+  qdq_set_value_dim(f, 4, 2, 5); /* relu1 follows it */
 }
 static void e_weight_int_range(hid_t f) { poke_i32(f, "/quant/weight/conv1/weight_int", 5, 100); }
 static void e_weight_int_shape(hid_t f) {
@@ -200,7 +153,7 @@ static void e_long_name(hid_t f) {
   char name[200];
   memset(name, 'x', sizeof name - 1);
   name[sizeof name - 1] = 0;
-  set_str(f, "/nodes/0004_relu1", "name", name);
+  qdq_set_str(f, "/nodes/0004_relu1", "name", name);
 }
 
 /* Attributes as h5py writes them: variable-length UTF-8 strings, int64 integers. */
@@ -229,7 +182,7 @@ static void e_foreign_writer(hid_t f) {
 }
 /* A file from before prepared graphs existed: no root attribute `kind` (means qdq). */
 static void e_no_kind(hid_t f) { QT_ASSERT(H5Adelete(f, "kind") >= 0, "delete kind"); }
-static void e_kind_prepared(hid_t f) { set_str(f, "/", "kind", "prepared"); }
+static void e_kind_prepared(hid_t f) { qdq_set_str(f, "/", "kind", "prepared"); }
 
 static void e_vlen_too_long(hid_t f) {
   char name[100];
@@ -239,17 +192,10 @@ static void e_vlen_too_long(hid_t f) {
 }
 
 /* The edited file must load and equal the graph the base file holds. */
-static void expect_load_same(const char *what, edit_fn edit, const qt_graph *want) {
+static void expect_load_same(const char *what, qdq_edit_fn edit, const qt_graph *want) {
   char path[256], err[QT_ERR_LEN] = "";
   snprintf(path, sizeof path, "qdq_ok_%s.h5", what);
-  long len = 0;
-  unsigned char *bytes = qdq_read_bytes(BASE, &len);
-  qdq_write_bytes(path, bytes, len);
-  free(bytes);
-  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
-  QT_ASSERT(f >= 0, "%s: cannot reopen %s", what, path);
-  edit(f);
-  H5Fclose(f);
+  qdq_copy_edited(BASE, path, edit, what);
   qt_graph *g = qt_qdq_load(path, err);
   if (!g) qt_test_fail("%s: %s", what, err);
   else qdq_same_graph(what, want, g);
@@ -292,6 +238,57 @@ static void save_errors(void) {
   qt_graph_free(g);
 }
 
+/* Each edit of the base file, and what the load error must say (the message also names the file). */
+static const qdq_error_case load_errors[] = {
+    {"format", e_format, "format is 'onnx', want 'qt-qdq-graph'"},
+    {"no_format", e_no_format, "no 'format' attribute"},
+    {"version", e_version, "format version 2"},
+    {"unknown_op", e_unknown_op, "node 3 'conv1': unknown op 'sigmoid2'"},
+    {"prepared_op", e_prepared_op, "node 4 'relu1': op 'fake_quant' belongs to prepared graphs"},
+    {"kind_prepared", e_kind_prepared, "node 1 'input.quantize': op 'quantize' belongs to Q/DQ graphs"},
+    {"value_range", e_value_range, "node 9 'fc': input value id 999 out of range (12 values)"},
+    {"value_order", e_value_order, "node 3 'conv1': input value 7 is produced by a later node"},
+    {"output_range", e_output_range, "graph output value id -3 out of range (12 values)"},
+    {"too_many_inputs", e_too_many_inputs, "'inputs' has 5 elements"},
+    {"arity", e_add_arity, "node 4 'relu1': op 'relu' takes 1 input(s), has 2"},
+    {"dequant_input", e_dequant_input, "dequantize reads 'input', which is not the output of a quantize"},
+    {"int_input", e_int_input, "node 3 'conv1': reads the integer output of quantize 'input.quantize'"},
+    {"conv_not_4d", e_conv_not_4d, "node 3 'conv1': weight 'conv1.weight' is 2-D, conv2d wants 4-D"},
+    {"linear_features", e_linear_features, "weight 'fc.weight' takes 63 features, input 'flatten' has 64"},
+    {"bias_shape", e_bias_shape, "tensor 'conv1.bias' has shape (5), want (4)"},
+    {"kernel_attr", e_kernel_attr, "has a 3x3 kernel, the attributes say 5x3"},
+    {"pre_std", e_pre_std, "input preprocessing of graph qdq_small: channel 0: mean 0.5, std 0, expected finite values and std > 0"},
+    {"pre_shape", e_pre_shape, "/input_preprocessing: shape (8, 8, 1), expected the input's (8, 8, 3)"},
+    {"pre_mean", e_pre_mean, "/input_preprocessing: missing attribute 'mean'"},
+    {"pool_stride", e_pool_stride, "node 7 'pool1': max_pool2d needs a square kernel"},
+    {"value_shape", e_value_shape, "output value 'conv1' has shape (8, 8, 5), op 'conv2d' computes (8, 8, 4)"},
+    {"weight_int_range", e_weight_int_range, "node 3 'conv1': integer weight 5 = 100 outside [qmin -64, qmax 63]"},
+    {"weight_int_shape", e_weight_int_shape, "'weight_int' has shape (64, 10), want (10, 64)"},
+    {"scale_nan", e_scale_nan, "node 3 'conv1': weight quantization: scale[2] = nan is not a finite number > 0"},
+    {"scale_inf", e_scale_inf, "scale[0] = inf"},
+    {"scale_zero", e_scale_zero, "node 11 'fc.dequantize': activation quantization: scale[0] = 0"},
+    {"scale_negative", e_scale_negative, "scale[9] = -0.5"},
+    {"zero_point", e_zero_point, "zero_point[0] = 256 outside [qmin 0, qmax 255]"},
+    {"qrange", e_qrange, "[qmin -64, qmax 300] is not a range within 8-bit signed"},
+    {"bits", e_bits, "bits 40 outside 2..16"},
+    {"channels", e_channels, "/quant/weight/fc: dataset 'scale' has shape (10), want (9)"},
+    {"axis", e_axis, "/quant/weight/fc: axis 1, want 0"},
+    {"missing_scale", e_missing_scale, "/quant/weight/conv1: missing dataset 'scale'"},
+    {"missing_zp", e_missing_zp, "/quant/activation/fc.quantize: missing dataset 'zero_point'"},
+    {"missing_weight_int", e_missing_weight_int, "/quant/weight/fc: missing dataset 'weight_int'"},
+    {"missing_values", e_missing_values, "/values: missing dataset 'shape'"},
+    {"missing_tensor", e_missing_tensor, "node 9 'fc': bias tensor 'fc.bias' is not in /tensors"},
+    {"missing_node", e_missing_node, "/nodes holds 11 groups, attribute n_nodes says 12"},
+    {"missing_attr", e_missing_attr, "/nodes/0003_conv1: missing attribute 'stride_h'"},
+    {"missing_record", e_missing_record, "node 5 'relu1.quantize': quantize without an activation quantization record"},
+    {"orphan_record", e_orphan_record, "/quant/activation/ghost: a record for no node"},
+    {"record_on_relu", e_record_on_relu, "node 4 'relu1' (relu) has no weight to quantize"},
+    {"float_as_int", e_float_as_int, "attribute 'groups' is not an integer"},
+    {"tensor_owner", e_tensor_owner, "/tensors/fc.bias: the name must be '<owner node>.<suffix>'"},
+    {"long_name", e_long_name, "attribute 'name' is longer than 63 characters"},
+    {"vlen_too_long", e_vlen_too_long, "attribute 'name' is longer than 63 characters"},
+};
+
 int main(void) {
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   char err[QT_ERR_LEN];
@@ -319,53 +316,7 @@ int main(void) {
     qt_test_fail("file cut at half: '%s'", err);
   unlink("qdq_err_half.h5");
 
-  expect_load_error("format", e_format, "format is 'onnx', want 'qt-qdq-graph'");
-  expect_load_error("no_format", e_no_format, "no 'format' attribute");
-  expect_load_error("version", e_version, "format version 2");
-  expect_load_error("unknown_op", e_unknown_op, "node 3 'conv1': unknown op 'sigmoid2'");
-  expect_load_error("prepared_op", e_prepared_op, "node 4 'relu1': op 'fake_quant' belongs to prepared graphs");
-  expect_load_error("kind_prepared", e_kind_prepared, "node 1 'input.quantize': op 'quantize' belongs to Q/DQ graphs");
-  expect_load_error("value_range", e_value_range, "node 9 'fc': input value id 999 out of range (12 values)");
-  expect_load_error("value_order", e_value_order, "node 3 'conv1': input value 7 is produced by a later node");
-  expect_load_error("output_range", e_output_range, "graph output value id -3 out of range (12 values)");
-  expect_load_error("too_many_inputs", e_too_many_inputs, "'inputs' has 5 elements");
-  expect_load_error("arity", e_add_arity, "node 4 'relu1': op 'relu' takes 1 input(s), has 2");
-  expect_load_error("dequant_input", e_dequant_input, "dequantize reads 'input', which is not the output of a quantize");
-  expect_load_error("int_input", e_int_input, "node 3 'conv1': reads the integer output of quantize 'input.quantize'");
-  expect_load_error("conv_not_4d", e_conv_not_4d, "node 3 'conv1': weight 'conv1.weight' is 2-D, conv2d wants 4-D");
-  expect_load_error("linear_features", e_linear_features, "weight 'fc.weight' takes 63 features, input 'flatten' has 64");
-  expect_load_error("bias_shape", e_bias_shape, "tensor 'conv1.bias' has shape (5), want (4)");
-  expect_load_error("kernel_attr", e_kernel_attr, "has a 3x3 kernel, the attributes say 5x3");
-  expect_load_error("pre_std", e_pre_std, "input preprocessing of graph qdq_small: channel 0: mean 0.5, std 0, expected finite values and std > 0");
-  expect_load_error("pre_shape", e_pre_shape, "/input_preprocessing: shape (8, 8, 1), expected the input's (8, 8, 3)");
-  expect_load_error("pre_mean", e_pre_mean, "/input_preprocessing: missing attribute 'mean'");
-  expect_load_error("pool_stride", e_pool_stride, "node 7 'pool1': max_pool2d needs a square kernel");
-  expect_load_error("value_shape", e_value_shape, "output value 'conv1' has shape (8, 8, 5), op 'conv2d' computes (8, 8, 4)");
-  expect_load_error("weight_int_range", e_weight_int_range, "node 3 'conv1': integer weight 5 = 100 outside [qmin -64, qmax 63]");
-  expect_load_error("weight_int_shape", e_weight_int_shape, "'weight_int' has shape (64, 10), want (10, 64)");
-  expect_load_error("scale_nan", e_scale_nan, "node 3 'conv1': weight quantization: scale[2] = nan is not a finite number > 0");
-  expect_load_error("scale_inf", e_scale_inf, "scale[0] = inf");
-  expect_load_error("scale_zero", e_scale_zero, "node 11 'fc.dequantize': activation quantization: scale[0] = 0");
-  expect_load_error("scale_negative", e_scale_negative, "scale[9] = -0.5");
-  expect_load_error("zero_point", e_zero_point, "zero_point[0] = 256 outside [qmin 0, qmax 255]");
-  expect_load_error("qrange", e_qrange, "[qmin -64, qmax 300] is not a range within 8-bit signed");
-  expect_load_error("bits", e_bits, "bits 40 outside 2..16");
-  expect_load_error("channels", e_channels, "/quant/weight/fc: dataset 'scale' has shape (10), want (9)");
-  expect_load_error("axis", e_axis, "/quant/weight/fc: axis 1, want 0");
-  expect_load_error("missing_scale", e_missing_scale, "/quant/weight/conv1: missing dataset 'scale'");
-  expect_load_error("missing_zp", e_missing_zp, "/quant/activation/fc.quantize: missing dataset 'zero_point'");
-  expect_load_error("missing_weight_int", e_missing_weight_int, "/quant/weight/fc: missing dataset 'weight_int'");
-  expect_load_error("missing_values", e_missing_values, "/values: missing dataset 'shape'");
-  expect_load_error("missing_tensor", e_missing_tensor, "node 9 'fc': bias tensor 'fc.bias' is not in /tensors");
-  expect_load_error("missing_node", e_missing_node, "/nodes holds 11 groups, attribute n_nodes says 12");
-  expect_load_error("missing_attr", e_missing_attr, "/nodes/0003_conv1: missing attribute 'stride_h'");
-  expect_load_error("missing_record", e_missing_record, "node 5 'relu1.quantize': quantize without an activation quantization record");
-  expect_load_error("orphan_record", e_orphan_record, "/quant/activation/ghost: a record for no node");
-  expect_load_error("record_on_relu", e_record_on_relu, "node 4 'relu1' (relu) has no weight to quantize");
-  expect_load_error("float_as_int", e_float_as_int, "attribute 'groups' is not an integer");
-  expect_load_error("tensor_owner", e_tensor_owner, "/tensors/fc.bias: the name must be '<owner node>.<suffix>'");
-  expect_load_error("long_name", e_long_name, "attribute 'name' is longer than 63 characters");
-  expect_load_error("vlen_too_long", e_vlen_too_long, "attribute 'name' is longer than 63 characters");
+  qdq_expect_load_errors(BASE, "qdq_err_", load_errors, (int)(sizeof load_errors / sizeof load_errors[0]));
   g = qdq_small_graph(NULL);
   expect_load_same("foreign_writer", e_foreign_writer, g);
   expect_load_same("no_kind", e_no_kind, g);

@@ -81,10 +81,7 @@ static void one(const char *model, qt_prepare_mode mode, int weight_bits, int ac
   if (qt_graph_set_input_preprocessing(g, mean, std, C, err)) qt_test_fail("%s: set preprocessing: %s", what, err);
   if (qt_graph_set_input_preprocessing(g, mean, std, C + 1, err) == 0 || !strstr(err, "channels"))
     qt_test_fail("%s: %d preprocessing channels for a %d-channel input accepted ('%s')", what, C + 1, C, err);
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
-  qc.weight_bits = weight_bits;
-  qc.activation_bits = activation_bits;
+  qt_quantizer_config qc = qt_test_quantizer_config(weight_bits, activation_bits);
   qt_annotations ann;
   qt_graph *p = NULL, *c = NULL, *h = NULL;
   if (qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &ann, err)) {

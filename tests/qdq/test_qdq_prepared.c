@@ -14,23 +14,11 @@
 
 #include "tests/qdq/qdq_common.h"
 
+/* The input and output of g for read_qdq.py, beside the file at `path` (<stem>_io.h5). */
 static void write_io(const char *path, qt_graph *g) {
-  const qt_value *in = &g->values[g->input];
-  const int n = 4;
-  int64_t numel = 0, xn = n * in->shape[0] * in->shape[1] * in->shape[2];
-  float *y = qdq_forward(g, n, 99, &numel);
-  float *x = malloc((size_t)xn * sizeof(float));
-  qt_test_fill_uniform(x, xn, -1.0f, 1.0f, 99);
   char io[200];
   snprintf(io, sizeof io, "%.*s_io.h5", (int)(strlen(path) - 3), path);
-  hid_t f = H5Fcreate(io, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  hsize_t xd[4] = {(hsize_t)n, (hsize_t)in->shape[0], (hsize_t)in->shape[1], (hsize_t)in->shape[2]};
-  hsize_t yd[2] = {(hsize_t)n, (hsize_t)(numel / n)};
-  QT_CHECK(f >= 0 && y && H5LTmake_dataset_float(f, "input", 4, xd, x) >= 0 &&
-           H5LTmake_dataset_float(f, "output", 2, yd, y) >= 0);
-  if (f >= 0) H5Fclose(f);
-  free(x);
-  free(y);
+  qdq_write_io(io, g, 99);
 }
 
 /* The root attribute `kind` of a file. */
@@ -196,41 +184,12 @@ static void models(void) {
 
 #define BASE "qdq_prepared_err_base.h5"
 
-typedef void (*edit_fn)(hid_t f);
-
-static void expect_load_error(const char *what, edit_fn edit, const char *needle) {
-  char path[256], err[QT_ERR_LEN] = "";
-  snprintf(path, sizeof path, "qdq_prepared_err_%s.h5", what);
-  long len = 0;
-  unsigned char *bytes = qdq_read_bytes(BASE, &len);
-  qdq_write_bytes(path, bytes, len);
-  free(bytes);
-  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
-  QT_ASSERT(f >= 0, "%s: cannot reopen %s", what, path);
-  edit(f);
-  QT_ASSERT(H5Fclose(f) >= 0, "%s: closing %s", what, path);
-  qt_graph *g = qt_qdq_load(path, err);
-  if (getenv("QT_TEST_VERBOSE")) fprintf(stderr, "%-18s %s\n", what, err);
-  if (H5Fget_obj_count((hid_t)H5F_OBJ_ALL, H5F_OBJ_ALL) != 0) qt_test_fail("%s: HDF5 objects left open", what);
-  if (g) {
-    qt_test_fail("%s: load succeeded, want an error mentioning '%s'", what, needle);
-    qt_graph_free(g);
-  } else if (!strstr(err, needle) || !strstr(err, path)) {
-    qt_test_fail("%s: error '%s' lacks '%s' or the file name", what, err, needle);
-  }
-  unlink(path);
-}
-
-static void set_str(hid_t f, const char *obj, const char *name, const char *v) {
-  QT_ASSERT(H5LTset_attribute_string(f, obj, name, v) >= 0, "set %s %s", obj, name);
-}
-
 /* The small graph's QAT layout: 0 input, 1 input.fq, 2 conv1 (conv_bn), 3 relu1, 4 relu1.fq,
  * 5 pool1, 6 conv2 (conv_bn with bias), 7 relu2, 8 relu2.fq, 9 flatten, 10 fc, 11 fc.fq. */
-static void e_kind_qdq(hid_t f) { set_str(f, "/", "kind", "qdq"); }
+static void e_kind_qdq(hid_t f) { qdq_set_str(f, "/", "kind", "qdq"); }
 static void e_kind_absent(hid_t f) { QT_ASSERT(H5Adelete(f, "kind") >= 0, "delete kind"); }
-static void e_kind_unknown(hid_t f) { set_str(f, "/", "kind", "training"); }
-static void e_quantize_op(hid_t f) { set_str(f, "/nodes/0003_relu1", "op", "quantize"); }
+static void e_kind_unknown(hid_t f) { qdq_set_str(f, "/", "kind", "training"); }
+static void e_quantize_op(hid_t f) { qdq_set_str(f, "/nodes/0003_relu1", "op", "quantize"); }
 static void e_weight_int(hid_t f) {
   int zeros[10 * 96] = {0};
   hsize_t d[2] = {10, 96};
@@ -242,7 +201,7 @@ static void e_missing_bn_weight(hid_t f) {
 static void e_missing_running_var(hid_t f) {
   QT_ASSERT(H5Adelete_by_name(f, "/nodes/0002_conv1", "running_var", H5P_DEFAULT) >= 0, "delete running_var");
 }
-static void e_bn_slot_buffer(hid_t f) { set_str(f, "/nodes/0006_conv2", "bn_bias", "conv2.bn.running_var"); }
+static void e_bn_slot_buffer(hid_t f) { qdq_set_str(f, "/nodes/0006_conv2", "bn_bias", "conv2.bn.running_var"); }
 static void e_bn_shape(hid_t f) { /* a running mean of 5 channels for a conv of 6 */
   const char *path = "/tensors/conv2.bn.running_mean";
   int index = -1, node = -1, is_buffer = 1;
@@ -269,14 +228,23 @@ static void e_record_on_relu(hid_t f) {
   int node = 3;
   QT_ASSERT(H5LTset_attribute_int(f, "/quant/activation/relu1", "node", &node, 1) >= 0, "set node");
 }
-static void e_fq_shape(hid_t f) {
-  hid_t d = H5Dopen2(f, "/values/shape", H5P_DEFAULT);
-  int64_t s[12 * 3];
-  QT_ASSERT(H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) >= 0, "read shape");
-  s[4 * 3 + 2] = 3; /* relu1.fq: 8x8x3 instead of 8x8x4 */
-  QT_ASSERT(H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) >= 0, "write shape");
-  H5Dclose(d);
-}
+static void e_fq_shape(hid_t f) { qdq_set_value_dim(f, 4, 2, 3); /* relu1.fq: 8x8x3 instead of 8x8x4 */ }
+
+static const qdq_error_case prepared_errors[] = {
+    {"kind_qdq", e_kind_qdq, "node 1 'input.fq': op 'fake_quant' belongs to prepared graphs"},
+    {"kind_absent", e_kind_absent, "node 1 'input.fq': op 'fake_quant' belongs to prepared graphs"},
+    {"kind_unknown", e_kind_unknown, "kind is 'training', want 'qdq' or 'prepared'"},
+    {"quantize_op", e_quantize_op, "node 3 'relu1': op 'quantize' belongs to Q/DQ graphs, not to prepared"},
+    {"weight_int", e_weight_int, "/quant/weight/fc: holds 'weight_int', but a prepared graph"},
+    {"missing_bn_weight", e_missing_bn_weight, "node 6 'conv2': op 'conv_bn' needs a bn_weight tensor"},
+    {"missing_running_var", e_missing_running_var, "node 2 'conv1': op 'conv_bn' needs a running_var"},
+    {"bn_slot_buffer", e_bn_slot_buffer, "node 6 'conv2': bn_bias tensor 'conv2.bn.running_var' is a buffer, want a parameter"},
+    {"bn_shape", e_bn_shape, "tensor 'conv2.bn.running_mean' has shape (5), want (6)"},
+    {"eps", e_eps, "node 2 'conv1': eps 0 must be finite and > 0"},
+    {"fq_without_record", e_fq_without_record, "node 4 'relu1.fq': fake_quant without an activation quantization record"},
+    {"record_on_relu", e_record_on_relu, "node 3 'relu1': op 'relu' carries an activation quantization"},
+    {"fq_shape", e_fq_shape, "output value 'relu1.fq' has shape (8, 8, 3), op 'fake_quant' computes (8, 8, 4)"},
+};
 
 static void validation(void) {
   char err[QT_ERR_LEN];
@@ -301,21 +269,7 @@ static void validation(void) {
   QT_CHECK(h != NULL);
   qt_graph_free(h);
 
-  expect_load_error("kind_qdq", e_kind_qdq, "node 1 'input.fq': op 'fake_quant' belongs to prepared graphs");
-  expect_load_error("kind_absent", e_kind_absent, "node 1 'input.fq': op 'fake_quant' belongs to prepared graphs");
-  expect_load_error("kind_unknown", e_kind_unknown, "kind is 'training', want 'qdq' or 'prepared'");
-  expect_load_error("quantize_op", e_quantize_op, "node 3 'relu1': op 'quantize' belongs to Q/DQ graphs, not to prepared");
-  expect_load_error("weight_int", e_weight_int, "/quant/weight/fc: holds 'weight_int', but a prepared graph");
-  expect_load_error("missing_bn_weight", e_missing_bn_weight, "node 6 'conv2': op 'conv_bn' needs a bn_weight tensor");
-  expect_load_error("missing_running_var", e_missing_running_var, "node 2 'conv1': op 'conv_bn' needs a running_var");
-  expect_load_error("bn_slot_buffer", e_bn_slot_buffer,
-                    "node 6 'conv2': bn_bias tensor 'conv2.bn.running_var' is a buffer, want a parameter");
-  expect_load_error("bn_shape", e_bn_shape, "tensor 'conv2.bn.running_mean' has shape (5), want (6)");
-  expect_load_error("eps", e_eps, "node 2 'conv1': eps 0 must be finite and > 0");
-  expect_load_error("fq_without_record", e_fq_without_record,
-                    "node 4 'relu1.fq': fake_quant without an activation quantization record");
-  expect_load_error("record_on_relu", e_record_on_relu, "node 3 'relu1': op 'relu' carries an activation quantization");
-  expect_load_error("fq_shape", e_fq_shape, "output value 'relu1.fq' has shape (8, 8, 3), op 'fake_quant' computes (8, 8, 4)");
+  qdq_expect_load_errors(BASE, "qdq_prepared_err_", prepared_errors, (int)(sizeof prepared_errors / sizeof prepared_errors[0]));
 
   /* Saves the file cannot represent are refused, naming the node; the old file stays. */
   long len0 = 0, len1 = 0;

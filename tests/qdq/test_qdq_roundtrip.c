@@ -55,31 +55,13 @@ static void expect_weight_storage(const char *path, const char *node, hid_t want
   if (f >= 0) H5Fclose(f);
 }
 
-/* Input and output of the small graph for read_qdq.py's reference interpreter. */
-static void write_io(const char *path, qt_graph *g) {
-  const qt_value *in = &g->values[g->input];
-  const int n = 4;
-  int64_t numel = 0, xn = n * in->shape[0] * in->shape[1] * in->shape[2];
-  float *y = qdq_forward(g, n, 77, &numel);
-  float *x = malloc((size_t)xn * sizeof(float));
-  qt_test_fill_uniform(x, xn, -1.0f, 1.0f, 77);
-  hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  hsize_t xd[4] = {(hsize_t)n, (hsize_t)in->shape[0], (hsize_t)in->shape[1], (hsize_t)in->shape[2]};
-  hsize_t yd[2] = {(hsize_t)n, (hsize_t)(numel / n)};
-  QT_CHECK(f >= 0 && y && H5LTmake_dataset_float(f, "input", 4, xd, x) >= 0 &&
-           H5LTmake_dataset_float(f, "output", 2, yd, y) >= 0);
-  if (f >= 0) H5Fclose(f);
-  free(x);
-  free(y);
-}
-
 int main(void) {
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   qt_graph *g = qdq_small_graph(NULL);
   roundtrip("qdq_small.h5", g);
   expect_weight_storage("qdq_small.h5", "conv1", H5T_STD_I8LE, "int8");
   expect_weight_storage("qdq_small.h5", "fc", H5T_STD_I8LE, "int8 (4-bit values)");
-  write_io("qdq_small_io.h5", g);
+  qdq_write_io("qdq_small_io.h5", g, 77); /* for read_qdq.py */
 
   /* Same graph, same bytes. */
   char err[QT_ERR_LEN];
@@ -93,28 +75,27 @@ int main(void) {
   qt_graph_free(g);
 
   /* Unsigned affine 8-bit weights -> uint8; 12-bit -> int16; 16-bit unsigned -> int32. */
-  qt_qspec u8 = qdq_spec(8, 0, 0, 255, 0, 1);
-  g = qdq_small_graph(&u8);
-  roundtrip("qdq_small_u8.h5", g);
-  expect_weight_storage("qdq_small_u8.h5", "fc", H5T_STD_U8LE, "uint8");
-  qt_graph_free(g);
-  qt_qspec s12 = qdq_spec(12, 1, -2048, 2047, 1, 0);
-  g = qdq_small_graph(&s12);
-  roundtrip("qdq_small_s12.h5", g);
-  expect_weight_storage("qdq_small_s12.h5", "fc", H5T_STD_I16LE, "int16");
-  qt_graph_free(g);
-  qt_qspec u16 = qdq_spec(16, 0, 0, 65535, 0, 1);
-  g = qdq_small_graph(&u16);
-  roundtrip("qdq_small_u16.h5", g);
-  expect_weight_storage("qdq_small_u16.h5", "fc", H5T_STD_I32LE, "int32");
-  qt_graph_free(g);
-  unlink("qdq_small_u8.h5");
-  unlink("qdq_small_s12.h5");
-  unlink("qdq_small_u16.h5");
+  const struct {
+    const char *path;
+    qt_qspec spec;
+    hid_t storage;
+    const char *storage_name;
+  } wide[] = {
+      {"qdq_small_u8.h5", qdq_spec(8, 0, 0, 255, 0, 1), H5T_STD_U8LE, "uint8"},
+      {"qdq_small_s12.h5", qdq_spec(12, 1, -2048, 2047, 1, 0), H5T_STD_I16LE, "int16"},
+      {"qdq_small_u16.h5", qdq_spec(16, 0, 0, 65535, 0, 1), H5T_STD_I32LE, "int32"},
+  };
+  for (int k = 0; k < 3; k++) {
+    g = qdq_small_graph(&wide[k].spec);
+    roundtrip(wide[k].path, g);
+    expect_weight_storage(wide[k].path, "fc", wide[k].storage, wide[k].storage_name);
+    qt_graph_free(g);
+    unlink(wide[k].path);
+  }
 
   g = qdq_all_ops_graph();
   roundtrip("qdq_all_ops.h5", g);
-  write_io("qdq_all_ops_io.h5", g);
+  qdq_write_io("qdq_all_ops_io.h5", g, 77);
   qt_graph_free(g);
   return qt_test_finish();
 }

@@ -70,24 +70,17 @@ static inline float *quant_upstream(int64_t n) {
   return dy;
 }
 
+/* Reference dataset <prefix><i>_<field> of QUANT_REF; *n gets its element count. */
 static inline float *quant_load_f32(const char *prefix, int i, const char *field, int64_t *n) {
   char name[128];
-  int64_t shape[8];
-  int nd;
   snprintf(name, sizeof name, "%s%d_%s", prefix, i, field);
-  float *p = qt_test_load_f32(qt_test_path(QUANT_REF), name, shape, &nd);
-  if (n) *n = qt_test_numel(shape, nd);
-  return p;
+  return qt_test_load_f32_n(qt_test_path(QUANT_REF), name, n);
 }
 
 static inline int32_t *quant_load_i32(const char *prefix, int i, const char *field, int64_t *n) {
   char name[128];
-  int64_t shape[8];
-  int nd;
   snprintf(name, sizeof name, "%s%d_%s", prefix, i, field);
-  int32_t *p = qt_test_load_i32(qt_test_path(QUANT_REF), name, shape, &nd);
-  if (n) *n = qt_test_numel(shape, nd);
-  return p;
+  return qt_test_load_i32_n(qt_test_path(QUANT_REF), name, n);
 }
 
 static inline int quant_load_count(const char *name) {
@@ -95,12 +88,6 @@ static inline int quant_load_count(const char *name) {
   int c = p[0];
   free(p);
   return c;
-}
-
-static inline float *quant_dup(const float *x, int64_t n) {
-  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-  memcpy(p, x, (size_t)n * sizeof(float));
-  return p;
 }
 
 #endif

@@ -65,7 +65,7 @@ static void test_case(int i) {
   quant_check_bits(what, din, want, n);
 
   /* in place, no mask */
-  float *inplace = quant_dup(x, n);
+  float *inplace = qt_test_copy_f32(x, n);
   qt_fake_quant_forward(inplace, NULL, inplace, outer, C, inner, scale, zp, qmin, qmax);
   snprintf(what, sizeof what, "fq%d forward in place without mask", i);
   quant_check_bits(what, inplace, y, n);

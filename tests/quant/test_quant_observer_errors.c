@@ -57,7 +57,7 @@ static void bad_values(qt_observer_kind kind, int C, int64_t outer, int64_t inne
   const char *names[3] = {"NaN", "+Inf", "-Inf"};
   const int64_t where[3] = {n - 1, 0, n / 3};
   for (int k = 0; k < 3; k++) {
-    float *y = quant_dup(x, n);
+    float *y = qt_test_copy_f32(x, n);
     for (int64_t i = 0; i < n; i++) y[i] *= 10.0f; /* would widen the range if accepted */
     y[where[k]] = bad[k];
     if (k == 2 && n > 8) y[n - 2] = NAN; /* a later NaN: the first bad element is named */
@@ -126,14 +126,8 @@ static void lifecycle(void) {
 }
 
 static void names_and_ranges(void) {
-  for (int k = 0; k < QT_OBSERVER_COUNT; k++) {
-    qt_observer_kind got;
-    QT_CHECK(qt_observer_kind_parse(qt_observer_kind_name((qt_observer_kind)k), &got) == 0 && (int)got == k);
-  }
-  for (int m = 0; m < QT_RANGE_COUNT; m++) {
-    qt_range_method got;
-    QT_CHECK(qt_range_method_parse(qt_range_method_name((qt_range_method)m), &got) == 0 && (int)got == m);
-  }
+  QT_CHECK_NAMES(qt_observer_kind, QT_OBSERVER_COUNT, qt_observer_kind_name, qt_observer_kind_parse);
+  QT_CHECK_NAMES(qt_range_method, QT_RANGE_COUNT, qt_range_method_name, qt_range_method_parse);
   qt_observer_kind k;
   qt_range_method m;
   QT_CHECK(qt_observer_kind_parse("min_max", &k) == -1 && qt_observer_kind_parse(NULL, &k) == -1);

@@ -115,35 +115,28 @@ xt.view(-1)[::11] = float("nan")
 max_pool("mpt", xt, 3, 2, 1, grad=False)
 
 # ---- avg pool, global avg pool ----------------------------------------------------------------
-x = torch.randn(2, 3, 7, 8, requires_grad=True)
-y = F.avg_pool2d(x, 3, 1, 1, count_include_pad=True)
-dy = torch.randn_like(y)
-(dx,) = torch.autograd.grad(y, [x], dy)
-put("ap_x", nhwc(x))
-put("ap_y", nhwc(y))
-put("ap_dy", nhwc(dy))
-put("ap_dx", nhwc(dx))
+def unary_grad(prefix, x, fn, out=nhwc):
+    """y = fn(x), a random upstream gradient dy and dx, stored as <prefix>_x, _y, _dy, _dx (y and dy
+    through `out`)."""
+    y = fn(x)
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, [x], dy)
+    put(prefix + "_x", nhwc(x))
+    put(prefix + "_y", out(y))
+    put(prefix + "_dy", out(dy))
+    put(prefix + "_dx", nhwc(dx))
 
-x = torch.randn(3, 6, 5, 4, requires_grad=True)
-y = F.adaptive_avg_pool2d(x, 1)
-dy = torch.randn_like(y)
-(dx,) = torch.autograd.grad(y, [x], dy)
-put("gap_x", nhwc(x))
-put("gap_y", y.detach().reshape(3, 6))
-put("gap_dy", dy.reshape(3, 6))
-put("gap_dx", nhwc(dx))
+
+unary_grad("ap", torch.randn(2, 3, 7, 8, requires_grad=True),
+           lambda t: F.avg_pool2d(t, 3, 1, 1, count_include_pad=True))
+unary_grad("gap", torch.randn(3, 6, 5, 4, requires_grad=True), lambda t: F.adaptive_avg_pool2d(t, 1),
+           out=lambda t: t.detach().reshape(3, 6))
 
 # ---- relu -----------------------------------------------------------------------------------
 x = torch.randn(2, 4, 5, 5)
 x.view(-1)[::9] = 0.0
 x.requires_grad_()
-y = torch.relu(x)
-dy = torch.randn_like(y)
-(dx,) = torch.autograd.grad(y, [x], dy)
-put("relu_x", nhwc(x))
-put("relu_y", nhwc(y))
-put("relu_dy", nhwc(dy))
-put("relu_dx", nhwc(dx))
+unary_grad("relu", x, torch.relu)
 
 # ---- pool output-size rule -------------------------------------------------------------------
 cases = [(28, 28, 2, 2, 2, 2, 0, 0), (9, 11, 3, 3, 2, 2, 1, 1), (7, 8, 3, 3, 1, 1, 1, 1),

@@ -11,6 +11,7 @@
 
 #include "nn/nn.h"
 #include "optim/optim.h"
+#include "tests/common/graph_util.h"
 #include "tests/common/testutil.h"
 
 #define STEPS 20
@@ -22,16 +23,7 @@ int main(void) {
   qt_graph *g = qt_model_build("fashion_cnn", err);
   QT_CHECK(g != NULL);
   if (!g) return qt_test_finish();
-  for (int i = 0; i < g->n_tensors; i++) {
-    char name[256];
-    snprintf(name, sizeof name, "init/%s", g->tensors[i].name);
-    int64_t shape[8];
-    int nd;
-    float *v = qt_test_load_f32(ref, name, shape, &nd);
-    QT_CHECK(qt_test_numel(shape, nd) == g->tensors[i].numel);
-    memcpy(qt_graph_tensor_data(g, i), v, (size_t)g->tensors[i].numel * sizeof(float));
-    free(v);
-  }
+  qt_test_load_graph_tensors(g, ref, "init/");
   int64_t ishape[8], lshape[8];
   int nd;
   float *images = qt_test_load_f32(ref, "images", ishape, &nd); /* uint8 converted by HDF5 */
