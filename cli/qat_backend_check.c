@@ -39,19 +39,17 @@ static int quantize(const char *cfg_path, const char *backend, const char *isa, 
 }
 
 int main(int argc, char **argv) {
-  const char *model_path = NULL, *backend = "onednn_cpu", *config_path = NULL, *quant_config = NULL, *isa_arg = "auto";
-  int warn = 0, partition = 0, run = 0, images = 0, batch = 256;
+  const char *model_path = NULL, *backend = "onednn_cpu", *quant_config = NULL, *isa_arg = "auto";
+  qt_cli_data_options D = {.batch = 256};
+  int warn = 0, partition = 0, run = 0, c;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
     else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) isa_arg = argv[++i];
     else if (strcmp(argv[i], "--warn") == 0) warn = 1;
     else if (strcmp(argv[i], "--partition") == 0) partition = 1;
     else if (strcmp(argv[i], "--run") == 0) run = partition = 1;
-    else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) config_path = argv[++i];
-    else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
-      if (qt_cli_parse_int("qat_backend_check", "--images", argv[++i], 1, 1000000000, &images)) return 2;
-    } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
-      if (qt_cli_parse_int("qat_backend_check", "--batch", argv[++i], 1, 65536, &batch)) return 2;
+    else if ((c = qt_cli_data_option("qat_backend_check", "--config --images --batch", argc, argv, &i, &D)) != 0) {
+      if (c < 0) return 2;
     } else if (strcmp(argv[i], "--quantize") == 0 && i + 2 < argc) {
       quant_config = argv[++i];
       model_path = argv[++i];
@@ -77,7 +75,7 @@ int main(int argc, char **argv) {
             qt_err(err, "--isa applies to the onednn_cpu backend, not to %s", backend)) ||
            qt_backend_desc_load(&d, backend, err))
     goto fail;
-  if (quant_config && config_path && qt_err(err, "--quantize takes its data from CFG.ini; drop --config")) goto fail;
+  if (quant_config && D.config_path && qt_err(err, "--quantize takes its data from CFG.ini; drop --config")) goto fail;
   if (quant_config && quantize(quant_config, backend, isa_arg, model_path, why) &&
       qt_err(err, "--quantize %s: %s", quant_config, why))
     goto fail;
@@ -91,8 +89,8 @@ int main(int argc, char **argv) {
     qt_device_report(dev, stdout);
   }
   qt_status st = {0};
-  const char *data_config = quant_config ? quant_config : config_path;
-  const int rs = run ? qt_stage_compare_device(data_config, images, batch, dev, g, "run", &st) : 0;
+  const char *data_config = quant_config ? quant_config : D.config_path;
+  const int rs = run ? qt_stage_compare_device(data_config, D.images, D.batch, dev, g, "run", &st) : 0;
   if (rs < 0 && qt_err(err, "%s", st.msg)) goto fail;
   status = rs ? 1 : status;
   goto done;

@@ -42,22 +42,16 @@ static int check(const char *trained_path, const char *converted_path, const qt_
 
 int main(int argc, char **argv) {
   if (argc < 3) return usage();
-  const char *config_path = NULL;
-  int images = 256;
+  qt_cli_data_options D = {.images = 256};
   for (int i = 3; i < argc; i++) {
-    if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
-      if (qt_cli_parse_int("qat_check", "--images", argv[++i], 1, 100000, &images)) return 2;
-    } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
-      config_path = argv[++i];
-    } else {
-      return usage();
-    }
+    const int c = qt_cli_data_option("qat_check", "--images --config", argc, argv, &i, &D);
+    if (c <= 0) return c < 0 ? 2 : usage();
   }
   static qt_options o;
   char err[QT_ERR_LEN];
-  if (qt_options_load(config_path, NULL, 0, &o, err)) {
+  if (qt_options_load(D.config_path, NULL, 0, &o, err)) {
     fprintf(stderr, "qat_check: %s\n", err);
     return 2;
   }
-  return check(argv[1], argv[2], &o, images);
+  return check(argv[1], argv[2], &o, D.images);
 }

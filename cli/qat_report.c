@@ -28,20 +28,16 @@ static int usage(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2 || argv[1][0] == '-') return usage();
-  const char *qdq_path = argv[1], *fp32_path = NULL, *model_name = NULL, *config_path = NULL, *outputs_path = NULL;
-  char values_arg[4096] = "";
-  int images = 0, batch = 256, probe = 1024, timing = 1, rounds = 3;
+  const char *qdq_path = argv[1], *fp32_path = NULL, *model_name = NULL;
+  qt_cli_data_options D = {.batch = 256};
+  int probe = 1024, timing = 1, rounds = 3, c;
   for (int i = 2; i < argc; i++) {
-    if (strcmp(argv[i], "--fp32") == 0 && i + 1 < argc) fp32_path = argv[++i];
+    c = qt_cli_data_option("qat_report", "--config --images --batch --write-outputs --values", argc, argv, &i, &D);
+    if (c != 0) {
+      if (c < 0) return 2;
+    } else if (strcmp(argv[i], "--fp32") == 0 && i + 1 < argc) fp32_path = argv[++i];
     else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) model_name = argv[++i];
-    else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) config_path = argv[++i];
-    else if (strcmp(argv[i], "--write-outputs") == 0 && i + 1 < argc) outputs_path = argv[++i];
-    else if (strcmp(argv[i], "--values") == 0 && i + 1 < argc) snprintf(values_arg, sizeof values_arg, "%s", argv[++i]);
-    else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
-      if (qt_cli_parse_int("qat_report", "--images", argv[++i], 1, 1000000000, &images)) return 2;
-    } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
-      if (qt_cli_parse_int("qat_report", "--batch", argv[++i], 1, 65536, &batch)) return 2;
-    } else if (strcmp(argv[i], "--timing-rounds") == 0 && i + 1 < argc) {
+    else if (strcmp(argv[i], "--timing-rounds") == 0 && i + 1 < argc) {
       if (qt_cli_parse_int("qat_report", "--timing-rounds", argv[++i], 1, 1000, &rounds)) return 2;
     } else if (strcmp(argv[i], "--probe-images") == 0 && i + 1 < argc) {
       if (qt_cli_parse_int("qat_report", "--probe-images", argv[++i], 0, 1000000000, &probe)) return 2;
@@ -53,7 +49,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *values[64];
-  const int n_values = qt_cli_split_values("qat_report", values_arg, outputs_path, values, 64);
+  const int n_values = qt_cli_split_values("qat_report", D.values, D.outputs_path, values, 64);
   if (n_values < 0) return 2;
   static qt_options o;
   qt_status st = {0};
@@ -71,7 +67,7 @@ int main(int argc, char **argv) {
     if (qt_checkpoint_load(fp32_path, fp32, NULL, NULL, err)) goto fail;
   }
   if (!(m = qt_device_open(qdq, NULL, err))) goto fail;
-  if (qt_stage_test_data(config_path, images, batch, &o, &test, &lc, &st)) goto fail;
+  if (qt_stage_test_data(D.config_path, D.images, D.batch, &o, &test, &lc, &st)) goto fail;
 
   /* Running: exit 1 on failure. */
   status = 1;
@@ -91,9 +87,9 @@ int main(int argc, char **argv) {
       printf("inference at batch %d (best of %d rounds of %lld images): int8 %.0f images/s (no fp32 model given)\n",
              s.batch, rounds, (long long)s.images, s.int8_images_per_s);
   }
-  if (outputs_path) {
-    if (qt_device_write_outputs(m, &test, &lc, values, n_values, outputs_path, err)) goto fail;
-    printf("qat_report: wrote the device's logits%s to %s\n", n_values ? " and values" : "", outputs_path);
+  if (D.outputs_path) {
+    if (qt_device_write_outputs(m, &test, &lc, values, n_values, D.outputs_path, err)) goto fail;
+    printf("qat_report: wrote the device's logits%s to %s\n", n_values ? " and values" : "", D.outputs_path);
   }
   status = 0;
   goto done;

@@ -22,23 +22,19 @@ static int usage(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2 || argv[1][0] == '-') return usage();
-  const char *model_path = argv[1], *config_path = NULL, *outputs_path = NULL;
-  char values_arg[4096] = "";
-  int batch = 256, images = 0, compare = 0, quiet = 0;
+  const char *model_path = argv[1];
+  qt_cli_data_options D = {.batch = 256};
+  int compare = 0, quiet = 0, c;
   for (int i = 2; i < argc; i++) {
-    if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) config_path = argv[++i];
-    else if (strcmp(argv[i], "--write-outputs") == 0 && i + 1 < argc) outputs_path = argv[++i];
-    else if (strcmp(argv[i], "--values") == 0 && i + 1 < argc) snprintf(values_arg, sizeof values_arg, "%s", argv[++i]);
-    else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
-      if (qt_cli_parse_int("qat_run", "--batch", argv[++i], 1, 65536, &batch)) return 2;
-    } else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
-      if (qt_cli_parse_int("qat_run", "--images", argv[++i], 1, 1000000000, &images)) return 2;
+    c = qt_cli_data_option("qat_run", "--config --images --batch --write-outputs --values", argc, argv, &i, &D);
+    if (c != 0) {
+      if (c < 0) return 2;
     } else if (strcmp(argv[i], "--compare") == 0) compare = 1;
     else if (strcmp(argv[i], "--quiet") == 0) quiet = 1;
     else return usage();
   }
   const char *values[64];
-  const int n_values = qt_cli_split_values("qat_run", values_arg, outputs_path, values, 64);
+  const int n_values = qt_cli_split_values("qat_run", D.values, D.outputs_path, values, 64);
   if (n_values < 0) return 2;
 
   static qt_options o;
@@ -51,17 +47,17 @@ int main(int argc, char **argv) {
   qt_graph *g = qt_qdq_load(model_path, err);
   if (!g || !(dev = qt_device_open(g, NULL, err))) goto fail;
   if (!quiet) qt_device_report(dev, stdout);
-  if (qt_stage_test_data(config_path, images, batch, &o, &test, &lc, &st)) goto fail;
+  if (qt_stage_test_data(D.config_path, D.images, D.batch, &o, &test, &lc, &st)) goto fail;
   qt_device_agreement a;
   if (qt_device_compare(dev, compare ? g : NULL, &test, &lc, &a, err)) goto fail;
   printf("qat_run: %s on %lld images, batch %d: top-1 %.2f%%, %.0f images/s (model time %.3f s)\n", model_path,
-         (long long)a.images, batch, 100.0 * (double)a.device_correct / (double)a.images,
+         (long long)a.images, D.batch, 100.0 * (double)a.device_correct / (double)a.images,
          (double)a.images / a.device_seconds, a.device_seconds);
   status = 0;
   if (compare && !qt_device_agreement_print(&a, "qat_run", stdout)) status = 1;
-  if (outputs_path) {
-    if (qt_device_write_outputs(dev, &test, &lc, values, n_values, outputs_path, err)) goto fail;
-    printf("qat_run: wrote the device's logits%s to %s\n", n_values ? " and values" : "", outputs_path);
+  if (D.outputs_path) {
+    if (qt_device_write_outputs(dev, &test, &lc, values, n_values, D.outputs_path, err)) goto fail;
+    printf("qat_run: wrote the device's logits%s to %s\n", n_values ? " and values" : "", D.outputs_path);
   }
   goto done;
 fail:

@@ -100,6 +100,18 @@ char *qt_config_to_ini_string(const qt_config *c);
  * otherwise prints "<prog>: <opt> expects an integer in [lo, hi], found '<s>'" to stderr and
  * returns -1. */
 int qt_cli_parse_int(const char *prog, const char *opt, const char *s, long lo, long hi, int *out);
+/* The options every program that reads a model file and a data set shares: --config CFG.ini,
+ * --images N (0 = all), --batch N, --write-outputs OUT.h5, --values NAME,NAME... */
+typedef struct {
+  const char *config_path, *outputs_path; /* NULL when not given */
+  int images, batch;
+  char values[4096];
+} qt_cli_data_options;
+/* Consumes argv[*i] (advancing *i past its value) when it is one of the options above that
+ * `accepted` lists (e.g. "--config --images"): 1 consumed, 0 not one of them, -1 after printing
+ * a bad value's message to stderr. */
+int qt_cli_data_option(const char *prog, const char *accepted, int argc, char **argv, int *i, qt_cli_data_options *d);
+
 /* --values NAME,NAME... of --write-outputs (qat_run, qat_report): splits list (in place) into at
  * most max names; -1 after printing "<prog>: ..." to stderr when names are given without
  * --write-outputs (outputs_path NULL) or there are more than max. */

@@ -33,10 +33,10 @@ typedef struct {
   qt_data_format format;
   char train_images[QT_OPT_STR], train_labels[QT_OPT_STR], test_images[QT_OPT_STR], test_labels[QT_OPT_STR];
   char train_path[QT_OPT_STR], test_path[QT_OPT_STR]; /* hdf5 file or image-folder root */
-  int channels;                                        /* image folders: decode to 1 or 3 */
-  int train_limit, test_limit;                         /* first N images, 0 = all */
-  double mean, std;                                    /* normalization of pixel/255 values */
-  int crop_pad, flip;                                  /* augmentation of training batches */
+  int channels;                                       /* image folders: decode to 1 or 3 */
+  int train_limit, test_limit;                        /* first N images, 0 = all */
+  double mean, std;                                   /* normalization of pixel/255 values */
+  int crop_pad, flip;                                 /* augmentation of training batches */
 } qt_data_options;
 
 typedef struct {

@@ -21,8 +21,7 @@
 typedef enum { QT_SPLIT_TRAIN = 1, QT_SPLIT_TEST = 2, QT_SPLIT_BOTH = 3 } qt_split;
 /* Loads the splits [data] describes (limits applied); a split not asked for is left empty.
  * With both, their image shapes must agree. */
-int qt_stage_load_data(const qt_data_options *d, qt_split which, qt_dataset *train, qt_dataset *test,
-                       qt_status *st);
+int qt_stage_load_data(const qt_data_options *d, qt_split which, qt_dataset *train, qt_dataset *test, qt_status *st);
 
 /* For the programs that evaluate a model file (qat_check, qat_run, qat_report,
  * qat_backend_check): the options of config_path (NULL: the defaults, Fashion-MNIST), its test
@@ -113,8 +112,8 @@ int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, q
 /* Lowers the saved Q/DQ graph (res->qdq_path), runs the three-stage report (fp32 graph, Q/DQ
  * graph, int8 device) on the test set, times fp32 and int8 inference at batch 256, writes
  * <dir>/report.txt (printed when verbose). */
-int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test, const char *dir,
-                    qt_quant_result *res, int verbose, qt_status *st);
+int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test, const char *dir, qt_quant_result *res,
+                    int verbose, qt_status *st);
 
 /* The deployed model against the Q/DQ graph on a config's test set (qt_stage_test_data), judged
  * by the one agreement rule and printed to stdout with qt_device_agreement_print: 0 passes,

@@ -13,8 +13,8 @@ typedef struct {
   int verbose, quant, resuming;
   char ckpt[QT_OPT_STR + 32], csv[QT_OPT_STR + 32], summary[QT_OPT_STR + 32], analysis[QT_OPT_STR + 32];
   qt_dataset train, test;
-  qt_graph *g;     /* the fp32 model */
-  qt_graph *tg;    /* the graph trained: g, or the prepared graph */
+  qt_graph *g;  /* the fp32 model */
+  qt_graph *tg; /* the graph trained: g, or the prepared graph */
   qt_ctx *ctx;
   qt_trainer *trainer;
   qt_epoch_stats *rows;
@@ -28,7 +28,8 @@ typedef struct {
 static void csv_write(const run *r) {
   qt_strbuf b = {0};
   char err[QT_ERR_LEN];
-  qt_strbuf_printf(&b, "epoch,lr,train_loss,train_accuracy,test_loss,test_accuracy,images_per_s,epoch_seconds,images\n");
+  qt_strbuf_printf(&b,
+                   "epoch,lr,train_loss,train_accuracy,test_loss,test_accuracy,images_per_s,epoch_seconds,images\n");
   for (int i = 0; i < r->n_rows; i++) {
     const qt_epoch_stats *e = &r->rows[i];
     qt_strbuf_printf(&b, "%d,%.8g,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%lld\n", e->epoch, e->lr, e->train_loss, e->train_acc,
@@ -84,8 +85,9 @@ static void summary_quant(qt_strbuf *b, const run *r) {
   qt_strbuf_json_string(b, q->qdq_path);
   qt_strbuf_printf(b, ", \"trained_model\": ");
   qt_strbuf_json_string(b, q->trained_path);
-  qt_strbuf_printf(b, "},\n  \"check\": {\"ok\": %s, \"quantization_points\": %d, \"weights\": %d, \"max_lsb\": %.3f, "
-                      "\"tie_flips\": %lld, \"reason\": ",
+  qt_strbuf_printf(b,
+                   "},\n  \"check\": {\"ok\": %s, \"quantization_points\": %d, \"weights\": %d, \"max_lsb\": %.3f, "
+                   "\"tie_flips\": %lld, \"reason\": ",
                    q->check.ok ? "true" : "false", q->check.n_checked_points, q->check.n_checked_weights,
                    q->check.max_lsb, (long long)q->check.tie_mismatches);
   qt_strbuf_json_string(b, q->check.reason);
@@ -94,8 +96,9 @@ static void summary_quant(qt_strbuf *b, const run *r) {
   char *rep = qt_report_json(&q->report, "  ");
   qt_strbuf_printf(b, "%s,\n", rep);
   free(rep);
-  qt_strbuf_printf(b, "  \"inference\": {\"batch_size\": %d, \"fp32_images_per_s\": %.1f, \"int8_images_per_s\": %.1f, "
-                      "\"int8_vs_fp32\": %.3f},\n  \"report\": ",
+  qt_strbuf_printf(b,
+                   "  \"inference\": {\"batch_size\": %d, \"fp32_images_per_s\": %.1f, \"int8_images_per_s\": %.1f, "
+                   "\"int8_vs_fp32\": %.3f},\n  \"report\": ",
                    q->speed.batch, q->speed.fp32_images_per_s, q->speed.int8_images_per_s,
                    q->speed.fp32_images_per_s > 0 ? q->speed.int8_images_per_s / q->speed.fp32_images_per_s : 0.0);
   qt_strbuf_json_string(b, q->report_path);
@@ -112,8 +115,9 @@ static int write_summary(const run *r, char *err) {
   }
   qt_strbuf_printf(&b, "{\n  \"model\": ");
   qt_strbuf_json_string(&b, r->g->name);
-  qt_strbuf_printf(&b, ",\n  \"parameters\": %lld,\n  \"stages\": {\n    \"fp32\": {\"test_accuracy\": %.6f, "
-                       "\"test_loss\": %.6f, \"test_images\": %lld}",
+  qt_strbuf_printf(&b,
+                   ",\n  \"parameters\": %lld,\n  \"stages\": {\n    \"fp32\": {\"test_accuracy\": %.6f, "
+                   "\"test_loss\": %.6f, \"test_images\": %lld}",
                    (long long)qt_graph_param_count(r->g), r->fp32.accuracy, r->fp32.loss, (long long)r->fp32.n);
   if (r->quant) {
     summary_stage(&b, "fake_quant", &r->q.fake_quant, 1);
@@ -207,8 +211,8 @@ static int run_prepare(run *r, qt_status *st) {
     return -1;
   if (!ptq || !qt_analysis_wanted(o)) return 0;
   const qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_CALIBRATE);
-  if (qt_analysis_run(o, r->g, &r->train, &r->test, &lc, &ec, r->ctx, o->output.dir, r->analysis,
-                      sizeof r->analysis, r->verbose, st->msg))
+  if (qt_analysis_run(o, r->g, &r->train, &r->test, &lc, &ec, r->ctx, o->output.dir, r->analysis, sizeof r->analysis,
+                      r->verbose, st->msg))
     return qt_status_fail(st, QT_STATUS_RUNTIME);
   return 0;
 }
@@ -234,8 +238,7 @@ static int run_trainer(run *r, qt_status *st) {
     r->start_epoch = meta.epoch;
     qt_trainer_set_step(r->trainer, meta.step);
     r->n_rows = csv_read(r->csv, r->rows, epochs, r->start_epoch);
-    fprintf(stderr, "resuming from %s: %d epoch(s) done, step %lld\n", r->ckpt, r->start_epoch,
-            (long long)meta.step);
+    fprintf(stderr, "resuming from %s: %d epoch(s) done, step %lld\n", r->ckpt, r->start_epoch, (long long)meta.step);
   }
   if (r->verbose)
     fprintf(stderr, "%s: %lld parameters; %lld training / %lld test images; %d epochs of %lld batches; %d threads\n",
@@ -258,14 +261,17 @@ static int run_epochs(run *r, qt_status *st) {
       break;
     }
     qt_epoch_stats *e = &r->rows[r->n_rows];
-    if (qt_trainer_epoch(r->trainer, r->ctx, epoch, e, st)) rc = -1;
-    else if (qt_evaluate(r->tg, r->ctx, &r->test, &ec, &r->final, st->msg)) rc = qt_status_fail(st, QT_STATUS_RUNTIME);
+    if (qt_trainer_epoch(r->trainer, r->ctx, epoch, e, st))
+      rc = -1;
+    else if (qt_evaluate(r->tg, r->ctx, &r->test, &ec, &r->final, st->msg))
+      rc = qt_status_fail(st, QT_STATUS_RUNTIME);
     if (rc) break;
     e->test_loss = r->final.loss;
     e->test_acc = r->final.accuracy;
     r->n_rows++;
     if (r->verbose)
-      fprintf(stderr, "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  %.0f img/s  %.1f s  lr %.4g\n",
+      fprintf(stderr,
+              "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  %.0f img/s  %.1f s  lr %.4g\n",
               e->epoch, epochs, e->train_loss, 100 * e->train_acc, e->test_loss, 100 * e->test_acc, e->images_per_s,
               e->seconds, e->lr);
     qt_checkpoint_meta meta = {epoch + 1, qt_trainer_step(r->trainer), (uint64_t)o->train.seed, ini};
@@ -275,8 +281,7 @@ static int run_epochs(run *r, qt_status *st) {
       csv_write(r);
   }
   free(ini);
-  if (!rc && !r->quant && (ran == 0 || r->final.n == 0) &&
-      qt_evaluate(r->g, r->ctx, &r->test, &ec, &r->final, st->msg))
+  if (!rc && !r->quant && (ran == 0 || r->final.n == 0) && qt_evaluate(r->g, r->ctx, &r->test, &ec, &r->final, st->msg))
     rc = qt_status_fail(st, QT_STATUS_RUNTIME);
   if (!r->quant) r->fp32 = r->final;
   r->arena_mb = (double)qt_ctx_peak_bytes(r->ctx) / 1048576.0;
@@ -288,8 +293,8 @@ static int run_finish_quant(run *r, qt_status *st) {
   const qt_options *o = r->o;
   if (o->quant.mode == QT_QUANT_QAT && qt_analysis_wanted(o)) {
     const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
-    if (qt_analysis_run_qat(o, r->tg, &r->test, &ec, r->ctx, o->output.dir, r->analysis, sizeof r->analysis,
-                            r->verbose, st->msg))
+    if (qt_analysis_run_qat(o, r->tg, &r->test, &ec, r->ctx, o->output.dir, r->analysis, sizeof r->analysis, r->verbose,
+                            st->msg))
       return qt_status_fail(st, QT_STATUS_RUNTIME);
   }
   qt_ctx_release(r->ctx); /* the training step's memory is not needed by convert and the check */
@@ -311,8 +316,8 @@ static void run_close(run *r) {
 static void print_result(const run *r) {
   if (!r->verbose) return;
   if (!r->quant)
-    fprintf(stderr, "fp32 test accuracy %.2f%%; summary in %s; peak RSS %.0f MB\n", 100 * r->final.accuracy,
-            r->summary, qt_peak_rss_mb());
+    fprintf(stderr, "fp32 test accuracy %.2f%%; summary in %s; peak RSS %.0f MB\n", 100 * r->final.accuracy, r->summary,
+            qt_peak_rss_mb());
   else
     fprintf(stderr,
             "test accuracy: fp32 %.2f%%, fake quant %.2f%%, Q/DQ graph %.2f%%, int8 device %.2f%%; summary in %s; "
@@ -326,8 +331,8 @@ int qt_train_run(const qt_options *o, qt_status *st) {
   QT_ASSERT(r, "out of memory");
   st->code = QT_OK;
   st->msg[0] = 0;
-  int rc = run_open(r, o, st) || run_model_and_data(r, st) || (r->quant && run_prepare(r, st)) ||
-           run_trainer(r, st) || run_epochs(r, st) || (r->quant && run_finish_quant(r, st));
+  int rc = run_open(r, o, st) || run_model_and_data(r, st) || (r->quant && run_prepare(r, st)) || run_trainer(r, st) ||
+           run_epochs(r, st) || (r->quant && run_finish_quant(r, st));
   if (!rc && write_summary(r, st->msg)) rc = qt_status_fail(st, QT_STATUS_IO);
   if (!rc) print_result(r);
   if (!rc && r->quant && !r->q.check.ok)

@@ -88,7 +88,9 @@ int qt_stage_model_fits(const qt_options *o, const qt_graph *g, const qt_dataset
   if (in->shape[0] != data->h || in->shape[1] != data->w || in->shape[2] != data->c)
     return qt_status_set(st, QT_STATUS_INPUT, "model %s takes %lldx%lldx%lld images, data.%s gives %dx%dx%d", g->name,
                          (long long)in->shape[0], (long long)in->shape[1], (long long)in->shape[2],
-                         o->data.format == QT_DATA_IDX ? "idx" : o->data.format == QT_DATA_HDF5 ? "hdf5" : "folder",
+                         o->data.format == QT_DATA_IDX    ? "idx"
+                         : o->data.format == QT_DATA_HDF5 ? "hdf5"
+                                                          : "folder",
                          data->h, data->w, data->c);
   if (data->num_classes > C)
     return qt_status_set(st, QT_STATUS_INPUT, "model %s has %d outputs but the data has %d classes", g->name, C,

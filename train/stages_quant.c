@@ -154,14 +154,15 @@ enum { QT_INFER_BATCH = 256, QT_INFER_BATCHES = 8, QT_INFER_ROUNDS = 3, QT_PROBE
 static void print_deploy(FILE *f, const qt_device *m, const qt_quant_result *res) {
   qt_device_report(m, f);
   qt_report_print(&res->report, f);
-  fprintf(f, "inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s (%.2fx)\n",
+  fprintf(f,
+          "inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s (%.2fx)\n",
           res->speed.batch, QT_INFER_ROUNDS, (long long)res->speed.images, res->speed.fp32_images_per_s,
           res->speed.int8_images_per_s,
           res->speed.fp32_images_per_s > 0 ? res->speed.int8_images_per_s / res->speed.fp32_images_per_s : 0.0);
 }
 
-int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test, const char *dir,
-                    qt_quant_result *res, int verbose, qt_status *st) {
+int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test, const char *dir, qt_quant_result *res,
+                    int verbose, qt_status *st) {
   const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
   /* From the file, as a deployment tool would. */
   qt_graph *qdq = qt_qdq_load(res->qdq_path, st->msg);
@@ -241,8 +242,10 @@ int qt_stage_compare_device(const char *config_path, int images, int batch, qt_d
   qt_loader_config lc;
   int rc = -1;
   if (!qt_stage_test_data(config_path, images, batch, &o, &test, &lc, st)) {
-    if (qt_device_compare(dev, qdq, &test, &lc, &a, st->msg)) qt_status_fail(st, QT_STATUS_RUNTIME);
-    else rc = !qt_device_agreement_print(&a, prefix, stdout);
+    if (qt_device_compare(dev, qdq, &test, &lc, &a, st->msg))
+      qt_status_fail(st, QT_STATUS_RUNTIME);
+    else
+      rc = !qt_device_agreement_print(&a, prefix, stdout);
   }
   qt_dataset_free(&test);
   return rc;
