@@ -183,6 +183,12 @@ double qt_peak_rss_mb(void) {
   return (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */
 }
 
+int qt_name_index(const char *const *names, int n, const char *name) {
+  for (int k = 0; name && k < n; k++)
+    if (strcmp(name, names[k]) == 0) return k;
+  return -1;
+}
+
 int64_t qt_argmax(const float *x, int64_t n) {
   int64_t best = 0;
   for (int64_t i = 1; i < n; i++)

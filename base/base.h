@@ -83,6 +83,23 @@ int qt_write_file_atomic(const char *path, const char *text, size_t len, char *e
 /* Peak resident set size of this process so far, in MB. */
 double qt_peak_rss_mb(void);
 
+/* ---- name tables ------------------------------------------------------------------------------ */
+/* The index of `name` in names[0..n), -1 when absent (or name is NULL): parses an enum whose
+ * values have a name table. */
+int qt_name_index(const char *const *names, int n, const char *name);
+/* Defines an enum's name and parse functions over its name table (one name per value, checked
+ * at compile time): `const char *name_fn(type v)` ("?" out of range) and
+ * `int parse_fn(const char *s, type *out)` (0, or -1 for an unknown name). */
+#define QT_DEFINE_NAMES(type, count, name_fn, parse_fn, ...)                                             \
+  static const char *const name_fn##_table[] = {__VA_ARGS__};                                           \
+  _Static_assert(sizeof name_fn##_table / sizeof name_fn##_table[0] == (count), #type " name table");   \
+  const char *name_fn(type v) { return (unsigned)v < (unsigned)(count) ? name_fn##_table[v] : "?"; }    \
+  int parse_fn(const char *s, type *out) {                                                               \
+    const int k = qt_name_index(name_fn##_table, (count), s);                                            \
+    if (k >= 0) *out = (type)k;                                                                          \
+    return k < 0 ? -1 : 0;                                                                               \
+  }
+
 /* ---- small numerics --------------------------------------------------------------------------- */
 /* Index of the largest of x[0..n-1]; the first one on ties (the top-1 tie rule everywhere). */
 int64_t qt_argmax(const float *x, int64_t n);

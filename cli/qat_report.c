@@ -48,9 +48,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "qat_report: --model names the architecture of the --fp32 checkpoint; give --fp32 too\n");
     return 2;
   }
-  const char *values[64];
-  const int n_values = qt_cli_split_values("qat_report", D.values, D.outputs_path, values, 64);
-  if (n_values < 0) return 2;
+  if (qt_cli_data_finish("qat_report", &D)) return 2;
   static qt_options o;
   qt_status st = {0};
   char *err = st.msg;
@@ -88,8 +86,8 @@ int main(int argc, char **argv) {
              s.batch, rounds, (long long)s.images, s.int8_images_per_s);
   }
   if (D.outputs_path) {
-    if (qt_device_write_outputs(m, &test, &lc, values, n_values, D.outputs_path, err)) goto fail;
-    printf("qat_report: wrote the device's logits%s to %s\n", n_values ? " and values" : "", D.outputs_path);
+    if (qt_device_write_outputs(m, &test, &lc, D.names, D.n_names, D.outputs_path, err)) goto fail;
+    printf("qat_report: wrote the device's logits%s to %s\n", D.n_names ? " and values" : "", D.outputs_path);
   }
   status = 0;
   goto done;

@@ -33,9 +33,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--quiet") == 0) quiet = 1;
     else return usage();
   }
-  const char *values[64];
-  const int n_values = qt_cli_split_values("qat_run", D.values, D.outputs_path, values, 64);
-  if (n_values < 0) return 2;
+  if (qt_cli_data_finish("qat_run", &D)) return 2;
 
   static qt_options o;
   qt_status st = {0};
@@ -56,8 +54,8 @@ int main(int argc, char **argv) {
   status = 0;
   if (compare && !qt_device_agreement_print(&a, "qat_run", stdout)) status = 1;
   if (D.outputs_path) {
-    if (qt_device_write_outputs(dev, &test, &lc, values, n_values, D.outputs_path, err)) goto fail;
-    printf("qat_run: wrote the device's logits%s to %s\n", n_values ? " and values" : "", D.outputs_path);
+    if (qt_device_write_outputs(dev, &test, &lc, D.names, D.n_names, D.outputs_path, err)) goto fail;
+    printf("qat_run: wrote the device's logits%s to %s\n", D.n_names ? " and values" : "", D.outputs_path);
   }
   goto done;
 fail:

@@ -791,20 +791,21 @@ int qt_cli_parse_int(const char *prog, const char *opt, const char *s, long lo, 
   return 0;
 }
 
-int qt_cli_split_values(const char *prog, char *list, const char *outputs_path, const char **names, int max) {
-  if (list[0] && !outputs_path) {
+int qt_cli_data_finish(const char *prog, qt_cli_data_options *d) {
+  const int max = (int)(sizeof d->names / sizeof d->names[0]);
+  if (d->values[0] && !d->outputs_path) {
     fprintf(stderr, "%s: --values names what --write-outputs writes; give --write-outputs too\n", prog);
     return -1;
   }
-  int n = 0;
-  for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
-    if (n == max) {
+  d->n_names = 0;
+  for (char *t = strtok(d->values, ","); t; t = strtok(NULL, ",")) {
+    if (d->n_names == max) {
       fprintf(stderr, "%s: --values names more than %d values\n", prog, max);
       return -1;
     }
-    names[n++] = t;
+    d->names[d->n_names++] = t;
   }
-  return n;
+  return 0;
 }
 
 int qt_cli_data_option(const char *prog, const char *accepted, int argc, char **argv, int *i, qt_cli_data_options *d) {

@@ -105,16 +105,18 @@ int qt_cli_parse_int(const char *prog, const char *opt, const char *s, long lo, 
 typedef struct {
   const char *config_path, *outputs_path; /* NULL when not given */
   int images, batch;
-  char values[4096];
+  char values[4096];                      /* --values as given */
+  const char *names[64];                  /* --values split by qt_cli_data_finish */
+  int n_names;
 } qt_cli_data_options;
 /* Consumes argv[*i] (advancing *i past its value) when it is one of the options above that
  * `accepted` lists (e.g. "--config --images"): 1 consumed, 0 not one of them, -1 after printing
  * a bad value's message to stderr. */
 int qt_cli_data_option(const char *prog, const char *accepted, int argc, char **argv, int *i, qt_cli_data_options *d);
 
-/* --values NAME,NAME... of --write-outputs (qat_run, qat_report): splits list (in place) into at
- * most max names; -1 after printing "<prog>: ..." to stderr when names are given without
- * --write-outputs (outputs_path NULL) or there are more than max. */
-int qt_cli_split_values(const char *prog, char *list, const char *outputs_path, const char **names, int max);
+/* After the options are read: splits --values (in place) into d->names; -1 after printing
+ * "<prog>: ..." to stderr when names are given without --write-outputs or there are more than
+ * 64 of them. */
+int qt_cli_data_finish(const char *prog, qt_cli_data_options *d);
 
 #endif

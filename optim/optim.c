@@ -5,7 +5,6 @@
  * and rounded to float once, as PyTorch does when it hands a Python number to a float kernel.
  * (fmaf is a single instruction with -march=native on FMA hardware, a libm call otherwise.) */
 #include "optim/optim.h"
-#include "optim/optim_internal.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -23,26 +22,7 @@ struct qt_optim {
 };
 
 
-static const char *const optim_kind_names[] = {"sgd", "adamw"};
-_Static_assert(sizeof optim_kind_names / sizeof optim_kind_names[0] == QT_OPTIM_COUNT,
-               "optimizer name table");
-
-const char *qt_optim_kind_name(qt_optim_kind k) {
-  return (unsigned)k < QT_OPTIM_COUNT ? optim_kind_names[k] : "?";
-}
-
-int qt_optim_name_index(const char *const *names, int n, const char *name) {
-  for (int k = 0; k < n; k++)
-    if (name && strcmp(name, names[k]) == 0) return k;
-  return -1;
-}
-
-int qt_optim_kind_parse(const char *name, qt_optim_kind *out) {
-  int k = qt_optim_name_index(optim_kind_names, QT_OPTIM_COUNT, name);
-  if (k < 0) return -1;
-  *out = (qt_optim_kind)k;
-  return 0;
-}
+QT_DEFINE_NAMES(qt_optim_kind, QT_OPTIM_COUNT, qt_optim_kind_name, qt_optim_kind_parse, "sgd", "adamw")
 
 int qt_optim_config_check(const qt_optim_config *cfg, char *err) {
   if ((unsigned)cfg->kind >= QT_OPTIM_COUNT)

@@ -2,7 +2,6 @@
  * step can be evaluated directly and a resumed run needs no scheduler state. PyTorch's
  * schedulers update recursively; tests/optim checks both agree to float precision. */
 #include "optim/optim.h"
-#include "optim/optim_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -11,17 +10,7 @@
 
 #define QT_PI 3.14159265358979323846 /* math.pi; M_PI is not ISO C */
 
-static const char *const lr_kind_names[] = {"constant", "step", "cosine", "linear"};
-_Static_assert(sizeof lr_kind_names / sizeof lr_kind_names[0] == QT_LR_COUNT, "lr schedule name table");
-
-const char *qt_lr_kind_name(qt_lr_kind k) { return (unsigned)k < QT_LR_COUNT ? lr_kind_names[k] : "?"; }
-
-int qt_lr_kind_parse(const char *name, qt_lr_kind *out) {
-  int k = qt_optim_name_index(lr_kind_names, QT_LR_COUNT, name);
-  if (k < 0) return -1;
-  *out = (qt_lr_kind)k;
-  return 0;
-}
+QT_DEFINE_NAMES(qt_lr_kind, QT_LR_COUNT, qt_lr_kind_name, qt_lr_kind_parse, "constant", "step", "cosine", "linear")
 
 
 int qt_lr_schedule_check(const qt_lr_schedule *s, char *err) {

@@ -14,6 +14,16 @@ static int add_tensor_copy(qt_graph *c, int node, const char *suffix, const qt_p
   return t;
 }
 
+/* The same for tensor t of p (a parameter or buffer), keeping its suffix ("weight",
+ * "running_mean", ...); -1 stays -1. */
+static int copy_tensor(qt_graph *c, int node, qt_graph *p, int t, int **pending, int *n, const float **srcdata) {
+  if (t < 0) return -1;
+  const qt_param *src = &p->tensors[t];
+  const char *dot = strrchr(src->name, '.');
+  return add_tensor_copy(c, node, dot ? dot + 1 : src->name, src, pending, n, srcdata,
+                         qt_graph_tensor_data(p, t));
+}
+
 /* Quantizes a weight (OC, ...) with its per-channel (or per-tensor) qparams into integers. */
 static void quantize_weight(qt_qstate *q, const float *w, int64_t numel) {
   q->n_qweight = numel;
@@ -103,20 +113,8 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
       c->nodes[id].param[QT_P_BIAS] = add_tensor_copy(c, id, "bias", &bp, &pending, &n_pending, srcdata, bf);
     } else {
       for (int k = 0; k < QT_MAX_PARAMS; k++) {
-        if (n->param[k] >= 0) {
-          const qt_param *t = &p->tensors[n->param[k]];
-          const char *dot = strrchr(t->name, '.');
-          c->nodes[id].param[k] =
-              add_tensor_copy(c, id, dot ? dot + 1 : t->name, t, &pending, &n_pending, srcdata,
-                              qt_graph_tensor_data(p, n->param[k]));
-        }
-        if (n->buffer[k] >= 0) {
-          const qt_param *t = &p->tensors[n->buffer[k]];
-          const char *dot = strrchr(t->name, '.');
-          c->nodes[id].buffer[k] =
-              add_tensor_copy(c, id, dot ? dot + 1 : t->name, t, &pending, &n_pending, srcdata,
-                              qt_graph_tensor_data(p, n->buffer[k]));
-        }
+        c->nodes[id].param[k] = copy_tensor(c, id, p, n->param[k], &pending, &n_pending, srcdata);
+        c->nodes[id].buffer[k] = copy_tensor(c, id, p, n->buffer[k], &pending, &n_pending, srcdata);
       }
     }
     if (n->wq) {

@@ -59,37 +59,7 @@ int qt_qparams_from_range(float min, float max, int qmin, int qmax, int symmetri
   return 0;
 }
 
-static const char *const observer_kind_names[] = {"minmax", "moving_average", "histogram"};
-_Static_assert(sizeof observer_kind_names / sizeof observer_kind_names[0] == QT_OBSERVER_COUNT,
-               "every observer kind needs a name");
-static const char *const range_method_names[] = {"minmax", "percentile", "mse"};
-_Static_assert(sizeof range_method_names / sizeof range_method_names[0] == QT_RANGE_COUNT,
-               "every range method needs a name");
-
-const char *qt_observer_kind_name(qt_observer_kind k) {
-  return (unsigned)k < QT_OBSERVER_COUNT ? observer_kind_names[k] : "?";
-}
-
-int qt_observer_kind_parse(const char *name, qt_observer_kind *out) {
-  for (int k = 0; k < QT_OBSERVER_COUNT; k++) {
-    if (name && strcmp(name, observer_kind_names[k]) == 0) {
-      *out = (qt_observer_kind)k;
-      return 0;
-    }
-  }
-  return -1;
-}
-
-const char *qt_range_method_name(qt_range_method m) {
-  return (unsigned)m < QT_RANGE_COUNT ? range_method_names[m] : "?";
-}
-
-int qt_range_method_parse(const char *name, qt_range_method *out) {
-  for (int m = 0; m < QT_RANGE_COUNT; m++) {
-    if (name && strcmp(name, range_method_names[m]) == 0) {
-      *out = (qt_range_method)m;
-      return 0;
-    }
-  }
-  return -1;
-}
+QT_DEFINE_NAMES(qt_observer_kind, QT_OBSERVER_COUNT, qt_observer_kind_name, qt_observer_kind_parse, "minmax",
+                "moving_average", "histogram")
+QT_DEFINE_NAMES(qt_range_method, QT_RANGE_COUNT, qt_range_method_name, qt_range_method_parse, "minmax", "percentile",
+                "mse")

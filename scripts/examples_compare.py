@@ -2,8 +2,12 @@
 """Compares two runs/ folders written by scripts/examples_run.sh: every summary.json value except
 timings and memory, the same of analysis.json, metrics.csv without its timing columns, every
 dataset and attribute of model_qdq.h5 and model_trained.h5, every dataset of checkpoint.h5 (its
-attributes hold the config text, whose comments may change), and quantizer.txt. Exit 0 when equal, 1 with the differences listed otherwise."""
-import json, os, sys
+attributes hold the config text, whose comments may change), and quantizer.txt. Exit 0 when equal, 1 with the differences listed otherwise.
+
+Usage: examples_compare.py OLD_RUNS NEW_RUNS [--ignore REGEX ...]
+--ignore skips differences whose "<run>/<file> <key>" matches REGEX (intended format changes,
+e.g. --ignore 'input_preprocessing' --ignore 'quantizer.txt line0')."""
+import json, os, re, sys
 import h5py, numpy as np
 
 VOLATILE = {"images_per_s", "epoch_seconds", "peak_rss_mb", "seconds", "threads",
@@ -35,7 +39,8 @@ def h5_items(path, attrs=True):
 
 def main():
     old, new = sys.argv[1], sys.argv[2]
-    bad = 0; compared = 0
+    ignore = [re.compile(sys.argv[i + 1]) for i in range(3, len(sys.argv) - 1) if sys.argv[i] == "--ignore"]
+    bad = 0; compared = 0; ignored = 0
     for run in sorted(os.listdir(old)):
         for fname in ("summary.json", "analysis.json", "model_qdq.h5", "model_trained.h5", "checkpoint.h5",
                       "quantizer.txt", "metrics.csv"):
@@ -56,13 +61,17 @@ def main():
                                   for i, l in enumerate(open(p))}
                 fa, fb = rows(a), rows(b)
             else:
-                fa, fb = {"text": open(a).read()}, {"text": open(b).read()}
+                fa = {"line%d" % i: l for i, l in enumerate(open(a))}
+                fb = {"line%d" % i: l for i, l in enumerate(open(b))}
             for k in sorted(set(fa) | set(fb)):
                 if fa.get(k) != fb.get(k):
+                    if any(r.search("%s/%s %s" % (run, fname, k)) for r in ignore):
+                        ignored += 1
+                        continue
                     bad += 1
                     if bad <= 40:
                         print("%s/%s %s: %r -> %r" % (run, fname, k, str(fa.get(k))[:80], str(fb.get(k))[:80]))
-    print("examples_compare: %d files compared, %d differences" % (compared, bad))
+    print("examples_compare: %d files compared, %d differences (%d ignored)" % (compared, bad, ignored))
     return 1 if bad or not compared else 0
 
 if __name__ == "__main__":
