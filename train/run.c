@@ -237,7 +237,9 @@ static int run_trainer(run *r, qt_status *st) {
               (unsigned long long)meta.seed, o->train.seed);
     r->start_epoch = meta.epoch;
     qt_trainer_set_step(r->trainer, meta.step);
-    r->n_rows = csv_read(r->csv, r->rows, epochs, r->start_epoch);
+    /* at most one row per finished epoch, whatever metrics.csv holds (a repeated row must not
+     * leave rows[] too small for the epochs still to run) */
+    r->n_rows = csv_read(r->csv, r->rows, r->start_epoch < epochs ? r->start_epoch : epochs, r->start_epoch);
     fprintf(stderr, "resuming from %s: %d epoch(s) done, step %lld\n", r->ckpt, r->start_epoch, (long long)meta.step);
   }
   if (r->verbose)

@@ -58,6 +58,20 @@ int main(void) {
   free(ma.config_ini);
   free(mb.config_ini);
 
+  /* A metrics.csv whose first row repeats (hand-edited, or an append after a kill) resumes
+   * without writing past the rows of the run: one row per epoch in the end. */
+  if (system("rm -rf run_dup && mkdir -p run_dup")) return 1;
+  if (run("run_dup", "train.stop_after_epochs=1", NULL, err)) qt_test_fail("dup setup: %s", err);
+  if (system("tail -n 1 run_dup/metrics.csv >> run_dup/metrics.csv && tail -n 1 run_dup/metrics.csv >> "
+             "run_dup/metrics.csv"))
+    return 1;
+  if (run("run_dup", "train.resume=true", NULL, err)) qt_test_fail("resume after a repeated row: %s", err);
+  FILE *csv = fopen("run_dup/metrics.csv", "r");
+  int lines = 0;
+  for (int ch; csv && (ch = fgetc(csv)) != EOF;) lines += ch == '\n';
+  if (csv) fclose(csv);
+  if (lines != 3) qt_test_fail("metrics.csv after resuming past a repeated row: %d lines, want header + 2", lines);
+
   /* summary.json has the documented keys */
   FILE *f = fopen("run_full/summary.json", "r");
   QT_CHECK(f != NULL);
