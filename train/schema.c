@@ -6,6 +6,7 @@
 #include "train/options.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,6 +207,14 @@ qt_config *qt_train_config_create(void) {
 /* Rules across keys, before any work. */
 static int check_rules(const qt_options *o, char *err) {
   const qt_quant_options *q = &o->quant;
+  /* more threads than a few per core makes no progress (OpenMP threads spin and wait) */
+  const int cores = omp_get_num_procs(), max_threads = 4 * cores > 8 ? 4 * cores : 8;
+  if (o->train.threads > max_threads)
+    return qt_err(err, "train.threads = %d: this machine has %d cores; at most %d threads (0 = one per core)",
+                  o->train.threads, cores, max_threads);
+  if (!(q->percentile > 50))
+    return qt_err(err, "quant.percentile = %g: expected a percentile in (50, 100] (the share of values kept)",
+                  q->percentile);
   if (o->data.format != QT_DATA_IDX && (!o->data.train_path[0] || !o->data.test_path[0]))
     return qt_err(err, "data.format = %s needs data.train_path and data.test_path",
                   o->data.format == QT_DATA_HDF5 ? "hdf5" : "folder");

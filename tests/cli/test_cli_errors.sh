@@ -52,6 +52,9 @@ expect hdf5_needs_paths 2 "data.format = hdf5 needs data.train_path and data.tes
   data.format=hdf5 "output.dir=$T/run"
 expect analysis_needs_ptq 2 "analysis.sensitivity is a PTQ debugging tool" -- "$T/ok.ini" analysis.sensitivity=true \
   "output.dir=$T/run"
+expect percentile_50 2 "quant.percentile = 50" "(50, 100]" -- "$T/ok.ini" quant.mode=ptq \
+  quant.activation_observer=histogram quant.activation_range=percentile quant.percentile=50 "output.dir=$T/run"
+expect threads_1000 2 "train.threads = 1000" "cores" -- "$T/ok.ini" train.threads=1000 "output.dir=$T/run"
 [ -e "$T/run" ] && { echo "a refused config created output.dir"; fail=1; }
 expect missing_data 1 "no_such_dir/train.gz" -- "$T/ok.ini" data.train_images=/no_such_dir/train.gz "output.dir=$T/run"
 
