@@ -648,6 +648,10 @@ int qt_config_apply_override(qt_config *c, const char *arg, char *err) {
   const char *eq = strchr(arg, '=');
   if (!eq) return qt_err(err, "config: %s: expected section.key=value, found no '='", where);
   char lhs[QT_ERR_LEN / 4], value[QT_ERR_LEN];
+  /* never cut a value or a name: "train.epochs=0...0100001" must not become another number */
+  if ((size_t)(eq - arg) >= sizeof lhs || strlen(eq + 1) >= sizeof value)
+    return qt_err(err, "config: %s: longer than %zu characters (name) or %zu (value)", where, sizeof lhs - 1,
+                  sizeof value - 1);
   trimmed(lhs, sizeof lhs, arg, (size_t)(eq - arg));
   trimmed(value, sizeof value, eq + 1, strlen(eq + 1));
   char *dot = strchr(lhs, '.');
