@@ -41,6 +41,9 @@ int qt_parse_overrides(qt_quantizer_config *c, const char *text, char *err) {
       snprintf(err, QT_ERR_LEN, "quant.layer_overrides: more than %d entries", QT_MAX_OVERRIDES);
       return -1;
     }
+    for (int k = 0; k < c->n_overrides; k++)
+      if (strcmp(c->overrides[k].name, item) == 0)
+        return qt_err(err, "quant.layer_overrides: '%s' is set twice", item);
     qt_layer_override *o = &c->overrides[c->n_overrides];
     memset(o, 0, sizeof *o);
     snprintf(o->name, sizeof o->name, "%s", item);
@@ -48,18 +51,19 @@ int qt_parse_overrides(qt_quantizer_config *c, const char *text, char *err) {
     if (strcmp(v, "fp32") == 0) {
       o->fp32 = 1;
     } else {
-      int w = 0, a = 0, n = 0;
+      int w = 0, a = 0, n = 0, has_w = 0, has_a = 0;
       if (sscanf(v, "w%da%d%n", &w, &a, &n) == 2 && v[n] == 0) {
+        has_w = has_a = 1;
       } else if (sscanf(v, "w%d%n", &w, &n) == 1 && v[n] == 0) {
-        a = 0;
+        has_w = 1;
       } else if (sscanf(v, "a%d%n", &a, &n) == 1 && v[n] == 0) {
-        w = 0;
+        has_a = 1;
       } else {
         snprintf(err, QT_ERR_LEN, "quant.layer_overrides: '%s=%s': expected fp32, wNaM, wN or aM with N, M in 2..8",
                  item, v);
         return -1;
       }
-      if ((w && (w < 2 || w > 8)) || (a && (a < 2 || a > 8))) {
+      if ((has_w && (w < 2 || w > 8)) || (has_a && (a < 2 || a > 8))) {
         snprintf(err, QT_ERR_LEN, "quant.layer_overrides: '%s=%s': bit widths must lie in 2..8", item, v);
         return -1;
       }
@@ -239,8 +243,14 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
     return qt_err(err, "quantizer %s: learnable scales (LSQ) cannot stay powers of two", d->name);
   for (int i = 0; i < cfg->n_overrides; i++) {
     const qt_layer_override *o = &cfg->overrides[i];
-    if (qt_graph_find_node(g, o->name) < 0)
-      return qt_err(err, "quant.layer_overrides: no node named '%s' in model %s", o->name, g->name);
+    const int k = qt_graph_find_node(g, o->name);
+    if (k < 0) return qt_err(err, "quant.layer_overrides: no node named '%s' in model %s", o->name, g->name);
+    const qt_op op = g->nodes[k].op;
+    if (!qt_op_has_weight(op) && op != QT_OP_ADD && op != QT_OP_AVG_POOL2D && op != QT_OP_GLOBAL_AVG_POOL)
+      return qt_err(err,
+                    "quant.layer_overrides: '%s' is a %s node; overrides name the layers that start a quantized "
+                    "unit (conv2d, linear, add, average pools)",
+                    o->name, qt_op_name(op));
     if ((o->weight_bits && !bits_allowed(d->weight_bits, o->weight_bits)) ||
         (o->activation_bits && !bits_allowed(d->activation_bits, o->activation_bits)))
       return qt_err(err, "quant.layer_overrides: %s=w%da%d: %s allows weight bits {%s}, activation bits {%s}",

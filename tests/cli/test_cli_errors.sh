@@ -58,6 +58,13 @@ expect threads_1000 2 "train.threads = 1000" "cores" -- "$T/ok.ini" train.thread
 long_value="train.epochs=$(printf '0%.0s' $(seq 1 600))2"
 expect override_too_long 2 "longer than" -- "$T/ok.ini" "$long_value" "output.dir=$T/run"
 [ -e "$T/run" ] && { echo "a refused config created output.dir"; fail=1; }
+
+# quant.layer_overrides that name no layer, give no bit width or set a layer twice (refused when
+# the Quantizer sees the model, exit 2)
+small=(data.train_limit=256 data.test_limit=128 quant.mode=ptq "output.dir=$T/ovr")
+expect override_not_a_layer 2 "'relu1' is a relu node" -- "$T/ok.ini" "${small[@]}" "quant.layer_overrides=relu1=w8a8"
+expect override_w0a0 2 "conv1=w0a0" "2..8" -- "$T/ok.ini" "${small[@]}" "quant.layer_overrides=conv1=w0a0"
+expect override_twice 2 "'conv1' is set twice" -- "$T/ok.ini" "${small[@]}" "quant.layer_overrides=conv1=w8a8;conv1=fp32"
 expect missing_data 1 "no_such_dir/train.gz" -- "$T/ok.ini" data.train_images=/no_such_dir/train.gz "output.dir=$T/run"
 
 [ $fail -eq 0 ] || exit 1
