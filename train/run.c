@@ -1,5 +1,9 @@
 /* `qat_train` as a table of contents of stage calls (train/pipeline.h), with the run's own
  * files: metrics.csv, checkpoints, model.dot and summary.json. */
+#define _XOPEN_SOURCE 700 /* realpath */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +26,7 @@ typedef struct {
   qt_eval_result fp32, final;
   qt_quant_result q;
   double arena_mb;
+  int lock_fd; /* <output.dir>/.lock, held while the run writes there (-1: none) */
 } run;
 
 /* ---- files ----------------------------------------------------------------------------------- */
@@ -151,6 +156,39 @@ static int write_summary(const run *r, char *err) {
   return rc;
 }
 
+/* One run per output folder: a write lock on <dir>/.lock (released when the process ends or the
+ * run closes it). A second run on the same folder is refused, naming the first one's process. */
+static int lock_dir(run *r, const char *dir, qt_status *st) {
+  char path[QT_OPT_STR + 16];
+  snprintf(path, sizeof path, "%s/.lock", dir);
+  r->lock_fd = open(path, O_RDWR | O_CREAT, 0644);
+  if (r->lock_fd < 0) return qt_status_set(st, QT_STATUS_IO, "output.dir: cannot open '%s': %s", path, strerror(errno));
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  if (fcntl(r->lock_fd, F_SETLK, &fl) != 0) {
+    struct flock who = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    const long pid = fcntl(r->lock_fd, F_GETLK, &who) == 0 && who.l_type != F_UNLCK ? (long)who.l_pid : -1;
+    close(r->lock_fd);
+    r->lock_fd = -1;
+    return qt_status_set(st, QT_STATUS_INPUT,
+                         "output.dir '%s' is in use by another run (process %ld); wait for it or choose another "
+                         "output.dir",
+                         dir, pid);
+  }
+  return 0;
+}
+
+/* A QAT/PTQ run whose fp32 checkpoint is (or would be trained as) its own checkpoint.h5 would
+ * overwrite its starting point after the first epoch. */
+static int same_folder(const char *file, const char *dir) {
+  char a[PATH_MAX], b[PATH_MAX], parent[QT_OPT_STR];
+  snprintf(parent, sizeof parent, "%s", file);
+  char *slash = strrchr(parent, '/');
+  if (slash) *slash = 0;
+  else snprintf(parent, sizeof parent, ".");
+  if (realpath(parent, a) && realpath(dir, b)) return strcmp(a, b) == 0;
+  return strcmp(parent, dir) == 0;
+}
+
 /* ---- the job's steps ------------------------------------------------------------------------- */
 /* Output folder, file names, threads, and the checks that come before any work. */
 static int run_open(run *r, const qt_options *o, qt_status *st) {
@@ -160,6 +198,7 @@ static int run_open(run *r, const qt_options *o, qt_status *st) {
   if (o->train.threads > 0) omp_set_num_threads(o->train.threads);
   char derr[QT_ERR_LEN];
   if (qt_mkdir_p(o->output.dir, derr)) return qt_status_set(st, QT_STATUS_IO, "output.dir: %s", derr);
+  if (lock_dir(r, o->output.dir, st)) return -1;
   snprintf(r->ckpt, sizeof r->ckpt, "%s/checkpoint.h5", o->output.dir);
   snprintf(r->csv, sizeof r->csv, "%s/metrics.csv", o->output.dir);
   snprintf(r->summary, sizeof r->summary, "%s/summary.json", o->output.dir);
@@ -169,12 +208,20 @@ static int run_open(run *r, const qt_options *o, qt_status *st) {
   r->resuming = o->train.resume && access(r->ckpt, F_OK) == 0 && !ptq;
   if (o->train.resume && ptq && r->verbose)
     fprintf(stderr, "train.resume: a PTQ run has no epochs to resume; calibrating again\n");
-  if (!r->resuming) return 0;
-  qt_checkpoint_meta meta;
-  if (qt_checkpoint_read_meta(r->ckpt, &meta, st->msg)) return qt_status_fail(st, QT_STATUS_FORMAT);
-  int bad = qt_options_resume_matches(o, meta.config_ini, r->ckpt, st->msg);
-  free(meta.config_ini);
-  return bad ? qt_status_fail(st, QT_STATUS_INPUT) : 0;
+  if (r->resuming) {
+    qt_checkpoint_meta meta;
+    if (qt_checkpoint_read_meta(r->ckpt, &meta, st->msg)) return qt_status_fail(st, QT_STATUS_FORMAT);
+    int bad = qt_options_resume_matches(o, meta.config_ini, r->ckpt, st->msg);
+    free(meta.config_ini);
+    if (bad) return qt_status_fail(st, QT_STATUS_INPUT);
+  }
+  const char *fp32 = o->quant.fp32_checkpoint, *base = strrchr(fp32, '/') ? strrchr(fp32, '/') + 1 : fp32;
+  if (r->quant && fp32[0] && strcmp(base, "checkpoint.h5") == 0 && same_folder(fp32, o->output.dir))
+    return qt_status_set(st, QT_STATUS_INPUT,
+                         "quant.fp32_checkpoint '%s' is this run's own checkpoint in output.dir '%s': the quantized "
+                         "run would overwrite it; give the quantized run another output.dir",
+                         fp32, o->output.dir);
+  return 0;
 }
 
 /* The fp32 model: built, its fp32 checkpoint obtained (trained first if need be, before this
@@ -306,6 +353,7 @@ static int run_finish_quant(run *r, qt_status *st) {
 }
 
 static void run_close(run *r) {
+  if (r->lock_fd >= 0) close(r->lock_fd);
   free(r->rows);
   qt_ctx_free(r->ctx);
   qt_trainer_free(r->trainer);
@@ -331,6 +379,7 @@ static void print_result(const run *r) {
 int qt_train_run(const qt_options *o, qt_status *st) {
   run *r = calloc(1, sizeof *r);
   QT_ASSERT(r, "out of memory");
+  r->lock_fd = -1;
   st->code = QT_OK;
   st->msg[0] = 0;
   int rc = run_open(r, o, st) || run_model_and_data(r, st) || (r->quant && run_prepare(r, st)) || run_trainer(r, st) ||

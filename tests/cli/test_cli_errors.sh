@@ -67,4 +67,18 @@ expect override_w0a0 2 "conv1=w0a0" "2..8" -- "$T/ok.ini" "${small[@]}" "quant.l
 expect override_twice 2 "'conv1' is set twice" -- "$T/ok.ini" "${small[@]}" "quant.layer_overrides=conv1=w8a8;conv1=fp32"
 expect missing_data 1 "no_such_dir/train.gz" -- "$T/ok.ini" data.train_images=/no_such_dir/train.gz "output.dir=$T/run"
 
+# A quantized run whose fp32 checkpoint is its own output.dir's checkpoint.h5 would overwrite it.
+expect fp32_in_own_dir 2 "this run's own checkpoint" -- "$T/ok.ini" quant.mode=qat \
+  "quant.fp32_checkpoint=$T/same/checkpoint.h5" "output.dir=$T/same"
+
+# Two runs on one output.dir: the second is refused, naming the first's process.
+"$BIN" "$T/ok.ini" data.train_limit=20000 data.test_limit=512 train.threads=1 output.progress=none \
+  "output.dir=$T/busy" > "$T/first" 2>&1 &
+first=$!
+for _ in $(seq 1 200); do [ -e "$T/busy/.lock" ] && break; sleep 0.05; done
+sleep 0.2 # the lock is taken right after the file is created
+expect busy_dir 2 "is in use by another run (process $first)" -- "$T/ok.ini" train.threads=1 data.train_limit=256 \
+  data.test_limit=128 "output.dir=$T/busy"
+kill "$first" 2>/dev/null; wait "$first" 2>/dev/null
+
 [ $fail -eq 0 ] || exit 1
