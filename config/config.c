@@ -813,19 +813,19 @@ int qt_cli_data_finish(const char *prog, qt_cli_data_options *d) {
 }
 
 int qt_cli_data_option(const char *prog, const char *accepted, int argc, char **argv, int *i, qt_cli_data_options *d) {
+  enum { CONFIG, IMAGES, BATCH, OUTPUTS, VALUES, N_OPTS };
+  static const char *const opts[N_OPTS] = {"--config", "--images", "--batch", "--write-outputs", "--values"};
   const char *opt = argv[*i];
+  const int k = qt_name_index(opts, N_OPTS, opt);
+  const char *at = k < 0 ? NULL : strstr(accepted, opt);
   const size_t len = strlen(opt);
-  const char *at = strstr(accepted, opt);
-  if (len < 3 || !at || (at[len] != 0 && at[len] != ' ') || *i + 1 >= argc) return 0;
+  if (!at || (at[len] != 0 && at[len] != ' ') || *i + 1 >= argc) return 0;
   const char *v = argv[++*i];
-  if (strcmp(opt, "--config") == 0) d->config_path = v;
-  else if (strcmp(opt, "--write-outputs") == 0) d->outputs_path = v;
-  else if (strcmp(opt, "--values") == 0) snprintf(d->values, sizeof d->values, "%s", v);
-  else if (strcmp(opt, "--images") == 0) return qt_cli_parse_int(prog, opt, v, 1, 1000000000, &d->images) ? -1 : 1;
-  else if (strcmp(opt, "--batch") == 0) return qt_cli_parse_int(prog, opt, v, 1, 65536, &d->batch) ? -1 : 1;
-  else {
-    --*i;
-    return 0;
+  switch (k) {
+    case CONFIG: d->config_path = v; return 1;
+    case OUTPUTS: d->outputs_path = v; return 1;
+    case VALUES: snprintf(d->values, sizeof d->values, "%s", v); return 1;
+    case IMAGES: return qt_cli_parse_int(prog, opt, v, 1, 1000000000, &d->images) ? -1 : 1;
+    default: return qt_cli_parse_int(prog, opt, v, 1, 65536, &d->batch) ? -1 : 1;
   }
-  return 1;
 }

@@ -108,16 +108,16 @@ qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_s
     qt_graph_free(g);
     return NULL;
   }
-  /* the loader's normalization, recorded in the graph so the model files carry it */
+  /* the loader's normalization (the one place it is set), recorded in the graph so that the
+   * model files carry it */
+  const qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_EVAL);
   const int C = (int)g->values[g->input].shape[2];
-  float mean[4], std[4];
-  for (int c = 0; c < C && c < 4; c++) {
-    mean[c] = (float)o->data.mean;
-    std[c] = (float)o->data.std;
-  }
-  if (C > 4 || qt_graph_set_input_preprocessing(g, mean, std, C, st->msg)) {
-    if (C > 4) snprintf(st->msg, sizeof st->msg, "model %s takes %d input channels (at most 4)", g->name, C);
-    qt_status_fail(st, QT_STATUS_INPUT);
+  int bad = 0;
+  if (C > 4)
+    bad = qt_status_set(st, QT_STATUS_INPUT, "model %s takes %d input channels (at most 4)", g->name, C);
+  else if (qt_graph_set_input_preprocessing(g, lc.mean, lc.std, C, st->msg))
+    bad = qt_status_fail(st, QT_STATUS_INPUT);
+  if (bad) {
     qt_graph_free(g);
     return NULL;
   }
