@@ -32,20 +32,17 @@ int qt_quant_state_write(hid_t f, const qt_graph *g, char *err) {
                   g->nodes[i].name);
   writer w;
   snprintf(w.where, sizeof w.where, "/quant");
-  w.dcpl = H5Pcreate(H5P_DATASET_CREATE);
-  w.gcpl = H5Pcreate(H5P_GROUP_CREATE);
-  int bad = w.dcpl < 0 || w.gcpl < 0 || H5Pset_obj_track_times(w.dcpl, 0) < 0 || H5Pset_obj_track_times(w.gcpl, 0) < 0;
-  hid_t gq = bad ? -1 : qdq_group_create(&w, f, "quant");
-  bad = bad || gq < 0 || qt_h5_attr_write_str(gq, "format", QSTATE_FORMAT) || qt_h5_attr_write_int(gq, "format_version", QSTATE_VERSION);
-  hid_t ga = bad ? -1 : qdq_group_create(&w, gq, qdq_record_names[QDQ_RECORD_ACTIVATION]),
-        gw = bad ? -1 : qdq_group_create(&w, gq, qdq_record_names[QDQ_RECORD_WEIGHT]);
+  hid_t gq = qt_h5_group_create(f, "quant");
+  int bad = gq < 0 || qt_h5_attr_write_str(gq, "format", QSTATE_FORMAT) || qt_h5_attr_write_int(gq, "format_version", QSTATE_VERSION);
+  hid_t ga = bad ? -1 : qt_h5_group_create(gq, qdq_record_names[QDQ_RECORD_ACTIVATION]),
+        gw = bad ? -1 : qt_h5_group_create(gq, qdq_record_names[QDQ_RECORD_WEIGHT]);
   bad = bad || ga < 0 || gw < 0;
   for (int i = 0; i < g->n_nodes && !bad; i++) {
     if (g->nodes[i].q) bad = qdq_write_qrecord(&w, ga, g, i, g->nodes[i].q, 0, 1);
     if (!bad && g->nodes[i].wq) bad = qdq_write_qrecord(&w, gw, g, i, g->nodes[i].wq, 1, 1);
   }
   if (!bad) snprintf(w.where, sizeof w.where, "/quant/bn");
-  hid_t gb = bad ? -1 : qdq_group_create(&w, gq, "bn");
+  hid_t gb = bad ? -1 : qt_h5_group_create(gq, "bn");
   bad = bad || gb < 0;
   for (int i = 0; i < g->n_nodes && !bad; i++)
     if (is_bn_node(&g->nodes[i])) bad = qt_h5_attr_write_int(gb, g->nodes[i].name, g->nodes[i].bn_frozen ? 1 : 0);
@@ -53,8 +50,6 @@ int qt_quant_state_write(hid_t f, const qt_graph *g, char *err) {
   if (ga >= 0) bad |= H5Gclose(ga) < 0;
   if (gw >= 0) bad |= H5Gclose(gw) < 0;
   if (gq >= 0) bad |= H5Gclose(gq) < 0;
-  if (w.dcpl >= 0) H5Pclose(w.dcpl);
-  if (w.gcpl >= 0) H5Pclose(w.gcpl);
   return bad ? qt_err(err, "writing %s failed", w.where) : 0;
 }
 
