@@ -97,6 +97,41 @@ static int same_spec(const char *obj, const qt_qstate *got, const qt_qstate *wan
   return 0;
 }
 
+/* The observer's running state must be one an observer can be in: a fresh one (min +inf, max
+ * -inf, an empty histogram over [0, 0]), or one that has seen data (finite min <= max per
+ * channel; a histogram over a finite range hist_min <= hist_max whose counts add up without
+ * overflow). Anything else (a NaN or infinite range, an inverted one) would make the next
+ * update write outside the histogram or never finish. */
+static int observer_state_check(const char *obj, qt_observer_kind k, int initialized, int channels, const float *mn,
+                                const float *mx, float hist_min, float hist_max, const int64_t *hist, int bins,
+                                char *msg) {
+  for (int c = 0; c < channels; c++) {
+    if (!initialized && !(mn[c] == INFINITY && mx[c] == -INFINITY))
+      return qt_err(msg, "%s: channel %d: min %g, max %g in an observer that has seen no data (expected inf, -inf)", obj,
+                    c, mn[c], mx[c]);
+    if (initialized && !(isfinite(mn[c]) && isfinite(mx[c]) && mn[c] <= mx[c]))
+      return qt_err(msg, "%s: channel %d: min %g, max %g is not a finite range (min <= max)", obj, c, mn[c], mx[c]);
+  }
+  if (k != QT_OBSERVER_HISTOGRAM) return 0;
+  if (!initialized && !(hist_min == 0 && hist_max == 0))
+    return qt_err(msg, "%s: histogram range [%g, %g] in an observer that has seen no data (expected [0, 0])", obj,
+                  hist_min, hist_max);
+  if (!(isfinite(hist_min) && isfinite(hist_max) && hist_min <= hist_max))
+    return qt_err(msg, "%s: histogram range [%g, %g] is not a finite range (hist_min <= hist_max)", obj, hist_min,
+                  hist_max);
+  int64_t total = 0;
+  for (int b = 0; hist && b < bins; b++) {
+    if (hist[b] < 0) return qt_err(msg, "%s: hist[%d] = %lld is negative", obj, b, (long long)hist[b]);
+    if (hist[b] > INT64_MAX / 4 - total)
+      return qt_err(msg, "%s: the histogram's counts add up to more than %lld", obj, (long long)(INT64_MAX / 4));
+    total += hist[b];
+  }
+  if (!initialized && total)
+    return qt_err(msg, "%s: the histogram holds %lld counts in an observer that has seen no data", obj,
+                  (long long)total);
+  return 0;
+}
+
 /* Reads the training state of the record group r into q (made by qdq_read_qrecord_new from the
  * same group) and checks it against the graph's own state `want`. */
 static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qstate *q, const qt_qstate *want,
@@ -176,12 +211,8 @@ static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qsta
   }
   if (has) {
     if (!(hist = qdq_read_dataset(og, oobj, "hist", H5T_INTEGER, H5T_NATIVE_INT64, 1, nb, 1, NULL, NULL, msg))) goto done;
-    for (int b = 0; b < bins; b++)
-      if (hist[b] < 0) {
-        qt_err(msg, "%s: hist[%d] = %lld is negative", oobj, b, (long long)hist[b]);
-        goto done;
-      }
   }
+  if (observer_state_check(oobj, k, initialized, channels, mn, mx, o->hist_min, o->hist_max, hist, bins, msg)) goto done;
   o->averaging_constant = ac;
   o->method = m;
   o->percentile = pct;

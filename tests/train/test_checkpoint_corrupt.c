@@ -1,4 +1,4 @@
-/* Checksummed checkpoints (issue: 197 of 200 random bit flips in a checkpoint loaded as other
+/* Corrupt checkpoints. (1) Checksummed checkpoints (issue: 197 of 200 random bit flips in a checkpoint loaded as other
  * numbers without a word). Two real checkpoints are written by short runs: an fp32 one and a
  * QAT one (LSQ, histogram observers: /quant with qparams, observer state and histograms), both
  * with optimizer state. For each, 200 single-bit flips at seeded random positions are loaded
@@ -6,7 +6,11 @@
  * again and must give the original file's bytes (saving is deterministic), i.e. the flip was
  * in bytes that carry nothing (padding, free space). A flip that loads as a different state is
  * a silent load: the test wants 0 of them, and prints how many flips were refused and how many
- * were harmless. */
+ * were harmless. (2) Crafted observer state in the QAT checkpoint (issue: a NaN or -inf
+ * histogram range wrote out of bounds on the next update, an inverted one looped forever):
+ * /usr/bin/python3 + h5py rewrites one value of the first activation observer (a histogram
+ * observer) and the load must refuse it naming the observer and the value. Exit 77 (skipped)
+ * when /usr/bin/python3 has no h5py. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,8 +144,36 @@ static void flip_campaign(const char *name, const char *path, int quantized, uin
   free(orig);
 }
 
+/* Copies the QAT checkpoint to flip_case.h5, runs `stmt` on it with `o` the first activation
+ * record's observer group (h5py), and loads it: it must be refused with a message holding
+ * `needle`. */
+static void expect_observer_refused(const char *stmt, const char *needle) {
+  char cmd[2048], err[QT_ERR_LEN] = "";
+  snprintf(cmd, sizeof cmd,
+           "/usr/bin/python3 -c \"import h5py, shutil, numpy as np; shutil.copyfile('flip_qat/checkpoint.h5', "
+           "'flip_case.h5'); f = h5py.File('flip_case.h5', 'r+'); r = f['quant/activation']; "
+           "o = r[sorted(r.keys())[0]]['observer']; assert o.attrs['kind'] == b'histogram'; %s; f.close()\"",
+           stmt);
+  if (system(cmd) != 0) {
+    qt_test_fail("python could not craft the case: %s", stmt);
+    return;
+  }
+  qt_optim *opt;
+  qt_graph *g = run_graph(1, &opt);
+  int rc = qt_checkpoint_load("flip_case.h5", g, opt, NULL, err);
+  if (rc != -1) qt_test_fail("%s: load returned %d, want -1", stmt, rc);
+  else if (!strstr(err, needle) || !strstr(err, "/observer"))
+    qt_test_fail("%s: message '%s' lacks '%s' or the observer", stmt, err, needle);
+  qt_graph_free(g);
+  qt_optim_free(opt);
+}
+
 int main(void) {
   char err[QT_ERR_LEN];
+  if (system("/usr/bin/python3 -c 'import h5py, numpy' 2>/dev/null") != 0) {
+    printf("skipped: /usr/bin/python3 cannot import h5py and numpy\n");
+    return 77;
+  }
   qt_config *c = config(fp32_run, N_OF(fp32_run));
   if (qt_test_train_run(c, err)) qt_test_fail("fp32 run: %s", err);
   qt_config_free(c);
@@ -150,5 +182,15 @@ int main(void) {
   qt_config_free(c);
   flip_campaign("fp32", "flip_fp32/checkpoint.h5", 0, 1);
   flip_campaign("qat", "flip_qat/checkpoint.h5", 1, 2);
+
+  expect_observer_refused("o.attrs['hist_min'] = np.float32('nan')", "histogram range [nan");
+  expect_observer_refused("o.attrs['hist_max'] = np.float32('-inf')", "-inf] is not a finite range");
+  expect_observer_refused("o.attrs['hist_min'] = np.float32(5); o.attrs['hist_max'] = np.float32(-5)",
+                          "histogram range [5, -5] is not a finite range");
+  expect_observer_refused("o['min'][0] = np.float32('nan')", "channel 0: min nan");
+  expect_observer_refused("o['min'][0] = np.float32(3); o['max'][0] = np.float32(-3)", "min 3, max -3");
+  expect_observer_refused("h = o['hist'][...]; h[0] = 2**62; h[1] = 2**62; o['hist'][...] = h", "add up to more than");
+  expect_observer_refused("o['hist'][3] = -1", "hist[3] = -1 is negative");
+  expect_observer_refused("o.attrs['initialized'] = np.int32(0)", "has seen no data");
   return qt_test_finish();
 }
