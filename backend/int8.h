@@ -1,6 +1,6 @@
 /* oneDNN int8 primitives behind the lowered model (private to the backend library): int8
  * convolution and inner product (u8 activations, s8 weights, per-channel output scales,
- * bias in accumulator units, fused ReLU / clip, runtime zero points) and u8 max pooling.
+ * bias in accumulator units, fused ReLU / ReLU6 / clip, runtime zero points) and u8 max pooling.
  * Each op keeps its primitives per batch size (a few sizes, round robin); weights are
  * reordered into the primitive's layout once per primitive, never per call. */
 #ifndef QT_BACKEND_INT8_H
@@ -19,6 +19,8 @@ typedef struct {
   int KH, KW, stride_h, stride_w, pad_h, pad_w; /* conv, pool (symmetric padding, floor mode) */
   int zp_src, zp_dst;          /* conv: runtime zero points (0 = none); linear: must be 0 */
   int relu;                    /* eltwise relu post-op */
+  int relu6;                   /* eltwise clip post-op to [0, relu6_hi] (relu6; instead of relu) */
+  float relu6_hi;              /* 6 in output units: 6 / s_out */
   int clip;                    /* eltwise clip post-op to [clip_lo, clip_hi] (output units before zp_dst) */
   int clip_lo, clip_hi;
   int dst_f32;                 /* f32 dst (the caller requantizes) instead of u8 */

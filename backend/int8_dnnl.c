@@ -80,9 +80,10 @@ static dnnl_status_t make_pd(const qt_int8_op *op, int N, dnnl_primitive_desc_t 
     const int32_t runtime = DNNL_RUNTIME_S32_VAL;
     if (p->zp_src) QT_DNNL_CHECK(dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &runtime));
     if (p->zp_dst) QT_DNNL_CHECK(dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_DST, 1, 0, &runtime));
-    if (p->relu || p->clip) {
+    if (p->relu || p->relu6 || p->clip) {
       QT_DNNL_CHECK(dnnl_post_ops_create(&ops));
       if (p->relu) QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
+      if (p->relu6) QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_clip, 0.0f, p->relu6_hi));
       if (p->clip)
         QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_clip, (float)p->clip_lo, (float)p->clip_hi));
       QT_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, ops));
