@@ -166,6 +166,17 @@ int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int 
   return build(g, QT_OP_CONV2D, name, &x, 1, &attr, 4, ws, bias);
 }
 
+int qt_graph_conv2d_attr(qt_graph *g, const char *name, int x, const qt_node_attrs *a, int bias) {
+  if (check_value(g, name, x)) return -1;
+  const qt_value *v = &g->values[x];
+  const int64_t C = v->ndim == 3 ? v->shape[2] : 1;
+  const qt_node_attrs attr = {.kernel_h = a->kernel_h, .kernel_w = a->kernel_w, .stride_h = a->stride_h,
+                              .stride_w = a->stride_w, .pad_h = a->pad_h, .pad_w = a->pad_w, .groups = a->groups,
+                              .out_channels = a->out_channels};
+  const int64_t ws[4] = {a->out_channels, a->groups >= 1 ? C / a->groups : 0, a->kernel_h, a->kernel_w};
+  return build(g, QT_OP_CONV2D, name, &x, 1, &attr, 4, ws, bias);
+}
+
 int qt_graph_batch_norm(qt_graph *g, const char *name, int x) {
   const qt_node_attrs attr = {.eps = 1e-5f, .momentum = 0.1f};
   return build(g, QT_OP_BATCH_NORM, name, &x, 1, &attr, 0, NULL, 0);

@@ -202,6 +202,9 @@ void qt_graph_free(qt_graph *g);
 int qt_graph_input(qt_graph *g, const char *name, int h, int w, int c);
 int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int kernel, int stride, int pad,
                     int groups, int bias);
+/* The same with every attribute given (kernel, stride and padding per axis, groups, out_channels
+ * in attr; the rest of attr ignored): rectangular kernels, strides and paddings. */
+int qt_graph_conv2d_attr(qt_graph *g, const char *name, int x, const qt_node_attrs *attr, int bias);
 int qt_graph_batch_norm(qt_graph *g, const char *name, int x);
 int qt_graph_relu(qt_graph *g, const char *name, int x);
 int qt_graph_relu6(qt_graph *g, const char *name, int x);

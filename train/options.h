@@ -27,6 +27,7 @@ typedef enum { QT_PROGRESS_AUTO, QT_PROGRESS_BAR, QT_PROGRESS_LINES, QT_PROGRESS
 
 typedef struct {
   char name[QT_OPT_STR]; /* a preset of nn/models.c (qt_model_names) */
+  char onnx[QT_OPT_STR]; /* an ONNX file to import instead (onnx/onnx_import.h); "" = the preset */
 } qt_model_options;
 
 typedef struct {
