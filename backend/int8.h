@@ -17,6 +17,7 @@ typedef struct {
   int H, W, C;                 /* input per sample, NHWC; linear: H = W = 1, C = IN */
   int OC, OH, OW;              /* output per sample; pool: OC = C; linear: OH = OW = 1 */
   int KH, KW, stride_h, stride_w, pad_h, pad_w; /* conv, pool (symmetric padding, floor mode) */
+  int groups;                  /* conv: 0 or 1 = dense; C / groups input channels per group (depthwise: C) */
   int zp_src, zp_dst;          /* conv: runtime zero points (0 = none); linear: must be 0 */
   int relu;                    /* eltwise relu post-op */
   int relu6;                   /* eltwise clip post-op to [0, relu6_hi] (relu6; instead of relu) */
@@ -28,7 +29,8 @@ typedef struct {
 
 typedef struct qt_int8_op qt_int8_op;
 
-/* weight: s8 in OIHW (conv) or (OUT, IN) (linear), NULL for pooling; bias: f32 (OC) in
+/* weight: s8 in OIHW (conv; grouped: (OC, C/groups, KH, KW)) or (OUT, IN) (linear), NULL for
+ * pooling; bias: f32 (OC) in
  * accumulator units; oscale: (OC). All copied. Creates a primitive for a probe batch to learn
  * whether oneDNN implements the scheme: NULL with err when it does not. */
 qt_int8_op *qt_int8_op_create(const qt_int8_params *p, const int8_t *weight, const float *bias, const float *oscale,

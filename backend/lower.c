@@ -216,10 +216,6 @@ static const char *match_int8_layer(lowering *L, int i, int *relu, int *quant) {
   if (n->wq->spec.qmin < -128 || n->wq->spec.qmax > 127) return "weight range does not fit s8";
   for (int c = 0; c < n->wq->channels; c++)
     if (n->wq->zero_point[c] != 0) return "weights have a non-zero zero point";
-  if (n->op == QT_OP_CONV2D && n->attr.groups != 1) return "grouped convolution (not lowered yet)";
-  if (n->op == QT_OP_CONV2D && (n->attr.stride_h != n->attr.stride_w || n->attr.pad_h != n->attr.pad_w)) {
-    /* fine for oneDNN; kept general below */
-  }
   int v = n->output;
   int c = L->consumer[v];
   if (v == g->output || c < 0) return "output is not consumed by exactly one node (no requantization point)";
@@ -259,6 +255,7 @@ static void lower_int8_layer(lowering *L, int i, int relu, int quant, const char
     p.OH = (int)yv->shape[0], p.OW = (int)yv->shape[1];
     p.KH = n->attr.kernel_h, p.KW = n->attr.kernel_w, p.stride_h = n->attr.stride_h, p.stride_w = n->attr.stride_w;
     p.pad_h = n->attr.pad_h, p.pad_w = n->attr.pad_w;
+    p.groups = n->attr.groups;
     p.zp_src = zp_x;
     /* oneDNN rounds (x + zp), the reference round(x) + zp: equal on exact ties only for an
      * even zp. An odd one takes an f32 dst and the reference's requantization. */
@@ -335,7 +332,9 @@ static void lower_int8_layer(lowering *L, int i, int relu, int quant, const char
   char nodes[256];
   snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s", g->nodes[g->values[n->inputs[0]].producer].name, n->name,
            relu >= 0 ? " -> " : "", relu >= 0 ? g->nodes[relu].name : "", qn->name);
-  add_part(L->m, QT_PART_INT8, nodes, "%s u8 x s8 -> u8%s%s (%s)", is_conv ? "conv" : "inner product",
+  add_part(L->m, QT_PART_INT8, nodes, "%s u8 x s8 -> u8%s%s (%s)",
+           !is_conv ? "inner product" : n->attr.groups == n->attr.out_channels && n->attr.groups > 1 ? "depthwise conv"
+           : n->attr.groups > 1 ? "grouped conv" : "conv",
            six ? ", fused relu6" : relu >= 0 ? ", fused relu" : "", p.dst_f32 ? (is_conv ? ", f32 dst requantized (odd output zero point)" : ", f32 dst requantized (output zero point)") : p.zp_dst ? ", output zero point" : "",
            qt_int8_op_impl(op));
 }

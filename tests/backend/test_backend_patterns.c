@@ -1,6 +1,6 @@
 /* Each lowered pattern against the Q/DQ reference interpreter (qt_graph_forward) on random
  * data: dq -> conv [-> relu | relu6] -> q (input zero point, padding, stride, output zero point, a
- * 4-bit output range), dq -> flatten -> linear [-> relu | relu6] -> q (folded input zero point, f32
+ * 4-bit output range; grouped and depthwise convs too), dq -> flatten -> linear [-> relu | relu6] -> q (folded input zero point, f32
  * requantization for an output zero point), max pooling on u8, a fallback partition
  * (average pooling), FashionCNN converted end to end (W8A8 and W4A4), batch sizes changing
  * between runs, and a prepared graph refused. Int8 partitions: at most 1 output LSB with
@@ -230,6 +230,29 @@ static void conv_pattern(int relu, int stride, int qmax, int zp_out, int exact) 
   qt_graph_free(g);
 }
 
+/* input 9x9x8 -> q/dq (zp 77) -> grouped conv 3x3 pad 1 (8 -> oc, groups; depthwise when
+ * groups = oc = 8) [stride] -> [relu | relu6] -> q/dq */
+static void grouped_pattern(int groups, int oc, int relu, int stride, int exact) {
+  char what[128];
+  snprintf(what, sizeof what, "%s conv (groups %d, %d outputs)%s stride %d%s", groups == oc ? "depthwise" : "grouped",
+           groups, oc, act_names[relu], stride, exact ? " exact" : "");
+  const float s_in = exact ? 1.0f / 64 : 0.0123f;
+  qt_graph *g = qt_graph_create("grouped_pattern");
+  int x = qt_graph_input(g, "input", 9, 9, 8);
+  x = qdq(g, "input.fq", x, s_in, 77, 255);
+  x = qt_graph_conv2d(g, "conv", x, oc, 3, stride, 1, groups, 1);
+  if (relu == 1) x = qt_graph_relu(g, "relu", x);
+  if (relu == 2) x = qt_graph_relu6(g, "relu6", x);
+  x = qdq(g, "out.fq", x, 1.0f, 0, 255);
+  finalize(g, x);
+  quantize_weights(g, "conv", exact ? 7 : 127, s_in, exact);
+  float *in = random_input(g, 8, -77 * s_in - 0.1f, 178 * s_in + 0.1f);
+  calibrate(g, in, 8, exact);
+  compare(what, g, in, 8, 1, 0, exact ? 0 : 1);
+  free(in);
+  qt_graph_free(g);
+}
+
 /* input 4x4x5 -> q/dq (zp_in) -> flatten -> linear 12 -> [relu] -> q/dq */
 static void linear_pattern(int relu, int zp_in, int exact) {
   char what[128];
@@ -361,6 +384,9 @@ int main(void) {
     conv_pattern(2, 1, 255, -1, exact);  /* relu6: clip post-op at 6 / s_out */
     conv_pattern(2, 1, 255, 101, exact); /* relu6 with an f32 dst */
     linear_pattern(2, 77, exact);
+    grouped_pattern(8, 8, 2, 1, exact);  /* depthwise + relu6 (MobileNet) */
+    grouped_pattern(8, 8, 0, 2, exact);  /* depthwise, stride 2 */
+    grouped_pattern(2, 16, 1, 1, exact); /* two groups */
   }
   max_pool_pattern();
   fallback_pattern();
