@@ -46,11 +46,11 @@ void qt_relu6_forward(float *out, const float *inp, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = inp[i] < 0.0f ? 0.0f : inp[i] > 6.0f ? 6.0f : inp[i];
 }
 
+/* -0 stays -0 (as relu keeps it): fmaxf may return either zero. */
 void qt_relu6_forward_ref(float *out, const float *inp, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
-    float v = inp[i];
-    if (!isnan(v)) v = fminf(fmaxf(v, 0.0f), 6.0f);
-    out[i] = v;
+    const float v = inp[i];
+    out[i] = (isnan(v) || (v >= 0.0f && v <= 6.0f)) ? v : v < 0.0f ? 0.0f : 6.0f;
   }
 }
 
