@@ -70,6 +70,8 @@ qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
                          float *running_var, int training, float momentum, float eps, int inplace);
 /* inplace: the output reuses x's memory (x must have no other consumer). */
 qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace);
+/* min(max(x, 0), 6) (PyTorch's ReLU6 / hardtanh(0, 6)); inplace as relu. */
+qt_tensor *qt_relu6(qt_ctx *ctx, qt_tensor *x, int inplace);
 qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad);
 qt_tensor *qt_avg_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad);
 /* (N,H,W,C) -> (N,C) */

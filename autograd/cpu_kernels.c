@@ -1,4 +1,4 @@
-/* Element-wise CPU kernels (relu, add) and softmax cross-entropy, with their plain reference
+/* Element-wise CPU kernels (relu, relu6, add) and softmax cross-entropy, with their plain reference
  * twins. Element-wise loops are OpenMP `parallel for simd` over contiguous halves; the
  * cross-entropy loss is summed per row and the rows are combined by one thread in order, so
  * the loss is bit-identical run to run whatever the thread count. Batch norm lives in
@@ -36,6 +36,36 @@ void qt_relu_backward_ref(float *dinp, const float *dout, const float *out, int6
   if (!dinp) return;
   for (int64_t i = 0; i < n; i++)
     if (!(out[i] <= 0.0f)) dinp[i] += dout[i];
+}
+
+/* ---- relu6 ------------------------------------------------------------------------------ */
+
+/* min(max(x, 0), 6) as PyTorch's hardtanh(x, 0, 6): NaN stays NaN (neither compare holds). */
+void qt_relu6_forward(float *out, const float *inp, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) out[i] = inp[i] < 0.0f ? 0.0f : inp[i] > 6.0f ? 6.0f : inp[i];
+}
+
+/* -0 stays -0 (as relu keeps it): fmaxf may return either zero. */
+void qt_relu6_forward_ref(float *out, const float *inp, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const float v = inp[i];
+    out[i] = (isnan(v) || (v >= 0.0f && v <= 6.0f)) ? v : v < 0.0f ? 0.0f : 6.0f;
+  }
+}
+
+/* PyTorch's hardtanh_backward: the gradient passes unless x <= 0 or x >= 6, judged on the
+ * output (the same test, since the clamp keeps the order), so relu6 can run in place. */
+void qt_relu6_backward(float *restrict dinp, const float *restrict dout, const float *restrict out, int64_t n) {
+  if (!dinp) return;
+#pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) dinp[i] += out[i] <= 0.0f || out[i] >= 6.0f ? 0.0f : dout[i];
+}
+
+void qt_relu6_backward_ref(float *dinp, const float *dout, const float *out, int64_t n) {
+  if (!dinp) return;
+  for (int64_t i = 0; i < n; i++)
+    if (!(out[i] <= 0.0f) && !(out[i] >= 6.0f)) dinp[i] += dout[i];
 }
 
 /* ---- add -------------------------------------------------------------------------------- */

@@ -86,6 +86,14 @@ void qt_relu_forward_ref(float *out, const float *inp, int64_t n);
 void qt_relu_backward(float *dinp, const float *dout, const float *out, int64_t n);
 void qt_relu_backward_ref(float *dinp, const float *dout, const float *out, int64_t n);
 
+/* ---- relu6 = min(max(x, 0), 6) (out may alias inp) -------------------------------------- */
+void qt_relu6_forward(float *out, const float *inp, int64_t n);
+void qt_relu6_forward_ref(float *out, const float *inp, int64_t n);
+/* dinp += (out <= 0 || out >= 6) ? 0 : dout (PyTorch's hardtanh_backward, judged on the OUTPUT
+ * so relu6 can run in place; NaN passes the gradient). */
+void qt_relu6_backward(float *dinp, const float *dout, const float *out, int64_t n);
+void qt_relu6_backward_ref(float *dinp, const float *dout, const float *out, int64_t n);
+
 /* ---- pooling over NHWC ------------------------------------------------------------------ */
 typedef struct {
   int N, H, W, C;

@@ -110,9 +110,10 @@ qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
   return y;
 }
 
-/* ---- relu ------------------------------------------------------------------------------- */
+/* ---- relu, relu6 ------------------------------------------------------------------------ */
 typedef struct {
   qt_tensor *x, *y;
+  int six; /* relu6 */
 } unary_saved;
 
 static void relu_backward(qt_ctx *ctx, void *p) {
@@ -120,29 +121,37 @@ static void relu_backward(qt_ctx *ctx, void *p) {
   if (!s->y->grad || !s->x->requires_grad) return;
   int64_t n = qt_tensor_numel(s->y);
   if (!s->x->grad && s->x->data == s->y->data) {
-    /* In place: the input's gradient is the output's, masked where the output is zero. */
+    /* In place: the input's gradient is the output's, masked where the output is clamped. */
     float *g = s->y->grad;
     const float *out = qt_f32(s->y);
+    if (s->six) {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; i++) g[i] = out[i] > 0.0f ? g[i] : 0.0f;
+      for (int64_t i = 0; i < n; i++) g[i] = out[i] <= 0.0f || out[i] >= 6.0f ? 0.0f : g[i];
+    } else {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; i++) g[i] = out[i] > 0.0f ? g[i] : 0.0f;
+    }
     s->x->grad = g;
     return;
   }
-  qt_relu_backward(qt_tensor_grad(ctx, s->x), s->y->grad, qt_f32(s->y), n);
+  (s->six ? qt_relu6_backward : qt_relu_backward)(qt_tensor_grad(ctx, s->x), s->y->grad, qt_f32(s->y), n);
 }
 
-qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace) {
-  check_f32(x, -1, "relu", "input");
+static qt_tensor *relu_op(qt_ctx *ctx, qt_tensor *x, int inplace, int six) {
+  check_f32(x, -1, six ? "relu6" : "relu", "input");
   qt_tensor *y = inplace ? qt_tensor_wrap(ctx, QT_F32, x->ndim, x->shape, x->data)
                          : qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
-  qt_relu_forward(qt_f32(y), qt_f32(x), qt_tensor_numel(x));
+  (six ? qt_relu6_forward : qt_relu_forward)(qt_f32(y), qt_f32(x), qt_tensor_numel(x));
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
     y->requires_grad = 1;
     unary_saved *sv = qt_tape_push(ctx, relu_backward, sizeof *sv);
-    *sv = (unary_saved){x, y};
+    *sv = (unary_saved){x, y, six};
   }
   return y;
 }
+
+qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace) { return relu_op(ctx, x, inplace, 0); }
+qt_tensor *qt_relu6(qt_ctx *ctx, qt_tensor *x, int inplace) { return relu_op(ctx, x, inplace, 1); }
 
 /* ---- pooling ---------------------------------------------------------------------------- */
 typedef struct {
@@ -211,7 +220,7 @@ qt_tensor *qt_global_avg_pool(qt_ctx *ctx, qt_tensor *x) {
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
     y->requires_grad = 1;
     unary_saved *sv = qt_tape_push(ctx, global_avg_pool_backward, sizeof *sv);
-    *sv = (unary_saved){x, y};
+    *sv = (unary_saved){x, y, 0};
   }
   return y;
 }
@@ -234,7 +243,7 @@ qt_tensor *qt_flatten(qt_ctx *ctx, qt_tensor *x) {
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
     y->requires_grad = 1;
     unary_saved *sv = qt_tape_push(ctx, flatten_backward, sizeof *sv);
-    *sv = (unary_saved){x, y};
+    *sv = (unary_saved){x, y, 0};
   }
   return y;
 }

@@ -6,7 +6,8 @@
  * tensor is (integers q, exponent e) meaning q * 2^e. A layer multiplies int8 by int8 into an
  * int32 accumulator, adds the bias rounded to accumulator units (2^(e_in + e_w)), then
  * requantizes by an arithmetic shift of e_out - e_in - e_w with round-half-to-even, applies a
- * fused ReLU and saturates to the output range. That is integer arithmetic throughout; against
+ * fused ReLU (or ReLU6: clamped at 6 / 2^e_out rounded half to even, which equals rounding the
+ * clamped real value since rounding is monotone) and saturates to the output range. That is integer arithmetic throughout; against
  * the Q/DQ graph's fp32 semantics it differs only through the bias rounding (at most 1 LSB of
  * the layer's output, on values within half an accumulator unit of a rounding tie). Pooling,
  * ReLU, flatten and add are exact.
@@ -96,7 +97,7 @@ static int desc_from_config(qt_backend_desc *d, const qt_config *c, const char *
     if (qt_op_parse(t, &op) || op == QT_OP_INPUT || op == QT_OP_QUANTIZE || op == QT_OP_DEQUANTIZE ||
         op == QT_OP_FAKE_QUANT || op == QT_OP_CONV_BN) {
       snprintf(err, QT_ERR_LEN, "config: %s: [accelerator] ops: '%s' is not a compute op of Q/DQ graphs (known: "
-               "conv2d, batch_norm, relu, max_pool2d, avg_pool2d, global_avg_pool, flatten, linear, add)",
+               "conv2d, batch_norm, relu, relu6, max_pool2d, avg_pool2d, global_avg_pool, flatten, linear, add)",
                qt_config_origin(c, "accelerator", "ops"), t);
       return -1;
     }
@@ -153,7 +154,8 @@ typedef enum { PL_CPU, PL_ACCEL, PL_FUSED, PL_TRANSFER_IN } placement;
 typedef struct {
   placement place;
   char reason[320];             /* CPU: why not the accelerator */
-  int relu, quant;              /* accelerator layer / add: fused relu (or -1) and quantize */
+  int relu, quant;              /* accelerator layer / add: fused relu or relu6 (or -1) and quantize */
+  int64_t relu_hi;              /* fused relu6: 6 in output units (else INT64_MAX) */
   /* accelerator layer: geometry, OHWI integer weights, bias in accumulator units */
   int H, W, C, OH, OW, OC, KH, KW, sh, sw, ph, pw, groups;
   int32_t *w, *bias;
@@ -223,16 +225,17 @@ typedef struct {
   int *listed;                  /* per node: a dequantize view already named in a partition */
 } planner;
 
-/* The output side of an accelerator kernel: out -> [relu] -> quantize with an acceptable
+/* The output side of an accelerator kernel: out -> [relu | relu6] -> quantize with an acceptable
  * record. Returns NULL and fills relu / quant, or the reason. */
 static const char *match_output(planner *P, int i, int *relu, int *quant, char *why, size_t n) {
   const qt_graph *g = P->a->g;
   const qt_backend_desc *d = &P->a->d;
   int v = g->nodes[i].output, c = qt_graph_sole_consumer(g, v);
   *relu = -1;
-  if (c >= 0 && g->nodes[c].op == QT_OP_RELU) {
-    if (!d->ops[QT_OP_RELU]) {
-      snprintf(why, n, "the relu after it is not in %s's op list (nothing requantizes the output on the device)", d->name);
+  if (c >= 0 && (g->nodes[c].op == QT_OP_RELU || g->nodes[c].op == QT_OP_RELU6)) {
+    if (!d->ops[g->nodes[c].op]) {
+      snprintf(why, n, "the %s after it is not in %s's op list (nothing requantizes the output on the device)",
+               qt_op_name(g->nodes[c].op), d->name);
       return why;
     }
     *relu = c;
@@ -258,7 +261,14 @@ static const char *input_problem(planner *P, int v, char *why, size_t n) {
   return why;
 }
 
-/* dq -> conv2d | linear [-> relu] -> q */
+/* A fused relu6's upper bound in output units (scale 2^e): 6 / 2^e, exact in double, rounded
+ * half to even; INT64_MAX for a relu or none. */
+static int64_t relu6_bound(const qt_graph *g, int relu, int e) {
+  if (relu < 0 || g->nodes[relu].op != QT_OP_RELU6) return INT64_MAX;
+  return (int64_t)nearbyint(ldexp(6.0, -e));
+}
+
+/* dq -> conv2d | linear [-> relu | relu6] -> q */
 static const char *plan_layer(planner *P, int i, char *why, size_t wn) {
   qt_accel *a = P->a;
   const qt_graph *g = a->g;
@@ -336,6 +346,7 @@ static const char *plan_layer(planner *P, int i, char *why, size_t wn) {
     p->bias[o] = (int32_t)bias;
   }
   p->relu = relu;
+  p->relu_hi = relu6_bound(g, relu, e_out);
   p->quant = quant;
   p->qmin = out->spec.qmin;
   p->qmax = out->spec.qmax;
@@ -365,6 +376,7 @@ static const char *plan_add(planner *P, int i, char *why, size_t wn) {
   p->align_b = eb - m;
   p->shift = eo - m;
   p->relu = relu;
+  p->relu_hi = relu6_bound(g, relu, eo);
   p->quant = quant;
   p->qmin = g->nodes[quant].q->spec.qmin;
   p->qmax = g->nodes[quant].q->spec.qmax;
@@ -378,7 +390,8 @@ static void kernel_desc(qt_accel *a, part *pt, int i) {
   qt_strbuf *s = &pt->detail;
   if (s->len) qt_strbuf_printf(s, "\n");
   if (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD)
-    qt_strbuf_printf(s, "%s %s%s (shift %d)", n->name, qt_op_name(n->op), p->relu >= 0 ? "+relu" : "", p->shift);
+    qt_strbuf_printf(s, "%s %s%s%s (shift %d)", n->name, qt_op_name(n->op), p->relu >= 0 ? "+" : "",
+                     p->relu >= 0 ? qt_op_name(g->nodes[p->relu].op) : "", p->shift);
   else
     qt_strbuf_printf(s, "%s %s", n->name, qt_op_name(n->op));
 }
@@ -572,12 +585,13 @@ static inline int64_t shift_round(int64_t v, int s) {
   return q + (r > half || (r == half && (q & 1)));
 }
 
-static inline int32_t saturate(int64_t v, int relu, int qmin, int qmax) {
+static inline int32_t saturate(int64_t v, int relu, int64_t relu_hi, int qmin, int qmax) {
   if (relu && v < 0) v = 0;
+  if (v > relu_hi) v = relu_hi;
   return (int32_t)(v < qmin ? qmin : v > qmax ? qmax : v);
 }
 
-/* y (N, OH, OW, OC) from x (N, H, W, C): int8 x int8 -> int32, + bias, shift, relu, saturate. */
+/* y (N, OH, OW, OC) from x (N, H, W, C): int8 x int8 -> int32, + bias, shift, relu(6), saturate. */
 static void device_layer(int32_t *y, const int32_t *x, const node_plan *p, int N) {
   const int Cg = p->C / p->groups, OCg = p->OC / p->groups, relu = p->relu >= 0;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -599,7 +613,7 @@ static void device_layer(int32_t *y, const int32_t *x, const node_plan *p, int N
               for (int c = 0; c < Cg; c++) acc += xp[c] * wp[c];
             }
           }
-          out[o] = saturate(shift_round((int64_t)acc + p->bias[o], p->shift), relu, p->qmin, p->qmax);
+          out[o] = saturate(shift_round((int64_t)acc + p->bias[o], p->shift), relu, p->relu_hi, p->qmin, p->qmax);
         }
       }
 }
@@ -609,7 +623,7 @@ static void device_add(int32_t *y, const int32_t *x0, const int32_t *x1, const n
 #pragma omp parallel for schedule(static) if (n >= 65536)
   for (int64_t i = 0; i < n; i++) {
     const int64_t v = (int64_t)x0[i] * ((int64_t)1 << p->align_a) + (int64_t)x1[i] * ((int64_t)1 << p->align_b);
-    y[i] = saturate(shift_round(v, p->shift), relu, p->qmin, p->qmax);
+    y[i] = saturate(shift_round(v, p->shift), relu, p->relu_hi, p->qmin, p->qmax);
   }
 }
 

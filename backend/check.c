@@ -47,7 +47,7 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "onednn_cpu");
   d->onednn_runtime = 1;
-  const qt_op ops[] = {QT_OP_CONV2D, QT_OP_LINEAR, QT_OP_RELU, QT_OP_MAX_POOL2D, QT_OP_FLATTEN, QT_OP_ADD};
+  const qt_op ops[] = {QT_OP_CONV2D, QT_OP_LINEAR, QT_OP_RELU, QT_OP_RELU6, QT_OP_MAX_POOL2D, QT_OP_FLATTEN, QT_OP_ADD};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 */
   d->weight_sign = QT_SIGN_SIGNED;             /* s8 weights */

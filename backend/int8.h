@@ -1,6 +1,6 @@
 /* oneDNN int8 primitives behind the lowered model (private to the backend library): int8
  * convolution and inner product (u8 activations, s8 weights, per-channel output scales,
- * bias in accumulator units, fused ReLU / clip, runtime zero points) and u8 max pooling.
+ * bias in accumulator units, fused ReLU / ReLU6 / clip, runtime zero points) and u8 max pooling.
  * Each op keeps its primitives per batch size (a few sizes, round robin); weights are
  * reordered into the primitive's layout once per primitive, never per call. */
 #ifndef QT_BACKEND_INT8_H
@@ -17,8 +17,11 @@ typedef struct {
   int H, W, C;                 /* input per sample, NHWC; linear: H = W = 1, C = IN */
   int OC, OH, OW;              /* output per sample; pool: OC = C; linear: OH = OW = 1 */
   int KH, KW, stride_h, stride_w, pad_h, pad_w; /* conv, pool (symmetric padding, floor mode) */
+  int groups;                  /* conv: 0 or 1 = dense; C / groups input channels per group (depthwise: C) */
   int zp_src, zp_dst;          /* conv: runtime zero points (0 = none); linear: must be 0 */
   int relu;                    /* eltwise relu post-op */
+  int relu6;                   /* eltwise clip post-op to [0, relu6_hi] (relu6; instead of relu) */
+  float relu6_hi;              /* 6 in output units: 6 / s_out */
   int clip;                    /* eltwise clip post-op to [clip_lo, clip_hi] (output units before zp_dst) */
   int clip_lo, clip_hi;
   int dst_f32;                 /* f32 dst (the caller requantizes) instead of u8 */
@@ -26,7 +29,8 @@ typedef struct {
 
 typedef struct qt_int8_op qt_int8_op;
 
-/* weight: s8 in OIHW (conv) or (OUT, IN) (linear), NULL for pooling; bias: f32 (OC) in
+/* weight: s8 in OIHW (conv; grouped: (OC, C/groups, KH, KW)) or (OUT, IN) (linear), NULL for
+ * pooling; bias: f32 (OC) in
  * accumulator units; oscale: (OC). All copied. Creates a primitive for a probe batch to learn
  * whether oneDNN implements the scheme: NULL with err when it does not. */
 qt_int8_op *qt_int8_op_create(const qt_int8_params *p, const int8_t *weight, const float *bias, const float *oscale,

@@ -59,10 +59,17 @@ static dnnl_memory_desc_t dst_md(const qt_int8_params *p, int N) {
   return md_tag(4, d, p->dst_f32 ? dnnl_f32 : dnnl_u8, dnnl_nhwc);
 }
 
+static int groups_of(const qt_int8_params *p) { return p->groups > 1 ? p->groups : 1; }
+
 static dnnl_memory_desc_t wei_md(const qt_int8_params *p, int any) {
   if (p->kind == QT_INT8_LINEAR) {
     const dnnl_dims_t d = {p->OC, p->C};
     return md_tag(2, d, dnnl_s8, any ? dnnl_format_tag_any : dnnl_oi);
+  }
+  const int G = groups_of(p);
+  if (G > 1) { /* (G, OC/G, C/G, KH, KW): the same bytes as (OC, C/G, KH, KW) */
+    const dnnl_dims_t d = {G, p->OC / G, p->C / G, p->KH, p->KW};
+    return md_tag(5, d, dnnl_s8, any ? dnnl_format_tag_any : dnnl_goihw);
   }
   const dnnl_dims_t d = {p->OC, p->C, p->KH, p->KW};
   return md_tag(4, d, dnnl_s8, any ? dnnl_format_tag_any : dnnl_oihw);
@@ -80,9 +87,10 @@ static dnnl_status_t make_pd(const qt_int8_op *op, int N, dnnl_primitive_desc_t 
     const int32_t runtime = DNNL_RUNTIME_S32_VAL;
     if (p->zp_src) QT_DNNL_CHECK(dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &runtime));
     if (p->zp_dst) QT_DNNL_CHECK(dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_DST, 1, 0, &runtime));
-    if (p->relu || p->clip) {
+    if (p->relu || p->relu6 || p->clip) {
       QT_DNNL_CHECK(dnnl_post_ops_create(&ops));
       if (p->relu) QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
+      if (p->relu6) QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_clip, 0.0f, p->relu6_hi));
       if (p->clip)
         QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_clip, (float)p->clip_lo, (float)p->clip_hi));
       QT_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, ops));
@@ -168,7 +176,7 @@ qt_int8_op *qt_int8_op_create(const qt_int8_params *p, const int8_t *weight, con
   op->p = *p;
   qt_dnnl_engine();
   if (p->kind != QT_INT8_MAX_POOL) {
-    const size_t nw = (size_t)p->OC * p->C * (p->kind == QT_INT8_CONV ? (size_t)p->KH * p->KW : 1);
+    const size_t nw = (size_t)p->OC * (size_t)(p->C / groups_of(p)) * (p->kind == QT_INT8_CONV ? (size_t)p->KH * p->KW : 1);
     op->weight = malloc(nw);
     op->oscale = malloc((size_t)p->OC * sizeof(float));
     if (!op->weight || !op->oscale) qt_dnnl_die(__FILE__, __LINE__, "out of memory");
@@ -187,8 +195,9 @@ qt_int8_op *qt_int8_op_create(const qt_int8_params *p, const int8_t *weight, con
   dnnl_status_t st = entry_build(op, &op->cache[0], 1);
   if (st != dnnl_success) {
     snprintf(err, QT_ERR_LEN, "oneDNN 2.6 has no %s kernel for this scheme (%s)",
-             p->kind == QT_INT8_CONV ? "int8 convolution" : p->kind == QT_INT8_LINEAR ? "int8 inner product"
-                                                                                      : "u8 max pooling",
+             p->kind == QT_INT8_CONV ? (groups_of(p) > 1 ? "grouped int8 convolution" : "int8 convolution")
+             : p->kind == QT_INT8_LINEAR ? "int8 inner product"
+                                         : "u8 max pooling",
              st == dnnl_unimplemented ? "unimplemented" : "invalid arguments");
     qt_int8_op_free(op);
     return NULL;

@@ -43,9 +43,9 @@ typedef struct {
   int int_u8;            /* the integer side is u8 (else i32) */
   /* int8 kernel */
   qt_int8_op *op;
-  /* u8 add: each input's dequantized values by integer (256 entries), a fused relu */
+  /* u8 add: each input's dequantized values by integer (256 entries), a fused relu or relu6 */
   float *lut[2];
-  int relu;
+  int relu, relu6;
   /* fallback: the node of the Q/DQ graph, run by qt_node_forward */
   int node;
   int in_ndim[2];
@@ -202,7 +202,7 @@ static void lower_quantize(lowering *L, int i) {
            q->spec.qmax);
 }
 
-/* Whether node i starts dq -> conv/linear [-> relu] -> q with u8 activations and s8
+/* Whether node i starts dq -> conv/linear [-> relu | relu6] -> q with u8 activations and s8
  * per-channel symmetric weights. Returns NULL and fills relu/quant, or the reason not. */
 static const char *match_int8_layer(lowering *L, int i, int *relu, int *quant) {
   const qt_graph *g = L->g;
@@ -216,14 +216,10 @@ static const char *match_int8_layer(lowering *L, int i, int *relu, int *quant) {
   if (n->wq->spec.qmin < -128 || n->wq->spec.qmax > 127) return "weight range does not fit s8";
   for (int c = 0; c < n->wq->channels; c++)
     if (n->wq->zero_point[c] != 0) return "weights have a non-zero zero point";
-  if (n->op == QT_OP_CONV2D && n->attr.groups != 1) return "grouped convolution (not lowered yet)";
-  if (n->op == QT_OP_CONV2D && (n->attr.stride_h != n->attr.stride_w || n->attr.pad_h != n->attr.pad_w)) {
-    /* fine for oneDNN; kept general below */
-  }
   int v = n->output;
   int c = L->consumer[v];
   if (v == g->output || c < 0) return "output is not consumed by exactly one node (no requantization point)";
-  if (g->nodes[c].op == QT_OP_RELU) {
+  if (g->nodes[c].op == QT_OP_RELU || g->nodes[c].op == QT_OP_RELU6) {
     *relu = c;
     v = g->nodes[c].output;
     c = L->consumer[v];
@@ -259,6 +255,7 @@ static void lower_int8_layer(lowering *L, int i, int relu, int quant, const char
     p.OH = (int)yv->shape[0], p.OW = (int)yv->shape[1];
     p.KH = n->attr.kernel_h, p.KW = n->attr.kernel_w, p.stride_h = n->attr.stride_h, p.stride_w = n->attr.stride_w;
     p.pad_h = n->attr.pad_h, p.pad_w = n->attr.pad_w;
+    p.groups = n->attr.groups;
     p.zp_src = zp_x;
     /* oneDNN rounds (x + zp), the reference round(x) + zp: equal on exact ties only for an
      * even zp. An odd one takes an f32 dst and the reference's requantization. */
@@ -270,7 +267,10 @@ static void lower_int8_layer(lowering *L, int i, int relu, int quant, const char
     p.dst_f32 = zp_out != 0; /* inner product takes no zero points in oneDNN 2.6 */
   }
   p.OC = OC;
-  p.relu = relu >= 0;
+  const int six = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
+  p.relu = relu >= 0 && !six;
+  p.relu6 = six;
+  p.relu6_hi = (float)(6.0 / (double)s_out); /* relu6 in output units, before the zero point */
   if (!p.dst_f32 && (qmin > 0 || qmax < 255)) {
     p.clip = 1;
     p.clip_lo = qmin - zp_out;
@@ -332,8 +332,10 @@ static void lower_int8_layer(lowering *L, int i, int relu, int quant, const char
   char nodes[256];
   snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s", g->nodes[g->values[n->inputs[0]].producer].name, n->name,
            relu >= 0 ? " -> " : "", relu >= 0 ? g->nodes[relu].name : "", qn->name);
-  add_part(L->m, QT_PART_INT8, nodes, "%s u8 x s8 -> u8%s%s (%s)", is_conv ? "conv" : "inner product",
-           relu >= 0 ? ", fused relu" : "", p.dst_f32 ? (is_conv ? ", f32 dst requantized (odd output zero point)" : ", f32 dst requantized (output zero point)") : p.zp_dst ? ", output zero point" : "",
+  add_part(L->m, QT_PART_INT8, nodes, "%s u8 x s8 -> u8%s%s (%s)",
+           !is_conv ? "inner product" : n->attr.groups == n->attr.out_channels && n->attr.groups > 1 ? "depthwise conv"
+           : n->attr.groups > 1 ? "grouped conv" : "conv",
+           six ? ", fused relu6" : relu >= 0 ? ", fused relu" : "", p.dst_f32 ? (is_conv ? ", f32 dst requantized (odd output zero point)" : ", f32 dst requantized (output zero point)") : p.zp_dst ? ", output zero point" : "",
            qt_int8_op_impl(op));
 }
 
@@ -369,9 +371,9 @@ static const char *lower_max_pool_u8(lowering *L, int i) {
   return NULL;
 }
 
-/* dq(a) + dq(b) [-> relu] -> q on u8 tensors, each input with its own scale and zero point.
- * The step computes per element what the Q/DQ graph computes, in the same float operations:
- * (float)(q - zp) * s for each input (a 256-entry table), one float add, the relu, then the
+/* dq(a) + dq(b) [-> relu | relu6] -> q on u8 tensors, each input with its own scale and zero
+ * point. The step computes per element what the Q/DQ graph computes, in the same float operations:
+ * (float)(q - zp) * s for each input (a 256-entry table), one float add, the relu (relu6), then the
  * reference quantize; so it is bit-exact, and no fp32 tensor is materialized. */
 static const char *lower_add_u8(lowering *L, int i) {
   const qt_graph *g = L->g;
@@ -383,7 +385,7 @@ static const char *lower_add_u8(lowering *L, int i) {
   }
   int v = n->output, c = L->consumer[v], relu = -1;
   if (v == g->output || c < 0) return "output is not consumed by exactly one node (no requantization point)";
-  if (g->nodes[c].op == QT_OP_RELU) {
+  if (g->nodes[c].op == QT_OP_RELU || g->nodes[c].op == QT_OP_RELU6) {
     relu = c;
     v = g->nodes[c].output;
     c = L->consumer[v];
@@ -403,7 +405,8 @@ static const char *lower_add_u8(lowering *L, int i) {
     s->lut[k] = keep(m, 256 * sizeof(float));
     for (int q = 0; q < 256; q++) s->lut[k][q] = (float)(q - in[k]->zero_point[0]) * in[k]->scale[0];
   }
-  s->relu = relu >= 0;
+  s->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
+  s->relu = relu >= 0 && !s->relu6;
   s->qmin = qn->q->spec.qmin;
   s->qmax = qn->q->spec.qmax;
   value_rep *r = &L->rep[qn->output];
@@ -422,7 +425,7 @@ static const char *lower_add_u8(lowering *L, int i) {
            g->nodes[g->values[n->inputs[1]].producer].name, n->name, relu >= 0 ? " -> " : "",
            relu >= 0 ? g->nodes[relu].name : "", qn->name);
   add_part(m, QT_PART_INT8, nodes, "add u8 + u8 -> u8%s (own scales and zero points, requantized)",
-           relu >= 0 ? ", fused relu" : "");
+           s->relu6 ? ", fused relu6" : relu >= 0 ? ", fused relu" : "");
   return NULL;
 }
 
@@ -622,7 +625,7 @@ static void run_add_u8(const step *s, uint8_t *out, const uint8_t *a, const uint
     const int64_t i0 = blk * BLOCK, len = n - i0 < BLOCK ? n - i0 : BLOCK;
     for (int64_t k = 0; k < len; k++) {
       const float v = s->lut[0][a[i0 + k]] + s->lut[1][b[i0 + k]];
-      y[k] = s->relu && v < 0.0f ? 0.0f : v;
+      y[k] = (s->relu || s->relu6) && v < 0.0f ? 0.0f : s->relu6 && v > 6.0f ? 6.0f : v;
     }
     qt_quantize(q, y, len, 1, 1, s->scale, s->zero_point, s->qmin, s->qmax);
     for (int64_t k = 0; k < len; k++) out[i0 + k] = (uint8_t)q[k];

@@ -1,8 +1,9 @@
-/* qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME]] [--config CFG.ini] [--images N]
+/* qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME | --model PATH.onnx]] [--config CFG.ini] [--images N]
  *            [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R]:
  * the three-stage accuracy report as a command (eval/report.h). Lowers the Q/DQ graph to int8
  * kernels, runs the config's test set (default: Fashion-MNIST) through the fp32 model (the
- * checkpoint loaded into the preset NAME, by default the Q/DQ graph's model name), the Q/DQ
+ * checkpoint loaded into the preset NAME or the model imported from PATH.onnx, by default the
+ * preset named as the Q/DQ graph's model), the Q/DQ
  * graph and the device, and prints the partition report, accuracies, Q/DQ-vs-device top-1
  * agreement and output LSB histogram, per-point SQNR, which stage lost accuracy, and fp32 /
  * int8 inference images/s at batch 256. --images N: the first N test images; --batch N: the
@@ -17,10 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "onnx/onnx_import.h"
 #include "train/pipeline.h"
 
 static int usage(void) {
-  fprintf(stderr, "usage: qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME]] [--config CFG.ini] "
+  fprintf(stderr, "usage: qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME|PATH.onnx]] [--config CFG.ini] "
                   "[--images N] [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R] "
                   "[--write-outputs OUT.h5 [--values NAME,NAME...]]\n");
   return 2;
@@ -61,7 +63,16 @@ int main(int argc, char **argv) {
   /* Bad input: exit 2. */
   if (!(qdq = qt_qdq_load(qdq_path, err))) goto fail;
   if (fp32_path) {
-    if (!(fp32 = qt_model_build(model_name ? model_name : qdq->name, err))) goto fail;
+    const size_t ml = model_name ? strlen(model_name) : 0;
+    if (ml > 5 && strcmp(model_name + ml - 5, ".onnx") == 0) { /* dynamic dims: the Q/DQ graph's input */
+      const qt_value *in = &qdq->values[qdq->input];
+      const int hwc[3] = {(int)in->shape[0], (int)in->shape[1], (int)in->shape[2]};
+      if (!(fp32 = qt_onnx_import(model_name, hwc, NULL, err))) goto fail;
+    } else if (!(fp32 = qt_model_build(model_name ? model_name : qdq->name, err))) {
+      if (!model_name) /* an imported model is named after its file */
+        snprintf(err + strlen(err), QT_ERR_LEN - strlen(err), "; for a model imported from ONNX give --model PATH.onnx");
+      goto fail;
+    }
     if (qt_checkpoint_load(fp32_path, fp32, NULL, NULL, err)) goto fail;
   }
   if (!(m = qt_device_open(qdq, NULL, err))) goto fail;

@@ -168,6 +168,17 @@ int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int 
   return build(g, QT_OP_CONV2D, name, &x, 1, &attr, 4, ws, bias);
 }
 
+int qt_graph_conv2d_attr(qt_graph *g, const char *name, int x, const qt_node_attrs *a, int bias) {
+  if (check_value(g, name, x)) return -1;
+  const qt_value *v = &g->values[x];
+  const int64_t C = v->ndim == 3 ? v->shape[2] : 1;
+  const qt_node_attrs attr = {.kernel_h = a->kernel_h, .kernel_w = a->kernel_w, .stride_h = a->stride_h,
+                              .stride_w = a->stride_w, .pad_h = a->pad_h, .pad_w = a->pad_w, .groups = a->groups,
+                              .out_channels = a->out_channels};
+  const int64_t ws[4] = {a->out_channels, a->groups >= 1 ? C / a->groups : 0, a->kernel_h, a->kernel_w};
+  return build(g, QT_OP_CONV2D, name, &x, 1, &attr, 4, ws, bias);
+}
+
 int qt_graph_batch_norm(qt_graph *g, const char *name, int x) {
   const qt_node_attrs attr = {.eps = 1e-5f, .momentum = 0.1f};
   return build(g, QT_OP_BATCH_NORM, name, &x, 1, &attr, 0, NULL, 0);
@@ -176,6 +187,11 @@ int qt_graph_batch_norm(qt_graph *g, const char *name, int x) {
 int qt_graph_relu(qt_graph *g, const char *name, int x) {
   const qt_node_attrs attr = {0};
   return build(g, QT_OP_RELU, name, &x, 1, &attr, 0, NULL, 0);
+}
+
+int qt_graph_relu6(qt_graph *g, const char *name, int x) {
+  const qt_node_attrs attr = {0};
+  return build(g, QT_OP_RELU6, name, &x, 1, &attr, 0, NULL, 0);
 }
 
 static int pool(qt_graph *g, qt_op op, const char *name, int x, int kernel, int stride, int pad) {
@@ -519,6 +535,8 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
   switch (op) {
     case QT_OP_RELU:
       return qt_relu(ctx, x, inplace);
+    case QT_OP_RELU6:
+      return qt_relu6(ctx, x, inplace);
     case QT_OP_MAX_POOL2D:
       return qt_max_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h);
     case QT_OP_AVG_POOL2D:
@@ -554,7 +572,7 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
                            a->momentum, a->eps, inplace);
     default:
       if (qt_op_is_param_free(n->op))
-        return qt_apply_simple_op(ctx, n->op, a, x, n->n_inputs > 1 ? inputs[1] : NULL, inplace && n->op == QT_OP_RELU);
+        return qt_apply_simple_op(ctx, n->op, a, x, n->n_inputs > 1 ? inputs[1] : NULL, inplace && (n->op == QT_OP_RELU || n->op == QT_OP_RELU6));
       qt_err(err, "node %s: op '%s' is not an fp32 op (qt_node_forward computes conv2d, linear, batch_norm and the "
                   "parameter-free ops)", n->name, qt_op_name(n->op));
       return NULL;
@@ -613,6 +631,7 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
       case QT_OP_LINEAR:
       case QT_OP_BATCH_NORM:
       case QT_OP_RELU:
+      case QT_OP_RELU6:
       case QT_OP_MAX_POOL2D:
       case QT_OP_AVG_POOL2D:
       case QT_OP_GLOBAL_AVG_POOL:
@@ -620,7 +639,8 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
       case QT_OP_ADD: {
         qt_tensor *ins[QT_MAX_INPUTS];
         for (int k = 0; k < n->n_inputs; k++) ins[k] = vals[n->inputs[k]];
-        const int inplace = (n->op == QT_OP_RELU || n->op == QT_OP_BATCH_NORM) && relu_inplace_ok(g, n->inputs[0]);
+        const int inplace = (n->op == QT_OP_RELU || n->op == QT_OP_RELU6 || n->op == QT_OP_BATCH_NORM) &&
+                            relu_inplace_ok(g, n->inputs[0]);
         if (!(y = qt_node_forward(g, ctx, i, ins, inplace, g->error))) return NULL;
         break;
       }

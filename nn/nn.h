@@ -25,6 +25,7 @@ typedef enum {
   QT_OP_CONV2D,
   QT_OP_BATCH_NORM,
   QT_OP_RELU,
+  QT_OP_RELU6,      /* min(max(x, 0), 6): PyTorch's ReLU6, ONNX Clip(0, 6) */
   QT_OP_MAX_POOL2D,
   QT_OP_AVG_POOL2D,
   QT_OP_GLOBAL_AVG_POOL,
@@ -129,7 +130,7 @@ const qt_op_info *qt_op_info_get(qt_op op);
 int qt_op_has_weight(qt_op op);
 /* batch_norm, conv_bn, fake_quant: nodes whose behaviour depends on node->training. */
 int qt_op_is_stateful(qt_op op);
-/* relu, pools, flatten, add: computed by qt_apply_simple_op. */
+/* relu, relu6, pools, flatten, add: computed by qt_apply_simple_op. */
 int qt_op_is_param_free(qt_op op);
 /* Checks arity, then the table's shape function: the per-sample output shape, or -1 with err
  * ("op 'relu' takes 1 input(s), has 2", "kernel 3x3 ... do not fit input 2x2"). */
@@ -201,8 +202,12 @@ void qt_graph_free(qt_graph *g);
 int qt_graph_input(qt_graph *g, const char *name, int h, int w, int c);
 int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int kernel, int stride, int pad,
                     int groups, int bias);
+/* The same with every attribute given (kernel, stride and padding per axis, groups, out_channels
+ * in attr; the rest of attr ignored): rectangular kernels, strides and paddings. */
+int qt_graph_conv2d_attr(qt_graph *g, const char *name, int x, const qt_node_attrs *attr, int bias);
 int qt_graph_batch_norm(qt_graph *g, const char *name, int x);
 int qt_graph_relu(qt_graph *g, const char *name, int x);
+int qt_graph_relu6(qt_graph *g, const char *name, int x);
 int qt_graph_max_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad);
 int qt_graph_avg_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad);
 int qt_graph_global_avg_pool(qt_graph *g, const char *name, int x);
@@ -244,7 +249,7 @@ void qt_graph_sync_learned_scales(qt_graph *g);
 /* Mode switch: every stateful node follows it. */
 void qt_graph_set_training(qt_graph *g, int training);
 
-/* The parameter-free ops on tensors: relu (in place when `inplace`), max/avg/global-average
+/* The parameter-free ops on tensors: relu and relu6 (in place when `inplace`), max/avg/global-average
  * pool, flatten, add (x + x2). One definition for this executor and the backends' fp32
  * fallbacks; NULL for any other op. */
 qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_tensor *x, qt_tensor *x2, int inplace);
@@ -254,7 +259,7 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
  * fake-quantized version, observed first in training mode; in a convert graph the dequantized
  * integer weights), batch_norm (batch statistics and a running-statistics update when
  * n->training && !n->bn_frozen, else the running statistics), and the parameter-free ops through
- * qt_apply_simple_op. `inplace` lets relu and batch_norm overwrite inputs[0]. Parameters take part
+ * qt_apply_simple_op. `inplace` lets relu, relu6 and batch_norm overwrite inputs[0]. Parameters take part
  * in the tape when ctx records one. The executor calls it for these ops; a backend's fp32
  * fallback that holds the node id, its graph and the input tensors calls it the same way (with
  * inplace 0 and the graph in eval mode). Returns the output (arena), or NULL with err set

@@ -110,6 +110,7 @@ static const qt_op_info op_table[] = {
                           .buffer_suffix = {"running_mean", "running_var"}, .buffer_use = {REQ, REQ},
                           .stateful = 1, .shape = same_as_input},
     [QT_OP_RELU] = {.name = "relu", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = same_as_input},
+    [QT_OP_RELU6] = {.name = "relu6", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = same_as_input},
     [QT_OP_MAX_POOL2D] = {.name = "max_pool2d", .min_inputs = 1, .max_inputs = 1, .param_free = 1,
                           .shape = max_pool_shape},
     [QT_OP_AVG_POOL2D] = {.name = "avg_pool2d", .min_inputs = 1, .max_inputs = 1, .param_free = 1,

@@ -92,8 +92,8 @@ typedef struct {
 } qt_backend_desc;
 
 /* The Quantizer: annotations for g from the backend description d and the settings cfg.
- * Units (no quantization inside): conv -> bn (folded), and a relu after a conv, linear or add
- * when the backend runs relu. A conv2d / linear is quantized when its op is listed and its
+ * Units (no quantization inside): conv -> bn (folded), and a relu or relu6 after a conv, linear
+ * or add when the backend runs that op. A conv2d / linear is quantized when its op is listed and its
  * output channels fit max_channels (and no override leaves it fp32); an add / avg_pool2d /
  * global_avg_pool when listed in ops or fallback_quantized; everything else stays fp32 (its
  * quantized consumers get a quantized input). The outputs of max-pool, flatten and relu share

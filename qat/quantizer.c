@@ -164,7 +164,8 @@ static int quantized_value(const qt_annotations *a, int v) {
 }
 
 /* Whether op may pass its input's qparams through (max-pool, flatten, relu: they keep values
- * on the input's grid) and the backend runs it. */
+ * on the input's grid) and the backend runs it. Not relu6: 6 need not lie on the grid, so a
+ * relu6 outside a unit is an fp32 op whose quantized consumers quantize its output. */
 static int passes_through(const qt_backend_desc *d, qt_op op) {
   return (op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU) && d->ops[op];
 }
@@ -267,8 +268,8 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
   int *last = malloc((size_t)g->n_nodes * sizeof(int)), *quantized_unit = calloc((size_t)g->n_nodes, sizeof(int));
   QT_ASSERT(last && quantized_unit, "out of memory");
 
-  /* Units: conv -> bn (folded by prepare/convert), then a relu the backend runs fused after a
-   * conv, linear or add. */
+  /* Units: conv -> bn (folded by prepare/convert), then a relu or relu6 the backend runs fused
+   * after a conv, linear or add. */
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     last[i] = i;
@@ -281,9 +282,9 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
         tail = c;
       }
     }
-    if ((n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD) && d->ops[QT_OP_RELU]) {
-      int c = qt_graph_sole_consumer(g, g->nodes[tail].output);
-      if (c >= 0 && g->nodes[c].op == QT_OP_RELU) {
+    if (n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR || n->op == QT_OP_ADD) {
+      const int c = qt_graph_sole_consumer(g, g->nodes[tail].output);
+      if (c >= 0 && (g->nodes[c].op == QT_OP_RELU || g->nodes[c].op == QT_OP_RELU6) && d->ops[g->nodes[c].op]) {
         out->unit[c] = i;
         tail = c;
       }

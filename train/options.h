@@ -27,6 +27,7 @@ typedef enum { QT_PROGRESS_AUTO, QT_PROGRESS_BAR, QT_PROGRESS_LINES, QT_PROGRESS
 
 typedef struct {
   char name[QT_OPT_STR]; /* a preset of nn/models.c (qt_model_names) */
+  char onnx[QT_OPT_STR]; /* an ONNX file to import instead (onnx/onnx_import.h); "" = the preset */
 } qt_model_options;
 
 typedef struct {
@@ -102,8 +103,8 @@ size_t qt_options_offset(int row);
 qt_config *qt_train_config_create(void);
 
 /* Resolves cfg into *o and checks every cross-key rule (e.g. quant.qat_init = calibration
- * with quant.freeze_observers_after; analysis keys the mode cannot do). -1 with err naming the
- * keys when the combination is refused. */
+ * with quant.freeze_observers_after; analysis keys the mode cannot do; model.name given as well
+ * as model.onnx). -1 with err naming the keys when the combination is refused. */
 int qt_options_resolve(const qt_config *cfg, qt_options *o, char *err);
 /* The options a config file gives (defaults, then the file, then the overrides), resolved: the
  * one way a program turns a config file into options. path may be NULL (defaults only). */
@@ -118,8 +119,8 @@ int qt_options_resume_matches(const qt_options *o, const char *stored_ini, const
 
 /* The fp32 recipe that trains quant.fp32_checkpoint: quant.fp32_config's options with this
  * run's [data], train.threads and output.progress, output.dir the checkpoint's folder. -1 with
- * err when the config cannot be loaded, is itself quantized, or the checkpoint is not named
- * <dir>/checkpoint.h5. */
+ * err when the config cannot be loaded, is itself quantized, trains another model (model.name
+ * or model.onnx) than this run's, or the checkpoint is not named <dir>/checkpoint.h5. */
 int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *err);
 
 /* The quant.weight_observer actually used (auto resolved by mode). */

@@ -43,9 +43,11 @@ qt_loader *qt_stage_first_images(const qt_options *o, const qt_dataset *ds, int 
                                  qt_status *st);
 
 /* ---- model ----------------------------------------------------------------------------------- */
-/* Builds model.name, checks that it takes data's images and has an output per class,
- * records the input preprocessing (data.mean / data.std: the model files carry it) and
- * initializes it from train.seed. data may be NULL (no check). */
+/* Builds model.name (initialized from train.seed) or imports model.onnx (its initializers; dims
+ * it leaves dynamic come from data's images, or the test split's when data is NULL), checks that
+ * it takes data's images and has an output per class, and records the input preprocessing
+ * (data.mean / data.std: the model files carry it). data may be NULL (no check). A model that
+ * cannot be built or imported is QT_STATUS_INPUT, its message naming the file and node. */
 qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_status *st);
 /* The check qt_stage_build_model makes: g takes data's images and has an output per class. */
 int qt_stage_model_fits(const qt_options *o, const qt_graph *g, const qt_dataset *data, qt_status *st);

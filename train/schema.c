@@ -65,6 +65,9 @@ static const char *range_choices(void) {
 
 static const option_row rows[] = {
     STRING_ENUM_ROW(model, name, QT_CFG_ENUM, "fashion_cnn", 0, 0, model_choices, "model preset"),
+    ROW(model, onnx, QT_CFG_STRING, "", 0, 0, NULL,
+     "fp32 ONNX model to import instead of model.name (PyTorch's torch.onnx.export, opsets 11-17; "
+     "initializers become the parameters)"),
 
     ROW(data, format, QT_CFG_ENUM, "idx", 0, 0, "idx|hdf5|folder",
      "idx: gzip'd MNIST-format files; hdf5: images/labels datasets; folder: root/<class>/*.png|jpg"),
@@ -259,6 +262,9 @@ int qt_options_resolve(const qt_config *cfg, qt_options *o, char *err) {
       default: QT_ASSERT(0, "option %s.%s: type %d", sec, key, (int)r->key.type);
     }
   }
+  if (o->model.onnx[0] && strcmp(qt_config_origin(cfg, "model", "name"), "default") != 0)
+    return qt_err(err, "model.name = %s (%s) and model.onnx = %s (%s) both name the model: set one", o->model.name,
+                  qt_config_origin(cfg, "model", "name"), o->model.onnx, qt_config_origin(cfg, "model", "onnx"));
   return check_rules(o, err);
 }
 
@@ -374,6 +380,11 @@ int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *err) {
   if (fp32->quant.mode != QT_QUANT_NONE)
     return qt_err(err, "quant.fp32_config '%s' is itself a quantized run (quant.mode = %s)", fc,
                   fp32->quant.mode == QT_QUANT_PTQ ? "ptq" : "qat");
+  if (strcmp(fp32->model.onnx, o->model.onnx) != 0 || (!o->model.onnx[0] && strcmp(fp32->model.name, o->model.name)))
+    return qt_err(err, "quant.fp32_config '%s' trains %s %s, but this run quantizes %s %s: the checkpoint would not fit",
+                  fc, fp32->model.onnx[0] ? "model.onnx" : "model.name",
+                  fp32->model.onnx[0] ? fp32->model.onnx : fp32->model.name, o->model.onnx[0] ? "model.onnx" : "model.name",
+                  o->model.onnx[0] ? o->model.onnx : o->model.name);
   /* the same data, threads and terminal as this run; the fp32 recipe from its config */
   fp32->data = o->data;
   fp32->train.threads = o->train.threads;

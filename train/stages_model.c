@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "onnx/onnx_import.h"
 #include "train/pipeline.h"
 
 static int load_split(const qt_data_options *d, int test, qt_dataset *ds, char *err) {
@@ -91,13 +92,23 @@ qt_loader *qt_stage_first_images(const qt_options *o, const qt_dataset *ds, int 
 int qt_stage_model_fits(const qt_options *o, const qt_graph *g, const qt_dataset *data, qt_status *st) {
   const qt_value *in = &g->values[g->input];
   const int C = (int)g->values[g->output].shape[0];
-  if (in->shape[0] != data->h || in->shape[1] != data->w || in->shape[2] != data->c)
-    return qt_status_set(st, QT_STATUS_INPUT, "model %s takes %lldx%lldx%lld images, data.%s gives %dx%dx%d", g->name,
-                         (long long)in->shape[0], (long long)in->shape[1], (long long)in->shape[2],
+  if (in->shape[0] != data->h || in->shape[1] != data->w || in->shape[2] != data->c) {
+    char decl[QT_ERR_LEN / 2] = "";
+    if (o->model.onnx[0]) { /* name the ONNX declaration too (read again: only on this error path) */
+      qt_onnx_info info;
+      char ierr[QT_ERR_LEN];
+      qt_graph *again = qt_onnx_import(o->model.onnx, NULL, &info, ierr);
+      qt_graph_free(again);
+      if (info.input_decl[0])
+        snprintf(decl, sizeof decl, " (model.onnx %s: input '%s' %s)", o->model.onnx, info.input_name, info.input_decl);
+    }
+    return qt_status_set(st, QT_STATUS_INPUT, "model %s%s takes %lldx%lldx%lld images (HxWxC), data.%s gives %dx%dx%d",
+                         g->name, decl, (long long)in->shape[0], (long long)in->shape[1], (long long)in->shape[2],
                          o->data.format == QT_DATA_IDX    ? "idx"
                          : o->data.format == QT_DATA_HDF5 ? "hdf5"
                                                           : "folder",
                          data->h, data->w, data->c);
+  }
   const int64_t i = qt_dataset_label_at_least(data, C);
   if (i >= 0)
     return qt_status_set(st, QT_STATUS_INPUT, "model %s has %d outputs but image %lld of the data has label %d", g->name,
@@ -108,10 +119,32 @@ int qt_stage_model_fits(const qt_options *o, const qt_graph *g, const qt_dataset
   return 0;
 }
 
-qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_status *st) {
-  qt_graph *g = qt_model_build(o->model.name, st->msg);
+/* model.onnx: the import, with the data's image shape for dims the model leaves dynamic (from
+ * data, or else read from the test split). */
+static qt_graph *import_onnx(const qt_options *o, const qt_dataset *data, qt_status *st) {
+  qt_onnx_info info;
+  int hwc[3] = {0, 0, 0};
+  if (data) hwc[0] = data->h, hwc[1] = data->w, hwc[2] = data->c;
+  qt_graph *g = qt_onnx_import(o->model.onnx, data ? hwc : NULL, &info, st->msg);
+  if (!g && info.needs_shape) {
+    qt_dataset none, test;
+    if (qt_stage_load_data(&o->data, QT_SPLIT_TEST, &none, &test, st)) return NULL;
+    hwc[0] = test.h, hwc[1] = test.w, hwc[2] = test.c;
+    qt_dataset_free(&test);
+    g = qt_onnx_import(o->model.onnx, hwc, &info, st->msg);
+  }
   if (!g) {
     qt_status_fail(st, QT_STATUS_INPUT);
+    return NULL;
+  }
+  return g;
+}
+
+qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_status *st) {
+  const int onnx = o->model.onnx[0] != 0;
+  qt_graph *g = onnx ? import_onnx(o, data, st) : qt_model_build(o->model.name, st->msg);
+  if (!g) {
+    if (!onnx) qt_status_fail(st, QT_STATUS_INPUT);
     return NULL;
   }
   if (data && qt_stage_model_fits(o, g, data, st)) {
@@ -131,7 +164,7 @@ qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_s
     qt_graph_free(g);
     return NULL;
   }
-  qt_graph_init_params(g, (uint64_t)o->train.seed);
+  if (!onnx) qt_graph_init_params(g, (uint64_t)o->train.seed); /* an imported model keeps its initializers */
   return g;
 }
 

@@ -1,6 +1,6 @@
 /* Each lowered pattern against the Q/DQ reference interpreter (qt_graph_forward) on random
- * data: dq -> conv [-> relu] -> q (input zero point, padding, stride, output zero point, a
- * 4-bit output range), dq -> flatten -> linear [-> relu] -> q (folded input zero point, f32
+ * data: dq -> conv [-> relu | relu6] -> q (input zero point, padding, stride, output zero point, a
+ * 4-bit output range; grouped and depthwise convs too), dq -> flatten -> linear [-> relu | relu6] -> q (folded input zero point, f32
  * requantization for an output zero point), max pooling on u8, a fallback partition
  * (average pooling), FashionCNN converted end to end (W8A8 and W4A4), batch sizes changing
  * between runs, and a prepared graph refused. Int8 partitions: at most 1 output LSB with
@@ -188,24 +188,66 @@ static void set_output_zero_point(qt_graph *g, int zp) {
   d->q->zero_point[0] = q->q->zero_point[0] = zp;
 }
 
-/* zp_out >= 0 forces the output zero point (even: oneDNN's dst zero point; odd: f32 dst and
- * requantization, see backend/lower.c), else it comes from calibration. */
+/* Fails unless some output of the reference reaches 6 (the relu6 clamp took part). */
+static void expect_clamped(const char *what, qt_graph *g, const float *x, int n) {
+  qt_ctx *ctx = qt_ctx_create();
+  const qt_value *in = &g->values[g->input];
+  const int64_t shape[4] = {n, in->shape[0], in->shape[1], in->shape[2]};
+  qt_graph_set_mode(g, QT_MODE_EVAL);
+  qt_tensor *y = qt_graph_forward(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x));
+  QT_ASSERT(y, "%s", g->error);
+  float hi = 0;
+  for (int64_t i = 0; i < qt_tensor_numel(y); i++) hi = fmaxf(hi, qt_f32(y)[i]);
+  if (fabsf(hi - 6.0f) > output_lsb(g)) qt_test_fail("%s: the outputs never reach the relu6 bound (max %g)", what, hi);
+  qt_ctx_free(ctx);
+}
+
+static const char *const act_names[] = {"", "+relu", "+relu6"};
+
+/* act: 0 none, 1 relu, 2 relu6. zp_out >= 0 forces the output zero point (even: oneDNN's dst
+ * zero point; odd: f32 dst and requantization, see backend/lower.c), else it comes from
+ * calibration. */
 static void conv_pattern(int relu, int stride, int qmax, int zp_out, int exact) {
   char what[128];
-  snprintf(what, sizeof what, "conv%s stride %d out [0,%d] zp %d%s", relu ? "+relu" : "", stride, qmax, zp_out,
+  snprintf(what, sizeof what, "conv%s stride %d out [0,%d] zp %d%s", act_names[relu], stride, qmax, zp_out,
            exact ? " exact" : "");
   const float s_in = exact ? 1.0f / 64 : 0.0123f;
   qt_graph *g = qt_graph_create("conv_pattern");
   int x = qt_graph_input(g, "input", 10, 10, 3);
   x = qdq(g, "input.fq", x, s_in, 100, 255);
   x = qt_graph_conv2d(g, "conv", x, 16, 3, stride, 1, 1, 1);
-  if (relu) x = qt_graph_relu(g, "relu", x);
+  if (relu == 1) x = qt_graph_relu(g, "relu", x);
+  if (relu == 2) x = qt_graph_relu6(g, "relu6", x);
   x = qdq(g, "out.fq", x, 1.0f, 0, qmax);
   finalize(g, x);
   quantize_weights(g, "conv", exact ? 7 : 127, s_in, exact);
   float *in = random_input(g, 8, -100 * s_in - 0.1f, 155 * s_in + 0.1f);
   calibrate(g, in, 8, exact);
   if (zp_out >= 0) set_output_zero_point(g, zp_out);
+  if (relu == 2 && !exact && zp_out < 0) expect_clamped(what, g, in, 8);
+  compare(what, g, in, 8, 1, 0, exact ? 0 : 1);
+  free(in);
+  qt_graph_free(g);
+}
+
+/* input 9x9x8 -> q/dq (zp 77) -> grouped conv 3x3 pad 1 (8 -> oc, groups; depthwise when
+ * groups = oc = 8) [stride] -> [relu | relu6] -> q/dq */
+static void grouped_pattern(int groups, int oc, int relu, int stride, int exact) {
+  char what[128];
+  snprintf(what, sizeof what, "%s conv (groups %d, %d outputs)%s stride %d%s", groups == oc ? "depthwise" : "grouped",
+           groups, oc, act_names[relu], stride, exact ? " exact" : "");
+  const float s_in = exact ? 1.0f / 64 : 0.0123f;
+  qt_graph *g = qt_graph_create("grouped_pattern");
+  int x = qt_graph_input(g, "input", 9, 9, 8);
+  x = qdq(g, "input.fq", x, s_in, 77, 255);
+  x = qt_graph_conv2d(g, "conv", x, oc, 3, stride, 1, groups, 1);
+  if (relu == 1) x = qt_graph_relu(g, "relu", x);
+  if (relu == 2) x = qt_graph_relu6(g, "relu6", x);
+  x = qdq(g, "out.fq", x, 1.0f, 0, 255);
+  finalize(g, x);
+  quantize_weights(g, "conv", exact ? 7 : 127, s_in, exact);
+  float *in = random_input(g, 8, -77 * s_in - 0.1f, 178 * s_in + 0.1f);
+  calibrate(g, in, 8, exact);
   compare(what, g, in, 8, 1, 0, exact ? 0 : 1);
   free(in);
   qt_graph_free(g);
@@ -214,19 +256,21 @@ static void conv_pattern(int relu, int stride, int qmax, int zp_out, int exact) 
 /* input 4x4x5 -> q/dq (zp_in) -> flatten -> linear 12 -> [relu] -> q/dq */
 static void linear_pattern(int relu, int zp_in, int exact) {
   char what[128];
-  snprintf(what, sizeof what, "flatten+linear%s zp_in %d%s", relu ? "+relu" : "", zp_in, exact ? " exact" : "");
+  snprintf(what, sizeof what, "flatten+linear%s zp_in %d%s", act_names[relu], zp_in, exact ? " exact" : "");
   const float s_in = exact ? 1.0f / 32 : 0.0171f;
   qt_graph *g = qt_graph_create("linear_pattern");
   int x = qt_graph_input(g, "input", 4, 4, 5);
   x = qdq(g, "input.fq", x, s_in, zp_in, 255);
   x = qt_graph_flatten(g, "flatten", x);
   x = qt_graph_linear(g, "fc", x, 12, 1);
-  if (relu) x = qt_graph_relu(g, "relu", x);
+  if (relu == 1) x = qt_graph_relu(g, "relu", x);
+  if (relu == 2) x = qt_graph_relu6(g, "relu6", x);
   x = qdq(g, "out.fq", x, 1.0f, 0, 255);
   finalize(g, x);
   quantize_weights(g, "fc", exact ? 7 : 127, s_in, exact);
   float *in = random_input(g, 16, -(float)zp_in * s_in - 0.1f, (float)(255 - zp_in) * s_in + 0.1f);
   calibrate(g, in, 16, exact);
+  if (relu == 2 && !exact) expect_clamped(what, g, in, 16);
   /* int8: the layer and the flatten view */
   compare(what, g, in, 16, 2, 0, exact ? 0 : 1);
   free(in);
@@ -337,6 +381,12 @@ int main(void) {
     linear_pattern(1, 0, exact);
     linear_pattern(1, 77, exact);   /* input zero point folded into the bias */
     linear_pattern(0, 77, exact);   /* output zero point: f32 dst, requantized */
+    conv_pattern(2, 1, 255, -1, exact);  /* relu6: clip post-op at 6 / s_out */
+    conv_pattern(2, 1, 255, 101, exact); /* relu6 with an f32 dst */
+    linear_pattern(2, 77, exact);
+    grouped_pattern(8, 8, 2, 1, exact);  /* depthwise + relu6 (MobileNet) */
+    grouped_pattern(8, 8, 0, 2, exact);  /* depthwise, stride 2 */
+    grouped_pattern(2, 16, 1, 1, exact); /* two groups */
   }
   max_pool_pattern();
   fallback_pattern();

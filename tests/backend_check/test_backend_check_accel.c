@@ -6,7 +6,7 @@
  * - the partitioning puts conv1..flatten and fc2 on the accelerator, fc1 -> relu3 on the CPU
  *   with its reason, and four transfers between them;
  * - the simulator's outputs match the Q/DQ graph: bit for bit on a small graph using every
- *   device kernel (conv, relu, max pool, add, flatten, linear) with biases that are whole
+ *   device kernel (conv, relu or relu6, max pool, add, flatten, linear) with biases that are whole
  *   accumulator units; within 1 output LSB with arbitrary biases (the device rounds the bias
  *   to accumulator units, DESIGN 1's stage 2); within 2 LSB on FashionCNN and ResCNN (whose
  *   global average pooling runs on the CPU), with identical top-1 on >= 95% / 90% of the
@@ -166,27 +166,29 @@ static void res_cnn(void) {
 }
 
 /* input 6x6x3 -> q/dq -> conv 3x3 pad 1 (8) -> relu -> q/dq -> max_pool 2 -> [a]
- *   a -> conv 1x1 (8) -> q/dq -> [b];  a + b -> relu -> q/dq -> flatten -> linear 5 -> q/dq */
-static qt_graph *small_graph(int exact_bias) {
+ *   a -> conv 1x1 (8) -> q/dq -> [b];  a + b -> relu -> q/dq -> flatten -> linear 5 -> q/dq
+ * (relu6: both relus are relu6; the add's output scale 4 puts its bound 6 / 4 between two
+ * integers, so the device rounds the bound as the Q/DQ graph rounds the clamped value). */
+static qt_graph *small_graph(int exact_bias, int relu6) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_graph_create("small");
   int x = qt_graph_input(g, "input", 6, 6, 3);
   x = qdq(g, "input.fq", x, -128, 127, 1.0f / 32, 0);
   x = qt_graph_conv2d(g, "conv1", x, 8, 3, 1, 1, 1, 1);
-  x = qt_graph_relu(g, "relu1", x);
+  x = relu6 ? qt_graph_relu6(g, "relu1", x) : qt_graph_relu(g, "relu1", x);
   x = qdq(g, "relu1.fq", x, -128, 127, 1.0f / 8, 0);
   int a = qt_graph_max_pool2d(g, "pool", x, 2, 2, 0);
   int b = qt_graph_conv2d(g, "conv2", a, 8, 1, 1, 0, 1, 1);
   b = qdq(g, "conv2.fq", b, -128, 127, 1.0f / 4, 0);
   x = qt_graph_add(g, "add", a, b);
-  x = qt_graph_relu(g, "relu2", x);
-  x = qdq(g, "relu2.fq", x, -128, 127, 1.0f / 2, 0);
+  x = relu6 ? qt_graph_relu6(g, "relu2", x) : qt_graph_relu(g, "relu2", x);
+  x = qdq(g, "relu2.fq", x, -128, 127, relu6 ? 4.0f : 1.0f / 2, 0);
   x = qt_graph_flatten(g, "flatten", x);
   x = qt_graph_linear(g, "fc", x, 5, 1);
   x = qdq(g, "fc.fq", x, -128, 127, 1.0f, 0);
   QT_ASSERT(qt_graph_finalize(g, x, err) == 0, "%s", err);
   const char *layers[] = {"conv1", "conv2", "fc"};
-  const float w_scale[] = {1.0f / 64, 1.0f / 128, 1.0f / 256}, in_scale[] = {1.0f / 32, 1.0f / 8, 1.0f / 2};
+  const float w_scale[] = {1.0f / 64, 1.0f / 128, 1.0f / 256}, in_scale[] = {1.0f / 32, 1.0f / 8, relu6 ? 4.0f : 1.0f / 2};
   for (int l = 0; l < 3; l++) {
     int_weights(g, layers[l], w_scale[l], 127, 10 + (uint64_t)l);
     const qt_node *n = &g->nodes[qt_graph_find_node(g, layers[l])];
@@ -199,10 +201,11 @@ static qt_graph *small_graph(int exact_bias) {
   return g;
 }
 
-static void small(int exact_bias) {
+static void small(int exact_bias, int relu6) {
   qt_backend_desc d;
   accel_desc(&d);
-  qt_graph *g = small_graph(exact_bias);
+  d.ops[QT_OP_RELU6] = relu6;
+  qt_graph *g = small_graph(exact_bias, relu6);
   char err[QT_ERR_LEN];
   qt_device *a = qt_device_open(g, &d, err);
   QT_ASSERT(a, "%s", err);
@@ -213,8 +216,24 @@ static void small(int exact_bias) {
     qt_device_report(a, stderr);
   }
   qt_device_free(a);
-  run_vs_reference(exact_bias ? "small graph, exact biases" : "small graph, arbitrary biases", g, &d, 64,
-                   exact_bias ? 0 : 1, exact_bias ? 1.0 : 0.9);
+  if (relu6) { /* the clamps take part: relu1's output reaches 6 */
+    const int n = 64;
+    float *x = malloc(sizeof(float) * n * 6 * 6 * 3);
+    qt_test_fill_uniform(x, n * 6 * 6 * 3, -0.8f, 2.0f, 77);
+    qt_ctx *ctx = qt_ctx_create();
+    const int64_t shape[4] = {n, 6, 6, 3};
+    qt_tensor **vals;
+    QT_ASSERT(qt_graph_forward_values(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x), &vals), "%s", g->error);
+    const qt_tensor *r1 = vals[g->nodes[qt_graph_find_node(g, "relu1")].output];
+    float hi = 0;
+    for (int64_t i = 0; i < qt_tensor_numel(r1); i++) hi = fmaxf(hi, qt_f32(r1)[i]);
+    if (hi != 6.0f) qt_test_fail("small graph with relu6: relu1 never clamps (max %g)", hi);
+    qt_ctx_free(ctx);
+    free(x);
+  }
+  run_vs_reference(relu6 ? (exact_bias ? "small graph, relu6, exact biases" : "small graph, relu6, arbitrary biases")
+                         : (exact_bias ? "small graph, exact biases" : "small graph, arbitrary biases"),
+                   g, &d, 64, exact_bias ? 0 : 1, exact_bias ? 1.0 : 0.9);
   qt_graph_free(g);
 }
 
@@ -239,8 +258,10 @@ int main(void) {
   quantizer();
   fashion_cnn();
   res_cnn();
-  small(1);
-  small(0);
+  small(1, 0);
+  small(0, 0);
+  small(1, 1);
+  small(0, 1);
   all_cpu();
   return qt_test_finish();
 }

@@ -1,5 +1,5 @@
 /* The int8 residual add of the oneDNN lowering (backend/lower.c, lower_add_u8): two u8 inputs
- * with their own scales and zero points, output requantized to u8 (with a fused relu, and a
+ * with their own scales and zero points, output requantized to u8 (with a fused relu or relu6, and a
  * 4-bit output range that clamps), bit-exact against the Q/DQ reference interpreter; ResCNN
  * converted W8A8 lowers both residual adds to u8 (only global average pooling falls back) and
  * stays within 1 output LSB of the Q/DQ graph end to end. */
@@ -34,22 +34,30 @@ static void compare(const char *what, qt_graph *g, const float *x, int n, int wa
   qt_device_free(m);
 }
 
-/* input 7x5x6 -> q/dq (s1, z1) = a; input -> q/dq (s2, z2) = b; a + b [-> relu] -> q/dq [0, qmax] */
+/* input 7x5x6 -> q/dq (s1, z1) = a; input -> q/dq (s2, z2) = b; a + b [-> relu | relu6] -> q/dq
+ * [0, qmax]; relu: 0 none, 1 relu, 2 relu6. */
 static void add_pattern(int relu, int qmax, float s1, int z1, float s2, int z2, float s3, int z3) {
   char err[QT_ERR_LEN], what[160];
-  snprintf(what, sizeof what, "add%s: %g/%d + %g/%d -> %g/%d [0, %d]", relu ? "+relu" : "", s1, z1, s2, z2, s3, z3,
-           qmax);
+  snprintf(what, sizeof what, "add%s: %g/%d + %g/%d -> %g/%d [0, %d]", relu == 2 ? "+relu6" : relu ? "+relu" : "", s1,
+           z1, s2, z2, s3, z3, qmax);
   qt_graph *g = qt_graph_create("add_pattern");
   int x = qt_graph_input(g, "input", 7, 5, 6);
   int a = qdq(g, "a.fq", x, 0, 255, s1, z1);
   int b = qdq(g, "b.fq", x, 0, 255, s2, z2);
   int y = qt_graph_add(g, "add", a, b);
-  if (relu) y = qt_graph_relu(g, "relu", y);
+  if (relu == 1) y = qt_graph_relu(g, "relu", y);
+  if (relu == 2) y = qt_graph_relu6(g, "relu6", y);
   y = qdq(g, "out.fq", y, 0, qmax, s3, z3);
   QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
   const int n = 64;
   float *in = malloc(sizeof(float) * n * 7 * 5 * 6);
-  qt_test_fill_uniform(in, n * 7 * 5 * 6, -1.5f, 2.5f, 7);
+  qt_test_fill_uniform(in, n * 7 * 5 * 6, -1.5f, relu == 2 ? 5.0f : 2.5f, 7);
+  if (relu == 2) { /* the sums pass 6, so the clamp takes part */
+    float *ref = reference(g, in, n), hi = 0;
+    for (int64_t i = 0; i < (int64_t)n * 7 * 5 * 6; i++) hi = fmaxf(hi, ref[i]);
+    if (fabsf(hi - 6.0f) > s3) qt_test_fail("%s: the outputs never reach the relu6 bound (max %g)", what, hi);
+    free(ref);
+  }
   compare(what, g, in, n, 1, 0, 0);
   free(in);
   qt_graph_free(g);
@@ -69,6 +77,8 @@ int main(void) {
   add_pattern(0, 255, 0.0123f, 101, 0.0071f, 37, 0.031f, 129);
   add_pattern(1, 15, 0.02f, 80, 0.011f, 3, 0.1f, 0);   /* 4-bit output: clamps */
   add_pattern(0, 255, 1.0f / 64, 64, 1.0f / 32, 20, 1.0f / 16, 90); /* ties: power-of-two scales */
+  add_pattern(2, 255, 0.04f, 50, 0.03f, 40, 0.03f, 0);                /* relu6 clamps at 6 */
+  add_pattern(2, 255, 1.0f / 16, 32, 1.0f / 32, 40, 1.0f / 32, 3);    /* relu6, power-of-two scales */
   res_cnn();
   return qt_test_finish();
 }

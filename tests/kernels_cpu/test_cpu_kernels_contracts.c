@@ -153,6 +153,17 @@ static void test_relu_nan(void) {
   QT_CHECK(dx2[1] == 0.0f && dx2[3] == 0.0f); /* no inf * 0 = NaN leak */
 }
 
+static void test_relu6_edges(void) {
+  float x[6] = {NAN, -1.0f, 2.0f, 0.0f, 6.0f, 7.0f}, y[6], dy[6] = {1, 1, 1, 1, 1, 1}, dx[6] = {0};
+  qt_relu6_forward(y, x, 6);
+  QT_CHECK(isnan(y[0]) && y[1] == 0.0f && y[2] == 2.0f && y[3] == 0.0f && y[4] == 6.0f && y[5] == 6.0f);
+  qt_relu6_backward(dx, dy, y, 6); /* hardtanh_backward: zero at and beyond both bounds, NaN passes */
+  QT_CHECK(dx[0] == 1.0f && dx[1] == 0.0f && dx[2] == 1.0f && dx[3] == 0.0f && dx[4] == 0.0f && dx[5] == 0.0f);
+  float dinf[6] = {1, INFINITY, 1, INFINITY, INFINITY, INFINITY}, dx2[6] = {0};
+  qt_relu6_backward(dx2, dinf, y, 6);
+  QT_CHECK(dx2[1] == 0.0f && dx2[3] == 0.0f && dx2[4] == 0.0f && dx2[5] == 0.0f);
+}
+
 int main(void) {
   /* forked children first, before this process starts OpenMP threads */
   expect_abort("batch_norm_forward_train M=1", bn_train_m1);
@@ -166,5 +177,6 @@ int main(void) {
   test_batch_norm_edges();
   test_cross_entropy_extremes();
   test_relu_nan();
+  test_relu6_edges();
   return qt_test_finish();
 }

@@ -110,6 +110,10 @@ static void relu_fwd(void *p, float *y) {
   ew_ctx *e = p;
   qt_relu_forward(y, e->a, e->n);
 }
+static void relu6_fwd(void *p, float *y) {
+  ew_ctx *e = p;
+  qt_relu6_forward(y, e->a, e->n);
+}
 static void add_fwd(void *p, float *y) {
   ew_ctx *e = p;
   qt_add_forward(y, e->a, e->b, e->n);
@@ -123,6 +127,16 @@ static void test_relu_add(void) {
   qt_relu_forward(y, e.a, n);
   qt_relu_backward(da, w, y, n);
   check_param("relu dinp", relu_fwd, &e, e.a, da, n, w, y, n);
+  /* relu6: inputs in [-7, 7] kept at least 0.1 away from 0 and 6 */
+  float *a6 = malloc(n * 4), *d6 = calloc(n, 4);
+  for (int64_t i = 0; i < n; i++) a6[i] = e.a[i] * 7.0f + (i % 3 == 0 ? 5.0f : 0.0f);
+  for (int64_t i = 0; i < n; i++)
+    if (fabsf(a6[i] - 6.0f) < 0.1f || fabsf(a6[i]) < 0.1f) a6[i] += 0.25f;
+  ew_ctx e6 = {.a = a6, .b = e.b, .n = n};
+  qt_relu6_forward(y, a6, n);
+  qt_relu6_backward(d6, w, y, n);
+  check_param("relu6 dinp", relu6_fwd, &e6, a6, d6, n, w, y, n);
+  free(a6), free(d6);
   memset(da, 0, n * 4);
   qt_add_backward(da, db, w, n);
   check_param("add da", add_fwd, &e, e.a, da, n, w, y, n);

@@ -1,7 +1,7 @@
 /* CPU kernels against PyTorch 1.13 (tests/ref/cpu_ops.h5, written by
  * tests/ref/make_ref_cpu_ops.py): BatchNorm2d train (output, batch mean/invstd, running stats
  * after one step, gradients) and eval, max_pool2d k2s2 and k3s2p1 (values, indices, input
- * gradient; ties and NaNs), avg_pool2d k3s1p1, adaptive_avg_pool2d(1), relu and mean
+ * gradient; ties and NaNs), avg_pool2d k3s1p1, adaptive_avg_pool2d(1), relu, relu6 and mean
  * cross-entropy. Both the optimized kernels and their `_ref` twins are checked.
  * Tolerances: 1e-5 abs + 1e-4 rel for values and gradients (float32 rounding in a different
  * order than torch's); max pool indices and values exact. */
@@ -162,6 +162,17 @@ static void test_relu(int use_ref) {
   free(x), free(want), free(dy), free(want_dx), free(y), free(dx);
 }
 
+static void test_relu6(int use_ref) {
+  int64_t n;
+  float *x = load_n("relu6_x", &n), *want = load_n("relu6_y", &n), *dy = load_n("relu6_dy", &n);
+  float *want_dx = load_n("relu6_dx", &n), *y = qt_test_zeros(n), *dx = qt_test_zeros(n);
+  (use_ref ? qt_relu6_forward_ref : qt_relu6_forward)(y, x, n);
+  qt_test_close(use_ref ? "ref relu6 y" : "opt relu6 y", y, want, n, 0, 0);
+  (use_ref ? qt_relu6_backward_ref : qt_relu6_backward)(dx, dy, y, n);
+  qt_test_close(use_ref ? "ref relu6 dx" : "opt relu6 dx", dx, want_dx, n, 0, 0);
+  free(x), free(want), free(dy), free(want_dx), free(y), free(dx);
+}
+
 static void test_cross_entropy(int use_ref) {
   int64_t shape[8], n, one;
   float *logits = load("ce_logits", shape);
@@ -188,6 +199,7 @@ int main(void) {
     test_max_pool("mpt", 3, 2, 1, 0, use_ref);
     test_avg_pool(use_ref);
     test_relu(use_ref);
+    test_relu6(use_ref);
     test_cross_entropy(use_ref);
   }
   return qt_test_finish();

@@ -178,6 +178,20 @@ static void test_relu_add(int64_t n, uint64_t seed) {
   qt_relu_backward_ref(dx2, dy, y2, n);
   check_exact_f32("relu backward", dx1, dx2, n);
 
+  for (int64_t i = 3; i < n; i += 7) x[i] = (float)(i % 3) * 3.0f + 4.5f; /* 4.5, 7.5, 10.5: at and above 6 */
+  for (int64_t i = 4; i < n; i += 17) x[i] = 6.0f;
+  qt_relu6_forward(y1, x, n);
+  qt_relu6_forward_ref(y2, x, n);
+  check_exact_f32("relu6 forward", y1, y2, n);
+  memcpy(inplace, x, (size_t)n * sizeof(float));
+  qt_relu6_forward(inplace, inplace, n);
+  check_exact_f32("relu6 forward in place", inplace, y2, n);
+  memcpy(dx1, dx0, (size_t)n * sizeof(float));
+  memcpy(dx2, dx0, (size_t)n * sizeof(float));
+  qt_relu6_backward(dx1, dy, y2, n);
+  qt_relu6_backward_ref(dx2, dy, y2, n);
+  check_exact_f32("relu6 backward", dx1, dx2, n);
+
   qt_add_forward(y1, x, b, n);
   qt_add_forward_ref(y2, x, b, n);
   check_exact_f32("add forward", y1, y2, n);

@@ -1,5 +1,6 @@
 /* Quantizer, prepare, convert and the consistency check on FashionCNN and ResCNN:
- * - the onednn Quantizer's annotations (points, shared qparams, 7-bit weights without VNNI);
+ * - the onednn Quantizer's annotations (points, shared qparams, 7-bit weights without VNNI; a
+ *   relu6 fused into its conv's unit, an fp32 op outside one);
  * - PTQ and QAT prepared graphs convert to Q/DQ graphs that pass the check;
  * - negative cases the check must catch: a changed scale, a missing Q/DQ pair, a quantization
  *   point moved past a ReLU, BN folded with the wrong statistics, an integer outside the range;
@@ -118,6 +119,45 @@ static void annotations(void) {
   QT_CHECK(qt_parse_overrides(&qc, "fc9=fp32", err) == 0);
   QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) != 0 && strstr(err, "fc9"));
   QT_CHECK(qt_parse_overrides(&qc, "fc2=w9", err) != 0 && strstr(err, "fc2=w9"));
+  qt_graph_free(g);
+}
+
+/* relu6: fused into a conv -> bn unit (the unit's point after it) like relu; outside a unit it
+ * is an fp32 op, not a pass-through (6 need not lie on its input's grid), so the conv reading
+ * it quantizes its output. */
+static void relu6_units(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("relu6_units");
+  int x = qt_graph_input(g, "input", 8, 8, 2);
+  x = qt_graph_conv2d(g, "conv1", x, 4, 3, 1, 1, 1, 0);
+  x = qt_graph_batch_norm(g, "bn1", x);
+  x = qt_graph_relu6(g, "relu1", x);
+  x = qt_graph_max_pool2d(g, "pool", x, 2, 2, 0);
+  x = qt_graph_relu6(g, "relu2", x);
+  x = qt_graph_conv2d(g, "conv2", x, 4, 1, 1, 0, 4, 1); /* depthwise */
+  x = qt_graph_relu6(g, "relu3", x);
+  x = qt_graph_flatten(g, "flatten", x);
+  QT_ASSERT(qt_graph_finalize(g, x, err) == 0, "%s", err);
+  qt_quantizer_config qc = qt_test_quantizer_config(8, 8);
+  qt_annotations a;
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+#define V(name) g->nodes[qt_graph_find_node(g, name)].output
+#define U(name) a.unit[qt_graph_find_node(g, name)]
+  QT_CHECK(U("bn1") == qt_graph_find_node(g, "conv1") && U("relu1") == qt_graph_find_node(g, "conv1"));
+  QT_CHECK(!a.act[V("bn1")] && a.act[V("relu1")] && a.share[V("pool")] == V("relu1"));
+  QT_CHECK(U("relu2") == qt_graph_find_node(g, "relu2") && a.share[V("relu2")] < 0 && a.act[V("relu2")]);
+  QT_CHECK(U("relu3") == qt_graph_find_node(g, "conv2") && a.act[V("relu3")] && !a.act[V("conv2")]);
+#undef V
+#undef U
+  qt_annotations_free(&a);
+  /* a backend without relu6 in its op list fuses nothing: the point is the conv's output */
+  qt_backend_desc d;
+  qt_backend_desc_onednn_cpu(&d, QT_ISA_VNNI);
+  d.ops[QT_OP_RELU6] = 0;
+  QT_CHECK(qt_quantizer(g, &d, &qc, &a, err) == 0);
+  QT_CHECK(a.unit[qt_graph_find_node(g, "relu1")] == qt_graph_find_node(g, "relu1"));
+  QT_CHECK(a.act[g->nodes[qt_graph_find_node(g, "bn1")].output]);
+  qt_annotations_free(&a);
   qt_graph_free(g);
 }
 
@@ -340,6 +380,7 @@ static void lsq_from_calibration(void) {
 
 int main(void) {
   annotations();
+  relu6_units();
   round_trip("fashion_cnn", QT_PREPARE_PTQ, 8, 8);
   round_trip("fashion_cnn", QT_PREPARE_QAT, 4, 8);
   round_trip("fashion_cnn", QT_PREPARE_QAT, 4, 4);

@@ -233,6 +233,8 @@ def run(nodes, values, tensors, quant, x, output):
             y = y.astype(np.float32)
         elif op == "relu":
             y = np.maximum(xi, np.float32(0))
+        elif op == "relu6":
+            y = np.minimum(np.maximum(xi, np.float32(0)), np.float32(6))
         elif op == "max_pool2d":
             k, s, p = int(a["kernel_h"]), int(a["stride_h"]), int(a["pad_h"])
             y = windows(xi, k, k, s, s, p, p, -np.inf).max(axis=(4, 5)).astype(np.float32)

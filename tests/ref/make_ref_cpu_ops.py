@@ -17,6 +17,8 @@ the output, a random upstream gradient `*_dy` and torch's input gradient(s).
   ap_*        avg_pool2d(k3, s1, p1), count_include_pad=True, on (2,7,8,3): y, dx.
   gap_*       adaptive_avg_pool2d(1) on (3,5,4,6): y (3,6), dx.
   relu_*      relu on (2,5,5,4) with exact zeros: y, dx.
+  relu6_*     relu6 (hardtanh 0..6) on (2,5,5,4) in [-9, 9] with exact 0 and 6: y, dx (drawn last,
+              so the other cases keep their draws).
   shape_*     pool output-size rule: shape_cases (n,8) int32 rows (H, W, KH, KW, sh, sw, ph, pw)
               and shape_out (n,2) torch's (OH, OW) for max_pool2d, or (-1, -1) when torch
               refuses the case (pad > kernel/2, output < 1, non-positive kernel or stride).
@@ -168,6 +170,13 @@ put("ce_loss", loss.detach().reshape(1))
 put("ce_probs", torch.softmax(logits.detach(), dim=1))
 put("ce_dlogits", dl)
 put("ce_dlogits_scaled", dl_scaled)
+
+# ---- relu6 (last: the draws above are unchanged by it) ---------------------------------------
+x = torch.randn(2, 4, 5, 5) * 4.5
+x.view(-1)[::9] = 0.0
+x.view(-1)[4::11] = 6.0
+x.requires_grad_()
+unary_grad("relu6", x, F.relu6)
 
 tmp = OUT + ".tmp"
 with h5py.File(tmp, "w") as f:

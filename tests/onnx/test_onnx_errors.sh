@@ -1,0 +1,76 @@
+#!/bin/bash
+# qat_train with model.onnx on bad input: a missing, truncated or non-ONNX file, an unsupported
+# op, unsupported attributes (dilation 2, ceil_mode, auto_pad, asymmetric pads), a dynamic input
+# shape the data contradicts (in the image size a Gemm was built for, and in the channels), a
+# missing initializer, an initializer holding fewer values than its dims, a BN parameter of the
+# wrong size, and model.name given too. Each exits 2 with a message naming the file, the node
+# (op type and opset) and what is wrong, before any training: no checkpoint is written.
+# The bad models are made by tests/onnx/make_onnx_models.py.
+# Usage: test_onnx_errors.sh path/to/qat_train SOURCE_DIR
+set -u
+BIN="$1"
+SRC="$2"
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+cd "$SRC" || exit 1
+fail=0
+B=tests/onnx/bad
+printf '[train]\nepochs = 1\n[data]\ntrain_limit = 512\ntest_limit = 256\n[output]\nprogress = none\n' > "$T/ok.ini"
+
+# expect NAME PATTERN... -- MODEL [overrides...]: exit 2, every pattern in stderr, no checkpoint
+expect() {
+  local name="$1"; shift
+  local pats=()
+  while [ "$1" != "--" ]; do pats+=("$1"); shift; done
+  shift
+  local model="$1"; shift
+  "$BIN" "$T/ok.ini" "model.onnx=$model" "output.dir=$T/$name" "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  if [ "$rc" -ne 2 ]; then
+    echo "$name: exit $rc, want 2; stderr:"; cat "$T/err"; fail=1; return
+  fi
+  for p in "${pats[@]}"; do
+    grep -qF -- "$p" "$T/err" || { echo "$name: stderr lacks '$p':"; cat "$T/err"; fail=1; }
+  done
+  [ -e "$T/$name/checkpoint.h5" ] && { echo "$name: a checkpoint was written"; fail=1; }
+}
+
+head -c 20000 tests/onnx/models/mobilenet.onnx > "$T/truncated.onnx"
+head -c 100 tests/onnx/models/fashion_mlp.onnx > "$T/truncated_head.onnx"
+: > "$T/empty.onnx"
+
+expect missing_file "onnx: $T/nope.onnx" "cannot open" -- "$T/nope.onnx"
+expect truncated "onnx: $T/truncated.onnx" "not a readable ONNX model" "truncated" -- "$T/truncated.onnx"
+expect truncated_head "$T/truncated_head.onnx" "not a readable ONNX model" -- "$T/truncated_head.onnx"
+expect empty "$T/empty.onnx" "not an ONNX model" -- "$T/empty.onnx"
+expect not_onnx "onnx: README.md" "not a readable ONNX model" -- README.md
+expect unsupported_op "$B/unsupported_op.onnx" "node '/base/relu/LeakyRelu'" "(LeakyRelu, opset 13)" \
+  "op type not supported" -- $B/unsupported_op.onnx
+expect dilation2 "$B/dilation2.onnx" "node '/conv/Conv' (Conv, opset 13)" "dilations [2, 2] are not supported" \
+  -- $B/dilation2.onnx
+expect ceil_mode "$B/ceil_mode.onnx" "node '/pool/MaxPool' (MaxPool, opset 13)" "ceil_mode = 1 is not supported" \
+  -- $B/ceil_mode.onnx
+expect auto_pad "$B/auto_pad.onnx" "node '/conv/Conv' (Conv, opset 13)" "auto_pad = 'SAME_UPPER'" -- $B/auto_pad.onnx
+expect asymmetric_pad "$B/asymmetric_pad.onnx" "node '/conv/Conv' (Conv, opset 13)" "asymmetric pads [0, 0, 1, 1]" \
+  -- $B/asymmetric_pad.onnx
+# dynamic height and width taken from Fashion-MNIST's 28x28 images: the Gemm was built for 16x16
+expect dynamic_hw "$B/dynamic_hw.onnx" "node '/fc/Gemm' (Gemm, opset 13)" "'fc.weight' [10, 32] takes 32 input features" \
+  "has 98" "dynamic dims were taken from the data" -- $B/dynamic_hw.onnx
+# dynamic height and width, but 3 channels: the data's 1-channel images contradict it
+expect rgb_dynamic "model rgb_dynamic" "input 'input' [batch, 3, height, width] (NCHW)" "takes 28x28x3 images" \
+  "data.idx gives 28x28x1" -- $B/rgb_dynamic.onnx
+expect missing_initializer "$B/missing_initializer.onnx" "node '/conv/Conv' (Conv, opset 13)" \
+  "the weight 'conv.weight' is missing" -- $B/missing_initializer.onnx
+expect short_initializer "$B/short_initializer.onnx" "node '/fc/Gemm' (Gemm, opset 13)" \
+  "'fc.weight' has dims [10, 98] (980 values) but holds 979 values" -- $B/short_initializer.onnx
+expect bn_size "$B/bn_size.onnx" "node '/bn/BatchNormalization' (BatchNormalization, opset 13)" \
+  "the scale 'bn.weight' has dims [3], expected [4]" -- $B/bn_size.onnx
+expect name_and_onnx "model.name = res_cnn (override) and model.onnx" "both name the model" \
+  -- tests/onnx/models/res_cnn.onnx model.name=res_cnn
+# a quantized run's fp32 recipe must train the same model
+printf '[model]\nname = fashion_cnn\n' > "$T/fp32.ini"
+expect recipe_model "quant.fp32_config '$T/fp32.ini' trains model.name fashion_cnn" \
+  "this run quantizes model.onnx tests/onnx/models/mobilenet.onnx" -- tests/onnx/models/mobilenet.onnx \
+  quant.mode=qat "quant.fp32_checkpoint=$T/fp32/checkpoint.h5" "quant.fp32_config=$T/fp32.ini"
+
+[ $fail -eq 0 ] || exit 1
