@@ -325,6 +325,15 @@ done:
   return rc;
 }
 
+/* A prepared graph's learned (LSQ) scale, which no slot names: "<fake_quant>.scale" of one
+ * element, or "<conv/linear/conv_bn>.weight_scale" of 1 or out-channels elements. */
+static int lsq_scale_tensor(const qt_graph *g, const qt_node *n, const qt_param *p) {
+  const char *suffix = p->name + strlen(n->name) + 1;
+  if (n->op == QT_OP_FAKE_QUANT && strcmp(suffix, "scale") == 0) return p->ndim == 1 && p->numel == 1;
+  if (!qt_op_has_weight(n->op) || strcmp(suffix, "weight_scale") != 0 || n->param[QT_P_WEIGHT] < 0) return 0;
+  return p->ndim == 1 && (p->numel == 1 || p->numel == g->tensors[n->param[QT_P_WEIGHT]].shape[0]);
+}
+
 static qt_graph *load_graph(hid_t f, char *msg) {
   qt_graph *g = NULL;
   node_rec *nodes = NULL;
@@ -521,6 +530,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
     const qt_node *n = &g->nodes[g->tensors[t].node];
     int used = 0;
     for (int k = 0; k < QT_MAX_PARAMS; k++) used |= n->param[k] == t || n->buffer[k] == t;
+    if (!used && kind == KIND_PREPARED) used = lsq_scale_tensor(g, n, &g->tensors[t]);
     if (!used) {
       qt_err(msg, "/tensors/%s: no slot of its owner node %d '%s' names it (a tensor no node uses)", g->tensors[t].name,
              g->tensors[t].node, n->name);
