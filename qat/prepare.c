@@ -63,8 +63,9 @@ static int add_fake_quant(prep *s, int old_value, const qt_qspec *spec, char *er
   char name[QT_NAME_LEN];
   snprintf(name, sizeof name, "%s.fq", s->g->values[old_value].name);
   int in = s->vmap[old_value];
-  const qt_value *v = &s->p->values[in];
-  int id = qt_graph_add_node(s->p, QT_OP_FAKE_QUANT, name, &in, 1, NULL, v->ndim, v->shape);
+  /* a copy: adding the node may move the values table */
+  const qt_value v = s->p->values[in];
+  int id = qt_graph_add_node(s->p, QT_OP_FAKE_QUANT, name, &in, 1, NULL, v.ndim, v.shape);
   if (id < 0) {
     snprintf(err, QT_ERR_LEN, "prepare: %s", s->p->error);
     return -1;
