@@ -1,8 +1,10 @@
 /* Replay mode of a fuzz target (the normal build's fuzz_replay_<target> tests): runs every file
  * named on the command line, and every file of every folder named (sorted, names starting with
  * '.' skipped), through the target's LLVMFuzzerTestOneInput, as libFuzzer would run one input.
- * A crash, a sanitizer report or a broken contract (abort) fails the test; the input being run
- * is named first. Quiet on success unless QT_FUZZ_VERBOSE is set. */
+ * A crash, a sanitizer report or a broken contract (abort) fails the test, and so does an input
+ * that takes more than QT_FUZZ_CPU_SECONDS (default 3) of CPU time: what libFuzzer reports as a
+ * timeout (CPU rather than wall time, so a busy machine does not fail it; the seeds take
+ * milliseconds). The failing input is named. Quiet on success unless QT_FUZZ_VERBOSE is set. */
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
@@ -10,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "fuzz/fuzz_util.h"
@@ -36,6 +39,24 @@ static void on_signal(int sig) {
 /* A sanitizer report ends the process without a signal: name the input after it. */
 static void on_death(void) { fprintf(stderr, "\nfuzz replay: failed on input %s\n", current); }
 #endif
+
+/* SIGPROF: the input used up its CPU time. */
+static void on_cpu_limit(int sig) {
+  (void)sig;
+  static const char msg[] = "\nfuzz replay: CPU time limit (QT_FUZZ_CPU_SECONDS) exceeded: a hang on input ";
+  ssize_t ignored = write(2, msg, sizeof msg - 1);
+  ignored = write(2, current, strlen(current));
+  ignored = write(2, "\n", 1);
+  (void)ignored;
+  _exit(1);
+}
+
+static double cpu_seconds = 3;
+
+static void set_cpu_limit(double seconds) {
+  struct itimerval t = {{0, 0}, {(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)}};
+  setitimer(ITIMER_PROF, &t, NULL);
+}
 
 static int run_file(const char *path) {
   FILE *f = fopen(path, "rb");
@@ -71,7 +92,9 @@ static int run_file(const char *path) {
   }
   memcpy(exact, buf, n);
   free(buf);
+  set_cpu_limit(cpu_seconds);
   LLVMFuzzerTestOneInput(exact, n);
+  set_cpu_limit(0);
   free(exact);
   current = "";
   return 0;
@@ -144,6 +167,9 @@ int main(int argc, char **argv) {
   signal(SIGBUS, on_signal);
   signal(SIGFPE, on_signal);
 #endif
+  signal(SIGPROF, on_cpu_limit);
+  if (getenv("QT_FUZZ_CPU_SECONDS")) cpu_seconds = atof(getenv("QT_FUZZ_CPU_SECONDS"));
+  if (!(cpu_seconds > 0)) cpu_seconds = 3;
   LLVMFuzzerInitialize(&argc, &argv);
   int count = 0;
   for (int i = 1; i < argc; i++)
