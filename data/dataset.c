@@ -527,6 +527,12 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
     qt_err(err, "data: %s: cannot decode image: %s", files.items[0], stbi_failure_reason());
     goto done;
   }
+  /* stb_image returns 0-pixel BMP and PNM images without an error. */
+  if (w0 < 1 || h0 < 1) {
+    stbi_image_free(pix);
+    qt_err(err, "data: %s: expected an image of at least 1x1 pixels, found %dx%d", files.items[0], w0, h0);
+    goto done;
+  }
   size_t image_size = (size_t)w0 * (size_t)h0 * (size_t)channels;
   if ((uint64_t)image_size * files.n > MAX_IMAGE_BYTES) {
     stbi_image_free(pix);
