@@ -461,9 +461,43 @@ oom:
 
 /* Per-file outcome of the parallel decode, reported afterwards for the first failing file. */
 typedef struct {
-  const char *reason;   /* stbi_failure_reason() of a failed decode, else NULL */
-  int w, h;             /* found size, when it differs from the first image */
+  const char *reason;   /* why decode_image failed, else NULL */
+  int other_size, w, h; /* found size, when it differs from the first image */
 } decode_status;
+
+/* Decodes one image file (channels 1..4) into a new stb_image buffer and its size; NULL with a
+ * static *reason. stb_image picks its decoder from the content, not the name, so a file named
+ * .png could reach its BMP, TGA, PSD, PIC, HDR, GIF or PNM decoders (hostile BMP and TGA headers
+ * of a few hundred bytes kept them busy for seconds): only PNG and JPEG content is decoded, the
+ * formats the extensions name. Thread-safe (stbi_failure_reason is thread-local in this stb). */
+static uint8_t *decode_image(const char *path, int channels, int *w, int *h, const char **reason) {
+  static const uint8_t png[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  FILE *f = fopen(path, "rb");
+  struct stat st;
+  if (!f || fstat(fileno(f), &st) != 0) {
+    if (f) fclose(f);
+    *reason = "cannot open the file";
+    return NULL;
+  }
+  if (st.st_size > INT32_MAX) {
+    fclose(f);
+    *reason = "larger than 2 GiB";
+    return NULL;
+  }
+  const size_t n = (size_t)st.st_size;
+  uint8_t *bytes = malloc(n ? n : 1);
+  const int read_ok = bytes && fread(bytes, 1, n, f) == n;
+  fclose(f);
+  uint8_t *pixels = NULL;
+  int comp;
+  if (!read_ok) *reason = bytes ? "cannot read the file" : "out of memory";
+  else if (!(n >= 8 && memcmp(bytes, png, 8) == 0) && !(n >= 2 && bytes[0] == 0xff && bytes[1] == 0xd8))
+    *reason = "not a PNG or JPEG file (found another signature)";
+  else if (!(pixels = stbi_load_from_memory(bytes, (int)n, w, h, &comp, channels)))
+    *reason = stbi_failure_reason() ? stbi_failure_reason() : "unknown error";
+  free(bytes);
+  return pixels;
+}
 
 int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char *err) {
   qt_dataset out = {0};
@@ -521,13 +555,15 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
   }
 
   /* The first image fixes the size every other image must have. */
-  int w0, h0, comp;
-  uint8_t *pix = stbi_load(files.items[0], &w0, &h0, &comp, channels);
+  int w0, h0;
+  const char *why = NULL;
+  uint8_t *pix = decode_image(files.items[0], channels, &w0, &h0, &why);
   if (!pix) {
-    qt_err(err, "data: %s: cannot decode image: %s", files.items[0], stbi_failure_reason());
+    qt_err(err, "data: %s: cannot decode image: %s", files.items[0], why);
     goto done;
   }
-  /* stb_image returns 0-pixel BMP and PNM images without an error. */
+  /* stb_image returned 0-pixel BMP and PNM images without an error (BMP and PNM are no longer
+   * decoded; the check stays). */
   if (w0 < 1 || h0 < 1) {
     stbi_image_free(pix);
     qt_err(err, "data: %s: expected an image of at least 1x1 pixels, found %dx%d", files.items[0], w0, h0);
@@ -560,14 +596,11 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
   const int64_t nfiles = (int64_t)files.n;
   #pragma omp parallel for schedule(dynamic, 8)
   for (int64_t i = 1; i < nfiles; i++) {
-    int w, h, cc;
-    uint8_t *p = stbi_load(files.items[i], &w, &h, &cc, channels);
-    if (!p) {
-      status[i].reason = stbi_failure_reason();
-      if (!status[i].reason) status[i].reason = "unknown error";
-      continue;
-    }
+    int w, h;
+    uint8_t *p = decode_image(files.items[i], channels, &w, &h, &status[i].reason);
+    if (!p) continue;
     if (w != w0 || h != h0) {
+      status[i].other_size = 1;
       status[i].w = w;
       status[i].h = h;
     } else {
@@ -580,7 +613,7 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
       qt_err(err, "data: %s: cannot decode image: %s", files.items[i], status[i].reason);
       goto done;
     }
-    if (status[i].w) {
+    if (status[i].other_size) {
       qt_err(err, "data: %s: expected %dx%d (width x height) like %s, found %dx%d", files.items[i],
               w0, h0, files.items[0], status[i].w, status[i].h);
       goto done;
