@@ -465,6 +465,36 @@ typedef struct {
   int other_size, w, h; /* found size, when it differs from the first image */
 } decode_status;
 
+/* stb_image 2.27 (Debian 12's) builds a JPEG Huffman table without checking that its 16 code
+ * counts add up to at most 256, and then writes past the table's 257 code sizes and 256 values
+ * (fixed upstream in 2.28). This walks the file's markers as stb does (segments by their length,
+ * entropy-coded data up to the next marker: progressive files define tables between scans) and
+ * finds every table of every DHT segment; 0 when one has more than 256 codes. */
+static int jpeg_huffman_tables_ok(const uint8_t *b, size_t n) {
+  size_t p = 2; /* after SOI */
+  while (p + 1 < n) {
+    const uint8_t m = b[p + 1];
+    if (b[p] != 0xff || m == 0xff || m == 0x00 || m == 0x01 || (m >= 0xd0 && m <= 0xd8)) {
+      p += b[p] == 0xff && m != 0xff ? 2 : 1; /* data, fill, stuffing, RSTn, TEM, SOI */
+      continue;
+    }
+    if (m == 0xd9 || p + 4 > n) return 1; /* EOI */
+    const size_t len = (size_t)b[p + 2] << 8 | b[p + 3];
+    if (m == 0xc4) {
+      size_t q = p + 4;
+      for (long left = (long)len - 2; left > 0;) {
+        int codes = 0;
+        for (size_t i = 1; i <= 16; i++) codes += q + i < n ? b[q + i] : 0;
+        if (codes > 256) return 0;
+        q += 17 + (size_t)codes;
+        left -= 17 + codes;
+      }
+    }
+    p += 2 + len;
+  }
+  return 1;
+}
+
 /* Decodes one image file (channels 1..4) into a new stb_image buffer and its size; NULL with a
  * static *reason. stb_image picks its decoder from the content, not the name, so a file named
  * .png could reach its BMP, TGA, PSD, PIC, HDR, GIF or PNM decoders (hostile BMP and TGA headers
@@ -493,6 +523,8 @@ static uint8_t *decode_image(const char *path, int channels, int *w, int *h, con
   if (!read_ok) *reason = bytes ? "cannot read the file" : "out of memory";
   else if (!(n >= 8 && memcmp(bytes, png, 8) == 0) && !(n >= 2 && bytes[0] == 0xff && bytes[1] == 0xd8))
     *reason = "not a PNG or JPEG file (found another signature)";
+  else if (bytes[0] == 0xff && !jpeg_huffman_tables_ok(bytes, n))
+    *reason = "corrupt JPEG: a Huffman table with more than 256 codes";
   else if (!(pixels = stbi_load_from_memory(bytes, (int)n, w, h, &comp, channels)))
     *reason = stbi_failure_reason() ? stbi_failure_reason() : "unknown error";
   free(bytes);
