@@ -40,15 +40,88 @@ hid_t qt_h5_create(const char *path, hid_t fcpl, hid_t fapl, char *err) {
 #define H5_CHUNK_BYTES ((size_t)1 << 24)
 #define H5_COMPACT_LINKS 65535 /* links kept in the (checksummed) group header, not a heap */
 
-hid_t qt_h5_create_checksummed(const char *path, char *err) {
+/* The core driver's memory comes from these callbacks, so that the buffer survives H5Fclose:
+ * only after the close has HDF5 cleared the superblock's "open for writing" flag (version 3
+ * superblocks), so the bytes of an open file (H5Fget_file_image) would not open again. */
+struct qt_h5_image {
+  void *buf;      /* the core driver's buffer; after the close, the file's bytes */
+  int closed;     /* the driver released buf at the file's close: it is ours now */
+};
+
+static void *image_malloc(size_t size, H5FD_file_image_op_t op, void *udata) {
+  (void)op;
+  (void)udata;
+  return malloc(size ? size : 1);
+}
+static void *image_memcpy(void *dest, const void *src, size_t size, H5FD_file_image_op_t op, void *udata) {
+  (void)op;
+  (void)udata;
+  return memcpy(dest, src, size);
+}
+static void *image_realloc(void *ptr, size_t size, H5FD_file_image_op_t op, void *udata) {
+  (void)op;
+  qt_h5_image *im = udata;
+  void *p = realloc(ptr, size ? size : 1);
+  if (p && ptr == im->buf) im->buf = p;
+  if (p && !im->buf) im->buf = p;
+  return p;
+}
+static herr_t image_free(void *ptr, H5FD_file_image_op_t op, void *udata) {
+  qt_h5_image *im = udata;
+  if (op == H5FD_FILE_IMAGE_OP_FILE_CLOSE && ptr && ptr == im->buf) {
+    im->closed = 1; /* kept for qt_h5_commit */
+    return 0;
+  }
+  if (ptr == im->buf) im->buf = NULL;
+  free(ptr);
+  return 0;
+}
+static void *image_udata_copy(void *udata) { return udata; }
+static herr_t image_udata_free(void *udata) {
+  (void)udata;
+  return 0;
+}
+
+hid_t qt_h5_create_checksummed(const char *name, qt_h5_image **img, char *err) {
+  qt_h5_quiet();
+  qt_h5_image *im = calloc(1, sizeof *im);
+  QT_ASSERT(im, "out of memory");
+  H5FD_file_image_callbacks_t cb = {image_malloc, image_memcpy, image_realloc, image_free,
+                                    image_udata_copy, image_udata_free, im};
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), fcpl = H5Pcreate(H5P_FILE_CREATE);
   /* The root group is created with the file: its object times must be off too. */
-  const int bad = fapl < 0 || fcpl < 0 || H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_LATEST) < 0 ||
-                  H5Pset_obj_track_times(fcpl, 0) < 0;
-  hid_t f = bad ? qt_err(err, "cannot create '%s': HDF5 property lists failed", path) : qt_h5_create(path, fcpl, fapl, err);
+  const int bad = fapl < 0 || fcpl < 0 || H5Pset_fapl_core(fapl, (size_t)1 << 20, 0) < 0 ||
+                  H5Pset_file_image_callbacks(fapl, &cb) < 0 ||
+                  H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_LATEST) < 0 ||
+                  /* closing the file closes whatever a failed writer left open in it */
+                  H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0 || H5Pset_obj_track_times(fcpl, 0) < 0;
+  hid_t f = bad ? -1 : H5Fcreate(name, H5F_ACC_TRUNC, fcpl, fapl);
   if (fapl >= 0) H5Pclose(fapl);
   if (fcpl >= 0) H5Pclose(fcpl);
+  if (f < 0) {
+    free(im);
+    *img = NULL;
+    return qt_err(err, "cannot create '%s' in memory (HDF5 failed: out of memory?)", name);
+  }
+  *img = im;
   return f;
+}
+
+void qt_h5_discard(hid_t f, qt_h5_image *img) {
+  H5Fclose(f);
+  if (img && img->closed) free(img->buf);
+  free(img);
+}
+
+int qt_h5_commit(hid_t f, qt_h5_image *img, const char *path, char *err) {
+  hsize_t size = 0;
+  const int sized = H5Fflush(f, H5F_SCOPE_LOCAL) >= 0 && H5Fget_filesize(f, &size) >= 0 && size > 0;
+  const int closed = H5Fclose(f) >= 0 && img->closed && img->buf;
+  int rc = sized && closed ? qt_write_file_atomic(path, img->buf, (size_t)size, err)
+                           : qt_err(err, "cannot write '%s': HDF5 could not produce the file's bytes", path);
+  if (img->closed) free(img->buf);
+  free(img);
+  return rc;
 }
 
 hid_t qt_h5_group_create(hid_t loc, const char *name) {

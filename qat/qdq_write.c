@@ -242,23 +242,19 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
       (g->input_pre.set && qt_input_preprocessing_check(g, &g->input_pre, msg)))
     return qt_err(err, "qdq save '%s': %s", path, msg);
 
-  char tmp[4200];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return qt_err(err, "qdq save: path too long");
   char cmsg[QT_ERR_LEN];
-  hid_t f = qt_h5_create_checksummed(tmp, cmsg);
+  qt_h5_image *img;
+  hid_t f = qt_h5_create_checksummed(path, &img, cmsg);
   if (f < 0) return qt_err(err, "qdq save '%s': %s", path, cmsg);
   writer w;
   snprintf(w.where, sizeof w.where, "the file");
-  int bad = write_graph(&w, f, g, kind);
-  bad |= H5Fclose(f) < 0;
-  if (bad) {
-    unlink(tmp);
-    return qt_err(err, "qdq save '%s': writing %s failed (disk full or not writable?); '%s' is unchanged", path,
-                  w.where, path);
+  if (write_graph(&w, f, g, kind)) {
+    qt_h5_discard(f, img);
+    return qt_err(err, "qdq save '%s': writing %s failed (HDF5 failed in memory); '%s' is unchanged", path, w.where,
+                  path);
   }
-  char cerr[QT_ERR_LEN];
-  if (qt_file_commit(tmp, path, cerr))
-    return qt_err(err, "qdq save '%s': %s (disk full or not writable?); '%s' is unchanged", path, cerr, path);
+  if (qt_h5_commit(f, img, path, cmsg))
+    return qt_err(err, "qdq save '%s': %s (disk full or not writable?); '%s' is unchanged", path, cmsg, path);
   return 0;
 }
 

@@ -1,8 +1,9 @@
 /* HDF5 checkpoints: /params/<name>, /buffers/<name> (PyTorch's state_dict names and shapes,
  * weights OIHW), /optim/<state> (flat, over the parameter slab), root attributes epoch,
  * step, seed, model, config; for a prepared (quantized) graph also /quant, the quantization
- * training state (qat/qstate_file.h). Written to a temporary file, fsync'd, then renamed: a
- * crash never leaves a half-written checkpoint under the real name. Checksummed: every dataset
+ * training state (qat/qstate_file.h). Built in memory, then written to a temporary file,
+ * fsync'd and renamed (qt_h5_commit): a crash or a full disk never leaves a half-written
+ * checkpoint under the real name. Checksummed: every dataset
  * carries a Fletcher-32 checksum and the file is in HDF5 1.10's format, whose superblock and
  * object headers (with the attributes) carry checksums, so a flipped bit is refused on loading
  * instead of loaded as another number; saving the same state twice gives the same bytes. Every attribute is read
@@ -26,10 +27,9 @@
 int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const qt_checkpoint_meta *meta,
                        char *err) {
   qt_h5_quiet();
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
   char cmsg[QT_ERR_LEN];
-  hid_t f = qt_h5_create_checksummed(tmp, cmsg);
+  qt_h5_image *img;
+  hid_t f = qt_h5_create_checksummed(path, &img, cmsg);
   if (f < 0) return qt_err(err, "checkpoint: %s", cmsg);
   int bad = 0;
   hid_t gp = qt_h5_group_create(f, "params"), gb = qt_h5_group_create(f, "buffers");
@@ -64,13 +64,14 @@ int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const
   }
   char qerr[QT_ERR_LEN] = "";
   if (!bad && qt_graph_has_quant_state(g)) bad |= qt_quant_state_write(f, g, qerr) != 0;
-  bad |= H5Fclose(f) < 0;
-  char cerr[QT_ERR_LEN] = "";
-  if (bad || qt_file_commit(tmp, path, cerr)) {
-    unlink(tmp);
+  if (bad) {
+    qt_h5_discard(f, img);
     return qt_err(err, "checkpoint: writing '%s' failed (%s); the previous checkpoint is kept", path,
-                  qerr[0] ? qerr : cerr[0] ? cerr : "disk full?");
+                  qerr[0] ? qerr : "HDF5 failed in memory");
   }
+  char cerr[QT_ERR_LEN];
+  if (qt_h5_commit(f, img, path, cerr))
+    return qt_err(err, "checkpoint: %s; the previous checkpoint is kept", cerr);
   return 0;
 }
 

@@ -108,6 +108,26 @@ expect folder_class_missing 2 "class folder 'b'" "missing from the test folder" 
 expect fp32_in_own_dir 2 "this run's own checkpoint" -- "$T/ok.ini" quant.mode=qat \
   "quant.fp32_checkpoint=$T/same/checkpoint.h5" "output.dir=$T/same"
 
+# A full disk (a file-size limit of 2000 KiB, SIGXFSZ ignored so writes fail with EFBIG): the
+# fp32 checkpoint (3.4 MB) and then model_qdq.h5 (2.2 MB; model_trained.h5, 1.8 MB, fits) fail
+# to write: a message naming the file, exit 1, no half-written or temporary file, and no crash
+# inside HDF5 at exit (once exit 139 after the right message).
+full=(data.train_limit=256 data.test_limit=128 train.threads=1 output.progress=none)
+(trap '' XFSZ; ulimit -f 2000; exec "$BIN" "$T/ok.ini" "${full[@]}" "output.dir=$T/full_fp32") > "$T/out" 2> "$T/err"
+rc=$?
+if [ $rc -ne 1 ] || ! grep -qF "checkpoint: cannot write '$T/full_fp32/checkpoint.h5'" "$T/err" ||
+   [ -e "$T/full_fp32/checkpoint.h5" ] || [ -e "$T/full_fp32/checkpoint.h5.tmp" ]; then
+  echo "full_disk_checkpoint: exit $rc, want 1 with the checkpoint named and no file left; stderr:"; cat "$T/err"; fail=1
+fi
+"$BIN" "$T/ok.ini" "${full[@]}" "output.dir=$T/full_ok" > "$T/out" 2> "$T/err" || { echo "fp32 run failed"; cat "$T/err"; fail=1; }
+(trap '' XFSZ; ulimit -f 2000; exec "$BIN" "$T/ok.ini" "${full[@]}" quant.mode=ptq \
+  "quant.fp32_checkpoint=$T/full_ok/checkpoint.h5" "output.dir=$T/full_ptq") > "$T/out" 2> "$T/err"
+rc=$?
+if [ $rc -ne 1 ] || ! grep -qF "qdq save '$T/full_ptq/model_qdq.h5': cannot write" "$T/err" ||
+   [ -e "$T/full_ptq/model_qdq.h5" ] || [ -e "$T/full_ptq/model_qdq.h5.tmp" ] || [ ! -s "$T/full_ptq/model_trained.h5" ]; then
+  echo "full_disk_qdq: exit $rc, want 1 with model_qdq.h5 named and no file left; stderr:"; cat "$T/err"; fail=1
+fi
+
 # Two runs on one output.dir: the second is refused, naming the first's process.
 "$BIN" "$T/ok.ini" data.train_limit=20000 data.test_limit=512 train.threads=1 output.progress=none \
   "output.dir=$T/busy" > "$T/first" 2>&1 &
