@@ -37,6 +37,103 @@ hid_t qt_h5_create(const char *path, hid_t fcpl, hid_t fapl, char *err) {
   return f;
 }
 
+#define H5_CHUNK_BYTES ((size_t)1 << 24)
+#define H5_COMPACT_LINKS 65535 /* links kept in the (checksummed) group header, not a heap */
+
+/* The core driver's memory comes from these callbacks, so that the buffer survives H5Fclose:
+ * only after the close has HDF5 cleared the superblock's "open for writing" flag (version 3
+ * superblocks), so the bytes of an open file (H5Fget_file_image) would not open again. */
+struct qt_h5_image {
+  void *buf;      /* the core driver's buffer; after the close, the file's bytes */
+  int closed;     /* the driver released buf at the file's close: it is ours now */
+};
+
+static void *image_malloc(size_t size, H5FD_file_image_op_t op, void *udata) {
+  (void)op;
+  (void)udata;
+  return malloc(size ? size : 1);
+}
+static void *image_memcpy(void *dest, const void *src, size_t size, H5FD_file_image_op_t op, void *udata) {
+  (void)op;
+  (void)udata;
+  return memcpy(dest, src, size);
+}
+static void *image_realloc(void *ptr, size_t size, H5FD_file_image_op_t op, void *udata) {
+  (void)op;
+  qt_h5_image *im = udata;
+  void *p = realloc(ptr, size ? size : 1);
+  if (p && ptr == im->buf) im->buf = p;
+  if (p && !im->buf) im->buf = p;
+  return p;
+}
+static herr_t image_free(void *ptr, H5FD_file_image_op_t op, void *udata) {
+  qt_h5_image *im = udata;
+  if (op == H5FD_FILE_IMAGE_OP_FILE_CLOSE && ptr && ptr == im->buf) {
+    im->closed = 1; /* kept for qt_h5_commit */
+    return 0;
+  }
+  if (ptr == im->buf) im->buf = NULL;
+  free(ptr);
+  return 0;
+}
+static void *image_udata_copy(void *udata) { return udata; }
+static herr_t image_udata_free(void *udata) {
+  (void)udata;
+  return 0;
+}
+
+hid_t qt_h5_create_checksummed(const char *name, qt_h5_image **img, char *err) {
+  qt_h5_quiet();
+  qt_h5_image *im = calloc(1, sizeof *im);
+  QT_ASSERT(im, "out of memory");
+  H5FD_file_image_callbacks_t cb = {image_malloc, image_memcpy, image_realloc, image_free,
+                                    image_udata_copy, image_udata_free, im};
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), fcpl = H5Pcreate(H5P_FILE_CREATE);
+  /* The root group is created with the file: its object times must be off too. */
+  const int bad = fapl < 0 || fcpl < 0 || H5Pset_fapl_core(fapl, (size_t)1 << 20, 0) < 0 ||
+                  H5Pset_file_image_callbacks(fapl, &cb) < 0 ||
+                  H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_LATEST) < 0 ||
+                  /* closing the file closes whatever a failed writer left open in it */
+                  H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0 || H5Pset_obj_track_times(fcpl, 0) < 0;
+  hid_t f = bad ? -1 : H5Fcreate(name, H5F_ACC_TRUNC, fcpl, fapl);
+  if (fapl >= 0) H5Pclose(fapl);
+  if (fcpl >= 0) H5Pclose(fcpl);
+  if (f < 0) {
+    free(im);
+    *img = NULL;
+    return qt_err(err, "cannot create '%s' in memory (HDF5 failed: out of memory?)", name);
+  }
+  *img = im;
+  return f;
+}
+
+void qt_h5_discard(hid_t f, qt_h5_image *img) {
+  H5Fclose(f);
+  if (img && img->closed) free(img->buf);
+  free(img);
+}
+
+int qt_h5_commit(hid_t f, qt_h5_image *img, const char *path, char *err) {
+  hsize_t size = 0;
+  const int sized = H5Fflush(f, H5F_SCOPE_LOCAL) >= 0 && H5Fget_filesize(f, &size) >= 0 && size > 0;
+  const int closed = H5Fclose(f) >= 0 && img->closed && img->buf;
+  int rc = sized && closed ? qt_write_file_atomic(path, img->buf, (size_t)size, err)
+                           : qt_err(err, "cannot write '%s': HDF5 could not produce the file's bytes", path);
+  if (img->closed) free(img->buf);
+  free(img);
+  return rc;
+}
+
+hid_t qt_h5_group_create(hid_t loc, const char *name) {
+  hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
+  hid_t g = gcpl < 0 || H5Pset_obj_track_times(gcpl, 0) < 0 ||
+                    H5Pset_link_phase_change(gcpl, H5_COMPACT_LINKS, H5_COMPACT_LINKS) < 0
+                ? -1
+                : H5Gcreate2(loc, name, H5P_DEFAULT, gcpl, H5P_DEFAULT);
+  if (gcpl >= 0) H5Pclose(gcpl);
+  return g;
+}
+
 void qt_h5_type_str(hid_t type, char *buf, size_t len) {
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);
@@ -352,17 +449,37 @@ int qt_h5_dataset_read_f32(hid_t loc, const char *file, const char *obj, const c
   return 0;
 }
 
+int qt_h5_dataset_write(hid_t loc, const char *name, hid_t ftype, hid_t mtype, int ndim, const hsize_t *dims,
+                        const void *data) {
+  QT_ASSERT(ndim >= 1 && ndim <= 8, "dataset %s: rank %d", name, ndim);
+  hsize_t chunk[8];
+  size_t bytes = H5Tget_size(ftype);
+  for (int d = 0; d < ndim; d++) {
+    chunk[d] = dims[d] ? dims[d] : 1;
+    bytes *= (size_t)chunk[d];
+  }
+  while (bytes > H5_CHUNK_BYTES && chunk[0] > 1) {
+    bytes /= (size_t)chunk[0];
+    chunk[0] = (chunk[0] + 1) / 2;
+    bytes *= (size_t)chunk[0];
+  }
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  hid_t sp = H5Screate_simple(ndim, dims, NULL);
+  int bad = dcpl < 0 || sp < 0 || H5Pset_obj_track_times(dcpl, 0) < 0 || H5Pset_chunk(dcpl, ndim, chunk) < 0 ||
+            H5Pset_fletcher32(dcpl) < 0;
+  hid_t d = bad ? -1 : H5Dcreate2(loc, name, ftype, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  bad |= d < 0 || H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0;
+  if (d >= 0) bad |= H5Dclose(d) < 0;
+  if (sp >= 0) H5Sclose(sp);
+  if (dcpl >= 0) H5Pclose(dcpl);
+  return bad ? -1 : 0;
+}
+
 int qt_h5_dataset_write_f32(hid_t loc, const char *name, int ndim, const int64_t *shape, const float *data) {
   hsize_t dims[8];
   QT_ASSERT(ndim >= 1 && ndim <= 8, "dataset %s: rank %d", name, ndim);
   for (int i = 0; i < ndim; i++) dims[i] = (hsize_t)shape[i];
-  hid_t sp = H5Screate_simple(ndim, dims, NULL);
-  if (sp < 0) return -1;
-  hid_t d = H5Dcreate2(loc, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  herr_t r = d < 0 ? -1 : H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
-  if (d >= 0 && H5Dclose(d) < 0) r = -1;
-  H5Sclose(sp);
-  return r < 0 ? -1 : 0;
+  return qt_h5_dataset_write(loc, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, ndim, dims, data);
 }
 
 hid_t qt_h5_group_open(hid_t loc, const char *file, const char *obj, const char *name, char *err) {

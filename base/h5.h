@@ -26,6 +26,25 @@ hid_t qt_h5_open_read(const char *path, const char *what, hid_t fapl, char *err)
  * the caller made); -1 with err "cannot create '<path>' (directory missing or not writable?)"
  * for the caller to prefix. Writers create "<path>.tmp" and finish with qt_file_commit. */
 hid_t qt_h5_create(const char *path, hid_t fcpl, hid_t fapl, char *err);
+/* A file being built in memory (qt_h5_create_checksummed), written by qt_h5_commit. */
+typedef struct qt_h5_image qt_h5_image;
+/* Creates a file in memory (HDF5's core driver: nothing touches the disk until qt_h5_commit)
+ * in HDF5 1.10's format, whose superblock, object headers (and so every attribute) and chunk
+ * indexes carry checksums, with object times off so that the bytes depend only on what is
+ * written. Datasets written with qt_h5_dataset_write carry Fletcher-32 checksums: together a
+ * flipped bit anywhere that matters is refused on reading instead of loaded as another number.
+ * `name` only labels the file in messages. The file id, and *img for qt_h5_commit or
+ * qt_h5_discard; -1 with err. */
+hid_t qt_h5_create_checksummed(const char *name, qt_h5_image **img, char *err);
+/* Closes f and writes its bytes to path atomically (path.tmp, fsync, rename, fsync of the
+ * directory): path then holds the whole file, or is unchanged when writing fails (a full disk
+ * gives a message, never a half-written file, nor an HDF5 library left holding a file it
+ * cannot flush). f and img are released either way. -1 with err naming path. */
+int qt_h5_commit(hid_t f, qt_h5_image *img, const char *path, char *err);
+/* Closes f without writing it anywhere. */
+void qt_h5_discard(hid_t f, qt_h5_image *img);
+/* A group whose object times are off and whose links stay in its (checksummed) header. */
+hid_t qt_h5_group_create(hid_t loc, const char *name);
 
 /* "signed 32-bit integer", "32-bit float", "fixed-length string of 7 bytes", "variable-length
  * string", ... */
@@ -81,7 +100,11 @@ void *qt_h5_dataset_read(hid_t loc, const char *file, const char *obj, const cha
 /* float32 dataset of exactly the given shape into out. */
 int qt_h5_dataset_read_f32(hid_t loc, const char *file, const char *obj, const char *name, int ndim,
                            const int64_t *shape, float *out, char *err);
-/* A contiguous float32 dataset of the given shape. */
+/* A chunked dataset (chunks of at most 16 MiB) with a Fletcher-32 checksum and object times
+ * off: file type ftype, memory type mtype, ndim (1..8) dims. */
+int qt_h5_dataset_write(hid_t loc, const char *name, hid_t ftype, hid_t mtype, int ndim, const hsize_t *dims,
+                        const void *data);
+/* The same for a float32 dataset of the given shape. */
 int qt_h5_dataset_write_f32(hid_t loc, const char *name, int ndim, const int64_t *shape, const float *data);
 /* Opens group `name` of loc: "<obj>: missing group 'x'". */
 hid_t qt_h5_group_open(hid_t loc, const char *file, const char *obj, const char *name, char *err);

@@ -13,6 +13,9 @@
 
 /* ---------------------------------------------------------------- datasets */
 
+/* The most classes a dataset may have: a label is in [0, QT_DATA_MAX_CLASSES). */
+#define QT_DATA_MAX_CLASSES 65536
+
 typedef struct {
   int64_t n; int h, w, c;      /* images (n, h, w, c) uint8, NHWC; 1 <= c <= 4 */
   int num_classes;             /* max label + 1, or the folder class count */
@@ -43,6 +46,13 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
 
 /* Keeps the first n samples (n <= 0 or n >= ds->n: all). num_classes is unchanged. */
 void qt_dataset_limit(qt_dataset *ds, int64_t n);
+/* Image folders: a label is the index of its class folder in sorted order, so the test split
+ * must have the training split's class folders, name for name. 0 when the class folders of
+ * train_root are exactly test's class names; else -1 with err naming the first class missing
+ * from either side. */
+int qt_dataset_folder_classes_match(const char *train_root, const qt_dataset *test, const char *test_root, char *err);
+/* The index of the first label >= classes, or -1 when every label is below it. */
+int64_t qt_dataset_label_at_least(const qt_dataset *ds, int classes);
 
 /* Frees every buffer and zeroes *ds; safe on a zeroed dataset. */
 void qt_dataset_free(qt_dataset *ds);

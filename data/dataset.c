@@ -45,6 +45,12 @@ void qt_dataset_limit(qt_dataset *ds, int64_t n) {
   ds->n = n;
 }
 
+int64_t qt_dataset_label_at_least(const qt_dataset *ds, int classes) {
+  for (int64_t i = 0; i < ds->n; i++)
+    if (ds->labels[i] >= classes) return i;
+  return -1;
+}
+
 /* Sets num_classes to max label + 1; labels must already be >= 0. */
 static void set_num_classes(qt_dataset *ds) {
   int32_t max = -1;
@@ -361,9 +367,10 @@ int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
     goto done;
   }
   for (int64_t i = 0; i < out.n; i++) {
-    if (raw_labels[i] < 0 || raw_labels[i] > INT32_MAX) {
-      qt_err(err, "data: %s: dataset \"labels\"[%" PRId64 "]: expected a label in [0, %d], found %" PRId64,
-              path, i, INT32_MAX, raw_labels[i]);
+    if (raw_labels[i] < 0 || raw_labels[i] >= QT_DATA_MAX_CLASSES) {
+      qt_err(err,
+             "data: %s: dataset \"labels\"[%" PRId64 "]: expected a label in [0, %d] (at most %d classes), found %" PRId64,
+             path, i, QT_DATA_MAX_CLASSES - 1, QT_DATA_MAX_CLASSES, raw_labels[i]);
       goto done;
     }
     out.labels[i] = (int32_t)raw_labels[i];
@@ -459,6 +466,32 @@ oom:
   return -1;
 }
 
+int qt_dataset_folder_classes_match(const char *train_root, const qt_dataset *test, const char *test_root, char *err) {
+  name_list train = {0};
+  if (list_entries(train_root, 1, &train, err) != 0) return -1;
+  const size_t nt = (size_t)test->num_classes;
+  size_t i = 0, j = 0;
+  int rc = 0;
+  /* Both lists are sorted: walk them together to the first name only one side has. */
+  while (!rc && (i < train.n || j < nt)) {
+    const int c = i == train.n ? 1 : j == nt ? -1 : strcmp(train.items[i], test->class_names[j]);
+    if (c < 0)
+      rc = qt_err(err,
+                  "data: class folder '%s' of the training folder %s is missing from the test folder %s (%zu training "
+                  "classes, %zu test classes): labels are class indices in sorted order, so they would not match",
+                  train.items[i], train_root, test_root, train.n, nt);
+    else if (c > 0)
+      rc = qt_err(err,
+                  "data: class folder '%s' of the test folder %s is not in the training folder %s (%zu training "
+                  "classes, %zu test classes): labels are class indices in sorted order, so they would not match",
+                  test->class_names[j], test_root, train_root, train.n, nt);
+    i++;
+    j++;
+  }
+  name_list_free(&train);
+  return rc;
+}
+
 /* Per-file outcome of the parallel decode, reported afterwards for the first failing file. */
 typedef struct {
   const char *reason;   /* why decode_image failed, else NULL */
@@ -547,8 +580,8 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
     qt_err(err, "data: %s: expected class folders %s/<class>/ holding images, found none", root, root);
     goto done;
   }
-  if (classes.n > INT32_MAX) {
-    qt_err(err, "data: %s: too many class folders (%zu)", root, classes.n);
+  if (classes.n > QT_DATA_MAX_CLASSES) {
+    qt_err(err, "data: %s: %zu class folders, at most %d", root, classes.n, QT_DATA_MAX_CLASSES);
     goto done;
   }
 

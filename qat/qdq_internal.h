@@ -24,8 +24,6 @@
 #define QDQ_MAX_NUMEL ((int64_t)1 << 28) /* per tensor or per-sample value */
 #define QDQ_MAX_CHANNELS (1 << 24)
 #define QDQ_MAX_BITS 16
-#define QDQ_CHUNK_BYTES ((size_t)1 << 24)
-#define QDQ_COMPACT_LINKS 65535 /* links kept in the (checksummed) group header, not a heap */
 #define NODE_LINK_LEN (QT_NAME_LEN + 16)
 /* The optional input description (qt_input_preprocessing). */
 #define QDQ_INPUT_PRE_GROUP "input_preprocessing"
@@ -64,17 +62,12 @@ int qdq_record_axis(const qt_qspec *s, int is_weight, int value_ndim);
 
 /* ---- qdq_write.c ---------------------------------------------------------------------------- */
 typedef struct {
-  hid_t dcpl, gcpl; /* object times off: the same graph always gives the same bytes */
   char where[2 * QT_NAME_LEN + 64];
 } writer;
 
 /* Integer weights are stored in the narrowest type holding [qmin, qmax]. */
 typedef enum { WI_U8, WI_I8, WI_I16, WI_I32 } weight_int_kind;
 
-/* A chunked dataset with a Fletcher-32 checksum (chunks of at most 16 MiB). */
-int qdq_dset_write(writer *w, hid_t loc, const char *name, hid_t ftype, hid_t mtype, int ndim, const hsize_t *dims,
-                   const void *data);
-hid_t qdq_group_create(writer *w, hid_t loc, const char *name);
 /* One quantization record of node `node`; with_state adds the training state (checkpoints). */
 int qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, const qt_qstate *q, int is_weight,
                       int with_state);

@@ -15,35 +15,6 @@
 
 /* ---- writing ------------------------------------------------------------------------------ */
 
-/* A chunked dataset with a Fletcher-32 checksum (chunks of at most 16 MiB). */
-int qdq_dset_write(writer *w, hid_t loc, const char *name, hid_t ftype, hid_t mtype, int ndim, const hsize_t *dims,
-                      const void *data) {
-  hsize_t chunk[4];
-  size_t bytes = H5Tget_size(ftype);
-  for (int d = 0; d < ndim; d++) {
-    chunk[d] = dims[d];
-    bytes *= (size_t)dims[d];
-  }
-  while (bytes > QDQ_CHUNK_BYTES && chunk[0] > 1) {
-    bytes /= (size_t)chunk[0];
-    chunk[0] = (chunk[0] + 1) / 2;
-    bytes *= (size_t)chunk[0];
-  }
-  hid_t dcpl = H5Pcopy(w->dcpl);
-  hid_t sp = H5Screate_simple(ndim, dims, NULL);
-  int bad = dcpl < 0 || sp < 0 || H5Pset_chunk(dcpl, ndim, chunk) < 0 || H5Pset_fletcher32(dcpl) < 0;
-  hid_t d = bad ? -1 : H5Dcreate2(loc, name, ftype, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-  bad |= d < 0 || H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0;
-  if (d >= 0) bad |= H5Dclose(d) < 0;
-  if (sp >= 0) H5Sclose(sp);
-  if (dcpl >= 0) H5Pclose(dcpl);
-  return bad ? -1 : 0;
-}
-
-hid_t qdq_group_create(writer *w, hid_t loc, const char *name) {
-  return H5Gcreate2(loc, name, H5P_DEFAULT, w->gcpl, H5P_DEFAULT);
-}
-
 /* Integer weights are stored in the narrowest type holding [qmin, qmax]: uint8 for an unsigned
  * spec up to 255, int8, uint8, int16, else int32. */
 static weight_int_kind weight_int_pick(const qt_qspec *s) {
@@ -56,13 +27,13 @@ static weight_int_kind weight_int_pick(const qt_qspec *s) {
 
 /* Training state of a record (checkpoints only, see qt_quant_state_write): the enable flags,
  * the LSQ tensor and the observer's running state in a subgroup `observer`. */
-static int write_train_state(writer *w, hid_t r, const qt_graph *g, const qt_qstate *q) {
+static int write_train_state(hid_t r, const qt_graph *g, const qt_qstate *q) {
   const qt_observer *o = &q->obs;
   int bad = qt_h5_attr_write_int(r, "observe", q->observe ? 1 : 0) || qt_h5_attr_write_int(r, "fake_quant", q->fake_quant ? 1 : 0) ||
             qt_h5_attr_write_int(r, "calibrated", q->calibrated ? 1 : 0) || qt_h5_attr_write_int(r, "pow2_scale", q->spec.pow2_scale ? 1 : 0);
   if (!bad && q->scale_param >= 0) bad = qt_h5_attr_write_str(r, "learned_scale", g->tensors[q->scale_param].name);
   if (bad) return -1;
-  hid_t og = qdq_group_create(w, r, "observer");
+  hid_t og = qt_h5_group_create(r, "observer");
   if (og < 0) return -1;
   hsize_t ch[1] = {(hsize_t)o->channels}, nb[1] = {(hsize_t)o->bins};
   bad = qt_h5_attr_write_str(og, "kind", qt_observer_kind_name(o->kind)) || qt_h5_attr_write_int(og, "channels", o->channels) ||
@@ -70,9 +41,9 @@ static int write_train_state(writer *w, hid_t r, const qt_graph *g, const qt_qst
         qt_h5_attr_write_str(og, "method", qt_range_method_name(o->method)) || qt_h5_attr_write_float(og, "percentile", o->percentile) ||
         qt_h5_attr_write_int(og, "bins", o->bins) || qt_h5_attr_write_int(og, "initialized", o->initialized ? 1 : 0) ||
         qt_h5_attr_write_float(og, "hist_min", o->hist_min) || qt_h5_attr_write_float(og, "hist_max", o->hist_max) ||
-        qdq_dset_write(w, og, "min", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, ch, o->min) ||
-        qdq_dset_write(w, og, "max", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, ch, o->max);
-  if (!bad && o->hist) bad = qdq_dset_write(w, og, "hist", H5T_STD_I64LE, H5T_NATIVE_INT64, 1, nb, o->hist);
+        qt_h5_dataset_write(og, "min", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, ch, o->min) ||
+        qt_h5_dataset_write(og, "max", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, ch, o->max);
+  if (!bad && o->hist) bad = qt_h5_dataset_write(og, "hist", H5T_STD_I64LE, H5T_NATIVE_INT64, 1, nb, o->hist);
   bad |= H5Gclose(og) < 0;
   return bad ? -1 : 0;
 }
@@ -82,7 +53,7 @@ int qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, cons
                          int with_state) {
   const qt_node *n = &g->nodes[node];
   snprintf(w->where, sizeof w->where, "/quant/%s/%s", is_weight ? "weight" : "activation", n->name);
-  hid_t r = qdq_group_create(w, parent, n->name);
+  hid_t r = qt_h5_group_create(parent, n->name);
   if (r < 0) return -1;
   const qt_qspec *s = &q->spec;
   const qt_value *x = &g->values[n->n_inputs ? n->inputs[0] : n->output];
@@ -93,8 +64,8 @@ int qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, cons
             qt_h5_attr_write_str(r, "observer", qt_observer_kind_name(s->observer)) ||
             qt_h5_attr_write_str(r, "method", qt_range_method_name(s->method)) || qt_h5_attr_write_float(r, "percentile", s->percentile);
   hsize_t ch[1] = {(hsize_t)q->channels};
-  bad = bad || qdq_dset_write(w, r, "scale", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, ch, q->scale) ||
-        qdq_dset_write(w, r, "zero_point", H5T_STD_I32LE, H5T_NATIVE_INT32, 1, ch, q->zero_point);
+  bad = bad || qt_h5_dataset_write(r, "scale", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, ch, q->scale) ||
+        qt_h5_dataset_write(r, "zero_point", H5T_STD_I32LE, H5T_NATIVE_INT32, 1, ch, q->zero_point);
   if (!bad && is_weight) bad = qt_h5_attr_write_str(r, "tensor", g->tensors[n->param[QT_P_WEIGHT]].name);
   if (!bad && is_weight && q->qweight) { /* Q/DQ graphs; a prepared graph fake-quantizes the float weight */
     const qt_param *W = &g->tensors[n->param[QT_P_WEIGHT]];
@@ -116,10 +87,10 @@ int qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, cons
     }
     hsize_t dims[4];
     for (int d = 0; d < W->ndim; d++) dims[d] = (hsize_t)W->shape[d];
-    bad = qdq_dset_write(w, r, "weight_int", ftype, mtype, W->ndim, dims, buf);
+    bad = qt_h5_dataset_write(r, "weight_int", ftype, mtype, W->ndim, dims, buf);
     free(buf);
   }
-  if (!bad && with_state) bad = write_train_state(w, r, g, q);
+  if (!bad && with_state) bad = write_train_state(r, g, q);
   bad |= H5Gclose(r) < 0;
   return bad ? -1 : 0;
 }
@@ -130,7 +101,7 @@ static int write_input_preprocessing(writer *w, hid_t f, const qt_graph *g) {
   const qt_value *x = &g->values[g->input];
   const int shape[3] = {(int)x->shape[0], (int)x->shape[1], (int)x->shape[2]};
   snprintf(w->where, sizeof w->where, "/%s", QDQ_INPUT_PRE_GROUP);
-  hid_t gp = qdq_group_create(w, f, QDQ_INPUT_PRE_GROUP);
+  hid_t gp = qt_h5_group_create(f, QDQ_INPUT_PRE_GROUP);
   if (gp < 0) return -1;
   int bad = qt_h5_attr_write_str(gp, "layout", "NHWC") ||
             qt_h5_attr_write(gp, "shape", H5T_STD_I32LE, H5T_NATIVE_INT, 3, shape) ||
@@ -153,7 +124,7 @@ static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
 
   /* /values: parallel arrays indexed by value id. */
   snprintf(w->where, sizeof w->where, "/values");
-  hid_t gv = qdq_group_create(w, f, "values");
+  hid_t gv = qt_h5_group_create(f, "values");
   if (gv < 0) return -1;
   const int nv = g->n_values;
   char *names = calloc((size_t)nv, QT_NAME_LEN);
@@ -169,10 +140,10 @@ static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
   hid_t st = H5Tcopy(H5T_C_S1);
   int bad = st < 0 || H5Tset_size(st, QT_NAME_LEN) < 0 || H5Tset_strpad(st, H5T_STR_NULLTERM) < 0;
   hsize_t d1[1] = {(hsize_t)nv}, d2[2] = {(hsize_t)nv, 3};
-  bad = bad || qdq_dset_write(w, gv, "name", st, st, 1, d1, names) ||
-        qdq_dset_write(w, gv, "ndim", H5T_STD_I32LE, H5T_NATIVE_INT, 1, d1, ndim) ||
-        qdq_dset_write(w, gv, "shape", H5T_STD_I64LE, H5T_NATIVE_INT64, 2, d2, shape) ||
-        qdq_dset_write(w, gv, "producer", H5T_STD_I32LE, H5T_NATIVE_INT, 1, d1, producer);
+  bad = bad || qt_h5_dataset_write(gv, "name", st, st, 1, d1, names) ||
+        qt_h5_dataset_write(gv, "ndim", H5T_STD_I32LE, H5T_NATIVE_INT, 1, d1, ndim) ||
+        qt_h5_dataset_write(gv, "shape", H5T_STD_I64LE, H5T_NATIVE_INT64, 2, d2, shape) ||
+        qt_h5_dataset_write(gv, "producer", H5T_STD_I32LE, H5T_NATIVE_INT, 1, d1, producer);
   if (st >= 0) H5Tclose(st);
   free(names);
   free(ndim);
@@ -182,7 +153,7 @@ static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
   if (bad) return -1;
 
   /* /tensors/<name>: float32 in the tensor's own shape. */
-  hid_t gt = qdq_group_create(w, f, "tensors");
+  hid_t gt = qt_h5_group_create(f, "tensors");
   if (gt < 0) return -1;
   for (int t = 0; t < g->n_tensors && !bad; t++) {
     const qt_param *p = &g->tensors[t];
@@ -191,7 +162,7 @@ static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
     for (int d = 0; d < p->ndim; d++) dims[d] = (hsize_t)p->shape[d];
     const float *data = (p->is_buffer ? g->buffers : g->params) + p->offset;
     hid_t d = -1;
-    bad = qdq_dset_write(w, gt, p->name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, p->ndim, dims, data) ||
+    bad = qt_h5_dataset_write(gt, p->name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, p->ndim, dims, data) ||
           (d = H5Dopen2(gt, p->name, H5P_DEFAULT)) < 0 || qt_h5_attr_write_int(d, "index", t) || qt_h5_attr_write_int(d, "node", p->node) ||
           qt_h5_attr_write_int(d, "is_buffer", p->is_buffer ? 1 : 0);
     if (d >= 0) bad |= H5Dclose(d) < 0;
@@ -201,14 +172,14 @@ static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
 
   /* /nodes/<index>_<name>: one group per node, all attributes. */
   snprintf(w->where, sizeof w->where, "/nodes");
-  hid_t gn = qdq_group_create(w, f, "nodes");
+  hid_t gn = qt_h5_group_create(f, "nodes");
   if (gn < 0) return -1;
   for (int i = 0; i < g->n_nodes && !bad; i++) {
     const qt_node *n = &g->nodes[i];
     char gname[QT_NAME_LEN + 16];
     snprintf(gname, sizeof gname, "%04d_%s", i, n->name);
     snprintf(w->where, sizeof w->where, "/nodes/%s", gname);
-    hid_t ng = qdq_group_create(w, gn, gname);
+    hid_t ng = qt_h5_group_create(gn, gname);
     if (ng < 0) {
       bad = 1;
       break;
@@ -233,9 +204,9 @@ static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
 
   /* /quant/activation/<node>, /quant/weight/<node>. */
   snprintf(w->where, sizeof w->where, "/quant");
-  hid_t gq = qdq_group_create(w, f, "quant");
+  hid_t gq = qt_h5_group_create(f, "quant");
   if (gq < 0) return -1;
-  hid_t ga = qdq_group_create(w, gq, "activation"), gw = qdq_group_create(w, gq, "weight");
+  hid_t ga = qt_h5_group_create(gq, "activation"), gw = qt_h5_group_create(gq, "weight");
   bad = ga < 0 || gw < 0;
   for (int i = 0; i < g->n_nodes && !bad; i++) {
     if (g->nodes[i].q) bad = qdq_write_qrecord(w, ga, g, i, g->nodes[i].q, 0, 0);
@@ -246,17 +217,6 @@ static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
   bad |= H5Gclose(gq) < 0;
   if (!bad && g->input_pre.set) bad = write_input_preprocessing(w, f, g);
   return bad ? -1 : 0;
-}
-
-/* A file access list asking for HDF5 1.10's format: checksummed object headers, superblock
- * and chunk indexes. */
-static hid_t file_access(void) {
-  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-  if (fapl >= 0 && H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_LATEST) < 0) {
-    H5Pclose(fapl);
-    return -1;
-  }
-  return fapl;
 }
 
 int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
@@ -282,37 +242,19 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
       (g->input_pre.set && qt_input_preprocessing_check(g, &g->input_pre, msg)))
     return qt_err(err, "qdq save '%s': %s", path, msg);
 
-  char tmp[4200];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return qt_err(err, "qdq save: path too long");
-  hid_t fapl = file_access();
-  /* The root group is created with the file: its object times must be off too, or the bytes
-   * depend on the clock. */
-  hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
   char cmsg[QT_ERR_LEN];
-  snprintf(cmsg, sizeof cmsg, "cannot create '%s' (directory missing or not writable?)", tmp);
-  hid_t f = fapl < 0 || fcpl < 0 || H5Pset_obj_track_times(fcpl, 0) < 0 ? -1 : qt_h5_create(tmp, fcpl, fapl, cmsg);
-  if (fapl >= 0) H5Pclose(fapl);
-  if (fcpl >= 0) H5Pclose(fcpl);
+  qt_h5_image *img;
+  hid_t f = qt_h5_create_checksummed(path, &img, cmsg);
   if (f < 0) return qt_err(err, "qdq save '%s': %s", path, cmsg);
   writer w;
   snprintf(w.where, sizeof w.where, "the file");
-  w.dcpl = H5Pcreate(H5P_DATASET_CREATE);
-  w.gcpl = H5Pcreate(H5P_GROUP_CREATE);
-  int bad = w.dcpl < 0 || w.gcpl < 0 || H5Pset_obj_track_times(w.dcpl, 0) < 0 ||
-            H5Pset_obj_track_times(w.gcpl, 0) < 0 ||
-            H5Pset_link_phase_change(w.gcpl, QDQ_COMPACT_LINKS, QDQ_COMPACT_LINKS) < 0;
-  bad = bad || write_graph(&w, f, g, kind);
-  if (w.dcpl >= 0) H5Pclose(w.dcpl);
-  if (w.gcpl >= 0) H5Pclose(w.gcpl);
-  bad |= H5Fclose(f) < 0;
-  if (bad) {
-    unlink(tmp);
-    return qt_err(err, "qdq save '%s': writing %s failed (disk full or not writable?); '%s' is unchanged", path,
-                  w.where, path);
+  if (write_graph(&w, f, g, kind)) {
+    qt_h5_discard(f, img);
+    return qt_err(err, "qdq save '%s': writing %s failed (HDF5 failed in memory); '%s' is unchanged", path, w.where,
+                  path);
   }
-  char cerr[QT_ERR_LEN];
-  if (qt_file_commit(tmp, path, cerr))
-    return qt_err(err, "qdq save '%s': %s (disk full or not writable?); '%s' is unchanged", path, cerr, path);
+  if (qt_h5_commit(f, img, path, cmsg))
+    return qt_err(err, "qdq save '%s': %s (disk full or not writable?); '%s' is unchanged", path, cmsg, path);
   return 0;
 }
 

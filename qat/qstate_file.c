@@ -32,20 +32,17 @@ int qt_quant_state_write(hid_t f, const qt_graph *g, char *err) {
                   g->nodes[i].name);
   writer w;
   snprintf(w.where, sizeof w.where, "/quant");
-  w.dcpl = H5Pcreate(H5P_DATASET_CREATE);
-  w.gcpl = H5Pcreate(H5P_GROUP_CREATE);
-  int bad = w.dcpl < 0 || w.gcpl < 0 || H5Pset_obj_track_times(w.dcpl, 0) < 0 || H5Pset_obj_track_times(w.gcpl, 0) < 0;
-  hid_t gq = bad ? -1 : qdq_group_create(&w, f, "quant");
-  bad = bad || gq < 0 || qt_h5_attr_write_str(gq, "format", QSTATE_FORMAT) || qt_h5_attr_write_int(gq, "format_version", QSTATE_VERSION);
-  hid_t ga = bad ? -1 : qdq_group_create(&w, gq, qdq_record_names[QDQ_RECORD_ACTIVATION]),
-        gw = bad ? -1 : qdq_group_create(&w, gq, qdq_record_names[QDQ_RECORD_WEIGHT]);
+  hid_t gq = qt_h5_group_create(f, "quant");
+  int bad = gq < 0 || qt_h5_attr_write_str(gq, "format", QSTATE_FORMAT) || qt_h5_attr_write_int(gq, "format_version", QSTATE_VERSION);
+  hid_t ga = bad ? -1 : qt_h5_group_create(gq, qdq_record_names[QDQ_RECORD_ACTIVATION]),
+        gw = bad ? -1 : qt_h5_group_create(gq, qdq_record_names[QDQ_RECORD_WEIGHT]);
   bad = bad || ga < 0 || gw < 0;
   for (int i = 0; i < g->n_nodes && !bad; i++) {
     if (g->nodes[i].q) bad = qdq_write_qrecord(&w, ga, g, i, g->nodes[i].q, 0, 1);
     if (!bad && g->nodes[i].wq) bad = qdq_write_qrecord(&w, gw, g, i, g->nodes[i].wq, 1, 1);
   }
   if (!bad) snprintf(w.where, sizeof w.where, "/quant/bn");
-  hid_t gb = bad ? -1 : qdq_group_create(&w, gq, "bn");
+  hid_t gb = bad ? -1 : qt_h5_group_create(gq, "bn");
   bad = bad || gb < 0;
   for (int i = 0; i < g->n_nodes && !bad; i++)
     if (is_bn_node(&g->nodes[i])) bad = qt_h5_attr_write_int(gb, g->nodes[i].name, g->nodes[i].bn_frozen ? 1 : 0);
@@ -53,8 +50,6 @@ int qt_quant_state_write(hid_t f, const qt_graph *g, char *err) {
   if (ga >= 0) bad |= H5Gclose(ga) < 0;
   if (gw >= 0) bad |= H5Gclose(gw) < 0;
   if (gq >= 0) bad |= H5Gclose(gq) < 0;
-  if (w.dcpl >= 0) H5Pclose(w.dcpl);
-  if (w.gcpl >= 0) H5Pclose(w.gcpl);
   return bad ? qt_err(err, "writing %s failed", w.where) : 0;
 }
 
@@ -99,6 +94,41 @@ static int same_spec(const char *obj, const qt_qstate *got, const qt_qstate *wan
                 qt_range_method_name(b->method));
   if (memcmp(&a->percentile, &b->percentile, sizeof(float)) != 0)
     return qt_err(msg, "%s: percentile is %g %s %g", obj, a->percentile, tail, b->percentile);
+  return 0;
+}
+
+/* The observer's running state must be one an observer can be in: a fresh one (min +inf, max
+ * -inf, an empty histogram over [0, 0]), or one that has seen data (finite min <= max per
+ * channel; a histogram over a finite range hist_min <= hist_max whose counts add up without
+ * overflow). Anything else (a NaN or infinite range, an inverted one) would make the next
+ * update write outside the histogram or never finish. */
+static int observer_state_check(const char *obj, qt_observer_kind k, int initialized, int channels, const float *mn,
+                                const float *mx, float hist_min, float hist_max, const int64_t *hist, int bins,
+                                char *msg) {
+  for (int c = 0; c < channels; c++) {
+    if (!initialized && !(mn[c] == INFINITY && mx[c] == -INFINITY))
+      return qt_err(msg, "%s: channel %d: min %g, max %g in an observer that has seen no data (expected inf, -inf)", obj,
+                    c, mn[c], mx[c]);
+    if (initialized && !(isfinite(mn[c]) && isfinite(mx[c]) && mn[c] <= mx[c]))
+      return qt_err(msg, "%s: channel %d: min %g, max %g is not a finite range (min <= max)", obj, c, mn[c], mx[c]);
+  }
+  if (k != QT_OBSERVER_HISTOGRAM) return 0;
+  if (!initialized && !(hist_min == 0 && hist_max == 0))
+    return qt_err(msg, "%s: histogram range [%g, %g] in an observer that has seen no data (expected [0, 0])", obj,
+                  hist_min, hist_max);
+  if (!(isfinite(hist_min) && isfinite(hist_max) && hist_min <= hist_max))
+    return qt_err(msg, "%s: histogram range [%g, %g] is not a finite range (hist_min <= hist_max)", obj, hist_min,
+                  hist_max);
+  int64_t total = 0;
+  for (int b = 0; hist && b < bins; b++) {
+    if (hist[b] < 0) return qt_err(msg, "%s: hist[%d] = %lld is negative", obj, b, (long long)hist[b]);
+    if (hist[b] > INT64_MAX / 4 - total)
+      return qt_err(msg, "%s: the histogram's counts add up to more than %lld", obj, (long long)(INT64_MAX / 4));
+    total += hist[b];
+  }
+  if (!initialized && total)
+    return qt_err(msg, "%s: the histogram holds %lld counts in an observer that has seen no data", obj,
+                  (long long)total);
   return 0;
 }
 
@@ -181,12 +211,8 @@ static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qsta
   }
   if (has) {
     if (!(hist = qdq_read_dataset(og, oobj, "hist", H5T_INTEGER, H5T_NATIVE_INT64, 1, nb, 1, NULL, NULL, msg))) goto done;
-    for (int b = 0; b < bins; b++)
-      if (hist[b] < 0) {
-        qt_err(msg, "%s: hist[%d] = %lld is negative", oobj, b, (long long)hist[b]);
-        goto done;
-      }
   }
+  if (observer_state_check(oobj, k, initialized, channels, mn, mx, o->hist_min, o->hist_max, hist, bins, msg)) goto done;
   o->averaging_constant = ac;
   o->method = m;
   o->percentile = pct;

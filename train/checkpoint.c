@@ -1,8 +1,12 @@
 /* HDF5 checkpoints: /params/<name>, /buffers/<name> (PyTorch's state_dict names and shapes,
  * weights OIHW), /optim/<state> (flat, over the parameter slab), root attributes epoch,
  * step, seed, model, config; for a prepared (quantized) graph also /quant, the quantization
- * training state (qat/qstate_file.h). Written to a temporary file, fsync'd, then renamed: a
- * crash never leaves a half-written checkpoint under the real name. Every attribute is read
+ * training state (qat/qstate_file.h). Built in memory, then written to a temporary file,
+ * fsync'd and renamed (qt_h5_commit): a crash or a full disk never leaves a half-written
+ * checkpoint under the real name. Checksummed: every dataset
+ * carries a Fletcher-32 checksum and the file is in HDF5 1.10's format, whose superblock and
+ * object headers (with the attributes) carry checksums, so a flipped bit is refused on loading
+ * instead of loaded as another number; saving the same state twice gives the same bytes. Every attribute is read
  * through base/h5.h, which checks its class, rank and size first: a crafted file with an array
  * `epoch` or a variable-length `model` gets a message, not a buffer overflow. */
 #include "train/train.h"
@@ -23,30 +27,32 @@
 int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const qt_checkpoint_meta *meta,
                        char *err) {
   qt_h5_quiet();
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
   char cmsg[QT_ERR_LEN];
-  hid_t f = qt_h5_create(tmp, H5P_DEFAULT, H5P_DEFAULT, cmsg);
+  qt_h5_image *img;
+  hid_t f = qt_h5_create_checksummed(path, &img, cmsg);
   if (f < 0) return qt_err(err, "checkpoint: %s", cmsg);
   int bad = 0;
-  hid_t gp = H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  hid_t gb = H5Gcreate2(f, "buffers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t gp = qt_h5_group_create(f, "params"), gb = qt_h5_group_create(f, "buffers");
+  bad = gp < 0 || gb < 0;
   for (int i = 0; i < g->n_tensors && !bad; i++) {
     const qt_param *p = &g->tensors[i];
     const float *data = (p->is_buffer ? g->buffers : g->params) + p->offset;
     bad |= qt_h5_dataset_write_f32(p->is_buffer ? gb : gp, p->name, p->ndim, p->shape, data);
   }
-  H5Gclose(gp);
-  H5Gclose(gb);
+  if (gp >= 0) H5Gclose(gp);
+  if (gb >= 0) H5Gclose(gb);
   if (opt && !bad) {
-    hid_t go = H5Gcreate2(f, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t go = qt_h5_group_create(f, "optim");
+    bad = go < 0;
     for (int i = 0; i < qt_optim_state_count(opt) && !bad; i++) {
       const char *name = NULL;
       float *st = qt_optim_state(opt, i, &name);
       bad |= qt_h5_dataset_write_f32(go, name, 1, &g->n_params, st);
     }
-    bad |= qt_h5_attr_write_i64(go, "steps", qt_optim_steps(opt));
-    H5Gclose(go);
+    if (go >= 0) {
+      bad |= qt_h5_attr_write_i64(go, "steps", qt_optim_steps(opt));
+      H5Gclose(go);
+    }
   }
   if (!bad) {
     bad |= qt_h5_attr_write_i64(f, "epoch", meta->epoch);
@@ -58,13 +64,14 @@ int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const
   }
   char qerr[QT_ERR_LEN] = "";
   if (!bad && qt_graph_has_quant_state(g)) bad |= qt_quant_state_write(f, g, qerr) != 0;
-  bad |= H5Fclose(f) < 0;
-  char cerr[QT_ERR_LEN] = "";
-  if (bad || qt_file_commit(tmp, path, cerr)) {
-    unlink(tmp);
+  if (bad) {
+    qt_h5_discard(f, img);
     return qt_err(err, "checkpoint: writing '%s' failed (%s); the previous checkpoint is kept", path,
-                  qerr[0] ? qerr : cerr[0] ? cerr : "disk full?");
+                  qerr[0] ? qerr : "HDF5 failed in memory");
   }
+  char cerr[QT_ERR_LEN];
+  if (qt_h5_commit(f, img, path, cerr))
+    return qt_err(err, "checkpoint: %s; the previous checkpoint is kept", cerr);
   return 0;
 }
 

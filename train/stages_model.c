@@ -22,7 +22,13 @@ int qt_stage_load_data(const qt_data_options *d, qt_split which, qt_dataset *tra
       ((which & QT_SPLIT_TEST) && load_split(d, 1, test, st->msg))) {
     qt_dataset_free(train);
     qt_dataset_free(test);
-    return qt_status_fail(st, QT_STATUS_IO);
+    return qt_status_fail(st, QT_STATUS_INPUT); /* missing, unreadable or malformed data: bad input */
+  }
+  if ((which & QT_SPLIT_TEST) && d->format == QT_DATA_FOLDER && d->train_path[0] &&
+      qt_dataset_folder_classes_match(d->train_path, test, d->test_path, st->msg)) {
+    qt_dataset_free(train);
+    qt_dataset_free(test);
+    return qt_status_fail(st, QT_STATUS_INPUT);
   }
   qt_dataset_limit(train, d->train_limit);
   qt_dataset_limit(test, d->test_limit);
@@ -92,6 +98,10 @@ int qt_stage_model_fits(const qt_options *o, const qt_graph *g, const qt_dataset
                          : o->data.format == QT_DATA_HDF5 ? "hdf5"
                                                           : "folder",
                          data->h, data->w, data->c);
+  const int64_t i = qt_dataset_label_at_least(data, C);
+  if (i >= 0)
+    return qt_status_set(st, QT_STATUS_INPUT, "model %s has %d outputs but image %lld of the data has label %d", g->name,
+                         C, (long long)i, data->labels[i]);
   if (data->num_classes > C)
     return qt_status_set(st, QT_STATUS_INPUT, "model %s has %d outputs but the data has %d classes", g->name, C,
                          data->num_classes);

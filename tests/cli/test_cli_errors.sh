@@ -65,11 +65,68 @@ small=(data.train_limit=256 data.test_limit=128 quant.mode=ptq "output.dir=$T/ov
 expect override_not_a_layer 2 "'relu1' is a relu node" -- "$T/ok.ini" "${small[@]}" "quant.layer_overrides=relu1=w8a8"
 expect override_w0a0 2 "conv1=w0a0" "2..8" -- "$T/ok.ini" "${small[@]}" "quant.layer_overrides=conv1=w0a0"
 expect override_twice 2 "'conv1' is set twice" -- "$T/ok.ini" "${small[@]}" "quant.layer_overrides=conv1=w8a8;conv1=fp32"
-expect missing_data 1 "no_such_dir/train.gz" -- "$T/ok.ini" data.train_images=/no_such_dir/train.gz "output.dir=$T/run"
+expect missing_data 2 "no_such_dir/train.gz" -- "$T/ok.ini" data.train_images=/no_such_dir/train.gz "output.dir=$T/run"
+
+# Data that contradicts itself or the model (exit 2): an HDF5 label of 2^31-1 (once overflowed
+# the class count and aborted in cross-entropy), a label beyond the model's outputs, and an
+# image-folder test split lacking one of the training split's classes (once shifted every label
+# after it: 27% accuracy instead of 51%, exit 0).
+/usr/bin/python3 - "$T" <<'PY' || { echo "python3 + h5py could not write the data cases"; fail=1; }
+import sys, os, h5py, numpy as np
+t = sys.argv[1]
+rng = np.random.default_rng(0)
+def h5(name, labels):
+    with h5py.File(os.path.join(t, name), "w") as f:
+        f["images"] = rng.integers(0, 256, (len(labels), 28, 28), dtype=np.uint8)
+        f["labels"] = np.array(labels, dtype=np.int64)
+h5("ok.h5", [i % 10 for i in range(64)])
+h5("huge_label.h5", [1, 2, 2**31 - 1, 3])
+h5("label_12.h5", [1, 2, 3, 12, 4])
+import struct, zlib
+def png(path, pixels):  # 28x28 8-bit grayscale
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    raw = b"".join(b"\0" + bytes(row) for row in pixels)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 28, 28, 8, 0, 0, 0, 0)) +
+                chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+for split, classes in (("train", "abc"), ("test", "ac")):
+    for c in classes:
+        os.makedirs(os.path.join(t, "folder", split, c))
+        for k in range(4):
+            png(os.path.join(t, "folder", split, c, "%d.png" % k), rng.integers(0, 256, (28, 28)).tolist())
+PY
+h5=(data.format=hdf5 train.epochs=1 "output.dir=$T/data_run")
+expect hdf5_huge_label 2 "huge_label.h5" 'labels"[2]' "2147483647" -- "$T/ok.ini" "${h5[@]}" \
+  "data.train_path=$T/huge_label.h5" "data.test_path=$T/ok.h5"
+expect hdf5_label_12 2 "fashion_cnn has 10 outputs but image 3 of the data has label 12" -- "$T/ok.ini" "${h5[@]}" \
+  "data.train_path=$T/ok.h5" "data.test_path=$T/label_12.h5"
+expect folder_class_missing 2 "class folder 'b'" "missing from the test folder" -- "$T/ok.ini" data.format=folder \
+  train.epochs=1 "data.train_path=$T/folder/train" "data.test_path=$T/folder/test" "output.dir=$T/data_run"
 
 # A quantized run whose fp32 checkpoint is its own output.dir's checkpoint.h5 would overwrite it.
 expect fp32_in_own_dir 2 "this run's own checkpoint" -- "$T/ok.ini" quant.mode=qat \
   "quant.fp32_checkpoint=$T/same/checkpoint.h5" "output.dir=$T/same"
+
+# A full disk (a file-size limit of 2000 KiB, SIGXFSZ ignored so writes fail with EFBIG): the
+# fp32 checkpoint (3.4 MB) and then model_qdq.h5 (2.2 MB; model_trained.h5, 1.8 MB, fits) fail
+# to write: a message naming the file, exit 1, no half-written or temporary file, and no crash
+# inside HDF5 at exit (once exit 139 after the right message).
+full=(data.train_limit=256 data.test_limit=128 train.threads=1 output.progress=none)
+(trap '' XFSZ; ulimit -f 2000; exec "$BIN" "$T/ok.ini" "${full[@]}" "output.dir=$T/full_fp32") > "$T/out" 2> "$T/err"
+rc=$?
+if [ $rc -ne 1 ] || ! grep -qF "checkpoint: cannot write '$T/full_fp32/checkpoint.h5'" "$T/err" ||
+   [ -e "$T/full_fp32/checkpoint.h5" ] || [ -e "$T/full_fp32/checkpoint.h5.tmp" ]; then
+  echo "full_disk_checkpoint: exit $rc, want 1 with the checkpoint named and no file left; stderr:"; cat "$T/err"; fail=1
+fi
+"$BIN" "$T/ok.ini" "${full[@]}" "output.dir=$T/full_ok" > "$T/out" 2> "$T/err" || { echo "fp32 run failed"; cat "$T/err"; fail=1; }
+(trap '' XFSZ; ulimit -f 2000; exec "$BIN" "$T/ok.ini" "${full[@]}" quant.mode=ptq \
+  "quant.fp32_checkpoint=$T/full_ok/checkpoint.h5" "output.dir=$T/full_ptq") > "$T/out" 2> "$T/err"
+rc=$?
+if [ $rc -ne 1 ] || ! grep -qF "qdq save '$T/full_ptq/model_qdq.h5': cannot write" "$T/err" ||
+   [ -e "$T/full_ptq/model_qdq.h5" ] || [ -e "$T/full_ptq/model_qdq.h5.tmp" ] || [ ! -s "$T/full_ptq/model_trained.h5" ]; then
+  echo "full_disk_qdq: exit $rc, want 1 with model_qdq.h5 named and no file left; stderr:"; cat "$T/err"; fail=1
+fi
 
 # Two runs on one output.dir: the second is refused, naming the first's process.
 "$BIN" "$T/ok.ini" data.train_limit=20000 data.test_limit=512 train.threads=1 output.progress=none \

@@ -1,6 +1,7 @@
 /* Image folders: classes and files load in sorted order with exact pixels (PNG), gray
  * conversion, case-insensitive extensions; a corrupt file, mixed sizes or an empty class
- * folder is an error naming the path. */
+ * folder is an error naming the path. A test split's class folders must be the training
+ * split's, name for name (labels are sorted-class indices). */
 #include "data/data.h"
 #include "tests/common/testutil.h"
 
@@ -79,6 +80,31 @@ int main(void) {
       if (memcmp(ds.images + (size_t)i * H * W * 3, rgb, sizeof rgb) != 0) qt_test_fail("rgb: image %d pixels differ", i);
       if (ds.labels[i] != want_label[i]) qt_test_fail("rgb: label %d = %d, expected %d", i, ds.labels[i], want_label[i]);
     }
+    qt_dataset_free(&ds);
+  }
+
+  /* Class lists of two splits: the same names match; one missing or extra is named. */
+  make_dir("folder-split");
+  make_dir("folder-split/cat");
+  make_dir("folder-split/dog");
+  make_dir("folder-split/emu");
+  write_png("folder-split/cat/a.png", 0, W, H);
+  write_png("folder-split/dog/a.png", 1, W, H);
+  write_png("folder-split/emu/a.png", 2, W, H);
+  if (qt_dataset_load_folder(&ds, "folder-split", 3, err) != 0) qt_test_fail("split: %s", err);
+  else {
+    QT_CHECK(qt_dataset_folder_classes_match("folder-ok", &ds, "folder-split", err) == -1);
+    if (!strstr(err, "class folder 'Bird' of the training folder folder-ok is missing from the test folder folder-split"))
+      qt_test_fail("missing class: %s", err);
+    QT_CHECK(qt_dataset_folder_classes_match("folder-split", &ds, "folder-split", err) == 0);
+    qt_dataset_free(&ds);
+  }
+  if (qt_dataset_load_folder(&ds, "folder-ok", 3, err) != 0) qt_test_fail("split: %s", err);
+  else {
+    QT_CHECK(qt_dataset_folder_classes_match("folder-split", &ds, "folder-ok", err) == -1);
+    if (!strstr(err, "class folder 'Bird' of the test folder folder-ok is not in the training folder folder-split"))
+      qt_test_fail("extra class: %s", err);
+    QT_CHECK(qt_dataset_folder_classes_match("no-such-folder", &ds, "folder-ok", err) == -1 && strstr(err, "no-such-folder"));
     qt_dataset_free(&ds);
   }
 

@@ -90,6 +90,9 @@ int main(void) {
   expect_error("h5-float-labels.h5", "expected an integer type");
   write_file("h5-negative.h5", 4, dims4, 0, 1, ldims, H5T_NATIVE_INT32, labels_neg);
   expect_error("h5-negative.h5", "found -3");
+  /* 2^31-1 once overflowed the class count (max label + 1) and aborted in cross-entropy. */
+  write_file("h5-huge-label.h5", 4, dims4, 0, 1, ldims, H5T_NATIVE_INT64, (int64_t[N]){1, 2, 2147483647, 0, 1, 2});
+  expect_error("h5-huge-label.h5", "\"labels\"[2]: expected a label in [0, 65535] (at most 65536 classes), found 2147483647");
 
   /* Missing "images". */
   {
