@@ -357,6 +357,11 @@ int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
     qt_err(err, "data: %s: out of memory for %" PRIu64 " image bytes", path, image_bytes);
     goto done;
   }
+  char cmsg[QT_ERR_LEN];
+  if (qt_h5_check_chunks(dimg, NULL, path, "images", cmsg) || qt_h5_check_chunks(dlab, NULL, path, "labels", cmsg)) {
+    qt_err(err, "data: %s", cmsg);
+    goto done;
+  }
   if (H5Dread(dimg, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.images) < 0) {
     qt_err(err, "data: %s: dataset \"images\": read failed (corrupt or truncated file)", path);
     goto done;
