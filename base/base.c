@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,6 +176,18 @@ int qt_write_file_atomic(const char *path, const char *text, size_t len, char *e
     return qt_err(err, "cannot write '%s': %s", path, strerror(e));
   }
   return qt_file_commit(tmp, path, err);
+}
+
+void qt_fault_point(const char *name) {
+  static int calls;
+  const char *f = getenv("QT_FAULT");
+  const size_t n = strlen(name);
+  if (!f || strncmp(f, name, n) != 0 || (f[n] != 0 && f[n] != ':')) return;
+  const int k = f[n] == ':' ? atoi(f + n + 1) : 1;
+  if (++calls >= k) {
+    fprintf(stderr, "QT_FAULT=%s: killing the process at fault point '%s'\n", f, name);
+    raise(SIGKILL);
+  }
 }
 
 double qt_peak_rss_mb(void) {

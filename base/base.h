@@ -80,6 +80,11 @@ int qt_fsync_path(const char *path);
 int qt_file_commit(const char *tmp, const char *path, char *err);
 /* Writes `text` to `path` atomically (path.tmp, fsync, rename). */
 int qt_write_file_atomic(const char *path, const char *text, size_t len, char *err);
+/* Fault injection for tests of crash safety: when the environment variable QT_FAULT is
+ * "<name>" or "<name>:<k>", the k-th (default: first) call of qt_fault_point(name) kills the
+ * process with SIGKILL, as a crash, a kill -9 or a power cut at that point would. Without
+ * QT_FAULT it does nothing. */
+void qt_fault_point(const char *name);
 /* Peak resident set size of this process so far, in MB. */
 double qt_peak_rss_mb(void);
 

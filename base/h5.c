@@ -114,8 +114,10 @@ void qt_h5_discard(hid_t f, qt_h5_image *img) {
 }
 
 int qt_h5_commit(hid_t f, qt_h5_image *img, const char *path, char *err) {
-  hsize_t size = 0;
-  const int sized = H5Fflush(f, H5F_SCOPE_LOCAL) >= 0 && H5Fget_filesize(f, &size) >= 0 && size > 0;
+  /* The file ends at its end of allocation, the size of its image (the driver's buffer grows
+   * in steps of 1 MiB). */
+  const ssize_t size = H5Fflush(f, H5F_SCOPE_LOCAL) < 0 ? -1 : H5Fget_file_image(f, NULL, 0);
+  const int sized = size > 0;
   const int closed = H5Fclose(f) >= 0 && img->closed && img->buf;
   int rc = sized && closed ? qt_write_file_atomic(path, img->buf, (size_t)size, err)
                            : qt_err(err, "cannot write '%s': HDF5 could not produce the file's bytes", path);
@@ -413,25 +415,37 @@ int qt_h5_check_chunks(hid_t d, const char *file, const char *obj, const char *n
   return rc;
 }
 
-void *qt_h5_dataset_read(hid_t loc, const char *file, const char *obj, const char *name, H5T_class_t cls, hid_t mtype,
-                         int want_ndim, const int64_t *want_dims, int max_ndim, int64_t max_numel, int *ndim_out,
-                         int64_t *dims_out, char *err) {
+/* Whether a dataset's filters compress (anything but the Fletcher-32 checksum and shuffle). */
+static int compressed(hid_t d) {
+  hid_t dcpl = H5Dget_create_plist(d);
+  int n = dcpl < 0 ? 0 : H5Pget_nfilters(dcpl), any = 0;
+  for (int k = 0; k < n; k++) {
+    unsigned flags = 0, conf = 0;
+    size_t nelem = 0;
+    const H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)k, &flags, &nelem, NULL, 0, NULL, &conf);
+    any |= id != H5Z_FILTER_FLETCHER32 && id != H5Z_FILTER_SHUFFLE;
+  }
+  if (dcpl >= 0) H5Pclose(dcpl);
+  return any;
+}
+
+/* Opens dataset `name` of loc and checks it as qt_h5_dataset_read says, and that the file
+ * stores what it declares: a dataset whose chunks were never written reads as zeros, so a
+ * small file could otherwise declare gigabytes. The dataset id, *nd and got[] (its shape) and
+ * *numel; -1 with err. */
+static hid_t dataset_open(hid_t loc, const char *file, const char *obj, const char *name, H5T_class_t cls,
+                          int want_ndim, const int64_t *want_dims, int max_ndim, int64_t max_numel, int *nd_out,
+                          int64_t *got, int64_t *numel_out, char *err) {
   htri_t exists = H5Lexists(loc, name, H5P_DEFAULT);
-  if (exists <= 0) {
-    if (exists < 0) h5_err(err, file, obj, "cannot look up dataset '%s' (corrupt file?)", name);
-    else h5_err(err, file, obj, "missing dataset '%s'", name);
-    return NULL;
-  }
+  if (exists < 0) return h5_err(err, file, obj, "cannot look up dataset '%s' (corrupt file?)", name);
+  if (exists == 0) return h5_err(err, file, obj, "missing dataset '%s'", name);
   hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
-  if (d < 0) {
-    h5_err(err, file, obj, "'%s' is not a readable dataset (corrupt file?)", name);
-    return NULL;
-  }
-  void *buf = NULL;
+  if (d < 0) return h5_err(err, file, obj, "'%s' is not a readable dataset (corrupt file?)", name);
   hid_t t = H5Dget_type(d), sp = H5Dget_space(d);
-  int nd = sp < 0 ? -1 : H5Sget_simple_extent_ndims(sp);
+  int nd = sp < 0 ? -1 : H5Sget_simple_extent_ndims(sp), ok = 0;
   hsize_t dims[8];
   char s1[96], s2[96];
+  int64_t numel = 1;
   if (t < 0 || H5Tget_class(t) != cls) {
     h5_err(err, file, obj, "dataset '%s' is not %s", name,
            cls == H5T_INTEGER ? "integer" : cls == H5T_FLOAT ? "floating point" : "a string array");
@@ -442,7 +456,6 @@ void *qt_h5_dataset_read(hid_t loc, const char *file, const char *obj, const cha
            want_ndim > 0 ? want_ndim : max_ndim);
     goto done;
   }
-  int64_t got[8], numel = 1;
   for (int k = 0; k < nd; k++) {
     got[k] = (int64_t)dims[k];
     if (dims[k] > (hsize_t)max_numel || (numel *= got[k]) > max_numel || got[k] < 1) {
@@ -460,35 +473,73 @@ void *qt_h5_dataset_read(hid_t loc, const char *file, const char *obj, const cha
       goto done;
     }
   }
-  if (qt_h5_check_chunks(d, file, obj, name, err)) goto done;
-  buf = malloc((size_t)numel * H5Tget_size(mtype) + 1);
-  QT_ASSERT(buf, "out of memory reading %lld elements", (long long)numel);
-  if (H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
-    h5_err(err, file, obj, "cannot read dataset '%s' (corrupt file: checksum or decoding failed)", name);
-    free(buf);
-    buf = NULL;
+  const hsize_t bytes = (hsize_t)numel * H5Tget_size(t), stored = H5Dget_storage_size(d);
+  if (compressed(d) ? stored < bytes / 1024 : stored < bytes) {
+    shape_str(s1, sizeof s1, nd, got);
+    h5_err(err, file, obj, "dataset '%s' declares shape %s (%llu bytes) but stores %llu bytes (truncated or never written)",
+           name, s1, (unsigned long long)bytes, (unsigned long long)stored);
     goto done;
+  }
+  if (qt_h5_check_chunks(d, file, obj, name, err)) goto done;
+  *nd_out = nd;
+  *numel_out = numel;
+  ok = 1;
+done:
+  if (t >= 0) H5Tclose(t);
+  if (sp >= 0) H5Sclose(sp);
+  if (!ok) {
+    H5Dclose(d);
+    return -1;
+  }
+  return d;
+}
+
+/* Reads the whole of d as mtype into buf, closing d; -1 with err. */
+static int dataset_read_close(hid_t d, const char *file, const char *obj, const char *name, hid_t mtype, void *buf,
+                              char *err) {
+  const int rc = H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0
+                     ? h5_err(err, file, obj, "cannot read dataset '%s' (corrupt file: checksum or decoding failed)", name)
+                     : 0;
+  H5Dclose(d);
+  return rc;
+}
+
+void *qt_h5_dataset_read(hid_t loc, const char *file, const char *obj, const char *name, H5T_class_t cls, hid_t mtype,
+                         int want_ndim, const int64_t *want_dims, int max_ndim, int64_t max_numel, int *ndim_out,
+                         int64_t *dims_out, char *err) {
+  int nd = 0;
+  int64_t got[8], numel = 0;
+  hid_t d = dataset_open(loc, file, obj, name, cls, want_ndim, want_dims, max_ndim, max_numel, &nd, got, &numel, err);
+  if (d < 0) return NULL;
+  void *buf = malloc((size_t)numel * H5Tget_size(mtype) + 1);
+  QT_ASSERT(buf, "out of memory reading %lld elements", (long long)numel);
+  if (dataset_read_close(d, file, obj, name, mtype, buf, err)) {
+    free(buf);
+    return NULL;
   }
   if (ndim_out) *ndim_out = nd;
   if (dims_out)
     for (int k = 0; k < nd; k++) dims_out[k] = got[k];
-done:
-  if (t >= 0) H5Tclose(t);
-  if (sp >= 0) H5Sclose(sp);
-  H5Dclose(d);
   return buf;
+}
+
+int qt_h5_dataset_shape(hid_t loc, const char *file, const char *obj, const char *name, H5T_class_t cls, int max_ndim,
+                        int64_t max_numel, int *ndim, int64_t *dims, char *err) {
+  int64_t numel = 0;
+  hid_t d = dataset_open(loc, file, obj, name, cls, 0, NULL, max_ndim, max_numel, ndim, dims, &numel, err);
+  if (d < 0) return -1;
+  H5Dclose(d);
+  return 0;
 }
 
 int qt_h5_dataset_read_f32(hid_t loc, const char *file, const char *obj, const char *name, int ndim,
                            const int64_t *shape, float *out, char *err) {
-  int64_t numel = 1;
+  int64_t numel = 1, got[8];
+  int nd = 0;
   for (int k = 0; k < ndim; k++) numel *= shape[k];
-  float *data = qt_h5_dataset_read(loc, file, obj, name, H5T_FLOAT, H5T_NATIVE_FLOAT, ndim, shape, ndim,
-                                   numel > 0 ? numel : 1, NULL, NULL, err);
-  if (!data) return -1;
-  memcpy(out, data, (size_t)numel * sizeof(float));
-  free(data);
-  return 0;
+  hid_t d = dataset_open(loc, file, obj, name, H5T_FLOAT, ndim, shape, ndim, numel > 0 ? numel : 1, &nd, got, &numel,
+                         err);
+  return d < 0 ? -1 : dataset_read_close(d, file, obj, name, H5T_NATIVE_FLOAT, out, err);
 }
 
 int qt_h5_dataset_write(hid_t loc, const char *name, hid_t ftype, hid_t mtype, int ndim, const hsize_t *dims,

@@ -99,13 +99,18 @@ char *qt_h5_attr_read_str_alloc(hid_t loc, const char *file, const char *obj, co
 int qt_h5_check_chunks(hid_t d, const char *file, const char *obj, const char *name, char *err);
 /* Reads dataset `name` of loc (type class cls) into a new buffer of mtype elements (free it).
  * When want_ndim > 0 the shape must be want_dims; else any rank 1..max_ndim, returned in
- * *ndim_out / dims_out. At most max_numel elements, none empty. NULL with err:
+ * *ndim_out / dims_out. At most max_numel elements, none empty, and the file must store what
+ * the dataset declares (never-written chunks read as zeros: a small file could declare
+ * gigabytes; compressed datasets may be up to 1024 times smaller). NULL with err:
  *   "<obj>: missing dataset 'x'", "<obj>: dataset 'x' is not integer",
  *   "<obj>: dataset 'x' has shape (3), want (4)", "<obj>: dataset 'x' has rank 3, want 1..2". */
 void *qt_h5_dataset_read(hid_t loc, const char *file, const char *obj, const char *name, H5T_class_t cls, hid_t mtype,
                          int want_ndim, const int64_t *want_dims, int max_ndim, int64_t max_numel, int *ndim_out,
                          int64_t *dims_out, char *err);
-/* float32 dataset of exactly the given shape into out. */
+/* The checks of qt_h5_dataset_read without reading: the shape into *ndim, dims. */
+int qt_h5_dataset_shape(hid_t loc, const char *file, const char *obj, const char *name, H5T_class_t cls, int max_ndim,
+                        int64_t max_numel, int *ndim, int64_t *dims, char *err);
+/* float32 dataset of exactly the given shape read into out (no copy). */
 int qt_h5_dataset_read_f32(hid_t loc, const char *file, const char *obj, const char *name, int ndim,
                            const int64_t *shape, float *out, char *err);
 /* A chunked dataset (chunks of at most 16 MiB) with a Fletcher-32 checksum and object times

@@ -67,6 +67,7 @@ static qt_loader *test_loader(const qt_device *dev, const qt_dataset *ds, const 
            ds->h, ds->w, ds->c);
     return NULL;
   }
+  if (qt_graph_check_memory(qt_device_graph(dev), lc->batch_size, err)) return NULL;
   qt_loader_config cfg = *lc;
   cfg.shuffle = 0;
   cfg.crop_pad = 0;

@@ -182,6 +182,8 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
   /* Every number here is per image, so the batch only sets the memory: the fp32 and Q/DQ graphs
    * keep all their values of a batch side by side (at 256 that was ~150 MB for FashionCNN). */
   if (cfg.batch_size > QT_REPORT_MAX_BATCH) cfg.batch_size = QT_REPORT_MAX_BATCH;
+  if (qt_graph_check_memory(qdq, cfg.batch_size, err) || (fp32 && qt_graph_check_memory(fp32, cfg.batch_size, err)))
+    goto done;
   l = qt_loader_create(ds, &cfg, err);
   if (!l) goto done;
   out = malloc((size_t)cfg.batch_size * (size_t)classes * sizeof(float));

@@ -6,6 +6,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 qt_graph *qt_graph_create(const char *name) {
   qt_graph *g = calloc(1, sizeof *g);
@@ -355,6 +357,27 @@ void qt_graph_init_params(qt_graph *g, uint64_t seed) {
       }
     }
   }
+}
+
+int qt_graph_check_memory(const qt_graph *g, int64_t batch, char *err) {
+  double bytes = 0, big = 0;
+  int largest = 0;
+  for (int v = 0; v < g->n_values; v++) {
+    double n = 1;
+    for (int d = 0; d < g->values[v].ndim; d++) n *= (double)g->values[v].shape[d];
+    bytes += n * 4.0 * (double)batch;
+    if (n > big) big = n, largest = v;
+  }
+  double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (double)rl.rlim_cur < mem)
+    mem = (double)rl.rlim_cur;
+  if (mem > 0 && bytes > mem)
+    return qt_err(err,
+                  "graph '%s' needs %.1f GB for a batch of %lld images (every value of the batch is kept; the largest, "
+                  "'%s', holds %.0f elements per image), more than this machine's %.1f GB: use a smaller batch",
+                  g->name, bytes / 1e9, (long long)batch, g->values[largest].name, big, mem / 1e9);
+  return 0;
 }
 
 int64_t qt_graph_param_count(const qt_graph *g) {

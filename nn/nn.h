@@ -283,6 +283,12 @@ int qt_graph_add_node(qt_graph *g, qt_op op, const char *name, const int *inputs
 int qt_graph_share_weight(qt_graph *g, int node, int from_node);
 /* Adds a parameter (or buffer) tensor owned by node `node`, named "<node>.<suffix>". */
 int qt_graph_add_tensor(qt_graph *g, int node, const char *suffix, int ndim, const int64_t *shape, int is_buffer);
+/* Whether a forward of g over a batch fits this machine: the executors keep every value of a
+ * batch, so the bytes are batch x (the sum of every value's elements) x 4, compared with the
+ * physical memory (or the address-space limit when lower). -1 with err naming the bytes, the
+ * largest value and the memory; a file can describe a valid graph far too big to run (a 1x1
+ * conv with pad 8000), and this is its message instead of an abort in an allocator. */
+int qt_graph_check_memory(const qt_graph *g, int64_t batch, char *err);
 /* Allocates slabs after passes (keeps g->output). Data must then be copied in by the pass. */
 int qt_graph_alloc(qt_graph *g, char *err);
 void qt_graph_zero_grad(qt_graph *g);

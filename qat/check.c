@@ -152,6 +152,13 @@ static void check_structure(qt_graph *t, qt_graph *c, qt_check_report *r) {
   }
 }
 
+static int same_shape(const qt_value *a, const qt_value *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+
 static double tie_distance(float x, float inv_s) {
   double v = (double)(x * inv_s);
   return fabs(fabs(v - floor(v)) - 0.5);
@@ -175,7 +182,13 @@ static int check_numbers(qt_graph *t, qt_graph *c, const float *batch, int n, qt
       if (fq->op != QT_OP_FAKE_QUANT) continue;
       int di = find_node(c, fq->name, ".dequantize");
       if (di >= 0 && qt_tensor_numel(vt[fq->output]) == 0) continue;
-      if (di >= 0) force[c->nodes[di].output] = vt[fq->output];
+      if (di < 0) continue;
+      const qt_value *vc_di = &c->values[c->nodes[di].output], *vt_fq = &t->values[fq->output];
+      if (!same_shape(vc_di, vt_fq)) {
+        fail(r, "%s: its output has another shape in the convert graph (%s)", fq->name, c->nodes[di].name);
+        continue; /* never forced: the convert graph keeps its own value */
+      }
+      force[c->nodes[di].output] = vt[fq->output];
     }
     yc = qt_graph_forward_forced(c, cc, qt_tensor_wrap(cc, QT_F32, 4, shape, (void *)batch), &vc, force);
   }
@@ -242,6 +255,14 @@ int qt_check(qt_graph *t, qt_graph *c, const float *batch, int n, qt_check_repor
   memset(r, 0, sizeof *r);
   r->ok = 1;
   err[0] = 0;
+  const qt_value *ti = &t->values[t->input], *ci = &c->values[c->input];
+  if (strcmp(t->name, c->name) != 0)
+    return qt_err(err, "check: the training graph is model '%s', the convert graph model '%s': not the same model",
+                  t->name, c->name);
+  if (!same_shape(ti, ci))
+    return qt_err(err, "check: the training graph's input '%s' and the convert graph's '%s' have different shapes",
+                  ti->name, ci->name);
+  if (qt_graph_check_memory(t, n, err) || qt_graph_check_memory(c, n, err)) return -1;
   qt_graph_set_mode(t, QT_MODE_EVAL);
   qt_graph_set_mode(c, QT_MODE_EVAL);
   qt_graph_sync_learned_scales(t);

@@ -73,7 +73,6 @@ typedef struct {
   char name[2 * QT_NAME_LEN];
   int node, is_buffer, ndim, seen;
   int64_t shape[4];
-  float *data;
 } tensor_rec;
 
 static int read_node(hid_t gn, const char *link, int n_nodes, node_rec *recs, char *msg) {
@@ -150,8 +149,9 @@ static int read_tensor(hid_t gt, const char *name, int n_tensors, int n_nodes, t
   snprintf(r->name, sizeof r->name, "%s", name);
   r->node = node;
   r->is_buffer = is_buffer;
-  r->data = qdq_read_dataset(gt, "/tensors", name, H5T_FLOAT, H5T_NATIVE_FLOAT, 0, NULL, 4, &r->ndim, r->shape, msg);
-  return r->data ? 0 : -1;
+  /* the shape only: the data is read once the graph is validated, and only for the tensors its
+   * nodes use */
+  return qt_h5_dataset_shape(gt, NULL, "/tensors", name, H5T_FLOAT, 4, QDQ_MAX_NUMEL, &r->ndim, r->shape, msg);
 }
 
 /* Reads /quant/<kind>/<node name> of node `node` of g into a new qstate (*out); weight records
@@ -517,13 +517,26 @@ static qt_graph *load_graph(hid_t f, char *msg) {
         else g->nodes[i].param[k] = t;
       }
   if (qdq_validate_structure(g, kind, msg)) goto done;
+  for (int t = 0; t < n_tensors; t++) {
+    const qt_node *n = &g->nodes[g->tensors[t].node];
+    int used = 0;
+    for (int k = 0; k < QT_MAX_PARAMS; k++) used |= n->param[k] == t || n->buffer[k] == t;
+    if (!used) {
+      qt_err(msg, "/tensors/%s: no slot of its owner node %d '%s' names it (a tensor no node uses)", g->tensors[t].name,
+             g->tensors[t].node, n->name);
+      goto done;
+    }
+  }
+  /* Only now, with every tensor's shape what its node's op needs, is anything big read. */
   char aerr[QT_ERR_LEN];
   if (qt_graph_alloc(g, aerr)) {
     qt_err(msg, "%s", aerr);
     goto done;
   }
   for (int t = 0; t < n_tensors; t++)
-    memcpy(qt_graph_tensor_data(g, t), tensors[t].data, (size_t)g->tensors[t].numel * sizeof(float));
+    if (qt_h5_dataset_read_f32(gt, NULL, "/tensors", g->tensors[t].name, g->tensors[t].ndim, g->tensors[t].shape,
+                               qt_graph_tensor_data(g, t), msg))
+      goto done;
 
   /* Quantization records. */
   if ((gq = qdq_group_open(f, "/", "quant", msg)) < 0 || (ga = qdq_group_open(gq, "/quant", "activation", msg)) < 0 ||
@@ -547,7 +560,6 @@ done:
   if (ga >= 0) H5Gclose(ga);
   if (gw >= 0) H5Gclose(gw);
   if (gq >= 0) H5Gclose(gq);
-  for (int t = 0; tensors && t < n_tensors; t++) free(tensors[t].data);
   free(tensors);
   free(nodes);
   free(links);

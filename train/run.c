@@ -296,7 +296,7 @@ static int run_trainer(run *r, qt_status *st) {
   return 0;
 }
 
-/* Epochs: train, evaluate, checkpoint (then metrics.csv), until train.epochs or
+/* Epochs: train, evaluate, metrics.csv (then the checkpoint), until train.epochs or
  * train.stop_after_epochs. */
 static int run_epochs(run *r, qt_status *st) {
   const qt_options *o = r->o;
@@ -323,11 +323,14 @@ static int run_epochs(run *r, qt_status *st) {
               "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  %.0f img/s  %.1f s  lr %.4g\n",
               e->epoch, epochs, e->train_loss, 100 * e->train_acc, e->test_loss, 100 * e->test_acc, e->images_per_s,
               e->seconds, e->lr);
+    /* metrics.csv first: a kill between the two writes leaves a row for an epoch whose
+     * checkpoint is missing, which a resume drops and writes again, never a checkpoint whose
+     * row is lost */
+    csv_write(r);
+    qt_fault_point("between_metrics_and_checkpoint");
     qt_checkpoint_meta meta = {epoch + 1, qt_trainer_step(r->trainer), (uint64_t)o->train.seed, ini};
     if (qt_checkpoint_save(r->ckpt, r->tg, qt_trainer_optim(r->trainer), &meta, st->msg))
       rc = qt_status_fail(st, QT_STATUS_IO);
-    else
-      csv_write(r);
   }
   free(ini);
   if (!rc && !r->quant && (ran == 0 || r->final.n == 0) && qt_evaluate(r->g, r->ctx, &r->test, &ec, &r->final, st->msg))

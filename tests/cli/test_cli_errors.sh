@@ -55,6 +55,7 @@ expect analysis_needs_ptq 2 "analysis.sensitivity is a PTQ debugging tool" -- "$
 expect percentile_50 2 "quant.percentile = 50" "(50, 100]" -- "$T/ok.ini" quant.mode=ptq \
   quant.activation_observer=histogram quant.activation_range=percentile quant.percentile=50 "output.dir=$T/run"
 expect threads_1000 2 "train.threads = 1000" "cores" -- "$T/ok.ini" train.threads=1000 "output.dir=$T/run"
+expect epochs_beyond_int 2 "train" "epochs" "[1, 100000]" "3000000000" -- "$T/ok.ini" train.epochs=3000000000
 long_value="train.epochs=$(printf '0%.0s' $(seq 1 600))2"
 expect override_too_long 2 "longer than" -- "$T/ok.ini" "$long_value" "output.dir=$T/run"
 [ -e "$T/run" ] && { echo "a refused config created output.dir"; fail=1; }

@@ -4,7 +4,9 @@
  * attributes and records, orphan records, a Q/DQ graph labelled kind 'prepared', a bad input
  * preprocessing description: std 0, a shape other than the input's, no mean) fails with its
  * own message naming the file and the object; a file without the `kind` attribute (written
- * before prepared graphs could be saved) loads as a Q/DQ graph; a refused save names the node
+ * before prepared graphs could be saved) loads as a Q/DQ graph; a tensor no node uses (a huge
+ * one once took gigabytes before validation) and a tensor declared but never written are
+ * refused before any tensor data is read; a refused save names the node
  * and leaves the existing file untouched. */
 #include <hdf5.h>
 #include <hdf5_hl.h>
@@ -191,6 +193,50 @@ static void e_vlen_too_long(hid_t f) {
   set_vlen_str(f, "/nodes/0004_relu1", "name", name);
 }
 
+/* A chunked float dataset of the given shape whose chunks are never written: a few hundred
+ * bytes in the file, any size declared (it reads as zeros). */
+static void sparse_tensor(hid_t f, const char *path, int ndim, const hsize_t *dims, int index, int node) {
+  hsize_t chunk[4];
+  for (int d = 0; d < ndim; d++) chunk[d] = dims[d] < 64 ? dims[d] : 64;
+  hid_t sp = H5Screate_simple(ndim, dims, NULL), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  QT_ASSERT(H5Pset_chunk(dcpl, ndim, chunk) >= 0, "chunk");
+  hid_t d = H5Dcreate2(f, path, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  QT_ASSERT(d >= 0, "create %s", path);
+  H5Dclose(d);
+  H5Pclose(dcpl);
+  H5Sclose(sp);
+  set_int(f, path, "index", index);
+  set_int(f, path, "node", node);
+  set_int(f, path, "is_buffer", 0);
+}
+/* An extra 16384 x 16384 tensor (1 GiB declared, nothing stored) that no node uses: once read
+ * before anything was validated (6.3 GB for a few such tensors). */
+static void e_unused_huge(hid_t f) {
+  int n = 0;
+  QT_ASSERT(H5LTget_attribute_int(f, "/", "n_tensors", &n) >= 0, "n_tensors");
+  const hsize_t dims[2] = {16384, 16384};
+  sparse_tensor(f, "/tensors/conv1.extra", 2, dims, n, 3);
+  set_int(f, "/", "n_tensors", n + 1);
+}
+/* An extra (written) tensor that no node uses. */
+static void e_unused(hid_t f) {
+  int n = 0;
+  QT_ASSERT(H5LTget_attribute_int(f, "/", "n_tensors", &n) >= 0, "n_tensors");
+  const hsize_t dims[1] = {4};
+  const float v[4] = {1, 2, 3, 4};
+  QT_ASSERT(H5LTmake_dataset_float(f, "/tensors/conv1.extra", 1, dims, v) >= 0, "make conv1.extra");
+  set_int(f, "/tensors/conv1.extra", "index", n);
+  set_int(f, "/tensors/conv1.extra", "node", 3);
+  set_int(f, "/tensors/conv1.extra", "is_buffer", 0);
+  set_int(f, "/", "n_tensors", n + 1);
+}
+/* conv1's weight declared with its shape but never written. */
+static void e_sparse_weight(hid_t f) {
+  del(f, "/tensors/conv1.weight");
+  const hsize_t dims[4] = {4, 3, 3, 3};
+  sparse_tensor(f, "/tensors/conv1.weight", 4, dims, 0, 3);
+}
+
 /* The edited file must load and equal the graph the base file holds. */
 static void expect_load_same(const char *what, qdq_edit_fn edit, const qt_graph *want) {
   char path[256], err[QT_ERR_LEN] = "";
@@ -287,6 +333,11 @@ static const qdq_error_case load_errors[] = {
     {"tensor_owner", e_tensor_owner, "/tensors/fc.bias: the name must be '<owner node>.<suffix>'"},
     {"long_name", e_long_name, "attribute 'name' is longer than 63 characters"},
     {"vlen_too_long", e_vlen_too_long, "attribute 'name' is longer than 63 characters"},
+    {"unused_huge", e_unused_huge,
+     "/tensors: dataset 'conv1.extra' declares shape (16384, 16384) (1073741824 bytes) but stores 0 bytes"},
+    {"unused", e_unused, "/tensors/conv1.extra: no slot of its owner node 3 'conv1' names it"},
+    {"sparse_weight", e_sparse_weight,
+     "/tensors: dataset 'conv1.weight' declares shape (4, 3, 3, 3) (432 bytes) but stores 0 bytes"},
 };
 
 int main(void) {

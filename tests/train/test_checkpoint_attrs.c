@@ -77,6 +77,8 @@ int main(void) {
   expect_refused("del f.attrs['step']; f.attrs['step'] = 'many'", "attribute 'step' is not an integer");
   expect_refused("del f.attrs['model']; f.attrs['model'] = 5", "attribute 'model' is not a string");
   expect_meta_refused("del f.attrs['epoch']; f.attrs['epoch'] = -3", "epoch -3");
+  expect_meta_refused("del f.attrs['step']; f.attrs['step'] = np.int64(-1)", "step -1");
+  expect_refused("del f.attrs['step']; f.attrs['step'] = np.int64(-5)", "step -5, expected non-negative counts");
   /* A variable-length string too long for the model name. */
   expect_refused("del f.attrs['model']; f.attrs['model'] = 'x' * 300", "attribute 'model' is longer than 63 characters");
 
