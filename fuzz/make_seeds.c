@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <stb_image_write.h>
@@ -30,25 +29,6 @@ static const char *out_path(const char *target, const char *name) {
 
 /* ---- Q/DQ files and checkpoints ------------------------------------------------------------------ */
 
-/* The project's writers build files in memory with HDF5's core driver, which rounds the file up
- * to its 1 MiB increment (zeros HDF5 never reads). A seed ends at its end-of-file address (the
- * v2/v3 superblock's), so a tiny model's checkpoint is kilobytes, not a megabyte. */
-static void trim_to_eof_address(const char *path) {
-  FILE *f = fopen(path, "rb");
-  unsigned char sb[48];
-  QT_ASSERT(f && fread(sb, 1, sizeof sb, f) == sizeof sb, "reading %s", path);
-  fclose(f);
-  if (sb[8] != 2 && sb[8] != 3) return;
-  const int so = sb[9];
-  QT_ASSERT(so == 8, "%s: %d-byte offsets", path, so);
-  uint64_t base = 0, eof = 0;
-  for (int i = 7; i >= 0; i--) {
-    base = base << 8 | sb[12 + i];
-    eof = eof << 8 | sb[12 + 2 * so + i];
-  }
-  QT_ASSERT(truncate(path, (off_t)(base + eof)) == 0, "truncating %s", path);
-}
-
 static void forward_n(qt_graph *g, qt_graph_mode mode, int passes) {
   qt_ctx *ctx = qt_ctx_create();
   qt_graph_set_mode(g, mode);
@@ -65,7 +45,6 @@ static void qdq_ptq(const char *name, const qt_graph *g, const qt_quantizer_conf
   qt_graph *c = qt_convert(p, err);
   QT_ASSERT(c, "%s", err);
   QT_ASSERT(qt_qdq_save(out_path("qdq", name), c, err) == 0, "%s", err);
-  trim_to_eof_address(out_path("qdq", name));
   qt_graph_free(c);
   qt_graph_free(p);
 }
@@ -77,7 +56,6 @@ static void qdq_prepared(const char *name, const qt_graph *g, const qt_quantizer
   forward_n(p, QT_MODE_TRAIN, 2);
   qt_graph_set_mode(p, QT_MODE_EVAL);
   QT_ASSERT(qt_qdq_save(out_path("qdq", name), p, err) == 0, "%s", err);
-  trim_to_eof_address(out_path("qdq", name));
   qt_graph_free(p);
 }
 
@@ -96,7 +74,6 @@ static void checkpoint(const char *name, const qt_graph *g, qt_optim_kind kind, 
   for (int s = 0; s < 3; s++) qt_optim_step(opt, params, grads, 0.01f);
   qt_checkpoint_meta meta = {.epoch = epoch, .step = 3 * epoch, .seed = 42, .config_ini = (char *)config};
   QT_ASSERT(qt_checkpoint_save(out_path("checkpoint", name), g, with_optim ? opt : NULL, &meta, err) == 0, "%s", err);
-  trim_to_eof_address(out_path("checkpoint", name));
   free(params);
   free(grads);
   qt_optim_free(opt);
