@@ -374,6 +374,47 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *s) {
   if (k < n) snprintf(buf + k, n - k, ")");
 }
 
+int qt_h5_check_chunks(hid_t d, const char *file, const char *obj, const char *name, char *err) {
+  hid_t dcpl = H5Dget_create_plist(d), t = H5Dget_type(d), sp = H5Dget_space(d); /* 1.10.8 refuses H5S_ALL */
+  const H5T_class_t cls = t < 0 ? H5T_NO_CLASS : H5Tget_class(t);
+  const int fixed = cls == H5T_INTEGER || cls == H5T_FLOAT || (cls == H5T_STRING && H5Tis_variable_str(t) == 0);
+  const int nf = dcpl < 0 ? -1 : H5Pget_nfilters(dcpl);
+  int rc = dcpl < 0 || t < 0 || sp < 0 || nf < 0
+               ? h5_err(err, file, obj, "cannot read how dataset '%s' is stored", name)
+               : 0;
+  int only_fletcher = rc == 0 && fixed && H5Pget_layout(dcpl) == H5D_CHUNKED;
+  for (int i = 0; i < nf && only_fletcher; i++) {
+    unsigned flags = 0, config = 0;
+    size_t n_values = 0;
+    only_fletcher =
+        H5Pget_filter2(dcpl, (unsigned)i, &flags, &n_values, NULL, 0, NULL, &config) == H5Z_FILTER_FLETCHER32;
+  }
+  hsize_t cdims[H5S_MAX_RANK], nchunks = 0;
+  const int cnd = only_fletcher ? H5Pget_chunk(dcpl, H5S_MAX_RANK, cdims) : 0;
+  if (only_fletcher && (cnd < 1 || H5Dget_num_chunks(d, sp, &nchunks) < 0))
+    rc = h5_err(err, file, obj, "cannot read the chunk index of dataset '%s' (corrupt file?)", name);
+  hsize_t bytes = rc == 0 && only_fletcher ? (hsize_t)H5Tget_size(t) : 0;
+  for (int k = 0; k < cnd && rc == 0; k++) bytes *= cdims[k];
+  for (hsize_t i = 0; only_fletcher && rc == 0 && i < nchunks; i++) {
+    hsize_t offset[H5S_MAX_RANK], size = 0;
+    unsigned mask = 0;
+    haddr_t addr = 0;
+    if (H5Dget_chunk_info(d, sp, i, offset, &mask, &addr, &size) < 0) {
+      rc = h5_err(err, file, obj, "cannot read the chunk index of dataset '%s' (corrupt file?)", name);
+      break;
+    }
+    hsize_t want = bytes;
+    for (int f = 0; f < nf; f++) want += (mask >> f) & 1 ? 0 : 4; /* a checksum per filter applied */
+    if (size != want)
+      rc = h5_err(err, file, obj, "dataset '%s': chunk %llu stores %llu bytes, expected %llu (corrupt file)", name,
+                  (unsigned long long)i, (unsigned long long)size, (unsigned long long)want);
+  }
+  if (sp >= 0) H5Sclose(sp);
+  if (t >= 0) H5Tclose(t);
+  if (dcpl >= 0) H5Pclose(dcpl);
+  return rc;
+}
+
 /* Whether a dataset's filters compress (anything but the Fletcher-32 checksum and shuffle). */
 static int compressed(hid_t d) {
   hid_t dcpl = H5Dget_create_plist(d);
@@ -439,6 +480,7 @@ static hid_t dataset_open(hid_t loc, const char *file, const char *obj, const ch
            name, s1, (unsigned long long)bytes, (unsigned long long)stored);
     goto done;
   }
+  if (qt_h5_check_chunks(d, file, obj, name, err)) goto done;
   *nd_out = nd;
   *numel_out = numel;
   ok = 1;

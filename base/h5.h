@@ -89,6 +89,14 @@ char *qt_h5_attr_read_str_alloc(hid_t loc, const char *file, const char *obj, co
                                 char *err);
 
 /* ---- datasets ----------------------------------------------------------------------------------- */
+/* HDF5 1.10.8 trusts a chunk's stored size: a chunk whose filters give back fewer bytes than the
+ * chunk holds (a Fletcher-32 chunk whose size was cut, with a matching checksum) is copied past
+ * the end of its buffer inside H5Dread (a heap over-read found by fuzzing). When every filter of
+ * a chunked dataset of fixed-size elements is Fletcher-32, as this project writes them, each
+ * chunk's stored size is known (its bytes, plus 4 per checksum): -1 with err when a chunk
+ * stores another size. 0 otherwise, also when other filters (e.g. deflate, whose output size
+ * only decoding tells) leave the check to HDF5. Call before H5Dread; qt_h5_dataset_read does. */
+int qt_h5_check_chunks(hid_t d, const char *file, const char *obj, const char *name, char *err);
 /* Reads dataset `name` of loc (type class cls) into a new buffer of mtype elements (free it).
  * When want_ndim > 0 the shape must be want_dims; else any rank 1..max_ndim, returned in
  * *ndim_out / dims_out. At most max_numel elements, none empty, and the file must store what

@@ -38,8 +38,10 @@ int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err);
 
 /* root/<class>/<file>.png|.jpg|.jpeg (extension case-insensitive; other files and names
  * starting with '.' are ignored). Classes and files are sorted by name (byte order);
- * label = class index. Images are decoded with `channels` channels (1..4; 1 = gray,
- * 3 = RGB) and must all share the size of the first one. */
+ * label = class index. Each file must hold PNG or JPEG data (checked by its signature: other
+ * formats stb_image knows are refused, whatever the name). Images are decoded with `channels`
+ * channels (1..4; 1 = gray, 3 = RGB), hold at least one pixel and must all share the size of
+ * the first one. */
 int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char *err);
 
 /* Keeps the first n samples (n <= 0 or n >= ds->n: all). num_classes is unchanged. */

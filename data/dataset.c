@@ -357,6 +357,11 @@ int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
     qt_err(err, "data: %s: out of memory for %" PRIu64 " image bytes", path, image_bytes);
     goto done;
   }
+  char cmsg[QT_ERR_LEN];
+  if (qt_h5_check_chunks(dimg, NULL, path, "images", cmsg) || qt_h5_check_chunks(dlab, NULL, path, "labels", cmsg)) {
+    qt_err(err, "data: %s", cmsg);
+    goto done;
+  }
   if (H5Dread(dimg, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.images) < 0) {
     qt_err(err, "data: %s: dataset \"images\": read failed (corrupt or truncated file)", path);
     goto done;
@@ -494,9 +499,75 @@ int qt_dataset_folder_classes_match(const char *train_root, const qt_dataset *te
 
 /* Per-file outcome of the parallel decode, reported afterwards for the first failing file. */
 typedef struct {
-  const char *reason;   /* stbi_failure_reason() of a failed decode, else NULL */
-  int w, h;             /* found size, when it differs from the first image */
+  const char *reason;   /* why decode_image failed, else NULL */
+  int other_size, w, h; /* found size, when it differs from the first image */
 } decode_status;
+
+/* stb_image 2.27 (Debian 12's) builds a JPEG Huffman table without checking that its 16 code
+ * counts add up to at most 256, and then writes past the table's 257 code sizes and 256 values
+ * (fixed upstream in 2.28). This walks the file's markers as stb does (segments by their length,
+ * entropy-coded data up to the next marker: progressive files define tables between scans) and
+ * finds every table of every DHT segment; 0 when one has more than 256 codes. */
+static int jpeg_huffman_tables_ok(const uint8_t *b, size_t n) {
+  size_t p = 2; /* after SOI */
+  while (p + 1 < n) {
+    const uint8_t m = b[p + 1];
+    if (b[p] != 0xff || m == 0xff || m == 0x00 || m == 0x01 || (m >= 0xd0 && m <= 0xd8)) {
+      p += b[p] == 0xff && m != 0xff ? 2 : 1; /* data, fill, stuffing, RSTn, TEM, SOI */
+      continue;
+    }
+    if (m == 0xd9 || p + 4 > n) return 1; /* EOI */
+    const size_t len = (size_t)b[p + 2] << 8 | b[p + 3];
+    if (m == 0xc4) {
+      size_t q = p + 4;
+      for (long left = (long)len - 2; left > 0;) {
+        int codes = 0;
+        for (size_t i = 1; i <= 16; i++) codes += q + i < n ? b[q + i] : 0;
+        if (codes > 256) return 0;
+        q += 17 + (size_t)codes;
+        left -= 17 + codes;
+      }
+    }
+    p += 2 + len;
+  }
+  return 1;
+}
+
+/* Decodes one image file (channels 1..4) into a new stb_image buffer and its size; NULL with a
+ * static *reason. stb_image picks its decoder from the content, not the name, so a file named
+ * .png could reach its BMP, TGA, PSD, PIC, HDR, GIF or PNM decoders (hostile BMP and TGA headers
+ * of a few hundred bytes kept them busy for seconds): only PNG and JPEG content is decoded, the
+ * formats the extensions name. Thread-safe (stbi_failure_reason is thread-local in this stb). */
+static uint8_t *decode_image(const char *path, int channels, int *w, int *h, const char **reason) {
+  static const uint8_t png[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  FILE *f = fopen(path, "rb");
+  struct stat st;
+  if (!f || fstat(fileno(f), &st) != 0) {
+    if (f) fclose(f);
+    *reason = "cannot open the file";
+    return NULL;
+  }
+  if (st.st_size > INT32_MAX) {
+    fclose(f);
+    *reason = "larger than 2 GiB";
+    return NULL;
+  }
+  const size_t n = (size_t)st.st_size;
+  uint8_t *bytes = malloc(n ? n : 1);
+  const int read_ok = bytes && fread(bytes, 1, n, f) == n;
+  fclose(f);
+  uint8_t *pixels = NULL;
+  int comp;
+  if (!read_ok) *reason = bytes ? "cannot read the file" : "out of memory";
+  else if (!(n >= 8 && memcmp(bytes, png, 8) == 0) && !(n >= 2 && bytes[0] == 0xff && bytes[1] == 0xd8))
+    *reason = "not a PNG or JPEG file (found another signature)";
+  else if (bytes[0] == 0xff && !jpeg_huffman_tables_ok(bytes, n))
+    *reason = "corrupt JPEG: a Huffman table with more than 256 codes";
+  else if (!(pixels = stbi_load_from_memory(bytes, (int)n, w, h, &comp, channels)))
+    *reason = stbi_failure_reason() ? stbi_failure_reason() : "unknown error";
+  free(bytes);
+  return pixels;
+}
 
 int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char *err) {
   qt_dataset out = {0};
@@ -554,10 +625,18 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
   }
 
   /* The first image fixes the size every other image must have. */
-  int w0, h0, comp;
-  uint8_t *pix = stbi_load(files.items[0], &w0, &h0, &comp, channels);
+  int w0, h0;
+  const char *why = NULL;
+  uint8_t *pix = decode_image(files.items[0], channels, &w0, &h0, &why);
   if (!pix) {
-    qt_err(err, "data: %s: cannot decode image: %s", files.items[0], stbi_failure_reason());
+    qt_err(err, "data: %s: cannot decode image: %s", files.items[0], why);
+    goto done;
+  }
+  /* stb_image returned 0-pixel BMP and PNM images without an error (BMP and PNM are no longer
+   * decoded; the check stays). */
+  if (w0 < 1 || h0 < 1) {
+    stbi_image_free(pix);
+    qt_err(err, "data: %s: expected an image of at least 1x1 pixels, found %dx%d", files.items[0], w0, h0);
     goto done;
   }
   size_t image_size = (size_t)w0 * (size_t)h0 * (size_t)channels;
@@ -587,14 +666,11 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
   const int64_t nfiles = (int64_t)files.n;
   #pragma omp parallel for schedule(dynamic, 8)
   for (int64_t i = 1; i < nfiles; i++) {
-    int w, h, cc;
-    uint8_t *p = stbi_load(files.items[i], &w, &h, &cc, channels);
-    if (!p) {
-      status[i].reason = stbi_failure_reason();
-      if (!status[i].reason) status[i].reason = "unknown error";
-      continue;
-    }
+    int w, h;
+    uint8_t *p = decode_image(files.items[i], channels, &w, &h, &status[i].reason);
+    if (!p) continue;
     if (w != w0 || h != h0) {
+      status[i].other_size = 1;
       status[i].w = w;
       status[i].h = h;
     } else {
@@ -607,7 +683,7 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
       qt_err(err, "data: %s: cannot decode image: %s", files.items[i], status[i].reason);
       goto done;
     }
-    if (status[i].w) {
+    if (status[i].other_size) {
       qt_err(err, "data: %s: expected %dx%d (width x height) like %s, found %dx%d", files.items[i],
               w0, h0, files.items[0], status[i].w, status[i].h);
       goto done;
