@@ -62,25 +62,6 @@ no_malloc_limit=-malloc_limit_mb=2147483647
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 
-# Replays files one process per batch of 100 with precise leak checking; prints the files that
-# fail alone (a leak, a crash) and returns 1 when there are any.
-replay_leaks() {
-  local bin=$1 log=$2 bad=0
-  shift 2
-  local files=("$@") i
-  for ((i = 0; i < ${#files[@]}; i += 100)); do
-    local batch=("${files[@]:i:100}")
-    ASAN_OPTIONS=$replay_asan LSAN_OPTIONS=suppressions=$PWD/fuzz/lsan.supp \
-      "$bin" -timeout="$timeout" -rss_limit_mb="$rss_mb" $no_malloc_limit "${batch[@]}" >>"$log" 2>&1 && continue
-    local f
-    for f in "${batch[@]}"; do
-      ASAN_OPTIONS=$replay_asan LSAN_OPTIONS=suppressions=$PWD/fuzz/lsan.supp \
-        "$bin" -timeout="$timeout" -rss_limit_mb="$rss_mb" $no_malloc_limit "$f" >>"$log" 2>&1 || { echo "$f"; bad=1; }
-    done
-  done
-  return $bad
-}
-
 # The first frame of a sanitizer report's first stack that is not the sanitizer runtime, an
 # interceptor or libc: "hdf5" when it is inside libhdf5, else "ours". A crash there on memory
 # HDF5 manages is a bug of HDF5 1.10.8 on a corrupt file (heap over-reads, null dereferences,
@@ -111,6 +92,40 @@ hdf5_signature() {
       n++
     }
     END { print kind ": " sig }' "$1"
+}
+
+# Replays files one process per batch of 100 with precise leak checks (the slow unwinder, only
+# HDF5's own leaks suppressed). A batch that fails is replayed file by file; prints each failing
+# file as "ours FILE" or, when HDF5 crashed inside itself (a fresh process can catch a bug of
+# HDF5's the long campaign process did not), "hdf5 FILE LOG".
+replay_corpus() {
+  local bin=$1 log=$2 i f one
+  shift 2
+  local files=("$@")
+  for ((i = 0; i < ${#files[@]}; i += 100)); do
+    local batch=("${files[@]:i:100}")
+    ASAN_OPTIONS=$replay_asan LSAN_OPTIONS=suppressions=$PWD/fuzz/lsan.supp \
+      "$bin" -timeout="$timeout" -rss_limit_mb="$rss_mb" $no_malloc_limit "${batch[@]}" >>"$log" 2>&1 && continue
+    for f in "${batch[@]}"; do
+      one=$log.$(basename "$f")
+      ASAN_OPTIONS=$replay_asan LSAN_OPTIONS=suppressions=$PWD/fuzz/lsan.supp \
+        "$bin" -timeout="$timeout" -rss_limit_mb="$rss_mb" $no_malloc_limit "$f" >"$one" 2>&1 && { rm -f "$one"; continue; }
+      if [ "$(classify "$one")" = hdf5 ]; then echo "hdf5 $f $one"; else echo "ours $f"; cat "$one" >>"$log"; fi
+    done
+  done
+}
+
+# Keeps input $2 of target $1 in fuzz/hdf5-crashes/ when its crash ($3, a log) has a new
+# signature; prints what it did.
+keep_hdf5_crash() {
+  local t=$1 input=$2 log=$3 sig
+  sig=$(hdf5_signature "$log")
+  mkdir -p fuzz/hdf5-crashes/$t
+  grep -qxF "$sig" fuzz/hdf5-crashes/$t/SIGNATURES 2>/dev/null && return 0
+  cp "$input" fuzz/hdf5-crashes/$t/
+  echo "$sig" >>fuzz/hdf5-crashes/$t/SIGNATURES
+  echo "fuzz: $t: HDF5 crashed inside itself ($sig), kept fuzz/hdf5-crashes/$t/$(basename "$input")"
+  hdf5_rows+=("$t: $sig  (fuzz/hdf5-crashes/$t/$(basename "$input"))")
 }
 
 status=0
@@ -148,16 +163,14 @@ for t in $targets; do
     left=$((seconds - ($(date +%s) - started)))
     crash=$(ls "$artifacts" 2>/dev/null | grep -E '^(crash|leak)-' | head -1 || true)
     [ "$rc" -ne 0 ] && [ -n "$crash" ] && [ "$(classify "$log")" = hdf5 ] || break
-    sig=$(hdf5_signature "$log")
-    mkdir -p fuzz/hdf5-crashes/$t
-    if ! grep -qxF "$sig" fuzz/hdf5-crashes/$t/SIGNATURES 2>/dev/null; then
-      cp "$artifacts$crash" fuzz/hdf5-crashes/$t/
-      echo "$sig" >>fuzz/hdf5-crashes/$t/SIGNATURES
-      echo "fuzz: $t: HDF5 crashed inside itself ($sig), kept fuzz/hdf5-crashes/$t/$crash; fuzzing on"
-      hdf5_new=$((hdf5_new + 1))
-      hdf5_rows+=("$t: $sig  (fuzz/hdf5-crashes/$t/$crash)")
-    fi
-    rm -f "$artifacts$crash"
+    n_rows=${#hdf5_rows[@]}
+    keep_hdf5_crash "$t" "$artifacts$crash" "$log"
+    [ ${#hdf5_rows[@]} -eq "$n_rows" ] || hdf5_new=$((hdf5_new + 1))
+    # An input of the corpus can crash HDF5 when it is loaded again (whether freed memory is
+    # caught depends on the allocator's state): it leaves the corpus, or the next run would stop
+    # on it at once. libFuzzer names corpus files by their SHA-1.
+    sha=$(sha1sum <"$artifacts$crash" | cut -d' ' -f1)
+    rm -f "$artifacts$crash" "$work/$sha"
     rc=0
     [ "$runs" -lt 0 ] || [ "$execs" -lt "$runs" ] || break
   done
@@ -173,11 +186,15 @@ for t in $targets; do
   if [ "$rc" -eq 0 ] && [ -z "$found" ]; then
     mapfile -t files < <(find "$work" fuzz/regressions/$t -type f ! -name '.*' | sort)
     echo "fuzz: $t: replaying its ${#files[@]} corpus inputs with precise leak checks"
-    mapfile -t leaking < <(replay_leaks "$bin" build-fuzz/logs/$t.replay.log "${files[@]}" || true)
-    for f in "${leaking[@]}"; do
-      [ -n "$f" ] || continue
-      cp "$f" "$artifacts"replay-"$(basename "$f")"
-      rc=1
+    mapfile -t failing < <(replay_corpus "$bin" build-fuzz/logs/$t.replay.log "${files[@]}")
+    for line in "${failing[@]}"; do
+      read -r who f one <<<"$line"
+      if [ "$who" = hdf5 ]; then
+        keep_hdf5_crash "$t" "$f" "$one"
+      elif [ -n "$f" ]; then
+        cp "$f" "$artifacts"replay-"$(basename "$f")"
+        rc=1
+      fi
     done
     found=$(ls "$artifacts" 2>/dev/null | grep -v '^slow-unit-' || true)
     [ "$rc" -eq 0 ] || log=build-fuzz/logs/$t.replay.log
