@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eval/exact.h"
 #include "eval/report.h"
 
 /* The LSB ratio is computed in float: an exact 1-LSB difference may read 1.00003. */
@@ -83,9 +84,17 @@ int qt_device_compare(qt_device *dev, qt_graph *qdq, const qt_dataset *ds, const
   const int64_t classes = qt_device_output_numel(dev);
   float *out = malloc((size_t)lc->batch_size * (size_t)classes * sizeof(float));
   QT_ASSERT(out, "out of memory for a batch of %d outputs", lc->batch_size);
-  qt_ctx *ctx = qdq ? qt_ctx_create() : NULL;
-  if (ctx) qt_ctx_set_grad(ctx, 0);
-  if (qdq) qt_graph_set_mode(qdq, QT_MODE_EVAL);
+  qt_exact *exact = NULL;
+  float *ref = NULL;
+  if (qdq) {
+    if (!(exact = qt_exact_open(qdq, err))) {
+      free(out);
+      qt_loader_free(l);
+      return -1;
+    }
+    ref = malloc((size_t)lc->batch_size * (size_t)classes * sizeof(float));
+    QT_ASSERT(ref, "out of memory for a batch of %d outputs", lc->batch_size);
+  }
   int rc = -1, n;
   const float *x;
   const int32_t *labels;
@@ -103,14 +112,8 @@ int qt_device_compare(qt_device *dev, qt_graph *qdq, const qt_dataset *ds, const
       a->outputs += (int64_t)n * classes;
       continue;
     }
-    qt_ctx_reset(ctx);
-    const int64_t shape[4] = {n, ds->h, ds->w, ds->c};
-    qt_tensor *y = qt_graph_forward(qdq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x));
-    if (!y) {
-      qt_err(err, "Q/DQ reference: %s", qdq->error);
-      goto done;
-    }
-    qt_device_agreement_add(a, out, qt_f32(y), labels, n, classes);
+    if (qt_exact_run(exact, ref, x, n, err)) goto done;
+    qt_device_agreement_add(a, out, ref, labels, n, classes);
   }
   if (a->images == 0) {
     qt_err(err, "the test set is empty");
@@ -118,7 +121,8 @@ int qt_device_compare(qt_device *dev, qt_graph *qdq, const qt_dataset *ds, const
   }
   rc = 0;
 done:
-  qt_ctx_free(ctx);
+  qt_exact_free(exact);
+  free(ref);
   free(out);
   qt_loader_free(l);
   return rc;

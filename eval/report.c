@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eval/exact.h"
 #include "eval/report.h"
 
 enum { QT_REPORT_MAX_BATCH = 64 };
@@ -171,7 +172,10 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
   int n_plans = 0, rc = -1;
   qt_loader *l = NULL;
   qt_ctx *ctx = NULL;
-  float *out = NULL;
+  float *out = NULL, *eo = NULL;
+  qt_exact *exact = qt_exact_open(qdq, err);
+  if (!exact) goto done;
+  qt_device_agreement_init(&r->float_vs_exact, r->output_scale);
   if (plan_points(fp32, qdq, r, plans, &n_plans, err)) goto done;
   if (add_weight_points(qdq, r, err)) goto done;
 
@@ -187,7 +191,8 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
   l = qt_loader_create(ds, &cfg, err);
   if (!l) goto done;
   out = malloc((size_t)cfg.batch_size * (size_t)classes * sizeof(float));
-  QT_ASSERT(out, "out of memory for a batch of %d", cfg.batch_size);
+  eo = malloc((size_t)cfg.batch_size * (size_t)classes * sizeof(float));
+  QT_ASSERT(out && eo, "out of memory for a batch of %d", cfg.batch_size);
   ctx = qt_ctx_create();
   qt_ctx_set_grad(ctx, 0);
   if (fp32) qt_graph_set_mode(fp32, QT_MODE_EVAL);
@@ -211,7 +216,10 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
       goto done;
     }
     if (qt_device_run(device, out, x, n, err)) goto done;
-    const float *qo = qt_f32(qy);
+    if (qt_exact_run(exact, eo, x, n, err)) goto done;
+    /* The Q/DQ graph's answer is the exact reference's; the float executor is measured against it. */
+    qt_device_agreement_add(&r->float_vs_exact, qt_f32(qy), eo, labels, n, classes);
+    const float *qo = eo;
     for (int i = 0; i < n; i++) {
       const int64_t off = (int64_t)i * classes;
       const int pq = (int)qt_argmax(qo + off, classes), pd = (int)qt_argmax(out + off, classes);
@@ -230,7 +238,7 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
     for (int k = 0; k < n_plans; k++) {
       const point_plan *pl = &plans[k];
       qt_report_point *p = &r->points[pl->point];
-      const float *qd = qt_f32(qv[pl->qdq_value]);
+      const float *qd = pl->qdq_value == qdq->output ? qo : qt_f32(qv[pl->qdq_value]);
       const int64_t pn = (int64_t)n * value_numel(&qdq->values[pl->qdq_value]);
       if (pl->fp32_value >= 0 && !overwritten(fp32, fv, pl->fp32_value))
         qt_sqnr_add(&p->fp32_vs_qdq, qt_f32(fv[pl->fp32_value]), qd, pn);
@@ -283,7 +291,9 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
   r->top1_agreement = (double)r->agree / N;
   rc = 0;
 done:
+  qt_exact_free(exact);
   free(plans);
+  free(eo);
   free(out);
   qt_ctx_free(ctx);
   qt_loader_free(l);
@@ -354,6 +364,17 @@ void qt_report_print(const qt_report *r, FILE *f) {
             (double)r->output_scale, r->lsb.max_lsb, (long long)r->lsb.count[0], (long long)r->lsb.count[1],
             (long long)r->lsb.count[2], (long long)r->lsb.count[3]);
   else fprintf(f, "fp32 output (no LSB): max logit difference %.6g\n", r->max_abs_diff);
+  const qt_device_agreement *fe = &r->float_vs_exact;
+  if (fe->images > 0) {
+    fprintf(f, "  Q/DQ graph = its exact integer reference; the float32 Q/DQ executor against it: ");
+    if (fe->output_scale > 0)
+      fprintf(f, "max %.2f LSB, %lld of %lld logits differ", fe->max_lsb, (long long)fe->differ,
+              (long long)fe->outputs);
+    else
+      fprintf(f, "max difference %.3g, %lld of %lld logits differ", fe->max_abs_diff, (long long)fe->differ,
+              (long long)fe->outputs);
+    fprintf(f, ", top-1 differs on %lld images\n", (long long)(fe->images - fe->agree));
+  }
   fprintf(f, "  SQNR (dB) at each quantization point   %-16s %s", "fp32 vs Q/DQ", "Q/DQ vs device");
   if (r->probe_images > 0 && r->probe_images < r->images)
     fprintf(f, " (inside the graph: first %lld images)", (long long)r->probe_images);
@@ -402,6 +423,16 @@ char *qt_report_json(const qt_report *r, const char *in) {
   }
   qt_strbuf_printf(&b, ", \"max_abs_diff\": ");
   sb_json_number(&b, r->max_abs_diff);
+  qt_strbuf_printf(&b, "},\n");
+  /* The float32 Q/DQ executor against the exact reference the report judges with. */
+  const qt_device_agreement *fe = &r->float_vs_exact;
+  qt_strbuf_printf(&b, "%s\"qdq_reference\": \"exact\",\n%s\"qdq_float_vs_exact\": {\"images\": %lld, "
+                   "\"top1_differs\": %lld, \"logits_differ\": %lld, \"max_lsb\": ", in, in, (long long)fe->images,
+                   (long long)(fe->images - fe->agree), (long long)fe->differ);
+  if (fe->output_scale > 0) sb_json_number(&b, fe->max_lsb);
+  else qt_strbuf_printf(&b, "null");
+  qt_strbuf_printf(&b, ", \"max_abs_diff\": ");
+  sb_json_number(&b, fe->max_abs_diff);
   qt_strbuf_printf(&b, "},\n");
   qt_strbuf_printf(&b, "%s\"sqnr_db\": [", in);
   for (int i = 0; i < r->n_points; i++) {

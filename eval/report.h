@@ -11,6 +11,12 @@
  * Stage 1 belongs to the algorithm (quantizer settings, QAT); stage 2 to the backend, and the
  * device must pass the one agreement rule below (qt_device_agreement_pass).
  *
+ * "The Q/DQ graph" in accuracies, stage losses and every device comparison is its exact
+ * reference (eval/exact.h: integer arithmetic where the math is integer, float64 elsewhere), so
+ * stage 2 measures lowering alone. The float32 Q/DQ executor (qt_graph_forward), whose sums
+ * depend on their order, is itself measured against the exact reference (float_vs_exact), and
+ * serves the intermediate points' SQNR. 
+ *
  * The library never exits or prints unless asked; functions return 0 or -1 with err set. */
 #ifndef QT_REPORT_H
 #define QT_REPORT_H
@@ -91,7 +97,7 @@ const char *qt_device_agreement_rule(void);
 int qt_device_agreement_print(const qt_device_agreement *a, const char *prefix, FILE *f);
 
 /* Runs the test set (ds in lc's batches, in order, no augmentation) through the device and,
- * when qdq is not NULL, the Q/DQ reference interpreter (put in eval mode), and fills a: device
+ * when qdq is not NULL, the Q/DQ graph's exact reference (eval/exact.h), and fills a: device
  * accuracy and model time always (the first batch is run once more before, untimed: kernels
  * are created on first use), the comparison with qdq. Returns -1 with err on a shape mismatch
  * or a failing run. */
@@ -135,6 +141,7 @@ typedef struct {
   qt_lsb_histogram lsb;           /* device vs Q/DQ output logits (empty when output_scale is 0) */
   double max_abs_diff;            /* device vs Q/DQ output logits, absolute */
   qt_device_agreement agreement;  /* the same comparison judged by the pass rule (verdict) */
+  qt_device_agreement float_vs_exact; /* the float32 Q/DQ executor against the exact reference */
   int64_t probe_images;           /* images the device was read on at intermediate points (0: not) */
   int int8_partitions, fallback_partitions;
   int n_points;

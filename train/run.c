@@ -128,6 +128,10 @@ static int write_summary(const run *r, char *err) {
     summary_stage(&b, "fake_quant", &r->q.fake_quant, 1);
     summary_stage(&b, "qdq", &r->q.qdq, 1);
     if (r->q.deployed) {
+      /* "qdq" is the float32 executor's evaluation (with the loss); the report's stages judge with
+       * the Q/DQ graph's exact integer reference (eval/exact.h), whose accuracy is "qdq_exact". */
+      qt_eval_result exact = {.accuracy = r->q.report.qdq_accuracy, .n = r->q.report.images};
+      summary_stage(&b, "qdq_exact", &exact, 0);
       qt_eval_result dev = {.accuracy = r->q.report.device_accuracy, .n = r->q.report.images};
       summary_stage(&b, "int8", &dev, 0);
     }

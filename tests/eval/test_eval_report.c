@@ -1,7 +1,8 @@
 /* The three-stage report (eval/report.h) on FashionCNN (PyTorch's initialization, W8A8 PTQ
  * calibrated on synthetic images, converted, lowered) over a synthetic test set whose labels
  * are the fp32 model's top-1 on even images and its runner-up on odd ones (fp32 accuracy 1/2):
- * - every count is recomputed independently (Q/DQ interpreter, lowered run): accuracies, top-1
+ * - every count is recomputed independently (the Q/DQ graph's exact reference, lowered run):
+ *   accuracies (the float32 executor's within the images it disagrees with exact on), top-1
  *   agreement, the LSB histogram (sums to images x classes, max within the 2-LSB contract);
  * - the points: input, relu1..3, fc2 (the output) and the four weights, each measured; the
  *   input point's SQNR recomputed by hand from its qparams; the device identical at the input;
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eval/exact.h"
 #include "eval/report.h"
 #include "qat/qat.h"
 #include "tests/common/testutil.h"
@@ -93,6 +95,16 @@ static void count_graph(void *state, const float *x, int n, const int32_t *label
   run_state *s = state;
   const float *y = forward(s, x, n);
   for (int i = 0; i < n; i++) s->correct += argmax(y + i * 10, 10) == labels[i];
+  s->seen += n;
+}
+
+static qt_exact *exact_ref; /* count_exact */
+static void count_exact(void *state, const float *x, int n, const int32_t *labels) {
+  run_state *s = state;
+  char err[QT_ERR_LEN];
+  float out[BATCH * 10];
+  QT_ASSERT(qt_exact_run(exact_ref, out, x, n, err) == 0, "%s", err);
+  for (int i = 0; i < n; i++) s->correct += argmax(out + i * 10, 10) == labels[i];
   s->seen += n;
 }
 
@@ -281,10 +293,22 @@ int main(void) {
   /* Counts, recomputed. */
   QT_CHECK(r.images == N_IMAGES && r.has_fp32 && r.probe_images == N_IMAGES);
   QT_CHECK(r.fp32_correct == N_IMAGES / 2 && r.fp32_accuracy == 0.5);
-  run_state c = {qdq, s.ctx, NULL, 0, 0, NULL, {0, 0, 0}, NULL};
-  for_batches(&ds, count_graph, &c);
+  /* The Q/DQ graph's count is its exact reference's; the float32 executor's may differ by the
+   * images whose top-1 differs between the two (float_vs_exact). */
+  exact_ref = qt_exact_open(qdq, err);
+  QT_ASSERT(exact_ref, "%s", err);
+  run_state c = {NULL, NULL, NULL, 0, 0, NULL, {0, 0, 0}, NULL};
+  for_batches(&ds, count_exact, &c);
+  qt_exact_free(exact_ref);
   if (c.correct != r.qdq_correct) qt_test_fail("Q/DQ correct %lld, recomputed %lld", (long long)r.qdq_correct,
                                                (long long)c.correct);
+  run_state cf = {qdq, s.ctx, NULL, 0, 0, NULL, {0, 0, 0}, NULL};
+  for_batches(&ds, count_graph, &cf);
+  QT_CHECK(r.float_vs_exact.images == N_IMAGES && r.float_vs_exact.output_scale == r.output_scale);
+  QT_CHECK(llabs(cf.correct - c.correct) <= r.float_vs_exact.images - r.float_vs_exact.agree);
+  QT_CHECK(r.float_vs_exact.max_lsb <= 2.0 + 1e-4);
+  printf("float32 executor vs exact: %lld of %lld logits differ, max %.2f LSB\n", (long long)r.float_vs_exact.differ,
+         (long long)r.float_vs_exact.outputs, r.float_vs_exact.max_lsb);
   run_state d = {NULL, NULL, NULL, 0, 0, m, {0, 0, 0}, NULL};
   for_batches(&ds, count_device, &d);
   if (d.correct != r.device_correct) qt_test_fail("device correct %lld, recomputed %lld", (long long)r.device_correct,
@@ -345,8 +369,9 @@ int main(void) {
   /* The text and JSON forms. */
   char *json = qt_report_json(&r, "  ");
   const char *keys[] = {"\"int8_vs_qdq\"", "\"top1_agreement\"", "\"max_lsb\"", "\"lsb_histogram\"", "\"sqnr_db\"",
-                        "\"stage_loss_points\"", "\"verdict\"", "\"lowering\"", "\"point\": \"relu2\""};
-  for (int i = 0; i < 9; i++)
+                        "\"stage_loss_points\"", "\"verdict\"", "\"lowering\"", "\"point\": \"relu2\"",
+                        "\"qdq_reference\": \"exact\"", "\"qdq_float_vs_exact\": {\"images\": 200"};
+  for (int i = 0; i < 11; i++)
     if (!strstr(json, keys[i])) qt_test_fail("JSON lacks %s:\n%s", keys[i], json);
   if (strstr(json, "inf") || strstr(json, "nan")) qt_test_fail("JSON holds inf or nan:\n%s", json);
   QT_CHECK(strstr(json, "999.0") != NULL); /* the input point: identical on the device */

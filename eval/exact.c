@@ -1,0 +1,482 @@
+/* The exact reference representation of a Q/DQ graph (exact.h): an interpreter that keeps
+ * integers as integers (int32) and every other value in float64, one chunk of images at a time,
+ * each value freed after its last reader. */
+#include "eval/exact.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+  EXACT_CHUNK = 32,        /* images per pass through the graph: bounds the memory */
+  EXACT_DOT_SPLIT = 16384, /* int32 partial sums: 16384 * 255 * 255 < 2^31 */
+};
+
+/* How a layer (conv2d / linear) is computed. */
+typedef struct {
+  int integer;             /* 1: the integer path (the input's integer view, wi); 0: float64 (wd) */
+  double in_scale;         /* integer path: s_x; zp_x in in_zp */
+  int32_t in_zp;
+  int16_t *wi;             /* integer path: q_w - zp_w, conv (OC, KH, KW, C/groups), linear (OUT, IN) */
+  double *wscale;          /* integer path: s_x * s_w[oc], per output channel */
+  double *wd;              /* float path: the weight the graph computes with, same layout, float64 */
+  double *bias;            /* per output channel (zeros without a bias) */
+  int OC, Cg, KH, KW;      /* linear: OC = OUT, Cg = IN, KH = KW = 1 */
+} layer_plan;
+
+struct qt_exact {
+  const qt_graph *g;
+  layer_plan *layers;      /* per node */
+  int *last_use;           /* per value: the last node reading it */
+  int *iq;                 /* per value: the dequantize whose (s, zp) give its integer view, or -1 */
+  int integer_layers;
+  /* per value during a run: int32 (quantize outputs) or float64 data, chunk-sized */
+  int32_t **vi;
+  double **vd;
+};
+
+static int64_t value_numel(const qt_value *v) {
+  int64_t n = 1;
+  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
+  return n;
+}
+
+static void *xmalloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  QT_ASSERT(p, "exact reference: out of memory for %zu bytes", bytes);
+  return p;
+}
+
+/* The weight of layer n as float64 in the plan's layout: the dequantized integers (exact) when
+ * the layer has them, else the fp32 parameter. */
+static double *weight_double(const qt_graph *g, const qt_node *n, int OC, int Cg, int KH, int KW) {
+  const qt_param *t = &g->tensors[n->param[QT_P_WEIGHT]];
+  const float *w = g->params + t->offset;
+  double *wd = xmalloc((size_t)t->numel * sizeof *wd);
+  const qt_qstate *q = n->wq && n->wq->qweight ? n->wq : NULL;
+  for (int o = 0; o < OC; o++)
+    for (int c = 0; c < Cg; c++)
+      for (int kh = 0; kh < KH; kh++)
+        for (int kw = 0; kw < KW; kw++) {
+          const int64_t src = (((int64_t)o * Cg + c) * KH + kh) * KW + kw; /* OIHW */
+          const int64_t dst = (((int64_t)o * KH + kh) * KW + kw) * Cg + c;
+          if (q) {
+            const int ch = q->channels == 1 ? 0 : o;
+            wd[dst] = (double)(q->qweight[src] - q->zero_point[ch]) * (double)q->scale[ch];
+          } else {
+            wd[dst] = (double)w[src];
+          }
+        }
+  return wd;
+}
+
+static int plan_layer(qt_exact *x, int i, char *err) {
+  const qt_graph *g = x->g;
+  const qt_node *n = &g->nodes[i];
+  layer_plan *p = &x->layers[i];
+  const qt_value *in = &g->values[n->inputs[0]];
+  if (n->op == QT_OP_CONV2D) {
+    p->OC = n->attr.out_channels;
+    const int groups = n->attr.groups > 0 ? n->attr.groups : 1;
+    p->Cg = (int)in->shape[2] / groups;
+    p->KH = n->attr.kernel_h;
+    p->KW = n->attr.kernel_w;
+  } else {
+    p->OC = n->attr.out_channels;
+    p->Cg = (int)value_numel(in);
+    p->KH = p->KW = 1;
+  }
+  p->bias = calloc((size_t)p->OC, sizeof *p->bias);
+  QT_ASSERT(p->bias, "out of memory");
+  if (n->param[QT_P_BIAS] >= 0) {
+    const float *b = g->params + g->tensors[n->param[QT_P_BIAS]].offset;
+    for (int o = 0; o < p->OC; o++) p->bias[o] = (double)b[o];
+  }
+  const qt_qstate *wq = n->wq && n->wq->qweight ? n->wq : NULL;
+  if (!wq || x->iq[n->inputs[0]] < 0) {
+    p->wd = weight_double(g, n, p->OC, p->Cg, p->KH, p->KW);
+    return 0;
+  }
+  const qt_node *dq = &g->nodes[x->iq[n->inputs[0]]];
+  const int64_t numel = (int64_t)p->OC * p->Cg * p->KH * p->KW;
+  if (wq->n_qweight != numel)
+    return qt_err(err, "exact reference: layer %s holds %lld integer weights for %lld", n->name,
+                  (long long)wq->n_qweight, (long long)numel);
+  p->integer = 1;
+  p->in_scale = (double)dq->q->scale[0];
+  p->in_zp = dq->q->zero_point[0];
+  /* |q - zp| <= 255 (int16 operands, int32 partial sums): the integers lie in the quantize's
+   * [qmin, qmax], at most 256 wide, and so does the dequantize's zero point. */
+  const qt_qspec *qs = &g->nodes[g->values[dq->inputs[0]].producer].q->spec;
+  if (qs->qmax - qs->qmin > 255 || p->in_zp < qs->qmin || p->in_zp > qs->qmax)
+    return qt_err(err, "exact reference: %s: zero point %d and range [%d, %d] outside the 8-bit integer path",
+                  dq->name, (int)p->in_zp, qs->qmin, qs->qmax);
+  p->wi = xmalloc((size_t)numel * sizeof *p->wi);
+  p->wscale = xmalloc((size_t)p->OC * sizeof *p->wscale);
+  for (int o = 0; o < p->OC; o++) {
+    const int ch = wq->channels == 1 ? 0 : o;
+    p->wscale[o] = p->in_scale * (double)wq->scale[ch]; /* 24 x 24 bits: exact in float64 */
+    for (int c = 0; c < p->Cg; c++)
+      for (int kh = 0; kh < p->KH; kh++)
+        for (int kw = 0; kw < p->KW; kw++) {
+          const int64_t src = (((int64_t)o * p->Cg + c) * p->KH + kh) * p->KW + kw;
+          const int32_t v = wq->qweight[src] - wq->zero_point[ch];
+          if (v < -255 || v > 255)
+            return qt_err(err, "exact reference: layer %s: integer weight %d (zero point %d) outside the 8-bit range",
+                          n->name, (int)wq->qweight[src], (int)wq->zero_point[ch]);
+          p->wi[(((int64_t)o * p->KH + kh) * p->KW + kw) * p->Cg + c] = (int16_t)v;
+        }
+  }
+  x->integer_layers++;
+  return 0;
+}
+
+void qt_exact_free(qt_exact *x) {
+  if (!x) return;
+  for (int i = 0; x->layers && i < x->g->n_nodes; i++) {
+    free(x->layers[i].wi);
+    free(x->layers[i].wscale);
+    free(x->layers[i].wd);
+    free(x->layers[i].bias);
+  }
+  for (int v = 0; x->vi && v < x->g->n_values; v++) {
+    free(x->vi[v]);
+    free(x->vd[v]);
+  }
+  free(x->vi);
+  free(x->vd);
+  free(x->layers);
+  free(x->last_use);
+  free(x->iq);
+  free(x);
+}
+
+qt_exact *qt_exact_open(const qt_graph *g, char *err) {
+  if (!g->finalized) {
+    qt_err(err, "exact reference: graph %s is not finalized", g->name);
+    return NULL;
+  }
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN) {
+      qt_err(err, "exact reference: graph %s is a prepared graph (node %s is %s): convert it to a Q/DQ graph first",
+             g->name, n->name, qt_op_name(n->op));
+      return NULL;
+    }
+    if ((n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) && n->wq && !n->wq->qweight) {
+      qt_err(err, "exact reference: layer %s of graph %s has quantized weights without integers (a prepared graph?)",
+             n->name, g->name);
+      return NULL;
+    }
+  }
+  qt_exact *x = calloc(1, sizeof *x);
+  QT_ASSERT(x, "out of memory");
+  x->g = g;
+  x->layers = calloc((size_t)g->n_nodes, sizeof *x->layers);
+  x->last_use = malloc((size_t)g->n_values * sizeof *x->last_use);
+  x->vi = calloc((size_t)g->n_values, sizeof *x->vi);
+  x->vd = calloc((size_t)g->n_values, sizeof *x->vd);
+  x->iq = malloc((size_t)g->n_values * sizeof *x->iq);
+  QT_ASSERT(x->layers && x->last_use && x->vi && x->vd && x->iq, "out of memory");
+  for (int v = 0; v < g->n_values; v++) {
+    x->last_use[v] = v == g->output ? g->n_nodes : -1;
+    x->iq[v] = -1;
+  }
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    /* Integer views: a per-tensor dequantize of a quantize's integers, and max pooling or flatten
+     * of such a value ((q - zp) * s is increasing in q: the max of the integers is the integer of
+     * the max). */
+    if (n->op == QT_OP_DEQUANTIZE && n->q->channels == 1 && n->inputs[0] != g->input &&
+        g->nodes[g->values[n->inputs[0]].producer].op == QT_OP_QUANTIZE)
+      x->iq[n->output] = i;
+    else if ((n->op == QT_OP_MAX_POOL2D || n->op == QT_OP_FLATTEN) && x->iq[n->inputs[0]] >= 0)
+      x->iq[n->output] = x->iq[n->inputs[0]];
+    if ((n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) && plan_layer(x, i, err)) {
+      qt_exact_free(x);
+      return NULL;
+    }
+    for (int k = 0; k < n->n_inputs; k++) x->last_use[n->inputs[k]] = i;
+  }
+  return x;
+}
+
+int64_t qt_exact_output_numel(const qt_exact *x) { return value_numel(&x->g->values[x->g->output]); }
+int qt_exact_integer_layers(const qt_exact *x) { return x->integer_layers; }
+
+/* ---- the ops, on a chunk of n images ------------------------------------------------------ */
+
+/* sum a[k] * b[k], exact: |a|, |b| <= 255, so int32 partial sums of at most EXACT_DOT_SPLIT
+ * terms cannot overflow (the int16 operands let the compiler use multiply-add-pairs). */
+static inline int64_t dot_i16(const int16_t *a, const int16_t *b, int len) {
+  int64_t acc = 0;
+  for (int k0 = 0; k0 < len; k0 += EXACT_DOT_SPLIT) {
+    const int k1 = len - k0 < EXACT_DOT_SPLIT ? len : k0 + EXACT_DOT_SPLIT;
+    int32_t s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int k = k0; k < k1; k++) s += (int32_t)a[k] * (int32_t)b[k];
+    acc += s;
+  }
+  return acc;
+}
+
+/* In order (no vector reduction): the float64 path gives the same sums on every ISA. */
+static inline double dot_f64(const double *a, const double *b, int len) {
+  double s = 0;
+  for (int k = 0; k < len; k++) s += a[k] * b[k];
+  return s;
+}
+
+/* conv2d (linear as a 1x1 conv on a 1x1 image): out (n, OH, OW, OC) float64. Each output pixel
+ * gathers its receptive field per group into a patch (KH, KW, C/groups), zeros for padding (the
+ * real zero: q - zp = 0), and takes one dot product per output channel with the weights in the
+ * same order. */
+static void run_layer(const qt_exact *x, const qt_node *nd, const layer_plan *p, double *out, int n) {
+  const qt_graph *g = x->g;
+  const qt_value *in = &g->values[nd->inputs[0]], *ov = &g->values[nd->output];
+  const int lin = nd->op == QT_OP_LINEAR;
+  const int H = lin ? 1 : (int)in->shape[0], W = lin ? 1 : (int)in->shape[1], C = lin ? p->Cg : (int)in->shape[2];
+  const int OH = lin ? 1 : (int)ov->shape[0], OW = lin ? 1 : (int)ov->shape[1], OC = p->OC, Cg = p->Cg;
+  const int KH = p->KH, KW = p->KW, K = KH * KW * Cg;
+  const int sh = lin ? 1 : nd->attr.stride_h, sw = lin ? 1 : nd->attr.stride_w;
+  const int ph = lin ? 0 : nd->attr.pad_h, pw = lin ? 0 : nd->attr.pad_w;
+  const int groups = C / Cg, OCg = OC / groups;
+  const int64_t in_image = (int64_t)H * W * C, out_image = (int64_t)OH * OW * OC;
+  const int32_t *q = p->integer ? x->vi[nd->inputs[0]] : NULL;
+  const double *xd = p->integer ? NULL : x->vd[nd->inputs[0]];
+#pragma omp parallel
+  {
+    int16_t *pi = p->integer ? xmalloc((size_t)K * sizeof *pi) : NULL;
+    double *pd = p->integer ? NULL : xmalloc((size_t)K * sizeof *pd);
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < n; b++)
+      for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++)
+          for (int grp = 0; grp < groups; grp++) {
+            int k = 0;
+            for (int kh = 0; kh < KH; kh++) {
+              const int ih = oh * sh - ph + kh;
+              for (int kw = 0; kw < KW; kw++, k += Cg) {
+                const int iw = ow * sw - pw + kw;
+                const int inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
+                const int64_t at = b * in_image + ((int64_t)ih * W + iw) * C + (int64_t)grp * Cg;
+                for (int c = 0; c < Cg; c++) {
+                  if (pi) pi[k + c] = inside ? (int16_t)(q[at + c] - p->in_zp) : 0;
+                  else pd[k + c] = inside ? xd[at + c] : 0.0;
+                }
+              }
+            }
+            double *o = out + b * out_image + ((int64_t)oh * OW + ow) * OC;
+            for (int oc = grp * OCg; oc < (grp + 1) * OCg; oc++)
+              o[oc] = pi ? (double)dot_i16(pi, p->wi + (int64_t)oc * K, K) * p->wscale[oc] + p->bias[oc]
+                         : dot_f64(pd, p->wd + (int64_t)oc * K, K) + p->bias[oc];
+          }
+    free(pi);
+    free(pd);
+  }
+}
+
+/* Max pooling of an integer view (padding ignored, as for the float64 values). */
+static void run_max_pool_int(const qt_node *nd, const qt_value *in, const qt_value *ov, const int32_t *src, int32_t *out,
+                             int n) {
+  const int H = (int)in->shape[0], W = (int)in->shape[1], C = (int)in->shape[2];
+  const int OH = (int)ov->shape[0], OW = (int)ov->shape[1];
+  const qt_node_attrs *a = &nd->attr;
+  for (int b = 0; b < n; b++)
+    for (int oh = 0; oh < OH; oh++)
+      for (int ow = 0; ow < OW; ow++)
+        for (int c = 0; c < C; c++) {
+          int32_t best = INT32_MIN;
+          for (int kh = 0; kh < a->kernel_h; kh++)
+            for (int kw = 0; kw < a->kernel_w; kw++) {
+              const int ih = oh * a->stride_h - a->pad_h + kh, iw = ow * a->stride_w - a->pad_w + kw;
+              if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+              const int32_t v = src[(((int64_t)b * H + ih) * W + iw) * C + c];
+              if (v > best) best = v;
+            }
+          out[(((int64_t)b * OH + oh) * OW + ow) * C + c] = best;
+        }
+}
+
+static void run_pool(const qt_node *nd, const qt_value *in, const qt_value *ov, const double *src, double *out, int n) {
+  const int H = (int)in->shape[0], W = (int)in->shape[1], C = (int)in->shape[2];
+  const int OH = (int)ov->shape[0], OW = (int)ov->shape[1];
+  const qt_node_attrs *a = &nd->attr;
+  const int is_max = nd->op == QT_OP_MAX_POOL2D;
+#pragma omp parallel for schedule(static)
+  for (int b = 0; b < n; b++)
+    for (int oh = 0; oh < OH; oh++)
+      for (int ow = 0; ow < OW; ow++)
+        for (int c = 0; c < C; c++) {
+          double best = -INFINITY, sum = 0;
+          int count = 0, seen = 0;
+          for (int kh = 0; kh < a->kernel_h; kh++)
+            for (int kw = 0; kw < a->kernel_w; kw++) {
+              const int ih = oh * a->stride_h - a->pad_h + kh, iw = ow * a->stride_w - a->pad_w + kw;
+              if (!is_max && (ih < -a->pad_h || ih >= H + a->pad_h || iw < -a->pad_w || iw >= W + a->pad_w)) continue;
+              count++; /* average pools count padding (PyTorch's count_include_pad) */
+              if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+              const double v = src[(((int64_t)b * H + ih) * W + iw) * C + c];
+              if (!seen || v > best || isnan(v)) best = v;
+              seen = 1;
+              sum += v;
+            }
+          out[(((int64_t)b * OH + oh) * OW + ow) * C + c] = is_max ? best : sum / count;
+        }
+}
+
+/* requantization of a float64 value: round half to even of y / s, plus zp, clamped; NaN and
+ * values beyond int64 go to qmin, as qt_quantize's float formula sends them. */
+static inline int32_t requantize(double y, double s, double zp, double lo, double hi) {
+  double q = nearbyint(y / s) + zp;
+  if (!(q < 0x1p63)) q = -INFINITY;
+  q = q > lo ? q : lo;
+  return (int32_t)(q < hi ? q : hi);
+}
+
+/* One chunk of n images from in (n, H, W, C) fp32 to out (n, output numel) fp32. */
+static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *err) {
+  const qt_graph *g = x->g;
+  int rc = 0;
+  for (int i = 0; i < g->n_nodes && !rc; i++) {
+    const qt_node *nd = &g->nodes[i];
+    const int v = nd->output;
+    const qt_value *ov = &g->values[v];
+    const int64_t numel = value_numel(ov) * n;
+    const int a = nd->n_inputs > 0 ? nd->inputs[0] : -1;
+    const double *src = a >= 0 ? x->vd[a] : NULL;
+    if (nd->op == QT_OP_QUANTIZE) {
+      const qt_qstate *q = nd->q;
+      int32_t *y = x->vi[v] = xmalloc((size_t)numel * sizeof *y);
+      if (a == g->input) { /* fp32 data: the format's float32 formula */
+        qt_quantize(y, input, numel / q->channels, q->channels, 1, q->scale, q->zero_point, q->spec.qmin,
+                    q->spec.qmax);
+      } else {
+        if (!src) {
+          rc = qt_err(err, "exact reference: quantize %s reads integers", nd->name);
+          break;
+        }
+        const double lo = q->spec.qmin, hi = q->spec.qmax;
+        for (int64_t k = 0; k < numel; k++) {
+          const int c = (int)(k % q->channels);
+          y[k] = requantize(src[k], (double)q->scale[c], (double)q->zero_point[c], lo, hi);
+        }
+      }
+    } else if (nd->op == QT_OP_INPUT) {
+      double *y = x->vd[v] = xmalloc((size_t)numel * sizeof *y);
+      for (int64_t k = 0; k < numel; k++) y[k] = (double)input[k];
+    } else {
+      double *y = x->vd[v] = xmalloc((size_t)numel * sizeof *y);
+      switch (nd->op) {
+        case QT_OP_DEQUANTIZE: {
+          const qt_qstate *q = nd->q;
+          const int32_t *qi = x->vi[a];
+          if (!qi) {
+            rc = qt_err(err, "exact reference: dequantize %s reads a float value", nd->name);
+            break;
+          }
+          for (int64_t k = 0; k < numel; k++) {
+            const int c = (int)(k % q->channels);
+            y[k] = (double)(qi[k] - q->zero_point[c]) * (double)q->scale[c];
+          }
+          if (x->iq[v] >= 0) {
+            x->vi[v] = xmalloc((size_t)numel * sizeof *x->vi[v]);
+            memcpy(x->vi[v], qi, (size_t)numel * sizeof *qi);
+          }
+          break;
+        }
+        case QT_OP_CONV2D:
+        case QT_OP_LINEAR:
+          run_layer(x, nd, &x->layers[i], y, n);
+          break;
+        case QT_OP_BATCH_NORM: {
+          const int C = (int)ov->shape[ov->ndim - 1];
+          const float *gm = g->params + g->tensors[nd->param[QT_P_GAMMA]].offset;
+          const float *bt = g->params + g->tensors[nd->param[QT_P_BETA]].offset;
+          const float *mu = g->buffers + g->tensors[nd->buffer[QT_B_RUNNING_MEAN]].offset;
+          const float *var = g->buffers + g->tensors[nd->buffer[QT_B_RUNNING_VAR]].offset;
+          for (int64_t k = 0; k < numel; k++) {
+            const int c = (int)(k % C);
+            y[k] = (src[k] - mu[c]) / sqrt((double)var[c] + (double)nd->attr.eps) * gm[c] + bt[c];
+          }
+          break;
+        }
+        case QT_OP_RELU:
+          for (int64_t k = 0; k < numel; k++) y[k] = src[k] > 0 ? src[k] : (src[k] == src[k] ? 0.0 : src[k]);
+          break;
+        case QT_OP_RELU6:
+          for (int64_t k = 0; k < numel; k++) {
+            const double t = src[k] > 0 ? src[k] : (src[k] == src[k] ? 0.0 : src[k]);
+            y[k] = t < 6 ? t : 6.0;
+          }
+          break;
+        case QT_OP_MAX_POOL2D:
+        case QT_OP_AVG_POOL2D:
+          run_pool(nd, &g->values[a], ov, src, y, n);
+          if (x->iq[v] >= 0) {
+            x->vi[v] = xmalloc((size_t)numel * sizeof *x->vi[v]);
+            run_max_pool_int(nd, &g->values[a], ov, x->vi[a], x->vi[v], n);
+          }
+          break;
+        case QT_OP_GLOBAL_AVG_POOL: {
+          const qt_value *in = &g->values[a];
+          const int64_t HW = in->shape[0] * in->shape[1], C = in->shape[2];
+          for (int b = 0; b < n; b++)
+            for (int64_t c = 0; c < C; c++) {
+              double s = 0;
+              for (int64_t k = 0; k < HW; k++) s += src[((int64_t)b * HW + k) * C + c];
+              y[(int64_t)b * C + c] = s / (double)HW;
+            }
+          break;
+        }
+        case QT_OP_FLATTEN:
+          memcpy(y, src, (size_t)numel * sizeof *y);
+          if (x->iq[v] >= 0) {
+            x->vi[v] = xmalloc((size_t)numel * sizeof *x->vi[v]);
+            memcpy(x->vi[v], x->vi[a], (size_t)numel * sizeof *x->vi[v]);
+          }
+          break;
+        case QT_OP_ADD: {
+          const double *s2 = x->vd[nd->inputs[1]];
+          for (int64_t k = 0; k < numel; k++) y[k] = src[k] + s2[k];
+          break;
+        }
+        default:
+          rc = qt_err(err, "exact reference: node %s: op %s has no exact form", nd->name, qt_op_name(nd->op));
+      }
+    }
+    /* values read for the last time by this node */
+    for (int k = 0; k < nd->n_inputs; k++) {
+      const int u = nd->inputs[k];
+      if (x->last_use[u] != i) continue;
+      free(x->vi[u]);
+      free(x->vd[u]);
+      x->vi[u] = NULL;
+      x->vd[u] = NULL;
+    }
+  }
+  if (!rc) {
+    const int o = g->output;
+    const int64_t numel = value_numel(&g->values[o]) * n;
+    if (!x->vd[o]) rc = qt_err(err, "exact reference: graph %s: the output is integers", g->name);
+    else
+      for (int64_t k = 0; k < numel; k++) out[k] = (float)x->vd[o][k];
+  }
+  for (int v = 0; v < g->n_values; v++) {
+    free(x->vi[v]);
+    free(x->vd[v]);
+    x->vi[v] = NULL;
+    x->vd[v] = NULL;
+  }
+  return rc;
+}
+
+int qt_exact_run(qt_exact *x, float *out, const float *input, int n, char *err) {
+  const qt_value *in = &x->g->values[x->g->input];
+  const int64_t in_image = value_numel(in), out_image = qt_exact_output_numel(x);
+  for (int b = 0; b < n; b += EXACT_CHUNK) {
+    const int m = n - b < EXACT_CHUNK ? n - b : EXACT_CHUNK;
+    if (run_chunk(x, out + b * out_image, input + b * in_image, m, err)) return -1;
+  }
+  return 0;
+}
