@@ -12,7 +12,7 @@
  * - a prepared graph is refused naming its first fake_quant node, and a path that cannot be
  *   written is an I/O error that leaves no file.
  * Keeps export_<case>.onnx, export_<case>_qdq.h5 and export_<case>_io.h5 (/input: the first 200
- * test images, NHWC; /output: the C executor's output on them; /labels) for
+ * test images, NHWC, the last 50 scaled by 3; /output: the C executor's output on them; /labels) for
  * check_onnx_export.py (test_onnx_export_exact) and for the ONNX Runtime test. */
 #include <hdf5.h>
 #include <hdf5_hl.h>
@@ -41,9 +41,15 @@ static int count_int_weights(const qt_graph *g) {
   return n;
 }
 
-/* /input, /output (the C executor on the loaded Q/DQ graph) and /labels for the python test. */
-static void write_io(const char *path, qt_graph *g, const float *x, const qt_dataset *test, int n) {
+/* /input, /output (the C executor on the loaded Q/DQ graph) and /labels for the python test. The
+ * last quarter of the images is scaled by 3, beyond the calibrated ranges, so that quantize nodes
+ * saturate: at 4 bits that is where the Clip before QuantizeLinear matters. */
+static void write_io(const char *path, qt_graph *g, const float *images, const qt_dataset *test, int n) {
   const qt_value *in = &g->values[g->input];
+  const int64_t per = in->shape[0] * in->shape[1] * in->shape[2];
+  float *x = malloc((size_t)(n * per) * sizeof *x);
+  QT_ASSERT(x, "out of memory");
+  for (int64_t k = 0; k < n * per; k++) x[k] = images[k] * (k >= (int64_t)(3 * n / 4) * per ? 3.0f : 1.0f);
   qt_ctx *ctx = qt_ctx_create();
   qt_ctx_set_grad(ctx, 0);
   qt_graph_set_mode(g, QT_MODE_EVAL);
@@ -63,6 +69,7 @@ static void write_io(const char *path, qt_graph *g, const float *x, const qt_dat
            H5LTmake_dataset_int(f, "labels", 1, ld, labels) >= 0);
   if (f >= 0) H5Fclose(f);
   free(labels);
+  free(x);
   qt_ctx_free(ctx);
 }
 
