@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "onnx.pb-c.h"
 
@@ -661,6 +662,14 @@ static int write_model(exporter *e) {
   const size_t packed = onnx__model_proto__pack(&m, buf);
   QT_ASSERT(packed == len, "onnx export: packed %zu bytes, expected %zu", packed, len);
   char err[QT_ERR_LEN];
+  /* The atomic write renames a new file over path: a device or symlink such as /dev/stdout would
+   * be replaced by a regular file. */
+  struct stat sb;
+  if (lstat(e->path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    free(buf);
+    return qt_err(e->err, "onnx export: %s exists and is not a regular file (the model is written to a new file "
+                  "renamed over the path)", e->path);
+  }
   const int rc = qt_write_file_atomic(e->path, (const char *)buf, len, err);
   free(buf);
   if (rc) {

@@ -42,7 +42,9 @@
  * weights without integers: export model_qdq.h5, not model_trained.h5), ranges that fit no 8-bit
  * container (16-bit records), a per-channel activation quantize that would need a Clip or reads
  * a permuted flatten, a batch_norm of a flattened image, an add of two values in different
- * orders, an output that is a flattened image, and names that would collide in the ONNX file. */
+ * orders, an output that is a flattened image, names that would collide in the ONNX file, and an
+ * output path that exists as something other than a regular file (a symlink or a device such as
+ * /dev/stdout, which the atomic rename would replace). */
 #ifndef QT_ONNX_EXPORT_H
 #define QT_ONNX_EXPORT_H
 

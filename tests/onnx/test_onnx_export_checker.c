@@ -11,6 +11,7 @@
  *   clips only below 8 bits, one permuted linear for FashionCNN);
  * - a prepared graph is refused naming its first fake_quant node, and a path that cannot be
  *   written is an I/O error that leaves no file.
+ * Also keeps export_prepared.h5 (a prepared graph, for test_qat_export_cli.sh).
  * Keeps export_<case>.onnx, export_<case>_qdq.h5 and export_<case>_io.h5 (/input: the first 200
  * test images, NHWC, the last 50 scaled by 3; /output: the C executor's output on them; /labels) for
  * check_onnx_export.py (test_onnx_export_exact) and for the ONNX Runtime test. */
@@ -73,10 +74,12 @@ static void write_io(const char *path, qt_graph *g, const float *images, const q
   qt_ctx_free(ctx);
 }
 
+/* onnx.checker with full checking (shape inference in strict mode) on the loaded model: given a
+ * path, onnx 1.12's check_model(full_check=True) writes the inferred shapes back into the file. */
 static int checker(const char *path) {
   char cmd[1024];
   snprintf(cmd, sizeof cmd,
-           PY " -c 'import sys, onnx; onnx.checker.check_model(sys.argv[1], full_check=True)' %s", path);
+           PY " -c 'import sys, onnx; onnx.checker.check_model(onnx.load(sys.argv[1]), full_check=True)' %s", path);
   return system(cmd);
 }
 
@@ -157,6 +160,7 @@ static void one(const char *stem, const char *model_key, const char *mode, int w
         !strstr(err, "(fake_quant)") || bad.io_error)
       qt_test_fail("prepared graph: want a refusal naming a fake_quant node, got '%s'", err);
     if (access("export_prepared.onnx", F_OK) == 0) qt_test_fail("a refused export left export_prepared.onnx");
+    if (qt_qdq_save("export_prepared.h5", p, err)) qt_test_fail("save the prepared graph: %s", err); /* for the CLI test */
     if (qt_onnx_export_qdq(h, "no_such_dir/x.onnx", &bad, err) == 0 || !bad.io_error || !strstr(err, "no_such_dir/x.onnx"))
       qt_test_fail("unwritable path: want an I/O error naming it, got '%s' (io_error %d)", err, bad.io_error);
   }
