@@ -59,11 +59,12 @@ int main(int argc, char **argv) {
     return info.io_error ? 1 : 2;
   }
   if (!quiet)
-    printf("qat_export: %s -> %s: %d ONNX nodes (opset %lld, IR %lld), %d QuantizeLinear, %d DequantizeLinear, "
-           "%d integer weights, %d fp32 weights, %d fp32 biases, %d range Clips, %d permuted linear weights, "
-           "%lld bytes\n",
-           paths[0], paths[1], info.nodes, (long long)info.opset, (long long)info.ir_version, info.quantize,
-           info.dequantize, info.int_weights, info.float_weights, info.float_biases, info.clips, info.permuted,
-           (long long)info.bytes);
+    printf(
+        "qat_export: %s -> %s: %d ONNX nodes (opset %lld, IR %lld), %d QuantizeLinear, %d DequantizeLinear, "
+        "%d integer weights, %d fp32 weights, %d fp32 biases, %d range Clips, %d permuted linear weights, "
+        "%lld bytes\n",
+        paths[0], paths[1], info.nodes, (long long)info.opset, (long long)info.ir_version, info.quantize,
+        info.dequantize, info.int_weights, info.float_weights, info.float_biases, info.clips, info.permuted,
+        (long long)info.bytes);
   return 0;
 }

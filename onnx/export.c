@@ -30,14 +30,14 @@ typedef struct {
   const qt_graph *g;
   const char *path;
   char *err;
-  void **mem;                 /* the pool */
+  void **mem; /* the pool */
   size_t n_mem, cap_mem;
   Onnx__NodeProto **nodes;
   size_t n_nodes, cap_nodes;
   Onnx__TensorProto **inits;
   size_t n_inits, cap_inits;
   value_info *vi;
-  const qt_node *node;        /* being exported (messages) */
+  const qt_node *node; /* being exported (messages) */
   qt_onnx_export_info info;
 } exporter;
 
@@ -122,7 +122,8 @@ static void add_float(exporter *e, const char *name, int ndim, const int64_t *di
 static void add_scalar_float(exporter *e, const char *name, float v) { add_float(e, name, 0, NULL, &v, 1); }
 
 /* Integers known to fit the container (checked by the caller) as int8 / uint8. */
-static void add_int8(exporter *e, const char *name, int type, int ndim, const int64_t *dims, const int32_t *v, int64_t n) {
+static void add_int8(exporter *e, const char *name, int type, int ndim, const int64_t *dims, const int32_t *v,
+                     int64_t n) {
   unsigned char *b = malloc((size_t)(n ? n : 1));
   QT_ASSERT(b, "onnx export: out of memory");
   for (int64_t i = 0; i < n; i++) b[i] = type == T_INT8 ? (unsigned char)(int8_t)v[i] : (unsigned char)v[i];
@@ -253,11 +254,14 @@ static int op_quantize(exporter *e) {
   QT_ASSERT(q && q->calibrated, "onnx export: quantize node '%s' without qparams", n->name);
   const int container = container_of(q->spec.is_signed, q->spec.qmin, q->spec.qmax);
   if (!container)
-    return node_err(e, "range [%d, %d] (%d bits) fits no 8-bit container; ONNX QuantizeLinear (opset 13) writes only "
-                    "int8 and uint8", q->spec.qmin, q->spec.qmax, q->spec.bits);
+    return node_err(e,
+                    "range [%d, %d] (%d bits) fits no 8-bit container; ONNX QuantizeLinear (opset 13) writes only "
+                    "int8 and uint8",
+                    q->spec.qmin, q->spec.qmax, q->spec.bits);
   if (check_zero_points(e, q, container, "the")) return -1;
   if (q->channels > 1 && vin(e, 0)->perm_c)
-    return node_err(e, "per-channel quantization of a flattened image: ONNX orders its features (c, h, w), the graph "
+    return node_err(e,
+                    "per-channel quantization of a flattened image: ONNX orders its features (c, h, w), the graph "
                     "(h, w, c)");
   const int cmin = container == T_INT8 ? -128 : 0, cmax = container == T_INT8 ? 127 : 255;
   const char *x = in0(e);
@@ -265,7 +269,8 @@ static int op_quantize(exporter *e) {
     /* A narrower range than the container's (sub-8-bit): clamp on the float side first, at the
      * float values of qmin and qmax, which QuantizeLinear maps back to exactly qmin and qmax. */
     if (q->channels > 1)
-      return node_err(e, "per-channel quantization to [%d, %d] needs a per-channel Clip, which ONNX Clip cannot express",
+      return node_err(e,
+                      "per-channel quantization to [%d, %d] needs a per-channel Clip, which ONNX Clip cannot express",
                       q->spec.qmin, q->spec.qmax);
     const float lo = (float)(q->spec.qmin - q->zero_point[0]) * q->scale[0];
     const float hi = (float)(q->spec.qmax - q->zero_point[0]) * q->scale[0];
@@ -295,7 +300,8 @@ static int op_dequantize(exporter *e) {
   QT_ASSERT(container, "onnx export: dequantize node '%s' reads no quantize output", n->name);
   if (check_zero_points(e, q, container, "the")) return -1;
   if (q->channels > 1 && vin(e, 0)->perm_c)
-    return node_err(e, "per-channel dequantization of a flattened image: ONNX orders its features (c, h, w), the graph "
+    return node_err(e,
+                    "per-channel dequantization of a flattened image: ONNX orders its features (c, h, w), the graph "
                     "(h, w, c)");
   char *s = str(e, "%s.scale", n->name), *z = str(e, "%s.zero_point", n->name);
   add_qparams(e, q, container, s, z);
@@ -335,8 +341,10 @@ static const char *weight(exporter *e, const value_info *perm) {
         for (int64_t h = 0; h < H; h++)
           for (int64_t w = 0; w < W; w++) {
             const int64_t dst = o * cols + c * H * W + h * W + w, src = o * cols + (h * W + w) * C + c;
-            if (qi) qi[dst] = wq->qweight[src];
-            else wf[dst] = e->g->params[p->offset + src];
+            if (qi)
+              qi[dst] = wq->qweight[src];
+            else
+              wf[dst] = e->g->params[p->offset + src];
           }
     e->info.permuted++;
   }
@@ -346,7 +354,8 @@ static const char *weight(exporter *e, const value_info *perm) {
     if (!container) {
       free(qi);
       return node_err(e, "weight range [%d, %d] (%d bits) fits no 8-bit container", wq->spec.qmin, wq->spec.qmax,
-                      wq->spec.bits), NULL;
+                      wq->spec.bits),
+             NULL;
     }
     if (check_zero_points(e, wq, container, "weight")) {
       free(qi);
@@ -395,7 +404,8 @@ static int op_conv(exporter *e) {
   const char *w = weight(e, NULL);
   if (!w) return -1;
   const char *b = bias(e);
-  Onnx__NodeProto *o = b ? add_node(e, "Conv", n->name, out(e), 3, in0(e), w, b) : add_node(e, "Conv", n->name, out(e), 2, in0(e), w);
+  Onnx__NodeProto *o =
+      b ? add_node(e, "Conv", n->name, out(e), 3, in0(e), w, b) : add_node(e, "Conv", n->name, out(e), 2, in0(e), w);
   attr_window(e, o, &n->attr);
   attr_ints(e, o, "dilations", 2, (int64_t)1, (int64_t)1);
   attr_int(e, o, "group", n->attr.groups);
@@ -408,7 +418,8 @@ static int op_linear(exporter *e) {
   const char *w = weight(e, vin(e, 0));
   if (!w) return -1;
   const char *b = bias(e);
-  Onnx__NodeProto *o = b ? add_node(e, "Gemm", n->name, out(e), 3, in0(e), w, b) : add_node(e, "Gemm", n->name, out(e), 2, in0(e), w);
+  Onnx__NodeProto *o =
+      b ? add_node(e, "Gemm", n->name, out(e), 3, in0(e), w, b) : add_node(e, "Gemm", n->name, out(e), 2, in0(e), w);
   attr_int(e, o, "transB", 1);
   return 0;
 }
@@ -470,14 +481,16 @@ static int op_batch_norm(exporter *e) {
   if (vin(e, 0)->perm_c)
     return node_err(e, "batch norm of a flattened image: ONNX orders its features (c, h, w), the graph (h, w, c)");
   const char *names[4];
-  const int slots[4] = {n->param[QT_P_GAMMA], n->param[QT_P_BETA], n->buffer[QT_B_RUNNING_MEAN], n->buffer[QT_B_RUNNING_VAR]};
+  const int slots[4] = {n->param[QT_P_GAMMA], n->param[QT_P_BETA], n->buffer[QT_B_RUNNING_MEAN],
+                        n->buffer[QT_B_RUNNING_VAR]};
   for (int k = 0; k < 4; k++) {
     const qt_param *p = &e->g->tensors[slots[k]];
     const float *d = (p->is_buffer ? e->g->buffers : e->g->params) + p->offset;
     names[k] = p->name;
     add_float(e, p->name, 1, &p->numel, d, p->numel);
   }
-  Onnx__NodeProto *o = add_node(e, "BatchNormalization", n->name, out(e), 5, in0(e), names[0], names[1], names[2], names[3]);
+  Onnx__NodeProto *o =
+      add_node(e, "BatchNormalization", n->name, out(e), 5, in0(e), names[0], names[1], names[2], names[3]);
   attr_float(e, o, "epsilon", n->attr.eps);
   return 0;
 }
@@ -517,10 +530,12 @@ static int refuse_prepared(exporter *e) {
     const qt_node *n = &e->g->nodes[i];
     e->node = n;
     if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN)
-      return node_err(e, "this is a prepared (training) graph, such as model_trained.h5; the export takes the Q/DQ graph "
+      return node_err(e,
+                      "this is a prepared (training) graph, such as model_trained.h5; the export takes the Q/DQ graph "
                       "that convert writes (model_qdq.h5)");
     if (n->wq && !n->wq->qweight)
-      return node_err(e, "the weight has qparams but no integers: a prepared (training) graph, such as model_trained.h5; "
+      return node_err(e,
+                      "the weight has qparams but no integers: a prepared (training) graph, such as model_trained.h5; "
                       "the export takes the Q/DQ graph that convert writes (model_qdq.h5)");
     if ((n->op == QT_OP_QUANTIZE || n->op == QT_OP_DEQUANTIZE) && (!n->q || !n->q->calibrated))
       return node_err(e, "no qparams");
@@ -588,8 +603,10 @@ static int check_names(exporter *e) {
   int rc = 0;
   for (size_t i = 1; i < n && !rc; i++)
     if (strcmp(names[i - 1], names[i]) == 0)
-      rc = node_err(e, "the ONNX tensor name '%s' would be defined twice (a node named like another node's tensor, "
-                    "or like the graph input 'input' or output 'logits'); rename the node", names[i]);
+      rc = node_err(e,
+                    "the ONNX tensor name '%s' would be defined twice (a node named like another node's tensor, "
+                    "or like the graph input 'input' or output 'logits'); rename the node",
+                    names[i]);
   free(names);
   return rc;
 }
@@ -630,9 +647,11 @@ static int write_model(exporter *e) {
   gp->n_output = 1;
   gp->output = alloc(e, sizeof *gp->output);
   gp->output[0] = value_info_proto(e, g->output);
-  gp->doc_string = str(e, "Q/DQ graph '%s' exported by qat (onnx/export.c): activations NCHW, QuantizeLinear / "
+  gp->doc_string = str(e,
+                       "Q/DQ graph '%s' exported by qat (onnx/export.c): activations NCHW, QuantizeLinear / "
                        "DequantizeLinear at every quantization point, integer weights through DequantizeLinear, fp32 "
-                       "biases", g->name);
+                       "biases",
+                       g->name);
 
   Onnx__OperatorSetIdProto *ops = alloc(e, sizeof *ops);
   onnx__operator_set_id_proto__init(ops);
@@ -667,8 +686,10 @@ static int write_model(exporter *e) {
   struct stat sb;
   if (lstat(e->path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
     free(buf);
-    return qt_err(e->err, "onnx export: %s exists and is not a regular file (the model is written to a new file "
-                  "renamed over the path)", e->path);
+    return qt_err(e->err,
+                  "onnx export: %s exists and is not a regular file (the model is written to a new file "
+                  "renamed over the path)",
+                  e->path);
   }
   const int rc = qt_write_file_atomic(e->path, (const char *)buf, len, err);
   free(buf);

@@ -58,18 +58,18 @@
 /* What the export wrote, for reports. */
 typedef struct {
   int64_t ir_version, opset;
-  int nodes;           /* ONNX nodes */
+  int nodes; /* ONNX nodes */
   int initializers;
-  int quantize;        /* QuantizeLinear of activations */
-  int dequantize;      /* DequantizeLinear of activations */
-  int int_weights;     /* integer weight initializers, each read by a DequantizeLinear */
-  int float_weights;   /* fp32 weights (layers left in fp32) */
-  int float_biases;    /* fp32 biases */
-  int clips;           /* Clips narrowing a sub-8-bit (or narrowed) activation range */
-  int permuted;        /* linear weights whose columns were permuted to NCHW flatten order */
-  int64_t bytes;       /* size of the file written */
-  int io_error;        /* on failure: 1 when writing the file failed (the environment), 0 when the
-                        * graph was refused (bad input) */
+  int quantize;      /* QuantizeLinear of activations */
+  int dequantize;    /* DequantizeLinear of activations */
+  int int_weights;   /* integer weight initializers, each read by a DequantizeLinear */
+  int float_weights; /* fp32 weights (layers left in fp32) */
+  int float_biases;  /* fp32 biases */
+  int clips;         /* Clips narrowing a sub-8-bit (or narrowed) activation range */
+  int permuted;      /* linear weights whose columns were permuted to NCHW flatten order */
+  int64_t bytes;     /* size of the file written */
+  int io_error;      /* on failure: 1 when writing the file failed (the environment), 0 when the
+                      * graph was refused (bad input) */
 } qt_onnx_export_info;
 
 /* Writes the Q/DQ graph g to path as a QDQ ONNX model (atomically: path.tmp, fsync, rename; a

@@ -133,17 +133,22 @@ static void one(const char *stem, const char *model_key, const char *mode, int w
             info.permuted, (long long)info.bytes);
   const int nq = count_op(h, QT_OP_QUANTIZE), ndq = count_op(h, QT_OP_DEQUANTIZE), nw = count_int_weights(h);
   if (info.quantize != nq || info.dequantize != ndq || info.int_weights != nw || nq < 3 || nw < 3)
-    qt_test_fail("%s: export wrote %d QuantizeLinear, %d DequantizeLinear, %d integer weights; the graph has %d "
-                 "quantize, %d dequantize, %d integer weights", stem, info.quantize, info.dequantize, info.int_weights,
-                 nq, ndq, nw);
-  if (info.ir_version != 8 || info.opset != 13) qt_test_fail("%s: IR %lld opset %lld", stem, (long long)info.ir_version, (long long)info.opset);
+    qt_test_fail(
+        "%s: export wrote %d QuantizeLinear, %d DequantizeLinear, %d integer weights; the graph has %d "
+        "quantize, %d dequantize, %d integer weights",
+        stem, info.quantize, info.dequantize, info.int_weights, nq, ndq, nw);
+  if (info.ir_version != 8 || info.opset != 13)
+    qt_test_fail("%s: IR %lld opset %lld", stem, (long long)info.ir_version, (long long)info.opset);
   if (abits < 8 ? info.clips != nq : info.clips != 0)
     qt_test_fail("%s: %d range Clips for %d %d-bit quantize nodes", stem, info.clips, nq, abits);
   const int want_perm = strstr(model_key, "fashion_cnn") ? 1 : 0;
-  if (info.permuted != want_perm) qt_test_fail("%s: %d permuted linear weights, want %d", stem, info.permuted, want_perm);
+  if (info.permuted != want_perm)
+    qt_test_fail("%s: %d permuted linear weights, want %d", stem, info.permuted, want_perm);
   struct stat sb;
-  if (stat(onnx, &sb) || sb.st_size != info.bytes) qt_test_fail("%s: %s is not the %lld bytes reported", stem, onnx, (long long)info.bytes);
-  if (checker(onnx)) qt_test_fail("%s: onnx.checker (full_check) rejects %s (is python3-onnx installed? scripts/setup.sh)", stem, onnx);
+  if (stat(onnx, &sb) || sb.st_size != info.bytes)
+    qt_test_fail("%s: %s is not the %lld bytes reported", stem, onnx, (long long)info.bytes);
+  if (checker(onnx))
+    qt_test_fail("%s: onnx.checker (full_check) rejects %s (is python3-onnx installed? scripts/setup.sh)", stem, onnx);
 
   const float *x;
   int n = 0;
@@ -160,8 +165,10 @@ static void one(const char *stem, const char *model_key, const char *mode, int w
         !strstr(err, "(fake_quant)") || bad.io_error)
       qt_test_fail("prepared graph: want a refusal naming a fake_quant node, got '%s'", err);
     if (access("export_prepared.onnx", F_OK) == 0) qt_test_fail("a refused export left export_prepared.onnx");
-    if (qt_qdq_save("export_prepared.h5", p, err)) qt_test_fail("save the prepared graph: %s", err); /* for the CLI test */
-    if (qt_onnx_export_qdq(h, "no_such_dir/x.onnx", &bad, err) == 0 || !bad.io_error || !strstr(err, "no_such_dir/x.onnx"))
+    if (qt_qdq_save("export_prepared.h5", p, err))
+      qt_test_fail("save the prepared graph: %s", err); /* for the CLI test */
+    if (qt_onnx_export_qdq(h, "no_such_dir/x.onnx", &bad, err) == 0 || !bad.io_error ||
+        !strstr(err, "no_such_dir/x.onnx"))
       qt_test_fail("unwritable path: want an I/O error naming it, got '%s' (io_error %d)", err, bad.io_error);
   }
 done:
