@@ -99,6 +99,7 @@ typedef struct {
   qt_eval_result fake_quant, qdq;
   char qdq_path[4200];
   char trained_path[4200];
+  char onnx_path[4200];        /* model_qdq.onnx: the Q/DQ graph as QDQ ONNX (onnx/onnx_export.h) */
   qt_check_report check;
   /* qt_stage_deploy: the lowered Q/DQ graph on the test set and inference speed */
   int deployed;
@@ -107,8 +108,10 @@ typedef struct {
   char report_path[4200];
 } qt_quant_result;
 /* Evaluates the trained prepared graph p, converts it, saves model_trained.h5 and model_qdq.h5
- * into dir, evaluates the saved Q/DQ file and runs the check (training graph = convert graph)
- * on quant.check_batch test images. A failed check is not an error here: res->check says it. */
+ * into dir, exports the saved Q/DQ file as model_qdq.onnx (QDQ ONNX), evaluates the saved Q/DQ
+ * file and runs the check (training graph = convert graph) on quant.check_batch test images. A
+ * failed check is not an error here: res->check says it. An export that cannot be written is
+ * QT_STATUS_IO, a graph the export cannot express QT_STATUS_RUNTIME. */
 int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, qt_ctx *ctx, const char *dir,
                      qt_quant_result *res, int verbose, qt_status *st);
 /* Lowers the saved Q/DQ graph (res->qdq_path), runs the three-stage report (fp32 graph, Q/DQ

@@ -90,6 +90,8 @@ static void summary_quant(qt_strbuf *b, const run *r) {
   qt_strbuf_json_string(b, q->qdq_path);
   qt_strbuf_printf(b, ", \"trained_model\": ");
   qt_strbuf_json_string(b, q->trained_path);
+  qt_strbuf_printf(b, ", \"onnx_model\": ");
+  qt_strbuf_json_string(b, q->onnx_path);
   qt_strbuf_printf(b,
                    "},\n  \"check\": {\"ok\": %s, \"quantization_points\": %d, \"weights\": %d, \"max_lsb\": %.3f, "
                    "\"tie_flips\": %lld, \"reason\": ",

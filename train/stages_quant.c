@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "onnx/onnx_export.h"
 #include "train/pipeline.h"
 
 static int quantizer_config(const qt_quant_options *q, qt_quantizer_config *qc, char *err) {
@@ -129,6 +130,12 @@ int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, q
   /* Everything downstream uses the file, as a deployment tool would. */
   qt_graph *loaded = qt_qdq_load(res->qdq_path, st->msg);
   if (!loaded) return qt_status_fail(st, QT_STATUS_FORMAT);
+  snprintf(res->onnx_path, sizeof res->onnx_path, "%s/model_qdq.onnx", dir);
+  qt_onnx_export_info info;
+  if (qt_onnx_export_qdq(loaded, res->onnx_path, &info, st->msg)) {
+    qt_graph_free(loaded);
+    return qt_status_fail(st, info.io_error ? QT_STATUS_IO : QT_STATUS_RUNTIME);
+  }
   rc = qt_evaluate(loaded, ctx, test, &ec, &res->qdq, st->msg);
   if (rc) qt_status_fail(st, QT_STATUS_RUNTIME);
   qt_graph_set_mode(loaded, QT_MODE_EVAL);
@@ -136,8 +143,8 @@ int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, q
   qt_graph_free(loaded);
   if (rc) return -1;
   if (verbose) {
-    fprintf(stderr, "quant: fake-quant %.2f%%, Q/DQ graph %.2f%% (%s)\n", 100 * res->fake_quant.accuracy,
-            100 * res->qdq.accuracy, res->qdq_path);
+    fprintf(stderr, "quant: fake-quant %.2f%%, Q/DQ graph %.2f%% (%s; as QDQ ONNX: %s)\n",
+            100 * res->fake_quant.accuracy, 100 * res->qdq.accuracy, res->qdq_path, res->onnx_path);
     fprintf(stderr,
             "check (training graph = convert graph): %s; %d quantization points, %d weights, max %.1f LSB, "
             "%lld tie flips\n%s",

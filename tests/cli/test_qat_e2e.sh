@@ -19,12 +19,12 @@ if ! "$BIN/qat_train" experiments/fashion_cnn_qat_w4a4.ini "${common[@]}" train.
     >"$T/qat.log" 2>&1; then
   echo "qat_train (QAT W4A4) failed:"; cat "$T/qat.log"; exit 1
 fi
-for f in fp32/checkpoint.h5 qat/summary.json qat/model_qdq.h5 qat/model_trained.h5 qat/quantizer.txt; do
+for f in fp32/checkpoint.h5 qat/summary.json qat/model_qdq.h5 qat/model_qdq.onnx qat/model_trained.h5 qat/quantizer.txt; do
   [ -s "$T/$f" ] || { echo "missing $f"; fail=1; }
 done
 report_keys=('"int8": {"test_accuracy"' '"int8_vs_qdq"' '"max_lsb"' '"top1_agreement"' '"lsb_histogram"' '"sqnr_db"'
              '"stage_loss_points"' '"verdict"' '"fp32_images_per_s"' '"int8_images_per_s"')
-for key in '"fake_quant"' '"qdq"' '"check"' '"ok": true' '"qdq_model"' "${report_keys[@]}"; do
+for key in '"fake_quant"' '"qdq"' '"check"' '"ok": true' '"qdq_model"' '"onnx_model"' "${report_keys[@]}"; do
   grep -qF "$key" "$T/qat/summary.json" || { echo "summary.json lacks $key"; cat "$T/qat/summary.json"; fail=1; }
 done
 # The report's numbers: valid JSON, the device within 2 output LSB of the Q/DQ graph and

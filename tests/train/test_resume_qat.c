@@ -2,8 +2,8 @@
  * QAT epochs): a run stopped after epoch 1 and resumed must equal an uninterrupted run bit for
  * bit: parameters, BN buffers, optimizer state, every quantization state in the checkpoint
  * (qparams, enable flags, observer min/max and histograms, bn_frozen), the saved
- * model_trained.h5 and model_qdq.h5 byte for byte, metrics.csv (timing columns aside) and the
- * summary's accuracies and check. Three recipes: (a) LSQ with histogram/MSE observers and BN
+ * model_trained.h5, model_qdq.h5 and model_qdq.onnx byte for byte, metrics.csv (timing columns
+ * aside) and the summary's accuracies and check. Three recipes: (a) LSQ with histogram/MSE observers and BN
  * frozen after epoch 1, (b) STE with moving-average observers frozen at epoch 1.5, (c) STE
  * from a PTQ calibration (quant.qat_init = calibration, BN frozen at 0.5: the resumed run must
  * take the calibrated qparams from the checkpoint). Mismatches are refused with a message
@@ -199,8 +199,8 @@ static void check_recipe(const char *name, const char *const *recipe) {
   qt_optim_free(oa);
   qt_optim_free(ob);
 
-  const char *files[] = {"model_trained.h5", "model_qdq.h5"};
-  for (int i = 0; i < 2; i++) {
+  const char *files[] = {"model_trained.h5", "model_qdq.h5", "model_qdq.onnx"};
+  for (int i = 0; i < 3; i++) {
     snprintf(a, sizeof a, "%s/%s", full, files[i]);
     snprintf(b, sizeof b, "%s/%s", split, files[i]);
     if (!same_file(a, b)) qt_test_fail("%s: %s and %s differ", name, a, b);

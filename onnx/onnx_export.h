@@ -1,0 +1,81 @@
+/* ONNX QDQ export: a Q/DQ graph (what qt_convert produces, or qt_qdq_load reads from model_qdq.h5)
+ * written as a standard QDQ ONNX model (IR version 8, opset 13) that onnx.checker accepts with
+ * full checking and ONNX Runtime runs. The protobuf is built from the protobuf-c code generated
+ * from Debian's onnx.proto and packed with onnx__model_proto__pack; nothing is encoded by hand.
+ *
+ * What it writes (docs/onnx_export.md):
+ * - every quantize -> dequantize pair as QuantizeLinear -> DequantizeLinear with the node's own
+ *   scale and zero point (per tensor: scalars; per channel: axis 1, the channel axis of NCHW);
+ *   8-bit containers: uint8 for an unsigned range, int8 for a signed one.
+ * - integer weights as int8 / uint8 initializers ("<node>.weight_int") read by a
+ *   DequantizeLinear ("<node>.weight.dequantize", per channel with axis 0, OIHW / (OUT, IN));
+ *   a layer left in fp32 keeps its float weight.
+ * - the bias in fp32: the Q/DQ graph adds a float32 bias (docs/qdq_format.md: "the bias stays
+ *   float32"), so an int32 bias with scale s_x * s_w would compute something else (the bias
+ *   rounded to accumulator units). ONNX Runtime then runs the conv as DequantizeLinear -> fp32
+ *   Conv -> QuantizeLinear unless its optimizer fuses otherwise; the results are those of the
+ *   Q/DQ graph.
+ * - bit widths below 8 (and narrowed ranges such as 7-bit weights) stay in 8-bit containers with
+ *   their integers as they are. Weights need nothing more (their integers are already in range).
+ *   An activation quantize whose [qmin, qmax] is narrower than its container's range (a 4-bit
+ *   activation, [0, 15] in uint8) gets a Clip on the float side first, named
+ *   "<quantize node>.clip", with bounds (qmin - zp) * s and (qmax - zp) * s in float32: since
+ *   x -> round(x / s) is monotonic and round(((q - zp) * s) / s) = q - zp for |q - zp| <= 255,
+ *   QuantizeLinear then yields exactly clamp(round(x / s) + zp, qmin, qmax).
+ * - layout: the graph is NHWC, ONNX NCHW. The input is declared [batch, C, H, W] (a dynamic
+ *   batch dim "batch"; a flat input [batch, F]); conv weights are OIHW in both; a flatten of an
+ *   H x W x C image (H*W > 1, C > 1) yields ONNX's (c, h, w) order, so the linear layer reading it
+ *   gets its weight columns permuted back: W_onnx[o, c*H*W + h*W + w] = W_ir[o, (h*W + w)*C + c]
+ *   (the reverse of the import's permutation). An image output would be NCHW.
+ * - ops: conv2d -> Conv, linear -> Gemm (transB = 1), relu -> Relu, relu6 -> Clip(0, 6) (bounds
+ *   as inputs), max_pool2d -> MaxPool, avg_pool2d -> AveragePool (count_include_pad = 1),
+ *   global_avg_pool -> GlobalAveragePool + Flatten, flatten -> Flatten, add -> Add, batch_norm ->
+ *   BatchNormalization. Node names are the graph's; the graph input is "input" and its output
+ *   "logits". The input preprocessing, when the graph records it, is written as metadata
+ *   ("qt.input_preprocessing").
+ *
+ * One difference is left to the ONNX definition: QuantizeLinear computes x / s, the Q/DQ graph
+ * x * (1/s) in float32 (DESIGN 3.1); the two round differently on rare inputs (1 LSB at that
+ * quantization point). NaN inputs are ONNX Runtime's business.
+ *
+ * Refused, with err naming the node and its op: prepared (training) graphs (fake_quant, conv_bn,
+ * weights without integers: export model_qdq.h5, not model_trained.h5), ranges that fit no 8-bit
+ * container (16-bit records), a per-channel activation quantize that would need a Clip or reads
+ * a permuted flatten, a batch_norm of a flattened image, an add of two values in different
+ * orders, an output that is a flattened image, names that would collide in the ONNX file, and an
+ * output path that exists as something other than a regular file (a symlink or a device such as
+ * /dev/stdout, which the atomic rename would replace). */
+#ifndef QT_ONNX_EXPORT_H
+#define QT_ONNX_EXPORT_H
+
+#include <stdint.h>
+
+#include "nn/nn.h"
+
+#define QT_ONNX_EXPORT_IR_VERSION 8
+#define QT_ONNX_EXPORT_OPSET 13
+
+/* What the export wrote, for reports. */
+typedef struct {
+  int64_t ir_version, opset;
+  int nodes; /* ONNX nodes */
+  int initializers;
+  int quantize;      /* QuantizeLinear of activations */
+  int dequantize;    /* DequantizeLinear of activations */
+  int int_weights;   /* integer weight initializers, each read by a DequantizeLinear */
+  int float_weights; /* fp32 weights (layers left in fp32) */
+  int float_biases;  /* fp32 biases */
+  int clips;         /* Clips narrowing a sub-8-bit (or narrowed) activation range */
+  int permuted;      /* linear weights whose columns were permuted to NCHW flatten order */
+  int64_t bytes;     /* size of the file written */
+  int io_error;      /* on failure: 1 when writing the file failed (the environment), 0 when the
+                      * graph was refused (bad input) */
+} qt_onnx_export_info;
+
+/* Writes the Q/DQ graph g to path as a QDQ ONNX model (atomically: path.tmp, fsync, rename; a
+ * failure leaves any previous file untouched). Returns 0, or -1 with err
+ * ("onnx export: <path>: node '<name>' (<op>): <what>") and info->io_error set. info may be
+ * NULL. */
+int qt_onnx_export_qdq(const qt_graph *g, const char *path, qt_onnx_export_info *info, char *err);
+
+#endif
