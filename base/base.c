@@ -151,6 +151,14 @@ static void parent_dir(const char *path, char *dir, size_t n) {
 }
 
 int qt_file_commit(const char *tmp, const char *path, char *err) {
+  /* rename() replaces whatever the path names: a symlink such as /dev/stdout, or a device, would
+   * be replaced by a regular file. Only regular files (or nothing) are replaced. */
+  struct stat st;
+  if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    unlink(tmp);
+    return qt_err(err, "cannot write '%s': it exists and is not a regular file (%s); only files are replaced", path,
+                  S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe");
+  }
   if (qt_fsync_path(tmp) != 0 || rename(tmp, path) != 0) {
     int e = errno;
     unlink(tmp);

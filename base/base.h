@@ -76,7 +76,9 @@ int qt_mkdir_parent(const char *path, char *err);
 /* fsync of a file or directory by path: 0, or -1 with errno set. */
 int qt_fsync_path(const char *path);
 /* Makes a fully written temporary file the real one: fsync(tmp), rename(tmp, path), fsync of
- * the directory. On failure tmp is removed, path is untouched and err names path. */
+ * the directory. On failure tmp is removed, path is untouched and err names path. A path that
+ * exists and is not a regular file (a symlink such as /dev/stdout, a directory, a device) is
+ * refused, never replaced. */
 int qt_file_commit(const char *tmp, const char *path, char *err);
 /* Writes `text` to `path` atomically (path.tmp, fsync, rename). */
 int qt_write_file_atomic(const char *path, const char *text, size_t len, char *err);

@@ -129,6 +129,16 @@ if [ $rc -ne 1 ] || ! grep -qF "qdq save '$T/full_ptq/model_qdq.h5': cannot writ
   echo "full_disk_qdq: exit $rc, want 1 with model_qdq.h5 named and no file left; stderr:"; cat "$T/err"; fail=1
 fi
 
+# An output file that is a symlink (here to /dev/null; /dev/stdout was once replaced by a regular
+# file this way): refused with a message and exit 1, the link left as it was.
+mkdir -p "$T/linked" && ln -s /dev/null "$T/linked/checkpoint.h5"
+"$BIN" "$T/ok.ini" "${full[@]}" "output.dir=$T/linked" > "$T/out" 2> "$T/err"
+rc=$?
+if [ $rc -ne 1 ] || ! grep -qF "'$T/linked/checkpoint.h5': it exists and is not a regular file (a symbolic link)" "$T/err" ||
+   [ ! -L "$T/linked/checkpoint.h5" ] || [ -e "$T/linked/checkpoint.h5.tmp" ]; then
+  echo "symlink_output: exit $rc, want 1 with the link named and kept; stderr:"; cat "$T/err"; fail=1
+fi
+
 # Two runs on one output.dir: the second is refused, naming the first's process.
 "$BIN" "$T/ok.ini" data.train_limit=20000 data.test_limit=512 train.threads=1 output.progress=none \
   "output.dir=$T/busy" > "$T/first" 2>&1 &
