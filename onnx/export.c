@@ -8,6 +8,7 @@
  * the linear layer reading it gets its columns permuted. */
 #include "onnx/onnx_export.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #define T_FLOAT ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT
 #define T_UINT8 ONNX__TENSOR_PROTO__DATA_TYPE__UINT8
 #define T_INT8 ONNX__TENSOR_PROTO__DATA_TYPE__INT8
+#define T_INT32 ONNX__TENSOR_PROTO__DATA_TYPE__INT32
 #define ONNX_MAX_BYTES ((size_t)2000 << 20) /* protobuf's 2 GB message limit, with room */
 
 typedef struct {
@@ -38,6 +40,7 @@ typedef struct {
   size_t n_inits, cap_inits;
   value_info *vi;
   const qt_node *node; /* being exported (messages) */
+  qt_onnx_export_options opt;
   qt_onnx_export_info info;
 } exporter;
 
@@ -387,11 +390,68 @@ static const char *weight(exporter *e, const value_info *perm) {
   return name;
 }
 
-/* The fp32 bias as an initializer name, or NULL when the layer has none. */
+/* The per-tensor scale of the integers a layer's input holds: its input is a dequantize (through
+ * max pooling and flatten, which ONNX Runtime's QDQ propagation sees through) with one scale.
+ * 0 when it is not (an fp32 input). */
+static float input_int_scale(const exporter *e) {
+  const qt_graph *g = e->g;
+  int v = e->node->inputs[0];
+  while (v != g->input) {
+    const qt_node *p = &g->nodes[g->values[v].producer];
+    if (p->op == QT_OP_MAX_POOL2D || p->op == QT_OP_FLATTEN) v = p->inputs[0];
+    else return p->op == QT_OP_DEQUANTIZE && p->q->channels == 1 ? p->q->scale[0] : 0.0f;
+  }
+  return 0.0f;
+}
+
+/* opt.int32_bias: the bias as int32 in accumulator units, b_q = round_half_even(b / (s_x * s_w[c]))
+ * with the float32 product s_x * s_w[c] (what ONNX Runtime's integer kernels assume), read by a
+ * DequantizeLinear of that scale (per channel, axis 0). Returns the dequantized name, or NULL when
+ * the layer does not qualify (no integer weights, an fp32 input, a bias beyond int32). */
+static const char *bias_int32(exporter *e, const float *b, int64_t n) {
+  const qt_node *nd = e->node;
+  const qt_qstate *wq = nd->wq && nd->wq->qweight ? nd->wq : NULL;
+  const float s_x = input_int_scale(e);
+  if (!wq || s_x <= 0) return NULL;
+  int32_t *q = malloc((size_t)n * sizeof *q);
+  float *sc = malloc((size_t)n * sizeof *sc);
+  int32_t *zp = calloc((size_t)n, sizeof *zp);
+  QT_ASSERT(q && sc && zp, "onnx export: out of memory");
+  int ok = 1;
+  for (int64_t c = 0; c < n && ok; c++) {
+    sc[c] = s_x * wq->scale[wq->channels == 1 ? 0 : c];
+    const double v = nearbyint((double)b[c] / (double)sc[c]);
+    ok = sc[c] > 0 && v >= -2147483648.0 && v <= 2147483647.0;
+    q[c] = ok ? (int32_t)v : 0;
+  }
+  const char *name = NULL;
+  if (ok) {
+    char *bi = str(e, "%s.bias_int", nd->name), *bs = str(e, "%s.bias_scale", nd->name);
+    char *bz = str(e, "%s.bias_zero_point", nd->name);
+    add_init(e, bi, T_INT32, 1, &n, q, (size_t)n * sizeof *q);
+    add_float(e, bs, 1, &n, sc, n);
+    add_init(e, bz, T_INT32, 1, &n, zp, (size_t)n * sizeof *zp);
+    name = str(e, "%s.bias", nd->name);
+    Onnx__NodeProto *o = add_node(e, "DequantizeLinear", str(e, "%s.bias.dequantize", nd->name), name, 3, bi, bs, bz);
+    attr_int(e, o, "axis", 0);
+    e->info.int32_biases++;
+  }
+  free(q);
+  free(sc);
+  free(zp);
+  return name;
+}
+
+/* The bias as an initializer name (fp32, or int32 through a DequantizeLinear with
+ * opt.int32_bias), or NULL when the layer has none. */
 static const char *bias(exporter *e) {
   const qt_node *n = e->node;
   if (n->param[QT_P_BIAS] < 0) return NULL;
   const qt_param *p = &e->g->tensors[n->param[QT_P_BIAS]];
+  if (e->opt.int32_bias) {
+    const char *q = bias_int32(e, e->g->params + p->offset, p->numel);
+    if (q) return q;
+  }
   char *name = str(e, "%s.bias", n->name);
   add_float(e, name, 1, &p->numel, e->g->params + p->offset, p->numel);
   e->info.float_biases++;
@@ -704,6 +764,11 @@ static int write_model(exporter *e) {
 }
 
 int qt_onnx_export_qdq(const qt_graph *g, const char *path, qt_onnx_export_info *info, char *err) {
+  return qt_onnx_export_qdq_opt(g, path, NULL, info, err);
+}
+
+int qt_onnx_export_qdq_opt(const qt_graph *g, const char *path, const qt_onnx_export_options *opt,
+                           qt_onnx_export_info *info, char *err) {
   const uint32_t one = 1;
   QT_ASSERT(*(const unsigned char *)&one == 1, "onnx export: raw tensor data is written little-endian only");
   QT_ASSERT(g && g->finalized, "onnx export: graph not finalized");
@@ -712,6 +777,7 @@ int qt_onnx_export_qdq(const qt_graph *g, const char *path, qt_onnx_export_info 
   e.g = g;
   e.path = path;
   e.err = err;
+  if (opt) e.opt = *opt;
   e.info.ir_version = QT_ONNX_EXPORT_IR_VERSION;
   e.info.opset = QT_ONNX_EXPORT_OPSET;
   e.vi = calloc((size_t)g->n_values, sizeof *e.vi);

@@ -12,9 +12,9 @@
  *   a layer left in fp32 keeps its float weight.
  * - the bias in fp32: the Q/DQ graph adds a float32 bias (docs/qdq_format.md: "the bias stays
  *   float32"), so an int32 bias with scale s_x * s_w would compute something else (the bias
- *   rounded to accumulator units). ONNX Runtime then runs the conv as DequantizeLinear -> fp32
- *   Conv -> QuantizeLinear unless its optimizer fuses otherwise; the results are those of the
- *   Q/DQ graph.
+ *   rounded to accumulator units); qt_onnx_export_options.int32_bias writes that int32 form on
+ *   request. (ONNX Runtime 1.30 with optimizations on quantizes an fp32 bias that way itself and
+ *   fuses the layer into its integer kernels; docs/onnx_export.md.)
  * - bit widths below 8 (and narrowed ranges such as 7-bit weights) stay in 8-bit containers with
  *   their integers as they are. Weights need nothing more (their integers are already in range).
  *   An activation quantize whose [qmin, qmax] is narrower than its container's range (a 4-bit
@@ -65,6 +65,7 @@ typedef struct {
   int int_weights;   /* integer weight initializers, each read by a DequantizeLinear */
   int float_weights; /* fp32 weights (layers left in fp32) */
   int float_biases;  /* fp32 biases */
+  int int32_biases;  /* int32 biases (qt_onnx_export_options.int32_bias) */
   int clips;         /* Clips narrowing a sub-8-bit (or narrowed) activation range */
   int permuted;      /* linear weights whose columns were permuted to NCHW flatten order */
   int64_t bytes;     /* size of the file written */
@@ -72,10 +73,25 @@ typedef struct {
                       * graph was refused (bad input) */
 } qt_onnx_export_info;
 
+/* Choices of the export (all off: the Q/DQ graph exactly). */
+typedef struct {
+  /* Biases as int32 in accumulator units, read by a DequantizeLinear of scale s_x * s_w[c] (the
+   * float32 product, zero point 0, axis 0), for every layer with integer weights whose input is
+   * a per-tensor dequantize (through max pooling or flatten): b_q = round_half_even(b / (s_x *
+   * s_w[c])). ONNX Runtime fuses dequantize -> Conv/Gemm -> quantize into its integer kernels
+   * (QLinearConv, QGemm) only when the bias is such an int32; the fp32 bias the Q/DQ graph holds
+   * differs from b_q * s_x * s_w[c] by at most half of s_x * s_w[c], far below an output LSB, but
+   * it is a change of the model: off by default (qat_export --int32-bias). */
+  int int32_bias;
+} qt_onnx_export_options;
+
 /* Writes the Q/DQ graph g to path as a QDQ ONNX model (atomically: path.tmp, fsync, rename; a
  * failure leaves any previous file untouched). Returns 0, or -1 with err
  * ("onnx export: <path>: node '<name>' (<op>): <what>") and info->io_error set. info may be
  * NULL. */
 int qt_onnx_export_qdq(const qt_graph *g, const char *path, qt_onnx_export_info *info, char *err);
+/* The same with choices (opt NULL: none). */
+int qt_onnx_export_qdq_opt(const qt_graph *g, const char *path, const qt_onnx_export_options *opt,
+                           qt_onnx_export_info *info, char *err);
 
 #endif
