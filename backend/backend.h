@@ -101,6 +101,20 @@ int qt_cpu_has_vnni(void);
  * AVX2 machine without VNNI, where u8 x s8 pairs saturate a 16-bit sum). */
 void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa);
 
+/* The built-in xnnpack backend (backend/xnnpack.c): XNNPACK's operators as Debian's 2022-02
+ * snapshot declares them. Ops it runs on integers (conv2d incl. grouped and depthwise, linear,
+ * relu / relu6 fused as the operator's output clamp, max_pool2d, global_avg_pool, add, flatten as
+ * a view); 2..8-bit signed affine activations (qs8: int8 with a zero point), per tensor; 2..8-bit
+ * signed symmetric weights, per channel for conv2d (qc8) and per tensor for linear (qs8 fully
+ * connected has one weight scale in this version); average pools quantized at their boundaries
+ * (XNNPACK has only a qu8 average pooling: fp32 fallbacks). */
+void qt_backend_desc_xnnpack(qt_backend_desc *d);
+
+/* A backend by name, as quant.backend and the programs' --backend take it: "onednn" or
+ * "onednn_cpu" (with isa), "xnnpack", or else the path of an accelerator description file
+ * (qt_backend_desc_load). isa other than AUTO applies to oneDNN only. 0, or -1 with err. */
+int qt_backend_desc_named(qt_backend_desc *d, const char *name, qt_isa_choice isa, char *err);
+
 /* An accelerator described by an INI file (experiments/accel_fictional.ini):
  *   [accelerator]
  *   name = ...                 ops = conv2d, linear, relu, ...   (op names, comma-separated)
