@@ -84,7 +84,8 @@ typedef struct {
   float *scale;          /* owned by the model (kept list) */
   int32_t *zero_point;
   int qmin, qmax;        /* integers: the range of the quantize that made them */
-  int fallback;          /* fp32 made by a fallback partition: its index, else -1 */
+  int fallback;          /* fp32 made by a fallback partition: the partition whose reason is the
+                          * first cause of the chain of fallbacks it ends, else -1 */
 } value_rep;
 
 typedef enum { ST_QUANTIZE, ST_DEQUANTIZE, ST_XNN, ST_FALLBACK } step_kind;
@@ -215,6 +216,7 @@ typedef struct {
   int *consumer;         /* per value: its only consuming node, or -1 (none or several) */
   int *done;             /* per node: lowered as part of an earlier pattern */
   char why[320];         /* the last reason a pattern was not lowered */
+  int cause;             /* the first cause (a partition) when that reason is an fp32 input, else -1 */
 } lowering;
 
 static const float *param_data(const qt_graph *g, int t) { return t >= 0 ? g->params + g->tensors[t].offset : NULL; }
@@ -277,11 +279,13 @@ static void lower_quantize(lowering *L, int i) {
 static const char *int8_input_problem(lowering *L, int v) {
   const value_rep *r = &L->rep[v];
   if (r->kind == REP_F32) {
-    if (r->fallback >= 0) /* the cause is upstream: say which */
-      snprintf(L->why, sizeof L->why, "input '%s' is fp32, from the fallback %s", L->g->values[v].name,
-               L->m->parts[r->fallback].detail);
-    else
+    if (r->fallback >= 0) { /* the cause is upstream: name its first partition */
+      L->cause = r->fallback;
+      snprintf(L->why, sizeof L->why, "input '%s' is fp32 (first cause: %s: %s)", L->g->values[v].name,
+               L->m->parts[r->fallback].nodes, L->m->parts[r->fallback].detail);
+    } else {
       snprintf(L->why, sizeof L->why, "input '%s' is fp32 (no dequantize of integers before it)", L->g->values[v].name);
+    }
     return L->why;
   }
   if (r->kind == REP_I32) {
@@ -597,7 +601,7 @@ static void lower_fallback(lowering *L, int i, const char *reason) {
   value_rep *r = &L->rep[n->output];
   r->kind = REP_F32;
   r->slot = r->f32_slot = s->out;
-  r->fallback = m->n_parts;
+  r->fallback = L->cause >= 0 ? L->cause : m->n_parts;
   add_part(m, QT_PART_FALLBACK, n->name, "%s in fp32: %s", qt_op_name(n->op), reason);
 }
 
@@ -635,7 +639,7 @@ qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
   m->g = g;
   snprintf(m->name, sizeof m->name, "%s", g->name);
   lowering L = {g, m, calloc((size_t)g->n_values, sizeof(value_rep)), malloc((size_t)g->n_values * sizeof(int)),
-                calloc((size_t)g->n_nodes, sizeof(int)), ""};
+                calloc((size_t)g->n_nodes, sizeof(int)), "", -1};
   QT_ASSERT(L.rep && L.consumer && L.done, "out of memory");
   for (int v = 0; v < g->n_values; v++) {
     L.consumer[v] = -1;
@@ -652,6 +656,7 @@ qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
     const qt_node *n = &g->nodes[i];
     value_rep *out = &L.rep[n->output];
     const char *reason = NULL;
+    L.cause = -1;
     switch (n->op) {
       case QT_OP_INPUT:
         m->input_slot = new_slot(m, (size_t)value_numel(inv) * sizeof(float));
