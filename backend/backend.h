@@ -1,8 +1,12 @@
 /* Deployment backends (DESIGN 1, "lower"): a device (qt_device, below) deploys a Q/DQ graph
  * (docs/qdq_format.md, from qt_convert or qt_qdq_load) on a backend and runs it on batches.
  * The built-in backend, onednn_cpu, lowers it to int8 oneDNN kernels where a pattern matches
- * and fp32 fallback partitions elsewhere (backend/lower.c); an accelerator described by a file
- * is simulated (backend/accel.c, described below).
+ * and fp32 fallback partitions elsewhere (backend/lower.c); the built-in xnnpack backend lowers
+ * it to XNNPACK's qs8 / qc8 operators the same way (backend/xnnpack.c: conv incl. depthwise and
+ * grouped, fully connected with per-tensor weights, add, global average pooling, max pooling,
+ * relu / relu6 as output clamps, flatten as a view; XNNPACK's int32 bias and float32
+ * requantization keep each operator within 1 output LSB of the exact reference); an
+ * accelerator described by a file is simulated (backend/accel.c, described below).
  *
  * Lowered patterns (u8 affine activations, s8 per-channel symmetric weights):
  *   dq -> conv2d [-> relu] -> q     one oneDNN int8 convolution (runtime zero points, fused
