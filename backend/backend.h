@@ -1,8 +1,12 @@
 /* Deployment backends (DESIGN 1, "lower"): a device (qt_device, below) deploys a Q/DQ graph
  * (docs/qdq_format.md, from qt_convert or qt_qdq_load) on a backend and runs it on batches.
  * The built-in backend, onednn_cpu, lowers it to int8 oneDNN kernels where a pattern matches
- * and fp32 fallback partitions elsewhere (backend/lower.c); an accelerator described by a file
- * is simulated (backend/accel.c, described below).
+ * and fp32 fallback partitions elsewhere (backend/lower.c); the built-in xnnpack backend lowers
+ * it to XNNPACK's qs8 / qc8 operators the same way (backend/xnnpack.c: conv incl. depthwise and
+ * grouped, fully connected with per-tensor weights, add, global average pooling, max pooling,
+ * relu / relu6 as output clamps, flatten as a view; XNNPACK's int32 bias and float32
+ * requantization keep each operator within 1 output LSB of the exact reference); an
+ * accelerator described by a file is simulated (backend/accel.c, described below).
  *
  * Lowered patterns (u8 affine activations, s8 per-channel symmetric weights):
  *   dq -> conv2d [-> relu] -> q     one oneDNN int8 convolution (runtime zero points, fused
@@ -100,6 +104,20 @@ int qt_cpu_has_vnni(void);
  * effective ISA (dnnl_get_effective_cpu_isa); VNNI / NO_VNNI force it (DESIGN 4 describes an
  * AVX2 machine without VNNI, where u8 x s8 pairs saturate a 16-bit sum). */
 void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa);
+
+/* The built-in xnnpack backend (backend/xnnpack.c): XNNPACK's operators as Debian's 2022-02
+ * snapshot declares them. Ops it runs on integers (conv2d incl. grouped and depthwise, linear,
+ * relu / relu6 fused as the operator's output clamp, max_pool2d, global_avg_pool, add, flatten as
+ * a view); 2..8-bit signed affine activations (qs8: int8 with a zero point), per tensor; 2..8-bit
+ * signed symmetric weights, per channel for conv2d (qc8) and per tensor for linear (qs8 fully
+ * connected has one weight scale in this version); average pools quantized at their boundaries
+ * (XNNPACK has only a qu8 average pooling: fp32 fallbacks). */
+void qt_backend_desc_xnnpack(qt_backend_desc *d);
+
+/* A backend by name, as quant.backend and the programs' --backend take it: "onednn" or
+ * "onednn_cpu" (with isa), "xnnpack", or else the path of an accelerator description file
+ * (qt_backend_desc_load). isa other than AUTO applies to oneDNN only. 0, or -1 with err. */
+int qt_backend_desc_named(qt_backend_desc *d, const char *name, qt_isa_choice isa, char *err);
 
 /* An accelerator described by an INI file (experiments/accel_fictional.ini):
  *   [accelerator]

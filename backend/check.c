@@ -66,6 +66,43 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
     snprintf(d->isa, sizeof d->isa, "%s (forced)", vnni ? "vnni" : "avx2, no vnni");
 }
 
+/* ---- the xnnpack description ------------------------------------------------------------ */
+
+/* From the operators xnnpack.h (Debian's 2022-02 snapshot) declares: qs8 activations (int8 with
+ * a zero point), qc8 convolution weights (int8, one scale per output channel, no zero point),
+ * qs8 fully connected with one weight scale (there is no qc8 fully connected in this version),
+ * int32 bias in accumulator units; s8 max pooling, qs8 global average pooling and add; ReLU /
+ * ReLU6 as the output clamp of the operator before them. No qs8 average pooling (only qu8). */
+void qt_backend_desc_xnnpack(qt_backend_desc *d) {
+  memset(d, 0, sizeof *d);
+  snprintf(d->name, sizeof d->name, "xnnpack");
+  d->xnnpack_runtime = 1;
+  const qt_op ops[] = {QT_OP_CONV2D, QT_OP_LINEAR,  QT_OP_RELU, QT_OP_RELU6,          QT_OP_MAX_POOL2D,
+                       QT_OP_FLATTEN, QT_OP_ADD,    QT_OP_GLOBAL_AVG_POOL};
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
+  d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 bits inside int8 */
+  d->weight_sign = QT_SIGN_SIGNED;             /* qc8 / qs8 weights */
+  d->activation_sign = QT_SIGN_SIGNED;         /* qs8 activations, affine (int8 zero point) */
+  d->weight_symmetric = 1;                     /* no weight zero point in the API */
+  d->activation_per_tensor_only = 1;           /* one input / output scale per operator */
+  d->weight_per_tensor_ops[QT_OP_LINEAR] = 1;  /* xnn_create_fully_connected_nc_qs8: one kernel_scale */
+  d->fallback_quantized[QT_OP_AVG_POOL2D] = 1; /* only qu8 average pooling: dq -> fp32 -> q */
+  snprintf(d->isa, sizeof d->isa, "xnnpack operators");
+}
+
+int qt_backend_desc_named(qt_backend_desc *d, const char *name, qt_isa_choice isa, char *err) {
+  if (strcmp(name, "onednn") == 0 || strcmp(name, "onednn_cpu") == 0) {
+    qt_backend_desc_onednn_cpu(d, isa);
+    return 0;
+  }
+  if (isa != QT_ISA_AUTO) return qt_err(err, "the ISA choice applies to the onednn_cpu backend, not to %s", name);
+  if (strcmp(name, "xnnpack") == 0) {
+    qt_backend_desc_xnnpack(d);
+    return 0;
+  }
+  return qt_backend_desc_load(d, name, err);
+}
+
 void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
   char wb[32], ab[32];
   qt_bits_mask_str(d->weight_bits, ",", wb, sizeof wb);
@@ -73,9 +110,18 @@ void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
   fprintf(f, "backend %s (%s)\n  ops:", d->name, d->isa);
   for (int op = 0; op < QT_OP_COUNT; op++)
     if (d->ops[op]) fprintf(f, " %s", qt_op_name((qt_op)op));
-  fprintf(f, "\n  weights: %s bits, %s, %s, %s\n", wb, qt_signedness_name(d->weight_sign),
+  fprintf(f, "\n  weights: %s bits, %s, %s, %s", wb, qt_signedness_name(d->weight_sign),
           d->weight_symmetric ? "symmetric" : "affine allowed",
           d->weight_per_tensor_only ? "per-tensor only" : "per-channel allowed");
+  if (!d->weight_per_tensor_only) {
+    char ops[160] = "";
+    size_t len = 0;
+    for (int op = 0; op < QT_OP_COUNT; op++)
+      if (d->weight_per_tensor_ops[op] && len < sizeof ops)
+        len += (size_t)snprintf(ops + len, sizeof ops - len, "%s%s", len ? ", " : "", qt_op_name((qt_op)op));
+    if (len) fprintf(f, " (per-tensor only: %s)", ops);
+  }
+  fprintf(f, "\n");
   fprintf(f, "  activations: %s bits, %s, %s, %s\n", ab, qt_signedness_name(d->activation_sign),
           d->activation_symmetric ? "symmetric" : "affine allowed",
           d->activation_per_tensor_only ? "per-tensor only" : "per-channel allowed");
@@ -100,7 +146,7 @@ static int is_pow2(float s) {
 }
 
 /* Every problem of one record (at most one per kind); returns the count. */
-static int record_problems(const qt_backend_desc *d, const qt_qstate *q, int is_weight, problem *out) {
+static int record_problems(const qt_backend_desc *d, const qt_qstate *q, int is_weight, qt_op op, problem *out) {
   const char *what = is_weight ? "weights" : "activations";
   const int bits = q->spec.bits, is_signed = q->spec.is_signed || q->spec.qmin < 0;
   const unsigned mask = is_weight ? d->weight_bits : d->activation_bits;
@@ -132,10 +178,15 @@ static int record_problems(const qt_backend_desc *d, const qt_qstate *q, int is_
                q->channels, d->name, what);
     }
   }
-  if (q->channels > 1 && (is_weight ? d->weight_per_tensor_only : d->activation_per_tensor_only)) {
+  const int op_per_tensor = is_weight && op < QT_OP_COUNT && d->weight_per_tensor_ops[op];
+  if (q->channels > 1 && (is_weight ? d->weight_per_tensor_only || op_per_tensor : d->activation_per_tensor_only)) {
     out[n].kind = QT_VIOLATION_GRANULARITY;
-    snprintf(out[n++].reason, sizeof out->reason, "per-channel %s (%d scales); %s requires one scale per tensor", what,
-             q->channels, d->name);
+    if (op_per_tensor && !d->weight_per_tensor_only)
+      snprintf(out[n++].reason, sizeof out->reason, "per-channel %s %s (%d scales); %s takes one weight scale per "
+               "%s (per-channel weights on other layers)", qt_op_name(op), what, q->channels, d->name, qt_op_name(op));
+    else
+      snprintf(out[n++].reason, sizeof out->reason, "per-channel %s (%d scales); %s requires one scale per tensor",
+               what, q->channels, d->name);
   }
   if (d->pow2_scales) {
     int bad = 0, first = -1;
@@ -158,7 +209,7 @@ static int record_problems(const qt_backend_desc *d, const qt_qstate *q, int is_
 const char *qt_backend_record_problem(const qt_backend_desc *d, const qt_qstate *q, int is_weight, char *why,
                                       size_t n) {
   problem p[QT_VIOLATION_COUNT];
-  if (!record_problems(d, q, is_weight, p)) return NULL;
+  if (!record_problems(d, q, is_weight, QT_OP_COUNT, p)) return NULL;
   snprintf(why, n, "%s", p[0].reason);
   return why;
 }
@@ -257,7 +308,7 @@ int qt_backend_check(const qt_graph *g, const qt_backend_desc *d, qt_backend_che
         continue;
       case QT_OP_QUANTIZE: {
         r->n_records++;
-        const int k = record_problems(d, n->q, 0, p);
+        const int k = record_problems(d, n->q, 0, QT_OP_COUNT, p);
         for (int j = 0; j < k; j++) add_violation(r, g, i, p[j].kind, "%s", p[j].reason);
         continue;
       }
@@ -277,7 +328,7 @@ int qt_backend_check(const qt_graph *g, const qt_backend_desc *d, qt_backend_che
       continue;
     }
     r->n_layers++;
-    const int k = record_problems(d, n->wq, 1, p);
+    const int k = record_problems(d, n->wq, 1, n->op, p);
     for (int j = 0; j < k; j++) add_violation(r, g, i, p[j].kind, "%s", p[j].reason);
     if (d->max_channels > 0 && n->attr.out_channels > d->max_channels)
       add_violation(r, g, i, QT_VIOLATION_CHANNELS, "%d output %s; %s has at most %d", n->attr.out_channels,

@@ -1,7 +1,8 @@
-/* The device (backend.h, qt_device): one handle over the two runtimes, the oneDNN int8 lowering
- * (lower.c) and the accelerator simulator (accel.c), each behind a small table of operations.
- * Reading an intermediate value deploys the same graph a second time with that value as its
- * output (both runtimes deploy every node as before and also return that value). */
+/* The device (backend.h, qt_device): one handle over the three runtimes, the oneDNN int8 lowering
+ * (lower.c), the XNNPACK lowering (xnnpack.c) and the accelerator simulator (accel.c), each
+ * behind a small table of operations. Reading an intermediate value deploys the same graph a
+ * second time with that value as its output (every runtime deploys every node as before and
+ * also returns that value). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +56,21 @@ static int accel_node(const void *a, const char *name, const char **reason) {
 static const runtime_ops accel_ops = {accel_open,      accel_free,   accel_run, accel_partition_count,
                                       accel_partition, accel_report, accel_node};
 
+/* ---- XNNPACK ------------------------------------------------------------------------------------ */
+static void *xnn_open(const qt_graph *g, const qt_backend_desc *d, char *err) {
+  (void)d;
+  return qt_xnnpack_lower(g, err);
+}
+static void xnn_free(void *m) { qt_xnnpack_free(m); }
+static int xnn_run(void *m, float *out, const float *input, int n, char *err) { return qt_xnnpack_run(m, out, input, n, err); }
+static int xnn_partition_count(const void *m) { return qt_xnnpack_partition_count(m); }
+static qt_partition_kind xnn_partition(const void *m, int i, const char **nodes, const char **detail) {
+  return qt_xnnpack_partition(m, i, nodes, detail);
+}
+static void xnn_report(const void *m, FILE *f) { qt_xnnpack_report(m, f); }
+
+static const runtime_ops xnnpack_ops = {xnn_open, xnn_free, xnn_run, xnn_partition_count, xnn_partition, xnn_report, NULL};
+
 /* ---- the device -------------------------------------------------------------------------------- */
 struct qt_device {
   const runtime_ops *ops;
@@ -72,7 +88,7 @@ qt_device *qt_device_open(const qt_graph *g, const qt_backend_desc *d, char *err
   QT_ASSERT(dev, "out of memory");
   if (d) dev->desc = *d;
   else qt_backend_desc_onednn_cpu(&dev->desc, QT_ISA_AUTO);
-  dev->ops = dev->desc.onednn_runtime ? &onednn_ops : &accel_ops;
+  dev->ops = dev->desc.onednn_runtime ? &onednn_ops : dev->desc.xnnpack_runtime ? &xnnpack_ops : &accel_ops;
   dev->g = g;
   dev->probe_value = -1;
   if (!(dev->impl = dev->ops->open(g, &dev->desc, err))) {

@@ -1,4 +1,4 @@
-/* The two runtimes behind qt_device (backend/device.c), private to the backend module. */
+/* The three runtimes behind qt_device (backend/device.c), private to the backend module. */
 #ifndef QT_BACKEND_RUNTIMES_H
 #define QT_BACKEND_RUNTIMES_H
 
@@ -54,5 +54,21 @@ int qt_accel_node_on_accel(const qt_accel *a, const char *name, const char **rea
 /* The report: a header line, then one line per partition. */
 void qt_accel_report(const qt_accel *a, FILE *f);
 
+/* ---- XNNPACK (xnnpack.c) --------------------------------------------------------------------- */
+typedef struct qt_xnnpack qt_xnnpack; /* opaque */
+
+/* Lowers a finalized Q/DQ graph onto XNNPACK operators with fp32 fallback partitions; a
+ * pthreadpool of omp_get_max_threads() threads. g must outlive the model and stay unchanged.
+ * NULL with err for a graph that is not a Q/DQ graph, or a build without XNNPACK. */
+qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err);
+void qt_xnnpack_free(qt_xnnpack *m);
+/* Runs on input (n, H, W, C) fp32 NHWC; out (n, output numel) fp32. 0, or -1 with err. */
+int qt_xnnpack_run(qt_xnnpack *m, float *out, const float *input, int n, char *err);
+/* Partitions in execution order, as qt_lowered_partition. */
+int qt_xnnpack_partition_count(const qt_xnnpack *m);
+qt_partition_kind qt_xnnpack_partition(const qt_xnnpack *m, int i, const char **nodes, const char **detail);
+void qt_xnnpack_report(const qt_xnnpack *m, FILE *f);
+/* 0 when XNNPACK is built in and initializes on this CPU, else -1 with err saying why. */
+int qt_xnnpack_available(char *err);
 
 #endif

@@ -1,7 +1,8 @@
-/* bench_int8 [MODEL_QDQ.h5] [--batch N] [--seconds S] [--rounds R]: FashionCNN inference images/s at batch
+/* bench_int8 [MODEL_QDQ.h5] [--backend onednn|xnnpack] [--batch N] [--seconds S] [--rounds R]: FashionCNN
+ * inference images/s at batch
  * 256 (default) for the framework's fp32 graph executor, the Q/DQ reference interpreter and
  * the int8 device (qt_device_open). Without a file, the Q/DQ graph is made here: FashionCNN
- * with PyTorch's initialization -> onednn Quantizer (W8A8) -> PTQ prepare -> calibration on
+ * with PyTorch's initialization -> the backend's Quantizer (W8A8) -> PTQ prepare -> calibration on
  * random batches -> convert. Inputs are random (speed does not depend on the values).
  * Prints one line per engine and the int8 / fp32 speed-up. */
 #include <stdio.h>
@@ -19,16 +20,14 @@ static void fill(float *x, int64_t n, uint64_t seed) {
   }
 }
 
-static qt_graph *make_qdq(char *err) {
+static qt_graph *make_qdq(const qt_backend_desc *d, char *err) {
   qt_graph *g = qt_model_build("fashion_cnn", err);
   if (!g) return NULL;
   qt_graph_init_params(g, 1);
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   qt_annotations a;
-  qt_backend_desc d;
-  qt_backend_desc_onednn_cpu(&d, QT_ISA_AUTO);
-  if (qt_quantizer(g, &d, &qc, &a, err)) return NULL;
+  if (qt_quantizer(g, d, &qc, &a, err)) return NULL;
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   qt_annotations_free(&a);
   qt_graph_free(g);
@@ -103,7 +102,7 @@ static int run_lowered(void *state, const float *x, int n) {
 }
 
 int main(int argc, char **argv) {
-  const char *path = NULL;
+  const char *path = NULL, *backend = "onednn";
   int batch = 256;
   double seconds = 6.0;
   int rounds = 3;
@@ -111,22 +110,25 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) batch = atoi(argv[++i]);
     else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) seconds = atof(argv[++i]);
     else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
     else if (argv[i][0] != '-' && !path) path = argv[i];
     else {
-      fprintf(stderr, "usage: bench_int8 [MODEL_QDQ.h5] [--batch N] [--seconds S] [--rounds R]\n");
+      fprintf(stderr, "usage: bench_int8 [MODEL_QDQ.h5] [--backend onednn|xnnpack] [--batch N] [--seconds S] [--rounds R]\n");
       return 2;
     }
   }
   if (batch < 1) batch = 256;
   if (rounds < 1) rounds = 1;
   char err[QT_ERR_LEN];
+  qt_backend_desc d;
+  if (qt_backend_desc_named(&d, backend, QT_ISA_AUTO, err)) return report(err, 2);
   qt_graph *fp32 = qt_model_build("fashion_cnn", err);
-  qt_graph *qdq = path ? qt_qdq_load(path, err) : make_qdq(err);
+  qt_graph *qdq = path ? qt_qdq_load(path, err) : make_qdq(&d, err);
   if (!fp32 || !qdq) return report(err, 2);
   qt_graph_init_params(fp32, 1);
   qt_graph_set_mode(fp32, QT_MODE_EVAL);
   qt_graph_set_mode(qdq, QT_MODE_EVAL);
-  qt_device *m = qt_device_open(qdq, NULL, err);
+  qt_device *m = qt_device_open(qdq, &d, err);
   if (!m) return report(err, 2);
   float *x = malloc(sizeof(float) * (size_t)batch * 784);
   fill(x, (int64_t)batch * 784, 7);

@@ -1,4 +1,4 @@
-/* qat_backend_check MODEL_QDQ.h5 [--backend onednn_cpu|DESC.ini] [--isa auto|vnni|no_vnni] [--warn]
+/* qat_backend_check MODEL_QDQ.h5 [--backend onednn_cpu|xnnpack|DESC.ini] [--isa auto|vnni|no_vnni] [--warn]
  *                   [--partition] [--run] [--config CFG.ini] [--images N] [--batch N]
  * qat_backend_check --quantize CFG.ini OUT_QDQ.h5 --backend DESC.ini [...the options above]
  *
@@ -17,7 +17,7 @@
 
 static int usage(void) {
   fprintf(stderr,
-          "usage: qat_backend_check MODEL_QDQ.h5 [--backend onednn_cpu|DESC.ini] [--isa auto|vnni|no_vnni] [--warn]\n"
+          "usage: qat_backend_check MODEL_QDQ.h5 [--backend onednn_cpu|xnnpack|DESC.ini] [--isa auto|vnni|no_vnni] [--warn]\n"
           "                         [--partition] [--run] [--config CFG.ini] [--images N] [--batch N]\n"
           "       qat_backend_check --quantize CFG.ini OUT_QDQ.h5 --backend DESC.ini [options above]\n");
   return 2;
@@ -27,7 +27,7 @@ static int usage(void) {
  * stages), written to out_path. */
 static int quantize(const char *cfg_path, const char *backend, const char *isa, const char *out_path, char *err) {
   char b[QT_OPT_STR + 32], i[64];
-  const int onednn = strcmp(backend, "onednn_cpu") == 0;
+  const int onednn = strcmp(backend, "onednn_cpu") == 0 || strcmp(backend, "onednn") == 0;
   snprintf(b, sizeof b, onednn ? "quant.quantizer=onednn" : "quant.backend=%s", backend);
   snprintf(i, sizeof i, "quant.isa=%s", isa);
   char *overrides[] = {"quant.mode=ptq", onednn ? i : "quant.quantizer=backend", b};
@@ -70,10 +70,10 @@ int main(int argc, char **argv) {
   if (isa == QT_ISA_AUTO && strcmp(isa_arg, "auto") != 0 &&
       qt_err(err, "--isa expects auto, vnni or no_vnni, found '%s'", isa_arg))
     goto fail;
-  if (strcmp(backend, "onednn_cpu") == 0) qt_backend_desc_onednn_cpu(&d, isa);
-  else if ((strcmp(isa_arg, "auto") != 0 &&
-            qt_err(err, "--isa applies to the onednn_cpu backend, not to %s", backend)) ||
-           qt_backend_desc_load(&d, backend, err))
+  const int onednn = strcmp(backend, "onednn_cpu") == 0 || strcmp(backend, "onednn") == 0;
+  if ((!onednn && strcmp(isa_arg, "auto") != 0 &&
+       qt_err(err, "--isa applies to the onednn_cpu backend, not to %s", backend)) ||
+      qt_backend_desc_named(&d, backend, isa, err)) /* onednn_cpu, xnnpack or a description file */
     goto fail;
   if (quant_config && D.config_path && qt_err(err, "--quantize takes its data from CFG.ini; drop --config")) goto fail;
   if (quant_config && quantize(quant_config, backend, isa_arg, model_path, why) &&

@@ -1,7 +1,7 @@
 /* qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME | --model PATH.onnx]] [--config CFG.ini] [--images N]
- *            [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R]:
- * the three-stage accuracy report as a command (eval/report.h). Lowers the Q/DQ graph to int8
- * kernels, runs the config's test set (default: Fashion-MNIST) through the fp32 model (the
+ *            [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R] [--backend onednn|xnnpack|DESC.ini]:
+ * the three-stage accuracy report as a command (eval/report.h). Lowers the Q/DQ graph to the
+ * backend's int8 kernels (default oneDNN), runs the config's test set (default: Fashion-MNIST) through the fp32 model (the
  * checkpoint loaded into the preset NAME or the model imported from PATH.onnx, by default the
  * preset named as the Q/DQ graph's model), the Q/DQ
  * graph and the device, and prints the partition report, accuracies, Q/DQ-vs-device top-1
@@ -24,13 +24,13 @@
 static int usage(void) {
   fprintf(stderr, "usage: qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME|PATH.onnx]] [--config CFG.ini] "
                   "[--images N] [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R] "
-                  "[--write-outputs OUT.h5 [--values NAME,NAME...]]\n");
+                  "[--write-outputs OUT.h5 [--values NAME,NAME...]] [--backend onednn|xnnpack|DESC.ini]\n");
   return 2;
 }
 
 int main(int argc, char **argv) {
   if (argc < 2 || argv[1][0] == '-') return usage();
-  const char *qdq_path = argv[1], *fp32_path = NULL, *model_name = NULL;
+  const char *qdq_path = argv[1], *fp32_path = NULL, *model_name = NULL, *backend = "onednn";
   qt_cli_data_options D = {.batch = 256};
   int probe = 1024, timing = 1, rounds = 3, c;
   for (int i = 2; i < argc; i++) {
@@ -39,6 +39,7 @@ int main(int argc, char **argv) {
       if (c < 0) return 2;
     } else if (strcmp(argv[i], "--fp32") == 0 && i + 1 < argc) fp32_path = argv[++i];
     else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) model_name = argv[++i];
+    else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
     else if (strcmp(argv[i], "--timing-rounds") == 0 && i + 1 < argc) {
       if (qt_cli_parse_int("qat_report", "--timing-rounds", argv[++i], 1, 1000, &rounds)) return 2;
     } else if (strcmp(argv[i], "--probe-images") == 0 && i + 1 < argc) {
@@ -75,7 +76,8 @@ int main(int argc, char **argv) {
     }
     if (qt_checkpoint_load(fp32_path, fp32, NULL, NULL, err)) goto fail;
   }
-  if (!(m = qt_device_open(qdq, NULL, err))) goto fail;
+  qt_backend_desc d;
+  if (qt_backend_desc_named(&d, backend, QT_ISA_AUTO, err) || !(m = qt_device_open(qdq, &d, err))) goto fail;
   if (qt_stage_test_data(D.config_path, D.images, D.batch, &o, &test, &lc, &st)) goto fail;
 
   /* Running: exit 1 on failure. */

@@ -1,6 +1,7 @@
-/* qat_run MODEL_QDQ.h5 [--config CFG.ini] [--batch N] [--images N] [--compare] [--quiet]
- *         [--write-outputs OUT.h5 [--values NAME,NAME...]]:
- * deploys a Q/DQ graph (qat_train's model_qdq.h5) on the oneDNN int8 device (backend.h), prints
+/* qat_run MODEL_QDQ.h5 [--backend onednn|xnnpack|DESC.ini] [--config CFG.ini] [--batch N] [--images N]
+ *         [--compare] [--quiet] [--write-outputs OUT.h5 [--values NAME,NAME...]]:
+ * deploys a Q/DQ graph (qat_train's model_qdq.h5) on a backend's device (backend.h; default the
+ * oneDNN int8 device), prints
  * the partition report, runs it on the config's test set (default: Fashion-MNIST) and prints
  * top-1 accuracy and images/s (model time only). --compare also runs the Q/DQ reference
  * interpreter and judges the device by the one agreement rule (eval/report.h). --write-outputs
@@ -15,8 +16,8 @@
 #include "train/pipeline.h"
 
 static int usage(void) {
-  fprintf(stderr, "usage: qat_run MODEL_QDQ.h5 [--config CFG.ini] [--batch N] [--images N] [--compare] [--quiet]\n"
-                  "               [--write-outputs OUT.h5 [--values NAME,NAME...]]\n");
+  fprintf(stderr, "usage: qat_run MODEL_QDQ.h5 [--backend onednn|xnnpack|DESC.ini] [--config CFG.ini] [--batch N]\n"
+                  "               [--images N] [--compare] [--quiet] [--write-outputs OUT.h5 [--values NAME,NAME...]]\n");
   return 2;
 }
 
@@ -25,11 +26,13 @@ int main(int argc, char **argv) {
   const char *model_path = argv[1];
   qt_cli_data_options D = {.batch = 256};
   int compare = 0, quiet = 0, c;
+  const char *backend = "onednn";
   for (int i = 2; i < argc; i++) {
     c = qt_cli_data_option("qat_run", "--config --images --batch --write-outputs --values", argc, argv, &i, &D);
     if (c != 0) {
       if (c < 0) return 2;
-    } else if (strcmp(argv[i], "--compare") == 0) compare = 1;
+    } else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
+    else if (strcmp(argv[i], "--compare") == 0) compare = 1;
     else if (strcmp(argv[i], "--quiet") == 0) quiet = 1;
     else return usage();
   }
@@ -42,8 +45,11 @@ int main(int argc, char **argv) {
   qt_device *dev = NULL;
   qt_dataset test = {0};
   qt_loader_config lc;
-  qt_graph *g = qt_qdq_load(model_path, err);
-  if (!g || !(dev = qt_device_open(g, NULL, err))) goto fail;
+  qt_backend_desc d;
+  qt_graph *g = NULL;
+  if (qt_backend_desc_named(&d, backend, QT_ISA_AUTO, err)) goto fail;
+  g = qt_qdq_load(model_path, err);
+  if (!g || !(dev = qt_device_open(g, &d, err))) goto fail;
   if (!quiet) qt_device_report(dev, stdout);
   if (qt_stage_test_data(D.config_path, D.images, D.batch, &o, &test, &lc, &st)) goto fail;
   qt_device_agreement a;

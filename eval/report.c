@@ -162,6 +162,7 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
     }
   }
   r->has_fp32 = fp32 != NULL;
+  snprintf(r->backend, sizeof r->backend, "%s", qt_device_desc(device)->name);
   r->int8_partitions = qt_device_count(device, QT_PART_INT8);
   r->fallback_partitions = qt_device_count(device, QT_PART_FALLBACK);
   r->output_scale = qt_output_lsb(qdq);
@@ -350,8 +351,8 @@ static void fmt_db(char *buf, size_t n, const qt_sqnr_sum *s, const char *none) 
 }
 
 void qt_report_print(const qt_report *r, FILE *f) {
-  fprintf(f, "three-stage report on %lld test images (%d int8, %d fallback partitions):\n", (long long)r->images,
-          r->int8_partitions, r->fallback_partitions);
+  fprintf(f, "three-stage report on %lld test images (backend %s: %d int8, %d fallback partitions):\n",
+          (long long)r->images, r->backend, r->int8_partitions, r->fallback_partitions);
   if (r->has_fp32) fprintf(f, "  fp32 model      top-1 %6.2f%%\n", 100 * r->fp32_accuracy);
   else fprintf(f, "  fp32 model      not given\n");
   fprintf(f, "  Q/DQ graph      top-1 %6.2f%%", 100 * r->qdq_accuracy);

@@ -144,6 +144,7 @@ typedef struct {
   qt_device_agreement float_vs_exact; /* the float32 Q/DQ executor against the exact reference */
   int64_t probe_images;           /* images the device was read on at intermediate points (0: not) */
   int int8_partitions, fallback_partitions;
+  char backend[QT_NAME_LEN];      /* the device's backend (its description's name) */
   int n_points;
   qt_report_point points[QT_REPORT_MAX_POINTS];
 } qt_report;

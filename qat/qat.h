@@ -75,6 +75,10 @@ typedef struct {
   int weight_symmetric;               /* zero point 0 required */
   int activation_symmetric;
   int weight_per_tensor_only;         /* per-channel weights refused */
+  unsigned char weight_per_tensor_ops[QT_OP_COUNT]; /* 1: this op's weights take one scale per
+                                       * tensor even where other ops take one per channel
+                                       * (XNNPACK's qs8 fully connected: per-channel conv
+                                       * weights, per-tensor linear weights) */
   int activation_per_tensor_only;     /* per-channel activations refused */
   int pow2_scales;                    /* every scale a power of two */
   int max_channels;                   /* output channels (conv2d) / features (linear); 0 = any */
@@ -89,6 +93,8 @@ typedef struct {
   char isa[32];                       /* informative: "avx2", "avx512_core_vnni", "accelerator" */
   int onednn_runtime;                 /* 1: deployed by lowering to oneDNN's int8 kernels (the
                                        * built-in onednn_cpu); 0: simulated as an accelerator */
+  int xnnpack_runtime;                /* 1: deployed by lowering to XNNPACK's operators (the
+                                       * built-in xnnpack, backend/xnnpack.c) */
 } qt_backend_desc;
 
 /* The Quantizer: annotations for g from the backend description d and the settings cfg.
@@ -99,9 +105,9 @@ typedef struct {
  * quantized consumers get a quantized input). The outputs of max-pool, flatten and relu share
  * their input's qparams when the backend runs them. Weights: signed unless the backend says
  * unsigned, symmetric when required (else affine), per channel unless per-tensor only, 8-bit
- * given 7 bits with weight_8bit_as_7bit, and otherwise with pair_sum_int16 narrowed so that
- * 2 * max|w| * max(a) fits int16; activations: unsigned affine, or signed symmetric when the
- * backend asks for signed or symmetric ones; per tensor; power-of-two scales when required.
+ * given 7 bits with weight_8bit_as_7bit, per tensor for the ops in weight_per_tensor_ops, and otherwise with pair_sum_int16 narrowed so that
+ * 2 * max|w| * max(a) fits int16; activations: unsigned affine, signed affine when the backend
+ * asks for signed ones (XNNPACK's qs8), signed symmetric when it asks for symmetric ones; per tensor; power-of-two scales when required.
  * Bit widths come from cfg (and its overrides) and must be allowed by d. LSQ is refused with
  * power-of-two scales. Returns 0, or -1 with err naming the setting and the backend. */
 int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, qt_annotations *out,

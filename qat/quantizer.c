@@ -104,8 +104,8 @@ static int act_signed(const qt_backend_desc *d) {
   return d->activation_sign == QT_SIGN_SIGNED || (d->activation_sign == QT_SIGN_ANY && d->activation_symmetric);
 }
 
-/* Activations: unsigned affine, or signed symmetric when the backend asks for signed or
- * symmetric ones; per tensor. */
+/* Activations: unsigned affine; signed when the backend asks for signed ones (affine unless it
+ * asks for symmetric ones too); signed symmetric when it asks for symmetric ones; per tensor. */
 static qt_qspec act_spec(const qt_backend_desc *d, const qt_quantizer_config *c, int bits) {
   qt_qspec s;
   memset(&s, 0, sizeof s);
@@ -122,13 +122,13 @@ static qt_qspec act_spec(const qt_backend_desc *d, const qt_quantizer_config *c,
   return s;
 }
 
-static qt_qspec weight_spec(const qt_backend_desc *d, const qt_quantizer_config *c, int bits) {
+static qt_qspec weight_spec(const qt_backend_desc *d, const qt_quantizer_config *c, qt_op op, int bits) {
   qt_qspec s;
   memset(&s, 0, sizeof s);
   s.bits = bits;
   s.is_signed = d->weight_sign != QT_SIGN_UNSIGNED;
   s.symmetric = d->weight_symmetric;
-  s.per_channel = !d->weight_per_tensor_only;
+  s.per_channel = !d->weight_per_tensor_only && !d->weight_per_tensor_ops[op];
   qt_qrange(bits, s.is_signed, &s.qmin, &s.qmax);
   if (d->weight_8bit_as_7bit && bits == 8 && s.is_signed) {
     /* DESIGN 4: without VNNI, u8 x s8 pairs saturate a 16-bit accumulator; weights in
@@ -296,7 +296,7 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
       quantized_unit[i] = !fp32 && layer_fits(d, n);
       if (quantized_unit[i]) {
         out->weight[i] = 1;
-        out->weight_spec[i] = weight_spec(d, cfg, o && o->weight_bits ? o->weight_bits : cfg->weight_bits);
+        out->weight_spec[i] = weight_spec(d, cfg, n->op, o && o->weight_bits ? o->weight_bits : cfg->weight_bits);
       }
     } else if (n->op == QT_OP_ADD || n->op == QT_OP_AVG_POOL2D || n->op == QT_OP_GLOBAL_AVG_POOL) {
       quantized_unit[i] = !fp32 && (d->ops[n->op] || d->fallback_quantized[n->op]);

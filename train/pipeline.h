@@ -114,7 +114,13 @@ typedef struct {
  * QT_STATUS_IO, a graph the export cannot express QT_STATUS_RUNTIME. */
 int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, qt_ctx *ctx, const char *dir,
                      qt_quant_result *res, int verbose, qt_status *st);
-/* Lowers the saved Q/DQ graph (res->qdq_path), runs the three-stage report (fp32 graph, Q/DQ
+/* The backend the quant.* settings name (qt_backend_desc_named): quant.backend = xnnpack or
+ * onednn selects that built-in backend; quant.quantizer = backend takes quant.backend as a name
+ * or a description file; otherwise oneDNN with quant.isa. The Quantizer is derived from it and
+ * the model deploys on it. origin (may be NULL): "built in" or the file. 0, or -1 with err. */
+int qt_stage_backend_desc(const qt_quant_options *q, qt_backend_desc *d, const char **origin, char *err);
+
+/* Lowers the saved Q/DQ graph (res->qdq_path) on the backend it was quantized for, runs the three-stage report (fp32 graph, Q/DQ
  * graph, int8 device) on the test set, times fp32 and int8 inference at batch 256, writes
  * <dir>/report.txt (printed when verbose). */
 int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test, const char *dir, qt_quant_result *res,

@@ -100,6 +100,9 @@ static void summary_quant(qt_strbuf *b, const run *r) {
   qt_strbuf_json_string(b, q->check.reason);
   qt_strbuf_printf(b, "},\n");
   if (!q->deployed) return;
+  qt_strbuf_printf(b, "  \"backend\": ");
+  qt_strbuf_json_string(b, q->report.backend);
+  qt_strbuf_printf(b, ",\n");
   char *rep = qt_report_json(&q->report, "  ");
   qt_strbuf_printf(b, "%s,\n", rep);
   free(rep);

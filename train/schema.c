@@ -112,7 +112,8 @@ static const option_row rows[] = {
     ROW(quant, quantizer, QT_CFG_ENUM, "onednn", 0, 0, "onednn|backend",
      "the Quantizer: onednn (built in) or derived from the description in quant.backend"),
     ROW(quant, backend, QT_CFG_STRING, "", 0, 0, NULL,
-     "backend description INI (e.g. experiments/accel_fictional.ini) when quant.quantizer = backend"),
+     "the backend: xnnpack or onednn (built in; the Quantizer and the deployment follow it), or a backend "
+     "description INI (e.g. experiments/accel_fictional.ini) when quant.quantizer = backend"),
     ROW(quant, weight_bits, QT_CFG_INT, "8", 2, 8, NULL, "weight bit width"),
     ROW(quant, activation_bits, QT_CFG_INT, "8", 2, 8, NULL, "activation bit width"),
     ROW(quant, isa, QT_CFG_ENUM, "auto", 0, 0, "auto|vnni|no_vnni",

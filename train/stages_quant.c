@@ -22,6 +22,25 @@ static int quantizer_config(const qt_quant_options *q, qt_quantizer_config *qc, 
   return qt_parse_overrides(qc, q->layer_overrides, err);
 }
 
+/* The backend the quant.* settings name, for the Quantizer and the deployment alike:
+ * quant.backend = xnnpack (or onednn) names a built-in backend whatever quant.quantizer says;
+ * quant.quantizer = backend takes quant.backend as a name or a description file; otherwise
+ * oneDNN with quant.isa. origin: "built in" or the file. */
+int qt_stage_backend_desc(const qt_quant_options *q, qt_backend_desc *d, const char **origin, char *err) {
+  const qt_isa_choice isa = q->isa == QT_QUANT_ISA_VNNI      ? QT_ISA_VNNI
+                            : q->isa == QT_QUANT_ISA_NO_VNNI ? QT_ISA_NO_VNNI
+                                                             : QT_ISA_AUTO;
+  const int builtin = strcmp(q->backend, "xnnpack") == 0 || strcmp(q->backend, "onednn") == 0 ||
+                      strcmp(q->backend, "onednn_cpu") == 0;
+  if (origin) *origin = builtin || q->quantizer != QT_QUANTIZER_BACKEND ? "built in" : q->backend;
+  if (builtin || q->quantizer == QT_QUANTIZER_BACKEND) {
+    if (qt_backend_desc_named(d, q->backend, isa, err)) return qt_err(err, "quant.backend = %s: %s", q->backend, err);
+    return 0;
+  }
+  qt_backend_desc_onednn_cpu(d, isa);
+  return 0;
+}
+
 qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *g, FILE *report, qt_status *st) {
   const qt_quant_options *q = &o->quant;
   qt_quantizer_config qc;
@@ -33,17 +52,11 @@ qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *g, FILE *report,
    * backend or forced by quant.isa) or one from a file */
   qt_annotations ann;
   qt_backend_desc d;
-  const char *path = "built in";
-  if (q->quantizer == QT_QUANTIZER_BACKEND) {
-    path = q->backend;
-    if (qt_backend_desc_load(&d, path, st->msg)) {
-      qt_status_fail(st, QT_STATUS_INPUT);
-      return NULL;
-    }
-  } else {
-    qt_backend_desc_onednn_cpu(&d, q->isa == QT_QUANT_ISA_VNNI      ? QT_ISA_VNNI
-                                   : q->isa == QT_QUANT_ISA_NO_VNNI ? QT_ISA_NO_VNNI
-                                                                    : QT_ISA_AUTO);
+  const char *path;
+  char why[QT_ERR_LEN];
+  if (qt_stage_backend_desc(q, &d, &path, why)) {
+    qt_status_set(st, QT_STATUS_INPUT, "%s", why);
+    return NULL;
   }
   if (qt_quantizer(g, &d, &qc, &ann, st->msg)) {
     qt_status_fail(st, QT_STATUS_INPUT);
@@ -174,8 +187,11 @@ int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test,
   /* From the file, as a deployment tool would. */
   qt_graph *qdq = qt_qdq_load(res->qdq_path, st->msg);
   if (!qdq) return qt_status_fail(st, QT_STATUS_FORMAT);
-  qt_device *m = qt_device_open(qdq, NULL, st->msg);
+  /* on the backend it was quantized for */
+  qt_backend_desc d;
+  qt_device *m = NULL;
   int rc = -1;
+  if (qt_stage_backend_desc(&o->quant, &d, NULL, st->msg) == 0) m = qt_device_open(qdq, &d, st->msg);
   if (!m || qt_report_run(fp32, qdq, m, test, &ec, QT_PROBE_IMAGES, &res->report, st->msg) ||
       qt_inference_measure(fp32, m, test, &ec, QT_INFER_BATCH, QT_INFER_BATCHES, QT_INFER_ROUNDS, &res->speed,
                            st->msg)) {
