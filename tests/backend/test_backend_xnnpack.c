@@ -483,8 +483,25 @@ static void onednn_model_on_xnnpack(const char *model) {
   qt_graph_free(g);
 }
 
-int main(void) {
+/* "patterns" (the default): every pattern, the fallback, the oneDNN model on XNNPACK; "models":
+ * the end-to-end models (registered separately, label slow: a minute in release, six under
+ * ASan). */
+int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
+  const int models_only = argc > 1 && strcmp(argv[1], "models") == 0;
+  if (argc > 1 && !models_only && strcmp(argv[1], "patterns") != 0) {
+    fprintf(stderr, "usage: test_backend_xnnpack [patterns|models]\n");
+    return 2;
+  }
+  if (models_only) {
+    const char *const models[] = {"fashion_cnn", "res_cnn"};
+    const int bits[3][2] = {{8, 8}, {4, 8}, {4, 4}};
+    for (int m = 0; m < 2; m++)
+      for (int b = 0; b < 3; b++) model_end_to_end(models[m], bits[b][0], bits[b][1], 1);
+    model_end_to_end("fashion_cnn", 8, 8, 0);
+    model_end_to_end("res_cnn", 8, 8, 0);
+    return qt_test_finish();
+  }
   conv_pattern(3, 16, 1, 0, 1, 8);
   conv_pattern(3, 16, 1, 1, 1, 8);
   conv_pattern(3, 16, 1, 2, 1, 8);  /* relu6 as the output clamp */
@@ -504,11 +521,5 @@ int main(void) {
   fallback_pattern();
   onednn_model_on_xnnpack("fashion_cnn");
   onednn_model_on_xnnpack("res_cnn");
-  const char *const models[] = {"fashion_cnn", "res_cnn"};
-  const int bits[3][2] = {{8, 8}, {4, 8}, {4, 4}};
-  for (int m = 0; m < 2; m++)
-    for (int b = 0; b < 3; b++) model_end_to_end(models[m], bits[b][0], bits[b][1], 1);
-  model_end_to_end("fashion_cnn", 8, 8, 0);
-  model_end_to_end("res_cnn", 8, 8, 0);
   return qt_test_finish();
 }

@@ -106,7 +106,9 @@ int main(void) {
   expect_text("fp32/summary.json", "\"model\": \"mobilenet\"");
   const char *sum = read_text("qat_full/summary.json"), *dev = sum ? strstr(sum, "\"int8_vs_qdq\"") : NULL;
   const char *lsb = dev ? strstr(dev, "\"max_lsb\": ") : NULL;
-  if (!lsb || strtod(lsb + 11, NULL) > 1.0) qt_test_fail("qat_full: the int8 device is not within 1 LSB of the Q/DQ graph");
+  /* 1 LSB measured in float reads up to 1.00003 (the rule's slack, eval/agreement.c) */
+  if (!lsb || strtod(lsb + 11, NULL) > 1.0 + 1e-4)
+    qt_test_fail("qat_full: the int8 device is not within 1 LSB of the Q/DQ graph");
 
   /* fp32: stopped after epoch 1 and resumed = the sub-run's uninterrupted 2 epochs */
   run("fp32_split", 0, "train.stop_after_epochs=1", NULL);

@@ -11,7 +11,10 @@ For every model, with graph optimization disabled and with all optimizations:
   - train: the model as exported (BN with batch statistics over the run's batch) against
     y_train, where the batch of 8 can run as one call (not tiny_features, whose batch is fixed
     at 2: its batch statistics would be over 2 images);
-  - chunking: fashion_cnn's eval copy run in calls of 3 images (3 + 3 + 2) against y_eval.
+  - chunking: fashion_cnn's eval copy run in calls of 3 images (3 + 3 + 2) against y_eval;
+  - mobilenet_trained (the round trip's model, tests/onnx/make_roundtrip_model.py): its eval copy
+    on the first 500 Fashion-MNIST test images against PyTorch's logits in
+    tests/onnx/ref/roundtrip_ref.h5.
 Tolerance: max |y - y_ref| <= 1e-5 * max |y_ref| (measured with ORT 1.30.0: at most 1.2e-6).
 Eval and train logits differ by 0.3-1.7 of max |y_ref| here, so a BN run in the wrong mode
 fails.
@@ -34,6 +37,9 @@ import ortlib  # noqa: E402
 SRC = os.path.dirname(os.path.dirname(HERE))
 MODELS = os.path.join(SRC, "tests", "onnx", "models")
 REF = os.path.join(SRC, "tests", "onnx", "ref", "onnx_ref.h5")
+ROUNDTRIP = "mobilenet_trained"  # its reference: roundtrip_ref.h5 (logits on the test set)
+ROUNDTRIP_REF = os.path.join(SRC, "tests", "onnx", "ref", "roundtrip_ref.h5")
+ROUNDTRIP_IMAGES = 500
 TOL = 1e-5
 OPTS = ("disabled", "all")
 
@@ -70,7 +76,7 @@ def main():
         if not ok:
             failures.append("%s %s --opt %s: relative error %.3g > %g" % (name, what, opt, err, TOL))
 
-    models = sorted(f[:-5] for f in os.listdir(MODELS) if f.endswith(".onnx"))
+    models = sorted(f[:-5] for f in os.listdir(MODELS) if f.endswith(".onnx") and f[:-5] != ROUNDTRIP)
     with h5py.File(REF, "r") as f, tempfile.TemporaryDirectory(prefix="test_ort_fp32.") as tmp:
         missing = sorted(set(models) ^ set(f.keys()))
         if missing:
@@ -103,8 +109,23 @@ def main():
                     failures.append(str(e))
                     print("%-15s --opt %-8s ERROR %s" % (name, opt, e))
 
+        import ort_eval
+        x, _ = ort_eval.load_images(ort_eval.FASHION + "t10k-images-idx3-ubyte.gz",
+                                    ort_eval.FASHION + "t10k-labels-idx1-ubyte.gz", 0.2860, 0.3530, ROUNDTRIP_IMAGES)
+        with h5py.File(ROUNDTRIP_REF, "r") as r:
+            ref = r["logits"][:ROUNDTRIP_IMAGES]
+        eval_path = os.path.join(tmp, ROUNDTRIP + "_eval.onnx")
+        ortlib.inference_copy(os.path.join(MODELS, ROUNDTRIP + ".onnx"), eval_path)
+        for opt in OPTS:
+            try:
+                y, info = ortlib.run(eval_path, x, layout="NHWC", opt=opt)
+                check(ROUNDTRIP, "eval", opt, y, ref)
+            except ortlib.OrtError as e:
+                failures.append(str(e))
+
     # 6 models x 2 levels (eval) + 4 dynamic-batch training exports x 2 + fashion_cnn chunked x 2
-    expected = 2 * len(models) + 2 * 4 + 2
+    # + mobilenet_trained x 2
+    expected = 2 * len(models) + 2 * 4 + 2 + 2
     if checks != expected and not failures:
         failures.append("%d comparisons made, %d expected" % (checks, expected))
     print("ONNX Runtime %s; %d comparisons; worst relative error: %s; tolerance %g; %.1f s"
