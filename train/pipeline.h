@@ -99,7 +99,9 @@ typedef struct {
   qt_eval_result fake_quant, qdq;
   char qdq_path[4200];
   char trained_path[4200];
-  char onnx_path[4200];        /* model_qdq.onnx: the Q/DQ graph as QDQ ONNX (onnx/onnx_export.h) */
+  char onnx_path[4200];        /* model_qdq.onnx: the Q/DQ graph as QDQ ONNX (onnx/onnx_export.h);
+                                * "" when the export refused the graph (onnx_error says why) */
+  char onnx_error[QT_ERR_LEN];
   qt_check_report check;
   /* qt_stage_deploy: the lowered Q/DQ graph on the test set and inference speed */
   int deployed;

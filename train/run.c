@@ -91,7 +91,12 @@ static void summary_quant(qt_strbuf *b, const run *r) {
   qt_strbuf_printf(b, ", \"trained_model\": ");
   qt_strbuf_json_string(b, q->trained_path);
   qt_strbuf_printf(b, ", \"onnx_model\": ");
-  qt_strbuf_json_string(b, q->onnx_path);
+  if (q->onnx_path[0]) {
+    qt_strbuf_json_string(b, q->onnx_path);
+  } else { /* the export refused the graph: why */
+    qt_strbuf_printf(b, "null, \"onnx_error\": ");
+    qt_strbuf_json_string(b, q->onnx_error);
+  }
   qt_strbuf_printf(b,
                    "},\n  \"check\": {\"ok\": %s, \"quantization_points\": %d, \"weights\": %d, \"max_lsb\": %.3f, "
                    "\"tie_flips\": %lld, \"reason\": ",

@@ -145,9 +145,15 @@ int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, q
   if (!loaded) return qt_status_fail(st, QT_STATUS_FORMAT);
   snprintf(res->onnx_path, sizeof res->onnx_path, "%s/model_qdq.onnx", dir);
   qt_onnx_export_info info;
-  if (qt_onnx_export_qdq(loaded, res->onnx_path, &info, st->msg)) {
-    qt_graph_free(loaded);
-    return qt_status_fail(st, info.io_error ? QT_STATUS_IO : QT_STATUS_RUNTIME);
+  if (qt_onnx_export_qdq(loaded, res->onnx_path, &info, res->onnx_error)) {
+    if (info.io_error) { /* the environment (a full disk): the run fails, as for the other files */
+      snprintf(st->msg, sizeof st->msg, "%s", res->onnx_error);
+      qt_graph_free(loaded);
+      return qt_status_fail(st, QT_STATUS_IO);
+    }
+    /* a graph ONNX cannot express (docs/onnx_export.md): the run's other results stand */
+    fprintf(stderr, "qat_train: warning: no model_qdq.onnx: %s\n", res->onnx_error);
+    res->onnx_path[0] = 0;
   }
   rc = qt_evaluate(loaded, ctx, test, &ec, &res->qdq, st->msg);
   if (rc) qt_status_fail(st, QT_STATUS_RUNTIME);
@@ -157,7 +163,8 @@ int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, q
   if (rc) return -1;
   if (verbose) {
     fprintf(stderr, "quant: fake-quant %.2f%%, Q/DQ graph %.2f%% (%s; as QDQ ONNX: %s)\n",
-            100 * res->fake_quant.accuracy, 100 * res->qdq.accuracy, res->qdq_path, res->onnx_path);
+            100 * res->fake_quant.accuracy, 100 * res->qdq.accuracy, res->qdq_path,
+            res->onnx_path[0] ? res->onnx_path : "not written");
     fprintf(stderr,
             "check (training graph = convert graph): %s; %d quantization points, %d weights, max %.1f LSB, "
             "%lld tie flips\n%s",
