@@ -23,9 +23,10 @@
  * partition, listed in the partition report with its reason. Activations stay NHWC u8
  * between int8 kernels; primitives are created once per batch size, weights reordered once.
  *
- * Numerics: int8 partitions match the Q/DQ reference interpreter (qt_graph_forward) to 1 LSB
- * of the output quantization (float rounding of scales), exactly where the arithmetic is
- * exact; fallback partitions compute what the interpreter computes, bit for bit. */
+ * Numerics: int8 partitions match the Q/DQ graph's exact reference (eval/exact.h, which the
+ * report and --compare judge with) to 1 LSB of the output quantization (float rounding of
+ * scales), exactly where the arithmetic is exact; fallback partitions compute what the float32
+ * executor (qt_graph_forward) computes, bit for bit. */
 #ifndef QT_BACKEND_H
 #define QT_BACKEND_H
 
