@@ -4,7 +4,7 @@
 //
 //   node tests/ort/ort_run.js --model M.onnx --input in.bin --shape N,C,H,W --output out.bin
 //        [--opt disabled|basic|extended|all] [--x64quantprecision] [--threads K] [--batch B]
-//        [--no-spinning] [--verbose]
+//        [--no-spinning] [--warmup] [--verbose]
 //
 // --opt sets the session's graphOptimizationLevel (default all, ORT's own default);
 // --x64quantprecision sets the session config entry session.x64quantprecision = "1" (ORT's
@@ -12,8 +12,8 @@
 // threads (default 2; inter-op 1, sequential execution); --batch the images per run call
 // (default 256; a model whose batch dimension is fixed runs in batches of that size, and N must
 // be a multiple of it); --no-spinning stops ORT's worker threads from spin-waiting between
-// tasks (session.intra_op/inter_op.allow_spinning = "0"; for tests on shared cores);
-// --verbose turns on ORT's verbose log (on stderr: the session options with their config
+// tasks (session.intra_op/inter_op.allow_spinning = "0"; for tests on shared cores); --warmup
+// runs the first batch once before the timed runs (benchmarks); --verbose turns on ORT's verbose log (on stderr: the session options with their config
 // entries, the kernels chosen).
 //
 // Prints one JSON line on stdout: model, input and output names, output dims, ORT version,
@@ -30,12 +30,13 @@ class UsageError extends Error {}
 const USAGE =
   'usage: node tests/ort/ort_run.js --model M.onnx --input in.bin --shape N,C,H,W --output out.bin\n' +
   '       [--opt disabled|basic|extended|all] [--x64quantprecision] [--threads K] [--batch B]\n' +
-  '       [--no-spinning] [--verbose]';
+  '       [--no-spinning] [--warmup] [--verbose]';
 
 const OPT_LEVELS = ['disabled', 'basic', 'extended', 'all'];
 
 function parseArgs(argv) {
-  const a = { opt: 'all', threads: 2, batch: 256, x64quantprecision: false, spinning: true, verbose: false };
+  const a = { opt: 'all', threads: 2, batch: 256, x64quantprecision: false, spinning: true, verbose: false,
+    warmup: false };
   const valued = { '--model': 'model', '--input': 'input', '--shape': 'shape', '--output': 'output',
     '--opt': 'opt', '--threads': 'threads', '--batch': 'batch' };
   for (let i = 0; i < argv.length; i++) {
@@ -47,6 +48,8 @@ function parseArgs(argv) {
       a.x64quantprecision = true;
     } else if (arg === '--no-spinning') {
       a.spinning = false;
+    } else if (arg === '--warmup') {
+      a.warmup = true;
     } else if (arg === '--verbose') {
       a.verbose = true;
     } else if (Object.prototype.hasOwnProperty.call(valued, arg)) {
@@ -183,6 +186,14 @@ async function main() {
   let runNs = 0n;
   try {
     const buf = Buffer.alloc(batch * imageFloats * 4);
+    if (a.warmup) { // the first batch once, untimed and not written (kernels are prepared on first use)
+      const nb = Math.min(batch, N);
+      const bytes = nb * imageFloats * 4;
+      if (fs.readSync(fin, buf, 0, bytes, 0) !== bytes) throw new Error(`short read from ${a.input}`);
+      const x = new Float32Array(nb * imageFloats);
+      Buffer.from(x.buffer).set(buf.subarray(0, bytes));
+      await sess.run({ [inName]: new ort.Tensor('float32', x, [nb, C, H, W]) }, [outName]);
+    }
     for (let n0 = 0; n0 < N; n0 += batch) {
       const nb = Math.min(batch, N - n0);
       const bytes = nb * imageFloats * 4;
@@ -232,6 +243,7 @@ async function main() {
     threads: a.threads,
     spinning: a.spinning,
     batch,
+    warmup: a.warmup,
     session_ms: Number(t1 - t0) / 1e6,
     run_ms: Number(runNs) / 1e6,
   }) + '\n');

@@ -34,7 +34,7 @@ def node_path():
 
 
 def run(model, x, layout="NCHW", opt="all", x64quantprecision=False, threads=2, batch=256,
-        spinning=False, timeout=600):
+        spinning=False, timeout=600, warmup=False):
     """Runs `model` on x (N,C,H,W float32, or N,H,W,C with layout="NHWC": transposed to NCHW
     here) and returns (the first output as a float32 array of the dims the runner reports,
     the runner's JSON line as a dict). Spinning is off by default (tests share cores)."""
@@ -58,6 +58,8 @@ def run(model, x, layout="NCHW", opt="all", x64quantprecision=False, threads=2, 
             cmd.append("--x64quantprecision")
         if not spinning:
             cmd.append("--no-spinning")
+        if warmup:
+            cmd.append("--warmup")
         try:
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                timeout=timeout)
