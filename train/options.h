@@ -83,6 +83,7 @@ typedef struct {
   char dir[QT_OPT_STR];
   qt_progress progress;
   int dot;
+  int timing; /* time fp32 and int8 inference after the report (summary.inference) */
 } qt_output_options;
 
 typedef struct {

@@ -111,11 +111,13 @@ static void summary_quant(qt_strbuf *b, const run *r) {
   char *rep = qt_report_json(&q->report, "  ");
   qt_strbuf_printf(b, "%s,\n", rep);
   free(rep);
-  qt_strbuf_printf(b,
-                   "  \"inference\": {\"batch_size\": %d, \"fp32_images_per_s\": %.1f, \"int8_images_per_s\": %.1f, "
-                   "\"int8_vs_fp32\": %.3f},\n  \"report\": ",
-                   q->speed.batch, q->speed.fp32_images_per_s, q->speed.int8_images_per_s,
-                   q->speed.fp32_images_per_s > 0 ? q->speed.int8_images_per_s / q->speed.fp32_images_per_s : 0.0);
+  if (q->speed.batch > 0) /* absent with output.timing = false */
+    qt_strbuf_printf(b,
+                     "  \"inference\": {\"batch_size\": %d, \"fp32_images_per_s\": %.1f, \"int8_images_per_s\": %.1f, "
+                     "\"int8_vs_fp32\": %.3f},\n",
+                     q->speed.batch, q->speed.fp32_images_per_s, q->speed.int8_images_per_s,
+                     q->speed.fp32_images_per_s > 0 ? q->speed.int8_images_per_s / q->speed.fp32_images_per_s : 0.0);
+  qt_strbuf_printf(b, "  \"report\": ");
   qt_strbuf_json_string(b, q->report_path);
   qt_strbuf_printf(b, ",\n");
 }

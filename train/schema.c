@@ -165,6 +165,9 @@ static const option_row rows[] = {
     ROW(output, progress, QT_CFG_ENUM, "auto", 0, 0, "auto|bar|lines|none",
      "auto: a progress bar on a terminal, one line per epoch otherwise"),
     ROW(output, dot, QT_CFG_BOOL, "true", 0, 0, NULL, "write the model graph as model.dot"),
+    ROW(output, timing, QT_CFG_BOOL, "true", 0, 0, NULL,
+     "quantized runs: time fp32 and int8 inference after the report (batch 256, best of 3 rounds; "
+     "summary.inference); false skips it"),
 };
 
 enum { N_ROWS = (int)(sizeof rows / sizeof rows[0]) };

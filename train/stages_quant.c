@@ -181,6 +181,10 @@ enum { QT_INFER_BATCH = 256, QT_INFER_BATCHES = 8, QT_INFER_ROUNDS = 3, QT_PROBE
 static void print_deploy(FILE *f, const qt_device *m, const qt_quant_result *res) {
   qt_device_report(m, f);
   qt_report_print(&res->report, f);
+  if (res->speed.batch == 0) {
+    fprintf(f, "inference not timed (output.timing = false)\n");
+    return;
+  }
   fprintf(f,
           "inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s (%.2fx)\n",
           res->speed.batch, QT_INFER_ROUNDS, (long long)res->speed.images, res->speed.fp32_images_per_s,
@@ -199,9 +203,10 @@ int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test,
   qt_device *m = NULL;
   int rc = -1;
   if (qt_stage_backend_desc(&o->quant, &d, NULL, st->msg) == 0) m = qt_device_open(qdq, &d, st->msg);
+  memset(&res->speed, 0, sizeof res->speed); /* batch 0: not timed (output.timing = false) */
   if (!m || qt_report_run(fp32, qdq, m, test, &ec, QT_PROBE_IMAGES, &res->report, st->msg) ||
-      qt_inference_measure(fp32, m, test, &ec, QT_INFER_BATCH, QT_INFER_BATCHES, QT_INFER_ROUNDS, &res->speed,
-                           st->msg)) {
+      (o->output.timing && qt_inference_measure(fp32, m, test, &ec, QT_INFER_BATCH, QT_INFER_BATCHES, QT_INFER_ROUNDS,
+                                                &res->speed, st->msg))) {
     qt_status_fail(st, QT_STATUS_RUNTIME);
     goto out;
   }
