@@ -191,12 +191,6 @@ static void part_node(part *p, const char *name) { qt_strbuf_printf(&p->nodes, "
 
 /* ---- planning ---------------------------------------------------------------------------- */
 
-static int64_t value_numel(const qt_value *v) {
-  int64_t n = 1;
-  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
-  return n;
-}
-
 /* scale = 2^e exactly */
 static int exponent(float s) {
   int e;
@@ -317,7 +311,7 @@ static const char *plan_layer(planner *P, int i, char *why, size_t wn) {
     p->ph = n->attr.pad_h, p->pw = n->attr.pad_w, p->groups = n->attr.groups;
   } else { /* a 1x1 convolution of a 1x1 image */
     p->H = p->W = p->OH = p->OW = p->KH = p->KW = p->sh = p->sw = p->groups = 1;
-    p->C = (int)value_numel(xv);
+    p->C = (int)qt_value_numel(xv);
   }
   p->OC = n->attr.out_channels;
   const int Cg = p->C / p->groups, K = Cg * p->KH * p->KW;
@@ -669,7 +663,7 @@ static float *fp32_of(qt_accel *a, rt_value *rt, int v, int N) {
   rt_value *r = &rt[v];
   if (r->f) return r->f;
   QT_ASSERT(r->q && r->rec, "value %s has no representation", a->g->values[v].name);
-  const int64_t numel = value_numel(&a->g->values[v]) * N;
+  const int64_t numel = qt_value_numel(&a->g->values[v]) * N;
   r->f = qt_arena_alloc(a->ctx, (size_t)numel * sizeof(float));
   qt_dequantize(r->f, r->q, numel / r->rec->channels, r->rec->channels, 1, r->rec->scale, r->rec->zero_point);
   return r->f;
@@ -725,7 +719,7 @@ static void run_accel(qt_accel *a, rt_value *rt, int i, int N) {
     case QT_OP_LINEAR:
     case QT_OP_ADD: {
       rt_value *out = &rt[g->nodes[p->quant].output];
-      const int64_t numel = value_numel(&g->values[n->output]) * N;
+      const int64_t numel = qt_value_numel(&g->values[n->output]) * N;
       out->q = qt_arena_alloc(ctx, (size_t)numel * sizeof(int32_t));
       out->rec = g->nodes[p->quant].q;
       if (n->op == QT_OP_ADD)
@@ -735,14 +729,14 @@ static void run_accel(qt_accel *a, rt_value *rt, int i, int N) {
       return;
     }
     case QT_OP_RELU: {
-      const int64_t numel = value_numel(&g->values[n->output]) * N;
+      const int64_t numel = qt_value_numel(&g->values[n->output]) * N;
       int32_t *y = qt_arena_alloc(ctx, (size_t)numel * sizeof(int32_t));
       for (int64_t k = 0; k < numel; k++) y[k] = in->q[k] > 0 ? in->q[k] : 0; /* zero point 0 */
       rt[n->output].q = y;
       break;
     }
     case QT_OP_MAX_POOL2D: {
-      int32_t *y = qt_arena_alloc(ctx, (size_t)(value_numel(&g->values[n->output]) * N) * sizeof(int32_t));
+      int32_t *y = qt_arena_alloc(ctx, (size_t)(qt_value_numel(&g->values[n->output]) * N) * sizeof(int32_t));
       device_max_pool(y, in->q, &g->values[n->inputs[0]], &g->values[n->output], &n->attr, N);
       rt[n->output].q = y;
       break;
@@ -777,11 +771,11 @@ int qt_accel_run(qt_accel *a, float *out, const float *input, int n, char *err) 
         break;
     }
   }
-  memcpy(out, fp32_of(a, rt, g->output, n), (size_t)(value_numel(&g->values[g->output]) * n) * sizeof(float));
+  memcpy(out, fp32_of(a, rt, g->output, n), (size_t)(qt_value_numel(&g->values[g->output]) * n) * sizeof(float));
   return 0;
 }
 
-int64_t qt_accel_output_numel(const qt_accel *a) { return value_numel(&a->g->values[a->g->output]); }
+int64_t qt_accel_output_numel(const qt_accel *a) { return qt_value_numel(&a->g->values[a->g->output]); }
 
 int qt_accel_partition_count(const qt_accel *a) { return a->n_parts; }
 

@@ -108,17 +108,11 @@ void qt_device_free(qt_device *dev) {
 const qt_backend_desc *qt_device_desc(const qt_device *dev) { return &dev->desc; }
 const qt_graph *qt_device_graph(const qt_device *dev) { return dev->g; }
 
-static int64_t value_numel(const qt_value *v) {
-  int64_t n = 1;
-  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
-  return n;
-}
-
 int qt_device_run(qt_device *dev, float *out, const float *input, int n, char *err) {
   return dev->ops->run(dev->impl, out, input, n, err);
 }
 
-int64_t qt_device_output_numel(const qt_device *dev) { return value_numel(&dev->g->values[dev->g->output]); }
+int64_t qt_device_output_numel(const qt_device *dev) { return qt_value_numel(&dev->g->values[dev->g->output]); }
 
 void qt_device_input_shape(const qt_device *dev, int *h, int *w, int *c) {
   const qt_value *v = &dev->g->values[dev->g->input];
@@ -145,7 +139,7 @@ static int find_value(const qt_graph *g, const char *name) {
 
 int64_t qt_device_value_numel(const qt_device *dev, const char *name) {
   const int v = find_value(dev->g, name);
-  return v < 0 ? -1 : value_numel(&dev->g->values[v]);
+  return v < 0 ? -1 : qt_value_numel(&dev->g->values[v]);
 }
 
 int qt_device_read_value(qt_device *dev, const char *name, float *out, const float *input, int n, char *err) {
@@ -153,7 +147,7 @@ int qt_device_read_value(qt_device *dev, const char *name, float *out, const flo
   if (v < 0) return qt_err(err, "device %s: graph %s has no value or node named '%s'", dev->desc.name, dev->g->name, name);
   if (v == dev->g->output) return qt_device_run(dev, out, input, n, err);
   if (v == dev->g->input) {
-    memcpy(out, input, (size_t)(value_numel(&dev->g->values[v]) * n) * sizeof(float));
+    memcpy(out, input, (size_t)(qt_value_numel(&dev->g->values[v]) * n) * sizeof(float));
     return 0;
   }
   if (v != dev->probe_value) {

@@ -12,7 +12,6 @@
 #include "backend/runtimes.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,12 +52,6 @@ typedef struct {
 } step;
 
 typedef struct {
-  qt_partition_kind kind;
-  char nodes[256];
-  char detail[256];
-} partition;
-
-typedef struct {
   size_t bytes; /* per sample */
 } slot_info;
 
@@ -71,8 +64,7 @@ struct qt_lowered {
   int n_steps, cap_steps;
   slot_info *slots;
   int n_slots, cap_slots;
-  partition *parts;
-  int n_parts, cap_parts;
+  qt_part_list parts;
   void **kept;           /* owned allocations (qparam copies) */
   int n_kept, cap_kept;
   qt_ctx *ctx;
@@ -86,20 +78,10 @@ const char *qt_partition_kind_name(qt_partition_kind k) {
   return (unsigned)k < QT_PART_COUNT ? names[k] : "?";
 }
 
-static void *grow(void *p, int *cap, int need, size_t elsize) {
-  if (need <= *cap) return p;
-  int c = *cap ? *cap * 2 : 16;
-  while (c < need) c *= 2;
-  p = realloc(p, (size_t)c * elsize);
-  QT_ASSERT(p, "out of memory growing a lowered model table");
-  *cap = c;
-  return p;
-}
-
 static void *keep(qt_lowered *m, size_t bytes) {
   void *p = calloc(1, bytes ? bytes : 1);
   QT_ASSERT(p, "out of memory");
-  m->kept = grow(m->kept, &m->cap_kept, m->n_kept + 1, sizeof *m->kept);
+  m->kept = qt_grow(m->kept, &m->cap_kept, m->n_kept + 1, sizeof *m->kept, "a lowered model table");
   m->kept[m->n_kept++] = p;
   return p;
 }
@@ -111,35 +93,18 @@ static void *keep_copy(qt_lowered *m, const void *src, size_t bytes) {
 }
 
 static int new_slot(qt_lowered *m, size_t bytes_per_sample) {
-  m->slots = grow(m->slots, &m->cap_slots, m->n_slots + 1, sizeof *m->slots);
+  m->slots = qt_grow(m->slots, &m->cap_slots, m->n_slots + 1, sizeof *m->slots, "a lowered model table");
   m->slots[m->n_slots].bytes = bytes_per_sample;
   return m->n_slots++;
 }
 
 static step *new_step(qt_lowered *m, step_kind kind) {
-  m->steps = grow(m->steps, &m->cap_steps, m->n_steps + 1, sizeof *m->steps);
+  m->steps = qt_grow(m->steps, &m->cap_steps, m->n_steps + 1, sizeof *m->steps, "a lowered model table");
   step *s = &m->steps[m->n_steps++];
   memset(s, 0, sizeof *s);
   s->kind = kind;
   s->in[0] = s->in[1] = s->out = -1;
   return s;
-}
-
-static void add_part(qt_lowered *m, qt_partition_kind kind, const char *nodes, const char *fmt, ...) {
-  m->parts = grow(m->parts, &m->cap_parts, m->n_parts + 1, sizeof *m->parts);
-  partition *p = &m->parts[m->n_parts++];
-  p->kind = kind;
-  snprintf(p->nodes, sizeof p->nodes, "%s", nodes);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(p->detail, sizeof p->detail, fmt, ap);
-  va_end(ap);
-}
-
-static int64_t value_numel(const qt_value *v) {
-  int64_t n = 1;
-  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
-  return n;
 }
 
 /* ---- lowering ----------------------------------------------------------------------------- */
@@ -162,14 +127,14 @@ static int f32_slot(lowering *L, int v) {
   const qt_value *val = &L->g->values[v];
   step *s = new_step(L->m, ST_DEQUANTIZE);
   s->in[0] = r->slot;
-  s->in_numel = value_numel(val);
+  s->in_numel = qt_value_numel(val);
   s->out = new_slot(L->m, (size_t)s->in_numel * sizeof(float));
   s->channels = r->channels;
   s->scale = r->scale;
   s->zero_point = r->zero_point;
   s->int_u8 = r->kind == REP_U8;
   r->f32_slot = s->out;
-  add_part(L->m, QT_PART_BOUNDARY, val->name, "dequantize %s -> fp32 (for an fp32 consumer)", r->kind == REP_U8 ? "u8" : "i32");
+  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, val->name, "dequantize %s -> fp32 (for an fp32 consumer)", r->kind == REP_U8 ? "u8" : "i32");
   return s->out;
 }
 
@@ -185,7 +150,7 @@ static void lower_quantize(lowering *L, int i) {
   const int x = f32_slot(L, n->inputs[0]);
   step *s = new_step(L->m, ST_QUANTIZE);
   s->in[0] = x;
-  s->in_numel = value_numel(&L->g->values[n->output]);
+  s->in_numel = qt_value_numel(&L->g->values[n->output]);
   s->int_u8 = q->spec.qmin >= 0 && q->spec.qmax <= 255;
   s->out = new_slot(L->m, (size_t)s->in_numel * (s->int_u8 ? 1 : sizeof(int32_t)));
   s->qmin = q->spec.qmin;
@@ -198,7 +163,7 @@ static void lower_quantize(lowering *L, int i) {
   s->channels = r->channels;
   s->scale = r->scale;
   s->zero_point = r->zero_point;
-  add_part(L->m, QT_PART_BOUNDARY, n->name, "quantize fp32 -> %s [%d, %d]", s->int_u8 ? "u8" : "i32", q->spec.qmin,
+  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, n->name, "quantize fp32 -> %s [%d, %d]", s->int_u8 ? "u8" : "i32", q->spec.qmin,
            q->spec.qmax);
 }
 
@@ -263,7 +228,7 @@ static void lower_int8_layer(lowering *L, int i, int relu, int quant, const char
     p.zp_dst = p.dst_f32 ? 0 : zp_out;
   } else {
     p.H = p.W = p.OH = p.OW = 1;
-    p.C = (int)value_numel(xv);
+    p.C = (int)qt_value_numel(xv);
     p.dst_f32 = zp_out != 0; /* inner product takes no zero points in oneDNN 2.6 */
   }
   p.OC = OC;
@@ -307,8 +272,8 @@ static void lower_int8_layer(lowering *L, int i, int relu, int quant, const char
   step *s = new_step(L->m, ST_INT8);
   s->op = op;
   s->in[0] = in->slot;
-  s->in_numel = value_numel(xv);
-  const int64_t out_numel = value_numel(yv);
+  s->in_numel = qt_value_numel(xv);
+  const int64_t out_numel = qt_value_numel(yv);
   s->out = new_slot(L->m, (size_t)out_numel * (p.dst_f32 ? sizeof(float) : 1));
   int out_slot = s->out;
   if (p.dst_f32) {
@@ -332,7 +297,7 @@ static void lower_int8_layer(lowering *L, int i, int relu, int quant, const char
   char nodes[256];
   snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s", g->nodes[g->values[n->inputs[0]].producer].name, n->name,
            relu >= 0 ? " -> " : "", relu >= 0 ? g->nodes[relu].name : "", qn->name);
-  add_part(L->m, QT_PART_INT8, nodes, "%s u8 x s8 -> u8%s%s (%s)",
+  qt_part_add(&L->m->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> u8%s%s (%s)",
            !is_conv ? "inner product" : n->attr.groups == n->attr.out_channels && n->attr.groups > 1 ? "depthwise conv"
            : n->attr.groups > 1 ? "grouped conv" : "conv",
            six ? ", fused relu6" : relu >= 0 ? ", fused relu" : "", p.dst_f32 ? (is_conv ? ", f32 dst requantized (odd output zero point)" : ", f32 dst requantized (output zero point)") : p.zp_dst ? ", output zero point" : "",
@@ -361,13 +326,13 @@ static const char *lower_max_pool_u8(lowering *L, int i) {
   step *s = new_step(L->m, ST_INT8);
   s->op = op;
   s->in[0] = in->slot;
-  s->in_numel = value_numel(xv);
-  s->out = new_slot(L->m, (size_t)value_numel(yv));
+  s->in_numel = qt_value_numel(xv);
+  s->out = new_slot(L->m, (size_t)qt_value_numel(yv));
   value_rep *r = &L->rep[n->output];
   *r = *in; /* same qparams: max commutes with a monotone dequantize */
   r->slot = s->out;
   r->f32_slot = -1;
-  add_part(L->m, QT_PART_INT8, n->name, "max pool on u8 (%s)", qt_int8_op_impl(op));
+  qt_part_add(&L->m->parts, QT_PART_INT8, n->name, "max pool on u8 (%s)", qt_int8_op_impl(op));
   return NULL;
 }
 
@@ -399,7 +364,7 @@ static const char *lower_add_u8(lowering *L, int i) {
   step *s = new_step(m, ST_ADD_U8);
   s->in[0] = in[0]->slot;
   s->in[1] = in[1]->slot;
-  s->in_numel = value_numel(&g->values[n->output]);
+  s->in_numel = qt_value_numel(&g->values[n->output]);
   s->out = new_slot(m, (size_t)s->in_numel);
   for (int k = 0; k < 2; k++) {
     s->lut[k] = keep(m, 256 * sizeof(float));
@@ -424,7 +389,7 @@ static const char *lower_add_u8(lowering *L, int i) {
   snprintf(nodes, sizeof nodes, "%s + %s -> %s%s%s -> %s", g->nodes[g->values[n->inputs[0]].producer].name,
            g->nodes[g->values[n->inputs[1]].producer].name, n->name, relu >= 0 ? " -> " : "",
            relu >= 0 ? g->nodes[relu].name : "", qn->name);
-  add_part(m, QT_PART_INT8, nodes, "add u8 + u8 -> u8%s (own scales and zero points, requantized)",
+  qt_part_add(&m->parts, QT_PART_INT8, nodes, "add u8 + u8 -> u8%s (own scales and zero points, requantized)",
            s->relu6 ? ", fused relu6" : relu >= 0 ? ", fused relu" : "");
   return NULL;
 }
@@ -445,11 +410,11 @@ static void lower_fallback(lowering *L, int i, const char *reason) {
     for (int d = 0; d < 3; d++) s->in_shape[k][d] = v->shape[d];
   }
   const qt_value *yv = &g->values[n->output];
-  s->out = new_slot(m, (size_t)value_numel(yv) * sizeof(float));
+  s->out = new_slot(m, (size_t)qt_value_numel(yv) * sizeof(float));
   value_rep *r = &L->rep[n->output];
   r->kind = REP_F32;
   r->slot = r->f32_slot = s->out;
-  add_part(m, QT_PART_FALLBACK, n->name, "%s in fp32: %s", qt_op_name(n->op), reason);
+  qt_part_add(&m->parts, QT_PART_FALLBACK, n->name, "%s in fp32: %s", qt_op_name(n->op), reason);
 }
 
 qt_lowered *qt_lower(const qt_graph *g, char *err) {
@@ -501,7 +466,7 @@ qt_lowered *qt_lower(const qt_graph *g, char *err) {
     value_rep *out = &L.rep[n->output];
     switch (n->op) {
       case QT_OP_INPUT:
-        m->input_slot = new_slot(m, (size_t)value_numel(inv) * sizeof(float));
+        m->input_slot = new_slot(m, (size_t)qt_value_numel(inv) * sizeof(float));
         out->kind = REP_F32;
         out->slot = out->f32_slot = m->input_slot;
         break;
@@ -534,7 +499,7 @@ qt_lowered *qt_lower(const qt_graph *g, char *err) {
       case QT_OP_FLATTEN: {
         /* NHWC flatten is a view of the same buffer, whatever the representation. */
         *out = L.rep[n->inputs[0]];
-        add_part(m, out->kind == REP_U8 ? QT_PART_INT8 : QT_PART_FALLBACK, n->name, "flatten: a view of the %s tensor",
+        qt_part_add(&m->parts, out->kind == REP_U8 ? QT_PART_INT8 : QT_PART_FALLBACK, n->name, "flatten: a view of the %s tensor",
                  out->kind == REP_U8 ? "u8" : out->kind == REP_I32 ? "i32" : "fp32");
         break;
       }
@@ -549,7 +514,7 @@ qt_lowered *qt_lower(const qt_graph *g, char *err) {
     }
   }
   m->output_slot = f32_slot(&L, g->output);
-  m->out_numel = value_numel(&g->values[g->output]);
+  m->out_numel = qt_value_numel(&g->values[g->output]);
   free(L.rep);
   free(L.consumer);
   free(L.done);
@@ -567,7 +532,7 @@ void qt_lowered_free(qt_lowered *m) {
   free(m->kept);
   free(m->steps);
   free(m->slots);
-  free(m->parts);
+  qt_part_list_free(&m->parts);
   free(m->bufs);
   qt_ctx_free(m->ctx);
   free(m);
@@ -704,25 +669,16 @@ void qt_lowered_input_shape(const qt_lowered *m, int *h, int *w, int *c) {
   *c = m->in_c;
 }
 
-int qt_lowered_partition_count(const qt_lowered *m) { return m->n_parts; }
+int qt_lowered_partition_count(const qt_lowered *m) { return m->parts.n; }
 
 qt_partition_kind qt_lowered_partition(const qt_lowered *m, int i, const char **nodes, const char **detail) {
-  QT_ASSERT(i >= 0 && i < m->n_parts, "partition %d of %d", i, m->n_parts);
-  if (nodes) *nodes = m->parts[i].nodes;
-  if (detail) *detail = m->parts[i].detail;
-  return m->parts[i].kind;
+  return qt_part_get(&m->parts, i, nodes, detail);
 }
 
-int qt_lowered_count(const qt_lowered *m, qt_partition_kind k) {
-  int c = 0;
-  for (int i = 0; i < m->n_parts; i++) c += m->parts[i].kind == k;
-  return c;
-}
+int qt_lowered_count(const qt_lowered *m, qt_partition_kind k) { return qt_part_count(&m->parts, k); }
 
 void qt_lowered_report(const qt_lowered *m, FILE *f) {
   fprintf(f, "partitions of %s: %d int8, %d fallback, %d boundary\n", m->name, qt_lowered_count(m, QT_PART_INT8),
           qt_lowered_count(m, QT_PART_FALLBACK), qt_lowered_count(m, QT_PART_BOUNDARY));
-  for (int i = 0; i < m->n_parts; i++)
-    fprintf(f, "  %2d %-8s %-60s %s\n", i, qt_partition_kind_name(m->parts[i].kind), m->parts[i].nodes,
-            m->parts[i].detail);
+  qt_part_print(&m->parts, f);
 }

@@ -4,6 +4,28 @@
 
 #include "backend/backend.h"
 
+/* ---- partition lists (parts.c): what a runtime reports as its partitions ---------------------- */
+typedef struct {
+  qt_partition_kind kind;
+  char nodes[256];   /* the Q/DQ graph's nodes, "a -> b -> c" */
+  char detail[320];  /* the kernels, or for a fallback the reason */
+} qt_part;
+
+typedef struct {
+  qt_part *parts;
+  int n, cap;
+} qt_part_list;
+
+/* Appends a partition whose detail is formatted (truncated to the field). */
+void qt_part_add(qt_part_list *l, qt_partition_kind kind, const char *nodes, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Partition i (0 <= i < l->n): its kind, and nodes / detail when not NULL. */
+qt_partition_kind qt_part_get(const qt_part_list *l, int i, const char **nodes, const char **detail);
+int qt_part_count(const qt_part_list *l, qt_partition_kind k);
+/* One line per partition: "  <i> <kind> <nodes> <detail>". */
+void qt_part_print(const qt_part_list *l, FILE *f);
+void qt_part_list_free(qt_part_list *l);
+
 /* ---- oneDNN int8 lowering (lower.c) ---------------------------------------------------------- */
 typedef struct qt_lowered qt_lowered;
 

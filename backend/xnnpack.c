@@ -29,7 +29,6 @@
 
 #include <math.h>
 #include <omp.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,12 +110,6 @@ typedef struct {
   int64_t in_shape[2][3];
 } step;
 
-typedef struct {
-  qt_partition_kind kind;
-  char nodes[256];
-  char detail[320];
-} partition;
-
 struct qt_xnnpack {
   char name[QT_NAME_LEN];
   int64_t out_numel;
@@ -125,8 +118,7 @@ struct qt_xnnpack {
   int n_steps, cap_steps;
   size_t *slot_bytes;    /* per slot, per sample */
   int n_slots, cap_slots;
-  partition *parts;
-  int n_parts, cap_parts;
+  qt_part_list parts;
   void **kept;           /* owned allocations (qparam copies) */
   int n_kept, cap_kept;
   qt_ctx *ctx;
@@ -154,57 +146,28 @@ int qt_xnnpack_available(char *err) {
   return 0;
 }
 
-static void *grow(void *p, int *cap, int need, size_t elsize) {
-  if (need <= *cap) return p;
-  int c = *cap ? *cap * 2 : 16;
-  while (c < need) c *= 2;
-  p = realloc(p, (size_t)c * elsize);
-  QT_ASSERT(p, "out of memory growing an xnnpack model table");
-  *cap = c;
-  return p;
-}
-
 static void *keep_copy(qt_xnnpack *m, const void *src, size_t bytes) {
   void *p = malloc(bytes ? bytes : 1);
   QT_ASSERT(p, "out of memory");
   memcpy(p, src, bytes);
-  m->kept = grow(m->kept, &m->cap_kept, m->n_kept + 1, sizeof *m->kept);
+  m->kept = qt_grow(m->kept, &m->cap_kept, m->n_kept + 1, sizeof *m->kept, "an xnnpack model table");
   m->kept[m->n_kept++] = p;
   return p;
 }
 
 static int new_slot(qt_xnnpack *m, size_t bytes_per_sample) {
-  m->slot_bytes = grow(m->slot_bytes, &m->cap_slots, m->n_slots + 1, sizeof *m->slot_bytes);
+  m->slot_bytes = qt_grow(m->slot_bytes, &m->cap_slots, m->n_slots + 1, sizeof *m->slot_bytes, "an xnnpack model table");
   m->slot_bytes[m->n_slots] = bytes_per_sample;
   return m->n_slots++;
 }
 
 static step *new_step(qt_xnnpack *m, step_kind kind) {
-  m->steps = grow(m->steps, &m->cap_steps, m->n_steps + 1, sizeof *m->steps);
+  m->steps = qt_grow(m->steps, &m->cap_steps, m->n_steps + 1, sizeof *m->steps, "an xnnpack model table");
   step *s = &m->steps[m->n_steps++];
   memset(s, 0, sizeof *s);
   s->kind = kind;
   s->in[0] = s->in[1] = s->out = -1;
   return s;
-}
-
-static void add_part(qt_xnnpack *m, qt_partition_kind kind, const char *nodes, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void add_part(qt_xnnpack *m, qt_partition_kind kind, const char *nodes, const char *fmt, ...) {
-  m->parts = grow(m->parts, &m->cap_parts, m->n_parts + 1, sizeof *m->parts);
-  partition *p = &m->parts[m->n_parts++];
-  p->kind = kind;
-  snprintf(p->nodes, sizeof p->nodes, "%s", nodes);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(p->detail, sizeof p->detail, fmt, ap);
-  va_end(ap);
-}
-
-static int64_t value_numel(const qt_value *v) {
-  int64_t n = 1;
-  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
-  return n;
 }
 
 /* ---- lowering ----------------------------------------------------------------------------- */
@@ -230,14 +193,14 @@ static int f32_slot(lowering *L, int v) {
   const qt_value *val = &L->g->values[v];
   step *s = new_step(L->m, ST_DEQUANTIZE);
   s->in[0] = r->slot;
-  s->in_numel = value_numel(val);
+  s->in_numel = qt_value_numel(val);
   s->out = new_slot(L->m, (size_t)s->in_numel * sizeof(float));
   s->channels = r->channels;
   s->scale = r->scale;
   s->zero_point = r->zero_point;
   s->int8 = r->kind == REP_S8;
   r->f32_slot = s->out;
-  add_part(L->m, QT_PART_BOUNDARY, val->name, "dequantize %s -> fp32 (for an fp32 consumer)",
+  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, val->name, "dequantize %s -> fp32 (for an fp32 consumer)",
            r->kind == REP_S8 ? "int8" : "int32");
   return s->out;
 }
@@ -258,7 +221,7 @@ static void lower_quantize(lowering *L, int i) {
   const int x = f32_slot(L, n->inputs[0]);
   step *s = new_step(L->m, ST_QUANTIZE);
   s->in[0] = x;
-  s->in_numel = value_numel(&L->g->values[n->output]);
+  s->in_numel = qt_value_numel(&L->g->values[n->output]);
   s->int8 = fits_int8(q->spec.qmin, q->spec.qmax);
   s->out = new_slot(L->m, (size_t)s->in_numel * (s->int8 ? 1 : sizeof(int32_t)));
   s->qmin = q->spec.qmin;
@@ -271,7 +234,7 @@ static void lower_quantize(lowering *L, int i) {
   s->channels = r->channels;
   s->scale = r->scale;
   s->zero_point = r->zero_point;
-  add_part(L->m, QT_PART_BOUNDARY, n->name, "quantize fp32 -> %s [%d, %d]", s->int8 ? "int8" : "int32", q->spec.qmin,
+  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, n->name, "quantize fp32 -> %s [%d, %d]", s->int8 ? "int8" : "int32", q->spec.qmin,
            q->spec.qmax);
 }
 
@@ -282,7 +245,7 @@ static const char *int8_input_problem(lowering *L, int v) {
     if (r->fallback >= 0) { /* the cause is upstream: name its first partition */
       L->cause = r->fallback;
       snprintf(L->why, sizeof L->why, "input '%s' is fp32 (first cause: %s: %s)", L->g->values[v].name,
-               L->m->parts[r->fallback].nodes, L->m->parts[r->fallback].detail);
+               L->m->parts.parts[r->fallback].nodes, L->m->parts.parts[r->fallback].detail);
     } else {
       snprintf(L->why, sizeof L->why, "input '%s' is fp32 (no dequantize of integers before it)", L->g->values[v].name);
     }
@@ -404,7 +367,7 @@ static const char *lower_layer(lowering *L, int i) {
     if (!(fabs(acc_bias) < 2147483647.0)) bias_problem = "bias does not fit int32 in accumulator units";
     bias[c] = bias_problem ? 0 : (int32_t)acc_bias;
   }
-  int KH = 1, KW = 1, C = (int)value_numel(xv), groups = 1;
+  int KH = 1, KW = 1, C = (int)qt_value_numel(xv), groups = 1;
   if (is_conv) {
     KH = n->attr.kernel_h, KW = n->attr.kernel_w, C = (int)xv->shape[2];
     groups = n->attr.groups > 1 ? n->attr.groups : 1;
@@ -449,14 +412,14 @@ static const char *lower_layer(lowering *L, int i) {
   s->xk = is_conv ? XK_CONV : XK_FC;
   s->op = op;
   s->in[0] = in->slot;
-  s->in_numel = value_numel(xv);
+  s->in_numel = qt_value_numel(xv);
   if (is_conv) s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
-  s->out = new_slot(m, (size_t)value_numel(yv));
+  s->out = new_slot(m, (size_t)qt_value_numel(yv));
   unit_done(L, i, act, quant, s->out);
   char nodes[256];
   snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s", node_of(g, n->inputs[0]), n->name, act >= 0 ? " -> " : "",
            act >= 0 ? g->nodes[act].name : "", g->nodes[quant].name);
-  add_part(m, QT_PART_INT8, nodes, "%s qs8 x %s -> qs8%s, out [%d, %d]",
+  qt_part_add(&m->parts, QT_PART_INT8, nodes, "%s qs8 x %s -> qs8%s, out [%d, %d]",
            !is_conv                                                      ? "fully connected"
            : groups == OC && groups > 1 && groups == C                   ? "depthwise conv"
            : groups > 1                                                  ? "grouped conv"
@@ -491,13 +454,13 @@ static const char *lower_add(lowering *L, int i) {
   s->op = op;
   s->in[0] = a->slot;
   s->in[1] = b->slot;
-  s->in_numel = value_numel(&g->values[n->output]);
+  s->in_numel = qt_value_numel(&g->values[n->output]);
   s->out = new_slot(L->m, (size_t)s->in_numel);
   unit_done(L, i, act, quant, s->out);
   char nodes[256];
   snprintf(nodes, sizeof nodes, "%s + %s -> %s%s%s -> %s", node_of(g, n->inputs[0]), node_of(g, n->inputs[1]),
            n->name, act >= 0 ? " -> " : "", act >= 0 ? g->nodes[act].name : "", g->nodes[quant].name);
-  add_part(L->m, QT_PART_INT8, nodes, "add qs8 + qs8 -> qs8%s (own scales and zero points)", act_text(g, act));
+  qt_part_add(&L->m->parts, QT_PART_INT8, nodes, "add qs8 + qs8 -> qs8%s (own scales and zero points)", act_text(g, act));
   return NULL;
 }
 
@@ -526,14 +489,14 @@ static const char *lower_global_avg_pool(lowering *L, int i) {
   s->xk = XK_GAVG_POOL;
   s->op = op;
   s->in[0] = in->slot;
-  s->in_numel = value_numel(xv);
+  s->in_numel = qt_value_numel(xv);
   s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
   s->out = new_slot(L->m, (size_t)C);
   unit_done(L, i, act, quant, s->out);
   char nodes[256];
   snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s", node_of(g, n->inputs[0]), n->name, act >= 0 ? " -> " : "",
            act >= 0 ? g->nodes[act].name : "", g->nodes[quant].name);
-  add_part(L->m, QT_PART_INT8, nodes, "global average pooling qs8 -> qs8%s", act_text(g, act));
+  qt_part_add(&L->m->parts, QT_PART_INT8, nodes, "global average pooling qs8 -> qs8%s", act_text(g, act));
   return NULL;
 }
 
@@ -558,7 +521,7 @@ static const char *lower_same_qparams(lowering *L, int i) {
                                           0, &op);
   else {
     const int zp = in->zero_point[0] < -128 ? -128 : in->zero_point[0];
-    st = xnn_create_clamp_nc_s8((size_t)value_numel(xv), (size_t)value_numel(xv), (size_t)value_numel(xv),
+    st = xnn_create_clamp_nc_s8((size_t)qt_value_numel(xv), (size_t)qt_value_numel(xv), (size_t)qt_value_numel(xv),
                                 (int8_t)zp, 127, 0, &op);
   }
   if (st != xnn_status_success) {
@@ -570,14 +533,14 @@ static const char *lower_same_qparams(lowering *L, int i) {
   s->xk = pool ? XK_MAX_POOL : XK_CLAMP;
   s->op = op;
   s->in[0] = in->slot;
-  s->in_numel = value_numel(xv);
+  s->in_numel = qt_value_numel(xv);
   if (pool) s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
-  s->out = new_slot(L->m, (size_t)value_numel(yv));
+  s->out = new_slot(L->m, (size_t)qt_value_numel(yv));
   value_rep *r = &L->rep[n->output];
   *r = *in;
   r->slot = s->out;
   r->f32_slot = -1;
-  add_part(L->m, QT_PART_INT8, n->name, pool ? "max pooling on int8 (same qparams)" : "relu on int8: clamp at the "
+  qt_part_add(&L->m->parts, QT_PART_INT8, n->name, pool ? "max pooling on int8 (same qparams)" : "relu on int8: clamp at the "
                                                                                       "zero point (same qparams)");
   return NULL;
 }
@@ -597,12 +560,12 @@ static void lower_fallback(lowering *L, int i, const char *reason) {
     s->in_ndim[k] = v->ndim;
     for (int d = 0; d < 3; d++) s->in_shape[k][d] = v->shape[d];
   }
-  s->out = new_slot(m, (size_t)value_numel(&g->values[n->output]) * sizeof(float));
+  s->out = new_slot(m, (size_t)qt_value_numel(&g->values[n->output]) * sizeof(float));
   value_rep *r = &L->rep[n->output];
   r->kind = REP_F32;
   r->slot = r->f32_slot = s->out;
-  r->fallback = L->cause >= 0 ? L->cause : m->n_parts;
-  add_part(m, QT_PART_FALLBACK, n->name, "%s in fp32: %s", qt_op_name(n->op), reason);
+  r->fallback = L->cause >= 0 ? L->cause : m->parts.n;
+  qt_part_add(&m->parts, QT_PART_FALLBACK, n->name, "%s in fp32: %s", qt_op_name(n->op), reason);
 }
 
 qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
@@ -659,7 +622,7 @@ qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
     L.cause = -1;
     switch (n->op) {
       case QT_OP_INPUT:
-        m->input_slot = new_slot(m, (size_t)value_numel(inv) * sizeof(float));
+        m->input_slot = new_slot(m, (size_t)qt_value_numel(inv) * sizeof(float));
         out->kind = REP_F32;
         out->slot = out->f32_slot = m->input_slot;
         break;
@@ -692,7 +655,7 @@ qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
       case QT_OP_FLATTEN:
         /* NHWC flatten is a view of the same buffer, whatever the representation */
         *out = L.rep[n->inputs[0]];
-        add_part(m, out->kind == REP_S8 ? QT_PART_INT8 : QT_PART_FALLBACK, n->name, "flatten: a view of the %s tensor",
+        qt_part_add(&m->parts, out->kind == REP_S8 ? QT_PART_INT8 : QT_PART_FALLBACK, n->name, "flatten: a view of the %s tensor",
                  out->kind == REP_S8 ? "int8" : out->kind == REP_I32 ? "int32" : "fp32");
         break;
       case QT_OP_AVG_POOL2D:
@@ -705,7 +668,7 @@ qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
     if (reason) lower_fallback(&L, i, reason);
   }
   m->output_slot = f32_slot(&L, g->output);
-  m->out_numel = value_numel(&g->values[g->output]);
+  m->out_numel = qt_value_numel(&g->values[g->output]);
   free(L.rep);
   free(L.consumer);
   free(L.done);
@@ -727,7 +690,7 @@ void qt_xnnpack_free(qt_xnnpack *m) {
   free(m->kept);
   free(m->steps);
   free(m->slot_bytes);
-  free(m->parts);
+  qt_part_list_free(&m->parts);
   free(m->bufs);
   qt_ctx_free(m->ctx);
   free(m);
@@ -872,24 +835,17 @@ int qt_xnnpack_run(qt_xnnpack *m, float *out, const float *input, int n, char *e
   return 0;
 }
 
-int qt_xnnpack_partition_count(const qt_xnnpack *m) { return m->n_parts; }
+int qt_xnnpack_partition_count(const qt_xnnpack *m) { return m->parts.n; }
 
 qt_partition_kind qt_xnnpack_partition(const qt_xnnpack *m, int i, const char **nodes, const char **detail) {
-  QT_ASSERT(i >= 0 && i < m->n_parts, "partition %d of %d", i, m->n_parts);
-  if (nodes) *nodes = m->parts[i].nodes;
-  if (detail) *detail = m->parts[i].detail;
-  return m->parts[i].kind;
+  return qt_part_get(&m->parts, i, nodes, detail);
 }
 
 void qt_xnnpack_report(const qt_xnnpack *m, FILE *f) {
-  int c[QT_PART_COUNT] = {0};
-  for (int i = 0; i < m->n_parts; i++) c[m->parts[i].kind]++;
   fprintf(f, "partitions of %s on xnnpack (%d threads): %d int8, %d fallback, %d boundary\n", m->name,
-          m->pool ? (int)pthreadpool_get_threads_count(m->pool) : 1, c[QT_PART_INT8], c[QT_PART_FALLBACK],
-          c[QT_PART_BOUNDARY]);
-  for (int i = 0; i < m->n_parts; i++)
-    fprintf(f, "  %2d %-8s %-60s %s\n", i, qt_partition_kind_name(m->parts[i].kind), m->parts[i].nodes,
-            m->parts[i].detail);
+          m->pool ? (int)pthreadpool_get_threads_count(m->pool) : 1, qt_part_count(&m->parts, QT_PART_INT8),
+          qt_part_count(&m->parts, QT_PART_FALLBACK), qt_part_count(&m->parts, QT_PART_BOUNDARY));
+  qt_part_print(&m->parts, f);
 }
 
 #endif

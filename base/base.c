@@ -33,6 +33,16 @@ void qt_panic(const char *file, int line, const char *fmt, ...) {
   abort();
 }
 
+void *qt_grow(void *p, int *cap, int need, size_t elsize, const char *what) {
+  if (need <= *cap) return p;
+  int c = *cap ? *cap * 2 : 16;
+  while (c < need) c *= 2;
+  p = realloc(p, (size_t)c * elsize);
+  QT_ASSERT(p, "out of memory growing %s", what);
+  *cap = c;
+  return p;
+}
+
 int qt_err(char *err, const char *fmt, ...) {
   if (err) {
     va_list ap;

@@ -32,6 +32,11 @@ qt_panic_hook qt_panic_set_hook(qt_panic_hook hook);
  * -1, so that `return qt_err(err, "...", ...);` reports and fails in one statement. */
 int qt_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* A growing array: p (NULL or from realloc) with room for *cap elements of elsize bytes, enlarged
+ * (doubling, at least 16) to hold `need`; returns the (possibly moved) array. Out of memory is
+ * fatal, naming `what`. */
+void *qt_grow(void *p, int *cap, int need, size_t elsize, const char *what);
+
 /* What kind of failure a status is (SQLite style). */
 typedef enum {
   QT_OK = 0,

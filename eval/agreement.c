@@ -201,8 +201,7 @@ int qt_device_write_outputs(qt_device *dev, const qt_dataset *ds, const qt_loade
   for (int k = -1; k < n_values; k++) {
     const char *name = k < 0 ? "logits" : values[k];
     const qt_value *v = k < 0 ? &g->values[g->output] : named_value(g, name);
-    int64_t numel = 1;
-    for (int d = 0; d < v->ndim; d++) numel *= v->shape[d];
+    const int64_t numel = qt_value_numel(v);
     free(out);
     out = malloc((size_t)lc->batch_size * (size_t)numel * sizeof(float));
     QT_ASSERT(out, "out of memory for a batch of %s", name);

@@ -35,12 +35,6 @@ struct qt_exact {
   double **vd;
 };
 
-static int64_t value_numel(const qt_value *v) {
-  int64_t n = 1;
-  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
-  return n;
-}
-
 static void *xmalloc(size_t bytes) {
   void *p = malloc(bytes ? bytes : 1);
   QT_ASSERT(p, "exact reference: out of memory for %zu bytes", bytes);
@@ -83,7 +77,7 @@ static int plan_layer(qt_exact *x, int i, char *err) {
     p->KW = n->attr.kernel_w;
   } else {
     p->OC = n->attr.out_channels;
-    p->Cg = (int)value_numel(in);
+    p->Cg = (int)qt_value_numel(in);
     p->KH = p->KW = 1;
   }
   p->bias = calloc((size_t)p->OC, sizeof *p->bias);
@@ -201,7 +195,7 @@ qt_exact *qt_exact_open(const qt_graph *g, char *err) {
   return x;
 }
 
-int64_t qt_exact_output_numel(const qt_exact *x) { return value_numel(&x->g->values[x->g->output]); }
+int64_t qt_exact_output_numel(const qt_exact *x) { return qt_value_numel(&x->g->values[x->g->output]); }
 int qt_exact_integer_layers(const qt_exact *x) { return x->integer_layers; }
 
 /* ---- the ops, on a chunk of n images ------------------------------------------------------ */
@@ -342,7 +336,7 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
     const qt_node *nd = &g->nodes[i];
     const int v = nd->output;
     const qt_value *ov = &g->values[v];
-    const int64_t numel = value_numel(ov) * n;
+    const int64_t numel = qt_value_numel(ov) * n;
     const int a = nd->n_inputs > 0 ? nd->inputs[0] : -1;
     const double *src = a >= 0 ? x->vd[a] : NULL;
     if (nd->op == QT_OP_QUANTIZE) {
@@ -457,7 +451,7 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
   }
   if (!rc) {
     const int o = g->output;
-    const int64_t numel = value_numel(&g->values[o]) * n;
+    const int64_t numel = qt_value_numel(&g->values[o]) * n;
     if (!x->vd[o]) rc = qt_err(err, "exact reference: graph %s: the output is integers", g->name);
     else
       for (int64_t k = 0; k < numel; k++) out[k] = (float)x->vd[o][k];
@@ -473,7 +467,7 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
 
 int qt_exact_run(qt_exact *x, float *out, const float *input, int n, char *err) {
   const qt_value *in = &x->g->values[x->g->input];
-  const int64_t in_image = value_numel(in), out_image = qt_exact_output_numel(x);
+  const int64_t in_image = qt_value_numel(in), out_image = qt_exact_output_numel(x);
   for (int b = 0; b < n; b += EXACT_CHUNK) {
     const int m = n - b < EXACT_CHUNK ? n - b : EXACT_CHUNK;
     if (run_chunk(x, out + b * out_image, input + b * in_image, m, err)) return -1;

@@ -24,16 +24,10 @@ typedef struct {
   int probe;           /* else read the device with a probe (probe_points) */
 } point_plan;
 
-static int64_t value_numel(const qt_value *v) {
-  int64_t n = 1;
-  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
-  return n;
-}
-
 /* The value of that name with that many elements per sample, or -1. */
 static int find_value(const qt_graph *g, const char *name, int64_t numel) {
   for (int v = 0; v < g->n_values; v++)
-    if (strcmp(g->values[v].name, name) == 0) return value_numel(&g->values[v]) == numel ? v : -1;
+    if (strcmp(g->values[v].name, name) == 0) return qt_value_numel(&g->values[v]) == numel ? v : -1;
   return -1;
 }
 
@@ -109,7 +103,7 @@ static int plan_points(qt_graph *fp32, const qt_graph *qdq, qt_report *r, point_
     memset(pl, 0, sizeof *pl);
     pl->point = r->n_points - 1;
     pl->qdq_value = v;
-    pl->fp32_value = fp32 ? find_value(fp32, name, value_numel(&qdq->values[v])) : -1;
+    pl->fp32_value = fp32 ? find_value(fp32, name, qt_value_numel(&qdq->values[v])) : -1;
     p->is_output = pl->device_output = v == qdq->output;
     output_covered |= p->is_output;
     pl->probe = !pl->device_output;
@@ -123,7 +117,7 @@ static int plan_points(qt_graph *fp32, const qt_graph *qdq, qt_report *r, point_
     memset(pl, 0, sizeof *pl);
     pl->point = r->n_points - 1;
     pl->qdq_value = qdq->output;
-    pl->fp32_value = fp32 ? find_value(fp32, ov->name, value_numel(ov)) : -1;
+    pl->fp32_value = fp32 ? find_value(fp32, ov->name, qt_value_numel(ov)) : -1;
     pl->device_output = 1;
   }
   return 0;
@@ -146,18 +140,18 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
     return -1;
   }
   const int64_t classes = qt_device_output_numel(device);
-  if (classes != value_numel(&qdq->values[qdq->output])) {
+  if (classes != qt_value_numel(&qdq->values[qdq->output])) {
     snprintf(err, QT_ERR_LEN, "report: the lowered model has %lld outputs, the Q/DQ graph %s %lld", (long long)classes,
-             qdq->name, (long long)value_numel(&qdq->values[qdq->output]));
+             qdq->name, (long long)qt_value_numel(&qdq->values[qdq->output]));
     return -1;
   }
   if (fp32) {
     const qt_value *fin = &fp32->values[fp32->input], *fout = &fp32->values[fp32->output];
-    if (fin->shape[0] != h || fin->shape[1] != w || fin->shape[2] != c || value_numel(fout) != classes) {
+    if (fin->shape[0] != h || fin->shape[1] != w || fin->shape[2] != c || qt_value_numel(fout) != classes) {
       snprintf(err, QT_ERR_LEN, "report: the fp32 model %s (%lldx%lldx%lld -> %lld) does not match the Q/DQ graph %s "
                                 "(%dx%dx%d -> %lld)",
                fp32->name, (long long)fin->shape[0], (long long)fin->shape[1], (long long)fin->shape[2],
-               (long long)value_numel(fout), qdq->name, h, w, c, (long long)classes);
+               (long long)qt_value_numel(fout), qdq->name, h, w, c, (long long)classes);
       return -1;
     }
   }
@@ -240,7 +234,7 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
       const point_plan *pl = &plans[k];
       qt_report_point *p = &r->points[pl->point];
       const float *qd = pl->qdq_value == qdq->output ? qo : qt_f32(qv[pl->qdq_value]);
-      const int64_t pn = (int64_t)n * value_numel(&qdq->values[pl->qdq_value]);
+      const int64_t pn = (int64_t)n * qt_value_numel(&qdq->values[pl->qdq_value]);
       if (pl->fp32_value >= 0 && !overwritten(fp32, fv, pl->fp32_value))
         qt_sqnr_add(&p->fp32_vs_qdq, qt_f32(fv[pl->fp32_value]), qd, pn);
       if (pl->device_output) qt_sqnr_add(&p->qdq_vs_device, qd, out, pn);
@@ -259,7 +253,7 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
     if (!pl->probe) continue;
     qt_report_point *p = &r->points[pl->point];
     const char *value = qdq->values[pl->qdq_value].name;
-    const int64_t per_sample = value_numel(&qdq->values[pl->qdq_value]);
+    const int64_t per_sample = qt_value_numel(&qdq->values[pl->qdq_value]);
     QT_ASSERT(qt_device_value_numel(device, value) == per_sample, "probe %s: wrong value size", p->name);
     float *po = malloc((size_t)cfg.batch_size * (size_t)per_sample * sizeof(float));
     QT_ASSERT(po, "out of memory for a batch of %d", cfg.batch_size);

@@ -41,16 +41,6 @@ static int builder_error(qt_graph *g, const char *fmt, ...) {
   return -1;
 }
 
-static void *grow(void *p, int *cap, int need, size_t elsize) {
-  if (need <= *cap) return p;
-  int c = *cap ? *cap * 2 : 16;
-  while (c < need) c *= 2;
-  p = realloc(p, (size_t)c * elsize);
-  QT_ASSERT(p, "out of memory growing a graph table");
-  *cap = c;
-  return p;
-}
-
 static int check_value(qt_graph *g, const char *name, int x) {
   if (g->error[0]) return -1;
   if (g->finalized) return builder_error(g, "graph %s: node %s added after finalize", g->name, name);
@@ -59,7 +49,7 @@ static int check_value(qt_graph *g, const char *name, int x) {
 }
 
 static int new_value(qt_graph *g, const char *name, int ndim, const int64_t *shape, int producer) {
-  g->values = grow(g->values, &g->cap_values, g->n_values + 1, sizeof *g->values);
+  g->values = qt_grow(g->values, &g->cap_values, g->n_values + 1, sizeof *g->values, "a graph table");
   qt_value *v = &g->values[g->n_values];
   memset(v, 0, sizeof *v);
   snprintf(v->name, sizeof v->name, "%s", name);
@@ -79,7 +69,7 @@ static qt_node *new_node(qt_graph *g, qt_op op, const char *name, const int *inp
     builder_error(g, "graph %s: node name '%s' longer than %d characters", g->name, name, QT_NAME_LEN - 1);
     return NULL;
   }
-  g->nodes = grow(g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof *g->nodes);
+  g->nodes = qt_grow(g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof *g->nodes, "a graph table");
   qt_node *n = &g->nodes[g->n_nodes++];
   memset(n, 0, sizeof *n);
   n->op = op;
@@ -95,7 +85,7 @@ static qt_node *new_node(qt_graph *g, qt_op op, const char *name, const int *inp
 }
 
 static int new_tensor(qt_graph *g, int node, const char *suffix, int ndim, const int64_t *shape, int is_buffer) {
-  g->tensors = grow(g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof *g->tensors);
+  g->tensors = qt_grow(g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof *g->tensors, "a graph table");
   qt_param *p = &g->tensors[g->n_tensors];
   memset(p, 0, sizeof *p);
   snprintf(p->name, sizeof p->name, "%s.%s", g->nodes[node].name, suffix);
@@ -421,6 +411,12 @@ int qt_graph_sole_consumer(const qt_graph *g, int v) {
     for (int k = 0; k < g->nodes[i].n_inputs; k++)
       if (g->nodes[i].inputs[k] == v) return i;
   return -1;
+}
+
+int64_t qt_value_numel(const qt_value *v) {
+  int64_t n = 1;
+  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
+  return n;
 }
 
 int qt_graph_find_node(const qt_graph *g, const char *name) {

@@ -238,6 +238,8 @@ int64_t qt_graph_param_count(const qt_graph *g);
 int qt_graph_find_tensor(const qt_graph *g, const char *name);
 float *qt_graph_tensor_data(qt_graph *g, int tensor);
 int qt_graph_find_node(const qt_graph *g, const char *name);
+/* Elements of a value per sample (the product of its shape). */
+int64_t qt_value_numel(const qt_value *v);
 /* The only node consuming value v (v not the graph output), else -1. */
 int qt_graph_sole_consumer(const qt_graph *g, int v);
 

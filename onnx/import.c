@@ -504,12 +504,7 @@ static void add_copy(imp *im, int tensor, const Onnx__TensorProto *src, copy_kin
 
 static const qt_value *val(imp *im, const sym *s) { return &im->g->values[s->value]; }
 static int is_image(imp *im, const sym *s) { return val(im, s)->ndim == 3; }
-static int64_t features(imp *im, const sym *s) {
-  const qt_value *v = val(im, s);
-  int64_t n = 1;
-  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
-  return n;
-}
+static int64_t features(imp *im, const sym *s) { return qt_value_numel(val(im, s)); }
 static int node_of(imp *im, int value) { return im->g->values[value].producer; }
 
 static const char *dyn_note(imp *im) {
