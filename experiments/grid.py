@@ -6,7 +6,8 @@
     /usr/bin/python3 experiments/grid.py --report-only   # redraw tables and plots from the runs
     /usr/bin/python3 experiments/grid.py --models fashion_cnn --seeds 0 --resume  # a slice -> runs/grid_slice/
 
-The grid is experiments/grid/grid.ini. A method is a named recipe ([ptq], [ptq_mse], [qat],
+The grid is experiments/grid/grid.ini (experiments/grid/onnx.ini: the ONNX models, same
+recipes, results in experiments/results/onnx/; --config). A method is a named recipe ([ptq], [ptq_mse], [qat],
 ...: mode ptq|qat, a label, qat_train overrides). The main table is models x methods x bit
 widths ([grid]); a study ([study:NAME]) is a further table over its own models, bit widths and
 methods (the QAT knobs); [ptq_debug] runs qat_train's PTQ debugging ([analysis] keys) per model.
@@ -67,7 +68,8 @@ def parse_bits(tag):
 METHOD_KEYS = {"mode", "label", "about", "overrides"}
 STUDY_KEYS = {"title", "about", "models", "bits", "methods"}
 DEBUG_KEYS = {"models", "bits", "seed", "overrides"}
-GRID_KEYS = {"models", "methods", "bits", "seeds", "threads", "fp32_config", "overrides", "env"}
+GRID_KEYS = {"models", "methods", "bits", "seeds", "threads", "fp32_config", "overrides", "env",
+             "base"}
 DEBUG = "ptq_debug"  # the method name of PTQ-debugging runs
 
 
@@ -81,6 +83,28 @@ def load_grid(path, quick):
 
     def fail(msg):
         sys.exit("grid: %s: %s" % (path, msg))
+
+    # [grid] base = OTHER.ini (relative to this file): a grid of other models with the same
+    # recipes. The base's [grid] and [quick] keys and its method sections ([fp32], [<method>],
+    # [<method>:<model>]) apply wherever this file does not set them; its studies and its
+    # [ptq_debug] belong to its own models and are not taken.
+    base = cp["grid"].get("base", "").strip()
+    if base:
+        bpath = os.path.join(os.path.dirname(path), base)
+        bcp = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=None)
+        bcp.optionxform = str
+        if not bcp.read(bpath):
+            fail("[grid] base: cannot read %s" % bpath)
+        if bcp.has_section("grid") and bcp["grid"].get("base", "").strip():
+            fail("[grid] base: %s has a base of its own (one level only)" % bpath)
+        for sec in bcp.sections():
+            if sec.startswith("study:") or sec == DEBUG:
+                continue
+            if not cp.has_section(sec):
+                cp.add_section(sec)
+            for k, v in bcp[sec].items():
+                if not cp.has_option(sec, k):
+                    cp[sec][k] = v
 
     def check_keys(sec, known):
         for k in cp[sec]:
@@ -1097,9 +1121,12 @@ def main():
     ap.add_argument("--build", default=os.path.join(REPO, "build"),
                     help="build directory holding bin/qat_train (default: build/)")
     ap.add_argument("--out", help="results folder (default: experiments/results/; with --quick "
-                    "runs/grid_quick/results/; with --models/--seeds runs/grid_slice/results/)")
+                    "runs/grid_quick/results/; with --models/--seeds runs/grid_slice/results/; "
+                    "for a config NAME.ini other than grid.ini: experiments/results/NAME/, "
+                    "runs/grid_NAME_quick/results/, runs/grid_NAME_slice/results/)")
     ap.add_argument("--runs", help="run directories (default: runs/grid/, with --quick "
-                    "runs/grid_quick/runs/, OUT/runs/ when --out is given)")
+                    "runs/grid_quick/runs/, OUT/runs/ when --out is given; runs/grid_NAME/... "
+                    "for NAME.ini)")
     ap.add_argument("--resume", action="store_true",
                     help="keep runs that finished before with the same command")
     ap.add_argument("--report-only", action="store_true",
@@ -1113,18 +1140,22 @@ def main():
 
     grid = load_grid(os.path.abspath(a.config), a.quick)
     restrict(grid, a.models, a.seeds)
+    # grid.ini writes experiments/results/ and runs/grid*/; another grid NAME.ini writes
+    # experiments/results/NAME/ and runs/grid_NAME*/
+    stem = os.path.splitext(os.path.basename(a.config))[0]
+    tag = "" if stem == "grid" else "_" + stem
     if a.out:
         out = os.path.abspath(a.out)
         runs = os.path.abspath(a.runs) if a.runs else os.path.join(out, "runs")
     elif a.quick:  # not committed: experiments/results/ holds the full grid's results
-        out = os.path.join(REPO, "runs", "grid_quick", "results")
-        runs = os.path.abspath(a.runs) if a.runs else os.path.join(REPO, "runs", "grid_quick", "runs")
+        out = os.path.join(REPO, "runs", "grid%s_quick" % tag, "results")
+        runs = os.path.abspath(a.runs) if a.runs else os.path.join(REPO, "runs", "grid%s_quick" % tag, "runs")
     elif a.models or a.seeds:  # a slice never overwrites the committed full results
-        out = os.path.join(REPO, "runs", "grid_slice", "results")
-        runs = os.path.abspath(a.runs) if a.runs else os.path.join(REPO, "runs", "grid")
+        out = os.path.join(REPO, "runs", "grid%s_slice" % tag, "results")
+        runs = os.path.abspath(a.runs) if a.runs else os.path.join(REPO, "runs", "grid" + tag)
     else:
-        out = os.path.join(REPO, "experiments", "results")
-        runs = os.path.abspath(a.runs) if a.runs else os.path.join(REPO, "runs", "grid")
+        out = os.path.join(REPO, "experiments", "results", *([stem] if tag else []))
+        runs = os.path.abspath(a.runs) if a.runs else os.path.join(REPO, "runs", "grid" + tag)
     qat_train = os.path.join(os.path.abspath(a.build), "bin", "qat_train")
     p = plan(grid, qat_train, runs)
     if a.dry_run:

@@ -38,5 +38,22 @@ n=$(wc -l < "$T/slice")
 /usr/bin/python3 "$GRID" --dry-run --models fashion_rnn > "$T/out" 2>&1 && { echo "unknown --models accepted"; fail=1; }
 grep -qF "fashion_rnn" "$T/out" || { echo "unknown --models: message lacks the name"; cat "$T/out"; fail=1; }
 
+# base = grid.ini (experiments/grid/onnx*.ini): the base's recipes and [grid] keys apply where the
+# file sets none, its studies and PTQ debugging do not; a missing base or a base with a base of
+# its own is refused
+/usr/bin/python3 "$GRID" --config "$SRC/experiments/grid/onnx_twins.ini" --dry-run > "$T/twins" 2>&1 ||
+  { echo "onnx_twins.ini refused:"; cat "$T/twins"; fail=1; }
+grep -q "^# 30 runs, 30 table rows" "$T/twins" || { echo "onnx_twins.ini: not 30 runs (3 models x 10, one seed)"; tail -1 "$T/twins"; fail=1; }
+grep -q "quant.learnable_scale=true" "$T/twins" || { echo "onnx_twins.ini: the base's [qat] recipe not taken"; fail=1; }
+grep -q "threads=2 " "$T/twins" || { echo "onnx_twins.ini: the base's threads not taken"; fail=1; }
+grep -q "qat_ste\|ptq_debug" "$T/twins" && { echo "onnx_twins.ini: the base's study or PTQ debugging planned"; fail=1; }
+sed -e 's/^base = grid.ini/base = no_such.ini/' "$SRC/experiments/grid/onnx.ini" > "$T/nobase.ini"
+/usr/bin/python3 "$GRID" --config "$T/nobase.ini" --dry-run > "$T/out" 2>&1 && { echo "missing base accepted"; fail=1; }
+grep -qF "no_such.ini" "$T/out" || { echo "missing base: message lacks the file"; cat "$T/out"; fail=1; }
+cp "$SRC/experiments/grid/onnx.ini" "$T/onnx.ini"
+sed -e 's/^base = grid.ini/base = onnx.ini/' "$SRC/experiments/grid/onnx_twins.ini" > "$T/chain.ini"
+/usr/bin/python3 "$GRID" --config "$T/chain.ini" --dry-run > "$T/out" 2>&1 && { echo "base of a base accepted"; fail=1; }
+grep -qF "one level only" "$T/out" || { echo "base of a base: message:"; cat "$T/out"; fail=1; }
+
 [ $fail -eq 0 ] || exit 1
 echo "grid config checks: ok"
