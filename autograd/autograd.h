@@ -103,5 +103,13 @@ qt_tensor *qt_channel_add(qt_ctx *ctx, qt_tensor *x, qt_tensor *b);
 qt_tensor *qt_bn_scale_factor(qt_ctx *ctx, qt_tensor *gamma, const float *running_var, float eps);
 /* The same numbers without autograd: convert folds with exactly what training computed. */
 void qt_bn_scale_factor_values(float *sf, const float *gamma, const float *running_var, float eps, int C);
+/* The BN fold (DESIGN 3.4) with exactly the float operations QAT training uses:
+ * sf = gamma / sqrt(var + eps) (qt_bn_scale_factor_values), Wf = W * sf per output channel,
+ * bf = beta + (b - mean) * sf. W and Wf are (OC, inner); b may be NULL (no conv bias); bf may
+ * be NULL (weights only, as the check needs); Wf and W may be NULL (the bias only). PTQ
+ * prepare, convert, the check and conv_bn's eval forward with an int32 bias (nn/graph.c) all
+ * fold with this one function, so their numbers cannot drift apart. */
+void qt_bn_fold(float *Wf, float *bf, const float *W, const float *b, const float *gamma, const float *beta,
+                const float *mean, const float *var, float eps, int OC, int64_t inner);
 
 #endif

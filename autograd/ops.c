@@ -590,6 +590,19 @@ void qt_bn_scale_factor_values(float *sf, const float *gamma, const float *runni
   for (int c = 0; c < C; c++) sf[c] = gamma[c] / sqrtf(running_var[c] + eps);
 }
 
+void qt_bn_fold(float *Wf, float *bf, const float *W, const float *b, const float *gamma, const float *beta,
+                const float *mean, const float *var, float eps, int OC, int64_t inner) {
+  float *sf = malloc((size_t)OC * sizeof(float));
+  QT_ASSERT(sf, "out of memory");
+  qt_bn_scale_factor_values(sf, gamma, var, eps, OC);
+  for (int o = 0; o < OC; o++) {
+    if (Wf)
+      for (int64_t k = 0; k < inner; k++) Wf[o * inner + k] = W[o * inner + k] * sf[o];
+    if (bf) bf[o] = beta[o] + ((b ? b[o] : 0.0f) - mean[o]) * sf[o];
+  }
+  free(sf);
+}
+
 typedef struct {
   qt_tensor *gamma, *sf;
   const float *running_var;

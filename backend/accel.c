@@ -36,7 +36,11 @@ static const qt_cfg_key accel_schema[] = {
     {"accelerator", "power_of_two_scales", QT_CFG_BOOL, "true", 0, 0, NULL, "scales must be powers of two"},
     {"accelerator", "max_channels", QT_CFG_INT, "0", 0, 1e6, NULL,
      "most output channels (conv2d) / features (linear) a layer may have; 0 = any"},
+    {"accelerator", "int32_bias", QT_CFG_BOOL, "false", 0, 0, NULL,
+     "optional: true when the accelerator adds biases only as int32 in accumulator units (the Quantizer then "
+     "quantizes every bias at s_x * s_w); false: the device rounds a float bias itself"},
 };
+#define N_REQUIRED_ACCEL_KEYS 8 /* the keys before int32_bias, which came later and is optional */
 #define N_ACCEL_KEYS ((int)(sizeof accel_schema / sizeof accel_schema[0]))
 
 static void trim(char *s) {
@@ -74,7 +78,7 @@ static int desc_from_config(qt_backend_desc *d, const qt_config *c, const char *
   memset(d, 0, sizeof *d);
   /* A hardware description states everything: a forgotten key would silently change the
    * Quantizer, so every key must be set by the file. */
-  for (int k = 0; k < N_ACCEL_KEYS; k++)
+  for (int k = 0; k < N_REQUIRED_ACCEL_KEYS; k++)
     if (strcmp(qt_config_origin(c, "accelerator", accel_schema[k].key), "default") == 0) {
       snprintf(err, QT_ERR_LEN, "config: %s: [accelerator] %s: missing; an accelerator description sets every key "
                "(name, ops, weight_bits, activation_bits, per_tensor_only, symmetric, power_of_two_scales, "
@@ -121,6 +125,7 @@ static int desc_from_config(qt_backend_desc *d, const qt_config *c, const char *
   d->pow2_scales = qt_config_bool(c, "accelerator", "power_of_two_scales");
   d->max_channels = qt_config_int(c, "accelerator", "max_channels");
   d->pair_sum_int16 = 0; /* int32 accumulation throughout */
+  d->bias_int32_only = qt_config_bool(c, "accelerator", "int32_bias");
   snprintf(d->isa, sizeof d->isa, "accelerator");
   return 0;
 }
@@ -331,7 +336,8 @@ static const char *plan_layer(planner *P, int i, char *why, size_t wn) {
   const float *b = n->param[QT_P_BIAS] >= 0 ? g->params + g->tensors[n->param[QT_P_BIAS]].offset : NULL;
   const int64_t a_max = in->spec.qmax > -in->spec.qmin ? in->spec.qmax : -in->spec.qmin;
   for (int o = 0; o < p->OC; o++) {
-    const double bias = b ? nearbyint(ldexp((double)b[o], -(e_in + e_w))) : 0.0; /* exact scaling, one rounding */
+    /* an int32 bias (2^(e_in + e_w) is its scale) as it is; a float one: exact scaling, one rounding */
+    const double bias = wq->qbias ? (double)wq->qbias[o] : b ? nearbyint(ldexp((double)b[o], -(e_in + e_w))) : 0.0;
     if (fabs(bias) + (double)K * (double)a_max * (double)w_max > 2147483647.0) {
       snprintf(why, wn, "the int32 accumulator could overflow (channel %d: bias %.0f accumulator units, %d products "
                "up to %lld)", o, bias, K, (long long)(a_max * w_max));

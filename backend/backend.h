@@ -149,6 +149,7 @@ typedef enum {
   QT_VIOLATION_CHANNELS,       /* more output channels than the backend has */
   QT_VIOLATION_SATURATION,     /* u8 x s8 pair sums can leave int16 (non-VNNI x86) */
   QT_VIOLATION_INPUT,          /* quantized weights on an unquantized input (weight-only) */
+  QT_VIOLATION_BIAS,           /* a float bias where the backend takes int32 biases only */
   QT_VIOLATION_COUNT
 } qt_violation_kind;
 const char *qt_violation_kind_name(qt_violation_kind k);

@@ -16,7 +16,7 @@
 
 const char *qt_violation_kind_name(qt_violation_kind k) {
   static const char *const names[] = {"op",          "bits",       "sign",  "symmetric", "granularity",
-                                      "power-of-two", "channels", "saturation", "input"};
+                                      "power-of-two", "channels", "saturation", "input", "bias"};
   _Static_assert(sizeof names / sizeof names[0] == QT_VIOLATION_COUNT, "violation kind names out of sync");
   return (unsigned)k < QT_VIOLATION_COUNT ? names[k] : "?";
 }
@@ -86,6 +86,7 @@ void qt_backend_desc_xnnpack(qt_backend_desc *d) {
   d->weight_symmetric = 1;                     /* no weight zero point in the API */
   d->activation_per_tensor_only = 1;           /* one input / output scale per operator */
   d->weight_per_tensor_ops[QT_OP_LINEAR] = 1;  /* xnn_create_fully_connected_nc_qs8: one kernel_scale */
+  d->bias_int32_only = 1;                      /* const int32_t* bias in accumulator units */
   d->fallback_quantized[QT_OP_AVG_POOL2D] = 1; /* only qu8 average pooling: dq -> fp32 -> q */
   snprintf(d->isa, sizeof d->isa, "xnnpack operators");
 }
@@ -131,6 +132,7 @@ void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
   else
     fprintf(f, "any");
   fprintf(f, "; u8 x s8 pair sums: %s\n", d->pair_sum_int16 ? "saturating int16 (no VNNI)" : "exact");
+  fprintf(f, "  bias: %s\n", d->bias_int32_only ? "int32 only (input scale x weight scale)" : "float or int32");
 }
 
 /* ---- records ----------------------------------------------------------------------------- */
@@ -341,6 +343,11 @@ int qt_backend_check(const qt_graph *g, const qt_backend_desc *d, qt_backend_che
       continue;
     }
     if (d->pair_sum_int16) check_saturation(r, g, i, g->nodes[src].q);
+    if (d->bias_int32_only && n->param[QT_P_BIAS] >= 0 && !n->wq->qbias)
+      add_violation(r, g, i, QT_VIOLATION_BIAS,
+                    "float bias; %s adds the bias as int32 in accumulator units (s_x * s_w), so the device rounds it "
+                    "and computes other numbers than this graph (quantize for it: its Quantizer, or quant.bias = int32)",
+                    d->name);
   }
   return 0;
 }

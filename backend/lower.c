@@ -248,7 +248,9 @@ static void lower_int8_layer(lowering *L, int i, int relu, int quant, const char
   const float *b = param_data(g, n->param[QT_P_BIAS]);
   for (int c = 0; c < OC; c++) {
     const double s_w = wq->scale[wq->channels == 1 ? 0 : c];
-    double acc_bias = b ? (double)b[c] / ((double)s_x * s_w) : 0.0;
+    /* the bias in accumulator units: an int32 bias is that already (exact in the f32 bias while
+     * |qb - zp_x * sum| < 2^24); a float one is divided by s_x * s_w */
+    double acc_bias = wq->qbias ? (double)wq->qbias[c] : b ? (double)b[c] / ((double)s_x * s_w) : 0.0;
     if (!is_conv && zp_x) { /* inner product takes no zero point: fold -zp_x * sum_k W[c, k] */
       int64_t sum = 0;
       for (int64_t k = 0; k < inner; k++) sum += wq->qweight[c * inner + k];

@@ -20,11 +20,13 @@
  * own fp32 node forward: a fallback partition with its reason. A quantize of fp32 data and a
  * dequantize for an fp32 consumer are boundaries, computed with the reference formulas.
  *
- * Numerics: XNNPACK requantizes acc + round(bias / (s_x * s_w)) by one float32 multiplier
- * (s_x * s_w / s_out), rounds to nearest even and adds the zero point (the "fp32" scheme of the
- * 2022 x86 kernels); the exact reference (eval/exact.h) computes acc * s_x * s_w + bias in
- * float64. The two differ by at most the bias rounding plus float32 rounding: within one
- * output LSB, and exactly equal away from rounding ties. */
+ * Numerics: XNNPACK requantizes acc + bias (int32, accumulator units) by one float32
+ * multiplier (s_x * s_w / s_out), rounds to nearest even and adds the zero point (the "fp32"
+ * scheme of the 2022 x86 kernels); the exact reference (eval/exact.h) computes
+ * (acc + bias) * s_x * s_w in float64. With the graph's own int32 bias (XNNPACK's Quantizer
+ * always asks for one: bias_int32_only) the two differ only by the float32 multiplier's
+ * rounding, at near-ties. A float bias (a graph quantized for another backend) is rounded to
+ * accumulator units here, which the Q/DQ graph does not do: up to that rounding more. */
 #include "backend/runtimes.h"
 
 #include <math.h>
@@ -363,7 +365,9 @@ static const char *lower_layer(lowering *L, int i) {
   const char *bias_problem = NULL;
   for (int c = 0; c < OC; c++) {
     wscale[c] = wq->scale[wq->channels == 1 ? 0 : c];
-    const double acc_bias = b ? nearbyint((double)b[c] / (s_x * (double)wscale[c])) : 0.0;
+    /* the graph's int32 bias as it is; a float bias rounded to accumulator units here (the
+     * Q/DQ graph then computes with a bias XNNPACK does not have: quant.bias = int32 avoids it) */
+    const double acc_bias = wq->qbias ? (double)wq->qbias[c] : b ? nearbyint((double)b[c] / (s_x * (double)wscale[c])) : 0.0;
     if (!(fabs(acc_bias) < 2147483647.0)) bias_problem = "bias does not fit int32 in accumulator units";
     bias[c] = bias_problem ? 0 : (int32_t)acc_bias;
   }

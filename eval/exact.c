@@ -20,7 +20,10 @@ typedef struct {
   int16_t *wi;             /* integer path: q_w - zp_w, conv (OC, KH, KW, C/groups), linear (OUT, IN) */
   double *wscale;          /* integer path: s_x * s_w[oc], per output channel */
   double *wd;              /* float path: the weight the graph computes with, same layout, float64 */
-  double *bias;            /* per output channel (zeros without a bias) */
+  double *bias;            /* per output channel (zeros without a bias); with an int32 bias its
+                            * real value qb * s_x * s_w[oc] */
+  int64_t *ibias;          /* integer path with an int32 bias: qb per output channel (added to
+                            * the integer sum: the bias in accumulator units), else NULL */
   int OC, Cg, KH, KW;      /* linear: OC = OUT, Cg = IN, KH = KW = 1 */
 } layer_plan;
 
@@ -87,6 +90,14 @@ static int plan_layer(qt_exact *x, int i, char *err) {
     for (int o = 0; o < p->OC; o++) p->bias[o] = (double)b[o];
   }
   const qt_qstate *wq = n->wq && n->wq->qweight ? n->wq : NULL;
+  if (wq && wq->qbias) { /* an int32 bias: qb * s_x * s_w[oc], exact in float64 (24 x 24 bits, |qb| < 2^31) */
+    const int src = qt_graph_quant_source(g, n->inputs[0]);
+    if (src < 0 || wq->n_qbias != p->OC)
+      return qt_err(err, "exact reference: layer %s: an int32 bias without a per-tensor quantized input", n->name);
+    const double s_x = (double)g->nodes[src].q->scale[0];
+    for (int o = 0; o < p->OC; o++)
+      p->bias[o] = (double)wq->qbias[o] * (s_x * (double)wq->scale[wq->channels == 1 ? 0 : o]);
+  }
   if (!wq || x->iq[n->inputs[0]] < 0) {
     p->wd = weight_double(g, n, p->OC, p->Cg, p->KH, p->KW);
     return 0;
@@ -107,6 +118,10 @@ static int plan_layer(qt_exact *x, int i, char *err) {
                   dq->name, (int)p->in_zp, qs->qmin, qs->qmax);
   p->wi = xmalloc((size_t)numel * sizeof *p->wi);
   p->wscale = xmalloc((size_t)p->OC * sizeof *p->wscale);
+  if (wq->qbias) {
+    p->ibias = xmalloc((size_t)p->OC * sizeof *p->ibias);
+    for (int o = 0; o < p->OC; o++) p->ibias[o] = wq->qbias[o];
+  }
   for (int o = 0; o < p->OC; o++) {
     const int ch = wq->channels == 1 ? 0 : o;
     p->wscale[o] = p->in_scale * (double)wq->scale[ch]; /* 24 x 24 bits: exact in float64 */
@@ -132,6 +147,7 @@ void qt_exact_free(qt_exact *x) {
     free(x->layers[i].wscale);
     free(x->layers[i].wd);
     free(x->layers[i].bias);
+    free(x->layers[i].ibias);
   }
   for (int v = 0; x->vi && v < x->g->n_values; v++) {
     free(x->vi[v]);
@@ -262,8 +278,9 @@ static void run_layer(const qt_exact *x, const qt_node *nd, const layer_plan *p,
             }
             double *o = out + b * out_image + ((int64_t)oh * OW + ow) * OC;
             for (int oc = grp * OCg; oc < (grp + 1) * OCg; oc++)
-              o[oc] = pi ? (double)dot_i16(pi, p->wi + (int64_t)oc * K, K) * p->wscale[oc] + p->bias[oc]
-                         : dot_f64(pd, p->wd + (int64_t)oc * K, K) + p->bias[oc];
+              o[oc] = !pi       ? dot_f64(pd, p->wd + (int64_t)oc * K, K) + p->bias[oc]
+                      : p->ibias ? (double)(dot_i16(pi, p->wi + (int64_t)oc * K, K) + p->ibias[oc]) * p->wscale[oc]
+                                 : (double)dot_i16(pi, p->wi + (int64_t)oc * K, K) * p->wscale[oc] + p->bias[oc];
           }
     free(pi);
     free(pd);

@@ -413,6 +413,33 @@ int qt_graph_sole_consumer(const qt_graph *g, int v) {
   return -1;
 }
 
+int qt_graph_quant_source(const qt_graph *g, int v) {
+  for (int hops = 0; v >= 0 && v != g->input && hops <= g->n_nodes; hops++) {
+    const qt_node *n = &g->nodes[g->values[v].producer];
+    if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_DEQUANTIZE) return n->q && n->q->channels == 1 ? g->values[v].producer : -1;
+    if (n->op != QT_OP_MAX_POOL2D && n->op != QT_OP_FLATTEN && n->op != QT_OP_RELU) return -1;
+    v = n->inputs[0];
+  }
+  return -1;
+}
+
+int qt_bias_scales(const qt_graph *g, int node, float *scale, char *err) {
+  const qt_node *n = &g->nodes[node];
+  const qt_qstate *wq = n->wq;
+  QT_ASSERT(wq && qt_op_has_weight(n->op), "bias scales of %s: no weight quantization", n->name);
+  const int src = qt_graph_quant_source(g, n->inputs[0]);
+  if (src < 0)
+    return qt_err(err, "%s: the int32 bias needs an input quantized per tensor (through max_pool2d, flatten, relu at "
+                  "most), and %s is not", n->name, g->values[n->inputs[0]].name);
+  const qt_qstate *xq = g->nodes[src].q;
+  if (!xq->calibrated || !wq->calibrated)
+    return qt_err(err, "%s: the int32 bias's scale needs the qparams of %s and of the weight (calibrate or train "
+                  "first)", n->name, g->nodes[src].name);
+  const int OC = n->attr.out_channels;
+  for (int c = 0; c < OC; c++) scale[c] = xq->scale[0] * wq->scale[wq->channels == 1 ? 0 : c];
+  return 0;
+}
+
 int64_t qt_value_numel(const qt_value *v) {
   int64_t n = 1;
   for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
@@ -527,6 +554,57 @@ static qt_tensor *effective_weight(qt_graph *g, qt_ctx *ctx, qt_node *n, qt_tens
   return qt_fake_quant(ctx, w, 1, q->channels, inner, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
 }
 
+/* The bias a conv/linear computes with: the parameter itself (fp32, or a float bias), or, with
+ * an int32 bias (weight spec bias_int32), the dequantized integers of a convert graph or the
+ * fake-quantized bias of a prepared graph (scale s_x * s_w[c], zero point 0; the straight-through
+ * estimator passes its gradient, which the int32 range never clips in practice). */
+static qt_tensor *effective_bias(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *b, char *err) {
+  qt_node *n = &g->nodes[node];
+  qt_qstate *q = n->wq;
+  if (!b || !q || !q->spec.bias_int32 || (!q->qbias && !q->fake_quant)) return b;
+  const int OC = n->attr.out_channels;
+  float *scale = qt_arena_calloc(ctx, (size_t)OC * sizeof(float));
+  if (qt_bias_scales(g, node, scale, err)) return NULL;
+  if (q->qbias) {
+    QT_ASSERT(q->n_qbias == OC, "%s: %lld integer biases for %d channels", n->name, (long long)q->n_qbias, OC);
+    qt_tensor *t = qt_tensor_new(ctx, QT_F32, b->ndim, b->shape);
+    int32_t *zero = qt_arena_calloc(ctx, (size_t)OC * sizeof(int32_t));
+    qt_dequantize(qt_f32(t), q->qbias, 1, OC, 1, scale, zero);
+    return t;
+  }
+  int32_t *zero = qt_arena_calloc(ctx, (size_t)OC * sizeof(int32_t));
+  return qt_fake_quant(ctx, b, 1, OC, 1, scale, zero, QT_BIAS_QMIN, QT_BIAS_QMAX);
+}
+
+/* conv_bn in eval mode with an int32 bias: what its folded bias loses to the int32 grid,
+ * fq(bf) - bf per channel (bf = beta + (b - running_mean) * sf, qt_bn_fold), so that the eval
+ * forward computes what convert's conv2d with the integer bias computes (training mode keeps
+ * the float BN, as delayed folding does). NULL with nothing to add. */
+static qt_tensor *conv_bn_bias_rounding(qt_graph *g, qt_ctx *ctx, int node, char *err, int *failed) {
+  qt_node *n = &g->nodes[node];
+  *failed = 0;
+  if (n->training || !n->wq || !n->wq->spec.bias_int32 || !n->wq->fake_quant) return NULL;
+  const int OC = n->attr.out_channels;
+  float *scale = qt_arena_calloc(ctx, (size_t)OC * sizeof(float));
+  if (qt_bias_scales(g, node, scale, err)) {
+    *failed = 1;
+    return NULL;
+  }
+  const int64_t shape[1] = {OC};
+  qt_tensor *bf = qt_tensor_new(ctx, QT_F32, 1, shape);
+  qt_bn_fold(NULL, qt_f32(bf), NULL, n->param[QT_P_BIAS] >= 0 ? qt_graph_tensor_data(g, n->param[QT_P_BIAS]) : NULL,
+             qt_graph_tensor_data(g, n->param[QT_P_BN_GAMMA]), qt_graph_tensor_data(g, n->param[QT_P_BN_BETA]),
+             qt_graph_tensor_data(g, n->buffer[QT_B_RUNNING_MEAN]), qt_graph_tensor_data(g, n->buffer[QT_B_RUNNING_VAR]),
+             n->attr.eps, OC, 0);
+  int32_t *zero = qt_arena_calloc(ctx, (size_t)OC * sizeof(int32_t));
+  int32_t *qb = qt_arena_calloc(ctx, (size_t)OC * sizeof(int32_t));
+  qt_quantize(qb, qt_f32(bf), 1, OC, 1, scale, zero, QT_BIAS_QMIN, QT_BIAS_QMAX);
+  qt_tensor *d = qt_tensor_new(ctx, QT_F32, 1, shape);
+  qt_dequantize(qt_f32(d), qb, 1, OC, 1, scale, zero);
+  for (int c = 0; c < OC; c++) qt_f32(d)[c] -= qt_f32(bf)[c];
+  return d;
+}
+
 qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_tensor *x, qt_tensor *x2, int inplace) {
   switch (op) {
     case QT_OP_RELU:
@@ -552,15 +630,20 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
   QT_ASSERT(node >= 0 && node < g->n_nodes && g->finalized, "node %d of graph %s", node, g->name);
   qt_node *n = &g->nodes[node];
   const qt_node_attrs *a = &n->attr;
-  qt_tensor *x = n->n_inputs > 0 ? inputs[0] : NULL, *w = NULL;
+  qt_tensor *x = n->n_inputs > 0 ? inputs[0] : NULL, *w = NULL, *b = NULL;
   switch (n->op) {
     case QT_OP_CONV2D:
       if (!(w = effective_weight(g, ctx, n, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), err))) return NULL;
-      return qt_conv2d(ctx, x, w, param_tensor(g, ctx, n->param[QT_P_BIAS]), a->stride_h, a->stride_w, a->pad_h,
-                       a->pad_w, a->groups);
+      if (!(b = effective_bias(g, ctx, node, param_tensor(g, ctx, n->param[QT_P_BIAS]), err)) &&
+          n->param[QT_P_BIAS] >= 0)
+        return NULL;
+      return qt_conv2d(ctx, x, w, b, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
     case QT_OP_LINEAR:
       if (!(w = effective_weight(g, ctx, n, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), err))) return NULL;
-      return qt_linear(ctx, x, w, param_tensor(g, ctx, n->param[QT_P_BIAS]));
+      if (!(b = effective_bias(g, ctx, node, param_tensor(g, ctx, n->param[QT_P_BIAS]), err)) &&
+          n->param[QT_P_BIAS] >= 0)
+        return NULL;
+      return qt_linear(ctx, x, w, b);
     case QT_OP_BATCH_NORM:
       return qt_batch_norm(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
                            g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
@@ -621,6 +704,10 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
                           g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
                           g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training && !n->bn_frozen,
                           a->momentum, a->eps, 0);
+        int failed;
+        qt_tensor *round = conv_bn_bias_rounding(g, ctx, i, g->error, &failed);
+        if (failed) return NULL;
+        if (round) y = qt_channel_add(ctx, y, round);
         break;
       }
       case QT_OP_CONV2D:

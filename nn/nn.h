@@ -61,6 +61,10 @@ typedef struct {
   int learnable;              /* LSQ: the scale is a trained parameter (initialized by the observer) */
   int pow2_scale;             /* scales rounded up to a power of two when computed from a range
                                * (hardware that rescales by shifting); affine zero points follow */
+  int bias_int32;             /* weights of conv2d / linear / conv_bn: the layer's bias (conv_bn:
+                               * its folded bias) is quantized too, to int32 with zero point 0 and
+                               * the derived per-channel scale s_x * s_w[c] (qt_bias_scales): the
+                               * bias in accumulator units, as integer kernels add it */
 } qt_qspec;
 
 /* Quantization state living on a node: the spec, the observer, the qparams training uses and
@@ -76,6 +80,9 @@ typedef struct qt_qstate {
   int calibrated;             /* scale/zero_point hold qparams */
   int32_t *qweight;           /* convert graphs: integer weights (numel of the weight), else NULL */
   int64_t n_qweight;
+  int32_t *qbias;             /* convert graphs with spec.bias_int32 and a bias: the integer bias
+                               * (one per output channel), else NULL */
+  int64_t n_qbias;
   int scale_param;            /* LSQ: tensor holding the learned scale (channels), else -1 */
 } qt_qstate;
 
@@ -242,6 +249,20 @@ int qt_graph_find_node(const qt_graph *g, const char *name);
 int64_t qt_value_numel(const qt_value *v);
 /* The only node consuming value v (v not the graph output), else -1. */
 int qt_graph_sole_consumer(const qt_graph *g, int v);
+/* The fake_quant or dequantize node on whose per-tensor grid the values of v lie: v's producer,
+ * or the one reached through max_pool2d, flatten and relu (which keep values on their input's
+ * grid); -1 when there is none (an fp32 value, a per-channel quantization). */
+int qt_graph_quant_source(const qt_graph *g, int v);
+/* The int32 bias's scales of layer `node` (conv2d / linear / conv_bn whose weight spec has
+ * bias_int32): scale[c] = s_x * s_w[c] as a float32 product, for the OC output channels (a
+ * per-tensor weight scale serves every c), s_x from qt_graph_quant_source of the layer's input.
+ * Training, convert, the check and every backend derive the bias's scale with this one function.
+ * -1 with err when the input has no per-tensor quantization source or a scale is not set yet. */
+int qt_bias_scales(const qt_graph *g, int node, float *scale, char *err);
+/* The int32 bias's integer range: +-(2^31 - 128), the widest symmetric range whose bounds are
+ * exact in float32 (the quantize formula clamps in float32). */
+#define QT_BIAS_QMAX 2147483520
+#define QT_BIAS_QMIN (-2147483520)
 
 /* LSQ: copies every learned scale parameter (clamped to >= FLT_EPSILON) into its state's
  * scale[], so the qparams stored on nodes are the ones the next forward uses. Call after an

@@ -47,6 +47,11 @@ qt_qstate *qt_qstate_clone(const qt_qstate *src) {
     QT_ASSERT(q->qweight, "out of memory");
     memcpy(q->qweight, src->qweight, (size_t)src->n_qweight * sizeof(int32_t));
   }
+  if (src->qbias) {
+    q->qbias = malloc((size_t)src->n_qbias * sizeof(int32_t));
+    QT_ASSERT(q->qbias, "out of memory");
+    memcpy(q->qbias, src->qbias, (size_t)src->n_qbias * sizeof(int32_t));
+  }
   return q;
 }
 
@@ -56,6 +61,7 @@ void qt_qstate_free(qt_qstate *q) {
   free(q->scale);
   free(q->zero_point);
   free(q->qweight);
+  free(q->qbias);
   free(q);
 }
 

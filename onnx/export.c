@@ -404,6 +404,25 @@ static float input_int_scale(const exporter *e) {
   return 0.0f;
 }
 
+/* An int32 bias q with scales sc (zero point 0, axis 0): the initializers and the
+ * DequantizeLinear reading them; returns its output name. */
+static const char *int32_bias_node(exporter *e, const int32_t *q, const float *sc, int64_t n) {
+  const qt_node *nd = e->node;
+  int32_t *zp = calloc((size_t)n, sizeof *zp);
+  QT_ASSERT(zp, "onnx export: out of memory");
+  char *bi = str(e, "%s.bias_int", nd->name), *bs = str(e, "%s.bias_scale", nd->name);
+  char *bz = str(e, "%s.bias_zero_point", nd->name);
+  add_init(e, bi, T_INT32, 1, &n, q, (size_t)n * sizeof *q);
+  add_float(e, bs, 1, &n, sc, n);
+  add_init(e, bz, T_INT32, 1, &n, zp, (size_t)n * sizeof *zp);
+  free(zp);
+  const char *name = str(e, "%s.bias", nd->name);
+  Onnx__NodeProto *o = add_node(e, "DequantizeLinear", str(e, "%s.bias.dequantize", nd->name), name, 3, bi, bs, bz);
+  attr_int(e, o, "axis", 0);
+  e->info.int32_biases++;
+  return name;
+}
+
 /* opt.int32_bias: the bias as int32 in accumulator units, b_q = round_half_even(b / (s_x * s_w[c]))
  * with the float32 product s_x * s_w[c] (what ONNX Runtime's integer kernels assume), read by a
  * DequantizeLinear of that scale (per channel, axis 0). Returns the dequantized name, or NULL when
@@ -424,30 +443,28 @@ static const char *bias_int32(exporter *e, const float *b, int64_t n) {
     ok = sc[c] > 0 && v >= -2147483648.0 && v <= 2147483647.0;
     q[c] = ok ? (int32_t)v : 0;
   }
-  const char *name = NULL;
-  if (ok) {
-    char *bi = str(e, "%s.bias_int", nd->name), *bs = str(e, "%s.bias_scale", nd->name);
-    char *bz = str(e, "%s.bias_zero_point", nd->name);
-    add_init(e, bi, T_INT32, 1, &n, q, (size_t)n * sizeof *q);
-    add_float(e, bs, 1, &n, sc, n);
-    add_init(e, bz, T_INT32, 1, &n, zp, (size_t)n * sizeof *zp);
-    name = str(e, "%s.bias", nd->name);
-    Onnx__NodeProto *o = add_node(e, "DequantizeLinear", str(e, "%s.bias.dequantize", nd->name), name, 3, bi, bs, bz);
-    attr_int(e, o, "axis", 0);
-    e->info.int32_biases++;
-  }
+  const char *name = ok ? int32_bias_node(e, q, sc, n) : NULL;
   free(q);
   free(sc);
   free(zp);
   return name;
 }
 
-/* The bias as an initializer name (fp32, or int32 through a DequantizeLinear with
+/* The bias as an initializer name (the graph's int32 bias, or fp32, or int32 rounded here with
  * opt.int32_bias), or NULL when the layer has none. */
 static const char *bias(exporter *e) {
   const qt_node *n = e->node;
   if (n->param[QT_P_BIAS] < 0) return NULL;
   const qt_param *p = &e->g->tensors[n->param[QT_P_BIAS]];
+  if (n->wq && n->wq->qbias) { /* the graph's own integers, at the scales they were made with */
+    float *sc = malloc((size_t)p->numel * sizeof *sc);
+    char why[QT_ERR_LEN];
+    QT_ASSERT(sc && n->wq->n_qbias == p->numel, "onnx export: int32 bias of %s", n->name);
+    QT_ASSERT(qt_bias_scales(e->g, (int)(n - e->g->nodes), sc, why) == 0, "onnx export: %s", why);
+    const char *name = int32_bias_node(e, n->wq->qbias, sc, p->numel);
+    free(sc);
+    return name;
+  }
   if (e->opt.int32_bias) {
     const char *q = bias_int32(e, e->g->params + p->offset, p->numel);
     if (q) return q;

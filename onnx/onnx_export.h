@@ -10,10 +10,11 @@
  * - integer weights as int8 / uint8 initializers ("<node>.weight_int") read by a
  *   DequantizeLinear ("<node>.weight.dequantize", per channel with axis 0, OIHW / (OUT, IN));
  *   a layer left in fp32 keeps its float weight.
- * - the bias in fp32: the Q/DQ graph adds a float32 bias (docs/qdq_format.md: "the bias stays
- *   float32"), so an int32 bias with scale s_x * s_w would compute something else (the bias
- *   rounded to accumulator units); qt_onnx_export_options.int32_bias writes that int32 form on
- *   request. (ONNX Runtime 1.30 with optimizations on quantizes an fp32 bias that way itself and
+ * - biases as the graph has them: an int32 bias (the Quantizer's bias_int32: quant.bias = int32,
+ *   always for XNNPACK) as its integers ("<node>.bias_int", int32) read by a DequantizeLinear of
+ *   scale s_x * s_w[c] (the float32 product, zero point 0, axis 0); a float bias in fp32, since
+ *   an int32 form would compute something else (the bias rounded to accumulator units);
+ *   qt_onnx_export_options.int32_bias writes that rounded int32 form on request. (ONNX Runtime 1.30 with optimizations on quantizes an fp32 bias that way itself and
  *   fuses the layer into its integer kernels; docs/onnx_export.md.)
  * - bit widths below 8 (and narrowed ranges such as 7-bit weights) stay in 8-bit containers with
  *   their integers as they are. Weights need nothing more (their integers are already in range).
@@ -65,7 +66,7 @@ typedef struct {
   int int_weights;   /* integer weight initializers, each read by a DequantizeLinear */
   int float_weights; /* fp32 weights (layers left in fp32) */
   int float_biases;  /* fp32 biases */
-  int int32_biases;  /* int32 biases (qt_onnx_export_options.int32_bias) */
+  int int32_biases;  /* int32 biases (the graph's, or qt_onnx_export_options.int32_bias) */
   int clips;         /* Clips narrowing a sub-8-bit (or narrowed) activation range */
   int permuted;      /* linear weights whose columns were permuted to NCHW flatten order */
   int64_t bytes;     /* size of the file written */
@@ -75,10 +76,10 @@ typedef struct {
 
 /* Choices of the export (all off: the Q/DQ graph exactly). */
 typedef struct {
-  /* Biases as int32 in accumulator units, read by a DequantizeLinear of scale s_x * s_w[c] (the
-   * float32 product, zero point 0, axis 0), for every layer with integer weights whose input is
-   * a per-tensor dequantize (through max pooling or flatten): b_q = round_half_even(b / (s_x *
-   * s_w[c])). ONNX Runtime fuses dequantize -> Conv/Gemm -> quantize into its integer kernels
+  /* Float biases too as int32 in accumulator units (a graph's own int32 biases are written as
+   * such anyway), read by a DequantizeLinear of scale s_x * s_w[c] (the float32 product, zero
+   * point 0, axis 0), for every layer with integer weights whose input is a per-tensor
+   * dequantize (through max pooling or flatten): b_q = round_half_even(b / (s_x * s_w[c])). ONNX Runtime fuses dequantize -> Conv/Gemm -> quantize into its integer kernels
    * (QLinearConv, QGemm) only when the bias is such an int32; the fp32 bias the Q/DQ graph holds
    * differs from b_q * s_x * s_w[c] by at most half of s_x * s_w[c], far below an output LSB, but
    * it is a change of the model: off by default (qat_export --int32-bias). */

@@ -70,6 +70,50 @@ static float *trained_weight(qt_graph *t, const qt_node *n, int64_t *numel) {
   return out;
 }
 
+/* An int32 bias: the convert graph's integers are the bias training used (conv_bn: folded with
+ * the running statistics, as its eval forward folds it) quantized with the derived scales. */
+static void check_bias(qt_graph *t, int ti, qt_graph *c, int ci, qt_check_report *r) {
+  const qt_node *n = &t->nodes[ti], *m = &c->nodes[ci];
+  if (n->wq->spec.bias_int32 != m->wq->spec.bias_int32) {
+    fail(r, "bias of %s: %s in training, %s in the convert graph", n->name, n->wq->spec.bias_int32 ? "int32" : "float",
+         m->wq->spec.bias_int32 ? "int32" : "float");
+    return;
+  }
+  const int has_bias = n->op == QT_OP_CONV_BN || n->param[QT_P_BIAS] >= 0;
+  if (!n->wq->spec.bias_int32 || !has_bias) return;
+  const int OC = n->attr.out_channels;
+  if (!m->wq->qbias || m->wq->n_qbias != OC) {
+    fail(r, "bias of %s: int32 in training, but the convert graph holds no %d integer biases", n->name, OC);
+    return;
+  }
+  float *b = malloc((size_t)OC * sizeof(float)), *scale = malloc((size_t)OC * sizeof(float));
+  int32_t *zero = calloc((size_t)OC, sizeof(int32_t)), *qb = malloc((size_t)OC * sizeof(int32_t));
+  QT_ASSERT(b && scale && zero && qb, "out of memory");
+  char why[QT_ERR_LEN];
+  if (n->op == QT_OP_CONV_BN)
+    qt_bn_fold(NULL, b, NULL, n->param[QT_P_BIAS] >= 0 ? qt_graph_tensor_data(t, n->param[QT_P_BIAS]) : NULL,
+               qt_graph_tensor_data(t, n->param[QT_P_BN_GAMMA]), qt_graph_tensor_data(t, n->param[QT_P_BN_BETA]),
+               qt_graph_tensor_data(t, n->buffer[QT_B_RUNNING_MEAN]), qt_graph_tensor_data(t, n->buffer[QT_B_RUNNING_VAR]),
+               n->attr.eps, OC, 0);
+  else
+    memcpy(b, qt_graph_tensor_data(t, n->param[QT_P_BIAS]), (size_t)OC * sizeof(float));
+  if (qt_bias_scales(t, ti, scale, why)) {
+    fail(r, "bias of %s: %s", n->name, why);
+  } else {
+    qt_quantize(qb, b, 1, OC, 1, scale, zero, QT_BIAS_QMIN, QT_BIAS_QMAX);
+    int bad = 0, first = -1;
+    for (int o = 0; o < OC; o++)
+      if (qb[o] != m->wq->qbias[o] && bad++ == 0) first = o;
+    if (bad)
+      fail(r, "bias of %s: %d of %d integers differ from quantizing the trained bias (first at %d: %d vs %d)", n->name,
+           bad, OC, first, m->wq->qbias[first], qb[first]);
+  }
+  free(b);
+  free(scale);
+  free(zero);
+  free(qb);
+}
+
 static void check_structure(qt_graph *t, qt_graph *c, qt_check_report *r) {
   for (int i = 0; i < t->n_nodes; i++) {
     const qt_node *n = &t->nodes[i];
@@ -149,6 +193,7 @@ static void check_structure(qt_graph *t, qt_graph *c, qt_check_report *r) {
            (long long)bad, (long long)first, m->wq->qweight[first], qw[first]);
     free(qw);
     free(w);
+    check_bias(t, i, c, ci, r);
   }
 }
 

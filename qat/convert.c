@@ -32,6 +32,29 @@ static void quantize_weight(qt_qstate *q, const float *w, int64_t numel) {
   qt_quantize(q->qweight, w, 1, q->channels, numel / q->channels, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
 }
 
+/* The int32 bias of layer `node` of the convert graph (its weight spec has bias_int32): the
+ * float bias (for conv_bn the folded one) quantized with the derived scales s_x * s_w[c], the
+ * formula training's fake quant used. */
+static int quantize_bias(qt_graph *c, int node, char *err) {
+  qt_node *m = &c->nodes[node];
+  const int OC = m->attr.out_channels;
+  float *scale = malloc((size_t)OC * sizeof(float));
+  int32_t *zero = calloc((size_t)OC, sizeof(int32_t));
+  m->wq->qbias = malloc((size_t)OC * sizeof(int32_t));
+  QT_ASSERT(scale && zero && m->wq->qbias, "out of memory");
+  m->wq->n_qbias = OC;
+  char why[QT_ERR_LEN];
+  int rc = qt_bias_scales(c, node, scale, why);
+  if (rc)
+    snprintf(err, QT_ERR_LEN, "convert: %s", why);
+  else
+    qt_quantize(m->wq->qbias, qt_graph_tensor_data(c, m->param[QT_P_BIAS]), 1, OC, 1, scale, zero, QT_BIAS_QMIN,
+                QT_BIAS_QMAX);
+  free(scale);
+  free(zero);
+  return rc;
+}
+
 /* A copy of q for the convert graph: LSQ scales come from their (clamped) parameter, the way
  * training's last forward used them; the copy owns no parameter. */
 static qt_qstate *convert_state(qt_graph *p, const qt_qstate *q) {
@@ -137,6 +160,7 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
         qt_node *m = &c->nodes[qweight_nodes[k]];
         const qt_param *w = &c->tensors[m->param[QT_P_WEIGHT]];
         quantize_weight(m->wq, qt_graph_tensor_data(c, m->param[QT_P_WEIGHT]), w->numel);
+        if (m->wq->spec.bias_int32 && m->param[QT_P_BIAS] >= 0 && quantize_bias(c, qweight_nodes[k], err)) break;
       }
     }
   }

@@ -227,18 +227,6 @@ fail:
   return NULL;
 }
 
-void qt_bn_fold(float *Wf, float *bf, const float *W, const float *b, const float *gamma, const float *beta,
-                const float *mean, const float *var, float eps, int OC, int64_t inner) {
-  float *sf = malloc((size_t)OC * sizeof(float));
-  QT_ASSERT(sf, "out of memory");
-  qt_bn_scale_factor_values(sf, gamma, var, eps, OC);
-  for (int o = 0; o < OC; o++) {
-    for (int64_t k = 0; k < inner; k++) Wf[o * inner + k] = W[o * inner + k] * sf[o];
-    if (bf) bf[o] = beta[o] + ((b ? b[o] : 0.0f) - mean[o]) * sf[o];
-  }
-  free(sf);
-}
-
 void qt_set_observers(qt_graph *g, int enabled) {
   for (int i = 0; i < g->n_nodes; i++) {
     if (g->nodes[i].q) g->nodes[i].q->observe = enabled;

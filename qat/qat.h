@@ -27,6 +27,8 @@ typedef struct {
   int activation_bits;     /* 0 = the default (the unit's output) */
 } qt_layer_override;
 
+typedef enum { QT_BIAS_AUTO, QT_BIAS_INT32, QT_BIAS_FLOAT } qt_bias_choice;
+
 typedef struct {
   int weight_bits;                     /* 2..8 */
   int activation_bits;                 /* 2..8 */
@@ -35,6 +37,8 @@ typedef struct {
   qt_range_method activation_method;   /* histogram: percentile / mse */
   float percentile;
   int learnable_scale;                 /* LSQ: weights and activations learn their scales (QAT) */
+  qt_bias_choice bias;                 /* conv/linear biases: int32 at s_x * s_w, or float; auto:
+                                        * int32 where the backend requires it (bias_int32_only) */
   int n_overrides;
   qt_layer_override overrides[QT_MAX_OVERRIDES];
 } qt_quantizer_config;
@@ -86,6 +90,10 @@ typedef struct {
                                        * (x86 AVX2 without VNNI, DESIGN 4) */
   int weight_8bit_as_7bit;            /* 8-bit weights are given 7 bits, [-64, 63] (oneDNN without
                                        * VNNI: exact whatever the activation width) */
+  int bias_int32_only;                /* the kernels take a bias only as int32 in accumulator units
+                                       * (XNNPACK): the Quantizer quantizes every bias (qspec
+                                       * bias_int32); otherwise the user chooses (quant.bias), float
+                                       * by default */
   unsigned char fallback_quantized[QT_OP_COUNT]; /* 1: not run on integers, but the Quantizer
                                        * still quantizes its input and output, so the op runs
                                        * as dq -> fp32 op -> q between integer kernels (onednn_cpu:
@@ -143,13 +151,7 @@ void qt_set_observers(qt_graph *g, int enabled);
 void qt_set_fake_quant(qt_graph *g, int enabled);
 void qt_freeze_bn(qt_graph *g, int frozen);
 
-/* The BN fold (DESIGN 3.4) with exactly the float operations QAT training uses:
- * sf = gamma / sqrt(var + eps) (qt_bn_scale_factor_values), Wf = W * sf per output channel,
- * bf = beta + (b - mean) * sf. W and Wf are (OC, inner); b may be NULL (no conv bias); bf may
- * be NULL (weights only, as the check needs). PTQ prepare, convert and the check all fold with
- * this one function, so their numbers cannot drift apart. */
-void qt_bn_fold(float *Wf, float *bf, const float *W, const float *b, const float *gamma, const float *beta,
-                const float *mean, const float *var, float eps, int OC, int64_t inner);
+/* The BN fold: qt_bn_fold (autograd/autograd.h). */
 
 /* ---- convert ------------------------------------------------------------------------------ */
 /* The Q/DQ graph: each fake quant becomes quantize -> dequantize with the same qparams

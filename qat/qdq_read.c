@@ -170,7 +170,7 @@ int qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph, c
   memset(&s, 0, sizeof s);
   char observer[64], method[64];
   float *scale = NULL;
-  int32_t *zp = NULL, *qw = NULL;
+  int32_t *zp = NULL, *qw = NULL, *qb = NULL;
   qt_qstate *q = NULL;
   if (read_attr_int(r, obj, "node", &at_node, msg) || read_attr_int(r, obj, "bits", &s.bits, msg) ||
       read_attr_int(r, obj, "qmin", &s.qmin, msg) || read_attr_int(r, obj, "qmax", &s.qmax, msg) ||
@@ -203,8 +203,40 @@ int qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph, c
   if (!(scale = qdq_read_dataset(r, obj, "scale", H5T_FLOAT, H5T_NATIVE_FLOAT, 1, ch, 1, NULL, NULL, msg)) ||
       !(zp = qdq_read_dataset(r, obj, "zero_point", H5T_INTEGER, H5T_NATIVE_INT32, 1, ch, 1, NULL, NULL, msg)))
     goto done;
-  int64_t n_qweight = 0;
+  int64_t n_qweight = 0, n_qbias = 0;
   if (is_weight) {
+    htri_t has_bias = H5Aexists(r, "bias");
+    if (has_bias < 0) {
+      qt_err(msg, "%s: cannot look up attribute 'bias' (corrupt file?)", obj);
+      goto done;
+    }
+    if (has_bias) {
+      char bias[16];
+      if (read_attr_str(r, obj, "bias", bias, sizeof bias, msg)) goto done;
+      if (strcmp(bias, "int32") != 0 && strcmp(bias, "float") != 0) {
+        qt_err(msg, "%s: attribute bias is '%s', want 'int32' or 'float'", obj, bias);
+        goto done;
+      }
+      s.bias_int32 = strcmp(bias, "int32") == 0;
+    }
+    htri_t has_qb = H5Lexists(r, "bias_int", H5P_DEFAULT);
+    if (has_qb < 0) {
+      qt_err(msg, "%s: cannot look up dataset 'bias_int' (corrupt file?)", obj);
+      goto done;
+    }
+    if (has_qb && (graph == KIND_PREPARED || !s.bias_int32 || n->param[QT_P_BIAS] < 0)) {
+      qt_err(msg, "%s: holds 'bias_int', but %s", obj,
+             graph == KIND_PREPARED ? "a prepared graph fake-quantizes its float bias (kind 'prepared' has no integer biases)"
+             : !s.bias_int32    ? "its attribute bias does not say int32"
+                                : "the node has no bias");
+      goto done;
+    }
+    if (graph != KIND_PREPARED && s.bias_int32 && n->param[QT_P_BIAS] >= 0) {
+      const int64_t oc[1] = {g->tensors[n->param[QT_P_BIAS]].numel};
+      if (!(qb = qdq_read_dataset(r, obj, "bias_int", H5T_INTEGER, H5T_NATIVE_INT32, 1, oc, 1, NULL, NULL, msg)))
+        goto done;
+      n_qbias = oc[0];
+    }
     if (n->param[QT_P_WEIGHT] < 0) {
       qt_err(msg, "%s: node %d '%s' (%s) has no weight to quantize", obj, node, n->name, qt_op_name(n->op));
       goto done;
@@ -245,12 +277,16 @@ int qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph, c
   q->qweight = qw;
   q->n_qweight = n_qweight;
   qw = NULL;
+  q->qbias = qb;
+  q->n_qbias = n_qbias;
+  qb = NULL;
   *out = q;
   rc = 0;
 done:
   free(scale);
   free(zp);
   free(qw);
+  free(qb);
   H5Gclose(r);
   return rc;
 }

@@ -301,6 +301,34 @@ static int check_qstate(const qt_qstate *q, graph_kind kind, int is_weight, int6
   return 0;
 }
 
+/* An int32 bias: a layer whose input lies on one per-tensor grid (its scale is part of the
+ * bias's), and in a Q/DQ graph one integer per output channel inside the int32 bias range. */
+static int check_bias(const qt_graph *g, int i, graph_kind kind, const char *where, char *msg) {
+  const qt_node *n = &g->nodes[i];
+  const qt_qstate *q = n->wq;
+  if (!q->spec.bias_int32) {
+    if (q->qbias) return qt_err(msg, "%s: integer biases without bias = int32", where);
+    return 0;
+  }
+  if (qt_graph_quant_source(g, n->inputs[0]) < 0)
+    return qt_err(msg, "%s: an int32 bias needs an input quantized per tensor (a %s, through max_pool2d, flatten or "
+                  "relu at most); %s is not", where, kind == KIND_PREPARED ? "fake_quant" : "dequantize",
+                  g->values[n->inputs[0]].name);
+  if (kind == KIND_PREPARED || n->param[QT_P_BIAS] < 0) {
+    if (q->qbias) return qt_err(msg, "%s: integer biases where %s", where, kind == KIND_PREPARED ? "a prepared graph has none" : "the node has no bias");
+    return 0;
+  }
+  const int64_t oc = g->tensors[n->param[QT_P_BIAS]].numel;
+  if (!q->qbias || q->n_qbias != oc)
+    return qt_err(msg, "%s: bias = int32, %lld integer biases for %lld channels", where, (long long)(q->qbias ? q->n_qbias : 0),
+                  (long long)oc);
+  for (int64_t c = 0; c < oc; c++)
+    if (q->qbias[c] < QT_BIAS_QMIN || q->qbias[c] > QT_BIAS_QMAX)
+      return qt_err(msg, "%s: integer bias %lld = %d outside [%d, %d]", where, (long long)c, q->qbias[c], QT_BIAS_QMIN,
+                    QT_BIAS_QMAX);
+  return 0;
+}
+
 int qdq_validate_quant(const qt_graph *g, graph_kind kind, char *msg) {
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
@@ -320,6 +348,7 @@ int qdq_validate_quant(const qt_graph *g, graph_kind kind, char *msg) {
                     qt_op_name(n->op), kind == KIND_PREPARED ? "/conv_bn" : "");
       const qt_param *W = &g->tensors[n->param[QT_P_WEIGHT]];
       if (check_qstate(n->wq, kind, 1, W->shape[0], W->numel, where, msg)) return -1;
+      if (check_bias(g, i, kind, where, msg)) return -1;
     }
   }
   return 0;

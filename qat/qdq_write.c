@@ -90,6 +90,12 @@ int qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, cons
     bad = qt_h5_dataset_write(r, "weight_int", ftype, mtype, W->ndim, dims, buf);
     free(buf);
   }
+  /* int32 biases (absent: the bias is float, as in files written before they existed) */
+  if (!bad && is_weight && s->bias_int32) bad = qt_h5_attr_write_str(r, "bias", "int32");
+  if (!bad && is_weight && q->qbias) {
+    hsize_t nb[1] = {(hsize_t)q->n_qbias};
+    bad = qt_h5_dataset_write(r, "bias_int", H5T_STD_I32LE, H5T_NATIVE_INT32, 1, nb, q->qbias);
+  }
   if (!bad && with_state) bad = write_train_state(r, g, q);
   bad |= H5Gclose(r) < 0;
   return bad ? -1 : 0;

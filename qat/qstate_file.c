@@ -83,6 +83,7 @@ static int same_spec(const char *obj, const qt_qstate *got, const qt_qstate *wan
   SAME_INT(is_signed, "signed");
   SAME_INT(symmetric, "symmetric");
   SAME_INT(per_channel, "per_channel");
+  SAME_INT(bias_int32, "bias int32");
 #undef SAME_INT
   if (got->channels != want->channels)
     return qt_err(msg, "%s: channels is %d %s %d", obj, got->channels, tail, want->channels);

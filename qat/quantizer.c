@@ -242,6 +242,9 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
                   "activations or allow affine ones)", d->name);
   if (cfg->learnable_scale && d->pow2_scales)
     return qt_err(err, "quantizer %s: learnable scales (LSQ) cannot stay powers of two", d->name);
+  if (cfg->bias == QT_BIAS_FLOAT && d->bias_int32_only)
+    return qt_err(err, "quantizer %s: float biases requested; the backend takes int32 biases only (at input scale x "
+                  "weight scale)", d->name);
   for (int i = 0; i < cfg->n_overrides; i++) {
     const qt_layer_override *o = &cfg->overrides[i];
     const int k = qt_graph_find_node(g, o->name);
@@ -303,6 +306,10 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
     }
   }
   place_points(g, cfg, d, last, quantized_unit, out);
+  /* int32 biases: every quantized layer (its input is a quantization point by now, per tensor) */
+  const int bias_int32 = cfg->bias == QT_BIAS_INT32 || (cfg->bias == QT_BIAS_AUTO && d->bias_int32_only);
+  for (int i = 0; i < g->n_nodes && bias_int32; i++)
+    if (out->weight[i]) out->weight_spec[i].bias_int32 = 1;
   free(last);
   free(quantized_unit);
   return 0;
@@ -319,13 +326,14 @@ void qt_annotations_free(qt_annotations *a) {
 }
 
 static void spec_str(const qt_qspec *s, char *buf, size_t n) {
-  snprintf(buf, n, "%s%d [%d, %d] %s%s%s, %s", s->is_signed ? "s" : "u", s->bits, s->qmin, s->qmax,
+  snprintf(buf, n, "%s%d [%d, %d] %s%s%s, %s%s", s->is_signed ? "s" : "u", s->bits, s->qmin, s->qmax,
            s->symmetric ? "symmetric" : "affine", s->per_channel ? " per-channel" : " per-tensor",
-           s->pow2_scale ? " power-of-two scales" : "", qt_observer_kind_name(s->observer));
+           s->pow2_scale ? " power-of-two scales" : "", qt_observer_kind_name(s->observer),
+           s->bias_int32 ? "; bias int32 at s_x * s_w" : "");
 }
 
 void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f) {
-  char buf[160];
+  char buf[200];
   for (int v = 0; v < a->n_values; v++) {
     if (a->act[v]) {
       spec_str(&a->act_spec[v], buf, sizeof buf);

@@ -19,6 +19,8 @@ typedef enum { QT_DATA_IDX, QT_DATA_HDF5, QT_DATA_FOLDER, QT_DATA_FORMAT_COUNT }
 typedef enum { QT_QUANT_NONE, QT_QUANT_PTQ, QT_QUANT_QAT, QT_QUANT_MODE_COUNT } qt_quant_mode;
 typedef enum { QT_QUANTIZER_ONEDNN, QT_QUANTIZER_BACKEND, QT_QUANTIZER_COUNT } qt_quantizer_choice;
 typedef enum { QT_QUANT_ISA_AUTO, QT_QUANT_ISA_VNNI, QT_QUANT_ISA_NO_VNNI, QT_QUANT_ISA_COUNT } qt_quant_isa;
+/* quant.bias: auto = int32 where the backend takes its biases as int32 only (XNNPACK). */
+typedef enum { QT_QUANT_BIAS_AUTO, QT_QUANT_BIAS_INT32, QT_QUANT_BIAS_FLOAT, QT_QUANT_BIAS_COUNT } qt_quant_bias;
 /* quant.weight_observer: auto = minmax for PTQ, moving_average for QAT. */
 typedef enum { QT_WOBS_AUTO, QT_WOBS_MINMAX, QT_WOBS_MOVING_AVERAGE, QT_WOBS_COUNT } qt_weight_observer_choice;
 typedef enum { QT_QAT_INIT_OBSERVERS, QT_QAT_INIT_CALIBRATION, QT_QAT_INIT_COUNT } qt_qat_init;
@@ -58,6 +60,7 @@ typedef struct {
   char backend[QT_OPT_STR];
   int weight_bits, activation_bits;
   qt_quant_isa isa;
+  qt_quant_bias bias;
   qt_weight_observer_choice weight_observer;
   qt_observer_kind activation_observer;
   qt_range_method activation_range;

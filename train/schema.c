@@ -118,6 +118,9 @@ static const option_row rows[] = {
     ROW(quant, activation_bits, QT_CFG_INT, "8", 2, 8, NULL, "activation bit width"),
     ROW(quant, isa, QT_CFG_ENUM, "auto", 0, 0, "auto|vnni|no_vnni",
      "CPU ISA the quantizer targets (auto: read from oneDNN); no_vnni restricts 8-bit weights to 7 bits"),
+    ROW(quant, bias, QT_CFG_ENUM, "auto", 0, 0, "auto|int32|float",
+     "conv/linear biases: int32 (quantized at input scale x weight scale, as integer kernels add them; "
+     "training fake-quantizes them), float (kept fp32), auto (int32 where the backend requires it: xnnpack)"),
     ROW(quant, weight_observer, QT_CFG_ENUM, "auto", 0, 0, "auto|minmax|moving_average",
      "per-channel weight observer (auto: minmax for PTQ, moving_average for QAT)"),
     ROWC(quant, activation_observer, QT_CFG_ENUM, "moving_average", 0, 0, observer_choices,

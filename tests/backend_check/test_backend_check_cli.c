@@ -4,7 +4,8 @@
  * prints what runs where (fc1 on the CPU with its reason); a oneDNN model fails the accelerator
  * check; bad input (missing model, bad option, bad description, --isa for an accelerator, a
  * prepared graph) exits 2 with a message. With Fashion-MNIST installed, --run compares the
- * accelerator with the Q/DQ graph on the first test images and exits 0, and --quantize
+ * accelerator with the Q/DQ graph on the first test images: bit for bit with the int32 biases its
+ * Quantizer chose (exit 0), over the rule with float biases instead (exit 1); and --quantize
  * PTQ-calibrates an fp32 checkpoint with the accelerator's Quantizer into a new directory. */
 #include <sys/wait.h>
 #include <unistd.h>
@@ -100,14 +101,32 @@ int main(void) {
   }
 
   if (access("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz", R_OK) == 0) {
-    /* The simulated accelerator adds each bias rounded to accumulator units (accel.c): on this
-     * untrained model with random BN statistics that is 2 output LSB from the Q/DQ graph after
-     * two layers, and 99.02% identical top-1 (near-tied logits), so it fails the one agreement
-     * rule (<= 1 LSB, >= 99.9%); the old --run rule (2 LSB, 99%) let it pass. */
+    /* The accelerator's Quantizer gives the model int32 biases (int32_bias = true), the integers
+     * the simulator adds: bit for bit with the Q/DQ graph. (With float biases, which the device
+     * rounded to accumulator units, this untrained model was 2 LSB away with 99.02% identical
+     * top-1 and failed the agreement rule.) */
     snprintf(args, sizeof args, "cli_accel.h5 --backend %s --run --images 512", desc_path);
-    expect(args, 1, "run: 512 test images: device top-1", NULL);
-    if (!strstr(out_text, "max difference 2 LSB") || !strstr(out_text, "run: FAIL: the device must stay within 1 output LSB"))
-      qt_test_fail("accelerator --run: no 2 LSB difference or no FAIL line:\n%s", out_text);
+    expect(args, 0, "run: 512 test images: device top-1", NULL);
+    if (!strstr(out_text, "max difference 0 LSB, 0 of 5120 logits differ"))
+      qt_test_fail("accelerator --run: not bit for bit with the Q/DQ graph:\n%s", out_text);
+    /* The same model with float biases (the audit copies kept, the integers dropped) fails the rule */
+    {
+      qt_graph *fb = qt_qdq_load("cli_accel.h5", err);
+      QT_ASSERT(fb, "%s", err);
+      for (int i = 0; i < fb->n_nodes; i++)
+        if (fb->nodes[i].wq) {
+          fb->nodes[i].wq->spec.bias_int32 = 0;
+          free(fb->nodes[i].wq->qbias);
+          fb->nodes[i].wq->qbias = NULL;
+          fb->nodes[i].wq->n_qbias = 0;
+        }
+      QT_ASSERT(qt_qdq_save("cli_accel_float_bias.h5", fb, err) == 0, "%s", err);
+      qt_graph_free(fb);
+      snprintf(args, sizeof args, "cli_accel_float_bias.h5 --backend %s --run --images 512", desc_path);
+      expect(args, 1, "run: 512 test images: device top-1", NULL);
+      if (!strstr(out_text, "run: FAIL: the device must stay within 1 output LSB"))
+        qt_test_fail("accelerator --run, float biases: no FAIL line:\n%s", out_text);
+    }
     /* --quantize: PTQ of an fp32 checkpoint with the accelerator's Quantizer, into a new directory */
     qt_graph *g = qt_model_build("fashion_cnn", err);
     qt_graph_init_params(g, 3);

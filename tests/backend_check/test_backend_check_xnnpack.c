@@ -1,8 +1,8 @@
 /* XNNPACK's description (qt_backend_desc_xnnpack) and the Quantizer derived from it: signed
  * affine (qs8) activations, per-channel symmetric conv weights (qc8), per-tensor linear weights
  * (qs8 fully connected), 2..8 bits in int8; its models pass the check against it; a model
- * quantized for oneDNN (u8 activations, per-channel linear weights) checked against XNNPACK
- * lists every violation by node, and the XNNPACK model checked against oneDNN is refused too
+ * quantized for oneDNN (u8 activations, per-channel linear weights, float biases) checked
+ * against XNNPACK lists every violation by node, and the XNNPACK model checked against oneDNN is refused too
  * (signed activations). The name resolver takes onednn, xnnpack and description files. */
 #include <stdio.h>
 #include <string.h>
@@ -73,11 +73,11 @@ static void check_models(const char *model) {
   qt_backend_check_result_free(&r);
   qt_graph_free(gx);
 
-  /* quantized for oneDNN (VNNI: 8-bit weights): against XNNPACK, every quantize [sign] and
-   * every linear [granularity], named */
+  /* quantized for oneDNN (VNNI: 8-bit weights): against XNNPACK, every quantize [sign], every
+   * linear [granularity] and every layer's float bias [bias], named */
   qt_graph *go = ptq_model(model, NULL, 8, 8, 1, path);
   r = bcheck_run(go, &x);
-  int want_sign = 0, want_gran = 0;
+  int want_sign = 0, want_gran = 0, want_bias = 0;
   for (int i = 0; i < go->n_nodes; i++) {
     const qt_node *n = &go->nodes[i];
     if (n->op == QT_OP_QUANTIZE) {
@@ -90,10 +90,15 @@ static void check_models(const char *model) {
       if (!violations(&r, QT_VIOLATION_GRANULARITY, n->name, "one weight scale per linear"))
         qt_test_fail("%s (onednn) vs xnnpack: no granularity violation named %s", model, n->name);
     }
+    if (n->wq && n->param[QT_P_BIAS] >= 0) {
+      want_bias++;
+      if (!violations(&r, QT_VIOLATION_BIAS, n->name, "float bias; xnnpack adds the bias as int32"))
+        qt_test_fail("%s (onednn) vs xnnpack: no bias violation named %s", model, n->name);
+    }
   }
-  if (r.n != want_sign + want_gran || !want_gran)
-    qt_test_fail("%s (onednn) vs xnnpack: %d violations, want %d sign + %d granularity", model, r.n, want_sign,
-                 want_gran);
+  if (r.n != want_sign + want_gran + want_bias || !want_gran || !want_bias)
+    qt_test_fail("%s (onednn) vs xnnpack: %d violations, want %d sign + %d granularity + %d bias", model, r.n,
+                 want_sign, want_gran, want_bias);
   if (getenv("QT_TEST_VERBOSE")) qt_backend_check_print(&r, stderr);
   qt_backend_check_result_free(&r);
   qt_graph_free(go);

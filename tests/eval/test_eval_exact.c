@@ -1,7 +1,8 @@
 /* The exact reference representation (eval/exact.h):
  * 1. integer-path layers (dq -> conv | linear [-> relu | relu6] -> q -> dq) on random data against
  *    an independent computation here (int64 sums over OIHW weights, float64 requantization):
- *    conv with padding, stride, input zero point, grouped and depthwise, 4-bit output; linear.
+ *    conv with padding, stride, input zero point, grouped and depthwise, 4-bit output; linear;
+ *    conv and linear with an int32 bias (added to the integer sum).
  *    Output integers identical (0 LSB).
  * 2. Ties: a linear whose exact sum is an odd multiple of half the output scale, beyond 2^24
  *    (where float32 sums round), rounds half to even; one unit more rounds up.
@@ -10,7 +11,7 @@
  * 4. FashionCNN, ResCNN and a depthwise / relu6 / residual add / average-pool / global-pool graph,
  *    PTQ-converted W8A8, W4A8 and W4A4 with random weights: the float32 Q/DQ executor within 2 output
  *    LSB of the exact reference (the format's contract), the oneDNN device within 1 LSB; the
- *    counts of differing logits printed.
+ *    counts of differing logits printed. FashionCNN and that graph at W8A8 with int32 biases too.
  * 5. A prepared graph is refused; an fp32 layer (no integer weights) runs in float64 and matches
  *    the float32 executor to float32 rounding (1e-5 relative). */
 #include <math.h>
@@ -94,6 +95,7 @@ typedef struct {
   const char *what;
   int linear, H, W, C, OC, K, stride, pad, groups, act; /* act: 0 none, 1 relu, 2 relu6 */
   int in_zp, out_zp, out_qmax;
+  int bias_int32; /* an int32 bias (random integers in [-20000, 20000]) instead of a float one */
 } layer_case;
 
 static void check_layer(const layer_case *lc) {
@@ -115,7 +117,17 @@ static void check_layer(const layer_case *lc) {
   QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
   set_weights(g, "layer", 127);
   const qt_node *L = &g->nodes[qt_graph_find_node(g, "layer")];
-  const float *bias = qt_graph_tensor_data(g, L->param[QT_P_BIAS]);
+  float *bias = qt_graph_tensor_data(g, L->param[QT_P_BIAS]);
+  if (lc->bias_int32) { /* the integers rule; the float copy (an audit) is 1000 units off, so a
+                         * reference that read it would differ */
+    L->wq->spec.bias_int32 = 1;
+    L->wq->n_qbias = lc->OC;
+    L->wq->qbias = malloc((size_t)lc->OC * sizeof(int32_t));
+    for (int oc = 0; oc < lc->OC; oc++) {
+      L->wq->qbias[oc] = (int32_t)(rnd() % 40001) - 20000;
+      bias[oc] = ((float)L->wq->qbias[oc] + 1000.0f) * (s_x * L->wq->scale[oc]);
+    }
+  }
 
   enum { N = 5 };
   const int64_t in_image = (int64_t)lc->H * lc->W * lc->C;
@@ -149,7 +161,9 @@ static void check_layer(const layer_case *lc) {
                 }
                 acc += xi * L->wq->qweight[(((int64_t)oc * Cg + c) * KH + kh) * KW + kw];
               }
-          double v = (double)acc * ((double)s_x * (double)L->wq->scale[oc]) + (double)bias[oc];
+          /* an int32 bias is added in accumulator units */
+          double v = lc->bias_int32 ? (double)(acc + L->wq->qbias[oc]) * ((double)s_x * (double)L->wq->scale[oc])
+                                    : (double)acc * ((double)s_x * (double)L->wq->scale[oc]) + (double)bias[oc];
           if (lc->act >= 1) v = v > 0 ? v : 0;
           if (lc->act == 2) v = v < 6 ? v : 6;
           double q = nearbyint(v / (double)s_y) + lc->out_zp;
@@ -263,12 +277,15 @@ static qt_graph *mobile_graph(void) {
   return g;
 }
 
+static int g_bias_int32; /* converted: quant.bias = int32 */
+
 static qt_graph *converted(const char *model, int wbits, int abits, uint64_t seed) {
   char err[QT_ERR_LEN];
   qt_graph *g = strcmp(model, "mobile_like") == 0 ? mobile_graph() : qt_model_build(model, err);
   QT_ASSERT(g, "%s", err);
   qt_graph_init_params(g, seed);
   qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
+  qc.bias = g_bias_int32 ? QT_BIAS_INT32 : QT_BIAS_FLOAT;
   qt_annotations a;
   QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   qt_graph *c = qt_test_ptq_convert(g, &a);
@@ -319,9 +336,9 @@ static void check_model(const char *model, int wbits, int abits) {
   QT_ASSERT(d, "%s", err);
   QT_CHECK(qt_device_run(d, tmp, x, N, err) == 0);
   qt_device_agreement_add(&dev, tmp, ref, NULL, N, classes);
-  printf("%s W%dA%d: %d integer layers; float32 executor vs exact: max %.2f LSB, %lld of %lld differ; oneDNN vs "
+  printf("%s W%dA%d%s: %d integer layers; float32 executor vs exact: max %.2f LSB, %lld of %lld differ; oneDNN vs "
          "exact: max %.2f LSB, %lld differ (%d images: exact %.3f s, float32 executor %.3f s)\n",
-         model, wbits, abits, qt_exact_integer_layers(e), fl.max_lsb, (long long)fl.differ, (long long)fl.outputs,
+         model, wbits, abits, g_bias_int32 ? " int32 bias" : "", qt_exact_integer_layers(e), fl.max_lsb, (long long)fl.differ, (long long)fl.outputs,
          dev.max_lsb, (long long)dev.differ, N, t_exact, t_float);
   QT_CHECK(lsb > 0);
   QT_CHECK(qt_exact_integer_layers(e) >= 2);
@@ -370,11 +387,13 @@ static void check_prepared_and_fp32(void) {
 
 int main(void) {
   const layer_case layers[] = {
-      {"conv 3x3 pad 1, input zp 37", 0, 9, 9, 5, 6, 3, 1, 1, 1, 0, 37, 0, 255},
-      {"conv 3x3 stride 2, relu, output zp 40", 0, 10, 10, 16, 8, 3, 2, 1, 1, 1, 0, 40, 255},
-      {"grouped conv (2 groups), relu6, 4-bit output", 0, 8, 8, 8, 4, 3, 1, 1, 2, 2, 12, 3, 15},
-      {"depthwise conv 3x3, relu6", 0, 12, 12, 8, 8, 3, 1, 1, 8, 2, 5, 0, 255},
-      {"linear 200 -> 10, input zp 90, relu", 1, 5, 5, 8, 10, 1, 1, 0, 1, 1, 90, 0, 255},
+      {"conv 3x3 pad 1, input zp 37", 0, 9, 9, 5, 6, 3, 1, 1, 1, 0, 37, 0, 255, 0},
+      {"conv 3x3 stride 2, relu, output zp 40", 0, 10, 10, 16, 8, 3, 2, 1, 1, 1, 0, 40, 255, 0},
+      {"grouped conv (2 groups), relu6, 4-bit output", 0, 8, 8, 8, 4, 3, 1, 1, 2, 2, 12, 3, 15, 0},
+      {"depthwise conv 3x3, relu6", 0, 12, 12, 8, 8, 3, 1, 1, 8, 2, 5, 0, 255, 0},
+      {"linear 200 -> 10, input zp 90, relu", 1, 5, 5, 8, 10, 1, 1, 0, 1, 1, 90, 0, 255, 0},
+      {"conv 3x3 pad 1, input zp 37, int32 bias", 0, 9, 9, 5, 6, 3, 1, 1, 1, 0, 37, 0, 255, 1},
+      {"linear 200 -> 10, input zp 90, relu, int32 bias", 1, 5, 5, 8, 10, 1, 1, 0, 1, 1, 90, 0, 255, 1},
   };
   for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++) check_layer(&layers[i]);
   check_ties();
@@ -382,6 +401,10 @@ int main(void) {
   const int bits[][2] = {{8, 8}, {4, 8}, {4, 4}};
   for (int m = 0; m < 3; m++)
     for (int b = 0; b < 3; b++) check_model(models[m], bits[b][0], bits[b][1]);
+  g_bias_int32 = 1;
+  check_model("fashion_cnn", 8, 8);
+  check_model("mobile_like", 8, 8);
+  g_bias_int32 = 0;
   check_prepared_and_fp32();
   return qt_test_finish();
 }

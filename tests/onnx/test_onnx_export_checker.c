@@ -9,6 +9,8 @@
  *   would), then exported;
  * - the counts the export reports match the graph (quantize / dequantize nodes, integer weights,
  *   clips only below 8 bits, one permuted linear for FashionCNN);
+ * - FashionCNN W8A8 PTQ and the MobileNet-style model W4A4 QAT (conv_bn: folded biases) with
+ *   int32 biases (quant.bias = int32): every bias written as the graph's int32 integers;
  * - a prepared graph is refused naming its first fake_quant node, and a path that cannot be
  *   written is an I/O error that leaves no file.
  * Also keeps export_prepared.h5 (a prepared graph, for test_qat_export_cli.sh).
@@ -39,6 +41,12 @@ static int count_op(const qt_graph *g, qt_op op) {
 static int count_int_weights(const qt_graph *g) {
   int n = 0;
   for (int i = 0; i < g->n_nodes; i++) n += g->nodes[i].wq && g->nodes[i].wq->qweight;
+  return n;
+}
+
+static int count_int_biases(const qt_graph *g) {
+  int n = 0;
+  for (int i = 0; i < g->n_nodes; i++) n += g->nodes[i].wq && g->nodes[i].wq->qbias;
   return n;
 }
 
@@ -84,8 +92,8 @@ static int checker(const char *path) {
 }
 
 /* One model at one setting: build, prepare, calibrate, convert, save, load, export, check. */
-static void one(const char *stem, const char *model_key, const char *mode, int wbits, int abits) {
-  char err[QT_ERR_LEN], ov[8][256];
+static void one(const char *stem, const char *model_key, const char *mode, int wbits, int abits, int bias_int32) {
+  char err[QT_ERR_LEN], ov[9][256];
   snprintf(ov[0], sizeof ov[0], "%s", model_key);
   snprintf(ov[1], sizeof ov[1], "quant.mode=%s", mode);
   snprintf(ov[2], sizeof ov[2], "quant.weight_bits=%d", wbits);
@@ -94,8 +102,9 @@ static void one(const char *stem, const char *model_key, const char *mode, int w
   snprintf(ov[5], sizeof ov[5], "data.train_limit=256");
   snprintf(ov[6], sizeof ov[6], "quant.calibration_batches=4");
   snprintf(ov[7], sizeof ov[7], "train.batch_size=64");
-  char *ovp[8];
-  for (int i = 0; i < 8; i++) ovp[i] = ov[i];
+  snprintf(ov[8], sizeof ov[8], "quant.bias=%s", bias_int32 ? "int32" : "float");
+  char *ovp[9];
+  for (int i = 0; i < 9; i++) ovp[i] = ov[i];
   qt_options *o = malloc(sizeof *o);
   QT_ASSERT(o, "out of memory");
   qt_status st = {0};
@@ -108,7 +117,7 @@ static void one(const char *stem, const char *model_key, const char *mode, int w
   snprintf(onnx, sizeof onnx, "export_%s.onnx", stem);
   snprintf(io, sizeof io, "export_%s_io.h5", stem);
   remove(onnx);
-  if (qt_options_load(NULL, ovp, 8, o, err)) {
+  if (qt_options_load(NULL, ovp, 9, o, err)) {
     qt_test_fail("%s: options: %s", stem, err);
     goto done;
   }
@@ -137,6 +146,10 @@ static void one(const char *stem, const char *model_key, const char *mode, int w
         "%s: export wrote %d QuantizeLinear, %d DequantizeLinear, %d integer weights; the graph has %d "
         "quantize, %d dequantize, %d integer weights",
         stem, info.quantize, info.dequantize, info.int_weights, nq, ndq, nw);
+  const int nb = count_int_biases(h);
+  if (bias_int32 ? nb < 3 || info.int32_biases != nb || info.float_biases != 0 : nb != 0 || info.int32_biases != 0)
+    qt_test_fail("%s: export wrote %d int32 and %d fp32 biases; the graph has %d int32 biases", stem, info.int32_biases,
+                 info.float_biases, nb);
   if (info.ir_version != 8 || info.opset != 13)
     qt_test_fail("%s: IR %lld opset %lld", stem, (long long)info.ir_version, (long long)info.opset);
   if (abits < 8 ? info.clips != nq : info.clips != 0)
@@ -191,11 +204,14 @@ int main(void) {
   }
   char mobilenet[4200];
   snprintf(mobilenet, sizeof mobilenet, "model.onnx=%s", qt_test_path("tests/onnx/models/mobilenet.onnx"));
-  one("fashion_cnn_w8a8", "model.name=fashion_cnn", "ptq", 8, 8);
-  one("fashion_cnn_w4a4", "model.name=fashion_cnn", "qat", 4, 4);
-  one("res_cnn_w8a8", "model.name=res_cnn", "ptq", 8, 8);
-  one("res_cnn_w4a4", "model.name=res_cnn", "qat", 4, 4);
-  one("mobilenet_w8a8", mobilenet, "ptq", 8, 8);
-  one("mobilenet_w4a4", mobilenet, "qat", 4, 4);
+  one("fashion_cnn_w8a8", "model.name=fashion_cnn", "ptq", 8, 8, 0);
+  one("fashion_cnn_w4a4", "model.name=fashion_cnn", "qat", 4, 4, 0);
+  one("res_cnn_w8a8", "model.name=res_cnn", "ptq", 8, 8, 0);
+  one("res_cnn_w4a4", "model.name=res_cnn", "qat", 4, 4, 0);
+  one("mobilenet_w8a8", mobilenet, "ptq", 8, 8, 0);
+  one("mobilenet_w4a4", mobilenet, "qat", 4, 4, 0);
+  /* int32 biases (quant.bias = int32): written as the graph's integers */
+  one("fashion_cnn_w8a8_b32", "model.name=fashion_cnn", "ptq", 8, 8, 1);
+  one("mobilenet_w4a4_b32", mobilenet, "qat", 4, 4, 1);
   return qt_test_finish();
 }

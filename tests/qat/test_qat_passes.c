@@ -6,7 +6,11 @@
  *   point moved past a ReLU, BN folded with the wrong statistics, an integer outside the range;
  * - folding a weight shared by two conv->BN chains is refused; NaN reaching an observer is an
  *   error naming the node;
- * - LSQ scales: trained and followed by convert; initialized from a whole calibration pass. */
+ * - LSQ scales: trained and followed by convert; initialized from a whole calibration pass;
+ * - int32 biases (quant.bias = int32, and XNNPACK's Quantizer): every quantized layer's bias
+ *   (conv_bn: the folded one) becomes integers at s_x * s_w[c] within half a step of the float
+ *   bias, the check passes and catches a changed integer bias, Q/DQ and prepared files keep them,
+ *   and float biases are refused for XNNPACK. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +28,8 @@ static float *batch(uint64_t seed) {
   return x;
 }
 
-static int g_lsq; /* prepared_model: learnable scales */
+static int g_lsq;        /* prepared_model: learnable scales */
+static int g_bias_int32; /* prepared_model: int32 biases */
 
 static qt_graph *prepared_model(const char *model, qt_prepare_mode mode, int wbits, int abits, int vnni) {
   char err[QT_ERR_LEN];
@@ -35,6 +40,7 @@ static qt_graph *prepared_model(const char *model, qt_prepare_mode mode, int wbi
   qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
   qc.weight_observer = mode == QT_PREPARE_QAT ? QT_OBSERVER_MOVING_AVERAGE : QT_OBSERVER_MINMAX;
   qc.learnable_scale = g_lsq;
+  qc.bias = g_bias_int32 ? QT_BIAS_INT32 : QT_BIAS_AUTO;
   qt_annotations a;
   if (qt_test_quantizer_onednn(g, &qc, vnni ? QT_ISA_VNNI : QT_ISA_NO_VNNI, &a, err)) qt_test_fail("quantizer: %s", err);
   qt_graph *p = qt_prepare(g, &a, mode, err);
@@ -378,6 +384,117 @@ static void lsq_from_calibration(void) {
 }
 
 
+/* The int32 biases of convert graph c: one per output channel of every quantized layer with a
+ * bias, each within half a step (s_x * s_w[c], s_x from the layer's input dequantize; plus
+ * float32 rounding) of the float bias c keeps for audits. Returns the number of layers with an integer bias. */
+static int int32_biases_ok(qt_graph *c, const char *what) {
+  int layers = 0;
+  for (int i = 0; i < c->n_nodes; i++) {
+    const qt_node *n = &c->nodes[i];
+    if (!n->wq || n->param[QT_P_BIAS] < 0) continue;
+    if (!n->wq->spec.bias_int32 || !n->wq->qbias) {
+      qt_test_fail("%s: %s has a bias but no integer bias", what, n->name);
+      continue;
+    }
+    layers++;
+    const int src = qt_graph_quant_source(c, n->inputs[0]);
+    QT_CHECK(src >= 0 && c->nodes[src].op == QT_OP_DEQUANTIZE);
+    if (src < 0) continue;
+    const float *b = qt_graph_tensor_data(c, n->param[QT_P_BIAS]);
+    int nonzero = 0;
+    for (int o = 0; o < n->attr.out_channels; o++) {
+      const double s = (double)c->nodes[src].q->scale[0] * (double)n->wq->scale[n->wq->channels == 1 ? 0 : o];
+      const double err = fabs((double)n->wq->qbias[o] * s - (double)b[o]);
+      /* half a step, plus what float32 costs at |q| (the formula forms b * (1 / s) and the
+       * scale s_x * s_w in float32: 2^-22 of |q| covers both) */
+      if (err > s * (0.5 + fabs((double)n->wq->qbias[o]) * 0x1p-22))
+        qt_test_fail("%s: %s channel %d: integer bias %d x %.9g is %.3g from the float bias %.9g", what, n->name, o,
+                     n->wq->qbias[o], s, err, (double)b[o]);
+      nonzero += n->wq->qbias[o] != 0;
+    }
+    QT_CHECK(nonzero > 0);
+  }
+  return layers;
+}
+
+static void int32_bias(void) {
+  char err[QT_ERR_LEN];
+  g_bias_int32 = 1;
+  const struct { const char *model; qt_prepare_mode mode; int w, a, lsq, layers; } cases[] = {
+      {"fashion_cnn", QT_PREPARE_PTQ, 8, 8, 0, 4}, /* BN folded at prepare: conv biases */
+      {"res_cnn", QT_PREPARE_QAT, 8, 8, 0, 5},     /* conv_bn: the folded bias at convert */
+      {"fashion_cnn", QT_PREPARE_QAT, 4, 4, 1, 4}, /* LSQ: the derived scale follows learned scales */
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    g_lsq = cases[k].lsq;
+    qt_graph *p = prepared_model(cases[k].model, cases[k].mode, cases[k].w, cases[k].a, 1);
+    for (int i = 0; i < p->n_nodes; i++)
+      if (p->nodes[i].wq) QT_CHECK(p->nodes[i].wq->spec.bias_int32 == 1);
+    exercise(p, cases[k].mode);
+    qt_graph *c = qt_convert(p, err);
+    if (!c) {
+      qt_test_fail("convert %s: %s", cases[k].model, err);
+      qt_graph_free(p);
+      continue;
+    }
+    char what[64];
+    snprintf(what, sizeof what, "%s W%dA%d int32 bias", cases[k].model, cases[k].w, cases[k].a);
+    const int layers = int32_biases_ok(c, what);
+    if (layers < cases[k].layers) qt_test_fail("%s: %d layers with integer biases, want >= %d", what, layers, cases[k].layers);
+    qt_check_report r = check(p, c);
+    if (!r.ok) qt_test_fail("%s: check failed:\n%s", what, r.reason);
+    /* the Q/DQ file and the prepared file keep them */
+    QT_CHECK(qt_qdq_save("int32_bias_qdq.h5", c, err) == 0);
+    qt_graph *l = qt_qdq_load("int32_bias_qdq.h5", err);
+    if (!l) qt_test_fail("%s: reload: %s", what, err);
+    for (int i = 0; l && i < c->n_nodes; i++) {
+      const qt_qstate *a = c->nodes[i].wq, *b = l->nodes[i].wq;
+      if (!a) continue;
+      QT_CHECK(b && b->spec.bias_int32 == a->spec.bias_int32 && b->n_qbias == a->n_qbias);
+      if (b && a->qbias && b->qbias) QT_CHECK(memcmp(a->qbias, b->qbias, (size_t)a->n_qbias * sizeof(int32_t)) == 0);
+    }
+    qt_graph_free(l);
+    qt_set_fake_quant(p, 1);
+    QT_CHECK(qt_qdq_save("int32_bias_prepared.h5", p, err) == 0);
+    l = qt_qdq_load("int32_bias_prepared.h5", err);
+    if (!l) qt_test_fail("%s: reload prepared: %s", what, err);
+    for (int i = 0; l && i < p->n_nodes; i++)
+      if (p->nodes[i].wq) QT_CHECK(l->nodes[i].wq && l->nodes[i].wq->spec.bias_int32 && !l->nodes[i].wq->qbias);
+    qt_graph_free(l);
+    /* the check catches an integer bias that is not the trained one */
+    for (int i = 0; i < c->n_nodes; i++)
+      if (c->nodes[i].wq && c->nodes[i].wq->qbias) {
+        c->nodes[i].wq->qbias[0] += 3;
+        break;
+      }
+    r = check(p, c);
+    if (r.ok || !strstr(r.reason, "integers differ from quantizing the trained bias"))
+      qt_test_fail("%s: a changed integer bias passed the check (%s)", what, r.reason);
+    qt_graph_free(c);
+    qt_graph_free(p);
+  }
+  g_lsq = 0;
+  g_bias_int32 = 0;
+  /* XNNPACK: int32 biases chosen without asking, float ones refused */
+  qt_graph *g = qt_model_build("fashion_cnn", err);
+  qt_backend_desc d;
+  qt_backend_desc_xnnpack(&d);
+  qt_quantizer_config qc = qt_test_quantizer_config(8, 8);
+  qt_annotations a;
+  QT_CHECK(qt_quantizer(g, &d, &qc, &a, err) == 0);
+  for (int i = 0; i < g->n_nodes; i++)
+    if (a.weight[i]) QT_CHECK(a.weight_spec[i].bias_int32 == 1);
+  qt_annotations_free(&a);
+  qc.bias = QT_BIAS_FLOAT;
+  QT_CHECK(qt_quantizer(g, &d, &qc, &a, err) == -1 && strstr(err, "int32 biases only"));
+  /* oneDNN: float unless asked */
+  qc.bias = QT_BIAS_AUTO;
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+  for (int i = 0; i < g->n_nodes; i++) QT_CHECK(a.weight_spec[i].bias_int32 == 0);
+  qt_annotations_free(&a);
+  qt_graph_free(g);
+}
+
 int main(void) {
   annotations();
   relu6_units();
@@ -397,5 +514,6 @@ int main(void) {
   negatives();
   shared_weight_refused();
   nan_in_observer();
+  int32_bias();
   return qt_test_finish();
 }

@@ -14,7 +14,9 @@ and `prepared` (eval-mode training graphs: fake_quant, conv_bn, fake-quantized f
 The interpreter is a plain numpy reading of the format document (NHWC activations, OIHW
 weights, q = clamp(round_half_even(x * (1/scale)) + zp, qmin, qmax), x = (q - zp) * scale;
 fake_quant = dequantize(quantize(x)); conv_bn = conv(x, fq(W * sf)) / sf + b, then batch norm
-with the running statistics, sf = gamma / sqrt(running_var + eps) in float32).
+with the running statistics, sf = gamma / sqrt(running_var + eps) in float32; an int32 bias
+(weight record attribute bias = "int32") computes with bias_int * (s_x * s_w[c]), or in a
+prepared graph with the bias fake-quantized at that scale, conv_bn's folded bias included).
 It accumulates in float64, so it may differ from the C executor (float32, oneDNN) by a
 rounding flip at a quantization point; --max-lsb bounds the output difference in units of the
 last dequantize's scale. Exit status: 0 ok, 1 mismatch or malformed file, 77 when h5py is
@@ -67,6 +69,8 @@ def load(path):
             r["zero_point"] = g["zero_point"][:].astype(np.int64)
             if kind == "weight" and "weight_int" in g:  # prepared graphs: qparams only
                 r["weight_int"] = g["weight_int"][...]
+            if kind == "weight" and "bias_int" in g:  # int32 biases (attribute bias = "int32")
+                r["bias_int"] = g["bias_int"][...]
             quant[(kind, name)] = r
     pre = None  # optional: how raw pixels become the input (absent in older files)
     if "input_preprocessing" in f:
@@ -134,6 +138,9 @@ def describe(path, f, nodes, values, tensors, quant):
         if "weight_int" in r:
             w = r["weight_int"]
             line += f", weight_int {w.dtype} {tuple(w.shape)} in [{w.min()}, {w.max()}] of '{r['tensor']}'"
+        if r.get("bias", "float") == "int32":
+            b = r.get("bias_int")
+            line += ", bias int32" + (f" in [{b.min()}, {b.max()}]" if b is not None else " (fake-quantized)")
         print(line)
 
 
@@ -177,6 +184,28 @@ def weight_of(a, tensors, quant, w=None):
     return ((w - r["zero_point"].reshape(bshape)).astype(np.float32) * r["scale"].reshape(bshape)).astype(np.float64)
 
 
+BIAS_QMAX = 2147483520  # the int32 bias's range: +-(2^31 - 128)
+
+
+def bias_of(a, tensors, quant, src, b=None):
+    """The bias an op computes with (float32): the float tensor, or with an int32 bias (record
+    attribute bias = "int32") at the derived scale s_x * s_w[c] (float32 product; s_x of the
+    per-tensor quantization the layer's input lies on, `src`): the dequantized integers (Q/DQ
+    graphs) or the fake-quantized float bias (prepared graphs; `b` overrides the tensor)."""
+    r = quant.get(("weight", a["name"]))
+    if b is None:
+        b = tensors[a["bias"]]
+    if r is None or r.get("bias", "float") != "int32":
+        return b
+    if src is None:
+        raise SystemExit(f"{a['name']}: an int32 bias without a per-tensor quantized input")
+    s = (np.float32(src["scale"][0]) * np.broadcast_to(r["scale"], b.shape)).astype(np.float32)
+    if "bias_int" in r:
+        return (r["bias_int"].astype(np.float32) * s).astype(np.float32)
+    q = np.rint(b.astype(np.float32) * (np.float32(1.0) / s).astype(np.float32)).astype(np.float32)
+    return (np.clip(q, -BIAS_QMAX, BIAS_QMAX).astype(np.float32) * s).astype(np.float32)
+
+
 def conv2d(x, w, a):
     """NHWC x (float64) with OIHW w: grouped 2-D cross-correlation, zero padding."""
     win = windows(x, int(a["kernel_h"]), int(a["kernel_w"]), int(a["stride_h"]), int(a["stride_w"]),
@@ -201,9 +230,11 @@ def windows(x, kh, kw, sh, sw, ph, pw, fill):
 
 def run(nodes, values, tensors, quant, x, output):
     vals = {}
+    src = {}  # value -> the per-tensor record its values lie on (for int32 biases)
     for a in nodes:
         op, ins = a["op"], [vals.get(i) for i in a["inputs"]]
         xi = ins[0] if ins else None
+        xs = src.get(a["inputs"][0]) if a["inputs"] else None
         if op == "input":
             y = x.astype(np.float32)
         elif op == "quantize":
@@ -216,7 +247,7 @@ def run(nodes, values, tensors, quant, x, output):
         elif op == "conv2d":
             y = conv2d(xi.astype(np.float64), weight_of(a, tensors, quant), a)  # w: (OC, C/groups, KH, KW)
             if "bias" in a:
-                y = y + tensors[a["bias"]]
+                y = y + bias_of(a, tensors, quant, xs)
             y = y.astype(np.float32)
         elif op == "conv_bn":  # eval: conv(x, fq(W * sf)) / sf + b, then BN with the running statistics
             gamma, beta = tensors[a["bn_weight"]], tensors[a["bn_bias"]]
@@ -226,10 +257,15 @@ def run(nodes, values, tensors, quant, x, output):
             if "bias" in a:
                 y = y + tensors[a["bias"]]
             y = batch_norm(y.astype(np.float32), a, tensors, gamma, beta)
+            r = quant.get(("weight", a["name"]))
+            if r is not None and r.get("bias", "float") == "int32":  # what the folded bias loses to int32
+                b = tensors[a["bias"]] if "bias" in a else np.float32(0)
+                bf = (beta + (b - tensors[a["running_mean"]]).astype(np.float32) * sf).astype(np.float32)
+                y = (y + (bias_of(a, tensors, quant, xs, bf) - bf).astype(np.float32)).astype(np.float32)
         elif op == "linear":
             y = xi.astype(np.float64) @ weight_of(a, tensors, quant).T
             if "bias" in a:
-                y = y + tensors[a["bias"]]
+                y = y + bias_of(a, tensors, quant, xs)
             y = y.astype(np.float32)
         elif op == "relu":
             y = np.maximum(xi, np.float32(0))
@@ -253,6 +289,12 @@ def run(nodes, values, tensors, quant, x, output):
         else:
             raise SystemExit(f"node {a['index']} '{a['name']}': op '{op}' unknown to this reader")
         vals[int(a["output"])] = y
+        if op in ("dequantize", "fake_quant"):
+            r = quant[("activation", a["name"])]
+            if len(r["scale"]) == 1:
+                src[int(a["output"])] = r
+        elif op in ("max_pool2d", "flatten", "relu") and xs is not None:
+            src[int(a["output"])] = xs
     return vals[output]
 
 
