@@ -24,10 +24,14 @@ machine (CPU, ISA flags, the ISA oneDNN's kernels use). Each run lives in
 RUNS/<model>/<backend>/<method>_<bits>/ (RUNS/<model>/fp32/ for the checkpoint) with
 backends_run.json (command, exit status, wall time) and log.txt.
 
---quick: the same models and backends on 256 training / 32 test images, rows PTQ W8A8 and
-QAT W4A8 (the accelerator refuses the latter), inference timed only in the first model's first
-row on the built-in backends (the accelerator's simulator runs a few hundred images/s: its
-timing alone takes half a minute). --check validates OUT (every configured row present; ran
+The full run (the default rows, three models, three backends: 39 runs) is estimated at 30-40
+minutes on 2 idle cores: the accelerator's rows evaluate 10,000 test images, probe every
+quantization point on 1024 and time 6,656 in a simulator that runs a few hundred images/s.
+
+--quick: the same models and backends on 128 training / 16 test images and one fp32 epoch, rows
+PTQ W8A8 and PTQ W4A8 (no QAT: a training run's first epoch alone costs seconds; the accelerator
+refuses W4A8), inference timed only in the first model's first row on the built-in backends
+(the accelerator's timing alone would take half a minute); about half a minute on 2 idle cores. --check validates OUT (every configured row present; ran
 rows with all four stages in [0, 1], the check passed, the LSB histogram, partition counts
 with their fallback list, images/s where timed, one fp32 accuracy per model; refused rows with
 the Quantizer's reason, PTQ W8A8 never refused) and exits 1 otherwise.
