@@ -159,6 +159,13 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
   snprintf(r->backend, sizeof r->backend, "%s", qt_device_desc(device)->name);
   r->int8_partitions = qt_device_count(device, QT_PART_INT8);
   r->fallback_partitions = qt_device_count(device, QT_PART_FALLBACK);
+  for (int i = 0; i < qt_device_partition_count(device) && r->n_fallbacks < QT_REPORT_MAX_FALLBACKS; i++) {
+    const char *nodes, *detail;
+    if (qt_device_partition(device, i, &nodes, &detail) != QT_PART_FALLBACK) continue;
+    qt_report_fallback *f = &r->fallbacks[r->n_fallbacks++];
+    snprintf(f->nodes, sizeof f->nodes, "%s", nodes);
+    snprintf(f->reason, sizeof f->reason, "%s", detail);
+  }
   r->output_scale = qt_output_lsb(qdq);
   qt_device_agreement_init(&r->agreement, r->output_scale);
 
@@ -449,7 +456,15 @@ char *qt_report_json(const qt_report *r, const char *in) {
   char v[768];
   qt_report_verdict(r, v, sizeof v);
   qt_strbuf_json_string(&b, v);
-  qt_strbuf_printf(&b, ",\n%s\"lowering\": {\"int8_partitions\": %d, \"fallback_partitions\": %d}", in, r->int8_partitions,
-            r->fallback_partitions);
+  qt_strbuf_printf(&b, ",\n%s\"lowering\": {\"int8_partitions\": %d, \"fallback_partitions\": %d, \"fallbacks\": [", in,
+                   r->int8_partitions, r->fallback_partitions);
+  for (int i = 0; i < r->n_fallbacks; i++) {
+    qt_strbuf_printf(&b, "%s{\"nodes\": ", i ? ", " : "");
+    qt_strbuf_json_string(&b, r->fallbacks[i].nodes);
+    qt_strbuf_printf(&b, ", \"reason\": ");
+    qt_strbuf_json_string(&b, r->fallbacks[i].reason);
+    qt_strbuf_printf(&b, "}");
+  }
+  qt_strbuf_printf(&b, "]}");
   return b.s;
 }

@@ -130,6 +130,13 @@ typedef struct {
 } qt_report_point;
 
 #define QT_REPORT_MAX_POINTS 96
+#define QT_REPORT_MAX_FALLBACKS 16
+
+/* A partition the device runs on the CPU in fp32 (QT_PART_FALLBACK), as the device lists it. */
+typedef struct {
+  char nodes[256];  /* the Q/DQ graph nodes it covers, "a -> b" (cut short if longer) */
+  char reason[320]; /* why they are not on the backend's integer kernels (the partition's detail) */
+} qt_report_fallback;
 
 typedef struct {
   int64_t images;
@@ -144,6 +151,8 @@ typedef struct {
   qt_device_agreement float_vs_exact; /* the float32 Q/DQ executor against the exact reference */
   int64_t probe_images;           /* images the device was read on at intermediate points (0: not) */
   int int8_partitions, fallback_partitions;
+  int n_fallbacks;                /* fallback partitions listed below: the first QT_REPORT_MAX_FALLBACKS */
+  qt_report_fallback fallbacks[QT_REPORT_MAX_FALLBACKS];
   char backend[QT_NAME_LEN];      /* the device's backend (its description's name) */
   int n_points;
   qt_report_point points[QT_REPORT_MAX_POINTS];
@@ -171,7 +180,8 @@ void qt_report_verdict(const qt_report *r, char *buf, size_t len);
 void qt_report_print(const qt_report *r, FILE *f);
 
 /* The report as JSON members (no enclosing braces): "int8_vs_qdq", "sqnr_db",
- * "stage_loss_points", "verdict", "lowering"; each line starts with `indent`. SQNR of identical
+ * "stage_loss_points", "verdict", "lowering" (partition counts, and "fallbacks": the fp32
+ * fallback partitions, each {"nodes", "reason"}); each line starts with `indent`. SQNR of identical
  * tensors is written as 999.0 (JSON has no infinity), an unmeasured one as null. */
 char *qt_report_json(const qt_report *r, const char *indent);
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Sets up (scripts/setup.sh) and runs the whole test suite (about 8 minutes on two idle cores,
-# 5 of them the quick experiment grid).
+# 5 of them the quick experiment grid, half a minute the quick backends table).
 # Extra arguments go to scripts/setup.sh's cmake (CI passes -DQT_WERROR=ON).
 set -euo pipefail
 cd "$(dirname "$0")/.."

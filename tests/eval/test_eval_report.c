@@ -196,6 +196,16 @@ static void check_folded_points(const qt_dataset *ds) {
     }
     if (folded != 2) qt_test_fail("res_cnn: %d points named after a folded bn (block*.bn2), want 2", folded);
     QT_CHECK(r.fallback_partitions > 0 && r.lsb.max_lsb <= 2.0);
+    /* Every fallback partition listed with its nodes and reason, in the JSON too. */
+    QT_CHECK(r.n_fallbacks == r.fallback_partitions);
+    for (int i = 0; i < r.n_fallbacks; i++)
+      if (!r.fallbacks[i].nodes[0] || !r.fallbacks[i].reason[0])
+        qt_test_fail("res_cnn fallback %d: nodes '%s', reason '%s'", i, r.fallbacks[i].nodes, r.fallbacks[i].reason);
+    char *json = qt_report_json(&r, "");
+    char want[400];
+    snprintf(want, sizeof want, "\"fallbacks\": [{\"nodes\": \"%s\", \"reason\": ", r.fallbacks[0].nodes);
+    if (!strstr(json, want)) qt_test_fail("res_cnn JSON lacks %s:\n%s", want, json);
+    free(json);
   }
   qt_device_free(m);
   qt_graph_free(qdq);
