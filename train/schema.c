@@ -238,6 +238,12 @@ static int check_rules(const qt_options *o, char *err) {
     return qt_err(err, "quant.learnable_scale needs quant.mode = qat (PTQ learns nothing)");
   if (q->quantizer == QT_QUANTIZER_BACKEND && !q->backend[0])
     return qt_err(err, "quant.quantizer = backend needs quant.backend (a backend description file)");
+  if (q->quantizer != QT_QUANTIZER_BACKEND && q->backend[0] && strcmp(q->backend, "xnnpack") != 0 &&
+      strcmp(q->backend, "onednn") != 0 && strcmp(q->backend, "onednn_cpu") != 0)
+    return qt_err(err,
+                  "quant.backend = %s: a description file is read only with quant.quantizer = backend (quantize "
+                  "for it and deploy to it); with quant.quantizer = onednn it would be ignored",
+                  q->backend);
   return qt_analysis_check_mode(o, err);
 }
 

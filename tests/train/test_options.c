@@ -9,11 +9,15 @@
 #include "tests/common/testutil.h"
 #include "train/options.h"
 
-static qt_config *base_config(const char *mode) {
+/* builtin_backend: quant.backend = xnnpack with the default quantizer; else a description file
+ * with quant.quantizer = backend (which only that quantizer reads) */
+static qt_config *base_config(const char *mode, int builtin_backend) {
   qt_config *c = qt_train_config_create();
   char err[QT_ERR_LEN], m[64];
   snprintf(m, sizeof m, "quant.mode=%s", mode);
-  const char *keys[] = {m, "quant.backend=desc.ini", "data.train_path=train.h5", "data.test_path=test.h5"};
+  const char *keys[] = {m, builtin_backend ? "quant.backend=xnnpack" : "quant.backend=desc.ini",
+                        builtin_backend ? "quant.quantizer=onednn" : "quant.quantizer=backend", "data.train_path=train.h5",
+                        "data.test_path=test.h5"};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (qt_config_apply_override(c, keys[i], err)) qt_test_fail("%s: %s", keys[i], err);
   return c;
@@ -55,9 +59,9 @@ static void test_every_key_lands_in_its_field(void) {
   for (int i = 0; i < n; i++) {
     const qt_cfg_key *k = &schema[i];
     int done = 0;
-    const char *modes[] = {"qat", "ptq"};
-    for (int m = 0; m < 2 && !done; m++) {
-      qt_config *c = base_config(modes[m]);
+    const char *modes[] = {"qat", "ptq", "qat"};
+    for (int m = 0; m < 3 && !done; m++) {
+      qt_config *c = base_config(modes[m], m == 2);
       if (qt_options_resolve(c, &before, err)) qt_test_fail("base %s: %s", modes[m], err);
       char v[600];
       other_value(k, qt_config_value(c, k->section, k->key), v, sizeof v);
@@ -104,6 +108,8 @@ static void test_rules(void) {
       {"quant.mode=qat", "quant.qat_init=calibration", NULL},
       {"quant.mode=ptq", "quant.learnable_scale=true", "quant.learnable_scale needs quant.mode = qat"},
       {"quant.mode=qat", "quant.quantizer=backend", "quant.quantizer = backend needs quant.backend"},
+      {"quant.mode=ptq", "quant.backend=accel.ini", "a description file is read only with quant.quantizer = backend"},
+      {"quant.mode=ptq", "quant.backend=xnnpack", NULL},
       {"data.format=folder", "data.train_path=x", "data.format = folder needs data.train_path and data.test_path"},
       {"quant.mode=qat", "analysis.mixed_precision_k=1", "analysis.mixed_precision_k is a PTQ debugging tool"},
       {"quant.mode=none", "analysis.layer_sqnr=true", "analysis.layer_sqnr needs quant.mode = ptq or qat"},
