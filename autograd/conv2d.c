@@ -4,10 +4,14 @@
  * picks: with plain oihw weights oneDNN 2.6 falls back to its reference kernels (measured
  * 300x slower). The single-input-channel first layer also runs on oneDNN: its JIT kernels
  * beat straightforward OpenMP loops there (measured 0.28 vs 1.7 ms forward, 0.53 vs 1.5 ms
- * backward-weights at batch 128). The _ref twins are plain loops with double accumulation. */
+ * backward-weights at batch 128). A primitive is kept per shape and OpenMP thread count: oneDNN
+ * fixes its thread count when it creates a convolution, so one created under two threads would
+ * go on waking two where the caller now asks for one (the XNNPACK runtime's fp32 fallbacks).
+ * The _ref twins are plain loops with double accumulation. */
 #include "autograd/dnnl_util.h"
 #include "autograd/kernels.h"
 
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +111,7 @@ typedef struct {
 
 typedef struct {
   qt_conv2d_shape shape;
+  int threads; /* omp_get_max_threads() when created: part of the key */
   int in_use;
   dnnl_primitive_desc_t hint; /* a forward pd, the hint the backward pds are created from */
   conv_prim fwd[2];           /* indexed by has_bias */
@@ -207,8 +212,10 @@ static void conv_geometry(const qt_conv2d_shape *s, dnnl_dims_t strides, dnnl_di
 }
 
 static conv_entry *conv_lookup(const qt_conv2d_shape *s) {
+  const int threads = omp_get_max_threads();
   for (int i = 0; i < CONV_CACHE_SIZE; i++)
-    if (g_cache[i].in_use && conv_shape_equal(&g_cache[i].shape, s)) return &g_cache[i];
+    if (g_cache[i].in_use && g_cache[i].threads == threads && conv_shape_equal(&g_cache[i].shape, s))
+      return &g_cache[i];
   qt_dnnl_engine(); /* its exit handler must be registered before ours */
   if (!g_registered_cleanup) {
     atexit(conv_cache_release);
@@ -218,6 +225,7 @@ static conv_entry *conv_lookup(const qt_conv2d_shape *s) {
   g_cache_next = (g_cache_next + 1) % CONV_CACHE_SIZE;
   if (e->in_use) conv_entry_release(e);
   e->shape = *s;
+  e->threads = threads;
   e->in_use = 1;
   const dnnl_memory_desc_t src = conv_src_md(s), dst = conv_dst_md(s), wei = conv_wei_md(s, 0);
   const dnnl_memory_desc_t bias = conv_bias_md(s);

@@ -20,6 +20,13 @@
  * own fp32 node forward: a fallback partition with its reason. A quantize of fp32 data and a
  * dequantize for an fp32 consumer are boundaries, computed with the reference formulas.
  *
+ * Threads: XNNPACK's operators and the boundaries run on a pthreadpool, the fallbacks on
+ * OpenMP (the framework's kernels). Each runtime's idle workers spin-wait for milliseconds
+ * before they sleep, and a spinning worker of one takes a core from the other's: the pool is
+ * told to yield its workers before a fallback, and a fallback runs on one OpenMP thread unless
+ * libgomp's workers sleep at once (OMP_WAIT_POLICY=PASSIVE or GOMP_SPINCOUNT=0), since libgomp
+ * has no call that stops its workers' spinning (fallback_threads below).
+ *
  * Numerics: XNNPACK requantizes acc + bias (int32, accumulator units) by one float32
  * multiplier (s_x * s_w / s_out), rounds to nearest even and adds the zero point (the "fp32"
  * scheme of the 2022 x86 kernels); the exact reference (eval/exact.h) computes
@@ -33,6 +40,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "autograd/autograd.h"
 
@@ -126,6 +134,7 @@ struct qt_xnnpack {
   qt_ctx *ctx;
   void **bufs;           /* per slot, during a run */
   pthreadpool_t pool;
+  int fallback_threads;  /* OpenMP threads of a fallback step: 1, or 0 = OpenMP's own count */
   const qt_graph *g;     /* the Q/DQ graph (borrowed): the fallbacks' nodes and parameters */
 };
 
@@ -572,6 +581,21 @@ static void lower_fallback(lowering *L, int i, const char *reason) {
   qt_part_add(&m->parts, QT_PART_FALLBACK, n->name, "%s in fp32: %s", qt_op_name(n->op), reason);
 }
 
+/* Whether libgomp's workers spin-wait after a parallel region before they sleep: its default
+ * (GOMP_SPINCOUNT 300,000 pauses, milliseconds; OMP_WAIT_POLICY=ACTIVE: far longer), unless
+ * GOMP_SPINCOUNT is 0, or OMP_WAIT_POLICY is PASSIVE without a GOMP_SPINCOUNT (libgomp reads
+ * both once, at start-up; there is no call to change them afterwards). While they spin, they
+ * compete with the pool's workers for the cores: FashionCNN W8A8 for XNNPACK with conv2 left in
+ * fp32 (conv2, relu2, pool2 as fallbacks), batch 256, 2 threads, libgomp's default policy, on a
+ * loaded machine (load 7 on 2 cores): 2.0k images/s and 247 CPU ms per 1000 images with the
+ * fallbacks on two OpenMP threads and no pool yield, 4.1k and 129 ms now (PASSIVE, fallbacks on
+ * two threads: 3.9k -> 4.7k with the yield). */
+static int omp_workers_spin(void) {
+  const char *count = getenv("GOMP_SPINCOUNT"), *policy = getenv("OMP_WAIT_POLICY");
+  if (count && *count) return strtod(count, NULL) != 0; /* "infinity" and the like: spins */
+  return !(policy && strncasecmp(policy + strspn(policy, " \t"), "passive", 7) == 0);
+}
+
 qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
   if (!g->finalized) {
     qt_err(err, "device xnnpack: graph %s is not finalized", g->name);
@@ -682,6 +706,7 @@ qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
   QT_ASSERT(m->bufs, "out of memory");
   const int threads = omp_get_max_threads();
   m->pool = threads > 1 ? pthreadpool_create((size_t)threads) : NULL;
+  m->fallback_threads = m->pool && omp_workers_spin() ? 1 : 0;
   return m;
 }
 
@@ -797,24 +822,49 @@ static qt_tensor *wrap(qt_ctx *ctx, void *data, int N, int ndim, const int64_t *
   return qt_tensor_wrap(ctx, QT_F32, ndim + 1, s, data);
 }
 
+static void nothing(void *ctx, size_t i) {
+  (void)ctx;
+  (void)i;
+}
+
+/* Sends the pool's workers to sleep now instead of after their spin-wait (which would take a
+ * core from the OpenMP threads of the fallback that follows): an empty job with
+ * PTHREADPOOL_FLAG_YIELD_WORKERS, one item per thread so that the workers take it. */
+static void pool_yield(pthreadpool_t pool) {
+  if (pool)
+    pthreadpool_parallelize_1d(pool, nothing, NULL, pthreadpool_get_threads_count(pool), PTHREADPOOL_FLAG_YIELD_WORKERS);
+}
+
+/* A fallback step: the node's own fp32 forward, on m->fallback_threads OpenMP threads. */
+static void *run_fallback(qt_xnnpack *m, const step *s, int n, char *err) {
+  const qt_node *node = &m->g->nodes[s->node];
+  qt_tensor *ins[QT_MAX_INPUTS] = {NULL};
+  for (int k = 0; k < node->n_inputs && k < 2; k++)
+    ins[k] = wrap(m->ctx, m->bufs[s->in[k]], n, s->in_ndim[k], s->in_shape[k]);
+  const int threads = omp_get_max_threads();
+  if (m->fallback_threads) omp_set_num_threads(m->fallback_threads);
+  qt_tensor *y = qt_node_forward((qt_graph *)m->g, m->ctx, s->node, ins, 0, err);
+  if (m->fallback_threads) omp_set_num_threads(threads);
+  if (!y) qt_err(err, "run %s on xnnpack: fallback %s (%s) failed", m->name, node->name, qt_op_name(node->op));
+  return y ? y->data : NULL;
+}
+
 int qt_xnnpack_run(qt_xnnpack *m, float *out, const float *input, int n, char *err) {
   if (n <= 0) return qt_err(err, "run %s on xnnpack: batch of %d images", m->name, n);
   qt_ctx_reset(m->ctx);
   m->bufs[m->input_slot] = (void *)input; /* read only: no step writes its input */
+  int pool_busy = 1; /* the pool ran last (here or at the end of the previous run) */
   for (int i = 0; i < m->n_steps; i++) {
     const step *s = &m->steps[i];
     void *in = s->in[0] >= 0 ? m->bufs[s->in[0]] : NULL;
     const int64_t numel = s->in_numel * n;
     if (s->kind == ST_FALLBACK) {
-      const qt_node *node = &m->g->nodes[s->node];
-      qt_tensor *ins[QT_MAX_INPUTS] = {NULL};
-      for (int k = 0; k < node->n_inputs && k < 2; k++)
-        ins[k] = wrap(m->ctx, m->bufs[s->in[k]], n, s->in_ndim[k], s->in_shape[k]);
-      qt_tensor *y = qt_node_forward((qt_graph *)m->g, m->ctx, s->node, ins, 0, err);
-      if (!y) return qt_err(err, "run %s on xnnpack: fallback %s (%s) failed", m->name, node->name, qt_op_name(node->op));
-      m->bufs[s->out] = y->data;
+      if (pool_busy) pool_yield(m->pool);
+      pool_busy = 0;
+      if (!(m->bufs[s->out] = run_fallback(m, s, n, err))) return -1;
       continue;
     }
+    pool_busy = 1;
     /* XNNPACK's kernels may read XNN_EXTRA_BYTES past the end of an input */
     void *o = qt_arena_alloc(m->ctx, m->slot_bytes[s->out] * (size_t)n + XNN_EXTRA_BYTES);
     m->bufs[s->out] = o;
@@ -846,9 +896,12 @@ qt_partition_kind qt_xnnpack_partition(const qt_xnnpack *m, int i, const char **
 }
 
 void qt_xnnpack_report(const qt_xnnpack *m, FILE *f) {
-  fprintf(f, "partitions of %s on xnnpack (%d threads): %d int8, %d fallback, %d boundary\n", m->name,
-          m->pool ? (int)pthreadpool_get_threads_count(m->pool) : 1, qt_part_count(&m->parts, QT_PART_INT8),
-          qt_part_count(&m->parts, QT_PART_FALLBACK), qt_part_count(&m->parts, QT_PART_BOUNDARY));
+  const int fallbacks = qt_part_count(&m->parts, QT_PART_FALLBACK);
+  fprintf(f, "partitions of %s on xnnpack (%d threads): %d int8, %d fallback, %d boundary%s\n", m->name,
+          m->pool ? (int)pthreadpool_get_threads_count(m->pool) : 1, qt_part_count(&m->parts, QT_PART_INT8), fallbacks,
+          qt_part_count(&m->parts, QT_PART_BOUNDARY),
+          fallbacks && m->fallback_threads ? " (fallbacks on 1 OpenMP thread: its workers would spin-wait, "
+                                             "OMP_WAIT_POLICY is not PASSIVE)" : "");
   qt_part_print(&m->parts, f);
 }
 
