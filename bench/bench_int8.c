@@ -1,13 +1,16 @@
-/* bench_int8 [MODEL_QDQ.h5] [--backend onednn|xnnpack] [--batch N] [--seconds S] [--rounds R]: FashionCNN
- * inference images/s at batch
- * 256 (default) for the framework's fp32 graph executor, the Q/DQ reference interpreter and
- * the int8 device (qt_device_open). Without a file, the Q/DQ graph is made here: FashionCNN
+/* bench_int8 [MODEL_QDQ.h5] [--backend onednn|xnnpack] [--batch N] [--seconds S] [--rounds R] [--int8-only]:
+ * FashionCNN inference images/s at batch 256 (default) for the framework's fp32 graph executor, the
+ * Q/DQ reference interpreter and the int8 device (qt_device_open); --int8-only times the device
+ * alone (no OpenMP engines in between). Beside images/s, the process's CPU time (user + system,
+ * all threads) per 1000 images: work plus spin-waiting, a figure other processes on the machine
+ * change less than the wall clock. Without a file, the Q/DQ graph is made here: FashionCNN
  * with PyTorch's initialization -> the backend's Quantizer (W8A8) -> PTQ prepare -> calibration on
  * random batches -> convert. Inputs are random (speed does not depend on the values).
  * Prints one line per engine and the int8 / fp32 speed-up. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "backend/backend.h"
@@ -59,19 +62,29 @@ static int report(const char *msg, int status) {
   return status;
 }
 
-/* Runs fn until `seconds` have passed (after 2 warm-up calls); returns images/s. */
+static double cpu_seconds(void) {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return (double)u.ru_utime.tv_sec + 1e-6 * (double)u.ru_utime.tv_usec + (double)u.ru_stime.tv_sec +
+         1e-6 * (double)u.ru_stime.tv_usec;
+}
+
+/* Runs fn until `seconds` have passed (after 2 warm-up calls); returns images/s and sets *cpu_ms
+ * to the process's CPU milliseconds per 1000 images over the same runs. */
 typedef int (*run_fn)(void *state, const float *x, int n);
 
-static double measure(run_fn fn, void *state, const float *x, int n, double seconds) {
+static double measure(run_fn fn, void *state, const float *x, int n, double seconds, double *cpu_ms) {
   for (int i = 0; i < 2; i++)
     if (fn(state, x, n)) return -1;
   int iters = 0;
+  const double c0 = cpu_seconds();
   double t0 = qt_now_seconds(), t;
   do {
     if (fn(state, x, n)) return -1;
     iters++;
     t = qt_now_seconds();
   } while (t - t0 < seconds);
+  *cpu_ms = (cpu_seconds() - c0) * 1e6 / ((double)iters * n);
   return (double)iters * n / (t - t0);
 }
 
@@ -105,15 +118,17 @@ int main(int argc, char **argv) {
   const char *path = NULL, *backend = "onednn";
   int batch = 256;
   double seconds = 6.0;
-  int rounds = 3;
+  int rounds = 3, int8_only = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) batch = atoi(argv[++i]);
     else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) seconds = atof(argv[++i]);
     else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
+    else if (strcmp(argv[i], "--int8-only") == 0) int8_only = 1;
     else if (argv[i][0] != '-' && !path) path = argv[i];
     else {
-      fprintf(stderr, "usage: bench_int8 [MODEL_QDQ.h5] [--backend onednn|xnnpack] [--batch N] [--seconds S] [--rounds R]\n");
+      fprintf(stderr, "usage: bench_int8 [MODEL_QDQ.h5] [--backend onednn|xnnpack] [--batch N] [--seconds S] [--rounds R] "
+                      "[--int8-only]\n");
       return 2;
     }
   }
@@ -138,22 +153,31 @@ int main(int argc, char **argv) {
          path ? path : "(converted here, W8A8 PTQ)", batch, seconds, rounds);
   /* Engines alternate over `rounds` rounds and each keeps its best round: on a shared
    * machine, other processes slow single measurements down, never up. */
-  double f = 0, q = 0, i8 = 0;
+  double f = int8_only, q = int8_only, i8 = 0, fc = 1e30, qc = 1e30, ic = 1e30, ac = 0, bc = 0, cc = 0;
   for (int r = 0; r < rounds; r++) {
-    const double a = measure(run_graph, &gf, x, batch, seconds / rounds);
-    const double b = measure(run_graph, &gq, x, batch, seconds / rounds);
-    const double c = measure(run_lowered, &ls, x, batch, seconds / rounds);
+    const double a = int8_only ? 1 : measure(run_graph, &gf, x, batch, seconds / rounds, &ac);
+    const double b = int8_only ? 1 : measure(run_graph, &gq, x, batch, seconds / rounds, &bc);
+    const double c = measure(run_lowered, &ls, x, batch, seconds / rounds, &cc);
     if (a < 0 || b < 0 || c < 0) return 1;
-    f = a > f ? a : f;
-    q = b > q ? b : q;
+    if (!int8_only) {
+      f = a > f ? a : f;
+      q = b > q ? b : q;
+      fc = ac < fc ? ac : fc;
+      qc = bc < qc ? bc : qc;
+      printf("  round %d: fp32 %.0f, Q/DQ %.0f, int8 %.0f images/s; CPU ms per 1000 images %.1f, %.1f, %.1f\n", r + 1,
+             a, b, c, ac, bc, cc);
+    } else
+      printf("  round %d: int8 %.0f images/s, %.1f CPU ms per 1000 images\n", r + 1, c, cc);
     i8 = c > i8 ? c : i8;
-    printf("  round %d: fp32 %.0f, Q/DQ %.0f, int8 %.0f images/s\n", r + 1, a, b, c);
+    ic = cc < ic ? cc : ic;
   }
-  printf("  fp32 graph executor      %8.0f images/s (best round)\n", f);
-  printf("  Q/DQ reference graph     %8.0f images/s\n", q);
-  printf("  int8 lowered             %8.0f images/s (%d int8, %d fallback partitions)\n", i8,
-         qt_device_count(m, QT_PART_INT8), qt_device_count(m, QT_PART_FALLBACK));
-  printf("  int8 / fp32 speed-up     %8.2fx\n", i8 / f);
+  if (!int8_only) {
+    printf("  fp32 graph executor      %8.0f images/s (best round), %6.1f CPU ms per 1000 images (least)\n", f, fc);
+    printf("  Q/DQ reference graph     %8.0f images/s, %6.1f CPU ms per 1000 images\n", q, qc);
+  }
+  printf("  int8 lowered             %8.0f images/s, %6.1f CPU ms per 1000 images (%d int8, %d fallback partitions)\n", i8,
+         ic, qt_device_count(m, QT_PART_INT8), qt_device_count(m, QT_PART_FALLBACK));
+  if (!int8_only) printf("  int8 / fp32 speed-up     %8.2fx\n", i8 / f);
   free(x);
   free(ls.out);
   qt_ctx_free(gf.ctx);
