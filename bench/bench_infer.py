@@ -35,7 +35,7 @@ FASHION = "/usr/share/datasets/fashion-mnist/"
 TORCH_CHILD = r'''
 import gzip, sys, time, numpy as np, torch, torch.nn as nn
 mode, threads, rounds, ckpt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-FASHION = sys.argv[5]
+FASHION, engine = sys.argv[5], sys.argv[6]
 torch.set_num_threads(threads); torch.manual_seed(0)
 
 def load(kind, n):
@@ -98,8 +98,10 @@ layouts = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last
 if mode == "int8":
     from torch.ao.quantization import get_default_qconfig_mapping
     from torch.ao.quantization.quantize_fx import prepare_fx, convert_fx
-    torch.backends.quantized.engine = "onednn"
-    prepared = prepare_fx(model, get_default_qconfig_mapping("onednn"), (batch[:1],))
+    if engine not in torch.backends.quantized.supported_engines:
+        sys.exit("quantized engine %s not in this build (%s)" % (engine, torch.backends.quantized.supported_engines))
+    torch.backends.quantized.engine = engine  # before convert_fx, which packs the weights for it
+    prepared = prepare_fx(model, get_default_qconfig_mapping(engine), (batch[:1],))
     x_train, _ = load("train", 2048)
     with torch.no_grad():
         for i in range(0, 2048, 256):
@@ -112,19 +114,25 @@ for name, mf in layouts.items():
 '''
 
 
-def run_ours(build, qdq, fp32, rounds, threads):
+def run_ours(build, qdq, fp32, rounds, threads, backend="onednn"):
+    """qat_report on MODEL_QDQ with the backend's device: (fp32 images/s or None, int8 images/s,
+    {stage: test accuracy}, its output). Without an fp32 checkpoint (fp32 None) the device is
+    timed alone, its rounds back to back; with one, its rounds alternate with the fp32 graph's."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    cmd = [os.path.join(build, "bin", "qat_report"), qdq, "--fp32", fp32, "--probe-images", "0", "--timing-rounds", str(rounds)]
+    cmd = [os.path.join(build, "bin", "qat_report"), qdq, "--backend", backend, "--probe-images", "0",
+           "--timing-rounds", str(rounds)] + (["--fp32", fp32] if fp32 else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-    m = re.search(r"fp32 ([0-9.]+) images/s, int8 ([0-9.]+) images/s", out)
+    m = re.search(r"^inference at batch .*?(?:fp32 ([0-9.]+) images/s, )?int8 ([0-9.]+) images/s", out, re.M)
     acc = {k: float(v) / 100 for k, v in re.findall(r"(fp32 model|Q/DQ graph|int8 device)\s+top-1\s+([0-9.]+)%", out)}
     if not m:
         sys.exit("bench_infer: no timing line in qat_report's output:\n" + out)
-    return float(m.group(1)), float(m.group(2)), acc, out
+    return float(m.group(1)) if m.group(1) else None, float(m.group(2)), acc, out
 
 
-def run_torch(mode, threads, rounds, ckpt):
-    p = subprocess.run(["/usr/bin/python3", "-c", TORCH_CHILD, mode, str(threads), str(rounds), ckpt, FASHION],
+def run_torch(mode, threads, rounds, ckpt, engine="onednn"):
+    """PyTorch in its own process: {layout: (images/s, test accuracy, weights)}; int8 is FX PTQ
+    with the quantized engine `engine` (its default qconfig mapping)."""
+    p = subprocess.run(["/usr/bin/python3", "-c", TORCH_CHILD, mode, str(threads), str(rounds), ckpt, FASHION, engine],
                        check=True, capture_output=True, text=True,
                        env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
     rows = {}
@@ -134,12 +142,15 @@ def run_torch(mode, threads, rounds, ckpt):
     return rows
 
 
-def ensure_models(build, qdq, fp32):
+def ensure_models(build, qdq, fp32, overrides=()):
+    """Makes qdq (and fp32 when missing) with qat_train experiments/fashion_cnn_ptq_w8a8.ini and
+    its `overrides` (e.g. quant.backend=xnnpack output.dir=...) unless both exist."""
     if os.path.exists(qdq) and os.path.exists(fp32):
         return
-    print("bench_infer: %s or %s missing: making them with qat_train experiments/fashion_cnn_ptq_w8a8.ini" % (qdq, fp32))
+    print("bench: %s or %s missing: making them with qat_train experiments/fashion_cnn_ptq_w8a8.ini %s"
+          % (qdq, fp32, " ".join(overrides)))
     subprocess.run([os.path.join(build, "bin", "qat_train"), os.path.join(ROOT, "experiments", "fashion_cnn_ptq_w8a8.ini"),
-                    "output.progress=lines"], check=True, cwd=ROOT)
+                    "output.progress=lines"] + list(overrides), check=True, cwd=ROOT)
 
 
 def main():
