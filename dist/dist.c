@@ -166,11 +166,12 @@ void qt_dist_barrier(void) {
 }
 
 void qt_dist_abort(int exit_code, const char *fmt, ...) {
+  char msg[QT_ERR_LEN + 256];
   va_list ap;
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
+  fprintf(stderr, "%s\n", msg); /* one write: the launcher forwards whole lines */
   fflush(stderr);
 #ifdef QT_HAVE_MPI
   if (joined) MPI_Abort(MPI_COMM_WORLD, exit_code);

@@ -1,5 +1,10 @@
 /* `qat_train` as a table of contents of stage calls (train/pipeline.h), with the run's own
- * files: metrics.csv, checkpoints, model.dot and summary.json. */
+ * files: metrics.csv, checkpoints, model.dot and summary.json.
+ *
+ * Under mpirun (dist/dist.h) every process runs the same stages on its share of the data
+ * (trainer.c: data-parallel training, evaluation split and combined), and process 0 alone is the
+ * writer: it holds the output folder's lock and writes every file, prints the progress and
+ * reads the checkpoint it resumes from, whose state it then sends to the others. */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
 #include <fcntl.h>
@@ -9,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dist/dist.h"
 #include "train/analysis.h"
 #include "train/pipeline.h"
 
@@ -27,7 +33,17 @@ typedef struct {
   qt_quant_result q;
   double arena_mb;
   int lock_fd; /* <output.dir>/.lock, held while the run writes there (-1: none) */
+  int ranks;   /* processes of the job (dist.h) */
+  int writer;  /* this process writes the files and prints (process 0) */
 } run;
+
+/* ---- the job's processes --------------------------------------------------------------------- */
+/* Every process gets process 0's parameters and buffers (the same model, whatever each read). */
+static void share_model(const run *r, qt_graph *g) {
+  if (r->ranks == 1) return;
+  qt_dist_broadcast(g->params, (size_t)g->n_params * sizeof(float), 0);
+  qt_dist_broadcast(g->buffers, (size_t)g->n_buffers * sizeof(float), 0);
+}
 
 /* ---- files ----------------------------------------------------------------------------------- */
 static void csv_write(const run *r) {
@@ -66,7 +82,7 @@ static int csv_read(const char *path, qt_epoch_stats *rows, int max, int upto) {
 }
 
 static void write_dot(const run *r, const qt_graph *g, const char *file) {
-  if (!r->o->output.dot) return;
+  if (!r->o->output.dot || !r->writer) return;
   char path[QT_OPT_STR + 64];
   snprintf(path, sizeof path, "%s/%s", r->o->output.dir, file);
   FILE *f = fopen(path, "w");
@@ -157,8 +173,10 @@ static int write_summary(const run *r, char *err) {
   if (r->n_rows)
     qt_strbuf_printf(&b, "    \"final_train_loss\": %.6f,\n    \"final_train_accuracy\": %.6f,\n",
                      r->rows[r->n_rows - 1].train_loss, r->rows[r->n_rows - 1].train_acc);
-  qt_strbuf_printf(&b, "    \"batch_size\": %d,\n    \"threads\": %d\n  },\n", r->o->train.batch_size,
+  qt_strbuf_printf(&b, "    \"batch_size\": %d,\n    \"threads\": %d", r->o->train.batch_size,
                    omp_get_max_threads());
+  if (r->ranks > 1) qt_strbuf_printf(&b, ",\n    \"processes\": %d", r->ranks); /* threads is per process */
+  qt_strbuf_printf(&b, "\n  },\n");
   if (r->analysis[0]) {
     qt_strbuf_printf(&b, "  \"analysis\": ");
     qt_strbuf_json_string(&b, r->analysis);
@@ -209,15 +227,27 @@ static int same_folder(const char *file, const char *dir) {
 /* Output folder, file names, threads, and the checks that come before any work. */
 static int run_open(run *r, const qt_options *o, qt_status *st) {
   r->o = o;
-  r->verbose = o->output.progress != QT_PROGRESS_NONE;
+  r->ranks = qt_dist_size();
+  r->writer = qt_dist_rank() == 0;
+  r->verbose = r->writer && o->output.progress != QT_PROGRESS_NONE;
   r->quant = o->quant.mode != QT_QUANT_NONE;
+  if (r->quant && r->ranks > 1)
+    return qt_status_set(st, QT_STATUS_INPUT,
+                         "quant.mode = %s with %d processes: data-parallel PTQ and QAT need the observers "
+                         "synchronized across processes, which is not done yet; run it as one process (without "
+                         "mpirun), or data-parallel fp32 training only",
+                         o->quant.mode == QT_QUANT_PTQ ? "ptq" : "qat", r->ranks);
   if (o->train.threads > 0) omp_set_num_threads(o->train.threads);
-  char derr[QT_ERR_LEN];
-  if (qt_mkdir_p(o->output.dir, derr)) return qt_status_set(st, QT_STATUS_IO, "output.dir: %s", derr);
-  if (lock_dir(r, o->output.dir, st)) return -1;
   snprintf(r->ckpt, sizeof r->ckpt, "%s/checkpoint.h5", o->output.dir);
   snprintf(r->csv, sizeof r->csv, "%s/metrics.csv", o->output.dir);
   snprintf(r->summary, sizeof r->summary, "%s/summary.json", o->output.dir);
+  if (!r->writer) { /* whether process 0 resumes (it alone looks into output.dir) */
+    qt_dist_broadcast(&r->resuming, sizeof r->resuming, 0);
+    return 0;
+  }
+  char derr[QT_ERR_LEN];
+  if (qt_mkdir_p(o->output.dir, derr)) return qt_status_set(st, QT_STATUS_IO, "output.dir: %s", derr);
+  if (lock_dir(r, o->output.dir, st)) return -1;
   /* train.resume: a PTQ run has no epochs and simply calibrates again; any other run must
    * match the checkpoint's [quant] settings (checked before any work). */
   const int ptq = o->quant.mode == QT_QUANT_PTQ;
@@ -231,6 +261,7 @@ static int run_open(run *r, const qt_options *o, qt_status *st) {
     free(meta.config_ini);
     if (bad) return qt_status_fail(st, QT_STATUS_INPUT);
   }
+  if (r->ranks > 1) qt_dist_broadcast(&r->resuming, sizeof r->resuming, 0);
   const char *fp32 = o->quant.fp32_checkpoint, *base = strrchr(fp32, '/') ? strrchr(fp32, '/') + 1 : fp32;
   if (r->quant && fp32[0] && strcmp(base, "checkpoint.h5") == 0 && same_folder(fp32, o->output.dir))
     return qt_status_set(st, QT_STATUS_INPUT,
@@ -246,6 +277,7 @@ static int run_model_and_data(run *r, qt_status *st) {
   const qt_options *o = r->o;
   if (!(r->g = qt_stage_build_model(o, NULL, st))) return -1;
   if (r->quant && qt_stage_obtain_fp32(o, r->g, r->verbose, st)) return -1;
+  share_model(r, r->g);
   if (qt_stage_load_data(&o->data, QT_SPLIT_BOTH, &r->train, &r->test, st) ||
       qt_stage_model_fits(o, r->g, &r->train, st) || qt_stage_model_fits(o, r->g, &r->test, st))
     return -1;
@@ -280,6 +312,21 @@ static int run_prepare(run *r, qt_status *st) {
   return 0;
 }
 
+/* Resuming with more than one process: process 0 read the checkpoint and sends what it loaded
+ * (parameters, buffers, optimizer state, epoch and step) to the others, which receive it here;
+ * the number of processes may differ from the run that wrote it. */
+static void resume_share(run *r) {
+  qt_optim *opt = qt_trainer_optim(r->trainer);
+  share_model(r, r->tg);
+  for (int i = 0; i < qt_optim_state_count(opt); i++)
+    qt_dist_broadcast(qt_optim_state(opt, i, NULL), (size_t)qt_optim_numel(opt) * sizeof(float), 0);
+  int64_t counters[3] = {r->start_epoch, qt_trainer_step(r->trainer), qt_optim_steps(opt)};
+  qt_dist_broadcast(counters, sizeof counters, 0);
+  r->start_epoch = (int)counters[0];
+  qt_trainer_set_step(r->trainer, counters[1]);
+  qt_optim_set_steps(opt, counters[2]);
+}
+
 /* The trainer, and on resume the checkpoint's state and the earlier epochs' rows. */
 static int run_trainer(run *r, qt_status *st) {
   const qt_options *o = r->o;
@@ -287,7 +334,8 @@ static int run_trainer(run *r, qt_status *st) {
   if (!(r->trainer = qt_trainer_create(o, r->tg, &r->train, st))) return -1;
   r->rows = calloc((size_t)epochs + 1, sizeof *r->rows);
   QT_ASSERT(r->rows, "out of memory");
-  if (r->resuming) {
+  if (r->resuming && !r->writer) resume_share(r);
+  if (r->resuming && r->writer) {
     qt_checkpoint_meta meta;
     if (qt_checkpoint_load(r->ckpt, r->tg, qt_trainer_optim(r->trainer), &meta, st->msg))
       return qt_status_fail(st, QT_STATUS_FORMAT);
@@ -304,11 +352,18 @@ static int run_trainer(run *r, qt_status *st) {
      * leave rows[] too small for the epochs still to run) */
     r->n_rows = csv_read(r->csv, r->rows, r->start_epoch < epochs ? r->start_epoch : epochs, r->start_epoch);
     fprintf(stderr, "resuming from %s: %d epoch(s) done, step %lld\n", r->ckpt, r->start_epoch, (long long)meta.step);
+    if (r->ranks > 1) resume_share(r);
   }
-  if (r->verbose)
+  if (r->verbose && r->ranks == 1)
     fprintf(stderr, "%s: %lld parameters; %lld training / %lld test images; %d epochs of %lld batches; %d threads\n",
             r->g->name, (long long)qt_graph_param_count(r->g), (long long)r->train.n, (long long)r->test.n, epochs,
             (long long)qt_trainer_batches(r->trainer), omp_get_max_threads());
+  else if (r->verbose)
+    fprintf(stderr,
+            "%s: %lld parameters; %lld training / %lld test images; %d epochs of %lld batches; %d processes x %d "
+            "threads (data parallel)\n",
+            r->g->name, (long long)qt_graph_param_count(r->g), (long long)r->train.n, (long long)r->test.n, epochs,
+            (long long)qt_trainer_batches(r->trainer), r->ranks, omp_get_max_threads());
   return 0;
 }
 
@@ -328,12 +383,13 @@ static int run_epochs(run *r, qt_status *st) {
     qt_epoch_stats *e = &r->rows[r->n_rows];
     if (qt_trainer_epoch(r->trainer, r->ctx, epoch, e, st))
       rc = -1;
-    else if (qt_evaluate(r->tg, r->ctx, &r->test, &ec, &r->final, st->msg))
+    else if (qt_evaluate_distributed(r->tg, r->ctx, &r->test, &ec, &r->final, st->msg))
       rc = qt_status_fail(st, QT_STATUS_RUNTIME);
     if (rc) break;
     e->test_loss = r->final.loss;
     e->test_acc = r->final.accuracy;
     r->n_rows++;
+    if (!r->writer) continue;
     if (r->verbose)
       fprintf(stderr,
               "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  %.0f img/s  %.1f s  lr %.4g\n",
@@ -349,7 +405,8 @@ static int run_epochs(run *r, qt_status *st) {
       rc = qt_status_fail(st, QT_STATUS_IO);
   }
   free(ini);
-  if (!rc && !r->quant && (ran == 0 || r->final.n == 0) && qt_evaluate(r->g, r->ctx, &r->test, &ec, &r->final, st->msg))
+  if (!rc && !r->quant && (ran == 0 || r->final.n == 0) &&
+      qt_evaluate_distributed(r->g, r->ctx, &r->test, &ec, &r->final, st->msg))
     rc = qt_status_fail(st, QT_STATUS_RUNTIME);
   if (!r->quant) r->fp32 = r->final;
   r->arena_mb = (double)qt_ctx_peak_bytes(r->ctx) / 1048576.0;
@@ -403,7 +460,7 @@ int qt_train_run(const qt_options *o, qt_status *st) {
   st->msg[0] = 0;
   int rc = run_open(r, o, st) || run_model_and_data(r, st) || (r->quant && run_prepare(r, st)) || run_trainer(r, st) ||
            run_epochs(r, st) || (r->quant && run_finish_quant(r, st));
-  if (!rc && write_summary(r, st->msg)) rc = qt_status_fail(st, QT_STATUS_IO);
+  if (!rc && r->writer && write_summary(r, st->msg)) rc = qt_status_fail(st, QT_STATUS_IO);
   if (!rc) print_result(r);
   if (!rc && r->quant && !r->q.check.ok)
     rc = qt_status_set(st, QT_STATUS_RUNTIME,

@@ -26,6 +26,11 @@ typedef struct {
  * arena to reuse (the training loop's, so the two share memory), or NULL for a private one. */
 int qt_evaluate(qt_graph *g, qt_ctx *ctx, const qt_dataset *ds, const qt_loader_config *lc, qt_eval_result *out,
                 char *err);
+/* qt_evaluate with the samples split across the job's processes (dist/dist.h: contiguous ranges
+ * in rank order) and the results combined: every process must call it, and every process gets
+ * the whole set's accuracy, mean loss and count. Alone: exactly qt_evaluate. */
+int qt_evaluate_distributed(qt_graph *g, qt_ctx *ctx, const qt_dataset *ds, const qt_loader_config *lc,
+                            qt_eval_result *out, char *err);
 
 /* ---- checkpoints (HDF5) ------------------------------------------------------------------ */
 typedef struct {
