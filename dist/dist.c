@@ -70,7 +70,7 @@ int qt_dist_size(void) { return world_size; }
 
 #ifdef QT_HAVE_MPI
 /* Elements per collective call: MPI counts are ints, and smaller rounds bound the scratch. */
-#define ROUND_ELEMS ((int64_t)1 << 24)
+#define ROUND_ELEMS ((int64_t)1 << 22)
 
 /* The fixed-order sum of one round of n elements of size esize (float or double): the segment
  * k of every process's buffer goes to process k, which adds the size copies in rank order in
