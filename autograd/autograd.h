@@ -45,20 +45,10 @@ int qt_ctx_grad_enabled(const qt_ctx *ctx);
 /* Bytes the arena held at its fullest so far. */
 size_t qt_ctx_peak_bytes(const qt_ctx *ctx);
 
-/* A batch split across processes (data-parallel training): each process runs the graph on its
- * own slice, and the ops that compute statistics over the batch (batch norm in training mode)
- * combine every slice's through these collectives, so that each process gets the statistics of
- * the whole batch (SyncBN). The functions must be called by every process in the same order and
- * return identical results on all of them (dist/dist.h provides such). */
-typedef struct qt_batch_sync {
-  int size; /* processes sharing the batch; <= 1: none (the ops stay local) */
-  /* recv (size * n) = every process's send (n), in process order */
-  void (*allgather_f64)(const double *send, int64_t n, double *recv);
-  /* buf (n) = the elementwise sum over the processes, in a fixed order */
-  void (*sum_f64)(double *buf, int64_t n);
-} qt_batch_sync;
-/* The batch's processes for the ops ctx records from now on (NULL: this process holds the
- * whole batch, the default). The ctx keeps the pointer; qt_ctx_reset keeps the setting. */
+/* The batch's processes (qt_batch_sync, base.h) for what ctx computes from now on: batch norm in
+ * training mode normalizes with the whole batch's statistics (SyncBN) and the graph executor's
+ * activation observers observe the whole batch. NULL: this process holds the whole batch (the
+ * default). The ctx keeps the pointer; qt_ctx_reset keeps the setting. */
 void qt_ctx_set_batch_sync(qt_ctx *ctx, const qt_batch_sync *sync);
 const qt_batch_sync *qt_ctx_batch_sync(const qt_ctx *ctx);
 

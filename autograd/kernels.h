@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-struct qt_batch_sync; /* autograd.h */
+struct qt_batch_sync; /* base.h */
 
 /* ---- conv2d (oneDNN fp32 primitives, cached per shape) --------------------------------- */
 typedef struct {
@@ -69,7 +69,7 @@ void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const floa
                             const float *inp, const float *mean, const float *invstd,
                             const float *gamma, int M, int C);
 /* Synchronized batch norm (SyncBN): the batch's rows are split across the processes of sync
- * (autograd.h), each passing its own M >= 1 rows. The forward gathers every process's per-channel
+ * (base.h), each passing its own M >= 1 rows. The forward gathers every process's per-channel
  * row count, mean and centred sum of squares and merges them in process order (the exact
  * parallel-variance identity, as PyTorch's SyncBatchNorm), so that mean, invstd and the running
  * statistics are the whole batch's on every process (the unbiased variance divides by the total

@@ -165,6 +165,17 @@ void qt_dist_barrier(void) {
 #endif
 }
 
+static void batch_allgather_f64(const double *send, int64_t n, double *recv) {
+  qt_dist_allgather(send, (size_t)n * sizeof(double), recv);
+}
+
+const qt_batch_sync *qt_dist_batch_sync(void) {
+  static qt_batch_sync world;
+  world = (qt_batch_sync){
+      .size = world_size, .rank = world_rank, .allgather_f64 = batch_allgather_f64, .sum_f64 = qt_dist_sum_f64};
+  return &world;
+}
+
 void qt_dist_abort(int exit_code, const char *fmt, ...) {
   char msg[QT_ERR_LEN + 256];
   va_list ap;

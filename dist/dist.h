@@ -44,6 +44,10 @@ void qt_dist_allgather(const void *send, size_t bytes, void *recv);
 void qt_dist_broadcast(void *buf, size_t bytes, int root);
 void qt_dist_barrier(void);
 
+/* The job's processes as a qt_batch_sync (base.h), for a batch split across all of them (the
+ * ctx of data-parallel training: SyncBN, synchronized observers). Size 1 without MPI. */
+const qt_batch_sync *qt_dist_batch_sync(void);
+
 /* Prints the message to stderr and ends every process of the job with exit_code (MPI_Abort), or,
  * without MPI, this process with exit(exit_code). */
 void qt_dist_abort(int exit_code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));

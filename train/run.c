@@ -231,12 +231,11 @@ static int run_open(run *r, const qt_options *o, qt_status *st) {
   r->writer = qt_dist_rank() == 0;
   r->verbose = r->writer && o->output.progress != QT_PROGRESS_NONE;
   r->quant = o->quant.mode != QT_QUANT_NONE;
-  if (r->quant && r->ranks > 1)
+  if (r->ranks > 1 && qt_analysis_wanted(o))
     return qt_status_set(st, QT_STATUS_INPUT,
-                         "quant.mode = %s with %d processes: data-parallel PTQ and QAT need the observers "
-                         "synchronized across processes, which is not done yet; run it as one process (without "
-                         "mpirun), or data-parallel fp32 training only",
-                         o->quant.mode == QT_QUANT_PTQ ? "ptq" : "qat", r->ranks);
+                         "the [analysis] keys (PTQ / QAT debugging) with %d processes: not done data-parallel yet; "
+                         "run the analysis as one process (without mpirun)",
+                         r->ranks);
   if (o->train.threads > 0) omp_set_num_threads(o->train.threads);
   snprintf(r->ckpt, sizeof r->ckpt, "%s/checkpoint.h5", o->output.dir);
   snprintf(r->csv, sizeof r->csv, "%s/metrics.csv", o->output.dir);
@@ -291,11 +290,12 @@ static int run_model_and_data(run *r, qt_status *st) {
 static int run_prepare(run *r, qt_status *st) {
   const qt_options *o = r->o;
   const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
-  if (qt_evaluate(r->g, r->ctx, &r->test, &ec, &r->fp32, st->msg)) return qt_status_fail(st, QT_STATUS_RUNTIME);
+  if (qt_evaluate_distributed(r->g, r->ctx, &r->test, &ec, &r->fp32, st->msg))
+    return qt_status_fail(st, QT_STATUS_RUNTIME);
   if (r->verbose) fprintf(stderr, "quant: fp32 test accuracy %.2f%%\n", 100 * r->fp32.accuracy);
   char path[QT_OPT_STR + 32];
   snprintf(path, sizeof path, "%s/quantizer.txt", o->output.dir);
-  FILE *rep = fopen(path, "w");
+  FILE *rep = r->writer ? fopen(path, "w") : NULL;
   r->tg = qt_stage_prepare(o, r->g, rep, st);
   if (rep) fclose(rep);
   if (!r->tg) return -1;
@@ -312,21 +312,6 @@ static int run_prepare(run *r, qt_status *st) {
   return 0;
 }
 
-/* Resuming with more than one process: process 0 read the checkpoint and sends what it loaded
- * (parameters, buffers, optimizer state, epoch and step) to the others, which receive it here;
- * the number of processes may differ from the run that wrote it. */
-static void resume_share(run *r) {
-  qt_optim *opt = qt_trainer_optim(r->trainer);
-  share_model(r, r->tg);
-  for (int i = 0; i < qt_optim_state_count(opt); i++)
-    qt_dist_broadcast(qt_optim_state(opt, i, NULL), (size_t)qt_optim_numel(opt) * sizeof(float), 0);
-  int64_t counters[3] = {r->start_epoch, qt_trainer_step(r->trainer), qt_optim_steps(opt)};
-  qt_dist_broadcast(counters, sizeof counters, 0);
-  r->start_epoch = (int)counters[0];
-  qt_trainer_set_step(r->trainer, counters[1]);
-  qt_optim_set_steps(opt, counters[2]);
-}
-
 /* The trainer, and on resume the checkpoint's state and the earlier epochs' rows. */
 static int run_trainer(run *r, qt_status *st) {
   const qt_options *o = r->o;
@@ -334,25 +319,26 @@ static int run_trainer(run *r, qt_status *st) {
   if (!(r->trainer = qt_trainer_create(o, r->tg, &r->train, st))) return -1;
   r->rows = calloc((size_t)epochs + 1, sizeof *r->rows);
   QT_ASSERT(r->rows, "out of memory");
-  if (r->resuming && !r->writer) resume_share(r);
-  if (r->resuming && r->writer) {
+  if (r->resuming) {
+    /* process 0 reads it, every process loads it (the process count may differ from the run that
+     * wrote it) */
     qt_checkpoint_meta meta;
-    if (qt_checkpoint_load(r->ckpt, r->tg, qt_trainer_optim(r->trainer), &meta, st->msg))
+    if (qt_checkpoint_load_shared(r->ckpt, r->tg, qt_trainer_optim(r->trainer), &meta, st->msg))
       return qt_status_fail(st, QT_STATUS_FORMAT);
     free(meta.config_ini);
     if (meta.epoch < 0 || meta.step < 0)
       return qt_status_set(st, QT_STATUS_FORMAT, "train.resume: checkpoint '%s' holds epoch %d, step %lld", r->ckpt,
                            meta.epoch, (long long)meta.step);
+    r->start_epoch = meta.epoch;
+    qt_trainer_set_step(r->trainer, meta.step);
+    if (!r->writer) return 0;
     if (meta.seed != (uint64_t)o->train.seed)
       fprintf(stderr, "warning: resuming %s trained with seed %llu under train.seed = %d\n", r->ckpt,
               (unsigned long long)meta.seed, o->train.seed);
-    r->start_epoch = meta.epoch;
-    qt_trainer_set_step(r->trainer, meta.step);
     /* at most one row per finished epoch, whatever metrics.csv holds (a repeated row must not
      * leave rows[] too small for the epochs still to run) */
     r->n_rows = csv_read(r->csv, r->rows, r->start_epoch < epochs ? r->start_epoch : epochs, r->start_epoch);
     fprintf(stderr, "resuming from %s: %d epoch(s) done, step %lld\n", r->ckpt, r->start_epoch, (long long)meta.step);
-    if (r->ranks > 1) resume_share(r);
   }
   if (r->verbose && r->ranks == 1)
     fprintf(stderr, "%s: %lld parameters; %lld training / %lld test images; %d epochs of %lld batches; %d threads\n",
@@ -413,9 +399,11 @@ static int run_epochs(run *r, qt_status *st) {
   return rc;
 }
 
-/* After training: QAT debugging, convert + check, deploy. */
+/* After training: QAT debugging, convert + check, deploy (process 0 alone: every process holds
+ * the same trained graph). */
 static int run_finish_quant(run *r, qt_status *st) {
   const qt_options *o = r->o;
+  if (!r->writer) return 0;
   if (o->quant.mode == QT_QUANT_QAT && qt_analysis_wanted(o)) {
     const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
     if (qt_analysis_run_qat(o, r->tg, &r->test, &ec, r->ctx, o->output.dir, r->analysis, sizeof r->analysis, r->verbose,
@@ -462,7 +450,7 @@ int qt_train_run(const qt_options *o, qt_status *st) {
            run_epochs(r, st) || (r->quant && run_finish_quant(r, st));
   if (!rc && r->writer && write_summary(r, st->msg)) rc = qt_status_fail(st, QT_STATUS_IO);
   if (!rc) print_result(r);
-  if (!rc && r->quant && !r->q.check.ok)
+  if (!rc && r->writer && r->quant && !r->q.check.ok)
     rc = qt_status_set(st, QT_STATUS_RUNTIME,
                        "the training graph and the convert graph disagree (see summary.json check.reason):\n%s",
                        r->q.check.reason);

@@ -29,21 +29,37 @@ struct qt_trainer {
   int progress; /* 0 none, 1 lines, 2 bar */
   double last_draw;
   int rank, size;      /* this process and the job's (dist.h); size 1: alone */
-  qt_batch_sync sync;  /* SyncBN over the job's processes */
 };
 
 /* ---- the job's processes --------------------------------------------------------------------- */
-static void sync_allgather_f64(const double *send, int64_t n, double *recv) {
-  qt_dist_allgather(send, (size_t)n * sizeof(double), recv);
+/* A quantization point's training state: qparams, flags and observer. */
+static uint64_t hash_qstate(uint64_t h, const qt_qstate *q) {
+  if (!q) return h;
+  const int flags[4] = {q->observe, q->fake_quant, q->calibrated, q->obs.initialized};
+  h = qt_dist_hash(h, flags, sizeof flags);
+  h = qt_dist_hash(h, q->scale, (size_t)q->channels * sizeof *q->scale);
+  h = qt_dist_hash(h, q->zero_point, (size_t)q->channels * sizeof *q->zero_point);
+  h = qt_dist_hash(h, q->obs.min, (size_t)q->obs.channels * sizeof *q->obs.min);
+  h = qt_dist_hash(h, q->obs.max, (size_t)q->obs.channels * sizeof *q->obs.max);
+  if (q->obs.hist) {
+    h = qt_dist_hash(h, q->obs.hist, (size_t)q->obs.bins * sizeof *q->obs.hist);
+    h = qt_dist_hash(h, &q->obs.hist_min, sizeof q->obs.hist_min);
+    h = qt_dist_hash(h, &q->obs.hist_max, sizeof q->obs.hist_max);
+  }
+  return h;
 }
-static void sync_sum_f64(double *buf, int64_t n) { qt_dist_sum_f64(buf, n); }
 
-/* Whether every process holds the same parameters, buffers and optimizer state (bit for bit, as
- * the fixed-order reductions promise); -1 with st naming the first process that drifted. */
+/* Whether every process holds the same parameters, buffers, quantization state (qparams,
+ * observers, BN freeze flags) and optimizer state (bit for bit, as the fixed-order reductions
+ * and the synchronized statistics promise); -1 with st naming the first process that drifted. */
 static int check_replicas(qt_trainer *t, int epoch, qt_status *st) {
   const qt_graph *g = t->g;
   uint64_t h = qt_dist_hash(QT_DIST_HASH_INIT, g->params, (size_t)g->n_params * sizeof(float));
   h = qt_dist_hash(h, g->buffers, (size_t)g->n_buffers * sizeof(float));
+  for (int i = 0; i < g->n_nodes; i++) {
+    h = hash_qstate(hash_qstate(h, g->nodes[i].q), g->nodes[i].wq);
+    h = qt_dist_hash(h, &g->nodes[i].bn_frozen, sizeof g->nodes[i].bn_frozen);
+  }
   for (int i = 0; i < qt_optim_state_count(t->opt); i++)
     h = qt_dist_hash(h, qt_optim_state(t->opt, i, NULL), (size_t)qt_optim_numel(t->opt) * sizeof(float));
   const int64_t steps = qt_optim_steps(t->opt);
@@ -57,8 +73,8 @@ static int check_replicas(qt_trainer *t, int epoch, qt_status *st) {
   int rc = 0;
   if (bad >= 0)
     rc = qt_status_set(st, QT_STATUS_RUNTIME,
-                       "after epoch %d the parameters, buffers or optimizer state of process %d differ from process "
-                       "0's (checksums %016llx and %016llx): the data-parallel replicas drifted apart",
+                       "after epoch %d the parameters, buffers, quantization or optimizer state of process %d differ "
+                       "from process 0's (checksums %016llx and %016llx): the data-parallel replicas drifted apart",
                        epoch, bad, (unsigned long long)all[bad], (unsigned long long)all[0]);
   free(all);
   return rc;
@@ -137,15 +153,10 @@ qt_trainer *qt_trainer_create(const qt_options *o, qt_graph *g, const qt_dataset
   t->train = train;
   t->rank = qt_dist_rank();
   t->size = qt_dist_size();
-  t->sync = (qt_batch_sync){t->size, sync_allgather_f64, sync_sum_f64};
   t->progress = t->rank == 0 ? progress_mode(o->output.progress) : 0;
   qt_optim_config oc;
   if (optim_config(&o->train, &oc, st->msg)) goto input_error;
-  qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_TRAIN);
-  if (t->size > 1) {
-    lc.shard_count = t->size;
-    lc.shard_index = t->rank;
-  }
+  qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_TRAIN); /* this process's shards */
   t->loader = qt_loader_create(train, &lc, st->msg);
   if (!t->loader) goto input_error;
   t->nb = qt_loader_num_batches(t->loader);
@@ -282,7 +293,7 @@ int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out,
   memset(out, 0, sizeof *out);
   qt_graph_set_mode(t->g, QT_MODE_TRAIN);
   const qt_batch_sync *was = qt_ctx_batch_sync(ctx);
-  if (t->size > 1) qt_ctx_set_batch_sync(ctx, &t->sync);
+  if (t->size > 1) qt_ctx_set_batch_sync(ctx, qt_dist_batch_sync());
   int rc = epoch_steps(t, ctx, epoch, out, st);
   qt_ctx_set_batch_sync(ctx, was);
   if (!rc && t->size > 1) rc = check_replicas(t, epoch + 1, st);

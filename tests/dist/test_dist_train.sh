@@ -11,8 +11,19 @@
 #   0 writes (a second writer would be refused by the output folder's lock).
 # - A checkpoint of two processes resumed by one, and one of one process resumed by two (process 0
 #   sends the state it read), end where one process does (same tolerance).
-# - A NaN loss stops both processes with exit status 1 naming the process; a quantized mode is
-#   refused (exit 2) until observers are synchronized.
+# - QAT (W4A8, 20 steps at lr 0.005 from the fp32 checkpoint, synchronized observers and SyncBN in
+#   conv_bn): weights, qparams (scales within the same tolerance, zero points within 1) and
+#   statistics as one process's (measured: parameters 1.4e-3, statistics 1.8e-3, scales 7.5e-5;
+#   larger than fp32's because fake quant puts a few of SyncBN's reordering differences into the
+#   neighbouring bin, test_sync_bn); fake-quant and Q/DQ test accuracy within 0.01 (measured: 1
+#   image of 500); the check passes; the same files. (That every process holds the same qparams
+#   and observers bit for bit, qat_train itself checks after every epoch: a difference fails the
+#   run.)
+# - PTQ W4A4 with histogram observers: the same model_qdq.h5, byte for byte (calibration runs in
+#   eval mode, so each image's activations do not depend on the batch it is in, and the
+#   synchronized observers combine the processes' slices exactly).
+# - A NaN loss stops both processes with exit status 1 naming the process; PTQ/QAT debugging
+#   ([analysis]) is refused (exit 2) under mpirun.
 # Usage: test_dist_train.sh QAT_TRAIN DIST_COMPARE "MPIEXEC;ARGS;..." (CMake list: tests/dist).
 set -u
 QAT=$1
@@ -27,10 +38,10 @@ fail() {
 }
 one() { OMP_NUM_THREADS=2 "$QAT" "$CFG" output.progress=none "$@"; }
 two() { "${MPI[@]}" "$QAT" "$CFG" output.progress=none "$@"; }
-compare() { # A B what
-  if ! "$CMP" fashion_cnn "$1/checkpoint.h5" "$2/checkpoint.h5" 2e-2 2e-2 >"$T/cmp.txt"; then
+compare() { # A B what [overrides of the run]
+  if ! "$CMP" "$1/checkpoint.h5" "$2/checkpoint.h5" 2e-2 2e-2 "$CFG" "${@:4}" >"$T/cmp.txt"; then
     cat "$T/cmp.txt" >&2
-    fail "$3: the weights or BN statistics differ beyond the tolerance"
+    fail "$3: the weights, qparams or BN statistics differ beyond the tolerance"
   fi
 }
 
@@ -62,14 +73,39 @@ for d in two_one one_two; do
   [ "$(wc -l <"$T/$d/metrics.csv")" = 3 ] || fail "$d/metrics.csv: $(cat "$T/$d/metrics.csv")"
 done
 
+# ---- QAT W4A8 from the fp32 checkpoint of the first part (20 steps, then convert, check, deploy)
+QAT_RUN=(train.epochs=1 data.train_limit=1280 data.test_limit=500 train.batch_size=64 train.lr=0.005 quant.mode=qat
+         quant.weight_bits=4 quant.activation_bits=8 quant.fp32_checkpoint="$T/one/checkpoint.h5" output.timing=false)
+one "${QAT_RUN[@]}" output.dir="$T/qat_one" || fail "QAT, one process, failed"
+two "${QAT_RUN[@]}" output.dir="$T/qat_two" || fail "QAT, two processes, failed"
+compare "$T/qat_one" "$T/qat_two" "QAT, two processes" "${QAT_RUN[@]}"
+for s in fake_quant qdq; do
+  a=$(grep -o "\"$s\": {\"test_accuracy\": [0-9.]*" "$T/qat_one/summary.json" | grep -o "[0-9.]*$")
+  b=$(grep -o "\"$s\": {\"test_accuracy\": [0-9.]*" "$T/qat_two/summary.json" | grep -o "[0-9.]*$")
+  [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(d <= 0.01 && d >= -0.01) }' ||
+    fail "QAT $s accuracy: one process $a, two $b (tolerance 0.01)"
+done
+grep -q '"check": {"ok": true' "$T/qat_two/summary.json" || fail "QAT, two processes: the check failed"
+[ "$(ls -A "$T/qat_one")" = "$(ls -A "$T/qat_two")" ] ||
+  fail "QAT files differ: $(ls -A "$T/qat_one") vs $(ls -A "$T/qat_two")"
+
+# ---- PTQ W4A4 with histogram observers: calibration split across the processes
+PTQ_RUN=(data.train_limit=1280 data.test_limit=500 train.batch_size=64 quant.mode=ptq quant.weight_bits=4
+         quant.activation_bits=4 quant.activation_observer=histogram quant.fp32_checkpoint="$T/one/checkpoint.h5"
+         output.timing=false)
+one "${PTQ_RUN[@]}" output.dir="$T/ptq_one" || fail "PTQ, one process, failed"
+two "${PTQ_RUN[@]}" output.dir="$T/ptq_two" || fail "PTQ, two processes, failed"
+cmp -s "$T/ptq_one/model_qdq.h5" "$T/ptq_two/model_qdq.h5" ||
+  fail "PTQ: the Q/DQ model of two processes differs from one process's"
+
 # ---- failures end every process
 two "${RUN[@]}" output.dir="$T/nan" train.lr=1e12 2>"$T/err.txt"
 rc=$?
 [ $rc = 1 ] || fail "a NaN loss under two processes: exit status $rc, want 1"
 grep -q "loss is NaN on process [01] of 2" "$T/err.txt" || fail "NaN message: $(cat "$T/err.txt")"
 [ -e "$T/nan/checkpoint.h5" ] && fail "a checkpoint was written by the diverged run"
-two "${RUN[@]}" output.dir="$T/qat" quant.mode=qat 2>"$T/err.txt"
+two "${RUN[@]}" output.dir="$T/analysis" quant.mode=ptq analysis.layer_sqnr=true 2>"$T/err.txt"
 rc=$?
-[ $rc = 2 ] || fail "quant.mode = qat under two processes: exit status $rc, want 2"
-grep -q "observers synchronized" "$T/err.txt" || fail "QAT refusal message: $(cat "$T/err.txt")"
+[ $rc = 2 ] || fail "PTQ analysis under two processes: exit status $rc, want 2"
+grep -q "analysis.*processes" "$T/err.txt" || fail "analysis refusal message: $(cat "$T/err.txt")"
 exit 0

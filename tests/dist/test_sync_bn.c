@@ -27,13 +27,8 @@
 #include "tests/common/quantizer_util.h"
 #include "tests/common/testutil.h"
 
-static void sync_allgather_f64(const double *send, int64_t n, double *recv) {
-  qt_dist_allgather(send, (size_t)n * sizeof(double), recv);
-}
-static void sync_sum_f64(double *buf, int64_t n) { qt_dist_sum_f64(buf, n); }
-
 static int R, me;
-static qt_batch_sync sync;
+static const qt_batch_sync *sync;
 static int verbose;
 
 /* max|got - want| <= tol * max|want| over n values; prints the relative difference when verbose. */
@@ -74,9 +69,9 @@ static void kernels(int C) {
   float *dxs = qt_test_zeros((int64_t)M * C), *dgs = qt_test_zeros(C), *dbs = qt_test_zeros(C);
   int64_t total = 0;
   qt_batch_norm_forward_train_sync(ys, mean_s, invstd_s, x + first * C, gamma, beta, rm_s, rv_s, 0.1f, 1e-5f, M, C,
-                                   &sync, &total);
+                                   sync, &total);
   QT_CHECK(total == Mt);
-  qt_batch_norm_backward_sync(dxs, dgs, dbs, dy + first * C, x + first * C, mean_s, invstd_s, gamma, M, C, &sync,
+  qt_batch_norm_backward_sync(dxs, dgs, dbs, dy + first * C, x + first * C, mean_s, invstd_s, gamma, M, C, sync,
                               total);
   qt_dist_sum_f32(dgs, C);
   qt_dist_sum_f32(dbs, C);
@@ -106,7 +101,7 @@ static void kernels(int C) {
  * the loss times n. g's gradient slab holds the step's gradients. */
 static double step(qt_graph *g, const float *images, const int32_t *labels, int first, int n, int synced) {
   qt_ctx *ctx = qt_ctx_create();
-  if (synced) qt_ctx_set_batch_sync(ctx, &sync);
+  if (synced) qt_ctx_set_batch_sync(ctx, sync);
   const int64_t shape[4] = {n, 28, 28, 1};
   qt_tensor *logits = qt_graph_forward(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)(images + first * 784)));
   QT_ASSERT(logits, "%s", g->error);
@@ -210,7 +205,7 @@ int main(int argc, char **argv) {
     qt_dist_finalize();
     return 1;
   }
-  sync = (qt_batch_sync){R, sync_allgather_f64, sync_sum_f64};
+  sync = qt_dist_batch_sync();
   kernels(5);
   kernels(64);
   graphs();
