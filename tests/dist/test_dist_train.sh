@@ -11,6 +11,9 @@
 #   0 writes (a second writer would be refused by the output folder's lock).
 # - A checkpoint of two processes resumed by one, and one of one process resumed by two (process 0
 #   sends the state it read), end where one process does (same tolerance).
+# - Process 1 killed by a crash in the second epoch (QT_FAULT, its own environment through
+#   mpiexec's MPMD syntax): the job ends with a non-zero status and Open MPI's message naming the
+#   process; one process resumes from the first epoch's checkpoint and ends where one process does.
 # - QAT (W4A8, 20 steps at lr 0.005 from the fp32 checkpoint, synchronized observers and SyncBN in
 #   conv_bn): weights, qparams (scales within the same tolerance, zero points within 1) and
 #   statistics as one process's (measured: parameters 1.4e-3, statistics 1.8e-3, scales 7.5e-5;
@@ -72,6 +75,20 @@ compare "$T/full" "$T/one_two" "one process, then two"
 for d in two_one one_two; do
   [ "$(wc -l <"$T/$d/metrics.csv")" = 3 ] || fail "$d/metrics.csv: $(cat "$T/$d/metrics.csv")"
 done
+
+# ---- process 1 killed in the second epoch: the job ends, and one process resumes from epoch 1
+NP=$((${#MPI[@]} - 2)) # MPI without its trailing "-np 2": one process of each kind (MPMD)
+"${MPI[@]:0:NP}" -np 1 "$QAT" "$CFG" output.progress=none "${RUN[@]}" output.dir="$T/killed" : \
+  -np 1 -x OMP_NUM_THREADS=1 -x OMP_WAIT_POLICY=PASSIVE -x QT_FAULT=training_step:15 "$QAT" "$CFG" output.progress=none "${RUN[@]}" output.dir="$T/killed" \
+  >"$T/out.txt" 2>&1
+rc=$?
+[ $rc != 0 ] || fail "a killed process: exit status 0"
+grep -q "QT_FAULT=training_step:15: killing" "$T/out.txt" || fail "process 1 was not killed: $(cat "$T/out.txt")"
+grep -q "exited on signal 9" "$T/out.txt" || fail "no message about the killed process: $(cat "$T/out.txt")"
+[ "$(wc -l <"$T/killed/metrics.csv")" = 2 ] || fail "killed run: metrics.csv $(cat "$T/killed/metrics.csv")"
+one "${RUN[@]}" output.dir="$T/killed" train.resume=true 2>"$T/err.txt" || fail "resuming the killed run failed"
+grep -q "resuming from .*1 epoch(s) done, step 10" "$T/err.txt" || fail "killed run: no resume: $(cat "$T/err.txt")"
+compare "$T/full" "$T/killed" "killed, then resumed by one process"
 
 # ---- QAT W4A8 from the fp32 checkpoint of the first part (20 steps, then convert, check, deploy)
 QAT_RUN=(train.epochs=1 data.train_limit=1280 data.test_limit=500 train.batch_size=64 train.lr=0.005 quant.mode=qat
