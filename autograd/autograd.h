@@ -45,6 +45,13 @@ int qt_ctx_grad_enabled(const qt_ctx *ctx);
 /* Bytes the arena held at its fullest so far. */
 size_t qt_ctx_peak_bytes(const qt_ctx *ctx);
 
+/* The batch's processes (qt_batch_sync, base.h) for what ctx computes from now on: batch norm in
+ * training mode normalizes with the whole batch's statistics (SyncBN) and the graph executor's
+ * activation observers observe the whole batch. NULL: this process holds the whole batch (the
+ * default). The ctx keeps the pointer; qt_ctx_reset keeps the setting. */
+void qt_ctx_set_batch_sync(qt_ctx *ctx, const qt_batch_sync *sync);
+const qt_batch_sync *qt_ctx_batch_sync(const qt_ctx *ctx);
+
 /* 64-byte aligned arena memory, uninitialized (or zeroed). */
 void *qt_arena_alloc(qt_ctx *ctx, size_t bytes);
 void *qt_arena_calloc(qt_ctx *ctx, size_t bytes);
@@ -58,13 +65,17 @@ float *qt_tensor_grad(qt_ctx *ctx, qt_tensor *t);
 
 /* Seeds d(loss) = 1 for a one-element loss and replays the tape in reverse. */
 void qt_backward(qt_ctx *ctx, qt_tensor *loss);
+/* The same with d(loss) = seed: a process holding n of a batch's N samples seeds n/N, so that the
+ * sum of the processes' gradients of their mean losses is the gradient of the batch's mean. */
+void qt_backward_seeded(qt_ctx *ctx, qt_tensor *loss, float seed);
 
 /* ---- differentiable ops: each returns a new arena tensor ------------------------------ */
 /* x (N,H,W,C), w (OC, C/groups, KH, KW), b (OC) or NULL -> (N, OH, OW, OC) */
 qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
                      int pad_h, int pad_w, int groups);
 /* BatchNorm over the last dim. training: batch statistics, running stats updated in place
- * (momentum, unbiased variance); otherwise running stats. inplace: when nothing is recorded
+ * (momentum, unbiased variance), over every process's slice of the batch when ctx has a batch
+ * sync (qt_ctx_set_batch_sync); otherwise running stats. inplace: when nothing is recorded
  * (no grad), the output may reuse x's memory (x must have no other consumer). */
 qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
                          float *running_var, int training, float momentum, float eps, int inplace);

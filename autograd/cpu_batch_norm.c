@@ -174,10 +174,48 @@ static void bn_apply(float *out, const float *x, const float *restrict mhi,
   }
 }
 
+/* SyncBN: replaces this process's per-channel (mean m, centred sum of squares m2) over M rows by
+ * the whole batch's, merging every process's in process order; returns the total rows. */
+static int64_t bn_merge_processes(double *m, double *m2, int64_t M, int C, const qt_batch_sync *sync) {
+  const int R = sync->size;
+  const int64_t n = 1 + 2 * (int64_t)C;
+  double *send = xmalloc((size_t)(R + 1) * (size_t)n * sizeof(double)), *all = send + n;
+  send[0] = (double)M;
+  memcpy(send + 1, m, (size_t)C * sizeof(double));
+  memcpy(send + 1 + C, m2, (size_t)C * sizeof(double));
+  sync->allgather_f64(send, n, all);
+  double total = 0;
+  for (int r = 0; r < R; r++) total += all[r * n];
+  for (int c = 0; c < C; c++) {
+    double s = 0;
+    for (int r = 0; r < R; r++) s += all[r * n] * all[r * n + 1 + c];
+    const double mean = s / total;
+    double q = 0;
+    for (int r = 0; r < R; r++) {
+      const double d = all[r * n + 1 + c] - mean;
+      q += all[r * n + 1 + C + c] + all[r * n] * d * d;
+    }
+    m[c] = mean;
+    m2[c] = q;
+  }
+  free(send);
+  return (int64_t)total;
+}
+
 void qt_batch_norm_forward_train(float *out, float *mean, float *invstd, const float *inp,
                                  const float *gamma, const float *beta, float *running_mean,
                                  float *running_var, float momentum, float eps, int M, int C) {
-  QT_ASSERT(M > 1 && C > 0,
+  int64_t total;
+  qt_batch_norm_forward_train_sync(out, mean, invstd, inp, gamma, beta, running_mean, running_var, momentum, eps, M, C,
+                                   NULL, &total);
+}
+
+void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, const float *inp,
+                                      const float *gamma, const float *beta, float *running_mean,
+                                      float *running_var, float momentum, float eps, int M, int C,
+                                      const qt_batch_sync *sync, int64_t *M_total) {
+  const int synced = sync && sync->size > 1;
+  QT_ASSERT((synced ? M > 0 : M > 1) && C > 0,
             "batch_norm_forward_train: needs more than one value per channel (M=%d, C=%d), as PyTorch", M, C);
   const bn_plan p = bn_plan_make(M, C);
   const int nthreads = omp_get_max_threads();
@@ -199,6 +237,7 @@ void qt_batch_norm_forward_train(float *out, float *mean, float *invstd, const f
   const size_t ps = pattern_stride(&p);
   float *mhi = ws, *mlo = ws + ps, *arep = ws + 2 * ps, *brep = ws + 3 * ps, *chi = ws + 4 * ps;
   float *clo = ws + 5 * ps, *ca = ws + 6 * ps;
+  double *stat_m = xmalloc(2 * (size_t)C * sizeof(double)), *stat_m2 = stat_m + C; /* per channel */
   for (int c = 0; c < C; c++) {
     double s = 0;
     for (int64_t i = 0; i < p.nchunks; i++) {
@@ -213,14 +252,26 @@ void qt_batch_norm_forward_train(float *out, float *mean, float *invstd, const f
       m2 += psq[i * C + c] + 2.0 * dm * pdev[i * C + c] + n * dm * dm;
     }
     if (m2 < 0) m2 = 0;
-    const double var = m2 / (double)M;
+    stat_m[c] = m;
+    stat_m2[c] = m2;
+  }
+  int64_t Mt = M;
+  if (synced) {
+    Mt = bn_merge_processes(stat_m, stat_m2, M, C, sync);
+    QT_ASSERT(Mt > 1, "batch_norm_forward_train: needs more than one value per channel over all processes (%lld)",
+              (long long)Mt);
+  }
+  *M_total = Mt;
+  for (int c = 0; c < C; c++) {
+    const double m = stat_m[c], m2 = stat_m2[c];
+    const double var = m2 / (double)Mt;
     const double is = 1.0 / sqrt(var + (double)eps);
     mean[c] = (float)m;
     invstd[c] = (float)is;
     if (running_mean)
       running_mean[c] = (float)((double)momentum * m + (1.0 - (double)momentum) * (double)running_mean[c]);
     if (running_var)
-      running_var[c] = (float)((double)momentum * (m2 / (double)(M - 1)) +
+      running_var[c] = (float)((double)momentum * (m2 / (double)(Mt - 1)) +
                                (1.0 - (double)momentum) * (double)running_var[c]);
     chi[c] = (float)m;
     clo[c] = (float)(m - (double)chi[c]);
@@ -231,6 +282,7 @@ void qt_batch_norm_forward_train(float *out, float *mean, float *invstd, const f
   pattern_fill(arep, ca, 0, &p);
   pattern_fill(brep, beta, 0, &p);
   bn_apply(out, inp, mhi, mlo, arep, brep, &p);
+  free(stat_m);
   free(ws);
   free(part);
 }
@@ -363,21 +415,35 @@ static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, const float *do
 void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const float *dout,
                             const float *inp, const float *mean, const float *invstd,
                             const float *gamma, int M, int C) {
-  if (!dinp && !dgamma && !dbeta) return;
+  qt_batch_norm_backward_sync(dinp, dgamma, dbeta, dout, inp, mean, invstd, gamma, M, C, NULL, M);
+}
+
+void qt_batch_norm_backward_sync(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                                 const float *inp, const float *mean, const float *invstd,
+                                 const float *gamma, int M, int C, const qt_batch_sync *sync,
+                                 int64_t M_total) {
+  const int synced = sync && sync->size > 1;
+  /* every process takes part in the sums' reduction, whatever gradients it wants */
+  if (!dinp && !dgamma && !dbeta && !synced) return;
   QT_ASSERT(M > 0 && C > 0, "batch_norm_backward: empty input (M=%d, C=%d)", M, C);
   const bn_plan p = bn_plan_make(M, C);
-  double *sums = xmalloc(2 * (size_t)C * sizeof(double));
+  double *sums = xmalloc(4 * (size_t)C * sizeof(double));
   float *ws = xmalloc(8 * (size_t)p.L * sizeof(float));
   float *mrep = ws, *gmrep = ws + p.L, *psrep = ws + 2 * p.L, *arep = ws + 3 * p.L;
   float *cg = ws + 4 * p.L, *cp = ws + 5 * p.L, *ca = ws + 6 * p.L;
   pattern_fill(mrep, mean, 0, &p);
   bn_grad_sums(sums, sums + C, NULL, dout, inp, mrep, NULL, &p);
+  /* dgamma/dbeta from this process's sums; dinp from the whole batch's */
+  double *all = sums + 2 * C;
+  memcpy(all, sums, 2 * (size_t)C * sizeof(double));
+  if (synced) sync->sum_f64(all, 2 * (int64_t)C);
+  if (!synced) M_total = M;
   for (int c = 0; c < C; c++) {
     const double sdy = sums[c], sdyx = sums[C + c], is = invstd[c];
     if (dbeta) dbeta[c] += (float)sdy;
     if (dgamma) dgamma[c] += (float)(sdyx * is);
-    cg[c] = (float)(sdy / M);
-    cp[c] = (float)(is * is * sdyx / M);
+    cg[c] = (float)(all[c] / M_total);
+    cp[c] = (float)(is * is * all[C + c] / M_total);
     ca[c] = (float)((gamma ? (double)gamma[c] : 1.0) * is);
   }
   if (dinp) {

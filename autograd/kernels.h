@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+struct qt_batch_sync; /* base.h */
+
 /* ---- conv2d (oneDNN fp32 primitives, cached per shape) --------------------------------- */
 typedef struct {
   int N, H, W, C;                 /* input (N, H, W, C) */
@@ -66,6 +68,23 @@ void qt_batch_norm_forward_eval_ref(float *out, const float *inp, const float *g
 void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const float *dout,
                             const float *inp, const float *mean, const float *invstd,
                             const float *gamma, int M, int C);
+/* Synchronized batch norm (SyncBN): the batch's rows are split across the processes of sync
+ * (base.h), each passing its own M >= 1 rows. The forward gathers every process's per-channel
+ * row count, mean and centred sum of squares and merges them in process order (the exact
+ * parallel-variance identity, as PyTorch's SyncBatchNorm), so that mean, invstd and the running
+ * statistics are the whole batch's on every process (the unbiased variance divides by the total
+ * rows - 1, which must be >= 1); *M_total gets the total rows. The backward sums sum(dout) and
+ * sum(dout * (x - mean)) over the processes for dinp (divided by M_total); dgamma and dbeta get
+ * this process's sums only, for the caller's gradient reduction to add up like any parameter's.
+ * sync NULL or of size <= 1: exactly the two kernels above (*M_total = M). */
+void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, const float *inp,
+                                      const float *gamma, const float *beta, float *running_mean,
+                                      float *running_var, float momentum, float eps, int M, int C,
+                                      const struct qt_batch_sync *sync, int64_t *M_total);
+void qt_batch_norm_backward_sync(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                                 const float *inp, const float *mean, const float *invstd,
+                                 const float *gamma, int M, int C, const struct qt_batch_sync *sync,
+                                 int64_t M_total);
 void qt_batch_norm_backward_ref(float *dinp, float *dgamma, float *dbeta, const float *dout,
                                 const float *inp, const float *mean, const float *invstd,
                                 const float *gamma, int M, int C);

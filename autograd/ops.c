@@ -61,16 +61,21 @@ typedef struct {
   qt_tensor *x, *gamma, *beta, *y;
   float *mean, *invstd;
   int training, M, C;
+  const qt_batch_sync *sync; /* training over a batch split across processes (SyncBN), or NULL */
+  int64_t M_total;           /* rows over all processes */
 } bn_saved;
 
 static void batch_norm_backward(qt_ctx *ctx, void *p) {
   bn_saved *s = p;
+  /* SyncBN: every process joins the reduction of the backward sums, a zero gradient too */
+  if (!s->y->grad && s->training && s->sync) qt_tensor_grad(ctx, s->y);
   if (!s->y->grad) return;
   float *dx = s->x->requires_grad ? qt_tensor_grad(ctx, s->x) : NULL;
   float *dg = s->gamma->requires_grad ? qt_tensor_grad(ctx, s->gamma) : NULL;
   float *db = s->beta->requires_grad ? qt_tensor_grad(ctx, s->beta) : NULL;
   if (s->training)
-    qt_batch_norm_backward(dx, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma), s->M, s->C);
+    qt_batch_norm_backward_sync(dx, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma), s->M,
+                                s->C, s->sync, s->M_total);
   else
     qt_batch_norm_backward_eval(dx, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma), s->M,
                                 s->C);
@@ -89,10 +94,14 @@ qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
                                  : qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
   float *mean = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
   float *invstd = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
+  const qt_batch_sync *sync = training && qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1
+                                  ? qt_ctx_batch_sync(ctx)
+                                  : NULL;
+  int64_t M_total = M;
   if (training) {
-    QT_ASSERT(M > 1, "batch_norm: training needs more than one value per channel (got %d)", M);
-    qt_batch_norm_forward_train(qt_f32(y), mean, invstd, qt_f32(x), qt_f32(gamma), qt_f32(beta), running_mean,
-                                running_var, momentum, eps, M, C);
+    QT_ASSERT(M > (sync ? 0 : 1), "batch_norm: training needs more than one value per channel (got %d)", M);
+    qt_batch_norm_forward_train_sync(qt_f32(y), mean, invstd, qt_f32(x), qt_f32(gamma), qt_f32(beta), running_mean,
+                                     running_var, momentum, eps, M, C, sync, &M_total);
   } else {
     qt_batch_norm_forward_eval(qt_f32(y), qt_f32(x), qt_f32(gamma), qt_f32(beta), running_mean, running_var, eps, M,
                                C);
@@ -105,7 +114,7 @@ qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
   if (rec) {
     y->requires_grad = 1;
     bn_saved *sv = qt_tape_push(ctx, batch_norm_backward, sizeof *sv);
-    *sv = (bn_saved){x, gamma, beta, y, mean, invstd, training, M, C};
+    *sv = (bn_saved){x, gamma, beta, y, mean, invstd, training, M, C, sync, M_total};
   }
   return y;
 }

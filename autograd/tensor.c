@@ -40,6 +40,7 @@ struct qt_ctx {
   int grad_enabled;
   qt_tape_entry *tape;
   size_t tape_len, tape_cap;
+  const qt_batch_sync *sync; /* the processes sharing the batch, or NULL */
 };
 
 #define ARENA_ALIGN 64
@@ -179,11 +180,16 @@ int qt_tape_recording(const qt_ctx *ctx, const qt_tensor *a, const qt_tensor *b,
   return (a && a->requires_grad) || (b && b->requires_grad) || (c && c->requires_grad);
 }
 
-void qt_backward(qt_ctx *ctx, qt_tensor *loss) {
+void qt_ctx_set_batch_sync(qt_ctx *ctx, const qt_batch_sync *sync) { ctx->sync = sync; }
+const qt_batch_sync *qt_ctx_batch_sync(const qt_ctx *ctx) { return ctx->sync; }
+
+void qt_backward(qt_ctx *ctx, qt_tensor *loss) { qt_backward_seeded(ctx, loss, 1.0f); }
+
+void qt_backward_seeded(qt_ctx *ctx, qt_tensor *loss, float seed) {
   QT_ASSERT(qt_tensor_numel(loss) == 1, "backward from a loss of %lld elements (want 1)",
             (long long)qt_tensor_numel(loss));
   QT_ASSERT(loss->requires_grad, "backward from a loss that does not require grad");
-  qt_tensor_grad(ctx, loss)[0] = 1.0f;
+  qt_tensor_grad(ctx, loss)[0] = seed;
   for (size_t i = ctx->tape_len; i-- > 0;) ctx->tape[i].fn(ctx, ctx->tape[i].saved);
   ctx->tape_len = 0;
 }

@@ -112,6 +112,21 @@ int qt_name_index(const char *const *names, int n, const char *name);
     return k < 0 ? -1 : 0;                                                                               \
   }
 
+/* ---- a batch split across processes ----------------------------------------------------------- */
+/* Data-parallel training: each process runs the graph on its own slice of a batch, and what
+ * computes statistics over the batch (batch norm in training mode, observers) combines every
+ * slice's through these collectives, so that each process gets the whole batch's. The functions
+ * must be called by every process in the same order and return identical results on all of them
+ * (dist/dist.h provides such; autograd's ctx carries them: qt_ctx_set_batch_sync). */
+typedef struct qt_batch_sync {
+  int size; /* processes sharing the batch; <= 1: none (everything stays local) */
+  int rank; /* this process, 0 .. size-1 */
+  /* recv (size * n) = every process's send (n), in process order */
+  void (*allgather_f64)(const double *send, int64_t n, double *recv);
+  /* buf (n) = the elementwise sum over the processes, in a fixed order */
+  void (*sum_f64)(double *buf, int64_t n);
+} qt_batch_sync;
+
 /* ---- small numerics --------------------------------------------------------------------------- */
 /* Index of the largest of x[0..n-1]; the first one on ties (the top-1 tie rule everywhere). */
 int64_t qt_argmax(const float *x, int64_t n);

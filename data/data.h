@@ -68,6 +68,11 @@ typedef struct {
   int crop_pad;          /* > 0: pad with zero pixels by crop_pad, crop back to h x w at a
                             random offset (0 <= crop_pad <= min(h, w)) */
   int flip;              /* random horizontal flip, p = 0.5 (after the crop) */
+  /* Data-parallel training: shard_count > 1 processes share every batch, and this loader gives
+   * its process only shard shard_index of it: rows [B*k/K, B*(k+1)/K) of each batch of B (same
+   * order, same augmentation as the whole batch's rows). Each batch must hold at least one row per
+   * shard. 0 or 1: whole batches. */
+  int shard_count, shard_index;
 } qt_loader_config;
 
 typedef struct qt_loader qt_loader;   /* opaque */
@@ -88,6 +93,9 @@ int qt_loader_next(qt_loader *l, const float **images, const int32_t **labels);
 
 /* Batches per epoch: n / batch_size, rounded up unless drop_last. */
 int64_t qt_loader_num_batches(const qt_loader *l);
+/* Rows of the whole batch the last qt_loader_next returned a shard of (its own size without
+ * shards); 0 before the first. */
+int qt_loader_batch_rows(const qt_loader *l);
 
 /* Stops the background thread (if any) and frees the loader; NULL is fine. */
 void qt_loader_free(qt_loader *l);

@@ -32,13 +32,15 @@ struct qt_loader {
    * ones, and both hand slots over under mu. */
   float *slot_images[2];       /* (batch_capacity, h, w, c) */
   int32_t *slot_labels[2];     /* (batch_capacity) */
-  int slot_count[2];
+  int slot_count[2];           /* rows of this loader's shard of the batch */
+  int slot_rows[2];            /* rows of the whole batch */
   int64_t slot_batch[2];
 
   int started;                 /* an epoch has been started */
   int epoch;
   int64_t next_batch;          /* batch the trainer receives next */
   int held_slot;               /* slot returned by the last qt_loader_next, or -1 */
+  int last_rows;               /* whole-batch rows of the last batch returned */
 
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -120,12 +122,21 @@ static void fill_sample(const qt_loader *l, float *dst, const uint8_t *src, int 
   }
 }
 
-/* Fills slot s with batch b of the current epoch: a pure function of (seed, epoch, b). */
+/* The rows [*first, *first + return) of a batch of `rows` that this loader's shard takes. */
+static int64_t shard_rows(const qt_loader *l, int64_t rows, int64_t *first) {
+  const int64_t K = l->cfg.shard_count > 1 ? l->cfg.shard_count : 1, k = K > 1 ? l->cfg.shard_index : 0;
+  *first = rows * k / K;
+  return rows * (k + 1) / K - *first;
+}
+
+/* Fills slot s with (this loader's shard of) batch b of the current epoch: a pure function of
+ * (seed, epoch, b). */
 static void fill_batch(qt_loader *l, int64_t b, int s) {
   const qt_dataset *ds = l->ds;
-  const int64_t start = b * l->cfg.batch_size;
-  int64_t count = ds->n - start;
-  if (count > l->cfg.batch_size) count = l->cfg.batch_size;
+  int64_t rows = ds->n - b * l->cfg.batch_size;
+  if (rows > l->cfg.batch_size) rows = l->cfg.batch_size;
+  int64_t first;
+  const int64_t count = shard_rows(l, rows, &first), start = b * l->cfg.batch_size + first;
   const int augment = l->cfg.crop_pad > 0 || l->cfg.flip;
   const uint64_t aug_key = epoch_key(l->cfg.seed, AUGMENT_DOMAIN, l->epoch);
   for (int64_t i = 0; i < count; i++) {
@@ -148,6 +159,7 @@ static void fill_batch(qt_loader *l, int64_t b, int s) {
                 ds->images + (size_t)idx * l->sample_size, dy, dx, flip);
   }
   l->slot_count[s] = (int)count;
+  l->slot_rows[s] = (int)rows;
 }
 
 /* ---------------------------------------------------------------- prefetch thread */
@@ -201,6 +213,23 @@ qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, c
     qt_err(err, "data loader: batch_size %d with drop_last leaves no batch of a dataset of %lld samples",
             cfg->batch_size, (long long)ds->n);
     return NULL;
+  }
+  if (cfg->shard_count < 0 || (cfg->shard_count > 1 && (cfg->shard_index < 0 || cfg->shard_index >= cfg->shard_count))) {
+    qt_err(err, "data loader: expected shard 0 <= index < count, found shard %d of %d", cfg->shard_index,
+           cfg->shard_count);
+    return NULL;
+  }
+  if (cfg->shard_count > 1) {
+    /* every shard of every batch needs a row: the full batches and a last partial one */
+    const int64_t last = cfg->drop_last ? 0 : ds->n % cfg->batch_size;
+    const int64_t smallest = ds->n < cfg->batch_size ? ds->n : last > 0 ? last : cfg->batch_size;
+    if (smallest < cfg->shard_count) {
+      qt_err(err,
+             "data loader: a batch of %lld of the %lld samples (batch_size %d) cannot give each of %d processes a "
+             "sample; use a batch size and a sample count whose last batch has at least %d",
+             (long long)smallest, (long long)ds->n, cfg->batch_size, cfg->shard_count, cfg->shard_count);
+      return NULL;
+    }
   }
   const int min_side = ds->h < ds->w ? ds->h : ds->w;
   if (cfg->crop_pad < 0 || cfg->crop_pad > min_side) {
@@ -287,6 +316,7 @@ int qt_loader_next(qt_loader *l, const float **images, const int32_t **labels) {
   }
   l->held_slot = s;
   l->next_batch = b + 1;
+  l->last_rows = l->slot_rows[s];
   if (images) *images = l->slot_images[s];
   if (labels) *labels = l->slot_labels[s];
   return l->slot_count[s];
@@ -295,6 +325,8 @@ int qt_loader_next(qt_loader *l, const float **images, const int32_t **labels) {
 int64_t qt_loader_num_batches(const qt_loader *l) {
   return l ? l->num_batches : 0;
 }
+
+int qt_loader_batch_rows(const qt_loader *l) { return l ? l->last_rows : 0; }
 
 void qt_loader_free(qt_loader *l) {
   if (!l) return;

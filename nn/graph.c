@@ -732,7 +732,10 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
         const int64_t numel = qt_tensor_numel(x), outer = numel / q->channels;
         if (n->training && q->observe && !lsq_initialized(q)) {
           char err[QT_ERR_LEN];
-          if (qt_qstate_observe(q, qt_f32(x), outer, 1, err)) return fail(g, "fake_quant %s: %s", n->name, err);
+          /* activations: the whole batch's, when the batch is split across processes (weights
+           * are the same on every process and need no synchronization) */
+          if (qt_qstate_observe_sync(q, qt_f32(x), outer, 1, qt_ctx_batch_sync(ctx), err))
+            return fail(g, "fake_quant %s: %s", n->name, err);
           if (q->scale_param >= 0) lsq_init(g, q);
         }
         if (!q->fake_quant) {

@@ -93,6 +93,10 @@ qt_qstate *qt_qstate_clone(const qt_qstate *q);
 void qt_qstate_free(qt_qstate *q);
 /* Observes data (outer, channels, inner) and refreshes scale/zero_point from the observer. */
 int qt_qstate_observe(qt_qstate *q, const float *data, int64_t outer, int64_t inner, char *err);
+/* The same with the batch split across the processes of sync (qt_observer_update_sync): every
+ * process ends with the qparams of the whole batch. */
+int qt_qstate_observe_sync(qt_qstate *q, const float *data, int64_t outer, int64_t inner, const qt_batch_sync *sync,
+                           char *err);
 
 typedef struct {
   int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, groups; /* conv2d, pools */

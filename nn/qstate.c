@@ -95,7 +95,12 @@ static int round_scales_to_pow2(qt_qstate *q, char *err) {
 }
 
 int qt_qstate_observe(qt_qstate *q, const float *data, int64_t outer, int64_t inner, char *err) {
-  if (qt_observer_update(&q->obs, data, outer, inner, err)) return -1;
+  return qt_qstate_observe_sync(q, data, outer, inner, NULL, err);
+}
+
+int qt_qstate_observe_sync(qt_qstate *q, const float *data, int64_t outer, int64_t inner, const qt_batch_sync *sync,
+                           char *err) {
+  if (qt_observer_update_sync(&q->obs, data, outer, inner, sync, err)) return -1;
   if (qt_observer_qparams(&q->obs, q->spec.qmin, q->spec.qmax, q->spec.symmetric, q->scale, q->zero_point, err))
     return -1;
   if (q->spec.pow2_scale && round_scales_to_pow2(q, err)) return -1;

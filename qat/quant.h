@@ -128,6 +128,14 @@ void qt_observer_reset(qt_observer *o);
  * MovingAverage(PerChannel)MinMaxObserver bit for bit: min = min(min, batch_min);
  * min = min + c * (batch_min - min) in two float32 roundings, the first batch initializing. */
 int qt_observer_update(qt_observer *o, const float *x, int64_t outer, int64_t inner, char *err);
+/* The same for a batch split across the processes of sync (base.h; NULL or size 1: exactly
+ * qt_observer_update): x is this process's slice (it may be empty), and every process's state
+ * becomes the one a single observer reaches from the whole batch, bit for bit: the slices'
+ * min/max are gathered (order does not matter to them), the histogram grows to the same grid on
+ * every process and the slices' counts on it are summed. A NaN or Inf in any slice is the same
+ * error on every process, naming the process. Every process must call it. */
+int qt_observer_update_sync(qt_observer *o, const float *x, int64_t outer, int64_t inner, const qt_batch_sync *sync,
+                            char *err);
 /* The observed range per channel (for the histogram: by its method, for the given qmin/qmax:
  * percentile clips both tails; MSE searches the clipping range minimizing the expected
  * quantization + clipping squared error over the histogram, as PyTorch's HistogramObserver's

@@ -239,10 +239,11 @@ static void hist_grow(qt_observer *o, double lo, double hi) {
   free(old);
 }
 
-static void hist_add(qt_observer *o, const float *x, int64_t n) {
+/* Adds the counts of x's values on o's grid to counts (B). */
+static void hist_count(const qt_observer *o, const float *x, int64_t n, int64_t *counts) {
   const int B = o->bins;
   if (o->hist_max == o->hist_min) {
-    o->hist[0] += n; /* every value equals hist_min (the batch lay inside a point range) */
+    counts[0] += n; /* every value equals hist_min (the batch lay inside a point range) */
     return;
   }
   const double hmin = o->hist_min, f = B / ((double)o->hist_max - hmin);
@@ -261,18 +262,78 @@ static void hist_add(qt_observer *o, const float *x, int64_t n) {
     }
   }
   for (int t = 0; t < nt; t++)
-    for (int i = 0; i < B; i++) o->hist[i] += part[(size_t)t * B + i];
+    for (int i = 0; i < B; i++) counts[i] += part[(size_t)t * B + i];
   free(part);
+}
+
+static void hist_add(qt_observer *o, const float *x, int64_t n) { hist_count(o, x, n, o->hist); }
+
+/* Synchronized: every process's counts of its slice on the same grid, summed (exactly: integer
+ * counts below 2^53 in double), added to every process's histogram. */
+static void hist_add_sync(qt_observer *o, const float *x, int64_t n, const qt_batch_sync *sync) {
+  const int B = o->bins;
+  int64_t *counts = calloc((size_t)B, sizeof *counts);
+  double *sum = malloc((size_t)B * sizeof *sum);
+  QUANT_ASSERT(counts && sum, "out of memory");
+  if (n > 0) hist_count(o, x, n, counts);
+  for (int i = 0; i < B; i++) sum[i] = (double)counts[i];
+  sync->sum_f64(sum, B);
+  for (int i = 0; i < B; i++) o->hist[i] += (int64_t)sum[i];
+  free(sum);
+  free(counts);
 }
 
 /* ---- update ---------------------------------------------------------------------------- */
 
+static const char *non_finite_name(float v) { return isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"; }
+
+/* Synchronized observers: every process's batch min/max (and the first non-finite element, if
+ * any) gathered; bmin and bmax become the whole batch's (min and max do not depend on the order),
+ * *total its element count. 0, or -1 with err naming the first process whose slice holds a NaN
+ * or Inf (the same error on every process). */
+static int minmax_sync(float *bmin, float *bmax, int64_t bad, float bad_value, int64_t n, int C,
+                       const qt_batch_sync *sync, int64_t *total, char *err) {
+  const int R = sync->size;
+  const int64_t k = 3 + 2 * (int64_t)C;
+  double *send = malloc((size_t)(R + 1) * (size_t)k * sizeof(double)), *all = send + k;
+  QUANT_ASSERT(send, "out of memory");
+  send[0] = (double)bad;
+  send[1] = bad >= 0 ? (double)bad_value : 0.0;
+  send[2] = (double)n;
+  for (int c = 0; c < C; c++) {
+    send[3 + c] = bmin[c];
+    send[3 + C + c] = bmax[c];
+  }
+  sync->allgather_f64(send, k, all);
+  int rc = 0;
+  *total = 0;
+  for (int r = 0; r < R; r++) {
+    const double *p = all + (size_t)r * (size_t)k;
+    if (p[0] >= 0 && !rc)
+      rc = qt_err(err, "observer: input of process %d holds %s at element %lld of its slice", r,
+                  non_finite_name((float)p[1]), (long long)p[0]);
+    *total += (int64_t)p[2];
+    for (int c = 0; c < C; c++) {
+      if (r == 0 || (float)p[3 + c] < bmin[c]) bmin[c] = (float)p[3 + c];
+      if (r == 0 || (float)p[3 + C + c] > bmax[c]) bmax[c] = (float)p[3 + C + c];
+    }
+  }
+  free(send);
+  return rc;
+}
+
 int qt_observer_update(qt_observer *o, const float *x, int64_t outer, int64_t inner, char *err) {
+  return qt_observer_update_sync(o, x, outer, inner, NULL, err);
+}
+
+int qt_observer_update_sync(qt_observer *o, const float *x, int64_t outer, int64_t inner, const qt_batch_sync *sync,
+                            char *err) {
   const int C = o->channels;
   QUANT_ASSERT(o->min && o->max, "observer: update before init");
   QUANT_ASSERT(outer >= 0 && inner >= 0, "observer: negative view size");
+  const int synced = sync && sync->size > 1;
   const int64_t n = outer * C * inner;
-  if (n == 0) return 0; /* PyTorch returns early on an empty tensor */
+  if (n == 0 && !synced) return 0; /* PyTorch returns early on an empty tensor */
   if (o->kind == QT_OBSERVER_HISTOGRAM && !o->hist && (o->bins < HIST_MIN_BINS || o->bins > HIST_MAX_BINS)) {
     qt_err(err, "observer: histogram with %d bins (expected %d..%d)", o->bins, HIST_MIN_BINS, HIST_MAX_BINS);
     return -1;
@@ -280,10 +341,27 @@ int qt_observer_update(qt_observer *o, const float *x, int64_t outer, int64_t in
   float *bmin = malloc(2 * (size_t)C * sizeof(float));
   QUANT_ASSERT(bmin, "out of memory");
   float *bmax = bmin + C;
-  int64_t bad = batch_minmax(x, outer, C, inner, bmin, bmax);
-  if (bad >= 0) {
-    qt_err(err, "observer: input holds %s at element %lld", isnan(x[bad]) ? "NaN" : x[bad] > 0 ? "+Inf" : "-Inf",
-            (long long)bad);
+  int64_t bad = -1;
+  if (n > 0) {
+    bad = batch_minmax(x, outer, C, inner, bmin, bmax);
+  } else {
+    for (int c = 0; c < C; c++) {
+      bmin[c] = INFINITY;
+      bmax[c] = -INFINITY;
+    }
+  }
+  if (synced) {
+    int64_t total;
+    if (minmax_sync(bmin, bmax, bad, bad >= 0 ? x[bad] : 0.0f, n, C, sync, &total, err)) {
+      free(bmin);
+      return -1;
+    }
+    if (total == 0) {
+      free(bmin);
+      return 0;
+    }
+  } else if (bad >= 0) {
+    qt_err(err, "observer: input holds %s at element %lld", non_finite_name(x[bad]), (long long)bad);
     free(bmin);
     return -1;
   }
@@ -324,7 +402,8 @@ int qt_observer_update(qt_observer *o, const float *x, int64_t outer, int64_t in
     } else if (bmin[0] < o->hist_min || bmax[0] > o->hist_max) {
       hist_grow(o, fmin(bmin[0], o->hist_min), fmax(bmax[0], o->hist_max));
     }
-    hist_add(o, x, n);
+    if (synced) hist_add_sync(o, x, n, sync);
+    else hist_add(o, x, n);
   }
   o->initialized = 1;
   free(bmin);

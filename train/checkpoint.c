@@ -11,14 +11,17 @@
  * `epoch` or a variable-length `model` gets a message, not a buffer overflow. */
 #include "train/train.h"
 #include "base/h5.h"
+#include "dist/dist.h"
 #include "qat/qstate_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <hdf5_hl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* The largest config text a checkpoint may carry (the INI of a run). */
@@ -200,9 +203,8 @@ static int read_all(hid_t f, const char *path, qt_graph *g, qt_optim *opt, loade
   return 0;
 }
 
-int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
-  hid_t f = open_checkpoint(path, err);
-  if (f < 0) return -1;
+/* Loads the open checkpoint f (path names it in messages) and closes it. */
+static int load_open(hid_t f, const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
   loaded L = {0};
   const int ns = opt ? qt_optim_state_count(opt) : 0;
   const int rc = check_model(f, path, g, err) || read_all(f, path, g, opt, &L, err) ? -1 : 0;
@@ -228,6 +230,64 @@ int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoi
   free(L.params);
   free(L.buffers);
   H5Fclose(f);
+  return rc;
+}
+
+int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
+  hid_t f = open_checkpoint(path, err);
+  if (f < 0) return -1;
+  return load_open(f, path, g, opt, meta, err);
+}
+
+int qt_checkpoint_load_image(const void *bytes, size_t n, const char *name, qt_graph *g, qt_optim *opt,
+                             qt_checkpoint_meta *meta, char *err) {
+  qt_h5_quiet();
+  /* read-only, from a copy HDF5 makes and releases */
+  hid_t f = H5LTopen_file_image((void *)bytes, n, 0);
+  if (f < 0) return qt_err(err, "checkpoint '%s': not a readable HDF5 file (corrupt or truncated?)", name);
+  return load_open(f, name, g, opt, meta, err);
+}
+
+/* The whole file into a new buffer: 0, or -1 with err. */
+static int read_whole(const char *path, char **bytes, int64_t *n, char *err) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return qt_err(err, "checkpoint '%s': cannot open: %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    fclose(f);
+    return qt_err(err, "checkpoint '%s': not a regular file", path);
+  }
+  *n = (int64_t)sb.st_size;
+  *bytes = malloc(*n > 0 ? (size_t)*n : 1);
+  QT_ASSERT(*bytes, "out of memory for a checkpoint of %lld bytes", (long long)*n);
+  const int ok = fread(*bytes, 1, (size_t)*n, f) == (size_t)*n;
+  fclose(f);
+  if (!ok) {
+    free(*bytes);
+    *bytes = NULL;
+    return qt_err(err, "checkpoint '%s': cannot read its %lld bytes", path, (long long)*n);
+  }
+  return 0;
+}
+
+int qt_checkpoint_load_shared(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
+  if (qt_dist_size() == 1) return qt_checkpoint_load(path, g, opt, meta, err);
+  /* process 0 reads the bytes (its message, if it cannot, is the one reported) and sends them */
+  char *bytes = NULL;
+  int64_t n = -1;
+  if (qt_dist_rank() == 0 && read_whole(path, &bytes, &n, err)) n = -1;
+  qt_dist_broadcast(&n, sizeof n, 0);
+  if (n < 0) {
+    if (qt_dist_rank() != 0) qt_err(err, "checkpoint '%s': process 0 could not read it", path);
+    return -1;
+  }
+  if (qt_dist_rank() != 0) {
+    bytes = malloc(n > 0 ? (size_t)n : 1);
+    QT_ASSERT(bytes, "out of memory for a checkpoint of %lld bytes", (long long)n);
+  }
+  qt_dist_broadcast(bytes, (size_t)n, 0);
+  const int rc = qt_checkpoint_load_image(bytes, (size_t)n, path, g, opt, meta, err);
+  free(bytes);
   return rc;
 }
 

@@ -33,7 +33,8 @@ int qt_stage_test_data(const char *config_path, int images, int batch, qt_option
 /* What a loader is for: training batches (train.batch_size, shuffled, augmented), calibration
  * batches (the same batches: PTQ calibrates on what QAT would train on) and evaluation
  * (train.eval_batch_size, in order, no augmentation). The one place options become loader
- * settings (normalization included). */
+ * settings (normalization included). Under mpirun (dist/dist.h) training and calibration
+ * loaders give each process its shard of every batch. */
 typedef enum { QT_LOADER_TRAIN, QT_LOADER_CALIBRATE, QT_LOADER_EVAL } qt_loader_purpose;
 qt_loader_config qt_stage_loader_config(const qt_options *o, qt_loader_purpose purpose);
 
@@ -63,7 +64,8 @@ int qt_stage_obtain_fp32(const qt_options *o, qt_graph *g, int verbose, qt_statu
 qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *fp32, FILE *report, qt_status *st);
 /* Calibrates p on quant.calibration_batches calibration batches of train (epoch 0; fewer when
  * the epoch ends first: *batches, may be NULL, gets the count), then freezes its observers
- * (the qparams stay fixed) and leaves it in QT_MODE_TRAIN. */
+ * (the qparams stay fixed) and leaves it in QT_MODE_TRAIN. Under mpirun every process observes
+ * its shard of each batch and the observers combine them (the same qparams on all). */
 int qt_stage_calibrate(const qt_options *o, qt_graph *p, const qt_dataset *train, qt_ctx *ctx, int *batches,
                        int verbose, qt_status *st);
 /* Calibrates p on the next batches of the started loader l (QT_MODE_CALIBRATE) until *done

@@ -1,5 +1,10 @@
 /* `qat_train` as a table of contents of stage calls (train/pipeline.h), with the run's own
- * files: metrics.csv, checkpoints, model.dot and summary.json. */
+ * files: metrics.csv, checkpoints, model.dot and summary.json.
+ *
+ * Under mpirun (dist/dist.h) every process runs the same stages on its share of the data
+ * (trainer.c: data-parallel training, evaluation split and combined), and process 0 alone is the
+ * writer: it holds the output folder's lock and writes every file, prints the progress and
+ * reads the checkpoint it resumes from, whose state it then sends to the others. */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
 #include <fcntl.h>
@@ -9,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dist/dist.h"
 #include "train/analysis.h"
 #include "train/pipeline.h"
 
@@ -27,7 +33,17 @@ typedef struct {
   qt_quant_result q;
   double arena_mb;
   int lock_fd; /* <output.dir>/.lock, held while the run writes there (-1: none) */
+  int ranks;   /* processes of the job (dist.h) */
+  int writer;  /* this process writes the files and prints (process 0) */
 } run;
+
+/* ---- the job's processes --------------------------------------------------------------------- */
+/* Every process gets process 0's parameters and buffers (the same model, whatever each read). */
+static void share_model(const run *r, qt_graph *g) {
+  if (r->ranks == 1) return;
+  qt_dist_broadcast(g->params, (size_t)g->n_params * sizeof(float), 0);
+  qt_dist_broadcast(g->buffers, (size_t)g->n_buffers * sizeof(float), 0);
+}
 
 /* ---- files ----------------------------------------------------------------------------------- */
 static void csv_write(const run *r) {
@@ -66,7 +82,7 @@ static int csv_read(const char *path, qt_epoch_stats *rows, int max, int upto) {
 }
 
 static void write_dot(const run *r, const qt_graph *g, const char *file) {
-  if (!r->o->output.dot) return;
+  if (!r->o->output.dot || !r->writer) return;
   char path[QT_OPT_STR + 64];
   snprintf(path, sizeof path, "%s/%s", r->o->output.dir, file);
   FILE *f = fopen(path, "w");
@@ -157,8 +173,10 @@ static int write_summary(const run *r, char *err) {
   if (r->n_rows)
     qt_strbuf_printf(&b, "    \"final_train_loss\": %.6f,\n    \"final_train_accuracy\": %.6f,\n",
                      r->rows[r->n_rows - 1].train_loss, r->rows[r->n_rows - 1].train_acc);
-  qt_strbuf_printf(&b, "    \"batch_size\": %d,\n    \"threads\": %d\n  },\n", r->o->train.batch_size,
+  qt_strbuf_printf(&b, "    \"batch_size\": %d,\n    \"threads\": %d", r->o->train.batch_size,
                    omp_get_max_threads());
+  if (r->ranks > 1) qt_strbuf_printf(&b, ",\n    \"processes\": %d", r->ranks); /* threads is per process */
+  qt_strbuf_printf(&b, "\n  },\n");
   if (r->analysis[0]) {
     qt_strbuf_printf(&b, "  \"analysis\": ");
     qt_strbuf_json_string(&b, r->analysis);
@@ -209,15 +227,26 @@ static int same_folder(const char *file, const char *dir) {
 /* Output folder, file names, threads, and the checks that come before any work. */
 static int run_open(run *r, const qt_options *o, qt_status *st) {
   r->o = o;
-  r->verbose = o->output.progress != QT_PROGRESS_NONE;
+  r->ranks = qt_dist_size();
+  r->writer = qt_dist_rank() == 0;
+  r->verbose = r->writer && o->output.progress != QT_PROGRESS_NONE;
   r->quant = o->quant.mode != QT_QUANT_NONE;
+  if (r->ranks > 1 && qt_analysis_wanted(o))
+    return qt_status_set(st, QT_STATUS_INPUT,
+                         "the [analysis] keys (PTQ / QAT debugging) with %d processes: not done data-parallel yet; "
+                         "run the analysis as one process (without mpirun)",
+                         r->ranks);
   if (o->train.threads > 0) omp_set_num_threads(o->train.threads);
-  char derr[QT_ERR_LEN];
-  if (qt_mkdir_p(o->output.dir, derr)) return qt_status_set(st, QT_STATUS_IO, "output.dir: %s", derr);
-  if (lock_dir(r, o->output.dir, st)) return -1;
   snprintf(r->ckpt, sizeof r->ckpt, "%s/checkpoint.h5", o->output.dir);
   snprintf(r->csv, sizeof r->csv, "%s/metrics.csv", o->output.dir);
   snprintf(r->summary, sizeof r->summary, "%s/summary.json", o->output.dir);
+  if (!r->writer) { /* whether process 0 resumes (it alone looks into output.dir) */
+    qt_dist_broadcast(&r->resuming, sizeof r->resuming, 0);
+    return 0;
+  }
+  char derr[QT_ERR_LEN];
+  if (qt_mkdir_p(o->output.dir, derr)) return qt_status_set(st, QT_STATUS_IO, "output.dir: %s", derr);
+  if (lock_dir(r, o->output.dir, st)) return -1;
   /* train.resume: a PTQ run has no epochs and simply calibrates again; any other run must
    * match the checkpoint's [quant] settings (checked before any work). */
   const int ptq = o->quant.mode == QT_QUANT_PTQ;
@@ -231,6 +260,7 @@ static int run_open(run *r, const qt_options *o, qt_status *st) {
     free(meta.config_ini);
     if (bad) return qt_status_fail(st, QT_STATUS_INPUT);
   }
+  if (r->ranks > 1) qt_dist_broadcast(&r->resuming, sizeof r->resuming, 0);
   const char *fp32 = o->quant.fp32_checkpoint, *base = strrchr(fp32, '/') ? strrchr(fp32, '/') + 1 : fp32;
   if (r->quant && fp32[0] && strcmp(base, "checkpoint.h5") == 0 && same_folder(fp32, o->output.dir))
     return qt_status_set(st, QT_STATUS_INPUT,
@@ -246,6 +276,7 @@ static int run_model_and_data(run *r, qt_status *st) {
   const qt_options *o = r->o;
   if (!(r->g = qt_stage_build_model(o, NULL, st))) return -1;
   if (r->quant && qt_stage_obtain_fp32(o, r->g, r->verbose, st)) return -1;
+  share_model(r, r->g);
   if (qt_stage_load_data(&o->data, QT_SPLIT_BOTH, &r->train, &r->test, st) ||
       qt_stage_model_fits(o, r->g, &r->train, st) || qt_stage_model_fits(o, r->g, &r->test, st))
     return -1;
@@ -259,11 +290,12 @@ static int run_model_and_data(run *r, qt_status *st) {
 static int run_prepare(run *r, qt_status *st) {
   const qt_options *o = r->o;
   const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
-  if (qt_evaluate(r->g, r->ctx, &r->test, &ec, &r->fp32, st->msg)) return qt_status_fail(st, QT_STATUS_RUNTIME);
+  if (qt_evaluate_distributed(r->g, r->ctx, &r->test, &ec, &r->fp32, st->msg))
+    return qt_status_fail(st, QT_STATUS_RUNTIME);
   if (r->verbose) fprintf(stderr, "quant: fp32 test accuracy %.2f%%\n", 100 * r->fp32.accuracy);
   char path[QT_OPT_STR + 32];
   snprintf(path, sizeof path, "%s/quantizer.txt", o->output.dir);
-  FILE *rep = fopen(path, "w");
+  FILE *rep = r->writer ? fopen(path, "w") : NULL;
   r->tg = qt_stage_prepare(o, r->g, rep, st);
   if (rep) fclose(rep);
   if (!r->tg) return -1;
@@ -288,27 +320,36 @@ static int run_trainer(run *r, qt_status *st) {
   r->rows = calloc((size_t)epochs + 1, sizeof *r->rows);
   QT_ASSERT(r->rows, "out of memory");
   if (r->resuming) {
+    /* process 0 reads it, every process loads it (the process count may differ from the run that
+     * wrote it) */
     qt_checkpoint_meta meta;
-    if (qt_checkpoint_load(r->ckpt, r->tg, qt_trainer_optim(r->trainer), &meta, st->msg))
+    if (qt_checkpoint_load_shared(r->ckpt, r->tg, qt_trainer_optim(r->trainer), &meta, st->msg))
       return qt_status_fail(st, QT_STATUS_FORMAT);
     free(meta.config_ini);
     if (meta.epoch < 0 || meta.step < 0)
       return qt_status_set(st, QT_STATUS_FORMAT, "train.resume: checkpoint '%s' holds epoch %d, step %lld", r->ckpt,
                            meta.epoch, (long long)meta.step);
+    r->start_epoch = meta.epoch;
+    qt_trainer_set_step(r->trainer, meta.step);
+    if (!r->writer) return 0;
     if (meta.seed != (uint64_t)o->train.seed)
       fprintf(stderr, "warning: resuming %s trained with seed %llu under train.seed = %d\n", r->ckpt,
               (unsigned long long)meta.seed, o->train.seed);
-    r->start_epoch = meta.epoch;
-    qt_trainer_set_step(r->trainer, meta.step);
     /* at most one row per finished epoch, whatever metrics.csv holds (a repeated row must not
      * leave rows[] too small for the epochs still to run) */
     r->n_rows = csv_read(r->csv, r->rows, r->start_epoch < epochs ? r->start_epoch : epochs, r->start_epoch);
     fprintf(stderr, "resuming from %s: %d epoch(s) done, step %lld\n", r->ckpt, r->start_epoch, (long long)meta.step);
   }
-  if (r->verbose)
+  if (r->verbose && r->ranks == 1)
     fprintf(stderr, "%s: %lld parameters; %lld training / %lld test images; %d epochs of %lld batches; %d threads\n",
             r->g->name, (long long)qt_graph_param_count(r->g), (long long)r->train.n, (long long)r->test.n, epochs,
             (long long)qt_trainer_batches(r->trainer), omp_get_max_threads());
+  else if (r->verbose)
+    fprintf(stderr,
+            "%s: %lld parameters; %lld training / %lld test images; %d epochs of %lld batches; %d processes x %d "
+            "threads (data parallel)\n",
+            r->g->name, (long long)qt_graph_param_count(r->g), (long long)r->train.n, (long long)r->test.n, epochs,
+            (long long)qt_trainer_batches(r->trainer), r->ranks, omp_get_max_threads());
   return 0;
 }
 
@@ -328,12 +369,13 @@ static int run_epochs(run *r, qt_status *st) {
     qt_epoch_stats *e = &r->rows[r->n_rows];
     if (qt_trainer_epoch(r->trainer, r->ctx, epoch, e, st))
       rc = -1;
-    else if (qt_evaluate(r->tg, r->ctx, &r->test, &ec, &r->final, st->msg))
+    else if (qt_evaluate_distributed(r->tg, r->ctx, &r->test, &ec, &r->final, st->msg))
       rc = qt_status_fail(st, QT_STATUS_RUNTIME);
     if (rc) break;
     e->test_loss = r->final.loss;
     e->test_acc = r->final.accuracy;
     r->n_rows++;
+    if (!r->writer) continue;
     if (r->verbose)
       fprintf(stderr,
               "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  %.0f img/s  %.1f s  lr %.4g\n",
@@ -349,16 +391,19 @@ static int run_epochs(run *r, qt_status *st) {
       rc = qt_status_fail(st, QT_STATUS_IO);
   }
   free(ini);
-  if (!rc && !r->quant && (ran == 0 || r->final.n == 0) && qt_evaluate(r->g, r->ctx, &r->test, &ec, &r->final, st->msg))
+  if (!rc && !r->quant && (ran == 0 || r->final.n == 0) &&
+      qt_evaluate_distributed(r->g, r->ctx, &r->test, &ec, &r->final, st->msg))
     rc = qt_status_fail(st, QT_STATUS_RUNTIME);
   if (!r->quant) r->fp32 = r->final;
   r->arena_mb = (double)qt_ctx_peak_bytes(r->ctx) / 1048576.0;
   return rc;
 }
 
-/* After training: QAT debugging, convert + check, deploy. */
+/* After training: QAT debugging, convert + check, deploy (process 0 alone: every process holds
+ * the same trained graph). */
 static int run_finish_quant(run *r, qt_status *st) {
   const qt_options *o = r->o;
+  if (!r->writer) return 0;
   if (o->quant.mode == QT_QUANT_QAT && qt_analysis_wanted(o)) {
     const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
     if (qt_analysis_run_qat(o, r->tg, &r->test, &ec, r->ctx, o->output.dir, r->analysis, sizeof r->analysis, r->verbose,
@@ -403,9 +448,9 @@ int qt_train_run(const qt_options *o, qt_status *st) {
   st->msg[0] = 0;
   int rc = run_open(r, o, st) || run_model_and_data(r, st) || (r->quant && run_prepare(r, st)) || run_trainer(r, st) ||
            run_epochs(r, st) || (r->quant && run_finish_quant(r, st));
-  if (!rc && write_summary(r, st->msg)) rc = qt_status_fail(st, QT_STATUS_IO);
+  if (!rc && r->writer && write_summary(r, st->msg)) rc = qt_status_fail(st, QT_STATUS_IO);
   if (!rc) print_result(r);
-  if (!rc && r->quant && !r->q.check.ok)
+  if (!rc && r->writer && r->quant && !r->q.check.ok)
     rc = qt_status_set(st, QT_STATUS_RUNTIME,
                        "the training graph and the convert graph disagree (see summary.json check.reason):\n%s",
                        r->q.check.reason);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "onnx/onnx_import.h"
+#include "dist/dist.h"
 #include "train/pipeline.h"
 
 static int load_split(const qt_data_options *d, int test, qt_dataset *ds, char *err) {
@@ -58,6 +59,10 @@ qt_loader_config qt_stage_loader_config(const qt_options *o, qt_loader_purpose p
   if (!eval) {
     lc.crop_pad = o->data.crop_pad;
     lc.flip = o->data.flip;
+  }
+  if (!eval && qt_dist_size() > 1) { /* data parallel: this process's rows of every batch */
+    lc.shard_count = qt_dist_size();
+    lc.shard_index = qt_dist_rank();
   }
   return lc;
 }
@@ -168,10 +173,14 @@ qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_s
   return g;
 }
 
-/* quant.fp32_checkpoint does not exist yet: train it with quant.fp32_config first. */
+/* quant.fp32_checkpoint does not exist yet: train it with quant.fp32_config first (under mpirun
+ * process 0 looks, and all processes train it together). */
 static int ensure_fp32(const qt_options *o, int verbose, qt_status *st) {
   const char *ck = o->quant.fp32_checkpoint;
-  if (!ck[0] || access(ck, F_OK) == 0) return 0;
+  if (!ck[0]) return 0;
+  int exists = qt_dist_rank() == 0 && access(ck, F_OK) == 0;
+  qt_dist_broadcast(&exists, sizeof exists, 0);
+  if (exists) return 0;
   qt_options *sub = malloc(sizeof *sub);
   QT_ASSERT(sub, "out of memory");
   int rc = qt_options_fp32_recipe(o, sub, st->msg);
@@ -193,7 +202,7 @@ int qt_stage_obtain_fp32(const qt_options *o, qt_graph *g, int verbose, qt_statu
   }
   if (ensure_fp32(o, verbose, st)) return -1;
   qt_checkpoint_meta meta;
-  if (qt_checkpoint_load(ck, g, NULL, &meta, st->msg)) return qt_status_fail(st, QT_STATUS_IO);
+  if (qt_checkpoint_load_shared(ck, g, NULL, &meta, st->msg)) return qt_status_fail(st, QT_STATUS_IO);
   free(meta.config_ini);
   if (verbose) fprintf(stderr, "quant: starting from %s (%d fp32 epochs)\n", ck, meta.epoch);
   return 0;

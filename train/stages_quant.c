@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "onnx/onnx_export.h"
+#include "dist/dist.h"
 #include "train/pipeline.h"
 
 static int quantizer_config(const qt_quant_options *q, qt_quantizer_config *qc, char *err) {
@@ -104,7 +105,10 @@ int qt_stage_calibrate(const qt_options *o, qt_graph *p, const qt_dataset *train
   if (!l) return qt_status_fail(st, QT_STATUS_INPUT);
   qt_loader_start_epoch(l, 0);
   int done = 0;
+  const qt_batch_sync *was = qt_ctx_batch_sync(ctx);
+  if (qt_dist_size() > 1) qt_ctx_set_batch_sync(ctx, qt_dist_batch_sync()); /* observers see every shard */
   int rc = qt_calibrate_until(p, l, train, ctx, o->quant.calibration_batches, &done, st->msg);
+  qt_ctx_set_batch_sync(ctx, was);
   qt_loader_free(l);
   if (rc) return qt_status_fail(st, QT_STATUS_RUNTIME);
   if (verbose) fprintf(stderr, "quant: calibrated on %d batches\n", done);

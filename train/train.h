@@ -26,6 +26,11 @@ typedef struct {
  * arena to reuse (the training loop's, so the two share memory), or NULL for a private one. */
 int qt_evaluate(qt_graph *g, qt_ctx *ctx, const qt_dataset *ds, const qt_loader_config *lc, qt_eval_result *out,
                 char *err);
+/* qt_evaluate with the samples split across the job's processes (dist/dist.h: contiguous ranges
+ * in rank order) and the results combined: every process must call it, and every process gets
+ * the whole set's accuracy, mean loss and count. Alone: exactly qt_evaluate. */
+int qt_evaluate_distributed(qt_graph *g, qt_ctx *ctx, const qt_dataset *ds, const qt_loader_config *lc,
+                            qt_eval_result *out, char *err);
 
 /* ---- checkpoints (HDF5) ------------------------------------------------------------------ */
 typedef struct {
@@ -47,6 +52,13 @@ int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const
  * ranges, observers, LSQ), and an fp32 graph one without; otherwise the load is refused with
  * a message naming the file and the mismatch. All or nothing: on error g is untouched. */
 int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err);
+/* The same from a checkpoint file's bytes in memory; name (its path) labels the messages. */
+int qt_checkpoint_load_image(const void *bytes, size_t n, const char *name, qt_graph *g, qt_optim *opt,
+                             qt_checkpoint_meta *meta, char *err);
+/* Data parallel (dist/dist.h): process 0 reads path and every process loads its bytes, so that
+ * all start from the same state without the file on every host. Alone: qt_checkpoint_load.
+ * Every process must call it; all fail together when process 0 cannot read the file. */
+int qt_checkpoint_load_shared(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err);
 /* Only the meta (epoch, step, seed, config text), without a graph. */
 int qt_checkpoint_read_meta(const char *path, qt_checkpoint_meta *meta, char *err);
 

@@ -1,11 +1,21 @@
 /* The training stage: optimizer, LR schedule and loader of a run, one epoch at a time, with the
- * freeze schedules, the NaN stop and the progress bar; and evaluation (qt_evaluate). */
+ * freeze schedules, the NaN stop and the progress bar; and evaluation (qt_evaluate).
+ *
+ * Data parallel (dist/dist.h, more than one process): train.batch_size stays the global batch;
+ * every process trains on its contiguous slice of the same shuffled batch (the loader's shards),
+ * seeds its backward with (its rows / the batch's rows), so that the sum of the processes'
+ * gradients is the gradient of the whole batch's mean loss, and sums the gradient slab across
+ * the processes (dist.h's fixed-order sum) before the identical optimizer step on every process.
+ * Batch norm in training mode computes the whole batch's statistics (the ctx's batch sync).
+ * After every epoch the processes compare a checksum of their parameters, buffers and optimizer
+ * state: any drift is an error. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "dist/dist.h"
 #include "train/pipeline.h"
 
 struct qt_trainer {
@@ -18,7 +28,57 @@ struct qt_trainer {
   int64_t nb, step;
   int progress; /* 0 none, 1 lines, 2 bar */
   double last_draw;
+  int rank, size;      /* this process and the job's (dist.h); size 1: alone */
 };
+
+/* ---- the job's processes --------------------------------------------------------------------- */
+/* A quantization point's training state: qparams, flags and observer. */
+static uint64_t hash_qstate(uint64_t h, const qt_qstate *q) {
+  if (!q) return h;
+  const int flags[4] = {q->observe, q->fake_quant, q->calibrated, q->obs.initialized};
+  h = qt_dist_hash(h, flags, sizeof flags);
+  h = qt_dist_hash(h, q->scale, (size_t)q->channels * sizeof *q->scale);
+  h = qt_dist_hash(h, q->zero_point, (size_t)q->channels * sizeof *q->zero_point);
+  h = qt_dist_hash(h, q->obs.min, (size_t)q->obs.channels * sizeof *q->obs.min);
+  h = qt_dist_hash(h, q->obs.max, (size_t)q->obs.channels * sizeof *q->obs.max);
+  if (q->obs.hist) {
+    h = qt_dist_hash(h, q->obs.hist, (size_t)q->obs.bins * sizeof *q->obs.hist);
+    h = qt_dist_hash(h, &q->obs.hist_min, sizeof q->obs.hist_min);
+    h = qt_dist_hash(h, &q->obs.hist_max, sizeof q->obs.hist_max);
+  }
+  return h;
+}
+
+/* Whether every process holds the same parameters, buffers, quantization state (qparams,
+ * observers, BN freeze flags) and optimizer state (bit for bit, as the fixed-order reductions
+ * and the synchronized statistics promise); -1 with st naming the first process that drifted. */
+static int check_replicas(qt_trainer *t, int epoch, qt_status *st) {
+  const qt_graph *g = t->g;
+  uint64_t h = qt_dist_hash(QT_DIST_HASH_INIT, g->params, (size_t)g->n_params * sizeof(float));
+  h = qt_dist_hash(h, g->buffers, (size_t)g->n_buffers * sizeof(float));
+  for (int i = 0; i < g->n_nodes; i++) {
+    h = hash_qstate(hash_qstate(h, g->nodes[i].q), g->nodes[i].wq);
+    h = qt_dist_hash(h, &g->nodes[i].bn_frozen, sizeof g->nodes[i].bn_frozen);
+  }
+  for (int i = 0; i < qt_optim_state_count(t->opt); i++)
+    h = qt_dist_hash(h, qt_optim_state(t->opt, i, NULL), (size_t)qt_optim_numel(t->opt) * sizeof(float));
+  const int64_t steps = qt_optim_steps(t->opt);
+  h = qt_dist_hash(h, &steps, sizeof steps);
+  uint64_t *all = malloc((size_t)t->size * sizeof *all);
+  QT_ASSERT(all, "out of memory");
+  qt_dist_allgather(&h, sizeof h, all);
+  int bad = -1;
+  for (int r = 1; r < t->size && bad < 0; r++)
+    if (all[r] != all[0]) bad = r;
+  int rc = 0;
+  if (bad >= 0)
+    rc = qt_status_set(st, QT_STATUS_RUNTIME,
+                       "after epoch %d the parameters, buffers, quantization or optimizer state of process %d differ "
+                       "from process 0's (checksums %016llx and %016llx): the data-parallel replicas drifted apart",
+                       epoch, bad, (unsigned long long)all[bad], (unsigned long long)all[0]);
+  free(all);
+  return rc;
+}
 
 /* ---- progress -------------------------------------------------------------------------------- */
 static void fmt_eta(char *buf, size_t n, double s) {
@@ -91,10 +151,12 @@ qt_trainer *qt_trainer_create(const qt_options *o, qt_graph *g, const qt_dataset
   t->o = o;
   t->g = g;
   t->train = train;
-  t->progress = progress_mode(o->output.progress);
+  t->rank = qt_dist_rank();
+  t->size = qt_dist_size();
+  t->progress = t->rank == 0 ? progress_mode(o->output.progress) : 0;
   qt_optim_config oc;
   if (optim_config(&o->train, &oc, st->msg)) goto input_error;
-  qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_TRAIN);
+  qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_TRAIN); /* this process's shards */
   t->loader = qt_loader_create(train, &lc, st->msg);
   if (!t->loader) goto input_error;
   t->nb = qt_loader_num_batches(t->loader);
@@ -129,10 +191,40 @@ static void apply_schedules(qt_trainer *t, int epoch, int64_t b) {
   if (q->freeze_bn_after > 0 && at >= q->freeze_bn_after) qt_freeze_bn(t->g, 1);
 }
 
-int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out, qt_status *st) {
+/* One step's loss and correct count over the whole batch. Alone: this process's. Data parallel:
+ * every process's (mean loss, rows, correct) gathered, summed in rank order; *bad_rank gets the
+ * first process whose loss is not finite (-1: none), so that every process stops together. */
+static void batch_totals(const qt_trainer *t, float lv, int B, int64_t correct_b, double *loss_sum, int64_t *correct,
+                         int64_t *rows, int *bad_rank, double *bad_loss) {
+  *bad_rank = -1;
+  *bad_loss = lv;
+  if (t->size == 1) {
+    if (!isfinite(lv)) *bad_rank = 0;
+    *loss_sum = (double)lv * B;
+    *correct = correct_b;
+    *rows = B;
+    return;
+  }
+  double mine[3] = {lv, B, (double)correct_b};
+  double *all = malloc(3 * (size_t)t->size * sizeof *all);
+  QT_ASSERT(all, "out of memory");
+  qt_dist_allgather(mine, sizeof mine, all);
+  *loss_sum = 0;
+  *correct = *rows = 0;
+  for (int r = 0; r < t->size; r++) {
+    if (!isfinite(all[3 * r]) && *bad_rank < 0) {
+      *bad_rank = r;
+      *bad_loss = all[3 * r];
+    }
+    *loss_sum += all[3 * r] * all[3 * r + 1];
+    *rows += (int64_t)all[3 * r + 1];
+    *correct += (int64_t)all[3 * r + 2];
+  }
+  free(all);
+}
+
+static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out, qt_status *st) {
   qt_graph *g = t->g;
-  memset(out, 0, sizeof *out);
-  qt_graph_set_mode(g, QT_MODE_TRAIN);
   qt_loader_start_epoch(t->loader, epoch);
   double t0 = qt_now_seconds(), loss_sum = 0;
   int64_t correct = 0, seen = 0, b = 0;
@@ -151,26 +243,38 @@ int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out,
     float *probs;
     qt_tensor *loss = qt_cross_entropy(ctx, logits, labels, &probs);
     float lv = qt_f32(loss)[0];
-    if (!isfinite(lv)) {
+    const int C = (int)logits->shape[1];
+    int64_t correct_b = 0, rows, correct_all;
+    for (int i = 0; i < B; i++) correct_b += qt_argmax(probs + (size_t)i * C, C) == labels[i];
+    double loss_b, bad_loss;
+    int bad_rank;
+    batch_totals(t, lv, B, correct_b, &loss_b, &correct_all, &rows, &bad_rank, &bad_loss);
+    if (bad_rank >= 0) {
       if (t->progress == 2) fputc('\n', stderr);
-      char ckpt[QT_OPT_STR + 32];
+      char ckpt[QT_OPT_STR + 32], where[48] = "";
       snprintf(ckpt, sizeof ckpt, "%s/checkpoint.h5", t->o->output.dir);
+      if (t->size > 1) snprintf(where, sizeof where, " on process %d of %d", bad_rank, t->size);
       return qt_status_set(st, QT_STATUS_RUNTIME,
-                           "training diverged: loss is %s at epoch %d, batch %lld (step %lld, lr %g); stopped without "
+                           "training diverged: loss is %s%s at epoch %d, batch %lld (step %lld, lr %g); stopped without "
                            "updating. The last good checkpoint (%s) is kept; try a lower train.lr",
-                           isnan(lv) ? "NaN" : "Inf", epoch + 1, (long long)b + 1, (long long)t->step, (double)lr,
+                           isnan(bad_loss) ? "NaN" : "Inf", where, epoch + 1, (long long)b + 1, (long long)t->step, (double)lr,
                            access(ckpt, F_OK) == 0 ? ckpt : "none written yet");
     }
     qt_graph_zero_grad(g);
-    qt_backward(ctx, loss);
+    if (t->size == 1) {
+      qt_backward(ctx, loss);
+    } else {
+      qt_backward_seeded(ctx, loss, (float)B / (float)qt_loader_batch_rows(t->loader));
+      qt_dist_sum_f32(g->grads, g->n_params);
+    }
     lr = qt_lr_at(&t->sched, t->step);
     qt_optim_step(t->opt, g->params, g->grads, lr);
     t->step++;
     b++;
-    loss_sum += (double)lv * B;
-    const int C = (int)logits->shape[1];
-    for (int i = 0; i < B; i++) correct += qt_argmax(probs + (size_t)i * C, C) == labels[i];
-    seen += B;
+    qt_fault_point("training_step"); /* QT_FAULT=training_step:k: a crash after k steps (tests) */
+    loss_sum += loss_b;
+    correct += correct_all;
+    seen += rows;
     const double el = qt_now_seconds() - t0;
     progress_draw(t, epoch + 1, b, loss_sum / (double)seen, (double)correct / (double)seen, (double)seen / el, el, 0);
   }
@@ -184,6 +288,17 @@ int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out,
   out->images = seen;
   progress_draw(t, epoch + 1, b, out->train_loss, out->train_acc, out->images_per_s, secs, 1);
   return 0;
+}
+
+int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out, qt_status *st) {
+  memset(out, 0, sizeof *out);
+  qt_graph_set_mode(t->g, QT_MODE_TRAIN);
+  const qt_batch_sync *was = qt_ctx_batch_sync(ctx);
+  if (t->size > 1) qt_ctx_set_batch_sync(ctx, qt_dist_batch_sync());
+  int rc = epoch_steps(t, ctx, epoch, out, st);
+  qt_ctx_set_batch_sync(ctx, was);
+  if (!rc && t->size > 1) rc = check_replicas(t, epoch + 1, st);
+  return rc;
 }
 
 /* ---- evaluation ------------------------------------------------------------------------------ */
@@ -233,4 +348,29 @@ int qt_evaluate(qt_graph *g, qt_ctx *shared, const qt_dataset *ds, const qt_load
   for (int i = 0; i < g->n_nodes; i++) g->nodes[i].training = was[i];
   free(was);
   return rc;
+}
+
+int qt_evaluate_distributed(qt_graph *g, qt_ctx *ctx, const qt_dataset *ds, const qt_loader_config *lc,
+                            qt_eval_result *out, char *err) {
+  const int R = qt_dist_size(), k = qt_dist_rank();
+  if (R == 1) return qt_evaluate(g, ctx, ds, lc, out, err);
+  /* this process's contiguous range of the samples, as a view (nothing copied) */
+  const int64_t first = ds->n * k / R, count = ds->n * (k + 1) / R - first;
+  const size_t sample = (size_t)ds->h * (size_t)ds->w * (size_t)ds->c;
+  qt_dataset part = *ds;
+  part.n = count;
+  part.images = ds->images + (size_t)first * sample;
+  part.labels = ds->labels + first;
+  qt_eval_result mine;
+  memset(&mine, 0, sizeof mine);
+  const double t0 = qt_now_seconds();
+  if (count > 0 && qt_evaluate(g, ctx, &part, lc, &mine, err)) return -1;
+  double sums[3] = {mine.loss * (double)mine.n, mine.accuracy * (double)mine.n, (double)mine.n};
+  qt_dist_sum_f64(sums, 3);
+  memset(out, 0, sizeof *out);
+  out->n = (int64_t)sums[2];
+  out->accuracy = out->n ? nearbyint(sums[1]) / (double)out->n : 0;
+  out->loss = out->n ? sums[0] / (double)out->n : 0;
+  out->seconds = qt_now_seconds() - t0;
+  return 0;
 }

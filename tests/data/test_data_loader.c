@@ -1,6 +1,7 @@
 /* Loader: each epoch covers every sample once, the order is a pure function of (seed, epoch),
- * normalization matches (p/255 - mean)/std, drop_last drops the partial batch, and flip/crop
- * produce mirrored/shifted copies of the sample, reproducibly. */
+ * normalization matches (p/255 - mean)/std, drop_last drops the partial batch, flip/crop
+ * produce mirrored/shifted copies of the sample, reproducibly, and the shards of a batch
+ * (data-parallel training) are its rows in order. */
 #include "data/data.h"
 #include "tests/common/testutil.h"
 
@@ -201,15 +202,56 @@ int main(void) {
     qt_loader_free(y);
   }
 
+  /* Shards (data-parallel training): shard k of 3 of every batch, for the 3 shards in order, is
+   * the whole batch, images (cropped and flipped) and labels; each shard knows the batch's rows.
+   * N = 37 in batches of 8 leaves a last batch of 5 (shards of 1, 2 and 2 rows). */
+  {
+    qt_loader_config whole = base_config();
+    whole.crop_pad = 1;
+    whole.flip = 1;
+    qt_loader *w = loader_of(&ds, &whole, 5), *sh[3];
+    for (int k = 0; k < 3; k++) {
+      qt_loader_config c = whole;
+      c.shard_count = 3;
+      c.shard_index = k;
+      sh[k] = loader_of(&ds, &c, 5);
+    }
+    for (int e = 0; e < 3 && w && sh[0] && sh[1] && sh[2]; e += 2) {
+      qt_loader_start_epoch(w, e);
+      for (int k = 0; k < 3; k++) qt_loader_start_epoch(sh[k], e);
+      for (int bi = 0; bi < 5; bi++) {
+        const float *wi, *si;
+        const int32_t *wl, *sl;
+        const int B = qt_loader_next(w, &wi, &wl);
+        int at = 0;
+        for (int k = 0; k < 3; k++) {
+          const int n = qt_loader_next(sh[k], &si, &sl), want = B * (k + 1) / 3 - B * k / 3;
+          if (n != want || qt_loader_batch_rows(sh[k]) != B || memcmp(sl, wl + at, (size_t)n * sizeof *sl) != 0 ||
+              memcmp(si, wi + (size_t)at * S, (size_t)n * S * sizeof *si) != 0) {
+            qt_test_fail("epoch %d batch %d: shard %d of 3 (%d rows, want %d of %d) is not its rows of the batch", e,
+                         bi, k, n, want, B);
+            break;
+          }
+          at += n;
+        }
+      }
+      for (int k = 0; k < 3; k++) QT_CHECK(qt_loader_next(sh[k], NULL, NULL) == 0);
+    }
+    qt_loader_free(w);
+    for (int k = 0; k < 3; k++) qt_loader_free(sh[k]);
+  }
+
   /* Bad configurations. */
-  struct { const char *what; qt_loader_config cfg; } bad[5];
-  for (int i = 0; i < 5; i++) bad[i].cfg = base_config();
+  struct { const char *what; qt_loader_config cfg; } bad[7];
+  for (int i = 0; i < 7; i++) bad[i].cfg = base_config();
+  bad[5].what = "6 shards of a last batch of 5"; bad[5].cfg.shard_count = 6;
+  bad[6].what = "shard 3 of 3"; bad[6].cfg.shard_count = 3; bad[6].cfg.shard_index = 3;
   bad[0].what = "batch_size 0"; bad[0].cfg.batch_size = 0;
   bad[1].what = "std 0"; bad[1].cfg.std[1] = 0.0f;
   bad[2].what = "crop_pad -1"; bad[2].cfg.crop_pad = -1;
   bad[3].what = "drop_last with batch > n"; bad[3].cfg.drop_last = 1; bad[3].cfg.batch_size = N + 1;
   bad[4].what = "crop_pad > side"; bad[4].cfg.crop_pad = W + 1;
-  for (int i = 0; i < 5; i++) {
+  for (int i = 0; i < 7; i++) {
     err[0] = 0;
     qt_loader *l = qt_loader_create(&ds, &bad[i].cfg, err);
     if (l || !err[0]) qt_test_fail("%s: expected NULL and a message", bad[i].what);

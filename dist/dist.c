@@ -1,0 +1,200 @@
+/* The job's processes over MPI (dist.h), and the one-process stand-ins without it. */
+#include "dist/dist.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef QT_HAVE_MPI
+#include <mpi.h>
+#endif
+
+static int world_rank = 0, world_size = 1, joined = 0;
+
+int qt_dist_built_with_mpi(void) {
+#ifdef QT_HAVE_MPI
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+/* The size an MPI launcher announced in the environment: Open MPI's mpirun, PMIx launchers
+ * (Open MPI 4+, Slurm), MPICH's Hydra (PMI). 0 when no launcher started this process. */
+static int launcher_size(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return atoi(v) > 0 ? atoi(v) : 1;
+  }
+  return getenv("PMIX_RANK") ? 1 : 0;
+}
+
+int qt_dist_init(int *argc, char ***argv, char *err) {
+  QT_ASSERT(!joined, "qt_dist_init called twice");
+  const int announced = launcher_size();
+  if (announced == 0) return 0;
+#ifdef QT_HAVE_MPI
+  int provided = 0;
+  /* The training loop calls MPI from its main thread only (the loader thread never does). */
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    return qt_err(err, "MPI_Init failed (started by an MPI launcher for %d processes)", announced);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  joined = 1;
+  return 0;
+#else
+  (void)argc;
+  (void)argv;
+  if (announced > 1)
+    return qt_err(err,
+                  "started by an MPI launcher for %d processes, but this build has no MPI (install libopenmpi-dev "
+                  "and reconfigure): each process would train alone",
+                  announced);
+  return 0;
+#endif
+}
+
+void qt_dist_finalize(void) {
+#ifdef QT_HAVE_MPI
+  if (joined) MPI_Finalize();
+#endif
+  joined = 0;
+  world_rank = 0;
+  world_size = 1;
+}
+
+int qt_dist_rank(void) { return world_rank; }
+int qt_dist_size(void) { return world_size; }
+
+#ifdef QT_HAVE_MPI
+/* Elements per collective call: MPI counts are ints, and smaller rounds bound the scratch. */
+#define ROUND_ELEMS ((int64_t)1 << 22)
+
+/* The fixed-order sum of one round of n elements of size esize (float or double): the segment
+ * k of every process's buffer goes to process k, which adds the size copies in rank order in
+ * double and rounds once; then every process gathers every segment. */
+static void sum_round(void *buf, int64_t n, int is_double) {
+  const int R = world_size, me = world_rank;
+  const size_t esize = is_double ? sizeof(double) : sizeof(float);
+  const MPI_Datatype type = is_double ? MPI_DOUBLE : MPI_FLOAT;
+  int *counts = malloc(4 * (size_t)R * sizeof *counts);
+  QT_ASSERT(counts, "dist: out of memory");
+  int *displs = counts + R, *rcounts = counts + 2 * R, *rdispls = counts + 3 * R;
+  for (int k = 0; k < R; k++) {
+    const int64_t a = n * k / R, b = n * (k + 1) / R;
+    counts[k] = (int)(b - a);
+    displs[k] = (int)a;
+  }
+  const int mine = (int)(n * (me + 1) / R - n * me / R); /* = counts[me] */
+  for (int k = 0; k < R; k++) {
+    rcounts[k] = mine;
+    rdispls[k] = k * mine;
+  }
+  char *recv = malloc((size_t)R * (size_t)(mine > 0 ? mine : 1) * esize);
+  QT_ASSERT(recv, "dist: out of memory for a reduction of %lld elements", (long long)n);
+  MPI_Alltoallv(buf, counts, displs, type, recv, rcounts, rdispls, type, MPI_COMM_WORLD);
+  char *seg = (char *)buf + (size_t)displs[me] * esize;
+  for (int i = 0; i < mine; i++) {
+    double s = 0;
+    if (is_double)
+      for (int k = 0; k < R; k++) s += ((const double *)recv)[(size_t)k * mine + i];
+    else
+      for (int k = 0; k < R; k++) s += (double)((const float *)recv)[(size_t)k * mine + i];
+    if (is_double) ((double *)seg)[i] = s;
+    else ((float *)seg)[i] = (float)s;
+  }
+  MPI_Allgatherv(MPI_IN_PLACE, 0, type, buf, counts, displs, type, MPI_COMM_WORLD);
+  free(recv);
+  free(counts);
+}
+
+static void sum_any(void *buf, int64_t n, int is_double) {
+  const size_t esize = is_double ? sizeof(double) : sizeof(float);
+  for (int64_t at = 0; at < n; at += ROUND_ELEMS)
+    sum_round((char *)buf + (size_t)at * esize, n - at < ROUND_ELEMS ? n - at : ROUND_ELEMS, is_double);
+}
+#endif
+
+void qt_dist_sum_f32(float *buf, int64_t n) {
+#ifdef QT_HAVE_MPI
+  if (world_size > 1 && n > 0) sum_any(buf, n, 0);
+#else
+  (void)buf;
+  (void)n;
+#endif
+}
+
+void qt_dist_sum_f64(double *buf, int64_t n) {
+#ifdef QT_HAVE_MPI
+  if (world_size > 1 && n > 0) sum_any(buf, n, 1);
+#else
+  (void)buf;
+  (void)n;
+#endif
+}
+
+void qt_dist_allgather(const void *send, size_t bytes, void *recv) {
+  if (world_size == 1) {
+    if (recv != send) memmove(recv, send, bytes);
+    return;
+  }
+#ifdef QT_HAVE_MPI
+  QT_ASSERT(bytes <= (size_t)1 << 30, "dist: all-gather of %zu bytes per process", bytes);
+  MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
+#endif
+}
+
+void qt_dist_broadcast(void *buf, size_t bytes, int root) {
+  QT_ASSERT(root >= 0 && root < world_size, "dist: broadcast from rank %d of %d", root, world_size);
+#ifdef QT_HAVE_MPI
+  if (world_size == 1) return;
+  const size_t round = (size_t)1 << 30;
+  for (size_t at = 0; at < bytes; at += round)
+    MPI_Bcast((char *)buf + at, (int)(bytes - at < round ? bytes - at : round), MPI_BYTE, root, MPI_COMM_WORLD);
+#else
+  (void)buf;
+  (void)bytes;
+#endif
+}
+
+void qt_dist_barrier(void) {
+#ifdef QT_HAVE_MPI
+  if (world_size > 1) MPI_Barrier(MPI_COMM_WORLD);
+#endif
+}
+
+static void batch_allgather_f64(const double *send, int64_t n, double *recv) {
+  qt_dist_allgather(send, (size_t)n * sizeof(double), recv);
+}
+
+const qt_batch_sync *qt_dist_batch_sync(void) {
+  static qt_batch_sync world;
+  world = (qt_batch_sync){
+      .size = world_size, .rank = world_rank, .allgather_f64 = batch_allgather_f64, .sum_f64 = qt_dist_sum_f64};
+  return &world;
+}
+
+void qt_dist_abort(int exit_code, const char *fmt, ...) {
+  char msg[QT_ERR_LEN + 256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "%s\n", msg); /* one write: the launcher forwards whole lines */
+  fflush(stderr);
+#ifdef QT_HAVE_MPI
+  if (joined) MPI_Abort(MPI_COMM_WORLD, exit_code);
+#endif
+  exit(exit_code);
+}
+
+uint64_t qt_dist_hash(uint64_t h, const void *data, size_t n) {
+  const unsigned char *p = data;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
