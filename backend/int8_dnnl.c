@@ -9,6 +9,7 @@
  * requantizes itself for an odd one). */
 #include "backend/int8.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,10 +90,20 @@ static dnnl_status_t make_pd(const qt_int8_op *op, int N, dnnl_primitive_desc_t 
     if (p->zp_dst) QT_DNNL_CHECK(dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_DST, 1, 0, &runtime));
     if (p->relu || p->relu6 || p->clip) {
       QT_DNNL_CHECK(dnnl_post_ops_create(&ops));
-      if (p->relu) QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
-      if (p->relu6) QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_clip, 0.0f, p->relu6_hi));
-      if (p->clip)
-        QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_clip, (float)p->clip_lo, (float)p->clip_hi));
+      /* One eltwise post-op: relu (relu6) and the narrowed output range are clamps in output
+       * units, and clamping twice equals clamping once to the intersection. (oneDNN 2.6 dropped
+       * the second of two clip post-ops in its int8 convolutions: a 4-bit relu6 output whose
+       * 6 / s_out exceeds 15 reached 16 and 17, found on the MobileNet-style W4A4 model.) */
+      float lo = p->relu || p->relu6 ? 0.0f : -INFINITY, hi = p->relu6 ? p->relu6_hi : INFINITY;
+      if (p->clip) {
+        lo = fmaxf(lo, (float)p->clip_lo);
+        hi = fminf(hi, (float)p->clip_hi);
+      }
+      if (hi < lo) hi = lo; /* a relu6 bound below the range: everything clamps to its bottom */
+      if (!p->clip && !p->relu6)
+        QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
+      else
+        QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_clip, lo, hi));
       QT_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, ops));
     }
   }

@@ -1,6 +1,6 @@
 /* Each lowered pattern against the Q/DQ reference interpreter (qt_graph_forward) on random
  * data: dq -> conv [-> relu | relu6] -> q (input zero point, padding, stride, output zero point, a
- * 4-bit output range; grouped and depthwise convs too), dq -> flatten -> linear [-> relu | relu6] -> q (folded input zero point, f32
+ * 4-bit output range, relu6 into a 4-bit range narrower than 6; grouped and depthwise convs too), dq -> flatten -> linear [-> relu | relu6] -> q (folded input zero point, f32
  * requantization for an output zero point), max pooling on u8, a fallback partition
  * (average pooling), FashionCNN converted end to end (W8A8 and W4A4), batch sizes changing
  * between runs, and a prepared graph refused. Int8 partitions: at most 1 output LSB with
@@ -207,10 +207,12 @@ static const char *const act_names[] = {"", "+relu", "+relu6"};
 /* act: 0 none, 1 relu, 2 relu6. zp_out >= 0 forces the output zero point (even: oneDNN's dst
  * zero point; odd: f32 dst and requantization, see backend/lower.c), else it comes from
  * calibration. */
+static float g_out_scale = 1.0f; /* conv_pattern: the calibrated output scale times this */
+
 static void conv_pattern(int relu, int stride, int qmax, int zp_out, int exact) {
-  char what[128];
-  snprintf(what, sizeof what, "conv%s stride %d out [0,%d] zp %d%s", act_names[relu], stride, qmax, zp_out,
-           exact ? " exact" : "");
+  char what[160];
+  snprintf(what, sizeof what, "conv%s stride %d out [0,%d] zp %d%s%s", act_names[relu], stride, qmax, zp_out,
+           exact ? " exact" : "", g_out_scale != 1.0f ? ", output scale x 0.5 (6 / s_out beyond the range)" : "");
   const float s_in = exact ? 1.0f / 64 : 0.0123f;
   qt_graph *g = qt_graph_create("conv_pattern");
   int x = qt_graph_input(g, "input", 10, 10, 3);
@@ -224,7 +226,12 @@ static void conv_pattern(int relu, int stride, int qmax, int zp_out, int exact) 
   float *in = random_input(g, 8, -100 * s_in - 0.1f, 155 * s_in + 0.1f);
   calibrate(g, in, 8, exact);
   if (zp_out >= 0) set_output_zero_point(g, zp_out);
-  if (relu == 2 && !exact && zp_out < 0) expect_clamped(what, g, in, 8);
+  if (g_out_scale != 1.0f) { /* both the relu6 bound and the range clamp take part */
+    qt_node *d = &g->nodes[g->values[g->output].producer];
+    qt_node *q = &g->nodes[g->values[d->inputs[0]].producer];
+    d->q->scale[0] = q->q->scale[0] = d->q->scale[0] * g_out_scale;
+  }
+  if (relu == 2 && !exact && zp_out < 0 && g_out_scale == 1.0f) expect_clamped(what, g, in, 8);
   compare(what, g, in, 8, 1, 0, exact ? 0 : 1);
   free(in);
   qt_graph_free(g);
@@ -387,6 +394,11 @@ int main(void) {
     grouped_pattern(8, 8, 2, 1, exact);  /* depthwise + relu6 (MobileNet) */
     grouped_pattern(8, 8, 0, 2, exact);  /* depthwise, stride 2 */
     grouped_pattern(2, 16, 1, 1, exact); /* two groups */
+    /* relu6 into a 4-bit output whose 6 / s_out lies beyond 15: the relu6 bound and the range
+     * clamp in one post-op (two clip post-ops: oneDNN 2.6 dropped the second, outputs 16, 17) */
+    g_out_scale = 0.5f;
+    conv_pattern(2, 1, 15, -1, exact);
+    g_out_scale = 1.0f;
   }
   max_pool_pattern();
   fallback_pattern();
