@@ -36,12 +36,50 @@ struct qt_exact {
   /* per value during a run: int32 (quantize outputs) or float64 data, chunk-sized */
   int32_t **vi;
   double **vd;
+  /* buffers of values read for the last time, kept for the next value or chunk (every chunk
+   * allocates the same sequence: after the first, none is allocated or faulted in again) */
+  void **pool;
+  int n_pool, cap_pool;
 };
 
 static void *xmalloc(size_t bytes) {
   void *p = malloc(bytes ? bytes : 1);
   QT_ASSERT(p, "exact reference: out of memory for %zu bytes", bytes);
   return p;
+}
+
+/* Value buffers: a 64-byte header holds the capacity (keeps the data 64-byte aligned). */
+enum { BUF_HEADER = 64 };
+static size_t buf_cap(const void *b) { return *(const size_t *)((const unsigned char *)b - BUF_HEADER); }
+
+/* The smallest pooled buffer of at least `bytes`, else a new one. */
+static void *buf_get(qt_exact *x, size_t bytes) {
+  int best = -1;
+  for (int i = 0; i < x->n_pool; i++)
+    if (buf_cap(x->pool[i]) >= bytes && (best < 0 || buf_cap(x->pool[i]) < buf_cap(x->pool[best]))) best = i;
+  if (best >= 0) {
+    void *b = x->pool[best];
+    x->pool[best] = x->pool[--x->n_pool];
+    return b;
+  }
+  unsigned char *m = aligned_alloc(BUF_HEADER, BUF_HEADER + ((bytes + BUF_HEADER - 1) / BUF_HEADER) * BUF_HEADER);
+  QT_ASSERT(m, "exact reference: out of memory for %zu bytes", bytes);
+  *(size_t *)m = bytes;
+  return m + BUF_HEADER;
+}
+
+static void buf_put(qt_exact *x, void *b) {
+  if (!b) return;
+  if (x->n_pool == x->cap_pool) {
+    x->cap_pool = x->cap_pool ? 2 * x->cap_pool : 16;
+    x->pool = realloc(x->pool, (size_t)x->cap_pool * sizeof *x->pool);
+    QT_ASSERT(x->pool, "out of memory");
+  }
+  x->pool[x->n_pool++] = b;
+}
+
+static void buf_free(void *b) {
+  if (b) free((unsigned char *)b - BUF_HEADER);
 }
 
 /* The weight of layer n as float64 in the plan's layout: the dequantized integers (exact) when
@@ -150,9 +188,11 @@ void qt_exact_free(qt_exact *x) {
     free(x->layers[i].ibias);
   }
   for (int v = 0; x->vi && v < x->g->n_values; v++) {
-    free(x->vi[v]);
-    free(x->vd[v]);
+    buf_free(x->vi[v]);
+    buf_free(x->vd[v]);
   }
+  for (int i = 0; i < x->n_pool; i++) buf_free(x->pool[i]);
+  free(x->pool);
   free(x->vi);
   free(x->vd);
   free(x->layers);
@@ -293,6 +333,7 @@ static void run_max_pool_int(const qt_node *nd, const qt_value *in, const qt_val
   const int H = (int)in->shape[0], W = (int)in->shape[1], C = (int)in->shape[2];
   const int OH = (int)ov->shape[0], OW = (int)ov->shape[1];
   const qt_node_attrs *a = &nd->attr;
+#pragma omp parallel for schedule(static)
   for (int b = 0; b < n; b++)
     for (int oh = 0; oh < OH; oh++)
       for (int ow = 0; ow < OW; ow++)
@@ -345,7 +386,9 @@ static inline int32_t requantize(double y, double s, double zp, double lo, doubl
   return (int32_t)(q < hi ? q : hi);
 }
 
-/* One chunk of n images from in (n, H, W, C) fp32 to out (n, output numel) fp32. */
+/* One chunk of n images from in (n, H, W, C) fp32 to out (n, output numel) fp32. Elementwise
+ * passes run in parallel over rows of the channel axis (each element's arithmetic is the same
+ * whichever thread computes it). */
 static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *err) {
   const qt_graph *g = x->g;
   int rc = 0;
@@ -358,7 +401,7 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
     const double *src = a >= 0 ? x->vd[a] : NULL;
     if (nd->op == QT_OP_QUANTIZE) {
       const qt_qstate *q = nd->q;
-      int32_t *y = x->vi[v] = xmalloc((size_t)numel * sizeof *y);
+      int32_t *y = x->vi[v] = buf_get(x, (size_t)numel * sizeof *y);
       if (a == g->input) { /* fp32 data: the format's float32 formula */
         qt_quantize(y, input, numel / q->channels, q->channels, 1, q->scale, q->zero_point, q->spec.qmin,
                     q->spec.qmax);
@@ -368,16 +411,18 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
           break;
         }
         const double lo = q->spec.qmin, hi = q->spec.qmax;
-        for (int64_t k = 0; k < numel; k++) {
-          const int c = (int)(k % q->channels);
-          y[k] = requantize(src[k], (double)q->scale[c], (double)q->zero_point[c], lo, hi);
-        }
+        const int C = q->channels;
+        const int64_t rows = numel / C;
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+          for (int c = 0; c < C; c++)
+            y[r * C + c] = requantize(src[r * C + c], (double)q->scale[c], (double)q->zero_point[c], lo, hi);
       }
     } else if (nd->op == QT_OP_INPUT) {
-      double *y = x->vd[v] = xmalloc((size_t)numel * sizeof *y);
+      double *y = x->vd[v] = buf_get(x, (size_t)numel * sizeof *y);
       for (int64_t k = 0; k < numel; k++) y[k] = (double)input[k];
     } else {
-      double *y = x->vd[v] = xmalloc((size_t)numel * sizeof *y);
+      double *y = x->vd[v] = buf_get(x, (size_t)numel * sizeof *y);
       switch (nd->op) {
         case QT_OP_DEQUANTIZE: {
           const qt_qstate *q = nd->q;
@@ -386,12 +431,14 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
             rc = qt_err(err, "exact reference: dequantize %s reads a float value", nd->name);
             break;
           }
-          for (int64_t k = 0; k < numel; k++) {
-            const int c = (int)(k % q->channels);
-            y[k] = (double)(qi[k] - q->zero_point[c]) * (double)q->scale[c];
-          }
+          const int C = q->channels;
+          const int64_t rows = numel / C;
+#pragma omp parallel for schedule(static)
+          for (int64_t r = 0; r < rows; r++)
+            for (int c = 0; c < C; c++)
+              y[r * C + c] = (double)(qi[r * C + c] - q->zero_point[c]) * (double)q->scale[c];
           if (x->iq[v] >= 0) {
-            x->vi[v] = xmalloc((size_t)numel * sizeof *x->vi[v]);
+            x->vi[v] = buf_get(x, (size_t)numel * sizeof *x->vi[v]);
             memcpy(x->vi[v], qi, (size_t)numel * sizeof *qi);
           }
           break;
@@ -406,16 +453,21 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
           const float *bt = g->params + g->tensors[nd->param[QT_P_BETA]].offset;
           const float *mu = g->buffers + g->tensors[nd->buffer[QT_B_RUNNING_MEAN]].offset;
           const float *var = g->buffers + g->tensors[nd->buffer[QT_B_RUNNING_VAR]].offset;
-          for (int64_t k = 0; k < numel; k++) {
-            const int c = (int)(k % C);
-            y[k] = (src[k] - mu[c]) / sqrt((double)var[c] + (double)nd->attr.eps) * gm[c] + bt[c];
-          }
+          double *sd = xmalloc((size_t)C * sizeof *sd);
+          for (int c = 0; c < C; c++) sd[c] = sqrt((double)var[c] + (double)nd->attr.eps);
+          const int64_t rows = numel / C;
+#pragma omp parallel for schedule(static)
+          for (int64_t r = 0; r < rows; r++)
+            for (int c = 0; c < C; c++) y[r * C + c] = (src[r * C + c] - mu[c]) / sd[c] * gm[c] + bt[c];
+          free(sd);
           break;
         }
         case QT_OP_RELU:
+#pragma omp parallel for schedule(static)
           for (int64_t k = 0; k < numel; k++) y[k] = src[k] > 0 ? src[k] : (src[k] == src[k] ? 0.0 : src[k]);
           break;
         case QT_OP_RELU6:
+#pragma omp parallel for schedule(static)
           for (int64_t k = 0; k < numel; k++) {
             const double t = src[k] > 0 ? src[k] : (src[k] == src[k] ? 0.0 : src[k]);
             y[k] = t < 6 ? t : 6.0;
@@ -425,13 +477,14 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
         case QT_OP_AVG_POOL2D:
           run_pool(nd, &g->values[a], ov, src, y, n);
           if (x->iq[v] >= 0) {
-            x->vi[v] = xmalloc((size_t)numel * sizeof *x->vi[v]);
+            x->vi[v] = buf_get(x, (size_t)numel * sizeof *x->vi[v]);
             run_max_pool_int(nd, &g->values[a], ov, x->vi[a], x->vi[v], n);
           }
           break;
         case QT_OP_GLOBAL_AVG_POOL: {
           const qt_value *in = &g->values[a];
           const int64_t HW = in->shape[0] * in->shape[1], C = in->shape[2];
+#pragma omp parallel for schedule(static)
           for (int b = 0; b < n; b++)
             for (int64_t c = 0; c < C; c++) {
               double s = 0;
@@ -443,12 +496,13 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
         case QT_OP_FLATTEN:
           memcpy(y, src, (size_t)numel * sizeof *y);
           if (x->iq[v] >= 0) {
-            x->vi[v] = xmalloc((size_t)numel * sizeof *x->vi[v]);
+            x->vi[v] = buf_get(x, (size_t)numel * sizeof *x->vi[v]);
             memcpy(x->vi[v], x->vi[a], (size_t)numel * sizeof *x->vi[v]);
           }
           break;
         case QT_OP_ADD: {
           const double *s2 = x->vd[nd->inputs[1]];
+#pragma omp parallel for schedule(static)
           for (int64_t k = 0; k < numel; k++) y[k] = src[k] + s2[k];
           break;
         }
@@ -456,12 +510,12 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
           rc = qt_err(err, "exact reference: node %s: op %s has no exact form", nd->name, qt_op_name(nd->op));
       }
     }
-    /* values read for the last time by this node */
+    /* values read for the last time by this node: their buffers go back to the pool */
     for (int k = 0; k < nd->n_inputs; k++) {
       const int u = nd->inputs[k];
       if (x->last_use[u] != i) continue;
-      free(x->vi[u]);
-      free(x->vd[u]);
+      buf_put(x, x->vi[u]);
+      buf_put(x, x->vd[u]);
       x->vi[u] = NULL;
       x->vd[u] = NULL;
     }
@@ -474,8 +528,8 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
       for (int64_t k = 0; k < numel; k++) out[k] = (float)x->vd[o][k];
   }
   for (int v = 0; v < g->n_values; v++) {
-    free(x->vi[v]);
-    free(x->vd[v]);
+    buf_put(x, x->vi[v]);
+    buf_put(x, x->vd[v]);
     x->vi[v] = NULL;
     x->vd[v] = NULL;
   }
