@@ -40,7 +40,8 @@ static int run_keys(const char *dir, const char *const *keys, size_t n_keys, con
 
 static int run(const char *dir, const char *extra, char *err) {
   static const char *const keys[] = {"model.name=fashion_cnn", "data.train_limit=512", "data.test_limit=256", "train.batch_size=64",
-                        "output.progress=none", "output.dot=false", "train.threads=2", "quant.mode=ptq",
+                        "output.progress=none", "output.dot=false", "output.timing=false", "train.threads=2",
+                        "quant.mode=ptq",
                         "quant.weight_bits=4", "quant.activation_bits=4", "quant.calibration_batches=2",
                         "analysis.calibration_methods=minmax,moving_average,percentile,mse",
                         "analysis.calibration_batches=1,2", "analysis.layer_sqnr=true", "analysis.sensitivity=true",
@@ -52,7 +53,8 @@ static int run(const char *dir, const char *extra, char *err) {
 static int run_qat(const char *dir, const char *extra, char *err) {
   static const char *const keys[] = {"model.name=fashion_cnn", "data.train_limit=512", "data.test_limit=256",
                                      "train.batch_size=64", "train.epochs=1", "train.lr=0.01", "output.progress=none",
-                                     "output.dot=false", "train.threads=2", "quant.mode=qat", "quant.weight_bits=4",
+                                     "output.dot=false", "output.timing=false", "train.threads=2", "quant.mode=qat",
+                                     "quant.weight_bits=4",
                                      "quant.activation_bits=4", "analysis.layer_sqnr=true", "analysis.images=200"};
   return run_keys(dir, keys, sizeof keys / sizeof keys[0], extra, err);
 }

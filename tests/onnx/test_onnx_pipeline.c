@@ -22,7 +22,8 @@ static qt_config *config(const char *dir, int qat, const char *e1, const char *e
   char err[QT_ERR_LEN], buf[4200];
   qt_config *c = qt_train_config_create();
   const char *base[] = {"data.train_limit=512", "data.test_limit=256", "train.epochs=2",   "train.batch_size=64",
-                        "train.threads=2",      "output.progress=none", "output.dot=false", "quant.check_batch=64"};
+                        "train.threads=2",      "output.progress=none", "output.dot=false", "output.timing=false",
+                        "quant.check_batch=64"};
   for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
     if (qt_config_apply_override(c, base[i], err)) qt_test_fail("override %s: %s", base[i], err);
   const char *quant[] = {"quant.mode=qat", "quant.weight_bits=4", "quant.activation_bits=8", "train.lr=0.005",

@@ -34,7 +34,8 @@ static qt_config *config(const char *dir, const char *const *extra) {
                         "quant.weight_bits=4",
                         "quant.activation_bits=4",
                         "quant.fp32_checkpoint=fp32/checkpoint.h5",
-                        "quant.check_batch=64"};
+                        "quant.check_batch=64",
+                        "output.timing=false"};
   for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
     if (qt_config_apply_override(c, base[i], err)) qt_test_fail("override %s: %s", base[i], err);
   snprintf(buf, sizeof buf, "output.dir=%s", dir);
