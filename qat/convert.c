@@ -1,5 +1,6 @@
 /* convert: the prepared graph (after calibration or training) -> the Q/DQ graph. */
 #include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +66,45 @@ static qt_qstate *convert_state(qt_graph *p, const qt_qstate *q) {
   }
   c->scale_param = -1;
   return c;
+}
+
+int qt_lost_weight_channels(const qt_graph *c, char *detail, size_t cap) {
+  int total = 0;
+  size_t used = 0;
+  if (detail && cap) detail[0] = 0;
+  for (int i = 0; i < c->n_nodes; i++) {
+    const qt_node *n = &c->nodes[i];
+    const qt_qstate *q = n->wq;
+    if (!q || !q->qweight || q->channels < 1 || n->param[QT_P_WEIGHT] < 0) continue;
+    const int64_t inner = q->n_qweight / q->channels;
+    const float *w = c->params + c->tensors[n->param[QT_P_WEIGHT]].offset; /* the float weight it quantized */
+    int lost = 0, worst = -1;
+    double worst_db = 0;
+    for (int ch = 0; ch < q->channels; ch++) {
+      const float *wc = w + (int64_t)ch * inner;
+      const int32_t *qi = q->qweight + (int64_t)ch * inner;
+      double sig = 0, err = 0;
+      for (int64_t k = 0; k < inner; k++) {
+        const double d = (double)(qi[k] - q->zero_point[ch]) * (double)q->scale[ch] - (double)wc[k];
+        sig += (double)wc[k] * wc[k];
+        err += d * d;
+      }
+      if (sig == 0) continue; /* an all-zero channel loses nothing */
+      const double db = err > 0 ? 10 * log10(sig / err) : INFINITY;
+      if (db > QT_LOST_CHANNEL_DB) continue;
+      if (lost++ == 0 || db < worst_db) worst = ch, worst_db = db;
+    }
+    if (!lost) continue;
+    total += lost;
+    if (detail && used < cap) {
+      float m = 0;
+      for (int64_t k = 0; k < inner; k++) m = fmaxf(m, fabsf(w[(int64_t)worst * inner + k]));
+      const int len = snprintf(detail + used, cap - used, "  %s: %d of %d channels (worst %d: SQNR %.1f dB, scale %g, max |w| %g)\n",
+                               n->name, lost, q->channels, worst, worst_db, (double)q->scale[worst], (double)m);
+      used = len < 0 ? cap : used + (size_t)len;
+    }
+  }
+  return total;
 }
 
 qt_graph *qt_convert(const qt_graph *pg, char *err) {

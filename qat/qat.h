@@ -160,6 +160,16 @@ void qt_freeze_bn(qt_graph *g, int frozen);
  * integers with its scales (the float weight it quantized is kept in the slab for audits). */
 qt_graph *qt_convert(const qt_graph *prepared, char *err);
 
+/* Weight channels of a convert graph that quantization lost: the dequantized integers differ
+ * from the float weight they quantized by at least as much as QT_LOST_CHANNEL_DB says (channel
+ * SQNR 10 log10(sum w^2 / sum (w_q - w)^2) <= 1 dB: the error keeps 80% of the channel's power
+ * or more). A learned LSQ scale far from the channel's range does this (all integers at the
+ * zero point, or all clipped at a scale near zero); a sane channel at 2 bits keeps more than
+ * 1 dB. Returns their number over all layers; detail (may be NULL) gets one line per affected
+ * layer, "<layer>: N of C channels (worst c: SQNR x dB, scale s, max |w| m)", truncated to cap. */
+#define QT_LOST_CHANNEL_DB 1.0
+int qt_lost_weight_channels(const qt_graph *converted, char *detail, size_t cap);
+
 /* ---- the consistency check ----------------------------------------------------------------- */
 typedef struct {
   int ok;

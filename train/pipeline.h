@@ -105,6 +105,8 @@ typedef struct {
                                 * "" when the export refused the graph (onnx_error says why) */
   char onnx_error[QT_ERR_LEN];
   qt_check_report check;
+  int lost_channels;           /* qt_lost_weight_channels of the convert graph */
+  char lost_detail[1024];      /* its per-layer lines */
   /* qt_stage_deploy: the lowered Q/DQ graph on the test set and inference speed */
   int deployed;
   qt_report report;

@@ -113,6 +113,7 @@ static void summary_quant(qt_strbuf *b, const run *r) {
     qt_strbuf_printf(b, "null, \"onnx_error\": ");
     qt_strbuf_json_string(b, q->onnx_error);
   }
+  qt_strbuf_printf(b, ", \"lost_weight_channels\": %d", q->lost_channels);
   qt_strbuf_printf(b,
                    "},\n  \"check\": {\"ok\": %s, \"quantization_points\": %d, \"weights\": %d, \"max_lsb\": %.3f, "
                    "\"tie_flips\": %lld, \"reason\": ",

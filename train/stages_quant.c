@@ -138,6 +138,7 @@ int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, q
   if (qt_evaluate(p, ctx, test, &ec, &res->fake_quant, st->msg)) return qt_status_fail(st, QT_STATUS_RUNTIME);
   qt_graph *c = qt_convert(p, st->msg);
   if (!c) return qt_status_fail(st, QT_STATUS_RUNTIME);
+  res->lost_channels = qt_lost_weight_channels(c, res->lost_detail, sizeof res->lost_detail);
   /* The eval-mode training graph too, so qat_check can compare the two files later. */
   snprintf(res->trained_path, sizeof res->trained_path, "%s/model_trained.h5", dir);
   snprintf(res->qdq_path, sizeof res->qdq_path, "%s/model_qdq.h5", dir);
@@ -176,6 +177,11 @@ int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, q
             res->check.ok ? "PASS" : "FAIL", res->check.n_checked_points, res->check.n_checked_weights,
             res->check.max_lsb, (long long)res->check.tie_mismatches, res->check.reason);
   }
+  if (res->lost_channels) /* printed whatever verbose says: the model lost these channels */
+    fprintf(stderr,
+            "quant: warning: %d weight channel(s) lost in quantization (SQNR <= %.0f dB: the integers keep little of "
+            "the channel; a learned scale far from the channel's range does this):\n%s",
+            res->lost_channels, QT_LOST_CHANNEL_DB, res->lost_detail);
   return 0;
 }
 

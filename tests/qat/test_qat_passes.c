@@ -167,6 +167,26 @@ static void relu6_units(void) {
   qt_graph_free(g);
 }
 
+/* qt_lost_weight_channels: none in a sane convert graph (2 bits included); a channel whose integers
+ * were all set to its zero point, and one whose scale was blown up (a diverged LSQ scale), are
+ * counted and named. Modifies c. */
+static void lost_channels(qt_graph *c, const char *model, int wbits) {
+  char detail[1024];
+  const int none = qt_lost_weight_channels(c, detail, sizeof detail);
+  if (none != 0) qt_test_fail("%s W%d: %d lost weight channels in a sane graph:\n%s", model, wbits, none, detail);
+  qt_node *n = NULL;
+  for (int i = 0; i < c->n_nodes && !n; i++)
+    if (c->nodes[i].wq && c->nodes[i].wq->qweight && c->nodes[i].wq->channels >= 2) n = &c->nodes[i];
+  if (!n) return; /* no per-channel weights (fashion_mlp's per-tensor linear weights) */
+  qt_qstate *q = n->wq;
+  const int64_t inner = q->n_qweight / q->channels;
+  for (int64_t k = 0; k < inner; k++) q->qweight[inner + k] = q->zero_point[1]; /* channel 1: all zero point */
+  q->scale[0] *= 1e4f;                                                             /* channel 0: scale diverged */
+  const int lost = qt_lost_weight_channels(c, detail, sizeof detail);
+  if (lost != 2) qt_test_fail("%s W%d: %d lost weight channels, want 2:\n%s", model, wbits, lost, detail);
+  if (!strstr(detail, n->name) || !strstr(detail, "2 of ")) qt_test_fail("%s: lost channels detail: %s", model, detail);
+}
+
 static void round_trip(const char *model, qt_prepare_mode mode, int wbits, int abits) {
   char err[QT_ERR_LEN];
   qt_graph *p = prepared_model(model, mode, wbits, abits, 0);
@@ -183,6 +203,7 @@ static void round_trip(const char *model, qt_prepare_mode mode, int wbits, int a
     qt_test_fail("%s %s W%dA%d: check failed:\n%s", model, mode == QT_PREPARE_QAT ? "QAT" : "PTQ", wbits, abits,
                  r.reason);
   if (r.max_lsb > 1.0) qt_test_fail("%s: max %.2f LSB", model, r.max_lsb);
+  lost_channels(c, model, wbits);
   qt_graph_free(c);
   qt_graph_free(p);
 }
