@@ -296,7 +296,7 @@ static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *ou
     const double el = qt_now_seconds() - t0;
     progress_draw(t, epoch + 1, b, loss_sum / (double)seen, (double)correct / (double)seen, (double)seen / el, el, 0);
     if (prof) qt_profile_add_phase(prof, QT_PROFILE_STEP, qt_now_seconds() - t_step);
-    if (t->hook && t->hook(t->hook_user, b - 1)) break;
+    if (t->hook && t->hook(t->hook_user, b - 1, B)) break;
   }
   const double secs = qt_now_seconds() - t0;
   out->epoch = epoch + 1;
