@@ -52,6 +52,64 @@ size_t qt_ctx_peak_bytes(const qt_ctx *ctx);
 void qt_ctx_set_batch_sync(qt_ctx *ctx, const qt_batch_sync *sync);
 const qt_batch_sync *qt_ctx_batch_sync(const qt_ctx *ctx);
 
+/* ---- profiling (off by default) ------------------------------------------------------- */
+/* The kinds of differentiable op below, one bucket each. */
+typedef enum {
+  QT_PROFILE_CONV2D,
+  QT_PROFILE_BATCH_NORM,
+  QT_PROFILE_RELU,
+  QT_PROFILE_RELU6,
+  QT_PROFILE_MAX_POOL2D,
+  QT_PROFILE_AVG_POOL2D,
+  QT_PROFILE_GLOBAL_AVG_POOL,
+  QT_PROFILE_FLATTEN,
+  QT_PROFILE_LINEAR,
+  QT_PROFILE_ADD,
+  QT_PROFILE_CROSS_ENTROPY,
+  QT_PROFILE_FAKE_QUANT,
+  QT_PROFILE_FAKE_QUANT_LSQ,
+  QT_PROFILE_CHANNEL_SCALE,
+  QT_PROFILE_CHANNEL_ADD,
+  QT_PROFILE_BN_SCALE_FACTOR,
+  QT_PROFILE_OP_COUNT
+} qt_profile_op;
+/* The parts of a training step that are not ops, timed by their callers (train/trainer.c,
+ * nn/graph.c's observers) when the ctx they run on has a profile. STEP is the whole step. */
+typedef enum {
+  QT_PROFILE_DATA,      /* waiting in qt_loader_next for the next batch */
+  QT_PROFILE_ZERO_GRAD, /* qt_graph_zero_grad */
+  QT_PROFILE_OPTIMIZER, /* qt_optim_step */
+  QT_PROFILE_OBSERVER,  /* quantization observers in the graph executor's forward */
+  QT_PROFILE_GRAD_SUM,  /* data parallel: the gradient sum across processes */
+  QT_PROFILE_STEP,      /* one training step, wall clock, the above and the ops included */
+  QT_PROFILE_PHASE_COUNT
+} qt_profile_phase;
+/* "conv2d", "batch_norm", ... and "data", "zero_grad", ... */
+const char *qt_profile_op_name(qt_profile_op op);
+const char *qt_profile_phase_name(qt_profile_phase ph);
+
+typedef struct {
+  double seconds;
+  int64_t calls;
+} qt_profile_bucket;
+/* Wall time (CLOCK_MONOTONIC) and calls per op kind, forward (the op's call) and backward (its
+ * tape entry's replay) apart, and per step phase. Owned by the caller; buckets accumulate until
+ * qt_profile_clear. */
+typedef struct {
+  qt_profile_bucket forward[QT_PROFILE_OP_COUNT], backward[QT_PROFILE_OP_COUNT];
+  qt_profile_bucket phase[QT_PROFILE_PHASE_COUNT];
+  int active; /* an op or tape entry is being timed (the nesting check) */
+} qt_profile;
+void qt_profile_clear(qt_profile *p);
+/* Adds `seconds` and one call to phase ph (p may be NULL: nothing). */
+void qt_profile_add_phase(qt_profile *p, qt_profile_phase ph, double seconds);
+
+/* Ops run on ctx from now on accumulate into p; NULL (the default) turns profiling off, which
+ * costs one predictable branch per op and per backward replay, no clock reads. The ctx keeps
+ * the pointer; qt_ctx_reset keeps the setting. */
+void qt_ctx_set_profile(qt_ctx *ctx, qt_profile *p);
+qt_profile *qt_ctx_profile(const qt_ctx *ctx);
+
 /* 64-byte aligned arena memory, uninitialized (or zeroed). */
 void *qt_arena_alloc(qt_ctx *ctx, size_t bytes);
 void *qt_arena_calloc(qt_ctx *ctx, size_t bytes);

@@ -15,6 +15,19 @@ static void check_f32(const qt_tensor *t, int ndim, const char *op, const char *
   QT_ASSERT(ndim < 0 || t->ndim == ndim, "%s: %s has rank %d, want %d", op, what, t->ndim, ndim);
 }
 
+/* Every public op is its static body behind PROFILED: with profiling off (ctx->profile NULL) one
+ * branch; on, the op's wall time and one call go to its forward bucket. Timing is taken at this
+ * level, which never nests: no op calls another (qt_profile_begin aborts if one did), so no
+ * time is counted twice and nothing needs subtracting. */
+#define PROFILED(ctx, kind, body)                        \
+  do {                                                   \
+    if (!(ctx)->profile) return body;                    \
+    const double t0_ = qt_profile_begin((ctx), (kind));  \
+    qt_tensor *y_ = body;                                \
+    qt_profile_end((ctx), (kind), t0_);                  \
+    return y_;                                           \
+  } while (0)
+
 /* ---- conv2d ----------------------------------------------------------------------------- */
 typedef struct {
   qt_tensor *x, *w, *b, *y;
@@ -30,8 +43,8 @@ static void conv2d_backward(qt_ctx *ctx, void *p) {
   qt_conv2d_backward(dx, dw, db, s->y->grad, qt_f32(s->x), qt_f32(s->w), &s->s);
 }
 
-qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
-                     int pad_h, int pad_w, int groups) {
+static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
+                            int pad_h, int pad_w, int groups) {
   check_f32(x, 4, "conv2d", "input");
   check_f32(w, 4, "conv2d", "weight");
   qt_conv2d_shape s = {
@@ -50,10 +63,15 @@ qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int 
   qt_conv2d_forward(qt_f32(y), qt_f32(x), qt_f32(w), b ? qt_f32(b) : NULL, &s);
   if (qt_tape_recording(ctx, x, w, b)) {
     y->requires_grad = 1;
-    conv_saved *sv = qt_tape_push(ctx, conv2d_backward, sizeof *sv);
+    conv_saved *sv = qt_tape_push(ctx, QT_PROFILE_CONV2D, conv2d_backward, sizeof *sv);
     *sv = (conv_saved){x, w, b, y, s};
   }
   return y;
+}
+
+qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
+                     int pad_h, int pad_w, int groups) {
+  PROFILED(ctx, QT_PROFILE_CONV2D, conv2d_op(ctx, x, w, b, stride_h, stride_w, pad_h, pad_w, groups));
 }
 
 /* ---- batch norm ------------------------------------------------------------------------- */
@@ -81,8 +99,8 @@ static void batch_norm_backward(qt_ctx *ctx, void *p) {
                                 s->C);
 }
 
-qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
-                         float *running_var, int training, float momentum, float eps, int inplace) {
+static qt_tensor *batch_norm_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
+                                float *running_var, int training, float momentum, float eps, int inplace) {
   check_f32(x, -1, "batch_norm", "input");
   int C = (int)x->shape[x->ndim - 1];
   int M = (int)(qt_tensor_numel(x) / (C ? C : 1));
@@ -113,10 +131,16 @@ qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
   }
   if (rec) {
     y->requires_grad = 1;
-    bn_saved *sv = qt_tape_push(ctx, batch_norm_backward, sizeof *sv);
+    bn_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_backward, sizeof *sv);
     *sv = (bn_saved){x, gamma, beta, y, mean, invstd, training, M, C, sync, M_total};
   }
   return y;
+}
+
+qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
+                         float *running_var, int training, float momentum, float eps, int inplace) {
+  PROFILED(ctx, QT_PROFILE_BATCH_NORM,
+           batch_norm_op(ctx, x, gamma, beta, running_mean, running_var, training, momentum, eps, inplace));
 }
 
 /* ---- relu, relu6 ------------------------------------------------------------------------ */
@@ -153,14 +177,18 @@ static qt_tensor *relu_op(qt_ctx *ctx, qt_tensor *x, int inplace, int six) {
   (six ? qt_relu6_forward : qt_relu_forward)(qt_f32(y), qt_f32(x), qt_tensor_numel(x));
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
     y->requires_grad = 1;
-    unary_saved *sv = qt_tape_push(ctx, relu_backward, sizeof *sv);
+    unary_saved *sv = qt_tape_push(ctx, six ? QT_PROFILE_RELU6 : QT_PROFILE_RELU, relu_backward, sizeof *sv);
     *sv = (unary_saved){x, y, six};
   }
   return y;
 }
 
-qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace) { return relu_op(ctx, x, inplace, 0); }
-qt_tensor *qt_relu6(qt_ctx *ctx, qt_tensor *x, int inplace) { return relu_op(ctx, x, inplace, 1); }
+qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace) {
+  PROFILED(ctx, QT_PROFILE_RELU, relu_op(ctx, x, inplace, 0));
+}
+qt_tensor *qt_relu6(qt_ctx *ctx, qt_tensor *x, int inplace) {
+  PROFILED(ctx, QT_PROFILE_RELU6, relu_op(ctx, x, inplace, 1));
+}
 
 /* ---- pooling ---------------------------------------------------------------------------- */
 typedef struct {
@@ -200,17 +228,18 @@ static qt_tensor *pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int 
   }
   if (rec) {
     y->requires_grad = 1;
-    pool_saved *sv = qt_tape_push(ctx, pool2d_backward, sizeof *sv);
+    pool_saved *sv =
+        qt_tape_push(ctx, avg ? QT_PROFILE_AVG_POOL2D : QT_PROFILE_MAX_POOL2D, pool2d_backward, sizeof *sv);
     *sv = (pool_saved){x, y, argmax, s, avg};
   }
   return y;
 }
 
 qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad) {
-  return pool2d(ctx, x, kernel, stride, pad, 0);
+  PROFILED(ctx, QT_PROFILE_MAX_POOL2D, pool2d(ctx, x, kernel, stride, pad, 0));
 }
 qt_tensor *qt_avg_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad) {
-  return pool2d(ctx, x, kernel, stride, pad, 1);
+  PROFILED(ctx, QT_PROFILE_AVG_POOL2D, pool2d(ctx, x, kernel, stride, pad, 1));
 }
 
 static void global_avg_pool_backward(qt_ctx *ctx, void *p) {
@@ -220,7 +249,7 @@ static void global_avg_pool_backward(qt_ctx *ctx, void *p) {
                               (int)(s->x->shape[1] * s->x->shape[2]), (int)s->x->shape[3]);
 }
 
-qt_tensor *qt_global_avg_pool(qt_ctx *ctx, qt_tensor *x) {
+static qt_tensor *global_avg_pool_op(qt_ctx *ctx, qt_tensor *x) {
   check_f32(x, 4, "global_avg_pool", "input");
   int64_t shape[2] = {x->shape[0], x->shape[3]};
   qt_tensor *y = qt_tensor_new(ctx, QT_F32, 2, shape);
@@ -228,10 +257,14 @@ qt_tensor *qt_global_avg_pool(qt_ctx *ctx, qt_tensor *x) {
                              (int)x->shape[3]);
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
     y->requires_grad = 1;
-    unary_saved *sv = qt_tape_push(ctx, global_avg_pool_backward, sizeof *sv);
+    unary_saved *sv = qt_tape_push(ctx, QT_PROFILE_GLOBAL_AVG_POOL, global_avg_pool_backward, sizeof *sv);
     *sv = (unary_saved){x, y, 0};
   }
   return y;
+}
+
+qt_tensor *qt_global_avg_pool(qt_ctx *ctx, qt_tensor *x) {
+  PROFILED(ctx, QT_PROFILE_GLOBAL_AVG_POOL, global_avg_pool_op(ctx, x));
 }
 
 /* ---- flatten (a view) ------------------------------------------------------------------- */
@@ -246,16 +279,18 @@ static void flatten_backward(qt_ctx *ctx, void *p) {
   qt_add_backward(s->x->grad, NULL, s->y->grad, qt_tensor_numel(s->y));
 }
 
-qt_tensor *qt_flatten(qt_ctx *ctx, qt_tensor *x) {
+static qt_tensor *flatten_op(qt_ctx *ctx, qt_tensor *x) {
   int64_t shape[2] = {x->shape[0], x->shape[0] ? qt_tensor_numel(x) / x->shape[0] : 0};
   qt_tensor *y = qt_tensor_wrap(ctx, x->dtype, 2, shape, x->data);
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
     y->requires_grad = 1;
-    unary_saved *sv = qt_tape_push(ctx, flatten_backward, sizeof *sv);
+    unary_saved *sv = qt_tape_push(ctx, QT_PROFILE_FLATTEN, flatten_backward, sizeof *sv);
     *sv = (unary_saved){x, y, 0};
   }
   return y;
 }
+
+qt_tensor *qt_flatten(qt_ctx *ctx, qt_tensor *x) { PROFILED(ctx, QT_PROFILE_FLATTEN, flatten_op(ctx, x)); }
 
 /* ---- linear ----------------------------------------------------------------------------- */
 typedef struct {
@@ -272,7 +307,7 @@ static void linear_backward(qt_ctx *ctx, void *p) {
                      (int)s->w->shape[0]);
 }
 
-qt_tensor *qt_linear(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b) {
+static qt_tensor *linear_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b) {
   check_f32(x, 2, "linear", "input");
   check_f32(w, 2, "linear", "weight");
   QT_ASSERT(w->shape[1] == x->shape[1], "linear: weight has %lld inputs, input has %lld features",
@@ -284,10 +319,14 @@ qt_tensor *qt_linear(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b) {
                     (int)w->shape[0]);
   if (qt_tape_recording(ctx, x, w, b)) {
     y->requires_grad = 1;
-    linear_saved *sv = qt_tape_push(ctx, linear_backward, sizeof *sv);
+    linear_saved *sv = qt_tape_push(ctx, QT_PROFILE_LINEAR, linear_backward, sizeof *sv);
     *sv = (linear_saved){x, w, b, y};
   }
   return y;
+}
+
+qt_tensor *qt_linear(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b) {
+  PROFILED(ctx, QT_PROFILE_LINEAR, linear_op(ctx, x, w, b));
 }
 
 /* ---- add -------------------------------------------------------------------------------- */
@@ -303,7 +342,7 @@ static void add_backward(qt_ctx *ctx, void *p) {
   qt_add_backward(da, db, s->y->grad, qt_tensor_numel(s->y));
 }
 
-qt_tensor *qt_add(qt_ctx *ctx, qt_tensor *a, qt_tensor *b) {
+static qt_tensor *add_op(qt_ctx *ctx, qt_tensor *a, qt_tensor *b) {
   check_f32(a, -1, "add", "first input");
   check_f32(b, a->ndim, "add", "second input");
   for (int i = 0; i < a->ndim; i++)
@@ -313,11 +352,13 @@ qt_tensor *qt_add(qt_ctx *ctx, qt_tensor *a, qt_tensor *b) {
   qt_add_forward(qt_f32(y), qt_f32(a), qt_f32(b), qt_tensor_numel(a));
   if (qt_tape_recording(ctx, a, b, NULL)) {
     y->requires_grad = 1;
-    add_saved *sv = qt_tape_push(ctx, add_backward, sizeof *sv);
+    add_saved *sv = qt_tape_push(ctx, QT_PROFILE_ADD, add_backward, sizeof *sv);
     *sv = (add_saved){a, b, y};
   }
   return y;
 }
+
+qt_tensor *qt_add(qt_ctx *ctx, qt_tensor *a, qt_tensor *b) { PROFILED(ctx, QT_PROFILE_ADD, add_op(ctx, a, b)); }
 
 /* ---- softmax cross-entropy -------------------------------------------------------------- */
 typedef struct {
@@ -333,7 +374,7 @@ static void cross_entropy_backward(qt_ctx *ctx, void *p) {
                             (int)s->logits->shape[0], (int)s->logits->shape[1]);
 }
 
-qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *labels, float **probs_out) {
+static qt_tensor *cross_entropy_op(qt_ctx *ctx, qt_tensor *logits, const int32_t *labels, float **probs_out) {
   check_f32(logits, 2, "cross_entropy", "logits");
   int N = (int)logits->shape[0], C = (int)logits->shape[1];
   for (int i = 0; i < N; i++)
@@ -349,10 +390,14 @@ qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *label
     /* labels are copied: the caller's batch buffer may be reused before backward runs. */
     int32_t *lab = qt_arena_alloc(ctx, (size_t)N * sizeof(int32_t));
     memcpy(lab, labels, (size_t)N * sizeof(int32_t));
-    ce_saved *sv = qt_tape_push(ctx, cross_entropy_backward, sizeof *sv);
+    ce_saved *sv = qt_tape_push(ctx, QT_PROFILE_CROSS_ENTROPY, cross_entropy_backward, sizeof *sv);
     *sv = (ce_saved){logits, loss, probs, lab};
   }
   return loss;
+}
+
+qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *labels, float **probs_out) {
+  PROFILED(ctx, QT_PROFILE_CROSS_ENTROPY, cross_entropy_op(ctx, logits, labels, probs_out));
 }
 
 /* ---- quantization-aware training ops ---------------------------------------------------- */
@@ -378,8 +423,8 @@ static void fake_quant_backward(qt_ctx *ctx, void *p) {
   qt_fake_quant_backward(qt_tensor_grad(ctx, s->x), s->y->grad, s->mask, n);
 }
 
-qt_tensor *qt_fake_quant(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner, const float *scale,
-                         const int32_t *zero_point, int qmin, int qmax) {
+static qt_tensor *fake_quant_op(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner,
+                                const float *scale, const int32_t *zero_point, int qmin, int qmax) {
   check_f32(x, -1, "fake_quant", "input");
   QT_ASSERT(outer * channels * inner == qt_tensor_numel(x), "fake_quant: view (%lld, %d, %lld) of %lld elements",
             (long long)outer, channels, (long long)inner, (long long)qt_tensor_numel(x));
@@ -389,10 +434,15 @@ qt_tensor *qt_fake_quant(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels,
   qt_fake_quant_forward(qt_f32(y), mask, qt_f32(x), outer, channels, inner, scale, zero_point, qmin, qmax);
   if (rec) {
     y->requires_grad = 1;
-    fq_saved *sv = qt_tape_push(ctx, fake_quant_backward, sizeof *sv);
+    fq_saved *sv = qt_tape_push(ctx, QT_PROFILE_FAKE_QUANT, fake_quant_backward, sizeof *sv);
     *sv = (fq_saved){x, y, mask};
   }
   return y;
+}
+
+qt_tensor *qt_fake_quant(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner, const float *scale,
+                         const int32_t *zero_point, int qmin, int qmax) {
+  PROFILED(ctx, QT_PROFILE_FAKE_QUANT, fake_quant_op(ctx, x, outer, channels, inner, scale, zero_point, qmin, qmax));
 }
 
 typedef struct {
@@ -416,8 +466,9 @@ static void fake_quant_lsq_backward(qt_ctx *ctx, void *p) {
                              qt_f32(s->scale), s->zp, s->qmin, s->qmax, s->grad_factor);
 }
 
-qt_tensor *qt_fake_quant_lsq(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner, qt_tensor *scale,
-                             const int32_t *zero_point, int qmin, int qmax, float grad_factor) {
+static qt_tensor *fake_quant_lsq_op(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner,
+                                    qt_tensor *scale, const int32_t *zero_point, int qmin, int qmax,
+                                    float grad_factor) {
   check_f32(x, -1, "fake_quant_lsq", "input");
   check_f32(scale, 1, "fake_quant_lsq", "scale");
   QT_ASSERT(outer * channels * inner == qt_tensor_numel(x) && scale->shape[0] == channels,
@@ -427,10 +478,16 @@ qt_tensor *qt_fake_quant_lsq(qt_ctx *ctx, qt_tensor *x, int64_t outer, int chann
   qt_fake_quant_forward(qt_f32(y), NULL, qt_f32(x), outer, channels, inner, qt_f32(scale), zero_point, qmin, qmax);
   if (qt_tape_recording(ctx, x, scale, NULL)) {
     y->requires_grad = 1;
-    lsq_saved *sv = qt_tape_push(ctx, fake_quant_lsq_backward, sizeof *sv);
+    lsq_saved *sv = qt_tape_push(ctx, QT_PROFILE_FAKE_QUANT_LSQ, fake_quant_lsq_backward, sizeof *sv);
     *sv = (lsq_saved){x, scale, y, outer, inner, channels, qmin, qmax, zero_point, grad_factor};
   }
   return y;
+}
+
+qt_tensor *qt_fake_quant_lsq(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner, qt_tensor *scale,
+                             const int32_t *zero_point, int qmin, int qmax, float grad_factor) {
+  PROFILED(ctx, QT_PROFILE_FAKE_QUANT_LSQ,
+           fake_quant_lsq_op(ctx, x, outer, channels, inner, scale, zero_point, qmin, qmax, grad_factor));
 }
 
 typedef struct {
@@ -517,7 +574,7 @@ static void channel_scale_backward(qt_ctx *ctx, void *p) {
   free(acc);
 }
 
-qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide) {
+static qt_tensor *channel_scale_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide) {
   check_f32(x, -1, "channel_scale", "input");
   check_f32(s, 1, "channel_scale", "scale");
   const int C = (int)s->shape[0];
@@ -548,10 +605,14 @@ qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_a
   }
   if (qt_tape_recording(ctx, x, s, NULL)) {
     y->requires_grad = 1;
-    cs_saved *sv = qt_tape_push(ctx, channel_scale_backward, sizeof *sv);
+    cs_saved *sv = qt_tape_push(ctx, QT_PROFILE_CHANNEL_SCALE, channel_scale_backward, sizeof *sv);
     *sv = (cs_saved){x, s, y, first_axis, divide};
   }
   return y;
+}
+
+qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide) {
+  PROFILED(ctx, QT_PROFILE_CHANNEL_SCALE, channel_scale_op(ctx, x, s, first_axis, divide));
 }
 
 typedef struct {
@@ -575,7 +636,7 @@ static void channel_add_backward(qt_ctx *ctx, void *p) {
   }
 }
 
-qt_tensor *qt_channel_add(qt_ctx *ctx, qt_tensor *x, qt_tensor *b) {
+static qt_tensor *channel_add_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *b) {
   check_f32(x, -1, "channel_add", "input");
   const int C = (int)b->shape[0];
   QT_ASSERT(x->shape[x->ndim - 1] == C, "channel_add: %d biases for %lld channels", C,
@@ -589,10 +650,14 @@ qt_tensor *qt_channel_add(qt_ctx *ctx, qt_tensor *x, qt_tensor *b) {
     for (int c = 0; c < C; c++) yd[r * C + c] = xd[r * C + c] + bd[c];
   if (qt_tape_recording(ctx, x, b, NULL)) {
     y->requires_grad = 1;
-    ca_saved *sv = qt_tape_push(ctx, channel_add_backward, sizeof *sv);
+    ca_saved *sv = qt_tape_push(ctx, QT_PROFILE_CHANNEL_ADD, channel_add_backward, sizeof *sv);
     *sv = (ca_saved){x, b, y};
   }
   return y;
+}
+
+qt_tensor *qt_channel_add(qt_ctx *ctx, qt_tensor *x, qt_tensor *b) {
+  PROFILED(ctx, QT_PROFILE_CHANNEL_ADD, channel_add_op(ctx, x, b));
 }
 
 void qt_bn_scale_factor_values(float *sf, const float *gamma, const float *running_var, float eps, int C) {
@@ -626,7 +691,7 @@ static void bn_scale_factor_backward(qt_ctx *ctx, void *p) {
   for (int c = 0; c < C; c++) dg[c] += sv->sf->grad[c] / sqrtf(sv->running_var[c] + sv->eps);
 }
 
-qt_tensor *qt_bn_scale_factor(qt_ctx *ctx, qt_tensor *gamma, const float *running_var, float eps) {
+static qt_tensor *bn_scale_factor_op(qt_ctx *ctx, qt_tensor *gamma, const float *running_var, float eps) {
   check_f32(gamma, 1, "bn_scale_factor", "gamma");
   qt_tensor *sf = qt_tensor_new(ctx, QT_F32, 1, gamma->shape);
   qt_bn_scale_factor_values(qt_f32(sf), qt_f32(gamma), running_var, eps, (int)gamma->shape[0]);
@@ -636,8 +701,12 @@ qt_tensor *qt_bn_scale_factor(qt_ctx *ctx, qt_tensor *gamma, const float *runnin
      * used here, so keep a copy. */
     float *rv = qt_arena_alloc(ctx, (size_t)gamma->shape[0] * sizeof(float));
     memcpy(rv, running_var, (size_t)gamma->shape[0] * sizeof(float));
-    sf_saved *sv = qt_tape_push(ctx, bn_scale_factor_backward, sizeof *sv);
+    sf_saved *sv = qt_tape_push(ctx, QT_PROFILE_BN_SCALE_FACTOR, bn_scale_factor_backward, sizeof *sv);
     *sv = (sf_saved){gamma, sf, rv, eps};
   }
   return sf;
+}
+
+qt_tensor *qt_bn_scale_factor(qt_ctx *ctx, qt_tensor *gamma, const float *running_var, float eps) {
+  PROFILED(ctx, QT_PROFILE_BN_SCALE_FACTOR, bn_scale_factor_op(ctx, gamma, running_var, eps));
 }

@@ -32,16 +32,7 @@ typedef struct arena_block {
   unsigned char *mem;
 } arena_block;
 
-struct qt_ctx {
-  arena_block *blocks;   /* current block first */
-  size_t capacity;       /* sum of block sizes */
-  size_t used_total;     /* bytes handed out since reset, over all blocks */
-  size_t peak;
-  int grad_enabled;
-  qt_tape_entry *tape;
-  size_t tape_len, tape_cap;
-  const qt_batch_sync *sync; /* the processes sharing the batch, or NULL */
-};
+/* struct qt_ctx: tape.h */
 
 #define ARENA_ALIGN 64
 #define ARENA_MIN_BLOCK ((size_t)8 << 20)
@@ -160,7 +151,7 @@ float *qt_tensor_grad(qt_ctx *ctx, qt_tensor *t) {
 }
 
 /* ---- tape ------------------------------------------------------------------------------- */
-void *qt_tape_push(qt_ctx *ctx, qt_backward_fn fn, size_t saved_bytes) {
+void *qt_tape_push(qt_ctx *ctx, qt_profile_op kind, qt_backward_fn fn, size_t saved_bytes) {
   if (ctx->tape_len == ctx->tape_cap) {
     size_t cap = ctx->tape_cap ? ctx->tape_cap * 2 : 64;
     qt_tape_entry *t = realloc(ctx->tape, cap * sizeof *t);
@@ -171,6 +162,7 @@ void *qt_tape_push(qt_ctx *ctx, qt_backward_fn fn, size_t saved_bytes) {
   void *saved = qt_arena_calloc(ctx, saved_bytes);
   ctx->tape[ctx->tape_len].fn = fn;
   ctx->tape[ctx->tape_len].saved = saved;
+  ctx->tape[ctx->tape_len].kind = kind;
   ctx->tape_len++;
   return saved;
 }
@@ -190,6 +182,64 @@ void qt_backward_seeded(qt_ctx *ctx, qt_tensor *loss, float seed) {
             (long long)qt_tensor_numel(loss));
   QT_ASSERT(loss->requires_grad, "backward from a loss that does not require grad");
   qt_tensor_grad(ctx, loss)[0] = seed;
-  for (size_t i = ctx->tape_len; i-- > 0;) ctx->tape[i].fn(ctx, ctx->tape[i].saved);
+  qt_profile *p = ctx->profile;
+  if (!p) {
+    for (size_t i = ctx->tape_len; i-- > 0;) ctx->tape[i].fn(ctx, ctx->tape[i].saved);
+  } else {
+    /* Tape entries run one after another and call kernels, never ops (begin's check would
+     * abort), so each entry's time is its own. */
+    for (size_t i = ctx->tape_len; i-- > 0;) {
+      const qt_profile_op kind = ctx->tape[i].kind;
+      const double t0 = qt_profile_begin(ctx, kind);
+      ctx->tape[i].fn(ctx, ctx->tape[i].saved);
+      p->active = 0;
+      p->backward[kind].seconds += qt_now_seconds() - t0;
+      p->backward[kind].calls++;
+    }
+  }
   ctx->tape_len = 0;
+}
+
+/* ---- profiling ---------------------------------------------------------------------------- */
+static const char *const profile_op_names[] = {
+    "conv2d", "batch_norm", "relu", "relu6", "max_pool2d", "avg_pool2d", "global_avg_pool", "flatten",
+    "linear", "add", "cross_entropy", "fake_quant", "fake_quant_lsq", "channel_scale", "channel_add",
+    "bn_scale_factor"};
+_Static_assert(sizeof profile_op_names / sizeof profile_op_names[0] == QT_PROFILE_OP_COUNT, "profile op names");
+static const char *const profile_phase_names[] = {"data", "zero_grad", "optimizer", "observer", "grad_sum", "step"};
+_Static_assert(sizeof profile_phase_names / sizeof profile_phase_names[0] == QT_PROFILE_PHASE_COUNT,
+               "profile phase names");
+
+const char *qt_profile_op_name(qt_profile_op op) {
+  return (unsigned)op < QT_PROFILE_OP_COUNT ? profile_op_names[op] : "?";
+}
+const char *qt_profile_phase_name(qt_profile_phase ph) {
+  return (unsigned)ph < QT_PROFILE_PHASE_COUNT ? profile_phase_names[ph] : "?";
+}
+
+void qt_profile_clear(qt_profile *p) { memset(p, 0, sizeof *p); }
+
+void qt_profile_add_phase(qt_profile *p, qt_profile_phase ph, double seconds) {
+  if (!p) return;
+  QT_ASSERT((unsigned)ph < QT_PROFILE_PHASE_COUNT, "bad profile phase %d", (int)ph);
+  p->phase[ph].seconds += seconds;
+  p->phase[ph].calls++;
+}
+
+void qt_ctx_set_profile(qt_ctx *ctx, qt_profile *p) { ctx->profile = p; }
+qt_profile *qt_ctx_profile(const qt_ctx *ctx) { return ctx->profile; }
+
+double qt_profile_begin(qt_ctx *ctx, qt_profile_op op) {
+  QT_ASSERT((unsigned)op < QT_PROFILE_OP_COUNT, "bad profile op %d", (int)op);
+  QT_ASSERT(!ctx->profile->active, "profiling: op %s started inside another timed op or tape entry (its time would "
+            "be counted twice)", profile_op_names[op]);
+  ctx->profile->active = 1;
+  return qt_now_seconds();
+}
+
+void qt_profile_end(qt_ctx *ctx, qt_profile_op op, double t0) {
+  qt_profile *p = ctx->profile;
+  p->forward[op].seconds += qt_now_seconds() - t0;
+  p->forward[op].calls++;
+  p->active = 0;
 }

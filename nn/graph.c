@@ -535,11 +535,13 @@ static qt_tensor *effective_weight(qt_graph *g, qt_ctx *ctx, qt_node *n, qt_tens
   }
   if (n->training && q->observe && !lsq_initialized(q)) {
     char why[QT_ERR_LEN];
+    const double t0 = qt_ctx_profile(ctx) ? qt_now_seconds() : 0;
     if (qt_qstate_observe(q, qt_f32(w), 1, inner, why)) {
       qt_err(err, "weight quantization of %s: %s", n->name, why);
       return NULL;
     }
     if (q->scale_param >= 0) lsq_init(g, q);
+    if (qt_ctx_profile(ctx)) qt_profile_add_phase(qt_ctx_profile(ctx), QT_PROFILE_OBSERVER, qt_now_seconds() - t0);
   }
   if (!q->fake_quant) return w;
   if (!q->calibrated) {
@@ -732,11 +734,14 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
         const int64_t numel = qt_tensor_numel(x), outer = numel / q->channels;
         if (n->training && q->observe && !lsq_initialized(q)) {
           char err[QT_ERR_LEN];
+          const double t0 = qt_ctx_profile(ctx) ? qt_now_seconds() : 0;
           /* activations: the whole batch's, when the batch is split across processes (weights
            * are the same on every process and need no synchronization) */
           if (qt_qstate_observe_sync(q, qt_f32(x), outer, 1, qt_ctx_batch_sync(ctx), err))
             return fail(g, "fake_quant %s: %s", n->name, err);
           if (q->scale_param >= 0) lsq_init(g, q);
+          if (qt_ctx_profile(ctx))
+            qt_profile_add_phase(qt_ctx_profile(ctx), QT_PROFILE_OBSERVER, qt_now_seconds() - t0);
         }
         if (!q->fake_quant) {
           y = x;

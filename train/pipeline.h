@@ -91,9 +91,17 @@ qt_optim *qt_trainer_optim(qt_trainer *t);
 int64_t qt_trainer_batches(const qt_trainer *t);
 int64_t qt_trainer_step(const qt_trainer *t);
 void qt_trainer_set_step(qt_trainer *t, int64_t step);
+/* Called after every step of qt_trainer_epoch with the epoch's 0-based batch index and this
+ * process's rows of it (the step's profile phases, when ctx has a profile, already added); a
+ * nonzero return ends the epoch after that step (bench/bench_profile.c runs a few steps). NULL:
+ * none (the default). */
+typedef int (*qt_step_hook)(void *user, int64_t batch, int rows);
+void qt_trainer_set_step_hook(qt_trainer *t, qt_step_hook fn, void *user);
 /* One epoch (0-based `epoch`): the freeze schedules checked before every step, the NaN stop
  * inside (the graph is not updated by a non-finite loss; the message names epoch, batch, step
- * and lr). Fills the training half of *out; progress is drawn on stderr per output.progress. */
+ * and lr). Fills the training half of *out; progress is drawn on stderr per output.progress.
+ * When ctx has a profile (qt_ctx_set_profile), each step adds its phases to it: data, zero_grad,
+ * optimizer, grad_sum (data parallel) and the whole step; the ops add their own. */
 int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out, qt_status *st);
 
 /* ---- convert, check, deploy ------------------------------------------------------------------ */

@@ -29,6 +29,8 @@ struct qt_trainer {
   int progress; /* 0 none, 1 lines, 2 bar */
   double last_draw;
   int rank, size;      /* this process and the job's (dist.h); size 1: alone */
+  qt_step_hook hook;   /* after every step (benchmarks), or NULL */
+  void *hook_user;
 };
 
 /* ---- the job's processes --------------------------------------------------------------------- */
@@ -180,6 +182,10 @@ qt_optim *qt_trainer_optim(qt_trainer *t) { return t->opt; }
 int64_t qt_trainer_batches(const qt_trainer *t) { return t->nb; }
 int64_t qt_trainer_step(const qt_trainer *t) { return t->step; }
 void qt_trainer_set_step(qt_trainer *t, int64_t step) { t->step = step; }
+void qt_trainer_set_step_hook(qt_trainer *t, qt_step_hook fn, void *user) {
+  t->hook = fn;
+  t->hook_user = user;
+}
 
 /* ---- one epoch ------------------------------------------------------------------------------- */
 /* The freeze schedules, in (fractional) epochs, checked before every step. */
@@ -232,7 +238,13 @@ static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *ou
   const float *images;
   const int32_t *labels;
   int B;
-  while ((B = qt_loader_next(t->loader, &images, &labels)) > 0) {
+  /* With a profile on ctx (autograd.h) the step's phases are timed here, the ops by the ops. */
+  qt_profile *prof = qt_ctx_profile(ctx);
+  double t_step = 0, t_phase = 0;
+  for (;;) {
+    if (prof) t_step = qt_now_seconds();
+    if ((B = qt_loader_next(t->loader, &images, &labels)) <= 0) break;
+    if (prof) qt_profile_add_phase(prof, QT_PROFILE_DATA, qt_now_seconds() - t_step);
     apply_schedules(t, epoch, b);
     qt_ctx_reset(ctx);
     qt_ctx_set_grad(ctx, 1);
@@ -260,15 +272,21 @@ static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *ou
                            isnan(bad_loss) ? "NaN" : "Inf", where, epoch + 1, (long long)b + 1, (long long)t->step, (double)lr,
                            access(ckpt, F_OK) == 0 ? ckpt : "none written yet");
     }
+    if (prof) t_phase = qt_now_seconds();
     qt_graph_zero_grad(g);
+    if (prof) qt_profile_add_phase(prof, QT_PROFILE_ZERO_GRAD, qt_now_seconds() - t_phase);
     if (t->size == 1) {
       qt_backward(ctx, loss);
     } else {
       qt_backward_seeded(ctx, loss, (float)B / (float)qt_loader_batch_rows(t->loader));
+      if (prof) t_phase = qt_now_seconds();
       qt_dist_sum_f32(g->grads, g->n_params);
+      if (prof) qt_profile_add_phase(prof, QT_PROFILE_GRAD_SUM, qt_now_seconds() - t_phase);
     }
     lr = qt_lr_at(&t->sched, t->step);
+    if (prof) t_phase = qt_now_seconds();
     qt_optim_step(t->opt, g->params, g->grads, lr);
+    if (prof) qt_profile_add_phase(prof, QT_PROFILE_OPTIMIZER, qt_now_seconds() - t_phase);
     t->step++;
     b++;
     qt_fault_point("training_step"); /* QT_FAULT=training_step:k: a crash after k steps (tests) */
@@ -277,6 +295,8 @@ static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *ou
     seen += rows;
     const double el = qt_now_seconds() - t0;
     progress_draw(t, epoch + 1, b, loss_sum / (double)seen, (double)correct / (double)seen, (double)seen / el, el, 0);
+    if (prof) qt_profile_add_phase(prof, QT_PROFILE_STEP, qt_now_seconds() - t_step);
+    if (t->hook && t->hook(t->hook_user, b - 1, B)) break;
   }
   const double secs = qt_now_seconds() - t0;
   out->epoch = epoch + 1;

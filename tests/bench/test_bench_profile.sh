@@ -1,0 +1,100 @@
+#!/bin/bash
+# bench_profile's output has the structure its readers rely on, for an fp32 and a QAT (LSQ) run
+# of a few steps on a small batch: every op kind of FashionCNN (and of its QAT graph) has a row,
+# with the calls the model makes per step (so a profiler that records nothing fails), the rows
+# (ops forward and backward, data, zero_grad, optimizer, other) add up to the step total within
+# the table's rounding, the measured parts never exceed the step (nothing counted twice),
+# images/s > 0, and --json writes valid JSON with the same figures. Timing values are not judged.
+# Usage: test_bench_profile.sh path/to/bench_profile SOURCE_DIR
+set -u
+BIN="$1"
+SRC="$2"
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+STEPS=3
+common=(data.train_limit=256 train.batch_size=32 train.threads=2 --steps $STEPS --warmup 1)
+fail=0
+run() { # name config overrides...
+  local name="$1" cfg="$2"
+  shift 2
+  if ! "$BIN" "$cfg" "$@" "${common[@]}" --json "$T/$name.json" > "$T/$name.txt" 2> "$T/$name.err"; then
+    echo "bench_profile $name failed:"; cat "$T/$name.txt" "$T/$name.err"; exit 1
+  fi
+}
+run fp32 "$SRC/experiments/fashion_cnn_fp32.ini"
+# QAT W4A4 LSQ from the initialization (no fp32 checkpoint needed)
+run qat "$SRC/experiments/fashion_cnn_qat_w4a4.ini" quant.fp32_checkpoint=
+for name in fp32 qat; do
+  /usr/bin/python3 - "$T/$name.txt" "$T/$name.json" "$name" "$STEPS" <<'PY' || { fail=1; cat "$T/$name.txt"; }
+import json, re, sys
+txt, js, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+errors = []
+def check(ok, msg):
+    if not ok: errors.append(msg)
+# FashionCNN per step: 2 conv, 2 BN, 3 ReLU, 2 max-pool, flatten, 2 linear, the loss
+calls = {"conv2d": 2, "batch_norm": 2, "relu": 3, "max_pool2d": 2, "flatten": 1, "linear": 2, "cross_entropy": 1}
+if name == "qat":  # conv_bn: the BN scale factor, W * sf and conv / sf; LSQ on 4 weights and the activations
+    calls.update({"bn_scale_factor": 2, "channel_scale": 4})
+phases = ["data", "zero_grad", "optimizer"]
+try:
+    j = json.load(open(js))
+except Exception as e:
+    print("%s: not valid JSON: %s" % (js, e)); sys.exit(1)
+lines = open(txt).read().splitlines()
+rows = {}
+for l in lines:
+    m = re.match(r"^(\w+(?: total)?)\s+(\S+)\s+(-?\d+\.\d+)\s+(\S+)\s+(-?\d+\.\d+)$", l)
+    if m: rows[m.group(1)] = m.groups()[1:]
+total = [l for l in lines if l.startswith("step total:")]
+check(len(total) == 1, "no 'step total:' line")
+step_ms, ips = (float(x) for x in re.match(r"step total: (\S+) ms/step, (\S+) images/s", total[0]).groups()) if total else (0, 0)
+check(ips > 0, "images/s %g not > 0" % ips)
+check(re.search(r", \d+ threads, oneDNN ISA \S+", lines[0]) is not None, "header lacks threads / ISA: %r" % lines[0])
+expect = list(calls) + (["fake_quant_lsq"] if name == "qat" else []) + phases + ["other"]
+for k in expect:
+    check(k in rows, "no row for %s" % k)
+# the rows add up to the step total (each printed to 0.001 ms)
+parts = 0.0
+n_vals = 0
+for k, (c, f, b, share) in rows.items():
+    if k == "ops total": continue
+    parts += float(f) + (float(b) if b != "-" else 0.0)
+    n_vals += 1 if b == "-" else 2
+check(abs(parts - step_ms) <= 0.0005 * (n_vals + 1) + 1e-9,
+      "rows sum to %.4f ms, step total %.3f ms" % (parts, step_ms))
+# the JSON: the same model, calls per step, and parts within the step
+ops = {o["kind"]: o for o in j["ops"]}
+ph = {p["name"]: p for p in j["phases"]}
+check(j["steps"] == steps, "json steps %r" % j["steps"])
+for k, n in calls.items():
+    o = ops.get(k)
+    if not o:
+        check(False, "json: no op %s" % k); continue
+    check(o["forward_calls"] == n * steps, "%s: %d forward calls, want %d" % (k, o["forward_calls"], n * steps))
+    check(o["backward_calls"] == n * steps, "%s: %d backward calls, want %d" % (k, o["backward_calls"], n * steps))
+if name == "qat":
+    lsq = ops.get("fake_quant_lsq", {"forward_calls": 0})["forward_calls"]
+    check(lsq >= 4 * steps and lsq % steps == 0, "fake_quant_lsq: %d calls over %d steps" % (lsq, steps))
+    check("fake_quant_lsq" in rows, "no fake_quant_lsq row")
+check(ops.get("conv2d", {}).get("forward_ms", 0) > 0 and ops.get("conv2d", {}).get("backward_ms", 0) > 0,
+      "conv2d has no forward or backward time")
+for p in phases:
+    check(ph.get(p, {}).get("calls") == steps, "phase %s: %r calls, want %d" % (p, ph.get(p, {}).get("calls"), steps))
+measured = sum(o["forward_ms"] + o["backward_ms"] for o in j["ops"]) + sum(p["ms"] for p in j["phases"] if p["name"] != "other")
+check(measured <= j["step_ms"] * (1 + 1e-9) + 1e-9, "ops and phases (%.6f ms) exceed the step (%.6f ms)" % (measured, j["step_ms"]))
+check(abs(measured + ph["other"]["ms"] - j["step_ms"]) <= 1e-5, "json parts + other != step_ms")
+share = sum(o["share"] for o in j["ops"]) + sum(p["share"] for p in j["phases"])
+check(abs(share - 1) < 1e-4, "shares sum to %g" % share)
+check(j["images_per_s"] > 0 and j["images"] == steps * 32, "json images %r, images/s %r" % (j["images"], j["images_per_s"]))
+check(abs(j["step_ms"] - step_ms) <= 0.0005 + 1e-9, "json step_ms %r vs table %r" % (j["step_ms"], step_ms))
+if errors:
+    print("%s: %s" % (name, "; ".join(errors))); sys.exit(1)
+PY
+done
+# bad arguments: exit 2 with a message
+"$BIN" "$SRC/experiments/fashion_cnn_fp32.ini" --steps 0 > /dev/null 2> "$T/bad.err"
+rc=$?
+if [ $rc -ne 2 ] || ! grep -q -- "--steps wants an integer" "$T/bad.err"; then
+  echo "--steps 0: exit $rc, stderr:"; cat "$T/bad.err"; fail=1
+fi
+exit $fail
