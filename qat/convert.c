@@ -99,8 +99,9 @@ int qt_lost_weight_channels(const qt_graph *c, char *detail, size_t cap) {
     if (detail && used < cap) {
       float m = 0;
       for (int64_t k = 0; k < inner; k++) m = fmaxf(m, fabsf(w[(int64_t)worst * inner + k]));
-      const int len = snprintf(detail + used, cap - used, "  %s: %d of %d channels (worst %d: SQNR %.1f dB, scale %g, max |w| %g)\n",
-                               n->name, lost, q->channels, worst, worst_db, (double)q->scale[worst], (double)m);
+      const int len = snprintf(detail + used, cap - used,
+                               "  %s: %d of %d channels (worst %d: SQNR %.1f dB, scale %g, max |w| %g)\n", n->name,
+                               lost, q->channels, worst, worst_db, (double)q->scale[worst], (double)m);
       used = len < 0 ? cap : used + (size_t)len;
     }
   }
