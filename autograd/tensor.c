@@ -35,7 +35,12 @@ typedef struct arena_block {
 /* struct qt_ctx: tape.h */
 
 #define ARENA_ALIGN 64
-#define ARENA_MIN_BLOCK ((size_t)8 << 20)
+/* Above glibc's largest mmap threshold (32 MB on 64-bit), so that every block is its own mapping
+ * and goes back to the system when freed (qt_ctx_reset merging a step's blocks, qt_ctx_release).
+ * Smaller blocks come from the heap once a freed mapping has raised the dynamic threshold, and
+ * the heap keeps them: a training step's first blocks then stayed resident beside the merged one.
+ * Pages never touched cost nothing, so a small arena's large block is only address space. */
+#define ARENA_MIN_BLOCK ((size_t)40 << 20)
 /* Tensor headers, tape records, per-channel statistics: bump-allocated from blocks of their own
  * and never handed back, so that they do not sit between activations and split the ranges
  * qt_arena_free merges. */
