@@ -1,9 +1,12 @@
 /* Tensors, the per-step arena, the tape and the differentiable ops.
  *
  * A qt_ctx owns one training step's memory: an arena from which activations, their
- * gradients and the tape's saved state are bump-allocated, rewound by qt_ctx_reset (no
- * per-tensor frees). With gradients enabled, every op whose inputs require grad appends a
- * backward record to the tape; qt_backward replays it in reverse. Parameters live outside the
+ * gradients and the tape's saved state are bump-allocated, rewound by qt_ctx_reset. Memory
+ * that is dead before the reset may be handed back (qt_arena_free) and is then reused by the
+ * step's later allocations: the no-grad graph executor does it for values after their last
+ * consumer, backward for gradients (qt_ctx_set_backward_frees). With gradients enabled,
+ * every op whose inputs require grad appends a backward record to the tape; qt_backward
+ * replays it in reverse. Parameters live outside the
  * arena (long-lived slabs owned by the graph) and their gradients ACCUMULATE.
  * Activations are NHWC: (N, H, W, C); flattened features are (N, F). */
 #ifndef QT_AUTOGRAD_H
@@ -27,6 +30,7 @@ typedef struct qt_tensor {
   void *data;
   float *grad;       /* same numel as data (f32 only); NULL until backward needs it */
   int requires_grad;
+  int owns_data;     /* data was allocated for this tensor (qt_tensor_new), not wrapped */
 } qt_tensor;
 
 static inline float *qt_f32(const qt_tensor *t) { return (float *)t->data; }
@@ -42,8 +46,16 @@ void qt_ctx_reset(qt_ctx *ctx);
 void qt_ctx_release(qt_ctx *ctx);
 void qt_ctx_set_grad(qt_ctx *ctx, int enabled);
 int qt_ctx_grad_enabled(const qt_ctx *ctx);
-/* Bytes the arena held at its fullest so far. */
+/* Bytes the arena spanned at its fullest so far (memory reused through qt_arena_free counted
+ * once). */
 size_t qt_ctx_peak_bytes(const qt_ctx *ctx);
+/* With enabled, qt_backward hands each op's output back to the arena once the op's own tape
+ * entry has run: its gradient (the inputs' gradients are computed from it) and its data (the
+ * entries that read it, its consumers' and its own, have run), so later gradients reuse the
+ * memory. After qt_backward only the gradients of tensors no op produced (leaves, parameters)
+ * remain, and no op's output holds data: the caller reads what it needs (the loss, the
+ * predictions) before. Off by default; the trainer turns it on. */
+void qt_ctx_set_backward_frees(qt_ctx *ctx, int enabled);
 
 /* The batch's processes (qt_batch_sync, base.h) for what ctx computes from now on: batch norm in
  * training mode normalizes with the whole batch's statistics (SyncBN) and the graph executor's
@@ -110,14 +122,24 @@ void qt_profile_add_phase(qt_profile *p, qt_profile_phase ph, double seconds);
 void qt_ctx_set_profile(qt_ctx *ctx, qt_profile *p);
 qt_profile *qt_ctx_profile(const qt_ctx *ctx);
 
-/* 64-byte aligned arena memory, uninitialized (or zeroed). */
+/* 64-byte aligned arena memory, uninitialized (or zeroed): a range handed back by qt_arena_free
+ * when one fits (the smallest), else the next bytes of the current block. */
 void *qt_arena_alloc(qt_ctx *ctx, size_t bytes);
 void *qt_arena_calloc(qt_ctx *ctx, size_t bytes);
+/* Hands back `bytes` at p, which qt_arena_alloc returned for that size and which nothing reads
+ * again (a dead value, a used temporary): later allocations before the next reset reuse it.
+ * Memory the arena did not hand out, or handed back twice, aborts. */
+void qt_arena_free(qt_ctx *ctx, void *p, size_t bytes);
+/* Whether p lies in memory this arena has handed out since the last reset. */
+int qt_arena_owns(const qt_ctx *ctx, const void *p);
 
 /* A new arena tensor (uninitialized data). */
 qt_tensor *qt_tensor_new(qt_ctx *ctx, qt_dtype dtype, int ndim, const int64_t *shape);
 /* An arena tensor header over caller-owned data (e.g. a parameter slab or a loader batch). */
 qt_tensor *qt_tensor_wrap(qt_ctx *ctx, qt_dtype dtype, int ndim, const int64_t *shape, void *data);
+/* Hands back the data of t, a tensor qt_tensor_new made on ctx (qt_arena_free); t->data is NULL
+ * after. */
+void qt_tensor_free(qt_ctx *ctx, qt_tensor *t);
 /* The gradient buffer of t, allocated zeroed in the arena on first use. */
 float *qt_tensor_grad(qt_ctx *ctx, qt_tensor *t);
 

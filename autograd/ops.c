@@ -63,7 +63,7 @@ static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *
   qt_conv2d_forward(qt_f32(y), qt_f32(x), qt_f32(w), b ? qt_f32(b) : NULL, &s);
   if (qt_tape_recording(ctx, x, w, b)) {
     y->requires_grad = 1;
-    conv_saved *sv = qt_tape_push(ctx, QT_PROFILE_CONV2D, conv2d_backward, sizeof *sv);
+    conv_saved *sv = qt_tape_push(ctx, QT_PROFILE_CONV2D, conv2d_backward, sizeof *sv, y);
     *sv = (conv_saved){x, w, b, y, s};
   }
   return y;
@@ -131,7 +131,7 @@ static qt_tensor *batch_norm_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_
   }
   if (rec) {
     y->requires_grad = 1;
-    bn_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_backward, sizeof *sv);
+    bn_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_backward, sizeof *sv, y);
     *sv = (bn_saved){x, gamma, beta, y, mean, invstd, training, M, C, sync, M_total};
   }
   return y;
@@ -165,6 +165,7 @@ static void relu_backward(qt_ctx *ctx, void *p) {
       for (int64_t i = 0; i < n; i++) g[i] = out[i] > 0.0f ? g[i] : 0.0f;
     }
     s->x->grad = g;
+    if (ctx->backward_frees) s->y->grad = NULL; /* the buffer is the input's now */
     return;
   }
   (s->six ? qt_relu6_backward : qt_relu_backward)(qt_tensor_grad(ctx, s->x), s->y->grad, qt_f32(s->y), n);
@@ -177,7 +178,7 @@ static qt_tensor *relu_op(qt_ctx *ctx, qt_tensor *x, int inplace, int six) {
   (six ? qt_relu6_forward : qt_relu_forward)(qt_f32(y), qt_f32(x), qt_tensor_numel(x));
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
     y->requires_grad = 1;
-    unary_saved *sv = qt_tape_push(ctx, six ? QT_PROFILE_RELU6 : QT_PROFILE_RELU, relu_backward, sizeof *sv);
+    unary_saved *sv = qt_tape_push(ctx, six ? QT_PROFILE_RELU6 : QT_PROFILE_RELU, relu_backward, sizeof *sv, y);
     *sv = (unary_saved){x, y, six};
   }
   return y;
@@ -222,14 +223,29 @@ static qt_tensor *pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int 
   int32_t *argmax = NULL;
   if (avg) {
     qt_avg_pool2d_forward(qt_f32(y), qt_f32(x), &s);
-  } else {
+  } else if (rec) {
     argmax = qt_arena_alloc(ctx, (size_t)qt_tensor_numel(y) * sizeof(int32_t));
     qt_max_pool2d_forward(qt_f32(y), argmax, qt_f32(x), &s);
+  } else {
+    /* Only backward reads the indices: without a tape they are scratch, written for a slice
+     * of the images at a time (at most 1 MB), not as large again as the output. Images are
+     * independent, so the output is the same. */
+    const int64_t per_out = (int64_t)s.OH * s.OW * s.C, per_in = (int64_t)s.H * s.W * s.C;
+    int64_t chunk = per_out > 0 ? ((int64_t)1 << 18) / per_out : s.N;
+    if (chunk < 1) chunk = 1;
+    if (chunk > s.N) chunk = s.N;
+    int32_t *scratch = qt_arena_alloc(ctx, (size_t)(chunk * per_out) * sizeof(int32_t));
+    for (int64_t n0 = 0; n0 < s.N; n0 += chunk) {
+      qt_pool2d_shape part = s;
+      part.N = (int)(s.N - n0 < chunk ? s.N - n0 : chunk);
+      qt_max_pool2d_forward(qt_f32(y) + n0 * per_out, scratch, qt_f32(x) + n0 * per_in, &part);
+    }
+    qt_arena_free(ctx, scratch, (size_t)(chunk * per_out) * sizeof(int32_t));
   }
   if (rec) {
     y->requires_grad = 1;
     pool_saved *sv =
-        qt_tape_push(ctx, avg ? QT_PROFILE_AVG_POOL2D : QT_PROFILE_MAX_POOL2D, pool2d_backward, sizeof *sv);
+        qt_tape_push(ctx, avg ? QT_PROFILE_AVG_POOL2D : QT_PROFILE_MAX_POOL2D, pool2d_backward, sizeof *sv, y);
     *sv = (pool_saved){x, y, argmax, s, avg};
   }
   return y;
@@ -257,7 +273,7 @@ static qt_tensor *global_avg_pool_op(qt_ctx *ctx, qt_tensor *x) {
                              (int)x->shape[3]);
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
     y->requires_grad = 1;
-    unary_saved *sv = qt_tape_push(ctx, QT_PROFILE_GLOBAL_AVG_POOL, global_avg_pool_backward, sizeof *sv);
+    unary_saved *sv = qt_tape_push(ctx, QT_PROFILE_GLOBAL_AVG_POOL, global_avg_pool_backward, sizeof *sv, y);
     *sv = (unary_saved){x, y, 0};
   }
   return y;
@@ -269,11 +285,11 @@ qt_tensor *qt_global_avg_pool(qt_ctx *ctx, qt_tensor *x) {
 
 /* ---- flatten (a view) ------------------------------------------------------------------- */
 static void flatten_backward(qt_ctx *ctx, void *p) {
-  (void)ctx;
   unary_saved *s = p;
   if (!s->y->grad || !s->x->requires_grad) return;
   if (!s->x->grad) {
     s->x->grad = s->y->grad; /* same memory order: share the gradient buffer */
+    if (ctx->backward_frees) s->y->grad = NULL; /* the buffer is the input's now */
     return;
   }
   qt_add_backward(s->x->grad, NULL, s->y->grad, qt_tensor_numel(s->y));
@@ -284,7 +300,7 @@ static qt_tensor *flatten_op(qt_ctx *ctx, qt_tensor *x) {
   qt_tensor *y = qt_tensor_wrap(ctx, x->dtype, 2, shape, x->data);
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
     y->requires_grad = 1;
-    unary_saved *sv = qt_tape_push(ctx, QT_PROFILE_FLATTEN, flatten_backward, sizeof *sv);
+    unary_saved *sv = qt_tape_push(ctx, QT_PROFILE_FLATTEN, flatten_backward, sizeof *sv, y);
     *sv = (unary_saved){x, y, 0};
   }
   return y;
@@ -319,7 +335,7 @@ static qt_tensor *linear_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *
                     (int)w->shape[0]);
   if (qt_tape_recording(ctx, x, w, b)) {
     y->requires_grad = 1;
-    linear_saved *sv = qt_tape_push(ctx, QT_PROFILE_LINEAR, linear_backward, sizeof *sv);
+    linear_saved *sv = qt_tape_push(ctx, QT_PROFILE_LINEAR, linear_backward, sizeof *sv, y);
     *sv = (linear_saved){x, w, b, y};
   }
   return y;
@@ -352,7 +368,7 @@ static qt_tensor *add_op(qt_ctx *ctx, qt_tensor *a, qt_tensor *b) {
   qt_add_forward(qt_f32(y), qt_f32(a), qt_f32(b), qt_tensor_numel(a));
   if (qt_tape_recording(ctx, a, b, NULL)) {
     y->requires_grad = 1;
-    add_saved *sv = qt_tape_push(ctx, QT_PROFILE_ADD, add_backward, sizeof *sv);
+    add_saved *sv = qt_tape_push(ctx, QT_PROFILE_ADD, add_backward, sizeof *sv, y);
     *sv = (add_saved){a, b, y};
   }
   return y;
@@ -390,7 +406,7 @@ static qt_tensor *cross_entropy_op(qt_ctx *ctx, qt_tensor *logits, const int32_t
     /* labels are copied: the caller's batch buffer may be reused before backward runs. */
     int32_t *lab = qt_arena_alloc(ctx, (size_t)N * sizeof(int32_t));
     memcpy(lab, labels, (size_t)N * sizeof(int32_t));
-    ce_saved *sv = qt_tape_push(ctx, QT_PROFILE_CROSS_ENTROPY, cross_entropy_backward, sizeof *sv);
+    ce_saved *sv = qt_tape_push(ctx, QT_PROFILE_CROSS_ENTROPY, cross_entropy_backward, sizeof *sv, loss);
     *sv = (ce_saved){logits, loss, probs, lab};
   }
   return loss;
@@ -418,6 +434,7 @@ static void fake_quant_backward(qt_ctx *ctx, void *p) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; i++) g[i] = m[i] ? g[i] : 0.0f;
     s->x->grad = g;
+    if (ctx->backward_frees) s->y->grad = NULL; /* the buffer is the input's now */
     return;
   }
   qt_fake_quant_backward(qt_tensor_grad(ctx, s->x), s->y->grad, s->mask, n);
@@ -434,7 +451,7 @@ static qt_tensor *fake_quant_op(qt_ctx *ctx, qt_tensor *x, int64_t outer, int ch
   qt_fake_quant_forward(qt_f32(y), mask, qt_f32(x), outer, channels, inner, scale, zero_point, qmin, qmax);
   if (rec) {
     y->requires_grad = 1;
-    fq_saved *sv = qt_tape_push(ctx, QT_PROFILE_FAKE_QUANT, fake_quant_backward, sizeof *sv);
+    fq_saved *sv = qt_tape_push(ctx, QT_PROFILE_FAKE_QUANT, fake_quant_backward, sizeof *sv, y);
     *sv = (fq_saved){x, y, mask};
   }
   return y;
@@ -460,10 +477,12 @@ static void fake_quant_lsq_backward(qt_ctx *ctx, void *p) {
   float *ds = s->scale->requires_grad ? qt_tensor_grad(ctx, s->scale) : NULL;
   if (!dx && !ds) return;
   /* the kernel writes both gradients; route a missing one to scratch */
-  if (!dx) dx = qt_arena_calloc(ctx, (size_t)qt_tensor_numel(s->x) * sizeof(float));
-  if (!ds) ds = qt_arena_calloc(ctx, (size_t)s->channels * sizeof(float));
-  qt_fake_quant_lsq_backward(dx, ds, NULL, s->y->grad, qt_f32(s->x), s->outer, s->channels, s->inner,
-                             qt_f32(s->scale), s->zp, s->qmin, s->qmax, s->grad_factor);
+  float *dx_scratch = dx ? NULL : qt_arena_calloc(ctx, (size_t)qt_tensor_numel(s->x) * sizeof(float));
+  float *ds_scratch = ds ? NULL : qt_arena_calloc(ctx, (size_t)s->channels * sizeof(float));
+  qt_fake_quant_lsq_backward(dx ? dx : dx_scratch, ds ? ds : ds_scratch, NULL, s->y->grad, qt_f32(s->x), s->outer,
+                             s->channels, s->inner, qt_f32(s->scale), s->zp, s->qmin, s->qmax, s->grad_factor);
+  if (ds_scratch) qt_arena_free(ctx, ds_scratch, (size_t)s->channels * sizeof(float));
+  if (dx_scratch) qt_arena_free(ctx, dx_scratch, (size_t)qt_tensor_numel(s->x) * sizeof(float));
 }
 
 static qt_tensor *fake_quant_lsq_op(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner,
@@ -478,7 +497,7 @@ static qt_tensor *fake_quant_lsq_op(qt_ctx *ctx, qt_tensor *x, int64_t outer, in
   qt_fake_quant_forward(qt_f32(y), NULL, qt_f32(x), outer, channels, inner, qt_f32(scale), zero_point, qmin, qmax);
   if (qt_tape_recording(ctx, x, scale, NULL)) {
     y->requires_grad = 1;
-    lsq_saved *sv = qt_tape_push(ctx, QT_PROFILE_FAKE_QUANT_LSQ, fake_quant_lsq_backward, sizeof *sv);
+    lsq_saved *sv = qt_tape_push(ctx, QT_PROFILE_FAKE_QUANT_LSQ, fake_quant_lsq_backward, sizeof *sv, y);
     *sv = (lsq_saved){x, scale, y, outer, inner, channels, qmin, qmax, zero_point, grad_factor};
   }
   return y;
@@ -567,7 +586,10 @@ static void channel_scale_backward(qt_ctx *ctx, void *p) {
       free(part);
     }
   }
-  if (in_place) sv->x->grad = dx;
+  if (in_place) {
+    sv->x->grad = dx;
+    if (ctx->backward_frees) sv->y->grad = NULL; /* the buffer is the input's now */
+  }
   /* d/ds (x*s) = x; d/ds (x/s) = -x/s^2 */
   if (ds)
     for (int c = 0; c < C; c++) ds[c] += divide ? (float)(-acc[c] / ((double)s[c] * s[c])) : (float)acc[c];
@@ -605,7 +627,7 @@ static qt_tensor *channel_scale_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int 
   }
   if (qt_tape_recording(ctx, x, s, NULL)) {
     y->requires_grad = 1;
-    cs_saved *sv = qt_tape_push(ctx, QT_PROFILE_CHANNEL_SCALE, channel_scale_backward, sizeof *sv);
+    cs_saved *sv = qt_tape_push(ctx, QT_PROFILE_CHANNEL_SCALE, channel_scale_backward, sizeof *sv, y);
     *sv = (cs_saved){x, s, y, first_axis, divide};
   }
   return y;
@@ -650,7 +672,7 @@ static qt_tensor *channel_add_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *b) {
     for (int c = 0; c < C; c++) yd[r * C + c] = xd[r * C + c] + bd[c];
   if (qt_tape_recording(ctx, x, b, NULL)) {
     y->requires_grad = 1;
-    ca_saved *sv = qt_tape_push(ctx, QT_PROFILE_CHANNEL_ADD, channel_add_backward, sizeof *sv);
+    ca_saved *sv = qt_tape_push(ctx, QT_PROFILE_CHANNEL_ADD, channel_add_backward, sizeof *sv, y);
     *sv = (ca_saved){x, b, y};
   }
   return y;
@@ -701,7 +723,7 @@ static qt_tensor *bn_scale_factor_op(qt_ctx *ctx, qt_tensor *gamma, const float 
      * used here, so keep a copy. */
     float *rv = qt_arena_alloc(ctx, (size_t)gamma->shape[0] * sizeof(float));
     memcpy(rv, running_var, (size_t)gamma->shape[0] * sizeof(float));
-    sf_saved *sv = qt_tape_push(ctx, QT_PROFILE_BN_SCALE_FACTOR, bn_scale_factor_backward, sizeof *sv);
+    sf_saved *sv = qt_tape_push(ctx, QT_PROFILE_BN_SCALE_FACTOR, bn_scale_factor_backward, sizeof *sv, sf);
     *sv = (sf_saved){gamma, sf, rv, eps};
   }
   return sf;

@@ -9,16 +9,23 @@ typedef struct {
   qt_backward_fn fn;
   void *saved;
   qt_profile_op kind; /* the op that recorded it: the profile's backward bucket */
+  qt_tensor *out;     /* the op's output: its gradient is dead once this entry has run */
 } qt_tape_entry;
 
 /* The context, here rather than in tensor.c so that the ops read `profile` inline: with
  * profiling off an op pays one load and one branch. */
 struct arena_block;
+struct arena_range;
 struct qt_ctx {
   struct arena_block *blocks; /* current block first */
   size_t capacity;            /* sum of block sizes */
-  size_t used_total;          /* bytes handed out since reset, over all blocks */
+  struct arena_block *small;  /* the same for allocations of at most ARENA_SMALL bytes */
+  size_t small_capacity;
+  size_t used_total;          /* bytes bump-allocated since reset, over all blocks (the arena's extent) */
   size_t peak;
+  struct arena_range *free;   /* ranges handed back by qt_arena_free, by address; emptied by reset */
+  int n_free, cap_free;
+  int backward_frees;         /* qt_ctx_set_backward_frees */
   int grad_enabled;
   qt_tape_entry *tape;
   size_t tape_len, tape_cap;
@@ -26,9 +33,10 @@ struct qt_ctx {
   qt_profile *profile;       /* NULL: not profiling */
 };
 
-/* Appends a backward record of an op of this kind; returns `saved_bytes` of zeroed arena memory
- * for its state. */
-void *qt_tape_push(qt_ctx *ctx, qt_profile_op kind, qt_backward_fn fn, size_t saved_bytes);
+/* Appends a backward record of an op of this kind whose output is `out`; returns `saved_bytes`
+ * of zeroed arena memory for its state. A backward function that hands out->grad to an input
+ * (in place) sets out->grad to NULL: the buffer then belongs to the input. */
+void *qt_tape_push(qt_ctx *ctx, qt_profile_op kind, qt_backward_fn fn, size_t saved_bytes, qt_tensor *out);
 /* Whether an op on these inputs must be recorded (grad mode on and any input requires grad). */
 int qt_tape_recording(const qt_ctx *ctx, const qt_tensor *a, const qt_tensor *b, const qt_tensor *c);
 

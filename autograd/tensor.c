@@ -35,7 +35,17 @@ typedef struct arena_block {
 /* struct qt_ctx: tape.h */
 
 #define ARENA_ALIGN 64
-#define ARENA_MIN_BLOCK ((size_t)8 << 20)
+/* Above glibc's largest mmap threshold (32 MB on 64-bit), so that every block is its own mapping
+ * and goes back to the system when freed (qt_ctx_reset merging a step's blocks, qt_ctx_release).
+ * Smaller blocks come from the heap once a freed mapping has raised the dynamic threshold, and
+ * the heap keeps them: a training step's first blocks then stayed resident beside the merged one.
+ * Pages never touched cost nothing, so a small arena's large block is only address space. */
+#define ARENA_MIN_BLOCK ((size_t)40 << 20)
+/* Tensor headers, tape records, per-channel statistics: bump-allocated from blocks of their own
+ * and never handed back, so that they do not sit between activations and split the ranges
+ * qt_arena_free merges. */
+#define ARENA_SMALL 4096
+#define ARENA_SMALL_MIN_BLOCK ((size_t)256 << 10)
 
 static arena_block *block_new(size_t size) {
   arena_block *b = malloc(sizeof *b);
@@ -57,6 +67,18 @@ static void blocks_free(arena_block *b) {
   }
 }
 
+/* Memory handed back (qt_arena_free): ranges sorted by address, neighbours in one block merged,
+ * and a range that ends at the current block's bump pointer returned to it. Allocations take
+ * the smallest range that fits before bumping. Only the no-grad executor (nn/graph.c, values
+ * after their last consumer) and backward (gradients after their producer's entry, with
+ * qt_ctx_set_backward_frees) hand memory back, a few dozen ranges per step, so a linear
+ * scan is enough. */
+typedef struct arena_range {
+  unsigned char *p;
+  size_t n;
+  arena_block *block;
+} arena_range;
+
 qt_ctx *qt_ctx_create(void) {
   qt_ctx *ctx = calloc(1, sizeof *ctx);
   QT_ASSERT(ctx, "out of memory");
@@ -67,48 +89,83 @@ qt_ctx *qt_ctx_create(void) {
 void qt_ctx_free(qt_ctx *ctx) {
   if (!ctx) return;
   blocks_free(ctx->blocks);
+  blocks_free(ctx->small);
+  free(ctx->free);
   free(ctx->tape);
   free(ctx);
 }
 
-void qt_ctx_reset(qt_ctx *ctx) {
-  /* After a step that needed several blocks, replace them by one block that fits the whole
-   * step, so steady-state steps bump-allocate from a single block. */
-  if (ctx->blocks && ctx->blocks->next) {
-    size_t cap = ctx->capacity;
-    blocks_free(ctx->blocks);
-    ctx->blocks = block_new(cap);
-    ctx->capacity = cap;
-  } else if (ctx->blocks) {
-    ctx->blocks->used = 0;
+/* After a step that needed several blocks, replace them by one block that fits the whole step,
+ * so steady-state steps bump-allocate from a single block. */
+static void chain_rewind(arena_block **blocks, size_t capacity) {
+  if (*blocks && (*blocks)->next) {
+    blocks_free(*blocks);
+    *blocks = block_new(capacity);
+  } else if (*blocks) {
+    (*blocks)->used = 0;
   }
+}
+
+void qt_ctx_reset(qt_ctx *ctx) {
+  chain_rewind(&ctx->blocks, ctx->capacity);
+  chain_rewind(&ctx->small, ctx->small_capacity);
   ctx->used_total = 0;
+  ctx->n_free = 0;
   ctx->tape_len = 0;
 }
 
 void qt_ctx_release(qt_ctx *ctx) {
   blocks_free(ctx->blocks);
-  ctx->blocks = NULL;
-  ctx->capacity = 0;
+  blocks_free(ctx->small);
+  ctx->blocks = ctx->small = NULL;
+  ctx->capacity = ctx->small_capacity = 0;
   ctx->used_total = 0;
+  ctx->n_free = 0;
   ctx->tape_len = 0;
 }
 
 void qt_ctx_set_grad(qt_ctx *ctx, int enabled) { ctx->grad_enabled = enabled; }
 int qt_ctx_grad_enabled(const qt_ctx *ctx) { return ctx->grad_enabled; }
 size_t qt_ctx_peak_bytes(const qt_ctx *ctx) { return ctx->peak; }
+void qt_ctx_set_backward_frees(qt_ctx *ctx, int enabled) { ctx->backward_frees = enabled; }
+
+static size_t arena_round(size_t bytes) {
+  size_t need = (bytes + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+  return need ? need : ARENA_ALIGN;
+}
+
+static void range_remove(qt_ctx *ctx, int i) {
+  memmove(&ctx->free[i], &ctx->free[i + 1], (size_t)(ctx->n_free - i - 1) * sizeof *ctx->free);
+  ctx->n_free--;
+}
 
 void *qt_arena_alloc(qt_ctx *ctx, size_t bytes) {
-  size_t need = (bytes + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
-  if (need == 0) need = ARENA_ALIGN;
-  arena_block *b = ctx->blocks;
+  const size_t need = arena_round(bytes);
+  const int small = need <= ARENA_SMALL;
+  if (!small && ctx->n_free > 0) {
+    int best = -1;
+    for (int i = 0; i < ctx->n_free; i++)
+      if (ctx->free[i].n >= need && (best < 0 || ctx->free[i].n < ctx->free[best].n)) best = i;
+    if (best >= 0) {
+      arena_range *r = &ctx->free[best];
+      void *p = r->p;
+      r->p += need;
+      r->n -= need;
+      if (r->n == 0) range_remove(ctx, best);
+      return p;
+    }
+  }
+  arena_block **blocks = small ? &ctx->small : &ctx->blocks;
+  size_t *capacity = small ? &ctx->small_capacity : &ctx->capacity;
+  const size_t min_block = small ? ARENA_SMALL_MIN_BLOCK : ARENA_MIN_BLOCK;
+  arena_block *b = *blocks;
   if (!b || b->size - b->used < need) {
-    size_t size = ctx->capacity > ARENA_MIN_BLOCK ? ctx->capacity : ARENA_MIN_BLOCK;
+    size_t size = *capacity > min_block ? *capacity : min_block;
     if (size < need) size = need;
     arena_block *nb = block_new(size);
-    nb->next = ctx->blocks;
-    ctx->blocks = nb;
-    ctx->capacity += size;
+    nb->next = *blocks;
+    *blocks = nb;
+    *capacity += size;
     b = nb;
   }
   void *p = b->mem + b->used;
@@ -116,6 +173,62 @@ void *qt_arena_alloc(qt_ctx *ctx, size_t bytes) {
   ctx->used_total += need;
   if (ctx->used_total > ctx->peak) ctx->peak = ctx->used_total;
   return p;
+}
+
+static int chain_holds(const arena_block *b, const unsigned char *c) {
+  for (; b; b = b->next)
+    if (c >= b->mem && c < b->mem + b->used) return 1;
+  return 0;
+}
+
+int qt_arena_owns(const qt_ctx *ctx, const void *p) {
+  return chain_holds(ctx->blocks, p) || chain_holds(ctx->small, p);
+}
+
+void qt_arena_free(qt_ctx *ctx, void *p, size_t bytes) {
+  const size_t n = arena_round(bytes);
+  unsigned char *c = p;
+  if (n <= ARENA_SMALL && chain_holds(ctx->small, c)) return; /* small blocks are only rewound */
+  arena_block *b = ctx->blocks;
+  while (b && !(c >= b->mem && c < b->mem + b->used)) b = b->next;
+  QT_ASSERT(b && c + n <= b->mem + b->used && ((size_t)(c - b->mem) % ARENA_ALIGN) == 0,
+            "arena free of %zu bytes at %p: not memory this arena handed out", bytes, p);
+  int i = 0;
+  while (i < ctx->n_free && ctx->free[i].p < c) i++;
+  QT_ASSERT((i == 0 || ctx->free[i - 1].p + ctx->free[i - 1].n <= c) && (i == ctx->n_free || c + n <= ctx->free[i].p),
+            "arena free of %zu bytes at %p: overlaps memory already handed back", bytes, p);
+  if (i > 0 && ctx->free[i - 1].block == b && ctx->free[i - 1].p + ctx->free[i - 1].n == c) {
+    i--; /* grows the range before it */
+    ctx->free[i].n += n;
+  } else {
+    if (ctx->n_free == ctx->cap_free) {
+      int cap = ctx->cap_free ? 2 * ctx->cap_free : 32;
+      arena_range *f = realloc(ctx->free, (size_t)cap * sizeof *f);
+      QT_ASSERT(f, "out of memory growing the arena's free list to %d ranges", cap);
+      ctx->free = f;
+      ctx->cap_free = cap;
+    }
+    memmove(&ctx->free[i + 1], &ctx->free[i], (size_t)(ctx->n_free - i) * sizeof *ctx->free);
+    ctx->free[i] = (arena_range){c, n, b};
+    ctx->n_free++;
+  }
+  if (i + 1 < ctx->n_free && ctx->free[i + 1].block == b && ctx->free[i].p + ctx->free[i].n == ctx->free[i + 1].p) {
+    ctx->free[i].n += ctx->free[i + 1].n;
+    range_remove(ctx, i + 1);
+  }
+  /* the top of the current block: back to the bump pointer */
+  arena_range *r = &ctx->free[i];
+  if (b == ctx->blocks && r->p + r->n == b->mem + b->used) {
+    b->used -= r->n;
+    ctx->used_total -= r->n;
+    range_remove(ctx, i);
+  }
+}
+
+void qt_tensor_free(qt_ctx *ctx, qt_tensor *t) {
+  qt_arena_free(ctx, t->data, (size_t)qt_tensor_numel(t) * qt_dtype_size(t->dtype));
+  t->data = NULL;
+  t->owns_data = 0;
 }
 
 void *qt_arena_calloc(qt_ctx *ctx, size_t bytes) {
@@ -141,6 +254,7 @@ qt_tensor *qt_tensor_wrap(qt_ctx *ctx, qt_dtype dtype, int ndim, const int64_t *
 qt_tensor *qt_tensor_new(qt_ctx *ctx, qt_dtype dtype, int ndim, const int64_t *shape) {
   qt_tensor *t = qt_tensor_wrap(ctx, dtype, ndim, shape, NULL);
   t->data = qt_arena_alloc(ctx, (size_t)qt_tensor_numel(t) * qt_dtype_size(dtype));
+  t->owns_data = 1;
   return t;
 }
 
@@ -151,7 +265,7 @@ float *qt_tensor_grad(qt_ctx *ctx, qt_tensor *t) {
 }
 
 /* ---- tape ------------------------------------------------------------------------------- */
-void *qt_tape_push(qt_ctx *ctx, qt_profile_op kind, qt_backward_fn fn, size_t saved_bytes) {
+void *qt_tape_push(qt_ctx *ctx, qt_profile_op kind, qt_backward_fn fn, size_t saved_bytes, qt_tensor *out) {
   if (ctx->tape_len == ctx->tape_cap) {
     size_t cap = ctx->tape_cap ? ctx->tape_cap * 2 : 64;
     qt_tape_entry *t = realloc(ctx->tape, cap * sizeof *t);
@@ -163,6 +277,7 @@ void *qt_tape_push(qt_ctx *ctx, qt_profile_op kind, qt_backward_fn fn, size_t sa
   ctx->tape[ctx->tape_len].fn = fn;
   ctx->tape[ctx->tape_len].saved = saved;
   ctx->tape[ctx->tape_len].kind = kind;
+  ctx->tape[ctx->tape_len].out = out;
   ctx->tape_len++;
   return saved;
 }
@@ -183,18 +298,28 @@ void qt_backward_seeded(qt_ctx *ctx, qt_tensor *loss, float seed) {
   QT_ASSERT(loss->requires_grad, "backward from a loss that does not require grad");
   qt_tensor_grad(ctx, loss)[0] = seed;
   qt_profile *p = ctx->profile;
-  if (!p) {
-    for (size_t i = ctx->tape_len; i-- > 0;) ctx->tape[i].fn(ctx, ctx->tape[i].saved);
-  } else {
+  for (size_t i = ctx->tape_len; i-- > 0;) {
+    const qt_profile_op kind = ctx->tape[i].kind;
     /* Tape entries run one after another and call kernels, never ops (begin's check would
      * abort), so each entry's time is its own. */
-    for (size_t i = ctx->tape_len; i-- > 0;) {
-      const qt_profile_op kind = ctx->tape[i].kind;
-      const double t0 = qt_profile_begin(ctx, kind);
-      ctx->tape[i].fn(ctx, ctx->tape[i].saved);
+    const double t0 = p ? qt_profile_begin(ctx, kind) : 0;
+    ctx->tape[i].fn(ctx, ctx->tape[i].saved);
+    if (p) {
       p->active = 0;
       p->backward[kind].seconds += qt_now_seconds() - t0;
       p->backward[kind].calls++;
+    }
+    /* Its consumers' entries ran before this one, which has now passed the output's gradient
+     * to the inputs: nothing reads the output or its gradient again, and the next gradients
+     * may take their memory. A view or in-place output (wrapped) leaves the buffer to its
+     * owner. */
+    qt_tensor *out = ctx->tape[i].out;
+    if (ctx->backward_frees && out) {
+      if (out->grad && qt_arena_owns(ctx, out->grad)) {
+        qt_arena_free(ctx, out->grad, (size_t)qt_tensor_numel(out) * sizeof(float));
+        out->grad = NULL;
+      }
+      if (out->owns_data && out->data) qt_tensor_free(ctx, out);
     }
   }
   ctx->tape_len = 0;

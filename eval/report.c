@@ -175,6 +175,7 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
   qt_loader *l = NULL;
   qt_ctx *ctx = NULL;
   float *out = NULL, *eo = NULL;
+  unsigned char *keep_f = NULL, *keep_q = NULL;
   qt_exact *exact = qt_exact_open(qdq, err);
   if (!exact) goto done;
   qt_device_agreement_init(&r->float_vs_exact, r->output_scale);
@@ -192,6 +193,20 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
     goto done;
   l = qt_loader_create(ds, &cfg, err);
   if (!l) goto done;
+  /* The values the points compare are kept; the graphs' others are reused after their last
+   * consumer. overwritten() reads the outputs of a kept fp32 value's in-place consumers. */
+  keep_f = fp32 ? calloc((size_t)fp32->n_values, 1) : NULL;
+  keep_q = calloc((size_t)qdq->n_values, 1);
+  QT_ASSERT((!fp32 || keep_f) && keep_q, "out of memory");
+  for (int k = 0; k < n_plans; k++) {
+    keep_q[plans[k].qdq_value] = 1;
+    if (plans[k].fp32_value >= 0) keep_f[plans[k].fp32_value] = 1;
+  }
+  for (int i = 0; fp32 && i < fp32->n_nodes; i++) {
+    const qt_node *nd = &fp32->nodes[i];
+    if ((nd->op == QT_OP_RELU || nd->op == QT_OP_RELU6 || nd->op == QT_OP_BATCH_NORM) && keep_f[nd->inputs[0]])
+      keep_f[nd->output] = 1;
+  }
   out = malloc((size_t)cfg.batch_size * (size_t)classes * sizeof(float));
   eo = malloc((size_t)cfg.batch_size * (size_t)classes * sizeof(float));
   QT_ASSERT(out && eo, "out of memory for a batch of %d", cfg.batch_size);
@@ -208,11 +223,12 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
     const int64_t shape[4] = {n, h, w, c};
     qt_tensor **fv = NULL, **qv = NULL;
     qt_tensor *fy = NULL;
-    if (fp32 && !(fy = qt_graph_forward_values(fp32, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &fv))) {
+    if (fp32 &&
+        !(fy = qt_graph_forward_keep(fp32, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &fv, NULL, keep_f))) {
       snprintf(err, QT_ERR_LEN, "report: fp32 model: %s", fp32->error);
       goto done;
     }
-    qt_tensor *qy = qt_graph_forward_values(qdq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &qv);
+    qt_tensor *qy = qt_graph_forward_keep(qdq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &qv, NULL, keep_q);
     if (!qy) {
       snprintf(err, QT_ERR_LEN, "report: Q/DQ graph: %s", qdq->error);
       goto done;
@@ -271,7 +287,7 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
       qt_ctx_reset(ctx);
       const int64_t shape[4] = {n, h, w, c};
       qt_tensor **qv = NULL;
-      if (!qt_graph_forward_values(qdq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &qv)) {
+      if (!qt_graph_forward_keep(qdq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &qv, NULL, keep_q)) {
         snprintf(err, QT_ERR_LEN, "report: Q/DQ graph: %s", qdq->error);
         free(po);
         goto done;
@@ -297,6 +313,8 @@ done:
   free(plans);
   free(eo);
   free(out);
+  free(keep_f);
+  free(keep_q);
   qt_ctx_free(ctx);
   qt_loader_free(l);
   return rc;

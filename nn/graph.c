@@ -607,6 +607,15 @@ static qt_tensor *conv_bn_bias_rounding(qt_graph *g, qt_ctx *ctx, int node, char
   return d;
 }
 
+/* Without grad nothing is recorded: a temporary a node made (a fake-quantized or dequantized
+ * weight, conv_bn's intermediate activations) is dead once the op that read it has run, and its
+ * memory goes back to the arena, unless it is `keep` or lies in keep's memory (a weight that
+ * is the parameter itself, an op that returned its input). Grad mode keeps everything. */
+static void drop_unless(qt_ctx *ctx, qt_tensor *dead, const qt_tensor *keep) {
+  if (dead && dead != keep && !(keep && dead->data == keep->data) && !qt_ctx_grad_enabled(ctx))
+    qt_tensor_free(ctx, dead);
+}
+
 qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_tensor *x, qt_tensor *x2, int inplace) {
   switch (op) {
     case QT_OP_RELU:
@@ -635,17 +644,16 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
   qt_tensor *x = n->n_inputs > 0 ? inputs[0] : NULL, *w = NULL, *b = NULL;
   switch (n->op) {
     case QT_OP_CONV2D:
-      if (!(w = effective_weight(g, ctx, n, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), err))) return NULL;
-      if (!(b = effective_bias(g, ctx, node, param_tensor(g, ctx, n->param[QT_P_BIAS]), err)) &&
-          n->param[QT_P_BIAS] >= 0)
-        return NULL;
-      return qt_conv2d(ctx, x, w, b, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
-    case QT_OP_LINEAR:
-      if (!(w = effective_weight(g, ctx, n, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), err))) return NULL;
-      if (!(b = effective_bias(g, ctx, node, param_tensor(g, ctx, n->param[QT_P_BIAS]), err)) &&
-          n->param[QT_P_BIAS] >= 0)
-        return NULL;
-      return qt_linear(ctx, x, w, b);
+    case QT_OP_LINEAR: {
+      qt_tensor *wp = param_tensor(g, ctx, n->param[QT_P_WEIGHT]), *bp = param_tensor(g, ctx, n->param[QT_P_BIAS]);
+      if (!(w = effective_weight(g, ctx, n, wp, err))) return NULL;
+      if (!(b = effective_bias(g, ctx, node, bp, err)) && bp) return NULL;
+      qt_tensor *y = n->op == QT_OP_CONV2D ? qt_conv2d(ctx, x, w, b, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups)
+                                           : qt_linear(ctx, x, w, b);
+      drop_unless(ctx, b, bp);
+      drop_unless(ctx, w, wp);
+      return y;
+    }
     case QT_OP_BATCH_NORM:
       return qt_batch_norm(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
                            g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
@@ -660,16 +668,105 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
   }
 }
 
+/* ---- the executor and its no-grad memory planner ----------------------------------------
+ *
+ * With ctx's grad mode off nothing is recorded, so a value is dead once the last node reading
+ * it has run (nodes run in order). The planner hands its memory back to the arena
+ * (qt_arena_free), whose later allocations take the smallest freed range that fits: a forward
+ * then spans about the largest set of values alive at once instead of the sum of all of them
+ * (FashionCNN at batch 256: tests/nn/test_forward_memory.c). Memory is tracked per buffer,
+ * not per value: in-place relu/relu6/batch_norm, flatten views and a disabled fake quant return
+ * a tensor over their input's buffer, so a buffer (its first value, the root) goes back once
+ * every value over it is dead. Never handed back: the graph input (the caller's), forced values
+ * (another arena's), the output and the values the caller keeps. Whether an op runs in place
+ * is decided as without the planner (relu_inplace_ok: the input's only consumer), so the
+ * planner changes where values live, never what is computed. Temporaries inside a node (a
+ * fake-quantized weight, conv_bn's intermediate activations) go back as soon as the node has
+ * used them (drop_unless). With grad on, every value is kept: backward reads them. */
+typedef struct {
+  int *last;          /* per value: the last node reading it (its producer when none does) */
+  int *root;          /* per value: the value whose buffer it lives in, -1 when not ours */
+  int *refs;          /* per root: live values over its buffer */
+  qt_tensor **owner;  /* per root: the tensor its buffer was made for (size and pointer) */
+  const unsigned char *keep;
+} forward_plan;
+
+static void plan_init(forward_plan *p, const qt_graph *g, qt_ctx *ctx, const unsigned char *keep) {
+  p->last = qt_arena_alloc(ctx, (size_t)g->n_values * sizeof *p->last);
+  p->root = qt_arena_alloc(ctx, (size_t)g->n_values * sizeof *p->root);
+  p->refs = qt_arena_calloc(ctx, (size_t)g->n_values * sizeof *p->refs);
+  p->owner = qt_arena_calloc(ctx, (size_t)g->n_values * sizeof *p->owner);
+  p->keep = keep;
+  for (int v = 0; v < g->n_values; v++) {
+    p->last[v] = g->values[v].producer;
+    p->root[v] = -1;
+  }
+  for (int i = 0; i < g->n_nodes; i++)
+    for (int k = 0; k < g->nodes[i].n_inputs; k++)
+      if (p->last[g->nodes[i].inputs[k]] < i) p->last[g->nodes[i].inputs[k]] = i;
+}
+
+/* Value v is now vals[v], computed by node `node` (y its tensor, which vals[v] is unless v was
+ * forced): note which buffer it lives in; a computed tensor that was replaced by a forced one
+ * is dead at once. */
+static void plan_produced(forward_plan *p, const qt_graph *g, qt_ctx *ctx, int node, int v, qt_tensor *y,
+                          qt_tensor **vals) {
+  const qt_node *n = &g->nodes[node];
+  int alias = -2; /* -2: a buffer of its own */
+  for (int k = 0; k < n->n_inputs && alias == -2; k++)
+    if (vals[n->inputs[k]] && y->data == vals[n->inputs[k]]->data) alias = p->root[n->inputs[k]];
+  const int own = alias == -2 && y->data && qt_arena_owns(ctx, y->data);
+  if (vals[v] != y) { /* forced */
+    if (own) qt_tensor_free(ctx, y);
+    return;
+  }
+  p->root[v] = alias != -2 ? alias : own ? v : -1;
+  if (own) p->owner[v] = y;
+  if (p->root[v] >= 0) p->refs[p->root[v]]++;
+}
+
+static void plan_dead(forward_plan *p, const qt_graph *g, qt_ctx *ctx, int v, qt_tensor **vals) {
+  if (v == g->output || (p->keep && p->keep[v])) return;
+  vals[v] = NULL;
+  const int r = p->root[v];
+  if (r >= 0 && --p->refs[r] == 0) qt_tensor_free(ctx, p->owner[r]);
+}
+
+/* After node `node`: its inputs it was the last to read, and its output if nothing reads it. */
+static void plan_after(forward_plan *p, const qt_graph *g, qt_ctx *ctx, int node, qt_tensor **vals) {
+  const qt_node *n = &g->nodes[node];
+  for (int k = 0; k < n->n_inputs; k++) {
+    const int u = n->inputs[k];
+    int seen = 0; /* add(x, x) reads x twice: dead once */
+    for (int j = 0; j < k; j++) seen |= n->inputs[j] == u;
+    if (!seen && p->last[u] == node && u != g->input) plan_dead(p, g, ctx, u, vals);
+  }
+  if (p->last[n->output] == node) plan_dead(p, g, ctx, n->output, vals);
+}
+
+static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values,
+                                qt_tensor *const *force, int keep_all, const unsigned char *keep);
+
 qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input) {
-  return qt_graph_forward_values(g, ctx, input, NULL);
+  return graph_forward(g, ctx, input, NULL, NULL, 0, NULL);
 }
 
 qt_tensor *qt_graph_forward_values(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values) {
-  return qt_graph_forward_forced(g, ctx, input, values, NULL);
+  return graph_forward(g, ctx, input, values, NULL, 1, NULL);
 }
 
 qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values,
                                    qt_tensor *const *force) {
+  return graph_forward(g, ctx, input, values, force, 1, NULL);
+}
+
+qt_tensor *qt_graph_forward_keep(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values,
+                                 qt_tensor *const *force, const unsigned char *keep) {
+  return graph_forward(g, ctx, input, values, force, 0, keep);
+}
+
+static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values,
+                                qt_tensor *const *force, int keep_all, const unsigned char *keep) {
   QT_ASSERT(g->finalized, "forward of graph %s before finalize", g->name);
   qt_value *in = &g->values[g->input];
   if (!(input->ndim == 4 && input->shape[1] == in->shape[0] && input->shape[2] == in->shape[1] &&
@@ -683,6 +780,10 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
   qt_tensor **vals = qt_arena_calloc(ctx, (size_t)g->n_values * sizeof *vals);
   if (values) *values = vals;
   vals[g->input] = input;
+  forward_plan plan;
+  memset(&plan, 0, sizeof plan);
+  const int planned = !keep_all && !qt_ctx_grad_enabled(ctx);
+  if (planned) plan_init(&plan, g, ctx, keep);
   for (int i = 0; i < g->n_nodes; i++) {
     qt_node *n = &g->nodes[i];
     qt_tensor *x = n->n_inputs > 0 ? vals[n->inputs[0]] : NULL;
@@ -696,20 +797,34 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
         qt_tensor *gamma = param_tensor(g, ctx, n->param[QT_P_BN_GAMMA]);
         const float *rv = g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset;
         qt_tensor *sf = qt_bn_scale_factor(ctx, gamma, rv, a->eps);
-        qt_tensor *ws = qt_channel_scale(ctx, param_tensor(g, ctx, n->param[QT_P_WEIGHT]), sf, 1, 0);
+        qt_tensor *wp = param_tensor(g, ctx, n->param[QT_P_WEIGHT]);
+        qt_tensor *ws = qt_channel_scale(ctx, wp, sf, 1, 0);
         qt_tensor *w = effective_weight(g, ctx, n, ws, g->error);
         if (!w) return NULL;
-        y = qt_conv2d(ctx, x, w, NULL, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
-        y = qt_channel_scale(ctx, y, sf, 0, 1);
-        if (n->param[QT_P_BIAS] >= 0) y = qt_channel_add(ctx, y, param_tensor(g, ctx, n->param[QT_P_BIAS]));
-        y = qt_batch_norm(ctx, y, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
+        qt_tensor *t = qt_conv2d(ctx, x, w, NULL, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
+        drop_unless(ctx, w, ws);
+        drop_unless(ctx, ws, wp);
+        y = qt_channel_scale(ctx, t, sf, 0, 1);
+        drop_unless(ctx, t, y);
+        if (n->param[QT_P_BIAS] >= 0) {
+          t = y;
+          y = qt_channel_add(ctx, t, param_tensor(g, ctx, n->param[QT_P_BIAS]));
+          drop_unless(ctx, t, y);
+        }
+        t = y;
+        y = qt_batch_norm(ctx, t, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
                           g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
                           g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training && !n->bn_frozen,
                           a->momentum, a->eps, 0);
+        drop_unless(ctx, t, y);
         int failed;
         qt_tensor *round = conv_bn_bias_rounding(g, ctx, i, g->error, &failed);
         if (failed) return NULL;
-        if (round) y = qt_channel_add(ctx, y, round);
+        if (round) {
+          t = y;
+          y = qt_channel_add(ctx, t, round);
+          drop_unless(ctx, t, y);
+        }
         break;
       }
       case QT_OP_CONV2D:
@@ -779,6 +894,10 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
     }
     QT_ASSERT(y, "graph %s: node %s has op %d with no executor", g->name, n->name, (int)n->op);
     vals[n->output] = force && force[n->output] ? force[n->output] : y;
+    if (planned) {
+      plan_produced(&plan, g, ctx, i, n->output, y, vals);
+      plan_after(&plan, g, ctx, i, vals);
+    }
   }
   return vals[g->output];
 }

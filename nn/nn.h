@@ -294,7 +294,8 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
  * which it does not compute). */
 qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const *inputs, int inplace, char *err);
 /* Runs the graph on input (N, H, W, C). With ctx's grad mode on, records the tape; parameter
- * gradients accumulate into g->grads. Returns the output tensor (arena), or NULL with the
+ * gradients accumulate into g->grads. With it off, a value's memory is reused once its last
+ * consumer has run (qt_graph_forward_keep). Returns the output tensor (arena), or NULL with the
  * reason in g->error (e.g. an observer saw NaN: the message names the node). */
 qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input);
 /* Like qt_graph_forward, also filling values[v] (arena tensors, n_values entries) for every
@@ -305,6 +306,14 @@ qt_tensor *qt_graph_forward_values(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
  * graphs from identical inputs). */
 qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values,
                                    qt_tensor *const *force);
+/* Like qt_graph_forward_forced (force may be NULL), keeping only the output and the values v with
+ * keep[v] != 0 (n_values flags; NULL: none). With ctx's grad mode off, every other value's
+ * memory goes back to the arena after its last consumer (the no-grad memory planner, graph.c)
+ * and values[v] is NULL for it on return; with grad on, every value is kept. In-place ops run
+ * as in qt_graph_forward_values: a kept value whose only consumer is an in-place relu or
+ * batch norm holds that consumer's output. */
+qt_tensor *qt_graph_forward_keep(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values,
+                                 qt_tensor *const *force, const unsigned char *keep);
 
 /* Low-level builder pieces for graph passes (prepare, convert): append a node with the given
  * op, inputs and attributes whose output has the given per-sample shape. Returns the node id. */
@@ -315,8 +324,9 @@ int qt_graph_add_node(qt_graph *g, qt_op op, const char *name, const int *inputs
 int qt_graph_share_weight(qt_graph *g, int node, int from_node);
 /* Adds a parameter (or buffer) tensor owned by node `node`, named "<node>.<suffix>". */
 int qt_graph_add_tensor(qt_graph *g, int node, const char *suffix, int ndim, const int64_t *shape, int is_buffer);
-/* Whether a forward of g over a batch fits this machine: the executors keep every value of a
- * batch, so the bytes are batch x (the sum of every value's elements) x 4, compared with the
+/* Whether a forward of g over a batch fits this machine: qt_graph_forward_values keeps every
+ * value of a batch (the no-grad planner needs less; this stays the bound), so the bytes are
+ * batch x (the sum of every value's elements) x 4, compared with the
  * physical memory (or the address-space limit when lower). -1 with err naming the bytes, the
  * largest value and the memory; a file can describe a valid graph far too big to run (a 1x1
  * conv with pad 8000), and this is its message instead of an abort in an allocator. */

@@ -217,7 +217,15 @@ static int check_numbers(qt_graph *t, qt_graph *c, const float *batch, int n, qt
   qt_ctx_set_grad(cc, 0);
   qt_tensor **vt, **vc;
   int rc = 0;
-  qt_tensor *yt = qt_graph_forward_values(t, ct, qt_tensor_wrap(ct, QT_F32, 4, shape, (void *)batch), &vt);
+  /* Only what is compared below is kept: each fake quant's input and output, each quantize's
+   * input and output; the graphs' other values are reused after their last consumer. */
+  unsigned char *keep_t = calloc((size_t)t->n_values, 1), *keep_c = calloc((size_t)c->n_values, 1);
+  QT_ASSERT(keep_t && keep_c, "out of memory");
+  for (int i = 0; i < t->n_nodes; i++)
+    if (t->nodes[i].op == QT_OP_FAKE_QUANT) keep_t[t->nodes[i].inputs[0]] = keep_t[t->nodes[i].output] = 1;
+  for (int i = 0; i < c->n_nodes; i++)
+    if (c->nodes[i].op == QT_OP_QUANTIZE) keep_c[c->nodes[i].inputs[0]] = keep_c[c->nodes[i].output] = 1;
+  qt_tensor *yt = qt_graph_forward_keep(t, ct, qt_tensor_wrap(ct, QT_F32, 4, shape, (void *)batch), &vt, NULL, keep_t);
   qt_tensor *yc = NULL;
   qt_tensor **force = calloc((size_t)c->n_values, sizeof *force);
   QT_ASSERT(force, "out of memory");
@@ -235,9 +243,11 @@ static int check_numbers(qt_graph *t, qt_graph *c, const float *batch, int n, qt
       }
       force[c->nodes[di].output] = vt[fq->output];
     }
-    yc = qt_graph_forward_forced(c, cc, qt_tensor_wrap(cc, QT_F32, 4, shape, (void *)batch), &vc, force);
+    yc = qt_graph_forward_keep(c, cc, qt_tensor_wrap(cc, QT_F32, 4, shape, (void *)batch), &vc, force, keep_c);
   }
   free(force);
+  free(keep_t);
+  free(keep_c);
   if (!yt || !yc) {
     snprintf(err, QT_ERR_LEN, "check: running the %s graph: %s", !yt ? "training" : "convert",
              !yt ? t->error : c->error);

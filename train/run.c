@@ -412,6 +412,11 @@ static int run_finish_quant(run *r, qt_status *st) {
       return qt_status_fail(st, QT_STATUS_RUNTIME);
   }
   qt_ctx_release(r->ctx); /* the training step's memory is not needed by convert and the check */
+  /* nor the training set and the optimizer's state: convert, the check and deploy read the test
+   * set, so the peak of those stages does not hold the training images */
+  qt_trainer_free(r->trainer);
+  r->trainer = NULL;
+  qt_dataset_free(&r->train);
   if (qt_stage_convert(o, r->tg, &r->test, r->ctx, o->output.dir, &r->q, r->verbose, st)) return -1;
   qt_ctx_release(r->ctx);
   return qt_stage_deploy(o, r->g, &r->test, o->output.dir, &r->q, r->verbose, st);

@@ -315,7 +315,11 @@ int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out,
   qt_graph_set_mode(t->g, QT_MODE_TRAIN);
   const qt_batch_sync *was = qt_ctx_batch_sync(ctx);
   if (t->size > 1) qt_ctx_set_batch_sync(ctx, qt_dist_batch_sync());
+  /* a step reads no gradient but the parameters' after backward: intermediate ones go back to
+   * the arena as soon as they are used, so the step spans less memory (autograd.h) */
+  qt_ctx_set_backward_frees(ctx, 1);
   int rc = epoch_steps(t, ctx, epoch, out, st);
+  qt_ctx_set_backward_frees(ctx, 0);
   qt_ctx_set_batch_sync(ctx, was);
   if (!rc && t->size > 1) rc = check_replicas(t, epoch + 1, st);
   return rc;

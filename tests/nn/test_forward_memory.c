@@ -1,0 +1,168 @@
+/* Memory reuse in the arena: qt_arena_free's ranges are reused (smallest fit, neighbours merged,
+ * the block's top returned to the bump pointer); the no-grad planner (qt_graph_forward) keeps
+ * FashionCNN's forward at batch 256 well below the sum of its values and below the executor
+ * that keeps every value, with bit-identical outputs there and on ResCNN (residual adds,
+ * in-place BN and ReLU) and the imported MobileNet-style model (depthwise convs, ReLU6); and
+ * backward with qt_ctx_set_backward_frees gives bit-identical parameter gradients in less
+ * memory. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/nn.h"
+#include "onnx/onnx_import.h"
+#include "tests/common/testutil.h"
+
+static void arena_reuse(void) {
+  qt_ctx *ctx = qt_ctx_create();
+  /* sizes round up to 64 bytes: 10048, 50048, 5056 */
+  unsigned char *a = qt_arena_alloc(ctx, 10000), *b = qt_arena_alloc(ctx, 50000), *c = qt_arena_alloc(ctx, 5000);
+  QT_CHECK(b == a + 10048 && c == b + 50048 && qt_ctx_peak_bytes(ctx) == 65152);
+  qt_arena_free(ctx, a, 10000);
+  qt_arena_free(ctx, b, 50000); /* merges with a's range: 60096 bytes */
+  QT_CHECK(qt_arena_alloc(ctx, 60000) == a);
+  qt_arena_free(ctx, a, 60000);
+  QT_CHECK(qt_arena_alloc(ctx, 5000) == a); /* the smallest range that fits, from its start */
+  /* c merges with the range below it, which then ends at the top: all of it goes back to the
+   * bump pointer, which now stands after the 5056 bytes still in use */
+  qt_arena_free(ctx, c, 5000);
+  unsigned char *d = qt_arena_alloc(ctx, 100000);
+  QT_CHECK(d == a + 5056 && qt_ctx_peak_bytes(ctx) == 5056 + 100032);
+  /* small allocations (headers) come from blocks of their own: the next large one follows d */
+  unsigned char *e = qt_arena_alloc(ctx, 100), *f = qt_arena_alloc(ctx, 5000);
+  QT_CHECK(f == d + 100032 && (e < a || e >= f + 5056));
+  QT_CHECK(qt_ctx_peak_bytes(ctx) == 5056 + 100032 + 128 + 5056);
+  QT_CHECK(qt_arena_owns(ctx, d) && qt_arena_owns(ctx, e) && !qt_arena_owns(ctx, &d));
+  qt_ctx_reset(ctx);
+  QT_CHECK(qt_arena_alloc(ctx, 5000) == a); /* reset forgets the ranges and rewinds */
+  qt_ctx_free(ctx);
+}
+
+static qt_graph *model(const char *name) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_model_build(name, err);
+  QT_ASSERT(g, "%s", err);
+  qt_graph_init_params(g, 11);
+  for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.5f + 0.25f * (float)(i % 5); /* running stats */
+  qt_graph_set_training(g, 0);
+  return g;
+}
+
+/* The output of g on x (N images) in a fresh no-grad arena: every value kept (keep_all) or the
+ * planner; the arena's peak in *peak. */
+static float *forward(qt_graph *g, const float *x, int N, int keep_all, size_t *peak) {
+  const qt_value *in = &g->values[g->input];
+  const int64_t shape[4] = {N, in->shape[0], in->shape[1], in->shape[2]};
+  qt_ctx *ctx = qt_ctx_create();
+  qt_ctx_set_grad(ctx, 0);
+  qt_tensor **vals;
+  qt_tensor *input = qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x);
+  qt_tensor *y = keep_all ? qt_graph_forward_values(g, ctx, input, &vals) : qt_graph_forward(g, ctx, input);
+  QT_ASSERT(y, "%s: %s", g->name, g->error);
+  float *out = qt_test_copy_f32(qt_f32(y), qt_tensor_numel(y));
+  *peak = qt_ctx_peak_bytes(ctx);
+  qt_ctx_free(ctx);
+  return out;
+}
+
+static void same_output(qt_graph *g, int N, size_t *peak_all, size_t *peak_planned) {
+  const qt_value *in = &g->values[g->input];
+  const int64_t n_in = N * qt_value_numel(in), n_out = N * qt_value_numel(&g->values[g->output]);
+  float *x = malloc((size_t)n_in * sizeof(float));
+  qt_test_fill_uniform(x, n_in, -2.0f, 2.0f, 5);
+  float *a = forward(g, x, N, 1, peak_all), *b = forward(g, x, N, 0, peak_planned);
+  if (memcmp(a, b, (size_t)n_out * sizeof(float)) != 0) {
+    int64_t k = 0;
+    while (memcmp(&a[k], &b[k], sizeof(float)) == 0) k++;
+    qt_test_fail("%s at batch %d: the planned forward differs from the one keeping every value (first at %lld: %.9g "
+                 "vs %.9g)", g->name, N, (long long)k, b[k], a[k]);
+  }
+  free(a), free(b), free(x);
+}
+
+/* FashionCNN at batch 256: its values (conv1, bn1, relu1 28x28x32; pool1 14x14x32; conv2, bn2,
+ * relu2 14x14x64; pool2 = flatten 3136; 128, 128, 10) sum to 125,706 floats per image, 122.8 MiB.
+ * Keeping every value spans 46.9 MiB (in-place BN and ReLU and the flatten view share memory);
+ * the planner 31.6 MiB: conv1's output and pool1's at once, and pool1's 1 MiB of index scratch
+ * (25.7% of the sum). Without reuse it would span at least what keeping every value does. */
+static void fashion_cnn(void) {
+  qt_graph *g = model("fashion_cnn");
+  enum { N = 256 };
+  double sum = 0;
+  for (int v = 0; v < g->n_values; v++)
+    if (v != g->input) sum += (double)N * (double)qt_value_numel(&g->values[v]) * sizeof(float);
+  size_t all, planned;
+  same_output(g, N, &all, &planned);
+  if ((double)planned > 0.27 * sum || (double)planned > 0.75 * (double)all)
+    qt_test_fail("fashion_cnn at batch %d: the planned forward spans %.1f MiB, want <= 27%% of the values' %.1f MiB "
+                 "and <= 75%% of the %.1f MiB that keeping every value spans",
+                 N, planned / 1048576.0, sum / 1048576.0, all / 1048576.0);
+  if (getenv("QT_TEST_VERBOSE"))
+    fprintf(stderr, "fashion_cnn batch %d: values %.1f MiB, all kept %.1f MiB, planned %.1f MiB\n", N,
+            sum / 1048576.0, all / 1048576.0, planned / 1048576.0);
+  qt_graph_free(g);
+}
+
+static void res_cnn_and_mobilenet(void) {
+  size_t all, planned;
+  qt_graph *g = model("res_cnn");
+  same_output(g, 64, &all, &planned);
+  if (planned >= all) qt_test_fail("res_cnn: planned %zu bytes, all kept %zu", planned, all);
+  qt_graph_free(g);
+  char err[QT_ERR_LEN];
+  g = qt_onnx_import(qt_test_path("tests/onnx/models/mobilenet.onnx"), NULL, NULL, err);
+  if (!g) {
+    qt_test_fail("mobilenet: %s", err);
+    return;
+  }
+  qt_graph_set_training(g, 0);
+  same_output(g, 32, &all, &planned);
+  if (planned >= all) qt_test_fail("mobilenet: planned %zu bytes, all kept %zu", planned, all);
+  qt_graph_free(g);
+}
+
+/* One training step's parameter gradients (and the arena's peak) on ResCNN, with or without
+ * backward handing gradients back. */
+static float *step_grads(qt_graph *g, const float *x, const int32_t *labels, int N, int frees, size_t *peak) {
+  const int64_t shape[4] = {N, 28, 28, 1};
+  float *saved = qt_test_copy_f32(g->buffers, g->n_buffers);
+  qt_ctx *ctx = qt_ctx_create();
+  qt_ctx_set_backward_frees(ctx, frees);
+  qt_graph_set_training(g, 1);
+  qt_tensor *loss = qt_cross_entropy(ctx, qt_graph_forward(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x)),
+                                     labels, NULL);
+  qt_graph_zero_grad(g);
+  qt_backward(ctx, loss);
+  *peak = qt_ctx_peak_bytes(ctx);
+  qt_ctx_free(ctx);
+  memcpy(g->buffers, saved, (size_t)g->n_buffers * sizeof(float));
+  free(saved);
+  return qt_test_copy_f32(g->grads, g->n_params);
+}
+
+static void backward_frees(void) {
+  qt_graph *g = model("res_cnn");
+  enum { N = 32 };
+  float *x = malloc(N * 784 * sizeof(float));
+  qt_test_fill_uniform(x, N * 784, -2.0f, 2.0f, 9);
+  int32_t labels[N];
+  for (int i = 0; i < N; i++) labels[i] = (i * 7) % 10;
+  size_t kept, freed;
+  float *a = step_grads(g, x, labels, N, 0, &kept), *b = step_grads(g, x, labels, N, 1, &freed);
+  if (memcmp(a, b, (size_t)g->n_params * sizeof(float)) != 0)
+    qt_test_fail("res_cnn: parameter gradients differ when backward hands gradients back");
+  if (freed >= kept) qt_test_fail("res_cnn step: %zu bytes with gradients handed back, %zu without", freed, kept);
+  if (getenv("QT_TEST_VERBOSE"))
+    fprintf(stderr, "res_cnn step batch %d: %.1f MiB, %.1f MiB with backward frees\n", N, kept / 1048576.0,
+            freed / 1048576.0);
+  free(a), free(b), free(x);
+  qt_graph_free(g);
+}
+
+int main(void) {
+  arena_reuse();
+  fashion_cnn();
+  res_cnn_and_mobilenet();
+  backward_frees();
+  return qt_test_finish();
+}
