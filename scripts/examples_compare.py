@@ -10,7 +10,7 @@ e.g. --ignore 'input_preprocessing' --ignore 'quantizer.txt line0')."""
 import json, os, re, sys
 import h5py, numpy as np
 
-VOLATILE = {"images_per_s", "epoch_seconds", "peak_rss_mb", "seconds", "threads",
+VOLATILE = {"images_per_s", "epoch_seconds", "peak_rss_mb", "arena_peak_mb", "seconds", "threads",
             "fp32_images_per_s", "int8_images_per_s", "int8_vs_fp32", "speedup", "wall_seconds"}
 
 def flat(prefix, v, out):
