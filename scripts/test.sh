@@ -1,7 +1,7 @@
 #!/bin/bash
-# Sets up (scripts/setup.sh) and runs the whole test suite (about 9 minutes on two idle cores,
+# Sets up (scripts/setup.sh) and runs the whole test suite (about 7 minutes on two idle cores,
 # 2.5 of them the quick experiment grid, half a minute the quick backends table; the whole of
-# .ci/run, with its three builds, the sanitizer pass and the fuzz smoke run: 18.4 minutes).
+# .ci/run, with its three builds, the sanitizer pass and the fuzz smoke run: 16 minutes).
 # Extra arguments go to scripts/setup.sh's cmake (CI passes -DQT_WERROR=ON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
