@@ -110,12 +110,48 @@ static void sum_round(void *buf, int64_t n, int is_double) {
   free(counts);
 }
 
+static int64_t n_small_sums;
+
+/* A small sum: every process gathers every copy and adds them in rank order in double, rounding
+ * once, exactly as sum_round adds a segment's copies: the same bits on every process. */
+static void sum_small(void *buf, int64_t n, int is_double) {
+  const int R = world_size;
+  const size_t esize = is_double ? sizeof(double) : sizeof(float);
+  const MPI_Datatype type = is_double ? MPI_DOUBLE : MPI_FLOAT;
+  char *all = malloc((size_t)R * (size_t)n * esize);
+  QT_ASSERT(all, "dist: out of memory for a reduction of %lld elements", (long long)n);
+  MPI_Allgather(buf, (int)n, type, all, (int)n, type, MPI_COMM_WORLD);
+  for (int64_t i = 0; i < n; i++) {
+    double s = 0;
+    if (is_double)
+      for (int k = 0; k < R; k++) s += ((const double *)all)[(size_t)k * (size_t)n + (size_t)i];
+    else
+      for (int k = 0; k < R; k++) s += (double)((const float *)all)[(size_t)k * (size_t)n + (size_t)i];
+    if (is_double) ((double *)buf)[i] = s;
+    else ((float *)buf)[i] = (float)s;
+  }
+  free(all);
+  n_small_sums++;
+}
+
 static void sum_any(void *buf, int64_t n, int is_double) {
   const size_t esize = is_double ? sizeof(double) : sizeof(float);
+  if ((size_t)n * esize * (size_t)world_size <= QT_DIST_SMALL_SUM_BYTES) {
+    sum_small(buf, n, is_double);
+    return;
+  }
   for (int64_t at = 0; at < n; at += ROUND_ELEMS)
     sum_round((char *)buf + (size_t)at * esize, n - at < ROUND_ELEMS ? n - at : ROUND_ELEMS, is_double);
 }
 #endif
+
+int64_t qt_dist_small_sums(void) {
+#ifdef QT_HAVE_MPI
+  return n_small_sums;
+#else
+  return 0;
+#endif
+}
 
 void qt_dist_sum_f32(float *buf, int64_t n) {
 #ifdef QT_HAVE_MPI

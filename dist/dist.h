@@ -38,6 +38,12 @@ int qt_dist_size(void); /* 1 without MPI */
 /* buf (n) = the elementwise sum of every process's buf, in the fixed order described above. */
 void qt_dist_sum_f32(float *buf, int64_t n);
 void qt_dist_sum_f64(double *buf, int64_t n);
+/* Sums whose copies from every process total at most QT_DIST_SMALL_SUM_BYTES (SyncBN's per-channel
+ * sums, observer statistics) take one all-gather and add the copies in rank order in double on
+ * every process: the same bits as the segmented path, in about log2(size) message latencies
+ * instead of that path's 2 (size - 1) (docs/scaling.md). qt_dist_small_sums counts them. */
+#define QT_DIST_SMALL_SUM_BYTES ((size_t)64 << 10)
+int64_t qt_dist_small_sums(void);
 /* recv (size * bytes) = every process's send (bytes), in rank order, on every process. */
 void qt_dist_allgather(const void *send, size_t bytes, void *recv);
 /* buf (bytes) on every process = root's buf. */

@@ -49,6 +49,9 @@ SMALL_ALLGATHER = "log2"
 
 # ---- the code's collectives (read from the source) ---------------------------------------------
 SUM_ROUND_ELEMS = 1 << 22      # dist/dist.c ROUND_ELEMS: one Alltoallv + one Allgatherv per round
+# dist.h QT_DIST_SMALL_SUM_BYTES: a sum whose copies from all N ranks total at most this many
+# bytes is one MPI_Allgather plus the same in-order sum on every rank (same bits, fewer latencies)
+SMALL_SUM_BYTES = 64 << 10
 OBSERVER_ALLGATHER_DOUBLES = 5  # qat/quant_observer.c minmax_sync: 3 + 2C doubles, C = 1 per tensor
 LOSS_ALLGATHER_DOUBLES = 3      # train/trainer.c batch_totals: (loss, rows, correct)
 HIST_BINS = 2048                # qat/quant.h: histogram observers also sum their bins (sum_f64)
@@ -142,9 +145,12 @@ class Net:
         message latencies: Open MPI's coll/tuned fixed decision picks the pairwise alltoallv (N-1
         sequential exchanges) for 64..127 and 256..1023 processes and the linear one (N-1 messages
         posted at once: N-1 latencies is then an upper bound) for 4..63; the allgatherv is taken
-        as a ring (N-1 steps)."""
+        as a ring (N-1 steps). A sum whose N copies total at most SMALL_SUM_BYTES is one all-gather
+        instead (dist.c sum_small)."""
         if N == 1 or n == 0:
             return 0.0, 0
+        if n * esize * N <= SMALL_SUM_BYTES:
+            return self.allgather(n * esize, N), 1
         t, calls = 0.0, 0
         for at in range(0, n, SUM_ROUND_ELEMS):
             b = min(SUM_ROUND_ELEMS, n - at) * esize

@@ -1,7 +1,8 @@
 /* The job's collectives (dist/dist.h) under mpirun with 2 or more processes: the fixed-order sums
  * of float and double buffers give, bit for bit, the sum over the processes' values in rank order
  * in double (rounded once), on every process, for buffers shorter than the process count, of odd
- * lengths and of several rounds; all-gather in rank order; broadcast from a rank other than 0.
+ * lengths and of several rounds, through the small path (one all-gather) and the segmented one;
+ * all-gather in rank order; broadcast from a rank other than 0.
  * Every process's values are a function of its rank, so each can compute the expected result. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,9 +71,23 @@ int main(int argc, char **argv) {
     qt_dist_finalize();
     return 1;
   }
-  /* shorter than the process count, odd, larger than one round of 2^22 elements (dist.c) */
-  const int64_t sizes[] = {1, 3, 1001, ((int64_t)1 << 22) + 7};
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) check_sums(sizes[i], R, me);
+  /* shorter than the process count, odd, larger than one round of 2^22 elements (dist.c); the
+   * first three take the small path (one all-gather: every copy totals at most
+   * QT_DIST_SMALL_SUM_BYTES), the largest float one that fits and the next take one path each,
+   * the last the segmented path in two rounds: every one must give the rank-order sum */
+  const int64_t small_f32 = (int64_t)(QT_DIST_SMALL_SUM_BYTES / sizeof(float) / (size_t)R);
+  const int64_t sizes[] = {1, 3, 1001, small_f32, small_f32 + 1, ((int64_t)1 << 22) + 7};
+  const int64_t small_before = qt_dist_small_sums();
+  /* with 2 processes: the float and double sums of 1, 3 and 1001 elements, the float one of small_f32 */
+  int64_t small_want = 0;
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    check_sums(sizes[i], R, me);
+    small_want += ((size_t)sizes[i] * sizeof(float) * (size_t)R <= QT_DIST_SMALL_SUM_BYTES) +
+                  ((size_t)sizes[i] * sizeof(double) * (size_t)R <= QT_DIST_SMALL_SUM_BYTES);
+  }
+  if (qt_dist_small_sums() - small_before != small_want || (R == 2 && small_want != 7))
+    qt_test_fail("%lld sums took the small path, want %lld", (long long)(qt_dist_small_sums() - small_before),
+                 (long long)small_want);
 
   int32_t mine[2] = {me, 7 * me + 1}, *got = malloc(2 * sizeof(int32_t) * (size_t)R);
   QT_ASSERT(got, "out of memory");
