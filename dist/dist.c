@@ -72,6 +72,20 @@ int qt_dist_size(void) { return world_size; }
 /* Elements per collective call: MPI counts are ints, and smaller rounds bound the scratch. */
 #define ROUND_ELEMS ((int64_t)1 << 22)
 
+/* out[i] = the sum of copies[k * n + i] over k = 0..R-1, added in rank order in double and rounded
+ * once: the one definition of the job's sum, whichever way the copies were gathered. */
+static void add_copies(void *out, const void *copies, int R, int64_t n, int is_double) {
+  for (int64_t i = 0; i < n; i++) {
+    double s = 0;
+    if (is_double)
+      for (int k = 0; k < R; k++) s += ((const double *)copies)[(size_t)k * (size_t)n + (size_t)i];
+    else
+      for (int k = 0; k < R; k++) s += (double)((const float *)copies)[(size_t)k * (size_t)n + (size_t)i];
+    if (is_double) ((double *)out)[i] = s;
+    else ((float *)out)[i] = (float)s;
+  }
+}
+
 /* The fixed-order sum of one round of n elements of size esize (float or double): the segment
  * k of every process's buffer goes to process k, which adds the size copies in rank order in
  * double and rounds once; then every process gathers every segment. */
@@ -95,16 +109,7 @@ static void sum_round(void *buf, int64_t n, int is_double) {
   char *recv = malloc((size_t)R * (size_t)(mine > 0 ? mine : 1) * esize);
   QT_ASSERT(recv, "dist: out of memory for a reduction of %lld elements", (long long)n);
   MPI_Alltoallv(buf, counts, displs, type, recv, rcounts, rdispls, type, MPI_COMM_WORLD);
-  char *seg = (char *)buf + (size_t)displs[me] * esize;
-  for (int i = 0; i < mine; i++) {
-    double s = 0;
-    if (is_double)
-      for (int k = 0; k < R; k++) s += ((const double *)recv)[(size_t)k * mine + i];
-    else
-      for (int k = 0; k < R; k++) s += (double)((const float *)recv)[(size_t)k * mine + i];
-    if (is_double) ((double *)seg)[i] = s;
-    else ((float *)seg)[i] = (float)s;
-  }
+  add_copies((char *)buf + (size_t)displs[me] * esize, recv, R, mine, is_double);
   MPI_Allgatherv(MPI_IN_PLACE, 0, type, buf, counts, displs, type, MPI_COMM_WORLD);
   free(recv);
   free(counts);
@@ -112,8 +117,8 @@ static void sum_round(void *buf, int64_t n, int is_double) {
 
 static int64_t n_small_sums;
 
-/* A small sum: every process gathers every copy and adds them in rank order in double, rounding
- * once, exactly as sum_round adds a segment's copies: the same bits on every process. */
+/* A small sum: every process gathers every copy and adds them (add_copies) as sum_round adds a
+ * segment's copies: the same bits on every process. */
 static void sum_small(void *buf, int64_t n, int is_double) {
   const int R = world_size;
   const size_t esize = is_double ? sizeof(double) : sizeof(float);
@@ -121,15 +126,7 @@ static void sum_small(void *buf, int64_t n, int is_double) {
   char *all = malloc((size_t)R * (size_t)n * esize);
   QT_ASSERT(all, "dist: out of memory for a reduction of %lld elements", (long long)n);
   MPI_Allgather(buf, (int)n, type, all, (int)n, type, MPI_COMM_WORLD);
-  for (int64_t i = 0; i < n; i++) {
-    double s = 0;
-    if (is_double)
-      for (int k = 0; k < R; k++) s += ((const double *)all)[(size_t)k * (size_t)n + (size_t)i];
-    else
-      for (int k = 0; k < R; k++) s += (double)((const float *)all)[(size_t)k * (size_t)n + (size_t)i];
-    if (is_double) ((double *)buf)[i] = s;
-    else ((float *)buf)[i] = (float)s;
-  }
+  add_copies(buf, all, R, n, is_double);
   free(all);
   n_small_sums++;
 }
