@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "dist/dist.h"
+#include "tests/common/dist_util.h"
 #include "tests/common/testutil.h"
 
 /* Process r's values: uniform in [-1, 1) times a scale that grows with r, so that the order of
@@ -60,17 +61,8 @@ static void check_sums(int64_t n, int R, int me) {
 }
 
 int main(int argc, char **argv) {
-  char err[QT_ERR_LEN];
-  if (qt_dist_init(&argc, &argv, err)) {
-    fprintf(stderr, "test_dist_collectives: %s\n", err);
-    return 1;
-  }
+  if (qt_test_dist_begin(&argc, &argv, "test_dist_collectives", 0)) return 1;
   const int R = qt_dist_size(), me = qt_dist_rank();
-  if (R < 2) {
-    fprintf(stderr, "test_dist_collectives: run it under mpirun with 2 or more processes (this is %d of %d)\n", me, R);
-    qt_dist_finalize();
-    return 1;
-  }
   /* shorter than the process count, odd, larger than one round of 2^22 elements (dist.c); the
    * first three take the small path (one all-gather: every copy totals at most
    * QT_DIST_SMALL_SUM_BYTES), the largest float one that fits and the next take one path each,
@@ -104,9 +96,5 @@ int main(int argc, char **argv) {
   qt_dist_barrier();
 
   /* the verdict of every process, so that all exit with the same status */
-  double failures = qt_test_failures();
-  qt_dist_sum_f64(&failures, 1);
-  const int rc = qt_test_finish() || failures > 0;
-  qt_dist_finalize();
-  return rc;
+  return qt_test_dist_finish();
 }

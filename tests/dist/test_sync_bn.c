@@ -25,6 +25,7 @@
 #include "dist/dist.h"
 #include "qat/qat.h"
 #include "tests/common/quantizer_util.h"
+#include "tests/common/dist_util.h"
 #include "tests/common/testutil.h"
 
 static int R, me;
@@ -192,26 +193,13 @@ static void graphs(void) {
 }
 
 int main(int argc, char **argv) {
-  char err[QT_ERR_LEN];
-  if (qt_dist_init(&argc, &argv, err)) {
-    fprintf(stderr, "test_sync_bn: %s\n", err);
-    return 1;
-  }
+  if (qt_test_dist_begin(&argc, &argv, "test_sync_bn", 0)) return 1;
   R = qt_dist_size();
   me = qt_dist_rank();
   verbose = getenv("QT_TEST_VERBOSE") != NULL;
-  if (R < 2) {
-    fprintf(stderr, "test_sync_bn: run it under mpirun with 2 or more processes (this is %d of %d)\n", me, R);
-    qt_dist_finalize();
-    return 1;
-  }
   sync = qt_dist_batch_sync();
   kernels(5);
   kernels(64);
   graphs();
-  double failures = qt_test_failures();
-  qt_dist_sum_f64(&failures, 1);
-  const int rc = qt_test_finish() || failures > 0;
-  qt_dist_finalize();
-  return rc;
+  return qt_test_dist_finish();
 }

@@ -23,6 +23,7 @@
 #include "dist/dist.h"
 #include "qat/qat.h"
 #include "tests/common/quantizer_util.h"
+#include "tests/common/dist_util.h"
 #include "tests/common/testutil.h"
 
 static int R, me, verbose;
@@ -180,19 +181,10 @@ static void qat_steps(void) {
 }
 
 int main(int argc, char **argv) {
-  char err[QT_ERR_LEN];
-  if (qt_dist_init(&argc, &argv, err)) {
-    fprintf(stderr, "test_sync_observers: %s\n", err);
-    return 1;
-  }
+  if (qt_test_dist_begin(&argc, &argv, "test_sync_observers", 64)) return 1;
   R = qt_dist_size();
   me = qt_dist_rank();
   verbose = getenv("QT_TEST_VERBOSE") != NULL;
-  if (R < 2 || R > 64) {
-    fprintf(stderr, "test_sync_observers: run it under mpirun with 2 to 64 processes (this is %d of %d)\n", me, R);
-    qt_dist_finalize();
-    return 1;
-  }
   sync = qt_dist_batch_sync();
   observers(QT_OBSERVER_MINMAX, 1);
   observers(QT_OBSERVER_MINMAX, C);
@@ -200,9 +192,5 @@ int main(int argc, char **argv) {
   observers(QT_OBSERVER_MOVING_AVERAGE, C);
   observers(QT_OBSERVER_HISTOGRAM, 1);
   qat_steps();
-  double failures = qt_test_failures();
-  qt_dist_sum_f64(&failures, 1);
-  const int rc = qt_test_finish() || failures > 0;
-  qt_dist_finalize();
-  return rc;
+  return qt_test_dist_finish();
 }
