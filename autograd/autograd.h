@@ -142,6 +142,11 @@ qt_tensor *qt_tensor_wrap(qt_ctx *ctx, qt_dtype dtype, int ndim, const int64_t *
 void qt_tensor_free(qt_ctx *ctx, qt_tensor *t);
 /* The gradient buffer of t, allocated zeroed in the arena on first use. */
 float *qt_tensor_grad(qt_ctx *ctx, qt_tensor *t);
+/* The same for a backward that can write the whole gradient instead of adding to it: on first
+ * use the buffer is allocated uninitialized and *fresh is 1 (the caller must then write every
+ * element); otherwise *fresh is 0 and the caller adds, as with qt_tensor_grad. Saves the zero
+ * fill and an accumulate pass where a kernel produces the gradient in a buffer of its own. */
+float *qt_tensor_grad_for_write(qt_ctx *ctx, qt_tensor *t, int *fresh);
 
 /* Seeds d(loss) = 1 for a one-element loss and replays the tape in reverse. */
 void qt_backward(qt_ctx *ctx, qt_tensor *loss);

@@ -31,6 +31,10 @@ void qt_conv2d_forward_ref(float *out, const float *inp, const float *weight, co
 /* dinp (N,H,W,C) += ..., dweight (OC, C/groups, KH, KW) += ..., dbias (OC) += ... */
 void qt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, const qt_conv2d_shape *s);
+/* The same with dinp written (=) instead of added to when dinp_write is set (its old contents
+ * are never read: a fresh gradient buffer needs no zero fill, and oneDNN writes it directly). */
+void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, const qt_conv2d_shape *s);
 void qt_conv2d_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, const qt_conv2d_shape *s);
 

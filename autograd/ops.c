@@ -37,10 +37,11 @@ typedef struct {
 static void conv2d_backward(qt_ctx *ctx, void *p) {
   conv_saved *s = p;
   if (!s->y->grad) return;
-  float *dx = s->x->requires_grad ? qt_tensor_grad(ctx, s->x) : NULL;
+  int dx_fresh = 0;
+  float *dx = s->x->requires_grad ? qt_tensor_grad_for_write(ctx, s->x, &dx_fresh) : NULL;
   float *dw = s->w->requires_grad ? qt_tensor_grad(ctx, s->w) : NULL;
   float *db = s->b && s->b->requires_grad ? qt_tensor_grad(ctx, s->b) : NULL;
-  qt_conv2d_backward(dx, dw, db, s->y->grad, qt_f32(s->x), qt_f32(s->w), &s->s);
+  qt_conv2d_backward_ex(dx, dx_fresh, dw, db, s->y->grad, qt_f32(s->x), qt_f32(s->w), &s->s);
 }
 
 static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,

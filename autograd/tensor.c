@@ -264,6 +264,13 @@ float *qt_tensor_grad(qt_ctx *ctx, qt_tensor *t) {
   return t->grad;
 }
 
+float *qt_tensor_grad_for_write(qt_ctx *ctx, qt_tensor *t, int *fresh) {
+  QT_ASSERT(t->dtype == QT_F32, "gradient of a %s tensor", qt_dtype_name(t->dtype));
+  *fresh = !t->grad;
+  if (!t->grad) t->grad = qt_arena_alloc(ctx, (size_t)qt_tensor_numel(t) * sizeof(float));
+  return t->grad;
+}
+
 /* ---- tape ------------------------------------------------------------------------------- */
 void *qt_tape_push(qt_ctx *ctx, qt_profile_op kind, qt_backward_fn fn, size_t saved_bytes, qt_tensor *out) {
   if (ctx->tape_len == ctx->tape_cap) {

@@ -5,6 +5,7 @@
  * accumulating reference, values in [-1, 1], sums of at most a few thousand products). */
 #include "autograd/kernels.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,20 @@ static void check_conv(qt_conv2d_shape s, uint64_t seed) {
     conv_label(what, sizeof what, &s, tag);
     qt_test_close(what, db, want_b ? db_ref : db0, s.OC, ATOL, RTOL);
     free(di), free(dw), free(db), free(di_ref), free(dw_ref), free(db_ref), free(di0), free(dw0), free(db0);
+  }
+
+  /* dinp written, not added to (a fresh gradient buffer): NaN contents must not leak through */
+  {
+    float *di = malloc((size_t)ni * sizeof *di), *di_ref = calloc((size_t)ni, sizeof *di_ref);
+    float *dw = calloc((size_t)nw, sizeof *dw), *dw_ref = calloc((size_t)nw, sizeof *dw_ref);
+    for (int64_t i = 0; i < ni; i++) di[i] = NAN;
+    qt_conv2d_backward_ex(di, 1, dw, NULL, dout, inp, weight, &s);
+    qt_conv2d_backward_ref(di_ref, dw_ref, NULL, dout, inp, weight, &s);
+    conv_label(what, sizeof what, &s, "backward, dinp written");
+    qt_test_close(what, di, di_ref, ni, ATOL, RTOL);
+    conv_label(what, sizeof what, &s, "backward, dinp written: dweight");
+    qt_test_close(what, dw, dw_ref, nw, ATOL, RTOL);
+    free(di), free(di_ref), free(dw), free(dw_ref);
   }
   free(inp), free(weight), free(bias), free(dout), free(out), free(out_ref);
 }
@@ -154,6 +169,11 @@ int main(void) {
   /*                    N   H   W   C  OC KH KW sh sw ph pw  g */
   check_conv(conv_shape(3, 7, 5, 1, 4, 3, 3, 1, 1, 1, 1, 1), 100);      /* C=1, non-square input */
   check_conv(conv_shape(1, 8, 8, 1, 32, 3, 3, 1, 1, 1, 1, 1), 200);     /* FashionCNN layer 1, batch 1 */
+  /* one input channel: the direct weight-gradient kernel (channel blocks of 16 and a remainder,
+   * stride 2, padding past the kernel, rows cut into several chunks per image) */
+  check_conv(conv_shape(2, 40, 41, 1, 40, 3, 3, 1, 1, 1, 1, 1), 210);
+  check_conv(conv_shape(2, 9, 11, 1, 17, 5, 3, 2, 2, 3, 2, 1), 220);
+  check_conv(conv_shape(1, 4, 30, 1, 16, 1, 7, 1, 3, 0, 4, 1), 230);
   check_conv(conv_shape(3, 6, 6, 32, 64, 3, 3, 1, 1, 1, 1, 1), 300);    /* FashionCNN layer 2, C=32 */
   check_conv(conv_shape(3, 8, 7, 8, 12, 3, 3, 2, 2, 1, 1, 1), 400);     /* stride 2, unused right padding */
   check_conv(conv_shape(2, 10, 7, 6, 4, 5, 3, 2, 1, 2, 0, 1), 500);     /* 5x3 kernel, pad 2 and 0 */
