@@ -6,6 +6,7 @@
 #include "autograd/kernels.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,8 +165,29 @@ static void check_linear(int N, int IN, int OUT, uint64_t seed) {
   free(inp), free(weight), free(bias), free(dout), free(out), free(out_ref);
 }
 
+/* The one-input-channel weight gradient (a kernel of this project's, not oneDNN's) gives the same
+ * bits under 1 and 2 threads: its chunks are a function of the shape only. */
+static void check_conv_c1_threads(void) {
+  qt_conv2d_shape s = conv_shape(4, 28, 28, 1, 32, 3, 3, 1, 1, 1, 1, 1);
+  QT_CHECK(qt_conv2d_shape_init(&s) == 0);
+  const int64_t ni = (int64_t)s.N * s.H * s.W, no = (int64_t)s.N * s.OH * s.OW * s.OC, nw = (int64_t)s.OC * 9;
+  float *inp = qt_test_uniform(ni, 71), *weight = qt_test_uniform(nw, 72), *dout = qt_test_uniform(no, 73);
+  float *dw1 = calloc((size_t)nw, sizeof *dw1), *dw2 = calloc((size_t)nw, sizeof *dw2);
+  float db1[32] = {0}, db2[32] = {0};
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  qt_conv2d_backward(NULL, dw1, db1, dout, inp, weight, &s);
+  omp_set_num_threads(2);
+  qt_conv2d_backward(NULL, dw2, db2, dout, inp, weight, &s);
+  omp_set_num_threads(saved);
+  QT_CHECK(memcmp(dw1, dw2, (size_t)nw * sizeof *dw1) == 0);
+  QT_CHECK(memcmp(db1, db2, sizeof db1) == 0);
+  free(inp), free(weight), free(dout), free(dw1), free(dw2);
+}
+
 int main(void) {
   check_conv_shape_init();
+  check_conv_c1_threads();
   /*                    N   H   W   C  OC KH KW sh sw ph pw  g */
   check_conv(conv_shape(3, 7, 5, 1, 4, 3, 3, 1, 1, 1, 1, 1), 100);      /* C=1, non-square input */
   check_conv(conv_shape(1, 8, 8, 1, 32, 3, 3, 1, 1, 1, 1, 1), 200);     /* FashionCNN layer 1, batch 1 */
