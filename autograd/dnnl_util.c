@@ -5,6 +5,7 @@
 #include <oneapi/dnnl/dnnl_debug.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static dnnl_engine_t g_engine;
 static dnnl_stream_t g_stream;
@@ -39,9 +40,50 @@ dnnl_stream_t qt_dnnl_stream(void) {
   return g_stream;
 }
 
+/* The implementations oneDNN picked, one entry per distinct (primitive kind, propagation,
+ * implementation), in creation order. Primitives are created by the thread that runs the ops
+ * (never inside a parallel region), so the table needs no lock. */
+#define QT_DNNL_KERNELS_MAX 32
+static struct {
+  char what[64], impl[64];
+} g_kernels[QT_DNNL_KERNELS_MAX];
+static int g_nkernels;
+static char g_kernels_text[QT_DNNL_KERNELS_MAX * 130];
+
+static void record_kernel(const_dnnl_primitive_desc_t pd) {
+  dnnl_primitive_kind_t kind;
+  dnnl_prop_kind_t prop = dnnl_prop_kind_undef;
+  const char *impl = NULL;
+  if (dnnl_primitive_desc_query(pd, dnnl_query_primitive_kind, 0, &kind) != dnnl_success || kind == dnnl_reorder)
+    return;
+  if (dnnl_primitive_desc_query(pd, dnnl_query_prop_kind, 0, &prop) != dnnl_success) prop = dnnl_prop_kind_undef;
+  if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl) impl = "?";
+  char what[64];
+  if (prop == dnnl_prop_kind_undef)
+    snprintf(what, sizeof what, "%s", dnnl_prim_kind2str(kind));
+  else
+    snprintf(what, sizeof what, "%s %s", dnnl_prim_kind2str(kind), dnnl_prop_kind2str(prop));
+  for (int i = 0; i < g_nkernels; i++)
+    if (!strcmp(g_kernels[i].what, what) && !strcmp(g_kernels[i].impl, impl)) return;
+  if (g_nkernels == QT_DNNL_KERNELS_MAX) return;
+  snprintf(g_kernels[g_nkernels].what, sizeof g_kernels[0].what, "%s", what);
+  snprintf(g_kernels[g_nkernels].impl, sizeof g_kernels[0].impl, "%s", impl);
+  g_nkernels++;
+}
+
+const char *qt_dnnl_kernels_used(void) {
+  size_t at = 0;
+  g_kernels_text[0] = 0;
+  for (int i = 0; i < g_nkernels && at < sizeof g_kernels_text; i++)
+    at += (size_t)snprintf(g_kernels_text + at, sizeof g_kernels_text - at, "%s%s: %s", i ? ", " : "", g_kernels[i].what,
+                           g_kernels[i].impl);
+  return g_kernels_text;
+}
+
 dnnl_primitive_t qt_dnnl_primitive_create(const_dnnl_primitive_desc_t pd) {
   dnnl_primitive_t prim = NULL;
   QT_DNNL_CHECK(dnnl_primitive_create(&prim, pd));
+  record_kernel(pd);
   return prim;
 }
 

@@ -27,6 +27,10 @@ dnnl_stream_t qt_dnnl_stream(void);
 /* Creates the primitive for pd (aborting on failure); the primitive keeps its own copy of
  * the descriptor, so the caller may destroy pd afterwards. */
 dnnl_primitive_t qt_dnnl_primitive_create(const_dnnl_primitive_desc_t pd);
+/* The implementations oneDNN chose for the primitives created so far (reorders left out), e.g.
+ * "convolution forward_training: brgconv:avx512_core, ...": what ran, for benchmark reports
+ * (ONEDNN_MAX_CPU_ISA changes them). "" before the first. */
+const char *qt_dnnl_kernels_used(void);
 
 /* Memory object without a buffer (handle set per call) or with a library-owned buffer. */
 dnnl_memory_t qt_dnnl_memory_unbound(const dnnl_memory_desc_t *md);

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "autograd/dnnl_util.h"
 #include "backend/backend.h"
 #include "train/pipeline.h"
 
@@ -224,6 +225,7 @@ static void print_table(const char *config, const qt_options *o, const bench_res
   printf("%-18s %11s %16.3f %17s %8.1f\n", "other", "-", s.other_ms, "-", s.other_ms * pct);
   printf("%-18s %11s %16.3f %17.3f %8.1f\n", "ops total", "-", s.fwd_ms, s.bwd_ms, (s.fwd_ms + s.bwd_ms) * pct);
   printf("step total: %.3f ms/step, %.1f images/s\n", s.step_ms, s.images_per_s);
+  printf("oneDNN kernels: %s\n", qt_dnnl_kernels_used());
 }
 
 static int write_json(const char *path, const char *config, const qt_options *o, const bench_result *r, char *err) {
@@ -242,6 +244,8 @@ static int write_json(const char *path, const char *config, const qt_options *o,
   qt_strbuf_json_string(&b, r->start);
   qt_strbuf_printf(&b, ",\n  \"onednn_isa\": ");
   qt_strbuf_json_string(&b, r->isa);
+  qt_strbuf_printf(&b, ",\n  \"onednn_kernels\": ");
+  qt_strbuf_json_string(&b, qt_dnnl_kernels_used());
   qt_strbuf_printf(&b,
                    ",\n  \"threads\": %d,\n  \"batch_size\": %d,\n  \"steps\": %d,\n  \"warmup_steps\": %d,\n"
                    "  \"epochs\": %d,\n  \"images\": %lld,\n  \"step_ms\": %.6f,\n  \"images_per_s\": %.3f,\n"

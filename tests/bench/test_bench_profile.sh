@@ -50,6 +50,9 @@ check(len(total) == 1, "no 'step total:' line")
 step_ms, ips = (float(x) for x in re.match(r"step total: (\S+) ms/step, (\S+) images/s", total[0]).groups()) if total else (0, 0)
 check(ips > 0, "images/s %g not > 0" % ips)
 check(re.search(r", \d+ threads, oneDNN ISA \S+", lines[0]) is not None, "header lacks threads / ISA: %r" % lines[0])
+kern = [l for l in lines if l.startswith("oneDNN kernels: ")]
+check(len(kern) == 1 and "convolution forward_training: " in kern[0], "no 'oneDNN kernels:' line naming the conv: %r" % kern)
+check("convolution forward_training: " in j.get("onednn_kernels", ""), "json: onednn_kernels %r" % j.get("onednn_kernels"))
 expect = list(calls) + (["fake_quant_lsq"] if name == "qat" else []) + phases + ["other"]
 for k in expect:
     check(k in rows, "no row for %s" % k)
