@@ -415,10 +415,10 @@ static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, const float *do
 void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const float *dout,
                             const float *inp, const float *mean, const float *invstd,
                             const float *gamma, int M, int C) {
-  qt_batch_norm_backward_sync(dinp, dgamma, dbeta, dout, inp, mean, invstd, gamma, M, C, NULL, M);
+  qt_batch_norm_backward_sync(dinp, 0, dgamma, dbeta, dout, inp, mean, invstd, gamma, M, C, NULL, M);
 }
 
-void qt_batch_norm_backward_sync(float *dinp, float *dgamma, float *dbeta, const float *dout,
+void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C, const qt_batch_sync *sync,
                                  int64_t M_total) {
@@ -456,13 +456,20 @@ void qt_batch_norm_backward_sync(float *dinp, float *dgamma, float *dbeta, const
     for (int64_t g = 0; g < groups; g++) {
       const float *restrict xg = inp + g * L, *restrict dg = dout + g * L;
       float *restrict ig = dinp + g * L;
+      /* written as 0 + v when dinp is fresh: the same bits as adding to zeros, -0 included */
+      if (dinp_write) {
 #pragma omp simd
-      for (int j = 0; j < L; j++) ig[j] += (dg[j] - gmrep[j] - (xg[j] - mrep[j]) * psrep[j]) * arep[j];
+        for (int j = 0; j < L; j++) ig[j] = 0.0f + (dg[j] - gmrep[j] - (xg[j] - mrep[j]) * psrep[j]) * arep[j];
+      } else {
+#pragma omp simd
+        for (int j = 0; j < L; j++) ig[j] += (dg[j] - gmrep[j] - (xg[j] - mrep[j]) * psrep[j]) * arep[j];
+      }
     }
     for (int64_t t = 0; t < tail; t++) {
       const int64_t o = (groups * p.k + t) * C;
       for (int c = 0; c < C; c++)
-        dinp[o + c] += (dout[o + c] - gmrep[c] - (inp[o + c] - mrep[c]) * psrep[c]) * arep[c];
+        dinp[o + c] = (dinp_write ? 0.0f : dinp[o + c]) +
+                      (dout[o + c] - gmrep[c] - (inp[o + c] - mrep[c]) * psrep[c]) * arep[c];
     }
   }
   free(ws);

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define POOL_PARALLEL_MIN 16384
 /* Channels per register block in the max pool forward (two AVX2 or one AVX-512 register). */
@@ -149,11 +150,38 @@ void qt_max_pool2d_forward_ref(float *out, int32_t *argmax, const float *inp, co
 }
 
 void qt_max_pool2d_backward(float *dinp, const float *dout, const int32_t *argmax, const qt_pool2d_shape *s) {
+  qt_max_pool2d_backward_ex(dinp, 0, dout, argmax, s);
+}
+
+void qt_max_pool2d_backward_ex(float *dinp, int dinp_write, const float *dout, const int32_t *argmax,
+                               const qt_pool2d_shape *s) {
   if (!dinp) return;
   const int C = s->C, W = s->W;
+  /* windows tiling the input exactly (no overlap, gap, padding or leftover) visit every input
+   * once, so a fresh dinp is written as 0 + v (the bits of adding to zeros); otherwise each
+   * image's part is zeroed first, while it is in cache */
+  const int tiles = s->stride_h == s->KH && s->stride_w == s->KW && s->pad_h == 0 && s->pad_w == 0 &&
+                    s->OH * s->KH == s->H && s->OW * s->KW == W;
 #pragma omp parallel for schedule(static) if (numel_in(s) >= POOL_PARALLEL_MIN)
   for (int n = 0; n < s->N; n++) {
     float *img = dinp + (int64_t)n * s->H * W * C;
+    if (dinp_write && tiles) {
+      for (int oh = 0; oh < s->OH; oh++)
+        for (int ow = 0; ow < s->OW; ow++) {
+          const int64_t o = (((int64_t)n * s->OH + oh) * s->OW + ow) * C;
+          const float *restrict d = dout + o;
+          const int32_t *restrict am = argmax + o;
+          for (int ih = oh * s->KH; ih < (oh + 1) * s->KH; ih++)
+            for (int iw = ow * s->KW; iw < (ow + 1) * s->KW; iw++) {
+              const int32_t idx = ih * W + iw;
+              float *restrict g = img + (int64_t)idx * C;
+#pragma omp simd
+              for (int c = 0; c < C; c++) g[c] = 0.0f + (am[c] == idx ? d[c] : 0.0f);
+            }
+        }
+      continue;
+    }
+    if (dinp_write) memset(img, 0, (size_t)s->H * W * C * sizeof *img);
     for (int oh = 0; oh < s->OH; oh++)
       for (int ow = 0; ow < s->OW; ow++) {
         const int64_t o = (((int64_t)n * s->OH + oh) * s->OW + ow) * C;

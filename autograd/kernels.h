@@ -85,7 +85,9 @@ void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, co
                                       const float *gamma, const float *beta, float *running_mean,
                                       float *running_var, float momentum, float eps, int M, int C,
                                       const struct qt_batch_sync *sync, int64_t *M_total);
-void qt_batch_norm_backward_sync(float *dinp, float *dgamma, float *dbeta, const float *dout,
+/* dinp_write: dinp is written, never read (a fresh gradient buffer, qt_tensor_grad_for_write);
+ * otherwise added to, as every backward here does. */
+void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C, const struct qt_batch_sync *sync,
                                  int64_t M_total);
@@ -130,6 +132,9 @@ int qt_pool2d_shape_init(qt_pool2d_shape *s);
 void qt_max_pool2d_forward(float *out, int32_t *argmax, const float *inp, const qt_pool2d_shape *s);
 void qt_max_pool2d_forward_ref(float *out, int32_t *argmax, const float *inp, const qt_pool2d_shape *s);
 void qt_max_pool2d_backward(float *dinp, const float *dout, const int32_t *argmax, const qt_pool2d_shape *s);
+/* The same with dinp written (=) when dinp_write (a fresh gradient buffer: never read). */
+void qt_max_pool2d_backward_ex(float *dinp, int dinp_write, const float *dout, const int32_t *argmax,
+                               const qt_pool2d_shape *s);
 void qt_max_pool2d_backward_ref(float *dinp, const float *dout, const int32_t *argmax, const qt_pool2d_shape *s);
 /* Average pool, count_include_pad = true (PyTorch's default). */
 void qt_avg_pool2d_forward(float *out, const float *inp, const qt_pool2d_shape *s);

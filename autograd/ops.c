@@ -89,11 +89,14 @@ static void batch_norm_backward(qt_ctx *ctx, void *p) {
   /* SyncBN: every process joins the reduction of the backward sums, a zero gradient too */
   if (!s->y->grad && s->training && s->sync) qt_tensor_grad(ctx, s->y);
   if (!s->y->grad) return;
-  float *dx = s->x->requires_grad ? qt_tensor_grad(ctx, s->x) : NULL;
+  int dx_fresh = 0;
+  float *dx = !s->x->requires_grad ? NULL
+              : s->training       ? qt_tensor_grad_for_write(ctx, s->x, &dx_fresh)
+                                  : qt_tensor_grad(ctx, s->x);
   float *dg = s->gamma->requires_grad ? qt_tensor_grad(ctx, s->gamma) : NULL;
   float *db = s->beta->requires_grad ? qt_tensor_grad(ctx, s->beta) : NULL;
   if (s->training)
-    qt_batch_norm_backward_sync(dx, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma), s->M,
+    qt_batch_norm_backward_sync(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma), s->M,
                                 s->C, s->sync, s->M_total);
   else
     qt_batch_norm_backward_eval(dx, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma), s->M,
@@ -203,11 +206,13 @@ typedef struct {
 static void pool2d_backward(qt_ctx *ctx, void *p) {
   pool_saved *s = p;
   if (!s->y->grad || !s->x->requires_grad) return;
-  float *dx = qt_tensor_grad(ctx, s->x);
-  if (s->avg)
-    qt_avg_pool2d_backward(dx, s->y->grad, &s->s);
-  else
-    qt_max_pool2d_backward(dx, s->y->grad, s->argmax, &s->s);
+  if (s->avg) {
+    qt_avg_pool2d_backward(qt_tensor_grad(ctx, s->x), s->y->grad, &s->s);
+  } else {
+    int fresh = 0;
+    float *dx = qt_tensor_grad_for_write(ctx, s->x, &fresh);
+    qt_max_pool2d_backward_ex(dx, fresh, s->y->grad, s->argmax, &s->s);
+  }
 }
 
 static qt_tensor *pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad, int avg) {

@@ -72,7 +72,7 @@ static void kernels(int C) {
   qt_batch_norm_forward_train_sync(ys, mean_s, invstd_s, x + first * C, gamma, beta, rm_s, rv_s, 0.1f, 1e-5f, M, C,
                                    sync, &total);
   QT_CHECK(total == Mt);
-  qt_batch_norm_backward_sync(dxs, dgs, dbs, dy + first * C, x + first * C, mean_s, invstd_s, gamma, M, C, sync,
+  qt_batch_norm_backward_sync(dxs, 0, dgs, dbs, dy + first * C, x + first * C, mean_s, invstd_s, gamma, M, C, sync,
                               total);
   qt_dist_sum_f32(dgs, C);
   qt_dist_sum_f32(dbs, C);

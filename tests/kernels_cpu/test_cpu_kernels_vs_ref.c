@@ -129,6 +129,11 @@ static void test_pool(pool_case pc, int kind, uint64_t seed) {
     qt_max_pool2d_backward(dx1, dy, a2, &s);
     qt_max_pool2d_backward_ref(dx2, dy, a2, &s);
     qt_test_close(P_WHAT("max dinp"), dx1, dx2, nin, 0, 0);
+    /* written into a fresh (here NaN-filled) buffer: the bits of accumulating into zeros */
+    for (int64_t i = 0; i < nin; i++) dx1[i] = NAN, dx2[i] = 0.0f;
+    qt_max_pool2d_backward_ex(dx1, 1, dy, a2, &s);
+    qt_max_pool2d_backward(dx2, dy, a2, &s);
+    check_exact_f32(P_WHAT("max dinp written"), dx1, dx2, nin);
 
     qt_avg_pool2d_forward(y1, x, &s);
     qt_avg_pool2d_forward_ref(y2, x, &s);
@@ -231,7 +236,34 @@ static void test_cross_entropy(int N, int C, float scale, uint64_t seed) {
   free(x), free(p1), free(p2), free(d0), free(d1), free(d2), free(labels);
 }
 
+/* Training BN backward writing a fresh (NaN-filled) dinp: the bits of accumulating into zeros,
+ * signed zeros included (dout 0 where it can make -0). */
+static void test_batch_norm_written(int M, int C, uint64_t seed) {
+  char what[96];
+  const int64_t n = (int64_t)M * C;
+  float *x = uniform(n, -2.0f, 2.0f, seed), *dy = uniform(n, -1.0f, 1.0f, seed + 1);
+  float *gamma = uniform(C, 0.5f, 1.5f, seed + 2), *beta = uniform(C, -0.5f, 0.5f, seed + 3);
+  for (int64_t i = 0; i < n; i += 5) dy[i] = 0.0f;
+  float *y = malloc(n * 4), *mean = malloc(C * 4), *invstd = malloc(C * 4), *rm = calloc(C, 4), *rv = malloc(C * 4);
+  for (int c = 0; c < C; c++) rv[c] = 1.0f;
+  qt_batch_norm_forward_train(y, mean, invstd, x, gamma, beta, rm, rv, 0.1f, 1e-5f, M, C);
+  float *dx1 = malloc(n * 4), *dx2 = calloc((size_t)n, 4), *dg1 = calloc(C, 4), *dg2 = calloc(C, 4);
+  float *db1 = calloc(C, 4), *db2 = calloc(C, 4);
+  for (int64_t i = 0; i < n; i++) dx1[i] = NAN;
+  qt_batch_norm_backward_sync(dx1, 1, dg1, db1, dy, x, mean, invstd, gamma, M, C, NULL, M);
+  qt_batch_norm_backward(dx2, dg2, db2, dy, x, mean, invstd, gamma, M, C);
+  snprintf(what, sizeof what, "bn M%d C%d: dinp written", M, C);
+  check_exact_f32(what, dx1, dx2, n);
+  snprintf(what, sizeof what, "bn M%d C%d: dgamma beside a written dinp", M, C);
+  check_exact_f32(what, dg1, dg2, C);
+  free(x), free(dy), free(gamma), free(beta), free(y), free(mean), free(invstd), free(rm), free(rv);
+  free(dx1), free(dx2), free(dg1), free(dg2), free(db1), free(db2);
+}
+
 int main(void) {
+  test_batch_norm_written(105, 3, 500);
+  test_batch_norm_written(10007, 7, 501);
+  test_batch_norm_written(40000, 32, 502);
   /* (M, C): tiny, odd C, multi-chunk with tail rows (C=7: 32-row patterns, 4672-row chunks),
    * the FashionCNN channel counts, and wide C (pattern of 2 rows; pattern of 1 row). */
   const int bn[][2] = {{105, 3}, {126, 7}, {429, 32}, {10007, 7}, {40000, 32}, {3 * 7 * 7 * 3, 64},
