@@ -12,6 +12,19 @@
  *    scales exact; output and loss 1e-6 abs + 1e-5 rel; running stats 1e-6 abs + 1e-5 rel;
  *    gradients 1e-6 abs + 1e-4 rel (the largest input gradient is 5e-3; BN backward sums 144
  *    float32 terms per channel; the conv bias gradient under batch statistics is 0 up to 1e-8).
+ *    LSQ (quant.learnable_scale), training mode, 4-bit without bias and full-range 8-bit with
+ *    bias, against a weight fake quant _LearnableFakeQuantize (per-channel symmetric,
+ *    use_grad_scaling): both set the learned scales from the observer in this forward (exact,
+ *    as above), and PyTorch's grad_factor must be 1 / sqrt(numel * qmax) with numel the whole
+ *    weight tensor's. Output, loss, gradients and running stats with the tolerances above
+ *    (measured at most 0.05 of them; output 4.8e-7, loss exact). The learned scales' gradient
+ *    is a 27-term float32 sum per channel of grad_factor * dy * (round(x/s) - x/s), qmin or
+ *    qmax in place of the bracket where clipped, with dy the conv weight gradient (ulps apart):
+ *    within 3e-5 of the channel's sum |term| (float64, from the reference); measured 1.5e-6
+ *    (activation LSQ scales are not compared: their fake quant is off). With N = one
+ *    channel's count (before 9027479) every term is sqrt(8) = 2.83 times larger: the gradients
+ *    move by at least 0.16 of sum |term| here, 5000x the tolerance (the test checks that each
+ *    channel's would move by over 10x; with the old N it fails on all 16 channels).
  *    Then the same unit with every fake quant on, three forwards: observe, then fake-quantize
  *    with the fresh qparams (tolerances at sequence()).
  * 2. BN folding. PTQ prepare vs torch.nn.utils.fusion.fuse_conv_bn_eval and QAT convert vs
@@ -126,9 +139,12 @@ static qt_quantizer_config qat_config(int wbits, int abits) {
   return qc;
 }
 
-static qt_graph *prepare(qt_graph *g, int wbits, int abits, qt_prepare_mode mode) {
+/* g prepared as the oneDNN quantizer annotates it; lsq: quant.learnable_scale (every quantizer
+ * learns its scales, LSQ). */
+static qt_graph *prepare_lsq(qt_graph *g, int wbits, int abits, qt_prepare_mode mode, int lsq) {
   char err[QT_ERR_LEN];
   qt_quantizer_config qc = qat_config(wbits, abits);
+  qc.learnable_scale = lsq;
   qt_annotations a;
   /* VNNI: 8-bit weights use the full range [-128, 127], as the PyTorch qconfig */
   if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err)) {
@@ -139,6 +155,10 @@ static qt_graph *prepare(qt_graph *g, int wbits, int abits, qt_prepare_mode mode
   if (!p) qt_test_fail("prepare %s: %s", g->name, err);
   qt_annotations_free(&a);
   return p;
+}
+
+static qt_graph *prepare(qt_graph *g, int wbits, int abits, qt_prepare_mode mode) {
+  return prepare_lsq(g, wbits, abits, mode, 0);
 }
 
 /* ---- 1. the conv -> BN -> ReLU unit ------------------------------------------------------- */
@@ -179,8 +199,63 @@ static void unit_load_init(qt_graph *p, const char *c, int bias) {
   }
 }
 
-/* One forward + backward of the prepared unit on unit/<c>/x, compared with PyTorch. */
-static void unit_step(qt_graph *p, const char *c) {
+/* LSQ: the gradient of the learned weight scales (tensor conv.weight_scale) against PyTorch's
+ * _LearnableFakeQuantize, per channel within 3e-5 of the sum of |per-element term|; and the
+ * comparison must tell LSQ's N = the whole weight tensor's count from one channel's count
+ * (which makes every term sqrt(channels) times larger): that N must move every channel's
+ * gradient by more than 10x its tolerance. */
+static void unit_lsq_scale_grad(qt_graph *p, const char *c) {
+  char d[256];
+  qt_node *cb = node(p, "conv");
+  const qt_qstate *q = cb->wq;
+  const int t = tensor_index(p, "conv.weight_scale");
+  if (t < 0) return;
+  QT_CHECK(q->scale_param == t && q->channels == UOC && p->tensors[t].numel == UOC && !p->tensors[t].is_buffer);
+  /* the learned scales started from the observer: PyTorch's, to the bit */
+  snprintf(d, sizeof d, "unit/%s/wscale", c);
+  close_tensor(p, "conv.weight_scale", d, 0, 0);
+  /* PyTorch's grad_factor is 1 / sqrt(numel * quant_max) of the whole weight tensor */
+  const int64_t numel = p->tensors[cb->param[QT_P_WEIGHT]].numel;
+  snprintf(d, sizeof d, "unit/%s/lsq_grad_factor", c);
+  const double gf = load1(d), ours = 1.0 / sqrt((double)numel * q->spec.qmax);
+  if (!(numel == UOC * UC * 9 && fabs(gf - ours) <= 1e-6 * ours))
+    qt_test_fail("unit %s: PyTorch's LSQ grad_factor %.9g, 1 / sqrt(%lld * %d) = %.9g", c, gf, (long long)numel,
+                 q->spec.qmax, ours);
+  int64_t n, nm;
+  snprintf(d, sizeof d, "unit/%s/grad/weight_scale", c);
+  float *want = load(d, &n);
+  snprintf(d, sizeof d, "unit/%s/grad/weight_scale_mag", c);
+  float *mag = load(d, &nm);
+  const float *got = p->grads + p->tensors[t].offset;
+  if (n != UOC || nm != UOC) {
+    qt_test_fail("unit %s: %lld weight scale gradients and %lld magnitudes, want %d", c, (long long)n, (long long)nm,
+                 UOC);
+  } else {
+    int distinguishing = 0;
+    double worst = 0, worst_abs = 0;
+    for (int k = 0; k < UOC; k++) {
+      const double tol = 3e-5 * mag[k] + 1e-30, diff = fabs((double)got[k] - want[k]);
+      if (diff / tol > worst) worst = diff / tol;
+      if (diff > worst_abs) worst_abs = diff;
+      if (!(diff <= tol))
+        qt_test_fail("unit %s: gradient of learned weight scale %d: %.9g, PyTorch %.9g (|diff| %.3g > %.3g)", c, k,
+                     got[k], want[k], diff, tol);
+      distinguishing += (sqrt((double)UOC) - 1.0) * fabs(want[k]) > 10 * tol;
+    }
+    if (getenv("QT_TEST_VERBOSE"))
+      fprintf(stderr, "unit %s: weight scale gradients: max |diff| %.3g, worst |diff| / sum |term| %.3g\n", c,
+              worst_abs, worst * 3e-5);
+    if (distinguishing != UOC)
+      qt_test_fail("unit %s: only %d of %d weight scale gradients would tell N = numel from N = numel / channels", c,
+                   distinguishing, UOC);
+  }
+  free(want);
+  free(mag);
+}
+
+/* One forward + backward of the prepared unit on unit/<c>/x, compared with PyTorch (lsq: the
+ * weight quantizer learns its scales). */
+static void unit_step(qt_graph *p, const char *c, int lsq) {
   char d[256];
   snprintf(d, sizeof d, "unit/%s/meta", c);
   int64_t ms[8];
@@ -191,6 +266,7 @@ static void unit_step(qt_graph *p, const char *c) {
   qt_node *cb = node(p, "conv");
   QT_CHECK(cb->op == QT_OP_CONV_BN && cb->wq && cb->wq->spec.qmin == qmin && cb->wq->spec.qmax == qmax);
   QT_CHECK((cb->param[QT_P_BIAS] >= 0) == bias);
+  QT_CHECK((cb->wq->scale_param >= 0) == lsq);
   qt_graph_set_training(p, mode != 1);
   qt_freeze_bn(p, mode == 2);
 
@@ -249,6 +325,7 @@ static void unit_step(qt_graph *p, const char *c) {
     close_tensor(p, "conv.bn.running_mean", d, 1e-6f, 1e-5f);
     snprintf(d, sizeof d, "unit/%s/after/bn.running_var", c);
     close_tensor(p, "conv.bn.running_var", d, 1e-6f, 1e-5f);
+    if (lsq) unit_lsq_scale_grad(p, c);
   }
   qt_ctx_free(ctx);
   free(labels);
@@ -473,12 +550,16 @@ static void fold_qat_convert(qt_graph *p, const char *c, int bias) {
 static void units(void) {
   static const struct {
     const char *first, *then; /* `then` continues from `first`'s step */
-    int bias, wbits, convert;
-  } cases[] = {{"w4_train", NULL, 0, 4, 1}, {"w8b_train", "w8b_eval", 1, 8, 1}, {"w4b_frozen", NULL, 1, 4, 0}};
+    int bias, wbits, convert, lsq;
+  } cases[] = {{"w4_train", NULL, 0, 4, 1, 0},
+               {"w8b_train", "w8b_eval", 1, 8, 1, 0},
+               {"w4b_frozen", NULL, 1, 4, 0, 0},
+               {"w4_lsq_train", NULL, 0, 4, 0, 1},
+               {"w8b_lsq_train", NULL, 1, 8, 0, 1}};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     qt_graph *g = unit_graph(cases[k].bias);
     if (!g) continue;
-    qt_graph *p = prepare(g, cases[k].wbits, 8, QT_PREPARE_QAT);
+    qt_graph *p = prepare_lsq(g, cases[k].wbits, 8, QT_PREPARE_QAT, cases[k].lsq);
     qt_graph_free(g);
     if (!p) continue;
     /* activation fake quant off (observers on), weight fake quant on */
@@ -490,13 +571,13 @@ static void units(void) {
       }
     QT_CHECK(n_fq == 3); /* input.fq, relu.fq, gap.fq */
     unit_load_init(p, cases[k].first, cases[k].bias);
-    unit_step(p, cases[k].first);
+    unit_step(p, cases[k].first, cases[k].lsq);
     if (cases[k].convert) fold_qat_convert(p, cases[k].first, cases[k].bias);
     if (cases[k].then) {
       /* the same prepared unit (its weight observer state), PyTorch's post-step parameters and
        * running statistics */
       unit_load_init(p, cases[k].then, cases[k].bias);
-      unit_step(p, cases[k].then);
+      unit_step(p, cases[k].then, cases[k].lsq);
     }
     qt_graph_free(p);
   }

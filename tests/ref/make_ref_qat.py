@@ -24,6 +24,20 @@ unit/<case>/...   A conv -> BN -> ReLU unit (x (4, 6, 6, 3) NHWC, conv 3 -> 8, 3
                                       (fuse_conv_bn_weights on the post-step state)
       convert/qweight (int32)         convert_fx's (onednn engine) int_repr() of the weight
       convert/wscale                  its weight scales
+    LSQ cases w4_lsq_train (no bias, [-8, 7]) and w8b_lsq_train (bias, [-128, 127]), mode 0,
+    no convert: the weight fake quant is _LearnableFakeQuantize (same observer, per-channel
+    symmetric, use_grad_scaling=True, qparam learning on). Its observer stays on for the one
+    forward, which sets the learned scales from the observer before fake-quantizing (as the
+    framework initializes LSQ), so wscale is both the observer's scales and the learned ones.
+    Besides the datasets above:
+      grad/weight_scale               gradient of the learned scales (per channel)
+      grad/weight_scale_mag           per channel, sum of |per-element term| of that gradient
+                                      (float64; the scale of the float32 summation error)
+      lsq_grad_factor (1)             the grad_factor PyTorch used: 1 / sqrt(numel * quant_max),
+                                      numel of the whole weight tensor (checked: the terms with
+                                      it sum to PyTorch's gradient within 1e-5 of sum |term|)
+    (Appended after the other cases with seeds of their own, so the earlier datasets keep their
+    values.)
 seq/...           The same unit (bias, 4-bit weights) with every fake quant on (input and
     output u8 [0, 255] affine, moving average), three training forwards without backward on
     batches x whose range grows (so the qparams move): after each, <step>/y (NHWC, output of
@@ -71,6 +85,7 @@ import torch.nn.functional as F
 from torch.ao.quantization import (FakeQuantize, MovingAverageMinMaxObserver,
                                    MovingAveragePerChannelMinMaxObserver, QConfig, QConfigMapping,
                                    disable_observer)
+from torch.ao.quantization._learnable_fake_quantize import _LearnableFakeQuantize
 from torch.ao.quantization.quantize_fx import convert_fx, convert_to_reference_fx, prepare_qat_fx
 from torch.nn.intrinsic.qat import freeze_bn_stats
 
@@ -94,12 +109,19 @@ def nhwc(t):
     return t.detach().permute(0, 2, 3, 1).numpy()
 
 
-def qconfig(wbits, abits):
+def qconfig(wbits, abits, lsq_channels=0):
+    """lsq_channels > 0: the weight fake quant learns its lsq_channels per-channel scales (LSQ,
+    _LearnableFakeQuantize with use_grad_scaling) instead of following its observer."""
     act = FakeQuantize.with_args(observer=MovingAverageMinMaxObserver, quant_min=0, quant_max=2**abits - 1,
                                  dtype=torch.quint8, qscheme=torch.per_tensor_affine)
-    wt = FakeQuantize.with_args(observer=MovingAveragePerChannelMinMaxObserver, quant_min=-2**(wbits - 1),
-                                quant_max=2**(wbits - 1) - 1, dtype=torch.qint8,
-                                qscheme=torch.per_channel_symmetric)
+    wt_kind = FakeQuantize
+    kw = {}
+    if lsq_channels:
+        wt_kind = _LearnableFakeQuantize
+        kw = dict(channel_len=lsq_channels, use_grad_scaling=True)
+    wt = wt_kind.with_args(observer=MovingAveragePerChannelMinMaxObserver, quant_min=-2**(wbits - 1),
+                           quant_max=2**(wbits - 1) - 1, dtype=torch.qint8, qscheme=torch.per_channel_symmetric,
+                           **kw)
     return QConfig(activation=act, weight=wt)
 
 
@@ -122,7 +144,7 @@ def unit_init(bias, seed):
     return init
 
 
-def unit_model(init, wbits):
+def unit_model(init, wbits, lsq=False):
     bias = "conv.bias" in init
     m = nn.Sequential()
     m.add_module("conv", nn.Conv2d(C, OC, 3, padding=1, bias=bias))
@@ -135,9 +157,17 @@ def unit_model(init, wbits):
         for k in ("weight", "bias", "running_mean", "running_var"):
             getattr(m.bn, k).copy_(init["bn." + k])
     m.train()
-    p = prepare_qat_fx(m, QConfigMapping().set_global(qconfig(wbits, 8)), example_inputs=(torch.randn(2, C, H, W),))
+    qc = qconfig(wbits, 8, OC if lsq else 0)
+    p = prepare_qat_fx(m, QConfigMapping().set_global(qc), example_inputs=(torch.randn(2, C, H, W),))
     for fq in act_fqs(p):
         fq.disable_fake_quant()  # observers stay on, as in the C test
+    if lsq:
+        wfq = p.conv.weight_fake_quant
+        assert isinstance(wfq, _LearnableFakeQuantize) and wfq.use_grad_scaling
+        # learning on; the observer (static_enabled) stays on for the first forward, which sets
+        # the scales from it before fake-quantizing, as the C framework initializes LSQ
+        wfq.toggle_qparam_learning(enabled=True)
+        assert wfq.static_enabled[0] == 1 and wfq.fake_quant_enabled[0] == 1
     return p
 
 
@@ -158,8 +188,18 @@ def unit_step(p, name, x, labels, mode, wbits):
         p.train()
         p.apply(freeze_bn_stats)
     pre = {k: v.detach().clone() for k, v in conv.state_dict().items()}
+    wfq = conv.weight_fake_quant
+    lsq = isinstance(wfq, _LearnableFakeQuantize)
+    seen = {}
+    if lsq:
+        def capture(mod, inp, outp):
+            seen["w"] = inp[0].detach().clone()  # W * sf
+            outp.register_hook(lambda g: seen.__setitem__("dy", g.detach().clone()))
+        hook = wfq.register_forward_hook(capture)
     x = x.clone().requires_grad_(True)
     y = p(x)
+    if lsq:
+        hook.remove()
     loss = F.cross_entropy(y.mean((2, 3)), labels)
     for prm in p.parameters():
         prm.grad = None
@@ -185,6 +225,32 @@ def unit_step(p, name, x, labels, mode, wbits):
     put(r + "after/bn.running_mean", conv.bn.running_mean)
     put(r + "after/bn.running_var", conv.bn.running_var)
     put(r + "wscale", conv.weight_fake_quant.scale)
+    if lsq:
+        lsq_scale_grad(r, wfq, seen["w"], seen["dy"])
+
+
+def lsq_scale_grad(r, wfq, w, dy):
+    """The learned weight scales' gradient and, per channel, the sum of |per-element term|
+    (float64, the scale of the float32 summation error; as make_ref_quant.py), and the
+    grad_factor PyTorch used: 1 / sqrt(numel * quant_max), numel of the whole weight tensor."""
+    qmin, qmax = wfq.quant_min, wfq.quant_max
+    gf = 1.0 / (w.numel() * qmax) ** 0.5
+    s32 = wfq.scale.detach().numpy()[:, None]
+    x32 = w.numpy().reshape(w.shape[0], -1)
+    s, xm = s32.astype(np.float64), x32.astype(np.float64)
+    dym = dy.double().numpy().reshape(w.shape[0], -1)
+    # rounded as PyTorch's kernel rounds: x * (1 / s) in float32 (the largest |x| of a channel
+    # sits at the tie x / s = +-127.5 (+-7.5), where the float64 quotient can round the other way)
+    xq = np.rint((x32 * (np.float32(1) / s32)).astype(np.float64))
+    inr = (xq >= qmin) & (xq <= qmax)
+    term = np.where(inr, dym * (xq - xm / s), dym * np.where(xq < qmin, qmin, qmax)) * gf
+    assert wfq.scale.grad is not None and torch.all(wfq.zero_point.detach() == 0)
+    put(r + "grad/weight_scale", wfq.scale.grad)
+    put(r + "grad/weight_scale_mag", np.abs(term).sum(axis=1))
+    put(r + "lsq_grad_factor", [gf])
+    # a check of the reference itself: the float64 sum of the terms is PyTorch's gradient
+    d = np.abs(term.sum(axis=1) - wfq.scale.grad.double().numpy())
+    assert np.all(d <= 1e-5 * np.abs(term).sum(axis=1)), d
 
 
 def frozen_copy(p):
@@ -238,6 +304,13 @@ def make_units():
     init = unit_init(True, 3)
     p = unit_model(init, 4)
     unit_step(p, "w4b_frozen", x1, l1, 2, 4)
+    # LSQ weight scales (appended: the cases above keep their datasets)
+    init = unit_init(False, 5)
+    p = unit_model(init, 4, lsq=True)
+    unit_step(p, "w4_lsq_train", x1, l1, 0, 4)
+    init = unit_init(True, 6)
+    p = unit_model(init, 8, lsq=True)
+    unit_step(p, "w8b_lsq_train", x1, l1, 0, 8)
 
 
 def make_sequence():
