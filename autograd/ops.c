@@ -479,14 +479,22 @@ typedef struct {
 static void fake_quant_lsq_backward(qt_ctx *ctx, void *p) {
   lsq_saved *s = p;
   if (!s->y->grad) return;
-  float *dx = s->x->requires_grad ? qt_tensor_grad(ctx, s->x) : NULL;
+  /* No input gradient yet: the output's final gradient becomes it, written in place (as
+   * fake_quant does), saving a zeroed buffer and a pass. */
+  const int in_place = s->x->requires_grad && !s->x->grad;
+  float *dx = in_place ? s->y->grad : s->x->requires_grad ? qt_tensor_grad(ctx, s->x) : NULL;
   float *ds = s->scale->requires_grad ? qt_tensor_grad(ctx, s->scale) : NULL;
   if (!dx && !ds) return;
   /* the kernel writes both gradients; route a missing one to scratch */
   float *dx_scratch = dx ? NULL : qt_arena_calloc(ctx, (size_t)qt_tensor_numel(s->x) * sizeof(float));
   float *ds_scratch = ds ? NULL : qt_arena_calloc(ctx, (size_t)s->channels * sizeof(float));
-  qt_fake_quant_lsq_backward(dx ? dx : dx_scratch, ds ? ds : ds_scratch, NULL, s->y->grad, qt_f32(s->x), s->outer,
-                             s->channels, s->inner, qt_f32(s->scale), s->zp, s->qmin, s->qmax, s->grad_factor);
+  qt_fake_quant_lsq_backward_ex(dx ? dx : dx_scratch, in_place, ds ? ds : ds_scratch, NULL, s->y->grad, qt_f32(s->x),
+                                s->outer, s->channels, s->inner, qt_f32(s->scale), s->zp, s->qmin, s->qmax,
+                                s->grad_factor);
+  if (in_place) {
+    s->x->grad = dx;
+    if (ctx->backward_frees) s->y->grad = NULL; /* the buffer is the input's now */
+  }
   if (ds_scratch) qt_arena_free(ctx, ds_scratch, (size_t)s->channels * sizeof(float));
   if (dx_scratch) qt_arena_free(ctx, dx_scratch, (size_t)qt_tensor_numel(s->x) * sizeof(float));
 }

@@ -183,6 +183,14 @@ void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, 
                                 const float *inp, int64_t outer, int channels, int64_t inner,
                                 const float *scale, const int32_t *zero_point, int qmin, int qmax,
                                 float grad_factor) {
+  qt_fake_quant_lsq_backward_ex(dinp, 0, dscale, dzero_point, dout, inp, outer, channels, inner, scale, zero_point,
+                                qmin, qmax, grad_factor);
+}
+
+void qt_fake_quant_lsq_backward_ex(float *dinp, int dinp_write, float *dscale, float *dzero_point,
+                                   const float *dout, const float *inp, int64_t outer, int channels,
+                                   int64_t inner, const float *scale, const int32_t *zero_point, int qmin,
+                                   int qmax, float grad_factor) {
   check_view(outer, channels, inner, scale, zero_point, qmin, qmax);
   const int64_t n = outer * channels * inner;
   if (channels == 1) outer = 1, inner = n; /* per tensor: one flat row whatever the view */
@@ -204,7 +212,7 @@ void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, 
           int64_t i = o * C + c;
           float s = scale[c], dx, ds, dz;
           LSQ_ELEMENT(inp[i], dout[i], s, 1.0f / s, (float)zero_point[c], lo, hi, grad_factor, dx, ds, dz);
-          dinp[i] += dx;
+          dinp[i] = select_bits(dinp_write, 0.0f, dinp[i]) + dx;
           ps[c] += ds;
           pz[c] += dz;
         }
@@ -222,7 +230,7 @@ void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, 
           for (int64_t i = start; i < stop; i++) {
             float dx, ds, dz;
             LSQ_ELEMENT(inp[i], dout[i], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
-            dinp[i] += dx;
+            dinp[i] = select_bits(dinp_write, 0.0f, dinp[i]) + dx;
             as += ds;
             az += dz;
           }
@@ -232,7 +240,7 @@ void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, 
             float dx, ds, dz;
             LSQ_ELEMENT(inp[i], dout[i], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
             (void)dz;
-            dinp[i] += dx;
+            dinp[i] = select_bits(dinp_write, 0.0f, dinp[i]) + dx;
             as += ds;
           }
         }

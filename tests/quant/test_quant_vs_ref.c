@@ -118,6 +118,19 @@ static void run(const shape *sh, uint64_t seed) {
   qt_fake_quant_lsq_backward(g2, ds2, NULL, dy, x, sh->outer, C, sh->inner, scale, zp, qmin, qmax, gf);
   if (memcmp(ds, ds2, (size_t)C * sizeof(float)) || memcmp(g, g2, (size_t)n * sizeof(float)))
     qt_test_fail("%s lsq without dzero_point: dx or dscale differ from the run with it", what);
+  /* dx written in place over dout (the autograd op's path when the input has no gradient yet),
+   * with and without the zero-point sums: the bits of accumulating into zeros */
+  for (int with_dz = 0; with_dz < 2; with_dz++) {
+    float *inplace = malloc((size_t)n * sizeof(float));
+    memcpy(inplace, dy, (size_t)n * sizeof(float));
+    memset(ds2, 0, (size_t)C * sizeof(float));
+    memset(dz2, 0, (size_t)C * sizeof(float));
+    qt_fake_quant_lsq_backward_ex(inplace, 1, ds2, with_dz ? dz2 : NULL, inplace, x, sh->outer, C, sh->inner, scale,
+                                  zp, qmin, qmax, gf);
+    if (memcmp(inplace, g, (size_t)n * sizeof(float)) || memcmp(ds, ds2, (size_t)C * sizeof(float)))
+      qt_test_fail("%s lsq dx written in place over dout (dz %d): differs from accumulating into zeros", what, with_dz);
+    free(inplace);
+  }
 
   /* one thread gives the same elementwise results */
   int threads = omp_get_max_threads();
