@@ -343,14 +343,26 @@ void qt_batch_norm_forward_eval_ref(float *out, const float *inp, const float *g
 
 /* Per-chunk sums of dout and of dout*(x - mean), one double per chunk and channel; for the
  * eval backward (dx_scale != NULL) the chunk also does dinp += dout * dx_scale in the same pass. */
-static void chunk_grad_sums(double *sdy, double *sdyx, float *restrict dinp, const float *restrict dout,
-                            const float *restrict x, int64_t rows, const bn_plan *p, const float *restrict mrep,
-                            const float *restrict dx_scale, float *restrict acc_s, float *restrict acc_p) {
+static void chunk_grad_sums(double *sdy, double *sdyx, float *restrict dinp, int dinp_write,
+                            const float *restrict dout, const float *restrict x, int64_t rows, const bn_plan *p,
+                            const float *restrict mrep, const float *restrict dx_scale, float *restrict acc_s,
+                            float *restrict acc_p) {
   const int L = p->L, C = p->C;
   const int64_t groups = rows / p->k, tail = rows - groups * p->k;
   memset(acc_s, 0, (size_t)L * sizeof *acc_s);
   memset(acc_p, 0, (size_t)L * sizeof *acc_p);
-  if (dinp && dx_scale) {
+  if (dinp && dx_scale && dinp_write) { /* a fresh dinp: written as 0 + v, the bits of adding to zeros */
+    for (int64_t g = 0; g < groups; g++) {
+      const float *restrict xg = x + g * L, *restrict dg = dout + g * L;
+      float *restrict ig = dinp + g * L;
+#pragma omp simd
+      for (int j = 0; j < L; j++) {
+        acc_s[j] += dg[j];
+        acc_p[j] += dg[j] * (xg[j] - mrep[j]);
+        ig[j] = 0.0f + dg[j] * dx_scale[j];
+      }
+    }
+  } else if (dinp && dx_scale) {
     for (int64_t g = 0; g < groups; g++) {
       const float *restrict xg = x + g * L, *restrict dg = dout + g * L;
       float *restrict ig = dinp + g * L;
@@ -376,7 +388,7 @@ static void chunk_grad_sums(double *sdy, double *sdyx, float *restrict dinp, con
     for (int c = 0; c < C; c++) {
       acc_s[c] += dout[o + c];
       acc_p[c] += dout[o + c] * (x[o + c] - mrep[c]);
-      if (dinp && dx_scale) dinp[o + c] += dout[o + c] * dx_scale[c];
+      if (dinp && dx_scale) dinp[o + c] = (dinp_write ? 0.0f : dinp[o + c]) + dout[o + c] * dx_scale[c];
     }
   }
   pattern_fold(sdy, acc_s, p);
@@ -385,8 +397,8 @@ static void chunk_grad_sums(double *sdy, double *sdyx, float *restrict dinp, con
 
 /* Reduces sum(dout) and sum(dout*(x-mean)) per channel into sdy/sdyx (C doubles each),
  * deterministically; with dx_scale also applies the eval dinp update in the same pass. */
-static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, const float *dout, const float *inp,
-                         const float *mrep, const float *dx_scale, const bn_plan *p) {
+static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write, const float *dout,
+                         const float *inp, const float *mrep, const float *dx_scale, const bn_plan *p) {
   const int C = p->C;
   const int nthreads = omp_get_max_threads();
   const size_t npart = (size_t)p->nchunks * (size_t)C;
@@ -396,7 +408,7 @@ static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, const float *do
   for (int64_t i = 0; i < p->nchunks; i++) {
     float *scratch = thread_scratch(ws, 2, p);
     int64_t r0 = i * p->chunk_rows, rows = p->M - r0 < p->chunk_rows ? p->M - r0 : p->chunk_rows;
-    chunk_grad_sums(part + i * C, part + npart + i * C, dinp ? dinp + r0 * C : NULL, dout + r0 * C,
+    chunk_grad_sums(part + i * C, part + npart + i * C, dinp ? dinp + r0 * C : NULL, dinp_write, dout + r0 * C,
                     inp + r0 * C, rows, p, mrep, dx_scale, scratch, scratch + pattern_stride(p));
   }
   for (int c = 0; c < C; c++) {
@@ -432,7 +444,7 @@ void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, flo
   float *mrep = ws, *gmrep = ws + p.L, *psrep = ws + 2 * p.L, *arep = ws + 3 * p.L;
   float *cg = ws + 4 * p.L, *cp = ws + 5 * p.L, *ca = ws + 6 * p.L;
   pattern_fill(mrep, mean, 0, &p);
-  bn_grad_sums(sums, sums + C, NULL, dout, inp, mrep, NULL, &p);
+  bn_grad_sums(sums, sums + C, NULL, 0, dout, inp, mrep, NULL, &p);
   /* dgamma/dbeta from this process's sums; dinp from the whole batch's */
   double *all = sums + 2 * C;
   memcpy(all, sums, 2 * (size_t)C * sizeof(double));
@@ -498,6 +510,12 @@ void qt_batch_norm_backward_ref(float *dinp, float *dgamma, float *dbeta, const 
 void qt_batch_norm_backward_eval(float *dinp, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C) {
+  qt_batch_norm_backward_eval_ex(dinp, 0, dgamma, dbeta, dout, inp, mean, invstd, gamma, M, C);
+}
+
+void qt_batch_norm_backward_eval_ex(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
+                                    const float *inp, const float *mean, const float *invstd, const float *gamma,
+                                    int M, int C) {
   if (!dinp && !dgamma && !dbeta) return;
   QT_ASSERT(M > 0 && C > 0, "batch_norm_backward_eval: empty input (M=%d, C=%d)", M, C);
   const bn_plan p = bn_plan_make(M, C);
@@ -508,7 +526,7 @@ void qt_batch_norm_backward_eval(float *dinp, float *dgamma, float *dbeta, const
   if (dgamma || dbeta) {
     double *sums = xmalloc(2 * (size_t)C * sizeof(double));
     pattern_fill(mrep, mean, 0, &p);
-    bn_grad_sums(sums, sums + C, dinp, dout, inp, mrep, arep, &p);
+    bn_grad_sums(sums, sums + C, dinp, dinp_write, dout, inp, mrep, arep, &p);
     for (int c = 0; c < C; c++) {
       if (dbeta) dbeta[c] += (float)sums[c];
       if (dgamma) dgamma[c] += (float)(sums[C + c] * (double)invstd[c]);
@@ -521,12 +539,17 @@ void qt_batch_norm_backward_eval(float *dinp, float *dgamma, float *dbeta, const
     for (int64_t g = 0; g < groups; g++) {
       const float *restrict dg = dout + g * L;
       float *restrict ig = dinp + g * L;
+      if (dinp_write) {
 #pragma omp simd
-      for (int j = 0; j < L; j++) ig[j] += dg[j] * arep[j];
+        for (int j = 0; j < L; j++) ig[j] = 0.0f + dg[j] * arep[j];
+      } else {
+#pragma omp simd
+        for (int j = 0; j < L; j++) ig[j] += dg[j] * arep[j];
+      }
     }
     for (int64_t t = 0; t < tail; t++) {
       const int64_t o = (groups * p.k + t) * C;
-      for (int c = 0; c < C; c++) dinp[o + c] += dout[o + c] * arep[c];
+      for (int c = 0; c < C; c++) dinp[o + c] = (dinp_write ? 0.0f : dinp[o + c]) + dout[o + c] * arep[c];
     }
   }
   free(ws);

@@ -99,6 +99,10 @@ void qt_batch_norm_backward_ref(float *dinp, float *dgamma, float *dbeta, const 
 void qt_batch_norm_backward_eval(float *dinp, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C);
+/* The same with dinp written (never read) when dinp_write: a fresh gradient buffer. */
+void qt_batch_norm_backward_eval_ex(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
+                                    const float *inp, const float *mean, const float *invstd, const float *gamma,
+                                    int M, int C);
 void qt_batch_norm_backward_eval_ref(float *dinp, float *dgamma, float *dbeta, const float *dout,
                                      const float *inp, const float *mean, const float *invstd,
                                      const float *gamma, int M, int C);

@@ -90,17 +90,15 @@ static void batch_norm_backward(qt_ctx *ctx, void *p) {
   if (!s->y->grad && s->training && s->sync) qt_tensor_grad(ctx, s->y);
   if (!s->y->grad) return;
   int dx_fresh = 0;
-  float *dx = !s->x->requires_grad ? NULL
-              : s->training       ? qt_tensor_grad_for_write(ctx, s->x, &dx_fresh)
-                                  : qt_tensor_grad(ctx, s->x);
+  float *dx = s->x->requires_grad ? qt_tensor_grad_for_write(ctx, s->x, &dx_fresh) : NULL;
   float *dg = s->gamma->requires_grad ? qt_tensor_grad(ctx, s->gamma) : NULL;
   float *db = s->beta->requires_grad ? qt_tensor_grad(ctx, s->beta) : NULL;
   if (s->training)
-    qt_batch_norm_backward_sync(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma), s->M,
-                                s->C, s->sync, s->M_total);
+    qt_batch_norm_backward_sync(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma),
+                                s->M, s->C, s->sync, s->M_total);
   else
-    qt_batch_norm_backward_eval(dx, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma), s->M,
-                                s->C);
+    qt_batch_norm_backward_eval_ex(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd,
+                                   qt_f32(s->gamma), s->M, s->C);
 }
 
 static qt_tensor *batch_norm_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,

@@ -256,6 +256,15 @@ static void test_batch_norm_written(int M, int C, uint64_t seed) {
   check_exact_f32(what, dx1, dx2, n);
   snprintf(what, sizeof what, "bn M%d C%d: dgamma beside a written dinp", M, C);
   check_exact_f32(what, dg1, dg2, C);
+  /* eval mode (frozen BN), with and without the parameter gradients (two code paths) */
+  for (int params = 0; params < 2; params++) {
+    for (int64_t i = 0; i < n; i++) dx1[i] = NAN, dx2[i] = 0.0f;
+    qt_batch_norm_backward_eval_ex(dx1, 1, params ? dg1 : NULL, params ? db1 : NULL, dy, x, mean, invstd, gamma, M,
+                                   C);
+    qt_batch_norm_backward_eval(dx2, params ? dg2 : NULL, params ? db2 : NULL, dy, x, mean, invstd, gamma, M, C);
+    snprintf(what, sizeof what, "bn eval M%d C%d params %d: dinp written", M, C, params);
+    check_exact_f32(what, dx1, dx2, n);
+  }
   free(x), free(dy), free(gamma), free(beta), free(y), free(mean), free(invstd), free(rm), free(rv);
   free(dx1), free(dx2), free(dg1), free(dg2), free(db1), free(db2);
 }
