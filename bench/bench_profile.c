@@ -302,6 +302,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_profile: %s\n", st.msg);
     usage(stderr);
     free(a.overrides);
+    qt_dist_finalize();
     return 2;
   }
   int rc = 0;
