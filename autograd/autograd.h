@@ -64,6 +64,17 @@ void qt_ctx_set_backward_frees(qt_ctx *ctx, int enabled);
 void qt_ctx_set_batch_sync(qt_ctx *ctx, const qt_batch_sync *sync);
 const qt_batch_sync *qt_ctx_batch_sync(const qt_ctx *ctx);
 
+/* The tape's entries are numbered in the order the ops recorded them, from 0 after
+ * qt_ctx_reset; the next op recorded gets qt_ctx_tape_length. A tensor made when the length was
+ * k has its gradient written only by entries k and later. */
+size_t qt_ctx_tape_length(const qt_ctx *ctx);
+/* fn(user, entry) runs after each tape entry's backward (entries run from the last to 0): once
+ * entry k has run, so have all entries from k on, and a gradient only they write is final (the
+ * trainer starts summing those across processes while the backward goes on). NULL: none (the
+ * default). The ctx keeps the setting across qt_ctx_reset. */
+typedef void (*qt_backward_hook)(void *user, size_t entry);
+void qt_ctx_set_backward_hook(qt_ctx *ctx, qt_backward_hook fn, void *user);
+
 /* ---- profiling (off by default) ------------------------------------------------------- */
 /* The kinds of differentiable op below, one bucket each. */
 typedef enum {

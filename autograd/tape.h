@@ -31,6 +31,8 @@ struct qt_ctx {
   size_t tape_len, tape_cap;
   const qt_batch_sync *sync; /* the processes sharing the batch, or NULL */
   qt_profile *profile;       /* NULL: not profiling */
+  qt_backward_hook backward_hook; /* qt_ctx_set_backward_hook, or NULL */
+  void *backward_hook_user;
 };
 
 /* Appends a backward record of an op of this kind whose output is `out`; returns `saved_bytes`

@@ -296,6 +296,11 @@ int qt_tape_recording(const qt_ctx *ctx, const qt_tensor *a, const qt_tensor *b,
 
 void qt_ctx_set_batch_sync(qt_ctx *ctx, const qt_batch_sync *sync) { ctx->sync = sync; }
 const qt_batch_sync *qt_ctx_batch_sync(const qt_ctx *ctx) { return ctx->sync; }
+size_t qt_ctx_tape_length(const qt_ctx *ctx) { return ctx->tape_len; }
+void qt_ctx_set_backward_hook(qt_ctx *ctx, qt_backward_hook fn, void *user) {
+  ctx->backward_hook = fn;
+  ctx->backward_hook_user = user;
+}
 
 void qt_backward(qt_ctx *ctx, qt_tensor *loss) { qt_backward_seeded(ctx, loss, 1.0f); }
 
@@ -328,6 +333,7 @@ void qt_backward_seeded(qt_ctx *ctx, qt_tensor *loss, float seed) {
       }
       if (out->owns_data && out->data) qt_tensor_free(ctx, out);
     }
+    if (ctx->backward_hook) ctx->backward_hook(ctx->backward_hook_user, i);
   }
   ctx->tape_len = 0;
 }

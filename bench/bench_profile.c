@@ -8,6 +8,10 @@
  * and the observers (timed by the trainer and the graph executor); "other" (the step's wall time
  * minus all of those: the graph executor's own work, arena resets, accuracy counting); the step
  * total and images/s; the thread count and oneDNN's ISA. --json FILE writes the same figures.
+ * Under mpirun it profiles data-parallel training (every process trains its slice of each batch)
+ * and process 0 prints its own profile, with a grad_sum row: the gradient sum after the backward,
+ * or with dist.bucket_mb > 0 the wait for the buckets left after it (the posting and testing
+ * during the backward then fall in "other").
  *
  * A benchmark: it prints figures and judges nothing about them (exit 0 unless the run fails).
  * QAT starts from quant.fp32_checkpoint when that file exists; otherwise from the model's
@@ -22,6 +26,7 @@
 
 #include "autograd/dnnl_util.h"
 #include "backend/backend.h"
+#include "dist/dist.h"
 #include "train/pipeline.h"
 
 static void usage(FILE *f) {
@@ -206,6 +211,9 @@ static void print_table(const char *config, const qt_options *o, const bench_res
          config, o->model.onnx[0] ? o->model.onnx : o->model.name, r->mode, o->train.batch_size, r->b.steps,
          r->b.warmup, r->epochs, r->epochs == 1 ? "" : "s", r->threads, r->isa);
   printf("start: %s\n", r->start);
+  if (qt_dist_size() > 1)
+    printf("data parallel: process 0 of %d, dist.bucket_mb %g (grad_sum: %s)\n", qt_dist_size(), o->dist.bucket_mb,
+           o->dist.bucket_mb > 0 ? "the wait for the buckets left after the backward" : "one sum after the backward");
   printf("%-18s %11s %16s %17s %8s\n", "op kind", "calls/step", "forward ms/step", "backward ms/step", "share %");
   for (int k = 0; k < QT_PROFILE_OP_COUNT; k++) {
     if (!op_ran(p, k)) continue;
@@ -286,10 +294,15 @@ int main(int argc, char **argv) {
   static qt_options o;
   static bench_result r;
   qt_status st = {0};
+  if (qt_dist_init(&argc, &argv, st.msg)) {
+    fprintf(stderr, "bench_profile: %s\n", st.msg);
+    return 2;
+  }
   if (parse_args(argc, argv, &a, st.msg)) {
     fprintf(stderr, "bench_profile: %s\n", st.msg);
     usage(stderr);
     free(a.overrides);
+    qt_dist_finalize();
     return 2;
   }
   int rc = 0;
@@ -307,10 +320,14 @@ int main(int argc, char **argv) {
     rc = qt_status_exit_code(st.code);
     goto out;
   }
-  print_table(a.config, &o, &r);
-  if (a.json && write_json(a.json, a.config, &o, &r, st.msg)) rc = 1;
+  if (qt_dist_rank() == 0) { /* under mpirun: process 0's profile */
+    print_table(a.config, &o, &r);
+    if (a.json && write_json(a.json, a.config, &o, &r, st.msg)) rc = 1;
+  }
 out:
+  if (rc && qt_dist_size() > 1) qt_dist_abort(rc, "bench_profile: process %d: %s", qt_dist_rank(), st.msg);
   if (rc) fprintf(stderr, "bench_profile: %s\n", st.msg);
   free(a.overrides);
+  qt_dist_finalize();
   return rc;
 }

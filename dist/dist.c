@@ -11,6 +11,15 @@
 #endif
 
 static int world_rank = 0, world_size = 1, joined = 0;
+#ifdef QT_HAVE_MPI
+/* The bucketed sums' two stages, each on a communicator of its own: a process posts the
+ * scatters in bucket order (its caller's) and the gathers in bucket order too, but the two
+ * interleave differently on different processes, and collectives on one communicator must come
+ * in the same order everywhere. */
+static MPI_Comm comm_scatter = MPI_COMM_NULL, comm_gather = MPI_COMM_NULL;
+static int n_pending; /* buckets posted and not finished */
+static void buckets_release(void);
+#endif
 
 int qt_dist_built_with_mpi(void) {
 #ifdef QT_HAVE_MPI
@@ -42,6 +51,8 @@ int qt_dist_init(int *argc, char ***argv, char *err) {
     return qt_err(err, "MPI_Init failed (started by an MPI launcher for %d processes)", announced);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm_scatter);
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm_gather);
   joined = 1;
   return 0;
 #else
@@ -58,7 +69,13 @@ int qt_dist_init(int *argc, char ***argv, char *err) {
 
 void qt_dist_finalize(void) {
 #ifdef QT_HAVE_MPI
-  if (joined) MPI_Finalize();
+  if (joined) {
+    QT_ASSERT(n_pending == 0, "dist: leaving the job with %d bucketed sums unfinished (qt_dist_sum_wait_all)", n_pending);
+    MPI_Comm_free(&comm_scatter);
+    MPI_Comm_free(&comm_gather);
+    buckets_release();
+    MPI_Finalize();
+  }
 #endif
   joined = 0;
   world_rank = 0;
@@ -141,6 +158,129 @@ static void sum_any(void *buf, int64_t n, int is_double) {
     sum_round((char *)buf + (size_t)at * esize, n - at < ROUND_ELEMS ? n - at : ROUND_ELEMS, is_double);
 }
 #endif
+
+/* ---- bucketed sums ---------------------------------------------------------------------------- */
+#ifdef QT_HAVE_MPI
+/* A bucket is summed in the two stages of sum_round (or, when small, in sum_small's one
+ * all-gather and the in-order add) with non-blocking collectives; its stage advances in bucket
+ * order (the gathers must be posted in the same order on every process). */
+typedef struct {
+  float *buf;
+  int64_t n;
+  int small;       /* one all-gather of every copy, then the add (sum_small) */
+  int stage;       /* 0: scatter (or small all-gather) posted; 1: added, gather posted; 2: done */
+  MPI_Request req;
+  int *counts;     /* 4 * size: counts, displs, rcounts, rdispls (sum_round's) */
+  float *recv;     /* the copies to add: size * (this process's segment, or n when small) */
+} bucket;
+
+static bucket *buckets;
+static int cap_buckets;
+static int n_added, n_done; /* buckets[0 .. n_added) have passed stage 0, [0 .. n_done) are done */
+
+static void bucket_post(float *buf, int64_t n) {
+  const int R = world_size, me = world_rank;
+  if (n_pending == cap_buckets) {
+    cap_buckets = cap_buckets ? 2 * cap_buckets : 16;
+    buckets = realloc(buckets, (size_t)cap_buckets * sizeof *buckets);
+    QT_ASSERT(buckets, "dist: out of memory for %d bucketed sums", cap_buckets);
+  }
+  bucket *b = &buckets[n_pending++];
+  memset(b, 0, sizeof *b);
+  b->buf = buf;
+  b->n = n;
+  b->small = (size_t)n * sizeof(float) * (size_t)R <= QT_DIST_SMALL_SUM_BYTES;
+  if (b->small) {
+    b->recv = malloc((size_t)R * (size_t)n * sizeof(float));
+    QT_ASSERT(b->recv, "dist: out of memory for a reduction of %lld elements", (long long)n);
+    MPI_Iallgather(buf, (int)n, MPI_FLOAT, b->recv, (int)n, MPI_FLOAT, comm_scatter, &b->req);
+    return;
+  }
+  b->counts = malloc(4 * (size_t)R * sizeof *b->counts);
+  QT_ASSERT(b->counts, "dist: out of memory");
+  int *counts = b->counts, *displs = counts + R, *rcounts = counts + 2 * R, *rdispls = counts + 3 * R;
+  for (int k = 0; k < R; k++) {
+    const int64_t a = n * k / R, e = n * (k + 1) / R;
+    counts[k] = (int)(e - a);
+    displs[k] = (int)a;
+  }
+  const int mine = counts[me];
+  for (int k = 0; k < R; k++) {
+    rcounts[k] = mine;
+    rdispls[k] = k * mine;
+  }
+  b->recv = malloc((size_t)R * (size_t)(mine > 0 ? mine : 1) * sizeof(float));
+  QT_ASSERT(b->recv, "dist: out of memory for a reduction of %lld elements", (long long)n);
+  MPI_Ialltoallv(buf, counts, displs, MPI_FLOAT, b->recv, rcounts, rdispls, MPI_FLOAT, comm_scatter, &b->req);
+}
+
+/* Stage 0 of bucket b is complete: add the copies (as sum_small or sum_round do) and, for a
+ * segmented bucket, post the gather. */
+static void bucket_add(bucket *b) {
+  const int R = world_size, me = world_rank;
+  if (b->small) {
+    add_copies(b->buf, b->recv, R, b->n, 0);
+    b->stage = 2;
+  } else {
+    const int *counts = b->counts, *displs = counts + R;
+    add_copies(b->buf + displs[me], b->recv, R, counts[me], 0);
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, b->buf, counts, displs, MPI_FLOAT, comm_gather, &b->req);
+    b->stage = 1;
+  }
+  free(b->recv);
+  b->recv = NULL;
+}
+
+static void buckets_release(void) {
+  free(buckets);
+  buckets = NULL;
+  cap_buckets = 0;
+}
+
+/* Whether b's pending collective has completed (wait: after waiting for it). */
+static int bucket_test(bucket *b, int wait) {
+  int done = 1;
+  if (wait) MPI_Wait(&b->req, MPI_STATUS_IGNORE);
+  else MPI_Test(&b->req, &done, MPI_STATUS_IGNORE);
+  return done;
+}
+
+/* Moves the posted buckets on, in bucket order: each whose stage 0 has completed is added and its
+ * gather posted, up to the first still under way; then the gathers are finished up to the first
+ * still under way (every MPI_Test also lets Open MPI move the other transfers). wait: waits for
+ * each instead, so that all are done on return. */
+static void buckets_advance(int wait) {
+  while (n_added < n_pending && bucket_test(&buckets[n_added], wait)) bucket_add(&buckets[n_added++]);
+  while (n_done < n_added && (buckets[n_done].stage == 2 || bucket_test(&buckets[n_done], wait)))
+    buckets[n_done++].stage = 2;
+}
+#endif
+
+void qt_dist_sum_begin(float *buf, int64_t n) {
+#ifdef QT_HAVE_MPI
+  if (world_size == 1) return;
+  for (int64_t at = 0; at < n; at += ROUND_ELEMS) bucket_post(buf + at, n - at < ROUND_ELEMS ? n - at : ROUND_ELEMS);
+#else
+  (void)buf;
+  (void)n;
+#endif
+}
+
+void qt_dist_sum_progress(void) {
+#ifdef QT_HAVE_MPI
+  if (n_pending > 0) buckets_advance(0);
+#endif
+}
+
+void qt_dist_sum_wait_all(void) {
+#ifdef QT_HAVE_MPI
+  if (n_pending == 0) return;
+  buckets_advance(1);
+  QT_ASSERT(n_done == n_pending, "dist: %d of %d bucketed sums unfinished after waiting", n_pending - n_done, n_pending);
+  for (int i = 0; i < n_pending; i++) free(buckets[i].counts);
+  n_pending = n_added = n_done = 0;
+#endif
+}
 
 int64_t qt_dist_small_sums(void) {
 #ifdef QT_HAVE_MPI

@@ -44,6 +44,19 @@ void qt_dist_sum_f64(double *buf, int64_t n);
  * instead of that path's 2 (size - 1) (docs/scaling.md). qt_dist_small_sums counts them. */
 #define QT_DIST_SMALL_SUM_BYTES ((size_t)64 << 10)
 int64_t qt_dist_small_sums(void);
+/* The same sum in buckets, started without waiting (gradients summed while the backward is still
+ * running): qt_dist_sum_begin posts the sum of buf (n), which must stay untouched until
+ * qt_dist_sum_wait_all has returned; qt_dist_sum_progress lets the posted sums move (Open MPI
+ * moves data only inside MPI calls: call it often while computing); qt_dist_sum_wait_all
+ * finishes every posted sum. Each element is summed as qt_dist_sum_f32 sums it (over the
+ * processes' values in rank order, in double, rounded once), so a slab summed in buckets, however
+ * it is cut, holds the bits qt_dist_sum_f32 of the whole slab gives. Every process must post the
+ * same buckets in the same order; other collectives may come in between (the buckets travel on
+ * communicators of their own). Without MPI or with one process every call returns at once. */
+void qt_dist_sum_begin(float *buf, int64_t n);
+void qt_dist_sum_progress(void);
+void qt_dist_sum_wait_all(void);
+
 /* recv (size * bytes) = every process's send (bytes), in rank order, on every process. */
 void qt_dist_allgather(const void *send, size_t bytes, void *recv);
 /* buf (bytes) on every process = root's buf. */

@@ -97,6 +97,7 @@ static int new_tensor(qt_graph *g, int node, const char *suffix, int ndim, const
   }
   p->is_buffer = is_buffer;
   p->node = node;
+  p->tape_at = -1;
   return g->n_tensors++;
 }
 
@@ -463,6 +464,7 @@ static qt_tensor *param_tensor(qt_graph *g, qt_ctx *ctx, int idx) {
   if (idx < 0) return NULL;
   qt_param *p = &g->tensors[idx];
   QT_ASSERT(!p->is_buffer, "parameter %s is a buffer", p->name);
+  if (p->tape_at < 0) p->tape_at = (int64_t)qt_ctx_tape_length(ctx);
   qt_tensor *t = qt_tensor_wrap(ctx, QT_F32, p->ndim, p->shape, g->params + p->offset);
   t->grad = g->grads + p->offset;
   t->requires_grad = 1;
@@ -783,6 +785,7 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
     return NULL;
   }
   g->error[0] = 0;
+  for (int i = 0; i < g->n_tensors; i++) g->tensors[i].tape_at = -1;
   qt_tensor **vals = qt_arena_calloc(ctx, (size_t)g->n_values * sizeof *vals);
   if (values) *values = vals;
   vals[g->input] = input;

@@ -172,6 +172,11 @@ typedef struct {
   int64_t offset;              /* in floats, into the params or buffers slab */
   int is_buffer;
   int node;
+  /* Parameters: the tape's length (qt_ctx_tape_length) when the latest forward first made this
+   * parameter's tensor, so every tape entry writing its gradient in that step's backward is this
+   * one or a later one; -1 when that forward did not use it. The trainer starts summing a
+   * gradient bucket once the backward has run past all of its parameters. */
+  int64_t tape_at;
 } qt_param;
 
 /* How raw data becomes the graph input, so that a deployment tool reading the model file needs

@@ -55,6 +55,10 @@ typedef struct {
 } qt_train_options;
 
 typedef struct {
+  double bucket_mb; /* gradient sums in buckets of this many MB during the backward; 0: one sum after it */
+} qt_dist_options;
+
+typedef struct {
   qt_quant_mode mode;
   qt_quantizer_choice quantizer;
   char backend[QT_OPT_STR];
@@ -93,6 +97,7 @@ typedef struct {
   qt_model_options model;
   qt_data_options data;
   qt_train_options train;
+  qt_dist_options dist;
   qt_quant_options quant;
   qt_analysis_options analysis;
   qt_output_options output;

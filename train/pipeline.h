@@ -101,7 +101,9 @@ void qt_trainer_set_step_hook(qt_trainer *t, qt_step_hook fn, void *user);
  * inside (the graph is not updated by a non-finite loss; the message names epoch, batch, step
  * and lr). Fills the training half of *out; progress is drawn on stderr per output.progress.
  * When ctx has a profile (qt_ctx_set_profile), each step adds its phases to it: data, zero_grad,
- * optimizer, grad_sum (data parallel) and the whole step; the ops add their own. */
+ * optimizer, grad_sum (data parallel: the gradient sum after the backward or, with buckets
+ * summed during it (dist.bucket_mb), the wait for them left after it) and the whole step; the
+ * ops add their own. */
 int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out, qt_status *st);
 
 /* ---- convert, check, deploy ------------------------------------------------------------------ */

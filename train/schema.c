@@ -107,6 +107,10 @@ static const option_row rows[] = {
     ROW(train, stop_after_epochs, QT_CFG_INT, "0", 0, 100000, NULL,
      "stop this run after N epochs as if interrupted (0 = run to the end); resume continues"),
 
+    ROW(dist, bucket_mb, QT_CFG_FLOAT, "1", 0, 1024, NULL,
+     "under mpirun: sum the gradients across processes in buckets of this many MB, each started as soon as the "
+     "backward has written it (0 = one sum after the backward; the same bits either way)"),
+
     ROW(quant, mode, QT_CFG_ENUM, "none", 0, 0, "none|ptq|qat",
      "none: fp32 training; ptq: calibrate then convert; qat: fine-tune with fake quant then convert"),
     ROW(quant, quantizer, QT_CFG_ENUM, "onednn", 0, 0, "onednn|backend",

@@ -5,7 +5,10 @@
  * every process trains on its contiguous slice of the same shuffled batch (the loader's shards),
  * seeds its backward with (its rows / the batch's rows), so that the sum of the processes'
  * gradients is the gradient of the whole batch's mean loss, and sums the gradient slab across
- * the processes (dist.h's fixed-order sum) before the identical optimizer step on every process.
+ * the processes (dist.h's fixed-order sum) before the identical optimizer step on every process:
+ * with dist.bucket_mb > 0, in buckets of the slab, each posted from the backward's hook as soon as
+ * every tape entry that writes it has run, so that the sum overlaps the rest of the backward (the
+ * same bits as one sum after it).
  * Batch norm in training mode computes the whole batch's statistics (the ctx's batch sync).
  * After every epoch the processes compare a checksum of their parameters, buffers and optimizer
  * state: any drift is an error. */
@@ -17,6 +20,13 @@
 
 #include "dist/dist.h"
 #include "train/pipeline.h"
+
+/* A bucket of the gradient slab and the tape entry after whose backward its gradients are final
+ * (INT64_MAX: nothing writes them this step). */
+typedef struct {
+  int64_t ready;
+  int index; /* the bucket's place in the slab */
+} grad_bucket;
 
 struct qt_trainer {
   const qt_options *o;
@@ -31,6 +41,12 @@ struct qt_trainer {
   int rank, size;      /* this process and the job's (dist.h); size 1: alone */
   qt_step_hook hook;   /* after every step (benchmarks), or NULL */
   void *hook_user;
+  /* Data parallel with dist.bucket_mb > 0: the gradient slab cut into n_buckets buckets, bucket
+   * b the floats [bucket_at[b], bucket_at[b + 1]), each summed (qt_dist_sum_begin) as soon as the
+   * backward has written all of it. */
+  int n_buckets, next_bucket; /* by_ready[next_bucket ..] are not posted yet */
+  int64_t *bucket_at;         /* n_buckets + 1 */
+  grad_bucket *by_ready;      /* this step's buckets, latest tape entry first */
 };
 
 /* ---- the job's processes --------------------------------------------------------------------- */
@@ -80,6 +96,82 @@ static int check_replicas(qt_trainer *t, int epoch, qt_status *st) {
                        epoch, bad, (unsigned long long)all[bad], (unsigned long long)all[0]);
   free(all);
   return rc;
+}
+
+/* ---- gradient buckets ------------------------------------------------------------------------ */
+/* Cuts the gradient slab into buckets of at most cap floats at parameter boundaries (as PyTorch's
+ * DDP does), so that a bucket waits only for its own parameters; a parameter longer than cap is
+ * cut into pieces of cap (the last piece may share a bucket with the next parameters). The cuts
+ * depend on the slab's layout alone, the same on every process. */
+static void buckets_cut(qt_trainer *t, int64_t cap) {
+  const qt_graph *g = t->g;
+  int64_t *at = malloc(((size_t)(g->n_params / cap) + (size_t)g->n_tensors + 2) * sizeof *at);
+  QT_ASSERT(at, "out of memory for the gradient buckets");
+  int n = 0;
+  int64_t start = 0, begin = -1; /* the open bucket's first float; the previous parameter's */
+  at[0] = 0;
+  for (int i = 0; i <= g->n_tensors; i++) {
+    if (i < g->n_tensors && g->tensors[i].is_buffer) continue;
+    const int64_t end = i < g->n_tensors ? g->tensors[i].offset : g->n_params;
+    if (begin >= 0) { /* the previous parameter's region [begin, end), its padding included */
+      QT_ASSERT(end >= begin, "gradient buckets: parameter %d at %lld, after one at %lld", i, (long long)end,
+                (long long)begin);
+      if (end - start > cap && begin > start) at[++n] = start = begin;
+      while (end - start > cap) at[++n] = start += cap;
+    }
+    begin = end;
+  }
+  at[++n] = g->n_params;
+  t->n_buckets = n;
+  t->bucket_at = at;
+  t->by_ready = malloc((size_t)n * sizeof *t->by_ready);
+  QT_ASSERT(t->by_ready, "out of memory for %d gradient buckets", n);
+}
+
+/* Latest entry first: the backward reaches them first. Then slab order, so that every process,
+ * whose tape is the same, posts the same buckets in the same order. */
+static int bucket_cmp(const void *a, const void *b) {
+  const grad_bucket *x = a, *y = b;
+  if (x->ready != y->ready) return x->ready > y->ready ? -1 : 1;
+  return (x->index > y->index) - (x->index < y->index);
+}
+
+/* After the forward: when each bucket's gradients are final. The writers of a parameter's gradient
+ * are tape entries recorded after the forward made its tensor (qt_param.tape_at): once the
+ * backward has run entry tape_at, they all have. */
+static void buckets_plan(qt_trainer *t) {
+  const qt_graph *g = t->g;
+  const int64_t *at = t->bucket_at;
+  for (int b = 0; b < t->n_buckets; b++) t->by_ready[b] = (grad_bucket){INT64_MAX, b};
+  for (int i = 0; i < g->n_tensors; i++) {
+    const qt_param *p = &g->tensors[i];
+    if (p->is_buffer || p->tape_at < 0) continue;
+    int lo = 0, hi = t->n_buckets - 1; /* the bucket holding the parameter's first float */
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (at[mid] <= p->offset) lo = mid;
+      else hi = mid - 1;
+    }
+    for (int b = lo; b < t->n_buckets && at[b] < p->offset + p->numel; b++)
+      if (p->tape_at < t->by_ready[b].ready) t->by_ready[b].ready = p->tape_at;
+  }
+  qsort(t->by_ready, (size_t)t->n_buckets, sizeof *t->by_ready, bucket_cmp);
+  t->next_bucket = 0;
+}
+
+/* Posts the buckets whose gradients are final once the entries from `entry` on have run. */
+static void buckets_post(qt_trainer *t, int64_t entry) {
+  while (t->next_bucket < t->n_buckets && t->by_ready[t->next_bucket].ready >= entry) {
+    const int b = t->by_ready[t->next_bucket++].index;
+    qt_dist_sum_begin(t->g->grads + t->bucket_at[b], t->bucket_at[b + 1] - t->bucket_at[b]);
+  }
+}
+
+/* The backward hook (autograd.h): after each tape entry, post what became final and let the
+ * posted sums move (Open MPI moves data only inside MPI calls). */
+static void on_backward_entry(void *user, size_t entry) {
+  buckets_post(user, (int64_t)entry);
+  qt_dist_sum_progress();
 }
 
 /* ---- progress -------------------------------------------------------------------------------- */
@@ -164,6 +256,10 @@ qt_trainer *qt_trainer_create(const qt_options *o, qt_graph *g, const qt_dataset
   t->nb = qt_loader_num_batches(t->loader);
   if (lr_schedule(o, t->nb, &t->sched, st->msg)) goto input_error;
   t->opt = qt_optim_create(&oc, g->n_params);
+  if (t->size > 1 && o->dist.bucket_mb > 0 && g->n_params > 0) {
+    const int64_t cap = (int64_t)(o->dist.bucket_mb * (1 << 20) / sizeof(float));
+    buckets_cut(t, cap > 1 ? cap : 1);
+  }
   return t;
 input_error:
   qt_status_fail(st, QT_STATUS_INPUT);
@@ -175,6 +271,8 @@ void qt_trainer_free(qt_trainer *t) {
   if (!t) return;
   qt_loader_free(t->loader);
   if (t->opt) qt_optim_free(t->opt);
+  free(t->bucket_at);
+  free(t->by_ready);
   free(t);
 }
 
@@ -277,6 +375,14 @@ static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *ou
     if (prof) qt_profile_add_phase(prof, QT_PROFILE_ZERO_GRAD, qt_now_seconds() - t_phase);
     if (t->size == 1) {
       qt_backward(ctx, loss);
+    } else if (t->n_buckets > 0) {
+      /* the buckets are summed during the backward; grad_sum is the wait left after it */
+      buckets_plan(t);
+      qt_backward_seeded(ctx, loss, (float)B / (float)qt_loader_batch_rows(t->loader));
+      if (prof) t_phase = qt_now_seconds();
+      buckets_post(t, 0);
+      qt_dist_sum_wait_all();
+      if (prof) qt_profile_add_phase(prof, QT_PROFILE_GRAD_SUM, qt_now_seconds() - t_phase);
     } else {
       qt_backward_seeded(ctx, loss, (float)B / (float)qt_loader_batch_rows(t->loader));
       if (prof) t_phase = qt_now_seconds();
@@ -318,7 +424,9 @@ int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out,
   /* a step reads no gradient but the parameters' after backward: intermediate ones go back to
    * the arena as soon as they are used, so the step spans less memory (autograd.h) */
   qt_ctx_set_backward_frees(ctx, 1);
+  if (t->n_buckets > 0) qt_ctx_set_backward_hook(ctx, on_backward_entry, t);
   int rc = epoch_steps(t, ctx, epoch, out, st);
+  qt_ctx_set_backward_hook(ctx, NULL, NULL);
   qt_ctx_set_backward_frees(ctx, 0);
   qt_ctx_set_batch_sync(ctx, was);
   if (!rc && t->size > 1) rc = check_replicas(t, epoch + 1, st);
