@@ -65,8 +65,9 @@ void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, 
                                 const float *inp, int64_t outer, int channels, int64_t inner,
                                 const float *scale, const int32_t *zero_point, int qmin, int qmax,
                                 float grad_factor);
-/* The same with dinp written (0 + dx, the bits of adding to zeros) when dinp_write: dinp may then
- * be dout itself (the output's final gradient, masked in place and handed to the input). */
+/* The same with dinp written (0 + dx, the bits of adding to zeros) when dinp_write: its old values
+ * are read and ignored, so it must be initialized memory, typically dout itself (the output's
+ * final gradient, overwritten in place and handed to the input). */
 void qt_fake_quant_lsq_backward_ex(float *dinp, int dinp_write, float *dscale, float *dzero_point,
                                    const float *dout, const float *inp, int64_t outer, int channels,
                                    int64_t inner, const float *scale, const int32_t *zero_point, int qmin,
