@@ -26,7 +26,7 @@ import re
 import subprocess
 import sys
 
-from bench_util import torch_version
+from bench_util import BestOf, torch_version
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -164,14 +164,8 @@ def main():
     a = ap.parse_args()
     ensure_models(a.build, a.qdq, a.fp32)
     version = torch_version()
-    best = {}  # label -> (images/s, accuracy), the best over repeats
-    order = []
-
-    def keep(label, ips, accuracy):
-        if label not in best:
-            order.append(label)
-        if label not in best or ips > best[label][0]:
-            best[label] = (ips, accuracy)
+    bests = BestOf()
+    best, order, keep = bests.best, bests.order, bests.keep
 
     for _ in range(a.repeat):
         ours_fp32, ours_int8, acc, _ = run_ours(a.build, a.qdq, a.fp32, a.rounds, a.threads)

@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from bench_infer import ensure_models, run_ours, run_torch  # noqa: E402
-from bench_util import torch_version  # noqa: E402
+from bench_util import BestOf, torch_version  # noqa: E402
 
 XNNPACK_DIR = os.path.join("runs", "fashion_cnn_ptq_w8a8_xnnpack")
 
@@ -64,14 +64,8 @@ def main():
     ours = [("xnnpack", "this framework, int8, XNNPACK device", a.qdq_xnnpack),
             ("onednn", "this framework, int8, oneDNN device", a.qdq_onednn)]
     engines = ("qnnpack", "onednn") if version else ()
-    best = {}  # label -> (images/s, test accuracy), the best over repeats
-    order = []
-
-    def keep(label, ips, accuracy):
-        if label not in best:
-            order.append(label)
-        if label not in best or ips > best[label][0]:
-            best[label] = (ips, accuracy)
+    bests = BestOf()
+    best, order, keep = bests.best, bests.order, bests.keep
 
     for _ in range(a.repeat):
         for backend, label, qdq in ours:
