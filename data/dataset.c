@@ -505,9 +505,14 @@ typedef struct {
 
 /* stb_image 2.27 (Debian 12's) builds a JPEG Huffman table without checking that its 16 code
  * counts add up to at most 256, and then writes past the table's 257 code sizes and 256 values
- * (fixed upstream in 2.28). This walks the file's markers as stb does (segments by their length,
+ * (fixed upstream in 2.28). A table of exactly 256 codes is unsafe too: its fast lookup stores
+ * symbol index 255, which is also its "not in the fast table" mark, so a short code of symbol 255
+ * goes down the long-code path, whose symbol index then lies outside the table (the
+ * STBI_ASSERT in stbi__jpeg_huff_decode aborts the program, or the read goes out of bounds;
+ * upstream 2.28 added a range check there). Baseline and progressive encoders emit at most 162
+ * symbols per table. This walks the file's markers as stb does (segments by their length,
  * entropy-coded data up to the next marker: progressive files define tables between scans) and
- * finds every table of every DHT segment; 0 when one has more than 256 codes. */
+ * finds every table of every DHT segment; 0 when one has more than 255 codes. */
 static int jpeg_huffman_tables_ok(const uint8_t *b, size_t n) {
   size_t p = 2; /* after SOI */
   while (p + 1 < n) {
@@ -523,7 +528,7 @@ static int jpeg_huffman_tables_ok(const uint8_t *b, size_t n) {
       for (long left = (long)len - 2; left > 0;) {
         int codes = 0;
         for (size_t i = 1; i <= 16; i++) codes += q + i < n ? b[q + i] : 0;
-        if (codes > 256) return 0;
+        if (codes > 255) return 0;
         q += 17 + (size_t)codes;
         left -= 17 + codes;
       }
@@ -573,7 +578,7 @@ static uint8_t *decode_image(const char *path, int channels, int *w, int *h, con
   else if (!(n >= 8 && memcmp(bytes, png, 8) == 0) && !(n >= 2 && bytes[0] == 0xff && bytes[1] == 0xd8))
     *reason = "not a PNG or JPEG file (found another signature)";
   else if (bytes[0] == 0xff && !jpeg_huffman_tables_ok(bytes, n))
-    *reason = "corrupt JPEG: a Huffman table with more than 256 codes";
+    *reason = "corrupt JPEG: a Huffman table with more than 255 codes";
   else if (bytes[0] == 0xff && !jpeg_size_plausible(bytes, n))
     *reason = "a JPEG too short for the size it declares (truncated or crafted)";
   else if (!(pixels = stbi_load_from_memory(bytes, (int)n, w, h, &comp, channels)))
