@@ -31,6 +31,8 @@ typedef struct qt_tensor {
   float *grad;       /* same numel as data (f32 only); NULL until backward needs it */
   int requires_grad;
   int owns_data;     /* data was allocated for this tensor (qt_tensor_new), not wrapped */
+  int saved;         /* a tape entry reads its data in backward (set by the op that recorded it):
+                      * a value not saved is dead once its consumers ran (nn/graph.c frees it) */
 } qt_tensor;
 
 static inline float *qt_f32(const qt_tensor *t) { return (float *)t->data; }
@@ -56,6 +58,7 @@ size_t qt_ctx_peak_bytes(const qt_ctx *ctx);
  * remain, and no op's output holds data: the caller reads what it needs (the loss, the
  * predictions) before. Off by default; the trainer turns it on. */
 void qt_ctx_set_backward_frees(qt_ctx *ctx, int enabled);
+int qt_ctx_backward_frees(const qt_ctx *ctx);
 
 /* The batch's processes (qt_batch_sync, base.h) for what ctx computes from now on: batch norm in
  * training mode normalizes with the whole batch's statistics (SyncBN) and the graph executor's

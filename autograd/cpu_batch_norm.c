@@ -343,8 +343,8 @@ void qt_batch_norm_forward_eval_ref(float *out, const float *inp, const float *g
 
 /* Per-chunk sums of dout and of dout*(x - mean), one double per chunk and channel; for the
  * eval backward (dx_scale != NULL) the chunk also does dinp += dout * dx_scale in the same pass. */
-static void chunk_grad_sums(double *sdy, double *sdyx, float *restrict dinp, int dinp_write,
-                            const float *restrict dout, const float *restrict x, int64_t rows, const bn_plan *p,
+static void chunk_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write,
+                            const float *dout, const float *restrict x, int64_t rows, const bn_plan *p,
                             const float *restrict mrep, const float *restrict dx_scale, float *restrict acc_s,
                             float *restrict acc_p) {
   const int L = p->L, C = p->C;
@@ -353,8 +353,9 @@ static void chunk_grad_sums(double *sdy, double *sdyx, float *restrict dinp, int
   memset(acc_p, 0, (size_t)L * sizeof *acc_p);
   if (dinp && dx_scale && dinp_write) { /* a fresh dinp: written as 0 + v, the bits of adding to zeros */
     for (int64_t g = 0; g < groups; g++) {
-      const float *restrict xg = x + g * L, *restrict dg = dout + g * L;
-      float *restrict ig = dinp + g * L;
+      /* dinp may be dout (written in place): each element is read before it is written */
+      const float *restrict xg = x + g * L, *dg = dout + g * L;
+      float *ig = dinp + g * L;
 #pragma omp simd
       for (int j = 0; j < L; j++) {
         acc_s[j] += dg[j];
@@ -430,6 +431,10 @@ void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const floa
   qt_batch_norm_backward_sync(dinp, 0, dgamma, dbeta, dout, inp, mean, invstd, gamma, M, C, NULL, M);
 }
 
+static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
+                        const float *inp, const float *mean, const float *invstd, const float *gamma, int M, int C,
+                        const qt_batch_sync *sync, int64_t M_total, float *relu_dout, const uint8_t *relu_mask);
+
 void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C, const qt_batch_sync *sync,
@@ -466,8 +471,9 @@ void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, flo
     const int64_t groups = p.M / p.k, tail = p.M - groups * p.k;
 #pragma omp parallel for schedule(static) if ((int64_t)M * C >= BN_PARALLEL_MIN)
     for (int64_t g = 0; g < groups; g++) {
-      const float *restrict xg = inp + g * L, *restrict dg = dout + g * L;
-      float *restrict ig = dinp + g * L;
+      /* dinp may be dout (written in place): not restrict; each element is read before written */
+      const float *restrict xg = inp + g * L, *dg = dout + g * L;
+      float *ig = dinp + g * L;
       /* written as 0 + v when dinp is fresh: the same bits as adding to zeros, -0 included */
       if (dinp_write) {
 #pragma omp simd
@@ -537,8 +543,8 @@ void qt_batch_norm_backward_eval_ex(float *dinp, int dinp_write, float *dgamma, 
     const int64_t groups = p.M / p.k, tail = p.M - groups * p.k;
 #pragma omp parallel for schedule(static) if ((int64_t)M * C >= BN_PARALLEL_MIN)
     for (int64_t g = 0; g < groups; g++) {
-      const float *restrict dg = dout + g * L;
-      float *restrict ig = dinp + g * L;
+      const float *dg = dout + g * L; /* dinp may be dout when written */
+      float *ig = dinp + g * L;
       if (dinp_write) {
 #pragma omp simd
         for (int j = 0; j < L; j++) ig[j] = 0.0f + dg[j] * arep[j];

@@ -8,6 +8,10 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 /* Below this many elements the OpenMP team costs more than it saves. */
 #define ELEM_PARALLEL_MIN 65536
@@ -66,6 +70,132 @@ void qt_relu6_backward_ref(float *dinp, const float *dout, const float *out, int
   if (!dinp) return;
   for (int64_t i = 0; i < n; i++)
     if (!(out[i] <= 0.0f) && !(out[i] >= 6.0f)) dinp[i] += dout[i];
+}
+
+/* ---- relu / relu6 with the mask as bits ------------------------------------------------ */
+
+/* One element: the output as qt_relu_forward / qt_relu6_forward compute it, and whether the
+ * gradient passes (the test of qt_relu_backward / qt_relu6_backward on that output). */
+static inline float relu_one(float v, int six, unsigned *pass) {
+  const float o = six ? (v < 0.0f ? 0.0f : v > 6.0f ? 6.0f : v) : (v < 0.0f ? 0.0f : v);
+  *pass = !(o <= 0.0f) && !(six && o >= 6.0f);
+  return o;
+}
+
+/* Elements [i0, i1), i0 a multiple of 8, one element at a time. */
+static void relu_mask_tail(float *out, uint8_t *mask, const float *inp, int64_t i0, int64_t i1, int six) {
+  for (int64_t b = i0; b < i1; b += 8) {
+    unsigned m = 0;
+    for (int64_t i = b; i < b + 8 && i < i1; i++) {
+      unsigned pass;
+      out[i] = relu_one(inp[i], six, &pass);
+      m |= pass << (i - b);
+    }
+    mask[b / 8] = (uint8_t)m;
+  }
+}
+
+/* 64 elements from i: 8 mask bytes. The vector forms compute the scalar expressions exactly:
+ * max(0, v) returns v when v is NaN or -0 (the second operand unless 0 > v), as `v < 0 ? 0 : v`;
+ * min(6, o) likewise; the passing test is "not less-or-equal" (true on NaN). */
+static inline void relu_mask_block(float *out, uint8_t *mask, const float *inp, int six) {
+#if defined(__AVX512F__)
+  const __m512 zero = _mm512_setzero_ps(), six_v = _mm512_set1_ps(6.0f);
+  for (int j = 0; j < 4; j++) {
+    __m512 o = _mm512_max_ps(zero, _mm512_loadu_ps(inp + 16 * j));
+    __mmask16 k;
+    if (six) {
+      o = _mm512_min_ps(six_v, o);
+      k = _mm512_cmp_ps_mask(o, zero, _CMP_NLE_UQ) & _mm512_cmp_ps_mask(o, six_v, _CMP_NGE_UQ);
+    } else {
+      k = _mm512_cmp_ps_mask(o, zero, _CMP_NLE_UQ);
+    }
+    _mm512_storeu_ps(out + 16 * j, o);
+    const uint16_t bits = (uint16_t)k;
+    memcpy(mask + 2 * j, &bits, 2); /* little endian: elements 0-7 in the first byte */
+  }
+#elif defined(__AVX2__)
+  const __m256 zero = _mm256_setzero_ps(), six_v = _mm256_set1_ps(6.0f);
+  for (int j = 0; j < 8; j++) {
+    __m256 o = _mm256_max_ps(zero, _mm256_loadu_ps(inp + 8 * j));
+    __m256 pass = _mm256_cmp_ps(o, zero, _CMP_NLE_UQ);
+    if (six) {
+      o = _mm256_min_ps(six_v, o);
+      pass = _mm256_and_ps(_mm256_cmp_ps(o, zero, _CMP_NLE_UQ), _mm256_cmp_ps(o, six_v, _CMP_NGE_UQ));
+    }
+    _mm256_storeu_ps(out + 8 * j, o);
+    mask[j] = (uint8_t)_mm256_movemask_ps(pass);
+  }
+#else
+  relu_mask_tail(out, mask, inp, 0, 64, six);
+#endif
+}
+
+void qt_relu_forward_mask(float *out, uint8_t *mask, const float *inp, int64_t n, int six) {
+  const int64_t blocks = n / 64;
+#pragma omp parallel for schedule(static) if (n >= ELEM_PARALLEL_MIN)
+  for (int64_t b = 0; b < blocks; b++) relu_mask_block(out + 64 * b, mask + 8 * b, inp + 64 * b, six);
+  relu_mask_tail(out, mask, inp, 64 * blocks, n, six);
+}
+
+void qt_relu_forward_mask_ref(float *out, uint8_t *mask, const float *inp, int64_t n, int six) {
+  memset(mask, 0, (size_t)((n + 7) / 8));
+  (six ? qt_relu6_forward_ref : qt_relu_forward_ref)(out, inp, n);
+  for (int64_t i = 0; i < n; i++)
+    if (!(out[i] <= 0.0f) && !(six && out[i] >= 6.0f)) mask[i / 8] |= (uint8_t)(1u << (i % 8));
+}
+
+/* Elements [i0, i1) one at a time. */
+static void relu_grad_tail(float *dinp, int write, const float *dout, const uint8_t *mask, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; i++) {
+    const float g = (mask[i / 8] >> (i % 8)) & 1u ? dout[i] : 0.0f;
+    dinp[i] = write ? g : dinp[i] + g;
+  }
+}
+
+static inline void relu_grad_block(float *dinp, int write, const float *dout, const uint8_t *mask) {
+#if defined(__AVX512F__)
+  for (int j = 0; j < 4; j++) {
+    uint16_t bits;
+    memcpy(&bits, mask + 2 * j, 2);
+    __m512 g = _mm512_maskz_mov_ps((__mmask16)bits, _mm512_loadu_ps(dout + 16 * j));
+    if (!write) g = _mm512_add_ps(_mm512_loadu_ps(dinp + 16 * j), g);
+    _mm512_storeu_ps(dinp + 16 * j, g);
+  }
+#elif defined(__AVX2__)
+  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  for (int j = 0; j < 8; j++) {
+    const __m256i m = _mm256_and_si256(_mm256_set1_epi32(mask[j]), lane_bit);
+    const __m256 pass = _mm256_castsi256_ps(_mm256_cmpeq_epi32(m, lane_bit));
+    __m256 g = _mm256_and_ps(pass, _mm256_loadu_ps(dout + 8 * j));
+    if (!write) g = _mm256_add_ps(_mm256_loadu_ps(dinp + 8 * j), g);
+    _mm256_storeu_ps(dinp + 8 * j, g);
+  }
+#else
+  relu_grad_tail(dinp, write, dout, mask, 0, 64);
+#endif
+}
+
+/* No restrict: dinp may be dout (each element is read before it is written). */
+void qt_relu_backward_mask(float *dinp, int write, const float *dout, const uint8_t *mask, int64_t n) {
+  if (!dinp) return;
+  const int64_t blocks = n / 64;
+#pragma omp parallel for schedule(static) if (n >= ELEM_PARALLEL_MIN)
+  for (int64_t b = 0; b < blocks; b++) relu_grad_block(dinp + 64 * b, write, dout + 64 * b, mask + 8 * b);
+  relu_grad_tail(dinp, write, dout, mask, 64 * blocks, n);
+}
+
+void qt_relu_backward_mask_ref(float *dinp, int write, const float *dout, const uint8_t *mask, int64_t n) {
+  if (!dinp) return;
+  for (int64_t i = 0; i < n; i++) {
+    const int pass = (mask[i / 8] >> (i % 8)) & 1;
+    if (write)
+      dinp[i] = pass ? dout[i] : 0.0f;
+    else if (pass)
+      dinp[i] += dout[i];
+    else
+      dinp[i] += 0.0f;
+  }
 }
 
 /* ---- add -------------------------------------------------------------------------------- */

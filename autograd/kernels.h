@@ -85,8 +85,9 @@ void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, co
                                       const float *gamma, const float *beta, float *running_mean,
                                       float *running_var, float momentum, float eps, int M, int C,
                                       const struct qt_batch_sync *sync, int64_t *M_total);
-/* dinp_write: dinp is written, never read (a fresh gradient buffer, qt_tensor_grad_for_write);
- * otherwise added to, as every backward here does. */
+/* dinp_write: dinp is written, never read (a fresh gradient buffer, qt_tensor_grad_for_write),
+ * and may be dout itself (in place: dout is summed first, then each element of dinp written
+ * from the same element of dout); otherwise added to, as every backward here does. */
 void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C, const struct qt_batch_sync *sync,
@@ -99,7 +100,8 @@ void qt_batch_norm_backward_ref(float *dinp, float *dgamma, float *dbeta, const 
 void qt_batch_norm_backward_eval(float *dinp, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C);
-/* The same with dinp written (never read) when dinp_write: a fresh gradient buffer. */
+/* The same with dinp written (never read) when dinp_write: a fresh gradient buffer, or dout
+ * itself (in place). */
 void qt_batch_norm_backward_eval_ex(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                                     const float *inp, const float *mean, const float *invstd, const float *gamma,
                                     int M, int C);
@@ -122,6 +124,19 @@ void qt_relu6_forward_ref(float *out, const float *inp, int64_t n);
  * so relu6 can run in place; NaN passes the gradient). */
 void qt_relu6_backward(float *dinp, const float *dout, const float *out, int64_t n);
 void qt_relu6_backward_ref(float *dinp, const float *dout, const float *out, int64_t n);
+
+/* ---- relu / relu6 with the backward's mask as bits ------------------------------------- */
+/* The training forward: out as qt_relu_forward (six: qt_relu6_forward) and mask, (n + 7) / 8
+ * bytes, bit i % 8 of mask[i / 8] set where the gradient passes: the test the _backward kernels
+ * above apply to the output (relu: !(out <= 0); relu6: also !(out >= 6); NaN passes). Backward
+ * then reads n/8 bytes instead of the n floats of the output, and the output may be freed once
+ * its consumers ran. out may alias inp. Bits past n in the last byte are 0. */
+void qt_relu_forward_mask(float *out, uint8_t *mask, const float *inp, int64_t n, int six);
+void qt_relu_forward_mask_ref(float *out, uint8_t *mask, const float *inp, int64_t n, int six);
+/* write: dinp[i] = bit ? dout[i] : 0 (dinp may be dout: in place; -0 stays -0); otherwise
+ * dinp[i] += bit ? dout[i] : 0 (the _backward kernels' sums, bit for bit). */
+void qt_relu_backward_mask(float *dinp, int write, const float *dout, const uint8_t *mask, int64_t n);
+void qt_relu_backward_mask_ref(float *dinp, int write, const float *dout, const uint8_t *mask, int64_t n);
 
 /* ---- pooling over NHWC ------------------------------------------------------------------ */
 typedef struct {

@@ -66,6 +66,7 @@ static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *
     y->requires_grad = 1;
     conv_saved *sv = qt_tape_push(ctx, QT_PROFILE_CONV2D, conv2d_backward, sizeof *sv, y);
     *sv = (conv_saved){x, w, b, y, s};
+    x->saved = w->saved = 1;
   }
   return y;
 }
@@ -90,7 +91,14 @@ static void batch_norm_backward(qt_ctx *ctx, void *p) {
   if (!s->y->grad && s->training && s->sync) qt_tensor_grad(ctx, s->y);
   if (!s->y->grad) return;
   int dx_fresh = 0;
-  float *dx = s->x->requires_grad ? qt_tensor_grad_for_write(ctx, s->x, &dx_fresh) : NULL;
+  float *dx = NULL;
+  /* The output's gradient is final and, with frees on, dead after this entry: the input's
+   * gradient is written over it (the kernels allow dinp == dout), saving a buffer. */
+  const int in_place = s->x->requires_grad && !s->x->grad && ctx->backward_frees;
+  if (in_place)
+    dx = s->y->grad, dx_fresh = 1;
+  else if (s->x->requires_grad)
+    dx = qt_tensor_grad_for_write(ctx, s->x, &dx_fresh);
   float *dg = s->gamma->requires_grad ? qt_tensor_grad(ctx, s->gamma) : NULL;
   float *db = s->beta->requires_grad ? qt_tensor_grad(ctx, s->beta) : NULL;
   if (s->training)
@@ -99,6 +107,10 @@ static void batch_norm_backward(qt_ctx *ctx, void *p) {
   else
     qt_batch_norm_backward_eval_ex(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd,
                                    qt_f32(s->gamma), s->M, s->C);
+  if (in_place) {
+    s->x->grad = dx;
+    s->y->grad = NULL; /* the buffer is the input's now */
+  }
 }
 
 static qt_tensor *batch_norm_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
@@ -135,6 +147,7 @@ static qt_tensor *batch_norm_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_
     y->requires_grad = 1;
     bn_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_backward, sizeof *sv, y);
     *sv = (bn_saved){x, gamma, beta, y, mean, invstd, training, M, C, sync, M_total};
+    x->saved = gamma->saved = 1;
   }
   return y;
 }
@@ -148,40 +161,39 @@ qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
 /* ---- relu, relu6 ------------------------------------------------------------------------ */
 typedef struct {
   qt_tensor *x, *y;
-  int six; /* relu6 */
-} unary_saved;
+  uint8_t *mask; /* where the gradient passes, one bit per element (qt_relu_forward_mask) */
+  int inplace;   /* the output was written over the input */
+} relu_saved;
 
 static void relu_backward(qt_ctx *ctx, void *p) {
-  unary_saved *s = p;
+  relu_saved *s = p;
   if (!s->y->grad || !s->x->requires_grad) return;
-  int64_t n = qt_tensor_numel(s->y);
-  if (!s->x->grad && s->x->data == s->y->data) {
+  const int64_t n = qt_tensor_numel(s->y);
+  if (!s->x->grad && s->inplace) {
     /* In place: the input's gradient is the output's, masked where the output is clamped. */
-    float *g = s->y->grad;
-    const float *out = qt_f32(s->y);
-    if (s->six) {
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; i++) g[i] = out[i] <= 0.0f || out[i] >= 6.0f ? 0.0f : g[i];
-    } else {
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; i++) g[i] = out[i] > 0.0f ? g[i] : 0.0f;
-    }
-    s->x->grad = g;
+    qt_relu_backward_mask(s->y->grad, 1, s->y->grad, s->mask, n);
+    s->x->grad = s->y->grad;
     if (ctx->backward_frees) s->y->grad = NULL; /* the buffer is the input's now */
     return;
   }
-  (s->six ? qt_relu6_backward : qt_relu_backward)(qt_tensor_grad(ctx, s->x), s->y->grad, qt_f32(s->y), n);
+  qt_relu_backward_mask(qt_tensor_grad(ctx, s->x), 0, s->y->grad, s->mask, n);
 }
 
+/* Recorded, the forward also writes the mask backward needs, so neither the input's nor the
+ * output's data is saved: the output can go back to the arena once its consumers ran. */
 static qt_tensor *relu_op(qt_ctx *ctx, qt_tensor *x, int inplace, int six) {
   check_f32(x, -1, six ? "relu6" : "relu", "input");
   qt_tensor *y = inplace ? qt_tensor_wrap(ctx, QT_F32, x->ndim, x->shape, x->data)
                          : qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
-  (six ? qt_relu6_forward : qt_relu_forward)(qt_f32(y), qt_f32(x), qt_tensor_numel(x));
+  const int64_t n = qt_tensor_numel(x);
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
+    uint8_t *mask = qt_arena_alloc(ctx, (size_t)((n + 7) / 8));
+    qt_relu_forward_mask(qt_f32(y), mask, qt_f32(x), n, six);
     y->requires_grad = 1;
-    unary_saved *sv = qt_tape_push(ctx, six ? QT_PROFILE_RELU6 : QT_PROFILE_RELU, relu_backward, sizeof *sv, y);
-    *sv = (unary_saved){x, y, six};
+    relu_saved *sv = qt_tape_push(ctx, six ? QT_PROFILE_RELU6 : QT_PROFILE_RELU, relu_backward, sizeof *sv, y);
+    *sv = (relu_saved){x, y, mask, inplace};
+  } else {
+    (six ? qt_relu6_forward : qt_relu_forward)(qt_f32(y), qt_f32(x), n);
   }
   return y;
 }
@@ -262,6 +274,10 @@ qt_tensor *qt_avg_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int 
   PROFILED(ctx, QT_PROFILE_AVG_POOL2D, pool2d(ctx, x, kernel, stride, pad, 1));
 }
 
+typedef struct {
+  qt_tensor *x, *y;
+} unary_saved;
+
 static void global_avg_pool_backward(qt_ctx *ctx, void *p) {
   unary_saved *s = p;
   if (!s->y->grad || !s->x->requires_grad) return;
@@ -278,7 +294,7 @@ static qt_tensor *global_avg_pool_op(qt_ctx *ctx, qt_tensor *x) {
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
     y->requires_grad = 1;
     unary_saved *sv = qt_tape_push(ctx, QT_PROFILE_GLOBAL_AVG_POOL, global_avg_pool_backward, sizeof *sv, y);
-    *sv = (unary_saved){x, y, 0};
+    *sv = (unary_saved){x, y};
   }
   return y;
 }
@@ -305,7 +321,7 @@ static qt_tensor *flatten_op(qt_ctx *ctx, qt_tensor *x) {
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
     y->requires_grad = 1;
     unary_saved *sv = qt_tape_push(ctx, QT_PROFILE_FLATTEN, flatten_backward, sizeof *sv, y);
-    *sv = (unary_saved){x, y, 0};
+    *sv = (unary_saved){x, y};
   }
   return y;
 }
@@ -341,6 +357,7 @@ static qt_tensor *linear_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *
     y->requires_grad = 1;
     linear_saved *sv = qt_tape_push(ctx, QT_PROFILE_LINEAR, linear_backward, sizeof *sv, y);
     *sv = (linear_saved){x, w, b, y};
+    x->saved = w->saved = 1;
   }
   return y;
 }
@@ -511,6 +528,7 @@ static qt_tensor *fake_quant_lsq_op(qt_ctx *ctx, qt_tensor *x, int64_t outer, in
     y->requires_grad = 1;
     lsq_saved *sv = qt_tape_push(ctx, QT_PROFILE_FAKE_QUANT_LSQ, fake_quant_lsq_backward, sizeof *sv, y);
     *sv = (lsq_saved){x, scale, y, outer, inner, channels, qmin, qmax, zero_point, grad_factor};
+    x->saved = scale->saved = 1;
   }
   return y;
 }
@@ -641,6 +659,7 @@ static qt_tensor *channel_scale_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int 
     y->requires_grad = 1;
     cs_saved *sv = qt_tape_push(ctx, QT_PROFILE_CHANNEL_SCALE, channel_scale_backward, sizeof *sv, y);
     *sv = (cs_saved){x, s, y, first_axis, divide};
+    x->saved = s->saved = 1;
   }
   return y;
 }

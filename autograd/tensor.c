@@ -7,6 +7,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Under AddressSanitizer, memory handed back to the arena is poisoned until it is handed out
+ * again: a kernel reading a value after it was freed (a missing qt_tensor.saved, a gradient read
+ * after backward handed it back) is reported where it happens instead of reading whatever
+ * reused the range. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define ARENA_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define ARENA_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define ARENA_POISON(p, n) ((void)(p), (void)(n))
+#define ARENA_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 static const char *const dtype_names[] = {"float32", "int8", "uint8", "int32"};
 static const size_t dtype_sizes[] = {4, 1, 1, 4};
@@ -61,6 +73,7 @@ static arena_block *block_new(size_t size) {
 static void blocks_free(arena_block *b) {
   while (b) {
     arena_block *n = b->next;
+    ARENA_UNPOISON(b->mem, b->size);
     free(b->mem);
     free(b);
     b = n;
@@ -128,6 +141,7 @@ void qt_ctx_set_grad(qt_ctx *ctx, int enabled) { ctx->grad_enabled = enabled; }
 int qt_ctx_grad_enabled(const qt_ctx *ctx) { return ctx->grad_enabled; }
 size_t qt_ctx_peak_bytes(const qt_ctx *ctx) { return ctx->peak; }
 void qt_ctx_set_backward_frees(qt_ctx *ctx, int enabled) { ctx->backward_frees = enabled; }
+int qt_ctx_backward_frees(const qt_ctx *ctx) { return ctx->backward_frees; }
 
 static size_t arena_round(size_t bytes) {
   size_t need = (bytes + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
@@ -152,6 +166,7 @@ void *qt_arena_alloc(qt_ctx *ctx, size_t bytes) {
       r->p += need;
       r->n -= need;
       if (r->n == 0) range_remove(ctx, best);
+      ARENA_UNPOISON(p, need);
       return p;
     }
   }
@@ -169,6 +184,7 @@ void *qt_arena_alloc(qt_ctx *ctx, size_t bytes) {
     b = nb;
   }
   void *p = b->mem + b->used;
+  ARENA_UNPOISON(p, need);
   b->used += need;
   ctx->used_total += need;
   if (ctx->used_total > ctx->peak) ctx->peak = ctx->used_total;
@@ -197,6 +213,7 @@ void qt_arena_free(qt_ctx *ctx, void *p, size_t bytes) {
   while (i < ctx->n_free && ctx->free[i].p < c) i++;
   QT_ASSERT((i == 0 || ctx->free[i - 1].p + ctx->free[i - 1].n <= c) && (i == ctx->n_free || c + n <= ctx->free[i].p),
             "arena free of %zu bytes at %p: overlaps memory already handed back", bytes, p);
+  ARENA_POISON(c, n);
   if (i > 0 && ctx->free[i - 1].block == b && ctx->free[i - 1].p + ctx->free[i - 1].n == c) {
     i--; /* grows the range before it */
     ctx->free[i].n += n;

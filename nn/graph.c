@@ -690,12 +690,17 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
  * is decided as without the planner (relu_inplace_ok: the input's only consumer), so the
  * planner changes where values live, never what is computed. Temporaries inside a node (a
  * fake-quantized weight, conv_bn's intermediate activations) go back as soon as the node has
- * used them (drop_unless). With grad on, every value is kept: backward reads them. */
+ * used them (drop_unless). With grad on and the ctx's frees on (qt_ctx_set_backward_frees, as
+ * the trainer runs), a buffer goes back once its values are dead unless one of them was saved
+ * for backward (qt_tensor.saved, set by the ops that recorded it; read when the value dies,
+ * after all its consumers recorded): a relu's output that only a max pool read, a fake quant's
+ * input that only an STE fake quant read. With grad on and frees off, every value is kept. */
 typedef struct {
   int *last;          /* per value: the last node reading it (its producer when none does) */
   int *root;          /* per value: the value whose buffer it lives in, -1 when not ours */
   int *refs;          /* per root: live values over its buffer */
   qt_tensor **owner;  /* per root: the tensor its buffer was made for (size and pointer) */
+  unsigned char *saved; /* per root: a value over its buffer is saved for backward (grad mode) */
   const unsigned char *keep;
 } forward_plan;
 
@@ -704,6 +709,7 @@ static void plan_init(forward_plan *p, const qt_graph *g, qt_ctx *ctx, const uns
   p->root = qt_arena_alloc(ctx, (size_t)g->n_values * sizeof *p->root);
   p->refs = qt_arena_calloc(ctx, (size_t)g->n_values * sizeof *p->refs);
   p->owner = qt_arena_calloc(ctx, (size_t)g->n_values * sizeof *p->owner);
+  p->saved = qt_arena_calloc(ctx, (size_t)g->n_values);
   p->keep = keep;
   for (int v = 0; v < g->n_values; v++) {
     p->last[v] = g->values[v].producer;
@@ -735,9 +741,11 @@ static void plan_produced(forward_plan *p, const qt_graph *g, qt_ctx *ctx, int n
 
 static void plan_dead(forward_plan *p, const qt_graph *g, qt_ctx *ctx, int v, qt_tensor **vals) {
   if (v == g->output || (p->keep && p->keep[v])) return;
-  vals[v] = NULL;
   const int r = p->root[v];
-  if (r >= 0 && --p->refs[r] == 0) qt_tensor_free(ctx, p->owner[r]);
+  /* every consumer has run, and recorded what its backward reads */
+  if (r >= 0 && vals[v]->saved) p->saved[r] = 1;
+  vals[v] = NULL;
+  if (r >= 0 && --p->refs[r] == 0 && !p->saved[r]) qt_tensor_free(ctx, p->owner[r]);
 }
 
 /* After node `node`: its inputs it was the last to read, and its output if nothing reads it. */
@@ -791,7 +799,7 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
   vals[g->input] = input;
   forward_plan plan;
   memset(&plan, 0, sizeof plan);
-  const int planned = !keep_all && !qt_ctx_grad_enabled(ctx);
+  const int planned = !keep_all && (!qt_ctx_grad_enabled(ctx) || qt_ctx_backward_frees(ctx));
   if (planned) plan_init(&plan, g, ctx, keep);
   for (int i = 0; i < g->n_nodes; i++) {
     qt_node *n = &g->nodes[i];

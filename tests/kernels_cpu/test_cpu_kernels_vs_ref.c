@@ -218,6 +218,64 @@ static void test_relu_add(int64_t n, uint64_t seed) {
   free(da1), free(db1), free(da2), free(db2);
 }
 
+/* The training relu/relu6 (mask as bits): the output equals qt_relu_forward's (in place too), the
+ * mask is the reference's bit for bit (bits past n zero), the accumulating backward equals the
+ * output-based qt_relu_backward's sums bit for bit, the written one the reference's, into a
+ * NaN-filled buffer and in place over dout. n: vector blocks of 64 with and without a tail. */
+static void test_relu_mask(int64_t n, int six, uint64_t seed) {
+  char what[96];
+#define RM_WHAT(s) (snprintf(what, sizeof what, "relu%s mask n=%lld: %s", six ? "6" : "", (long long)n, s), what)
+  float *x = uniform(n, -8.0f, 8.0f, seed);
+  for (int64_t i = 0; i < n; i += 5) x[i] = 0.0f;
+  for (int64_t i = 1; i < n; i += 11) x[i] = -0.0f;
+  for (int64_t i = 2; i < n; i += 13) x[i] = NAN;
+  for (int64_t i = 4; i < n; i += 17) x[i] = 6.0f;
+  for (int64_t i = 6; i < n; i += 19) x[i] = -NAN;
+  const int64_t nb = (n + 7) / 8;
+  float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *y3 = malloc(n * 4), *dy = uniform(n, -1.0f, 1.0f, seed + 1);
+  for (int64_t i = 3; i < n; i += 23) dy[i] = -0.0f;
+  uint8_t *m1 = malloc(nb), *m2 = malloc(nb);
+  memset(m1, 0xA5, nb);
+  qt_relu_forward_mask(y1, m1, x, n, six);
+  qt_relu_forward_mask_ref(y2, m2, x, n, six);
+  (six ? qt_relu6_forward : qt_relu_forward)(y3, x, n);
+  check_exact_f32(RM_WHAT("forward vs reference"), y1, y2, n);
+  check_exact_f32(RM_WHAT("forward vs the unmasked kernel"), y1, y3, n);
+  if (memcmp(m1, m2, nb) != 0) qt_test_fail("%s", RM_WHAT("mask differs from the reference"));
+  float *inplace = qt_test_copy_f32(x, n);
+  memset(m1, 0x5A, nb);
+  qt_relu_forward_mask(inplace, m1, inplace, n, six);
+  check_exact_f32(RM_WHAT("forward in place"), inplace, y2, n);
+  if (memcmp(m1, m2, nb) != 0) qt_test_fail("%s", RM_WHAT("mask (in place) differs"));
+
+  float *dx0 = uniform(n, -1.0f, 1.0f, seed + 2);
+  for (int64_t i = 0; i < n; i += 29) dx0[i] = -0.0f;
+  float *dx1 = qt_test_copy_f32(dx0, n), *dx2 = qt_test_copy_f32(dx0, n), *dx3 = qt_test_copy_f32(dx0, n);
+  qt_relu_backward_mask(dx1, 0, dy, m1, n);
+  qt_relu_backward_mask_ref(dx2, 0, dy, m2, n);
+  (six ? qt_relu6_backward : qt_relu_backward)(dx3, dy, y2, n);
+  check_exact_f32(RM_WHAT("backward (accumulate) vs reference"), dx1, dx2, n);
+  check_exact_f32(RM_WHAT("backward (accumulate) vs the output-based kernel"), dx1, dx3, n);
+  for (int64_t i = 0; i < n; i++) dx1[i] = NAN;
+  qt_relu_backward_mask(dx1, 1, dy, m1, n);
+  qt_relu_backward_mask_ref(dx2, 1, dy, m2, n);
+  check_exact_f32(RM_WHAT("backward (written) vs reference"), dx1, dx2, n);
+  memcpy(dx3, dy, (size_t)n * sizeof(float));
+  qt_relu_backward_mask(dx3, 1, dx3, m1, n);
+  check_exact_f32(RM_WHAT("backward (written in place over dout)"), dx3, dx2, n);
+  for (int64_t i = 0; i < n; i++) {
+    const int pass = six ? !(y2[i] <= 0.0f) && !(y2[i] >= 6.0f) : !(y2[i] <= 0.0f);
+    if (((m2[i / 8] >> (i % 8)) & 1) != pass) {
+      qt_test_fail("%s at %lld", RM_WHAT("reference mask disagrees with the backward test"), (long long)i);
+      break;
+    }
+  }
+  if (n % 8 && (m1[nb - 1] >> (n % 8)) != 0) qt_test_fail("%s", RM_WHAT("bits past n are set"));
+#undef RM_WHAT
+  free(x), free(y1), free(y2), free(y3), free(dy), free(m1), free(m2), free(inplace);
+  free(dx0), free(dx1), free(dx2), free(dx3);
+}
+
 static void test_cross_entropy(int N, int C, float scale, uint64_t seed) {
   char what[96];
   const int64_t n = (int64_t)N * C;
@@ -296,6 +354,9 @@ int main(void) {
 
   test_relu_add(13, 300);
   test_relu_add(1000003, 301);
+  const int64_t relu_n[] = {1, 7, 8, 64, 65, 130, 1000, 1000003};
+  for (size_t i = 0; i < sizeof relu_n / sizeof relu_n[0]; i++)
+    for (int six = 0; six < 2; six++) test_relu_mask(relu_n[i], six, 310 + 2 * i + six);
 
   test_cross_entropy(5, 3, 3.0f, 400);
   test_cross_entropy(128, 10, 5.0f, 401);
