@@ -178,6 +178,13 @@ qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int 
  * (no grad), the output may reuse x's memory (x must have no other consumer). */
 qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
                          float *running_var, int training, float momentum, float eps, int inplace);
+/* Batch norm in training mode (as qt_batch_norm with training set) followed by relu (six:
+ * relu6), in one pass over memory each way: the output is the relu's, bit for bit the two ops in
+ * turn, and so are the gradients. The tape gets one entry (profiled as batch_norm); its backward
+ * masks the output's gradient in place before using it. For a batch norm whose only consumer is
+ * the relu (nn/graph.c fuses them in the training forward). */
+qt_tensor *qt_batch_norm_relu(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
+                              float *running_var, float momentum, float eps, int six);
 /* inplace: the output reuses x's memory (x must have no other consumer). */
 qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace);
 /* min(max(x, 0), 6) (PyTorch's ReLU6 / hardtanh(0, 6)); inplace as relu. */

@@ -147,7 +147,7 @@ static void chunk_stats(double *mu, double *dev, double *sq, const float *restri
  * eval BN), so neither is restrict-qualified. */
 static void bn_apply(float *out, const float *x, const float *restrict mhi,
                      const float *restrict mlo, const float *restrict arep, const float *restrict brep,
-                     const bn_plan *p) {
+                     const bn_plan *p, uint8_t *relu_mask, int six) {
   const int L = p->L, C = p->C;
   const int64_t groups = p->M / p->k, tail = p->M - groups * p->k;
   if (mlo) {
@@ -157,6 +157,8 @@ static void bn_apply(float *out, const float *x, const float *restrict mhi,
       float *og = out + g * L;
 #pragma omp simd
       for (int j = 0; j < L; j++) og[j] = ((xg[j] - mhi[j]) - mlo[j]) * arep[j] + brep[j];
+      /* L is a multiple of 16: the pattern's mask bytes are its own */
+      if (relu_mask) qt_relu_mask_span(out, relu_mask, out, g * L, (g + 1) * L, six);
     }
   } else {
 #pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
@@ -172,6 +174,7 @@ static void bn_apply(float *out, const float *x, const float *restrict mhi,
     float *ot = out + (groups * p->k + t) * C;
     for (int c = 0; c < C; c++) ot[c] = ((xt[c] - mhi[c]) - (mlo ? mlo[c] : 0.0f)) * arep[c] + brep[c];
   }
+  if (relu_mask && tail) qt_relu_mask_span(out, relu_mask, out, groups * L, p->M * C, six);
 }
 
 /* SyncBN: replaces this process's per-channel (mean m, centred sum of squares m2) over M rows by
@@ -212,6 +215,14 @@ void qt_batch_norm_forward_train(float *out, float *mean, float *invstd, const f
 
 void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, const float *inp,
                                       const float *gamma, const float *beta, float *running_mean,
+                                      float *running_var, float momentum, float eps, int M, int C,
+                                      const qt_batch_sync *sync, int64_t *M_total) {
+  qt_batch_norm_relu_forward_train(out, NULL, 0, mean, invstd, inp, gamma, beta, running_mean, running_var, momentum,
+                                   eps, M, C, sync, M_total);
+}
+
+void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
+                                      const float *inp, const float *gamma, const float *beta, float *running_mean,
                                       float *running_var, float momentum, float eps, int M, int C,
                                       const qt_batch_sync *sync, int64_t *M_total) {
   const int synced = sync && sync->size > 1;
@@ -281,7 +292,7 @@ void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, co
   pattern_fill(mlo, clo, 0, &p);
   pattern_fill(arep, ca, 0, &p);
   pattern_fill(brep, beta, 0, &p);
-  bn_apply(out, inp, mhi, mlo, arep, brep, &p);
+  bn_apply(out, inp, mhi, mlo, arep, brep, &p, relu_mask, six);
   free(stat_m);
   free(ws);
   free(part);
@@ -325,7 +336,7 @@ void qt_batch_norm_forward_eval(float *out, const float *inp, const float *gamma
   pattern_fill(mrep, running_mean, 0, &p);
   pattern_fill(arep, ca, 0, &p);
   pattern_fill(brep, beta, 0, &p);
-  bn_apply(out, inp, mrep, NULL, arep, brep, &p);
+  bn_apply(out, inp, mrep, NULL, arep, brep, &p, NULL, 0);
   free(ws);
 }
 
@@ -399,7 +410,8 @@ static void chunk_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_wri
 /* Reduces sum(dout) and sum(dout*(x-mean)) per channel into sdy/sdyx (C doubles each),
  * deterministically; with dx_scale also applies the eval dinp update in the same pass. */
 static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write, const float *dout,
-                         const float *inp, const float *mrep, const float *dx_scale, const bn_plan *p) {
+                         const float *inp, const float *mrep, const float *dx_scale, const bn_plan *p,
+                         float *relu_dout, const uint8_t *relu_mask) {
   const int C = p->C;
   const int nthreads = omp_get_max_threads();
   const size_t npart = (size_t)p->nchunks * (size_t)C;
@@ -409,6 +421,9 @@ static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write,
   for (int64_t i = 0; i < p->nchunks; i++) {
     float *scratch = thread_scratch(ws, 2, p);
     int64_t r0 = i * p->chunk_rows, rows = p->M - r0 < p->chunk_rows ? p->M - r0 : p->chunk_rows;
+    /* fused relu backward: the chunk's gradient masked in place just before it is summed
+     * (chunks are whole patterns, so their mask bytes are their own) */
+    if (relu_mask) qt_relu_grad_span(relu_dout, 1, relu_dout, relu_mask, r0 * C, (r0 + rows) * C);
     chunk_grad_sums(part + i * C, part + npart + i * C, dinp ? dinp + r0 * C : NULL, dinp_write, dout + r0 * C,
                     inp + r0 * C, rows, p, mrep, dx_scale, scratch, scratch + pattern_stride(p));
   }
@@ -439,6 +454,19 @@ void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, flo
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C, const qt_batch_sync *sync,
                                  int64_t M_total) {
+  bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, mean, invstd, gamma, M, C, sync, M_total, NULL, NULL);
+}
+
+void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, float *dout,
+                                 const uint8_t *relu_mask, const float *inp, const float *mean, const float *invstd,
+                                 const float *gamma, int M, int C, const qt_batch_sync *sync, int64_t M_total) {
+  bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, mean, invstd, gamma, M, C, sync, M_total, dout, relu_mask);
+}
+
+/* relu_mask: dout (== relu_dout) is masked in place, chunk by chunk, in the sums pass. */
+static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
+                        const float *inp, const float *mean, const float *invstd, const float *gamma, int M, int C,
+                        const qt_batch_sync *sync, int64_t M_total, float *relu_dout, const uint8_t *relu_mask) {
   const int synced = sync && sync->size > 1;
   /* every process takes part in the sums' reduction, whatever gradients it wants */
   if (!dinp && !dgamma && !dbeta && !synced) return;
@@ -449,7 +477,7 @@ void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, flo
   float *mrep = ws, *gmrep = ws + p.L, *psrep = ws + 2 * p.L, *arep = ws + 3 * p.L;
   float *cg = ws + 4 * p.L, *cp = ws + 5 * p.L, *ca = ws + 6 * p.L;
   pattern_fill(mrep, mean, 0, &p);
-  bn_grad_sums(sums, sums + C, NULL, 0, dout, inp, mrep, NULL, &p);
+  bn_grad_sums(sums, sums + C, NULL, 0, dout, inp, mrep, NULL, &p, relu_dout, relu_mask);
   /* dgamma/dbeta from this process's sums; dinp from the whole batch's */
   double *all = sums + 2 * C;
   memcpy(all, sums, 2 * (size_t)C * sizeof(double));
@@ -532,7 +560,7 @@ void qt_batch_norm_backward_eval_ex(float *dinp, int dinp_write, float *dgamma, 
   if (dgamma || dbeta) {
     double *sums = xmalloc(2 * (size_t)C * sizeof(double));
     pattern_fill(mrep, mean, 0, &p);
-    bn_grad_sums(sums, sums + C, dinp, dinp_write, dout, inp, mrep, arep, &p);
+    bn_grad_sums(sums, sums + C, dinp, dinp_write, dout, inp, mrep, arep, &p, NULL, NULL);
     for (int c = 0; c < C; c++) {
       if (dbeta) dbeta[c] += (float)sums[c];
       if (dgamma) dgamma[c] += (float)(sums[C + c] * (double)invstd[c]);

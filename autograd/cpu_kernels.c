@@ -131,6 +131,13 @@ static inline void relu_mask_block(float *out, uint8_t *mask, const float *inp, 
 #endif
 }
 
+void qt_relu_mask_span(float *out, uint8_t *mask, const float *inp, int64_t i0, int64_t i1, int six) {
+  QT_ASSERT(i0 % 8 == 0, "relu mask span starting at %lld (want a multiple of 8)", (long long)i0);
+  int64_t i = i0;
+  for (; i + 64 <= i1; i += 64) relu_mask_block(out + i, mask + i / 8, inp + i, six);
+  relu_mask_tail(out, mask, inp, i, i1, six);
+}
+
 void qt_relu_forward_mask(float *out, uint8_t *mask, const float *inp, int64_t n, int six) {
   const int64_t blocks = n / 64;
 #pragma omp parallel for schedule(static) if (n >= ELEM_PARALLEL_MIN)
@@ -174,6 +181,13 @@ static inline void relu_grad_block(float *dinp, int write, const float *dout, co
 #else
   relu_grad_tail(dinp, write, dout, mask, 0, 64);
 #endif
+}
+
+void qt_relu_grad_span(float *dinp, int write, const float *dout, const uint8_t *mask, int64_t i0, int64_t i1) {
+  QT_ASSERT(i0 % 8 == 0, "relu gradient span starting at %lld (want a multiple of 8)", (long long)i0);
+  int64_t i = i0;
+  for (; i + 64 <= i1; i += 64) relu_grad_block(dinp + i, write, dout + i, mask + i / 8);
+  relu_grad_tail(dinp, write, dout, mask, i, i1);
 }
 
 /* No restrict: dinp may be dout (each element is read before it is written). */

@@ -92,6 +92,19 @@ void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, flo
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C, const struct qt_batch_sync *sync,
                                  int64_t M_total);
+/* Batch norm followed by relu (six: relu6) as one op: the training forward whose apply pass
+ * also clamps each pattern of rows and writes relu_mask as qt_relu_forward_mask does, while the
+ * rows are in cache (out: the relu's output, bit for bit the two kernels in turn); and its
+ * backward, which first masks dout in place (dout becomes the batch norm output's gradient, so
+ * it must be a buffer the caller no longer needs), one reduction chunk at a time while the chunk
+ * is in cache, then runs qt_batch_norm_backward_sync. */
+void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
+                                      const float *inp, const float *gamma, const float *beta, float *running_mean,
+                                      float *running_var, float momentum, float eps, int M, int C,
+                                      const struct qt_batch_sync *sync, int64_t *M_total);
+void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, float *dout,
+                                 const uint8_t *relu_mask, const float *inp, const float *mean, const float *invstd,
+                                 const float *gamma, int M, int C, const struct qt_batch_sync *sync, int64_t M_total);
 void qt_batch_norm_backward_ref(float *dinp, float *dgamma, float *dbeta, const float *dout,
                                 const float *inp, const float *mean, const float *invstd,
                                 const float *gamma, int M, int C);
@@ -137,6 +150,10 @@ void qt_relu_forward_mask_ref(float *out, uint8_t *mask, const float *inp, int64
  * dinp[i] += bit ? dout[i] : 0 (the _backward kernels' sums, bit for bit). */
 void qt_relu_backward_mask(float *dinp, int write, const float *dout, const uint8_t *mask, int64_t n);
 void qt_relu_backward_mask_ref(float *dinp, int write, const float *dout, const uint8_t *mask, int64_t n);
+/* The same over elements [i0, i1) of the whole arrays (indices absolute, i0 a multiple of 8), on
+ * the calling thread: for kernels that fuse relu into a pass of their own (batch norm). */
+void qt_relu_mask_span(float *out, uint8_t *mask, const float *inp, int64_t i0, int64_t i1, int six);
+void qt_relu_grad_span(float *dinp, int write, const float *dout, const uint8_t *mask, int64_t i0, int64_t i1);
 
 /* ---- pooling over NHWC ------------------------------------------------------------------ */
 typedef struct {

@@ -158,6 +158,74 @@ qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
            batch_norm_op(ctx, x, gamma, beta, running_mean, running_var, training, momentum, eps, inplace));
 }
 
+/* ---- batch norm + relu (training) --------------------------------------------------------- */
+typedef struct {
+  bn_saved bn;
+  uint8_t *mask;
+} bn_relu_saved;
+
+static void batch_norm_relu_backward(qt_ctx *ctx, void *p) {
+  bn_relu_saved *s = p;
+  bn_saved *b = &s->bn;
+  if (!b->y->grad && b->sync) qt_tensor_grad(ctx, b->y); /* SyncBN: every process joins the sums */
+  if (!b->y->grad) return;
+  int dx_fresh = 0;
+  float *dx = NULL;
+  const int in_place = b->x->requires_grad && !b->x->grad && ctx->backward_frees;
+  if (in_place)
+    dx = b->y->grad, dx_fresh = 1;
+  else if (b->x->requires_grad)
+    dx = qt_tensor_grad_for_write(ctx, b->x, &dx_fresh);
+  float *dg = b->gamma->requires_grad ? qt_tensor_grad(ctx, b->gamma) : NULL;
+  float *db = b->beta->requires_grad ? qt_tensor_grad(ctx, b->beta) : NULL;
+  qt_batch_norm_relu_backward(dx, dx_fresh, dg, db, b->y->grad, s->mask, qt_f32(b->x), b->mean, b->invstd,
+                              qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
+  if (in_place) {
+    b->x->grad = dx;
+    b->y->grad = NULL; /* the buffer is the input's now */
+  }
+}
+
+static qt_tensor *batch_norm_relu_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta,
+                                     float *running_mean, float *running_var, float momentum, float eps, int six) {
+  check_f32(x, -1, "batch_norm_relu", "input");
+  const int C = (int)x->shape[x->ndim - 1];
+  const int M = (int)(qt_tensor_numel(x) / (C ? C : 1));
+  QT_ASSERT(gamma->shape[0] == C && beta->shape[0] == C, "batch_norm_relu: %lld/%lld parameters for %d channels",
+            (long long)gamma->shape[0], (long long)beta->shape[0], C);
+  const qt_batch_sync *sync =
+      qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1 ? qt_ctx_batch_sync(ctx) : NULL;
+  QT_ASSERT(M > (sync ? 0 : 1), "batch_norm_relu: training needs more than one value per channel (got %d)", M);
+  const int rec = qt_tape_recording(ctx, x, gamma, beta);
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+  float *mean = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
+  float *invstd = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
+  const int64_t n = qt_tensor_numel(x);
+  uint8_t *mask = rec ? qt_arena_alloc(ctx, (size_t)((n + 7) / 8)) : NULL;
+  int64_t M_total = M;
+  if (mask) {
+    qt_batch_norm_relu_forward_train(qt_f32(y), mask, six, mean, invstd, qt_f32(x), qt_f32(gamma), qt_f32(beta),
+                                     running_mean, running_var, momentum, eps, M, C, sync, &M_total);
+  } else {
+    qt_batch_norm_forward_train_sync(qt_f32(y), mean, invstd, qt_f32(x), qt_f32(gamma), qt_f32(beta), running_mean,
+                                     running_var, momentum, eps, M, C, sync, &M_total);
+    (six ? qt_relu6_forward : qt_relu_forward)(qt_f32(y), qt_f32(y), n);
+  }
+  if (rec) {
+    y->requires_grad = 1;
+    bn_relu_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_relu_backward, sizeof *sv, y);
+    *sv = (bn_relu_saved){{x, gamma, beta, y, mean, invstd, 1, M, C, sync, M_total}, mask};
+    x->saved = gamma->saved = 1;
+  }
+  return y;
+}
+
+qt_tensor *qt_batch_norm_relu(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
+                              float *running_var, float momentum, float eps, int six) {
+  PROFILED(ctx, QT_PROFILE_BATCH_NORM,
+           batch_norm_relu_op(ctx, x, gamma, beta, running_mean, running_var, momentum, eps, six));
+}
+
 /* ---- relu, relu6 ------------------------------------------------------------------------ */
 typedef struct {
   qt_tensor *x, *y;

@@ -763,6 +763,18 @@ static void plan_after(forward_plan *p, const qt_graph *g, qt_ctx *ctx, int node
 static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_tensor ***values,
                                 qt_tensor *const *force, int keep_all, const unsigned char *keep);
 
+/* In the training forward (grad on, values not kept), a batch norm or conv_bn in training mode
+ * whose only consumer is a relu or relu6 runs with it as one op (qt_batch_norm_relu: one pass
+ * over memory each way instead of two, the same numbers): returns that relu node, else -1. The
+ * batch norm's value then holds the relu's output, which only the relu (skipped) reads. */
+static int relu_fused_after(const qt_graph *g, int node) {
+  const qt_node *n = &g->nodes[node];
+  if ((n->op != QT_OP_BATCH_NORM && n->op != QT_OP_CONV_BN) || !n->training || n->bn_frozen) return -1;
+  const int j = qt_graph_sole_consumer(g, n->output);
+  if (j < 0) return -1;
+  return g->nodes[j].op == QT_OP_RELU || g->nodes[j].op == QT_OP_RELU6 ? j : -1;
+}
+
 qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input) {
   return graph_forward(g, ctx, input, NULL, NULL, 0, NULL);
 }
@@ -801,12 +813,24 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
   memset(&plan, 0, sizeof plan);
   const int planned = !keep_all && (!qt_ctx_grad_enabled(ctx) || qt_ctx_backward_frees(ctx));
   if (planned) plan_init(&plan, g, ctx, keep);
+  const int fuse_relu = !keep_all && qt_ctx_grad_enabled(ctx);
+  int relu_done = -1; /* the relu node a fused batch norm has computed */
   for (int i = 0; i < g->n_nodes; i++) {
     qt_node *n = &g->nodes[i];
     qt_tensor *x = n->n_inputs > 0 ? vals[n->inputs[0]] : NULL;
     qt_tensor *y = NULL;
     const qt_node_attrs *a = &n->attr;
-    switch (n->op) {
+    const int fused = fuse_relu ? relu_fused_after(g, i) : -1;
+    if (i == relu_done) {
+      y = x; /* its batch norm wrote the relu's output (qt_batch_norm_relu) */
+      relu_done = -1;
+    } else if (fused >= 0 && n->op == QT_OP_BATCH_NORM) {
+      y = qt_batch_norm_relu(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
+                             g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
+                             g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, a->momentum, a->eps,
+                             g->nodes[fused].op == QT_OP_RELU6);
+      relu_done = fused;
+    } else switch (n->op) {
       case QT_OP_INPUT:
         continue;
       case QT_OP_CONV_BN: {
@@ -829,10 +853,18 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
           drop_unless(ctx, t, y);
         }
         t = y;
-        y = qt_batch_norm(ctx, t, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
-                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
-                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training && !n->bn_frozen,
-                          a->momentum, a->eps, 0);
+        if (fused >= 0) { /* training mode: no bias rounding below */
+          y = qt_batch_norm_relu(ctx, t, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
+                                 g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
+                                 g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, a->momentum, a->eps,
+                                 g->nodes[fused].op == QT_OP_RELU6);
+          relu_done = fused;
+        } else {
+          y = qt_batch_norm(ctx, t, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
+                            g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
+                            g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training && !n->bn_frozen,
+                            a->momentum, a->eps, 0);
+        }
         drop_unless(ctx, t, y);
         int failed;
         qt_tensor *round = conv_bn_bias_rounding(g, ctx, i, g->error, &failed);

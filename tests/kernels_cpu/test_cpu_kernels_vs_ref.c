@@ -93,6 +93,57 @@ static void test_batch_norm(int M, int C, float center, uint64_t seed) {
   free(y1), free(y2), free(m1), free(m2), free(s1), free(s2), free(rm1), free(rv1), free(rm2), free(rv2);
 }
 
+/* Batch norm fused with relu / relu6 equals the two kernels in turn bit for bit: the output,
+ * mask, statistics and running statistics of the forward; the input, gamma and beta gradients
+ * of the backward (written into a NaN-filled buffer, and written in place over dout), and dout
+ * left as the masked gradient. M*C with and without whole 64-element blocks and patterns. */
+static void test_batch_norm_relu(int M, int C, int six, uint64_t seed) {
+  char what[128];
+#define BR_WHAT(s) (snprintf(what, sizeof what, "bn+relu%s M=%d C=%d: %s", six ? "6" : "", M, C, s), what)
+  const int64_t n = (int64_t)M * C, nb = (n + 7) / 8;
+  float *x = uniform(n, -3.0f, 3.0f, seed);
+  for (int64_t i = 0; i < n; i += 37) x[i] = NAN;
+  float *gamma = uniform(C, 0.5f, 4.0f, seed + 1), *beta = uniform(C, -0.5f, 3.0f, seed + 2);
+  float *rm1 = uniform(C, -0.2f, 0.2f, seed + 3), *rv1 = uniform(C, 0.5f, 2.0f, seed + 4);
+  float *rm2 = qt_test_copy_f32(rm1, C), *rv2 = qt_test_copy_f32(rv1, C);
+  float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *m1 = malloc(C * 4), *m2 = malloc(C * 4);
+  float *s1 = malloc(C * 4), *s2 = malloc(C * 4);
+  uint8_t *k1 = malloc(nb), *k2 = malloc(nb);
+  int64_t total;
+  qt_batch_norm_relu_forward_train(y1, k1, six, m1, s1, x, gamma, beta, rm1, rv1, 0.1f, 1e-5f, M, C, NULL, &total);
+  qt_batch_norm_forward_train(y2, m2, s2, x, gamma, beta, rm2, rv2, 0.1f, 1e-5f, M, C);
+  qt_relu_forward_mask(y2, k2, y2, n, six);
+  check_exact_f32(BR_WHAT("forward out"), y1, y2, n);
+  check_exact_f32(BR_WHAT("mean"), m1, m2, C);
+  check_exact_f32(BR_WHAT("invstd"), s1, s2, C);
+  check_exact_f32(BR_WHAT("running mean"), rm1, rm2, C);
+  check_exact_f32(BR_WHAT("running var"), rv1, rv2, C);
+  if (memcmp(k1, k2, nb) != 0 || total != M) qt_test_fail("%s", BR_WHAT("mask or row count differ"));
+
+  float *dy = uniform(n, -1.0f, 1.0f, seed + 5);
+  float *dy1 = qt_test_copy_f32(dy, n), *dy2 = qt_test_copy_f32(dy, n);
+  float *dx1 = malloc(n * 4), *dx2 = malloc(n * 4);
+  for (int64_t i = 0; i < n; i++) dx1[i] = NAN;
+  float *dg1 = uniform(C, -1.0f, 1.0f, seed + 6), *db1 = uniform(C, -1.0f, 1.0f, seed + 7);
+  float *dg2 = qt_test_copy_f32(dg1, C), *db2 = qt_test_copy_f32(db1, C);
+  qt_batch_norm_relu_backward(dx1, 1, dg1, db1, dy1, k1, x, m1, s1, gamma, M, C, NULL, M);
+  qt_relu_backward_mask(dy2, 1, dy2, k2, n);
+  float *dbn = qt_test_copy_f32(dy2, n);
+  qt_batch_norm_backward_sync(dx2, 1, dg2, db2, dy2, x, m2, s2, gamma, M, C, NULL, M);
+  check_exact_f32(BR_WHAT("backward dinp"), dx1, dx2, n);
+  check_exact_f32(BR_WHAT("backward dgamma"), dg1, dg2, C);
+  check_exact_f32(BR_WHAT("backward dbeta"), db1, db2, C);
+  check_exact_f32(BR_WHAT("dout left masked"), dy1, dbn, n);
+  /* in place: dinp is dout */
+  memcpy(dy1, dy, (size_t)n * sizeof(float));
+  qt_batch_norm_relu_backward(dy1, 1, NULL, NULL, dy1, k1, x, m1, s1, gamma, M, C, NULL, M);
+  check_exact_f32(BR_WHAT("backward dinp in place"), dy1, dx2, n);
+#undef BR_WHAT
+  free(x), free(gamma), free(beta), free(rm1), free(rv1), free(rm2), free(rv2), free(y1), free(y2), free(m1);
+  free(m2), free(s1), free(s2), free(k1), free(k2), free(dy), free(dy1), free(dy2), free(dx1), free(dx2);
+  free(dg1), free(db1), free(dg2), free(db2), free(dbn);
+}
+
 /* ---- pooling ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -337,6 +388,13 @@ int main(void) {
                        {77, 1000}, {40, 2500}, {2, 5}, {1037, 1}};
   for (size_t i = 0; i < sizeof bn / sizeof bn[0]; i++) test_batch_norm(bn[i][0], bn[i][1], 0.0f, 10 + i);
   test_batch_norm(10007, 7, 1000.0f, 99); /* large mean: the variance must not cancel */
+  for (int six = 0; six < 2; six++) {
+    test_batch_norm_relu(105, 3, six, 600);     /* tail rows, a partial last block */
+    test_batch_norm_relu(40000, 32, six, 601);  /* FashionCNN's conv1 at batch 51: several chunks */
+    test_batch_norm_relu(3 * 7 * 7 * 3, 64, six, 602);
+    test_batch_norm_relu(10007, 7, six, 603);
+    test_batch_norm_relu(2, 5, six, 604);
+  }
   test_batch_norm(40000, 32, -300.0f, 98);
 
   const pool_case pools[] = {

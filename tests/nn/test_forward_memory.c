@@ -4,7 +4,8 @@
  * that keeps every value, with bit-identical outputs there and on ResCNN (residual adds,
  * in-place BN and ReLU) and the imported MobileNet-style model (depthwise convs, ReLU6); and
  * backward with qt_ctx_set_backward_frees gives bit-identical parameter gradients in less
- * memory. */
+ * memory; a training step gives bit-identical gradients and running statistics whether every value
+ * is kept, batch norm runs fused with its relu, or dead values and gradients are handed back. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,41 +122,79 @@ static void res_cnn_and_mobilenet(void) {
   qt_graph_free(g);
 }
 
-/* One training step's parameter gradients (and the arena's peak) on ResCNN, with or without
- * backward handing gradients back. */
-static float *step_grads(qt_graph *g, const float *x, const int32_t *labels, int N, int frees, size_t *peak) {
-  const int64_t shape[4] = {N, 28, 28, 1};
+/* One training step on g: the parameter gradients followed by the updated running statistics,
+ * and the arena's peak. mode 0: every value kept (qt_graph_forward_values: no batch norm + relu
+ * fusion, nothing freed), frees off; 1: qt_graph_forward (training-mode batch norm fused with
+ * its relu), frees off; 2: the same with frees on (values no tape entry saved go back once
+ * their consumers ran; backward hands gradients back and writes some in place), as the trainer
+ * runs. */
+static float *step_grads(qt_graph *g, const float *x, const int32_t *labels, int N, int mode, size_t *peak) {
+  const qt_value *in = &g->values[g->input];
+  const int64_t shape[4] = {N, in->shape[0], in->shape[1], in->shape[2]};
   float *saved = qt_test_copy_f32(g->buffers, g->n_buffers);
   qt_ctx *ctx = qt_ctx_create();
-  qt_ctx_set_backward_frees(ctx, frees);
+  qt_ctx_set_backward_frees(ctx, mode == 2);
   qt_graph_set_training(g, 1);
-  qt_tensor *loss = qt_cross_entropy(ctx, qt_graph_forward(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x)),
-                                     labels, NULL);
+  qt_tensor **vals;
+  qt_tensor *input = qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x);
+  qt_tensor *logits = mode == 0 ? qt_graph_forward_values(g, ctx, input, &vals) : qt_graph_forward(g, ctx, input);
+  QT_ASSERT(logits, "%s: %s", g->name, g->error);
+  qt_tensor *loss = qt_cross_entropy(ctx, logits, labels, NULL);
   qt_graph_zero_grad(g);
   qt_backward(ctx, loss);
   *peak = qt_ctx_peak_bytes(ctx);
   qt_ctx_free(ctx);
+  float *out = malloc((size_t)(g->n_params + g->n_buffers) * sizeof(float));
+  memcpy(out, g->grads, (size_t)g->n_params * sizeof(float));
+  memcpy(out + g->n_params, g->buffers, (size_t)g->n_buffers * sizeof(float));
   memcpy(g->buffers, saved, (size_t)g->n_buffers * sizeof(float));
   free(saved);
-  return qt_test_copy_f32(g->grads, g->n_params);
+  return out;
+}
+
+/* The three modes give bit-identical gradients and running statistics; the trainer's (2) spans
+ * at most max_ratio of keeping everything (0). FashionCNN: BN -> ReLU -> max pool, whose ReLU
+ * outputs go back after the pool; ResCNN: residual adds; MobileNet-style: ReLU6, depthwise. */
+static void training_step(qt_graph *g, int N, double max_ratio) {
+  const qt_value *in = &g->values[g->input];
+  const int64_t n_in = N * qt_value_numel(in);
+  float *x = malloc((size_t)n_in * sizeof(float));
+  qt_test_fill_uniform(x, n_in, -2.0f, 2.0f, 9);
+  int32_t labels[64];
+  QT_ASSERT(N <= 64, "batch %d", N);
+  for (int i = 0; i < N; i++) labels[i] = (i * 7) % 10;
+  size_t peak[3];
+  float *r[3];
+  for (int m = 0; m < 3; m++) r[m] = step_grads(g, x, labels, N, m, &peak[m]);
+  const size_t n = (size_t)(g->n_params + g->n_buffers) * sizeof(float);
+  if (memcmp(r[0], r[1], n) != 0)
+    qt_test_fail("%s: gradients or running statistics differ with batch norm fused with its relu", g->name);
+  if (memcmp(r[0], r[2], n) != 0)
+    qt_test_fail("%s: gradients or running statistics differ when values and gradients are handed back", g->name);
+  if ((double)peak[2] > max_ratio * (double)peak[0])
+    qt_test_fail("%s step at batch %d: %.2f MiB with frees, want <= %.0f%% of the %.2f MiB keeping everything",
+                 g->name, N, peak[2] / 1048576.0, 100 * max_ratio, peak[0] / 1048576.0);
+  if (getenv("QT_TEST_VERBOSE"))
+    fprintf(stderr, "%s step batch %d: %.2f MiB all kept, %.2f MiB fused, %.2f MiB with frees\n", g->name, N,
+            peak[0] / 1048576.0, peak[1] / 1048576.0, peak[2] / 1048576.0);
+  for (int m = 0; m < 3; m++) free(r[m]);
+  free(x);
 }
 
 static void backward_frees(void) {
-  qt_graph *g = model("res_cnn");
-  enum { N = 32 };
-  float *x = malloc(N * 784 * sizeof(float));
-  qt_test_fill_uniform(x, N * 784, -2.0f, 2.0f, 9);
-  int32_t labels[N];
-  for (int i = 0; i < N; i++) labels[i] = (i * 7) % 10;
-  size_t kept, freed;
-  float *a = step_grads(g, x, labels, N, 0, &kept), *b = step_grads(g, x, labels, N, 1, &freed);
-  if (memcmp(a, b, (size_t)g->n_params * sizeof(float)) != 0)
-    qt_test_fail("res_cnn: parameter gradients differ when backward hands gradients back");
-  if (freed >= kept) qt_test_fail("res_cnn step: %zu bytes with gradients handed back, %zu without", freed, kept);
-  if (getenv("QT_TEST_VERBOSE"))
-    fprintf(stderr, "res_cnn step batch %d: %.1f MiB, %.1f MiB with backward frees\n", N, kept / 1048576.0,
-            freed / 1048576.0);
-  free(a), free(b), free(x);
+  qt_graph *g = model("fashion_cnn");
+  training_step(g, 32, 0.60);
+  qt_graph_free(g);
+  g = model("res_cnn");
+  training_step(g, 32, 0.60);
+  qt_graph_free(g);
+  char err[QT_ERR_LEN];
+  g = qt_onnx_import(qt_test_path("tests/onnx/models/mobilenet.onnx"), NULL, NULL, err);
+  if (!g) {
+    qt_test_fail("mobilenet: %s", err);
+    return;
+  }
+  training_step(g, 16, 0.70);
   qt_graph_free(g);
 }
 
