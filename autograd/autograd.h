@@ -185,6 +185,14 @@ qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
  * the relu (nn/graph.c fuses them in the training forward). */
 qt_tensor *qt_batch_norm_relu(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
                               float *running_var, float momentum, float eps, int six);
+/* Batch norm of x / s, s (C) per channel of x's last axis, without the quotient in memory: the
+ * numbers, bit for bit, of qt_channel_scale(x, s, 0, 1) followed by qt_batch_norm (training or
+ * running statistics) and, with relu (1: relu, 2: relu6; training only), qt_batch_norm_relu;
+ * gradients reach x, s, gamma and beta. Saves x, not the quotient: QAT's conv_bn (DESIGN 3.4,
+ * conv / sf then BN) keeps one activation per layer instead of two (nn/graph.c, training forward). */
+qt_tensor *qt_batch_norm_div(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor *gamma, qt_tensor *beta,
+                             float *running_mean, float *running_var, int training, float momentum, float eps,
+                             int relu);
 /* inplace: the output reuses x's memory (x must have no other consumer). */
 qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace);
 /* min(max(x, 0), 6) (PyTorch's ReLU6 / hardtanh(0, 6)); inplace as relu. */

@@ -95,29 +95,38 @@ static void *xmalloc(size_t n) {
   return q;
 }
 
+/* The input as the kernels read it: x, or x / div computed on the fly where a caller fuses a
+ * per-channel division into batch norm (drep: the divisors as a pattern, D = 1). A division is
+ * the same float operation wherever it runs, so every pass sees exactly the values a division
+ * written out first would hold. BN_INLINE bodies are specialized for D = 0 and D = 1. */
+#define BN_X(ptr, i, di) (D ? (ptr)[i] / drep[di] : (ptr)[i])
+#define BN_INLINE static inline __attribute__((always_inline))
+
 /* ---- training forward ------------------------------------------------------------------- */
 
 /* Statistics of one chunk of `rows` rows, per channel: its mean rounded to float (mu), the sum
  * of deviations from that mean (dev, ~0 up to the rounding of mu) and of their squares (sq).
  * The first pass sums x - x[first row] so float lanes hold deviations, not the (possibly large)
  * mean itself; the second pass re-reads the chunk from cache. */
-static void chunk_stats(double *mu, double *dev, double *sq, const float *restrict x, int64_t rows,
-                        const bn_plan *p, float *restrict acc, float *restrict rep) {
+BN_INLINE void chunk_stats_impl(double *mu, double *dev, double *sq, const float *restrict x, int64_t rows,
+                                const bn_plan *p, float *restrict acc, float *restrict rep,
+                                const float *restrict drep, const int D) {
   const int L = p->L, C = p->C;
   const int64_t groups = rows / p->k, tail = rows - groups * p->k;
   const float *xt = x + groups * L;
-  pattern_fill(rep, x, 0, p); /* shift: the chunk's first row */
+  for (int t = 0; t < p->k; t++) /* shift: the chunk's first row */
+    for (int c = 0; c < C; c++) rep[t * C + c] = BN_X(x, c, c);
   memset(acc, 0, (size_t)L * sizeof *acc);
   for (int64_t g = 0; g < groups; g++) {
     const float *restrict xg = x + g * L;
 #pragma omp simd
-    for (int j = 0; j < L; j++) acc[j] += xg[j] - rep[j];
+    for (int j = 0; j < L; j++) acc[j] += BN_X(xg, j, j) - rep[j];
   }
   for (int64_t t = 0; t < tail; t++)
-    for (int c = 0; c < C; c++) acc[c] += xt[t * C + c] - rep[c];
+    for (int c = 0; c < C; c++) acc[c] += BN_X(xt, t * C + c, c) - rep[c];
   pattern_fold(dev, acc, p);
   for (int c = 0; c < C; c++) {
-    const double shift = x[c];
+    const double shift = rep[c];
     mu[c] = (float)(shift + dev[c] / (double)rows);
     dev[c] += (double)rows * (shift - mu[c]);
   }
@@ -129,25 +138,33 @@ static void chunk_stats(double *mu, double *dev, double *sq, const float *restri
     const float *restrict xg = x + g * L;
 #pragma omp simd
     for (int j = 0; j < L; j++) {
-      float d = xg[j] - rep[j];
+      float d = BN_X(xg, j, j) - rep[j];
       acc[j] += d * d;
     }
   }
   for (int64_t t = 0; t < tail; t++)
     for (int c = 0; c < C; c++) {
-      float d = xt[t * C + c] - rep[c];
+      float d = BN_X(xt, t * C + c, c) - rep[c];
       acc[c] += d * d;
     }
   pattern_fold(sq, acc, p);
+}
+
+static void chunk_stats(double *mu, double *dev, double *sq, const float *x, int64_t rows, const bn_plan *p,
+                        float *acc, float *rep, const float *drep) {
+  if (drep)
+    chunk_stats_impl(mu, dev, sq, x, rows, p, acc, rep, drep, 1);
+  else
+    chunk_stats_impl(mu, dev, sq, x, rows, p, acc, rep, NULL, 0);
 }
 
 /* out = ((x - mhi) - mlo) * a + b over all M rows, per-channel constants given as patterns.
  * mhi + mlo is the batch mean split into two floats (mlo NULL: 0), so a mean much larger
  * than the spread still yields outputs exact to float rounding. out may equal x (in-place
  * eval BN), so neither is restrict-qualified. */
-static void bn_apply(float *out, const float *x, const float *restrict mhi,
-                     const float *restrict mlo, const float *restrict arep, const float *restrict brep,
-                     const bn_plan *p, uint8_t *relu_mask, int six) {
+BN_INLINE void bn_apply_impl(float *out, const float *x, const float *restrict mhi, const float *restrict mlo,
+                             const float *restrict arep, const float *restrict brep, const bn_plan *p,
+                             uint8_t *relu_mask, int six, const float *restrict drep, const int D) {
   const int L = p->L, C = p->C;
   const int64_t groups = p->M / p->k, tail = p->M - groups * p->k;
   if (mlo) {
@@ -156,7 +173,7 @@ static void bn_apply(float *out, const float *x, const float *restrict mhi,
       const float *xg = x + g * L;
       float *og = out + g * L;
 #pragma omp simd
-      for (int j = 0; j < L; j++) og[j] = ((xg[j] - mhi[j]) - mlo[j]) * arep[j] + brep[j];
+      for (int j = 0; j < L; j++) og[j] = ((BN_X(xg, j, j) - mhi[j]) - mlo[j]) * arep[j] + brep[j];
       /* L is a multiple of 16: the pattern's mask bytes are its own */
       if (relu_mask) qt_relu_mask_span(out, relu_mask, out, g * L, (g + 1) * L, six);
     }
@@ -166,15 +183,23 @@ static void bn_apply(float *out, const float *x, const float *restrict mhi,
       const float *xg = x + g * L;
       float *og = out + g * L;
 #pragma omp simd
-      for (int j = 0; j < L; j++) og[j] = (xg[j] - mhi[j]) * arep[j] + brep[j];
+      for (int j = 0; j < L; j++) og[j] = (BN_X(xg, j, j) - mhi[j]) * arep[j] + brep[j];
     }
   }
   for (int64_t t = 0; t < tail; t++) {
     const float *xt = x + (groups * p->k + t) * C;
     float *ot = out + (groups * p->k + t) * C;
-    for (int c = 0; c < C; c++) ot[c] = ((xt[c] - mhi[c]) - (mlo ? mlo[c] : 0.0f)) * arep[c] + brep[c];
+    for (int c = 0; c < C; c++) ot[c] = ((BN_X(xt, c, c) - mhi[c]) - (mlo ? mlo[c] : 0.0f)) * arep[c] + brep[c];
   }
   if (relu_mask && tail) qt_relu_mask_span(out, relu_mask, out, groups * L, p->M * C, six);
+}
+
+static void bn_apply(float *out, const float *x, const float *mhi, const float *mlo, const float *arep,
+                     const float *brep, const bn_plan *p, uint8_t *relu_mask, int six, const float *drep) {
+  if (drep)
+    bn_apply_impl(out, x, mhi, mlo, arep, brep, p, relu_mask, six, drep, 1);
+  else
+    bn_apply_impl(out, x, mhi, mlo, arep, brep, p, relu_mask, six, NULL, 0);
 }
 
 /* SyncBN: replaces this process's per-channel (mean m, centred sum of squares m2) over M rows by
@@ -217,14 +242,14 @@ void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, co
                                       const float *gamma, const float *beta, float *running_mean,
                                       float *running_var, float momentum, float eps, int M, int C,
                                       const qt_batch_sync *sync, int64_t *M_total) {
-  qt_batch_norm_relu_forward_train(out, NULL, 0, mean, invstd, inp, gamma, beta, running_mean, running_var, momentum,
-                                   eps, M, C, sync, M_total);
+  qt_batch_norm_relu_forward_train(out, NULL, 0, mean, invstd, inp, NULL, gamma, beta, running_mean, running_var,
+                                   momentum, eps, M, C, sync, M_total);
 }
 
 void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
-                                      const float *inp, const float *gamma, const float *beta, float *running_mean,
-                                      float *running_var, float momentum, float eps, int M, int C,
-                                      const qt_batch_sync *sync, int64_t *M_total) {
+                                      const float *inp, const float *in_div, const float *gamma, const float *beta,
+                                      float *running_mean, float *running_var, float momentum, float eps, int M,
+                                      int C, const qt_batch_sync *sync, int64_t *M_total) {
   const int synced = sync && sync->size > 1;
   QT_ASSERT((synced ? M > 0 : M > 1) && C > 0,
             "batch_norm_forward_train: needs more than one value per channel (M=%d, C=%d), as PyTorch", M, C);
@@ -233,14 +258,18 @@ void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, f
   const size_t npart = (size_t)p.nchunks * (size_t)C;
   double *part = xmalloc(3 * npart * sizeof(double));
   double *pmu = part, *pdev = part + npart, *psq = part + 2 * npart;
-  float *ws = xmalloc(((size_t)nthreads * 2 + 7) * pattern_stride(&p) * sizeof(float));
+  float *ws = xmalloc(((size_t)nthreads * 2 + 8) * pattern_stride(&p) * sizeof(float));
+  /* the divisors' pattern, read by every thread: after the 7 patterns of the apply pass, which
+   * reuse the threads' scratch once the statistics are done */
+  float *drep = in_div ? ws + ((size_t)nthreads * 2 + 7) * pattern_stride(&p) : NULL;
+  if (drep) pattern_fill(drep, in_div, 1.0f, &p);
 
 #pragma omp parallel for schedule(static) if ((int64_t)M * C >= BN_PARALLEL_MIN)
   for (int64_t i = 0; i < p.nchunks; i++) {
     float *scratch = thread_scratch(ws, 2, &p);
     int64_t r0 = i * p.chunk_rows, rows = p.M - r0 < p.chunk_rows ? p.M - r0 : p.chunk_rows;
     chunk_stats(pmu + i * C, pdev + i * C, psq + i * C, inp + r0 * C, rows, &p, scratch,
-                scratch + pattern_stride(&p));
+                scratch + pattern_stride(&p), drep);
   }
 
   /* Merge the chunks in order (exact parallel-variance identity), then build the patterns
@@ -292,7 +321,7 @@ void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, f
   pattern_fill(mlo, clo, 0, &p);
   pattern_fill(arep, ca, 0, &p);
   pattern_fill(brep, beta, 0, &p);
-  bn_apply(out, inp, mhi, mlo, arep, brep, &p, relu_mask, six);
+  bn_apply(out, inp, mhi, mlo, arep, brep, &p, relu_mask, six, drep);
   free(stat_m);
   free(ws);
   free(part);
@@ -327,16 +356,24 @@ void qt_batch_norm_forward_train_ref(float *out, float *mean, float *invstd, con
 void qt_batch_norm_forward_eval(float *out, const float *inp, const float *gamma, const float *beta,
                                 const float *running_mean, const float *running_var, float eps,
                                 int M, int C) {
+  qt_batch_norm_forward_eval_div(out, inp, NULL, gamma, beta, running_mean, running_var, eps, M, C);
+}
+
+void qt_batch_norm_forward_eval_div(float *out, const float *inp, const float *in_div, const float *gamma,
+                                    const float *beta, const float *running_mean, const float *running_var, float eps,
+                                    int M, int C) {
   QT_ASSERT(M > 0 && C > 0, "batch_norm_forward_eval: empty input (M=%d, C=%d)", M, C);
   const bn_plan p = bn_plan_make(M, C);
-  float *ws = xmalloc(5 * (size_t)p.L * sizeof(float));
+  float *ws = xmalloc(6 * (size_t)p.L * sizeof(float));
+  float *drep = in_div ? ws + 5 * p.L : NULL;
+  if (drep) pattern_fill(drep, in_div, 1.0f, &p);
   float *mrep = ws, *arep = ws + p.L, *brep = ws + 2 * p.L, *ca = ws + 3 * p.L;
   for (int c = 0; c < C; c++)
     ca[c] = (float)((gamma ? (double)gamma[c] : 1.0) / sqrt((double)running_var[c] + (double)eps));
   pattern_fill(mrep, running_mean, 0, &p);
   pattern_fill(arep, ca, 0, &p);
   pattern_fill(brep, beta, 0, &p);
-  bn_apply(out, inp, mrep, NULL, arep, brep, &p, NULL, 0);
+  bn_apply(out, inp, mrep, NULL, arep, brep, &p, NULL, 0, drep);
   free(ws);
 }
 
@@ -354,10 +391,11 @@ void qt_batch_norm_forward_eval_ref(float *out, const float *inp, const float *g
 
 /* Per-chunk sums of dout and of dout*(x - mean), one double per chunk and channel; for the
  * eval backward (dx_scale != NULL) the chunk also does dinp += dout * dx_scale in the same pass. */
-static void chunk_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write,
-                            const float *dout, const float *restrict x, int64_t rows, const bn_plan *p,
-                            const float *restrict mrep, const float *restrict dx_scale, float *restrict acc_s,
-                            float *restrict acc_p) {
+BN_INLINE void chunk_grad_sums_impl(double *sdy, double *sdyx, float *dinp, int dinp_write, const float *dout,
+                                    const float *restrict x, int64_t rows, const bn_plan *p,
+                                    const float *restrict mrep, const float *restrict dx_scale,
+                                    float *restrict acc_s, float *restrict acc_p, const float *restrict drep,
+                                    const int D) {
   const int L = p->L, C = p->C;
   const int64_t groups = rows / p->k, tail = rows - groups * p->k;
   memset(acc_s, 0, (size_t)L * sizeof *acc_s);
@@ -370,7 +408,7 @@ static void chunk_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_wri
 #pragma omp simd
       for (int j = 0; j < L; j++) {
         acc_s[j] += dg[j];
-        acc_p[j] += dg[j] * (xg[j] - mrep[j]);
+        acc_p[j] += dg[j] * (BN_X(xg, j, j) - mrep[j]);
         ig[j] = 0.0f + dg[j] * dx_scale[j];
       }
     }
@@ -381,7 +419,7 @@ static void chunk_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_wri
 #pragma omp simd
       for (int j = 0; j < L; j++) {
         acc_s[j] += dg[j];
-        acc_p[j] += dg[j] * (xg[j] - mrep[j]);
+        acc_p[j] += dg[j] * (BN_X(xg, j, j) - mrep[j]);
         ig[j] += dg[j] * dx_scale[j];
       }
     }
@@ -391,7 +429,7 @@ static void chunk_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_wri
 #pragma omp simd
       for (int j = 0; j < L; j++) {
         acc_s[j] += dg[j];
-        acc_p[j] += dg[j] * (xg[j] - mrep[j]);
+        acc_p[j] += dg[j] * (BN_X(xg, j, j) - mrep[j]);
       }
     }
   }
@@ -399,7 +437,7 @@ static void chunk_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_wri
     const int64_t o = groups * L + t * C;
     for (int c = 0; c < C; c++) {
       acc_s[c] += dout[o + c];
-      acc_p[c] += dout[o + c] * (x[o + c] - mrep[c]);
+      acc_p[c] += dout[o + c] * (BN_X(x, o + c, c) - mrep[c]);
       if (dinp && dx_scale) dinp[o + c] = (dinp_write ? 0.0f : dinp[o + c]) + dout[o + c] * dx_scale[c];
     }
   }
@@ -407,11 +445,20 @@ static void chunk_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_wri
   pattern_fold(sdyx, acc_p, p);
 }
 
+static void chunk_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write, const float *dout,
+                            const float *x, int64_t rows, const bn_plan *p, const float *mrep, const float *dx_scale,
+                            float *acc_s, float *acc_p, const float *drep) {
+  if (drep)
+    chunk_grad_sums_impl(sdy, sdyx, dinp, dinp_write, dout, x, rows, p, mrep, dx_scale, acc_s, acc_p, drep, 1);
+  else
+    chunk_grad_sums_impl(sdy, sdyx, dinp, dinp_write, dout, x, rows, p, mrep, dx_scale, acc_s, acc_p, NULL, 0);
+}
+
 /* Reduces sum(dout) and sum(dout*(x-mean)) per channel into sdy/sdyx (C doubles each),
  * deterministically; with dx_scale also applies the eval dinp update in the same pass. */
 static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write, const float *dout,
                          const float *inp, const float *mrep, const float *dx_scale, const bn_plan *p,
-                         float *relu_dout, const uint8_t *relu_mask) {
+                         float *relu_dout, const uint8_t *relu_mask, const float *drep) {
   const int C = p->C;
   const int nthreads = omp_get_max_threads();
   const size_t npart = (size_t)p->nchunks * (size_t)C;
@@ -425,7 +472,7 @@ static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write,
      * (chunks are whole patterns, so their mask bytes are their own) */
     if (relu_mask) qt_relu_grad_span(relu_dout, 1, relu_dout, relu_mask, r0 * C, (r0 + rows) * C);
     chunk_grad_sums(part + i * C, part + npart + i * C, dinp ? dinp + r0 * C : NULL, dinp_write, dout + r0 * C,
-                    inp + r0 * C, rows, p, mrep, dx_scale, scratch, scratch + pattern_stride(p));
+                    inp + r0 * C, rows, p, mrep, dx_scale, scratch, scratch + pattern_stride(p), drep);
   }
   for (int c = 0; c < C; c++) {
     double s = 0, q = 0;
@@ -447,26 +494,59 @@ void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const floa
 }
 
 static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
-                        const float *inp, const float *mean, const float *invstd, const float *gamma, int M, int C,
-                        const qt_batch_sync *sync, int64_t M_total, float *relu_dout, const uint8_t *relu_mask);
+                        const float *inp, const float *in_div, const float *mean, const float *invstd,
+                        const float *gamma, int M, int C, const qt_batch_sync *sync, int64_t M_total,
+                        float *relu_dout, const uint8_t *relu_mask);
 
 void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C, const qt_batch_sync *sync,
                                  int64_t M_total) {
-  bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, mean, invstd, gamma, M, C, sync, M_total, NULL, NULL);
+  bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, NULL, mean, invstd, gamma, M, C, sync, M_total, NULL, NULL);
 }
 
 void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, float *dout,
-                                 const uint8_t *relu_mask, const float *inp, const float *mean, const float *invstd,
-                                 const float *gamma, int M, int C, const qt_batch_sync *sync, int64_t M_total) {
-  bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, mean, invstd, gamma, M, C, sync, M_total, dout, relu_mask);
+                                 const uint8_t *relu_mask, const float *inp, const float *in_div, const float *mean,
+                                 const float *invstd, const float *gamma, int M, int C, const qt_batch_sync *sync,
+                                 int64_t M_total) {
+  bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, in_div, mean, invstd, gamma, M, C, sync, M_total, dout,
+              relu_mask);
+}
+
+/* dinp (=, or += without dinp_write) from dout and the per-channel patterns, over all rows. */
+BN_INLINE void bn_dinp_impl(float *dinp, int dinp_write, const float *dout, const float *inp, const bn_plan *p,
+                            const float *restrict mrep, const float *restrict gmrep, const float *restrict psrep,
+                            const float *restrict arep, const float *restrict drep, const int D) {
+  const int L = p->L, C = p->C;
+  const int64_t groups = p->M / p->k, tail = p->M - groups * p->k;
+#pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
+  for (int64_t g = 0; g < groups; g++) {
+    /* dinp may be dout (written in place): not restrict; each element is read before written */
+    const float *restrict xg = inp + g * L, *dg = dout + g * L;
+    float *ig = dinp + g * L;
+    /* written as 0 + v when dinp is fresh: the same bits as adding to zeros, -0 included */
+    if (dinp_write) {
+#pragma omp simd
+      for (int j = 0; j < L; j++)
+        ig[j] = 0.0f + (dg[j] - gmrep[j] - (BN_X(xg, j, j) - mrep[j]) * psrep[j]) * arep[j];
+    } else {
+#pragma omp simd
+      for (int j = 0; j < L; j++) ig[j] += (dg[j] - gmrep[j] - (BN_X(xg, j, j) - mrep[j]) * psrep[j]) * arep[j];
+    }
+  }
+  for (int64_t t = 0; t < tail; t++) {
+    const int64_t o = (groups * p->k + t) * C;
+    for (int c = 0; c < C; c++)
+      dinp[o + c] = (dinp_write ? 0.0f : dinp[o + c]) +
+                    (dout[o + c] - gmrep[c] - (BN_X(inp, o + c, c) - mrep[c]) * psrep[c]) * arep[c];
+  }
 }
 
 /* relu_mask: dout (== relu_dout) is masked in place, chunk by chunk, in the sums pass. */
 static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
-                        const float *inp, const float *mean, const float *invstd, const float *gamma, int M, int C,
-                        const qt_batch_sync *sync, int64_t M_total, float *relu_dout, const uint8_t *relu_mask) {
+                        const float *inp, const float *in_div, const float *mean, const float *invstd,
+                        const float *gamma, int M, int C, const qt_batch_sync *sync, int64_t M_total,
+                        float *relu_dout, const uint8_t *relu_mask) {
   const int synced = sync && sync->size > 1;
   /* every process takes part in the sums' reduction, whatever gradients it wants */
   if (!dinp && !dgamma && !dbeta && !synced) return;
@@ -476,8 +556,10 @@ static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta
   float *ws = xmalloc(8 * (size_t)p.L * sizeof(float));
   float *mrep = ws, *gmrep = ws + p.L, *psrep = ws + 2 * p.L, *arep = ws + 3 * p.L;
   float *cg = ws + 4 * p.L, *cp = ws + 5 * p.L, *ca = ws + 6 * p.L;
+  float *drep = in_div ? ws + 7 * p.L : NULL;
+  if (drep) pattern_fill(drep, in_div, 1.0f, &p);
   pattern_fill(mrep, mean, 0, &p);
-  bn_grad_sums(sums, sums + C, NULL, 0, dout, inp, mrep, NULL, &p, relu_dout, relu_mask);
+  bn_grad_sums(sums, sums + C, NULL, 0, dout, inp, mrep, NULL, &p, relu_dout, relu_mask, drep);
   /* dgamma/dbeta from this process's sums; dinp from the whole batch's */
   double *all = sums + 2 * C;
   memcpy(all, sums, 2 * (size_t)C * sizeof(double));
@@ -495,28 +577,10 @@ static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta
     pattern_fill(gmrep, cg, 0, &p);
     pattern_fill(psrep, cp, 0, &p);
     pattern_fill(arep, ca, 0, &p);
-    const int L = p.L;
-    const int64_t groups = p.M / p.k, tail = p.M - groups * p.k;
-#pragma omp parallel for schedule(static) if ((int64_t)M * C >= BN_PARALLEL_MIN)
-    for (int64_t g = 0; g < groups; g++) {
-      /* dinp may be dout (written in place): not restrict; each element is read before written */
-      const float *restrict xg = inp + g * L, *dg = dout + g * L;
-      float *ig = dinp + g * L;
-      /* written as 0 + v when dinp is fresh: the same bits as adding to zeros, -0 included */
-      if (dinp_write) {
-#pragma omp simd
-        for (int j = 0; j < L; j++) ig[j] = 0.0f + (dg[j] - gmrep[j] - (xg[j] - mrep[j]) * psrep[j]) * arep[j];
-      } else {
-#pragma omp simd
-        for (int j = 0; j < L; j++) ig[j] += (dg[j] - gmrep[j] - (xg[j] - mrep[j]) * psrep[j]) * arep[j];
-      }
-    }
-    for (int64_t t = 0; t < tail; t++) {
-      const int64_t o = (groups * p.k + t) * C;
-      for (int c = 0; c < C; c++)
-        dinp[o + c] = (dinp_write ? 0.0f : dinp[o + c]) +
-                      (dout[o + c] - gmrep[c] - (inp[o + c] - mrep[c]) * psrep[c]) * arep[c];
-    }
+    if (drep)
+      bn_dinp_impl(dinp, dinp_write, dout, inp, &p, mrep, gmrep, psrep, arep, drep, 1);
+    else
+      bn_dinp_impl(dinp, dinp_write, dout, inp, &p, mrep, gmrep, psrep, arep, NULL, 0);
   }
   free(ws);
   free(sums);
@@ -544,23 +608,25 @@ void qt_batch_norm_backward_ref(float *dinp, float *dgamma, float *dbeta, const 
 void qt_batch_norm_backward_eval(float *dinp, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C) {
-  qt_batch_norm_backward_eval_ex(dinp, 0, dgamma, dbeta, dout, inp, mean, invstd, gamma, M, C);
+  qt_batch_norm_backward_eval_ex(dinp, 0, dgamma, dbeta, dout, inp, NULL, mean, invstd, gamma, M, C);
 }
 
 void qt_batch_norm_backward_eval_ex(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
-                                    const float *inp, const float *mean, const float *invstd, const float *gamma,
-                                    int M, int C) {
+                                    const float *inp, const float *in_div, const float *mean, const float *invstd,
+                                    const float *gamma, int M, int C) {
   if (!dinp && !dgamma && !dbeta) return;
   QT_ASSERT(M > 0 && C > 0, "batch_norm_backward_eval: empty input (M=%d, C=%d)", M, C);
   const bn_plan p = bn_plan_make(M, C);
-  float *ws = xmalloc(3 * (size_t)p.L * sizeof(float));
+  float *ws = xmalloc(4 * (size_t)p.L * sizeof(float));
   float *mrep = ws, *arep = ws + p.L, *ca = ws + 2 * p.L;
+  float *drep = in_div ? ws + 3 * p.L : NULL;
+  if (drep) pattern_fill(drep, in_div, 1.0f, &p);
   for (int c = 0; c < C; c++) ca[c] = (float)((gamma ? (double)gamma[c] : 1.0) * (double)invstd[c]);
   pattern_fill(arep, ca, 0, &p);
   if (dgamma || dbeta) {
     double *sums = xmalloc(2 * (size_t)C * sizeof(double));
     pattern_fill(mrep, mean, 0, &p);
-    bn_grad_sums(sums, sums + C, dinp, dinp_write, dout, inp, mrep, arep, &p, NULL, NULL);
+    bn_grad_sums(sums, sums + C, dinp, dinp_write, dout, inp, mrep, arep, &p, NULL, NULL, drep);
     for (int c = 0; c < C; c++) {
       if (dbeta) dbeta[c] += (float)sums[c];
       if (dgamma) dgamma[c] += (float)(sums[C + c] * (double)invstd[c]);

@@ -98,13 +98,23 @@ void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, flo
  * backward, which first masks dout in place (dout becomes the batch norm output's gradient, so
  * it must be a buffer the caller no longer needs), one reduction chunk at a time while the chunk
  * is in cache, then runs qt_batch_norm_backward_sync. */
+/* relu_mask may be NULL (no relu: plain batch norm). in_div, when not NULL, holds C per-channel
+ * divisors of the input: the kernels normalize inp / in_div, computing each division on the fly in
+ * every pass (the float operation qt_channel_scale's division performs, so the numbers are those
+ * of dividing into a buffer first, bit for bit) without the buffer: QAT's conv_bn (DESIGN 3.4)
+ * normalizes conv / sf this way. */
 void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
-                                      const float *inp, const float *gamma, const float *beta, float *running_mean,
-                                      float *running_var, float momentum, float eps, int M, int C,
-                                      const struct qt_batch_sync *sync, int64_t *M_total);
+                                      const float *inp, const float *in_div, const float *gamma, const float *beta,
+                                      float *running_mean, float *running_var, float momentum, float eps, int M,
+                                      int C, const struct qt_batch_sync *sync, int64_t *M_total);
 void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, float *dout,
-                                 const uint8_t *relu_mask, const float *inp, const float *mean, const float *invstd,
-                                 const float *gamma, int M, int C, const struct qt_batch_sync *sync, int64_t M_total);
+                                 const uint8_t *relu_mask, const float *inp, const float *in_div, const float *mean,
+                                 const float *invstd, const float *gamma, int M, int C,
+                                 const struct qt_batch_sync *sync, int64_t M_total);
+/* The eval forward of inp / in_div (in_div NULL: qt_batch_norm_forward_eval). */
+void qt_batch_norm_forward_eval_div(float *out, const float *inp, const float *in_div, const float *gamma,
+                                    const float *beta, const float *running_mean, const float *running_var, float eps,
+                                    int M, int C);
 void qt_batch_norm_backward_ref(float *dinp, float *dgamma, float *dbeta, const float *dout,
                                 const float *inp, const float *mean, const float *invstd,
                                 const float *gamma, int M, int C);
@@ -114,10 +124,10 @@ void qt_batch_norm_backward_eval(float *dinp, float *dgamma, float *dbeta, const
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C);
 /* The same with dinp written (never read) when dinp_write: a fresh gradient buffer, or dout
- * itself (in place). */
+ * itself (in place); in_div as above (NULL: none). */
 void qt_batch_norm_backward_eval_ex(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
-                                    const float *inp, const float *mean, const float *invstd, const float *gamma,
-                                    int M, int C);
+                                    const float *inp, const float *in_div, const float *mean, const float *invstd,
+                                    const float *gamma, int M, int C);
 void qt_batch_norm_backward_eval_ref(float *dinp, float *dgamma, float *dbeta, const float *dout,
                                      const float *inp, const float *mean, const float *invstd,
                                      const float *gamma, int M, int C);

@@ -105,7 +105,7 @@ static void batch_norm_backward(qt_ctx *ctx, void *p) {
     qt_batch_norm_backward_sync(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma),
                                 s->M, s->C, s->sync, s->M_total);
   else
-    qt_batch_norm_backward_eval_ex(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd,
+    qt_batch_norm_backward_eval_ex(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), NULL, s->mean, s->invstd,
                                    qt_f32(s->gamma), s->M, s->C);
   if (in_place) {
     s->x->grad = dx;
@@ -178,7 +178,7 @@ static void batch_norm_relu_backward(qt_ctx *ctx, void *p) {
     dx = qt_tensor_grad_for_write(ctx, b->x, &dx_fresh);
   float *dg = b->gamma->requires_grad ? qt_tensor_grad(ctx, b->gamma) : NULL;
   float *db = b->beta->requires_grad ? qt_tensor_grad(ctx, b->beta) : NULL;
-  qt_batch_norm_relu_backward(dx, dx_fresh, dg, db, b->y->grad, s->mask, qt_f32(b->x), b->mean, b->invstd,
+  qt_batch_norm_relu_backward(dx, dx_fresh, dg, db, b->y->grad, s->mask, qt_f32(b->x), NULL, b->mean, b->invstd,
                               qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
   if (in_place) {
     b->x->grad = dx;
@@ -204,7 +204,7 @@ static qt_tensor *batch_norm_relu_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma
   uint8_t *mask = rec ? qt_arena_alloc(ctx, (size_t)((n + 7) / 8)) : NULL;
   int64_t M_total = M;
   if (mask) {
-    qt_batch_norm_relu_forward_train(qt_f32(y), mask, six, mean, invstd, qt_f32(x), qt_f32(gamma), qt_f32(beta),
+    qt_batch_norm_relu_forward_train(qt_f32(y), mask, six, mean, invstd, qt_f32(x), NULL, qt_f32(gamma), qt_f32(beta),
                                      running_mean, running_var, momentum, eps, M, C, sync, &M_total);
   } else {
     qt_batch_norm_forward_train_sync(qt_f32(y), mean, invstd, qt_f32(x), qt_f32(gamma), qt_f32(beta), running_mean,
@@ -615,22 +615,14 @@ typedef struct {
 /* Rows per chunk of the last-axis reductions: fixed, so sums do not depend on threads. */
 #define CS_CHUNK 256
 
-static void channel_scale_backward(qt_ctx *ctx, void *p) {
-  cs_saved *sv = p;
-  if (!sv->y->grad) return;
-  const int64_t n = qt_tensor_numel(sv->x);
-  const int C = (int)sv->s->shape[0];
-  const int64_t rows = n / C; /* first axis: C rows of `rows` elements; last axis: rows of C */
-  const float *dy = sv->y->grad, *x = qt_f32(sv->x), *s = qt_f32(sv->s);
-  /* Last axis with no input gradient yet: overwrite the output's (final) gradient in place
-   * and hand it to the input, as relu and fake_quant do. */
-  const int in_place = !sv->first_axis && sv->x->requires_grad && !sv->x->grad;
-  float *dx = in_place ? sv->y->grad : sv->x->requires_grad ? qt_tensor_grad(ctx, sv->x) : NULL;
-  float *ds = sv->s->requires_grad ? qt_tensor_grad(ctx, sv->s) : NULL;
+/* The gradients of y = x * s or x / s (divide) with s (C) along x's first axis (C rows of `rows`
+ * elements) or its last (rows of C): dx written (in_place: over dy itself, last axis only) or
+ * added to, ds added to; either may be NULL. */
+static void channel_scale_grads(float *dx, int in_place, float *ds, const float *dy, const float *x, const float *s,
+                                int64_t rows, int C, int first_axis, int divide) {
   double *acc = calloc((size_t)C, sizeof(double));
   QT_ASSERT(acc, "out of memory");
-  const int divide = sv->divide;
-  if (sv->first_axis) {
+  if (first_axis) {
     /* Weights (C, ...): small; one pass per channel. */
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
@@ -684,14 +676,29 @@ static void channel_scale_backward(qt_ctx *ctx, void *p) {
       free(part);
     }
   }
-  if (in_place) {
-    sv->x->grad = dx;
-    if (ctx->backward_frees) sv->y->grad = NULL; /* the buffer is the input's now */
-  }
   /* d/ds (x*s) = x; d/ds (x/s) = -x/s^2 */
   if (ds)
     for (int c = 0; c < C; c++) ds[c] += divide ? (float)(-acc[c] / ((double)s[c] * s[c])) : (float)acc[c];
   free(acc);
+}
+
+static void channel_scale_backward(qt_ctx *ctx, void *p) {
+  cs_saved *sv = p;
+  if (!sv->y->grad) return;
+  const int64_t n = qt_tensor_numel(sv->x);
+  const int C = (int)sv->s->shape[0];
+  const int64_t rows = n / C; /* first axis: C rows of `rows` elements; last axis: rows of C */
+  const float *dy = sv->y->grad, *x = qt_f32(sv->x), *s = qt_f32(sv->s);
+  /* Last axis with no input gradient yet: overwrite the output's (final) gradient in place
+   * and hand it to the input, as relu and fake_quant do. */
+  const int in_place = !sv->first_axis && sv->x->requires_grad && !sv->x->grad;
+  float *dx = in_place ? sv->y->grad : sv->x->requires_grad ? qt_tensor_grad(ctx, sv->x) : NULL;
+  float *ds = sv->s->requires_grad ? qt_tensor_grad(ctx, sv->s) : NULL;
+  channel_scale_grads(dx, in_place, ds, dy, x, s, rows, C, sv->first_axis, sv->divide);
+  if (in_place) {
+    sv->x->grad = dx;
+    if (ctx->backward_frees) sv->y->grad = NULL; /* the buffer is the input's now */
+  }
 }
 
 static qt_tensor *channel_scale_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide) {
@@ -734,6 +741,98 @@ static qt_tensor *channel_scale_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int 
 
 qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide) {
   PROFILED(ctx, QT_PROFILE_CHANNEL_SCALE, channel_scale_op(ctx, x, s, first_axis, divide));
+}
+
+/* ---- conv_bn's normalization: batch norm of x / s without the quotient ------------------- */
+typedef struct {
+  qt_tensor *x, *s, *gamma, *beta, *y;
+  float *mean, *invstd;
+  uint8_t *mask; /* the fused relu's (training), or NULL */
+  int training, M, C;
+  const qt_batch_sync *sync;
+  int64_t M_total;
+} bn_div_saved;
+
+/* Batch norm's backward with the quotient recomputed on the fly, then the quotient's (as
+ * channel_scale's): the same operations, buffers and order as the two ops' entries in turn. */
+static void batch_norm_div_backward(qt_ctx *ctx, void *p) {
+  bn_div_saved *b = p;
+  if (!b->y->grad && b->training && b->sync) qt_tensor_grad(ctx, b->y); /* SyncBN: every process sums */
+  if (!b->y->grad) return;
+  const int64_t n = qt_tensor_numel(b->x);
+  const int want_q = b->x->requires_grad || b->s->requires_grad;
+  /* the quotient's gradient: over the output's (final, dead after this entry) with frees on, as
+   * batch_norm's in-place input gradient; else a fresh buffer, as qt_tensor_grad_for_write */
+  float *dq = !want_q ? NULL : ctx->backward_frees ? b->y->grad : qt_arena_alloc(ctx, (size_t)n * sizeof(float));
+  float *dg = b->gamma->requires_grad ? qt_tensor_grad(ctx, b->gamma) : NULL;
+  float *db = b->beta->requires_grad ? qt_tensor_grad(ctx, b->beta) : NULL;
+  if (b->training)
+    qt_batch_norm_relu_backward(dq, 1, dg, db, b->y->grad, b->mask, qt_f32(b->x), qt_f32(b->s), b->mean, b->invstd,
+                                qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
+  else
+    qt_batch_norm_backward_eval_ex(dq, 1, dg, db, b->y->grad, qt_f32(b->x), qt_f32(b->s), b->mean, b->invstd,
+                                   qt_f32(b->gamma), b->M, b->C);
+  if (!dq) return;
+  if (dq == b->y->grad) b->y->grad = NULL; /* the buffer is the quotient's now */
+  const int in_place = b->x->requires_grad && !b->x->grad;
+  float *dx = in_place ? dq : b->x->requires_grad ? qt_tensor_grad(ctx, b->x) : NULL;
+  float *ds = b->s->requires_grad ? qt_tensor_grad(ctx, b->s) : NULL;
+  channel_scale_grads(dx, in_place, ds, dq, qt_f32(b->x), qt_f32(b->s), n / b->C, b->C, 0, 1);
+  if (in_place)
+    b->x->grad = dq;
+  else if (qt_arena_owns(ctx, dq))
+    qt_arena_free(ctx, dq, (size_t)n * sizeof(float));
+}
+
+static qt_tensor *batch_norm_div_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor *gamma, qt_tensor *beta,
+                                    float *running_mean, float *running_var, int training, float momentum, float eps,
+                                    int relu) {
+  check_f32(x, -1, "batch_norm_div", "input");
+  check_f32(s, 1, "batch_norm_div", "divisor");
+  const int C = (int)x->shape[x->ndim - 1];
+  const int M = (int)(qt_tensor_numel(x) / (C ? C : 1));
+  QT_ASSERT(gamma->shape[0] == C && beta->shape[0] == C && s->shape[0] == C,
+            "batch_norm_div: %lld/%lld parameters and %lld divisors for %d channels", (long long)gamma->shape[0],
+            (long long)beta->shape[0], (long long)s->shape[0], C);
+  QT_ASSERT(!relu || training, "batch_norm_div: a fused relu needs training mode");
+  const int rec = qt_tape_recording(ctx, x, s, gamma) || qt_tape_recording(ctx, beta, NULL, NULL);
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+  float *mean = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
+  float *invstd = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
+  const int64_t n = qt_tensor_numel(x);
+  const qt_batch_sync *sync = training && qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1
+                                  ? qt_ctx_batch_sync(ctx)
+                                  : NULL;
+  uint8_t *mask = relu && rec ? qt_arena_alloc(ctx, (size_t)((n + 7) / 8)) : NULL;
+  int64_t M_total = M;
+  if (training) {
+    QT_ASSERT(M > (sync ? 0 : 1), "batch_norm_div: training needs more than one value per channel (got %d)", M);
+    qt_batch_norm_relu_forward_train(qt_f32(y), mask, relu == 2, mean, invstd, qt_f32(x), qt_f32(s), qt_f32(gamma),
+                                     qt_f32(beta), running_mean, running_var, momentum, eps, M, C, sync, &M_total);
+    if (relu && !mask) (relu == 2 ? qt_relu6_forward : qt_relu_forward)(qt_f32(y), qt_f32(y), n);
+  } else {
+    qt_batch_norm_forward_eval_div(qt_f32(y), qt_f32(x), qt_f32(s), qt_f32(gamma), qt_f32(beta), running_mean,
+                                   running_var, eps, M, C);
+    if (rec)
+      for (int c = 0; c < C; c++) {
+        mean[c] = running_mean[c];
+        invstd[c] = 1.0f / sqrtf(running_var[c] + eps);
+      }
+  }
+  if (rec) {
+    y->requires_grad = 1;
+    bn_div_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_div_backward, sizeof *sv, y);
+    *sv = (bn_div_saved){x, s, gamma, beta, y, mean, invstd, mask, training, M, C, sync, M_total};
+    x->saved = s->saved = gamma->saved = 1;
+  }
+  return y;
+}
+
+qt_tensor *qt_batch_norm_div(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor *gamma, qt_tensor *beta,
+                             float *running_mean, float *running_var, int training, float momentum, float eps,
+                             int relu) {
+  PROFILED(ctx, QT_PROFILE_BATCH_NORM,
+           batch_norm_div_op(ctx, x, s, gamma, beta, running_mean, running_var, training, momentum, eps, relu));
 }
 
 typedef struct {

@@ -845,6 +845,16 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
         qt_tensor *t = qt_conv2d(ctx, x, w, NULL, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
         drop_unless(ctx, w, ws);
         drop_unless(ctx, ws, wp);
+        if (fuse_relu && n->training && n->param[QT_P_BIAS] < 0) {
+          /* the training forward: BN of t / sf without the quotient in memory (the same numbers;
+           * training mode: no bias rounding) */
+          y = qt_batch_norm_div(ctx, t, sf, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
+                                g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
+                                g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, !n->bn_frozen,
+                                a->momentum, a->eps, fused < 0 ? 0 : g->nodes[fused].op == QT_OP_RELU6 ? 2 : 1);
+          if (fused >= 0) relu_done = fused;
+          break;
+        }
         y = qt_channel_scale(ctx, t, sf, 0, 1);
         drop_unless(ctx, t, y);
         if (n->param[QT_P_BIAS] >= 0) {

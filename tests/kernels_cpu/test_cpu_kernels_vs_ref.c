@@ -110,7 +110,7 @@ static void test_batch_norm_relu(int M, int C, int six, uint64_t seed) {
   float *s1 = malloc(C * 4), *s2 = malloc(C * 4);
   uint8_t *k1 = malloc(nb), *k2 = malloc(nb);
   int64_t total;
-  qt_batch_norm_relu_forward_train(y1, k1, six, m1, s1, x, gamma, beta, rm1, rv1, 0.1f, 1e-5f, M, C, NULL, &total);
+  qt_batch_norm_relu_forward_train(y1, k1, six, m1, s1, x, NULL, gamma, beta, rm1, rv1, 0.1f, 1e-5f, M, C, NULL, &total);
   qt_batch_norm_forward_train(y2, m2, s2, x, gamma, beta, rm2, rv2, 0.1f, 1e-5f, M, C);
   qt_relu_forward_mask(y2, k2, y2, n, six);
   check_exact_f32(BR_WHAT("forward out"), y1, y2, n);
@@ -126,7 +126,7 @@ static void test_batch_norm_relu(int M, int C, int six, uint64_t seed) {
   for (int64_t i = 0; i < n; i++) dx1[i] = NAN;
   float *dg1 = uniform(C, -1.0f, 1.0f, seed + 6), *db1 = uniform(C, -1.0f, 1.0f, seed + 7);
   float *dg2 = qt_test_copy_f32(dg1, C), *db2 = qt_test_copy_f32(db1, C);
-  qt_batch_norm_relu_backward(dx1, 1, dg1, db1, dy1, k1, x, m1, s1, gamma, M, C, NULL, M);
+  qt_batch_norm_relu_backward(dx1, 1, dg1, db1, dy1, k1, x, NULL, m1, s1, gamma, M, C, NULL, M);
   qt_relu_backward_mask(dy2, 1, dy2, k2, n);
   float *dbn = qt_test_copy_f32(dy2, n);
   qt_batch_norm_backward_sync(dx2, 1, dg2, db2, dy2, x, m2, s2, gamma, M, C, NULL, M);
@@ -136,12 +136,67 @@ static void test_batch_norm_relu(int M, int C, int six, uint64_t seed) {
   check_exact_f32(BR_WHAT("dout left masked"), dy1, dbn, n);
   /* in place: dinp is dout */
   memcpy(dy1, dy, (size_t)n * sizeof(float));
-  qt_batch_norm_relu_backward(dy1, 1, NULL, NULL, dy1, k1, x, m1, s1, gamma, M, C, NULL, M);
+  qt_batch_norm_relu_backward(dy1, 1, NULL, NULL, dy1, k1, x, NULL, m1, s1, gamma, M, C, NULL, M);
   check_exact_f32(BR_WHAT("backward dinp in place"), dy1, dx2, n);
 #undef BR_WHAT
   free(x), free(gamma), free(beta), free(rm1), free(rv1), free(rm2), free(rv2), free(y1), free(y2), free(m1);
   free(m2), free(s1), free(s2), free(k1), free(k2), free(dy), free(dy1), free(dy2), free(dx1), free(dx2);
   free(dg1), free(db1), free(dg2), free(db2), free(dbn);
+}
+
+/* Batch norm of x / div with the division on the fly equals dividing into a buffer first
+ * (x[i] / div[c], as qt_channel_scale) and normalizing that, bit for bit: training forward (with
+ * relu, relu6 or neither) and backward, eval forward and backward (with and without the
+ * gamma/beta sums), written into NaN-filled buffers. */
+static void test_batch_norm_div(int M, int C, int relu, uint64_t seed) {
+  char what[128];
+#define BD_WHAT(s) (snprintf(what, sizeof what, "bn/div relu=%d M=%d C=%d: %s", relu, M, C, s), what)
+  const int64_t n = (int64_t)M * C, nb = (n + 7) / 8;
+  float *x = uniform(n, -3.0f, 5.0f, seed), *div = uniform(C, 0.3f, 3.0f, seed + 1), *q = malloc(n * 4);
+  for (int64_t i = 0; i < n; i++) q[i] = x[i] / div[i % C];
+  float *gamma = uniform(C, 0.5f, 2.0f, seed + 2), *beta = uniform(C, -0.5f, 1.0f, seed + 3);
+  float *rm1 = uniform(C, -0.2f, 0.2f, seed + 4), *rv1 = uniform(C, 0.5f, 2.0f, seed + 5);
+  float *rm2 = qt_test_copy_f32(rm1, C), *rv2 = qt_test_copy_f32(rv1, C);
+  float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *m1 = malloc(C * 4), *m2 = malloc(C * 4);
+  float *s1 = malloc(C * 4), *s2 = malloc(C * 4);
+  uint8_t *k1 = relu ? malloc(nb) : NULL, *k2 = relu ? malloc(nb) : NULL;
+  int64_t total;
+  qt_batch_norm_relu_forward_train(y1, k1, relu == 2, m1, s1, x, div, gamma, beta, rm1, rv1, 0.1f, 1e-5f, M, C, NULL,
+                                   &total);
+  qt_batch_norm_relu_forward_train(y2, k2, relu == 2, m2, s2, q, NULL, gamma, beta, rm2, rv2, 0.1f, 1e-5f, M, C, NULL,
+                                   &total);
+  check_exact_f32(BD_WHAT("train out"), y1, y2, n);
+  check_exact_f32(BD_WHAT("train mean"), m1, m2, C);
+  check_exact_f32(BD_WHAT("train invstd"), s1, s2, C);
+  check_exact_f32(BD_WHAT("running mean"), rm1, rm2, C);
+  check_exact_f32(BD_WHAT("running var"), rv1, rv2, C);
+  if (relu && memcmp(k1, k2, nb) != 0) qt_test_fail("%s", BD_WHAT("relu mask differs"));
+  float *dy = uniform(n, -1.0f, 1.0f, seed + 6), *dy1 = qt_test_copy_f32(dy, n), *dy2 = qt_test_copy_f32(dy, n);
+  float *dx1 = malloc(n * 4), *dx2 = malloc(n * 4);
+  float *dg1 = uniform(C, -1.0f, 1.0f, seed + 7), *db1 = uniform(C, -1.0f, 1.0f, seed + 8);
+  float *dg2 = qt_test_copy_f32(dg1, C), *db2 = qt_test_copy_f32(db1, C);
+  for (int64_t i = 0; i < n; i++) dx1[i] = dx2[i] = NAN;
+  qt_batch_norm_relu_backward(dx1, 1, dg1, db1, dy1, k1, x, div, m1, s1, gamma, M, C, NULL, M);
+  qt_batch_norm_relu_backward(dx2, 1, dg2, db2, dy2, k2, q, NULL, m2, s2, gamma, M, C, NULL, M);
+  check_exact_f32(BD_WHAT("train backward dinp"), dx1, dx2, n);
+  check_exact_f32(BD_WHAT("train backward dgamma"), dg1, dg2, C);
+  check_exact_f32(BD_WHAT("train backward dbeta"), db1, db2, C);
+  /* eval: running statistics */
+  qt_batch_norm_forward_eval_div(y1, x, div, gamma, beta, rm1, rv1, 1e-5f, M, C);
+  qt_batch_norm_forward_eval(y2, q, gamma, beta, rm1, rv1, 1e-5f, M, C);
+  check_exact_f32(BD_WHAT("eval out"), y1, y2, n);
+  for (int params = 0; params < 2; params++) {
+    for (int64_t i = 0; i < n; i++) dx1[i] = dx2[i] = NAN;
+    qt_batch_norm_backward_eval_ex(dx1, 1, params ? dg1 : NULL, params ? db1 : NULL, dy, x, div, rm1, s1, gamma, M, C);
+    qt_batch_norm_backward_eval_ex(dx2, 1, params ? dg2 : NULL, params ? db2 : NULL, dy, q, NULL, rm1, s1, gamma, M, C);
+    check_exact_f32(BD_WHAT("eval backward dinp"), dx1, dx2, n);
+    check_exact_f32(BD_WHAT("eval backward dgamma"), dg1, dg2, C);
+    check_exact_f32(BD_WHAT("eval backward dbeta"), db1, db2, C);
+  }
+#undef BD_WHAT
+  free(x), free(div), free(q), free(gamma), free(beta), free(rm1), free(rv1), free(rm2), free(rv2), free(y1);
+  free(y2), free(m1), free(m2), free(s1), free(s2), free(k1), free(k2), free(dy), free(dy1), free(dy2), free(dx1);
+  free(dx2), free(dg1), free(db1), free(dg2), free(db2);
 }
 
 /* ---- pooling ----------------------------------------------------------------------------- */
@@ -368,7 +423,7 @@ static void test_batch_norm_written(int M, int C, uint64_t seed) {
   /* eval mode (frozen BN), with and without the parameter gradients (two code paths) */
   for (int params = 0; params < 2; params++) {
     for (int64_t i = 0; i < n; i++) dx1[i] = NAN, dx2[i] = 0.0f;
-    qt_batch_norm_backward_eval_ex(dx1, 1, params ? dg1 : NULL, params ? db1 : NULL, dy, x, mean, invstd, gamma, M,
+    qt_batch_norm_backward_eval_ex(dx1, 1, params ? dg1 : NULL, params ? db1 : NULL, dy, x, NULL, mean, invstd, gamma, M,
                                    C);
     qt_batch_norm_backward_eval(dx2, params ? dg2 : NULL, params ? db2 : NULL, dy, x, mean, invstd, gamma, M, C);
     snprintf(what, sizeof what, "bn eval M%d C%d params %d: dinp written", M, C, params);
@@ -394,6 +449,12 @@ int main(void) {
     test_batch_norm_relu(3 * 7 * 7 * 3, 64, six, 602);
     test_batch_norm_relu(10007, 7, six, 603);
     test_batch_norm_relu(2, 5, six, 604);
+  }
+  for (int relu = 0; relu < 3; relu++) {
+    test_batch_norm_div(105, 3, relu, 700);
+    test_batch_norm_div(40000, 32, relu, 701);
+    test_batch_norm_div(10007, 7, relu, 702);
+    test_batch_norm_div(3 * 7 * 7 * 3, 64, relu, 703);
   }
   test_batch_norm(40000, 32, -300.0f, 98);
 

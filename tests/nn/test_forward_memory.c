@@ -12,6 +12,7 @@
 
 #include "nn/nn.h"
 #include "onnx/onnx_import.h"
+#include "tests/common/quantizer_util.h"
 #include "tests/common/testutil.h"
 
 static void arena_reuse(void) {
@@ -198,10 +199,49 @@ static void backward_frees(void) {
   qt_graph_free(g);
 }
 
+/* FashionCNN prepared for QAT W4A8 with LSQ: its conv_bn nodes normalize conv / sf without the
+ * quotient in memory (qt_batch_norm_div), fused with the relu, then with BN frozen (running
+ * statistics, relu apart). One observed step first; then observers off, so that the three modes
+ * start from the same qparams and learned scales. */
+static void qat_training_step(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = model("fashion_cnn");
+  qt_quantizer_config qc = qt_test_quantizer_config(4, 8);
+  qc.learnable_scale = 1;
+  qt_annotations a;
+  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
+  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_QAT, err);
+  QT_ASSERT(p, "%s", err);
+  qt_annotations_free(&a);
+  qt_graph_set_mode(p, QT_MODE_TRAIN);
+  enum { N = 32 };
+  float *x = malloc(N * 784 * sizeof(float));
+  qt_test_fill_uniform(x, N * 784, -2.0f, 2.0f, 3);
+  int32_t labels[N];
+  for (int i = 0; i < N; i++) labels[i] = (i * 3) % 10;
+  size_t peak;
+  free(step_grads(p, x, labels, N, 2, &peak)); /* observes: qparams, LSQ scales from the observers */
+  int conv_bn = 0;
+  for (int i = 0; i < p->n_nodes; i++) {
+    if (p->nodes[i].q) p->nodes[i].q->observe = 0;
+    if (p->nodes[i].wq) p->nodes[i].wq->observe = 0;
+    conv_bn += p->nodes[i].op == QT_OP_CONV_BN;
+  }
+  QT_CHECK(conv_bn == 2);
+  training_step(p, N, 0.60);
+  for (int i = 0; i < p->n_nodes; i++)
+    if (p->nodes[i].op == QT_OP_CONV_BN) p->nodes[i].bn_frozen = 1;
+  training_step(p, N, 0.60);
+  free(x);
+  qt_graph_free(p);
+  qt_graph_free(g);
+}
+
 int main(void) {
   arena_reuse();
   fashion_cnn();
   res_cnn_and_mobilenet();
   backward_frees();
+  qat_training_step();
   return qt_test_finish();
 }
