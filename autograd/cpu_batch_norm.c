@@ -162,44 +162,46 @@ static void chunk_stats(double *mu, double *dev, double *sq, const float *x, int
  * mhi + mlo is the batch mean split into two floats (mlo NULL: 0), so a mean much larger
  * than the spread still yields outputs exact to float rounding. out may equal x (in-place
  * eval BN), so neither is restrict-qualified. */
-BN_INLINE void bn_apply_impl(float *out, const float *x, const float *restrict mhi, const float *restrict mlo,
-                             const float *restrict arep, const float *restrict brep, const bn_plan *p,
-                             uint8_t *relu_mask, int six, const float *restrict drep, const int D) {
+/* One pattern of rows: og = ((x - mhi) - mlo) * a + b (mlo NULL: 0). Called with a literal D
+ * from inside the parallel loops below (OpenMP outlines a parallel region before inlining, so the
+ * loops are written out per D rather than in an always-inline body taking D). */
+BN_INLINE void bn_apply_rows(float *og, const float *xg, const float *restrict mhi, const float *restrict mlo,
+                             const float *restrict arep, const float *restrict brep, int L,
+                             const float *restrict drep, const int D) {
+  if (mlo) {
+#pragma omp simd
+    for (int j = 0; j < L; j++) og[j] = ((BN_X(xg, j, j) - mhi[j]) - mlo[j]) * arep[j] + brep[j];
+  } else {
+#pragma omp simd
+    for (int j = 0; j < L; j++) og[j] = (BN_X(xg, j, j) - mhi[j]) * arep[j] + brep[j];
+  }
+}
+
+static void bn_apply(float *out, const float *x, const float *mhi, const float *mlo, const float *arep,
+                     const float *brep, const bn_plan *p, uint8_t *relu_mask, int six, const float *drep) {
   const int L = p->L, C = p->C;
   const int64_t groups = p->M / p->k, tail = p->M - groups * p->k;
-  if (mlo) {
+  /* L is a multiple of 16: a pattern's relu mask bytes are its own */
+  if (drep) {
 #pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
     for (int64_t g = 0; g < groups; g++) {
-      const float *xg = x + g * L;
-      float *og = out + g * L;
-#pragma omp simd
-      for (int j = 0; j < L; j++) og[j] = ((BN_X(xg, j, j) - mhi[j]) - mlo[j]) * arep[j] + brep[j];
-      /* L is a multiple of 16: the pattern's mask bytes are its own */
+      bn_apply_rows(out + g * L, x + g * L, mhi, mlo, arep, brep, L, drep, 1);
       if (relu_mask) qt_relu_mask_span(out, relu_mask, out, g * L, (g + 1) * L, six);
     }
   } else {
 #pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
     for (int64_t g = 0; g < groups; g++) {
-      const float *xg = x + g * L;
-      float *og = out + g * L;
-#pragma omp simd
-      for (int j = 0; j < L; j++) og[j] = (BN_X(xg, j, j) - mhi[j]) * arep[j] + brep[j];
+      bn_apply_rows(out + g * L, x + g * L, mhi, mlo, arep, brep, L, NULL, 0);
+      if (relu_mask) qt_relu_mask_span(out, relu_mask, out, g * L, (g + 1) * L, six);
     }
   }
   for (int64_t t = 0; t < tail; t++) {
     const float *xt = x + (groups * p->k + t) * C;
     float *ot = out + (groups * p->k + t) * C;
-    for (int c = 0; c < C; c++) ot[c] = ((BN_X(xt, c, c) - mhi[c]) - (mlo ? mlo[c] : 0.0f)) * arep[c] + brep[c];
+    for (int c = 0; c < C; c++)
+      ot[c] = (((drep ? xt[c] / drep[c] : xt[c]) - mhi[c]) - (mlo ? mlo[c] : 0.0f)) * arep[c] + brep[c];
   }
   if (relu_mask && tail) qt_relu_mask_span(out, relu_mask, out, groups * L, p->M * C, six);
-}
-
-static void bn_apply(float *out, const float *x, const float *mhi, const float *mlo, const float *arep,
-                     const float *brep, const bn_plan *p, uint8_t *relu_mask, int six, const float *drep) {
-  if (drep)
-    bn_apply_impl(out, x, mhi, mlo, arep, brep, p, relu_mask, six, drep, 1);
-  else
-    bn_apply_impl(out, x, mhi, mlo, arep, brep, p, relu_mask, six, NULL, 0);
 }
 
 /* SyncBN: replaces this process's per-channel (mean m, centred sum of squares m2) over M rows by
@@ -513,32 +515,41 @@ void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, flo
               relu_mask);
 }
 
+/* dinp (=, or += without dinp_write) for one pattern of rows; called with a literal D (see
+ * bn_apply_rows). dinp may be dout (written in place): not restrict; each element is read before
+ * it is written. Written as 0 + v when dinp is fresh: the bits of adding to zeros, -0 included. */
+BN_INLINE void bn_dinp_rows(float *ig, const float *dg, const float *restrict xg, const float *restrict mrep,
+                            const float *restrict gmrep, const float *restrict psrep, const float *restrict arep,
+                            int L, int dinp_write, const float *restrict drep, const int D) {
+  if (dinp_write) {
+#pragma omp simd
+    for (int j = 0; j < L; j++) ig[j] = 0.0f + (dg[j] - gmrep[j] - (BN_X(xg, j, j) - mrep[j]) * psrep[j]) * arep[j];
+  } else {
+#pragma omp simd
+    for (int j = 0; j < L; j++) ig[j] += (dg[j] - gmrep[j] - (BN_X(xg, j, j) - mrep[j]) * psrep[j]) * arep[j];
+  }
+}
+
 /* dinp (=, or += without dinp_write) from dout and the per-channel patterns, over all rows. */
-BN_INLINE void bn_dinp_impl(float *dinp, int dinp_write, const float *dout, const float *inp, const bn_plan *p,
-                            const float *restrict mrep, const float *restrict gmrep, const float *restrict psrep,
-                            const float *restrict arep, const float *restrict drep, const int D) {
+static void bn_dinp(float *dinp, int dinp_write, const float *dout, const float *inp, const bn_plan *p,
+                    const float *mrep, const float *gmrep, const float *psrep, const float *arep, const float *drep) {
   const int L = p->L, C = p->C;
   const int64_t groups = p->M / p->k, tail = p->M - groups * p->k;
+  if (drep) {
 #pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
-  for (int64_t g = 0; g < groups; g++) {
-    /* dinp may be dout (written in place): not restrict; each element is read before written */
-    const float *restrict xg = inp + g * L, *dg = dout + g * L;
-    float *ig = dinp + g * L;
-    /* written as 0 + v when dinp is fresh: the same bits as adding to zeros, -0 included */
-    if (dinp_write) {
-#pragma omp simd
-      for (int j = 0; j < L; j++)
-        ig[j] = 0.0f + (dg[j] - gmrep[j] - (BN_X(xg, j, j) - mrep[j]) * psrep[j]) * arep[j];
-    } else {
-#pragma omp simd
-      for (int j = 0; j < L; j++) ig[j] += (dg[j] - gmrep[j] - (BN_X(xg, j, j) - mrep[j]) * psrep[j]) * arep[j];
-    }
+    for (int64_t g = 0; g < groups; g++)
+      bn_dinp_rows(dinp + g * L, dout + g * L, inp + g * L, mrep, gmrep, psrep, arep, L, dinp_write, drep, 1);
+  } else {
+#pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
+    for (int64_t g = 0; g < groups; g++)
+      bn_dinp_rows(dinp + g * L, dout + g * L, inp + g * L, mrep, gmrep, psrep, arep, L, dinp_write, NULL, 0);
   }
   for (int64_t t = 0; t < tail; t++) {
     const int64_t o = (groups * p->k + t) * C;
     for (int c = 0; c < C; c++)
       dinp[o + c] = (dinp_write ? 0.0f : dinp[o + c]) +
-                    (dout[o + c] - gmrep[c] - (BN_X(inp, o + c, c) - mrep[c]) * psrep[c]) * arep[c];
+                    (dout[o + c] - gmrep[c] - ((drep ? inp[o + c] / drep[c] : inp[o + c]) - mrep[c]) * psrep[c]) *
+                        arep[c];
   }
 }
 
@@ -577,10 +588,7 @@ static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta
     pattern_fill(gmrep, cg, 0, &p);
     pattern_fill(psrep, cp, 0, &p);
     pattern_fill(arep, ca, 0, &p);
-    if (drep)
-      bn_dinp_impl(dinp, dinp_write, dout, inp, &p, mrep, gmrep, psrep, arep, drep, 1);
-    else
-      bn_dinp_impl(dinp, dinp_write, dout, inp, &p, mrep, gmrep, psrep, arep, NULL, 0);
+    bn_dinp(dinp, dinp_write, dout, inp, &p, mrep, gmrep, psrep, arep, drep);
   }
   free(ws);
   free(sums);
