@@ -85,32 +85,46 @@ typedef struct {
   int64_t M_total;           /* rows over all processes */
 } bn_saved;
 
+/* The buffers a batch norm backward writes: the input's gradient (NULL when the input needs
+ * none) and gamma's and beta's (NULL likewise). The output's gradient is final and, with frees
+ * on, dead after this entry: with no input gradient yet, the input's is written over it (the
+ * kernels allow dinp == dout; *in_place, *fresh), saving a buffer; else qt_tensor_grad_for_write. */
+static float *bn_grads(qt_ctx *ctx, const bn_saved *s, int *fresh, int *in_place, float **dg, float **db) {
+  *fresh = 0;
+  *in_place = s->x->requires_grad && !s->x->grad && ctx->backward_frees;
+  *dg = NULL, *db = NULL;
+  float *dx = NULL;
+  if (*in_place)
+    dx = s->y->grad, *fresh = 1;
+  else if (s->x->requires_grad)
+    dx = qt_tensor_grad_for_write(ctx, s->x, fresh);
+  if (s->gamma->requires_grad) *dg = qt_tensor_grad(ctx, s->gamma);
+  if (s->beta->requires_grad) *db = qt_tensor_grad(ctx, s->beta);
+  return dx;
+}
+
+/* After the kernel: an input gradient written in place is the input's buffer now. */
+static void bn_grads_done(bn_saved *s, float *dx, int in_place) {
+  if (!in_place) return;
+  s->x->grad = dx;
+  s->y->grad = NULL;
+}
+
 static void batch_norm_backward(qt_ctx *ctx, void *p) {
   bn_saved *s = p;
   /* SyncBN: every process joins the reduction of the backward sums, a zero gradient too */
   if (!s->y->grad && s->training && s->sync) qt_tensor_grad(ctx, s->y);
   if (!s->y->grad) return;
-  int dx_fresh = 0;
-  float *dx = NULL;
-  /* The output's gradient is final and, with frees on, dead after this entry: the input's
-   * gradient is written over it (the kernels allow dinp == dout), saving a buffer. */
-  const int in_place = s->x->requires_grad && !s->x->grad && ctx->backward_frees;
-  if (in_place)
-    dx = s->y->grad, dx_fresh = 1;
-  else if (s->x->requires_grad)
-    dx = qt_tensor_grad_for_write(ctx, s->x, &dx_fresh);
-  float *dg = s->gamma->requires_grad ? qt_tensor_grad(ctx, s->gamma) : NULL;
-  float *db = s->beta->requires_grad ? qt_tensor_grad(ctx, s->beta) : NULL;
+  int dx_fresh, in_place;
+  float *dg, *db;
+  float *dx = bn_grads(ctx, s, &dx_fresh, &in_place, &dg, &db);
   if (s->training)
     qt_batch_norm_backward_sync(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma),
                                 s->M, s->C, s->sync, s->M_total);
   else
     qt_batch_norm_backward_eval_ex(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), NULL, s->mean, s->invstd,
                                    qt_f32(s->gamma), s->M, s->C);
-  if (in_place) {
-    s->x->grad = dx;
-    s->y->grad = NULL; /* the buffer is the input's now */
-  }
+  bn_grads_done(s, dx, in_place);
 }
 
 static qt_tensor *batch_norm_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
@@ -169,21 +183,12 @@ static void batch_norm_relu_backward(qt_ctx *ctx, void *p) {
   bn_saved *b = &s->bn;
   if (!b->y->grad && b->sync) qt_tensor_grad(ctx, b->y); /* SyncBN: every process joins the sums */
   if (!b->y->grad) return;
-  int dx_fresh = 0;
-  float *dx = NULL;
-  const int in_place = b->x->requires_grad && !b->x->grad && ctx->backward_frees;
-  if (in_place)
-    dx = b->y->grad, dx_fresh = 1;
-  else if (b->x->requires_grad)
-    dx = qt_tensor_grad_for_write(ctx, b->x, &dx_fresh);
-  float *dg = b->gamma->requires_grad ? qt_tensor_grad(ctx, b->gamma) : NULL;
-  float *db = b->beta->requires_grad ? qt_tensor_grad(ctx, b->beta) : NULL;
+  int dx_fresh, in_place;
+  float *dg, *db;
+  float *dx = bn_grads(ctx, b, &dx_fresh, &in_place, &dg, &db);
   qt_batch_norm_relu_backward(dx, dx_fresh, dg, db, b->y->grad, s->mask, qt_f32(b->x), NULL, b->mean, b->invstd,
                               qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
-  if (in_place) {
-    b->x->grad = dx;
-    b->y->grad = NULL; /* the buffer is the input's now */
-  }
+  bn_grads_done(b, dx, in_place);
 }
 
 static qt_tensor *batch_norm_relu_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta,
