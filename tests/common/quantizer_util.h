@@ -23,18 +23,23 @@ static inline qt_quantizer_config qt_test_quantizer_config(int wbits, int abits)
   return qc;
 }
 
-/* g prepared for PTQ as the oneDNN quantizer annotates it with its default settings
- * (QT_ISA_AUTO); aborts on an error. g is not consumed. */
-static inline qt_graph *qt_test_prepare_ptq_onednn(const qt_graph *g) {
+/* g prepared (PTQ or QAT) as the oneDNN quantizer annotates it with settings qc (QT_ISA_AUTO);
+ * aborts on an error. g is not consumed. */
+static inline qt_graph *qt_test_prepare_onednn(const qt_graph *g, const qt_quantizer_config *qc, qt_prepare_mode mode) {
   char err[QT_ERR_LEN];
-  qt_quantizer_config qc;
-  qt_quantizer_config_default(&qc);
   qt_annotations a;
-  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
+  QT_ASSERT(qt_test_quantizer_onednn(g, qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
+  qt_graph *p = qt_prepare(g, &a, mode, err);
   QT_ASSERT(p, "%s", err);
   qt_annotations_free(&a);
   return p;
+}
+
+/* g prepared for PTQ with the oneDNN quantizer's default settings. */
+static inline qt_graph *qt_test_prepare_ptq_onednn(const qt_graph *g) {
+  qt_quantizer_config qc;
+  qt_quantizer_config_default(&qc);
+  return qt_test_prepare_onednn(g, &qc, QT_PREPARE_PTQ);
 }
 
 #endif

@@ -147,13 +147,8 @@ static void graph_step(const char *name, qt_graph *ref, qt_graph *dist, const fl
 }
 
 static qt_graph *qat_prepared(const qt_graph *fp32, const float *images) {
-  char err[QT_ERR_LEN];
   qt_quantizer_config qc = qt_test_quantizer_config(4, 8);
-  qt_annotations a;
-  QT_ASSERT(qt_test_quantizer_onednn(fp32, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-  qt_graph *p = qt_prepare(fp32, &a, QT_PREPARE_QAT, err);
-  QT_ASSERT(p, "%s", err);
-  qt_annotations_free(&a);
+  qt_graph *p = qt_test_prepare_onednn(fp32, &qc, QT_PREPARE_QAT);
   /* qparams from the same batch on every process (observers are not synchronized yet), once */
   qt_graph_set_mode(p, QT_MODE_TRAIN);
   qt_ctx *ctx = qt_ctx_create();

@@ -116,13 +116,8 @@ static uint64_t qstate_hash(uint64_t h, const qt_qstate *q) {
 }
 
 static qt_graph *prepared(const qt_graph *fp32) {
-  char err[QT_ERR_LEN];
   qt_quantizer_config qc = qt_test_quantizer_config(4, 8);
-  qt_annotations a;
-  QT_ASSERT(qt_test_quantizer_onednn(fp32, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-  qt_graph *p = qt_prepare(fp32, &a, QT_PREPARE_QAT, err);
-  QT_ASSERT(p, "%s", err);
-  qt_annotations_free(&a);
+  qt_graph *p = qt_test_prepare_onednn(fp32, &qc, QT_PREPARE_QAT);
   qt_graph_set_mode(p, QT_MODE_TRAIN);
   return p;
 }

@@ -204,15 +204,10 @@ static void backward_frees(void) {
  * statistics, relu apart). One observed step first; then observers off, so that the three modes
  * start from the same qparams and learned scales. */
 static void qat_training_step(void) {
-  char err[QT_ERR_LEN];
   qt_graph *g = model("fashion_cnn");
   qt_quantizer_config qc = qt_test_quantizer_config(4, 8);
   qc.learnable_scale = 1;
-  qt_annotations a;
-  QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_QAT, err);
-  QT_ASSERT(p, "%s", err);
-  qt_annotations_free(&a);
+  qt_graph *p = qt_test_prepare_onednn(g, &qc, QT_PREPARE_QAT);
   qt_graph_set_mode(p, QT_MODE_TRAIN);
   enum { N = 32 };
   float *x = malloc(N * 784 * sizeof(float));

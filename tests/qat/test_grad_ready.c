@@ -100,11 +100,7 @@ int main(void) {
     if (i == 0) {
       qt_quantizer_config qc = qt_test_quantizer_config(4, 8);
       qc.learnable_scale = 1;
-      qt_annotations a;
-      QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
-      qt_graph *p = qt_prepare(g, &a, QT_PREPARE_QAT, err);
-      QT_ASSERT(p, "%s", err);
-      qt_annotations_free(&a);
+      qt_graph *p = qt_test_prepare_onednn(g, &qc, QT_PREPARE_QAT);
       qt_graph_set_mode(p, QT_MODE_TRAIN);
       steps("fashion_cnn QAT W4A8 LSQ", p);
       qt_graph_free(p);
