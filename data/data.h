@@ -1,5 +1,5 @@
-/* Data: datasets held in memory as uint8 NHWC images with int32 labels (IDX, HDF5 or an
- * image folder), and a loader that turns them into normalized, optionally shuffled and
+/* Data: datasets of uint8 NHWC images with int32 labels (IDX, HDF5 or an image folder), held
+ * in memory or moved to a scratch file that the loader reads a batch at a time, and a loader that turns them into normalized, optionally shuffled and
  * augmented float batches, prepared one batch ahead on a background thread.
  *
  * Everything the loader produces is a pure function of (seed, epoch, batch index), so a
@@ -19,9 +19,13 @@
 typedef struct {
   int64_t n; int h, w, c;      /* images (n, h, w, c) uint8, NHWC; 1 <= c <= 4 */
   int num_classes;             /* max label + 1, or the folder class count */
-  uint8_t *images;             /* (n, h, w, c) */
+  uint8_t *images;             /* (n, h, w, c), or NULL when in_file */
   int32_t *labels;             /* (n), each in [0, num_classes) */
   char **class_names;          /* NULL except for image folders (num_classes names) */
+  /* in_file (qt_dataset_to_file): image i is the image-sized record at byte
+   * file_offset + i * h * w * c of the open, unlinked file fd. Read them with qt_dataset_image. */
+  int in_file, fd;
+  int64_t file_offset;
 } qt_dataset;
 
 /* All loaders: on success fill *ds (which must not hold data) and return 0; on failure leave
@@ -54,7 +58,23 @@ int qt_dataset_folder_classes_match(const char *train_root, const qt_dataset *te
 /* The index of the first label >= classes, or -1 when every label is below it. */
 int64_t qt_dataset_label_at_least(const qt_dataset *ds, int classes);
 
-/* Frees every buffer and zeroes *ds; safe on a zeroed dataset. */
+/* Moves the images to a new scratch file in directory `dir`, unlinked at once (nothing is left
+ * behind once the process ends), and frees their memory: the file's pages live in the page
+ * cache, which the kernel may write back and evict, instead of in this process. Nothing to do
+ * when already in a file or empty. Returns 0, or -1 with err naming dir and the system error
+ * (the dataset is then unchanged). */
+int qt_dataset_to_file(qt_dataset *ds, const char *dir, char *err);
+
+/* Images [i, i + count) of ds (0 <= i, i + count <= n), contiguous: a pointer into memory or,
+ * in_file, buf (count * h * w * c bytes) read from the file. A failed read of the scratch file
+ * (an I/O error) aborts naming it. */
+const uint8_t *qt_dataset_images(const qt_dataset *ds, int64_t i, int64_t count, uint8_t *buf);
+
+/* Samples [first, first + count) of ds as a dataset sharing ds's buffers (or file): nothing is
+ * copied, and it must not be freed; ds must outlive it. */
+qt_dataset qt_dataset_view(const qt_dataset *ds, int64_t first, int64_t count);
+
+/* Frees every buffer (closing the scratch file) and zeroes *ds; safe on a zeroed dataset. */
 void qt_dataset_free(qt_dataset *ds);
 
 /* ---------------------------------------------------------------- loader */

@@ -1,6 +1,7 @@
 /* Datasets: read MNIST IDX files (gzip'd or raw), HDF5 files and class-per-folder image trees
  * into one uint8 NHWC buffer plus int32 labels. Every bad input is reported with the file,
- * what was expected and what was found; a failed load leaves the dataset zeroed. */
+ * what was expected and what was found; a failed load leaves the dataset zeroed. The images
+ * can then move to an unlinked scratch file (qt_dataset_to_file) read a batch at a time. */
 #include "data/data.h"
 
 #include <dirent.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <hdf5.h>
 
@@ -25,6 +27,7 @@
 
 void qt_dataset_free(qt_dataset *ds) {
   if (!ds) return;
+  if (ds->in_file) close(ds->fd);
   free(ds->images);
   free(ds->labels);
   if (ds->class_names) {
@@ -37,12 +40,71 @@ void qt_dataset_free(qt_dataset *ds) {
 void qt_dataset_limit(qt_dataset *ds, int64_t n) {
   if (n <= 0 || n >= ds->n) return;
   size_t image_bytes = (size_t)n * (size_t)ds->h * (size_t)ds->w * (size_t)ds->c;
-  /* Shrinking realloc may move or fail; on failure the larger block is still valid. */
-  uint8_t *images = realloc(ds->images, image_bytes);
+  /* Shrinking realloc may move or fail; on failure the larger block is still valid. A scratch
+   * file keeps its records past n, unread. */
+  uint8_t *images = ds->in_file ? NULL : realloc(ds->images, image_bytes);
   if (images) ds->images = images;
   int32_t *labels = realloc(ds->labels, (size_t)n * sizeof *labels);
   if (labels) ds->labels = labels;
   ds->n = n;
+}
+
+int qt_dataset_to_file(qt_dataset *ds, const char *dir, char *err) {
+  if (ds->in_file || ds->n <= 0) return 0;
+  const size_t bytes = (size_t)ds->n * (size_t)ds->h * (size_t)ds->w * (size_t)ds->c;
+  char path[4096];
+  if (snprintf(path, sizeof path, "%s/qt-images-XXXXXX", dir[0] ? dir : ".") >= (int)sizeof path)
+    return qt_err(err, "data: scratch directory '%s': path too long", dir);
+  const int fd = mkstemp(path);
+  if (fd < 0) return qt_err(err, "data: cannot create a scratch file in '%s': %s", dir, strerror(errno));
+  unlink(path); /* the open descriptor keeps the file; nothing of it outlives the process */
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t w = write(fd, ds->images + done, bytes - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int e = w < 0 ? errno : ENOSPC;
+      close(fd);
+      return qt_err(err, "data: cannot write %zu bytes of images to a scratch file in '%s': %s", bytes, dir,
+                    strerror(e));
+    }
+    done += (size_t)w;
+  }
+  free(ds->images);
+  ds->images = NULL;
+  ds->in_file = 1;
+  ds->fd = fd;
+  ds->file_offset = 0;
+  return 0;
+}
+
+const uint8_t *qt_dataset_images(const qt_dataset *ds, int64_t i, int64_t count, uint8_t *buf) {
+  const size_t sample = (size_t)ds->h * (size_t)ds->w * (size_t)ds->c;
+  QT_ASSERT(i >= 0 && count >= 0 && i + count <= ds->n, "images [%lld, %lld) of a dataset of %lld", (long long)i,
+            (long long)(i + count), (long long)ds->n);
+  if (!ds->in_file) return ds->images + (size_t)i * sample;
+  const size_t bytes = (size_t)count * sample;
+  const off_t at = (off_t)ds->file_offset + (off_t)((size_t)i * sample);
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t r = pread(ds->fd, buf + done, bytes - done, at + (off_t)done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      qt_panic(__FILE__, __LINE__, "data: reading images %lld..%lld back from their scratch file failed: %s",
+               (long long)i, (long long)(i + count - 1), r < 0 ? strerror(errno) : "the file is shorter than written");
+    done += (size_t)r;
+  }
+  return buf;
+}
+
+qt_dataset qt_dataset_view(const qt_dataset *ds, int64_t first, int64_t count) {
+  QT_ASSERT(first >= 0 && count >= 0 && first + count <= ds->n, "view [%lld, %lld) of a dataset of %lld",
+            (long long)first, (long long)(first + count), (long long)ds->n);
+  const size_t sample = (size_t)ds->h * (size_t)ds->w * (size_t)ds->c;
+  qt_dataset v = *ds;
+  v.n = count;
+  v.labels = ds->labels + first;
+  if (ds->in_file) v.file_offset = ds->file_offset + (int64_t)((size_t)first * sample);
+  else v.images = ds->images + (size_t)first * sample;
+  return v;
 }
 
 int64_t qt_dataset_label_at_least(const qt_dataset *ds, int classes) {

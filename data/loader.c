@@ -1,4 +1,5 @@
-/* Loader: turns a uint8 dataset into normalized float batches, shuffled and augmented as a
+/* Loader: turns a uint8 dataset (in memory or in a scratch file, read a batch at a time with
+ * runs of consecutive images in one read) into normalized float batches, shuffled and augmented as a
  * pure function of (seed, epoch, batch index), so resuming a run reproduces it exactly.
  * A background thread fills batch k+1 while the trainer uses batch k (double buffering);
  * if the thread cannot be started, batches are filled on the caller's thread instead. */
@@ -31,6 +32,7 @@ struct qt_loader {
    * or -1 while it is free; the worker writes only free slots, the trainer reads only filled
    * ones, and both hand slots over under mu. */
   float *slot_images[2];       /* (batch_capacity, h, w, c) */
+  uint8_t *slot_raw[2];        /* dataset in a file: (batch_capacity, h, w, c) read from it */
   int32_t *slot_labels[2];     /* (batch_capacity) */
   int slot_count[2];           /* rows of this loader's shard of the batch */
   int slot_rows[2];            /* rows of the whole batch */
@@ -139,9 +141,18 @@ static void fill_batch(qt_loader *l, int64_t b, int s) {
   const int64_t count = shard_rows(l, rows, &first), start = b * l->cfg.batch_size + first;
   const int augment = l->cfg.crop_pad > 0 || l->cfg.flip;
   const uint64_t aug_key = epoch_key(l->cfg.seed, AUGMENT_DOMAIN, l->epoch);
+  const uint8_t *run = NULL; /* images [run_first, run_end) of the dataset: consecutive ones read at once */
+  int64_t run_first = 0, run_end = 0;
   for (int64_t i = 0; i < count; i++) {
     const int64_t pos = start + i;
     const int64_t idx = l->order[pos];
+    if (idx < run_first || idx >= run_end) {
+      int64_t len = 1;
+      while (i + len < count && l->order[pos + len] == idx + len) len++;
+      run = qt_dataset_images(ds, idx, len, l->slot_raw[s]);
+      run_first = idx;
+      run_end = idx + len;
+    }
     int dy = l->cfg.crop_pad, dx = l->cfg.crop_pad, flip = 0;
     if (augment) {
       /* Always three draws in the same order, so enabling one augmentation leaves the
@@ -155,8 +166,8 @@ static void fill_batch(qt_loader *l, int64_t b, int s) {
       if (l->cfg.flip) flip = rf;
     }
     l->slot_labels[s][i] = ds->labels[idx];
-    fill_sample(l, l->slot_images[s] + (size_t)i * l->sample_size,
-                ds->images + (size_t)idx * l->sample_size, dy, dx, flip);
+    fill_sample(l, l->slot_images[s] + (size_t)i * l->sample_size, run + (size_t)(idx - run_first) * l->sample_size,
+                dy, dx, flip);
   }
   l->slot_count[s] = (int)count;
   l->slot_rows[s] = (int)rows;
@@ -200,7 +211,7 @@ qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, c
     qt_err(err, "data loader: expected a dataset and a configuration, found NULL");
     return NULL;
   }
-  if (ds->n <= 0 || !ds->images || !ds->labels || ds->h <= 0 || ds->w <= 0 || ds->c < 1 || ds->c > 4) {
+  if (ds->n <= 0 || (!ds->images && !ds->in_file) || !ds->labels || ds->h <= 0 || ds->w <= 0 || ds->c < 1 || ds->c > 4) {
     qt_err(err, "data loader: expected a loaded dataset with n > 0 and 1 <= c <= 4, found n=%lld h=%d w=%d c=%d",
             (long long)ds->n, ds->h, ds->w, ds->c);
     return NULL;
@@ -263,10 +274,12 @@ qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, c
   for (int s = 0; s < 2; s++) {
     l->slot_images[s] = malloc((size_t)l->batch_capacity * l->sample_size * sizeof(float));
     l->slot_labels[s] = malloc((size_t)l->batch_capacity * sizeof(int32_t));
+    if (ds->in_file) l->slot_raw[s] = malloc((size_t)l->batch_capacity * l->sample_size);
   }
-  if (!l->order || !l->slot_images[0] || !l->slot_images[1] || !l->slot_labels[0] || !l->slot_labels[1]) {
+  if (!l->order || !l->slot_images[0] || !l->slot_images[1] || !l->slot_labels[0] || !l->slot_labels[1] ||
+      (ds->in_file && (!l->slot_raw[0] || !l->slot_raw[1]))) {
     qt_err(err, "data loader: out of memory for batches of %d x %zu", l->batch_capacity, l->sample_size);
-    for (int s = 0; s < 2; s++) { free(l->slot_images[s]); free(l->slot_labels[s]); }
+    for (int s = 0; s < 2; s++) { free(l->slot_images[s]); free(l->slot_labels[s]); free(l->slot_raw[s]); }
     free(l->order);
     free(l);
     return NULL;
@@ -336,6 +349,7 @@ void qt_loader_free(qt_loader *l) {
   for (int s = 0; s < 2; s++) {
     free(l->slot_images[s]);
     free(l->slot_labels[s]);
+    free(l->slot_raw[s]);
   }
   free(l->order);
   free(l);

@@ -16,6 +16,7 @@
 #define QT_OPT_STR 512
 
 typedef enum { QT_DATA_IDX, QT_DATA_HDF5, QT_DATA_FOLDER, QT_DATA_FORMAT_COUNT } qt_data_format;
+typedef enum { QT_STORAGE_FILE, QT_STORAGE_MEMORY, QT_STORAGE_COUNT } qt_data_storage;
 typedef enum { QT_QUANT_NONE, QT_QUANT_PTQ, QT_QUANT_QAT, QT_QUANT_MODE_COUNT } qt_quant_mode;
 typedef enum { QT_QUANTIZER_ONEDNN, QT_QUANTIZER_BACKEND, QT_QUANTIZER_COUNT } qt_quantizer_choice;
 typedef enum { QT_QUANT_ISA_AUTO, QT_QUANT_ISA_VNNI, QT_QUANT_ISA_NO_VNNI, QT_QUANT_ISA_COUNT } qt_quant_isa;
@@ -40,6 +41,8 @@ typedef struct {
   int train_limit, test_limit;                        /* first N images, 0 = all */
   double mean, std;                                   /* normalization of pixel/255 values */
   int crop_pad, flip;                                 /* augmentation of training batches */
+  qt_data_storage storage;                            /* where decoded images live during a run */
+  char scratch_dir[QT_OPT_STR];                       /* storage = file: its directory ("" = default) */
 } qt_data_options;
 
 typedef struct {

@@ -84,6 +84,12 @@ static const option_row rows[] = {
     ROW(data, std, QT_CFG_FLOAT, "0.3530", 1e-6, 100, NULL, "normalization std (pixel/255 scale)"),
     ROW(data, crop_pad, QT_CFG_INT, "0", 0, 64, NULL, "random-crop augmentation padding (0 = off)"),
     ROW(data, flip, QT_CFG_BOOL, "false", 0, 0, NULL, "random horizontal flip augmentation"),
+    ROW(data, storage, QT_CFG_ENUM, "file", 0, 0, "file|memory",
+     "where the decoded images stay during a run: file = an unlinked scratch file in data.scratch_dir, read "
+     "a batch at a time (the kernel's page cache holds it, not this process); memory = in this process"),
+    ROW(data, scratch_dir, QT_CFG_STRING, "", 0, 0, NULL,
+     "directory of data.storage = file's scratch file (\"\" = $TMPDIR, else /var/tmp); on a tmpfs the "
+     "images stay in memory"),
 
     ROW(train, epochs, QT_CFG_INT, "4", 1, 100000, NULL, "training epochs"),
     ROW(train, batch_size, QT_CFG_INT, "128", 2, 65536, NULL, "training batch size"),

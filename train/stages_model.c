@@ -2,6 +2,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <stdio.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
 
 #include "onnx/onnx_import.h"
 #include "dist/dist.h"
@@ -17,11 +20,41 @@ static int load_split(const qt_data_options *d, int test, qt_dataset *ds, char *
   }
 }
 
+/* data.storage = file: the split's images into a scratch file (qt_dataset_to_file) in
+ * data.scratch_dir, or $TMPDIR, or /var/tmp. */
+static int store_split(const qt_data_options *d, qt_dataset *ds, char *err) {
+  if (d->storage != QT_STORAGE_FILE || ds->n == 0) return 0;
+  const char *dir = d->scratch_dir[0] ? d->scratch_dir : getenv("TMPDIR");
+  if (!dir || !dir[0]) dir = "/var/tmp";
+  struct statfs fs;
+  static int warned;
+  if (!warned && statfs(dir, &fs) == 0 && fs.f_type == TMPFS_MAGIC) {
+    warned = 1;
+    fprintf(stderr,
+            "warning: data.storage = file: scratch directory '%s' is a tmpfs, so the images stay in memory (shared "
+            "memory, not counted as this process's); set data.scratch_dir to a directory on disk\n",
+            dir);
+  }
+  if (qt_dataset_to_file(ds, dir, err) == 0) return 0;
+  size_t n = strlen(err);
+  snprintf(err + n, QT_ERR_LEN - n, " (data.storage = file; set data.scratch_dir, or data.storage = memory)");
+  return -1;
+}
+
+static int load_one(const qt_data_options *d, int test, qt_dataset *ds, char *err) {
+  if (load_split(d, test, ds, err)) return -1;
+  qt_dataset_limit(ds, test ? d->test_limit : d->train_limit);
+  if (store_split(d, ds, err) == 0) return 0;
+  qt_dataset_free(ds);
+  return -1;
+}
+
 int qt_stage_load_data(const qt_data_options *d, qt_split which, qt_dataset *train, qt_dataset *test, qt_status *st) {
   memset(train, 0, sizeof *train);
   memset(test, 0, sizeof *test);
-  if (((which & QT_SPLIT_TRAIN) && load_split(d, 0, train, st->msg)) ||
-      ((which & QT_SPLIT_TEST) && load_split(d, 1, test, st->msg))) {
+  /* one split at a time, so that only one is ever decoded in memory */
+  if (((which & QT_SPLIT_TRAIN) && load_one(d, 0, train, st->msg)) ||
+      ((which & QT_SPLIT_TEST) && load_one(d, 1, test, st->msg))) {
     qt_dataset_free(train);
     qt_dataset_free(test);
     return qt_status_fail(st, QT_STATUS_INPUT); /* missing, unreadable or malformed data: bad input */
@@ -32,8 +65,6 @@ int qt_stage_load_data(const qt_data_options *d, qt_split which, qt_dataset *tra
     qt_dataset_free(test);
     return qt_status_fail(st, QT_STATUS_INPUT);
   }
-  qt_dataset_limit(train, d->train_limit);
-  qt_dataset_limit(test, d->test_limit);
   if (which == QT_SPLIT_BOTH && (train->h != test->h || train->w != test->w || train->c != test->c)) {
     qt_status_set(st, QT_STATUS_INPUT, "data: training images are %dx%dx%d but test images are %dx%dx%d", train->h,
                   train->w, train->c, test->h, test->w, test->c);

@@ -488,11 +488,7 @@ int qt_evaluate_distributed(qt_graph *g, qt_ctx *ctx, const qt_dataset *ds, cons
   if (R == 1) return qt_evaluate(g, ctx, ds, lc, out, err);
   /* this process's contiguous range of the samples, as a view (nothing copied) */
   const int64_t first = ds->n * k / R, count = ds->n * (k + 1) / R - first;
-  const size_t sample = (size_t)ds->h * (size_t)ds->w * (size_t)ds->c;
-  qt_dataset part = *ds;
-  part.n = count;
-  part.images = ds->images + (size_t)first * sample;
-  part.labels = ds->labels + first;
+  const qt_dataset part = qt_dataset_view(ds, first, count);
   qt_eval_result mine;
   memset(&mine, 0, sizeof mine);
   const double t0 = qt_now_seconds();

@@ -67,6 +67,8 @@ expect override_not_a_layer 2 "'relu1' is a relu node" -- "$T/ok.ini" "${small[@
 expect override_w0a0 2 "conv1=w0a0" "2..8" -- "$T/ok.ini" "${small[@]}" "quant.layer_overrides=conv1=w0a0"
 expect override_twice 2 "'conv1' is set twice" -- "$T/ok.ini" "${small[@]}" "quant.layer_overrides=conv1=w8a8;conv1=fp32"
 expect missing_data 2 "no_such_dir/train.gz" -- "$T/ok.ini" data.train_images=/no_such_dir/train.gz "output.dir=$T/run"
+expect missing_scratch_dir 2 "scratch file in '/no_such_scratch'" "data.scratch_dir" -- "$T/ok.ini" \
+  data.scratch_dir=/no_such_scratch "output.dir=$T/run"
 
 # Data that contradicts itself or the model (exit 2): an HDF5 label of 2^31-1 (once overflowed
 # the class count and aborted in cross-entropy), a label beyond the model's outputs, and an
