@@ -193,23 +193,6 @@ qt_tensor *qt_batch_norm_relu(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_te
 qt_tensor *qt_batch_norm_div(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor *gamma, qt_tensor *beta,
                              float *running_mean, float *running_var, int training, float momentum, float eps,
                              int relu);
-/* The parameters of a per-tensor LSQ fake quant (those qt_fake_quant_lsq takes, one channel). */
-typedef struct {
-  qt_tensor *scale; /* (1) */
-  const int32_t *zero_point;
-  int qmin, qmax;
-  float grad_factor;
-} qt_lsq_params;
-/* qt_batch_norm_div in training mode with relu (1 or 2 as there) followed by
- * qt_fake_quant_lsq(relu output, 1 channel, lsq) as one op: the output is the fake quant's, bit
- * for bit the ops in turn, and the relu's output is never stored (the backward recomputes it
- * from x; qt_batch_norm_relu_fq_backward). Gradients are those of the ops in turn, bit for bit,
- * except the scale's, a sum taken in another order (its float can differ in the last bit). One
- * tape entry, profiled as batch_norm. For QAT's conv_bn + relu + activation LSQ (nn/graph.c,
- * training forward). */
-qt_tensor *qt_batch_norm_div_lsq(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor *gamma, qt_tensor *beta,
-                                 float *running_mean, float *running_var, float momentum, float eps, int relu,
-                                 const qt_lsq_params *lsq);
 /* inplace: the output reuses x's memory (x must have no other consumer). */
 qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace);
 /* min(max(x, 0), 6) (PyTorch's ReLU6 / hardtanh(0, 6)); inplace as relu. */

@@ -21,7 +21,6 @@
  * kernel would store a NaN running_var, the unbiased variance being 0/0). */
 #include "autograd/autograd.h"
 #include "autograd/kernels.h"
-#include "qat/quant.h"
 
 #include <math.h>
 #include <omp.h>
@@ -179,8 +178,7 @@ BN_INLINE void bn_apply_rows(float *og, const float *xg, const float *restrict m
 }
 
 static void bn_apply(float *out, const float *x, const float *mhi, const float *mlo, const float *arep,
-                     const float *brep, const bn_plan *p, uint8_t *relu_mask, int six, const float *drep,
-                     const qt_bn_fq *fq) {
+                     const float *brep, const bn_plan *p, uint8_t *relu_mask, int six, const float *drep) {
   const int L = p->L, C = p->C;
   const int64_t groups = p->M / p->k, tail = p->M - groups * p->k;
   /* L is a multiple of 16: a pattern's relu mask bytes are its own */
@@ -189,14 +187,12 @@ static void bn_apply(float *out, const float *x, const float *mhi, const float *
     for (int64_t g = 0; g < groups; g++) {
       bn_apply_rows(out + g * L, x + g * L, mhi, mlo, arep, brep, L, drep, 1);
       if (relu_mask) qt_relu_mask_span(out, relu_mask, out, g * L, (g + 1) * L, six);
-      if (fq) qt_fake_quant_span(out + g * L, out + g * L, L, fq->scale, fq->zero_point, fq->qmin, fq->qmax);
     }
   } else {
 #pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
     for (int64_t g = 0; g < groups; g++) {
       bn_apply_rows(out + g * L, x + g * L, mhi, mlo, arep, brep, L, NULL, 0);
       if (relu_mask) qt_relu_mask_span(out, relu_mask, out, g * L, (g + 1) * L, six);
-      if (fq) qt_fake_quant_span(out + g * L, out + g * L, L, fq->scale, fq->zero_point, fq->qmin, fq->qmax);
     }
   }
   for (int64_t t = 0; t < tail; t++) {
@@ -206,9 +202,6 @@ static void bn_apply(float *out, const float *x, const float *mhi, const float *
       ot[c] = (((drep ? xt[c] / drep[c] : xt[c]) - mhi[c]) - (mlo ? mlo[c] : 0.0f)) * arep[c] + brep[c];
   }
   if (relu_mask && tail) qt_relu_mask_span(out, relu_mask, out, groups * L, p->M * C, six);
-  if (fq && tail)
-    qt_fake_quant_span(out + groups * L, out + groups * L, p->M * C - groups * L, fq->scale, fq->zero_point, fq->qmin,
-                       fq->qmax);
 }
 
 /* SyncBN: replaces this process's per-channel (mean m, centred sum of squares m2) over M rows by
@@ -255,11 +248,10 @@ void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, co
                                    momentum, eps, M, C, sync, M_total);
 }
 
-static void bn_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd, const float *inp,
-                             const float *in_div, const float *gamma, const float *beta, float *running_mean,
-                             float *running_var, float momentum, float eps, int M, int C, const qt_batch_sync *sync,
-                             int64_t *M_total, qt_bn_fq *fq) {
-  QT_ASSERT(!fq || relu_mask, "batch_norm_forward_train: a fused fake quant needs the fused relu");
+void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
+                                      const float *inp, const float *in_div, const float *gamma, const float *beta,
+                                      float *running_mean, float *running_var, float momentum, float eps, int M,
+                                      int C, const qt_batch_sync *sync, int64_t *M_total) {
   const int synced = sync && sync->size > 1;
   QT_ASSERT((synced ? M > 0 : M > 1) && C > 0,
             "batch_norm_forward_train: needs more than one value per channel (M=%d, C=%d), as PyTorch", M, C);
@@ -331,35 +323,10 @@ static void bn_forward_train(float *out, uint8_t *relu_mask, int six, float *mea
   pattern_fill(mlo, clo, 0, &p);
   pattern_fill(arep, ca, 0, &p);
   pattern_fill(brep, beta, 0, &p);
-  bn_apply(out, inp, mhi, mlo, arep, brep, &p, relu_mask, six, drep, fq);
-  if (fq) /* the apply pass's constants, for the backward to recompute the relu's output */
-    for (int c = 0; c < C; c++) {
-      fq->consts[c] = chi[c];
-      fq->consts[C + c] = clo[c];
-      fq->consts[2 * C + c] = ca[c];
-      fq->consts[3 * C + c] = beta ? beta[c] : 0.0f;
-    }
+  bn_apply(out, inp, mhi, mlo, arep, brep, &p, relu_mask, six, drep);
   free(stat_m);
   free(ws);
   free(part);
-}
-
-void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
-                                      const float *inp, const float *in_div, const float *gamma, const float *beta,
-                                      float *running_mean, float *running_var, float momentum, float eps, int M,
-                                      int C, const qt_batch_sync *sync, int64_t *M_total) {
-  bn_forward_train(out, relu_mask, six, mean, invstd, inp, in_div, gamma, beta, running_mean, running_var, momentum,
-                   eps, M, C, sync, M_total, NULL);
-}
-
-void qt_batch_norm_relu_fq_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
-                                         const float *inp, const float *in_div, const float *gamma,
-                                         const float *beta, float *running_mean, float *running_var, float momentum,
-                                         float eps, int M, int C, const qt_batch_sync *sync, int64_t *M_total,
-                                         qt_bn_fq *fq) {
-  QT_ASSERT(fq && fq->consts, "batch_norm_relu_fq_forward_train: no fake quant parameters");
-  bn_forward_train(out, relu_mask, six, mean, invstd, inp, in_div, gamma, beta, running_mean, running_var, momentum,
-                   eps, M, C, sync, M_total, fq);
 }
 
 void qt_batch_norm_forward_train_ref(float *out, float *mean, float *invstd, const float *inp,
@@ -408,7 +375,7 @@ void qt_batch_norm_forward_eval_div(float *out, const float *inp, const float *i
   pattern_fill(mrep, running_mean, 0, &p);
   pattern_fill(arep, ca, 0, &p);
   pattern_fill(brep, beta, 0, &p);
-  bn_apply(out, inp, mrep, NULL, arep, brep, &p, NULL, 0, drep, NULL);
+  bn_apply(out, inp, mrep, NULL, arep, brep, &p, NULL, 0, drep);
   free(ws);
 }
 
@@ -489,59 +456,20 @@ static void chunk_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_wri
     chunk_grad_sums_impl(sdy, sdyx, dinp, dinp_write, dout, x, rows, p, mrep, dx_scale, acc_s, acc_p, NULL, 0);
 }
 
-/* The backward of a fake quant fused after batch norm + relu (qt_bn_fq): the forward's apply
- * constants as patterns, to recompute the relu's output chunk by chunk; per-chunk sums of the
- * scale gradient. */
-typedef struct {
-  qt_bn_fq *fq;
-  const float *mhi, *mlo, *arep, *brep;
-  int six;
-} bn_fq_pass;
-
-/* The relu's output over `rows` rows of x (one chunk: whole patterns, and the last chunk the
- * tail rows), computed as bn_apply and its qt_relu_mask_span did in the forward (mask: scratch). */
-static void bn_recompute_relu(float *y, uint8_t *mask, const float *x, int64_t rows, const bn_plan *p,
-                              const bn_fq_pass *f, const float *drep) {
-  const int L = p->L, C = p->C;
-  const int64_t groups = rows / p->k, tail = rows - groups * p->k;
-  if (drep)
-    for (int64_t g = 0; g < groups; g++) bn_apply_rows(y + g * L, x + g * L, f->mhi, f->mlo, f->arep, f->brep, L, drep, 1);
-  else
-    for (int64_t g = 0; g < groups; g++) bn_apply_rows(y + g * L, x + g * L, f->mhi, f->mlo, f->arep, f->brep, L, NULL, 0);
-  for (int64_t t = 0; t < tail; t++) {
-    const float *xt = x + (groups * p->k + t) * C;
-    float *yt = y + (groups * p->k + t) * C;
-    for (int c = 0; c < C; c++)
-      yt[c] = (((drep ? xt[c] / drep[c] : xt[c]) - f->mhi[c]) - f->mlo[c]) * f->arep[c] + f->brep[c];
-  }
-  qt_relu_mask_span(y, mask, y, 0, rows * C, f->six);
-}
-
 /* Reduces sum(dout) and sum(dout*(x-mean)) per channel into sdy/sdyx (C doubles each),
  * deterministically; with dx_scale also applies the eval dinp update in the same pass. */
 static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write, const float *dout,
                          const float *inp, const float *mrep, const float *dx_scale, const bn_plan *p,
-                         float *relu_dout, const uint8_t *relu_mask, const float *drep, const bn_fq_pass *fqp) {
+                         float *relu_dout, const uint8_t *relu_mask, const float *drep) {
   const int C = p->C;
   const int nthreads = omp_get_max_threads();
   const size_t npart = (size_t)p->nchunks * (size_t)C;
-  double *part = xmalloc((2 * npart + (size_t)p->nchunks) * sizeof(double)), *pds = part + 2 * npart;
+  double *part = xmalloc(2 * npart * sizeof(double));
   float *ws = xmalloc((size_t)nthreads * 2 * pattern_stride(p) * sizeof(float));
-  /* a fused fake quant: each thread's chunk of the relu's output, recomputed, and its mask bits */
-  const size_t chunk_elems = ((size_t)p->chunk_rows * (size_t)C + 15) & ~(size_t)15;
-  float *ys = fqp ? xmalloc((size_t)nthreads * chunk_elems * (sizeof(float) + 1)) : NULL;
 #pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
   for (int64_t i = 0; i < p->nchunks; i++) {
     float *scratch = thread_scratch(ws, 2, p);
     int64_t r0 = i * p->chunk_rows, rows = p->M - r0 < p->chunk_rows ? p->M - r0 : p->chunk_rows;
-    if (fqp) { /* the fake quant's backward over the chunk: dout becomes the relu output's gradient */
-      float *y = ys + (size_t)omp_get_thread_num() * chunk_elems;
-      uint8_t *m = (uint8_t *)(ys + (size_t)nthreads * chunk_elems) + (size_t)omp_get_thread_num() * chunk_elems;
-      bn_recompute_relu(y, m, inp + r0 * C, rows, p, fqp, drep);
-      const qt_bn_fq *fq = fqp->fq;
-      pds[i] = qt_fake_quant_lsq_span(relu_dout + r0 * C, relu_dout + r0 * C, y, rows * C, fq->scale, fq->zero_point,
-                                      fq->qmin, fq->qmax, fq->grad_factor);
-    }
     /* fused relu backward: the chunk's gradient masked in place just before it is summed
      * (chunks are whole patterns, so their mask bytes are their own) */
     if (relu_mask) qt_relu_grad_span(relu_dout, 1, relu_dout, relu_mask, r0 * C, (r0 + rows) * C);
@@ -557,12 +485,6 @@ static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write,
     sdy[c] = s;
     sdyx[c] = q;
   }
-  if (fqp) {
-    double ds = 0;
-    for (int64_t i = 0; i < p->nchunks; i++) ds += pds[i];
-    fqp->fq->dscale = ds;
-  }
-  free(ys);
   free(ws);
   free(part);
 }
@@ -576,14 +498,13 @@ void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const floa
 static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                         const float *inp, const float *in_div, const float *mean, const float *invstd,
                         const float *gamma, int M, int C, const qt_batch_sync *sync, int64_t M_total,
-                        float *relu_dout, const uint8_t *relu_mask, int six, qt_bn_fq *fq);
+                        float *relu_dout, const uint8_t *relu_mask);
 
 void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C, const qt_batch_sync *sync,
                                  int64_t M_total) {
-  bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, NULL, mean, invstd, gamma, M, C, sync, M_total, NULL, NULL, 0,
-              NULL);
+  bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, NULL, mean, invstd, gamma, M, C, sync, M_total, NULL, NULL);
 }
 
 void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, float *dout,
@@ -591,16 +512,7 @@ void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, flo
                                  const float *invstd, const float *gamma, int M, int C, const qt_batch_sync *sync,
                                  int64_t M_total) {
   bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, in_div, mean, invstd, gamma, M, C, sync, M_total, dout,
-              relu_mask, 0, NULL);
-}
-
-void qt_batch_norm_relu_fq_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, float *dout,
-                                    const uint8_t *relu_mask, int six, const float *inp, const float *in_div,
-                                    const float *mean, const float *invstd, const float *gamma, int M, int C,
-                                    const qt_batch_sync *sync, int64_t M_total, qt_bn_fq *fq) {
-  QT_ASSERT(fq && fq->consts && relu_mask, "batch_norm_relu_fq_backward: no fake quant parameters or relu mask");
-  bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, in_div, mean, invstd, gamma, M, C, sync, M_total, dout,
-              relu_mask, six, fq);
+              relu_mask);
 }
 
 /* dinp (=, or += without dinp_write) for one pattern of rows; called with a literal D (see
@@ -641,33 +553,24 @@ static void bn_dinp(float *dinp, int dinp_write, const float *dout, const float 
   }
 }
 
-/* relu_mask: dout (== relu_dout) is masked in place, chunk by chunk, in the sums pass; fq: a
- * fake quant after the relu, whose backward runs on the chunk first. */
+/* relu_mask: dout (== relu_dout) is masked in place, chunk by chunk, in the sums pass. */
 static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                         const float *inp, const float *in_div, const float *mean, const float *invstd,
                         const float *gamma, int M, int C, const qt_batch_sync *sync, int64_t M_total,
-                        float *relu_dout, const uint8_t *relu_mask, int six, qt_bn_fq *fq) {
+                        float *relu_dout, const uint8_t *relu_mask) {
   const int synced = sync && sync->size > 1;
-  /* every process takes part in the sums' reduction, whatever gradients it wants; a fused fake
-   * quant's scale wants its gradient whatever the others want */
-  if (!dinp && !dgamma && !dbeta && !synced && !fq) return;
+  /* every process takes part in the sums' reduction, whatever gradients it wants */
+  if (!dinp && !dgamma && !dbeta && !synced) return;
   QT_ASSERT(M > 0 && C > 0, "batch_norm_backward: empty input (M=%d, C=%d)", M, C);
   const bn_plan p = bn_plan_make(M, C);
   double *sums = xmalloc(4 * (size_t)C * sizeof(double));
-  float *ws = xmalloc(12 * (size_t)p.L * sizeof(float));
+  float *ws = xmalloc(8 * (size_t)p.L * sizeof(float));
   float *mrep = ws, *gmrep = ws + p.L, *psrep = ws + 2 * p.L, *arep = ws + 3 * p.L;
   float *cg = ws + 4 * p.L, *cp = ws + 5 * p.L, *ca = ws + 6 * p.L;
   float *drep = in_div ? ws + 7 * p.L : NULL;
   if (drep) pattern_fill(drep, in_div, 1.0f, &p);
   pattern_fill(mrep, mean, 0, &p);
-  bn_fq_pass fqp = {fq, ws + 8 * p.L, ws + 9 * p.L, ws + 10 * p.L, ws + 11 * p.L, six};
-  if (fq) {
-    pattern_fill(ws + 8 * p.L, fq->consts, 0, &p);
-    pattern_fill(ws + 9 * p.L, fq->consts + C, 0, &p);
-    pattern_fill(ws + 10 * p.L, fq->consts + 2 * C, 0, &p);
-    pattern_fill(ws + 11 * p.L, fq->consts + 3 * C, 0, &p);
-  }
-  bn_grad_sums(sums, sums + C, NULL, 0, dout, inp, mrep, NULL, &p, relu_dout, relu_mask, drep, fq ? &fqp : NULL);
+  bn_grad_sums(sums, sums + C, NULL, 0, dout, inp, mrep, NULL, &p, relu_dout, relu_mask, drep);
   /* dgamma/dbeta from this process's sums; dinp from the whole batch's */
   double *all = sums + 2 * C;
   memcpy(all, sums, 2 * (size_t)C * sizeof(double));
@@ -731,7 +634,7 @@ void qt_batch_norm_backward_eval_ex(float *dinp, int dinp_write, float *dgamma, 
   if (dgamma || dbeta) {
     double *sums = xmalloc(2 * (size_t)C * sizeof(double));
     pattern_fill(mrep, mean, 0, &p);
-    bn_grad_sums(sums, sums + C, dinp, dinp_write, dout, inp, mrep, arep, &p, NULL, NULL, drep, NULL);
+    bn_grad_sums(sums, sums + C, dinp, dinp_write, dout, inp, mrep, arep, &p, NULL, NULL, drep);
     for (int c = 0; c < C; c++) {
       if (dbeta) dbeta[c] += (float)sums[c];
       if (dgamma) dgamma[c] += (float)(sums[C + c] * (double)invstd[c]);

@@ -111,34 +111,6 @@ void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, flo
                                  const uint8_t *relu_mask, const float *inp, const float *in_div, const float *mean,
                                  const float *invstd, const float *gamma, int M, int C,
                                  const struct qt_batch_sync *sync, int64_t M_total);
-/* Batch norm + relu + a per-tensor fake quant after the relu (QAT's LSQ activation quantizer)
- * as one op. The forward's apply pass fake-quantizes each pattern after its relu (out: the fake
- * quant's output, bit for bit the three kernels in turn; relu_mask as above) and leaves the
- * pass's per-channel constants in fq->consts (4 * C floats), so that the relu's output is never
- * stored: the backward recomputes it, one reduction chunk at a time, from inp and those
- * constants (the same float operations, so the same bits), runs LSQ's backward over the chunk
- * in place on dout (qt_fake_quant_lsq_span: dout becomes the relu output's gradient), masks it
- * for the relu and sums it, as qt_batch_norm_relu_backward. fq->dscale gets the sum of LSQ's
- * scale-gradient terms: per-chunk sums in double, added in chunk order (deterministic for any
- * thread count; the whole-tensor LSQ kernel orders its sums by thread, so the float result can
- * differ from it in the last bit). */
-typedef struct {
-  float scale;
-  int32_t zero_point;
-  int qmin, qmax;
-  float grad_factor; /* LSQ's gradient scale */
-  float *consts;     /* 4 * C: written by the forward, read by the backward */
-  double dscale;     /* written by the backward */
-} qt_bn_fq;
-void qt_batch_norm_relu_fq_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
-                                         const float *inp, const float *in_div, const float *gamma,
-                                         const float *beta, float *running_mean, float *running_var, float momentum,
-                                         float eps, int M, int C, const struct qt_batch_sync *sync, int64_t *M_total,
-                                         qt_bn_fq *fq);
-void qt_batch_norm_relu_fq_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, float *dout,
-                                    const uint8_t *relu_mask, int six, const float *inp, const float *in_div,
-                                    const float *mean, const float *invstd, const float *gamma, int M, int C,
-                                    const struct qt_batch_sync *sync, int64_t M_total, qt_bn_fq *fq);
 /* The eval forward of inp / in_div (in_div NULL: qt_batch_norm_forward_eval). */
 void qt_batch_norm_forward_eval_div(float *out, const float *inp, const float *in_div, const float *gamma,
                                     const float *beta, const float *running_mean, const float *running_var, float eps,

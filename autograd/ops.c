@@ -756,9 +756,6 @@ typedef struct {
   int training, M, C;
   const qt_batch_sync *sync;
   int64_t M_total;
-  qt_tensor *lsq_scale; /* a fused LSQ fake quant after the relu (qt_batch_norm_div_lsq), or NULL */
-  qt_bn_fq fq;
-  int six;
 } bn_div_saved;
 
 /* Batch norm's backward with the quotient recomputed on the fly, then the quotient's (as
@@ -774,11 +771,7 @@ static void batch_norm_div_backward(qt_ctx *ctx, void *p) {
   float *dq = !want_q ? NULL : ctx->backward_frees ? b->y->grad : qt_arena_alloc(ctx, (size_t)n * sizeof(float));
   float *dg = b->gamma->requires_grad ? qt_tensor_grad(ctx, b->gamma) : NULL;
   float *db = b->beta->requires_grad ? qt_tensor_grad(ctx, b->beta) : NULL;
-  if (b->lsq_scale) {
-    qt_batch_norm_relu_fq_backward(dq, 1, dg, db, b->y->grad, b->mask, b->six, qt_f32(b->x), qt_f32(b->s), b->mean,
-                                   b->invstd, qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total, &b->fq);
-    if (b->lsq_scale->requires_grad) qt_tensor_grad(ctx, b->lsq_scale)[0] += (float)b->fq.dscale;
-  } else if (b->training)
+  if (b->training)
     qt_batch_norm_relu_backward(dq, 1, dg, db, b->y->grad, b->mask, qt_f32(b->x), qt_f32(b->s), b->mean, b->invstd,
                                 qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
   else
@@ -798,7 +791,7 @@ static void batch_norm_div_backward(qt_ctx *ctx, void *p) {
 
 static qt_tensor *batch_norm_div_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor *gamma, qt_tensor *beta,
                                     float *running_mean, float *running_var, int training, float momentum, float eps,
-                                    int relu, const qt_lsq_params *lsq) {
+                                    int relu) {
   check_f32(x, -1, "batch_norm_div", "input");
   check_f32(s, 1, "batch_norm_div", "divisor");
   const int C = (int)x->shape[x->ndim - 1];
@@ -807,11 +800,7 @@ static qt_tensor *batch_norm_div_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_
             "batch_norm_div: %lld/%lld parameters and %lld divisors for %d channels", (long long)gamma->shape[0],
             (long long)beta->shape[0], (long long)s->shape[0], C);
   QT_ASSERT(!relu || training, "batch_norm_div: a fused relu needs training mode");
-  QT_ASSERT(!lsq || relu, "batch_norm_div: a fused fake quant needs the fused relu");
-  if (lsq) check_f32(lsq->scale, 1, "batch_norm_div", "fake quant scale");
-  QT_ASSERT(!lsq || lsq->scale->shape[0] == 1, "batch_norm_div: a per-tensor fake quant has one scale, found %lld",
-            (long long)lsq->scale->shape[0]);
-  const int rec = qt_tape_recording(ctx, x, s, gamma) || qt_tape_recording(ctx, beta, lsq ? lsq->scale : NULL, NULL);
+  const int rec = qt_tape_recording(ctx, x, s, gamma) || qt_tape_recording(ctx, beta, NULL, NULL);
   qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
   float *mean = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
   float *invstd = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
@@ -819,19 +808,9 @@ static qt_tensor *batch_norm_div_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_
   const qt_batch_sync *sync = training && qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1
                                   ? qt_ctx_batch_sync(ctx)
                                   : NULL;
-  /* a fused fake quant needs the relu's mask, recording or not */
-  uint8_t *mask = relu && (rec || lsq) ? qt_arena_alloc(ctx, (size_t)((n + 7) / 8)) : NULL;
+  uint8_t *mask = relu && rec ? qt_arena_alloc(ctx, (size_t)((n + 7) / 8)) : NULL;
   int64_t M_total = M;
-  qt_bn_fq fq;
-  memset(&fq, 0, sizeof fq);
-  if (lsq) {
-    fq = (qt_bn_fq){qt_f32(lsq->scale)[0], lsq->zero_point[0], lsq->qmin, lsq->qmax, lsq->grad_factor,
-                    qt_arena_alloc(ctx, 4 * (size_t)C * sizeof(float)), 0};
-    QT_ASSERT(M > (sync ? 0 : 1), "batch_norm_div: training needs more than one value per channel (got %d)", M);
-    qt_batch_norm_relu_fq_forward_train(qt_f32(y), mask, relu == 2, mean, invstd, qt_f32(x), qt_f32(s), qt_f32(gamma),
-                                        qt_f32(beta), running_mean, running_var, momentum, eps, M, C, sync, &M_total,
-                                        &fq);
-  } else if (training) {
+  if (training) {
     QT_ASSERT(M > (sync ? 0 : 1), "batch_norm_div: training needs more than one value per channel (got %d)", M);
     qt_batch_norm_relu_forward_train(qt_f32(y), mask, relu == 2, mean, invstd, qt_f32(x), qt_f32(s), qt_f32(gamma),
                                      qt_f32(beta), running_mean, running_var, momentum, eps, M, C, sync, &M_total);
@@ -848,10 +827,8 @@ static qt_tensor *batch_norm_div_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_
   if (rec) {
     y->requires_grad = 1;
     bn_div_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_div_backward, sizeof *sv, y);
-    *sv = (bn_div_saved){x, s, gamma, beta, y, mean, invstd, mask, training, M, C, sync, M_total,
-                         lsq ? lsq->scale : NULL, fq, relu == 2};
+    *sv = (bn_div_saved){x, s, gamma, beta, y, mean, invstd, mask, training, M, C, sync, M_total};
     x->saved = s->saved = gamma->saved = 1;
-    if (lsq) lsq->scale->saved = 1;
   }
   return y;
 }
@@ -860,15 +837,7 @@ qt_tensor *qt_batch_norm_div(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor 
                              float *running_mean, float *running_var, int training, float momentum, float eps,
                              int relu) {
   PROFILED(ctx, QT_PROFILE_BATCH_NORM,
-           batch_norm_div_op(ctx, x, s, gamma, beta, running_mean, running_var, training, momentum, eps, relu, NULL));
-}
-
-qt_tensor *qt_batch_norm_div_lsq(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor *gamma, qt_tensor *beta,
-                                 float *running_mean, float *running_var, float momentum, float eps, int relu,
-                                 const qt_lsq_params *lsq) {
-  QT_ASSERT(lsq, "batch_norm_div_lsq: no fake quant parameters");
-  PROFILED(ctx, QT_PROFILE_BATCH_NORM,
-           batch_norm_div_op(ctx, x, s, gamma, beta, running_mean, running_var, 1, momentum, eps, relu, lsq));
+           batch_norm_div_op(ctx, x, s, gamma, beta, running_mean, running_var, training, momentum, eps, relu));
 }
 
 typedef struct {

@@ -775,18 +775,6 @@ static int relu_fused_after(const qt_graph *g, int node) {
   return g->nodes[j].op == QT_OP_RELU || g->nodes[j].op == QT_OP_RELU6 ? j : -1;
 }
 
-/* In the same training forward, a QAT conv_bn fused with its relu (relu node `relu`) whose relu
- * output's only consumer is a per-tensor LSQ fake quant with its scale learned and its observer
- * done runs with that fake quant too (qt_batch_norm_div_lsq: the relu's output is never stored):
- * returns the fake quant node, else -1. */
-static int lsq_fused_after(const qt_graph *g, int node, int relu) {
-  if (relu < 0 || g->nodes[node].op != QT_OP_CONV_BN || g->nodes[node].param[QT_P_BIAS] >= 0) return -1;
-  const int j = qt_graph_sole_consumer(g, g->nodes[relu].output);
-  if (j < 0 || g->nodes[j].op != QT_OP_FAKE_QUANT) return -1;
-  const qt_qstate *q = g->nodes[j].q;
-  return q && q->channels == 1 && lsq_initialized(q) ? j : -1;
-}
-
 qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input) {
   return graph_forward(g, ctx, input, NULL, NULL, 0, NULL);
 }
@@ -827,7 +815,6 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
   if (planned) plan_init(&plan, g, ctx, keep);
   const int fuse_relu = !keep_all && qt_ctx_grad_enabled(ctx);
   int relu_done = -1; /* the relu node a fused batch norm has computed */
-  int fq_done = -1;   /* the fake quant node a fused conv_bn has computed */
   for (int i = 0; i < g->n_nodes; i++) {
     qt_node *n = &g->nodes[i];
     qt_tensor *x = n->n_inputs > 0 ? vals[n->inputs[0]] : NULL;
@@ -837,9 +824,6 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
     if (i == relu_done) {
       y = x; /* its batch norm wrote the relu's output (qt_batch_norm_relu) */
       relu_done = -1;
-    } else if (i == fq_done) {
-      y = x; /* its conv_bn wrote the fake quant's output (qt_batch_norm_div_lsq) */
-      fq_done = -1;
     } else if (fused >= 0 && n->op == QT_OP_BATCH_NORM) {
       y = qt_batch_norm_relu(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
                              g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
@@ -861,21 +845,6 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
         qt_tensor *t = qt_conv2d(ctx, x, w, NULL, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
         drop_unless(ctx, w, ws);
         drop_unless(ctx, ws, wp);
-        const int fq = fused >= 0 ? lsq_fused_after(g, i, fused) : -1;
-        if (fq >= 0) {
-          /* BN of t / sf, relu and the activation's LSQ fake quant as one op (the same numbers) */
-          qt_qstate *q = g->nodes[fq].q;
-          const int64_t per_sample = qt_tensor_numel(t) / (t->shape[0] > 0 ? t->shape[0] : 1);
-          const qt_lsq_params lp = {lsq_scale(g, ctx, q), q->zero_point, q->spec.qmin, q->spec.qmax,
-                                    1.0f / sqrtf((float)per_sample * (float)q->spec.qmax)};
-          y = qt_batch_norm_div_lsq(ctx, t, sf, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
-                                    g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
-                                    g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, a->momentum, a->eps,
-                                    g->nodes[fused].op == QT_OP_RELU6 ? 2 : 1, &lp);
-          relu_done = fused;
-          fq_done = fq;
-          break;
-        }
         if (fuse_relu && n->training && n->param[QT_P_BIAS] < 0) {
           /* the training forward: BN of t / sf without the quotient in memory (the same numbers;
            * training mode: no bias rounding) */

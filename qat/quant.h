@@ -77,16 +77,6 @@ void qt_fake_quant_lsq_backward_ref(float *dinp, float *dscale, float *dzero_poi
                                     const float *scale, const int32_t *zero_point, int qmin, int qmax,
                                     float grad_factor);
 
-/* Per-tensor spans for kernels that fuse fake quant into a pass of their own (batch norm), on
- * the calling thread: qt_fake_quant_span is qt_fake_quant_forward's element (no mask) over n
- * elements (out may be inp); qt_fake_quant_lsq_span is qt_fake_quant_lsq_backward_ex's element
- * with dinp written (0 + dx; dinp may be dout) and returns the sum of its dscale terms in
- * double, the caller choosing the order in which spans' sums are added (the zero point is not
- * learned: no dzero_point). Each element bit for bit the whole-tensor kernels'. */
-void qt_fake_quant_span(float *out, const float *inp, int64_t n, float scale, int32_t zero_point, int qmin, int qmax);
-double qt_fake_quant_lsq_span(float *dinp, const float *dout, const float *inp, int64_t n, float scale,
-                              int32_t zero_point, int qmin, int qmax, float grad_factor);
-
 /* Quantize to integers (the convert graph's Q node): q = clamp(nearbyint(x*inv_s) + zp, qmin,
  * qmax) stored as int32; dequantize: x = (q - zp) * s. dequantize(quantize(x)) equals
  * qt_fake_quant_forward bit for bit (non-finite inputs included), and quantize matches

@@ -262,25 +262,6 @@ void qt_fake_quant_lsq_backward_ex(float *dinp, int dinp_write, float *dscale, f
   free(part);
 }
 
-void qt_fake_quant_span(float *out, const float *inp, int64_t n, float scale, int32_t zero_point, int qmin, int qmax) {
-  fq_run(out, NULL, inp, n, scale, zero_point, (float)qmin, (float)qmax);
-}
-
-double qt_fake_quant_lsq_span(float *dinp, const float *dout, const float *inp, int64_t n, float scale,
-                              int32_t zero_point, int qmin, int qmax, float grad_factor) {
-  const float s = scale, inv_s = 1.0f / s, zpf = (float)zero_point, lo = (float)qmin, hi = (float)qmax;
-  double as = 0;
-#pragma omp simd reduction(+ : as)
-  for (int64_t i = 0; i < n; i++) {
-    float dx, ds, dz;
-    LSQ_ELEMENT(inp[i], dout[i], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
-    (void)dz;
-    dinp[i] = 0.0f + dx;
-    as += ds;
-  }
-  return as;
-}
-
 void qt_fake_quant_lsq_backward_ref(float *dinp, float *dscale, float *dzero_point, const float *dout,
                                     const float *inp, int64_t outer, int channels, int64_t inner,
                                     const float *scale, const int32_t *zero_point, int qmin, int qmax,

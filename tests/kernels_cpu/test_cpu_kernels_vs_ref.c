@@ -6,7 +6,6 @@
  * batch norm outputs 2e-5 abs + 2e-5 rel, its channel sums (dgamma, dbeta) 1e-4 abs + 1e-4 rel
  * (float vs double accumulation over up to 40000 rows); cross-entropy 1e-6 abs + 1e-5 rel. */
 #include "autograd/kernels.h"
-#include "qat/quant.h"
 #include "tests/common/testutil.h"
 
 #include <math.h>
@@ -143,65 +142,6 @@ static void test_batch_norm_relu(int M, int C, int six, uint64_t seed) {
   free(x), free(gamma), free(beta), free(rm1), free(rv1), free(rm2), free(rv2), free(y1), free(y2), free(m1);
   free(m2), free(s1), free(s2), free(k1), free(k2), free(dy), free(dy1), free(dy2), free(dx1), free(dx2);
   free(dg1), free(db1), free(dg2), free(db2), free(dbn);
-}
-
-/* Batch norm (of x / div or of x) + relu / relu6 + a per-tensor LSQ fake quant as one op
- * equals the kernels in turn: the forward's output (the fake quant's), mask and statistics bit
- * for bit; the backward's input, gamma and beta gradients bit for bit (into NaN and in place),
- * dout left as the batch norm output's gradient; the scale gradient to 1e-6 relative (a sum in
- * another order). Zero points 0 and 3; a scale that clips part of the range. */
-static void test_batch_norm_relu_fq(int M, int C, int six, int with_div, int32_t zp, uint64_t seed) {
-  char what[160];
-#define BF_WHAT(s) \
-  (snprintf(what, sizeof what, "bn%s+relu%s+lsq zp=%d M=%d C=%d: %s", with_div ? "/div" : "", six ? "6" : "", zp, M, \
-            C, s),                                                                                              \
-   what)
-  const int64_t n = (int64_t)M * C, nb = (n + 7) / 8;
-  float *x = uniform(n, -3.0f, 5.0f, seed), *div = with_div ? uniform(C, 0.3f, 3.0f, seed + 1) : NULL;
-  float *gamma = uniform(C, 0.5f, 2.0f, seed + 2), *beta = uniform(C, -0.5f, 1.0f, seed + 3);
-  float *rm1 = uniform(C, -0.2f, 0.2f, seed + 4), *rv1 = uniform(C, 0.5f, 2.0f, seed + 5);
-  float *rm2 = qt_test_copy_f32(rm1, C), *rv2 = qt_test_copy_f32(rv1, C);
-  float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *z2 = malloc(n * 4), *m1 = malloc(C * 4), *m2 = malloc(C * 4);
-  float *s1 = malloc(C * 4), *s2 = malloc(C * 4), *consts = malloc(4 * C * sizeof(float));
-  uint8_t *k1 = malloc(nb), *k2 = malloc(nb);
-  const float scale = 0.11f, gf = 0.013f;
-  const int qmin = 0, qmax = 15;
-  qt_bn_fq fq = {scale, zp, qmin, qmax, gf, consts, 0};
-  int64_t total;
-  qt_batch_norm_relu_fq_forward_train(y1, k1, six, m1, s1, x, div, gamma, beta, rm1, rv1, 0.1f, 1e-5f, M, C, NULL,
-                                      &total, &fq);
-  qt_batch_norm_relu_forward_train(y2, k2, six, m2, s2, x, div, gamma, beta, rm2, rv2, 0.1f, 1e-5f, M, C, NULL, &total);
-  qt_fake_quant_forward(z2, NULL, y2, 1, 1, n, &scale, &zp, qmin, qmax);
-  check_exact_f32(BF_WHAT("forward out"), y1, z2, n);
-  check_exact_f32(BF_WHAT("mean"), m1, m2, C);
-  check_exact_f32(BF_WHAT("invstd"), s1, s2, C);
-  check_exact_f32(BF_WHAT("running mean"), rm1, rm2, C);
-  check_exact_f32(BF_WHAT("running var"), rv1, rv2, C);
-  if (memcmp(k1, k2, nb) != 0) qt_test_fail("%s", BF_WHAT("relu mask differs"));
-
-  float *dy = uniform(n, -1.0f, 1.0f, seed + 6), *dy1 = qt_test_copy_f32(dy, n), *dy2 = qt_test_copy_f32(dy, n);
-  float *dx1 = malloc(n * 4), *dx2 = malloc(n * 4);
-  float *dg1 = uniform(C, -1.0f, 1.0f, seed + 7), *db1 = uniform(C, -1.0f, 1.0f, seed + 8);
-  float *dg2 = qt_test_copy_f32(dg1, C), *db2 = qt_test_copy_f32(db1, C);
-  for (int64_t i = 0; i < n; i++) dx1[i] = dx2[i] = NAN;
-  qt_batch_norm_relu_fq_backward(dx1, 1, dg1, db1, dy1, k1, six, x, div, m1, s1, gamma, M, C, NULL, M, &fq);
-  float ds = 0;
-  qt_fake_quant_lsq_backward_ex(dy2, 1, &ds, NULL, dy2, y2, 1, 1, n, &scale, &zp, qmin, qmax, gf);
-  qt_batch_norm_relu_backward(dx2, 1, dg2, db2, dy2, k2, x, div, m2, s2, gamma, M, C, NULL, M);
-  check_exact_f32(BF_WHAT("backward dinp"), dx1, dx2, n);
-  check_exact_f32(BF_WHAT("backward dgamma"), dg1, dg2, C);
-  check_exact_f32(BF_WHAT("backward dbeta"), db1, db2, C);
-  check_exact_f32(BF_WHAT("dout left as the batch norm output's gradient"), dy1, dy2, n);
-  if (!(fabs((float)fq.dscale - ds) <= 1e-6 * fabs(ds)) || ds == 0)
-    qt_test_fail("%s: %.9g, whole-tensor LSQ kernel %.9g", BF_WHAT("scale gradient"), fq.dscale, (double)ds);
-  /* in place: dinp is dout */
-  memcpy(dy1, dy, (size_t)n * sizeof(float));
-  qt_batch_norm_relu_fq_backward(dy1, 1, NULL, NULL, dy1, k1, six, x, div, m1, s1, gamma, M, C, NULL, M, &fq);
-  check_exact_f32(BF_WHAT("backward dinp in place"), dy1, dx2, n);
-#undef BF_WHAT
-  free(x), free(div), free(gamma), free(beta), free(rm1), free(rv1), free(rm2), free(rv2), free(y1), free(y2);
-  free(z2), free(m1), free(m2), free(s1), free(s2), free(consts), free(k1), free(k2), free(dy), free(dy1), free(dy2);
-  free(dx1), free(dx2), free(dg1), free(db1), free(dg2), free(db2);
 }
 
 /* Batch norm of x / div with the division on the fly equals dividing into a buffer first
@@ -511,12 +451,6 @@ int main(void) {
     test_batch_norm_relu(2, 5, six, 604);
   }
   for (int relu = 0; relu < 3; relu++) {
-    for (int d = 0; relu && d < 2; d++) {
-      test_batch_norm_relu_fq(105, 3, relu == 2, d, 0, 710);
-      test_batch_norm_relu_fq(40000, 32, relu == 2, d, 3, 711);
-      test_batch_norm_relu_fq(10007, 7, relu == 2, d, 0, 712);
-      test_batch_norm_relu_fq(6272, 64, relu == 2, d, 3, 713);
-    }
     test_batch_norm_div(105, 3, relu, 700);
     test_batch_norm_div(40000, 32, relu, 701);
     test_batch_norm_div(10007, 7, relu, 702);
