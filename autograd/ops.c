@@ -76,161 +76,6 @@ qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int 
   PROFILED(ctx, QT_PROFILE_CONV2D, conv2d_op(ctx, x, w, b, stride_h, stride_w, pad_h, pad_w, groups));
 }
 
-/* ---- batch norm ------------------------------------------------------------------------- */
-typedef struct {
-  qt_tensor *x, *gamma, *beta, *y;
-  float *mean, *invstd;
-  int training, M, C;
-  const qt_batch_sync *sync; /* training over a batch split across processes (SyncBN), or NULL */
-  int64_t M_total;           /* rows over all processes */
-} bn_saved;
-
-/* The buffers a batch norm backward writes: the input's gradient (NULL when the input needs
- * none) and gamma's and beta's (NULL likewise). The output's gradient is final and, with frees
- * on, dead after this entry: with no input gradient yet, the input's is written over it (the
- * kernels allow dinp == dout; *in_place, *fresh), saving a buffer; else qt_tensor_grad_for_write. */
-static float *bn_grads(qt_ctx *ctx, const bn_saved *s, int *fresh, int *in_place, float **dg, float **db) {
-  *fresh = 0;
-  *in_place = s->x->requires_grad && !s->x->grad && ctx->backward_frees;
-  *dg = NULL, *db = NULL;
-  float *dx = NULL;
-  if (*in_place)
-    dx = s->y->grad, *fresh = 1;
-  else if (s->x->requires_grad)
-    dx = qt_tensor_grad_for_write(ctx, s->x, fresh);
-  if (s->gamma->requires_grad) *dg = qt_tensor_grad(ctx, s->gamma);
-  if (s->beta->requires_grad) *db = qt_tensor_grad(ctx, s->beta);
-  return dx;
-}
-
-/* After the kernel: an input gradient written in place is the input's buffer now. */
-static void bn_grads_done(bn_saved *s, float *dx, int in_place) {
-  if (!in_place) return;
-  s->x->grad = dx;
-  s->y->grad = NULL;
-}
-
-static void batch_norm_backward(qt_ctx *ctx, void *p) {
-  bn_saved *s = p;
-  /* SyncBN: every process joins the reduction of the backward sums, a zero gradient too */
-  if (!s->y->grad && s->training && s->sync) qt_tensor_grad(ctx, s->y);
-  if (!s->y->grad) return;
-  int dx_fresh, in_place;
-  float *dg, *db;
-  float *dx = bn_grads(ctx, s, &dx_fresh, &in_place, &dg, &db);
-  if (s->training)
-    qt_batch_norm_backward_sync(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), s->mean, s->invstd, qt_f32(s->gamma),
-                                s->M, s->C, s->sync, s->M_total);
-  else
-    qt_batch_norm_backward_eval_ex(dx, dx_fresh, dg, db, s->y->grad, qt_f32(s->x), NULL, s->mean, s->invstd,
-                                   qt_f32(s->gamma), s->M, s->C);
-  bn_grads_done(s, dx, in_place);
-}
-
-static qt_tensor *batch_norm_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
-                                float *running_var, int training, float momentum, float eps, int inplace) {
-  check_f32(x, -1, "batch_norm", "input");
-  int C = (int)x->shape[x->ndim - 1];
-  int M = (int)(qt_tensor_numel(x) / (C ? C : 1));
-  QT_ASSERT(gamma->shape[0] == C && beta->shape[0] == C, "batch_norm: %lld/%lld parameters for %d channels",
-            (long long)gamma->shape[0], (long long)beta->shape[0], C);
-  int rec = qt_tape_recording(ctx, x, gamma, beta);
-  /* Backward reads x, so only an unrecorded BN may overwrite it. */
-  qt_tensor *y = inplace && !rec ? qt_tensor_wrap(ctx, QT_F32, x->ndim, x->shape, x->data)
-                                 : qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
-  float *mean = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
-  float *invstd = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
-  const qt_batch_sync *sync = training && qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1
-                                  ? qt_ctx_batch_sync(ctx)
-                                  : NULL;
-  int64_t M_total = M;
-  if (training) {
-    QT_ASSERT(M > (sync ? 0 : 1), "batch_norm: training needs more than one value per channel (got %d)", M);
-    qt_batch_norm_forward_train_sync(qt_f32(y), mean, invstd, qt_f32(x), qt_f32(gamma), qt_f32(beta), running_mean,
-                                     running_var, momentum, eps, M, C, sync, &M_total);
-  } else {
-    qt_batch_norm_forward_eval(qt_f32(y), qt_f32(x), qt_f32(gamma), qt_f32(beta), running_mean, running_var, eps, M,
-                               C);
-    if (rec)
-      for (int c = 0; c < C; c++) {
-        mean[c] = running_mean[c];
-        invstd[c] = 1.0f / sqrtf(running_var[c] + eps);
-      }
-  }
-  if (rec) {
-    y->requires_grad = 1;
-    bn_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_backward, sizeof *sv, y);
-    *sv = (bn_saved){x, gamma, beta, y, mean, invstd, training, M, C, sync, M_total};
-    x->saved = gamma->saved = 1;
-  }
-  return y;
-}
-
-qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
-                         float *running_var, int training, float momentum, float eps, int inplace) {
-  PROFILED(ctx, QT_PROFILE_BATCH_NORM,
-           batch_norm_op(ctx, x, gamma, beta, running_mean, running_var, training, momentum, eps, inplace));
-}
-
-/* ---- batch norm + relu (training) --------------------------------------------------------- */
-typedef struct {
-  bn_saved bn;
-  uint8_t *mask;
-} bn_relu_saved;
-
-static void batch_norm_relu_backward(qt_ctx *ctx, void *p) {
-  bn_relu_saved *s = p;
-  bn_saved *b = &s->bn;
-  if (!b->y->grad && b->sync) qt_tensor_grad(ctx, b->y); /* SyncBN: every process joins the sums */
-  if (!b->y->grad) return;
-  int dx_fresh, in_place;
-  float *dg, *db;
-  float *dx = bn_grads(ctx, b, &dx_fresh, &in_place, &dg, &db);
-  qt_batch_norm_relu_backward(dx, dx_fresh, dg, db, b->y->grad, s->mask, qt_f32(b->x), NULL, b->mean, b->invstd,
-                              qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
-  bn_grads_done(b, dx, in_place);
-}
-
-static qt_tensor *batch_norm_relu_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta,
-                                     float *running_mean, float *running_var, float momentum, float eps, int six) {
-  check_f32(x, -1, "batch_norm_relu", "input");
-  const int C = (int)x->shape[x->ndim - 1];
-  const int M = (int)(qt_tensor_numel(x) / (C ? C : 1));
-  QT_ASSERT(gamma->shape[0] == C && beta->shape[0] == C, "batch_norm_relu: %lld/%lld parameters for %d channels",
-            (long long)gamma->shape[0], (long long)beta->shape[0], C);
-  const qt_batch_sync *sync =
-      qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1 ? qt_ctx_batch_sync(ctx) : NULL;
-  QT_ASSERT(M > (sync ? 0 : 1), "batch_norm_relu: training needs more than one value per channel (got %d)", M);
-  const int rec = qt_tape_recording(ctx, x, gamma, beta);
-  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
-  float *mean = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
-  float *invstd = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
-  const int64_t n = qt_tensor_numel(x);
-  uint8_t *mask = rec ? qt_arena_alloc(ctx, (size_t)((n + 7) / 8)) : NULL;
-  int64_t M_total = M;
-  if (mask) {
-    qt_batch_norm_relu_forward_train(qt_f32(y), mask, six, mean, invstd, qt_f32(x), NULL, qt_f32(gamma), qt_f32(beta),
-                                     running_mean, running_var, momentum, eps, M, C, sync, &M_total);
-  } else {
-    qt_batch_norm_forward_train_sync(qt_f32(y), mean, invstd, qt_f32(x), qt_f32(gamma), qt_f32(beta), running_mean,
-                                     running_var, momentum, eps, M, C, sync, &M_total);
-    (six ? qt_relu6_forward : qt_relu_forward)(qt_f32(y), qt_f32(y), n);
-  }
-  if (rec) {
-    y->requires_grad = 1;
-    bn_relu_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_relu_backward, sizeof *sv, y);
-    *sv = (bn_relu_saved){{x, gamma, beta, y, mean, invstd, 1, M, C, sync, M_total}, mask};
-    x->saved = gamma->saved = 1;
-  }
-  return y;
-}
-
-qt_tensor *qt_batch_norm_relu(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
-                              float *running_var, float momentum, float eps, int six) {
-  PROFILED(ctx, QT_PROFILE_BATCH_NORM,
-           batch_norm_relu_op(ctx, x, gamma, beta, running_mean, running_var, momentum, eps, six));
-}
-
 /* ---- relu, relu6 ------------------------------------------------------------------------ */
 typedef struct {
   qt_tensor *x, *y;
@@ -748,35 +593,62 @@ qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_a
   PROFILED(ctx, QT_PROFILE_CHANNEL_SCALE, channel_scale_op(ctx, x, s, first_axis, divide));
 }
 
-/* ---- conv_bn's normalization: batch norm of x / s without the quotient ------------------- */
+/* ---- batch norm: plain, fused with its relu, and of x / s (conv_bn) --------------------- */
 typedef struct {
-  qt_tensor *x, *s, *gamma, *beta, *y;
+  qt_tensor *x, *s, *gamma, *beta, *y; /* s: the per-channel divisor of x (conv_bn), or NULL */
   float *mean, *invstd;
   uint8_t *mask; /* the fused relu's (training), or NULL */
   int training, M, C;
-  const qt_batch_sync *sync;
-  int64_t M_total;
-} bn_div_saved;
+  const qt_batch_sync *sync; /* training over a batch split across processes (SyncBN), or NULL */
+  int64_t M_total;           /* rows over all processes */
+} bn_saved;
 
-/* Batch norm's backward with the quotient recomputed on the fly, then the quotient's (as
- * channel_scale's): the same operations, buffers and order as the two ops' entries in turn. */
-static void batch_norm_div_backward(qt_ctx *ctx, void *p) {
-  bn_div_saved *b = p;
-  if (!b->y->grad && b->training && b->sync) qt_tensor_grad(ctx, b->y); /* SyncBN: every process sums */
+/* The kernels' backward into dinp (written, never read: dinp_write), gamma's and beta's grads:
+ * training (with the fused relu's mask, if any, applied to dout in place first) or eval. */
+static void bn_kernels_backward(const bn_saved *b, float *dinp, int dinp_write, float *dg, float *db) {
+  const float *div = b->s ? qt_f32(b->s) : NULL;
+  if (b->training)
+    qt_batch_norm_relu_backward(dinp, dinp_write, dg, db, b->y->grad, b->mask, qt_f32(b->x), div, b->mean, b->invstd,
+                                qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
+  else
+    qt_batch_norm_backward_eval_ex(dinp, dinp_write, dg, db, b->y->grad, qt_f32(b->x), div, b->mean, b->invstd,
+                                   qt_f32(b->gamma), b->M, b->C);
+}
+
+/* Batch norm's backward. The output's gradient is final and, with frees on, dead after this
+ * entry: with no input gradient yet, the input's is written over it (the kernels allow dinp ==
+ * dout), saving a buffer; else a buffer of its own (qt_tensor_grad_for_write). Of x / s: the
+ * quotient's gradient (over the output's, or a fresh buffer), then channel_scale's own backward
+ * code in place: the same operations, buffers and order as the two ops' entries in turn. */
+static void batch_norm_backward(qt_ctx *ctx, void *p) {
+  bn_saved *b = p;
+  /* SyncBN: every process joins the reduction of the backward sums, a zero gradient too */
+  if (!b->y->grad && b->training && b->sync) qt_tensor_grad(ctx, b->y);
   if (!b->y->grad) return;
+  /* the input side's buffer first, then gamma's and beta's (the arena's order) */
+  if (!b->s) {
+    const int in_place = b->x->requires_grad && !b->x->grad && ctx->backward_frees;
+    int fresh = 0;
+    float *dx = NULL;
+    if (in_place)
+      dx = b->y->grad, fresh = 1;
+    else if (b->x->requires_grad)
+      dx = qt_tensor_grad_for_write(ctx, b->x, &fresh);
+    float *dg = b->gamma->requires_grad ? qt_tensor_grad(ctx, b->gamma) : NULL;
+    float *db = b->beta->requires_grad ? qt_tensor_grad(ctx, b->beta) : NULL;
+    bn_kernels_backward(b, dx, fresh, dg, db);
+    if (in_place) { /* the buffer is the input's gradient now */
+      b->x->grad = dx;
+      b->y->grad = NULL;
+    }
+    return;
+  }
   const int64_t n = qt_tensor_numel(b->x);
   const int want_q = b->x->requires_grad || b->s->requires_grad;
-  /* the quotient's gradient: over the output's (final, dead after this entry) with frees on, as
-   * batch_norm's in-place input gradient; else a fresh buffer, as qt_tensor_grad_for_write */
   float *dq = !want_q ? NULL : ctx->backward_frees ? b->y->grad : qt_arena_alloc(ctx, (size_t)n * sizeof(float));
   float *dg = b->gamma->requires_grad ? qt_tensor_grad(ctx, b->gamma) : NULL;
   float *db = b->beta->requires_grad ? qt_tensor_grad(ctx, b->beta) : NULL;
-  if (b->training)
-    qt_batch_norm_relu_backward(dq, 1, dg, db, b->y->grad, b->mask, qt_f32(b->x), qt_f32(b->s), b->mean, b->invstd,
-                                qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
-  else
-    qt_batch_norm_backward_eval_ex(dq, 1, dg, db, b->y->grad, qt_f32(b->x), qt_f32(b->s), b->mean, b->invstd,
-                                   qt_f32(b->gamma), b->M, b->C);
+  bn_kernels_backward(b, dq, 1, dg, db);
   if (!dq) return;
   if (dq == b->y->grad) b->y->grad = NULL; /* the buffer is the quotient's now */
   const int in_place = b->x->requires_grad && !b->x->grad;
@@ -789,19 +661,24 @@ static void batch_norm_div_backward(qt_ctx *ctx, void *p) {
     qt_arena_free(ctx, dq, (size_t)n * sizeof(float));
 }
 
-static qt_tensor *batch_norm_div_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor *gamma, qt_tensor *beta,
-                                    float *running_mean, float *running_var, int training, float momentum, float eps,
-                                    int relu) {
-  check_f32(x, -1, "batch_norm_div", "input");
-  check_f32(s, 1, "batch_norm_div", "divisor");
+/* Batch norm of x (or of x / s, s per channel, NULL: none) with batch statistics (training) or
+ * running ones, followed in training by relu (1) or relu6 (2) when relu. inplace: an unrecorded
+ * plain batch norm may write over x. */
+static qt_tensor *batch_norm_op(qt_ctx *ctx, const char *name, qt_tensor *x, qt_tensor *s, qt_tensor *gamma,
+                                qt_tensor *beta, float *running_mean, float *running_var, int training, float momentum,
+                                float eps, int relu, int inplace) {
+  check_f32(x, -1, name, "input");
+  if (s) check_f32(s, 1, name, "divisor");
   const int C = (int)x->shape[x->ndim - 1];
   const int M = (int)(qt_tensor_numel(x) / (C ? C : 1));
-  QT_ASSERT(gamma->shape[0] == C && beta->shape[0] == C && s->shape[0] == C,
-            "batch_norm_div: %lld/%lld parameters and %lld divisors for %d channels", (long long)gamma->shape[0],
-            (long long)beta->shape[0], (long long)s->shape[0], C);
-  QT_ASSERT(!relu || training, "batch_norm_div: a fused relu needs training mode");
+  QT_ASSERT(gamma->shape[0] == C && beta->shape[0] == C && (!s || s->shape[0] == C),
+            "%s: %lld/%lld parameters and %lld divisors for %d channels", name, (long long)gamma->shape[0],
+            (long long)beta->shape[0], s ? (long long)s->shape[0] : 0LL, C);
+  QT_ASSERT(!relu || training, "%s: a fused relu needs training mode", name);
   const int rec = qt_tape_recording(ctx, x, s, gamma) || qt_tape_recording(ctx, beta, NULL, NULL);
-  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+  /* Backward reads x, so only an unrecorded batch norm may overwrite it. */
+  qt_tensor *y = inplace && !rec && !s && !relu ? qt_tensor_wrap(ctx, QT_F32, x->ndim, x->shape, x->data)
+                                                 : qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
   float *mean = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
   float *invstd = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
   const int64_t n = qt_tensor_numel(x);
@@ -809,15 +686,16 @@ static qt_tensor *batch_norm_div_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_
                                   ? qt_ctx_batch_sync(ctx)
                                   : NULL;
   uint8_t *mask = relu && rec ? qt_arena_alloc(ctx, (size_t)((n + 7) / 8)) : NULL;
+  const float *div = s ? qt_f32(s) : NULL;
   int64_t M_total = M;
   if (training) {
-    QT_ASSERT(M > (sync ? 0 : 1), "batch_norm_div: training needs more than one value per channel (got %d)", M);
-    qt_batch_norm_relu_forward_train(qt_f32(y), mask, relu == 2, mean, invstd, qt_f32(x), qt_f32(s), qt_f32(gamma),
+    QT_ASSERT(M > (sync ? 0 : 1), "%s: training needs more than one value per channel (got %d)", name, M);
+    qt_batch_norm_relu_forward_train(qt_f32(y), mask, relu == 2, mean, invstd, qt_f32(x), div, qt_f32(gamma),
                                      qt_f32(beta), running_mean, running_var, momentum, eps, M, C, sync, &M_total);
     if (relu && !mask) (relu == 2 ? qt_relu6_forward : qt_relu_forward)(qt_f32(y), qt_f32(y), n);
   } else {
-    qt_batch_norm_forward_eval_div(qt_f32(y), qt_f32(x), qt_f32(s), qt_f32(gamma), qt_f32(beta), running_mean,
-                                   running_var, eps, M, C);
+    qt_batch_norm_forward_eval_div(qt_f32(y), qt_f32(x), div, qt_f32(gamma), qt_f32(beta), running_mean, running_var,
+                                   eps, M, C);
     if (rec)
       for (int c = 0; c < C; c++) {
         mean[c] = running_mean[c];
@@ -826,18 +704,34 @@ static qt_tensor *batch_norm_div_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_
   }
   if (rec) {
     y->requires_grad = 1;
-    bn_div_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_div_backward, sizeof *sv, y);
-    *sv = (bn_div_saved){x, s, gamma, beta, y, mean, invstd, mask, training, M, C, sync, M_total};
-    x->saved = s->saved = gamma->saved = 1;
+    bn_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_backward, sizeof *sv, y);
+    *sv = (bn_saved){x, s, gamma, beta, y, mean, invstd, mask, training, M, C, sync, M_total};
+    x->saved = gamma->saved = 1;
+    if (s) s->saved = 1;
   }
   return y;
+}
+
+qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
+                         float *running_var, int training, float momentum, float eps, int inplace) {
+  PROFILED(ctx, QT_PROFILE_BATCH_NORM,
+           batch_norm_op(ctx, "batch_norm", x, NULL, gamma, beta, running_mean, running_var, training, momentum, eps,
+                         0, inplace));
+}
+
+qt_tensor *qt_batch_norm_relu(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
+                              float *running_var, float momentum, float eps, int six) {
+  PROFILED(ctx, QT_PROFILE_BATCH_NORM,
+           batch_norm_op(ctx, "batch_norm_relu", x, NULL, gamma, beta, running_mean, running_var, 1, momentum, eps,
+                         six ? 2 : 1, 0));
 }
 
 qt_tensor *qt_batch_norm_div(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor *gamma, qt_tensor *beta,
                              float *running_mean, float *running_var, int training, float momentum, float eps,
                              int relu) {
   PROFILED(ctx, QT_PROFILE_BATCH_NORM,
-           batch_norm_div_op(ctx, x, s, gamma, beta, running_mean, running_var, training, momentum, eps, relu));
+           batch_norm_op(ctx, "batch_norm_div", x, s, gamma, beta, running_mean, running_var, training, momentum, eps,
+                         relu, 0));
 }
 
 typedef struct {
