@@ -158,10 +158,6 @@ static void chunk_stats(double *mu, double *dev, double *sq, const float *x, int
     chunk_stats_impl(mu, dev, sq, x, rows, p, acc, rep, NULL, 0);
 }
 
-/* out = ((x - mhi) - mlo) * a + b over all M rows, per-channel constants given as patterns.
- * mhi + mlo is the batch mean split into two floats (mlo NULL: 0), so a mean much larger
- * than the spread still yields outputs exact to float rounding. out may equal x (in-place
- * eval BN), so neither is restrict-qualified. */
 /* One pattern of rows: og = ((x - mhi) - mlo) * a + b (mlo NULL: 0). Called with a literal D
  * from inside the parallel loops below (OpenMP outlines a parallel region before inlining, so the
  * loops are written out per D rather than in an always-inline body taking D). */
@@ -177,6 +173,11 @@ BN_INLINE void bn_apply_rows(float *og, const float *xg, const float *restrict m
   }
 }
 
+/* out = ((x - mhi) - mlo) * a + b over all M rows, per-channel constants given as patterns (x
+ * divided on the fly by drep when not NULL), then the relu and its mask when relu_mask. mhi + mlo
+ * is the batch mean split into two floats (mlo NULL: 0), so a mean much larger than the spread
+ * still yields outputs exact to float rounding. out may equal x (in-place eval BN), so neither
+ * is restrict-qualified. */
 static void bn_apply(float *out, const float *x, const float *mhi, const float *mlo, const float *arep,
                      const float *brep, const bn_plan *p, uint8_t *relu_mask, int six, const float *drep) {
   const int L = p->L, C = p->C;

@@ -1,6 +1,7 @@
 /* Data: datasets of uint8 NHWC images with int32 labels (IDX, HDF5 or an image folder), held
- * in memory or moved to a scratch file that the loader reads a batch at a time, and a loader that turns them into normalized, optionally shuffled and
- * augmented float batches, prepared one batch ahead on a background thread.
+ * in memory or moved to a scratch file read a batch at a time, and a loader that turns them
+ * into normalized, optionally shuffled and augmented float batches, prepared one batch ahead on
+ * a background thread.
  *
  * Everything the loader produces is a pure function of (seed, epoch, batch index), so a
  * resumed training run sees exactly the batches an uninterrupted one would have seen. */
@@ -23,7 +24,7 @@ typedef struct {
   int32_t *labels;             /* (n), each in [0, num_classes) */
   char **class_names;          /* NULL except for image folders (num_classes names) */
   /* in_file (qt_dataset_to_file): image i is the image-sized record at byte
-   * file_offset + i * h * w * c of the open, unlinked file fd. Read them with qt_dataset_image. */
+   * file_offset + i * h * w * c of the open, unlinked file fd. Read them with qt_dataset_images. */
   int in_file, fd;
   int64_t file_offset;
 } qt_dataset;

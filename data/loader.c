@@ -1,5 +1,5 @@
-/* Loader: turns a uint8 dataset (in memory or in a scratch file, read a batch at a time with
- * runs of consecutive images in one read) into normalized float batches, shuffled and augmented as a
+/* Loader: turns a uint8 dataset (in memory, or in a scratch file read a batch at a time, runs of
+ * consecutive images in one read) into normalized float batches, shuffled and augmented as a
  * pure function of (seed, epoch, batch index), so resuming a run reproduces it exactly.
  * A background thread fills batch k+1 while the trainer uses batch k (double buffering);
  * if the thread cannot be started, batches are filled on the caller's thread instead. */
