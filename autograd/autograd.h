@@ -94,6 +94,8 @@ typedef enum {
   QT_PROFILE_CROSS_ENTROPY,
   QT_PROFILE_FAKE_QUANT,
   QT_PROFILE_FAKE_QUANT_LSQ,
+  QT_PROFILE_LSQ_MAX_POOL2D,
+  QT_PROFILE_CONV2D_LSQ_INPUT,
   QT_PROFILE_CHANNEL_SCALE,
   QT_PROFILE_CHANNEL_ADD,
   QT_PROFILE_BN_SCALE_FACTOR,
@@ -219,6 +221,20 @@ qt_tensor *qt_fake_quant(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels,
  * STE) and the scale (PyTorch's _fake_quantize_learnable_*_affine, scaled by grad_factor). */
 qt_tensor *qt_fake_quant_lsq(qt_ctx *ctx, qt_tensor *x, int64_t outer, int channels, int64_t inner, qt_tensor *scale,
                              const int32_t *zero_point, int qmin, int qmax, float grad_factor);
+/* max_pool2d(fake_quant_lsq(x)) for a per-tensor scale (1) and windows that tile x (stride =
+ * kernel, no padding) as one op: the same output and gradients (the scale's summed in another
+ * order: qt_fake_quant_lsq_max_pool_backward) without the fake-quantized tensor in memory, and
+ * the LSQ backward computed for the windows' argmax inputs only (the rest get zero). */
+qt_tensor *qt_fake_quant_lsq_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *scale, const int32_t *zero_point,
+                                        int qmin, int qmax, float grad_factor, int kernel);
+/* conv2d(fake_quant_lsq(x), w, b) with groups 1 for an x that needs no gradient (an image): the
+ * output of the two ops, and the gradients of w, b and the per-tensor scale (1) without the
+ * convolution's input gradient: the scale's is read off a backward-weights pass over
+ * [fq(x), its LSQ coefficients] (qt_fake_quant_lsq_scale_coef), the same sum in another order.
+ * Worth it for a few input channels (the graph uses it up to 4). */
+qt_tensor *qt_conv2d_lsq_input(qt_ctx *ctx, qt_tensor *x, qt_tensor *scale, const int32_t *zero_point, int qmin,
+                               int qmax, float grad_factor, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
+                               int pad_h, int pad_w);
 /* y = x * s (divide: x / s) with s (C) along x's first axis (weights (C, ...)) or its last
  * axis (activations (..., C)); gradients flow to x and s. */
 qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide);

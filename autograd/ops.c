@@ -76,6 +76,104 @@ qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int 
   PROFILED(ctx, QT_PROFILE_CONV2D, conv2d_op(ctx, x, w, b, stride_h, stride_w, pad_h, pad_w, groups));
 }
 
+/* ---- conv2d of a fake-quantized input whose only gradient is its learned scale ----------- */
+typedef struct {
+  qt_tensor *x, *scale, *w, *b, *y;
+  float *xq; /* fq(x), the convolution's input */
+  const int32_t *zp;
+  int qmin, qmax;
+  float grad_factor;
+  qt_conv2d_shape s;
+} conv_lsq_saved;
+
+/* The input quantizer's scale gradient is grad_factor * sum_i dxq_i * coef_i with dxq the
+ * convolution's input gradient: dxq = conv_backward_data(dy, w), so the sum is
+ * sum_{oc, ic, tap} w[oc, ic, tap] * corr(coef_ic, dy_oc)[tap], the weight gradient the input
+ * coef would get. One backward-weights pass over the input [fq(x), coef] (2C channels per
+ * pixel) yields both that and the weight gradient (its first C channels), and dxq, for a
+ * one-channel image a full pass over dy that needs horizontal sums, is never formed. */
+static void conv2d_lsq_input_backward(qt_ctx *ctx, void *p) {
+  conv_lsq_saved *s = p;
+  if (!s->y->grad) return;
+  float *dw = s->w->requires_grad ? qt_tensor_grad(ctx, s->w) : NULL;
+  float *db = s->b && s->b->requires_grad ? qt_tensor_grad(ctx, s->b) : NULL;
+  float *ds = s->scale->requires_grad ? qt_tensor_grad(ctx, s->scale) : NULL;
+  if (!dw && !ds) {
+    if (db) qt_conv2d_backward_ex(NULL, 0, NULL, db, s->y->grad, s->xq, qt_f32(s->w), &s->s);
+    return;
+  }
+  const int C = s->s.C, C2 = 2 * C, OC = s->s.OC, K = s->s.KH * s->s.KW;
+  const int64_t pixels = (int64_t)s->s.N * s->s.H * s->s.W;
+  const size_t src_bytes = (size_t)(pixels * C2) * sizeof(float), dw2_bytes = (size_t)OC * C2 * K * sizeof(float);
+  float *src = qt_arena_alloc(ctx, src_bytes), *dw2 = qt_arena_calloc(ctx, dw2_bytes);
+  float *coef = qt_arena_alloc(ctx, (size_t)(pixels * C) * sizeof(float));
+  qt_fake_quant_lsq_scale_coef(coef, qt_f32(s->x), pixels * C, qt_f32(s->scale)[0], s->zp[0], s->qmin, s->qmax);
+  for (int64_t i = 0; i < pixels; i++)
+    for (int c = 0; c < C; c++) {
+      src[i * C2 + c] = s->xq[i * C + c];
+      src[i * C2 + C + c] = coef[i * C + c];
+    }
+  qt_arena_free(ctx, coef, (size_t)(pixels * C) * sizeof(float));
+  qt_conv2d_shape s2 = s->s;
+  s2.C = C2;
+  QT_ASSERT(qt_conv2d_shape_init(&s2) == 0, "conv2d_lsq_input: shape");
+  qt_conv2d_backward_ex(NULL, 0, dw2, db, s->y->grad, src, NULL, &s2);
+  const float *w = qt_f32(s->w);
+  double sum = 0;
+  for (int oc = 0; oc < OC; oc++)
+    for (int c = 0; c < C; c++)
+      for (int k = 0; k < K; k++) {
+        const float *g = dw2 + ((size_t)oc * C2 + c) * K + k;
+        if (dw) dw[((size_t)oc * C + c) * K + k] += g[0];
+        sum += (double)w[((size_t)oc * C + c) * K + k] * g[(size_t)C * K];
+      }
+  if (ds) ds[0] += (float)(sum * s->grad_factor);
+  qt_arena_free(ctx, dw2, dw2_bytes);
+  qt_arena_free(ctx, src, src_bytes);
+}
+
+static qt_tensor *conv2d_lsq_input_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *scale, const int32_t *zero_point,
+                                      int qmin, int qmax, float grad_factor, qt_tensor *w, qt_tensor *b, int stride_h,
+                                      int stride_w, int pad_h, int pad_w) {
+  check_f32(x, 4, "conv2d_lsq_input", "input");
+  check_f32(w, 4, "conv2d_lsq_input", "weight");
+  check_f32(scale, 1, "conv2d_lsq_input", "scale");
+  QT_ASSERT(!x->requires_grad, "conv2d_lsq_input: the input needs a gradient (use fake_quant_lsq and conv2d)");
+  QT_ASSERT(scale->shape[0] == 1, "conv2d_lsq_input: %lld scales (one, per tensor)", (long long)scale->shape[0]);
+  qt_conv2d_shape s = {
+      .N = (int)x->shape[0], .H = (int)x->shape[1], .W = (int)x->shape[2], .C = (int)x->shape[3],
+      .OC = (int)w->shape[0], .KH = (int)w->shape[2], .KW = (int)w->shape[3],
+      .stride_h = stride_h, .stride_w = stride_w, .pad_h = pad_h, .pad_w = pad_w, .groups = 1};
+  QT_ASSERT(w->shape[1] == x->shape[3], "conv2d_lsq_input: weight in-channels %lld != input channels %lld",
+            (long long)w->shape[1], (long long)x->shape[3]);
+  QT_ASSERT(!b || (b->ndim == 1 && b->shape[0] == w->shape[0]),
+            "conv2d_lsq_input: bias shape does not match %d outputs", s.OC);
+  QT_ASSERT(qt_conv2d_shape_init(&s) == 0, "conv2d_lsq_input: invalid shape (input %dx%d, kernel %dx%d, stride %d)",
+            s.H, s.W, s.KH, s.KW, stride_h);
+  const int64_t n = qt_tensor_numel(x);
+  float *xq = qt_arena_alloc(ctx, (size_t)n * sizeof(float));
+  qt_fake_quant_forward(xq, NULL, qt_f32(x), n, 1, 1, qt_f32(scale), zero_point, qmin, qmax);
+  int64_t shape[4] = {s.N, s.OH, s.OW, s.OC};
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
+  qt_conv2d_forward(qt_f32(y), xq, qt_f32(w), b ? qt_f32(b) : NULL, &s);
+  if (qt_tape_recording(ctx, scale, w, b)) {
+    y->requires_grad = 1;
+    conv_lsq_saved *sv = qt_tape_push(ctx, QT_PROFILE_CONV2D_LSQ_INPUT, conv2d_lsq_input_backward, sizeof *sv, y);
+    *sv = (conv_lsq_saved){x, scale, w, b, y, xq, zero_point, qmin, qmax, grad_factor, s};
+    x->saved = scale->saved = w->saved = 1;
+  } else {
+    qt_arena_free(ctx, xq, (size_t)n * sizeof(float));
+  }
+  return y;
+}
+
+qt_tensor *qt_conv2d_lsq_input(qt_ctx *ctx, qt_tensor *x, qt_tensor *scale, const int32_t *zero_point, int qmin,
+                               int qmax, float grad_factor, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
+                               int pad_h, int pad_w) {
+  PROFILED(ctx, QT_PROFILE_CONV2D_LSQ_INPUT, conv2d_lsq_input_op(ctx, x, scale, zero_point, qmin, qmax, grad_factor,
+                                                                 w, b, stride_h, stride_w, pad_h, pad_w));
+}
+
 /* ---- relu, relu6 ------------------------------------------------------------------------ */
 typedef struct {
   qt_tensor *x, *y;
@@ -455,6 +553,57 @@ qt_tensor *qt_fake_quant_lsq(qt_ctx *ctx, qt_tensor *x, int64_t outer, int chann
                              const int32_t *zero_point, int qmin, int qmax, float grad_factor) {
   PROFILED(ctx, QT_PROFILE_FAKE_QUANT_LSQ,
            fake_quant_lsq_op(ctx, x, outer, channels, inner, scale, zero_point, qmin, qmax, grad_factor));
+}
+
+typedef struct {
+  qt_tensor *x, *scale, *y;
+  int32_t *argmax;
+  const int32_t *zp;
+  int N, H, W, C, kernel, qmin, qmax;
+  float grad_factor;
+} lsq_pool_saved;
+
+static void lsq_max_pool2d_backward(qt_ctx *ctx, void *p) {
+  lsq_pool_saved *s = p;
+  if (!s->y->grad) return;
+  int fresh = 0;
+  float *dx = s->x->requires_grad ? qt_tensor_grad_for_write(ctx, s->x, &fresh) : NULL;
+  float *ds = s->scale->requires_grad ? qt_tensor_grad(ctx, s->scale) : NULL;
+  if (!dx && !ds) return;
+  qt_fake_quant_lsq_max_pool_backward(dx, fresh, ds, s->y->grad, s->argmax, qt_f32(s->x), s->N, s->H, s->W, s->C,
+                                      s->kernel, s->kernel, qt_f32(s->scale)[0], s->zp[0], s->qmin, s->qmax,
+                                      s->grad_factor);
+}
+
+static qt_tensor *lsq_max_pool2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *scale, const int32_t *zero_point, int qmin,
+                                    int qmax, float grad_factor, int kernel) {
+  check_f32(x, 4, "lsq_max_pool2d", "input");
+  check_f32(scale, 1, "lsq_max_pool2d", "scale");
+  const int N = (int)x->shape[0], H = (int)x->shape[1], W = (int)x->shape[2], C = (int)x->shape[3];
+  QT_ASSERT(scale->shape[0] == 1, "lsq_max_pool2d: %lld scales (one, per tensor)", (long long)scale->shape[0]);
+  QT_ASSERT(kernel >= 1 && H >= kernel && W >= kernel && H % kernel == 0 && W % kernel == 0,
+            "lsq_max_pool2d: %dx%d input not tiled by %dx%d windows", H, W, kernel, kernel);
+  const int64_t shape[4] = {N, H / kernel, W / kernel, C};
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
+  const size_t idx_bytes = (size_t)qt_tensor_numel(y) * sizeof(int32_t);
+  int32_t *argmax = qt_arena_alloc(ctx, idx_bytes);
+  qt_fake_quant_max_pool_forward(qt_f32(y), argmax, qt_f32(x), N, H, W, C, kernel, kernel, qt_f32(scale)[0],
+                                 zero_point[0], qmin, qmax);
+  if (qt_tape_recording(ctx, x, scale, NULL)) {
+    y->requires_grad = 1;
+    lsq_pool_saved *sv = qt_tape_push(ctx, QT_PROFILE_LSQ_MAX_POOL2D, lsq_max_pool2d_backward, sizeof *sv, y);
+    *sv = (lsq_pool_saved){x, scale, y, argmax, zero_point, N, H, W, C, kernel, qmin, qmax, grad_factor};
+    x->saved = scale->saved = 1;
+  } else {
+    qt_arena_free(ctx, argmax, idx_bytes); /* only backward reads the indices */
+  }
+  return y;
+}
+
+qt_tensor *qt_fake_quant_lsq_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *scale, const int32_t *zero_point,
+                                        int qmin, int qmax, float grad_factor, int kernel) {
+  PROFILED(ctx, QT_PROFILE_LSQ_MAX_POOL2D,
+           lsq_max_pool2d_op(ctx, x, scale, zero_point, qmin, qmax, grad_factor, kernel));
 }
 
 typedef struct {

@@ -775,6 +775,56 @@ static int relu_fused_after(const qt_graph *g, int node) {
   return g->nodes[j].op == QT_OP_RELU || g->nodes[j].op == QT_OP_RELU6 ? j : -1;
 }
 
+/* In the training forward, a per-tensor LSQ fake quant whose only consumer is a max pool with
+ * windows tiling its input (stride = kernel, no padding) runs with it as one op
+ * (qt_fake_quant_lsq_max_pool2d: the fake-quantized tensor never in memory, the LSQ backward on
+ * the windows' argmax inputs only): returns that pool node, else -1. The fake quant's value then
+ * holds the pool's output, which only the pool (skipped) reads. */
+static int pool_fused_after(const qt_graph *g, int node, const qt_tensor *x, qt_tensor *const *force,
+                            const unsigned char *keep) {
+  const qt_node *n = &g->nodes[node];
+  const qt_qstate *q = n->q;
+  if (n->op != QT_OP_FAKE_QUANT || !q || q->scale_param < 0 || q->channels != 1 || x->ndim != 4) return -1;
+  const int j = qt_graph_sole_consumer(g, n->output);
+  if (j < 0 || g->nodes[j].op != QT_OP_MAX_POOL2D) return -1;
+  const qt_node_attrs *a = &g->nodes[j].attr;
+  const int k = a->kernel_h;
+  if (a->stride_h != k || a->pad_h != 0 || x->shape[1] % k || x->shape[2] % k || x->shape[1] < k || x->shape[2] < k)
+    return -1;
+  if (keep && (keep[n->output] || keep[g->nodes[j].output])) return -1;
+  if (force && (force[n->output] || force[g->nodes[j].output])) return -1;
+  return j;
+}
+
+/* In the training forward, a per-tensor LSQ fake quant of a value that needs no gradient (the
+ * image) whose only consumer is a conv2d or conv_bn with groups 1 and at most 4 input channels
+ * runs inside that convolution (qt_conv2d_lsq_input: the scale's gradient without the
+ * convolution's input gradient): returns the convolution node, else -1. The fake quant's value
+ * is then its input, which only the convolution (given the fake quant's node) reads. */
+static int conv_fused_after(const qt_graph *g, int node, const qt_tensor *x, qt_tensor *const *force,
+                            const unsigned char *keep) {
+  const qt_node *n = &g->nodes[node];
+  const qt_qstate *q = n->q;
+  if (n->op != QT_OP_FAKE_QUANT || !q || q->scale_param < 0 || q->channels != 1 || x->requires_grad ||
+      x->ndim != 4 || x->shape[3] > 4)
+    return -1;
+  const int j = qt_graph_sole_consumer(g, n->output);
+  if (j < 0 || (g->nodes[j].op != QT_OP_CONV2D && g->nodes[j].op != QT_OP_CONV_BN) || g->nodes[j].attr.groups != 1)
+    return -1;
+  if ((keep && keep[n->output]) || (force && force[n->output])) return -1;
+  return j;
+}
+
+/* conv2d(fq(x), w, b) for conv_fused_after's pair: fq is node fq_node's quantizer. */
+static qt_tensor *conv_of_lsq_input(qt_graph *g, qt_ctx *ctx, int fq_node, qt_tensor *x, qt_tensor *w, qt_tensor *b,
+                                    const qt_node_attrs *a) {
+  qt_qstate *q = g->nodes[fq_node].q;
+  const int64_t per_sample = qt_tensor_numel(x) / (x->shape[0] > 0 ? x->shape[0] : 1);
+  return qt_conv2d_lsq_input(ctx, x, lsq_scale(g, ctx, q), q->zero_point, q->spec.qmin, q->spec.qmax,
+                             1.0f / sqrtf((float)per_sample * (float)q->spec.qmax), w, b, a->stride_h, a->stride_w,
+                             a->pad_h, a->pad_w);
+}
+
 qt_tensor *qt_graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input) {
   return graph_forward(g, ctx, input, NULL, NULL, 0, NULL);
 }
@@ -813,17 +863,31 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
   memset(&plan, 0, sizeof plan);
   const int planned = !keep_all && (!qt_ctx_grad_enabled(ctx) || qt_ctx_backward_frees(ctx));
   if (planned) plan_init(&plan, g, ctx, keep);
-  const int fuse_relu = !keep_all && qt_ctx_grad_enabled(ctx);
+  /* the training forward's fusions (relu_fused_after, pool_fused_after, conv_fused_after) */
+  const int fuse = !keep_all && qt_ctx_grad_enabled(ctx);
   int relu_done = -1; /* the relu node a fused batch norm has computed */
+  int pool_done = -1; /* the max pool node a fused LSQ fake quant has computed */
+  int lsq_input = -1; /* a fake quant node left to its consumer convolution (conv_fused_after) */
   for (int i = 0; i < g->n_nodes; i++) {
     qt_node *n = &g->nodes[i];
     qt_tensor *x = n->n_inputs > 0 ? vals[n->inputs[0]] : NULL;
     qt_tensor *y = NULL;
     const qt_node_attrs *a = &n->attr;
-    const int fused = fuse_relu ? relu_fused_after(g, i) : -1;
+    const int fused = fuse ? relu_fused_after(g, i) : -1;
     if (i == relu_done) {
       y = x; /* its batch norm wrote the relu's output (qt_batch_norm_relu) */
       relu_done = -1;
+    } else if (i == pool_done) {
+      y = x; /* its fake quant wrote the pool's output (qt_fake_quant_lsq_max_pool2d) */
+      pool_done = -1;
+    } else if (n->op == QT_OP_CONV2D && lsq_input >= 0 && n->inputs[0] == g->nodes[lsq_input].output) {
+      qt_tensor *wp = param_tensor(g, ctx, n->param[QT_P_WEIGHT]), *bp = param_tensor(g, ctx, n->param[QT_P_BIAS]);
+      qt_tensor *w = effective_weight(g, ctx, n, wp, g->error), *b = w ? effective_bias(g, ctx, i, bp, g->error) : NULL;
+      if (!w || (!b && bp)) return NULL;
+      y = conv_of_lsq_input(g, ctx, lsq_input, x, w, b, a);
+      drop_unless(ctx, b, bp);
+      drop_unless(ctx, w, wp);
+      lsq_input = -1;
     } else if (fused >= 0 && n->op == QT_OP_BATCH_NORM) {
       y = qt_batch_norm_relu(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
                              g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
@@ -842,10 +906,16 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
         qt_tensor *ws = qt_channel_scale(ctx, wp, sf, 1, 0);
         qt_tensor *w = effective_weight(g, ctx, n, ws, g->error);
         if (!w) return NULL;
-        qt_tensor *t = qt_conv2d(ctx, x, w, NULL, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
+        qt_tensor *t;
+        if (lsq_input >= 0 && n->inputs[0] == g->nodes[lsq_input].output) {
+          t = conv_of_lsq_input(g, ctx, lsq_input, x, w, NULL, a);
+          lsq_input = -1;
+        } else {
+          t = qt_conv2d(ctx, x, w, NULL, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
+        }
         drop_unless(ctx, w, ws);
         drop_unless(ctx, ws, wp);
-        if (fuse_relu && n->training && n->param[QT_P_BIAS] < 0) {
+        if (fuse && n->training && n->param[QT_P_BIAS] < 0) {
           /* the training forward: BN of t / sf without the quotient in memory (the same numbers;
            * training mode: no bias rounding) */
           y = qt_batch_norm_div(ctx, t, sf, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
@@ -924,8 +994,19 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
         if (!q->calibrated) return fail(g, "fake_quant %s: %s", n->name, "no qparams yet (observer never ran)");
         if (q->scale_param >= 0) {
           const int64_t per_sample = numel / (x->shape[0] > 0 ? x->shape[0] : 1);
-          y = qt_fake_quant_lsq(ctx, x, outer, q->channels, 1, lsq_scale(g, ctx, q), q->zero_point, q->spec.qmin,
-                                q->spec.qmax, 1.0f / sqrtf((float)per_sample * (float)q->spec.qmax));
+          const float gf = 1.0f / sqrtf((float)per_sample * (float)q->spec.qmax);
+          int pool = -1;
+          if (fuse && conv_fused_after(g, i, x, force, keep) >= 0) {
+            y = x; /* the convolution quantizes it (conv_of_lsq_input) */
+            lsq_input = i;
+          } else if (fuse && (pool = pool_fused_after(g, i, x, force, keep)) >= 0) {
+            y = qt_fake_quant_lsq_max_pool2d(ctx, x, lsq_scale(g, ctx, q), q->zero_point, q->spec.qmin, q->spec.qmax,
+                                             gf, g->nodes[pool].attr.kernel_h);
+            pool_done = pool;
+          } else {
+            y = qt_fake_quant_lsq(ctx, x, outer, q->channels, 1, lsq_scale(g, ctx, q), q->zero_point, q->spec.qmin,
+                                  q->spec.qmax, gf);
+          }
         } else {
           y = qt_fake_quant(ctx, x, outer, q->channels, 1, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
         }

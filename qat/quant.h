@@ -77,6 +77,32 @@ void qt_fake_quant_lsq_backward_ref(float *dinp, float *dscale, float *dzero_poi
                                     const float *scale, const int32_t *zero_point, int qmin, int qmax,
                                     float grad_factor);
 
+/* Per element, what the per-tensor LSQ scale gradient multiplies the output gradient by (then
+ * grad_factor): (fq(x) - x) / s in the clamp range (LSQ_ELEMENT's range test, as
+ * qt_fake_quant_lsq_backward decides it), else qmax - zp or qmin - zp. So that dscale =
+ * grad_factor * sum(dout * coef) can be formed where dout is never in memory: a first
+ * convolution's input gradient is never computed when nothing but the input quantizer's scale
+ * needs it (qt_conv2d_lsq_input, autograd.h). */
+void qt_fake_quant_lsq_scale_coef(float *coef, const float *inp, int64_t n, float scale, int32_t zero_point, int qmin,
+                                  int qmax);
+
+/* A per-tensor fake quant followed by a max pool whose windows tile the input (stride = kernel,
+ * no padding; (N, H, W, C) channels last, H and W multiples of KH and KW), as one pass: out and
+ * argmax (an index ih * W + iw into the image, the first maximum in the window's row-major order)
+ * are bit for bit what qt_fake_quant_forward then qt_max_pool2d_forward give, without the fake
+ * quantized tensor in memory. The backward is the LSQ backward of that composition: the pool
+ * routes the output gradient to each window's argmax, the other inputs get zero, so the LSQ terms
+ * are those of the argmax inputs alone: dinp (written when dinp_write, else added to) has the
+ * composition's bits; dscale (+=, may be NULL) sums the same terms in another order (each
+ * thread's images in turn, in double), so it can differ from the composition's in the last bit
+ * of the float when the double sums round differently. dinp may be NULL. */
+void qt_fake_quant_max_pool_forward(float *out, int32_t *argmax, const float *inp, int N, int H, int W, int C,
+                                    int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax);
+void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dscale, const float *dout,
+                                         const int32_t *argmax, const float *inp, int N, int H, int W, int C,
+                                         int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax,
+                                         float grad_factor);
+
 /* Quantize to integers (the convert graph's Q node): q = clamp(nearbyint(x*inv_s) + zp, qmin,
  * qmax) stored as int32; dequantize: x = (q - zp) * s. dequantize(quantize(x)) equals
  * qt_fake_quant_forward bit for bit (non-finite inputs included), and quantize matches

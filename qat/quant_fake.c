@@ -292,6 +292,170 @@ void qt_fake_quant_lsq_backward_ref(float *dinp, float *dscale, float *dzero_poi
   }
 }
 
+/* ---- LSQ scale coefficients ------------------------------------------------------------ */
+
+void qt_fake_quant_lsq_scale_coef(float *coef, const float *inp, int64_t n, float scale, int32_t zero_point, int qmin,
+                                  int qmax) {
+  QUANT_ASSERT(n >= 0 && qmin < qmax, "LSQ scale coefficients: bad arguments");
+  const float s = scale, inv_s = 1.0f / s, zpf = (float)zero_point, lo = (float)qmin, hi = (float)qmax;
+#pragma omp parallel for simd schedule(static) if (n >= QUANT_PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    float dx, ds, dz; /* LSQ_ELEMENT with dy = 1 and grad_factor 1: in range ((1 * f) * inv_s) * 1 */
+    LSQ_ELEMENT(inp[i], 1.0f, s, inv_s, zpf, lo, hi, 1.0f, dx, ds, dz);
+    (void)dx, (void)dz;
+    coef[i] = ds;
+  }
+}
+
+/* ---- per-tensor fake quant (LSQ) followed by a tiling max pool ------------------------- */
+
+/* Windows tile the (N, H, W, C) input exactly (stride = kernel, no padding): OH = H / KH. */
+static void check_pool_tiles(int N, int H, int W, int C, int KH, int KW) {
+  QUANT_ASSERT(N >= 0 && C >= 1 && KH >= 1 && KW >= 1 && H >= KH && W >= KW && H % KH == 0 && W % KW == 0,
+               "fake quant + max pool: windows must tile the input");
+}
+
+void qt_fake_quant_max_pool_forward(float *out, int32_t *argmax, const float *inp, int N, int H, int W, int C,
+                                    int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax) {
+  check_pool_tiles(N, H, W, C, KH, KW);
+  QUANT_ASSERT(qmin < qmax, "fake quant: quant_min must be below quant_max");
+  const int OH = H / KH, OW = W / KW;
+  const float s = scale, inv_s = 1.0f / s, zpf = (float)zero_point, lo = (float)qmin, hi = (float)qmax;
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)N * H * W * C >= QUANT_PARALLEL_MIN)
+  for (int n = 0; n < N; n++)
+    for (int oh = 0; oh < OH; oh++) {
+      const float *img = inp + (int64_t)n * H * W * C;
+      for (int ow = 0; ow < OW; ow++) {
+        const int64_t o = (((int64_t)n * OH + oh) * OW + ow) * C;
+        float *restrict mv = out + o;
+        int32_t *restrict mi = argmax + o;
+        const int32_t first = oh * KH * W + ow * KW;
+        const float *restrict p0 = img + (int64_t)first * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) {
+          mv[c] = (quant_clamp(quant_round(p0[c], inv_s, zpf), lo, hi) - zpf) * s;
+          mi[c] = first;
+        }
+        /* the window after its first element, in max_pool2d's order and with its comparison */
+        for (int ih = oh * KH; ih < (oh + 1) * KH; ih++)
+          for (int iw = ih == oh * KH ? ow * KW + 1 : ow * KW; iw < (ow + 1) * KW; iw++) {
+            const int32_t idx = ih * W + iw;
+            const float *restrict p = img + (int64_t)idx * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) {
+              const float v = (quant_clamp(quant_round(p[c], inv_s, zpf), lo, hi) - zpf) * s;
+              const int take = (v > mv[c]) | (v != v);
+              mv[c] = take ? v : mv[c];
+              mi[c] = take ? idx : mi[c];
+            }
+          }
+      }
+    }
+}
+
+void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dscale, const float *dout,
+                                         const int32_t *argmax, const float *inp, int N, int H, int W, int C,
+                                         int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax,
+                                         float grad_factor) {
+  check_pool_tiles(N, H, W, C, KH, KW);
+  QUANT_ASSERT(qmin < qmax, "fake quant: quant_min must be below quant_max");
+  const int OH = H / KH, OW = W / KW;
+  const float s = scale, inv_s = 1.0f / s, zpf = (float)zero_point, lo = (float)qmin, hi = (float)qmax;
+  const int nt = (int64_t)N * H * W * C >= QUANT_PARALLEL_MIN ? omp_get_max_threads() : 1;
+  double *part = calloc((size_t)nt, sizeof(double)); /* per-thread sums, combined in thread order */
+  QUANT_ASSERT(part, "out of memory");
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int per = (N + T - 1) / T, nb = t * per, ne = nb + per < N ? nb + per : N;
+    /* per channel sums (vertical adds; a horizontal sum per output position would cost more
+     * than the LSQ terms), added up in channel order at the end */
+    double *acc = calloc((size_t)C, sizeof(double));
+    float *xa = calloc(2 * (size_t)C, sizeof(float)), *dxa = xa + C; /* per output position */
+    QUANT_ASSERT(xa && acc, "out of memory");
+    for (int n = nb; n < ne; n++) {
+      const float *img = inp + (int64_t)n * H * W * C;
+      float *dimg = dinp ? dinp + (int64_t)n * H * W * C : NULL;
+      for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++) {
+          const int64_t o = (((int64_t)n * OH + oh) * OW + ow) * C;
+          const float *restrict d = dout + o;
+          const int32_t *restrict am = argmax + o;
+          if (KH == 2 && KW == 2) { /* FashionCNN's pools: one pass, the window in registers */
+            const int32_t i00 = 2 * oh * W + 2 * ow, i01 = i00 + 1, i10 = i00 + W, i11 = i10 + 1;
+            const float *restrict x00 = img + (int64_t)i00 * C, *restrict x01 = x00 + C;
+            const float *restrict x10 = img + (int64_t)i10 * C, *restrict x11 = x10 + C;
+            float *g00 = dimg ? dimg + (int64_t)i00 * C : NULL, *g01 = g00 ? g00 + C : NULL;
+            float *g10 = dimg ? dimg + (int64_t)i10 * C : NULL, *g11 = g10 ? g10 + C : NULL;
+            if (dimg) {
+#pragma omp simd
+              for (int c = 0; c < C; c++) {
+                const int32_t a = am[c];
+                const float xs = select_bits(a == i00, x00[c],
+                                             select_bits(a == i01, x01[c], select_bits(a == i10, x10[c], x11[c])));
+                float dx, ds, dz;
+                LSQ_ELEMENT(xs, 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
+                (void)dz;
+                acc[c] += ds;
+                g00[c] = select_bits(dinp_write, 0.0f, g00[c]) + select_bits(a == i00, dx, 0.0f);
+                g01[c] = select_bits(dinp_write, 0.0f, g01[c]) + select_bits(a == i01, dx, 0.0f);
+                g10[c] = select_bits(dinp_write, 0.0f, g10[c]) + select_bits(a == i10, dx, 0.0f);
+                g11[c] = select_bits(dinp_write, 0.0f, g11[c]) + select_bits(a == i11, dx, 0.0f);
+              }
+            } else {
+#pragma omp simd
+              for (int c = 0; c < C; c++) {
+                const int32_t a = am[c];
+                const float xs = select_bits(a == i00, x00[c],
+                                             select_bits(a == i01, x01[c], select_bits(a == i10, x10[c], x11[c])));
+                float dx, ds, dz;
+                LSQ_ELEMENT(xs, 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
+                (void)dx, (void)dz;
+                acc[c] += ds;
+              }
+            }
+            continue;
+          }
+          /* each channel's argmax input: the only one of the window whose gradient is not zero */
+          for (int ih = oh * KH; ih < (oh + 1) * KH; ih++)
+            for (int iw = ow * KW; iw < (ow + 1) * KW; iw++) {
+              const int32_t idx = ih * W + iw;
+              const float *restrict p = img + (int64_t)idx * C;
+#pragma omp simd
+              for (int c = 0; c < C; c++) xa[c] = select_bits(am[c] == idx, p[c], xa[c]);
+            }
+#pragma omp simd
+          for (int c = 0; c < C; c++) {
+            float dx, ds, dz;
+            LSQ_ELEMENT(xa[c], 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
+            (void)dz;
+            dxa[c] = dx;
+            acc[c] += ds;
+          }
+          if (!dimg) continue;
+          /* the other inputs get + 0.0f: the bits of max_pool2d's zeros through fake quant */
+          for (int ih = oh * KH; ih < (oh + 1) * KH; ih++)
+            for (int iw = ow * KW; iw < (ow + 1) * KW; iw++) {
+              const int32_t idx = ih * W + iw;
+              float *restrict g = dimg + (int64_t)idx * C;
+#pragma omp simd
+              for (int c = 0; c < C; c++)
+                g[c] = select_bits(dinp_write, 0.0f, g[c]) + select_bits(am[c] == idx, dxa[c], 0.0f);
+            }
+        }
+    }
+    double as = 0;
+    for (int c = 0; c < C; c++) as += acc[c];
+    free(xa);
+    free(acc);
+    part[t] = as;
+  }
+  double sum = 0;
+  for (int t = 0; t < nt; t++) sum += part[t];
+  if (dscale) *dscale += (float)sum;
+  free(part);
+}
+
 /* ---- quantize / dequantize ------------------------------------------------------------- */
 
 void qt_quantize(int32_t *q, const float *inp, int64_t outer, int channels, int64_t inner, const float *scale,

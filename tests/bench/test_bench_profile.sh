@@ -35,8 +35,10 @@ def check(ok, msg):
 # fc1's ReLU, 2 max-pool, flatten, 2 linear, the loss
 calls = {"conv2d": 2, "batch_norm": 2, "relu": 1, "max_pool2d": 2, "flatten": 1, "linear": 2, "cross_entropy": 1}
 if name == "qat":  # conv_bn: the BN scale factor and W * sf (conv / sf runs inside its batch norm,
-    # qt_batch_norm_div); LSQ on 4 weights and the activations
-    calls.update({"bn_scale_factor": 2, "channel_scale": 2})
+    # qt_batch_norm_div); LSQ on 4 weights and the activations, the image's inside conv1
+    # (conv2d_lsq_input), the two before a max pool with it (lsq_max_pool2d)
+    calls.update({"bn_scale_factor": 2, "channel_scale": 2, "conv2d": 1, "conv2d_lsq_input": 1, "lsq_max_pool2d": 2})
+    del calls["max_pool2d"]
 phases = ["data", "zero_grad", "optimizer"]
 try:
     j = json.load(open(js))

@@ -5,7 +5,10 @@
  * in-place BN and ReLU) and the imported MobileNet-style model (depthwise convs, ReLU6); and
  * backward with qt_ctx_set_backward_frees gives bit-identical parameter gradients in less
  * memory; a training step gives bit-identical gradients and running statistics whether every value
- * is kept, batch norm runs fused with its relu, or dead values and gradients are handed back. */
+ * is kept, batch norm runs fused with its relu (and, under QAT, LSQ with the max pool after it
+ * and the input's LSQ with the first convolution), or dead values and gradients are handed back;
+ * the one exception is the input quantizer's scale gradient (same_step). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,7 +159,23 @@ static float *step_grads(qt_graph *g, const float *x, const int32_t *labels, int
 /* The three modes give bit-identical gradients and running statistics; the trainer's (2) spans
  * at most max_ratio of keeping everything (0). FashionCNN: BN -> ReLU -> max pool, whose ReLU
  * outputs go back after the pool; ResCNN: residual adds; MobileNet-style: ReLU6, depthwise. */
-static void training_step(qt_graph *g, int N, double max_ratio) {
+/* Whether two steps' gradients and running statistics (step_grads) are identical, except the
+ * parameter named `loose` (may be NULL): the fused training forward computes the input
+ * quantizer's LSQ scale gradient as another sum of the same terms (qt_conv2d_lsq_input; checked
+ * tightly in test_conv_lsq_input), so there it may differ by 1e-3 of its value (seen: 2e-5). */
+static int same_step(const qt_graph *g, const float *a, const float *b, const char *loose) {
+  for (int t = 0; t < g->n_tensors; t++) {
+    const qt_param *pt = &g->tensors[t];
+    const int64_t at = (pt->is_buffer ? g->n_params : 0) + pt->offset;
+    if (memcmp(a + at, b + at, (size_t)pt->numel * sizeof(float)) == 0) continue;
+    if (!loose || strcmp(pt->name, loose) != 0) return 0;
+    for (int64_t i = 0; i < pt->numel; i++)
+      if (!(fabsf(a[at + i] - b[at + i]) <= 1e-3f * fabsf(a[at + i]))) return 0;
+  }
+  return 1;
+}
+
+static void training_step(qt_graph *g, int N, double max_ratio, const char *loose) {
   const qt_value *in = &g->values[g->input];
   const int64_t n_in = N * qt_value_numel(in);
   float *x = malloc((size_t)n_in * sizeof(float));
@@ -168,10 +187,12 @@ static void training_step(qt_graph *g, int N, double max_ratio) {
   float *r[3];
   for (int m = 0; m < 3; m++) r[m] = step_grads(g, x, labels, N, m, &peak[m]);
   const size_t n = (size_t)(g->n_params + g->n_buffers) * sizeof(float);
-  if (memcmp(r[0], r[1], n) != 0)
+  if (!same_step(g, r[0], r[1], loose))
     qt_test_fail("%s: gradients or running statistics differ with batch norm fused with its relu", g->name);
-  if (memcmp(r[0], r[2], n) != 0)
+  if (!same_step(g, r[0], r[2], loose))
     qt_test_fail("%s: gradients or running statistics differ when values and gradients are handed back", g->name);
+  if (memcmp(r[1], r[2], n) != 0)
+    qt_test_fail("%s: gradients or running statistics differ between the fused steps, frees off and on", g->name);
   if ((double)peak[2] > max_ratio * (double)peak[0])
     qt_test_fail("%s step at batch %d: %.2f MiB with frees, want <= %.0f%% of the %.2f MiB keeping everything",
                  g->name, N, peak[2] / 1048576.0, 100 * max_ratio, peak[0] / 1048576.0);
@@ -184,10 +205,10 @@ static void training_step(qt_graph *g, int N, double max_ratio) {
 
 static void backward_frees(void) {
   qt_graph *g = model("fashion_cnn");
-  training_step(g, 32, 0.60);
+  training_step(g, 32, 0.60, NULL);
   qt_graph_free(g);
   g = model("res_cnn");
-  training_step(g, 32, 0.60);
+  training_step(g, 32, 0.60, NULL);
   qt_graph_free(g);
   char err[QT_ERR_LEN];
   g = qt_onnx_import(qt_test_path("tests/onnx/models/mobilenet.onnx"), NULL, NULL, err);
@@ -195,7 +216,7 @@ static void backward_frees(void) {
     qt_test_fail("mobilenet: %s", err);
     return;
   }
-  training_step(g, 16, 0.70);
+  training_step(g, 16, 0.70, NULL);
   qt_graph_free(g);
 }
 
@@ -223,10 +244,10 @@ static void qat_training_step(void) {
     conv_bn += p->nodes[i].op == QT_OP_CONV_BN;
   }
   QT_CHECK(conv_bn == 2);
-  training_step(p, N, 0.60);
+  training_step(p, N, 0.60, "input.fq.scale");
   for (int i = 0; i < p->n_nodes; i++)
     if (p->nodes[i].op == QT_OP_CONV_BN) p->nodes[i].bn_frozen = 1;
-  training_step(p, N, 0.60);
+  training_step(p, N, 0.60, "input.fq.scale");
   free(x);
   qt_graph_free(p);
   qt_graph_free(g);
