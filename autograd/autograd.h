@@ -95,6 +95,7 @@ typedef enum {
   QT_PROFILE_FAKE_QUANT,
   QT_PROFILE_FAKE_QUANT_LSQ,
   QT_PROFILE_LSQ_MAX_POOL2D,
+  QT_PROFILE_FQ_MAX_POOL2D,
   QT_PROFILE_CONV2D_LSQ_INPUT,
   QT_PROFILE_CHANNEL_SCALE,
   QT_PROFILE_CHANNEL_ADD,
@@ -227,6 +228,11 @@ qt_tensor *qt_fake_quant_lsq(qt_ctx *ctx, qt_tensor *x, int64_t outer, int chann
  * the LSQ backward computed for the windows' argmax inputs only (the rest get zero). */
 qt_tensor *qt_fake_quant_lsq_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *scale, const int32_t *zero_point,
                                         int qmin, int qmax, float grad_factor, int kernel);
+/* The same for a fake quant with fixed per-tensor qparams (the clipped STE): max_pool2d(
+ * fake_quant(x)) with the composition's output and input gradient, bit for bit; it saves one
+ * mask byte per output instead of one per input. */
+qt_tensor *qt_fake_quant_max_pool2d(qt_ctx *ctx, qt_tensor *x, const float *scale, const int32_t *zero_point, int qmin,
+                                    int qmax, int kernel);
 /* conv2d(fake_quant_lsq(x), w, b) with groups 1 for an x that needs no gradient (an image): the
  * output of the two ops, and the gradients of w, b and the per-tensor scale (1) without the
  * convolution's input gradient: the scale's is read off a backward-weights pass over

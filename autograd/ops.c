@@ -556,6 +556,52 @@ qt_tensor *qt_fake_quant_lsq(qt_ctx *ctx, qt_tensor *x, int64_t outer, int chann
 }
 
 typedef struct {
+  qt_tensor *x, *y;
+  int32_t *argmax;
+  uint8_t *mask;
+  int N, H, W, C, kernel;
+} fq_pool_saved;
+
+static void fake_quant_max_pool2d_backward(qt_ctx *ctx, void *p) {
+  fq_pool_saved *s = p;
+  if (!s->y->grad || !s->x->requires_grad) return;
+  int fresh = 0;
+  float *dx = qt_tensor_grad_for_write(ctx, s->x, &fresh);
+  qt_fake_quant_max_pool_backward(dx, fresh, s->y->grad, s->argmax, s->mask, s->N, s->H, s->W, s->C, s->kernel,
+                                  s->kernel);
+}
+
+static qt_tensor *fake_quant_max_pool2d_op(qt_ctx *ctx, qt_tensor *x, const float *scale, const int32_t *zero_point,
+                                           int qmin, int qmax, int kernel) {
+  check_f32(x, 4, "fake_quant_max_pool2d", "input");
+  const int N = (int)x->shape[0], H = (int)x->shape[1], W = (int)x->shape[2], C = (int)x->shape[3];
+  QT_ASSERT(kernel >= 1 && H >= kernel && W >= kernel && H % kernel == 0 && W % kernel == 0,
+            "fake_quant_max_pool2d: %dx%d input not tiled by %dx%d windows", H, W, kernel, kernel);
+  const int64_t shape[4] = {N, H / kernel, W / kernel, C};
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
+  const int64_t m = qt_tensor_numel(y);
+  const size_t idx_bytes = (size_t)m * sizeof(int32_t);
+  int32_t *argmax = qt_arena_alloc(ctx, idx_bytes);
+  const int rec = qt_tape_recording(ctx, x, NULL, NULL);
+  uint8_t *mask = rec ? qt_arena_alloc(ctx, (size_t)m) : NULL;
+  qt_fake_quant_max_pool_forward(qt_f32(y), argmax, mask, qt_f32(x), N, H, W, C, kernel, kernel, scale[0],
+                                 zero_point[0], qmin, qmax);
+  if (rec) {
+    y->requires_grad = 1;
+    fq_pool_saved *sv = qt_tape_push(ctx, QT_PROFILE_FQ_MAX_POOL2D, fake_quant_max_pool2d_backward, sizeof *sv, y);
+    *sv = (fq_pool_saved){x, y, argmax, mask, N, H, W, C, kernel};
+  } else {
+    qt_arena_free(ctx, argmax, idx_bytes); /* only backward reads the indices */
+  }
+  return y;
+}
+
+qt_tensor *qt_fake_quant_max_pool2d(qt_ctx *ctx, qt_tensor *x, const float *scale, const int32_t *zero_point, int qmin,
+                                    int qmax, int kernel) {
+  PROFILED(ctx, QT_PROFILE_FQ_MAX_POOL2D, fake_quant_max_pool2d_op(ctx, x, scale, zero_point, qmin, qmax, kernel));
+}
+
+typedef struct {
   qt_tensor *x, *scale, *y;
   int32_t *argmax;
   const int32_t *zp;
@@ -587,7 +633,7 @@ static qt_tensor *lsq_max_pool2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *scale,
   qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
   const size_t idx_bytes = (size_t)qt_tensor_numel(y) * sizeof(int32_t);
   int32_t *argmax = qt_arena_alloc(ctx, idx_bytes);
-  qt_fake_quant_max_pool_forward(qt_f32(y), argmax, qt_f32(x), N, H, W, C, kernel, kernel, qt_f32(scale)[0],
+  qt_fake_quant_max_pool_forward(qt_f32(y), argmax, NULL, qt_f32(x), N, H, W, C, kernel, kernel, qt_f32(scale)[0],
                                  zero_point[0], qmin, qmax);
   if (qt_tape_recording(ctx, x, scale, NULL)) {
     y->requires_grad = 1;

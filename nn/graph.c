@@ -775,16 +775,19 @@ static int relu_fused_after(const qt_graph *g, int node) {
   return g->nodes[j].op == QT_OP_RELU || g->nodes[j].op == QT_OP_RELU6 ? j : -1;
 }
 
-/* In the training forward, a per-tensor LSQ fake quant whose only consumer is a max pool with
- * windows tiling its input (stride = kernel, no padding) runs with it as one op
- * (qt_fake_quant_lsq_max_pool2d: the fake-quantized tensor never in memory, the LSQ backward on
- * the windows' argmax inputs only): returns that pool node, else -1. The fake quant's value then
- * holds the pool's output, which only the pool (skipped) reads. */
+/* In the training forward, a per-tensor fake quant whose only consumer is a max pool with windows
+ * tiling its input (stride = kernel, no padding) runs with it as one op (LSQ:
+ * qt_fake_quant_lsq_max_pool2d, its backward on the windows' argmax inputs only; fixed qparams:
+ * qt_fake_quant_max_pool2d; the fake-quantized tensor is never in memory): returns that pool
+ * node, else -1. The fake quant's value then holds the pool's output, which only the pool
+ * (skipped) reads. */
+#define NODE_DONE (-2) /* graph_forward's deferred[]: the node's output is its input's value */
+
 static int pool_fused_after(const qt_graph *g, int node, const qt_tensor *x, qt_tensor *const *force,
                             const unsigned char *keep) {
   const qt_node *n = &g->nodes[node];
   const qt_qstate *q = n->q;
-  if (n->op != QT_OP_FAKE_QUANT || !q || q->scale_param < 0 || q->channels != 1 || x->ndim != 4) return -1;
+  if (n->op != QT_OP_FAKE_QUANT || !q || q->channels != 1 || x->ndim != 4) return -1;
   const int j = qt_graph_sole_consumer(g, n->output);
   if (j < 0 || g->nodes[j].op != QT_OP_MAX_POOL2D) return -1;
   const qt_node_attrs *a = &g->nodes[j].attr;
@@ -865,35 +868,32 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
   if (planned) plan_init(&plan, g, ctx, keep);
   /* the training forward's fusions (relu_fused_after, pool_fused_after, conv_fused_after) */
   const int fuse = !keep_all && qt_ctx_grad_enabled(ctx);
-  int relu_done = -1; /* the relu node a fused batch norm has computed */
-  int pool_done = -1; /* the max pool node a fused LSQ fake quant has computed */
-  int lsq_input = -1; /* a fake quant node left to its consumer convolution (conv_fused_after) */
+  /* per node, what an earlier node left it: NODE_DONE (a fused producer computed its output: a
+   * relu after its batch norm, a max pool after its fake quant), or the fake quant node whose
+   * quantization it runs (conv_fused_after), else -1. Per node, so fused pairs may interleave. */
+  int *deferred = qt_arena_alloc(ctx, (size_t)g->n_nodes * sizeof *deferred);
+  for (int i = 0; i < g->n_nodes; i++) deferred[i] = -1;
   for (int i = 0; i < g->n_nodes; i++) {
     qt_node *n = &g->nodes[i];
     qt_tensor *x = n->n_inputs > 0 ? vals[n->inputs[0]] : NULL;
     qt_tensor *y = NULL;
     const qt_node_attrs *a = &n->attr;
     const int fused = fuse ? relu_fused_after(g, i) : -1;
-    if (i == relu_done) {
-      y = x; /* its batch norm wrote the relu's output (qt_batch_norm_relu) */
-      relu_done = -1;
-    } else if (i == pool_done) {
-      y = x; /* its fake quant wrote the pool's output (qt_fake_quant_lsq_max_pool2d) */
-      pool_done = -1;
-    } else if (n->op == QT_OP_CONV2D && lsq_input >= 0 && n->inputs[0] == g->nodes[lsq_input].output) {
+    if (deferred[i] == NODE_DONE) {
+      y = x; /* its producer wrote this node's output (qt_batch_norm_relu, qt_fake_quant_*max_pool2d) */
+    } else if (n->op == QT_OP_CONV2D && deferred[i] >= 0) {
       qt_tensor *wp = param_tensor(g, ctx, n->param[QT_P_WEIGHT]), *bp = param_tensor(g, ctx, n->param[QT_P_BIAS]);
       qt_tensor *w = effective_weight(g, ctx, n, wp, g->error), *b = w ? effective_bias(g, ctx, i, bp, g->error) : NULL;
       if (!w || (!b && bp)) return NULL;
-      y = conv_of_lsq_input(g, ctx, lsq_input, x, w, b, a);
+      y = conv_of_lsq_input(g, ctx, deferred[i], x, w, b, a);
       drop_unless(ctx, b, bp);
       drop_unless(ctx, w, wp);
-      lsq_input = -1;
     } else if (fused >= 0 && n->op == QT_OP_BATCH_NORM) {
       y = qt_batch_norm_relu(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
                              g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
                              g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, a->momentum, a->eps,
                              g->nodes[fused].op == QT_OP_RELU6);
-      relu_done = fused;
+      deferred[fused] = NODE_DONE;
     } else switch (n->op) {
       case QT_OP_INPUT:
         continue;
@@ -907,9 +907,8 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
         qt_tensor *w = effective_weight(g, ctx, n, ws, g->error);
         if (!w) return NULL;
         qt_tensor *t;
-        if (lsq_input >= 0 && n->inputs[0] == g->nodes[lsq_input].output) {
-          t = conv_of_lsq_input(g, ctx, lsq_input, x, w, NULL, a);
-          lsq_input = -1;
+        if (deferred[i] >= 0) {
+          t = conv_of_lsq_input(g, ctx, deferred[i], x, w, NULL, a);
         } else {
           t = qt_conv2d(ctx, x, w, NULL, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
         }
@@ -922,7 +921,7 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
                                 g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
                                 g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, !n->bn_frozen,
                                 a->momentum, a->eps, fused < 0 ? 0 : g->nodes[fused].op == QT_OP_RELU6 ? 2 : 1);
-          if (fused >= 0) relu_done = fused;
+          if (fused >= 0) deferred[fused] = NODE_DONE;
           break;
         }
         y = qt_channel_scale(ctx, t, sf, 0, 1);
@@ -938,7 +937,7 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
                                  g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
                                  g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, a->momentum, a->eps,
                                  g->nodes[fused].op == QT_OP_RELU6);
-          relu_done = fused;
+          deferred[fused] = NODE_DONE;
         } else {
           y = qt_batch_norm(ctx, t, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
                             g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
@@ -992,21 +991,25 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
           break;
         }
         if (!q->calibrated) return fail(g, "fake_quant %s: %s", n->name, "no qparams yet (observer never ran)");
+        const int pooled = fuse ? pool_fused_after(g, i, x, force, keep) : -1; /* the pool it runs with */
+        if (pooled >= 0) deferred[pooled] = NODE_DONE;
         if (q->scale_param >= 0) {
           const int64_t per_sample = numel / (x->shape[0] > 0 ? x->shape[0] : 1);
           const float gf = 1.0f / sqrtf((float)per_sample * (float)q->spec.qmax);
-          int pool = -1;
-          if (fuse && conv_fused_after(g, i, x, force, keep) >= 0) {
+          const int conv = fuse && pooled < 0 ? conv_fused_after(g, i, x, force, keep) : -1;
+          if (conv >= 0) {
             y = x; /* the convolution quantizes it (conv_of_lsq_input) */
-            lsq_input = i;
-          } else if (fuse && (pool = pool_fused_after(g, i, x, force, keep)) >= 0) {
+            deferred[conv] = i;
+          } else if (pooled >= 0) {
             y = qt_fake_quant_lsq_max_pool2d(ctx, x, lsq_scale(g, ctx, q), q->zero_point, q->spec.qmin, q->spec.qmax,
-                                             gf, g->nodes[pool].attr.kernel_h);
-            pool_done = pool;
+                                             gf, g->nodes[pooled].attr.kernel_h);
           } else {
             y = qt_fake_quant_lsq(ctx, x, outer, q->channels, 1, lsq_scale(g, ctx, q), q->zero_point, q->spec.qmin,
                                   q->spec.qmax, gf);
           }
+        } else if (pooled >= 0) {
+          y = qt_fake_quant_max_pool2d(ctx, x, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax,
+                                       g->nodes[pooled].attr.kernel_h);
         } else {
           y = qt_fake_quant(ctx, x, outer, q->channels, 1, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
         }

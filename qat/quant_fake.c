@@ -315,8 +315,8 @@ static void check_pool_tiles(int N, int H, int W, int C, int KH, int KW) {
                "fake quant + max pool: windows must tile the input");
 }
 
-void qt_fake_quant_max_pool_forward(float *out, int32_t *argmax, const float *inp, int N, int H, int W, int C,
-                                    int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax) {
+void qt_fake_quant_max_pool_forward(float *out, int32_t *argmax, uint8_t *mask, const float *inp, int N, int H, int W,
+                                    int C, int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax) {
   check_pool_tiles(N, H, W, C, KH, KW);
   QUANT_ASSERT(qmin < qmax, "fake quant: quant_min must be below quant_max");
   const int OH = H / KH, OW = W / KW;
@@ -349,8 +349,46 @@ void qt_fake_quant_max_pool_forward(float *out, int32_t *argmax, const float *in
               mi[c] = take ? idx : mi[c];
             }
           }
+        if (mask) { /* the clipped STE's mask of each window's argmax input */
+          uint8_t *restrict mm = mask + o;
+          for (int c = 0; c < C; c++) {
+            const float q = quant_round(img[(int64_t)mi[c] * C + c], inv_s, zpf);
+            mm[c] = (uint8_t)((q >= lo) & (q <= hi));
+          }
+        }
       }
     }
+}
+
+void qt_fake_quant_max_pool_backward(float *dinp, int dinp_write, const float *dout, const int32_t *argmax,
+                                     const uint8_t *mask, int N, int H, int W, int C, int KH, int KW) {
+  check_pool_tiles(N, H, W, C, KH, KW);
+  const int OH = H / KH, OW = W / KW;
+#pragma omp parallel for schedule(static) if ((int64_t)N * H * W * C >= QUANT_PARALLEL_MIN)
+  for (int n = 0; n < N; n++) {
+    float *dimg = dinp + (int64_t)n * H * W * C;
+    for (int oh = 0; oh < OH; oh++)
+      for (int ow = 0; ow < OW; ow++) {
+        const int64_t o = (((int64_t)n * OH + oh) * OW + ow) * C;
+        const float *restrict d = dout + o;
+        const int32_t *restrict am = argmax + o;
+        const uint8_t *restrict m = mask + o;
+        for (int ih = oh * KH; ih < (oh + 1) * KH; ih++)
+          for (int iw = ow * KW; iw < (ow + 1) * KW; iw++) {
+            const int32_t idx = ih * W + iw;
+            float *restrict g = dimg + (int64_t)idx * C;
+            /* max_pool2d's gradient (0 + d at the argmax, + 0 elsewhere), then the fake quant's:
+             * masked in place (a fresh gradient) or added times the mask */
+            if (dinp_write) {
+#pragma omp simd
+              for (int c = 0; c < C; c++) g[c] = m[c] & (am[c] == idx) ? 0.0f + d[c] : 0.0f;
+            } else {
+#pragma omp simd
+              for (int c = 0; c < C; c++) g[c] += (0.0f + (am[c] == idx ? d[c] : 0.0f)) * (float)m[c];
+            }
+          }
+      }
+  }
 }
 
 void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dscale, const float *dout,

@@ -91,8 +91,7 @@ int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_da
   c.shuffle = 0;
   c.crop_pad = 0;
   c.flip = 0;
-  qt_dataset sub = *ds;
-  if (images > 0 && images < sub.n) sub.n = images;
+  qt_dataset sub = qt_dataset_view(ds, 0, images > 0 && images < ds->n ? images : ds->n);
   int rc = 0;
   qt_loader *l = qt_loader_create(&sub, &c, err);
   if (!l) rc = -1;
@@ -520,10 +519,11 @@ int qt_analysis_run(const qt_options *o, qt_graph *fp32, const qt_dataset *train
                     char *json_path, size_t json_path_len, int verbose, char *err) {
   analysis *A = calloc(1, sizeof *A);
   QT_ASSERT(A, "out of memory");
-  *A = (analysis){.o = o, .fp32 = fp32, .train = train, .sub = *test, .lc = lc, .ec = ec, .ctx = ctx,
-                  .wb = o->quant.weight_bits, .ab = o->quant.activation_bits, .cal = o->quant.calibration_batches,
+  const int64_t images = o->analysis.images > 0 && o->analysis.images < test->n ? o->analysis.images : test->n;
+  *A = (analysis){.o = o, .fp32 = fp32, .train = train, .sub = qt_dataset_view(test, 0, images), .lc = lc,
+                  .ec = ec, .ctx = ctx, .wb = o->quant.weight_bits, .ab = o->quant.activation_bits,
+                  .cal = o->quant.calibration_batches,
                   .verbose = verbose, .keep = o->analysis.mixed_precision_keep == QT_KEEP_FP32 ? "fp32" : "w8a8"};
-  if (o->analysis.images > 0 && o->analysis.images < A->sub.n) A->sub.n = o->analysis.images;
   char methods[MAX_LIST][64];
   const int n_methods = split_list(o->analysis.calibration_methods, methods, MAX_LIST);
   int counts[MAX_LIST], ks[MAX_LIST], rc = -1;
@@ -562,9 +562,8 @@ int qt_analysis_run_qat(const qt_options *o, qt_graph *qat, const qt_dataset *te
   qt_strbuf md = {0}, js = {0};
   qt_node_sqnr *rows = NULL;
   int n_rows = 0;
-  qt_dataset sub = *test;
-  int64_t images = o->analysis.images;
-  if (images > 0 && images < sub.n) sub.n = images;
+  const int64_t images = o->analysis.images;
+  qt_dataset sub = qt_dataset_view(test, 0, images > 0 && images < test->n ? images : test->n);
   const int wb = o->quant.weight_bits, ab = o->quant.activation_bits;
   qt_eval_result on, off;
   qt_graph_sync_learned_scales(qat);

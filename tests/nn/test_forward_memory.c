@@ -220,14 +220,15 @@ static void backward_frees(void) {
   qt_graph_free(g);
 }
 
-/* FashionCNN prepared for QAT W4A8 with LSQ: its conv_bn nodes normalize conv / sf without the
- * quotient in memory (qt_batch_norm_div), fused with the relu, then with BN frozen (running
- * statistics, relu apart). One observed step first; then observers off, so that the three modes
- * start from the same qparams and learned scales. */
-static void qat_training_step(void) {
+/* FashionCNN prepared for QAT W4A8 with LSQ (lsq) or observers and the clipped STE: the fake
+ * quants before its max pools run with them (and, LSQ, the input's inside conv1), its conv_bn
+ * nodes normalize conv / sf without the quotient in memory (qt_batch_norm_div), fused with the
+ * relu, then with BN frozen (running statistics, relu apart). One observed step first; then
+ * observers off, so that the three modes start from the same qparams and learned scales. */
+static void qat_training_step(int lsq) {
   qt_graph *g = model("fashion_cnn");
   qt_quantizer_config qc = qt_test_quantizer_config(4, 8);
-  qc.learnable_scale = 1;
+  qc.learnable_scale = lsq;
   qt_graph *p = qt_test_prepare_onednn(g, &qc, QT_PREPARE_QAT);
   qt_graph_set_mode(p, QT_MODE_TRAIN);
   enum { N = 32 };
@@ -244,10 +245,10 @@ static void qat_training_step(void) {
     conv_bn += p->nodes[i].op == QT_OP_CONV_BN;
   }
   QT_CHECK(conv_bn == 2);
-  training_step(p, N, 0.60, "input.fq.scale");
+  training_step(p, N, 0.60, lsq ? "input.fq.scale" : NULL);
   for (int i = 0; i < p->n_nodes; i++)
     if (p->nodes[i].op == QT_OP_CONV_BN) p->nodes[i].bn_frozen = 1;
-  training_step(p, N, 0.60, "input.fq.scale");
+  training_step(p, N, 0.60, lsq ? "input.fq.scale" : NULL);
   free(x);
   qt_graph_free(p);
   qt_graph_free(g);
@@ -258,6 +259,7 @@ int main(void) {
   fashion_cnn();
   res_cnn_and_mobilenet();
   backward_frees();
-  qat_training_step();
+  qat_training_step(1);
+  qat_training_step(0);
   return qt_test_finish();
 }

@@ -1,8 +1,11 @@
-/* The fused per-tensor LSQ fake quant + tiling max pool (qt_fake_quant_max_pool_forward,
- * qt_fake_quant_lsq_max_pool_backward) against the two ops it replaces, run one after the other
+/* The fused per-tensor fake quant + tiling max pool (qt_fake_quant_max_pool_forward, and the
+ * backwards qt_fake_quant_lsq_max_pool_backward (LSQ) and qt_fake_quant_max_pool_backward (fixed
+ * qparams, clipped STE)) against the two ops they replace, run one after the other
  * (qt_fake_quant_forward then qt_max_pool2d_forward; qt_max_pool2d_backward_ex then
- * qt_fake_quant_lsq_backward_ex, as the autograd ops chain them):
- * - forward output and argmax: bit for bit;
+ * qt_fake_quant_lsq_backward_ex or the STE, as the autograd ops chain them):
+ * - forward output and argmax: bit for bit; the STE mask byte per output: the argmax input's;
+ * - STE input gradient, written and added: bit for bit (argmax inputs both inside and outside
+ *   the clamp range);
  * - input gradient, written (a fresh buffer) or added to an existing one: bit for bit;
  * - scale gradient: the same float terms summed in double in another order, so within
  *   1e-9 * sum |dy| * (qmax - qmin) (the bound test_quant_vs_ref uses for the LSQ sums), and
@@ -73,7 +76,8 @@ static void run(const pool_case *k, uint64_t seed) {
                         .stride_h = k->KH, .stride_w = k->KW, .pad_h = 0, .pad_w = 0};
   QT_ASSERT(qt_pool2d_shape_init(&ps) == 0, "pool shape");
   qt_max_pool2d_forward(want, am_want, fq, &ps);
-  qt_fake_quant_max_pool_forward(got, am, x, k->N, k->H, k->W, k->C, k->KH, k->KW, s, zp, k->qmin, k->qmax);
+  uint8_t *mask = malloc((size_t)m), *fq_mask = malloc((size_t)n);
+  qt_fake_quant_max_pool_forward(got, am, mask, x, k->N, k->H, k->W, k->C, k->KH, k->KW, s, zp, k->qmin, k->qmax);
   char w2[260];
   snprintf(w2, sizeof w2, "%s: forward", what);
   quant_check_same(w2, got, want, m, 0);
@@ -118,6 +122,36 @@ static void run(const pool_case *k, uint64_t seed) {
                                       k->qmin, k->qmax, gf);
   snprintf(w2, sizeof w2, "%s: input gradient (added)", what);
   quant_check_same(w2, acc_got, acc_want, n, 0);
+
+  /* fixed qparams (the clipped STE): the mask is the argmax input's, the gradient the
+   * composition's (max_pool2d's backward into a fresh buffer, then fake quant's: masked in place
+   * when the input has no gradient yet, as fake_quant_backward does, else added times the mask) */
+  qt_fake_quant_forward(fq, fq_mask, x, n, 1, 1, &s, &zp, k->qmin, k->qmax);
+  int64_t mask_bad = 0;
+  for (int64_t i = 0; i < m; i++) {
+    const int64_t img = i / ((int64_t)OH * OW * k->C), c = i % k->C;
+    mask_bad += mask[i] != fq_mask[(img * k->H * k->W + am_want[i]) * k->C + c];
+  }
+  if (mask_bad) qt_test_fail("%s: %lld STE mask bytes differ from the argmax input's", what, (long long)mask_bad);
+  float *ste_want = malloc((size_t)n * sizeof(float)), *ste_got = malloc((size_t)n * sizeof(float));
+  qt_max_pool2d_backward_ex(ste_want, 1, dy, am_want, &ps);
+  for (int64_t i = 0; i < n; i++) ste_want[i] = fq_mask[i] ? ste_want[i] : 0.0f;
+  for (int64_t i = 0; i < n; i++) ste_got[i] = NAN;
+  qt_fake_quant_max_pool_backward(ste_got, 1, dy, am, mask, k->N, k->H, k->W, k->C, k->KH, k->KW);
+  snprintf(w2, sizeof w2, "%s: STE input gradient (written)", what);
+  quant_check_same(w2, ste_got, ste_want, n, 0);
+  float *ste_acc_want = qt_test_uniform(n, seed + 3), *ste_acc_got = qt_test_copy_f32(ste_acc_want, n);
+  float *g = malloc((size_t)n * sizeof(float));
+  qt_max_pool2d_backward_ex(g, 1, dy, am_want, &ps);
+  qt_fake_quant_backward(ste_acc_want, g, fq_mask, n);
+  qt_fake_quant_max_pool_backward(ste_acc_got, 0, dy, am, mask, k->N, k->H, k->W, k->C, k->KH, k->KW);
+  snprintf(w2, sizeof w2, "%s: STE input gradient (added)", what);
+  quant_check_same(w2, ste_acc_got, ste_acc_want, n, 0);
+  int64_t clipped = 0;
+  for (int64_t i = 0; i < m; i++) clipped += !mask[i];
+  if (m >= 64 && (clipped == 0 || clipped == m)) qt_test_fail("%s: every argmax input %s the clamp range", what,
+                                                              clipped ? "outside" : "inside");
+  free(ste_want), free(ste_got), free(ste_acc_want), free(ste_acc_got), free(g), free(mask), free(fq_mask);
 
   /* threads: one against two */
   const int saved = omp_get_max_threads();
