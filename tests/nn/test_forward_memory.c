@@ -156,9 +156,6 @@ static float *step_grads(qt_graph *g, const float *x, const int32_t *labels, int
   return out;
 }
 
-/* The three modes give bit-identical gradients and running statistics; the trainer's (2) spans
- * at most max_ratio of keeping everything (0). FashionCNN: BN -> ReLU -> max pool, whose ReLU
- * outputs go back after the pool; ResCNN: residual adds; MobileNet-style: ReLU6, depthwise. */
 /* Whether two steps' gradients and running statistics (step_grads) are identical, except the
  * parameter named `loose` (may be NULL): the fused training forward computes the input
  * quantizer's LSQ scale gradient as another sum of the same terms (qt_conv2d_lsq_input; checked
@@ -175,6 +172,10 @@ static int same_step(const qt_graph *g, const float *a, const float *b, const ch
   return 1;
 }
 
+/* The three modes give bit-identical gradients and running statistics (same_step: but for
+ * `loose`); the trainer's (2) spans at most max_ratio of keeping everything (0). FashionCNN:
+ * BN -> ReLU -> max pool, whose ReLU outputs go back after the pool; ResCNN: residual adds;
+ * MobileNet-style: ReLU6, depthwise. */
 static void training_step(qt_graph *g, int N, double max_ratio, const char *loose) {
   const qt_value *in = &g->values[g->input];
   const int64_t n_in = N * qt_value_numel(in);
