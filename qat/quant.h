@@ -98,16 +98,16 @@ void qt_fake_quant_lsq_scale_coef(float *coef, const float *inp, int64_t n, floa
  * of the float when the double sums round differently. dinp may be NULL. */
 void qt_fake_quant_max_pool_forward(float *out, int32_t *argmax, uint8_t *mask, const float *inp, int N, int H, int W,
                                     int C, int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax);
+void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dscale, const float *dout,
+                                         const int32_t *argmax, const float *inp, int N, int H, int W, int C,
+                                         int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax,
+                                         float grad_factor);
 /* The clipped STE's backward of that composition (a fake quant with fixed qparams), given the
  * forward's mask (may be NULL there when not needed: one byte per output, the argmax input's
  * clamp-range bit): dinp (written when dinp_write, else added to) has the composition's bits
  * (max_pool2d's backward into a fresh buffer, then qt_fake_quant's in place or added). */
 void qt_fake_quant_max_pool_backward(float *dinp, int dinp_write, const float *dout, const int32_t *argmax,
                                      const uint8_t *mask, int N, int H, int W, int C, int KH, int KW);
-void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dscale, const float *dout,
-                                         const int32_t *argmax, const float *inp, int N, int H, int W, int C,
-                                         int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax,
-                                         float grad_factor);
 
 /* Quantize to integers (the convert graph's Q node): q = clamp(nearbyint(x*inv_s) + zp, qmin,
  * qmax) stored as int32; dequantize: x = (q - zp) * s. dequantize(quantize(x)) equals
