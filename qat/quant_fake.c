@@ -419,41 +419,29 @@ void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dsc
           const int64_t o = (((int64_t)n * OH + oh) * OW + ow) * C;
           const float *restrict d = dout + o;
           const int32_t *restrict am = argmax + o;
-          if (KH == 2 && KW == 2) { /* FashionCNN's pools: one pass, the window in registers */
+          if (KH == 2 && KW == 2 && dimg) { /* FashionCNN's pools: one pass, the window in registers */
             const int32_t i00 = 2 * oh * W + 2 * ow, i01 = i00 + 1, i10 = i00 + W, i11 = i10 + 1;
             const float *restrict x00 = img + (int64_t)i00 * C, *restrict x01 = x00 + C;
             const float *restrict x10 = img + (int64_t)i10 * C, *restrict x11 = x10 + C;
-            float *g00 = dimg ? dimg + (int64_t)i00 * C : NULL, *g01 = g00 ? g00 + C : NULL;
-            float *g10 = dimg ? dimg + (int64_t)i10 * C : NULL, *g11 = g10 ? g10 + C : NULL;
-            if (dimg) {
+            float *g00 = dimg + (int64_t)i00 * C, *g01 = g00 + C, *g10 = dimg + (int64_t)i10 * C, *g11 = g10 + C;
 #pragma omp simd
-              for (int c = 0; c < C; c++) {
-                const int32_t a = am[c];
-                const float xs = select_bits(a == i00, x00[c],
-                                             select_bits(a == i01, x01[c], select_bits(a == i10, x10[c], x11[c])));
-                float dx, ds, dz;
-                LSQ_ELEMENT(xs, 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
-                (void)dz;
-                acc[c] += ds;
-                g00[c] = select_bits(dinp_write, 0.0f, g00[c]) + select_bits(a == i00, dx, 0.0f);
-                g01[c] = select_bits(dinp_write, 0.0f, g01[c]) + select_bits(a == i01, dx, 0.0f);
-                g10[c] = select_bits(dinp_write, 0.0f, g10[c]) + select_bits(a == i10, dx, 0.0f);
-                g11[c] = select_bits(dinp_write, 0.0f, g11[c]) + select_bits(a == i11, dx, 0.0f);
-              }
-            } else {
-#pragma omp simd
-              for (int c = 0; c < C; c++) {
-                const int32_t a = am[c];
-                const float xs = select_bits(a == i00, x00[c],
-                                             select_bits(a == i01, x01[c], select_bits(a == i10, x10[c], x11[c])));
-                float dx, ds, dz;
-                LSQ_ELEMENT(xs, 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
-                (void)dx, (void)dz;
-                acc[c] += ds;
-              }
+            for (int c = 0; c < C; c++) {
+              const int32_t a = am[c];
+              const float xs = select_bits(a == i00, x00[c],
+                                           select_bits(a == i01, x01[c], select_bits(a == i10, x10[c], x11[c])));
+              float dx, ds, dz;
+              LSQ_ELEMENT(xs, 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
+              (void)dz;
+              acc[c] += ds;
+              g00[c] = select_bits(dinp_write, 0.0f, g00[c]) + select_bits(a == i00, dx, 0.0f);
+              g01[c] = select_bits(dinp_write, 0.0f, g01[c]) + select_bits(a == i01, dx, 0.0f);
+              g10[c] = select_bits(dinp_write, 0.0f, g10[c]) + select_bits(a == i10, dx, 0.0f);
+              g11[c] = select_bits(dinp_write, 0.0f, g11[c]) + select_bits(a == i11, dx, 0.0f);
             }
             continue;
           }
+          /* the general path (and the scale's gradient alone, dinp NULL: the same sums in the same
+           * per-channel order) */
           /* each channel's argmax input: the only one of the window whose gradient is not zero */
           for (int ih = oh * KH; ih < (oh + 1) * KH; ih++)
             for (int iw = ow * KW; iw < (ow + 1) * KW; iw++) {
