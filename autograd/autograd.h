@@ -100,6 +100,7 @@ typedef enum {
   QT_PROFILE_CHANNEL_SCALE,
   QT_PROFILE_CHANNEL_ADD,
   QT_PROFILE_BN_SCALE_FACTOR,
+  QT_PROFILE_BN_MAX_POOL2D,
   QT_PROFILE_OP_COUNT
 } qt_profile_op;
 /* The parts of a training step that are not ops, timed by their callers (train/trainer.c,
@@ -233,6 +234,27 @@ qt_tensor *qt_fake_quant_lsq_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *sc
  * mask byte per output instead of one per input. */
 qt_tensor *qt_fake_quant_max_pool2d(qt_ctx *ctx, qt_tensor *x, const float *scale, const int32_t *zero_point, int qmin,
                                     int qmax, int kernel);
+/* The fake quant between qt_batch_norm_relu_max_pool2d's relu and pool: per tensor, LSQ with
+ * lsq_scale (1 element) and grad_factor, else fixed qparams (scale[0]; the clipped STE). */
+typedef struct {
+  qt_tensor *lsq_scale;
+  const float *scale;
+  const int32_t *zero_point;
+  int qmin, qmax;
+  float grad_factor;
+} qt_pool_fake_quant;
+/* Batch norm in training mode of x (or of x / div, div per channel, NULL: none: QAT's conv_bn),
+ * then relu (relu 1), relu6 (2) or none (0), then fq (NULL: none), then a max pool whose
+ * kernel x kernel windows tile x (stride = kernel, no padding), as one op: the output and every
+ * gradient (x, div, gamma, beta, the LSQ scale) and the running statistics are bit for bit those
+ * of the ops in turn (qt_batch_norm_relu or qt_batch_norm_div, then qt_max_pool2d or the fused
+ * fake quant + max pool), while neither the normalized tensor, nor its relu's, nor its fake
+ * quant's is ever in memory (qt_batch_norm_relu_pool_forward_train), nor its gradient
+ * (qt_batch_norm_relu_backward_pooled). Saved for backward: argmax, and for LSQ the relu's output
+ * at each argmax; for fixed qparams a mask byte per output. */
+qt_tensor *qt_batch_norm_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
+                                         float *running_mean, float *running_var, float momentum, float eps, int relu,
+                                         const qt_pool_fake_quant *fq, int kernel);
 /* conv2d(fake_quant_lsq(x), w, b) with groups 1 for an x that needs no gradient (an image): the
  * output of the two ops, and the gradients of w, b and the per-tensor scale (1) without the
  * convolution's input gradient: the scale's is read off a backward-weights pass over

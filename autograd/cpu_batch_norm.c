@@ -21,7 +21,11 @@
  * kernel would store a NaN running_var, the unbiased variance being 0/0). */
 #include "autograd/autograd.h"
 #include "autograd/kernels.h"
+#include "qat/quant_elem.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -249,10 +253,12 @@ void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, co
                                    momentum, eps, M, C, sync, M_total);
 }
 
-void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
-                                      const float *inp, const float *in_div, const float *gamma, const float *beta,
-                                      float *running_mean, float *running_var, float momentum, float eps, int M,
-                                      int C, const qt_batch_sync *sync, int64_t *M_total) {
+/* The training statistics of inp (or inp / in_div): mean, invstd, the running statistics'
+ * update, and the apply pass's per-channel constants: chi + clo, the mean as two floats, and ca,
+ * gamma * invstd. */
+static void bn_train_stats(float *mean, float *invstd, float *chi, float *clo, float *ca, const float *inp,
+                           const float *in_div, const float *gamma, float *running_mean, float *running_var,
+                           float momentum, float eps, int M, int C, const qt_batch_sync *sync, int64_t *M_total) {
   const int synced = sync && sync->size > 1;
   QT_ASSERT((synced ? M > 0 : M > 1) && C > 0,
             "batch_norm_forward_train: needs more than one value per channel (M=%d, C=%d), as PyTorch", M, C);
@@ -261,10 +267,9 @@ void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, f
   const size_t npart = (size_t)p.nchunks * (size_t)C;
   double *part = xmalloc(3 * npart * sizeof(double));
   double *pmu = part, *pdev = part + npart, *psq = part + 2 * npart;
-  float *ws = xmalloc(((size_t)nthreads * 2 + 8) * pattern_stride(&p) * sizeof(float));
-  /* the divisors' pattern, read by every thread: after the 7 patterns of the apply pass, which
-   * reuse the threads' scratch once the statistics are done */
-  float *drep = in_div ? ws + ((size_t)nthreads * 2 + 7) * pattern_stride(&p) : NULL;
+  float *ws = xmalloc(((size_t)nthreads * 2 + 1) * pattern_stride(&p) * sizeof(float));
+  /* the divisors' pattern, read by every thread, after the threads' scratch */
+  float *drep = in_div ? ws + (size_t)nthreads * 2 * pattern_stride(&p) : NULL;
   if (drep) pattern_fill(drep, in_div, 1.0f, &p);
 
 #pragma omp parallel for schedule(static) if ((int64_t)M * C >= BN_PARALLEL_MIN)
@@ -275,11 +280,7 @@ void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, f
                 scratch + pattern_stride(&p), drep);
   }
 
-  /* Merge the chunks in order (exact parallel-variance identity), then build the patterns
-   * for the apply pass in the scratch the parallel region has released. */
-  const size_t ps = pattern_stride(&p);
-  float *mhi = ws, *mlo = ws + ps, *arep = ws + 2 * ps, *brep = ws + 3 * ps, *chi = ws + 4 * ps;
-  float *clo = ws + 5 * ps, *ca = ws + 6 * ps;
+  /* Merge the chunks in order (exact parallel-variance identity). */
   double *stat_m = xmalloc(2 * (size_t)C * sizeof(double)), *stat_m2 = stat_m + C; /* per channel */
   for (int c = 0; c < C; c++) {
     double s = 0;
@@ -320,14 +321,134 @@ void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, f
     clo[c] = (float)(m - (double)chi[c]);
     ca[c] = (float)((gamma ? (double)gamma[c] : 1.0) * is);
   }
+  free(stat_m);
+  free(ws);
+  free(part);
+}
+
+void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
+                                      const float *inp, const float *in_div, const float *gamma, const float *beta,
+                                      float *running_mean, float *running_var, float momentum, float eps, int M,
+                                      int C, const qt_batch_sync *sync, int64_t *M_total) {
+  const bn_plan p = bn_plan_make(M > 0 ? M : 1, C > 0 ? C : 1);
+  const size_t ps = pattern_stride(&p);
+  /* the apply pass's patterns, then the per-channel constants they replicate */
+  float *ws = xmalloc((5 * ps + 3 * (size_t)(C > 0 ? C : 1)) * sizeof(float));
+  float *mhi = ws, *mlo = ws + ps, *arep = ws + 2 * ps, *brep = ws + 3 * ps, *drep = in_div ? ws + 4 * ps : NULL;
+  float *chi = ws + 5 * ps, *clo = chi + C, *ca = clo + C;
+  bn_train_stats(mean, invstd, chi, clo, ca, inp, in_div, gamma, running_mean, running_var, momentum, eps, M, C, sync,
+                 M_total);
   pattern_fill(mhi, chi, 0, &p);
   pattern_fill(mlo, clo, 0, &p);
   pattern_fill(arep, ca, 0, &p);
   pattern_fill(brep, beta, 0, &p);
+  if (drep) pattern_fill(drep, in_div, 1.0f, &p);
   bn_apply(out, inp, mhi, mlo, arep, brep, &p, relu_mask, six, drep);
-  free(stat_m);
   free(ws);
-  free(part);
+}
+
+/* One row of windows (output row oh of an image) of qt_batch_norm_relu_pool_forward_train, with
+ * literal RELU, FQ and D (a divisor): each input normalized as bn_apply_rows does, clamped as
+ * relu_mask_block does (max(0, v) and min(6, v) as x86 computes them: NaN and -0 kept), quantized
+ * as qt_fake_quant_forward does, and pooled with max pool's comparison in its window order; with
+ * FQ, ya tracks the relu's output at the argmax. */
+/* One normalized, relu'd value (bn_pool_band's, before the fake quant). */
+BN_INLINE float bn_pool_value(float x, float div, float chi, float clo, float ca, float bb, const int RELU,
+                              const int D) {
+  float v = (((D ? x / div : x) - chi) - clo) * ca + bb;
+  if (RELU) v = select_bits(0.0f > v, 0.0f, v);
+  if (RELU == 2) v = select_bits(6.0f < v, 6.0f, v);
+  return v;
+}
+
+BN_INLINE void bn_pool_band(float *out, int32_t *argmax, float *yarg, uint8_t *qmask, const float *img, int64_t o_row,
+                            int oh, int W, int OW, int C, int K, const float *restrict chi,
+                            const float *restrict clo, const float *restrict ca, const float *restrict bb,
+                            const float *restrict div, const qt_fq_params *fq, float *ya_scratch, const int RELU,
+                            const int FQ, const int D) {
+  const float s = FQ ? fq->scale : 1.0f, inv_s = 1.0f / s, zpf = FQ ? (float)fq->zero_point : 0.0f;
+  const float lo = FQ ? (float)fq->qmin : 0.0f, hi = FQ ? (float)fq->qmax : 0.0f;
+  for (int ow = 0; ow < OW; ow++) {
+    const int64_t o = o_row + (int64_t)ow * C;
+    float *restrict mv = out + o;
+    int32_t *restrict mi = argmax + o;
+    float *restrict ya = yarg ? yarg + o : ya_scratch;
+    const int32_t first = oh * K * W + ow * K;
+    const float *restrict p0 = img + (int64_t)first * C;
+#pragma omp simd
+    for (int c = 0; c < C; c++) {
+      const float v = bn_pool_value(p0[c], D ? div[c] : 1.0f, chi[c], clo[c], ca[c], bb[c], RELU, D);
+      mv[c] = FQ ? (quant_clamp(quant_round(v, inv_s, zpf), lo, hi) - zpf) * s : v;
+      mi[c] = first;
+      if (FQ) ya[c] = v;
+    }
+    /* the window after its first element, in max pool's order and with its comparison */
+    for (int kh = 0; kh < K; kh++)
+      for (int kw = kh == 0 ? 1 : 0; kw < K; kw++) {
+        const int32_t idx = first + kh * W + kw;
+        const float *restrict p = img + (int64_t)idx * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) {
+          const float v = bn_pool_value(p[c], D ? div[c] : 1.0f, chi[c], clo[c], ca[c], bb[c], RELU, D);
+          const float q = FQ ? (quant_clamp(quant_round(v, inv_s, zpf), lo, hi) - zpf) * s : v;
+          const int take = (q > mv[c]) | (q != q);
+          mv[c] = select_bits(take, q, mv[c]);
+          mi[c] = take ? idx : mi[c];
+          if (FQ) ya[c] = select_bits(take, v, ya[c]);
+        }
+      }
+    if (FQ && qmask)
+      for (int c = 0; c < C; c++) {
+        const float q = quant_round(ya[c], inv_s, zpf);
+        qmask[o + c] = (uint8_t)((q >= lo) & (q <= hi) & qt_relu_passes(ya[c], RELU));
+      }
+  }
+}
+
+void qt_batch_norm_relu_pool_forward_train(float *out, int32_t *argmax, float *yarg, uint8_t *qmask, float *mean,
+                                           float *invstd, const float *inp, const float *in_div, const float *gamma,
+                                           const float *beta, float *running_mean, float *running_var,
+                                           float momentum, float eps, int N, int H, int W, int C, int K, int relu,
+                                           const qt_fq_params *fq, const qt_batch_sync *sync, int64_t *M_total) {
+  QT_ASSERT(N >= 1 && C >= 1 && K >= 1 && H >= K && W >= K && H % K == 0 && W % K == 0 && relu >= 0 && relu <= 2 &&
+                (fq || (!qmask && !yarg)) && (!fq || fq->qmin < fq->qmax),
+            "batch_norm_relu_pool_forward_train: %dx%dx%dx%d input not tiled by %dx%d windows, relu %d, or a mask "
+            "or argmax values without a fake quant",
+            N, H, W, C, K, K, relu);
+  const int M = N * H * W, OH = H / K, OW = W / K;
+  const int nthreads = omp_get_max_threads();
+  /* per channel: the mean as two floats, gamma * invstd, beta (0 without), then ya per thread */
+  float *ws = xmalloc((4 + (size_t)nthreads) * (size_t)C * sizeof(float));
+  float *chi = ws, *clo = ws + C, *ca = ws + 2 * C, *bb = ws + 3 * C;
+  bn_train_stats(mean, invstd, chi, clo, ca, inp, in_div, gamma, running_mean, running_var, momentum, eps, M, C, sync,
+                 M_total);
+  for (int c = 0; c < C; c++) bb[c] = beta ? beta[c] : 0.0f;
+  const int variant = (relu * 2 + (fq != NULL)) * 2 + (in_div != NULL);
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)M * C >= BN_PARALLEL_MIN)
+  for (int n = 0; n < N; n++)
+    for (int oh = 0; oh < OH; oh++) {
+      const float *img = inp + (int64_t)n * H * W * C;
+      const int64_t o_row = ((int64_t)n * OH + oh) * OW * C;
+      float *ya = ws + (4 + (size_t)omp_get_thread_num()) * (size_t)C;
+#define BN_POOL_BAND(R, F, D) \
+  bn_pool_band(out, argmax, yarg, qmask, img, o_row, oh, W, OW, C, K, chi, clo, ca, bb, in_div, fq, ya, R, F, D)
+      switch (variant) {
+        case 0: BN_POOL_BAND(0, 0, 0); break;
+        case 1: BN_POOL_BAND(0, 0, 1); break;
+        case 2: BN_POOL_BAND(0, 1, 0); break;
+        case 3: BN_POOL_BAND(0, 1, 1); break;
+        case 4: BN_POOL_BAND(1, 0, 0); break;
+        case 5: BN_POOL_BAND(1, 0, 1); break;
+        case 6: BN_POOL_BAND(1, 1, 0); break;
+        case 7: BN_POOL_BAND(1, 1, 1); break;
+        case 8: BN_POOL_BAND(2, 0, 0); break;
+        case 9: BN_POOL_BAND(2, 0, 1); break;
+        case 10: BN_POOL_BAND(2, 1, 0); break;
+        default: BN_POOL_BAND(2, 1, 1); break;
+      }
+#undef BN_POOL_BAND
+    }
+  free(ws);
 }
 
 void qt_batch_norm_forward_train_ref(float *out, float *mean, float *invstd, const float *inp,
@@ -457,24 +578,166 @@ static void chunk_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_wri
     chunk_grad_sums_impl(sdy, sdyx, dinp, dinp_write, dout, x, rows, p, mrep, dx_scale, acc_s, acc_p, NULL, 0);
 }
 
+/* Where a row's gradient comes from in a pooled backward: the row's window and position, advanced
+ * one row at a time (pool_grad_rows' walk, for the fused loops below). */
+typedef struct {
+  int64_t n;
+  int h, w, oh, kh, ow, kw;
+} pool_walk;
+
+static pool_walk pool_walk_at(const qt_pool_grad *pg, int64_t r0) {
+  const int64_t HW = (int64_t)pg->H * pg->W;
+  pool_walk q = {.n = r0 / HW};
+  q.h = (int)((r0 - q.n * HW) / pg->W);
+  q.w = (int)(r0 - q.n * HW - (int64_t)q.h * pg->W);
+  q.oh = q.h / pg->KH, q.kh = q.h - q.oh * pg->KH, q.ow = q.w / pg->KW, q.kw = q.w - q.ow * pg->KW;
+  return q;
+}
+
+static inline void pool_walk_next(pool_walk *q, const qt_pool_grad *pg) {
+  if (++q->kw == pg->KW) q->kw = 0, q->ow++;
+  if (++q->w == pg->W) {
+    q->w = q->ow = q->kw = 0;
+    if (++q->kh == pg->KH) q->kh = 0, q->oh++;
+    if (++q->h == pg->H) q->h = q->oh = q->kh = 0, q->n++;
+  }
+}
+
+/* The row's output offset (its window's, times C). */
+static inline int64_t pool_walk_out(const pool_walk *q, const qt_pool_grad *pg, int C) {
+  return ((q->n * (pg->H / pg->KH) + q->oh) * (pg->W / pg->KW) + q->ow) * C;
+}
+
+/* Rows [r0, r0 + rows) of the gradient pg expands to, relu-masked (mask NULL: none), into dy:
+ * (pass && argmax) ? val : +0, the bits of the pool's backward into a fresh buffer (argmax ? 0 +
+ * d : 0 + 0) then the relu's mask (a select of that or +0). r0 * C is a multiple of 8 (chunks
+ * are whole patterns). The row's image, position and window advance one row at a time. */
+static void pool_grad_rows(float *restrict dy, const qt_pool_grad *pg, const uint8_t *mask, int64_t r0,
+                           int64_t rows, int C) {
+  pool_walk q = pool_walk_at(pg, r0);
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t o = pool_walk_out(&q, pg, C);
+    const int32_t idx = q.h * pg->W + q.w;
+    const float *restrict v = pg->val + o;
+    const int32_t *restrict am = pg->argmax + o;
+    float *restrict d = dy + r * C;
+#pragma omp simd
+    for (int c = 0; c < C; c++) d[c] = am[c] == idx ? v[c] : 0.0f;
+    pool_walk_next(&q, pg);
+  }
+  if (mask) qt_relu_grad_span_at(dy, mask, r0 * C, rows * C);
+}
+
+#if defined(__AVX512F__)
+/* For C a multiple of 16 with AVX-512: the pooled passes with each row's gradient selected in
+ * registers (argmax == position, and the relu mask's 16 bits, as one lane mask over val), never
+ * stored. The sums and dinp are the expressions of chunk_grad_sums_impl and bn_dinp_rows, lane by
+ * lane, in the same order per accumulator (row t of a pattern adds to slot t; tail rows to slot
+ * 0), so the bits are those of the expanded path. */
+#define POOLED512(C) ((C) % 16 == 0)
+
+static inline __mmask16 pooled_select(const int32_t *am, int32_t idx, const uint8_t *mask, int64_t bit) {
+  __mmask16 sel = _mm512_cmpeq_epi32_mask(_mm512_loadu_si512(am), _mm512_set1_epi32(idx));
+  if (mask) {
+    uint16_t bits;
+    memcpy(&bits, mask + bit / 8, 2);
+    sel &= (__mmask16)bits;
+  }
+  return sel;
+}
+
+static void chunk_grad_sums_pooled(double *sdy, double *sdyx, const qt_pool_grad *pg, const uint8_t *mask,
+                                   const float *x, int64_t r0, int64_t rows, const bn_plan *p,
+                                   const float *mrep, float *acc_s, float *acc_p, const float *drep) {
+  const int C = p->C, k = p->k;
+  const int64_t grouped = rows / k * k;
+  memset(acc_s, 0, (size_t)p->L * sizeof *acc_s);
+  memset(acc_p, 0, (size_t)p->L * sizeof *acc_p);
+  pool_walk q = pool_walk_at(pg, r0);
+  int t = 0;
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t o = pool_walk_out(&q, pg, C);
+    const int32_t idx = q.h * pg->W + q.w;
+    const int slot = r < grouped ? t : 0;
+    const float *xr = x + r * C;
+    for (int c = 0; c < C; c += 16) {
+      const __m512 dy = _mm512_maskz_loadu_ps(pooled_select(pg->argmax + o + c, idx, mask, (r0 + r) * C + c),
+                                              pg->val + o + c);
+      __m512 xv = _mm512_loadu_ps(xr + c);
+      if (drep) xv = _mm512_div_ps(xv, _mm512_loadu_ps(drep + c));
+      const __m512 d = _mm512_sub_ps(xv, _mm512_loadu_ps(mrep + c));
+      float *as = acc_s + slot * C + c, *ap = acc_p + slot * C + c;
+      _mm512_storeu_ps(as, _mm512_add_ps(_mm512_loadu_ps(as), dy));
+      _mm512_storeu_ps(ap, _mm512_add_ps(_mm512_loadu_ps(ap), _mm512_mul_ps(dy, d)));
+    }
+    if (++t == k) t = 0;
+    pool_walk_next(&q, pg);
+  }
+  pattern_fold(sdy, acc_s, p);
+  pattern_fold(sdyx, acc_p, p);
+}
+
+static void chunk_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *pg, const uint8_t *mask,
+                              const float *x, int64_t r0, int64_t rows, int C, const float *mrep,
+                              const float *gmrep, const float *psrep, const float *arep, const float *drep) {
+  pool_walk q = pool_walk_at(pg, r0);
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t o = pool_walk_out(&q, pg, C);
+    const int32_t idx = q.h * pg->W + q.w;
+    const float *xr = x + r * C;
+    float *ir = dinp + r * C;
+    for (int c = 0; c < C; c += 16) {
+      const __m512 dy = _mm512_maskz_loadu_ps(pooled_select(pg->argmax + o + c, idx, mask, (r0 + r) * C + c),
+                                              pg->val + o + c);
+      __m512 xv = _mm512_loadu_ps(xr + c);
+      if (drep) xv = _mm512_div_ps(xv, _mm512_loadu_ps(drep + c));
+      const __m512 xm = _mm512_mul_ps(_mm512_sub_ps(xv, _mm512_loadu_ps(mrep + c)), _mm512_loadu_ps(psrep + c));
+      const __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(dy, _mm512_loadu_ps(gmrep + c)), xm),
+                                     _mm512_loadu_ps(arep + c));
+      const __m512 base = dinp_write ? _mm512_setzero_ps() : _mm512_loadu_ps(ir + c);
+      _mm512_storeu_ps(ir + c, _mm512_add_ps(base, v));
+    }
+    pool_walk_next(&q, pg);
+  }
+}
+#else
+#define POOLED512(C) 0
+#endif
+
 /* Reduces sum(dout) and sum(dout*(x-mean)) per channel into sdy/sdyx (C doubles each),
  * deterministically; with dx_scale also applies the eval dinp update in the same pass. */
 static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write, const float *dout,
                          const float *inp, const float *mrep, const float *dx_scale, const bn_plan *p,
-                         float *relu_dout, const uint8_t *relu_mask, const float *drep) {
+                         float *relu_dout, const uint8_t *relu_mask, const float *drep, const qt_pool_grad *pg) {
   const int C = p->C;
   const int nthreads = omp_get_max_threads();
   const size_t npart = (size_t)p->nchunks * (size_t)C;
   double *part = xmalloc(2 * npart * sizeof(double));
-  float *ws = xmalloc((size_t)nthreads * 2 * pattern_stride(p) * sizeof(float));
+  /* per thread: the two accumulator patterns, then (pg) a chunk of the expanded gradient */
+  const size_t per_thread = 2 * pattern_stride(p) + (pg && !POOLED512(C) ? (size_t)p->chunk_rows * (size_t)C : 0);
+  float *ws = xmalloc((size_t)nthreads * per_thread * sizeof(float));
 #pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
   for (int64_t i = 0; i < p->nchunks; i++) {
-    float *scratch = thread_scratch(ws, 2, p);
+    float *scratch = ws + (size_t)omp_get_thread_num() * per_thread;
     int64_t r0 = i * p->chunk_rows, rows = p->M - r0 < p->chunk_rows ? p->M - r0 : p->chunk_rows;
-    /* fused relu backward: the chunk's gradient masked in place just before it is summed
-     * (chunks are whole patterns, so their mask bytes are their own) */
-    if (relu_mask) qt_relu_grad_span(relu_dout, 1, relu_dout, relu_mask, r0 * C, (r0 + rows) * C);
-    chunk_grad_sums(part + i * C, part + npart + i * C, dinp ? dinp + r0 * C : NULL, dinp_write, dout + r0 * C,
+    const float *dchunk = dout ? dout + r0 * C : NULL;
+    if (pg && POOLED512(C)) {
+#if defined(__AVX512F__)
+      chunk_grad_sums_pooled(part + i * C, part + npart + i * C, pg, relu_mask, inp + r0 * C, r0, rows, p, mrep,
+                             scratch, scratch + pattern_stride(p), drep);
+#endif
+      continue;
+    }
+    if (pg) { /* the chunk's gradient expanded (and masked) into scratch */
+      float *dy = scratch + 2 * pattern_stride(p);
+      pool_grad_rows(dy, pg, relu_mask, r0, rows, C);
+      dchunk = dy;
+    } else if (relu_mask) {
+      /* fused relu backward: the chunk's gradient masked in place just before it is summed
+       * (chunks are whole patterns, so their mask bytes are their own) */
+      qt_relu_grad_span(relu_dout, 1, relu_dout, relu_mask, r0 * C, (r0 + rows) * C);
+    }
+    chunk_grad_sums(part + i * C, part + npart + i * C, dinp ? dinp + r0 * C : NULL, dinp_write, dchunk,
                     inp + r0 * C, rows, p, mrep, dx_scale, scratch, scratch + pattern_stride(p), drep);
   }
   for (int c = 0; c < C; c++) {
@@ -499,13 +762,14 @@ void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const floa
 static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                         const float *inp, const float *in_div, const float *mean, const float *invstd,
                         const float *gamma, int M, int C, const qt_batch_sync *sync, int64_t M_total,
-                        float *relu_dout, const uint8_t *relu_mask);
+                        float *relu_dout, const uint8_t *relu_mask, const qt_pool_grad *pg);
 
 void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C, const qt_batch_sync *sync,
                                  int64_t M_total) {
-  bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, NULL, mean, invstd, gamma, M, C, sync, M_total, NULL, NULL);
+  bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, NULL, mean, invstd, gamma, M, C, sync, M_total, NULL, NULL,
+              NULL);
 }
 
 void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, float *dout,
@@ -513,7 +777,20 @@ void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, flo
                                  const float *invstd, const float *gamma, int M, int C, const qt_batch_sync *sync,
                                  int64_t M_total) {
   bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, in_div, mean, invstd, gamma, M, C, sync, M_total, dout,
-              relu_mask);
+              relu_mask, NULL);
+}
+
+void qt_batch_norm_relu_backward_pooled(float *dinp, int dinp_write, float *dgamma, float *dbeta,
+                                        const qt_pool_grad *pg, const uint8_t *relu_mask, const float *inp,
+                                        const float *in_div, const float *mean, const float *invstd,
+                                        const float *gamma, int M, int C, const qt_batch_sync *sync,
+                                        int64_t M_total) {
+  QT_ASSERT(pg && pg->KH >= 1 && pg->KW >= 1 && pg->H % pg->KH == 0 && pg->W % pg->KW == 0 &&
+                (int64_t)pg->N * pg->H * pg->W == M,
+            "batch_norm_backward_pooled: %dx%dx%d input not tiled by %dx%d windows or not %d rows", pg ? pg->N : 0,
+            pg ? pg->H : 0, pg ? pg->W : 0, pg ? pg->KH : 0, pg ? pg->KW : 0, M);
+  bn_backward(dinp, dinp_write, dgamma, dbeta, NULL, inp, in_div, mean, invstd, gamma, M, C, sync, M_total, NULL,
+              relu_mask, pg);
 }
 
 /* dinp (=, or += without dinp_write) for one pattern of rows; called with a literal D (see
@@ -554,11 +831,52 @@ static void bn_dinp(float *dinp, int dinp_write, const float *dout, const float 
   }
 }
 
-/* relu_mask: dout (== relu_dout) is masked in place, chunk by chunk, in the sums pass. */
+/* bn_dinp of the gradient pg expands to (masked by relu_mask when not NULL), a reduction chunk at
+ * a time into thread scratch: the same per-element expressions as bn_dinp, so the same bits. */
+static void bn_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *pg, const uint8_t *relu_mask,
+                           const float *inp, const bn_plan *p, const float *mrep, const float *gmrep,
+                           const float *psrep, const float *arep, const float *drep) {
+  const int L = p->L, C = p->C;
+  const size_t per_thread = POOLED512(C) ? 1 : (size_t)p->chunk_rows * (size_t)C;
+  float *ws = xmalloc((size_t)omp_get_max_threads() * per_thread * sizeof(float));
+#pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
+  for (int64_t i = 0; i < p->nchunks; i++) {
+    float *dy = ws + (size_t)omp_get_thread_num() * per_thread;
+    const int64_t r0 = i * p->chunk_rows, rows = p->M - r0 < p->chunk_rows ? p->M - r0 : p->chunk_rows;
+    if (POOLED512(C)) {
+#if defined(__AVX512F__)
+      chunk_dinp_pooled(dinp + r0 * C, dinp_write, pg, relu_mask, inp + r0 * C, r0, rows, C, mrep, gmrep, psrep, arep,
+                        drep);
+#endif
+      continue;
+    }
+    pool_grad_rows(dy, pg, relu_mask, r0, rows, C);
+    const int64_t groups = rows / p->k, tail = rows - groups * p->k;
+    float *di = dinp + r0 * C;
+    const float *xi = inp + r0 * C;
+    for (int64_t g = 0; g < groups; g++) {
+      if (drep)
+        bn_dinp_rows(di + g * L, dy + g * L, xi + g * L, mrep, gmrep, psrep, arep, L, dinp_write, drep, 1);
+      else
+        bn_dinp_rows(di + g * L, dy + g * L, xi + g * L, mrep, gmrep, psrep, arep, L, dinp_write, NULL, 0);
+    }
+    for (int64_t t = 0; t < tail; t++) { /* bn_dinp's tail rows: only the last chunk has any */
+      const int64_t o = (groups * p->k + t) * C;
+      for (int c = 0; c < C; c++)
+        di[o + c] = (dinp_write ? 0.0f : di[o + c]) +
+                    (dy[o + c] - gmrep[c] - ((drep ? xi[o + c] / drep[c] : xi[o + c]) - mrep[c]) * psrep[c]) *
+                        arep[c];
+    }
+  }
+  free(ws);
+}
+
+/* relu_mask: dout (== relu_dout) is masked in place, chunk by chunk, in the sums pass; pg (dout
+ * NULL): the gradient is expanded from a pool's, chunk by chunk, in both passes. */
 static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                         const float *inp, const float *in_div, const float *mean, const float *invstd,
                         const float *gamma, int M, int C, const qt_batch_sync *sync, int64_t M_total,
-                        float *relu_dout, const uint8_t *relu_mask) {
+                        float *relu_dout, const uint8_t *relu_mask, const qt_pool_grad *pg) {
   const int synced = sync && sync->size > 1;
   /* every process takes part in the sums' reduction, whatever gradients it wants */
   if (!dinp && !dgamma && !dbeta && !synced) return;
@@ -571,7 +889,7 @@ static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta
   float *drep = in_div ? ws + 7 * p.L : NULL;
   if (drep) pattern_fill(drep, in_div, 1.0f, &p);
   pattern_fill(mrep, mean, 0, &p);
-  bn_grad_sums(sums, sums + C, NULL, 0, dout, inp, mrep, NULL, &p, relu_dout, relu_mask, drep);
+  bn_grad_sums(sums, sums + C, NULL, 0, dout, inp, mrep, NULL, &p, relu_dout, relu_mask, drep, pg);
   /* dgamma/dbeta from this process's sums; dinp from the whole batch's */
   double *all = sums + 2 * C;
   memcpy(all, sums, 2 * (size_t)C * sizeof(double));
@@ -589,7 +907,10 @@ static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta
     pattern_fill(gmrep, cg, 0, &p);
     pattern_fill(psrep, cp, 0, &p);
     pattern_fill(arep, ca, 0, &p);
-    bn_dinp(dinp, dinp_write, dout, inp, &p, mrep, gmrep, psrep, arep, drep);
+    if (pg)
+      bn_dinp_pooled(dinp, dinp_write, pg, relu_mask, inp, &p, mrep, gmrep, psrep, arep, drep);
+    else
+      bn_dinp(dinp, dinp_write, dout, inp, &p, mrep, gmrep, psrep, arep, drep);
   }
   free(ws);
   free(sums);
@@ -635,7 +956,7 @@ void qt_batch_norm_backward_eval_ex(float *dinp, int dinp_write, float *dgamma, 
   if (dgamma || dbeta) {
     double *sums = xmalloc(2 * (size_t)C * sizeof(double));
     pattern_fill(mrep, mean, 0, &p);
-    bn_grad_sums(sums, sums + C, dinp, dinp_write, dout, inp, mrep, arep, &p, NULL, NULL, drep);
+    bn_grad_sums(sums, sums + C, dinp, dinp_write, dout, inp, mrep, arep, &p, NULL, NULL, drep, NULL);
     for (int c = 0; c < C; c++) {
       if (dbeta) dbeta[c] += (float)sums[c];
       if (dgamma) dgamma[c] += (float)(sums[C + c] * (double)invstd[c]);

@@ -190,6 +190,14 @@ void qt_relu_grad_span(float *dinp, int write, const float *dout, const uint8_t 
   relu_grad_tail(dinp, write, dout, mask, i, i1);
 }
 
+void qt_relu_grad_span_at(float *d, const uint8_t *mask, int64_t i0, int64_t n) {
+  QT_ASSERT(i0 % 8 == 0, "relu gradient span starting at %lld (want a multiple of 8)", (long long)i0);
+  const uint8_t *mk = mask + i0 / 8;
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64) relu_grad_block(d + j, 1, d + j, mk + j / 8);
+  for (; j < n; j++) d[j] = (mk[j / 8] >> (j % 8)) & 1u ? d[j] : 0.0f; /* relu_grad_tail's select */
+}
+
 /* No restrict: dinp may be dout (each element is read before it is written). */
 void qt_relu_backward_mask(float *dinp, int write, const float *dout, const uint8_t *mask, int64_t n) {
   if (!dinp) return;

@@ -111,6 +111,50 @@ void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, flo
                                  const uint8_t *relu_mask, const float *inp, const float *in_div, const float *mean,
                                  const float *invstd, const float *gamma, int M, int C,
                                  const struct qt_batch_sync *sync, int64_t M_total);
+/* A max pool's output gradient as its input's gradient without the input-sized buffer: windows
+ * tile the (N, H, W, C) input (stride = kernel, no padding), each output routes val to its
+ * window's argmax input (argmax: ih * W + iw within the image) and every other input gets +0.
+ * val holds what the pool's backward writes there into a fresh buffer (0 + its gradient, after any
+ * fake quant's backward between). */
+typedef struct {
+  const float *val;      /* (N, H / KH, W / KW, C) */
+  const int32_t *argmax; /* the same shape */
+  int N, H, W, KH, KW;
+} qt_pool_grad;
+/* qt_batch_norm_relu_backward of the dout that pg expands to (N * H * W = M rows), bit for bit,
+ * without dout in memory: each reduction chunk of it is expanded and masked in thread scratch
+ * while the chunk is in cache, once for the sums and once for dinp. */
+void qt_batch_norm_relu_backward_pooled(float *dinp, int dinp_write, float *dgamma, float *dbeta,
+                                        const qt_pool_grad *pg, const uint8_t *relu_mask, const float *inp,
+                                        const float *in_div, const float *mean, const float *invstd,
+                                        const float *gamma, int M, int C, const struct qt_batch_sync *sync,
+                                        int64_t M_total);
+/* A per-tensor fake quant (qt_batch_norm_relu_pool_forward_train's, between its relu and pool). */
+typedef struct {
+  float scale;
+  int32_t zero_point;
+  int qmin, qmax;
+} qt_fq_params;
+/* Batch norm in training mode (qt_batch_norm_relu_forward_train's statistics and running-statistic
+ * updates, of inp / in_div when in_div is not NULL), then relu (relu 1), relu6 (2) or none (0),
+ * then a per-tensor fake quant (fq; NULL: none), then a max pool whose K x K windows tile the
+ * (N, H, W, C) input: one pass after the statistics, without the normalized, relu'd or quantized
+ * tensors in memory. out and argmax are bit for bit those of the ops in turn
+ * (qt_batch_norm_relu_forward_train, then qt_fake_quant_max_pool_forward or
+ * qt_max_pool2d_forward). yarg (may be NULL) gets the relu's output at each window's argmax input
+ * (the fake quant's input there; may be NULL, needs fq); qmask (may be NULL; needs fq) gets 1
+ * where that value's fake quant is in range and the relu passes it (the clipped STE's mask and the relu's mask there). */
+void qt_batch_norm_relu_pool_forward_train(float *out, int32_t *argmax, float *yarg, uint8_t *qmask, float *mean,
+                                           float *invstd, const float *inp, const float *in_div, const float *gamma,
+                                           const float *beta, float *running_mean, float *running_var,
+                                           float momentum, float eps, int N, int H, int W, int C, int K, int relu,
+                                           const qt_fq_params *fq, const struct qt_batch_sync *sync,
+                                           int64_t *M_total);
+/* Whether a relu (relu 1), relu6 (2) or none (0, always) passes the gradient at a value y it
+ * output: its mask bit (qt_relu_forward_mask's test). */
+static inline int qt_relu_passes(float y, int relu) {
+  return relu == 0 || (!(y <= 0.0f) && !(relu == 2 && y >= 6.0f));
+}
 /* The eval forward of inp / in_div (in_div NULL: qt_batch_norm_forward_eval). */
 void qt_batch_norm_forward_eval_div(float *out, const float *inp, const float *in_div, const float *gamma,
                                     const float *beta, const float *running_mean, const float *running_var, float eps,
@@ -164,6 +208,9 @@ void qt_relu_backward_mask_ref(float *dinp, int write, const float *dout, const 
  * the calling thread: for kernels that fuse relu into a pass of their own (batch norm). */
 void qt_relu_mask_span(float *out, uint8_t *mask, const float *inp, int64_t i0, int64_t i1, int six);
 void qt_relu_grad_span(float *dinp, int write, const float *dout, const uint8_t *mask, int64_t i0, int64_t i1);
+/* The same masking in place (written) of d, n elements of a gradient starting at element i0 (a
+ * multiple of 8) of the whole array that mask covers: for a gradient held in scratch. */
+void qt_relu_grad_span_at(float *d, const uint8_t *mask, int64_t i0, int64_t n);
 
 /* ---- pooling over NHWC ------------------------------------------------------------------ */
 typedef struct {

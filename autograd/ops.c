@@ -222,18 +222,75 @@ qt_tensor *qt_relu6(qt_ctx *ctx, qt_tensor *x, int inplace) {
 }
 
 /* ---- pooling ---------------------------------------------------------------------------- */
+/* Batch norm's tape state (its ops are below), here for the max pools that hand it their gradient. */
+typedef struct {
+  qt_tensor *x, *s, *gamma, *beta, *y; /* s: the per-channel divisor of x (conv_bn), or NULL */
+  float *mean, *invstd;
+  uint8_t *mask; /* the fused relu's (training), or NULL */
+  int training, M, C;
+  const qt_batch_sync *sync; /* training over a batch split across processes (SyncBN), or NULL */
+  int64_t M_total;           /* rows over all processes */
+  /* pooled: a max pool consuming y handed its gradient over as `pool` (pool_hand_to_bn) instead
+   * of writing y's; pool.val is arena memory of pool_bytes that the backward hands back */
+  int pooled;
+  qt_pool_grad pool;
+  size_t pool_bytes;
+} bn_saved;
+static void batch_norm_backward(qt_ctx *ctx, void *p);
+
+/* A max pool whose windows tile its input x (stride = kernel, no padding) may skip x's gradient
+ * when x is the output of a batch norm in training mode recorded just before it (the tape's last
+ * entry): nothing recorded between them reads x, so when the pool's backward runs and x has no
+ * gradient yet (every later consumer's backward has run), the pool is x's only consumer with a
+ * gradient and the batch norm's backward runs next. It then hands the batch norm the gradient as
+ * each window's argmax value (pool_hand_to_bn), and the batch norm expands it chunk by chunk in
+ * cache (qt_batch_norm_relu_backward_pooled): the same numbers without the input-sized gradient,
+ * which only the batch norm would read. Returns that batch norm's state, else NULL. */
+static bn_saved *bn_before_pool(const qt_ctx *ctx, const qt_tensor *x, int tiles) {
+  if (!tiles || ctx->tape_len == 0) return NULL;
+  const qt_tape_entry *e = &ctx->tape[ctx->tape_len - 1];
+  if (e->out != x || e->fn != batch_norm_backward) return NULL;
+  bn_saved *b = e->saved;
+  return b->training && x->ndim == 4 ? b : NULL;
+}
+
+/* In the pool's backward: whether its gradient goes to bn (bn_before_pool) as val, arena memory
+ * of one float per pool output, the value at each window's argmax input (the caller fills it
+ * after a yes). Only with backward frees on: then no caller reads x's gradient after backward. */
+static int pool_hand_to_bn(qt_ctx *ctx, bn_saved *bn, const qt_tensor *x, float *val, size_t val_bytes,
+                           const int32_t *argmax, int kernel) {
+  if (!bn || x->grad || !ctx->backward_frees) return 0;
+  bn->pooled = 1;
+  bn->pool = (qt_pool_grad){val,
+                            argmax,
+                            (int)x->shape[0],
+                            (int)x->shape[1],
+                            (int)x->shape[2],
+                            kernel,
+                            kernel};
+  bn->pool_bytes = val_bytes;
+  return 1;
+}
 typedef struct {
   qt_tensor *x, *y;
   int32_t *argmax;
   qt_pool2d_shape s;
   int avg;
+  bn_saved *bn; /* bn_before_pool */
 } pool_saved;
 
 static void pool2d_backward(qt_ctx *ctx, void *p) {
   pool_saved *s = p;
   if (!s->y->grad || !s->x->requires_grad) return;
+  const int64_t m = qt_tensor_numel(s->y);
   if (s->avg) {
     qt_avg_pool2d_backward(qt_tensor_grad(ctx, s->x), s->y->grad, &s->s);
+  } else if (pool_hand_to_bn(ctx, s->bn, s->x, s->y->grad, (size_t)m * sizeof(float), s->argmax, s->s.KH)) {
+    /* the output's gradient becomes the values, in place: 0 + d, what a fresh dx gets */
+    float *v = s->y->grad;
+#pragma omp parallel for simd schedule(static) if (m >= 32768)
+    for (int64_t i = 0; i < m; i++) v[i] = 0.0f + v[i];
+    s->y->grad = NULL; /* the batch norm's now */
   } else {
     int fresh = 0;
     float *dx = qt_tensor_grad_for_write(ctx, s->x, &fresh);
@@ -275,10 +332,13 @@ static qt_tensor *pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int 
     qt_arena_free(ctx, scratch, (size_t)(chunk * per_out) * sizeof(int32_t));
   }
   if (rec) {
+    const int tiles = !avg && s.stride_h == s.KH && s.stride_w == s.KW && s.KH == s.KW && s.pad_h == 0 &&
+                      s.pad_w == 0 && s.OH * s.KH == s.H && s.OW * s.KW == s.W;
+    bn_saved *bn = bn_before_pool(ctx, x, tiles);
     y->requires_grad = 1;
     pool_saved *sv =
         qt_tape_push(ctx, avg ? QT_PROFILE_AVG_POOL2D : QT_PROFILE_MAX_POOL2D, pool2d_backward, sizeof *sv, y);
-    *sv = (pool_saved){x, y, argmax, s, avg};
+    *sv = (pool_saved){x, y, argmax, s, avg, bn};
   }
   return y;
 }
@@ -560,11 +620,22 @@ typedef struct {
   int32_t *argmax;
   uint8_t *mask;
   int N, H, W, C, kernel;
+  bn_saved *bn; /* bn_before_pool */
 } fq_pool_saved;
 
 static void fake_quant_max_pool2d_backward(qt_ctx *ctx, void *p) {
   fq_pool_saved *s = p;
   if (!s->y->grad || !s->x->requires_grad) return;
+  const int64_t m = qt_tensor_numel(s->y);
+  if (pool_hand_to_bn(ctx, s->bn, s->x, s->y->grad, (size_t)m * sizeof(float), s->argmax, s->kernel)) {
+    /* the values in place: what qt_fake_quant_max_pool_backward writes at the argmax input */
+    float *v = s->y->grad;
+    const uint8_t *mask = s->mask;
+#pragma omp parallel for simd schedule(static) if (m >= 32768)
+    for (int64_t i = 0; i < m; i++) v[i] = mask[i] ? 0.0f + v[i] : 0.0f;
+    s->y->grad = NULL; /* the batch norm's now */
+    return;
+  }
   int fresh = 0;
   float *dx = qt_tensor_grad_for_write(ctx, s->x, &fresh);
   qt_fake_quant_max_pool_backward(dx, fresh, s->y->grad, s->argmax, s->mask, s->N, s->H, s->W, s->C, s->kernel,
@@ -588,8 +659,9 @@ static qt_tensor *fake_quant_max_pool2d_op(qt_ctx *ctx, qt_tensor *x, const floa
                                  zero_point[0], qmin, qmax);
   if (rec) {
     y->requires_grad = 1;
+    bn_saved *bn = bn_before_pool(ctx, x, 1);
     fq_pool_saved *sv = qt_tape_push(ctx, QT_PROFILE_FQ_MAX_POOL2D, fake_quant_max_pool2d_backward, sizeof *sv, y);
-    *sv = (fq_pool_saved){x, y, argmax, mask, N, H, W, C, kernel};
+    *sv = (fq_pool_saved){x, y, argmax, mask, N, H, W, C, kernel, bn};
   } else {
     qt_arena_free(ctx, argmax, idx_bytes); /* only backward reads the indices */
   }
@@ -607,11 +679,23 @@ typedef struct {
   const int32_t *zp;
   int N, H, W, C, kernel, qmin, qmax;
   float grad_factor;
+  bn_saved *bn; /* bn_before_pool */
 } lsq_pool_saved;
 
 static void lsq_max_pool2d_backward(qt_ctx *ctx, void *p) {
   lsq_pool_saved *s = p;
   if (!s->y->grad) return;
+  const int64_t m = qt_tensor_numel(s->y);
+  const size_t val_bytes = (size_t)m * sizeof(float);
+  if (s->x->requires_grad && s->bn && !s->x->grad && ctx->backward_frees) {
+    float *val = qt_arena_alloc(ctx, val_bytes);
+    QT_ASSERT(pool_hand_to_bn(ctx, s->bn, s->x, val, val_bytes, s->argmax, s->kernel), "lsq_max_pool2d: hand-over");
+    qt_fake_quant_lsq_max_pool_backward_val(val, s->scale->requires_grad ? qt_tensor_grad(ctx, s->scale) : NULL,
+                                            s->y->grad, s->argmax, qt_f32(s->x), s->N, s->H, s->W, s->C, s->kernel,
+                                            s->kernel, qt_f32(s->scale)[0], s->zp[0], s->qmin, s->qmax,
+                                            s->grad_factor);
+    return;
+  }
   int fresh = 0;
   float *dx = s->x->requires_grad ? qt_tensor_grad_for_write(ctx, s->x, &fresh) : NULL;
   float *ds = s->scale->requires_grad ? qt_tensor_grad(ctx, s->scale) : NULL;
@@ -637,8 +721,9 @@ static qt_tensor *lsq_max_pool2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *scale,
                                  zero_point[0], qmin, qmax);
   if (qt_tape_recording(ctx, x, scale, NULL)) {
     y->requires_grad = 1;
+    bn_saved *bn = bn_before_pool(ctx, x, 1);
     lsq_pool_saved *sv = qt_tape_push(ctx, QT_PROFILE_LSQ_MAX_POOL2D, lsq_max_pool2d_backward, sizeof *sv, y);
-    *sv = (lsq_pool_saved){x, scale, y, argmax, zero_point, N, H, W, C, kernel, qmin, qmax, grad_factor};
+    *sv = (lsq_pool_saved){x, scale, y, argmax, zero_point, N, H, W, C, kernel, qmin, qmax, grad_factor, bn};
     x->saved = scale->saved = 1;
   } else {
     qt_arena_free(ctx, argmax, idx_bytes); /* only backward reads the indices */
@@ -789,20 +874,15 @@ qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_a
 }
 
 /* ---- batch norm: plain, fused with its relu, and of x / s (conv_bn) --------------------- */
-typedef struct {
-  qt_tensor *x, *s, *gamma, *beta, *y; /* s: the per-channel divisor of x (conv_bn), or NULL */
-  float *mean, *invstd;
-  uint8_t *mask; /* the fused relu's (training), or NULL */
-  int training, M, C;
-  const qt_batch_sync *sync; /* training over a batch split across processes (SyncBN), or NULL */
-  int64_t M_total;           /* rows over all processes */
-} bn_saved;
 
 /* The kernels' backward into dinp (written, never read: dinp_write), gamma's and beta's grads:
  * training (with the fused relu's mask, if any, applied to dout in place first) or eval. */
 static void bn_kernels_backward(const bn_saved *b, float *dinp, int dinp_write, float *dg, float *db) {
   const float *div = b->s ? qt_f32(b->s) : NULL;
-  if (b->training)
+  if (b->pooled)
+    qt_batch_norm_relu_backward_pooled(dinp, dinp_write, dg, db, &b->pool, b->mask, qt_f32(b->x), div, b->mean,
+                                       b->invstd, qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
+  else if (b->training)
     qt_batch_norm_relu_backward(dinp, dinp_write, dg, db, b->y->grad, b->mask, qt_f32(b->x), div, b->mean, b->invstd,
                                 qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
   else
@@ -815,14 +895,14 @@ static void bn_kernels_backward(const bn_saved *b, float *dinp, int dinp_write, 
  * dout), saving a buffer; else a buffer of its own (qt_tensor_grad_for_write). Of x / s: the
  * quotient's gradient (over the output's, or a fresh buffer), then channel_scale's own backward
  * code in place: the same operations, buffers and order as the two ops' entries in turn. */
-static void batch_norm_backward(qt_ctx *ctx, void *p) {
-  bn_saved *b = p;
+static void batch_norm_backward_of(qt_ctx *ctx, bn_saved *b) {
   /* SyncBN: every process joins the reduction of the backward sums, a zero gradient too */
-  if (!b->y->grad && b->training && b->sync) qt_tensor_grad(ctx, b->y);
-  if (!b->y->grad) return;
-  /* the input side's buffer first, then gamma's and beta's (the arena's order) */
+  if (!b->pooled && !b->y->grad && b->training && b->sync) qt_tensor_grad(ctx, b->y);
+  if (!b->pooled && !b->y->grad) return;
+  /* the input side's buffer first, then gamma's and beta's (the arena's order); a pool's handed
+   * gradient (b->pooled) has no output-sized buffer to write over */
   if (!b->s) {
-    const int in_place = b->x->requires_grad && !b->x->grad && ctx->backward_frees;
+    const int in_place = !b->pooled && b->x->requires_grad && !b->x->grad && ctx->backward_frees;
     int fresh = 0;
     float *dx = NULL;
     if (in_place)
@@ -840,12 +920,14 @@ static void batch_norm_backward(qt_ctx *ctx, void *p) {
   }
   const int64_t n = qt_tensor_numel(b->x);
   const int want_q = b->x->requires_grad || b->s->requires_grad;
-  float *dq = !want_q ? NULL : ctx->backward_frees ? b->y->grad : qt_arena_alloc(ctx, (size_t)n * sizeof(float));
+  float *dq = !want_q                                ? NULL
+              : ctx->backward_frees && !b->pooled ? b->y->grad
+                                                  : qt_arena_alloc(ctx, (size_t)n * sizeof(float));
   float *dg = b->gamma->requires_grad ? qt_tensor_grad(ctx, b->gamma) : NULL;
   float *db = b->beta->requires_grad ? qt_tensor_grad(ctx, b->beta) : NULL;
   bn_kernels_backward(b, dq, 1, dg, db);
   if (!dq) return;
-  if (dq == b->y->grad) b->y->grad = NULL; /* the buffer is the quotient's now */
+  if (!b->pooled && dq == b->y->grad) b->y->grad = NULL; /* the buffer is the quotient's now */
   const int in_place = b->x->requires_grad && !b->x->grad;
   float *dx = in_place ? dq : b->x->requires_grad ? qt_tensor_grad(ctx, b->x) : NULL;
   float *ds = b->s->requires_grad ? qt_tensor_grad(ctx, b->s) : NULL;
@@ -854,6 +936,12 @@ static void batch_norm_backward(qt_ctx *ctx, void *p) {
     b->x->grad = dq;
   else if (qt_arena_owns(ctx, dq))
     qt_arena_free(ctx, dq, (size_t)n * sizeof(float));
+}
+
+static void batch_norm_backward(qt_ctx *ctx, void *p) {
+  bn_saved *b = p;
+  batch_norm_backward_of(ctx, b);
+  if (b->pooled) qt_arena_free(ctx, (void *)b->pool.val, b->pool_bytes);
 }
 
 /* Batch norm of x (or of x / s, s per channel, NULL: none) with batch statistics (training) or
@@ -900,7 +988,7 @@ static qt_tensor *batch_norm_op(qt_ctx *ctx, const char *name, qt_tensor *x, qt_
   if (rec) {
     y->requires_grad = 1;
     bn_saved *sv = qt_tape_push(ctx, QT_PROFILE_BATCH_NORM, batch_norm_backward, sizeof *sv, y);
-    *sv = (bn_saved){x, s, gamma, beta, y, mean, invstd, mask, training, M, C, sync, M_total};
+    *sv = (bn_saved){x, s, gamma, beta, y, mean, invstd, mask, training, M, C, sync, M_total, 0, {0}, 0};
     x->saved = gamma->saved = 1;
     if (s) s->saved = 1;
   }
@@ -927,6 +1015,126 @@ qt_tensor *qt_batch_norm_div(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor 
   PROFILED(ctx, QT_PROFILE_BATCH_NORM,
            batch_norm_op(ctx, "batch_norm_div", x, s, gamma, beta, running_mean, running_var, training, momentum, eps,
                          relu, 0));
+}
+
+/* ---- batch norm + relu (+ fake quant) + max pool as one op --------------------------------- */
+typedef enum { BN_POOL_PLAIN, BN_POOL_FIXED, BN_POOL_LSQ } bn_pool_kind;
+typedef struct {
+  bn_saved bn; /* y NULL; its backward runs from the values handed to it (bn.pooled) */
+  qt_tensor *y, *lsq_scale;
+  int32_t *argmax;
+  float *yarg;    /* LSQ: the relu's output at each argmax input */
+  uint8_t *qmask; /* fixed qparams: the clipped STE's and the relu's pass at each argmax input */
+  bn_pool_kind kind;
+  int relu, N, H, W, K;
+  qt_fq_params fq;
+  float grad_factor;
+} bn_pool_saved;
+
+/* The values at each window's argmax input that the ops in turn would route to the batch norm:
+ * the pool's 0 + d, through the fake quant's backward, masked by the relu (a select, as its
+ * backward); then batch norm's backward from them. */
+static void bn_pool_backward(qt_ctx *ctx, void *p) {
+  bn_pool_saved *s = p;
+  /* SyncBN: every process joins the backward sums' reduction, with zeros when no gradient came */
+  if (!s->y->grad && !s->bn.sync) return;
+  const int64_t m = qt_tensor_numel(s->y);
+  const size_t bytes = (size_t)m * sizeof(float);
+  float *val = qt_arena_alloc(ctx, bytes);
+  const float *d = s->y->grad, *out = qt_f32(s->y);
+  if (!d) {
+    memset(val, 0, bytes);
+  } else if (s->kind == BN_POOL_PLAIN) {
+#pragma omp parallel for simd schedule(static) if (m >= 32768)
+    for (int64_t i = 0; i < m; i++) val[i] = qt_relu_passes(out[i], s->relu) ? 0.0f + d[i] : 0.0f;
+  } else if (s->kind == BN_POOL_FIXED) {
+#pragma omp parallel for simd schedule(static) if (m >= 32768)
+    for (int64_t i = 0; i < m; i++) val[i] = s->qmask[i] ? 0.0f + d[i] : 0.0f;
+  } else {
+    const int C = s->bn.C;
+    qt_fake_quant_lsq_pool_val_backward(val, s->lsq_scale->requires_grad ? qt_tensor_grad(ctx, s->lsq_scale) : NULL,
+                                        d, s->yarg, s->N, (s->H / s->K) * (s->W / s->K), C,
+                                        (int64_t)s->N * s->H * s->W * C, s->fq.scale, s->fq.zero_point, s->fq.qmin,
+                                        s->fq.qmax, s->grad_factor);
+#pragma omp parallel for simd schedule(static) if (m >= 32768)
+    for (int64_t i = 0; i < m; i++) val[i] = qt_relu_passes(s->yarg[i], s->relu) ? val[i] : 0.0f;
+  }
+  s->bn.pooled = 1;
+  s->bn.pool = (qt_pool_grad){val, s->argmax, s->N, s->H, s->W, s->K, s->K};
+  s->bn.pool_bytes = bytes;
+  batch_norm_backward_of(ctx, &s->bn);
+  qt_arena_free(ctx, val, bytes);
+}
+
+static qt_tensor *bn_pool_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
+                             float *running_mean, float *running_var, float momentum, float eps, int relu,
+                             const qt_pool_fake_quant *fq, int kernel) {
+  const char *name = "batch_norm_max_pool2d";
+  check_f32(x, 4, name, "input");
+  if (div) check_f32(div, 1, name, "divisor");
+  const int N = (int)x->shape[0], H = (int)x->shape[1], W = (int)x->shape[2], C = (int)x->shape[3];
+  QT_ASSERT(gamma->shape[0] == C && beta->shape[0] == C && (!div || div->shape[0] == C),
+            "%s: %lld/%lld parameters and %lld divisors for %d channels", name, (long long)gamma->shape[0],
+            (long long)beta->shape[0], div ? (long long)div->shape[0] : 0LL, C);
+  QT_ASSERT(kernel >= 1 && H >= kernel && W >= kernel && H % kernel == 0 && W % kernel == 0 && relu >= 0 && relu <= 2,
+            "%s: %dx%d input not tiled by %dx%d windows (or relu %d)", name, H, W, kernel, kernel, relu);
+  QT_ASSERT(!fq || (fq->zero_point && (fq->lsq_scale ? fq->lsq_scale->dtype == QT_F32 &&
+                                                           qt_tensor_numel(fq->lsq_scale) == 1
+                                                     : fq->scale != NULL)),
+            "%s: a fake quant needs a zero point and one scale", name);
+  const int64_t shape[4] = {N, H / kernel, W / kernel, C};
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
+  const int64_t m = qt_tensor_numel(y);
+  const bn_pool_kind kind = !fq ? BN_POOL_PLAIN : fq->lsq_scale ? BN_POOL_LSQ : BN_POOL_FIXED;
+  const int rec = qt_tape_recording(ctx, x, div, gamma) ||
+                  qt_tape_recording(ctx, beta, kind == BN_POOL_LSQ ? fq->lsq_scale : NULL, NULL);
+  float *mean = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
+  float *invstd = qt_arena_alloc(ctx, (size_t)C * sizeof(float));
+  int32_t *argmax = qt_arena_alloc(ctx, (size_t)m * sizeof(int32_t));
+  float *yarg = rec && kind == BN_POOL_LSQ ? qt_arena_alloc(ctx, (size_t)m * sizeof(float)) : NULL;
+  uint8_t *qmask = rec && kind == BN_POOL_FIXED ? qt_arena_alloc(ctx, (size_t)m) : NULL;
+  qt_fq_params fp = {0};
+  if (fq)
+    fp = (qt_fq_params){kind == BN_POOL_LSQ ? qt_f32(fq->lsq_scale)[0] : fq->scale[0], fq->zero_point[0], fq->qmin,
+                        fq->qmax};
+  const qt_batch_sync *sync = qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1 ? qt_ctx_batch_sync(ctx) : NULL;
+  const int M = N * H * W;
+  QT_ASSERT(M > (sync ? 0 : 1), "%s: training needs more than one value per channel (got %d)", name, M);
+  int64_t M_total = M;
+  qt_batch_norm_relu_pool_forward_train(qt_f32(y), argmax, yarg, qmask, mean, invstd, qt_f32(x), div ? qt_f32(div) : NULL,
+                                        qt_f32(gamma), qt_f32(beta), running_mean, running_var, momentum, eps, N, H, W,
+                                        C, kernel, relu, fq ? &fp : NULL, sync, &M_total);
+  if (rec) {
+    y->requires_grad = 1;
+    bn_pool_saved *sv = qt_tape_push(ctx, QT_PROFILE_BN_MAX_POOL2D, bn_pool_backward, sizeof *sv, y);
+    *sv = (bn_pool_saved){{x, div, gamma, beta, NULL, mean, invstd, NULL, 1, M, C, sync, M_total, 0, {0}, 0},
+                          y,
+                          kind == BN_POOL_LSQ ? fq->lsq_scale : NULL,
+                          argmax,
+                          yarg,
+                          qmask,
+                          kind,
+                          relu,
+                          N,
+                          H,
+                          W,
+                          kernel,
+                          fp,
+                          fq ? fq->grad_factor : 0.0f};
+    x->saved = gamma->saved = y->saved = 1; /* y: the plain pool's backward reads the relu's pass off it */
+    if (div) div->saved = 1;
+    if (kind == BN_POOL_LSQ) fq->lsq_scale->saved = 1;
+  } else {
+    qt_arena_free(ctx, argmax, (size_t)m * sizeof(int32_t)); /* only backward reads the indices */
+  }
+  return y;
+}
+
+qt_tensor *qt_batch_norm_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
+                                         float *running_mean, float *running_var, float momentum, float eps, int relu,
+                                         const qt_pool_fake_quant *fq, int kernel) {
+  PROFILED(ctx, QT_PROFILE_BN_MAX_POOL2D,
+           bn_pool_op(ctx, x, div, gamma, beta, running_mean, running_var, momentum, eps, relu, fq, kernel));
 }
 
 typedef struct {

@@ -818,6 +818,59 @@ static int conv_fused_after(const qt_graph *g, int node, const qt_tensor *x, qt_
   return j;
 }
 
+/* In the training forward, a batch norm (or conv_bn's) fused with its relu (relu_fused_after: relu
+ * is that node), whose relu's only consumer is a max pool with windows tiling it (stride = kernel,
+ * no padding), or a per-tensor fake quant that does not observe in this step and whose only
+ * consumer is such a pool, runs with them as one op (qt_batch_norm_relu_max_pool2d: neither the
+ * normalized, the relu'd nor the quantized tensor is ever in memory): returns the pool node and
+ * sets *fq_node (-1: none), else -1. The batch norm's value then holds the pool's output, which
+ * only the skipped nodes read. */
+static int bn_pool_fused_after(const qt_graph *g, int relu, qt_tensor *const *force, const unsigned char *keep,
+                               int *fq_node) {
+  *fq_node = -1;
+  const qt_value *v = &g->values[g->nodes[relu].output];
+  int j = qt_graph_sole_consumer(g, g->nodes[relu].output);
+  if (j < 0 || (keep && keep[g->nodes[relu].output]) || (force && force[g->nodes[relu].output])) return -1;
+  if (g->nodes[j].op == QT_OP_FAKE_QUANT) {
+    const qt_node *f = &g->nodes[j];
+    const qt_qstate *q = f->q;
+    if (!q || q->channels != 1 || !q->fake_quant || !q->calibrated || (f->training && q->observe && !lsq_initialized(q)))
+      return -1;
+    if ((keep && keep[f->output]) || (force && force[f->output])) return -1;
+    *fq_node = j;
+    j = qt_graph_sole_consumer(g, f->output);
+    if (j < 0) return -1;
+  }
+  const qt_node *pn = &g->nodes[j];
+  const qt_node_attrs *a = &pn->attr;
+  const int k = a->kernel_h;
+  if (pn->op != QT_OP_MAX_POOL2D || v->ndim != 3 || a->kernel_w != k || a->stride_h != k || a->stride_w != k ||
+      a->pad_h != 0 || a->pad_w != 0 || v->shape[0] % k || v->shape[1] % k || v->shape[0] < k || v->shape[1] < k)
+    return -1;
+  if ((keep && keep[pn->output]) || (force && force[pn->output])) return -1;
+  return j;
+}
+
+/* qt_batch_norm_relu_max_pool2d for node `node`'s batch norm of x (or of x / div) with gamma and
+ * beta, and bn_pool_fused_after's relu, fake quant (-1: none) and pool nodes, marked done. */
+static qt_tensor *bn_relu_pool(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *x, qt_tensor *div, qt_tensor *gamma,
+                               qt_tensor *beta, int relu, int fq_node, int pool, int *deferred) {
+  const qt_node *n = &g->nodes[node];
+  qt_pool_fake_quant fq;
+  if (fq_node >= 0) {
+    qt_qstate *q = g->nodes[fq_node].q;
+    const int64_t per_sample = qt_tensor_numel(x) / (x->shape[0] > 0 ? x->shape[0] : 1);
+    fq = (qt_pool_fake_quant){q->scale_param >= 0 ? lsq_scale(g, ctx, q) : NULL, q->scale, q->zero_point,
+                              q->spec.qmin, q->spec.qmax, 1.0f / sqrtf((float)per_sample * (float)q->spec.qmax)};
+    deferred[fq_node] = NODE_DONE;
+  }
+  deferred[relu] = deferred[pool] = NODE_DONE;
+  return qt_batch_norm_relu_max_pool2d(ctx, x, div, gamma, beta, g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
+                                       g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->attr.momentum,
+                                       n->attr.eps, g->nodes[relu].op == QT_OP_RELU6 ? 2 : 1,
+                                       fq_node >= 0 ? &fq : NULL, g->nodes[pool].attr.kernel_h);
+}
+
 /* conv2d(fq(x), w, b) for conv_fused_after's pair: fq is node fq_node's quantizer. */
 static qt_tensor *conv_of_lsq_input(qt_graph *g, qt_ctx *ctx, int fq_node, qt_tensor *x, qt_tensor *w, qt_tensor *b,
                                     const qt_node_attrs *a) {
@@ -879,6 +932,8 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
     qt_tensor *y = NULL;
     const qt_node_attrs *a = &n->attr;
     const int fused = fuse ? relu_fused_after(g, i) : -1;
+    int fq_node = -1; /* the pool (and fake quant) that run with the batch norm and its relu */
+    const int pool = fused >= 0 ? bn_pool_fused_after(g, fused, force, keep, &fq_node) : -1;
     if (deferred[i] == NODE_DONE) {
       y = x; /* its producer wrote this node's output (qt_batch_norm_relu, qt_fake_quant_*max_pool2d) */
     } else if (n->op == QT_OP_CONV2D && deferred[i] >= 0) {
@@ -888,6 +943,9 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
       y = conv_of_lsq_input(g, ctx, deferred[i], x, w, b, a);
       drop_unless(ctx, b, bp);
       drop_unless(ctx, w, wp);
+    } else if (pool >= 0 && n->op == QT_OP_BATCH_NORM) {
+      y = bn_relu_pool(g, ctx, i, x, NULL, param_tensor(g, ctx, n->param[QT_P_GAMMA]),
+                       param_tensor(g, ctx, n->param[QT_P_BETA]), fused, fq_node, pool, deferred);
     } else if (fused >= 0 && n->op == QT_OP_BATCH_NORM) {
       y = qt_batch_norm_relu(ctx, x, param_tensor(g, ctx, n->param[QT_P_GAMMA]), param_tensor(g, ctx, n->param[QT_P_BETA]),
                              g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
@@ -917,6 +975,11 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
         if (fuse && n->training && n->param[QT_P_BIAS] < 0) {
           /* the training forward: BN of t / sf without the quotient in memory (the same numbers;
            * training mode: no bias rounding) */
+          if (pool >= 0) {
+            y = bn_relu_pool(g, ctx, i, t, sf, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]), fused, fq_node,
+                             pool, deferred);
+            break;
+          }
           y = qt_batch_norm_div(ctx, t, sf, gamma, param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
                                 g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
                                 g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, !n->bn_frozen,

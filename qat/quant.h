@@ -102,6 +102,18 @@ void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dsc
                                          const int32_t *argmax, const float *inp, int N, int H, int W, int C,
                                          int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax,
                                          float grad_factor);
+/* The same backward without the input-sized gradient: dval (one float per output) gets what it
+ * writes at each window's argmax input (0 + that input's gradient; qt_pool_grad in
+ * autograd/kernels.h expands it), dscale the same bits as above. */
+void qt_fake_quant_lsq_max_pool_backward_val(float *dval, float *dscale, const float *dout, const int32_t *argmax,
+                                             const float *inp, int N, int H, int W, int C, int KH, int KW, float scale,
+                                             int32_t zero_point, int qmin, int qmax, float grad_factor);
+/* The same from the argmax inputs' values alone (xarg: one per output, as
+ * qt_batch_norm_relu_pool_forward_train's yarg; per_image outputs per image; inputs: the pool
+ * input's element count, which decides the threads as above so dscale has the same bits). */
+void qt_fake_quant_lsq_pool_val_backward(float *val, float *dscale, const float *dout, const float *xarg, int N,
+                                         int per_image, int C, int64_t inputs, float scale, int32_t zero_point,
+                                         int qmin, int qmax, float grad_factor);
 /* The clipped STE's backward of that composition (a fake quant with fixed qparams), given the
  * forward's mask (may be NULL there when not needed: one byte per output, the argmax input's
  * clamp-range bit): dinp (written when dinp_write, else added to) has the composition's bits

@@ -16,29 +16,18 @@
 #include <string.h>
 
 #include "qat/quant.h"
+#include "qat/quant_elem.h"
 
 #define QUANT_ASSERT(cond, msg) QT_ASSERT(cond, "invariant broken: %s", msg)
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define QUANT_PARALLEL_MIN 32768
-#define QUANT_INT64_LIMIT 0x1p63f
 
 static void check_view(int64_t outer, int channels, int64_t inner, const float *scale, const int32_t *zero_point,
                        int qmin, int qmax) {
   QUANT_ASSERT(outer >= 0 && inner >= 0 && channels >= 1, "fake quant: bad (outer, channels, inner) view");
   QUANT_ASSERT(scale && zero_point, "fake quant: scale and zero_point are required");
   QUANT_ASSERT(qmin < qmax, "fake quant: quant_min must be below quant_max");
-}
-
-/* round(x * inv_s) + zp in float as PyTorch forms it; non-representable-as-int64 -> -Inf. */
-static inline float quant_round(float x, float inv_s, float zpf) {
-  float q = nearbyintf(x * inv_s) + zpf;
-  return q < QUANT_INT64_LIMIT ? q : -INFINITY;
-}
-
-static inline float quant_clamp(float q, float lo, float hi) {
-  q = q > lo ? q : lo; /* -Inf (PyTorch's INT64_MIN) clamps to lo */
-  return q < hi ? q : hi;
 }
 
 /* ---- fake quant forward ---------------------------------------------------------------- */
@@ -150,18 +139,6 @@ void qt_fake_quant_backward_ref(float *dinp, const float *dout, const uint8_t *m
 }
 
 /* ---- LSQ backward ---------------------------------------------------------------------- */
-
-/* c ? a : b on the bits: with gcc's default -ftrapping-math a float ?: may be turned back into
- * a branch around trapping arithmetic, which stops the LSQ loops from vectorizing. */
-static inline float select_bits(int c, float a, float b) {
-  uint32_t ua, ub, m = -(uint32_t)(c != 0);
-  memcpy(&ua, &a, sizeof ua);
-  memcpy(&ub, &b, sizeof ub);
-  uint32_t r = (ua & m) | (ub & ~m);
-  float f;
-  memcpy(&f, &r, sizeof f);
-  return f;
-}
 
 /* One element of PyTorch's fake_quantize_learnable_{tensor,channel}_grad_kernel_cpu as its
  * AVX2 build computes it: xq = nearbyint(fma(x, inv_s, zp)) and xfq - x = fma(xq - zp, s, -x).
@@ -391,10 +368,11 @@ void qt_fake_quant_max_pool_backward(float *dinp, int dinp_write, const float *d
   }
 }
 
-void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dscale, const float *dout,
-                                         const int32_t *argmax, const float *inp, int N, int H, int W, int C,
-                                         int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax,
-                                         float grad_factor) {
+/* Both LSQ + max pool backwards: into dinp (the input-sized gradient) or, dval not NULL, each
+ * window's argmax input's value alone (dinp NULL then). */
+static void lsq_max_pool_backward(float *dinp, int dinp_write, float *dval, float *dscale, const float *dout,
+                                  const int32_t *argmax, const float *inp, int N, int H, int W, int C, int KH, int KW,
+                                  float scale, int32_t zero_point, int qmin, int qmax, float grad_factor) {
   check_pool_tiles(N, H, W, C, KH, KW);
   QUANT_ASSERT(qmin < qmax, "fake quant: quant_min must be below quant_max");
   const int OH = H / KH, OW = W / KW;
@@ -440,8 +418,26 @@ void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dsc
             }
             continue;
           }
-          /* the general path (and the scale's gradient alone, dinp NULL: the same sums in the same
-           * per-channel order) */
+          if (KH == 2 && KW == 2 && dval) { /* the same, the argmax inputs' values alone */
+            const int32_t i00 = 2 * oh * W + 2 * ow, i01 = i00 + 1, i10 = i00 + W;
+            const float *restrict x00 = img + (int64_t)i00 * C, *restrict x01 = x00 + C;
+            const float *restrict x10 = img + (int64_t)i10 * C, *restrict x11 = x10 + C;
+            float *restrict dv = dval + o;
+#pragma omp simd
+            for (int c = 0; c < C; c++) {
+              const int32_t a = am[c];
+              const float xs = select_bits(a == i00, x00[c],
+                                           select_bits(a == i01, x01[c], select_bits(a == i10, x10[c], x11[c])));
+              float dx, ds, dz;
+              LSQ_ELEMENT(xs, 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
+              (void)dz;
+              acc[c] += ds;
+              dv[c] = 0.0f + dx;
+            }
+            continue;
+          }
+          /* the general path (and the scale's gradient alone or the argmax inputs' values, dinp
+           * NULL: the same sums in the same per-channel order) */
           /* each channel's argmax input: the only one of the window whose gradient is not zero */
           for (int ih = oh * KH; ih < (oh + 1) * KH; ih++)
             for (int iw = ow * KW; iw < (ow + 1) * KW; iw++) {
@@ -458,6 +454,11 @@ void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dsc
             dxa[c] = dx;
             acc[c] += ds;
           }
+          if (dval) { /* what the other path's 0 + dx writes at the argmax input */
+            float *restrict dv = dval + o;
+#pragma omp simd
+            for (int c = 0; c < C; c++) dv[c] = 0.0f + dxa[c];
+          }
           if (!dimg) continue;
           /* the other inputs get + 0.0f: the bits of max_pool2d's zeros through fake quant */
           for (int ih = oh * KH; ih < (oh + 1) * KH; ih++)
@@ -473,6 +474,59 @@ void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dsc
     double as = 0;
     for (int c = 0; c < C; c++) as += acc[c];
     free(xa);
+    free(acc);
+    part[t] = as;
+  }
+  double sum = 0;
+  for (int t = 0; t < nt; t++) sum += part[t];
+  if (dscale) *dscale += (float)sum;
+  free(part);
+}
+
+void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dscale, const float *dout,
+                                         const int32_t *argmax, const float *inp, int N, int H, int W, int C,
+                                         int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax,
+                                         float grad_factor) {
+  lsq_max_pool_backward(dinp, dinp_write, NULL, dscale, dout, argmax, inp, N, H, W, C, KH, KW, scale, zero_point, qmin,
+                        qmax, grad_factor);
+}
+
+void qt_fake_quant_lsq_max_pool_backward_val(float *dval, float *dscale, const float *dout, const int32_t *argmax,
+                                             const float *inp, int N, int H, int W, int C, int KH, int KW, float scale,
+                                             int32_t zero_point, int qmin, int qmax, float grad_factor) {
+  lsq_max_pool_backward(NULL, 0, dval, dscale, dout, argmax, inp, N, H, W, C, KH, KW, scale, zero_point, qmin, qmax,
+                        grad_factor);
+}
+
+void qt_fake_quant_lsq_pool_val_backward(float *val, float *dscale, const float *dout, const float *xarg, int N,
+                                         int per_image, int C, int64_t inputs, float scale, int32_t zero_point,
+                                         int qmin, int qmax, float grad_factor) {
+  QUANT_ASSERT(N >= 0 && per_image >= 0 && C >= 1 && qmin < qmax, "fake quant + max pool: bad shape or range");
+  const float s = scale, inv_s = 1.0f / s, zpf = (float)zero_point, lo = (float)qmin, hi = (float)qmax;
+  /* lsq_max_pool_backward's threads and per-channel sums, in its order */
+  const int nt = inputs >= QUANT_PARALLEL_MIN ? omp_get_max_threads() : 1;
+  double *part = calloc((size_t)nt, sizeof(double));
+  QUANT_ASSERT(part, "out of memory");
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int per = (N + T - 1) / T, nb = t * per, ne = nb + per < N ? nb + per : N;
+    double *acc = calloc((size_t)C, sizeof(double));
+    QUANT_ASSERT(acc, "out of memory");
+    for (int64_t o = (int64_t)nb * per_image * C; o < (int64_t)(ne > nb ? ne : nb) * per_image * C; o += C) {
+      const float *restrict d = dout + o, *restrict xa = xarg + o;
+      float *restrict v = val + o;
+#pragma omp simd
+      for (int c = 0; c < C; c++) {
+        float dx, ds, dz;
+        LSQ_ELEMENT(xa[c], 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
+        (void)dz;
+        acc[c] += ds;
+        v[c] = 0.0f + dx;
+      }
+    }
+    double as = 0;
+    for (int c = 0; c < C; c++) as += acc[c];
     free(acc);
     part[t] = as;
   }

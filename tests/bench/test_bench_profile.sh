@@ -31,14 +31,13 @@ txt, js, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 errors = []
 def check(ok, msg):
     if not ok: errors.append(msg)
-# FashionCNN per step: 2 conv, 2 BN (each with its ReLU: qt_batch_norm_relu, profiled as batch_norm),
-# fc1's ReLU, 2 max-pool, flatten, 2 linear, the loss
-calls = {"conv2d": 2, "batch_norm": 2, "relu": 1, "max_pool2d": 2, "flatten": 1, "linear": 2, "cross_entropy": 1}
+# FashionCNN per step: 2 conv, 2 BN each with its ReLU and max pool as one op
+# (qt_batch_norm_relu_max_pool2d), fc1's ReLU, flatten, 2 linear, the loss
+calls = {"conv2d": 2, "bn_relu_max_pool2d": 2, "relu": 1, "flatten": 1, "linear": 2, "cross_entropy": 1}
 if name == "qat":  # conv_bn: the BN scale factor and W * sf (conv / sf runs inside its batch norm,
-    # qt_batch_norm_div); LSQ on 4 weights and the activations, the image's inside conv1
-    # (conv2d_lsq_input), the two before a max pool with it (lsq_max_pool2d)
-    calls.update({"bn_scale_factor": 2, "channel_scale": 2, "conv2d": 1, "conv2d_lsq_input": 1, "lsq_max_pool2d": 2})
-    del calls["max_pool2d"]
+    # fused with its ReLU, the LSQ fake quant after it and the max pool); LSQ on 4 weights and
+    # fc1's activations, the image's inside conv1 (conv2d_lsq_input)
+    calls.update({"bn_scale_factor": 2, "channel_scale": 2, "conv2d": 1, "conv2d_lsq_input": 1})
 phases = ["data", "zero_grad", "optimizer"]
 try:
     j = json.load(open(js))
@@ -60,6 +59,8 @@ check("convolution forward_training: " in j.get("onednn_kernels", ""), "json: on
 expect = list(calls) + (["fake_quant_lsq"] if name == "qat" else []) + phases + ["other"]
 for k in expect:
     check(k in rows, "no row for %s" % k)
+for gone in ("batch_norm", "max_pool2d", "lsq_max_pool2d"):  # run inside bn_relu_max_pool2d
+    check(gone not in rows, "a row for %s (it runs inside bn_relu_max_pool2d)" % gone)
 # the rows add up to the step total (each printed to 0.001 ms)
 parts = 0.0
 n_vals = 0
