@@ -7,7 +7,11 @@
  * milliseconds per step and share of the step; rows for the data wait, zero_grad, the optimizer
  * and the observers (timed by the trainer and the graph executor); "other" (the step's wall time
  * minus all of those: the graph executor's own work, arena resets, accuracy counting); the step
- * total and images/s; the thread count and oneDNN's ISA. --json FILE writes the same figures.
+ * total and images/s; the thread count and oneDNN's ISA; the model's arithmetic per training image
+ * (2 x the multiply-adds of its convolutions and linear layers: forward, weight gradient and input
+ * gradient, the image's excepted) and the rate the step reached, against this machine's FMA peak
+ * measured in the same run (a register-only loop of independent FMAs on every thread, 512-bit and
+ * 256-bit: the one of the ISA oneDNN ran is the reference). --json FILE writes the same figures.
  * Under mpirun it profiles data-parallel training (every process trains its slice of each batch)
  * and process 0 prints its own profile, with a grad_sum row: the gradient sum after the backward,
  * or with dist.bucket_mb > 0 the wait for the buckets left after it (the posting and testing
@@ -18,6 +22,7 @@
  * initialization (it does not train the fp32 model first, as qat_train would); the output says
  * which. The steps run from the start of epoch 1 and continue into the next epoch(s) only when
  * one epoch has too few batches (the freeze schedules may then change what a step does). */
+#include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +104,90 @@ static int parse_args(int argc, char **argv, bench_args *a, char *err) {
   return 0;
 }
 
+/* ---- arithmetic and the machine's peak ------------------------------------------------------- */
+/* Multiply-adds of one training image through g: each conv2d / conv_bn and linear node's forward,
+ * weight gradient, and input gradient unless no trained layer (conv, linear, batch norm) lies
+ * upstream of its input (the image, or its fake quant: no gradient needed). Elementwise ops are
+ * not counted. */
+static double training_macs_per_image(const qt_graph *g) {
+  double macs = 0;
+  unsigned char *trained = calloc((size_t)g->n_values, 1); /* per value: a trained layer upstream */
+  QT_ASSERT(trained, "out of memory");
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *n = &g->nodes[i];
+    const int layer = n->op == QT_OP_CONV2D || n->op == QT_OP_CONV_BN || n->op == QT_OP_LINEAR;
+    int upstream = 0;
+    for (int k = 0; k < n->n_inputs; k++) upstream |= trained[n->inputs[k]];
+    trained[n->output] = (unsigned char)(upstream || layer || n->op == QT_OP_BATCH_NORM);
+    if (!layer) continue;
+    const qt_value *in = &g->values[n->inputs[0]], *out = &g->values[n->output];
+    double fwd;
+    if (n->op != QT_OP_LINEAR) {
+      const int groups = n->attr.groups > 0 ? n->attr.groups : 1;
+      fwd = (double)out->shape[0] * (double)out->shape[1] * (double)out->shape[2] * (double)(in->shape[2] / groups) *
+            n->attr.kernel_h * n->attr.kernel_w;
+    } else {
+      double fin = 1;
+      for (int d = 0; d < in->ndim; d++) fin *= (double)in->shape[d];
+      fwd = fin * (double)n->attr.out_channels;
+    }
+    macs += fwd * (trained[n->inputs[0]] ? 3 : 2);
+  }
+  free(trained);
+  return macs;
+}
+
+/* 12 independent FMA chains per thread on every thread: the best of 3 rounds of ~0.1 s, in
+ * GFLOP/s (2 per lane per FMA). The widths are compiled for their targets and run only where the
+ * CPU has them (0 otherwise). */
+#define PEAK_CHAINS 12
+__attribute__((target("avx512f"))) static double fma_loop512(long iters) {
+  __m512 a[PEAK_CHAINS];
+  for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm512_set1_ps(1.0f + (float)i * 1e-7f);
+  const __m512 b = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-7f);
+  for (long k = 0; k < iters; k++)
+#pragma GCC unroll 12 /* the chains in registers: at -O2 the array stays in memory otherwise */
+    for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm512_fmadd_ps(a[i], b, c);
+  __m512 s = a[0];
+  for (int i = 1; i < PEAK_CHAINS; i++) s = _mm512_add_ps(s, a[i]);
+  return (double)_mm512_reduce_add_ps(s);
+}
+__attribute__((target("avx2,fma"))) static double fma_loop256(long iters) {
+  __m256 a[PEAK_CHAINS];
+  for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm256_set1_ps(1.0f + (float)i * 1e-7f);
+  const __m256 b = _mm256_set1_ps(0.9999999f), c = _mm256_set1_ps(1e-7f);
+  for (long k = 0; k < iters; k++)
+#pragma GCC unroll 12
+    for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm256_fmadd_ps(a[i], b, c);
+  __m256 s = a[0];
+  for (int i = 1; i < PEAK_CHAINS; i++) s = _mm256_add_ps(s, a[i]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, s);
+  return (double)lanes[0];
+}
+
+static double fma_peak_gflops(int width) {
+  if (width == 512 ? !__builtin_cpu_supports("avx512f") : !__builtin_cpu_supports("fma")) return 0;
+  const int lanes = width / 32;
+  double best = 0, sink = 0;
+  for (int round = 0; round < 3; round++) {
+    const long iters = 20000000L / lanes;
+    const double t0 = omp_get_wtime();
+    int threads = 1;
+#pragma omp parallel reduction(+ : sink)
+    {
+#pragma omp single
+      threads = omp_get_num_threads();
+      sink += width == 512 ? fma_loop512(iters) : fma_loop256(iters);
+    }
+    const double secs = omp_get_wtime() - t0;
+    const double gflops = 2.0 * lanes * PEAK_CHAINS * (double)iters * threads / secs * 1e-9;
+    if (gflops > best) best = gflops;
+  }
+  if (sink == 42.0) printf(" "); /* keeps the loops' results live */
+  return best;
+}
+
 /* ---- the run ---------------------------------------------------------------------------------- */
 typedef struct {
   char mode[96];   /* "fp32", "QAT W4A4 (LSQ)", ... */
@@ -107,6 +196,8 @@ typedef struct {
   int threads, epochs;
   bench_state b;
   qt_profile p;
+  double macs_per_image;   /* training_macs_per_image of the graph trained */
+  double peak512, peak256; /* fma_peak_gflops, measured after the steps */
 } bench_result;
 
 /* Builds the model (and for QAT prepares and, with quant.qat_init = calibration, calibrates it)
@@ -148,6 +239,7 @@ static int bench_run(const qt_options *o, const bench_args *a, bench_result *r, 
   } else {
     snprintf(r->mode, sizeof r->mode, "fp32");
   }
+  r->macs_per_image = training_macs_per_image(tg);
   if (!(t = qt_trainer_create(o, tg, &train, st))) goto done;
   if (qt_trainer_batches(t) <= 0) {
     qt_status_set(st, QT_STATUS_INPUT, "the training split gives no batches");
@@ -163,6 +255,8 @@ static int bench_run(const qt_options *o, const bench_args *a, bench_result *r, 
     r->epochs = e + 1;
   }
   qt_ctx_set_profile(ctx, NULL);
+  r->peak512 = fma_peak_gflops(512);
+  r->peak256 = fma_peak_gflops(256);
   rc = 0;
 done:
   qt_trainer_free(t);
@@ -202,6 +296,11 @@ static bench_totals totals(const bench_result *r) {
 
 static int op_ran(const qt_profile *p, int k) { return p->forward[k].calls > 0 || p->backward[k].calls > 0; }
 
+/* The peak of the vector width oneDNN's ISA uses (AVX-512 ISAs: 512-bit; else 256-bit). */
+static double reference_peak(const bench_result *r) {
+  return strncmp(r->isa, "avx512", 6) == 0 ? r->peak512 : r->peak256;
+}
+
 static void print_table(const char *config, const qt_options *o, const bench_result *r) {
   const qt_profile *p = &r->p;
   const double n = r->b.steps;
@@ -234,6 +333,13 @@ static void print_table(const char *config, const qt_options *o, const bench_res
   printf("%-18s %11s %16.3f %17.3f %8.1f\n", "ops total", "-", s.fwd_ms, s.bwd_ms, (s.fwd_ms + s.bwd_ms) * pct);
   printf("step total: %.3f ms/step, %.1f images/s\n", s.step_ms, s.images_per_s);
   printf("oneDNN kernels: %s\n", qt_dnnl_kernels_used());
+  const double gflops = 2.0 * r->macs_per_image * s.images_per_s * 1e-9, peak = reference_peak(r);
+  printf("arithmetic: %.2f MFLOP per training image (conv and linear multiply-adds x 2), %.1f GFLOP/s in the steps\n",
+         2.0 * r->macs_per_image * 1e-6, gflops);
+  printf("FMA peak measured after the steps, %d threads: 512-bit %.1f GFLOP/s, 256-bit %.1f GFLOP/s; the steps reached "
+         "%.1f%% of the %s peak\n",
+         r->threads, r->peak512, r->peak256, peak > 0 ? 100.0 * gflops / peak : 0.0,
+         strncmp(r->isa, "avx512", 6) == 0 ? "512-bit" : "256-bit");
 }
 
 static int write_json(const char *path, const char *config, const qt_options *o, const bench_result *r, char *err) {
@@ -257,9 +363,13 @@ static int write_json(const char *path, const char *config, const qt_options *o,
   qt_strbuf_printf(&b,
                    ",\n  \"threads\": %d,\n  \"batch_size\": %d,\n  \"steps\": %d,\n  \"warmup_steps\": %d,\n"
                    "  \"epochs\": %d,\n  \"images\": %lld,\n  \"step_ms\": %.6f,\n  \"images_per_s\": %.3f,\n"
-                   "  \"forward_ms\": %.6f,\n  \"backward_ms\": %.6f,\n  \"other_ms\": %.6f,\n  \"ops\": [",
+                   "  \"forward_ms\": %.6f,\n  \"backward_ms\": %.6f,\n  \"other_ms\": %.6f,\n"
+                   "  \"mflop_per_image\": %.6f,\n  \"gflops\": %.3f,\n  \"fma_peak_gflops_512\": %.3f,\n"
+                   "  \"fma_peak_gflops_256\": %.3f,\n  \"peak_share\": %.6f,\n  \"ops\": [",
                    r->threads, o->train.batch_size, r->b.steps, r->b.warmup, r->epochs, (long long)r->b.images,
-                   s.step_ms, s.images_per_s, s.fwd_ms, s.bwd_ms, s.other_ms);
+                   s.step_ms, s.images_per_s, s.fwd_ms, s.bwd_ms, s.other_ms, 2.0 * r->macs_per_image * 1e-6,
+                   2.0 * r->macs_per_image * s.images_per_s * 1e-9, r->peak512, r->peak256,
+                   reference_peak(r) > 0 ? 2.0 * r->macs_per_image * s.images_per_s * 1e-9 / reference_peak(r) : 0.0);
   int first = 1;
   for (int k = 0; k < QT_PROFILE_OP_COUNT; k++) {
     if (!op_ran(p, k)) continue;

@@ -4,7 +4,9 @@
 # with the calls the model makes per step (so a profiler that records nothing fails), the rows
 # (ops forward and backward, data, zero_grad, optimizer, other) add up to the step total within
 # the table's rounding, the measured parts never exceed the step (nothing counted twice),
-# images/s > 0, and --json writes valid JSON with the same figures. Timing values are not judged.
+# images/s > 0, and --json writes valid JSON with the same figures; the arithmetic per training
+# image is FashionCNN's, counted by hand, and the FMA peak was measured. Timing values are not
+# judged.
 # Usage: test_bench_profile.sh path/to/bench_profile SOURCE_DIR
 set -u
 BIN="$1"
@@ -95,6 +97,22 @@ share = sum(o["share"] for o in j["ops"]) + sum(p["share"] for p in j["phases"])
 check(abs(share - 1) < 1e-4, "shares sum to %g" % share)
 check(j["images_per_s"] > 0 and j["images"] == steps * 32, "json images %r, images/s %r" % (j["images"], j["images_per_s"]))
 check(abs(j["step_ms"] - step_ms) <= 0.0005 + 1e-9, "json step_ms %r vs table %r" % (j["step_ms"], step_ms))
+# arithmetic per training image, counted by hand for FashionCNN (fp32 and QAT alike): multiply-adds
+# conv1 28*28*32*1*9 (forward, weight gradient: the image needs no gradient), conv2 14*14*64*32*9,
+# fc1 3136*128, fc2 128*10 (forward, weight and input gradients), times 2 FLOP
+mflop = 2 * (2 * 28 * 28 * 32 * 9 + 3 * (14 * 14 * 64 * 32 * 9 + 3136 * 128 + 128 * 10)) / 1e6
+check(abs(j.get("mflop_per_image", 0) - mflop) < 1e-6, "json mflop_per_image %r, want %r" % (j.get("mflop_per_image"), mflop))
+check(abs(j.get("gflops", 0) - mflop * j["images_per_s"] / 1e3) <= 1e-3 + 1e-6 * j.get("gflops", 0),
+      "json gflops %r is not mflop_per_image x images/s" % j.get("gflops"))
+# the machine's peak, measured in the run (every x86-64 machine this runs on has FMA; 512-bit only
+# with AVX-512) and the share of it the steps reached
+check(j.get("fma_peak_gflops_256", 0) > 0 and j.get("fma_peak_gflops_512", -1) >= 0, "json FMA peaks %r / %r"
+      % (j.get("fma_peak_gflops_256"), j.get("fma_peak_gflops_512")))
+ref = j.get("fma_peak_gflops_512") if j["onednn_isa"].startswith("avx512") else j.get("fma_peak_gflops_256")
+check(ref and abs(j.get("peak_share", 0) - j.get("gflops", 0) / ref) < 1e-3 * j.get("peak_share", 0) + 1e-6,
+      "json peak_share %r" % j.get("peak_share"))
+check(any(l.startswith("arithmetic: %.2f MFLOP per training image" % mflop) for l in lines), "no 'arithmetic:' line")
+check(any(l.startswith("FMA peak measured after the steps") for l in lines), "no 'FMA peak' line")
 if errors:
     print("%s: %s" % (name, "; ".join(errors))); sys.exit(1)
 PY
