@@ -347,12 +347,8 @@ void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, f
   free(ws);
 }
 
-/* One row of windows (output row oh of an image) of qt_batch_norm_relu_pool_forward_train, with
- * literal RELU, FQ and D (a divisor): each input normalized as bn_apply_rows does, clamped as
- * relu_mask_block does (max(0, v) and min(6, v) as x86 computes them: NaN and -0 kept), quantized
- * as qt_fake_quant_forward does, and pooled with max pool's comparison in its window order; with
- * FQ, ya tracks the relu's output at the argmax. */
-/* One normalized, relu'd value (bn_pool_band's, before the fake quant). */
+/* One normalized, relu'd value (bn_pool_band's, before the fake quant): selects on the bits, so
+ * the loops around it vectorize (select_bits, qat/quant_elem.h). */
 BN_INLINE float bn_pool_value(float x, float div, float chi, float clo, float ca, float bb, const int RELU,
                               const int D) {
   float v = (((D ? x / div : x) - chi) - clo) * ca + bb;
@@ -361,6 +357,11 @@ BN_INLINE float bn_pool_value(float x, float div, float chi, float clo, float ca
   return v;
 }
 
+/* One row of windows (output row oh of an image) of qt_batch_norm_relu_pool_forward_train, with
+ * literal RELU, FQ and D (a divisor): each input normalized as bn_apply_rows does, clamped as
+ * relu_mask_block does (max(0, v) and min(6, v) as x86 computes them: NaN and -0 kept), quantized
+ * as qt_fake_quant_forward does, and pooled with max pool's comparison in its window order; with
+ * FQ, ya tracks the relu's output at the argmax. */
 BN_INLINE void bn_pool_band(float *out, int32_t *argmax, float *yarg, uint8_t *qmask, const float *img, int64_t o_row,
                             int oh, int W, int OW, int C, int K, const float *restrict chi,
                             const float *restrict clo, const float *restrict ca, const float *restrict bb,
