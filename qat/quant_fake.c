@@ -418,24 +418,6 @@ static void lsq_max_pool_backward(float *dinp, int dinp_write, float *dval, floa
             }
             continue;
           }
-          if (KH == 2 && KW == 2 && dval) { /* the same, the argmax inputs' values alone */
-            const int32_t i00 = 2 * oh * W + 2 * ow, i01 = i00 + 1, i10 = i00 + W;
-            const float *restrict x00 = img + (int64_t)i00 * C, *restrict x01 = x00 + C;
-            const float *restrict x10 = img + (int64_t)i10 * C, *restrict x11 = x10 + C;
-            float *restrict dv = dval + o;
-#pragma omp simd
-            for (int c = 0; c < C; c++) {
-              const int32_t a = am[c];
-              const float xs = select_bits(a == i00, x00[c],
-                                           select_bits(a == i01, x01[c], select_bits(a == i10, x10[c], x11[c])));
-              float dx, ds, dz;
-              LSQ_ELEMENT(xs, 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
-              (void)dz;
-              acc[c] += ds;
-              dv[c] = 0.0f + dx;
-            }
-            continue;
-          }
           /* the general path (and the scale's gradient alone or the argmax inputs' values, dinp
            * NULL: the same sums in the same per-channel order) */
           /* each channel's argmax input: the only one of the window whose gradient is not zero */
