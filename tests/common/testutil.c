@@ -140,9 +140,11 @@ static float *alloc_f32(int64_t n, int zero) {
 
 float *qt_test_zeros(int64_t n) { return alloc_f32(n, 1); }
 
-float *qt_test_uniform(int64_t n, uint64_t seed) {
+float *qt_test_uniform(int64_t n, uint64_t seed) { return qt_test_uniform_range(n, -1.0f, 1.0f, seed); }
+
+float *qt_test_uniform_range(int64_t n, float lo, float hi, uint64_t seed) {
   float *p = alloc_f32(n, 0);
-  qt_test_fill_uniform(p, n, -1.0f, 1.0f, seed);
+  qt_test_fill_uniform(p, n, lo, hi, seed);
   return p;
 }
 

@@ -56,6 +56,8 @@ void qt_test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t seed
  * holds at least one element and exits the test with a message when memory runs out. */
 float *qt_test_zeros(int64_t n);
 float *qt_test_uniform(int64_t n, uint64_t seed);
+/* n uniform in [lo, hi) from seed (qt_test_fill_uniform into a new buffer, as above). */
+float *qt_test_uniform_range(int64_t n, float lo, float hi, uint64_t seed);
 float *qt_test_copy_f32(const float *src, int64_t n);
 
 #endif

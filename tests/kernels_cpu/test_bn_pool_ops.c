@@ -30,12 +30,6 @@ typedef struct {
   float *y, *dx, *dg, *db, *dd, ds, *rm, *rv;
 } result;
 
-static float *uniform(int64_t n, float lo, float hi, uint64_t seed) {
-  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-  qt_test_fill_uniform(p, n, lo, hi, seed);
-  return p;
-}
-
 static float *copy_or_null(const float *p, int64_t n) { return p ? qt_test_copy_f32(p, n) : NULL; }
 
 static result step(const shape *sh, int kind, int relu, int with_div, int mode, const float *xd, const float *gd,
@@ -56,8 +50,8 @@ static result step(const shape *sh, int kind, int relu, int with_div, int mode, 
   const int qmin = 0, qmax = 15;
   const float gf = 1.0f / sqrtf((float)(sh->H * sh->W * C) * (float)qmax);
   result r = {0};
-  r.rm = uniform(C, -0.1f, 0.1f, 77);
-  r.rv = uniform(C, 0.5f, 1.5f, 78);
+  r.rm = qt_test_uniform_range(C, -0.1f, 0.1f, 77);
+  r.rv = qt_test_uniform_range(C, 0.5f, 1.5f, 78);
   qt_tensor *y;
   if (mode >= 2) {
     const qt_pool_fake_quant fq = {kind == LSQ ? scale : NULL, &sd, &zp, qmin, qmax, gf};
@@ -103,11 +97,11 @@ static void same(const char *what, const float *got, const float *want, int64_t 
 
 static void run(const shape *sh, int kind, int relu, int with_div, uint64_t seed) {
   const int64_t n = (int64_t)sh->N * sh->H * sh->W * sh->C, per = n / sh->N / (sh->K * sh->K);
-  float *x = uniform(n, -1.5f, 2.5f, seed), *g = uniform(sh->C, 0.5f, 1.5f, seed + 1);
+  float *x = qt_test_uniform_range(n, -1.5f, 2.5f, seed), *g = qt_test_uniform_range(sh->C, 0.5f, 1.5f, seed + 1);
   /* relu6: betas near 6, so that some outputs clamp at 6 (and their gradient stops) */
-  float *b = relu == 2 ? uniform(sh->C, 4.5f, 6.5f, seed + 2) : uniform(sh->C, -0.3f, 0.6f, seed + 2);
-  float *d = uniform(sh->C, 0.5f, 2.0f, seed + 3);
-  float *lw = uniform(10 * per, -0.2f, 0.2f, seed + 4);
+  float *b = relu == 2 ? qt_test_uniform_range(sh->C, 4.5f, 6.5f, seed + 2) : qt_test_uniform_range(sh->C, -0.3f, 0.6f, seed + 2);
+  float *d = qt_test_uniform_range(sh->C, 0.5f, 2.0f, seed + 3);
+  float *lw = qt_test_uniform_range(10 * per, -0.2f, 0.2f, seed + 4);
   result r[4];
   for (int mode = 0; mode < 4; mode++) r[mode] = step(sh, kind, relu, with_div, mode, x, g, b, d, lw);
   char what[200];

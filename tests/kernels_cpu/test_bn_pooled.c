@@ -20,12 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static float *uniform(int64_t n, float lo, float hi, uint64_t seed) {
-  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-  qt_test_fill_uniform(p, n, lo, hi, seed);
-  return p;
-}
-
 static int check_exact(const char *what, const float *got, const float *want, int64_t n) {
   for (int64_t i = 0; i < n; i++)
     if (memcmp(&got[i], &want[i], sizeof(float)) != 0) {
@@ -49,10 +43,10 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
    what)
   const int M = N * H * W, OH = H / K, OW = W / K;
   const int64_t n = (int64_t)M * C, m = (int64_t)N * OH * OW * C;
-  float *x = uniform(n, -2.0f, 3.0f, seed);
-  float *div = with_div ? uniform(C, 0.4f, 2.5f, seed + 1) : NULL;
-  float *gamma = uniform(C, 0.5f, 2.0f, seed + 2), *beta = uniform(C, -0.5f, 1.0f, seed + 3);
-  float *rm = uniform(C, -0.2f, 0.2f, seed + 4), *rv = uniform(C, 0.5f, 2.0f, seed + 5);
+  float *x = qt_test_uniform_range(n, -2.0f, 3.0f, seed);
+  float *div = with_div ? qt_test_uniform_range(C, 0.4f, 2.5f, seed + 1) : NULL;
+  float *gamma = qt_test_uniform_range(C, 0.5f, 2.0f, seed + 2), *beta = qt_test_uniform_range(C, -0.5f, 1.0f, seed + 3);
+  float *rm = qt_test_uniform_range(C, -0.2f, 0.2f, seed + 4), *rv = qt_test_uniform_range(C, 0.5f, 2.0f, seed + 5);
   float *y = malloc((size_t)n * 4), *mean = malloc((size_t)C * 4), *invstd = malloc((size_t)C * 4);
   uint8_t *mask = relu ? malloc((size_t)(n + 7) / 8) : NULL;
   int64_t total;
@@ -76,7 +70,7 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
    * argmax, statistics and running statistics bit for bit; the relu's output at each argmax and
    * the STE mask (clamp range and relu pass there) */
   {
-    float *rm2 = uniform(C, -0.2f, 0.2f, seed + 4), *rv2 = uniform(C, 0.5f, 2.0f, seed + 5);
+    float *rm2 = qt_test_uniform_range(C, -0.2f, 0.2f, seed + 4), *rv2 = qt_test_uniform_range(C, 0.5f, 2.0f, seed + 5);
     float *out2 = malloc((size_t)m * 4), *yarg = malloc((size_t)m * 4), *mean2 = malloc((size_t)C * 4);
     float *invstd2 = malloc((size_t)C * 4);
     int32_t *argmax2 = malloc((size_t)m * 4);
@@ -119,7 +113,7 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
     free(rm2), free(rv2), free(out2), free(yarg), free(mean2), free(invstd2), free(argmax2), free(qmask2);
   }
   /* the pool output's gradient, with exact zeros and negative zeros among it */
-  float *dout = uniform(m, -1.0f, 1.0f, seed + 6);
+  float *dout = qt_test_uniform_range(m, -1.0f, 1.0f, seed + 6);
   for (int64_t i = 0; i < m; i += 11) dout[i] = 0.0f;
   for (int64_t i = 5; i < m; i += 13) dout[i] = -0.0f;
 
@@ -149,10 +143,10 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
     check_exact(WHAT("LSQ values from xarg"), val2, val, m);
     free(val2), free(xarg);
   }
-  float *dx1 = uniform(n, -1.0f, 1.0f, seed + 7), *dx2 = qt_test_copy_f32(dx1, n);
+  float *dx1 = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 7), *dx2 = qt_test_copy_f32(dx1, n);
   if (dinp_write)
     for (int64_t i = 0; i < n; i++) dx1[i] = dx2[i] = NAN; /* written, never read */
-  float *dg1 = uniform(C, -1.0f, 1.0f, seed + 8), *db1 = uniform(C, -1.0f, 1.0f, seed + 9);
+  float *dg1 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 8), *db1 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 9);
   float *dg2 = qt_test_copy_f32(dg1, C), *db2 = qt_test_copy_f32(db1, C);
   qt_batch_norm_relu_backward(dx1, dinp_write, dg1, db1, dense, mask, x, div, mean, invstd, gamma, M, C, NULL, M);
   const qt_pool_grad pg = {val, argmax, N, H, W, K, K};
@@ -162,7 +156,7 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
   check_exact(WHAT("dgamma"), dg2, dg1, C);
   check_exact(WHAT("dbeta"), db2, db1, C);
   /* the sums alone (no dinp wanted) */
-  float *dg3 = uniform(C, -1.0f, 1.0f, seed + 8), *db3 = uniform(C, -1.0f, 1.0f, seed + 9);
+  float *dg3 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 8), *db3 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 9);
   qt_batch_norm_relu_backward_pooled(NULL, 0, dg3, db3, &pg, mask, x, div, mean, invstd, gamma, M, C, NULL, M);
   check_exact(WHAT("dgamma without dinp"), dg3, dg1, C);
   check_exact(WHAT("dbeta without dinp"), db3, db1, C);

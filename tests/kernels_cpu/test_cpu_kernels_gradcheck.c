@@ -53,12 +53,6 @@ static void check_param(const char *what, forward_fn fwd, void *ctx, float *para
   if (bad) qt_test_fail("%s: %lld of %lld gradients off (max abs err %.3g)", what, (long long)bad, (long long)n, worst);
 }
 
-static float *uniform(int64_t n, float lo, float hi, uint64_t seed) {
-  float *p = malloc((size_t)n * sizeof *p);
-  qt_test_fill_uniform(p, n, lo, hi, seed);
-  return p;
-}
-
 /* ---- batch norm --------------------------------------------------------------------------- */
 
 typedef struct {
@@ -77,10 +71,10 @@ static void bn_forward(void *p, float *y) {
 static void test_batch_norm(int train) {
   const int M = 12, C = 3;
   const int64_t n = (int64_t)M * C;
-  bn_ctx b = {.x = uniform(n, -2.0f, 2.0f, 1), .gamma = uniform(C, 0.5f, 1.5f, 2), .beta = uniform(C, -1, 1, 3),
-              .rm = uniform(C, -0.5f, 0.5f, 4), .rv = uniform(C, 0.5f, 2.0f, 5), .mean = malloc(C * 4),
+  bn_ctx b = {.x = qt_test_uniform_range(n, -2.0f, 2.0f, 1), .gamma = qt_test_uniform_range(C, 0.5f, 1.5f, 2), .beta = qt_test_uniform_range(C, -1, 1, 3),
+              .rm = qt_test_uniform_range(C, -0.5f, 0.5f, 4), .rv = qt_test_uniform_range(C, 0.5f, 2.0f, 5), .mean = malloc(C * 4),
               .invstd = malloc(C * 4), .M = M, .C = C, .train = train};
-  float *w = uniform(n, -1.0f, 1.0f, 6), *y = malloc(n * 4);
+  float *w = qt_test_uniform_range(n, -1.0f, 1.0f, 6), *y = malloc(n * 4);
   float *dx = calloc(n, 4), *dg = calloc(C, 4), *db = calloc(C, 4);
   bn_forward(&b, y);
   if (train) {
@@ -121,9 +115,9 @@ static void add_fwd(void *p, float *y) {
 
 static void test_relu_add(void) {
   const int64_t n = 50;
-  ew_ctx e = {.a = uniform(n, 0.1f, 1.0f, 10), .b = uniform(n, -1.0f, 1.0f, 11), .n = n};
+  ew_ctx e = {.a = qt_test_uniform_range(n, 0.1f, 1.0f, 10), .b = qt_test_uniform_range(n, -1.0f, 1.0f, 11), .n = n};
   for (int64_t i = 0; i < n; i += 2) e.a[i] = -e.a[i]; /* |x| >= 0.1 > STEP */
-  float *w = uniform(n, -1.0f, 1.0f, 12), *y = malloc(n * 4), *da = calloc(n, 4), *db = calloc(n, 4);
+  float *w = qt_test_uniform_range(n, -1.0f, 1.0f, 12), *y = malloc(n * 4), *da = calloc(n, 4), *db = calloc(n, 4);
   qt_relu_forward(y, e.a, n);
   qt_relu_backward(da, w, y, n);
   check_param("relu dinp", relu_fwd, &e, e.a, da, n, w, y, n);
@@ -175,7 +169,7 @@ static void test_pool(int kind, int K, int S, int P) {
   q.x = malloc(nin * 4);
   for (int64_t i = 0; i < nin; i++) q.x[i] = 0.05f * (float)((i * 37) % nin) - 1.0f;
   q.argmax = malloc(nout * 4);
-  float *w = uniform(nout, -1.0f, 1.0f, 20 + kind), *y = malloc(nout * 4), *dx = calloc(nin, 4);
+  float *w = qt_test_uniform_range(nout, -1.0f, 1.0f, 20 + kind), *y = malloc(nout * 4), *dx = calloc(nin, 4);
   pool_fwd(&q, y);
   if (kind == 0) qt_max_pool2d_backward(dx, w, q.argmax, &q.s);
   if (kind == 1) qt_avg_pool2d_backward(dx, w, &q.s);
@@ -202,7 +196,7 @@ static void ce_fwd(void *p, float *y) {
 
 static void test_cross_entropy(void) {
   ce_ctx c = {.N = 6, .C = 5};
-  c.logits = uniform(c.N * c.C, -3.0f, 3.0f, 30);
+  c.logits = qt_test_uniform_range(c.N * c.C, -3.0f, 3.0f, 30);
   c.probs = malloc(c.N * c.C * 4);
   c.labels = malloc(c.N * 4);
   for (int i = 0; i < c.N; i++) c.labels[i] = (i * 3) % c.C;

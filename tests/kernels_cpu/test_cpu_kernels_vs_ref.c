@@ -13,12 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static float *uniform(int64_t n, float lo, float hi, uint64_t seed) {
-  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-  qt_test_fill_uniform(p, n, lo, hi, seed);
-  return p;
-}
-
 static void check_exact_f32(const char *what, const float *got, const float *want, int64_t n) {
   for (int64_t i = 0; i < n; i++)
     if (memcmp(&got[i], &want[i], sizeof(float)) != 0 && !(isnan(got[i]) && isnan(want[i]))) {
@@ -40,11 +34,11 @@ static void check_exact_i32(const char *what, const int32_t *got, const int32_t 
 static void test_batch_norm(int M, int C, float center, uint64_t seed) {
   char what[128];
   const int64_t n = (int64_t)M * C;
-  float *x = uniform(n, center - 2.0f, center + 2.0f, seed);
-  float *gamma = uniform(C, 0.5f, 1.5f, seed + 1), *beta = uniform(C, -0.5f, 0.5f, seed + 2);
-  float *rm0 = uniform(C, -0.2f, 0.2f, seed + 3), *rv0 = uniform(C, 0.5f, 2.0f, seed + 4);
-  float *dy = uniform(n, -1.0f, 1.0f, seed + 5), *dx0 = uniform(n, -1.0f, 1.0f, seed + 6);
-  float *dg0 = uniform(C, -1.0f, 1.0f, seed + 7), *db0 = uniform(C, -1.0f, 1.0f, seed + 8);
+  float *x = qt_test_uniform_range(n, center - 2.0f, center + 2.0f, seed);
+  float *gamma = qt_test_uniform_range(C, 0.5f, 1.5f, seed + 1), *beta = qt_test_uniform_range(C, -0.5f, 0.5f, seed + 2);
+  float *rm0 = qt_test_uniform_range(C, -0.2f, 0.2f, seed + 3), *rv0 = qt_test_uniform_range(C, 0.5f, 2.0f, seed + 4);
+  float *dy = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 5), *dx0 = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 6);
+  float *dg0 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 7), *db0 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 8);
 
   /* training forward */
   float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *m1 = malloc(C * 4), *m2 = malloc(C * 4);
@@ -101,10 +95,10 @@ static void test_batch_norm_relu(int M, int C, int six, uint64_t seed) {
   char what[128];
 #define BR_WHAT(s) (snprintf(what, sizeof what, "bn+relu%s M=%d C=%d: %s", six ? "6" : "", M, C, s), what)
   const int64_t n = (int64_t)M * C, nb = (n + 7) / 8;
-  float *x = uniform(n, -3.0f, 3.0f, seed);
+  float *x = qt_test_uniform_range(n, -3.0f, 3.0f, seed);
   for (int64_t i = 0; i < n; i += 37) x[i] = NAN;
-  float *gamma = uniform(C, 0.5f, 4.0f, seed + 1), *beta = uniform(C, -0.5f, 3.0f, seed + 2);
-  float *rm1 = uniform(C, -0.2f, 0.2f, seed + 3), *rv1 = uniform(C, 0.5f, 2.0f, seed + 4);
+  float *gamma = qt_test_uniform_range(C, 0.5f, 4.0f, seed + 1), *beta = qt_test_uniform_range(C, -0.5f, 3.0f, seed + 2);
+  float *rm1 = qt_test_uniform_range(C, -0.2f, 0.2f, seed + 3), *rv1 = qt_test_uniform_range(C, 0.5f, 2.0f, seed + 4);
   float *rm2 = qt_test_copy_f32(rm1, C), *rv2 = qt_test_copy_f32(rv1, C);
   float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *m1 = malloc(C * 4), *m2 = malloc(C * 4);
   float *s1 = malloc(C * 4), *s2 = malloc(C * 4);
@@ -120,11 +114,11 @@ static void test_batch_norm_relu(int M, int C, int six, uint64_t seed) {
   check_exact_f32(BR_WHAT("running var"), rv1, rv2, C);
   if (memcmp(k1, k2, nb) != 0 || total != M) qt_test_fail("%s", BR_WHAT("mask or row count differ"));
 
-  float *dy = uniform(n, -1.0f, 1.0f, seed + 5);
+  float *dy = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 5);
   float *dy1 = qt_test_copy_f32(dy, n), *dy2 = qt_test_copy_f32(dy, n);
   float *dx1 = malloc(n * 4), *dx2 = malloc(n * 4);
   for (int64_t i = 0; i < n; i++) dx1[i] = NAN;
-  float *dg1 = uniform(C, -1.0f, 1.0f, seed + 6), *db1 = uniform(C, -1.0f, 1.0f, seed + 7);
+  float *dg1 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 6), *db1 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 7);
   float *dg2 = qt_test_copy_f32(dg1, C), *db2 = qt_test_copy_f32(db1, C);
   qt_batch_norm_relu_backward(dx1, 1, dg1, db1, dy1, k1, x, NULL, m1, s1, gamma, M, C, NULL, M);
   qt_relu_backward_mask(dy2, 1, dy2, k2, n);
@@ -152,10 +146,10 @@ static void test_batch_norm_div(int M, int C, int relu, uint64_t seed) {
   char what[128];
 #define BD_WHAT(s) (snprintf(what, sizeof what, "bn/div relu=%d M=%d C=%d: %s", relu, M, C, s), what)
   const int64_t n = (int64_t)M * C, nb = (n + 7) / 8;
-  float *x = uniform(n, -3.0f, 5.0f, seed), *div = uniform(C, 0.3f, 3.0f, seed + 1), *q = malloc(n * 4);
+  float *x = qt_test_uniform_range(n, -3.0f, 5.0f, seed), *div = qt_test_uniform_range(C, 0.3f, 3.0f, seed + 1), *q = malloc(n * 4);
   for (int64_t i = 0; i < n; i++) q[i] = x[i] / div[i % C];
-  float *gamma = uniform(C, 0.5f, 2.0f, seed + 2), *beta = uniform(C, -0.5f, 1.0f, seed + 3);
-  float *rm1 = uniform(C, -0.2f, 0.2f, seed + 4), *rv1 = uniform(C, 0.5f, 2.0f, seed + 5);
+  float *gamma = qt_test_uniform_range(C, 0.5f, 2.0f, seed + 2), *beta = qt_test_uniform_range(C, -0.5f, 1.0f, seed + 3);
+  float *rm1 = qt_test_uniform_range(C, -0.2f, 0.2f, seed + 4), *rv1 = qt_test_uniform_range(C, 0.5f, 2.0f, seed + 5);
   float *rm2 = qt_test_copy_f32(rm1, C), *rv2 = qt_test_copy_f32(rv1, C);
   float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *m1 = malloc(C * 4), *m2 = malloc(C * 4);
   float *s1 = malloc(C * 4), *s2 = malloc(C * 4);
@@ -171,9 +165,9 @@ static void test_batch_norm_div(int M, int C, int relu, uint64_t seed) {
   check_exact_f32(BD_WHAT("running mean"), rm1, rm2, C);
   check_exact_f32(BD_WHAT("running var"), rv1, rv2, C);
   if (relu && memcmp(k1, k2, nb) != 0) qt_test_fail("%s", BD_WHAT("relu mask differs"));
-  float *dy = uniform(n, -1.0f, 1.0f, seed + 6), *dy1 = qt_test_copy_f32(dy, n), *dy2 = qt_test_copy_f32(dy, n);
+  float *dy = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 6), *dy1 = qt_test_copy_f32(dy, n), *dy2 = qt_test_copy_f32(dy, n);
   float *dx1 = malloc(n * 4), *dx2 = malloc(n * 4);
-  float *dg1 = uniform(C, -1.0f, 1.0f, seed + 7), *db1 = uniform(C, -1.0f, 1.0f, seed + 8);
+  float *dg1 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 7), *db1 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 8);
   float *dg2 = qt_test_copy_f32(dg1, C), *db2 = qt_test_copy_f32(db1, C);
   for (int64_t i = 0; i < n; i++) dx1[i] = dx2[i] = NAN;
   qt_batch_norm_relu_backward(dx1, 1, dg1, db1, dy1, k1, x, div, m1, s1, gamma, M, C, NULL, M);
@@ -215,12 +209,12 @@ static void test_pool(pool_case pc, int kind, uint64_t seed) {
     return;
   }
   const int64_t nin = (int64_t)s.N * s.H * s.W * s.C, nout = (int64_t)s.N * s.OH * s.OW * s.C;
-  float *x = uniform(nin, -1.0f, 1.0f, seed);
+  float *x = qt_test_uniform_range(nin, -1.0f, 1.0f, seed);
   if (kind >= 1)
     for (int64_t i = 0; i < nin; i++) x[i] = roundf(x[i] * 2.0f) / 2.0f;
   if (kind == 2)
     for (int64_t i = 0; i < nin; i += 7) x[i] = NAN;
-  float *dy = uniform(nout, -1.0f, 1.0f, seed + 1), *dx0 = uniform(nin, -1.0f, 1.0f, seed + 2);
+  float *dy = qt_test_uniform_range(nout, -1.0f, 1.0f, seed + 1), *dx0 = qt_test_uniform_range(nin, -1.0f, 1.0f, seed + 2);
   float *y1 = malloc(nout * 4), *y2 = malloc(nout * 4);
   int32_t *a1 = malloc(nout * 4), *a2 = malloc(nout * 4);
   float *dx1 = qt_test_copy_f32(dx0, nin), *dx2 = qt_test_copy_f32(dx0, nin);
@@ -257,8 +251,8 @@ static void test_pool(pool_case pc, int kind, uint64_t seed) {
 static void test_global_avg_pool(int N, int HW, int C, uint64_t seed) {
   char what[96];
   const int64_t nin = (int64_t)N * HW * C;
-  float *x = uniform(nin, -1.0f, 1.0f, seed), *dy = uniform((int64_t)N * C, -1.0f, 1.0f, seed + 1);
-  float *dx0 = uniform(nin, -1.0f, 1.0f, seed + 2), *dx1 = qt_test_copy_f32(dx0, nin), *dx2 = qt_test_copy_f32(dx0, nin);
+  float *x = qt_test_uniform_range(nin, -1.0f, 1.0f, seed), *dy = qt_test_uniform_range((int64_t)N * C, -1.0f, 1.0f, seed + 1);
+  float *dx0 = qt_test_uniform_range(nin, -1.0f, 1.0f, seed + 2), *dx1 = qt_test_copy_f32(dx0, nin), *dx2 = qt_test_copy_f32(dx0, nin);
   float *y1 = malloc((size_t)N * C * 4), *y2 = malloc((size_t)N * C * 4);
   snprintf(what, sizeof what, "global_avg_pool N%d HW%d C%d", N, HW, C);
   qt_global_avg_pool_forward(y1, x, N, HW, C);
@@ -273,12 +267,12 @@ static void test_global_avg_pool(int N, int HW, int C, uint64_t seed) {
 /* ---- element-wise ------------------------------------------------------------------------ */
 
 static void test_relu_add(int64_t n, uint64_t seed) {
-  float *x = uniform(n, -1.0f, 1.0f, seed), *b = uniform(n, -1.0f, 1.0f, seed + 1);
+  float *x = qt_test_uniform_range(n, -1.0f, 1.0f, seed), *b = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 1);
   for (int64_t i = 0; i < n; i += 5) x[i] = 0.0f;
   for (int64_t i = 1; i < n; i += 11) x[i] = -0.0f;
   for (int64_t i = 2; i < n; i += 13) x[i] = NAN;
-  float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *dy = uniform(n, -1.0f, 1.0f, seed + 2);
-  float *dx0 = uniform(n, -1.0f, 1.0f, seed + 3), *dx1 = qt_test_copy_f32(dx0, n), *dx2 = qt_test_copy_f32(dx0, n);
+  float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *dy = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 2);
+  float *dx0 = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 3), *dx1 = qt_test_copy_f32(dx0, n), *dx2 = qt_test_copy_f32(dx0, n);
   qt_relu_forward(y1, x, n);
   qt_relu_forward_ref(y2, x, n);
   check_exact_f32("relu forward", y1, y2, n);
@@ -331,14 +325,14 @@ static void test_relu_add(int64_t n, uint64_t seed) {
 static void test_relu_mask(int64_t n, int six, uint64_t seed) {
   char what[96];
 #define RM_WHAT(s) (snprintf(what, sizeof what, "relu%s mask n=%lld: %s", six ? "6" : "", (long long)n, s), what)
-  float *x = uniform(n, -8.0f, 8.0f, seed);
+  float *x = qt_test_uniform_range(n, -8.0f, 8.0f, seed);
   for (int64_t i = 0; i < n; i += 5) x[i] = 0.0f;
   for (int64_t i = 1; i < n; i += 11) x[i] = -0.0f;
   for (int64_t i = 2; i < n; i += 13) x[i] = NAN;
   for (int64_t i = 4; i < n; i += 17) x[i] = 6.0f;
   for (int64_t i = 6; i < n; i += 19) x[i] = -NAN;
   const int64_t nb = (n + 7) / 8;
-  float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *y3 = malloc(n * 4), *dy = uniform(n, -1.0f, 1.0f, seed + 1);
+  float *y1 = malloc(n * 4), *y2 = malloc(n * 4), *y3 = malloc(n * 4), *dy = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 1);
   for (int64_t i = 3; i < n; i += 23) dy[i] = -0.0f;
   uint8_t *m1 = malloc(nb), *m2 = malloc(nb);
   memset(m1, 0xA5, nb);
@@ -354,7 +348,7 @@ static void test_relu_mask(int64_t n, int six, uint64_t seed) {
   check_exact_f32(RM_WHAT("forward in place"), inplace, y2, n);
   if (memcmp(m1, m2, nb) != 0) qt_test_fail("%s", RM_WHAT("mask (in place) differs"));
 
-  float *dx0 = uniform(n, -1.0f, 1.0f, seed + 2);
+  float *dx0 = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 2);
   for (int64_t i = 0; i < n; i += 29) dx0[i] = -0.0f;
   float *dx1 = qt_test_copy_f32(dx0, n), *dx2 = qt_test_copy_f32(dx0, n), *dx3 = qt_test_copy_f32(dx0, n);
   qt_relu_backward_mask(dx1, 0, dy, m1, n);
@@ -385,8 +379,8 @@ static void test_relu_mask(int64_t n, int six, uint64_t seed) {
 static void test_cross_entropy(int N, int C, float scale, uint64_t seed) {
   char what[96];
   const int64_t n = (int64_t)N * C;
-  float *x = uniform(n, -scale, scale, seed), *p1 = malloc(n * 4), *p2 = malloc(n * 4);
-  float *d0 = uniform(n, -1.0f, 1.0f, seed + 1), *d1 = qt_test_copy_f32(d0, n), *d2 = qt_test_copy_f32(d0, n);
+  float *x = qt_test_uniform_range(n, -scale, scale, seed), *p1 = malloc(n * 4), *p2 = malloc(n * 4);
+  float *d0 = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 1), *d1 = qt_test_copy_f32(d0, n), *d2 = qt_test_copy_f32(d0, n);
   int32_t *labels = malloc((size_t)N * sizeof *labels);
   for (int i = 0; i < N; i++) labels[i] = (int32_t)((i * 7919u + (unsigned)seed) % (unsigned)C);
   snprintf(what, sizeof what, "cross_entropy N%d C%d scale%g", N, C, scale);
@@ -405,8 +399,8 @@ static void test_cross_entropy(int N, int C, float scale, uint64_t seed) {
 static void test_batch_norm_written(int M, int C, uint64_t seed) {
   char what[96];
   const int64_t n = (int64_t)M * C;
-  float *x = uniform(n, -2.0f, 2.0f, seed), *dy = uniform(n, -1.0f, 1.0f, seed + 1);
-  float *gamma = uniform(C, 0.5f, 1.5f, seed + 2), *beta = uniform(C, -0.5f, 0.5f, seed + 3);
+  float *x = qt_test_uniform_range(n, -2.0f, 2.0f, seed), *dy = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 1);
+  float *gamma = qt_test_uniform_range(C, 0.5f, 1.5f, seed + 2), *beta = qt_test_uniform_range(C, -0.5f, 0.5f, seed + 3);
   for (int64_t i = 0; i < n; i += 5) dy[i] = 0.0f;
   float *y = malloc(n * 4), *mean = malloc(C * 4), *invstd = malloc(C * 4), *rm = calloc(C, 4), *rv = malloc(C * 4);
   for (int c = 0; c < C; c++) rv[c] = 1.0f;
