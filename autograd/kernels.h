@@ -122,8 +122,9 @@ typedef struct {
   int N, H, W, KH, KW;
 } qt_pool_grad;
 /* qt_batch_norm_relu_backward of the dout that pg expands to (N * H * W = M rows), bit for bit,
- * without dout in memory: each reduction chunk of it is expanded and masked in thread scratch
- * while the chunk is in cache, once for the sums and once for dinp. */
+ * without dout in memory: each row's gradient is selected in registers (AVX-512 and C % 16 == 0)
+ * or each reduction chunk of it expanded and masked in thread scratch while the chunk is in cache,
+ * once for the sums and once for dinp. */
 void qt_batch_norm_relu_backward_pooled(float *dinp, int dinp_write, float *dgamma, float *dbeta,
                                         const qt_pool_grad *pg, const uint8_t *relu_mask, const float *inp,
                                         const float *in_div, const float *mean, const float *invstd,
@@ -141,9 +142,10 @@ typedef struct {
  * (N, H, W, C) input: one pass after the statistics, without the normalized, relu'd or quantized
  * tensors in memory. out and argmax are bit for bit those of the ops in turn
  * (qt_batch_norm_relu_forward_train, then qt_fake_quant_max_pool_forward or
- * qt_max_pool2d_forward). yarg (may be NULL) gets the relu's output at each window's argmax input
- * (the fake quant's input there; may be NULL, needs fq); qmask (may be NULL; needs fq) gets 1
- * where that value's fake quant is in range and the relu passes it (the clipped STE's mask and the relu's mask there). */
+ * qt_max_pool2d_forward). yarg (may be NULL; needs fq) gets the relu's output at each window's
+ * argmax input (the fake quant's input there); qmask (may be NULL; needs fq) gets 1 where that
+ * value's fake quant is in range and the relu passes it (the clipped STE's mask and the relu's
+ * mask there). */
 void qt_batch_norm_relu_pool_forward_train(float *out, int32_t *argmax, float *yarg, uint8_t *qmask, float *mean,
                                            float *invstd, const float *inp, const float *in_div, const float *gamma,
                                            const float *beta, float *running_mean, float *running_var,

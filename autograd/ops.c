@@ -243,8 +243,8 @@ static void batch_norm_backward(qt_ctx *ctx, void *p);
  * entry): nothing recorded between them reads x, so when the pool's backward runs and x has no
  * gradient yet (every later consumer's backward has run), the pool is x's only consumer with a
  * gradient and the batch norm's backward runs next. It then hands the batch norm the gradient as
- * each window's argmax value (pool_hand_to_bn), and the batch norm expands it chunk by chunk in
- * cache (qt_batch_norm_relu_backward_pooled): the same numbers without the input-sized gradient,
+ * each window's argmax value (pool_hand_to_bn), and the batch norm's backward selects it row by
+ * row (qt_batch_norm_relu_backward_pooled): the same numbers without the input-sized gradient,
  * which only the batch norm would read. Returns that batch norm's state, else NULL. */
 static bn_saved *bn_before_pool(const qt_ctx *ctx, const qt_tensor *x, int tiles) {
   if (!tiles || ctx->tape_len == 0) return NULL;
