@@ -101,6 +101,7 @@ typedef enum {
   QT_PROFILE_CHANNEL_ADD,
   QT_PROFILE_BN_SCALE_FACTOR,
   QT_PROFILE_BN_MAX_POOL2D,
+  QT_PROFILE_CONV1_BN_MAX_POOL2D,
   QT_PROFILE_OP_COUNT
 } qt_profile_op;
 /* The parts of a training step that are not ops, timed by their callers (train/trainer.c,
@@ -255,6 +256,26 @@ typedef struct {
 qt_tensor *qt_batch_norm_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
                                          float *running_mean, float *running_var, float momentum, float eps, int relu,
                                          const qt_pool_fake_quant *fq, int kernel);
+/* conv2d(x', w / div, b) of a one-channel x that needs no gradient (an image; x' = x, or its
+ * per-tensor fake quant xq: LSQ or fixed qparams; stride 1, groups 1, w (OC, 1, KH, KW) with
+ * OC % 16 == 0 and at most 25 taps; b and div (per output channel: QAT's conv_bn) may be NULL),
+ * then batch norm in training mode, relu (relu 1) or relu6 (2), a per-tensor fake quant fq (NULL:
+ * none) and a max pool whose kernel x kernel windows tile the convolution's output, as one op.
+ * The gradients of w, b, div, gamma, beta and both LSQ scales and the running statistics are the
+ * ops' in turn (qt_fake_quant_lsq or qt_conv2d_lsq_input, qt_conv2d, qt_batch_norm_div or
+ * qt_batch_norm_relu, qt_batch_norm_relu_max_pool2d) summed in another order
+ * (autograd/cpu_conv1_pool.c), while nothing the size of the convolution's output is in memory,
+ * in forward or backward. Saved for backward: one byte per output (the argmax's window position),
+ * for LSQ the relu's output at each argmax, for fixed qparams a mask byte per output, the
+ * quantized image and O(taps^2 + OC) doubles. Not under SyncBN (a batch split across processes). */
+qt_tensor *qt_conv1_bn_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_quant *xq, qt_tensor *w,
+                                       qt_tensor *b, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
+                                       float *running_mean, float *running_var, float momentum, float eps, int pad_h,
+                                       int pad_w, int relu, const qt_pool_fake_quant *fq, int kernel);
+/* Whether qt_conv1_bn_relu_max_pool2d takes an (N, H, W, 1) input, OC x KH x KW weights, that
+ * padding and pool kernel (relu 1 or 2). */
+int qt_conv1_bn_relu_max_pool2d_takes(int N, int H, int W, int OC, int KH, int KW, int pad_h, int pad_w, int relu,
+                                      int kernel);
 /* conv2d(fake_quant_lsq(x), w, b) with groups 1 for an x that needs no gradient (an image): the
  * output of the two ops, and the gradients of w, b and the per-tensor scale (1) without the
  * convolution's input gradient: the scale's is read off a backward-weights pass over

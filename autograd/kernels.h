@@ -6,6 +6,7 @@
 #ifndef QT_KERNELS_H
 #define QT_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct qt_batch_sync; /* base.h */
@@ -152,6 +153,40 @@ void qt_batch_norm_relu_pool_forward_train(float *out, int32_t *argmax, float *y
                                            float momentum, float eps, int N, int H, int W, int C, int K, int relu,
                                            const qt_fq_params *fq, const struct qt_batch_sync *sync,
                                            int64_t *M_total);
+/* Convolution of a one-channel image (stride 1, groups 1, OC % 16 == 0, at most
+ * QT_CONV1_POOL_MAX_TAPS taps), training batch norm, relu (relu 1) or relu6 (2), max pool over
+ * pool x pool windows (pool <= QT_CONV1_POOL_MAX_WINDOW) tiling the convolution's output, as one
+ * kernel pair (cpu_conv1_pool.c): nothing the size of the convolution's output is written. */
+#define QT_CONV1_POOL_MAX_TAPS 25
+#define QT_CONV1_POOL_MAX_WINDOW 7
+typedef struct {
+  int N, H, W, OC, KH, KW, pad_h, pad_w, pool, relu;
+  int OH, OW; /* set by qt_conv1_pool_shape_init */
+} qt_conv1_pool_shape;
+/* 0 and OH, OW set when the kernels take the shape, else -1. */
+int qt_conv1_pool_shape_init(qt_conv1_pool_shape *s);
+/* Doubles of the statistics the forward hands the backward. */
+size_t qt_conv1_pool_stats_len(const qt_conv1_pool_shape *s);
+/* out (N, OH/pool, OW/pool, OC) and argmax (the same count of window positions, row-major in the
+ * window) from img (N, H, W), w (OC, 1, KH, KW), bias (OC or NULL), gamma and beta (NULL: 1, 0),
+ * with a per-tensor fake quant between the relu and the pool when fq is not NULL (yarg: the
+ * relu's output at each argmax; qmask: 1 where that value's fake quant is in range and the relu
+ * passes it; either may be NULL), as qt_batch_norm_relu_pool_forward_train does; mean and invstd
+ * (OC) the batch statistics; the running statistics updated as qt_batch_norm_relu_forward_train
+ * does; stats (qt_conv1_pool_stats_len doubles) for the backward. */
+void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, double *stats,
+                                         float *mean, float *invstd, const float *img, const float *w,
+                                         const float *bias, const float *gamma, const float *beta,
+                                         float *running_mean, float *running_var, float momentum, float eps,
+                                         const qt_fq_params *fq, const qt_conv1_pool_shape *s);
+/* From g (one value per output: the gradient batch norm's output receives at that window's
+ * argmax input, the relu's and fake quant's backward applied), writes dw (OC x K, may be NULL),
+ * the weights' gradient, and adds gamma's and beta's (may be NULL); the bias's gradient is
+ * exactly 0. With coef (N, H, W: d img / d s per pixel, the image a fake quant's output with
+ * scale s), writes *dscale = the sum over pixels of coef times img's gradient. */
+void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, double *dscale, const float *g,
+                                    const uint8_t *argmax, const double *stats, const float *img, const float *w,
+                                    const float *gamma, const float *coef, const qt_conv1_pool_shape *s);
 /* Whether a relu (relu 1), relu6 (2) or none (0, always) passes the gradient at a value y it
  * output: its mask bit (qt_relu_forward_mask's test). */
 static inline int qt_relu_passes(float y, int relu) {

@@ -1032,33 +1032,43 @@ typedef struct {
 } bn_pool_saved;
 
 /* The values at each window's argmax input that the ops in turn would route to the batch norm:
- * the pool's 0 + d, through the fake quant's backward, masked by the relu (a select, as its
- * backward); then batch norm's backward from them. */
+ * the pool's 0 + d (d the pool output's gradient, NULL: none), through the fake quant's backward
+ * (LSQ: its scale's gradient added to dscale, may be NULL), masked by the relu (a select, as its
+ * backward). m outputs of N images, per_image windows each over C channels of n_in inputs. */
+static float *pool_grad_values(qt_ctx *ctx, bn_pool_kind kind, const float *d, const float *out, const float *yarg,
+                               const uint8_t *qmask, float *dscale, const qt_fq_params *fq, float grad_factor,
+                               int relu, int N, int per_image, int C, int64_t n_in, int64_t m) {
+  const size_t bytes = (size_t)m * sizeof(float);
+  float *val = qt_arena_alloc(ctx, bytes);
+  if (!d) {
+    memset(val, 0, bytes);
+  } else if (kind == BN_POOL_PLAIN) {
+#pragma omp parallel for simd schedule(static) if (m >= 32768)
+    for (int64_t i = 0; i < m; i++) val[i] = qt_relu_passes(out[i], relu) ? 0.0f + d[i] : 0.0f;
+  } else if (kind == BN_POOL_FIXED) {
+#pragma omp parallel for simd schedule(static) if (m >= 32768)
+    for (int64_t i = 0; i < m; i++) val[i] = qmask[i] ? 0.0f + d[i] : 0.0f;
+  } else {
+    qt_fake_quant_lsq_pool_val_backward(val, dscale, d, yarg, N, per_image, C, n_in, fq->scale, fq->zero_point,
+                                        fq->qmin, fq->qmax, grad_factor);
+#pragma omp parallel for simd schedule(static) if (m >= 32768)
+    for (int64_t i = 0; i < m; i++) val[i] = qt_relu_passes(yarg[i], relu) ? val[i] : 0.0f;
+  }
+  return val;
+}
+
 static void bn_pool_backward(qt_ctx *ctx, void *p) {
   bn_pool_saved *s = p;
   /* SyncBN: every process joins the backward sums' reduction, with zeros when no gradient came */
   if (!s->y->grad && !s->bn.sync) return;
   const int64_t m = qt_tensor_numel(s->y);
   const size_t bytes = (size_t)m * sizeof(float);
-  float *val = qt_arena_alloc(ctx, bytes);
-  const float *d = s->y->grad, *out = qt_f32(s->y);
-  if (!d) {
-    memset(val, 0, bytes);
-  } else if (s->kind == BN_POOL_PLAIN) {
-#pragma omp parallel for simd schedule(static) if (m >= 32768)
-    for (int64_t i = 0; i < m; i++) val[i] = qt_relu_passes(out[i], s->relu) ? 0.0f + d[i] : 0.0f;
-  } else if (s->kind == BN_POOL_FIXED) {
-#pragma omp parallel for simd schedule(static) if (m >= 32768)
-    for (int64_t i = 0; i < m; i++) val[i] = s->qmask[i] ? 0.0f + d[i] : 0.0f;
-  } else {
-    const int C = s->bn.C;
-    qt_fake_quant_lsq_pool_val_backward(val, s->lsq_scale->requires_grad ? qt_tensor_grad(ctx, s->lsq_scale) : NULL,
-                                        d, s->yarg, s->N, (s->H / s->K) * (s->W / s->K), C,
-                                        (int64_t)s->N * s->H * s->W * C, s->fq.scale, s->fq.zero_point, s->fq.qmin,
-                                        s->fq.qmax, s->grad_factor);
-#pragma omp parallel for simd schedule(static) if (m >= 32768)
-    for (int64_t i = 0; i < m; i++) val[i] = qt_relu_passes(s->yarg[i], s->relu) ? val[i] : 0.0f;
-  }
+  const int C = s->bn.C;
+  float *val = pool_grad_values(ctx, s->kind, s->y->grad, qt_f32(s->y), s->yarg, s->qmask,
+                                s->kind == BN_POOL_LSQ && s->lsq_scale->requires_grad ? qt_tensor_grad(ctx, s->lsq_scale)
+                                                                                      : NULL,
+                                &s->fq, s->grad_factor, s->relu, s->N, (s->H / s->K) * (s->W / s->K), C,
+                                (int64_t)s->N * s->H * s->W * C, m);
   s->bn.pooled = 1;
   s->bn.pool = (qt_pool_grad){val, s->argmax, s->N, s->H, s->W, s->K, s->K};
   s->bn.pool_bytes = bytes;
@@ -1135,6 +1145,170 @@ qt_tensor *qt_batch_norm_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *d
                                          const qt_pool_fake_quant *fq, int kernel) {
   PROFILED(ctx, QT_PROFILE_BN_MAX_POOL2D,
            bn_pool_op(ctx, x, div, gamma, beta, running_mean, running_var, momentum, eps, relu, fq, kernel));
+}
+
+/* ---- conv2d of an image + batch norm + relu (+ fake quant) + max pool as one op ----------- */
+typedef struct {
+  qt_tensor *x, *w, *b, *div, *gamma, *beta, *y;
+  qt_pool_fake_quant xq; /* the image's fake quant (xq.zero_point NULL: none) */
+  const float *img;      /* the convolution's input: x, or its fake quant */
+  const float *weff;     /* the convolution's weights: w, or w / div */
+  uint8_t *argmax, *qmask;
+  float *yarg;
+  double *stats;
+  bn_pool_kind kind;
+  qt_tensor *lsq_scale; /* the activations' LSQ scale */
+  qt_fq_params fq;
+  float grad_factor;
+  qt_conv1_pool_shape shape;
+} conv1_pool_saved;
+
+/* The kernels' backward gives the gradient of the weights the convolution ran with (w / div):
+ * w's is that over div, div's minus the sum over the channel's taps of that times w / div^2. */
+static void conv1_pool_backward(qt_ctx *ctx, void *p) {
+  conv1_pool_saved *s = p;
+  if (!s->y->grad) return;
+  const qt_conv1_pool_shape *sh = &s->shape;
+  const int OC = sh->OC, K = sh->KH * sh->KW;
+  const int64_t m = qt_tensor_numel(s->y), n_img = (int64_t)sh->N * sh->H * sh->W;
+  float *g = pool_grad_values(ctx, s->kind, s->y->grad, qt_f32(s->y), s->yarg, s->qmask,
+                              s->kind == BN_POOL_LSQ && s->lsq_scale->requires_grad ? qt_tensor_grad(ctx, s->lsq_scale)
+                                                                                    : NULL,
+                              &s->fq, s->grad_factor, sh->relu, sh->N, (sh->OH / sh->pool) * (sh->OW / sh->pool), OC,
+                              (int64_t)sh->N * sh->OH * sh->OW * OC, m);
+  const int want_s = s->xq.zero_point && s->xq.lsq_scale && s->xq.lsq_scale->requires_grad;
+  float *coef = want_s ? qt_arena_alloc(ctx, (size_t)n_img * sizeof(float)) : NULL;
+  if (coef)
+    qt_fake_quant_lsq_scale_coef(coef, qt_f32(s->x), n_img, qt_f32(s->xq.lsq_scale)[0], s->xq.zero_point[0],
+                                 s->xq.qmin, s->xq.qmax);
+  const int want_w = s->w->requires_grad || (s->div && s->div->requires_grad);
+  double *dwe = want_w ? qt_arena_alloc(ctx, (size_t)OC * K * sizeof(double)) : NULL, dscale = 0;
+  float *dg = s->gamma->requires_grad ? qt_tensor_grad(ctx, s->gamma) : NULL;
+  float *dbeta = s->beta->requires_grad ? qt_tensor_grad(ctx, s->beta) : NULL;
+  qt_conv1_bn_relu_pool_backward(dwe, dg, dbeta, coef ? &dscale : NULL, g, s->argmax, s->stats, s->img, s->weff,
+                                 qt_f32(s->gamma), coef, sh);
+  if (s->b && s->b->requires_grad) qt_tensor_grad(ctx, s->b); /* exactly 0: batch norm removes the mean */
+  if (dwe) {
+    const float *w = qt_f32(s->w), *div = s->div ? qt_f32(s->div) : NULL;
+    float *dw = s->w->requires_grad ? qt_tensor_grad(ctx, s->w) : NULL;
+    float *ddiv = s->div && s->div->requires_grad ? qt_tensor_grad(ctx, s->div) : NULL;
+    for (int oc = 0; oc < OC; oc++) {
+      const double d = div ? (double)div[oc] : 1.0;
+      double sum = 0;
+      for (int t = 0; t < K; t++) {
+        const double v = dwe[(size_t)oc * K + t];
+        if (dw) dw[(size_t)oc * K + t] += (float)(v / d);
+        sum += v * (double)w[(size_t)oc * K + t];
+      }
+      if (ddiv) ddiv[oc] += (float)(-sum / (d * d));
+    }
+    qt_arena_free(ctx, dwe, (size_t)OC * K * sizeof(double));
+  }
+  if (coef) {
+    qt_tensor_grad(ctx, s->xq.lsq_scale)[0] += (float)(dscale * s->xq.grad_factor);
+    qt_arena_free(ctx, coef, (size_t)n_img * sizeof(float));
+  }
+  qt_arena_free(ctx, g, (size_t)m * sizeof(float));
+}
+
+int qt_conv1_bn_relu_max_pool2d_takes(int N, int H, int W, int OC, int KH, int KW, int pad_h, int pad_w, int relu,
+                                      int kernel) {
+  qt_conv1_pool_shape sh = {N, H, W, OC, KH, KW, pad_h, pad_w, kernel, relu, 0, 0};
+  return qt_conv1_pool_shape_init(&sh) == 0;
+}
+
+static qt_tensor *conv1_pool_op(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_quant *xq, qt_tensor *w, qt_tensor *b,
+                                qt_tensor *div, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
+                                float *running_var, float momentum, float eps, int pad_h, int pad_w, int relu,
+                                const qt_pool_fake_quant *fq, int kernel) {
+  const char *name = "conv1_bn_relu_max_pool2d";
+  check_f32(x, 4, name, "input");
+  check_f32(w, 4, name, "weight");
+  if (b) check_f32(b, 1, name, "bias");
+  if (div) check_f32(div, 1, name, "divisor");
+  check_f32(gamma, 1, name, "gamma");
+  check_f32(beta, 1, name, "beta");
+  qt_conv1_pool_shape sh = {(int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)w->shape[0], (int)w->shape[2],
+                            (int)w->shape[3], pad_h, pad_w, kernel, relu, 0, 0};
+  QT_ASSERT(x->shape[3] == 1 && w->shape[1] == 1 && qt_conv1_pool_shape_init(&sh) == 0,
+            "%s: input (%lld, %lld, %lld, %lld) and weight (%lld, %lld, %lld, %lld) with padding %d, %d, pool %d and "
+            "relu %d: want one input channel, OC %% 16 == 0, at most %d taps and pool windows tiling the output",
+            name, (long long)x->shape[0], (long long)x->shape[1], (long long)x->shape[2], (long long)x->shape[3],
+            (long long)w->shape[0], (long long)w->shape[1], (long long)w->shape[2], (long long)w->shape[3], pad_h,
+            pad_w, kernel, relu, QT_CONV1_POOL_MAX_TAPS);
+  const int OC = sh.OC, K = sh.KH * sh.KW;
+  QT_ASSERT(gamma->shape[0] == OC && beta->shape[0] == OC && (!b || b->shape[0] == OC) && (!div || div->shape[0] == OC),
+            "%s: %lld/%lld batch norm parameters, %lld biases and %lld divisors for %d channels", name,
+            (long long)gamma->shape[0], (long long)beta->shape[0], b ? (long long)b->shape[0] : 0LL,
+            div ? (long long)div->shape[0] : 0LL, OC);
+  QT_ASSERT(!x->requires_grad, "%s: computes no input gradient, and the input needs one", name);
+  QT_ASSERT(!(qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1),
+            "%s: batch statistics across processes (SyncBN) are not implemented here", name);
+  for (int q = 0; q < 2; q++) {
+    const qt_pool_fake_quant *f = q ? fq : xq;
+    QT_ASSERT(!f || (f->zero_point && (f->lsq_scale ? f->lsq_scale->dtype == QT_F32 && qt_tensor_numel(f->lsq_scale) == 1
+                                                    : f->scale != NULL)),
+              "%s: the %s fake quant needs a zero point and one scale", name, q ? "activations'" : "image's");
+  }
+  const int64_t shape[4] = {sh.N, sh.OH / kernel, sh.OW / kernel, OC};
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
+  const int64_t m = qt_tensor_numel(y), n_img = (int64_t)sh.N * sh.H * sh.W;
+  const bn_pool_kind kind = !fq ? BN_POOL_PLAIN : fq->lsq_scale ? BN_POOL_LSQ : BN_POOL_FIXED;
+  qt_tensor *xs = xq ? xq->lsq_scale : NULL, *as = kind == BN_POOL_LSQ ? fq->lsq_scale : NULL;
+  const int rec = qt_tape_recording(ctx, w, b, div) || qt_tape_recording(ctx, gamma, beta, xs) ||
+                  qt_tape_recording(ctx, as, NULL, NULL);
+  /* the image and the weights the convolution runs with */
+  float *img = xq ? qt_arena_alloc(ctx, (size_t)n_img * sizeof(float)) : qt_f32(x);
+  if (xq)
+    qt_fake_quant_forward(img, NULL, qt_f32(x), n_img, 1, 1, xs ? qt_f32(xs) : xq->scale, xq->zero_point, xq->qmin,
+                          xq->qmax);
+  float *weff = div ? qt_arena_alloc(ctx, (size_t)OC * K * sizeof(float)) : qt_f32(w);
+  if (div)
+    for (int oc = 0; oc < OC; oc++)
+      for (int t = 0; t < K; t++) weff[(size_t)oc * K + t] = qt_f32(w)[(size_t)oc * K + t] / qt_f32(div)[oc];
+  uint8_t *argmax = qt_arena_alloc(ctx, (size_t)m);
+  float *yarg = rec && kind == BN_POOL_LSQ ? qt_arena_alloc(ctx, (size_t)m * sizeof(float)) : NULL;
+  uint8_t *qmask = rec && kind == BN_POOL_FIXED ? qt_arena_alloc(ctx, (size_t)m) : NULL;
+  qt_fq_params fp = {0};
+  if (fq) fp = (qt_fq_params){as ? qt_f32(as)[0] : fq->scale[0], fq->zero_point[0], fq->qmin, fq->qmax};
+  const size_t nstats = qt_conv1_pool_stats_len(&sh);
+  double *stats = qt_arena_alloc(ctx, nstats * sizeof(double));
+  float *mean = qt_arena_alloc(ctx, (size_t)OC * sizeof(float));
+  float *invstd = qt_arena_alloc(ctx, (size_t)OC * sizeof(float));
+  qt_conv1_bn_relu_pool_forward_train(qt_f32(y), argmax, yarg, qmask, stats, mean, invstd, img, weff,
+                                      b ? qt_f32(b) : NULL, qt_f32(gamma), qt_f32(beta), running_mean, running_var,
+                                      momentum, eps, fq ? &fp : NULL, &sh);
+  qt_arena_free(ctx, invstd, (size_t)OC * sizeof(float));
+  qt_arena_free(ctx, mean, (size_t)OC * sizeof(float));
+  if (rec) {
+    y->requires_grad = 1;
+    conv1_pool_saved *sv = qt_tape_push(ctx, QT_PROFILE_CONV1_BN_MAX_POOL2D, conv1_pool_backward, sizeof *sv, y);
+    *sv = (conv1_pool_saved){x,      w,     b,    div,    gamma, beta, y,  xq ? *xq : (qt_pool_fake_quant){0},
+                             img,    weff,  argmax, qmask, yarg,  stats, kind, as,
+                             fp,     fq ? fq->grad_factor : 0.0f, sh};
+    /* y: the plain pool's backward reads the relu's pass off it; img and weff: arena buffers
+     * of this entry (or x's and w's data) */
+    x->saved = w->saved = gamma->saved = beta->saved = y->saved = 1;
+    if (b) b->saved = 1;
+    if (div) div->saved = 1;
+    if (xs) xs->saved = 1;
+    if (as) as->saved = 1;
+  } else {
+    qt_arena_free(ctx, stats, nstats * sizeof(double));
+    qt_arena_free(ctx, argmax, (size_t)m);
+    if (div) qt_arena_free(ctx, weff, (size_t)OC * K * sizeof(float));
+    if (xq) qt_arena_free(ctx, img, (size_t)n_img * sizeof(float));
+  }
+  return y;
+}
+
+qt_tensor *qt_conv1_bn_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_quant *xq, qt_tensor *w,
+                                       qt_tensor *b, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
+                                       float *running_mean, float *running_var, float momentum, float eps, int pad_h,
+                                       int pad_w, int relu, const qt_pool_fake_quant *fq, int kernel) {
+  PROFILED(ctx, QT_PROFILE_CONV1_BN_MAX_POOL2D,
+           conv1_pool_op(ctx, x, xq, w, b, div, gamma, beta, running_mean, running_var, momentum, eps, pad_h, pad_w,
+                         relu, fq, kernel));
 }
 
 typedef struct {

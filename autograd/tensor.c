@@ -359,7 +359,8 @@ void qt_backward_seeded(qt_ctx *ctx, qt_tensor *loss, float seed) {
 static const char *const profile_op_names[] = {
     "conv2d", "batch_norm", "relu", "relu6", "max_pool2d", "avg_pool2d", "global_avg_pool", "flatten",
     "linear", "add", "cross_entropy", "fake_quant", "fake_quant_lsq", "lsq_max_pool2d", "fake_quant_max_pool2d",
-    "conv2d_lsq_input", "channel_scale", "channel_add", "bn_scale_factor", "bn_relu_max_pool2d"};
+    "conv2d_lsq_input", "channel_scale", "channel_add", "bn_scale_factor", "bn_relu_max_pool2d",
+    "conv1_bn_relu_max_pool2d"};
 _Static_assert(sizeof profile_op_names / sizeof profile_op_names[0] == QT_PROFILE_OP_COUNT, "profile op names");
 static const char *const profile_phase_names[] = {"data", "zero_grad", "optimizer", "observer", "grad_sum", "step"};
 _Static_assert(sizeof profile_phase_names / sizeof profile_phase_names[0] == QT_PROFILE_PHASE_COUNT,

@@ -313,11 +313,11 @@ static void print_table(const char *config, const qt_options *o, const bench_res
   if (qt_dist_size() > 1)
     printf("data parallel: process 0 of %d, dist.bucket_mb %g (grad_sum: %s)\n", qt_dist_size(), o->dist.bucket_mb,
            o->dist.bucket_mb > 0 ? "the wait for the buckets left after the backward" : "one sum after the backward");
-  printf("%-18s %11s %16s %17s %8s\n", "op kind", "calls/step", "forward ms/step", "backward ms/step", "share %");
+  printf("%-25s %11s %16s %17s %8s\n", "op kind", "calls/step", "forward ms/step", "backward ms/step", "share %");
   for (int k = 0; k < QT_PROFILE_OP_COUNT; k++) {
     if (!op_ran(p, k)) continue;
     const double f = 1e3 * p->forward[k].seconds / n, b = 1e3 * p->backward[k].seconds / n;
-    printf("%-18s %11.2f %16.3f %17.3f %8.1f\n", qt_profile_op_name((qt_profile_op)k),
+    printf("%-25s %11.2f %16.3f %17.3f %8.1f\n", qt_profile_op_name((qt_profile_op)k),
            (double)p->forward[k].calls / n, f, b, (f + b) * pct);
   }
   for (int i = 0; i < N_PHASE_ROWS; i++) {
@@ -326,11 +326,11 @@ static void print_table(const char *config, const qt_options *o, const bench_res
         phase_rows[i] != QT_PROFILE_ZERO_GRAD)
       continue;
     const double ms = 1e3 * q->seconds / n;
-    printf("%-18s %11.2f %16.3f %17s %8.1f\n", qt_profile_phase_name(phase_rows[i]), (double)q->calls / n, ms, "-",
+    printf("%-25s %11.2f %16.3f %17s %8.1f\n", qt_profile_phase_name(phase_rows[i]), (double)q->calls / n, ms, "-",
            ms * pct);
   }
-  printf("%-18s %11s %16.3f %17s %8.1f\n", "other", "-", s.other_ms, "-", s.other_ms * pct);
-  printf("%-18s %11s %16.3f %17.3f %8.1f\n", "ops total", "-", s.fwd_ms, s.bwd_ms, (s.fwd_ms + s.bwd_ms) * pct);
+  printf("%-25s %11s %16.3f %17s %8.1f\n", "other", "-", s.other_ms, "-", s.other_ms * pct);
+  printf("%-25s %11s %16.3f %17.3f %8.1f\n", "ops total", "-", s.fwd_ms, s.bwd_ms, (s.fwd_ms + s.bwd_ms) * pct);
   printf("step total: %.3f ms/step, %.1f images/s\n", s.step_ms, s.images_per_s);
   printf("oneDNN kernels: %s\n", qt_dnnl_kernels_used());
   const double gflops = 2.0 * r->macs_per_image * s.images_per_s * 1e-9, peak = reference_peak(r);

@@ -851,17 +851,58 @@ static int bn_pool_fused_after(const qt_graph *g, int relu, qt_tensor *const *fo
   return j;
 }
 
-/* qt_batch_norm_relu_max_pool2d for node `node`'s batch norm of x (or of x / div) with gamma and
- * beta, and bn_pool_fused_after's relu, fake quant (-1: none) and pool nodes, marked done. */
+/* Whether node `node`'s convolution (conv2d or conv_bn: stride 1, groups 1) of x, a one-channel
+ * value that needs no gradient (the image), followed by relu node `relu` and pool node `pool`,
+ * has a shape qt_conv1_bn_relu_max_pool2d takes; not under SyncBN. */
+static int conv1_pool_takes(const qt_graph *g, qt_ctx *ctx, int node, const qt_tensor *x, int relu, int pool) {
+  const qt_node_attrs *a = &g->nodes[node].attr;
+  if (a->groups != 1 || a->stride_h != 1 || a->stride_w != 1 || !x || x->ndim != 4 || x->shape[3] != 1 ||
+      x->requires_grad || (qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1))
+    return 0;
+  return qt_conv1_bn_relu_max_pool2d_takes((int)x->shape[0], (int)x->shape[1], (int)x->shape[2], a->out_channels,
+                                           a->kernel_h, a->kernel_w, a->pad_h, a->pad_w,
+                                           g->nodes[relu].op == QT_OP_RELU6 ? 2 : 1, g->nodes[pool].attr.kernel_h);
+}
+
+/* In the training forward, a conv2d of the image (conv1_pool_takes) with plain weights (no fake
+ * quant) whose only consumer is a training batch norm fused with its relu and a max pool
+ * (bn_pool_fused_after, no fake quant between) runs with them as one op
+ * (qt_conv1_bn_relu_max_pool2d: the convolution's output is never in memory): returns the pool
+ * node and sets *bn and *relu, else -1. The convolution's value then holds the pool's output,
+ * which only the skipped nodes read. (QAT's conv_bn does not use it yet: the op takes its image
+ * fake quant, divisor and activation fake quant, tested in test_conv1_pool_ops.) */
+static int conv1_pool_fused_after(const qt_graph *g, qt_ctx *ctx, int node, const qt_tensor *x,
+                                  qt_tensor *const *force, const unsigned char *keep, int *bn, int *relu) {
+  const qt_node *n = &g->nodes[node];
+  if (n->op != QT_OP_CONV2D || n->wq) return -1;
+  const int j = qt_graph_sole_consumer(g, n->output);
+  if (j < 0 || g->nodes[j].op != QT_OP_BATCH_NORM) return -1;
+  if ((keep && (keep[n->output] || keep[g->nodes[j].output])) ||
+      (force && (force[n->output] || force[g->nodes[j].output])))
+    return -1;
+  const int r = relu_fused_after(g, j);
+  int fq = -1;
+  const int pool = r >= 0 ? bn_pool_fused_after(g, r, force, keep, &fq) : -1;
+  if (pool < 0 || fq >= 0 || !conv1_pool_takes(g, ctx, node, x, r, pool)) return -1;
+  *bn = j;
+  *relu = r;
+  return pool;
+}
+
+/* Node fq_node's per-tensor fake quant as a fused op takes it, for a tensor of per_sample values
+ * per sample (LSQ's gradient scale). */
+static qt_pool_fake_quant fused_fake_quant(qt_graph *g, qt_ctx *ctx, int fq_node, int64_t per_sample) {
+  qt_qstate *q = g->nodes[fq_node].q;
+  return (qt_pool_fake_quant){q->scale_param >= 0 ? lsq_scale(g, ctx, q) : NULL, q->scale, q->zero_point,
+                              q->spec.qmin, q->spec.qmax, 1.0f / sqrtf((float)per_sample * (float)q->spec.qmax)};
+}
+
 static qt_tensor *bn_relu_pool(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *x, qt_tensor *div, qt_tensor *gamma,
                                qt_tensor *beta, int relu, int fq_node, int pool, int *deferred) {
   const qt_node *n = &g->nodes[node];
   qt_pool_fake_quant fq;
   if (fq_node >= 0) {
-    qt_qstate *q = g->nodes[fq_node].q;
-    const int64_t per_sample = qt_tensor_numel(x) / (x->shape[0] > 0 ? x->shape[0] : 1);
-    fq = (qt_pool_fake_quant){q->scale_param >= 0 ? lsq_scale(g, ctx, q) : NULL, q->scale, q->zero_point,
-                              q->spec.qmin, q->spec.qmax, 1.0f / sqrtf((float)per_sample * (float)q->spec.qmax)};
+    fq = fused_fake_quant(g, ctx, fq_node, qt_tensor_numel(x) / (x->shape[0] > 0 ? x->shape[0] : 1));
     deferred[fq_node] = NODE_DONE;
   }
   deferred[relu] = deferred[pool] = NODE_DONE;
@@ -934,8 +975,22 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
     const int fused = fuse ? relu_fused_after(g, i) : -1;
     int fq_node = -1; /* the pool (and fake quant) that run with the batch norm and its relu */
     const int pool = fused >= 0 ? bn_pool_fused_after(g, fused, force, keep, &fq_node) : -1;
+    int c1_bn = -1, c1_relu = -1; /* the batch norm and relu that run with a conv2d and its pool */
+    const int c1_pool = fuse && n->op == QT_OP_CONV2D && deferred[i] == -1
+                            ? conv1_pool_fused_after(g, ctx, i, x, force, keep, &c1_bn, &c1_relu)
+                            : -1;
     if (deferred[i] == NODE_DONE) {
       y = x; /* its producer wrote this node's output (qt_batch_norm_relu, qt_fake_quant_*max_pool2d) */
+    } else if (c1_pool >= 0) {
+      const qt_node *b = &g->nodes[c1_bn];
+      y = qt_conv1_bn_relu_max_pool2d(ctx, x, NULL, param_tensor(g, ctx, n->param[QT_P_WEIGHT]),
+                                      param_tensor(g, ctx, n->param[QT_P_BIAS]), NULL,
+                                      param_tensor(g, ctx, b->param[QT_P_GAMMA]), param_tensor(g, ctx, b->param[QT_P_BETA]),
+                                      g->buffers + g->tensors[b->buffer[QT_B_RUNNING_MEAN]].offset,
+                                      g->buffers + g->tensors[b->buffer[QT_B_RUNNING_VAR]].offset, b->attr.momentum,
+                                      b->attr.eps, a->pad_h, a->pad_w, g->nodes[c1_relu].op == QT_OP_RELU6 ? 2 : 1,
+                                      NULL, g->nodes[c1_pool].attr.kernel_h);
+      deferred[c1_bn] = deferred[c1_relu] = deferred[c1_pool] = NODE_DONE;
     } else if (n->op == QT_OP_CONV2D && deferred[i] >= 0) {
       qt_tensor *wp = param_tensor(g, ctx, n->param[QT_P_WEIGHT]), *bp = param_tensor(g, ctx, n->param[QT_P_BIAS]);
       qt_tensor *w = effective_weight(g, ctx, n, wp, g->error), *b = w ? effective_bias(g, ctx, i, bp, g->error) : NULL;

@@ -33,13 +33,17 @@ txt, js, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 errors = []
 def check(ok, msg):
     if not ok: errors.append(msg)
-# FashionCNN per step: 2 conv, 2 BN each with its ReLU and max pool as one op
+# FashionCNN per step, fp32: conv1 with its BN, ReLU and max pool as one op
+# (qt_conv1_bn_relu_max_pool2d), conv2 and its BN, ReLU and max pool as another
 # (qt_batch_norm_relu_max_pool2d), fc1's ReLU, flatten, 2 linear, the loss
-calls = {"conv2d": 2, "bn_relu_max_pool2d": 2, "relu": 1, "flatten": 1, "linear": 2, "cross_entropy": 1}
+calls = {"conv2d": 1, "conv1_bn_relu_max_pool2d": 1, "bn_relu_max_pool2d": 1, "relu": 1, "flatten": 1, "linear": 2,
+         "cross_entropy": 1}
 if name == "qat":  # conv_bn: the BN scale factor and W * sf (conv / sf runs inside its batch norm,
     # fused with its ReLU, the LSQ fake quant after it and the max pool); LSQ on 4 weights and
     # fc1's activations, the image's inside conv1 (conv2d_lsq_input)
-    calls.update({"bn_scale_factor": 2, "channel_scale": 2, "conv2d": 1, "conv2d_lsq_input": 1})
+    del calls["conv1_bn_relu_max_pool2d"]
+    calls.update({"bn_scale_factor": 2, "channel_scale": 2, "conv2d": 1, "conv2d_lsq_input": 1,
+                  "bn_relu_max_pool2d": 2})
 phases = ["data", "zero_grad", "optimizer"]
 try:
     j = json.load(open(js))
@@ -61,8 +65,12 @@ check("convolution forward_training: " in j.get("onednn_kernels", ""), "json: on
 expect = list(calls) + (["fake_quant_lsq"] if name == "qat" else []) + phases + ["other"]
 for k in expect:
     check(k in rows, "no row for %s" % k)
-for gone in ("batch_norm", "max_pool2d", "lsq_max_pool2d"):  # run inside bn_relu_max_pool2d
-    check(gone not in rows, "a row for %s (it runs inside bn_relu_max_pool2d)" % gone)
+for gone in ("batch_norm", "max_pool2d", "lsq_max_pool2d"):  # run inside the fused ops
+    check(gone not in rows, "a row for %s (it runs inside a fused op)" % gone)
+if name == "fp32":
+    check("conv1_bn_relu_max_pool2d" in rows, "fp32: no row for conv1_bn_relu_max_pool2d")
+else:
+    check("conv1_bn_relu_max_pool2d" not in rows, "qat: a row for conv1_bn_relu_max_pool2d (fp32 weights only)")
 # the rows add up to the step total (each printed to 0.001 ms)
 parts = 0.0
 n_vals = 0

@@ -1,0 +1,503 @@
+/* A convolution of a one-channel image (stride 1, groups 1) followed by a training batch norm,
+ * ReLU or ReLU6 and a max pool whose windows tile its input, as one training kernel pair
+ * (FashionCNN's first layer): the convolution's output, the normalized and the relu'd tensors
+ * are never in memory, and neither is any of their gradients.
+ *
+ * Why it can be done without them: every output pixel q of the convolution is w[oc] . u(q) + b,
+ * u(q) the KH*KW image values under the kernel (zeros in the padding). Over the M = N*OH*OW
+ * pixels, with S = sum u(q) and G = sum u(q) u(q)^T (K = KH*KW entries and K x K):
+ *   mean = w.S / M + b,   var = w^T (G - S S^T / M) w / M            (batch statistics)
+ * and, with g the gradient batch norm's output receives (nonzero only at the pool's argmax
+ * inputs, where the relu passes), P[oc] = sum g u(q), dbeta = sum g:
+ *   dgamma = invstd (w.P - (w.S / M) dbeta)
+ *   dw     = gamma invstd (P - (dbeta / M) S - (dgamma / M) invstd (G - S S^T / M) w)
+ *   dbias  = 0 (batch norm subtracts the mean)
+ * which are batch norm's backward and the convolution's weight gradient summed in another
+ * order. The forward reads the image twice (S and G; then the convolution recomputed per
+ * window, normalized, clamped, pooled in registers), the backward once more with the pool's
+ * gradient: no pass touches a tensor the size of the convolution's output.
+ *
+ * Numerics (not the separate ops' bits): S, G and P are summed per image in float lanes, then in
+ * double, in image order (the same bits for any thread count); the statistics and gradients are
+ * formed in double. The convolution is recomputed in float with one fused multiply-add per tap
+ * in tap order (bias first), normalized as the batch norm kernels do ((y - mean_hi) - mean_lo) *
+ * (gamma invstd) + beta, clamped and pooled with max pool's comparison in window order. The
+ * pool's argmax is kept as the window position (one byte per output). */
+#include "autograd/kernels.h"
+#include "base/base.h"
+#include "qat/quant_elem.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+#define C1P_INLINE static inline __attribute__((always_inline))
+
+C1P_INLINE v16f ld16(const float *p) {
+  v16f v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+C1P_INLINE void st16(float *p, v16f v) { memcpy(p, &v, sizeof v); }
+C1P_INLINE v16f splat16(float x) {
+  v16f v;
+  for (int j = 0; j < 16; j++) v[j] = x;
+  return v;
+}
+C1P_INLINE v16f fma16(v16f a, v16f b, v16f c) {
+  for (int j = 0; j < 16; j++) c[j] = fmaf(a[j], b[j], c[j]);
+  return c;
+}
+/* m ? a : b per lane, on the bits (m: -1 or 0 lanes) */
+C1P_INLINE v16f sel16(v16i m, v16f a, v16f b) { return (v16f)((m & (v16i)a) | (~m & (v16i)b)); }
+
+static void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size ? size : 1);
+  QT_ASSERT(p, "conv1_bn_relu_pool: out of memory (%zu x %zu bytes)", n, size);
+  return p;
+}
+
+int qt_conv1_pool_shape_init(qt_conv1_pool_shape *s) {
+  if (s->N < 1 || s->H < 1 || s->W < 1 || s->OC < 16 || s->OC % 16 || s->KH < 1 || s->KW < 1 ||
+      s->KH * s->KW > QT_CONV1_POOL_MAX_TAPS || s->pad_h < 0 || s->pad_w < 0 || s->pad_h >= s->KH ||
+      s->pad_w >= s->KW || s->pool < 1 || s->pool > QT_CONV1_POOL_MAX_WINDOW || s->relu < 1 || s->relu > 2)
+    return -1;
+  s->OH = s->H + 2 * s->pad_h - s->KH + 1;
+  s->OW = s->W + 2 * s->pad_w - s->KW + 1;
+  if (s->OH < s->pool || s->OW < s->pool || s->OH % s->pool || s->OW % s->pool) return -1;
+  if ((int64_t)s->N * s->OH * s->OW < 2 || (int64_t)s->N * s->OH * s->OW > INT32_MAX) return -1;
+  return 0;
+}
+
+size_t qt_conv1_pool_stats_len(const qt_conv1_pool_shape *s) {
+  const size_t K = (size_t)s->KH * (size_t)s->KW;
+  return K + K * K + 2 * (size_t)s->OC;
+}
+
+/* The padded image: rows OH + KH - 1, PWd columns (room for 16-lane loads past OW), zeros
+ * outside the image. */
+static int padded_width(const qt_conv1_pool_shape *s) { return ((s->OW + 15) & ~15) + s->KW - 1; }
+
+static void pad_image(float *xp, const float *img, const qt_conv1_pool_shape *s) {
+  const int PWd = padded_width(s), rows = s->OH + s->KH - 1;
+  memset(xp, 0, (size_t)rows * (size_t)PWd * sizeof *xp);
+  for (int ih = 0; ih < s->H; ih++)
+    memcpy(xp + (size_t)(ih + s->pad_h) * PWd + s->pad_w, img + (size_t)ih * s->W, (size_t)s->W * sizeof *xp);
+}
+
+/* The kernels below take KH, KW, the pool's size (and the number of outputs at a time) as
+ * literals: their loops unroll fully (#pragma GCC unroll) and the accumulators stay in
+ * registers, 3-4x faster than loops over runtime counts (measured: forward 2.5 -> 0.5 ms,
+ * backward 2.0 -> 0.6 ms, FashionCNN's first layer at batch 128). The shapes that are not
+ * FashionCNN's pass runtime counts through the same code; GCC then unrolls loops by 32 or 64
+ * whose trip counts (at most QT_CONV1_POOL_MAX_TAPS taps, QT_CONV1_POOL_MAX_WINDOW^2 window
+ * inputs) it does not know, and warns about the copies past the arrays' ends, which never run.
+ * Those two warnings are off for these functions only; the tests run such shapes under
+ * AddressSanitizer. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Warray-bounds"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+/* S (K) and the upper triangle of G (row by row, s >= t) of one padded image, in double, with
+ * literal KH and KW (the loops unroll and the accumulators stay in registers where they fit). */
+C1P_INLINE void image_moments_k(double *out, const float *xp, const qt_conv1_pool_shape *s, const int KH,
+                                const int KW) {
+  const int K = KH * KW, PWd = padded_width(s), n_acc = K + K * (K + 1) / 2;
+  v16f acc[QT_CONV1_POOL_MAX_TAPS + QT_CONV1_POOL_MAX_TAPS * (QT_CONV1_POOL_MAX_TAPS + 1) / 2];
+#pragma GCC unroll 64
+  for (int a = 0; a < n_acc; a++) acc[a] = splat16(0.0f);
+  for (int oh = 0; oh < s->OH; oh++)
+    for (int ow0 = 0; ow0 < s->OW; ow0 += 16) {
+      v16i in_row;
+      for (int j = 0; j < 16; j++) in_row[j] = ow0 + j < s->OW ? -1 : 0;
+      v16f u[QT_CONV1_POOL_MAX_TAPS], um[QT_CONV1_POOL_MAX_TAPS];
+#pragma GCC unroll 32
+      for (int t = 0; t < K; t++) {
+        u[t] = ld16(xp + (size_t)(oh + t / KW) * PWd + ow0 + t % KW);
+        um[t] = sel16(in_row, u[t], splat16(0.0f));
+        acc[t] += um[t];
+      }
+      int p = K;
+#pragma GCC unroll 32
+      for (int t = 0; t < K; t++)
+#pragma GCC unroll 32
+        for (int q = t; q < K; q++, p++) acc[p] = fma16(um[t], u[q], acc[p]);
+    }
+  for (int a = 0; a < n_acc; a++) {
+    double sum = 0;
+    for (int j = 0; j < 16; j++) sum += (double)acc[a][j];
+    out[a] = sum;
+  }
+}
+
+static void image_moments(double *out, const float *xp, const qt_conv1_pool_shape *s) {
+  if (s->KH == 3 && s->KW == 3)
+    image_moments_k(out, xp, s, 3, 3);
+  else
+    image_moments_k(out, xp, s, s->KH, s->KW);
+}
+
+/* One normalized, clamped value per lane (bn_pool_value's arithmetic). */
+C1P_INLINE v16f norm_relu(v16f y, v16f mh, v16f ml, v16f a, v16f bt, const int RELU) {
+  const v16f zero = splat16(0.0f), six = splat16(6.0f);
+  v16f z = ((y - mh) - ml) * a + bt;
+  z = sel16(zero > z, zero, z);
+  if (RELU == 2) z = sel16(six < z, six, z);
+  return z;
+}
+
+/* The fake quant of 16 values (qt_fake_quant_forward's arithmetic, per lane). */
+C1P_INLINE v16f fake_quant16(v16f v, const qt_fq_params *fq) {
+  const float sc = fq->scale, inv_s = 1.0f / sc, zpf = (float)fq->zero_point, lo = (float)fq->qmin,
+              hi = (float)fq->qmax;
+  v16f q;
+#pragma omp simd
+  for (int j = 0; j < 16; j++) q[j] = (quant_clamp(quant_round(v[j], inv_s, zpf), lo, hi) - zpf) * sc;
+  return q;
+}
+
+/* The per-channel constants of the normalization, for one block of 16 channels. */
+typedef struct {
+  v16f mh, ml, a, bt;
+} norm16;
+
+/* NP consecutive pooled outputs of one row (ph, from pw) of one image for channels
+ * [16v, 16v+16): the convolution recomputed at every window input, the NP * PK * PK sums as
+ * independent chains over the taps (in tap order, bias first), then normalized, clamped, fake
+ * quantized (FQ) and pooled in window order with max pool's comparison, as
+ * qt_batch_norm_relu_pool_forward_train's bn_pool_band does. Literal KH, KW, PK, RELU, FQ, NP. */
+C1P_INLINE void pool_outputs(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, const float *xp, int PWd,
+                             int ph, int pw, size_t o, int OC, const v16f *w, v16f b0, const norm16 *nc,
+                             const qt_fq_params *fq, const int KH, const int KW, const int PK, const int RELU,
+                             const int FQ, const int NP) {
+  v16f y[QT_CONV1_POOL_MAX_WINDOW * QT_CONV1_POOL_MAX_WINDOW]; /* NP * PK * PK: 2 * 3 * 3 or 1 * PK * PK */
+#pragma GCC unroll 64
+  for (int c = 0; c < NP * PK * PK; c++) y[c] = b0;
+#pragma GCC unroll 32
+  for (int t = 0; t < KH * KW; t++) {
+    const int kh = t / KW, kw = t % KW;
+#pragma GCC unroll 64
+    for (int c = 0; c < NP * PK * PK; c++) {
+      const int i = c / (PK * PK), jh = c % (PK * PK) / PK, jw = c % PK;
+      const float x = xp[(size_t)(ph * PK + jh + kh) * PWd + (pw + i) * PK + jw + kw];
+      y[c] = fma16(w[t], splat16(x), y[c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < NP; i++) {
+    v16f ya = norm_relu(y[i * PK * PK], nc->mh, nc->ml, nc->a, nc->bt, RELU);
+    v16f best = FQ ? fake_quant16(ya, fq) : ya;
+    v16i at = {0};
+#pragma GCC unroll 64
+    for (int j = 1; j < PK * PK; j++) {
+      const v16f z = norm_relu(y[i * PK * PK + j], nc->mh, nc->ml, nc->a, nc->bt, RELU);
+      const v16f q = FQ ? fake_quant16(z, fq) : z;
+      const v16i take = (q > best) | (q != q);
+      best = sel16(take, q, best);
+      if (FQ) ya = sel16(take, z, ya);
+      at = (take & j) | (~take & at);
+    }
+    const size_t oi = o + (size_t)i * OC;
+    st16(out + oi, best);
+    for (int j = 0; j < 16; j++) argmax[oi + j] = (uint8_t)at[j];
+    if (FQ && yarg) st16(yarg + oi, ya);
+    if (FQ && qmask) {
+      const float inv_s = 1.0f / fq->scale, zpf = (float)fq->zero_point, lo = (float)fq->qmin, hi = (float)fq->qmax;
+      for (int j = 0; j < 16; j++) {
+        const float q = quant_round(ya[j], inv_s, zpf);
+        qmask[oi + j] = (uint8_t)((q >= lo) & (q <= hi) & qt_relu_passes(ya[j], RELU));
+      }
+    }
+  }
+}
+
+/* One image's pooled outputs (and window positions of the maxima), with literal KH, KW, PK, RELU
+ * and FQ: per channel block, its taps' weights in registers, two pooled outputs at a time. */
+C1P_INLINE void image_pool_k(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, const float *xp,
+                             const float *wT, const float *bias, const float *chi, const float *clo, const float *ca,
+                             const float *bb, const qt_fq_params *fq, const qt_conv1_pool_shape *s, const int KH,
+                             const int KW, const int PK, const int RELU, const int FQ) {
+  const int OC = s->OC, PWd = padded_width(s), PH = s->OH / PK, PW = s->OW / PK;
+  for (int v = 0; v < OC / 16; v++) {
+    v16f w[QT_CONV1_POOL_MAX_TAPS];
+#pragma GCC unroll 32
+    for (int t = 0; t < KH * KW; t++) w[t] = ld16(wT + (size_t)t * OC + 16 * v);
+    const v16f b0 = bias ? ld16(bias + 16 * v) : splat16(0.0f);
+    const norm16 nc = {ld16(chi + 16 * v), ld16(clo + 16 * v), ld16(ca + 16 * v), ld16(bb + 16 * v)};
+    for (int ph = 0; ph < PH; ph++) {
+      int pw = 0;
+      if (PK <= 3)
+        for (; pw + 2 <= PW; pw += 2)
+          pool_outputs(out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OC + 16 * (size_t)v, OC, w,
+                       b0, &nc, fq, KH, KW, PK, RELU, FQ, 2);
+      for (; pw < PW; pw++)
+        pool_outputs(out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OC + 16 * (size_t)v, OC, w,
+                     b0, &nc, fq, KH, KW, PK, RELU, FQ, 1);
+    }
+  }
+}
+
+static void image_pool(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, const float *xp, const float *wT,
+                       const float *bias, const float *chi, const float *clo, const float *ca, const float *bb,
+                       const qt_fq_params *fq, const qt_conv1_pool_shape *s) {
+  const int lit = s->KH == 3 && s->KW == 3 && s->pool == 2, variant = (s->relu - 1) * 2 + (fq != NULL);
+#define C1P_POOL(KH, KW, PK, R, F) \
+  image_pool_k(out, argmax, yarg, qmask, xp, wT, bias, chi, clo, ca, bb, fq, s, KH, KW, PK, R, F)
+  if (lit) switch (variant) {
+      case 0: C1P_POOL(3, 3, 2, 1, 0); break;
+      case 1: C1P_POOL(3, 3, 2, 1, 1); break;
+      case 2: C1P_POOL(3, 3, 2, 2, 0); break;
+      default: C1P_POOL(3, 3, 2, 2, 1); break;
+    }
+  else switch (variant) {
+      case 0: C1P_POOL(s->KH, s->KW, s->pool, 1, 0); break;
+      case 1: C1P_POOL(s->KH, s->KW, s->pool, 1, 1); break;
+      case 2: C1P_POOL(s->KH, s->KW, s->pool, 2, 0); break;
+      default: C1P_POOL(s->KH, s->KW, s->pool, 2, 1); break;
+    }
+#undef C1P_POOL
+}
+
+#pragma GCC diagnostic pop
+
+/* w (OC, 1, KH, KW) as (K, OC): one tap's weights over the channels in consecutive lanes. */
+static float *weights_by_tap(const float *w, const qt_conv1_pool_shape *s) {
+  const int K = s->KH * s->KW, OC = s->OC;
+  float *wT = xcalloc((size_t)K * OC, sizeof *wT);
+  for (int oc = 0; oc < OC; oc++)
+    for (int t = 0; t < K; t++) wT[(size_t)t * OC + oc] = w[(size_t)oc * K + t];
+  return wT;
+}
+
+void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, double *stats,
+                                         float *mean, float *invstd, const float *img, const float *w,
+                                         const float *bias, const float *gamma, const float *beta,
+                                         float *running_mean, float *running_var, float momentum, float eps,
+                                         const qt_fq_params *fq, const qt_conv1_pool_shape *s) {
+  QT_ASSERT(fq || (!yarg && !qmask), "conv1_bn_relu_pool_forward_train: argmax values or a mask without a fake quant");
+  const int N = s->N, K = s->KH * s->KW, OC = s->OC, n_mom = K + K * (K + 1) / 2;
+  const int64_t M = (int64_t)N * s->OH * s->OW;
+  const size_t padded = (size_t)(s->OH + s->KH - 1) * (size_t)padded_width(s);
+  const int nthreads = omp_get_max_threads();
+  float *xps = xcalloc((size_t)nthreads * padded, sizeof *xps);
+  double *per_image = xcalloc((size_t)N * n_mom, sizeof *per_image);
+#pragma omp parallel for schedule(static) if (N > 1)
+  for (int n = 0; n < N; n++) {
+    float *xp = xps + (size_t)omp_get_thread_num() * padded;
+    pad_image(xp, img + (size_t)n * s->H * s->W, s);
+    image_moments(per_image + (size_t)n * n_mom, xp, s);
+  }
+  /* stats: S (K), the centered Gram matrix G - S S^T / M (K x K), invstd and w.S / M (OC each) */
+  double *S = stats, *Cg = stats + K, *inv = stats + K + K * K, *wsm = inv + OC;
+  memset(S, 0, (size_t)(K + K * K) * sizeof *S);
+  for (int n = 0; n < N; n++) {
+    const double *m = per_image + (size_t)n * n_mom;
+    for (int t = 0; t < K; t++) S[t] += m[t];
+    int p = K;
+    for (int t = 0; t < K; t++)
+      for (int q = t; q < K; q++, p++) Cg[t * K + q] += m[p];
+  }
+  for (int t = 0; t < K; t++)
+    for (int q = t; q < K; q++) {
+      Cg[t * K + q] -= S[t] * S[q] / (double)M;
+      Cg[q * K + t] = Cg[t * K + q];
+    }
+  float *cst = xcalloc(4 * (size_t)OC, sizeof *cst);
+  float *chi = cst, *clo = cst + OC, *ca = cst + 2 * OC, *bb = cst + 3 * OC;
+  for (int oc = 0; oc < OC; oc++) {
+    const float *wo = w + (size_t)oc * K;
+    double ws = 0, m2 = 0;
+    for (int t = 0; t < K; t++) {
+      ws += (double)wo[t] * S[t];
+      double r = 0;
+      for (int q = 0; q < K; q++) r += Cg[t * K + q] * (double)wo[q];
+      m2 += (double)wo[t] * r;
+    }
+    if (m2 < 0) m2 = 0;
+    const double m = ws / (double)M + (bias ? (double)bias[oc] : 0.0);
+    const double is = 1.0 / sqrt(m2 / (double)M + (double)eps);
+    inv[oc] = is;
+    wsm[oc] = ws / (double)M;
+    mean[oc] = (float)m;
+    invstd[oc] = (float)is;
+    if (running_mean)
+      running_mean[oc] = (float)((double)momentum * m + (1.0 - (double)momentum) * (double)running_mean[oc]);
+    if (running_var)
+      running_var[oc] =
+          (float)((double)momentum * (m2 / (double)(M - 1)) + (1.0 - (double)momentum) * (double)running_var[oc]);
+    chi[oc] = (float)m;
+    clo[oc] = (float)(m - (double)chi[oc]);
+    ca[oc] = (float)((gamma ? (double)gamma[oc] : 1.0) * is);
+    bb[oc] = beta ? beta[oc] : 0.0f;
+  }
+  float *wT = weights_by_tap(w, s);
+  const size_t per_out = (size_t)(s->OH / s->pool) * (size_t)(s->OW / s->pool) * (size_t)OC;
+#pragma omp parallel for schedule(static) if (N > 1)
+  for (int n = 0; n < N; n++) {
+    float *xp = xps + (size_t)omp_get_thread_num() * padded;
+    pad_image(xp, img + (size_t)n * s->H * s->W, s);
+    const size_t o = (size_t)n * per_out;
+    image_pool(out + o, argmax + o, yarg ? yarg + o : NULL, qmask ? qmask + o : NULL, xp, wT, bias, chi, clo, ca, bb,
+               fq, s);
+  }
+  free(wT);
+  free(cst);
+  free(per_image);
+  free(xps);
+}
+
+#pragma GCC diagnostic push /* as above */
+#pragma GCC diagnostic ignored "-Warray-bounds"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+/* One image's P (K per channel), dbeta and, with HP, P of the coefficient image (Ph), from g, the
+ * gradient batch norm's output receives at each window's argmax input; literal KH, KW, PK, HP:
+ * per channel block one accumulator per tap (and per tap of Ph). */
+C1P_INLINE void image_grad_sums(double *P, double *Ph, double *db, const float *g, const uint8_t *argmax,
+                                const float *xp, const float *hp, const qt_conv1_pool_shape *s, const int KH,
+                                const int KW, const int PK, const int HP) {
+  const int OC = s->OC, PWd = padded_width(s), PH = s->OH / PK, PW = s->OW / PK;
+  const v16f zero = splat16(0.0f);
+  for (int v = 0; v < OC / 16; v++) {
+    v16f acc[QT_CONV1_POOL_MAX_TAPS], acch[QT_CONV1_POOL_MAX_TAPS], dsum = zero;
+#pragma GCC unroll 32
+    for (int t = 0; t < KH * KW; t++) acc[t] = acch[t] = zero;
+    for (int ph = 0; ph < PH; ph++)
+      for (int pw = 0; pw < PW; pw++) {
+        const size_t o = ((size_t)ph * PW + pw) * OC + 16 * (size_t)v;
+        const v16f gv = ld16(g + o);
+        dsum += gv;
+        v16i at = {0};
+        for (int j = 0; j < 16; j++) at[j] = argmax[o + j];
+        const size_t po = (size_t)(ph * PK) * PWd + pw * PK;
+#pragma GCC unroll 64
+        for (int j = 0; j < PK * PK; j++) {
+          const v16f gj = sel16(at == j, gv, zero);
+          const size_t pj = po + (size_t)(j / PK) * PWd + j % PK;
+#pragma GCC unroll 32
+          for (int t = 0; t < KH * KW; t++) {
+            const size_t pt = pj + (size_t)(t / KW) * PWd + t % KW;
+            acc[t] = fma16(gj, splat16(xp[pt]), acc[t]);
+            if (HP) acch[t] = fma16(gj, splat16(hp[pt]), acch[t]);
+          }
+        }
+      }
+    for (int j = 0; j < 16; j++) {
+      const int oc = 16 * v + j;
+      db[oc] = (double)dsum[j];
+      for (int t = 0; t < KH * KW; t++) {
+        P[(size_t)oc * KH * KW + t] = (double)acc[t][j];
+        if (HP) Ph[(size_t)oc * KH * KW + t] = (double)acch[t][j];
+      }
+    }
+  }
+}
+
+/* Of one image: Sh (K), the sums of the coefficient image's patches, and H (K x K, row s, column
+ * t), the sums of u_s v_t (u the image's patch, v the coefficient image's), in double. */
+C1P_INLINE void image_cross_moments_k(double *out, const float *xp, const float *hp, const qt_conv1_pool_shape *s,
+                                      const int KH, const int KW) {
+  const int K = KH * KW, PWd = padded_width(s), n_acc = K + K * K;
+  v16f acc[QT_CONV1_POOL_MAX_TAPS + QT_CONV1_POOL_MAX_TAPS * QT_CONV1_POOL_MAX_TAPS];
+#pragma GCC unroll 128
+  for (int a = 0; a < n_acc; a++) acc[a] = splat16(0.0f);
+  for (int oh = 0; oh < s->OH; oh++)
+    for (int ow0 = 0; ow0 < s->OW; ow0 += 16) {
+      v16i in_row;
+      for (int j = 0; j < 16; j++) in_row[j] = ow0 + j < s->OW ? -1 : 0;
+      v16f u[QT_CONV1_POOL_MAX_TAPS], vm[QT_CONV1_POOL_MAX_TAPS];
+#pragma GCC unroll 32
+      for (int t = 0; t < K; t++) {
+        const size_t pt = (size_t)(oh + t / KW) * PWd + ow0 + t % KW;
+        u[t] = ld16(xp + pt);
+        vm[t] = sel16(in_row, ld16(hp + pt), splat16(0.0f));
+        acc[t] += vm[t];
+      }
+#pragma GCC unroll 32
+      for (int a = 0; a < K; a++)
+#pragma GCC unroll 32
+        for (int t = 0; t < K; t++) acc[K + a * K + t] = fma16(u[a], vm[t], acc[K + a * K + t]);
+    }
+  for (int a = 0; a < n_acc; a++) {
+    double sum = 0;
+    for (int j = 0; j < 16; j++) sum += (double)acc[a][j];
+    out[a] = sum;
+  }
+}
+
+static void image_cross_moments(double *out, const float *xp, const float *hp, const qt_conv1_pool_shape *s) {
+  if (s->KH == 3 && s->KW == 3)
+    image_cross_moments_k(out, xp, hp, s, 3, 3);
+  else
+    image_cross_moments_k(out, xp, hp, s, s->KH, s->KW);
+}
+
+#pragma GCC diagnostic pop
+
+void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, double *dscale, const float *g,
+                                    const uint8_t *argmax, const double *stats, const float *img, const float *w,
+                                    const float *gamma, const float *coef, const qt_conv1_pool_shape *s) {
+  QT_ASSERT(!dscale == !coef, "conv1_bn_relu_pool_backward: a scale gradient needs the coefficient image");
+  const int N = s->N, K = s->KH * s->KW, OC = s->OC, HP = coef != NULL;
+  const int64_t M = (int64_t)N * s->OH * s->OW;
+  const size_t padded = (size_t)(s->OH + s->KH - 1) * (size_t)padded_width(s);
+  const size_t per_out = (size_t)(s->OH / s->pool) * (size_t)(s->OW / s->pool) * (size_t)OC;
+  /* per image: P (OC x K), dbeta (OC); with the coefficients Ph (OC x K), Sh (K), H (K x K) */
+  const size_t per_img = (size_t)OC * (K + 1) + (HP ? (size_t)OC * K + K + (size_t)K * K : 0);
+  const int nthreads = omp_get_max_threads();
+  float *xps = xcalloc((size_t)nthreads * padded * (HP ? 2 : 1), sizeof *xps);
+  double *part = xcalloc((size_t)N * per_img, sizeof *part);
+#pragma omp parallel for schedule(static) if (N > 1)
+  for (int n = 0; n < N; n++) {
+    float *xp = xps + (size_t)omp_get_thread_num() * padded * (HP ? 2 : 1), *hp = HP ? xp + padded : NULL;
+    pad_image(xp, img + (size_t)n * s->H * s->W, s);
+    if (HP) pad_image(hp, coef + (size_t)n * s->H * s->W, s);
+    double *P = part + (size_t)n * per_img, *db = P + (size_t)OC * K, *Ph = db + OC, *cross = Ph + (size_t)OC * K;
+    const size_t o = (size_t)n * per_out;
+    if (s->KH == 3 && s->KW == 3 && s->pool == 2 && !HP)
+      image_grad_sums(P, Ph, db, g + o, argmax + o, xp, hp, s, 3, 3, 2, 0);
+    else if (s->KH == 3 && s->KW == 3 && s->pool == 2)
+      image_grad_sums(P, Ph, db, g + o, argmax + o, xp, hp, s, 3, 3, 2, 1);
+    else if (!HP)
+      image_grad_sums(P, Ph, db, g + o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 0);
+    else
+      image_grad_sums(P, Ph, db, g + o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 1);
+    if (HP) image_cross_moments(cross, xp, hp, s);
+  }
+  const double *S = stats, *Cg = stats + K, *inv = stats + K + K * K, *wsm = inv + OC;
+  double *P = xcalloc(per_img, sizeof *P), *db = P + (size_t)OC * K, *Ph = db + OC, *Sh = Ph + (size_t)OC * K,
+         *H = Sh + K;
+  for (int n = 0; n < N; n++) /* image order: the same sums for any thread count */
+    for (size_t i = 0; i < per_img; i++) P[i] += part[(size_t)n * per_img + i];
+  double dsc = 0;
+  for (int oc = 0; oc < OC; oc++) {
+    const float *wo = w + (size_t)oc * K;
+    const double *Po = P + (size_t)oc * K, is = inv[oc], gm = gamma ? (double)gamma[oc] : 1.0;
+    double wp = 0;
+    for (int t = 0; t < K; t++) wp += (double)wo[t] * Po[t];
+    const double dg = is * (wp - wsm[oc] * db[oc]); /* the sum of g * xhat */
+    if (dgamma) dgamma[oc] += (float)dg;
+    if (dbeta) dbeta[oc] += (float)db[oc];
+    /* batch norm's input gradient is a g - b - c xhat */
+    const double a = gm * is, b = a * db[oc] / (double)M, c = a * dg / (double)M;
+    for (int t = 0; t < K; t++) {
+      double cw = 0; /* sum over pixels of xhat u_t, over is */
+      for (int q = 0; q < K; q++) cw += Cg[t * K + q] * (double)wo[q];
+      if (dw) dw[(size_t)oc * K + t] = a * Po[t] - b * S[t] - c * is * cw;
+      if (HP) {
+        double hw = 0; /* sum over pixels of xhat v_t, over is */
+        for (int q = 0; q < K; q++) hw += (double)wo[q] * (H[q * K + t] - S[q] * Sh[t] / (double)M);
+        dsc += (double)wo[t] * (a * Ph[(size_t)oc * K + t] - b * Sh[t] - c * is * hw);
+      }
+    }
+  }
+  if (dscale) *dscale = dsc;
+  free(P);
+  free(part);
+  free(xps);
+}
