@@ -90,58 +90,6 @@ static void pad_image(float *xp, const float *img, const qt_conv1_pool_shape *s)
     memcpy(xp + (size_t)(ih + s->pad_h) * PWd + s->pad_w, img + (size_t)ih * s->W, (size_t)s->W * sizeof *xp);
 }
 
-/* The kernels below take KH, KW, the pool's size (and the number of outputs at a time) as
- * literals: their loops unroll fully (#pragma GCC unroll) and the accumulators stay in
- * registers, 3-4x faster than loops over runtime counts (measured: forward 2.5 -> 0.5 ms,
- * backward 2.0 -> 0.6 ms, FashionCNN's first layer at batch 128). The shapes that are not
- * FashionCNN's pass runtime counts through the same code; GCC then unrolls loops by 32 or 64
- * whose trip counts (at most QT_CONV1_POOL_MAX_TAPS taps, QT_CONV1_POOL_MAX_WINDOW^2 window
- * inputs) it does not know, and warns about the copies past the arrays' ends, which never run.
- * Those two warnings are off for these functions only; the tests run such shapes under
- * AddressSanitizer. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-/* S (K) and the upper triangle of G (row by row, s >= t) of one padded image, in double, with
- * literal KH and KW (the loops unroll and the accumulators stay in registers where they fit). */
-C1P_INLINE void image_moments_k(double *out, const float *xp, const qt_conv1_pool_shape *s, const int KH,
-                                const int KW) {
-  const int K = KH * KW, PWd = padded_width(s), n_acc = K + K * (K + 1) / 2;
-  v16f acc[QT_CONV1_POOL_MAX_TAPS + QT_CONV1_POOL_MAX_TAPS * (QT_CONV1_POOL_MAX_TAPS + 1) / 2];
-#pragma GCC unroll 64
-  for (int a = 0; a < n_acc; a++) acc[a] = splat16(0.0f);
-  for (int oh = 0; oh < s->OH; oh++)
-    for (int ow0 = 0; ow0 < s->OW; ow0 += 16) {
-      v16i in_row;
-      for (int j = 0; j < 16; j++) in_row[j] = ow0 + j < s->OW ? -1 : 0;
-      v16f u[QT_CONV1_POOL_MAX_TAPS], um[QT_CONV1_POOL_MAX_TAPS];
-#pragma GCC unroll 32
-      for (int t = 0; t < K; t++) {
-        u[t] = ld16(xp + (size_t)(oh + t / KW) * PWd + ow0 + t % KW);
-        um[t] = sel16(in_row, u[t], splat16(0.0f));
-        acc[t] += um[t];
-      }
-      int p = K;
-#pragma GCC unroll 32
-      for (int t = 0; t < K; t++)
-#pragma GCC unroll 32
-        for (int q = t; q < K; q++, p++) acc[p] = fma16(um[t], u[q], acc[p]);
-    }
-  for (int a = 0; a < n_acc; a++) {
-    double sum = 0;
-    for (int j = 0; j < 16; j++) sum += (double)acc[a][j];
-    out[a] = sum;
-  }
-}
-
-static void image_moments(double *out, const float *xp, const qt_conv1_pool_shape *s) {
-  if (s->KH == 3 && s->KW == 3)
-    image_moments_k(out, xp, s, 3, 3);
-  else
-    image_moments_k(out, xp, s, s->KH, s->KW);
-}
-
 /* One normalized, clamped value per lane (bn_pool_value's arithmetic). */
 C1P_INLINE v16f norm_relu(v16f y, v16f mh, v16f ml, v16f a, v16f bt, const int RELU) {
   const v16f zero = splat16(0.0f), six = splat16(6.0f);
@@ -166,104 +114,60 @@ typedef struct {
   v16f mh, ml, a, bt;
 } norm16;
 
-/* NP consecutive pooled outputs of one row (ph, from pw) of one image for channels
- * [16v, 16v+16): the convolution recomputed at every window input, the NP * PK * PK sums as
- * independent chains over the taps (in tap order, bias first), then normalized, clamped, fake
- * quantized (FQ) and pooled in window order with max pool's comparison, as
- * qt_batch_norm_relu_pool_forward_train's bn_pool_band does. Literal KH, KW, PK, RELU, FQ, NP. */
-C1P_INLINE void pool_outputs(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, const float *xp, int PWd,
-                             int ph, int pw, size_t o, int OC, const v16f *w, v16f b0, const norm16 *nc,
-                             const qt_fq_params *fq, const int KH, const int KW, const int PK, const int RELU,
-                             const int FQ, const int NP) {
-  v16f y[QT_CONV1_POOL_MAX_WINDOW * QT_CONV1_POOL_MAX_WINDOW]; /* NP * PK * PK: 2 * 3 * 3 or 1 * PK * PK */
-#pragma GCC unroll 64
-  for (int c = 0; c < NP * PK * PK; c++) y[c] = b0;
-#pragma GCC unroll 32
-  for (int t = 0; t < KH * KW; t++) {
-    const int kh = t / KW, kw = t % KW;
-#pragma GCC unroll 64
-    for (int c = 0; c < NP * PK * PK; c++) {
-      const int i = c / (PK * PK), jh = c % (PK * PK) / PK, jw = c % PK;
-      const float x = xp[(size_t)(ph * PK + jh + kh) * PWd + (pw + i) * PK + jw + kw];
-      y[c] = fma16(w[t], splat16(x), y[c]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < NP; i++) {
-    v16f ya = norm_relu(y[i * PK * PK], nc->mh, nc->ml, nc->a, nc->bt, RELU);
-    v16f best = FQ ? fake_quant16(ya, fq) : ya;
-    v16i at = {0};
-#pragma GCC unroll 64
-    for (int j = 1; j < PK * PK; j++) {
-      const v16f z = norm_relu(y[i * PK * PK + j], nc->mh, nc->ml, nc->a, nc->bt, RELU);
-      const v16f q = FQ ? fake_quant16(z, fq) : z;
-      const v16i take = (q > best) | (q != q);
-      best = sel16(take, q, best);
-      if (FQ) ya = sel16(take, z, ya);
-      at = (take & j) | (~take & at);
-    }
-    const size_t oi = o + (size_t)i * OC;
-    st16(out + oi, best);
-    for (int j = 0; j < 16; j++) argmax[oi + j] = (uint8_t)at[j];
-    if (FQ && yarg) st16(yarg + oi, ya);
-    if (FQ && qmask) {
-      const float inv_s = 1.0f / fq->scale, zpf = (float)fq->zero_point, lo = (float)fq->qmin, hi = (float)fq->qmax;
-      for (int j = 0; j < 16; j++) {
-        const float q = quant_round(ya[j], inv_s, zpf);
-        qmask[oi + j] = (uint8_t)((q >= lo) & (q <= hi) & qt_relu_passes(ya[j], RELU));
-      }
-    }
-  }
-}
+/* The kernels (autograd/cpu_conv1_pool_k.h) take KH, KW, the pool's size (and the number of
+ * outputs at a time) as literals where they can: their loops unroll fully (#pragma GCC unroll)
+ * and the accumulators stay in registers, 3-4x faster than loops over runtime counts (measured:
+ * forward 2.5 -> 0.5 ms, backward 2.0 -> 0.6 ms, FashionCNN's first layer at batch 128). The
+ * header is included twice: *_lit with the unroll pragmas, called with FashionCNN's 3x3 kernel
+ * and 2x2 pool as literals, and *_gen without them, called with runtime counts for every other
+ * shape (unrolling loops of unknown trip count by 32 or 64 made this file take 3.5 minutes to
+ * compile, and gains nothing; the fuzz build skips the pragmas altogether). */
+#define C1P_PRAGMA(x) _Pragma(#x)
+#define C1P_CAT(a, b) a##b
+#define C1P_XCAT(a, b) C1P_CAT(a, b)
+#define C1P_FN(name) C1P_XCAT(name, C1P_SUFFIX)
+#define C1P_SUFFIX _lit
+#ifdef QT_FUZZ_BUILD /* CMakeLists.txt: no fuzz target runs these kernels */
+#define C1P_UNROLL(n)
+#else
+#define C1P_UNROLL(n) C1P_PRAGMA(GCC unroll n)
+#endif
+#include "autograd/cpu_conv1_pool_k.h"
+#undef C1P_SUFFIX
+#undef C1P_UNROLL
+#define C1P_SUFFIX _gen
+#define C1P_UNROLL(n)
+#include "autograd/cpu_conv1_pool_k.h"
+#undef C1P_SUFFIX
+#undef C1P_UNROLL
 
-/* One image's pooled outputs (and window positions of the maxima), with literal KH, KW, PK, RELU
- * and FQ: per channel block, its taps' weights in registers, two pooled outputs at a time. */
-C1P_INLINE void image_pool_k(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, const float *xp,
-                             const float *wT, const float *bias, const float *chi, const float *clo, const float *ca,
-                             const float *bb, const qt_fq_params *fq, const qt_conv1_pool_shape *s, const int KH,
-                             const int KW, const int PK, const int RELU, const int FQ) {
-  const int OC = s->OC, PWd = padded_width(s), PH = s->OH / PK, PW = s->OW / PK;
-  for (int v = 0; v < OC / 16; v++) {
-    v16f w[QT_CONV1_POOL_MAX_TAPS];
-#pragma GCC unroll 32
-    for (int t = 0; t < KH * KW; t++) w[t] = ld16(wT + (size_t)t * OC + 16 * v);
-    const v16f b0 = bias ? ld16(bias + 16 * v) : splat16(0.0f);
-    const norm16 nc = {ld16(chi + 16 * v), ld16(clo + 16 * v), ld16(ca + 16 * v), ld16(bb + 16 * v)};
-    for (int ph = 0; ph < PH; ph++) {
-      int pw = 0;
-      if (PK <= 3)
-        for (; pw + 2 <= PW; pw += 2)
-          pool_outputs(out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OC + 16 * (size_t)v, OC, w,
-                       b0, &nc, fq, KH, KW, PK, RELU, FQ, 2);
-      for (; pw < PW; pw++)
-        pool_outputs(out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OC + 16 * (size_t)v, OC, w,
-                     b0, &nc, fq, KH, KW, PK, RELU, FQ, 1);
-    }
-  }
+static void image_moments(double *out, const float *xp, const qt_conv1_pool_shape *s) {
+  if (s->KH == 3 && s->KW == 3)
+    image_moments_k_lit(out, xp, s, 3, 3);
+  else
+    image_moments_k_gen(out, xp, s, s->KH, s->KW);
 }
 
 static void image_pool(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, const float *xp, const float *wT,
                        const float *bias, const float *chi, const float *clo, const float *ca, const float *bb,
                        const qt_fq_params *fq, const qt_conv1_pool_shape *s) {
   const int lit = s->KH == 3 && s->KW == 3 && s->pool == 2, variant = (s->relu - 1) * 2 + (fq != NULL);
-#define C1P_POOL(KH, KW, PK, R, F) \
-  image_pool_k(out, argmax, yarg, qmask, xp, wT, bias, chi, clo, ca, bb, fq, s, KH, KW, PK, R, F)
+#define C1P_POOL(V, KH, KW, PK, R, F) \
+  image_pool_k##V(out, argmax, yarg, qmask, xp, wT, bias, chi, clo, ca, bb, fq, s, KH, KW, PK, R, F)
   if (lit) switch (variant) {
-      case 0: C1P_POOL(3, 3, 2, 1, 0); break;
-      case 1: C1P_POOL(3, 3, 2, 1, 1); break;
-      case 2: C1P_POOL(3, 3, 2, 2, 0); break;
-      default: C1P_POOL(3, 3, 2, 2, 1); break;
+      case 0: C1P_POOL(_lit, 3, 3, 2, 1, 0); break;
+      case 1: C1P_POOL(_lit, 3, 3, 2, 1, 1); break;
+      case 2: C1P_POOL(_lit, 3, 3, 2, 2, 0); break;
+      default: C1P_POOL(_lit, 3, 3, 2, 2, 1); break;
     }
   else switch (variant) {
-      case 0: C1P_POOL(s->KH, s->KW, s->pool, 1, 0); break;
-      case 1: C1P_POOL(s->KH, s->KW, s->pool, 1, 1); break;
-      case 2: C1P_POOL(s->KH, s->KW, s->pool, 2, 0); break;
-      default: C1P_POOL(s->KH, s->KW, s->pool, 2, 1); break;
+      case 0: C1P_POOL(_gen, s->KH, s->KW, s->pool, 1, 0); break;
+      case 1: C1P_POOL(_gen, s->KH, s->KW, s->pool, 1, 1); break;
+      case 2: C1P_POOL(_gen, s->KH, s->KW, s->pool, 2, 0); break;
+      default: C1P_POOL(_gen, s->KH, s->KW, s->pool, 2, 1); break;
     }
 #undef C1P_POOL
 }
-
-#pragma GCC diagnostic pop
 
 /* w (OC, 1, KH, KW) as (K, OC): one tap's weights over the channels in consecutive lanes. */
 static float *weights_by_tap(const float *w, const qt_conv1_pool_shape *s) {
@@ -351,93 +255,12 @@ void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yar
   free(xps);
 }
 
-#pragma GCC diagnostic push /* as above */
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-/* One image's P (K per channel), dbeta and, with HP, P of the coefficient image (Ph), from g, the
- * gradient batch norm's output receives at each window's argmax input; literal KH, KW, PK, HP:
- * per channel block one accumulator per tap (and per tap of Ph). */
-C1P_INLINE void image_grad_sums(double *P, double *Ph, double *db, const float *g, const uint8_t *argmax,
-                                const float *xp, const float *hp, const qt_conv1_pool_shape *s, const int KH,
-                                const int KW, const int PK, const int HP) {
-  const int OC = s->OC, PWd = padded_width(s), PH = s->OH / PK, PW = s->OW / PK;
-  const v16f zero = splat16(0.0f);
-  for (int v = 0; v < OC / 16; v++) {
-    v16f acc[QT_CONV1_POOL_MAX_TAPS], acch[QT_CONV1_POOL_MAX_TAPS], dsum = zero;
-#pragma GCC unroll 32
-    for (int t = 0; t < KH * KW; t++) acc[t] = acch[t] = zero;
-    for (int ph = 0; ph < PH; ph++)
-      for (int pw = 0; pw < PW; pw++) {
-        const size_t o = ((size_t)ph * PW + pw) * OC + 16 * (size_t)v;
-        const v16f gv = ld16(g + o);
-        dsum += gv;
-        v16i at = {0};
-        for (int j = 0; j < 16; j++) at[j] = argmax[o + j];
-        const size_t po = (size_t)(ph * PK) * PWd + pw * PK;
-#pragma GCC unroll 64
-        for (int j = 0; j < PK * PK; j++) {
-          const v16f gj = sel16(at == j, gv, zero);
-          const size_t pj = po + (size_t)(j / PK) * PWd + j % PK;
-#pragma GCC unroll 32
-          for (int t = 0; t < KH * KW; t++) {
-            const size_t pt = pj + (size_t)(t / KW) * PWd + t % KW;
-            acc[t] = fma16(gj, splat16(xp[pt]), acc[t]);
-            if (HP) acch[t] = fma16(gj, splat16(hp[pt]), acch[t]);
-          }
-        }
-      }
-    for (int j = 0; j < 16; j++) {
-      const int oc = 16 * v + j;
-      db[oc] = (double)dsum[j];
-      for (int t = 0; t < KH * KW; t++) {
-        P[(size_t)oc * KH * KW + t] = (double)acc[t][j];
-        if (HP) Ph[(size_t)oc * KH * KW + t] = (double)acch[t][j];
-      }
-    }
-  }
-}
-
-/* Of one image: Sh (K), the sums of the coefficient image's patches, and H (K x K, row s, column
- * t), the sums of u_s v_t (u the image's patch, v the coefficient image's), in double. */
-C1P_INLINE void image_cross_moments_k(double *out, const float *xp, const float *hp, const qt_conv1_pool_shape *s,
-                                      const int KH, const int KW) {
-  const int K = KH * KW, PWd = padded_width(s), n_acc = K + K * K;
-  v16f acc[QT_CONV1_POOL_MAX_TAPS + QT_CONV1_POOL_MAX_TAPS * QT_CONV1_POOL_MAX_TAPS];
-#pragma GCC unroll 128
-  for (int a = 0; a < n_acc; a++) acc[a] = splat16(0.0f);
-  for (int oh = 0; oh < s->OH; oh++)
-    for (int ow0 = 0; ow0 < s->OW; ow0 += 16) {
-      v16i in_row;
-      for (int j = 0; j < 16; j++) in_row[j] = ow0 + j < s->OW ? -1 : 0;
-      v16f u[QT_CONV1_POOL_MAX_TAPS], vm[QT_CONV1_POOL_MAX_TAPS];
-#pragma GCC unroll 32
-      for (int t = 0; t < K; t++) {
-        const size_t pt = (size_t)(oh + t / KW) * PWd + ow0 + t % KW;
-        u[t] = ld16(xp + pt);
-        vm[t] = sel16(in_row, ld16(hp + pt), splat16(0.0f));
-        acc[t] += vm[t];
-      }
-#pragma GCC unroll 32
-      for (int a = 0; a < K; a++)
-#pragma GCC unroll 32
-        for (int t = 0; t < K; t++) acc[K + a * K + t] = fma16(u[a], vm[t], acc[K + a * K + t]);
-    }
-  for (int a = 0; a < n_acc; a++) {
-    double sum = 0;
-    for (int j = 0; j < 16; j++) sum += (double)acc[a][j];
-    out[a] = sum;
-  }
-}
-
 static void image_cross_moments(double *out, const float *xp, const float *hp, const qt_conv1_pool_shape *s) {
   if (s->KH == 3 && s->KW == 3)
-    image_cross_moments_k(out, xp, hp, s, 3, 3);
+    image_cross_moments_k_lit(out, xp, hp, s, 3, 3);
   else
-    image_cross_moments_k(out, xp, hp, s, s->KH, s->KW);
+    image_cross_moments_k_gen(out, xp, hp, s, s->KH, s->KW);
 }
-
-#pragma GCC diagnostic pop
 
 void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, double *dscale, const float *g,
                                     const uint8_t *argmax, const double *stats, const float *img, const float *w,
@@ -460,13 +283,13 @@ void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, dou
     double *P = part + (size_t)n * per_img, *db = P + (size_t)OC * K, *Ph = db + OC, *cross = Ph + (size_t)OC * K;
     const size_t o = (size_t)n * per_out;
     if (s->KH == 3 && s->KW == 3 && s->pool == 2 && !HP)
-      image_grad_sums(P, Ph, db, g + o, argmax + o, xp, hp, s, 3, 3, 2, 0);
+      image_grad_sums_lit(P, Ph, db, g + o, argmax + o, xp, hp, s, 3, 3, 2, 0);
     else if (s->KH == 3 && s->KW == 3 && s->pool == 2)
-      image_grad_sums(P, Ph, db, g + o, argmax + o, xp, hp, s, 3, 3, 2, 1);
+      image_grad_sums_lit(P, Ph, db, g + o, argmax + o, xp, hp, s, 3, 3, 2, 1);
     else if (!HP)
-      image_grad_sums(P, Ph, db, g + o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 0);
+      image_grad_sums_gen(P, Ph, db, g + o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 0);
     else
-      image_grad_sums(P, Ph, db, g + o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 1);
+      image_grad_sums_gen(P, Ph, db, g + o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 1);
     if (HP) image_cross_moments(cross, xp, hp, s);
   }
   const double *S = stats, *Cg = stats + K, *inv = stats + K + K * K, *wsm = inv + OC;
