@@ -869,8 +869,8 @@ static int conv1_pool_takes(const qt_graph *g, qt_ctx *ctx, int node, const qt_t
  * (bn_pool_fused_after, no fake quant between) runs with them as one op
  * (qt_conv1_bn_relu_max_pool2d: the convolution's output is never in memory): returns the pool
  * node and sets *bn and *relu, else -1. The convolution's value then holds the pool's output,
- * which only the skipped nodes read. (QAT's conv_bn does not use it yet: the op takes its image
- * fake quant, divisor and activation fake quant, tested in test_conv1_pool_ops.) */
+ * which only the skipped nodes read. (QAT's conv_bn takes the op in graph_forward's conv_bn
+ * branch, with its image's LSQ fake quant, sf and the activations' fake quant.) */
 static int conv1_pool_fused_after(const qt_graph *g, qt_ctx *ctx, int node, const qt_tensor *x,
                                   qt_tensor *const *force, const unsigned char *keep, int *bn, int *relu) {
   const qt_node *n = &g->nodes[node];
@@ -1019,6 +1019,27 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
         qt_tensor *ws = qt_channel_scale(ctx, wp, sf, 1, 0);
         qt_tensor *w = effective_weight(g, ctx, n, ws, g->error);
         if (!w) return NULL;
+        if (fuse && n->training && n->param[QT_P_BIAS] < 0 && pool >= 0 && conv1_pool_takes(g, ctx, i, x, fused, pool)) {
+          /* the image's convolution (its LSQ fake quant too when conv_fused_after deferred it),
+           * the division by sf, BN, relu, the activations' fake quant and the pool as one op */
+          const int64_t oh = x->shape[1] + 2 * a->pad_h - a->kernel_h + 1, ow = x->shape[2] + 2 * a->pad_w - a->kernel_w + 1;
+          qt_pool_fake_quant xq, aq;
+          if (deferred[i] >= 0) xq = fused_fake_quant(g, ctx, deferred[i], x->shape[1] * x->shape[2]);
+          if (fq_node >= 0) {
+            aq = fused_fake_quant(g, ctx, fq_node, oh * ow * a->out_channels);
+            deferred[fq_node] = NODE_DONE;
+          }
+          y = qt_conv1_bn_relu_max_pool2d(ctx, x, deferred[i] >= 0 ? &xq : NULL, w, NULL, sf, gamma,
+                                          param_tensor(g, ctx, n->param[QT_P_BN_BETA]),
+                                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
+                                          g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, a->momentum,
+                                          a->eps, a->pad_h, a->pad_w, g->nodes[fused].op == QT_OP_RELU6 ? 2 : 1,
+                                          fq_node >= 0 ? &aq : NULL, g->nodes[pool].attr.kernel_h);
+          deferred[fused] = deferred[pool] = NODE_DONE;
+          drop_unless(ctx, w, ws);
+          drop_unless(ctx, ws, wp);
+          break;
+        }
         qt_tensor *t;
         if (deferred[i] >= 0) {
           t = conv_of_lsq_input(g, ctx, deferred[i], x, w, NULL, a);

@@ -38,12 +38,11 @@ def check(ok, msg):
 # (qt_batch_norm_relu_max_pool2d), fc1's ReLU, flatten, 2 linear, the loss
 calls = {"conv2d": 1, "conv1_bn_relu_max_pool2d": 1, "bn_relu_max_pool2d": 1, "relu": 1, "flatten": 1, "linear": 2,
          "cross_entropy": 1}
-if name == "qat":  # conv_bn: the BN scale factor and W * sf (conv / sf runs inside its batch norm,
-    # fused with its ReLU, the LSQ fake quant after it and the max pool); LSQ on 4 weights and
-    # fc1's activations, the image's inside conv1 (conv2d_lsq_input)
-    del calls["conv1_bn_relu_max_pool2d"]
-    calls.update({"bn_scale_factor": 2, "channel_scale": 2, "conv2d": 1, "conv2d_lsq_input": 1,
-                  "bn_relu_max_pool2d": 2})
+if name == "qat":  # conv_bn: the BN scale factor and W * sf; conv1 / sf with the image's LSQ,
+    # BN, ReLU, the activations' LSQ and the max pool as one op; conv2 / sf inside its batch norm,
+    # fused with its ReLU, the LSQ fake quant after it and the max pool; LSQ on 4 weights and
+    # fc1's activations
+    calls.update({"bn_scale_factor": 2, "channel_scale": 2})
 phases = ["data", "zero_grad", "optimizer"]
 try:
     j = json.load(open(js))
@@ -67,10 +66,7 @@ for k in expect:
     check(k in rows, "no row for %s" % k)
 for gone in ("batch_norm", "max_pool2d", "lsq_max_pool2d"):  # run inside the fused ops
     check(gone not in rows, "a row for %s (it runs inside a fused op)" % gone)
-if name == "fp32":
-    check("conv1_bn_relu_max_pool2d" in rows, "fp32: no row for conv1_bn_relu_max_pool2d")
-else:
-    check("conv1_bn_relu_max_pool2d" not in rows, "qat: a row for conv1_bn_relu_max_pool2d (fp32 weights only)")
+check("conv2d_lsq_input" not in rows, "a row for conv2d_lsq_input (the image's LSQ runs inside conv1's fused op)")
 # the rows add up to the step total (each printed to 0.001 ms)
 parts = 0.0
 n_vals = 0

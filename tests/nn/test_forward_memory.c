@@ -7,7 +7,8 @@
  * memory; a training step gives bit-identical gradients and running statistics whether every value
  * is kept, batch norm runs fused with its relu (and, under QAT, LSQ with the max pool after it
  * and the input's LSQ with the first convolution), or dead values and gradients are handed back;
- * the one exception is the input quantizer's scale gradient (same_step). */
+ * the exceptions are the input quantizer's scale gradient and FashionCNN's first layer as one op
+ * (qt_conv1_bn_relu_max_pool2d), within the tolerances same_step states. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,10 +161,22 @@ static float *step_grads(qt_graph *g, const float *x, const int32_t *labels, int
  * parameter named `loose` (may be NULL): the fused training forward computes the input
  * quantizer's LSQ scale gradient as another sum of the same terms (qt_conv2d_lsq_input; checked
  * tightly in test_conv_lsq_input), so there it may differ by 1e-3 of its value (seen: 2e-5).
- * With tol > 0 every tensor may differ by tol times its largest magnitude instead: FashionCNN's
- * fp32 first layer runs as qt_conv1_bn_relu_max_pool2d in the fused modes, whose statistics and
- * gradients are sums in another order (checked against the ops in turn in test_conv1_pool_ops),
- * and every value after it moves by rounding. */
+ * With tol > 0 every tensor may differ by tol times its largest magnitude instead, and LSQ
+ * scales (names ending in ".fq.scale") only need to be finite: FashionCNN's first layer (fp32, and
+ * QAT's conv_bn with its fake quants) runs as qt_conv1_bn_relu_max_pool2d in the fused modes,
+ * whose statistics and gradients are sums in another order (checked against the ops in turn in
+ * test_conv1_pool_ops), and every value after it moves by rounding: fp32 1e-4 (seen 2e-6); QAT
+ * 1e-2, as a fake quant's rounding may flip: an activation one step apart moves fc1's weight
+ * gradient by that step times an output gradient (seen 1.8e-3 there, 1.3e-4 on conv1's weight).
+ * An LSQ scale's gradient is a small sum of terms of both signs that jump where a value crosses
+ * a rounding boundary, so flips upstream move it by any factor (seen: relu2's by 4.5e-2, relu3's
+ * by 5.7 times its value); test_conv1_pool_ops pins the op's scale gradients (1e-3, same inputs)
+ * and the fused modes here agree bit for bit (training_step: frees off vs on). */
+static int lsq_scale_name(const char *name) {
+  const size_t n = strlen(name), k = strlen(".fq.scale");
+  return n >= k && strcmp(name + n - k, ".fq.scale") == 0;
+}
+
 static int same_step(const qt_graph *g, const float *a, const float *b, const char *loose, float tol) {
   for (int t = 0; t < g->n_tensors; t++) {
     const qt_param *pt = &g->tensors[t];
@@ -176,7 +189,7 @@ static int same_step(const qt_graph *g, const float *a, const float *b, const ch
         err = fabsf(a[at + i] - b[at + i]) > err ? fabsf(a[at + i] - b[at + i]) : err;
       }
       if (getenv("QT_TEST_VERBOSE")) fprintf(stderr, "  %s: differs by %.3g of %.3g\n", pt->name, err, mag);
-      if (!(err <= tol * mag)) return 0;
+      if (lsq_scale_name(pt->name) ? !isfinite(err) : !(err <= tol * mag)) return 0;
       continue;
     }
     if (!loose || strcmp(pt->name, loose) != 0) return 0;
@@ -235,10 +248,11 @@ static void backward_frees(void) {
   qt_graph_free(g);
 }
 
-/* FashionCNN prepared for QAT W4A8 with LSQ (lsq) or observers and the clipped STE: the fake
- * quants before its max pools run with them (and, LSQ, the input's inside conv1), its conv_bn
- * nodes normalize conv / sf without the quotient in memory (qt_batch_norm_div), fused with the
- * relu, then with BN frozen (running statistics, relu apart). One observed step first; then
+/* FashionCNN prepared for QAT W4A8 with LSQ (lsq) or observers and the clipped STE: conv1's
+ * conv_bn with the input's and its activations' fake quants and its max pool runs as
+ * qt_conv1_bn_relu_max_pool2d; conv2's normalizes conv / sf without the quotient in memory, fused
+ * with its relu, fake quant and max pool (qt_batch_norm_relu_max_pool2d); then with BN frozen
+ * (running statistics, relu apart: the ops in turn, bit for bit but the input's LSQ scale). One observed step first; then
  * observers off, so that the three modes start from the same qparams and learned scales. */
 static void qat_training_step(int lsq) {
   qt_graph *g = model("fashion_cnn");
@@ -260,7 +274,7 @@ static void qat_training_step(int lsq) {
     conv_bn += p->nodes[i].op == QT_OP_CONV_BN;
   }
   QT_CHECK(conv_bn == 2);
-  training_step(p, N, 0.60, lsq ? "input.fq.scale" : NULL, 0);
+  training_step(p, N, 0.60, NULL, 1e-2f); /* conv1: qt_conv1_bn_relu_max_pool2d */
   for (int i = 0; i < p->n_nodes; i++)
     if (p->nodes[i].op == QT_OP_CONV_BN) p->nodes[i].bn_frozen = 1;
   training_step(p, N, 0.60, lsq ? "input.fq.scale" : NULL, 0);
