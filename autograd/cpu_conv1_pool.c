@@ -143,9 +143,9 @@ typedef struct {
 
 static void image_moments(double *out, const float *xp, const qt_conv1_pool_shape *s) {
   if (s->KH == 3 && s->KW == 3)
-    image_moments_k_lit(out, xp, s, 3, 3);
+    patch_moments_k_lit(out, xp, NULL, s, 3, 3, 0);
   else
-    image_moments_k_gen(out, xp, s, s->KH, s->KW);
+    patch_moments_k_gen(out, xp, NULL, s, s->KH, s->KW, 0);
 }
 
 static void image_pool(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, const float *xp, const float *wT,
@@ -179,7 +179,7 @@ static float *weights_by_tap(const float *w, const qt_conv1_pool_shape *s) {
 }
 
 void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, double *stats,
-                                         float *mean, float *invstd, const float *img, const float *w,
+                                         const float *img, const float *w,
                                          const float *bias, const float *gamma, const float *beta,
                                          float *running_mean, float *running_var, float momentum, float eps,
                                          const qt_fq_params *fq, const qt_conv1_pool_shape *s) {
@@ -227,8 +227,6 @@ void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yar
     const double is = 1.0 / sqrt(m2 / (double)M + (double)eps);
     inv[oc] = is;
     wsm[oc] = ws / (double)M;
-    mean[oc] = (float)m;
-    invstd[oc] = (float)is;
     if (running_mean)
       running_mean[oc] = (float)((double)momentum * m + (1.0 - (double)momentum) * (double)running_mean[oc]);
     if (running_var)
@@ -257,9 +255,9 @@ void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yar
 
 static void image_cross_moments(double *out, const float *xp, const float *hp, const qt_conv1_pool_shape *s) {
   if (s->KH == 3 && s->KW == 3)
-    image_cross_moments_k_lit(out, xp, hp, s, 3, 3);
+    patch_moments_k_lit(out, xp, hp, s, 3, 3, 1);
   else
-    image_cross_moments_k_gen(out, xp, hp, s, s->KH, s->KW);
+    patch_moments_k_gen(out, xp, hp, s, s->KH, s->KW, 1);
 }
 
 void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, double *dscale, const float *g,

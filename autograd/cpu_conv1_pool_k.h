@@ -2,29 +2,34 @@
  * includes): with C1P_SUFFIX _lit and C1P_UNROLL(n) as #pragma GCC unroll n, and with C1P_SUFFIX
  * _gen and C1P_UNROLL(n) empty. Not a header of its own: it uses that file's vector helpers and
  * defines static functions. No include guard, on purpose. */
-/* S (K) and the upper triangle of G (row by row, s >= t) of one padded image, in double, with
- * literal KH and KW (the loops unroll and the accumulators stay in registers where they fit). */
-C1P_INLINE void C1P_FN(image_moments_k)(double *out, const float *xp, const qt_conv1_pool_shape *s, const int KH,
-                                        const int KW) {
-  const int K = KH * KW, PWd = padded_width(s), n_acc = K + K * (K + 1) / 2;
-  v16f acc[QT_CONV1_POOL_MAX_TAPS + QT_CONV1_POOL_MAX_TAPS * (QT_CONV1_POOL_MAX_TAPS + 1) / 2];
-  C1P_UNROLL(64)
+/* The patch moments of one padded image, in double: without CROSS, S (K), the sums of its
+ * patches, then the upper triangle of G (row by row, s >= t), the sums of u_s u_t; with CROSS,
+ * Sh (K), the sums of the padded coefficient image hp's patches, then H (K x K, row s, column t),
+ * the sums of u_s v_t (u the image's patch, v hp's). Literal KH, KW and CROSS: the loops unroll
+ * and the accumulators stay in registers where they fit. */
+C1P_INLINE void C1P_FN(patch_moments_k)(double *out, const float *xp, const float *hp, const qt_conv1_pool_shape *s,
+                                        const int KH, const int KW, const int CROSS) {
+  const int K = KH * KW, PWd = padded_width(s), n_acc = K + (CROSS ? K * K : K * (K + 1) / 2);
+  v16f acc[QT_CONV1_POOL_MAX_TAPS + QT_CONV1_POOL_MAX_TAPS * QT_CONV1_POOL_MAX_TAPS];
+  C1P_UNROLL(128)
   for (int a = 0; a < n_acc; a++) acc[a] = splat16(0.0f);
   for (int oh = 0; oh < s->OH; oh++)
     for (int ow0 = 0; ow0 < s->OW; ow0 += 16) {
       v16i in_row;
       for (int j = 0; j < 16; j++) in_row[j] = ow0 + j < s->OW ? -1 : 0;
-      v16f u[QT_CONV1_POOL_MAX_TAPS], um[QT_CONV1_POOL_MAX_TAPS];
+      v16f u[QT_CONV1_POOL_MAX_TAPS], vm[QT_CONV1_POOL_MAX_TAPS]; /* vm: the summed patch, lanes past OW 0 */
       C1P_UNROLL(32)
       for (int t = 0; t < K; t++) {
-        u[t] = ld16(xp + (size_t)(oh + t / KW) * PWd + ow0 + t % KW);
-        um[t] = sel16(in_row, u[t], splat16(0.0f));
-        acc[t] += um[t];
+        const size_t pt = (size_t)(oh + t / KW) * PWd + ow0 + t % KW;
+        u[t] = ld16(xp + pt);
+        vm[t] = sel16(in_row, CROSS ? ld16(hp + pt) : u[t], splat16(0.0f));
+        acc[t] += vm[t];
       }
       int p = K;
       C1P_UNROLL(32)
-      for (int t = 0; t < K; t++) C1P_UNROLL(32)
-      for (int q = t; q < K; q++, p++) acc[p] = fma16(um[t], u[q], acc[p]);
+      for (int a = 0; a < K; a++) C1P_UNROLL(32)
+      for (int t = CROSS ? 0 : a; t < K; t++, p++)
+        acc[p] = CROSS ? fma16(u[a], vm[t], acc[p]) : fma16(vm[a], u[t], acc[p]);
     }
   for (int a = 0; a < n_acc; a++) {
     double sum = 0;
@@ -100,14 +105,12 @@ C1P_INLINE void C1P_FN(image_pool_k)(float *out, uint8_t *argmax, float *yarg, u
     for (int ph = 0; ph < PH; ph++) {
       int pw = 0;
       if (PK <= 3)
-        for (; pw + 2 <= PW; pw += 2)
-          C1P_FN(pool_outputs)
-          (out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OC + 16 * (size_t)v, OC, w, b0, &nc, fq,
-           KH, KW, PK, RELU, FQ, 2);
-      for (; pw < PW; pw++)
-        C1P_FN(pool_outputs)
-        (out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OC + 16 * (size_t)v, OC, w, b0, &nc, fq,
-         KH, KW, PK, RELU, FQ, 1);
+        for (; pw + 2 <= PW; pw += 2) C1P_FN(pool_outputs)
+      (out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OC + 16 * (size_t)v, OC, w, b0, &nc, fq, KH,
+       KW, PK, RELU, FQ, 2);
+      for (; pw < PW; pw++) C1P_FN(pool_outputs)
+      (out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OC + 16 * (size_t)v, OC, w, b0, &nc, fq, KH,
+       KW, PK, RELU, FQ, 1);
     }
   }
 }
@@ -152,36 +155,5 @@ C1P_INLINE void C1P_FN(image_grad_sums)(double *P, double *Ph, double *db, const
         if (HP) Ph[(size_t)oc * KH * KW + t] = (double)acch[t][j];
       }
     }
-  }
-}
-
-/* Of one image: Sh (K), the sums of the coefficient image's patches, and H (K x K, row s, column
- * t), the sums of u_s v_t (u the image's patch, v the coefficient image's), in double. */
-C1P_INLINE void C1P_FN(image_cross_moments_k)(double *out, const float *xp, const float *hp,
-                                              const qt_conv1_pool_shape *s, const int KH, const int KW) {
-  const int K = KH * KW, PWd = padded_width(s), n_acc = K + K * K;
-  v16f acc[QT_CONV1_POOL_MAX_TAPS + QT_CONV1_POOL_MAX_TAPS * QT_CONV1_POOL_MAX_TAPS];
-  C1P_UNROLL(128)
-  for (int a = 0; a < n_acc; a++) acc[a] = splat16(0.0f);
-  for (int oh = 0; oh < s->OH; oh++)
-    for (int ow0 = 0; ow0 < s->OW; ow0 += 16) {
-      v16i in_row;
-      for (int j = 0; j < 16; j++) in_row[j] = ow0 + j < s->OW ? -1 : 0;
-      v16f u[QT_CONV1_POOL_MAX_TAPS], vm[QT_CONV1_POOL_MAX_TAPS];
-      C1P_UNROLL(32)
-      for (int t = 0; t < K; t++) {
-        const size_t pt = (size_t)(oh + t / KW) * PWd + ow0 + t % KW;
-        u[t] = ld16(xp + pt);
-        vm[t] = sel16(in_row, ld16(hp + pt), splat16(0.0f));
-        acc[t] += vm[t];
-      }
-      C1P_UNROLL(32)
-      for (int a = 0; a < K; a++) C1P_UNROLL(32)
-      for (int t = 0; t < K; t++) acc[K + a * K + t] = fma16(u[a], vm[t], acc[K + a * K + t]);
-    }
-  for (int a = 0; a < n_acc; a++) {
-    double sum = 0;
-    for (int j = 0; j < 16; j++) sum += (double)acc[a][j];
-    out[a] = sum;
   }
 }

@@ -171,11 +171,11 @@ size_t qt_conv1_pool_stats_len(const qt_conv1_pool_shape *s);
  * window) from img (N, H, W), w (OC, 1, KH, KW), bias (OC or NULL), gamma and beta (NULL: 1, 0),
  * with a per-tensor fake quant between the relu and the pool when fq is not NULL (yarg: the
  * relu's output at each argmax; qmask: 1 where that value's fake quant is in range and the relu
- * passes it; either may be NULL), as qt_batch_norm_relu_pool_forward_train does; mean and invstd
- * (OC) the batch statistics; the running statistics updated as qt_batch_norm_relu_forward_train
- * does; stats (qt_conv1_pool_stats_len doubles) for the backward. */
+ * passes it; either may be NULL), as qt_batch_norm_relu_pool_forward_train does; the running
+ * statistics updated as qt_batch_norm_relu_forward_train does; stats (qt_conv1_pool_stats_len
+ * doubles: the batch statistics among them) for the backward. */
 void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, double *stats,
-                                         float *mean, float *invstd, const float *img, const float *w,
+                                         const float *img, const float *w,
                                          const float *bias, const float *gamma, const float *beta,
                                          float *running_mean, float *running_var, float momentum, float eps,
                                          const qt_fq_params *fq, const qt_conv1_pool_shape *s);

@@ -1273,13 +1273,9 @@ static qt_tensor *conv1_pool_op(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_qu
   if (fq) fp = (qt_fq_params){as ? qt_f32(as)[0] : fq->scale[0], fq->zero_point[0], fq->qmin, fq->qmax};
   const size_t nstats = qt_conv1_pool_stats_len(&sh);
   double *stats = qt_arena_alloc(ctx, nstats * sizeof(double));
-  float *mean = qt_arena_alloc(ctx, (size_t)OC * sizeof(float));
-  float *invstd = qt_arena_alloc(ctx, (size_t)OC * sizeof(float));
-  qt_conv1_bn_relu_pool_forward_train(qt_f32(y), argmax, yarg, qmask, stats, mean, invstd, img, weff,
+  qt_conv1_bn_relu_pool_forward_train(qt_f32(y), argmax, yarg, qmask, stats, img, weff,
                                       b ? qt_f32(b) : NULL, qt_f32(gamma), qt_f32(beta), running_mean, running_var,
                                       momentum, eps, fq ? &fp : NULL, &sh);
-  qt_arena_free(ctx, invstd, (size_t)OC * sizeof(float));
-  qt_arena_free(ctx, mean, (size_t)OC * sizeof(float));
   if (rec) {
     y->requires_grad = 1;
     conv1_pool_saved *sv = qt_tape_push(ctx, QT_PROFILE_CONV1_BN_MAX_POOL2D, conv1_pool_backward, sizeof *sv, y);
