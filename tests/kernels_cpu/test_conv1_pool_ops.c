@@ -1,5 +1,5 @@
-/* qt_conv1_bn_relu_max_pool2d (a one-channel image's convolution + training batch norm + relu
- * (+ fake quant) + max pool as one op, autograd/cpu_conv1_pool.c) against the ops in turn, one
+/* qt_conv1_bn_relu_max_pool2d (a one-channel image's convolution + training batch norm + relu (+
+ * fake quant) + max pool as one op, autograd/cpu_conv1_pool.c) against the ops in turn, one
  * training step each through a linear layer and cross-entropy (so the pool's gradient is not
  * uniform). fp32: qt_conv2d, qt_batch_norm_relu, qt_max_pool2d. QAT (FashionCNN's conv_bn under
  * LSQ or the clipped STE): the image's fake quant with the convolution (qt_conv2d_lsq_input, or
@@ -10,16 +10,17 @@
  * patch moments, in double), so the comparison has tolerances, each relative to the largest
  * magnitude of the quantity: output 2e-5 (quantized outputs: at most 1 in 1000 one step apart, a
  * value within rounding of a step boundary), running statistics 1e-5, the gradients of w, gamma,
- * beta 2e-4 (an argmax flipped by rounding between two near-equal window inputs
- * moves one window's gradient to its neighbour, a small part of sums over every window), the
- * divisor's 2e-4 of the largest channel's sum of |dw w / div| (it cancels to batch norm's eps
- * term), the LSQ scales' gradients 1e-3 of their value. The bias gradient is exactly 0 in the fused op (batch
- * norm removes the mean) and within 2e-4 of the gamma gradient's scale in the ops. The fused op
- * must give the same bits under 1 and 2 threads and with backward frees on and off. Shapes:
- * FashionCNN's first layer (28x28, 32 channels, 3x3 pad 1, 2x2 pool) with relu and relu6, fp32
- * and as QAT's conv_bn (LSQ, clipped STE); 5x3 kernels with padding 2, 1 and a bias; a 3x3 pool
- * over 48 channels; no padding with one 7x7 window per image. The images have a constant
- * background (28% of the pixels), so that patches and window maxima tie as in real images. */
+ * beta 2e-4 (an argmax flipped by rounding between two near-equal window inputs moves one
+ * window's gradient to its neighbour, a small part of sums over every window), the divisor's
+ * 2e-4 of the largest channel's sum of |dw w / div| (it cancels to batch norm's eps term; one
+ * shape has eps 1, where that term is large and its sign is checked), the LSQ scales' gradients
+ * 1e-3 of their value. The bias gradient is exactly 0 in the fused op (batch norm removes the
+ * mean) and within 2e-4 of the gamma gradient's scale in the ops. The fused op must give the
+ * same bits under 1 and 2 threads and with backward frees on and off. Shapes: FashionCNN's first
+ * layer (28x28, 32 channels, 3x3 pad 1, 2x2 pool) with relu and relu6, fp32 and as QAT's conv_bn
+ * (LSQ, clipped STE); 5x3 kernels with padding 2, 1 and a bias; a 3x3 pool over 48 channels; no
+ * padding with one 7x7 window per image. The images have a constant background (28% of the
+ * pixels), so that patches and window maxima tie as in real images. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -31,9 +32,10 @@
 
 typedef struct {
   int N, H, W, OC, KH, KW, ph, pw, pool, relu, bias;
-  int xq;  /* the image's fake quant: 0 none, 1 LSQ, 2 fixed qparams */
-  int div; /* conv_bn's per-channel divisor */
-  int aq;  /* the activations' fake quant: 0 none, 1 LSQ, 2 fixed qparams */
+  int xq;    /* the image's fake quant: 0 none, 1 LSQ, 2 fixed qparams */
+  int div;   /* conv_bn's per-channel divisor */
+  int aq;    /* the activations' fake quant: 0 none, 1 LSQ, 2 fixed qparams */
+  float eps; /* batch norm's (0: 1e-5) */
 } shape;
 
 typedef struct {
@@ -63,16 +65,18 @@ static result step(const shape *s, int fused, int frees, const float *xd, const 
   w->requires_grad = gamma->requires_grad = beta->requires_grad = xscale->requires_grad = ascale->requires_grad = 1;
   if (b) b->requires_grad = 1;
   if (div) div->requires_grad = 1;
-  const qt_pool_fake_quant xq = {s->xq == 1 ? xscale : NULL, &xsv, &xzp, 0, 255,
-                                 1.0f / sqrtf((float)(s->H * s->W) * 255.0f)};
+  const qt_pool_fake_quant xq = {
+      s->xq == 1 ? xscale : NULL, &xsv, &xzp, 0, 255, 1.0f / sqrtf((float)(s->H * s->W) * 255.0f)};
   const int OH = s->H + 2 * s->ph - s->KH + 1, OW = s->W + 2 * s->pw - s->KW + 1;
-  const qt_pool_fake_quant aq = {s->aq == 1 ? ascale : NULL, &asv, &azp, 0, 15, 1.0f / sqrtf((float)(OH * OW * OC) * 15.0f)};
+  const qt_pool_fake_quant aq = {
+      s->aq == 1 ? ascale : NULL, &asv, &azp, 0, 15, 1.0f / sqrtf((float)(OH * OW * OC) * 15.0f)};
+  const float eps = s->eps > 0 ? s->eps : 1e-5f;
   result r = {0};
   r.rm = qt_test_uniform_range(OC, -0.1f, 0.1f, 77);
   r.rv = qt_test_uniform_range(OC, 0.5f, 1.5f, 78);
   qt_tensor *y;
   if (fused) {
-    y = qt_conv1_bn_relu_max_pool2d(ctx, x, s->xq ? &xq : NULL, w, b, div, gamma, beta, r.rm, r.rv, 0.1f, 1e-5f, s->ph,
+    y = qt_conv1_bn_relu_max_pool2d(ctx, x, s->xq ? &xq : NULL, w, b, div, gamma, beta, r.rm, r.rv, 0.1f, eps, s->ph,
                                     s->pw, s->relu, s->aq ? &aq : NULL, s->pool);
   } else {
     qt_tensor *c;
@@ -84,10 +88,10 @@ static result step(const shape *s, int fused, int frees, const float *xd, const 
       c = qt_conv2d(ctx, xin, w, b, 1, 1, s->ph, s->pw, 1);
     }
     if (s->div || s->aq) {
-      y = qt_batch_norm_relu_max_pool2d(ctx, c, div, gamma, beta, r.rm, r.rv, 0.1f, 1e-5f, s->relu, s->aq ? &aq : NULL,
+      y = qt_batch_norm_relu_max_pool2d(ctx, c, div, gamma, beta, r.rm, r.rv, 0.1f, eps, s->relu, s->aq ? &aq : NULL,
                                         s->pool);
     } else {
-      qt_tensor *n = qt_batch_norm_relu(ctx, c, gamma, beta, r.rm, r.rv, 0.1f, 1e-5f, s->relu == 2);
+      qt_tensor *n = qt_batch_norm_relu(ctx, c, gamma, beta, r.rm, r.rv, 0.1f, eps, s->relu == 2);
       y = qt_max_pool2d(ctx, n, s->pool, s->pool, 0);
     }
   }
@@ -160,13 +164,16 @@ static void near_quantized(const char *what, const float *got, const float *want
       return;
     }
   }
-  if (off > (n / 1000 > 1 ? n / 1000 : 1)) qt_test_fail("%s: %lld of %lld outputs a step apart", what, (long long)off, (long long)n);
-  if (getenv("QT_TEST_VERBOSE") && off) fprintf(stderr, "%s: %lld of %lld outputs a step apart\n", what, (long long)off, (long long)n);
+  if (off > (n / 1000 > 1 ? n / 1000 : 1))
+    qt_test_fail("%s: %lld of %lld outputs a step apart", what, (long long)off, (long long)n);
+  if (getenv("QT_TEST_VERBOSE") && off)
+    fprintf(stderr, "%s: %lld of %lld outputs a step apart\n", what, (long long)off, (long long)n);
 }
 
 static void near_scalar(const char *what, float got, float want, float tol) {
   if (!(want != 0.0f)) qt_test_fail("%s: zero in the ops in turn", what);
-  if (!(fabsf(got - want) <= tol * fabsf(want))) qt_test_fail("%s: got %.9g want %.9g (tolerance %g)", what, got, want, tol);
+  if (!(fabsf(got - want) <= tol * fabsf(want)))
+    qt_test_fail("%s: got %.9g want %.9g (tolerance %g)", what, got, want, tol);
   if (getenv("QT_TEST_VERBOSE")) fprintf(stderr, "%s: %.3g relative\n", what, fabsf(got - want) / fabsf(want));
 }
 
@@ -189,9 +196,9 @@ static void run(const shape *s, uint64_t seed) {
   result ref = step(s, 0, 0, x, w, bias, g, beta, d, lw, per);
   result got = step(s, 1, 1, x, w, bias, g, beta, d, lw, per);
   char what[240];
-#define WHAT(q)                                                                                                  \
-  (snprintf(what, sizeof what, "N%d %dx%d OC%d k%dx%d pad %d,%d pool %d relu %d bias %d xq %d div %d aq %d: %s", \
-            s->N, s->H, s->W, OC, s->KH, s->KW, s->ph, s->pw, s->pool, s->relu, s->bias, s->xq, s->div, s->aq, q), \
+#define WHAT(q)                                                                                                        \
+  (snprintf(what, sizeof what, "N%d %dx%d OC%d k%dx%d pad %d,%d pool %d relu %d bias %d xq %d div %d aq %d: %s", s->N, \
+            s->H, s->W, OC, s->KH, s->KW, s->ph, s->pw, s->pool, s->relu, s->bias, s->xq, s->div, s->aq, q),           \
    what)
   if (s->aq)
     near_quantized(WHAT("output"), got.y, ref.y, ref.ny, 2e-5f, s->relu == 2 ? 0.45f : 0.07f);
@@ -261,17 +268,20 @@ static void run(const shape *s, uint64_t seed) {
 
 int main(void) {
   const shape shapes[] = {
-      /* N   H   W  OC KH KW ph pw pool relu bias xq div aq */
-      {6, 28, 28, 32, 3, 3, 1, 1, 2, 1, 0, 0, 0, 0}, /* FashionCNN's conv1, fp32 */
-      {4, 28, 28, 32, 3, 3, 1, 1, 2, 2, 0, 0, 0, 0}, /* relu6 */
-      {3, 10, 12, 16, 5, 3, 2, 1, 2, 1, 1, 0, 0, 0}, /* 5x3 kernel, bias, OW 12 (a 16-lane tail) */
-      {2, 9, 9, 48, 3, 3, 1, 1, 3, 2, 1, 0, 0, 0},   /* 3x3 pool, three channel blocks */
-      {5, 9, 9, 16, 3, 3, 0, 0, 7, 1, 0, 0, 0, 0},   /* no padding, one window per image */
-      {6, 28, 28, 32, 3, 3, 1, 1, 2, 1, 0, 1, 1, 1}, /* FashionCNN's conv_bn under LSQ */
-      {4, 28, 28, 32, 3, 3, 1, 1, 2, 2, 0, 1, 1, 1}, /* the same with relu6 */
-      {6, 28, 28, 32, 3, 3, 1, 1, 2, 1, 0, 2, 1, 2}, /* ... under the clipped STE */
-      {3, 10, 12, 16, 5, 3, 2, 1, 2, 1, 1, 1, 0, 2}, /* LSQ image, fixed activations, no divisor */
-      {2, 9, 9, 48, 3, 3, 1, 1, 3, 2, 0, 2, 1, 1},   /* fixed image, LSQ activations, 3x3 pool */
+      /* N   H   W  OC KH KW ph pw pool relu bias xq div aq eps */
+      {6, 28, 28, 32, 3, 3, 1, 1, 2, 1, 0, 0, 0, 0, 0}, /* FashionCNN's conv1, fp32 */
+      {4, 28, 28, 32, 3, 3, 1, 1, 2, 2, 0, 0, 0, 0, 0}, /* relu6 */
+      {3, 10, 12, 16, 5, 3, 2, 1, 2, 1, 1, 0, 0, 0, 0}, /* 5x3 kernel, bias, OW 12 (a 16-lane tail) */
+      {2, 9, 9, 48, 3, 3, 1, 1, 3, 2, 1, 0, 0, 0, 0},   /* 3x3 pool, three channel blocks */
+      {5, 9, 9, 16, 3, 3, 0, 0, 7, 1, 0, 0, 0, 0, 0},   /* no padding, one window per image */
+      {6, 28, 28, 32, 3, 3, 1, 1, 2, 1, 0, 1, 1, 1, 0}, /* FashionCNN's conv_bn under LSQ */
+      {4, 28, 28, 32, 3, 3, 1, 1, 2, 2, 0, 1, 1, 1, 0}, /* the same with relu6 */
+      {6, 28, 28, 32, 3, 3, 1, 1, 2, 1, 0, 2, 1, 2, 0}, /* ... under the clipped STE */
+      {3, 10, 12, 16, 5, 3, 2, 1, 2, 1, 1, 1, 0, 2, 0}, /* LSQ image, fixed activations, no divisor */
+      {2, 9, 9, 48, 3, 3, 1, 1, 3, 2, 0, 2, 1, 1, 0},   /* fixed image, LSQ activations, 3x3 pool */
+      /* eps 1, near the variance: the divisor's gradient is batch norm's eps term, not lost in
+       * the cancelled sum, so the tolerance sees its sign and size */
+      {4, 28, 28, 32, 3, 3, 1, 1, 2, 1, 0, 1, 1, 1, 1.0f},
   };
   uint64_t seed = 11;
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) run(&shapes[i], seed += 10);
