@@ -61,8 +61,10 @@ static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *
             s.H, s.W, s.KH, s.KW, stride_h, pad_h);
   int64_t shape[4] = {s.N, s.OH, s.OW, s.OC};
   qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
+  const int recording = qt_tape_recording(ctx, x, w, b);
+  s.winograd = recording && ctx->conv_winograd;
   qt_conv2d_forward(qt_f32(y), qt_f32(x), qt_f32(w), b ? qt_f32(b) : NULL, &s);
-  if (qt_tape_recording(ctx, x, w, b)) {
+  if (recording) {
     y->requires_grad = 1;
     conv_saved *sv = qt_tape_push(ctx, QT_PROFILE_CONV2D, conv2d_backward, sizeof *sv, y);
     *sv = (conv_saved){x, w, b, y, s};

@@ -27,6 +27,7 @@ struct qt_ctx {
   int n_free, cap_free;
   int backward_frees;         /* qt_ctx_set_backward_frees */
   int grad_enabled;
+  int conv_winograd;          /* qt_ctx_set_conv_winograd */
   qt_tape_entry *tape;
   size_t tape_len, tape_cap;
   const qt_batch_sync *sync; /* the processes sharing the batch, or NULL */

@@ -139,6 +139,8 @@ void qt_ctx_release(qt_ctx *ctx) {
 
 void qt_ctx_set_grad(qt_ctx *ctx, int enabled) { ctx->grad_enabled = enabled; }
 int qt_ctx_grad_enabled(const qt_ctx *ctx) { return ctx->grad_enabled; }
+void qt_ctx_set_conv_winograd(qt_ctx *ctx, int enabled) { ctx->conv_winograd = enabled; }
+int qt_ctx_conv_winograd(const qt_ctx *ctx) { return ctx->conv_winograd; }
 size_t qt_ctx_peak_bytes(const qt_ctx *ctx) { return ctx->peak; }
 void qt_ctx_set_backward_frees(qt_ctx *ctx, int enabled) { ctx->backward_frees = enabled; }
 int qt_ctx_backward_frees(const qt_ctx *ctx) { return ctx->backward_frees; }

@@ -17,6 +17,8 @@
 
 typedef enum { QT_DATA_IDX, QT_DATA_HDF5, QT_DATA_FOLDER, QT_DATA_FORMAT_COUNT } qt_data_format;
 typedef enum { QT_STORAGE_FILE, QT_STORAGE_MEMORY, QT_STORAGE_COUNT } qt_data_storage;
+/* train.conv_algorithm: the training steps' convolutions (qt_ctx_set_conv_winograd) */
+typedef enum { QT_CONV_WINOGRAD, QT_CONV_DIRECT, QT_CONV_ALGORITHM_COUNT } qt_conv_algorithm;
 typedef enum { QT_QUANT_NONE, QT_QUANT_PTQ, QT_QUANT_QAT, QT_QUANT_MODE_COUNT } qt_quant_mode;
 typedef enum { QT_QUANTIZER_ONEDNN, QT_QUANTIZER_BACKEND, QT_QUANTIZER_COUNT } qt_quantizer_choice;
 typedef enum { QT_QUANT_ISA_AUTO, QT_QUANT_ISA_VNNI, QT_QUANT_ISA_NO_VNNI, QT_QUANT_ISA_COUNT } qt_quant_isa;
@@ -55,6 +57,7 @@ typedef struct {
   int nesterov;
   double weight_decay, beta1, beta2, adam_eps;
   int seed, threads, resume, stop_after_epochs;
+  qt_conv_algorithm conv_algorithm;
 } qt_train_options;
 
 typedef struct {

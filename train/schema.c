@@ -109,6 +109,10 @@ static const option_row rows[] = {
     ROW(train, adam_eps, QT_CFG_FLOAT, "1e-8", 0, 1, NULL, "AdamW epsilon"),
     ROW(train, seed, QT_CFG_INT, "0", 0, 2147483647, NULL, "seed of initialization, shuffling and augmentation"),
     ROW(train, threads, QT_CFG_INT, "0", 0, 1024, NULL, "OpenMP threads (0 = all cores)"),
+    ROW(train, conv_algorithm, QT_CFG_ENUM, "winograd", 0, 0, "winograd|direct",
+     "convolutions of the training steps: winograd = oneDNN's Winograd F(4x4,3x3) kernels where oneDNN has "
+     "them (3x3, stride 1, AVX-512; about twice as fast, relative rounding ~1e-6), direct elsewhere; direct = "
+     "always direct. Evaluation, calibration, the check and the report always run direct convolutions"),
     ROW(train, resume, QT_CFG_BOOL, "false", 0, 0, NULL, "continue from output.dir's checkpoint if present"),
     ROW(train, stop_after_epochs, QT_CFG_INT, "0", 0, 100000, NULL,
      "stop this run after N epochs as if interrupted (0 = run to the end); resume continues"),

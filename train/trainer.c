@@ -424,10 +424,12 @@ int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out,
   /* a step reads no gradient but the parameters' after backward: intermediate ones go back to
    * the arena as soon as they are used, so the step spans less memory (autograd.h) */
   qt_ctx_set_backward_frees(ctx, 1);
+  qt_ctx_set_conv_winograd(ctx, t->o->train.conv_algorithm == QT_CONV_WINOGRAD);
   if (t->n_buckets > 0) qt_ctx_set_backward_hook(ctx, on_backward_entry, t);
   int rc = epoch_steps(t, ctx, epoch, out, st);
   qt_ctx_set_backward_hook(ctx, NULL, NULL);
   qt_ctx_set_backward_frees(ctx, 0);
+  qt_ctx_set_conv_winograd(ctx, 0);
   qt_ctx_set_batch_sync(ctx, was);
   if (!rc && t->size > 1) rc = check_replicas(t, epoch + 1, st);
   return rc;

@@ -1,8 +1,14 @@
 /* Optimized conv2d / linear kernels against their plain-C reference twins: forward with and
  * without bias; backward with every subset of (dinp, dweight, dbias) requested, accumulating
  * into pre-filled gradient buffers; weights changed between calls on a cached shape; more
- * shapes than the primitive cache holds. Tolerance: atol 2e-4, rtol 1e-4 (fp32 vs a double-
- * accumulating reference, values in [-1, 1], sums of at most a few thousand products). */
+ * shapes than the primitive cache holds; the same with Winograd allowed (training steps' shapes,
+ * qt_ctx_set_conv_winograd), which must run oneDNN's Winograd kernels on a CPU with AVX-512 (and
+ * ONEDNN_MAX_CPU_ISA unset) and fall back to direct ones elsewhere. Tolerance: atol 2e-4, rtol
+ * 1e-4 (fp32 vs a double-accumulating reference, values in [-1, 1], sums of at most a few
+ * thousand products), Winograd's shapes included: its transforms round more but stay inside it
+ * (largest differences seen, conv2 at batch 4: forward 2.6e-5, input gradient 2.3e-5, weight
+ * gradient 5.0e-5 on values up to ~40). */
+#include "autograd/dnnl_util.h"
 #include "autograd/kernels.h"
 
 #include <math.h>
@@ -183,6 +189,33 @@ static void check_conv_c1_threads(void) {
   free(inp), free(weight), free(dout), free(di1), free(di2);
 }
 
+static qt_conv2d_shape winograd(qt_conv2d_shape s) {
+  s.winograd = 1;
+  return s;
+}
+
+/* Winograd where oneDNN has it: 3x3, stride 1, on AVX-512 (oneDNN 2.6's jit_wino_4x3). */
+static void check_conv_winograd(void) {
+  /*                             N   H   W   C  OC KH KW sh sw ph pw  g */
+  check_conv(winograd(conv_shape(4, 14, 14, 32, 64, 3, 3, 1, 1, 1, 1, 1)), 2000); /* FashionCNN conv2 */
+  check_conv(winograd(conv_shape(3, 7, 5, 32, 32, 3, 3, 1, 1, 1, 1, 1)), 2100);   /* H, W not tiles of 4 */
+  check_conv(winograd(conv_shape(2, 9, 6, 16, 48, 3, 3, 1, 1, 0, 0, 1)), 2200);   /* no padding */
+  check_conv(winograd(conv_shape(2, 6, 6, 8, 12, 3, 3, 1, 1, 1, 1, 1)), 2300);   /* channels not blocks of 16 */
+  check_conv(winograd(conv_shape(2, 9, 8, 16, 16, 3, 3, 2, 2, 1, 1, 1)), 2400);  /* stride 2: direct */
+  check_conv(winograd(conv_shape(2, 7, 7, 16, 16, 3, 3, 1, 1, 1, 1, 16)), 2500); /* depthwise: direct */
+  check_conv(winograd(conv_shape(2, 8, 8, 1, 32, 3, 3, 1, 1, 1, 1, 1)), 2600);   /* one input channel */
+  const char *used = qt_dnnl_kernels_used();
+  const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const int forced = getenv("ONEDNN_MAX_CPU_ISA") != NULL;
+  printf("winograd shapes ran: %s\n", used);
+  if (avx512 && !forced) {
+    QT_CHECK(strstr(used, "convolution forward_training: jit_wino") != NULL);
+    QT_CHECK(strstr(used, "convolution backward_data: jit_wino") != NULL);
+    QT_CHECK(strstr(used, "convolution backward_weights: jit_wino") != NULL);
+  }
+}
+
 int main(void) {
   check_conv_shape_init();
   check_conv_c1_threads();
@@ -209,6 +242,7 @@ int main(void) {
   check_conv(conv_shape(2, 7, 8, 4, 6, 1, 1, 3, 3, 0, 0, 1), 1500);     /* stride 3: last rows unused */
   check_conv(conv_shape(2, 5, 4, 3, 4, 1, 3, 2, 1, 2, 3, 1), 1600);     /* padding beyond the kernel */
   check_conv_cache_eviction();
+  check_conv_winograd();
 
   const int linears[][3] = {{1, 1, 1}, {3, 7, 5}, {4, 300, 17}, {5, 128, 10}, {32, 3136, 128}}; /* N, IN, OUT */
   for (int k = 0; k < 5; k++) check_linear(linears[k][0], linears[k][1], linears[k][2], 10 * (uint64_t)(k + 1));
