@@ -121,6 +121,19 @@ if errors:
     print("%s: %s" % (name, "; ".join(errors))); sys.exit(1)
 PY
 done
+# train.conv_algorithm: conv2 (3x3, stride 1) runs oneDNN's Winograd kernels by default where
+# oneDNN has them (ISA avx512*), never with direct
+run direct "$SRC/experiments/fashion_cnn_fp32.ini" train.conv_algorithm=direct
+/usr/bin/python3 - "$T/fp32.json" "$T/qat.json" "$T/direct.json" <<'PY' || fail=1
+import json, sys
+runs = [json.load(open(p)) for p in sys.argv[1:]]
+for name, j, want in zip(("fp32", "qat", "direct"), runs, (True, True, False)):
+    if not j["onednn_isa"].startswith("avx512"): want = False
+    got = "jit_wino" in j["onednn_kernels"]
+    if got != want:
+        print("%s (ISA %s): Winograd %s, want %s: %s" % (name, j["onednn_isa"], got, want, j["onednn_kernels"]))
+        sys.exit(1)
+PY
 # bad arguments: exit 2 with a message
 "$BIN" "$SRC/experiments/fashion_cnn_fp32.ini" --steps 0 > /dev/null 2> "$T/bad.err"
 rc=$?
