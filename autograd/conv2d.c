@@ -113,6 +113,7 @@ typedef struct {
   dnnl_primitive_t prim;
   dnnl_primitive_t wei_reorder; /* user layout -> wei, or NULL when the layouts agree */
   dnnl_memory_t wei;            /* primitive-layout weights (owned), NULL when layouts agree */
+  dnnl_memory_t pad;            /* its scratchpad, bound to the shared one per call; NULL: none */
 } conv_prim;
 
 typedef struct {
@@ -128,6 +129,7 @@ typedef struct {
   conv_prim fwd[2];           /* indexed by has_bias */
   conv_prim bwd_data;
   dnnl_primitive_t bwd_weights;
+  dnnl_memory_t bwd_weights_pad; /* its scratchpad (as conv_prim's pad) */
   dnnl_primitive_t dwei_reorder; /* primitive-layout diff weights -> user layout, accumulating */
   dnnl_memory_t dwei;            /* (owned) diff weights as the primitive writes them */
   dnnl_memory_t dbias;           /* (owned) (OC) */
@@ -143,9 +145,12 @@ static int g_cache_next;
 static float *g_scratch; /* diff_src before it is added into the caller's dinp */
 static size_t g_scratch_len;
 /* Blocked entries' activations: source-shaped (src, then diff_src) and destination-shaped (dst,
- * diff_dst), shared by every entry (a call uses them only while it runs). */
-static void *g_bsrc, *g_bdst;
-static size_t g_bsrc_len, g_bdst_len;
+ * diff_dst), and the primitives' scratchpad (user-managed: oneDNN's own would keep one per
+ * primitive, 7.5-9.7 MB for each of conv2's Winograd ones at batch 128), each shared by every
+ * entry (a call uses them only while it runs; qt_conv2d_release_scratch frees them). */
+static void *g_bsrc, *g_bdst, *g_pad;
+static size_t g_bsrc_len, g_bdst_len, g_pad_len;
+static dnnl_primitive_attr_t g_attr; /* user-managed scratchpad */
 static int g_registered_cleanup;
 
 static int conv_shape_equal(const qt_conv2d_shape *a, const qt_conv2d_shape *b) {
@@ -158,6 +163,7 @@ static void conv_prim_release(conv_prim *p) {
   qt_dnnl_primitive_destroy(&p->prim);
   qt_dnnl_primitive_destroy(&p->wei_reorder);
   qt_dnnl_memory_destroy(&p->wei);
+  qt_dnnl_memory_destroy(&p->pad);
 }
 
 static void conv_entry_release(conv_entry *e) {
@@ -169,8 +175,8 @@ static void conv_entry_release(conv_entry *e) {
   qt_dnnl_primitive_destroy(&e->dwei_reorder);
   dnnl_primitive_t *reorders[] = {&e->src_in, &e->dst_out, &e->ddst_in, &e->dsrc_out, &e->dsrc_add};
   for (size_t i = 0; i < sizeof reorders / sizeof reorders[0]; i++) qt_dnnl_primitive_destroy(reorders[i]);
-  dnnl_memory_t *mems[] = {&e->dwei,      &e->dbias, &e->src,  &e->dst,  &e->wei_user, &e->bias,
-                           &e->dsrc,      &e->ddst,  &e->bsrc, &e->bdst, &e->dwei_user};
+  dnnl_memory_t *mems[] = {&e->dwei, &e->dbias, &e->src,  &e->dst,  &e->wei_user,  &e->bias,
+                           &e->dsrc, &e->ddst,  &e->bsrc, &e->bdst, &e->dwei_user, &e->bwd_weights_pad};
   for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++) qt_dnnl_memory_destroy(mems[i]);
   memset(e, 0, sizeof *e);
 }
@@ -179,24 +185,56 @@ static void conv_entry_release(conv_entry *e) {
 static void conv_cache_release(void) {
   for (int i = 0; i < CONV_CACHE_SIZE; i++)
     if (g_cache[i].in_use) conv_entry_release(&g_cache[i]);
-  free(g_scratch);
-  g_scratch = NULL;
-  g_scratch_len = 0;
-  free(g_bsrc);
-  free(g_bdst);
-  g_bsrc = g_bdst = NULL;
-  g_bsrc_len = g_bdst_len = 0;
+  qt_conv2d_release_scratch();
+  if (g_attr) QT_DNNL_CHECK(dnnl_primitive_attr_destroy(g_attr));
+  g_attr = NULL;
+}
+
+void qt_conv2d_release_scratch(void) {
+  void **bufs[] = {(void **)&g_scratch, &g_bsrc, &g_bdst, &g_pad};
+  size_t *lens[] = {&g_scratch_len, &g_bsrc_len, &g_bdst_len, &g_pad_len};
+  for (int i = 0; i < 4; i++) {
+    free(*bufs[i]);
+    *bufs[i] = NULL;
+    *lens[i] = 0;
+  }
 }
 
 /* *buf grown to at least bytes (contents not kept), bound to mem. */
-static void bind_blocked(dnnl_memory_t mem, void **buf, size_t *len, size_t bytes) {
+static void bind_shared(dnnl_memory_t mem, void **buf, size_t *len, size_t bytes) {
   if (bytes > *len) {
     free(*buf);
     *buf = malloc(bytes);
-    if (!*buf) qt_dnnl_die(__FILE__, __LINE__, "out of memory for the conv2d blocked activations");
+    if (!*buf) qt_dnnl_die(__FILE__, __LINE__, "out of memory for the conv2d scratch buffers");
     *len = bytes;
   }
   qt_dnnl_memory_bind(mem, *buf);
+}
+
+/* The attributes every conv primitive is created with: a scratchpad the caller passes. */
+static const_dnnl_primitive_attr_t conv_attr(void) {
+  if (!g_attr) {
+    QT_DNNL_CHECK(dnnl_primitive_attr_create(&g_attr));
+    QT_DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(g_attr, dnnl_scratchpad_mode_user));
+  }
+  return g_attr;
+}
+
+/* A memory for pd's scratchpad, or NULL when it needs none. */
+static dnnl_memory_t conv_pad_memory(const_dnnl_primitive_desc_t pd) {
+  const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  return md && dnnl_memory_desc_get_size(md) > 0 ? qt_dnnl_memory_unbound(md) : NULL;
+}
+
+/* Runs prim with args (room for one more) and its scratchpad pad, if any, on the shared buffer. */
+static void conv_execute(dnnl_primitive_t prim, dnnl_memory_t pad, int nargs, dnnl_exec_arg_t *args) {
+  if (pad) {
+    const dnnl_memory_desc_t *md = NULL;
+    QT_DNNL_CHECK(dnnl_memory_get_memory_desc(pad, &md));
+    bind_shared(pad, &g_pad, &g_pad_len, dnnl_memory_desc_get_size(md));
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, pad};
+  }
+  qt_dnnl_execute(prim, nargs, args);
 }
 
 static float *conv_scratch(size_t n) {
@@ -280,6 +318,7 @@ static conv_entry *conv_lookup(const qt_conv2d_shape *s) {
 static void conv_prim_finish(conv_prim *p, const_dnnl_primitive_desc_t pd, dnnl_query_t wei_query,
                              const qt_conv2d_shape *s) {
   p->prim = qt_dnnl_primitive_create(pd);
+  p->pad = conv_pad_memory(pd);
   const dnnl_memory_desc_t *want = dnnl_primitive_desc_query_md(pd, wei_query, 0);
   const dnnl_memory_desc_t user = conv_wei_md(s, 0);
   if (!want) qt_dnnl_die(__FILE__, __LINE__, "conv2d: primitive reports no weights descriptor");
@@ -300,7 +339,7 @@ static dnnl_primitive_desc_t conv_forward_pd(const conv_entry *e, int has_bias, 
   QT_DNNL_CHECK(dnnl_convolution_forward_desc_init(&desc, dnnl_forward_training, e->alg, &e->act_src, &wei,
                                                    has_bias ? &bias : NULL, &e->act_dst, strides, pad_l, pad_r));
   dnnl_primitive_desc_t pd = NULL;
-  const dnnl_status_t st = dnnl_primitive_desc_create(&pd, &desc, NULL, qt_dnnl_engine(), NULL);
+  const dnnl_status_t st = dnnl_primitive_desc_create(&pd, &desc, conv_attr(), qt_dnnl_engine(), NULL);
   if (st == dnnl_unimplemented && may_fail) return NULL;
   QT_DNNL_CHECK(st);
   return pd;
@@ -372,7 +411,7 @@ static conv_prim *conv_backward_data_prim(conv_entry *e) {
     dnnl_convolution_desc_t desc;
     QT_DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&desc, algs[i], &e->act_src, &wei, &e->act_dst,
                                                            strides, pad_l, pad_r));
-    st = dnnl_primitive_desc_create(&pd, &desc, NULL, qt_dnnl_engine(), conv_hint(e));
+    st = dnnl_primitive_desc_create(&pd, &desc, conv_attr(), qt_dnnl_engine(), conv_hint(e));
   }
   QT_DNNL_CHECK(st);
   conv_prim_finish(p, pd, dnnl_query_weights_md, s);
@@ -396,10 +435,11 @@ static void conv_backward_weights_prim(conv_entry *e) {
     dnnl_convolution_desc_t desc;
     QT_DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&desc, algs[i], &e->act_src, &wei, &bias,
                                                               &e->act_dst, strides, pad_l, pad_r));
-    st = dnnl_primitive_desc_create(&pd, &desc, NULL, qt_dnnl_engine(), conv_hint(e));
+    st = dnnl_primitive_desc_create(&pd, &desc, conv_attr(), qt_dnnl_engine(), conv_hint(e));
   }
   QT_DNNL_CHECK(st);
   e->bwd_weights = qt_dnnl_primitive_create(pd);
+  e->bwd_weights_pad = conv_pad_memory(pd);
   const dnnl_memory_desc_t *have = dnnl_primitive_desc_query_md(pd, dnnl_query_diff_weights_md, 0);
   const dnnl_memory_desc_t *have_bias = dnnl_primitive_desc_query_md(pd, dnnl_query_diff_weights_md, 1);
   if (!have || !have_bias) qt_dnnl_die(__FILE__, __LINE__, "conv2d: backward weights reports no diff descriptors");
@@ -442,15 +482,15 @@ void qt_conv2d_forward(float *out, const float *inp, const float *weight, const 
   if (bias) qt_dnnl_memory_bind(e->bias, bias);
   dnnl_memory_t src = e->src, dst = e->dst;
   if (e->blocked) {
-    bind_blocked(e->bsrc, &g_bsrc, &g_bsrc_len, dnnl_memory_desc_get_size(&e->act_src));
-    bind_blocked(e->bdst, &g_bdst, &g_bdst_len, dnnl_memory_desc_get_size(&e->act_dst));
+    bind_shared(e->bsrc, &g_bsrc, &g_bsrc_len, dnnl_memory_desc_get_size(&e->act_src));
+    bind_shared(e->bdst, &g_bdst, &g_bdst_len, dnnl_memory_desc_get_size(&e->act_dst));
     qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
     src = e->bsrc;
     dst = e->bdst;
   }
-  dnnl_exec_arg_t args[4] = {
+  dnnl_exec_arg_t args[5] = {
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}, {DNNL_ARG_BIAS, e->bias}};
-  qt_dnnl_execute(p->prim, bias ? 4 : 3, args);
+  conv_execute(p->prim, p->pad, bias ? 4 : 3, args);
   if (e->blocked) qt_dnnl_reorder_run(e->dst_out, e->bdst, e->dst);
 }
 
@@ -549,8 +589,8 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
   qt_dnnl_memory_bind(e->ddst, dout);
   dnnl_memory_t ddst = e->ddst;
   if (e->blocked) {
-    bind_blocked(e->bdst, &g_bdst, &g_bdst_len, dnnl_memory_desc_get_size(&e->act_dst));
-    bind_blocked(e->bsrc, &g_bsrc, &g_bsrc_len, dnnl_memory_desc_get_size(&e->act_src));
+    bind_shared(e->bdst, &g_bdst, &g_bdst_len, dnnl_memory_desc_get_size(&e->act_dst));
+    bind_shared(e->bsrc, &g_bsrc, &g_bsrc_len, dnnl_memory_desc_get_size(&e->act_src));
     qt_dnnl_reorder_run(e->ddst_in, e->ddst, e->bdst);
     ddst = e->bdst;
   }
@@ -559,8 +599,8 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
   } else if (dinp && e->blocked) { /* diff_src in the source-shaped scratch, reordered into dinp */
     conv_prim *p = conv_backward_data_prim(e);
     dnnl_memory_t wei = conv_prepare_weights(e, p, weight);
-    dnnl_exec_arg_t args[3] = {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, e->bsrc}};
-    qt_dnnl_execute(p->prim, 3, args);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, e->bsrc}};
+    conv_execute(p->prim, p->pad, 3, args);
     qt_dnnl_memory_bind(e->dsrc, dinp);
     qt_dnnl_reorder_run(dinp_write ? e->dsrc_out : e->dsrc_add, e->bsrc, e->dsrc);
   } else if (dinp) {
@@ -569,8 +609,8 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
     const int64_t n = (int64_t)s->N * s->H * s->W * s->C;
     float *tmp = dinp_write ? dinp : conv_scratch((size_t)n);
     qt_dnnl_memory_bind(e->dsrc, tmp);
-    dnnl_exec_arg_t args[3] = {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, e->dsrc}};
-    qt_dnnl_execute(p->prim, 3, args);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, e->dsrc}};
+    conv_execute(p->prim, p->pad, 3, args);
     if (!dinp_write) add_into(dinp, tmp, n);
   }
   if (dweight) {
@@ -581,11 +621,11 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
       qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
       src = e->bsrc;
     }
-    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, src},
+    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, src},
                                {DNNL_ARG_DIFF_DST, ddst},
                                {DNNL_ARG_DIFF_WEIGHTS, e->dwei},
                                {DNNL_ARG_DIFF_BIAS, e->dbias}};
-    qt_dnnl_execute(e->bwd_weights, 4, args);
+    conv_execute(e->bwd_weights, e->bwd_weights_pad, 4, args);
     qt_dnnl_memory_bind(e->dwei_user, dweight);
     qt_dnnl_reorder_run(e->dwei_reorder, e->dwei, e->dwei_user);
     if (dbias) {

@@ -25,6 +25,10 @@ typedef struct {
 
 /* Fills OH/OW; returns 0, or -1 when the shape is invalid (non-positive output, bad groups). */
 int qt_conv2d_shape_init(qt_conv2d_shape *s);
+/* Frees the buffers the oneDNN path shares between calls (its primitives' scratchpad, Winograd's
+ * blocked activations): the next call that needs them allocates them again
+ * (qt_ops_release_scratch, autograd.h). */
+void qt_conv2d_release_scratch(void);
 
 /* out (N, OH, OW, OC) = conv(inp (N, H, W, C), weight (OC, C/groups, KH, KW)) + bias (OC) or NULL */
 void qt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias,

@@ -28,6 +28,8 @@ static void check_f32(const qt_tensor *t, int ndim, const char *op, const char *
     return y_;                                           \
   } while (0)
 
+void qt_ops_release_scratch(void) { qt_conv2d_release_scratch(); }
+
 /* ---- conv2d ----------------------------------------------------------------------------- */
 typedef struct {
   qt_tensor *x, *w, *b, *y;

@@ -430,6 +430,7 @@ int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out,
   qt_ctx_set_backward_hook(ctx, NULL, NULL);
   qt_ctx_set_backward_frees(ctx, 0);
   qt_ctx_set_conv_winograd(ctx, 0);
+  qt_ops_release_scratch(); /* the training steps' convolution buffers, not needed until the next epoch */
   qt_ctx_set_batch_sync(ctx, was);
   if (!rc && t->size > 1) rc = check_replicas(t, epoch + 1, st);
   return rc;
