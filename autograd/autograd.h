@@ -49,11 +49,11 @@ void qt_ctx_release(qt_ctx *ctx);
 void qt_ctx_set_grad(qt_ctx *ctx, int enabled);
 int qt_ctx_grad_enabled(const qt_ctx *ctx);
 /* With enabled, convolutions recorded on the tape (training steps) may run oneDNN's Winograd
- * kernels where oneDNN has them (3x3, stride 1, on AVX-512): about twice as fast as the direct
- * ones for FashionCNN's conv2, with the rounding of Winograd's transforms (relative errors
- * around 1e-6 instead of 1e-7). Convolutions not recorded (evaluation, calibration, the check,
- * the report) stay direct. Off by default; the trainer sets it from train.conv_algorithm. The
- * ctx keeps the setting across qt_ctx_reset. */
+ * kernels where oneDNN has them (3x3, stride 1, at least 16 input and output channels, on
+ * AVX-512): about twice as fast as the direct ones for FashionCNN's conv2, with the rounding of
+ * Winograd's transforms (relative errors around 1e-6 instead of 1e-7). Convolutions not recorded
+ * (evaluation, calibration, the check, the report) stay direct. Off by default; the trainer sets
+ * it from train.conv_algorithm. The ctx keeps the setting across qt_ctx_reset. */
 void qt_ctx_set_conv_winograd(qt_ctx *ctx, int enabled);
 int qt_ctx_conv_winograd(const qt_ctx *ctx);
 /* Frees the buffers ops share between calls, outside any ctx (the convolutions' oneDNN scratchpad

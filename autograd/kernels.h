@@ -19,7 +19,8 @@ typedef struct {
   int pad_h, pad_w;               /* symmetric zero padding */
   int groups;                     /* C % groups == 0 and OC % groups == 0; depthwise: groups == C */
   int winograd;                   /* 1: may run oneDNN's Winograd kernels where it has them (3x3,
-                                   * stride 1): the caller accepts their rounding (training steps) */
+                                   * stride 1, C and OC >= 16): the caller accepts their rounding
+                                   * (training steps) */
   int OH, OW;                     /* derived by qt_conv2d_shape_init */
 } qt_conv2d_shape;
 

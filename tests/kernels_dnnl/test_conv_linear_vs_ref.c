@@ -200,10 +200,11 @@ static void check_conv_winograd(void) {
   check_conv(winograd(conv_shape(4, 14, 14, 32, 64, 3, 3, 1, 1, 1, 1, 1)), 2000); /* FashionCNN conv2 */
   check_conv(winograd(conv_shape(3, 7, 5, 32, 32, 3, 3, 1, 1, 1, 1, 1)), 2100);   /* H, W not tiles of 4 */
   check_conv(winograd(conv_shape(2, 9, 6, 16, 48, 3, 3, 1, 1, 0, 0, 1)), 2200);   /* no padding */
-  check_conv(winograd(conv_shape(2, 6, 6, 8, 12, 3, 3, 1, 1, 1, 1, 1)), 2300);   /* channels not blocks of 16 */
+  check_conv(winograd(conv_shape(2, 6, 6, 16, 24, 3, 3, 1, 1, 1, 1, 1)), 2300);  /* channels not blocks of 16 */
+  check_conv(winograd(conv_shape(2, 6, 6, 8, 32, 3, 3, 1, 1, 1, 1, 1)), 2350);   /* under 16 channels: direct */
   check_conv(winograd(conv_shape(2, 9, 8, 16, 16, 3, 3, 2, 2, 1, 1, 1)), 2400);  /* stride 2: direct */
   check_conv(winograd(conv_shape(2, 7, 7, 16, 16, 3, 3, 1, 1, 1, 1, 16)), 2500); /* depthwise: direct */
-  check_conv(winograd(conv_shape(2, 8, 8, 1, 32, 3, 3, 1, 1, 1, 1, 1)), 2600);   /* one input channel */
+  check_conv(winograd(conv_shape(2, 8, 8, 1, 32, 3, 3, 1, 1, 1, 1, 1)), 2600);   /* one input channel: direct */
   const char *used = qt_dnnl_kernels_used();
   const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
