@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -207,6 +208,8 @@ void qt_fault_point(const char *name) {
     raise(SIGKILL);
   }
 }
+
+void qt_memory_policy_init(void) { mallopt(M_MMAP_THRESHOLD, 128 * 1024); }
 
 double qt_peak_rss_mb(void) {
   struct rusage ru;

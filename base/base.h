@@ -94,6 +94,12 @@ int qt_write_file_atomic(const char *path, const char *text, size_t len, char *e
 void qt_fault_point(const char *name);
 /* Peak resident set size of this process so far, in MB. */
 double qt_peak_rss_mb(void);
+/* Keeps glibc's mmap threshold at its default, 128 KiB, for the rest of the process: blocks that
+ * large are mapped and go back to the system when freed. glibc otherwise raises the threshold to
+ * the size of any mapped block that is freed, after which large allocations come from the heap
+ * and stay resident once freed (measured: fp32 training's peak RSS 89.5 -> 78.1 MB, the QAT W4A4
+ * example's 141.8 -> 134.8 MB, at the same speed). The programs call it first thing. */
+void qt_memory_policy_init(void);
 
 /* ---- name tables ------------------------------------------------------------------------------ */
 /* The index of `name` in names[0..n), -1 when absent (or name is NULL): parses an enum whose

@@ -115,6 +115,7 @@ static int run_lowered(void *state, const float *x, int n) {
 }
 
 int main(int argc, char **argv) {
+  qt_memory_policy_init();
   const char *path = NULL, *backend = "onednn";
   int batch = 256;
   double seconds = 6.0;

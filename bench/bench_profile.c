@@ -396,6 +396,7 @@ static int write_json(const char *path, const char *config, const qt_options *o,
 }
 
 int main(int argc, char **argv) {
+  qt_memory_policy_init();
   if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
     usage(stdout);
     return 0;

@@ -39,6 +39,7 @@ static int quantize(const char *cfg_path, const char *backend, const char *isa, 
 }
 
 int main(int argc, char **argv) {
+  qt_memory_policy_init();
   const char *model_path = NULL, *backend = "onednn_cpu", *quant_config = NULL, *isa_arg = "auto";
   qt_cli_data_options D = {.batch = 256};
   int warn = 0, partition = 0, run = 0, c;

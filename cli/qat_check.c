@@ -41,6 +41,7 @@ static int check(const char *trained_path, const char *converted_path, const qt_
 }
 
 int main(int argc, char **argv) {
+  qt_memory_policy_init();
   if (argc < 3) return usage();
   qt_cli_data_options D = {.images = 256};
   for (int i = 3; i < argc; i++) {

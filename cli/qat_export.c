@@ -24,6 +24,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  qt_memory_policy_init();
   if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
     usage(stdout);
     return 0;

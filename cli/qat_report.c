@@ -29,6 +29,7 @@ static int usage(void) {
 }
 
 int main(int argc, char **argv) {
+  qt_memory_policy_init();
   if (argc < 2 || argv[1][0] == '-') return usage();
   const char *qdq_path = argv[1], *fp32_path = NULL, *model_name = NULL, *backend = "onednn";
   qt_cli_data_options D = {.batch = 256};

@@ -22,6 +22,7 @@ static int usage(void) {
 }
 
 int main(int argc, char **argv) {
+  qt_memory_policy_init();
   if (argc < 2 || argv[1][0] == '-') return usage();
   const char *model_path = argv[1];
   qt_cli_data_options D = {.batch = 256};

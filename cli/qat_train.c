@@ -43,6 +43,7 @@ static int finish(int code, const char *msg) {
 }
 
 int main(int argc, char **argv) {
+  qt_memory_policy_init();
   char err[QT_ERR_LEN];
   if (qt_dist_init(&argc, &argv, err)) {
     fprintf(stderr, "qat_train: %s\n", err);
