@@ -9,10 +9,11 @@
  * go on waking two where the caller now asks for one (the XNNPACK runtime's fp32 fallbacks).
  * A shape with `winograd` set (training steps: qt_ctx_set_conv_winograd) runs oneDNN's Winograd
  * F(4x4, 3x3) kernels where oneDNN has them (3x3, stride 1, AVX-512; here also at least 16 input
- * and output channels): on blocked activations
- * (nChw16c), reordered from and to NHWC around each primitive, about half the time of the direct
- * kernels for FashionCNN's conv2 (measured 2.3-2.5 against 4.1-4.6 ms per pass at batch 128, two
- * threads, the reorders 0.04-0.12 ms each), at the cost of its transforms' rounding.
+ * and output channels): on blocked activations (nChw16c), reordered from and to NHWC around each
+ * primitive, about half the time of the direct kernels for FashionCNN's conv2 (measured 2.3-2.5
+ * against 4.1-4.6 ms per pass at batch 128, two threads; the reorders 0.04-0.12 ms each with the
+ * data in cache, about 1.2 ms of a training step in all by perf), at the cost of its transforms'
+ * rounding.
  * The _ref twins are plain loops with double accumulation. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "autograd/dnnl_util.h"
