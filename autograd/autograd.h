@@ -57,7 +57,7 @@ int qt_ctx_grad_enabled(const qt_ctx *ctx);
 void qt_ctx_set_conv_winograd(qt_ctx *ctx, int enabled);
 int qt_ctx_conv_winograd(const qt_ctx *ctx);
 /* Frees the buffers ops share between calls, outside any ctx (the convolutions' oneDNN scratchpad
- * and Winograd's blocked activations, up to ~30 MB after FashionCNN's training steps); the next
+ * and Winograd's blocked activations, about 19 MB after FashionCNN's training steps); the next
  * op that needs them allocates them again. The trainer calls it after each epoch. */
 void qt_ops_release_scratch(void);
 /* Bytes the arena spanned at its fullest so far (memory reused through qt_arena_free counted

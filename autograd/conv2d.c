@@ -227,6 +227,12 @@ static void bind_shared(dnnl_memory_t mem, void **buf, size_t *len, size_t bytes
   qt_dnnl_memory_bind(mem, *buf);
 }
 
+/* A blocked entry's activation memories on the shared source- and destination-shaped buffers. */
+static void bind_blocked(conv_entry *e) {
+  bind_shared(e->bsrc, &g_bsrc, &g_bsrc_len, dnnl_memory_desc_get_size(&e->act_src));
+  bind_shared(e->bdst, &g_bdst, &g_bdst_len, dnnl_memory_desc_get_size(&e->act_dst));
+}
+
 /* The attributes every conv primitive is created with: a scratchpad the caller passes. */
 static const_dnnl_primitive_attr_t conv_attr(void) {
   if (!g_attr) {
@@ -416,25 +422,36 @@ static const_dnnl_primitive_desc_t conv_hint(conv_entry *e) {
   return e->hint;
 }
 
-static conv_prim *conv_backward_data_prim(conv_entry *e) {
-  conv_prim *p = &e->bwd_data;
-  if (p->prim) return p;
+/* The primitive descriptor of the entry's backward-data pass (weights 0) or backward-weights
+ * pass with the bias gradient (weights 1): in the entry's algorithm, else direct on the same
+ * layouts (where oneDNN has a Winograd forward but not that backward). */
+static dnnl_primitive_desc_t conv_backward_pd(conv_entry *e, int weights) {
   const qt_conv2d_shape *s = &e->shape;
-  const dnnl_memory_desc_t wei = conv_wei_md(s, 1);
+  const dnnl_memory_desc_t wei = conv_wei_md(s, 1), bias = conv_bias_md(s);
   dnnl_dims_t strides, pad_l, pad_r;
   conv_geometry(s, strides, pad_l, pad_r);
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t st = dnnl_unimplemented;
-  /* the entry's algorithm, else direct on the same layouts */
   const dnnl_alg_kind_t algs[2] = {e->alg, dnnl_convolution_direct};
   for (int i = 0; i < 2 && st == dnnl_unimplemented; i++) {
     dnnl_convolution_desc_t desc;
-    QT_DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&desc, algs[i], &e->act_src, &wei, &e->act_dst,
-                                                           strides, pad_l, pad_r));
+    if (weights)
+      QT_DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&desc, algs[i], &e->act_src, &wei, &bias,
+                                                                &e->act_dst, strides, pad_l, pad_r));
+    else
+      QT_DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&desc, algs[i], &e->act_src, &wei, &e->act_dst,
+                                                             strides, pad_l, pad_r));
     st = dnnl_primitive_desc_create(&pd, &desc, conv_attr(), qt_dnnl_engine(), conv_hint(e));
   }
   QT_DNNL_CHECK(st);
-  conv_prim_finish(p, pd, dnnl_query_weights_md, s);
+  return pd;
+}
+
+static conv_prim *conv_backward_data_prim(conv_entry *e) {
+  conv_prim *p = &e->bwd_data;
+  if (p->prim) return p;
+  dnnl_primitive_desc_t pd = conv_backward_pd(e, 0);
+  conv_prim_finish(p, pd, dnnl_query_weights_md, &e->shape);
   QT_DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
   return p;
 }
@@ -443,21 +460,8 @@ static conv_prim *conv_backward_data_prim(conv_entry *e) {
  * passes no dbias): one primitive per shape, and the bias sum costs next to nothing. */
 static void conv_backward_weights_prim(conv_entry *e) {
   if (e->bwd_weights) return;
-  const qt_conv2d_shape *s = &e->shape;
-  const dnnl_memory_desc_t wei = conv_wei_md(s, 1);
-  const dnnl_memory_desc_t bias = conv_bias_md(s), user = conv_wei_md(s, 0);
-  dnnl_dims_t strides, pad_l, pad_r;
-  conv_geometry(s, strides, pad_l, pad_r);
-  dnnl_primitive_desc_t pd = NULL;
-  dnnl_status_t st = dnnl_unimplemented;
-  const dnnl_alg_kind_t algs[2] = {e->alg, dnnl_convolution_direct};
-  for (int i = 0; i < 2 && st == dnnl_unimplemented; i++) {
-    dnnl_convolution_desc_t desc;
-    QT_DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&desc, algs[i], &e->act_src, &wei, &bias,
-                                                              &e->act_dst, strides, pad_l, pad_r));
-    st = dnnl_primitive_desc_create(&pd, &desc, conv_attr(), qt_dnnl_engine(), conv_hint(e));
-  }
-  QT_DNNL_CHECK(st);
+  const dnnl_memory_desc_t user = conv_wei_md(&e->shape, 0);
+  dnnl_primitive_desc_t pd = conv_backward_pd(e, 1);
   e->bwd_weights = qt_dnnl_primitive_create(pd);
   e->bwd_weights_pad = conv_pad_memory(pd);
   const dnnl_memory_desc_t *have = dnnl_primitive_desc_query_md(pd, dnnl_query_diff_weights_md, 0);
@@ -502,8 +506,7 @@ void qt_conv2d_forward(float *out, const float *inp, const float *weight, const 
   if (bias) qt_dnnl_memory_bind(e->bias, bias);
   dnnl_memory_t src = e->src, dst = e->dst;
   if (e->blocked) {
-    bind_shared(e->bsrc, &g_bsrc, &g_bsrc_len, dnnl_memory_desc_get_size(&e->act_src));
-    bind_shared(e->bdst, &g_bdst, &g_bdst_len, dnnl_memory_desc_get_size(&e->act_dst));
+    bind_blocked(e);
     qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
     src = e->bsrc;
     dst = e->bdst;
@@ -609,8 +612,7 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
   qt_dnnl_memory_bind(e->ddst, dout);
   dnnl_memory_t ddst = e->ddst;
   if (e->blocked) {
-    bind_shared(e->bdst, &g_bdst, &g_bdst_len, dnnl_memory_desc_get_size(&e->act_dst));
-    bind_shared(e->bsrc, &g_bsrc, &g_bsrc_len, dnnl_memory_desc_get_size(&e->act_src));
+    bind_blocked(e);
     qt_dnnl_reorder_run(e->ddst_in, e->ddst, e->bdst);
     ddst = e->bdst;
   }
