@@ -33,6 +33,9 @@ typedef struct qt_tensor {
   int owns_data;     /* data was allocated for this tensor (qt_tensor_new), not wrapped */
   int saved;         /* a tape entry reads its data in backward (set by the op that recorded it):
                       * a value not saved is dead once its consumers ran (nn/graph.c frees it) */
+  int blocked16;     /* (N, H, W, C) data and grad in oneDNN's nChw16c layout (kernels.h), not NHWC:
+                      * from an op asked for it (qt_conv1_bn_relu_max_pool2d's out_blocked) to one
+                      * that takes it (qt_conv2d); every other op refuses such a tensor */
 } qt_tensor;
 
 static inline float *qt_f32(const qt_tensor *t) { return (float *)t->data; }
@@ -56,6 +59,11 @@ int qt_ctx_grad_enabled(const qt_ctx *ctx);
  * it from train.conv_algorithm. The ctx keeps the setting across qt_ctx_reset. */
 void qt_ctx_set_conv_winograd(qt_ctx *ctx, int enabled);
 int qt_ctx_conv_winograd(const qt_ctx *ctx);
+/* With enabled (the default), fused ops write their output in oneDNN's blocked layout for a
+ * convolution that takes it so (qt_conv2d_takes_blocked), instead of NHWC reordered around it:
+ * the same numbers (bit for bit in fp32; an LSQ scale's gradient summed in another order). Off:
+ * bench_profile --nhwc-handoff, for comparison. The ctx keeps the setting across qt_ctx_reset. */
+void qt_ctx_set_blocked_handoff(qt_ctx *ctx, int enabled);
 /* Frees the buffers ops share between calls, outside any ctx (the convolutions' oneDNN scratchpad
  * and Winograd's blocked activations, about 19 MB after FashionCNN's training steps); the next
  * op that needs them allocates them again. The trainer calls it after each epoch. */
@@ -186,9 +194,17 @@ void qt_backward(qt_ctx *ctx, qt_tensor *loss);
 void qt_backward_seeded(qt_ctx *ctx, qt_tensor *loss, float seed);
 
 /* ---- differentiable ops: each returns a new arena tensor ------------------------------ */
-/* x (N,H,W,C), w (OC, C/groups, KH, KW), b (OC) or NULL -> (N, OH, OW, OC) */
+/* x (N,H,W,C), w (OC, C/groups, KH, KW), b (OC) or NULL -> (N, OH, OW, OC). x may be blocked
+ * (x->blocked16; its gradient is then blocked too) where qt_conv2d_takes_blocked says so. */
 qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
                      int pad_h, int pad_w, int groups);
+/* Whether a convolution of an (N, H, W, C) input by (OC, C/groups, KH, KW) weights, recorded in
+ * this ctx (a training step), takes its input blocked: it runs on oneDNN's Winograd kernels over
+ * nChw16c (qt_ctx_set_conv_winograd) and the ctx hands activations over blocked
+ * (qt_ctx_set_blocked_handoff), so a producer writing that layout saves the reorders from and to
+ * NHWC around it (two in forward, one in backward). Creates the convolution's primitives. */
+int qt_conv2d_takes_blocked(const qt_ctx *ctx, const int64_t x_shape[4], const int64_t w_shape[4], int stride_h,
+                            int stride_w, int pad_h, int pad_w, int groups);
 /* BatchNorm over the last dim. training: batch statistics, running stats updated in place
  * (momentum, unbiased variance), over every process's slice of the batch when ctx has a batch
  * sync (qt_ctx_set_batch_sync); otherwise running stats. inplace: when nothing is recorded
@@ -279,11 +295,14 @@ qt_tensor *qt_batch_norm_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *d
  * (autograd/cpu_conv1_pool.c), while nothing the size of the convolution's output is in memory,
  * in forward or backward. Saved for backward: one byte per output (the argmax's window position),
  * for LSQ the relu's output at each argmax, for fixed qparams a mask byte per output, the
- * quantized image and O(taps^2 + OC) doubles. Not under SyncBN (a batch split across processes). */
+ * quantized image and O(taps^2 + OC) doubles. Not under SyncBN (a batch split across processes).
+ * With out_blocked, the output (and so its gradient) is blocked (y->blocked16; kernels.h), for a
+ * convolution that takes it so (qt_conv2d_runs_blocked's *src). */
 qt_tensor *qt_conv1_bn_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_quant *xq, qt_tensor *w,
                                        qt_tensor *b, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
                                        float *running_mean, float *running_var, float momentum, float eps, int pad_h,
-                                       int pad_w, int relu, const qt_pool_fake_quant *fq, int kernel);
+                                       int pad_w, int relu, const qt_pool_fake_quant *fq, int kernel,
+                                       int out_blocked);
 /* Whether qt_conv1_bn_relu_max_pool2d takes an (N, H, W, 1) input, OC x KH x KW weights, that
  * padding and pool kernel (relu 1 or 2). */
 int qt_conv1_bn_relu_max_pool2d_takes(int N, int H, int W, int OC, int KH, int KW, int pad_h, int pad_w, int relu,

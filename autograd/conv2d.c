@@ -13,7 +13,10 @@
  * primitive, about half the time of the direct kernels for FashionCNN's conv2 (measured 2.3-2.5
  * against 4.1-4.6 ms per pass at batch 128, two threads; the reorders 0.04-0.12 ms each with the
  * data in cache, about 1.2 ms of a training step in all by perf), at the cost of its transforms'
- * rounding.
+ * rounding. A caller whose input is nChw16c already (src_blocked: FashionCNN's conv1 op writes it
+ * so, qt_ctx_set_blocked_handoff) skips the source's reorders: two of the five (the forward's and
+ * the weight gradient's), and a fresh input gradient is written straight into its buffer (the
+ * third).
  * The _ref twins are plain loops with double accumulation. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "autograd/dnnl_util.h"
@@ -127,6 +130,7 @@ typedef struct {
   dnnl_alg_kind_t alg;             /* direct, or winograd (shape.winograd and oneDNN has it) */
   dnnl_memory_desc_t act_src, act_dst; /* the activations' layouts the primitives run on */
   int blocked;                     /* act_* differ from NHWC: the reorders below run around them */
+  int src16;                       /* act_src is nChw16c: a caller may hand it over so (src_blocked) */
   dnnl_primitive_t src_in, dst_out, ddst_in, dsrc_out, dsrc_add; /* NHWC <-> act_* (add: accumulating) */
   dnnl_memory_t bsrc, bdst;        /* act_* memories, bound to the blocked scratch per call */
   dnnl_primitive_desc_t hint; /* a forward pd, the hint the backward pds are created from */
@@ -215,6 +219,12 @@ void qt_conv2d_release_scratch(void) {
   shared_unmap(&g_pad, &g_pad_len);
 }
 
+void qt_conv2d_scratch_bytes(size_t *src, size_t *dst, size_t *pad) {
+  *src = g_bsrc_len;
+  *dst = g_bdst_len;
+  *pad = g_pad_len;
+}
+
 /* *buf grown to at least bytes (contents not kept), bound to mem. */
 static void bind_shared(dnnl_memory_t mem, void **buf, size_t *len, size_t bytes) {
   if (bytes > *len) {
@@ -227,10 +237,23 @@ static void bind_shared(dnnl_memory_t mem, void **buf, size_t *len, size_t bytes
   qt_dnnl_memory_bind(mem, *buf);
 }
 
-/* A blocked entry's activation memories on the shared source- and destination-shaped buffers. */
-static void bind_blocked(conv_entry *e) {
-  bind_shared(e->bsrc, &g_bsrc, &g_bsrc_len, dnnl_memory_desc_get_size(&e->act_src));
+/* A blocked entry's source-shaped activation memory: on the caller's buffer user when the caller's
+ * activations are blocked already (user_blocked), else on the shared buffer; its destination-shaped
+ * one on the shared buffer. */
+static void bind_src(conv_entry *e, const float *user, int user_blocked) {
+  if (user_blocked)
+    qt_dnnl_memory_bind(e->bsrc, user);
+  else
+    bind_shared(e->bsrc, &g_bsrc, &g_bsrc_len, dnnl_memory_desc_get_size(&e->act_src));
+}
+static void bind_dst(conv_entry *e) {
   bind_shared(e->bdst, &g_bdst, &g_bdst_len, dnnl_memory_desc_get_size(&e->act_dst));
+}
+
+/* The caller's layout flag against what the entry runs on. */
+static void check_layout(const conv_entry *e, const qt_conv2d_shape *s) {
+  if (s->src_blocked && !e->src16)
+    qt_dnnl_die(__FILE__, __LINE__, "conv2d: a blocked input handed to a convolution that does not run on it");
 }
 
 /* The attributes every conv primitive is created with: a scratchpad the caller passes. */
@@ -396,6 +419,8 @@ static void conv_choose_algorithm(conv_entry *e) {
   e->hint = pd;
   e->blocked = !dnnl_memory_desc_equal(&e->act_src, &nhwc_src) || !dnnl_memory_desc_equal(&e->act_dst, &nhwc_dst);
   if (!e->blocked) return;
+  const dnnl_memory_desc_t src16 = qt_dnnl_md(4, ds, dnnl_nChw16c);
+  e->src16 = s->C % 16 == 0 && dnnl_memory_desc_equal(&e->act_src, &src16);
   e->src_in = qt_dnnl_reorder_create(&nhwc_src, &e->act_src, 0);
   e->dst_out = qt_dnnl_reorder_create(&e->act_dst, &nhwc_dst, 0);
   e->ddst_in = qt_dnnl_reorder_create(&nhwc_dst, &e->act_dst, 0);
@@ -505,9 +530,11 @@ void qt_conv2d_forward(float *out, const float *inp, const float *weight, const 
   qt_dnnl_memory_bind(e->dst, out);
   if (bias) qt_dnnl_memory_bind(e->bias, bias);
   dnnl_memory_t src = e->src, dst = e->dst;
+  check_layout(e, s);
   if (e->blocked) {
-    bind_blocked(e);
-    qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
+    bind_src(e, inp, s->src_blocked);
+    bind_dst(e);
+    if (!s->src_blocked) qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
     src = e->bsrc;
     dst = e->bdst;
   }
@@ -516,6 +543,8 @@ void qt_conv2d_forward(float *out, const float *inp, const float *weight, const 
   conv_execute(p->prim, p->pad, bias ? 4 : 3, args);
   if (e->blocked) qt_dnnl_reorder_run(e->dst_out, e->bdst, e->dst);
 }
+
+int qt_conv2d_src_blocked16(const qt_conv2d_shape *s) { return conv_lookup(s)->src16; }
 
 /* Convolutions with one input channel (FashionCNN's conv1 on the image) get their input gradient
  * from a kernel of this file (below); their weight gradient stays with oneDNN (a direct one-pass
@@ -609,22 +638,31 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
     return;
   }
   conv_entry *e = conv_lookup(s);
+  check_layout(e, s);
   qt_dnnl_memory_bind(e->ddst, dout);
   dnnl_memory_t ddst = e->ddst;
   if (e->blocked) {
-    bind_blocked(e);
+    bind_dst(e);
     qt_dnnl_reorder_run(e->ddst_in, e->ddst, e->bdst);
     ddst = e->bdst;
   }
   if (dinp && conv_c1_applies(s)) {
     conv_c1_backward_data(dinp, dinp_write, dout, weight, s);
-  } else if (dinp && e->blocked) { /* diff_src in the source-shaped scratch, reordered into dinp */
+  } else if (dinp && e->blocked) {
+    /* diff_src into dinp when it is blocked and fresh, else into the source-shaped scratch, then
+     * added into a blocked dinp or reordered into an NHWC one */
+    const int direct = s->src_blocked && dinp_write;
     conv_prim *p = conv_backward_data_prim(e);
     dnnl_memory_t wei = conv_prepare_weights(e, p, weight);
+    bind_src(e, dinp, direct);
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, e->bsrc}};
     conv_execute(p->prim, p->pad, 3, args);
-    qt_dnnl_memory_bind(e->dsrc, dinp);
-    qt_dnnl_reorder_run(dinp_write ? e->dsrc_out : e->dsrc_add, e->bsrc, e->dsrc);
+    if (s->src_blocked && !direct) {
+      add_into(dinp, (const float *)g_bsrc, (int64_t)s->N * s->H * s->W * s->C);
+    } else if (!s->src_blocked) {
+      qt_dnnl_memory_bind(e->dsrc, dinp);
+      qt_dnnl_reorder_run(dinp_write ? e->dsrc_out : e->dsrc_add, e->bsrc, e->dsrc);
+    }
   } else if (dinp) {
     conv_prim *p = conv_backward_data_prim(e);
     dnnl_memory_t wei = conv_prepare_weights(e, p, weight);
@@ -640,7 +678,8 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
     qt_dnnl_memory_bind(e->src, inp);
     dnnl_memory_t src = e->src;
     if (e->blocked) { /* the source-shaped scratch is free again (diff_src went out above) */
-      qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
+      bind_src(e, inp, s->src_blocked);
+      if (!s->src_blocked) qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
       src = e->bsrc;
     }
     dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, src},

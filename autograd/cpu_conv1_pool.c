@@ -83,6 +83,13 @@ size_t qt_conv1_pool_stats_len(const qt_conv1_pool_shape *s) {
  * outside the image. */
 static int padded_width(const qt_conv1_pool_shape *s) { return ((s->OW + 15) & ~15) + s->KW - 1; }
 
+/* Within one image's outputs (NHWC, or blocked: kernels.h), the floats from one pooled pixel to the
+ * next, and where channel block v (channels 16v to 16v + 15) of the first pixel is. */
+static int out_pixel_stride(const qt_conv1_pool_shape *s) { return s->out_blocked ? 16 : s->OC; }
+static size_t out_block_offset(const qt_conv1_pool_shape *s, int v) {
+  return s->out_blocked ? (size_t)v * (size_t)(s->OH / s->pool) * (size_t)(s->OW / s->pool) * 16 : 16 * (size_t)v;
+}
+
 static void pad_image(float *xp, const float *img, const qt_conv1_pool_shape *s) {
   const int PWd = padded_width(s), rows = s->OH + s->KH - 1;
   memset(xp, 0, (size_t)rows * (size_t)PWd * sizeof *xp);

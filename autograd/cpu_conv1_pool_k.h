@@ -38,7 +38,7 @@ C1P_INLINE void C1P_FN(patch_moments_k)(double *out, const float *xp, const floa
   }
 }
 
-/* NP consecutive pooled outputs of one row (ph, from pw) of one image for channels
+/* NP consecutive pooled outputs (OC floats apart) of one row (ph, from pw) of one image for channels
  * [16v, 16v+16): the convolution recomputed at every window input, the NP * PK * PK sums as
  * independent chains over the taps (in tap order, bias first), then normalized, clamped, fake
  * quantized (FQ) and pooled in window order with max pool's comparison, as
@@ -96,7 +96,9 @@ C1P_INLINE void C1P_FN(image_pool_k)(float *out, uint8_t *argmax, float *yarg, u
                                      const qt_conv1_pool_shape *s, const int KH, const int KW, const int PK,
                                      const int RELU, const int FQ) {
   const int OC = s->OC, PWd = padded_width(s), PH = s->OH / PK, PW = s->OW / PK;
+  const int OS = out_pixel_stride(s);
   for (int v = 0; v < OC / 16; v++) {
+    const size_t ov = out_block_offset(s, v);
     v16f w[QT_CONV1_POOL_MAX_TAPS];
     C1P_UNROLL(32)
     for (int t = 0; t < KH * KW; t++) w[t] = ld16(wT + (size_t)t * OC + 16 * v);
@@ -106,11 +108,11 @@ C1P_INLINE void C1P_FN(image_pool_k)(float *out, uint8_t *argmax, float *yarg, u
       int pw = 0;
       if (PK <= 3)
         for (; pw + 2 <= PW; pw += 2) C1P_FN(pool_outputs)
-      (out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OC + 16 * (size_t)v, OC, w, b0, &nc, fq, KH,
-       KW, PK, RELU, FQ, 2);
+      (out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OS + ov, OS, w, b0, &nc, fq, KH, KW, PK,
+       RELU, FQ, 2);
       for (; pw < PW; pw++) C1P_FN(pool_outputs)
-      (out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OC + 16 * (size_t)v, OC, w, b0, &nc, fq, KH,
-       KW, PK, RELU, FQ, 1);
+      (out, argmax, yarg, qmask, xp, PWd, ph, pw, ((size_t)ph * PW + pw) * OS + ov, OS, w, b0, &nc, fq, KH, KW, PK,
+       RELU, FQ, 1);
     }
   }
 }
@@ -121,15 +123,16 @@ C1P_INLINE void C1P_FN(image_pool_k)(float *out, uint8_t *argmax, float *yarg, u
 C1P_INLINE void C1P_FN(image_grad_sums)(double *P, double *Ph, double *db, const float *g, const uint8_t *argmax,
                                         const float *xp, const float *hp, const qt_conv1_pool_shape *s, const int KH,
                                         const int KW, const int PK, const int HP) {
-  const int OC = s->OC, PWd = padded_width(s), PH = s->OH / PK, PW = s->OW / PK;
+  const int OC = s->OC, PWd = padded_width(s), PH = s->OH / PK, PW = s->OW / PK, OS = out_pixel_stride(s);
   const v16f zero = splat16(0.0f);
   for (int v = 0; v < OC / 16; v++) {
+    const size_t ov = out_block_offset(s, v);
     v16f acc[QT_CONV1_POOL_MAX_TAPS], acch[QT_CONV1_POOL_MAX_TAPS], dsum = zero;
     C1P_UNROLL(32)
     for (int t = 0; t < KH * KW; t++) acc[t] = acch[t] = zero;
     for (int ph = 0; ph < PH; ph++)
       for (int pw = 0; pw < PW; pw++) {
-        const size_t o = ((size_t)ph * PW + pw) * OC + 16 * (size_t)v;
+        const size_t o = ((size_t)ph * PW + pw) * OS + ov;
         const v16f gv = ld16(g + o);
         dsum += gv;
         v16i at = {0};

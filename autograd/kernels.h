@@ -11,6 +11,11 @@
 
 struct qt_batch_sync; /* base.h */
 
+/* Blocked activations: where a kernel says so, an (N, H, W, C) tensor with C % 16 == 0 stored in
+ * oneDNN's nChw16c layout, element (n, h, w, c) at (((n * C/16 + c/16) * H + h) * W + w) * 16 +
+ * c % 16: the layout oneDNN's Winograd convolutions run on, handed between a convolution and the
+ * kernels beside it in a training step without reorders (qt_tensor.blocked16, autograd.h). */
+
 /* ---- conv2d (oneDNN fp32 primitives, cached per shape) --------------------------------- */
 typedef struct {
   int N, H, W, C;                 /* input (N, H, W, C) */
@@ -22,6 +27,9 @@ typedef struct {
                                    * stride 1, C and OC >= 16): the caller accepts their rounding
                                    * (training steps) */
   int OH, OW;                     /* derived by qt_conv2d_shape_init */
+  int src_blocked;                /* the caller's input and its gradient are blocked (above), not
+                                   * NHWC: only where qt_conv2d_src_blocked16 says so (not part of
+                                   * the primitive cache's key) */
 } qt_conv2d_shape;
 
 /* Fills OH/OW; returns 0, or -1 when the shape is invalid (non-positive output, bad groups). */
@@ -30,7 +38,13 @@ int qt_conv2d_shape_init(qt_conv2d_shape *s);
  * blocked activations): the next call that needs them allocates them again
  * (qt_ops_release_scratch, autograd.h). */
 void qt_conv2d_release_scratch(void);
+/* The bytes those buffers hold now: Winograd's source-shaped and destination-shaped activations
+ * and the scratchpad (a source-shaped buffer is only needed where an input comes in NHWC). */
+void qt_conv2d_scratch_bytes(size_t *src, size_t *dst, size_t *pad);
 
+/* Whether the shape's primitives run on a blocked input (the layout above): a caller may then set
+ * src_blocked. Creates the shape's cached primitives if needed. */
+int qt_conv2d_src_blocked16(const qt_conv2d_shape *s);
 /* out (N, OH, OW, OC) = conv(inp (N, H, W, C), weight (OC, C/groups, KH, KW)) + bias (OC) or NULL */
 void qt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias,
                        const qt_conv2d_shape *s);
@@ -168,7 +182,8 @@ void qt_batch_norm_relu_pool_forward_train(float *out, int32_t *argmax, float *y
 #define QT_CONV1_POOL_MAX_WINDOW 7
 typedef struct {
   int N, H, W, OC, KH, KW, pad_h, pad_w, pool, relu;
-  int OH, OW; /* set by qt_conv1_pool_shape_init */
+  int out_blocked; /* the outputs (out, argmax, yarg, qmask; g in backward) blocked (above), not NHWC */
+  int OH, OW;      /* set by qt_conv1_pool_shape_init */
 } qt_conv1_pool_shape;
 /* 0 and OH, OW set when the kernels take the shape, else -1. */
 int qt_conv1_pool_shape_init(qt_conv1_pool_shape *s);

@@ -10,9 +10,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void check_f32(const qt_tensor *t, int ndim, const char *op, const char *what) {
+/* A float32 tensor of rank ndim (< 0: any), in either layout (for an op that takes blocked
+ * activations, autograd.h's qt_tensor.blocked16); check_f32: and not blocked. */
+static void check_f32_any(const qt_tensor *t, int ndim, const char *op, const char *what) {
   QT_ASSERT(t->dtype == QT_F32, "%s: %s is %s, want float32", op, what, qt_dtype_name(t->dtype));
   QT_ASSERT(ndim < 0 || t->ndim == ndim, "%s: %s has rank %d, want %d", op, what, t->ndim, ndim);
+}
+static void check_f32(const qt_tensor *t, int ndim, const char *op, const char *what) {
+  check_f32_any(t, ndim, op, what);
+  QT_ASSERT(!t->blocked16, "%s: %s is in the blocked (nChw16c) layout, which this op does not take", op, what);
 }
 
 /* Every public op is its static body behind PROFILED: with profiling off (ctx->profile NULL) one
@@ -48,7 +54,7 @@ static void conv2d_backward(qt_ctx *ctx, void *p) {
 
 static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
                             int pad_h, int pad_w, int groups) {
-  check_f32(x, 4, "conv2d", "input");
+  check_f32_any(x, 4, "conv2d", "input");
   check_f32(w, 4, "conv2d", "weight");
   qt_conv2d_shape s = {
       .N = (int)x->shape[0], .H = (int)x->shape[1], .W = (int)x->shape[2], .C = (int)x->shape[3],
@@ -64,7 +70,15 @@ static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *
   int64_t shape[4] = {s.N, s.OH, s.OW, s.OC};
   qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
   const int recording = qt_tape_recording(ctx, x, w, b);
-  s.winograd = recording && ctx->conv_winograd;
+  /* a blocked input came from a producer that asked qt_conv2d_takes_blocked: the Winograd kernels
+   * then, recorded or not (every parameter frozen) */
+  s.winograd = (recording || x->blocked16) && ctx->conv_winograd;
+  if (x->blocked16) {
+    QT_ASSERT(s.winograd && qt_conv2d_src_blocked16(&s),
+              "conv2d: a blocked (nChw16c) input to a convolution that does not run on that layout (input %dx%dx%dx%d, "
+              "kernel %dx%d; Winograd off, or not a shape its kernels take)", s.N, s.H, s.W, s.C, s.KH, s.KW);
+    s.src_blocked = 1;
+  }
   qt_conv2d_forward(qt_f32(y), qt_f32(x), qt_f32(w), b ? qt_f32(b) : NULL, &s);
   if (recording) {
     y->requires_grad = 1;
@@ -78,6 +92,15 @@ static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *
 qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
                      int pad_h, int pad_w, int groups) {
   PROFILED(ctx, QT_PROFILE_CONV2D, conv2d_op(ctx, x, w, b, stride_h, stride_w, pad_h, pad_w, groups));
+}
+
+int qt_conv2d_takes_blocked(const qt_ctx *ctx, const int64_t x_shape[4], const int64_t w_shape[4], int stride_h,
+                            int stride_w, int pad_h, int pad_w, int groups) {
+  qt_conv2d_shape s = {.N = (int)x_shape[0], .H = (int)x_shape[1], .W = (int)x_shape[2], .C = (int)x_shape[3],
+                       .OC = (int)w_shape[0], .KH = (int)w_shape[2], .KW = (int)w_shape[3], .stride_h = stride_h,
+                       .stride_w = stride_w, .pad_h = pad_h, .pad_w = pad_w, .groups = groups, .winograd = 1};
+  return ctx->grad_enabled && ctx->conv_winograd && ctx->blocked_handoff && groups >= 1 &&
+         w_shape[1] * groups == x_shape[3] && qt_conv2d_shape_init(&s) == 0 && qt_conv2d_src_blocked16(&s);
 }
 
 /* ---- conv2d of a fake-quantized input whose only gradient is its learned scale ----------- */
@@ -396,6 +419,7 @@ static void flatten_backward(qt_ctx *ctx, void *p) {
 }
 
 static qt_tensor *flatten_op(qt_ctx *ctx, qt_tensor *x) {
+  QT_ASSERT(!x->blocked16, "flatten: the input is in the blocked (nChw16c) layout, which this op does not take");
   int64_t shape[2] = {x->shape[0], x->shape[0] ? qt_tensor_numel(x) / x->shape[0] : 0};
   qt_tensor *y = qt_tensor_wrap(ctx, x->dtype, 2, shape, x->data);
   if (qt_tape_recording(ctx, x, NULL, NULL)) {
@@ -1217,14 +1241,14 @@ static void conv1_pool_backward(qt_ctx *ctx, void *p) {
 
 int qt_conv1_bn_relu_max_pool2d_takes(int N, int H, int W, int OC, int KH, int KW, int pad_h, int pad_w, int relu,
                                       int kernel) {
-  qt_conv1_pool_shape sh = {N, H, W, OC, KH, KW, pad_h, pad_w, kernel, relu, 0, 0};
+  qt_conv1_pool_shape sh = {N, H, W, OC, KH, KW, pad_h, pad_w, kernel, relu, 0, 0, 0};
   return qt_conv1_pool_shape_init(&sh) == 0;
 }
 
 static qt_tensor *conv1_pool_op(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_quant *xq, qt_tensor *w, qt_tensor *b,
                                 qt_tensor *div, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
                                 float *running_var, float momentum, float eps, int pad_h, int pad_w, int relu,
-                                const qt_pool_fake_quant *fq, int kernel) {
+                                const qt_pool_fake_quant *fq, int kernel, int out_blocked) {
   const char *name = "conv1_bn_relu_max_pool2d";
   check_f32(x, 4, name, "input");
   check_f32(w, 4, name, "weight");
@@ -1233,7 +1257,7 @@ static qt_tensor *conv1_pool_op(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_qu
   check_f32(gamma, 1, name, "gamma");
   check_f32(beta, 1, name, "beta");
   qt_conv1_pool_shape sh = {(int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)w->shape[0], (int)w->shape[2],
-                            (int)w->shape[3], pad_h, pad_w, kernel, relu, 0, 0};
+                            (int)w->shape[3], pad_h, pad_w, kernel, relu, out_blocked != 0, 0, 0};
   QT_ASSERT(x->shape[3] == 1 && w->shape[1] == 1 && qt_conv1_pool_shape_init(&sh) == 0,
             "%s: input (%lld, %lld, %lld, %lld) and weight (%lld, %lld, %lld, %lld) with padding %d, %d, pool %d and "
             "relu %d: want one input channel, OC %% 16 == 0, at most %d taps and pool windows tiling the output",
@@ -1256,6 +1280,7 @@ static qt_tensor *conv1_pool_op(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_qu
   }
   const int64_t shape[4] = {sh.N, sh.OH / kernel, sh.OW / kernel, OC};
   qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
+  y->blocked16 = sh.out_blocked;
   const int64_t m = qt_tensor_numel(y), n_img = (int64_t)sh.N * sh.H * sh.W;
   const bn_pool_kind kind = !fq ? BN_POOL_PLAIN : fq->lsq_scale ? BN_POOL_LSQ : BN_POOL_FIXED;
   qt_tensor *xs = xq ? xq->lsq_scale : NULL, *as = kind == BN_POOL_LSQ ? fq->lsq_scale : NULL;
@@ -1305,10 +1330,11 @@ static qt_tensor *conv1_pool_op(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_qu
 qt_tensor *qt_conv1_bn_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_quant *xq, qt_tensor *w,
                                        qt_tensor *b, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
                                        float *running_mean, float *running_var, float momentum, float eps, int pad_h,
-                                       int pad_w, int relu, const qt_pool_fake_quant *fq, int kernel) {
+                                       int pad_w, int relu, const qt_pool_fake_quant *fq, int kernel,
+                                       int out_blocked) {
   PROFILED(ctx, QT_PROFILE_CONV1_BN_MAX_POOL2D,
            conv1_pool_op(ctx, x, xq, w, b, div, gamma, beta, running_mean, running_var, momentum, eps, pad_h, pad_w,
-                         relu, fq, kernel));
+                         relu, fq, kernel, out_blocked));
 }
 
 typedef struct {

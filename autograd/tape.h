@@ -28,6 +28,7 @@ struct qt_ctx {
   int backward_frees;         /* qt_ctx_set_backward_frees */
   int grad_enabled;
   int conv_winograd;          /* qt_ctx_set_conv_winograd */
+  int blocked_handoff;        /* qt_ctx_set_blocked_handoff */
   qt_tape_entry *tape;
   size_t tape_len, tape_cap;
   const qt_batch_sync *sync; /* the processes sharing the batch, or NULL */

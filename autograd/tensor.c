@@ -96,6 +96,7 @@ qt_ctx *qt_ctx_create(void) {
   qt_ctx *ctx = calloc(1, sizeof *ctx);
   QT_ASSERT(ctx, "out of memory");
   ctx->grad_enabled = 1;
+  ctx->blocked_handoff = 1;
   return ctx;
 }
 
@@ -141,6 +142,7 @@ void qt_ctx_set_grad(qt_ctx *ctx, int enabled) { ctx->grad_enabled = enabled; }
 int qt_ctx_grad_enabled(const qt_ctx *ctx) { return ctx->grad_enabled; }
 void qt_ctx_set_conv_winograd(qt_ctx *ctx, int enabled) { ctx->conv_winograd = enabled; }
 int qt_ctx_conv_winograd(const qt_ctx *ctx) { return ctx->conv_winograd; }
+void qt_ctx_set_blocked_handoff(qt_ctx *ctx, int enabled) { ctx->blocked_handoff = enabled; }
 size_t qt_ctx_peak_bytes(const qt_ctx *ctx) { return ctx->peak; }
 void qt_ctx_set_backward_frees(qt_ctx *ctx, int enabled) { ctx->backward_frees = enabled; }
 int qt_ctx_backward_frees(const qt_ctx *ctx) { return ctx->backward_frees; }

@@ -1,4 +1,4 @@
-/* bench_profile CONFIG.ini [section.key=value ...] [--steps N] [--warmup W] [--json FILE]:
+/* bench_profile CONFIG.ini [section.key=value ...] [--steps N] [--warmup W] [--json FILE] [--nhwc-handoff]:
  * where one training step's time goes, per op kind. Runs W warm-up steps (default 3: oneDNN
  * primitive creation, the QAT observers and LSQ initialization of the first step) and then N
  * measured steps (default 50) of the configured training (fp32 or QAT, built with the pipeline's
@@ -12,6 +12,8 @@
  * gradient, the image's excepted) and the rate the step reached, against this machine's FMA peak
  * measured in the same run (a register-only loop of independent FMAs on every thread, 512-bit and
  * 256-bit: the one of the ISA oneDNN ran is the reference). --json FILE writes the same figures.
+ * --nhwc-handoff turns off the blocked handoff (qt_ctx_set_blocked_handoff): the fused ops then
+ * write NHWC and Winograd convolutions reorder it, the comparison for that handoff.
  * Under mpirun it profiles data-parallel training (every process trains its slice of each batch)
  * and process 0 prints its own profile, with a grad_sum row: the gradient sum after the backward,
  * or with dist.bucket_mb > 0 the wait for the buckets left after it (the posting and testing
@@ -37,8 +39,11 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: bench_profile CONFIG.ini [section.key=value ...] [--steps N] [--warmup W] [--json FILE]\n"
+          "                     [--nhwc-handoff]\n"
           "Times W warm-up (default 3) and N measured (default 50) training steps of CONFIG's model\n"
           "(fp32 or QAT) and prints time per op kind, forward and backward, per step.\n"
+          "--nhwc-handoff: fused ops hand NHWC activations to Winograd convolutions (reordered there),\n"
+          "not oneDNN's blocked layout.\n"
           "e.g. bench_profile experiments/fashion_cnn_qat_w4a4.ini --steps 50\n");
 }
 
@@ -73,7 +78,7 @@ static int parse_count(const char *flag, const char *v, int min, int *out, char 
 
 typedef struct {
   const char *config, *json;
-  int steps, warmup;
+  int steps, warmup, nhwc_handoff;
   char **overrides;
   int n_overrides;
 } bench_args;
@@ -92,6 +97,8 @@ static int parse_args(int argc, char **argv, bench_args *a, char *err) {
     } else if (strcmp(argv[i], "--json") == 0) {
       if (i + 1 >= argc) return qt_err(err, "--json wants a file name");
       a->json = argv[++i];
+    } else if (strcmp(argv[i], "--nhwc-handoff") == 0) {
+      a->nhwc_handoff = 1;
     } else if (strncmp(argv[i], "--", 2) == 0) {
       return qt_err(err, "unknown option '%s'", argv[i]);
     } else if (!a->config) {
@@ -198,6 +205,7 @@ typedef struct {
   qt_profile p;
   double macs_per_image;   /* training_macs_per_image of the graph trained */
   double peak512, peak256; /* fma_peak_gflops, measured after the steps */
+  int nhwc_handoff;        /* --nhwc-handoff */
 } bench_result;
 
 /* Builds the model (and for QAT prepares and, with quant.qat_init = calibration, calibrates it)
@@ -229,6 +237,7 @@ static int bench_run(const qt_options *o, const bench_args *a, bench_result *r, 
   if (qt_stage_load_data(&o->data, QT_SPLIT_TRAIN, &train, &test, st) || qt_stage_model_fits(o, g, &train, st))
     goto done;
   ctx = qt_ctx_create();
+  qt_ctx_set_blocked_handoff(ctx, !a->nhwc_handoff);
   tg = g;
   if (qat) {
     if (!(p = qt_stage_prepare(o, g, NULL, st))) goto done;
@@ -240,6 +249,7 @@ static int bench_run(const qt_options *o, const bench_args *a, bench_result *r, 
     snprintf(r->mode, sizeof r->mode, "fp32");
   }
   r->macs_per_image = training_macs_per_image(tg);
+  r->nhwc_handoff = a->nhwc_handoff;
   if (!(t = qt_trainer_create(o, tg, &train, st))) goto done;
   if (qt_trainer_batches(t) <= 0) {
     qt_status_set(st, QT_STATUS_INPUT, "the training split gives no batches");
@@ -310,6 +320,8 @@ static void print_table(const char *config, const qt_options *o, const bench_res
          config, o->model.onnx[0] ? o->model.onnx : o->model.name, r->mode, o->train.batch_size, r->b.steps,
          r->b.warmup, r->epochs, r->epochs == 1 ? "" : "s", r->threads, r->isa);
   printf("start: %s\n", r->start);
+  printf("activations to Winograd convolutions: %s\n",
+         r->nhwc_handoff ? "NHWC, reordered there (--nhwc-handoff)" : "blocked where a fused op writes them");
   if (qt_dist_size() > 1)
     printf("data parallel: process 0 of %d, dist.bucket_mb %g (grad_sum: %s)\n", qt_dist_size(), o->dist.bucket_mb,
            o->dist.bucket_mb > 0 ? "the wait for the buckets left after the backward" : "one sum after the backward");
@@ -356,6 +368,7 @@ static int write_json(const char *path, const char *config, const qt_options *o,
   qt_strbuf_json_string(&b, r->mode);
   qt_strbuf_printf(&b, ",\n  \"start\": ");
   qt_strbuf_json_string(&b, r->start);
+  qt_strbuf_printf(&b, ",\n  \"blocked_handoff\": %s", r->nhwc_handoff ? "false" : "true");
   qt_strbuf_printf(&b, ",\n  \"onednn_isa\": ");
   qt_strbuf_json_string(&b, r->isa);
   qt_strbuf_printf(&b, ",\n  \"onednn_kernels\": ");

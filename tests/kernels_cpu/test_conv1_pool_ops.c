@@ -45,7 +45,16 @@ typedef struct {
 
 static float *copy_or_null(const float *p, int64_t n) { return p ? qt_test_copy_f32(p, n) : NULL; }
 
-/* fused 0: the ops in turn; 1: the fused op */
+/* Where output i of one sample (NHWC: pixel i / OC, channel i % OC) sits in the blocked layout
+ * (kernels.h) of a sample of `pixels` pixels. */
+static int64_t blocked_at(int64_t i, int64_t pixels, int OC) {
+  const int64_t p = i / OC, c = i % OC;
+  return (c / 16 * pixels + p) * 16 + c % 16;
+}
+
+/* fused 0: the ops in turn; 1: the fused op; 2: the fused op writing its output blocked, read as
+ * flat data through linear weights permuted to match (so the loss is the NHWC one's, summed in
+ * another order), r.y unblocked */
 static result step(const shape *s, int fused, int frees, const float *xd, const float *wd, const float *bd,
                    const float *gd, const float *betad, const float *dd, const float *lw, int64_t per) {
   qt_ctx *ctx = qt_ctx_create();
@@ -77,7 +86,8 @@ static result step(const shape *s, int fused, int frees, const float *xd, const 
   qt_tensor *y;
   if (fused) {
     y = qt_conv1_bn_relu_max_pool2d(ctx, x, s->xq ? &xq : NULL, w, b, div, gamma, beta, r.rm, r.rv, 0.1f, eps, s->ph,
-                                    s->pw, s->relu, s->aq ? &aq : NULL, s->pool);
+                                    s->pw, s->relu, s->aq ? &aq : NULL, s->pool, fused == 2);
+    QT_CHECK(y->blocked16 == (fused == 2));
   } else {
     qt_tensor *c;
     if (s->xq == 1) {
@@ -99,7 +109,16 @@ static result step(const shape *s, int fused, int frees, const float *xd, const 
   QT_CHECK(r.ny == per * s->N);
   r.y = qt_test_copy_f32(qt_f32(y), r.ny);
   const int64_t ls[2] = {10, per};
-  qt_tensor *lin = qt_tensor_wrap(ctx, QT_F32, 2, ls, (void *)lw);
+  float *lwb = NULL;
+  if (fused == 2) {
+    const int64_t pixels = per / OC;
+    lwb = malloc((size_t)(10 * per) * sizeof *lwb);
+    for (int64_t i = 0; i < r.ny; i++) r.y[i] = qt_f32(y)[i / per * per + blocked_at(i % per, pixels, OC)];
+    for (int o = 0; o < 10; o++)
+      for (int64_t i = 0; i < per; i++) lwb[o * per + blocked_at(i, pixels, OC)] = lw[o * per + i];
+    y->blocked16 = 0; /* flat data from here: qt_flatten takes no blocked tensor */
+  }
+  qt_tensor *lin = qt_tensor_wrap(ctx, QT_F32, 2, ls, (void *)(lwb ? lwb : lw));
   qt_tensor *logits = qt_linear(ctx, qt_flatten(ctx, y), lin, NULL);
   int32_t labels[64];
   for (int i = 0; i < s->N; i++) labels[i] = (i * 3) % 10;
@@ -112,6 +131,7 @@ static result step(const shape *s, int fused, int frees, const float *xd, const 
   r.dxs = xscale->grad ? xscale->grad[0] : 0.0f;
   r.das = ascale->grad ? ascale->grad[0] : 0.0f;
   qt_ctx_free(ctx);
+  free(lwb);
   return r;
 }
 
@@ -261,8 +281,21 @@ static void run(const shape *s, uint64_t seed) {
     same(WHAT(tag), alt[a]->rm, got.rm, OC);
     same(WHAT(tag), alt[a]->rv, got.rv, OC);
   }
+  /* blocked output: the same outputs, bit for bit; gradients within 1e-5 of the largest (the loss's
+   * linear layer sums its products in another order; the activations' LSQ scale's also sums its
+   * terms in another order, 1e-5 of its value) */
+  result blk = step(s, 2, 1, x, w, bias, g, beta, d, lw, per);
+  same(WHAT("blocked: output"), blk.y, got.y, got.ny);
+  near(WHAT("blocked: weight gradient"), blk.dw, got.dw, (int64_t)OC * K, 1e-5f);
+  near(WHAT("blocked: gamma gradient"), blk.dg, got.dg, OC, 1e-5f);
+  near(WHAT("blocked: beta gradient"), blk.db, got.db, OC, 1e-5f);
+  if (s->div) near(WHAT("blocked: divisor gradient"), blk.dd, got.dd, OC, 1e-5f);
+  if (s->xq == 1) near_scalar(WHAT("blocked: image LSQ scale gradient"), blk.dxs, got.dxs, 1e-5f);
+  if (s->aq == 1) near_scalar(WHAT("blocked: activations' LSQ scale gradient"), blk.das, got.das, 1e-5f);
+  same(WHAT("blocked: running statistics"), blk.rm, got.rm, OC);
+  same(WHAT("blocked: running statistics"), blk.rv, got.rv, OC);
 #undef WHAT
-  free_result(&ref), free_result(&got), free_result(&one), free_result(&two);
+  free_result(&ref), free_result(&got), free_result(&one), free_result(&two), free_result(&blk);
   free(x), free(w), free(bias), free(g), free(beta), free(d), free(lw);
 }
 

@@ -3,7 +3,8 @@
  * into pre-filled gradient buffers; weights changed between calls on a cached shape; more
  * shapes than the primitive cache holds; the same with Winograd allowed (training steps' shapes,
  * qt_ctx_set_conv_winograd), which must run oneDNN's Winograd kernels on a CPU with AVX-512 (and
- * ONEDNN_MAX_CPU_ISA unset) and fall back to direct ones elsewhere. Tolerance: atol 2e-4, rtol
+ * ONEDNN_MAX_CPU_ISA unset) and fall back to direct ones elsewhere; on Winograd, a blocked input
+ * (src_blocked) gives the NHWC path's bits, and is taken nowhere else. Tolerance: atol 2e-4, rtol
  * 1e-4 (fp32 vs a double-accumulating reference, values in [-1, 1], sums of at most a few
  * thousand products), Winograd's shapes included: its transforms round more but stay inside it
  * (largest differences seen, conv2 at batch 4: forward 2.6e-5, input gradient 2.3e-5, weight
@@ -194,6 +195,59 @@ static qt_conv2d_shape winograd(qt_conv2d_shape s) {
   return s;
 }
 
+/* (N, H, W, C) NHWC to oneDNN's nChw16c (kernels.h; C % 16 == 0), and back */
+static float *to_blocked(const float *x, const qt_conv2d_shape *s) {
+  const int64_t hw = (int64_t)s->H * s->W, n = (int64_t)s->N * hw * s->C;
+  float *b = malloc((size_t)n * sizeof *b);
+  for (int64_t i = 0; i < (int64_t)s->N * hw; i++)
+    for (int c = 0; c < s->C; c++) b[((i / hw * (s->C / 16) + c / 16) * hw + i % hw) * 16 + c % 16] = x[i * s->C + c];
+  return b;
+}
+static float *from_blocked(const float *b, const qt_conv2d_shape *s) {
+  const int64_t hw = (int64_t)s->H * s->W, n = (int64_t)s->N * hw * s->C;
+  float *x = malloc((size_t)n * sizeof *x);
+  for (int64_t i = 0; i < (int64_t)s->N * hw; i++)
+    for (int c = 0; c < s->C; c++) x[i * s->C + c] = b[((i / hw * (s->C / 16) + c / 16) * hw + i % hw) * 16 + c % 16];
+  return x;
+}
+
+/* A blocked input (src_blocked, where qt_conv2d_src_blocked16 allows it) gives the NHWC path's
+ * bits: the same primitive on the same values, without the reorders: the output, the input
+ * gradient written and added to, the weight and bias gradients. Returns whether the shape takes it. */
+static int check_conv_blocked(qt_conv2d_shape s, uint64_t seed) {
+  if (qt_conv2d_shape_init(&s) != 0 || !qt_conv2d_src_blocked16(&s)) return 0;
+  const int64_t ni = (int64_t)s.N * s.H * s.W * s.C, no = (int64_t)s.N * s.OH * s.OW * s.OC;
+  const int64_t nw = (int64_t)s.OC * s.C * s.KH * s.KW;
+  float *inp = qt_test_uniform(ni, seed + 1), *weight = qt_test_uniform(nw, seed + 2), *bias = qt_test_uniform(s.OC, seed + 3);
+  float *dout = qt_test_uniform(no, seed + 4), *inpb = to_blocked(inp, &s);
+  float *out = malloc((size_t)no * sizeof *out), *outb = malloc((size_t)no * sizeof *outb);
+  char what[256];
+  qt_conv2d_shape sb = s;
+  sb.src_blocked = 1;
+  qt_conv2d_forward(out, inp, weight, bias, &s);
+  qt_conv2d_forward(outb, inpb, weight, bias, &sb);
+  conv_label(what, sizeof what, &s, "blocked input: forward");
+  if (memcmp(out, outb, (size_t)no * sizeof *out) != 0) qt_test_fail("%s: bits differ", what);
+  for (int write = 0; write <= 1; write++) {
+    float *di = qt_test_uniform(ni, seed + 5), *dib = to_blocked(di, &s);
+    float *dw = qt_test_uniform(nw, seed + 6), *dwb = qt_test_copy_f32(dw, nw);
+    float *db = qt_test_uniform(s.OC, seed + 7), *dbb = qt_test_copy_f32(db, s.OC);
+    if (write)
+      for (int64_t i = 0; i < ni; i++) di[i] = dib[i] = NAN; /* written, never read */
+    qt_conv2d_backward_ex(di, write, dw, db, dout, inp, weight, &s);
+    qt_conv2d_backward_ex(dib, write, dwb, dbb, dout, inpb, weight, &sb);
+    float *diu = from_blocked(dib, &s);
+    conv_label(what, sizeof what, &s, write ? "blocked input: dinp written" : "blocked input: dinp added to");
+    if (memcmp(di, diu, (size_t)ni * sizeof *di) != 0) qt_test_fail("%s: bits differ", what);
+    conv_label(what, sizeof what, &s, "blocked input: dweight, dbias");
+    if (memcmp(dw, dwb, (size_t)nw * sizeof *dw) != 0 || memcmp(db, dbb, (size_t)s.OC * sizeof *db) != 0)
+      qt_test_fail("%s: bits differ", what);
+    free(di), free(dib), free(dw), free(dwb), free(db), free(dbb), free(diu);
+  }
+  free(inp), free(weight), free(bias), free(dout), free(inpb), free(out), free(outb);
+  return 1;
+}
+
 /* Winograd where oneDNN has it: 3x3, stride 1, on AVX-512 (oneDNN 2.6's jit_wino_4x3). */
 static void check_conv_winograd(void) {
   /*                             N   H   W   C  OC KH KW sh sw ph pw  g */
@@ -215,6 +269,13 @@ static void check_conv_winograd(void) {
     QT_CHECK(strstr(used, "convolution backward_data: jit_wino") != NULL);
     QT_CHECK(strstr(used, "convolution backward_weights: jit_wino") != NULL);
   }
+  /* blocked inputs: where Winograd runs (nChw16c), and nowhere else */
+  const int conv2 = check_conv_blocked(winograd(conv_shape(4, 14, 14, 32, 64, 3, 3, 1, 1, 1, 1, 1)), 2700);
+  check_conv_blocked(winograd(conv_shape(3, 7, 5, 32, 32, 3, 3, 1, 1, 1, 1, 1)), 2800);
+  check_conv_blocked(winograd(conv_shape(2, 6, 6, 16, 24, 3, 3, 1, 1, 1, 1, 1)), 2900);
+  QT_CHECK(conv2 == (avx512 && !forced));
+  QT_CHECK(!check_conv_blocked(conv_shape(4, 14, 14, 32, 64, 3, 3, 1, 1, 1, 1, 1), 3000)); /* direct */
+  QT_CHECK(!check_conv_blocked(winograd(conv_shape(2, 9, 8, 16, 16, 3, 3, 2, 2, 1, 1, 1)), 3100)); /* stride 2 */
 }
 
 int main(void) {

@@ -8,12 +8,14 @@
  * is kept, batch norm runs fused with its relu (and, under QAT, LSQ with the max pool after it
  * and the input's LSQ with the first convolution), or dead values and gradients are handed back;
  * the exceptions are the input quantizer's scale gradient and FashionCNN's first layer as one op
- * (qt_conv1_bn_relu_max_pool2d), within the tolerances same_step states. */
+ * (qt_conv1_bn_relu_max_pool2d), within the tolerances same_step states; and with Winograd
+ * convolutions, activations handed to them blocked or NHWC give the same bits (blocked_handoff). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/kernels.h"
 #include "nn/nn.h"
 #include "onnx/onnx_import.h"
 #include "tests/common/quantizer_util.h"
@@ -138,7 +140,11 @@ static float *step_grads(qt_graph *g, const float *x, const int32_t *labels, int
   const int64_t shape[4] = {N, in->shape[0], in->shape[1], in->shape[2]};
   float *saved = qt_test_copy_f32(g->buffers, g->n_buffers);
   qt_ctx *ctx = qt_ctx_create();
-  qt_ctx_set_backward_frees(ctx, mode == 2);
+  qt_ctx_set_backward_frees(ctx, mode >= 2);
+  /* 3, 4: mode 2 on Winograd convolutions (as the trainer runs by default), activations handed
+   * to them blocked (3) or NHWC (4) */
+  qt_ctx_set_conv_winograd(ctx, mode >= 3);
+  qt_ctx_set_blocked_handoff(ctx, mode == 3);
   qt_graph_set_training(g, 1);
   qt_tensor **vals;
   qt_tensor *input = qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x);
@@ -231,9 +237,54 @@ static void training_step(qt_graph *g, int N, double max_ratio, const char *loos
   free(x);
 }
 
+/* Activations handed to Winograd convolutions blocked or NHWC (qt_ctx_set_blocked_handoff, modes 3
+ * and 4 of step_grads): the same gradients and running statistics, bit for bit, but for the LSQ
+ * scale of a blocked value's fake quant (its gradient's terms summed in another order: 1e-5 of its
+ * value). Where Winograd runs (AVX-512, ONEDNN_MAX_CPU_ISA unset) FashionCNN's conv2 must take its
+ * input blocked: no NHWC-to-blocked buffer is mapped then. */
+static void blocked_handoff(qt_graph *g, int N) {
+  const qt_value *in = &g->values[g->input];
+  const int64_t n_in = N * qt_value_numel(in);
+  float *x = malloc((size_t)n_in * sizeof(float));
+  qt_test_fill_uniform(x, n_in, -2.0f, 2.0f, 19);
+  int32_t labels[64];
+  for (int i = 0; i < N; i++) labels[i] = (i * 7) % 10;
+  size_t peak, src[2], dst, pad;
+  float *r[2];
+  for (int m = 0; m < 2; m++) {
+    qt_conv2d_release_scratch();
+    r[m] = step_grads(g, x, labels, N, 3 + m, &peak);
+    qt_conv2d_scratch_bytes(&src[m], &dst, &pad);
+  }
+  for (int t = 0; t < g->n_tensors; t++) {
+    const qt_param *pt = &g->tensors[t];
+    const int64_t at = (pt->is_buffer ? g->n_params : 0) + pt->offset;
+    if (memcmp(r[0] + at, r[1] + at, (size_t)pt->numel * sizeof(float)) == 0) continue;
+    int ok = lsq_scale_name(pt->name);
+    for (int64_t i = 0; ok && i < pt->numel; i++) ok = fabsf(r[0][at + i] - r[1][at + i]) <= 1e-5f * fabsf(r[1][at + i]);
+    if (!ok) qt_test_fail("%s: %s differs with activations handed over blocked", g->name, pt->name);
+  }
+  const int64_t xs[4] = {N, 14, 14, 32}, ws[4] = {64, 32, 3, 3};
+  qt_ctx *ctx = qt_ctx_create();
+  qt_ctx_set_conv_winograd(ctx, 1);
+  const int takes = qt_conv2d_takes_blocked(ctx, xs, ws, 1, 1, 1, 1, 1);
+  qt_ctx_set_blocked_handoff(ctx, 0);
+  QT_CHECK(!qt_conv2d_takes_blocked(ctx, xs, ws, 1, 1, 1, 1, 1));
+  qt_ctx_free(ctx);
+  const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512 && !getenv("ONEDNN_MAX_CPU_ISA")) QT_CHECK(takes);
+  if (takes) QT_CHECK(src[0] == 0 && src[1] > 0); /* blocked: conv2's input never reordered */
+  if (getenv("QT_TEST_VERBOSE"))
+    fprintf(stderr, "%s: conv2 takes blocked %d, NHWC-to-blocked buffer %zu / %zu bytes\n", g->name, takes, src[0],
+            src[1]);
+  free(r[0]), free(r[1]), free(x);
+}
+
 static void backward_frees(void) {
   qt_graph *g = model("fashion_cnn");
   training_step(g, 32, 0.60, NULL, 1e-4f);
+  blocked_handoff(g, 32);
   qt_graph_free(g);
   g = model("res_cnn");
   training_step(g, 32, 0.60, NULL, 0);
@@ -275,6 +326,7 @@ static void qat_training_step(int lsq) {
   }
   QT_CHECK(conv_bn == 2);
   training_step(p, N, 0.60, NULL, 1e-2f); /* conv1: qt_conv1_bn_relu_max_pool2d */
+  blocked_handoff(p, N);
   for (int i = 0; i < p->n_nodes; i++)
     if (p->nodes[i].op == QT_OP_CONV_BN) p->nodes[i].bn_frozen = 1;
   training_step(p, N, 0.60, lsq ? "input.fq.scale" : NULL, 0);
