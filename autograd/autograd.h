@@ -279,8 +279,10 @@ typedef struct {
  * of the ops in turn (qt_batch_norm_relu or qt_batch_norm_div, then qt_max_pool2d or the fused
  * fake quant + max pool), while neither the normalized tensor, nor its relu's, nor its fake
  * quant's is ever in memory (qt_batch_norm_relu_pool_forward_train), nor its gradient
- * (qt_batch_norm_relu_backward_pooled). Saved for backward: argmax, and for LSQ the relu's output
- * at each argmax; for fixed qparams a mask byte per output. */
+ * (qt_batch_norm_relu_backward_pooled), nor the quotient x / div's (its backward into x and div
+ * runs in the same pass: div's gradient bit for bit for C = 16, 32, 64 or 128, summed in another
+ * order otherwise). Saved for backward: argmax, and for LSQ the relu's output at each argmax; for
+ * fixed qparams a mask byte per output. */
 qt_tensor *qt_batch_norm_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
                                          float *running_mean, float *running_var, float momentum, float eps, int relu,
                                          const qt_pool_fake_quant *fq, int kernel);

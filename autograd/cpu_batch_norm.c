@@ -680,9 +680,12 @@ static void chunk_grad_sums_pooled(double *sdy, double *sdyx, const qt_pool_grad
 
 static void chunk_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *pg, const uint8_t *mask,
                               const float *x, int64_t r0, int64_t rows, int C, const float *mrep,
-                              const float *gmrep, const float *psrep, const float *arep, const float *drep) {
+                              const float *gmrep, const float *psrep, const float *arep, const float *drep,
+                              float *qx) {
   pool_walk q = pool_walk_at(pg, r0);
+  if (qx) memset(qx, 0, (size_t)((rows + QT_CHANNEL_SUM_ROWS - 1) / QT_CHANNEL_SUM_ROWS) * (size_t)C * sizeof *qx);
   for (int64_t r = 0; r < rows; r++) {
+    float *qs = qx ? qx + r / QT_CHANNEL_SUM_ROWS * C : NULL; /* the row's segment's partials */
     const int64_t o = pool_walk_out(&q, pg, C);
     const int32_t idx = q.h * pg->W + q.w;
     const float *xr = x + r * C;
@@ -695,6 +698,14 @@ static void chunk_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *p
       const __m512 xm = _mm512_mul_ps(_mm512_sub_ps(xv, _mm512_loadu_ps(mrep + c)), _mm512_loadu_ps(psrep + c));
       const __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(dy, _mm512_loadu_ps(gmrep + c)), xm),
                                      _mm512_loadu_ps(arep + c));
+      if (qx) { /* v is the quotient's gradient (0 + v, a fresh buffer's bits): divided into dinp, and its
+                 * products with x summed */
+        const __m512 dq = _mm512_add_ps(_mm512_setzero_ps(), v), xr0 = _mm512_loadu_ps(xr + c);
+        _mm512_storeu_ps(qs + c, _mm512_add_ps(_mm512_loadu_ps(qs + c), _mm512_mul_ps(dq, xr0)));
+        const __m512 dx = _mm512_div_ps(dq, _mm512_loadu_ps(drep + c));
+        _mm512_storeu_ps(ir + c, dinp_write ? dx : _mm512_add_ps(_mm512_loadu_ps(ir + c), dx));
+        continue;
+      }
       const __m512 base = dinp_write ? _mm512_setzero_ps() : _mm512_loadu_ps(ir + c);
       _mm512_storeu_ps(ir + c, _mm512_add_ps(base, v));
     }
@@ -763,14 +774,14 @@ void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const floa
 static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                         const float *inp, const float *in_div, const float *mean, const float *invstd,
                         const float *gamma, int M, int C, const qt_batch_sync *sync, int64_t M_total,
-                        float *relu_dout, const uint8_t *relu_mask, const qt_pool_grad *pg);
+                        float *relu_dout, const uint8_t *relu_mask, const qt_pool_grad *pg, double *div_sums);
 
 void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                                  const float *inp, const float *mean, const float *invstd,
                                  const float *gamma, int M, int C, const qt_batch_sync *sync,
                                  int64_t M_total) {
   bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, NULL, mean, invstd, gamma, M, C, sync, M_total, NULL, NULL,
-              NULL);
+              NULL, NULL);
 }
 
 void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, float *dout,
@@ -778,20 +789,21 @@ void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, flo
                                  const float *invstd, const float *gamma, int M, int C, const qt_batch_sync *sync,
                                  int64_t M_total) {
   bn_backward(dinp, dinp_write, dgamma, dbeta, dout, inp, in_div, mean, invstd, gamma, M, C, sync, M_total, dout,
-              relu_mask, NULL);
+              relu_mask, NULL, NULL);
 }
 
 void qt_batch_norm_relu_backward_pooled(float *dinp, int dinp_write, float *dgamma, float *dbeta,
                                         const qt_pool_grad *pg, const uint8_t *relu_mask, const float *inp,
-                                        const float *in_div, const float *mean, const float *invstd,
-                                        const float *gamma, int M, int C, const qt_batch_sync *sync,
-                                        int64_t M_total) {
+                                        const float *in_div, double *div_sums, const float *mean,
+                                        const float *invstd, const float *gamma, int M, int C,
+                                        const qt_batch_sync *sync, int64_t M_total) {
   QT_ASSERT(pg && pg->KH >= 1 && pg->KW >= 1 && pg->H % pg->KH == 0 && pg->W % pg->KW == 0 &&
                 (int64_t)pg->N * pg->H * pg->W == M,
             "batch_norm_backward_pooled: %dx%dx%d input not tiled by %dx%d windows or not %d rows", pg ? pg->N : 0,
             pg ? pg->H : 0, pg ? pg->W : 0, pg ? pg->KH : 0, pg ? pg->KW : 0, M);
+  QT_ASSERT(!div_sums || (in_div && dinp), "batch_norm_backward_pooled: the divisor's sums need a divisor and dinp");
   bn_backward(dinp, dinp_write, dgamma, dbeta, NULL, inp, in_div, mean, invstd, gamma, M, C, sync, M_total, NULL,
-              relu_mask, pg);
+              relu_mask, pg, div_sums);
 }
 
 /* dinp (=, or += without dinp_write) for one pattern of rows; called with a literal D (see
@@ -833,41 +845,72 @@ static void bn_dinp(float *dinp, int dinp_write, const float *dout, const float 
 }
 
 /* bn_dinp of the gradient pg expands to (masked by relu_mask when not NULL), a reduction chunk at
- * a time into thread scratch: the same per-element expressions as bn_dinp, so the same bits. */
+ * a time into thread scratch: the same per-element expressions as bn_dinp, so the same bits. With
+ * div_sums (and drep): the quotient's gradient dq (as bn_dinp writes it into a fresh buffer) is
+ * divided by the divisor into dinp (written, or added to) and div_sums gets per channel the sum of
+ * dq * x (float over QT_CHANNEL_SUM_ROWS rows from each chunk's start, then double in order),
+ * channel_scale's backward of x / div in the same pass. */
 static void bn_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *pg, const uint8_t *relu_mask,
                            const float *inp, const bn_plan *p, const float *mrep, const float *gmrep,
-                           const float *psrep, const float *arep, const float *drep) {
+                           const float *psrep, const float *arep, const float *drep, double *div_sums) {
   const int L = p->L, C = p->C;
   const size_t per_thread = POOLED512(C) ? 1 : (size_t)p->chunk_rows * (size_t)C;
   float *ws = xmalloc((size_t)omp_get_max_threads() * per_thread * sizeof(float));
+  const int64_t spc = (p->chunk_rows + QT_CHANNEL_SUM_ROWS - 1) / QT_CHANNEL_SUM_ROWS; /* segments per chunk */
+  float *part = div_sums ? xmalloc((size_t)(p->nchunks * spc) * (size_t)C * sizeof(float)) : NULL;
 #pragma omp parallel for schedule(static) if (p->M * C >= BN_PARALLEL_MIN)
   for (int64_t i = 0; i < p->nchunks; i++) {
     float *dy = ws + (size_t)omp_get_thread_num() * per_thread;
     const int64_t r0 = i * p->chunk_rows, rows = p->M - r0 < p->chunk_rows ? p->M - r0 : p->chunk_rows;
+    float *qx = part ? part + i * spc * C : NULL;
     if (POOLED512(C)) {
 #if defined(__AVX512F__)
       chunk_dinp_pooled(dinp + r0 * C, dinp_write, pg, relu_mask, inp + r0 * C, r0, rows, C, mrep, gmrep, psrep, arep,
-                        drep);
+                        drep, qx);
 #endif
       continue;
     }
     pool_grad_rows(dy, pg, relu_mask, r0, rows, C);
     const int64_t groups = rows / p->k, tail = rows - groups * p->k;
-    float *di = dinp + r0 * C;
+    /* with div_sums: the quotient's gradient into dy itself (bn_dinp_rows allows that), then below */
+    float *di = qx ? dy : dinp + r0 * C;
+    const int write = qx ? 1 : dinp_write;
     const float *xi = inp + r0 * C;
     for (int64_t g = 0; g < groups; g++) {
       if (drep)
-        bn_dinp_rows(di + g * L, dy + g * L, xi + g * L, mrep, gmrep, psrep, arep, L, dinp_write, drep, 1);
+        bn_dinp_rows(di + g * L, dy + g * L, xi + g * L, mrep, gmrep, psrep, arep, L, write, drep, 1);
       else
-        bn_dinp_rows(di + g * L, dy + g * L, xi + g * L, mrep, gmrep, psrep, arep, L, dinp_write, NULL, 0);
+        bn_dinp_rows(di + g * L, dy + g * L, xi + g * L, mrep, gmrep, psrep, arep, L, write, NULL, 0);
     }
     for (int64_t t = 0; t < tail; t++) { /* bn_dinp's tail rows: only the last chunk has any */
       const int64_t o = (groups * p->k + t) * C;
       for (int c = 0; c < C; c++)
-        di[o + c] = (dinp_write ? 0.0f : di[o + c]) +
+        di[o + c] = (write ? 0.0f : di[o + c]) +
                     (dy[o + c] - gmrep[c] - ((drep ? xi[o + c] / drep[c] : xi[o + c]) - mrep[c]) * psrep[c]) *
                         arep[c];
     }
+    if (qx) {
+      float *out = dinp + r0 * C;
+      for (int64_t r = 0; r < rows; r++) {
+        float *qs = qx + r / QT_CHANNEL_SUM_ROWS * C;
+        if (r % QT_CHANNEL_SUM_ROWS == 0)
+          for (int c = 0; c < C; c++) qs[c] = 0.0f;
+        for (int c = 0; c < C; c++) {
+          const float dq = dy[r * C + c];
+          qs[c] += dq * xi[r * C + c];
+          out[r * C + c] = dinp_write ? dq / drep[c] : out[r * C + c] + dq / drep[c];
+        }
+      }
+    }
+  }
+  if (part) { /* every chunk's segments in order (the last chunk's past its rows unused) */
+    for (int c = 0; c < C; c++) div_sums[c] = 0;
+    for (int64_t i = 0; i < p->nchunks; i++) {
+      const int64_t rows = p->M - i * p->chunk_rows < p->chunk_rows ? p->M - i * p->chunk_rows : p->chunk_rows;
+      for (int64_t j = 0; j < (rows + QT_CHANNEL_SUM_ROWS - 1) / QT_CHANNEL_SUM_ROWS; j++)
+        for (int c = 0; c < C; c++) div_sums[c] += part[(i * spc + j) * C + c];
+    }
+    free(part);
   }
   free(ws);
 }
@@ -877,7 +920,7 @@ static void bn_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *pg, 
 static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                         const float *inp, const float *in_div, const float *mean, const float *invstd,
                         const float *gamma, int M, int C, const qt_batch_sync *sync, int64_t M_total,
-                        float *relu_dout, const uint8_t *relu_mask, const qt_pool_grad *pg) {
+                        float *relu_dout, const uint8_t *relu_mask, const qt_pool_grad *pg, double *div_sums) {
   const int synced = sync && sync->size > 1;
   /* every process takes part in the sums' reduction, whatever gradients it wants */
   if (!dinp && !dgamma && !dbeta && !synced) return;
@@ -909,7 +952,7 @@ static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta
     pattern_fill(psrep, cp, 0, &p);
     pattern_fill(arep, ca, 0, &p);
     if (pg)
-      bn_dinp_pooled(dinp, dinp_write, pg, relu_mask, inp, &p, mrep, gmrep, psrep, arep, drep);
+      bn_dinp_pooled(dinp, dinp_write, pg, relu_mask, inp, &p, mrep, gmrep, psrep, arep, drep, div_sums);
     else
       bn_dinp(dinp, dinp_write, dout, inp, &p, mrep, gmrep, psrep, arep, drep);
   }

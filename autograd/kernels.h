@@ -143,15 +143,25 @@ typedef struct {
   const int32_t *argmax; /* the same shape */
   int N, H, W, KH, KW;
 } qt_pool_grad;
+/* Rows per float partial of a per-channel sum over activations (..., C): channel_scale's backward
+ * (autograd/ops.c) and qt_batch_norm_relu_backward_pooled's div_sums, which then agree bit for bit
+ * where the batch norm's reduction chunks are whole multiples of it. */
+#define QT_CHANNEL_SUM_ROWS 256
 /* qt_batch_norm_relu_backward of the dout that pg expands to (N * H * W = M rows), bit for bit,
  * without dout in memory: each row's gradient is selected in registers (AVX-512 and C % 16 == 0)
  * or each reduction chunk of it expanded and masked in thread scratch while the chunk is in cache,
- * once for the sums and once for dinp. */
+ * once for the sums and once for dinp. With in_div, dinp is the gradient of inp / in_div (the
+ * quotient); with div_sums too (C doubles; needs dinp), dinp is inp's own gradient instead, that
+ * divided by in_div (bit for bit channel_scale's backward of the quotient written into a fresh
+ * buffer), and div_sums gets per channel the sum of the quotient's gradient times inp (in_div's
+ * gradient is -div_sums / in_div^2), in the same pass: float partials over QT_CHANNEL_SUM_ROWS rows
+ * from each reduction chunk's start, then double in order (channel_scale's sum, bit for bit, where
+ * the chunks are whole multiples of those rows: C = 16, 32, 64 or 128). */
 void qt_batch_norm_relu_backward_pooled(float *dinp, int dinp_write, float *dgamma, float *dbeta,
                                         const qt_pool_grad *pg, const uint8_t *relu_mask, const float *inp,
-                                        const float *in_div, const float *mean, const float *invstd,
-                                        const float *gamma, int M, int C, const struct qt_batch_sync *sync,
-                                        int64_t M_total);
+                                        const float *in_div, double *div_sums, const float *mean,
+                                        const float *invstd, const float *gamma, int M, int C,
+                                        const struct qt_batch_sync *sync, int64_t M_total);
 /* A per-tensor fake quant (qt_batch_norm_relu_pool_forward_train's, between its relu and pool). */
 typedef struct {
   float scale;

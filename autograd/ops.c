@@ -770,8 +770,9 @@ typedef struct {
   int first_axis, divide;
 } cs_saved;
 
-/* Rows per chunk of the last-axis reductions: fixed, so sums do not depend on threads. */
-#define CS_CHUNK 256
+/* Rows per chunk of the last-axis reductions: fixed, so sums do not depend on threads (the batch
+ * norm's pooled backward sums x / s's gradient in the same chunks, kernels.h). */
+#define CS_CHUNK QT_CHANNEL_SUM_ROWS
 
 /* The gradients of y = x * s or x / s (divide) with s (C) along x's first axis (C rows of `rows`
  * elements) or its last (rows of C): dx written (in_place: over dy itself, last axis only) or
@@ -904,12 +905,15 @@ qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_a
 /* ---- batch norm: plain, fused with its relu, and of x / s (conv_bn) --------------------- */
 
 /* The kernels' backward into dinp (written, never read: dinp_write), gamma's and beta's grads:
- * training (with the fused relu's mask, if any, applied to dout in place first) or eval. */
-static void bn_kernels_backward(const bn_saved *b, float *dinp, int dinp_write, float *dg, float *db) {
+ * training (with the fused relu's mask, if any, applied to dout in place first) or eval. A pooled
+ * one with div_sums (and a divisor): dinp is x's gradient, not the quotient's, and div_sums the
+ * sums the divisor's gradient needs (qt_batch_norm_relu_backward_pooled). */
+static void bn_kernels_backward(const bn_saved *b, float *dinp, int dinp_write, float *dg, float *db,
+                                double *div_sums) {
   const float *div = b->s ? qt_f32(b->s) : NULL;
   if (b->pooled)
-    qt_batch_norm_relu_backward_pooled(dinp, dinp_write, dg, db, &b->pool, b->mask, qt_f32(b->x), div, b->mean,
-                                       b->invstd, qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
+    qt_batch_norm_relu_backward_pooled(dinp, dinp_write, dg, db, &b->pool, b->mask, qt_f32(b->x), div, div_sums,
+                                       b->mean, b->invstd, qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
   else if (b->training)
     qt_batch_norm_relu_backward(dinp, dinp_write, dg, db, b->y->grad, b->mask, qt_f32(b->x), div, b->mean, b->invstd,
                                 qt_f32(b->gamma), b->M, b->C, b->sync, b->M_total);
@@ -939,11 +943,28 @@ static void batch_norm_backward_of(qt_ctx *ctx, bn_saved *b) {
       dx = qt_tensor_grad_for_write(ctx, b->x, &fresh);
     float *dg = b->gamma->requires_grad ? qt_tensor_grad(ctx, b->gamma) : NULL;
     float *db = b->beta->requires_grad ? qt_tensor_grad(ctx, b->beta) : NULL;
-    bn_kernels_backward(b, dx, fresh, dg, db);
+    bn_kernels_backward(b, dx, fresh, dg, db, NULL);
     if (in_place) { /* the buffer is the input's gradient now */
       b->x->grad = dx;
       b->y->grad = NULL;
     }
+    return;
+  }
+  if (b->pooled && b->x->requires_grad) {
+    /* x / s's backward in the batch norm's dinp pass: x's gradient written (or added) there, and
+     * the sums behind s's (channel_scale_grads' last step) */
+    int fresh = 0;
+    float *dx = qt_tensor_grad_for_write(ctx, b->x, &fresh);
+    float *dg = b->gamma->requires_grad ? qt_tensor_grad(ctx, b->gamma) : NULL;
+    float *db = b->beta->requires_grad ? qt_tensor_grad(ctx, b->beta) : NULL;
+    double *sums = qt_arena_alloc(ctx, (size_t)b->C * sizeof(double));
+    bn_kernels_backward(b, dx, fresh, dg, db, sums);
+    if (b->s->requires_grad) {
+      float *ds = qt_tensor_grad(ctx, b->s);
+      const float *s = qt_f32(b->s);
+      for (int c = 0; c < b->C; c++) ds[c] += (float)(-sums[c] / ((double)s[c] * s[c]));
+    }
+    qt_arena_free(ctx, sums, (size_t)b->C * sizeof(double));
     return;
   }
   const int64_t n = qt_tensor_numel(b->x);
@@ -953,7 +974,7 @@ static void batch_norm_backward_of(qt_ctx *ctx, bn_saved *b) {
                                                   : qt_arena_alloc(ctx, (size_t)n * sizeof(float));
   float *dg = b->gamma->requires_grad ? qt_tensor_grad(ctx, b->gamma) : NULL;
   float *db = b->beta->requires_grad ? qt_tensor_grad(ctx, b->beta) : NULL;
-  bn_kernels_backward(b, dq, 1, dg, db);
+  bn_kernels_backward(b, dq, 1, dg, db, NULL);
   if (!dq) return;
   if (!b->pooled && dq == b->y->grad) b->y->grad = NULL; /* the buffer is the quotient's now */
   const int in_place = b->x->requires_grad && !b->x->grad;

@@ -10,7 +10,7 @@
  *   3. the same, frees off.
  * Compared: the pool's output, the gradients of x, gamma, beta, the divisor and the LSQ scale,
  * and the running statistics. Relu and relu6, with and without the per-channel divisor (QAT's
- * conv_bn), 2x2 windows over 32 channels and 3x3 over 3. */
+ * conv_bn), 2x2 windows over 32 and 64 channels and 3x3 over 3. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,7 +131,9 @@ static void run(const shape *sh, int kind, int relu, int with_div, uint64_t seed
 }
 
 int main(void) {
-  const shape shapes[] = {{4, 8, 8, 32, 2}, {3, 6, 6, 3, 3}};
+  /* FashionCNN's conv2 at batch 4 and a 2048-row shape: several reduction chunks and 256-row
+   * sums (x / div's gradient: its divisor's sums, taken in the batch norm's pass when pooled) */
+  const shape shapes[] = {{4, 8, 8, 32, 2}, {3, 6, 6, 3, 3}, {4, 14, 14, 64, 2}, {8, 16, 16, 32, 2}};
   uint64_t seed = 5;
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
     for (int kind = PLAIN; kind <= LSQ; kind++)

@@ -150,14 +150,14 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
   float *dg2 = qt_test_copy_f32(dg1, C), *db2 = qt_test_copy_f32(db1, C);
   qt_batch_norm_relu_backward(dx1, dinp_write, dg1, db1, dense, mask, x, div, mean, invstd, gamma, M, C, NULL, M);
   const qt_pool_grad pg = {val, argmax, N, H, W, K, K};
-  qt_batch_norm_relu_backward_pooled(dx2, dinp_write, dg2, db2, &pg, mask, x, div, mean, invstd, gamma, M, C, NULL,
-                                     M);
+  qt_batch_norm_relu_backward_pooled(dx2, dinp_write, dg2, db2, &pg, mask, x, div, NULL, mean, invstd, gamma, M, C,
+                                     NULL, M);
   check_exact(WHAT("dinp"), dx2, dx1, n);
   check_exact(WHAT("dgamma"), dg2, dg1, C);
   check_exact(WHAT("dbeta"), db2, db1, C);
   /* the sums alone (no dinp wanted) */
   float *dg3 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 8), *db3 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 9);
-  qt_batch_norm_relu_backward_pooled(NULL, 0, dg3, db3, &pg, mask, x, div, mean, invstd, gamma, M, C, NULL, M);
+  qt_batch_norm_relu_backward_pooled(NULL, 0, dg3, db3, &pg, mask, x, div, NULL, mean, invstd, gamma, M, C, NULL, M);
   check_exact(WHAT("dgamma without dinp"), dg3, dg1, C);
   check_exact(WHAT("dbeta without dinp"), db3, db1, C);
   /* the test has teeth: the expanded gradient is not all zeros */
