@@ -138,16 +138,24 @@ C1P_INLINE void C1P_FN(image_grad_sums)(double *P, double *Ph, double *db, const
         v16i at = {0};
         for (int j = 0; j < 16; j++) at[j] = argmax[o + j];
         const size_t po = (size_t)(ph * PK) * PWd + pw * PK;
+        /* per lane, the tap's input at the lane's argmax window position, selected from the
+         * window's PK * PK candidates, then one FMA: the sum the masked FMAs over every position
+         * would give (theirs add exact zeros elsewhere) */
+        v16i is[QT_CONV1_POOL_MAX_WINDOW * QT_CONV1_POOL_MAX_WINDOW];
         C1P_UNROLL(64)
-        for (int j = 0; j < PK * PK; j++) {
-          const v16f gj = sel16(at == j, gv, zero);
-          const size_t pj = po + (size_t)(j / PK) * PWd + j % PK;
-          C1P_UNROLL(32)
-          for (int t = 0; t < KH * KW; t++) {
-            const size_t pt = pj + (size_t)(t / KW) * PWd + t % KW;
-            acc[t] = fma16(gj, splat16(xp[pt]), acc[t]);
-            if (HP) acch[t] = fma16(gj, splat16(hp[pt]), acch[t]);
+        for (int j = 1; j < PK * PK; j++) is[j] = at == j;
+        C1P_UNROLL(32)
+        for (int t = 0; t < KH * KW; t++) {
+          const size_t pt = po + (size_t)(t / KW) * PWd + t % KW;
+          v16f xa = splat16(xp[pt]), ha = HP ? splat16(hp[pt]) : zero;
+          C1P_UNROLL(64)
+          for (int j = 1; j < PK * PK; j++) {
+            const size_t pj = pt + (size_t)(j / PK) * PWd + j % PK;
+            xa = sel16(is[j], splat16(xp[pj]), xa);
+            if (HP) ha = sel16(is[j], splat16(hp[pj]), ha);
           }
+          acc[t] = fma16(gv, xa, acc[t]);
+          if (HP) acch[t] = fma16(gv, ha, acch[t]);
         }
       }
     for (int j = 0; j < 16; j++) {
