@@ -38,13 +38,13 @@ C1P_INLINE void C1P_FN(patch_moments_k)(double *out, const float *xp, const floa
   }
 }
 
-/* NP consecutive pooled outputs (OC floats apart) of one row (ph, from pw) of one image for channels
+/* NP consecutive pooled outputs (OS floats apart) of one row (ph, from pw) of one image for channels
  * [16v, 16v+16): the convolution recomputed at every window input, the NP * PK * PK sums as
  * independent chains over the taps (in tap order, bias first), then normalized, clamped, fake
  * quantized (FQ) and pooled in window order with max pool's comparison, as
  * qt_batch_norm_relu_pool_forward_train's bn_pool_band does. Literal KH, KW, PK, RELU, FQ, NP. */
 C1P_INLINE void C1P_FN(pool_outputs)(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, const float *xp, int PWd,
-                                     int ph, int pw, size_t o, int OC, const v16f *w, v16f b0, const norm16 *nc,
+                                     int ph, int pw, size_t o, int OS, const v16f *w, v16f b0, const norm16 *nc,
                                      const qt_fq_params *fq, const int KH, const int KW, const int PK, const int RELU,
                                      const int FQ, const int NP) {
   v16f y[QT_CONV1_POOL_MAX_WINDOW * QT_CONV1_POOL_MAX_WINDOW]; /* NP * PK * PK: 2 * 3 * 3 or 1 * PK * PK */
@@ -74,7 +74,7 @@ C1P_INLINE void C1P_FN(pool_outputs)(float *out, uint8_t *argmax, float *yarg, u
       if (FQ) ya = sel16(take, z, ya);
       at = (take & j) | (~take & at);
     }
-    const size_t oi = o + (size_t)i * OC;
+    const size_t oi = o + (size_t)i * OS;
     st16(out + oi, best);
     for (int j = 0; j < 16; j++) argmax[oi + j] = (uint8_t)at[j];
     if (FQ && yarg) st16(yarg + oi, ya);
