@@ -201,8 +201,9 @@ qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int 
 /* Whether a convolution of an (N, H, W, C) input by (OC, C/groups, KH, KW) weights, recorded in
  * this ctx (a training step), takes its input blocked: it runs on oneDNN's Winograd kernels over
  * nChw16c (qt_ctx_set_conv_winograd) and the ctx hands activations over blocked
- * (qt_ctx_set_blocked_handoff), so a producer writing that layout saves the reorders from and to
- * NHWC around it (two in forward, one in backward). Creates the convolution's primitives. */
+ * (qt_ctx_set_blocked_handoff), so a producer writing that layout saves the reorders of its input
+ * and input gradient to and from NHWC (one in forward, two in backward). Creates the convolution's
+ * primitives. */
 int qt_conv2d_takes_blocked(const qt_ctx *ctx, const int64_t x_shape[4], const int64_t w_shape[4], int stride_h,
                             int stride_w, int pad_h, int pad_w, int groups);
 /* BatchNorm over the last dim. training: batch statistics, running stats updated in place
@@ -299,7 +300,7 @@ qt_tensor *qt_batch_norm_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *d
  * for LSQ the relu's output at each argmax, for fixed qparams a mask byte per output, the
  * quantized image and O(taps^2 + OC) doubles. Not under SyncBN (a batch split across processes).
  * With out_blocked, the output (and so its gradient) is blocked (y->blocked16; kernels.h), for a
- * convolution that takes it so (qt_conv2d_runs_blocked's *src). */
+ * convolution that takes it so (qt_conv2d_takes_blocked). */
 qt_tensor *qt_conv1_bn_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_quant *xq, qt_tensor *w,
                                        qt_tensor *b, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
                                        float *running_mean, float *running_var, float momentum, float eps, int pad_h,
