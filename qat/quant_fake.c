@@ -368,6 +368,17 @@ void qt_fake_quant_max_pool_backward(float *dinp, int dinp_write, const float *d
   }
 }
 
+/* Per-channel double sums for one thread, zeroed, on whole cache lines: each row's sums are stored
+ * and reloaded by the next row, and a 64-byte store split across two lines does not forward to
+ * that load (perf over a QAT W4A8 bench_profile run: qt_fake_quant_lsq_pool_val_backward 4.5% of
+ * the samples with calloc's 16-byte alignment, 1.7% aligned; the same operations, the same bits). */
+static double *channel_sums(int C) {
+  const size_t bytes = ((size_t)C * sizeof(double) + 63) & ~(size_t)63;
+  double *acc = aligned_alloc(64, bytes);
+  if (acc) memset(acc, 0, bytes);
+  return acc;
+}
+
 /* Both LSQ + max pool backwards: into dinp (the input-sized gradient) or, dval not NULL, each
  * window's argmax input's value alone (dinp NULL then). */
 static void lsq_max_pool_backward(float *dinp, int dinp_write, float *dval, float *dscale, const float *dout,
@@ -386,7 +397,7 @@ static void lsq_max_pool_backward(float *dinp, int dinp_write, float *dval, floa
     const int per = (N + T - 1) / T, nb = t * per, ne = nb + per < N ? nb + per : N;
     /* per channel sums (vertical adds; a horizontal sum per output position would cost more
      * than the LSQ terms), added up in channel order at the end */
-    double *acc = calloc((size_t)C, sizeof(double));
+    double *acc = channel_sums(C);
     float *xa = calloc(2 * (size_t)C, sizeof(float)), *dxa = xa + C; /* per output position */
     QUANT_ASSERT(xa && acc, "out of memory");
     for (int n = nb; n < ne; n++) {
@@ -493,7 +504,7 @@ void qt_fake_quant_lsq_pool_val_backward(float *val, float *dscale, const float 
   {
     const int t = omp_get_thread_num(), T = omp_get_num_threads();
     const int per = (N + T - 1) / T, nb = t * per, ne = nb + per < N ? nb + per : N;
-    double *acc = calloc((size_t)C, sizeof(double));
+    double *acc = channel_sums(C);
     QUANT_ASSERT(acc, "out of memory");
     for (int64_t o = (int64_t)nb * per_image * C; o < (int64_t)(ne > nb ? ne : nb) * per_image * C; o += C) {
       const float *restrict d = dout + o, *restrict xa = xarg + o;
