@@ -25,6 +25,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -252,8 +253,14 @@ static void bind_dst(conv_entry *e) {
 
 /* The caller's layout flag against what the entry runs on. */
 static void check_layout(const conv_entry *e, const qt_conv2d_shape *s) {
-  if (s->src_blocked && !e->src16)
-    qt_dnnl_die(__FILE__, __LINE__, "conv2d: a blocked input handed to a convolution that does not run on it");
+  if (s->src_blocked && !e->src16) {
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "conv2d: a blocked (nChw16c) input to a convolution that does not run on that layout (input "
+             "%dx%dx%dx%d, kernel %dx%d, Winograd %s)",
+             s->N, s->H, s->W, s->C, s->KH, s->KW, s->winograd ? "allowed" : "off");
+    qt_dnnl_die(__FILE__, __LINE__, msg);
+  }
 }
 
 /* The attributes every conv primitive is created with: a scratchpad the caller passes. */

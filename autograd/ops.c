@@ -73,12 +73,7 @@ static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *
   /* a blocked input came from a producer that asked qt_conv2d_takes_blocked: the Winograd kernels
    * then, recorded or not (every parameter frozen) */
   s.winograd = (recording || x->blocked16) && ctx->conv_winograd;
-  if (x->blocked16) {
-    QT_ASSERT(s.winograd && qt_conv2d_src_blocked16(&s),
-              "conv2d: a blocked (nChw16c) input to a convolution that does not run on that layout (input %dx%dx%dx%d, "
-              "kernel %dx%d; Winograd off, or not a shape its kernels take)", s.N, s.H, s.W, s.C, s.KH, s.KW);
-    s.src_blocked = 1;
-  }
+  s.src_blocked = x->blocked16; /* the kernel refuses it where its primitives do not run on it */
   qt_conv2d_forward(qt_f32(y), qt_f32(x), qt_f32(w), b ? qt_f32(b) : NULL, &s);
   if (recording) {
     y->requires_grad = 1;

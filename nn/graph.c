@@ -889,15 +889,16 @@ static int conv1_pool_fused_after(const qt_graph *g, qt_ctx *ctx, int node, cons
   return pool;
 }
 
-/* In the training forward, whether value v, an (N, H, W, C) activation a fused op writes, goes to
+/* In the training forward, whether value v, an (H, W, C) activation of N samples a fused op writes, goes to
  * a convolution blocked (qt_conv1_bn_relu_max_pool2d's out_blocked): its sole consumer is a conv2d
  * or conv_bn node whose convolution takes it so in this step (qt_conv2d_takes_blocked: it reaches
  * the convolution unchanged, since a fake quant between would be that sole consumer), and the
  * value is neither kept nor forced. */
-static int value_to_blocked_conv(const qt_graph *g, const qt_ctx *ctx, int v, const int64_t shape[4],
-                                 qt_tensor *const *force, const unsigned char *keep) {
+static int value_to_blocked_conv(const qt_graph *g, const qt_ctx *ctx, int v, int64_t N, qt_tensor *const *force,
+                                 const unsigned char *keep) {
   const int j = qt_graph_sole_consumer(g, v);
-  if (j < 0 || (keep && keep[v]) || (force && force[v])) return 0;
+  if (j < 0 || (keep && keep[v]) || (force && force[v]) || g->values[v].ndim != 3) return 0;
+  const int64_t shape[4] = {N, g->values[v].shape[0], g->values[v].shape[1], g->values[v].shape[2]};
   const qt_node_attrs *a = &g->nodes[j].attr;
   if ((g->nodes[j].op != QT_OP_CONV2D && g->nodes[j].op != QT_OP_CONV_BN) || a->groups < 1 || shape[3] % a->groups)
     return 0;
@@ -999,17 +1000,14 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
       y = x; /* its producer wrote this node's output (qt_batch_norm_relu, qt_fake_quant_*max_pool2d) */
     } else if (c1_pool >= 0) {
       const qt_node *b = &g->nodes[c1_bn];
-      const int pk = g->nodes[c1_pool].attr.kernel_h;
-      const int64_t out_shape[4] = {x->shape[0], (x->shape[1] + 2 * a->pad_h - a->kernel_h + 1) / pk,
-                                    (x->shape[2] + 2 * a->pad_w - a->kernel_w + 1) / pk, a->out_channels};
       y = qt_conv1_bn_relu_max_pool2d(ctx, x, NULL, param_tensor(g, ctx, n->param[QT_P_WEIGHT]),
                                       param_tensor(g, ctx, n->param[QT_P_BIAS]), NULL,
                                       param_tensor(g, ctx, b->param[QT_P_GAMMA]), param_tensor(g, ctx, b->param[QT_P_BETA]),
                                       g->buffers + g->tensors[b->buffer[QT_B_RUNNING_MEAN]].offset,
                                       g->buffers + g->tensors[b->buffer[QT_B_RUNNING_VAR]].offset, b->attr.momentum,
                                       b->attr.eps, a->pad_h, a->pad_w, g->nodes[c1_relu].op == QT_OP_RELU6 ? 2 : 1,
-                                      NULL, pk,
-                                      value_to_blocked_conv(g, ctx, g->nodes[c1_pool].output, out_shape, force, keep));
+                                      NULL, g->nodes[c1_pool].attr.kernel_h,
+                                      value_to_blocked_conv(g, ctx, g->nodes[c1_pool].output, x->shape[0], force, keep));
       deferred[c1_bn] = deferred[c1_relu] = deferred[c1_pool] = NODE_DONE;
     } else if (n->op == QT_OP_CONV2D && deferred[i] >= 0) {
       qt_tensor *wp = param_tensor(g, ctx, n->param[QT_P_WEIGHT]), *bp = param_tensor(g, ctx, n->param[QT_P_BIAS]);
@@ -1043,8 +1041,6 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
           /* the image's convolution (its LSQ fake quant too when conv_fused_after deferred it),
            * the division by sf, BN, relu, the activations' fake quant and the pool as one op */
           const int64_t oh = x->shape[1] + 2 * a->pad_h - a->kernel_h + 1, ow = x->shape[2] + 2 * a->pad_w - a->kernel_w + 1;
-          const int pk = g->nodes[pool].attr.kernel_h;
-          const int64_t out_shape[4] = {x->shape[0], oh / pk, ow / pk, a->out_channels};
           qt_pool_fake_quant xq, aq;
           if (deferred[i] >= 0) xq = fused_fake_quant(g, ctx, deferred[i], x->shape[1] * x->shape[2]);
           if (fq_node >= 0) {
@@ -1056,8 +1052,8 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
                                           g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
                                           g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, a->momentum,
                                           a->eps, a->pad_h, a->pad_w, g->nodes[fused].op == QT_OP_RELU6 ? 2 : 1,
-                                          fq_node >= 0 ? &aq : NULL, pk,
-                                          value_to_blocked_conv(g, ctx, g->nodes[pool].output, out_shape, force, keep));
+                                          fq_node >= 0 ? &aq : NULL, g->nodes[pool].attr.kernel_h,
+                                          value_to_blocked_conv(g, ctx, g->nodes[pool].output, x->shape[0], force, keep));
           deferred[fused] = deferred[pool] = NODE_DONE;
           drop_unless(ctx, w, ws);
           drop_unless(ctx, ws, wp);
