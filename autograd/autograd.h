@@ -206,6 +206,13 @@ qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int 
  * primitives. */
 int qt_conv2d_takes_blocked(const qt_ctx *ctx, const int64_t x_shape[4], const int64_t w_shape[4], int stride_h,
                             int stride_w, int pad_h, int pad_w, int groups);
+/* qt_conv2d whose output (and so its gradient) is blocked (y->blocked16) where the convolution is
+ * recorded, runs on oneDNN's Winograd kernels writing nChw16c and the ctx hands activations over
+ * blocked; NHWC otherwise, as qt_conv2d. For a sole consumer that takes either layout
+ * (qt_batch_norm_relu_max_pool2d): saves the reorder of the output to NHWC and of its gradient
+ * back. */
+qt_tensor *qt_conv2d_to_blocked(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
+                                int pad_h, int pad_w, int groups);
 /* BatchNorm over the last dim. training: batch statistics, running stats updated in place
  * (momentum, unbiased variance), over every process's slice of the batch when ctx has a batch
  * sync (qt_ctx_set_batch_sync); otherwise running stats. inplace: when nothing is recorded
@@ -283,10 +290,14 @@ typedef struct {
  * (qt_batch_norm_relu_backward_pooled), nor the quotient x / div's (its backward into x and div
  * runs in the same pass: div's gradient bit for bit for C = 16, 32, 64 or 128, summed in another
  * order otherwise). Saved for backward: argmax, and for LSQ the relu's output at each argmax; for
- * fixed qparams a mask byte per output. */
+ * fixed qparams a mask byte per output. x may be blocked (x->blocked16: qt_conv2d_to_blocked's
+ * output) where qt_batch_norm_relu_max_pool2d_takes_blocked says so: its gradient is then blocked
+ * too, every number the same; the output is NHWC either way. */
 qt_tensor *qt_batch_norm_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
                                          float *running_mean, float *running_var, float momentum, float eps, int relu,
                                          const qt_pool_fake_quant *fq, int kernel);
+/* Whether qt_batch_norm_relu_max_pool2d takes a blocked x of C channels in this build. */
+int qt_batch_norm_relu_max_pool2d_takes_blocked(int C);
 /* conv2d(x', w / div, b) of a one-channel x that needs no gradient (an image; x' = x, or its
  * per-tensor fake quant xq: LSQ or fixed qparams; stride 1, groups 1, w (OC, 1, KH, KW) with
  * OC % 16 == 0 and at most 25 taps; b and div (per output channel: QAT's conv_bn) may be NULL),

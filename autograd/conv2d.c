@@ -131,7 +131,8 @@ typedef struct {
   dnnl_alg_kind_t alg;             /* direct, or winograd (shape.winograd and oneDNN has it) */
   dnnl_memory_desc_t act_src, act_dst; /* the activations' layouts the primitives run on */
   int blocked;                     /* act_* differ from NHWC: the reorders below run around them */
-  int src16;                       /* act_src is nChw16c: a caller may hand it over so (src_blocked) */
+  int src16, dst16;                /* act_src / act_dst are nChw16c: a caller may hand its input over so
+                                    * (src_blocked) / take its output so (dst_blocked) */
   dnnl_primitive_t src_in, dst_out, ddst_in, dsrc_out, dsrc_add; /* NHWC <-> act_* (add: accumulating) */
   dnnl_memory_t bsrc, bdst;        /* act_* memories, bound to the blocked scratch per call */
   dnnl_primitive_desc_t hint; /* a forward pd, the hint the backward pds are created from */
@@ -238,27 +239,31 @@ static void bind_shared(dnnl_memory_t mem, void **buf, size_t *len, size_t bytes
   qt_dnnl_memory_bind(mem, *buf);
 }
 
-/* A blocked entry's source-shaped activation memory: on the caller's buffer user when the caller's
- * activations are blocked already (user_blocked), else on the shared buffer; its destination-shaped
- * one on the shared buffer. */
+/* A blocked entry's source-shaped (bind_src) or destination-shaped (bind_dst) activation memory:
+ * on the caller's buffer user when the caller's activations are blocked already (user_blocked),
+ * else on the shared buffer. */
 static void bind_src(conv_entry *e, const float *user, int user_blocked) {
   if (user_blocked)
     qt_dnnl_memory_bind(e->bsrc, user);
   else
     bind_shared(e->bsrc, &g_bsrc, &g_bsrc_len, dnnl_memory_desc_get_size(&e->act_src));
 }
-static void bind_dst(conv_entry *e) {
-  bind_shared(e->bdst, &g_bdst, &g_bdst_len, dnnl_memory_desc_get_size(&e->act_dst));
+static void bind_dst(conv_entry *e, const float *user, int user_blocked) {
+  if (user_blocked)
+    qt_dnnl_memory_bind(e->bdst, user);
+  else
+    bind_shared(e->bdst, &g_bdst, &g_bdst_len, dnnl_memory_desc_get_size(&e->act_dst));
 }
 
-/* The caller's layout flag against what the entry runs on. */
+/* The caller's layout flags against what the entry runs on. */
 static void check_layout(const conv_entry *e, const qt_conv2d_shape *s) {
-  if (s->src_blocked && !e->src16) {
+  if ((s->src_blocked && !e->src16) || (s->dst_blocked && !e->dst16)) {
     char msg[256];
     snprintf(msg, sizeof msg,
-             "conv2d: a blocked (nChw16c) input to a convolution that does not run on that layout (input "
-             "%dx%dx%dx%d, kernel %dx%d, Winograd %s)",
-             s->N, s->H, s->W, s->C, s->KH, s->KW, s->winograd ? "allowed" : "off");
+             "conv2d: a blocked (nChw16c) %s to a convolution that does not run on that layout (input "
+             "%dx%dx%dx%d, kernel %dx%d, %d output channels, Winograd %s)",
+             s->src_blocked && !e->src16 ? "input" : "output", s->N, s->H, s->W, s->C, s->KH, s->KW, s->OC,
+             s->winograd ? "allowed" : "off");
     qt_dnnl_die(__FILE__, __LINE__, msg);
   }
 }
@@ -426,8 +431,9 @@ static void conv_choose_algorithm(conv_entry *e) {
   e->hint = pd;
   e->blocked = !dnnl_memory_desc_equal(&e->act_src, &nhwc_src) || !dnnl_memory_desc_equal(&e->act_dst, &nhwc_dst);
   if (!e->blocked) return;
-  const dnnl_memory_desc_t src16 = qt_dnnl_md(4, ds, dnnl_nChw16c);
+  const dnnl_memory_desc_t src16 = qt_dnnl_md(4, ds, dnnl_nChw16c), dst16 = qt_dnnl_md(4, dd, dnnl_nChw16c);
   e->src16 = s->C % 16 == 0 && dnnl_memory_desc_equal(&e->act_src, &src16);
+  e->dst16 = s->OC % 16 == 0 && dnnl_memory_desc_equal(&e->act_dst, &dst16);
   e->src_in = qt_dnnl_reorder_create(&nhwc_src, &e->act_src, 0);
   e->dst_out = qt_dnnl_reorder_create(&e->act_dst, &nhwc_dst, 0);
   e->ddst_in = qt_dnnl_reorder_create(&nhwc_dst, &e->act_dst, 0);
@@ -518,12 +524,16 @@ static void add_into(float *dst, const float *src, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
-/* dbias (OC) += sum of dout (rows, OC) over its rows. */
-static void bias_grad_accumulate(float *dbias, const float *dout, int64_t rows, int OC) {
+/* dbias (OC) += the sum of dout over its N * OH * OW pixels, in pixel order (dout blocked when
+ * s->dst_blocked). */
+static void bias_grad_accumulate(float *dbias, const float *dout, const qt_conv2d_shape *s) {
+  const int OC = s->OC;
+  const int64_t rows = (int64_t)s->N * s->OH * s->OW, hw = (int64_t)s->OH * s->OW;
   double *acc = calloc((size_t)OC, sizeof *acc);
   if (!acc) qt_dnnl_die(__FILE__, __LINE__, "out of memory in bias_grad_accumulate");
   for (int64_t r = 0; r < rows; r++)
-    for (int oc = 0; oc < OC; oc++) acc[oc] += dout[r * OC + oc];
+    for (int oc = 0; oc < OC; oc++)
+      acc[oc] += dout[s->dst_blocked ? ((r / hw * (OC / 16) + oc / 16) * hw + r % hw) * 16 + oc % 16 : r * OC + oc];
   for (int oc = 0; oc < OC; oc++) dbias[oc] += (float)acc[oc];
   free(acc);
 }
@@ -540,7 +550,7 @@ void qt_conv2d_forward(float *out, const float *inp, const float *weight, const 
   check_layout(e, s);
   if (e->blocked) {
     bind_src(e, inp, s->src_blocked);
-    bind_dst(e);
+    bind_dst(e, out, s->dst_blocked);
     if (!s->src_blocked) qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
     src = e->bsrc;
     dst = e->bdst;
@@ -548,10 +558,11 @@ void qt_conv2d_forward(float *out, const float *inp, const float *weight, const 
   dnnl_exec_arg_t args[5] = {
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}, {DNNL_ARG_BIAS, e->bias}};
   conv_execute(p->prim, p->pad, bias ? 4 : 3, args);
-  if (e->blocked) qt_dnnl_reorder_run(e->dst_out, e->bdst, e->dst);
+  if (e->blocked && !s->dst_blocked) qt_dnnl_reorder_run(e->dst_out, e->bdst, e->dst);
 }
 
 int qt_conv2d_src_blocked16(const qt_conv2d_shape *s) { return conv_lookup(s)->src16; }
+int qt_conv2d_dst_blocked16(const qt_conv2d_shape *s) { return conv_lookup(s)->dst16; }
 
 /* Convolutions with one input channel (FashionCNN's conv1 on the image) get their input gradient
  * from a kernel of this file (below); their weight gradient stays with oneDNN (a direct one-pass
@@ -641,7 +652,7 @@ void qt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *
 void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *dbias, const float *dout,
                            const float *inp, const float *weight, const qt_conv2d_shape *s) {
   if (!dinp && !dweight) {
-    if (dbias) bias_grad_accumulate(dbias, dout, (int64_t)s->N * s->OH * s->OW, s->OC);
+    if (dbias) bias_grad_accumulate(dbias, dout, s);
     return;
   }
   conv_entry *e = conv_lookup(s);
@@ -649,8 +660,8 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
   qt_dnnl_memory_bind(e->ddst, dout);
   dnnl_memory_t ddst = e->ddst;
   if (e->blocked) {
-    bind_dst(e);
-    qt_dnnl_reorder_run(e->ddst_in, e->ddst, e->bdst);
+    bind_dst(e, dout, s->dst_blocked);
+    if (!s->dst_blocked) qt_dnnl_reorder_run(e->ddst_in, e->ddst, e->bdst);
     ddst = e->bdst;
   }
   if (dinp && conv_c1_applies(s)) {
@@ -702,6 +713,6 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
       for (int oc = 0; oc < s->OC; oc++) dbias[oc] += ((const float *)db)[oc];
     }
   } else if (dbias) {
-    bias_grad_accumulate(dbias, dout, (int64_t)s->N * s->OH * s->OW, s->OC);
+    bias_grad_accumulate(dbias, dout, s);
   }
 }

@@ -162,6 +162,107 @@ static void chunk_stats(double *mu, double *dev, double *sq, const float *x, int
     chunk_stats_impl(mu, dev, sq, x, rows, p, acc, rep, NULL, 0);
 }
 
+/* Blocked activations (kernels.h; C % 16 == 0, hw pixels per image): row r's 16-channel block b at
+ * blocked_row(r) + b * hw * 16. */
+static inline int64_t blocked_row(int64_t r, int64_t hw, int C) { return r / hw * C * hw + r % hw * 16; }
+
+/* One pass of chunk_stats_blocked_impl over 16-channel block b: into acc, per row slot and
+ * channel, the sum over rows r0 .. r0 + rows of (x - rep), squared when SQ: chunk_stats_impl's
+ * passes lane by lane (slot t of a pattern of KS = p->k rows gets the pattern's row t, the rows
+ * after the last whole pattern slot 0, in row order). A block's rows are 16 floats apart within an
+ * image; KS is a literal, so the slots' sums stay in registers. */
+BN_INLINE void blocked_stats_block(float *restrict acc, const float *restrict x, int64_t r0, int64_t rows, int64_t hw,
+                                   int C, int b, const float *restrict rep, const float *restrict drep, const int D,
+                                   const int SQ, const int KS) {
+  float a[8][16]; /* KS <= 8: C % 16 == 0 makes bn_plan_make's k at most 128 / 16 */
+  for (int t = 0; t < KS; t++)
+    for (int j = 0; j < 16; j++) a[t][j] = 0.0f;
+  const float *restrict rp = rep + b * 16, *restrict dp = D ? drep + b * 16 : NULL;
+  int64_t px = r0 % hw;
+  const float *base = x + r0 / hw * C * hw + (int64_t)b * hw * 16; /* the image's block */
+  const int64_t groups = rows / KS;
+#if defined(__AVX512F__)
+  /* the same operations, the slots' sums in registers (GCC keeps a[][] in memory) */
+  __m512 v[8];
+  for (int t = 0; t < KS; t++) v[t] = _mm512_setzero_ps();
+  const __m512 rv = _mm512_loadu_ps(rp), dv = D ? _mm512_loadu_ps(dp) : rv;
+#define BN_BLOCKED_ROW(T)                                                  \
+  do {                                                                     \
+    __m512 xv = _mm512_loadu_ps(base + px * 16);                           \
+    if (D) xv = _mm512_div_ps(xv, dv);                                     \
+    const __m512 d = _mm512_sub_ps(xv, rv);                                \
+    v[T] = _mm512_add_ps(v[T], SQ ? _mm512_mul_ps(d, d) : d);              \
+    if (++px == hw) px = 0, base += (int64_t)C * hw;                       \
+  } while (0)
+  for (int64_t g = 0; g < groups; g++)
+    for (int t = 0; t < KS; t++) BN_BLOCKED_ROW(t);
+  for (int64_t r = groups * KS; r < rows; r++) BN_BLOCKED_ROW(0); /* the tail rows: slot 0 */
+#undef BN_BLOCKED_ROW
+  for (int t = 0; t < KS; t++) _mm512_storeu_ps(a[t], v[t]);
+#else
+#define BN_BLOCKED_ROW(T)                                      \
+  do {                                                         \
+    const float *restrict xr = base + px * 16;                 \
+    _Pragma("omp simd") for (int j = 0; j < 16; j++) {         \
+      const float d = (D ? xr[j] / dp[j] : xr[j]) - rp[j];     \
+      a[T][j] += SQ ? d * d : d;                               \
+    }                                                          \
+    if (++px == hw) px = 0, base += (int64_t)C * hw;           \
+  } while (0)
+  for (int64_t g = 0; g < groups; g++)
+    for (int t = 0; t < KS; t++) BN_BLOCKED_ROW(t);
+  for (int64_t r = groups * KS; r < rows; r++) BN_BLOCKED_ROW(0); /* the tail rows: slot 0 */
+#undef BN_BLOCKED_ROW
+#endif
+  for (int t = 0; t < KS; t++)
+    for (int j = 0; j < 16; j++) acc[t * C + b * 16 + j] = a[t][j];
+}
+
+/* The pass over every block (acc: the pattern of p->k row slots). */
+BN_INLINE void blocked_stats_pass(float *restrict acc, const float *restrict x, int64_t r0, int64_t rows, int64_t hw,
+                                  const bn_plan *p, const float *restrict rep, const float *restrict drep, const int D,
+                                  const int SQ) {
+  for (int b = 0; b < p->C / 16; b++) switch (p->k) {
+      case 1: blocked_stats_block(acc, x, r0, rows, hw, p->C, b, rep, drep, D, SQ, 1); break;
+      case 2: blocked_stats_block(acc, x, r0, rows, hw, p->C, b, rep, drep, D, SQ, 2); break;
+      case 4: blocked_stats_block(acc, x, r0, rows, hw, p->C, b, rep, drep, D, SQ, 4); break;
+      default:
+        QT_ASSERT(p->k == 8, "batch norm: %d rows per pattern of %d channels", p->k, p->C);
+        blocked_stats_block(acc, x, r0, rows, hw, p->C, b, rep, drep, D, SQ, 8);
+        break;
+    }
+}
+
+/* chunk_stats_impl of rows r0 .. r0 + rows of a blocked input x (the whole tensor): the same
+ * operations on the same values in the same order, so the same bits. */
+BN_INLINE void chunk_stats_blocked_impl(double *mu, double *dev, double *sq, const float *restrict x, int64_t r0,
+                                        int64_t rows, int64_t hw, const bn_plan *p, float *restrict acc,
+                                        float *restrict rep, const float *restrict drep, const int D) {
+  const int C = p->C;
+  const float *x0 = x + blocked_row(r0, hw, C);
+  for (int t = 0; t < p->k; t++) /* shift: the chunk's first row */
+    for (int c = 0; c < C; c++) rep[t * C + c] = BN_X(x0, c / 16 * hw * 16 + c % 16, c);
+  blocked_stats_pass(acc, x, r0, rows, hw, p, rep, drep, D, 0);
+  pattern_fold(dev, acc, p);
+  for (int c = 0; c < C; c++) {
+    const double shift = rep[c];
+    mu[c] = (float)(shift + dev[c] / (double)rows);
+    dev[c] += (double)rows * (shift - mu[c]);
+  }
+  for (int t = 0; t < p->k; t++)
+    for (int c = 0; c < C; c++) rep[t * C + c] = (float)mu[c];
+  blocked_stats_pass(acc, x, r0, rows, hw, p, rep, drep, D, 1);
+  pattern_fold(sq, acc, p);
+}
+
+static void chunk_stats_blocked(double *mu, double *dev, double *sq, const float *x, int64_t r0, int64_t rows,
+                                int64_t hw, const bn_plan *p, float *acc, float *rep, const float *drep) {
+  if (drep)
+    chunk_stats_blocked_impl(mu, dev, sq, x, r0, rows, hw, p, acc, rep, drep, 1);
+  else
+    chunk_stats_blocked_impl(mu, dev, sq, x, r0, rows, hw, p, acc, rep, NULL, 0);
+}
+
 /* One pattern of rows: og = ((x - mhi) - mlo) * a + b (mlo NULL: 0). Called with a literal D
  * from inside the parallel loops below (OpenMP outlines a parallel region before inlining, so the
  * loops are written out per D rather than in an always-inline body taking D). */
@@ -255,10 +356,11 @@ void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, co
 
 /* The training statistics of inp (or inp / in_div): mean, invstd, the running statistics'
  * update, and the apply pass's per-channel constants: chi + clo, the mean as two floats, and ca,
- * gamma * invstd. */
+ * gamma * invstd. inp NHWC (hw 0) or blocked with hw pixels per image: the same bits. */
 static void bn_train_stats(float *mean, float *invstd, float *chi, float *clo, float *ca, const float *inp,
                            const float *in_div, const float *gamma, float *running_mean, float *running_var,
-                           float momentum, float eps, int M, int C, const qt_batch_sync *sync, int64_t *M_total) {
+                           float momentum, float eps, int M, int C, int64_t hw, const qt_batch_sync *sync,
+                           int64_t *M_total) {
   const int synced = sync && sync->size > 1;
   QT_ASSERT((synced ? M > 0 : M > 1) && C > 0,
             "batch_norm_forward_train: needs more than one value per channel (M=%d, C=%d), as PyTorch", M, C);
@@ -276,8 +378,12 @@ static void bn_train_stats(float *mean, float *invstd, float *chi, float *clo, f
   for (int64_t i = 0; i < p.nchunks; i++) {
     float *scratch = thread_scratch(ws, 2, &p);
     int64_t r0 = i * p.chunk_rows, rows = p.M - r0 < p.chunk_rows ? p.M - r0 : p.chunk_rows;
-    chunk_stats(pmu + i * C, pdev + i * C, psq + i * C, inp + r0 * C, rows, &p, scratch,
-                scratch + pattern_stride(&p), drep);
+    if (hw)
+      chunk_stats_blocked(pmu + i * C, pdev + i * C, psq + i * C, inp, r0, rows, hw, &p, scratch,
+                          scratch + pattern_stride(&p), drep);
+    else
+      chunk_stats(pmu + i * C, pdev + i * C, psq + i * C, inp + r0 * C, rows, &p, scratch,
+                  scratch + pattern_stride(&p), drep);
   }
 
   /* Merge the chunks in order (exact parallel-variance identity). */
@@ -336,8 +442,8 @@ void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, f
   float *ws = xmalloc((5 * ps + 3 * (size_t)(C > 0 ? C : 1)) * sizeof(float));
   float *mhi = ws, *mlo = ws + ps, *arep = ws + 2 * ps, *brep = ws + 3 * ps, *drep = in_div ? ws + 4 * ps : NULL;
   float *chi = ws + 5 * ps, *clo = chi + C, *ca = clo + C;
-  bn_train_stats(mean, invstd, chi, clo, ca, inp, in_div, gamma, running_mean, running_var, momentum, eps, M, C, sync,
-                 M_total);
+  bn_train_stats(mean, invstd, chi, clo, ca, inp, in_div, gamma, running_mean, running_var, momentum, eps, M, C, 0,
+                 sync, M_total);
   pattern_fill(mhi, chi, 0, &p);
   pattern_fill(mlo, clo, 0, &p);
   pattern_fill(arep, ca, 0, &p);
@@ -358,46 +464,85 @@ BN_INLINE float bn_pool_value(float x, float div, float chi, float clo, float ca
 }
 
 /* One row of windows (output row oh of an image) of qt_batch_norm_relu_pool_forward_train, with
- * literal RELU, FQ and D (a divisor): each input normalized as bn_apply_rows does, clamped as
- * relu_mask_block does (max(0, v) and min(6, v) as x86 computes them: NaN and -0 kept), quantized
- * as qt_fake_quant_forward does, and pooled with max pool's comparison in its window order; with
- * FQ, ya tracks the relu's output at the argmax. */
+ * literal RELU, FQ, D (a divisor) and BLK (img blocked, hw pixels: kernels.h; else NHWC): each
+ * input normalized as bn_apply_rows does, clamped as relu_mask_block does (max(0, v) and min(6, v)
+ * as x86 computes them: NaN and -0 kept), quantized as qt_fake_quant_forward does, and pooled with
+ * max pool's comparison in its window order; with FQ, ya tracks the relu's output at the argmax.
+ * The outputs are NHWC either way. */
 BN_INLINE void bn_pool_band(float *out, int32_t *argmax, float *yarg, uint8_t *qmask, const float *img, int64_t o_row,
-                            int oh, int W, int OW, int C, int K, const float *restrict chi,
+                            int oh, int W, int OW, int C, int64_t hw, int K, const float *restrict chi,
                             const float *restrict clo, const float *restrict ca, const float *restrict bb,
                             const float *restrict div, const qt_fq_params *fq, float *ya_scratch, const int RELU,
-                            const int FQ, const int D) {
+                            const int FQ, const int D, const int BLK) {
   const float s = FQ ? fq->scale : 1.0f, inv_s = 1.0f / s, zpf = FQ ? (float)fq->zero_point : 0.0f;
   const float lo = FQ ? (float)fq->qmin : 0.0f, hi = FQ ? (float)fq->qmax : 0.0f;
+  /* lanes: NHWC all C channels of a pixel at once; blocked 16 at a time, blocks hw * 16 apart */
+  const int NB = BLK ? C / 16 : 1, LW = BLK ? 16 : C, XS = BLK ? 16 : C;
+  const int64_t BS = BLK ? hw * 16 : 0;
   for (int ow = 0; ow < OW; ow++) {
     const int64_t o = o_row + (int64_t)ow * C;
-    float *restrict mv = out + o;
-    int32_t *restrict mi = argmax + o;
-    float *restrict ya = yarg ? yarg + o : ya_scratch;
     const int32_t first = oh * K * W + ow * K;
-    const float *restrict p0 = img + (int64_t)first * C;
+    for (int b = 0; b < NB; b++) {
+      const int c0 = b * LW;
+      float *restrict mv = out + o + c0;
+      int32_t *restrict mi = argmax + o + c0;
+      float *restrict ya = (yarg ? yarg + o : ya_scratch) + c0;
+      const float *restrict ch = chi + c0, *restrict cl = clo + c0, *restrict cs = ca + c0, *restrict cb = bb + c0;
+      const float *restrict dv = D ? div + c0 : NULL;
+      const float *restrict p0 = img + (int64_t)first * XS + b * BS;
+      if (K == 2) {
+        /* the 2x2 window written out inside the lanes' loop, so the running max stays in
+         * registers: the same operations in the same order as the loops below */
+        const int64_t o1 = XS, o2 = (int64_t)W * XS, o3 = (int64_t)(W + 1) * XS;
 #pragma omp simd
-    for (int c = 0; c < C; c++) {
-      const float v = bn_pool_value(p0[c], D ? div[c] : 1.0f, chi[c], clo[c], ca[c], bb[c], RELU, D);
-      mv[c] = FQ ? (quant_clamp(quant_round(v, inv_s, zpf), lo, hi) - zpf) * s : v;
-      mi[c] = first;
-      if (FQ) ya[c] = v;
-    }
-    /* the window after its first element, in max pool's order and with its comparison */
-    for (int kh = 0; kh < K; kh++)
-      for (int kw = kh == 0 ? 1 : 0; kw < K; kw++) {
-        const int32_t idx = first + kh * W + kw;
-        const float *restrict p = img + (int64_t)idx * C;
-#pragma omp simd
-        for (int c = 0; c < C; c++) {
-          const float v = bn_pool_value(p[c], D ? div[c] : 1.0f, chi[c], clo[c], ca[c], bb[c], RELU, D);
-          const float q = FQ ? (quant_clamp(quant_round(v, inv_s, zpf), lo, hi) - zpf) * s : v;
-          const int take = (q > mv[c]) | (q != q);
-          mv[c] = select_bits(take, q, mv[c]);
-          mi[c] = take ? idx : mi[c];
-          if (FQ) ya[c] = select_bits(take, v, ya[c]);
+        for (int c = 0; c < LW; c++) {
+          const float d = D ? dv[c] : 1.0f;
+          const float v0 = bn_pool_value(p0[c], d, ch[c], cl[c], cs[c], cb[c], RELU, D);
+          float m = FQ ? (quant_clamp(quant_round(v0, inv_s, zpf), lo, hi) - zpf) * s : v0, y = v0;
+          int32_t at = first;
+#define BN_POOL_TAKE(OFF, IDX)                                                                            \
+  do {                                                                                                    \
+    const float v = bn_pool_value(p0[(OFF) + c], d, ch[c], cl[c], cs[c], cb[c], RELU, D);                 \
+    const float q = FQ ? (quant_clamp(quant_round(v, inv_s, zpf), lo, hi) - zpf) * s : v;                 \
+    const int take = (q > m) | (q != q);                                                                  \
+    m = select_bits(take, q, m);                                                                          \
+    at = take ? (IDX) : at;                                                                               \
+    if (FQ) y = select_bits(take, v, y);                                                                  \
+  } while (0)
+          BN_POOL_TAKE(o1, first + 1);
+          BN_POOL_TAKE(o2, first + W);
+          BN_POOL_TAKE(o3, first + W + 1);
+#undef BN_POOL_TAKE
+          mv[c] = m;
+          mi[c] = at;
+          if (FQ) ya[c] = y;
         }
+        continue;
       }
+#pragma omp simd
+      for (int c = 0; c < LW; c++) {
+        const float v = bn_pool_value(p0[c], D ? dv[c] : 1.0f, ch[c], cl[c], cs[c], cb[c], RELU, D);
+        mv[c] = FQ ? (quant_clamp(quant_round(v, inv_s, zpf), lo, hi) - zpf) * s : v;
+        mi[c] = first;
+        if (FQ) ya[c] = v;
+      }
+      /* the window after its first element, in max pool's order and with its comparison */
+      for (int kh = 0; kh < K; kh++)
+        for (int kw = kh == 0 ? 1 : 0; kw < K; kw++) {
+          const int32_t idx = first + kh * W + kw;
+          const float *restrict p = img + (int64_t)idx * XS + b * BS;
+#pragma omp simd
+          for (int c = 0; c < LW; c++) {
+            const float v = bn_pool_value(p[c], D ? dv[c] : 1.0f, ch[c], cl[c], cs[c], cb[c], RELU, D);
+            const float q = FQ ? (quant_clamp(quant_round(v, inv_s, zpf), lo, hi) - zpf) * s : v;
+            const int take = (q > mv[c]) | (q != q);
+            mv[c] = select_bits(take, q, mv[c]);
+            mi[c] = take ? idx : mi[c];
+            if (FQ) ya[c] = select_bits(take, v, ya[c]);
+          }
+        }
+    }
+    float *restrict ya = yarg ? yarg + o : ya_scratch;
     if (FQ && qmask)
       for (int c = 0; c < C; c++) {
         const float q = quant_round(ya[c], inv_s, zpf);
@@ -409,43 +554,57 @@ BN_INLINE void bn_pool_band(float *out, int32_t *argmax, float *yarg, uint8_t *q
 void qt_batch_norm_relu_pool_forward_train(float *out, int32_t *argmax, float *yarg, uint8_t *qmask, float *mean,
                                            float *invstd, const float *inp, const float *in_div, const float *gamma,
                                            const float *beta, float *running_mean, float *running_var,
-                                           float momentum, float eps, int N, int H, int W, int C, int K, int relu,
-                                           const qt_fq_params *fq, const qt_batch_sync *sync, int64_t *M_total) {
+                                           float momentum, float eps, int N, int H, int W, int C, int blocked, int K,
+                                           int relu, const qt_fq_params *fq, const qt_batch_sync *sync,
+                                           int64_t *M_total) {
   QT_ASSERT(N >= 1 && C >= 1 && K >= 1 && H >= K && W >= K && H % K == 0 && W % K == 0 && relu >= 0 && relu <= 2 &&
-                (fq || (!qmask && !yarg)) && (!fq || fq->qmin < fq->qmax),
-            "batch_norm_relu_pool_forward_train: %dx%dx%dx%d input not tiled by %dx%d windows, relu %d, or a mask "
-            "or argmax values without a fake quant",
-            N, H, W, C, K, K, relu);
+                (fq || (!qmask && !yarg)) && (!fq || fq->qmin < fq->qmax) && (!blocked || C % 16 == 0),
+            "batch_norm_relu_pool_forward_train: %dx%dx%dx%d input not tiled by %dx%d windows, relu %d, a mask "
+            "or argmax values without a fake quant, or blocked (%d) without C %% 16 == 0",
+            N, H, W, C, K, K, relu, blocked);
   const int M = N * H * W, OH = H / K, OW = W / K;
   const int nthreads = omp_get_max_threads();
   /* per channel: the mean as two floats, gamma * invstd, beta (0 without), then ya per thread */
   float *ws = xmalloc((4 + (size_t)nthreads) * (size_t)C * sizeof(float));
   float *chi = ws, *clo = ws + C, *ca = ws + 2 * C, *bb = ws + 3 * C;
-  bn_train_stats(mean, invstd, chi, clo, ca, inp, in_div, gamma, running_mean, running_var, momentum, eps, M, C, sync,
-                 M_total);
+  const int64_t hw = (int64_t)H * W;
+  bn_train_stats(mean, invstd, chi, clo, ca, inp, in_div, gamma, running_mean, running_var, momentum, eps, M, C,
+                 blocked ? hw : 0, sync, M_total);
   for (int c = 0; c < C; c++) bb[c] = beta ? beta[c] : 0.0f;
-  const int variant = (relu * 2 + (fq != NULL)) * 2 + (in_div != NULL);
+  const int variant = ((relu * 2 + (fq != NULL)) * 2 + (in_div != NULL)) * 2 + (blocked != 0);
 #pragma omp parallel for collapse(2) schedule(static) if ((int64_t)M * C >= BN_PARALLEL_MIN)
   for (int n = 0; n < N; n++)
     for (int oh = 0; oh < OH; oh++) {
       const float *img = inp + (int64_t)n * H * W * C;
       const int64_t o_row = ((int64_t)n * OH + oh) * OW * C;
       float *ya = ws + (4 + (size_t)omp_get_thread_num()) * (size_t)C;
-#define BN_POOL_BAND(R, F, D) \
-  bn_pool_band(out, argmax, yarg, qmask, img, o_row, oh, W, OW, C, K, chi, clo, ca, bb, in_div, fq, ya, R, F, D)
+#define BN_POOL_BAND(R, F, D, B) \
+  bn_pool_band(out, argmax, yarg, qmask, img, o_row, oh, W, OW, C, hw, K, chi, clo, ca, bb, in_div, fq, ya, R, F, D, B)
       switch (variant) {
-        case 0: BN_POOL_BAND(0, 0, 0); break;
-        case 1: BN_POOL_BAND(0, 0, 1); break;
-        case 2: BN_POOL_BAND(0, 1, 0); break;
-        case 3: BN_POOL_BAND(0, 1, 1); break;
-        case 4: BN_POOL_BAND(1, 0, 0); break;
-        case 5: BN_POOL_BAND(1, 0, 1); break;
-        case 6: BN_POOL_BAND(1, 1, 0); break;
-        case 7: BN_POOL_BAND(1, 1, 1); break;
-        case 8: BN_POOL_BAND(2, 0, 0); break;
-        case 9: BN_POOL_BAND(2, 0, 1); break;
-        case 10: BN_POOL_BAND(2, 1, 0); break;
-        default: BN_POOL_BAND(2, 1, 1); break;
+        case 0: BN_POOL_BAND(0, 0, 0, 0); break;
+        case 1: BN_POOL_BAND(0, 0, 0, 1); break;
+        case 2: BN_POOL_BAND(0, 0, 1, 0); break;
+        case 3: BN_POOL_BAND(0, 0, 1, 1); break;
+        case 4: BN_POOL_BAND(0, 1, 0, 0); break;
+        case 5: BN_POOL_BAND(0, 1, 0, 1); break;
+        case 6: BN_POOL_BAND(0, 1, 1, 0); break;
+        case 7: BN_POOL_BAND(0, 1, 1, 1); break;
+        case 8: BN_POOL_BAND(1, 0, 0, 0); break;
+        case 9: BN_POOL_BAND(1, 0, 0, 1); break;
+        case 10: BN_POOL_BAND(1, 0, 1, 0); break;
+        case 11: BN_POOL_BAND(1, 0, 1, 1); break;
+        case 12: BN_POOL_BAND(1, 1, 0, 0); break;
+        case 13: BN_POOL_BAND(1, 1, 0, 1); break;
+        case 14: BN_POOL_BAND(1, 1, 1, 0); break;
+        case 15: BN_POOL_BAND(1, 1, 1, 1); break;
+        case 16: BN_POOL_BAND(2, 0, 0, 0); break;
+        case 17: BN_POOL_BAND(2, 0, 0, 1); break;
+        case 18: BN_POOL_BAND(2, 0, 1, 0); break;
+        case 19: BN_POOL_BAND(2, 0, 1, 1); break;
+        case 20: BN_POOL_BAND(2, 1, 0, 0); break;
+        case 21: BN_POOL_BAND(2, 1, 0, 1); break;
+        case 22: BN_POOL_BAND(2, 1, 1, 0); break;
+        default: BN_POOL_BAND(2, 1, 1, 1); break;
       }
 #undef BN_POOL_BAND
     }
@@ -647,10 +806,20 @@ static inline __mmask16 pooled_select(const int32_t *am, int32_t idx, const uint
   return sel;
 }
 
+/* Where row r of the chunk starting at r0 has its channels (NHWC; x the chunk's first row) or its
+ * first 16-channel block (pg->blocked: x the whole tensor, the row at image q->n's pixel idx), and
+ * how far apart its blocks are. */
+static inline const float *pooled_row(const float *x, const pool_walk *q, int32_t idx, int64_t r, const qt_pool_grad *pg,
+                                      int C) {
+  return pg->blocked ? x + q->n * C * pg->H * pg->W + (int64_t)idx * 16 : x + r * C;
+}
+
+/* pg->blocked: x is the whole tensor, else the chunk's first row. */
 static void chunk_grad_sums_pooled(double *sdy, double *sdyx, const qt_pool_grad *pg, const uint8_t *mask,
                                    const float *x, int64_t r0, int64_t rows, const bn_plan *p,
                                    const float *mrep, float *acc_s, float *acc_p, const float *drep) {
   const int C = p->C, k = p->k;
+  const int64_t bs = pg->blocked ? (int64_t)pg->H * pg->W * 16 : 16;
   const int64_t grouped = rows / k * k;
   memset(acc_s, 0, (size_t)p->L * sizeof *acc_s);
   memset(acc_p, 0, (size_t)p->L * sizeof *acc_p);
@@ -660,11 +829,11 @@ static void chunk_grad_sums_pooled(double *sdy, double *sdyx, const qt_pool_grad
     const int64_t o = pool_walk_out(&q, pg, C);
     const int32_t idx = q.h * pg->W + q.w;
     const int slot = r < grouped ? t : 0;
-    const float *xr = x + r * C;
+    const float *xr = pooled_row(x, &q, idx, r, pg, C);
     for (int c = 0; c < C; c += 16) {
       const __m512 dy = _mm512_maskz_loadu_ps(pooled_select(pg->argmax + o + c, idx, mask, (r0 + r) * C + c),
                                               pg->val + o + c);
-      __m512 xv = _mm512_loadu_ps(xr + c);
+      __m512 xv = _mm512_loadu_ps(xr + c / 16 * bs); /* this 16-channel block's */
       if (drep) xv = _mm512_div_ps(xv, _mm512_loadu_ps(drep + c));
       const __m512 d = _mm512_sub_ps(xv, _mm512_loadu_ps(mrep + c));
       float *as = acc_s + slot * C + c, *ap = acc_p + slot * C + c;
@@ -678,36 +847,40 @@ static void chunk_grad_sums_pooled(double *sdy, double *sdyx, const qt_pool_grad
   pattern_fold(sdyx, acc_p, p);
 }
 
+/* pg->blocked: x and dinp are the whole tensors, else the chunk's first rows. */
 static void chunk_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *pg, const uint8_t *mask,
                               const float *x, int64_t r0, int64_t rows, int C, const float *mrep,
                               const float *gmrep, const float *psrep, const float *arep, const float *drep,
                               float *qx) {
+  const int64_t bs = pg->blocked ? (int64_t)pg->H * pg->W * 16 : 16;
   pool_walk q = pool_walk_at(pg, r0);
   if (qx) memset(qx, 0, (size_t)((rows + QT_CHANNEL_SUM_ROWS - 1) / QT_CHANNEL_SUM_ROWS) * (size_t)C * sizeof *qx);
   for (int64_t r = 0; r < rows; r++) {
     float *qs = qx ? qx + r / QT_CHANNEL_SUM_ROWS * C : NULL; /* the row's segment's partials */
     const int64_t o = pool_walk_out(&q, pg, C);
     const int32_t idx = q.h * pg->W + q.w;
-    const float *xr = x + r * C;
-    float *ir = dinp + r * C;
+    const float *xr = pooled_row(x, &q, idx, r, pg, C);
+    float *ir = dinp + (xr - x); /* the same layout */
     for (int c = 0; c < C; c += 16) {
+      const float *xb = xr + c / 16 * bs; /* this 16-channel block's */
+      float *ib = ir + c / 16 * bs;
       const __m512 dy = _mm512_maskz_loadu_ps(pooled_select(pg->argmax + o + c, idx, mask, (r0 + r) * C + c),
                                               pg->val + o + c);
-      __m512 xv = _mm512_loadu_ps(xr + c);
+      __m512 xv = _mm512_loadu_ps(xb);
       if (drep) xv = _mm512_div_ps(xv, _mm512_loadu_ps(drep + c));
       const __m512 xm = _mm512_mul_ps(_mm512_sub_ps(xv, _mm512_loadu_ps(mrep + c)), _mm512_loadu_ps(psrep + c));
       const __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(dy, _mm512_loadu_ps(gmrep + c)), xm),
                                      _mm512_loadu_ps(arep + c));
       if (qx) { /* v is the quotient's gradient (0 + v, a fresh buffer's bits): divided into dinp, and its
                  * products with x summed */
-        const __m512 dq = _mm512_add_ps(_mm512_setzero_ps(), v), xr0 = _mm512_loadu_ps(xr + c);
-        _mm512_storeu_ps(qs + c, _mm512_add_ps(_mm512_loadu_ps(qs + c), _mm512_mul_ps(dq, xr0)));
+        const __m512 dq = _mm512_add_ps(_mm512_setzero_ps(), v);
+        _mm512_storeu_ps(qs + c, _mm512_add_ps(_mm512_loadu_ps(qs + c), _mm512_mul_ps(dq, _mm512_loadu_ps(xb))));
         const __m512 dx = _mm512_div_ps(dq, _mm512_loadu_ps(drep + c));
-        _mm512_storeu_ps(ir + c, dinp_write ? dx : _mm512_add_ps(_mm512_loadu_ps(ir + c), dx));
+        _mm512_storeu_ps(ib, dinp_write ? dx : _mm512_add_ps(_mm512_loadu_ps(ib), dx));
         continue;
       }
-      const __m512 base = dinp_write ? _mm512_setzero_ps() : _mm512_loadu_ps(ir + c);
-      _mm512_storeu_ps(ir + c, _mm512_add_ps(base, v));
+      const __m512 base = dinp_write ? _mm512_setzero_ps() : _mm512_loadu_ps(ib);
+      _mm512_storeu_ps(ib, _mm512_add_ps(base, v));
     }
     pool_walk_next(&q, pg);
   }
@@ -715,6 +888,8 @@ static void chunk_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *p
 #else
 #define POOLED512(C) 0
 #endif
+
+int qt_batch_norm_pool_takes_blocked(int C) { return C % 16 == 0 && POOLED512(C); }
 
 /* Reduces sum(dout) and sum(dout*(x-mean)) per channel into sdy/sdyx (C doubles each),
  * deterministically; with dx_scale also applies the eval dinp update in the same pass. */
@@ -735,8 +910,8 @@ static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write,
     const float *dchunk = dout ? dout + r0 * C : NULL;
     if (pg && POOLED512(C)) {
 #if defined(__AVX512F__)
-      chunk_grad_sums_pooled(part + i * C, part + npart + i * C, pg, relu_mask, inp + r0 * C, r0, rows, p, mrep,
-                             scratch, scratch + pattern_stride(p), drep);
+      chunk_grad_sums_pooled(part + i * C, part + npart + i * C, pg, relu_mask, pg->blocked ? inp : inp + r0 * C, r0,
+                             rows, p, mrep, scratch, scratch + pattern_stride(p), drep);
 #endif
       continue;
     }
@@ -865,8 +1040,9 @@ static void bn_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *pg, 
     float *qx = part ? part + i * spc * C : NULL;
     if (POOLED512(C)) {
 #if defined(__AVX512F__)
-      chunk_dinp_pooled(dinp + r0 * C, dinp_write, pg, relu_mask, inp + r0 * C, r0, rows, C, mrep, gmrep, psrep, arep,
-                        drep, qx);
+      const int64_t at = pg->blocked ? 0 : r0 * C; /* blocked: the whole tensors */
+      chunk_dinp_pooled(dinp + at, dinp_write, pg, relu_mask, inp + at, r0, rows, C, mrep, gmrep, psrep, arep, drep,
+                        qx);
 #endif
       continue;
     }
@@ -925,6 +1101,8 @@ static void bn_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta
   /* every process takes part in the sums' reduction, whatever gradients it wants */
   if (!dinp && !dgamma && !dbeta && !synced) return;
   QT_ASSERT(M > 0 && C > 0, "batch_norm_backward: empty input (M=%d, C=%d)", M, C);
+  QT_ASSERT(!pg || !pg->blocked || qt_batch_norm_pool_takes_blocked(C),
+            "batch_norm_backward_pooled: a blocked input with %d channels, which this build's kernels do not take", C);
   const bn_plan p = bn_plan_make(M, C);
   double *sums = xmalloc(4 * (size_t)C * sizeof(double));
   float *ws = xmalloc(8 * (size_t)p.L * sizeof(float));

@@ -30,6 +30,8 @@ typedef struct {
   int src_blocked;                /* the caller's input and its gradient are blocked (above), not
                                    * NHWC: only where qt_conv2d_src_blocked16 says so (not part of
                                    * the primitive cache's key) */
+  int dst_blocked;                /* the output and its gradient blocked: only where
+                                   * qt_conv2d_dst_blocked16 says so (not part of the key) */
 } qt_conv2d_shape;
 
 /* Fills OH/OW; returns 0, or -1 when the shape is invalid (non-positive output, bad groups). */
@@ -45,6 +47,8 @@ void qt_conv2d_scratch_bytes(size_t *src, size_t *dst, size_t *pad);
 /* Whether the shape's primitives run on a blocked input (the layout above): a caller may then set
  * src_blocked. Creates the shape's cached primitives if needed. */
 int qt_conv2d_src_blocked16(const qt_conv2d_shape *s);
+/* The same for the output: a caller may then set dst_blocked. */
+int qt_conv2d_dst_blocked16(const qt_conv2d_shape *s);
 /* out (N, OH, OW, OC) = conv(inp (N, H, W, C), weight (OC, C/groups, KH, KW)) + bias (OC) or NULL */
 void qt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias,
                        const qt_conv2d_shape *s);
@@ -142,7 +146,12 @@ typedef struct {
   const float *val;      /* (N, H / KH, W / KW, C) */
   const int32_t *argmax; /* the same shape */
   int N, H, W, KH, KW;
+  int blocked; /* the batch norm's input and its gradient are blocked (above; needs
+                * qt_batch_norm_pool_takes_blocked), not NHWC; val and argmax are NHWC either way */
 } qt_pool_grad;
+/* Whether qt_batch_norm_relu_backward_pooled takes a blocked input of C channels in this build
+ * (its AVX-512 kernels; qt_batch_norm_relu_pool_forward_train takes one wherever C % 16 == 0). */
+int qt_batch_norm_pool_takes_blocked(int C);
 /* Rows per float partial of a per-channel sum over activations (..., C): channel_scale's backward
  * (autograd/ops.c) and qt_batch_norm_relu_backward_pooled's div_sums, which then agree bit for bit
  * where the batch norm's reduction chunks are whole multiples of it. */
@@ -181,8 +190,8 @@ typedef struct {
 void qt_batch_norm_relu_pool_forward_train(float *out, int32_t *argmax, float *yarg, uint8_t *qmask, float *mean,
                                            float *invstd, const float *inp, const float *in_div, const float *gamma,
                                            const float *beta, float *running_mean, float *running_var,
-                                           float momentum, float eps, int N, int H, int W, int C, int K, int relu,
-                                           const qt_fq_params *fq, const struct qt_batch_sync *sync,
+                                           float momentum, float eps, int N, int H, int W, int C, int blocked, int K,
+                                           int relu, const qt_fq_params *fq, const struct qt_batch_sync *sync,
                                            int64_t *M_total);
 /* Convolution of a one-channel image (stride 1, groups 1, OC % 16 == 0, at most
  * QT_CONV1_POOL_MAX_TAPS taps), training batch norm, relu (relu 1) or relu6 (2), max pool over

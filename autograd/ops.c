@@ -53,7 +53,7 @@ static void conv2d_backward(qt_ctx *ctx, void *p) {
 }
 
 static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
-                            int pad_h, int pad_w, int groups) {
+                            int pad_h, int pad_w, int groups, int to_blocked) {
   check_f32_any(x, 4, "conv2d", "input");
   check_f32(w, 4, "conv2d", "weight");
   qt_conv2d_shape s = {
@@ -74,6 +74,9 @@ static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *
    * then, recorded or not (every parameter frozen) */
   s.winograd = (recording || x->blocked16) && ctx->conv_winograd;
   s.src_blocked = x->blocked16; /* the kernel refuses it where its primitives do not run on it */
+  /* a blocked output only where recorded (nothing but the backward reads the layout's choice) */
+  y->blocked16 = s.dst_blocked = to_blocked && recording && s.winograd && ctx->blocked_handoff && s.OC % 16 == 0 &&
+                                 qt_conv2d_dst_blocked16(&s);
   qt_conv2d_forward(qt_f32(y), qt_f32(x), qt_f32(w), b ? qt_f32(b) : NULL, &s);
   if (recording) {
     y->requires_grad = 1;
@@ -86,7 +89,12 @@ static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *
 
 qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
                      int pad_h, int pad_w, int groups) {
-  PROFILED(ctx, QT_PROFILE_CONV2D, conv2d_op(ctx, x, w, b, stride_h, stride_w, pad_h, pad_w, groups));
+  PROFILED(ctx, QT_PROFILE_CONV2D, conv2d_op(ctx, x, w, b, stride_h, stride_w, pad_h, pad_w, groups, 0));
+}
+
+qt_tensor *qt_conv2d_to_blocked(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
+                                int pad_h, int pad_w, int groups) {
+  PROFILED(ctx, QT_PROFILE_CONV2D, conv2d_op(ctx, x, w, b, stride_h, stride_w, pad_h, pad_w, groups, 1));
 }
 
 int qt_conv2d_takes_blocked(const qt_ctx *ctx, const int64_t x_shape[4], const int64_t w_shape[4], int stride_h,
@@ -289,7 +297,8 @@ static int pool_hand_to_bn(qt_ctx *ctx, bn_saved *bn, const qt_tensor *x, float 
                             (int)x->shape[1],
                             (int)x->shape[2],
                             kernel,
-                            kernel};
+                            kernel,
+                            0};
   bn->pool_bytes = val_bytes;
   return 1;
 }
@@ -1114,7 +1123,7 @@ static void bn_pool_backward(qt_ctx *ctx, void *p) {
                                 &s->fq, s->grad_factor, s->relu, s->N, (s->H / s->K) * (s->W / s->K), C,
                                 (int64_t)s->N * s->H * s->W * C, m);
   s->bn.pooled = 1;
-  s->bn.pool = (qt_pool_grad){val, s->argmax, s->N, s->H, s->W, s->K, s->K};
+  s->bn.pool = (qt_pool_grad){val, s->argmax, s->N, s->H, s->W, s->K, s->K, s->bn.x->blocked16};
   s->bn.pool_bytes = bytes;
   batch_norm_backward_of(ctx, &s->bn);
   qt_arena_free(ctx, val, bytes);
@@ -1124,7 +1133,7 @@ static qt_tensor *bn_pool_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *div, qt_tenso
                              float *running_mean, float *running_var, float momentum, float eps, int relu,
                              const qt_pool_fake_quant *fq, int kernel) {
   const char *name = "batch_norm_max_pool2d";
-  check_f32(x, 4, name, "input");
+  check_f32_any(x, 4, name, "input");
   if (div) check_f32(div, 1, name, "divisor");
   const int N = (int)x->shape[0], H = (int)x->shape[1], W = (int)x->shape[2], C = (int)x->shape[3];
   QT_ASSERT(gamma->shape[0] == C && beta->shape[0] == C && (!div || div->shape[0] == C),
@@ -1136,6 +1145,8 @@ static qt_tensor *bn_pool_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *div, qt_tenso
                                                            qt_tensor_numel(fq->lsq_scale) == 1
                                                      : fq->scale != NULL)),
             "%s: a fake quant needs a zero point and one scale", name);
+  QT_ASSERT(!x->blocked16 || qt_batch_norm_pool_takes_blocked(C),
+            "%s: a blocked (nChw16c) input of %d channels, which this build's kernels do not take", name, C);
   const int64_t shape[4] = {N, H / kernel, W / kernel, C};
   qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
   const int64_t m = qt_tensor_numel(y);
@@ -1157,7 +1168,7 @@ static qt_tensor *bn_pool_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *div, qt_tenso
   int64_t M_total = M;
   qt_batch_norm_relu_pool_forward_train(qt_f32(y), argmax, yarg, qmask, mean, invstd, qt_f32(x), div ? qt_f32(div) : NULL,
                                         qt_f32(gamma), qt_f32(beta), running_mean, running_var, momentum, eps, N, H, W,
-                                        C, kernel, relu, fq ? &fp : NULL, sync, &M_total);
+                                        C, x->blocked16, kernel, relu, fq ? &fp : NULL, sync, &M_total);
   if (rec) {
     y->requires_grad = 1;
     bn_pool_saved *sv = qt_tape_push(ctx, QT_PROFILE_BN_MAX_POOL2D, bn_pool_backward, sizeof *sv, y);
@@ -1183,6 +1194,8 @@ static qt_tensor *bn_pool_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *div, qt_tenso
   }
   return y;
 }
+
+int qt_batch_norm_relu_max_pool2d_takes_blocked(int C) { return qt_batch_norm_pool_takes_blocked(C); }
 
 qt_tensor *qt_batch_norm_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
                                          float *running_mean, float *running_var, float momentum, float eps, int relu,

@@ -906,6 +906,20 @@ static int value_to_blocked_conv(const qt_graph *g, const qt_ctx *ctx, int v, in
   return qt_conv2d_takes_blocked(ctx, shape, w_shape, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
 }
 
+/* In the training forward, whether conv2d node `node`'s output goes blocked (qt_conv2d_to_blocked)
+ * to the batch norm that is its sole consumer: that batch norm runs with its relu and pool as one
+ * op (bn_pool_fused_after), which takes a blocked input of the convolution's channels
+ * (qt_batch_norm_relu_max_pool2d_takes_blocked), and the value is neither kept nor forced. */
+static int conv_to_bn_pool(const qt_graph *g, int node, qt_tensor *const *force, const unsigned char *keep) {
+  const int v = g->nodes[node].output, j = qt_graph_sole_consumer(g, v);
+  if (j < 0 || g->nodes[j].op != QT_OP_BATCH_NORM || (keep && keep[v]) || (force && force[v]) ||
+      !qt_batch_norm_relu_max_pool2d_takes_blocked(g->nodes[node].attr.out_channels))
+    return 0;
+  const int r = relu_fused_after(g, j);
+  int fq;
+  return r >= 0 && bn_pool_fused_after(g, r, force, keep, &fq) >= 0;
+}
+
 /* Node fq_node's per-tensor fake quant as a fused op takes it, for a tensor of per_sample values
  * per sample (LSQ's gradient scale). */
 static qt_pool_fake_quant fused_fake_quant(qt_graph *g, qt_ctx *ctx, int fq_node, int64_t per_sample) {
@@ -1009,11 +1023,12 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
                                       NULL, g->nodes[c1_pool].attr.kernel_h,
                                       value_to_blocked_conv(g, ctx, g->nodes[c1_pool].output, x->shape[0], force, keep));
       deferred[c1_bn] = deferred[c1_relu] = deferred[c1_pool] = NODE_DONE;
-    } else if (n->op == QT_OP_CONV2D && deferred[i] >= 0) {
+    } else if (n->op == QT_OP_CONV2D && (deferred[i] >= 0 || (fuse && conv_to_bn_pool(g, i, force, keep)))) {
       qt_tensor *wp = param_tensor(g, ctx, n->param[QT_P_WEIGHT]), *bp = param_tensor(g, ctx, n->param[QT_P_BIAS]);
       qt_tensor *w = effective_weight(g, ctx, n, wp, g->error), *b = w ? effective_bias(g, ctx, i, bp, g->error) : NULL;
       if (!w || (!b && bp)) return NULL;
-      y = conv_of_lsq_input(g, ctx, deferred[i], x, w, b, a);
+      y = deferred[i] >= 0 ? conv_of_lsq_input(g, ctx, deferred[i], x, w, b, a)
+                           : qt_conv2d_to_blocked(ctx, x, w, b, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
       drop_unless(ctx, b, bp);
       drop_unless(ctx, w, wp);
     } else if (pool >= 0 && n->op == QT_OP_BATCH_NORM) {
@@ -1062,6 +1077,10 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
         qt_tensor *t;
         if (deferred[i] >= 0) {
           t = conv_of_lsq_input(g, ctx, deferred[i], x, w, NULL, a);
+        } else if (fuse && n->training && n->param[QT_P_BIAS] < 0 && pool >= 0 &&
+                   qt_batch_norm_relu_max_pool2d_takes_blocked(a->out_channels)) {
+          /* for bn_relu_pool below, which takes it blocked */
+          t = qt_conv2d_to_blocked(ctx, x, w, NULL, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
         } else {
           t = qt_conv2d(ctx, x, w, NULL, a->stride_h, a->stride_w, a->pad_h, a->pad_w, a->groups);
         }

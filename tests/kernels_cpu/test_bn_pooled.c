@@ -9,7 +9,10 @@
  * bit (dinp written or added to, dgamma, dbeta, and the LSQ scale's gradient between the two LSQ
  * backwards), for relu / relu6 / no relu, with and without the per-channel divisor, over shapes
  * whose reduction chunks cross images, with tail rows (M not a multiple of the pattern's rows),
- * 2x2 and 3x3 windows, C = 3, 16, 32, 64, and under 1 and 2 threads. */
+ * 2x2 and 3x3 windows, C = 3, 16, 32, 64, and under 1 and 2 threads. Where C % 16 == 0, the same
+ * kernels on the input (and its gradient) in the blocked layout (kernels.h) give the same bits:
+ * the forward's every output, and (where the build's kernels take it,
+ * qt_batch_norm_pool_takes_blocked) the backward's dinp, dgamma, dbeta and the divisor's sums. */
 #include "autograd/kernels.h"
 #include "qat/quant.h"
 #include "tests/common/testutil.h"
@@ -28,6 +31,21 @@ static int check_exact(const char *what, const float *got, const float *want, in
       return 1;
     }
   return 0;
+}
+
+/* (N, H, W, C) NHWC to the blocked layout (kernels.h; C % 16 == 0), and back */
+static float *to_blocked(const float *x, int N, int H, int W, int C) {
+  float *b = malloc((size_t)N * H * W * C * sizeof *b);
+  for (int64_t r = 0; r < (int64_t)N * H * W; r++)
+    for (int c = 0; c < C; c++)
+      b[((r / (H * W) * (C / 16) + c / 16) * H * W + r % (H * W)) * 16 + c % 16] = x[r * C + c];
+  return b;
+}
+static float *from_blocked(const float *b, int N, int H, int W, int C) {
+  float *x = malloc((size_t)N * H * W * C * sizeof *x);
+  for (int64_t r = 0; r < (int64_t)N * H * W; r++)
+    for (int c = 0; c < C; c++) x[r * C + c] = b[((r / (H * W) * (C / 16) + c / 16) * H * W + r % (H * W)) * 16 + c % 16];
+  return x;
 }
 
 enum { PLAIN, STE, LSQ };
@@ -78,7 +96,7 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
     const qt_fq_params fp = {scale, zp, qmin, qmax};
     int64_t total2;
     qt_batch_norm_relu_pool_forward_train(out2, argmax2, kind == PLAIN ? NULL : yarg, kind == STE ? qmask2 : NULL,
-                                          mean2, invstd2, x, div, gamma, beta, rm2, rv2, 0.1f, 1e-5f, N, H, W, C, K,
+                                          mean2, invstd2, x, div, gamma, beta, rm2, rv2, 0.1f, 1e-5f, N, H, W, C, 0, K,
                                           relu, kind == PLAIN ? NULL : &fp, NULL, &total2);
     check_exact(WHAT("fused forward out"), out2, out, m);
     for (int64_t i = 0; i < m; i++)
@@ -109,6 +127,27 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
         qt_test_fail("%s: at %lld", WHAT("qt_relu_passes differs from the relu's mask"), (long long)o);
         break;
       }
+    }
+    if (C % 16 == 0) { /* the same from the blocked input: every output bit for bit */
+      float *xb = to_blocked(x, N, H, W, C);
+      float *rm3 = qt_test_uniform_range(C, -0.2f, 0.2f, seed + 4), *rv3 = qt_test_uniform_range(C, 0.5f, 2.0f, seed + 5);
+      float *out3 = malloc((size_t)m * 4), *yarg3 = malloc((size_t)m * 4), *mean3 = malloc((size_t)C * 4);
+      float *invstd3 = malloc((size_t)C * 4);
+      int32_t *argmax3 = malloc((size_t)m * 4);
+      uint8_t *qmask3 = malloc((size_t)m);
+      int64_t total3;
+      qt_batch_norm_relu_pool_forward_train(out3, argmax3, kind == PLAIN ? NULL : yarg3, kind == STE ? qmask3 : NULL,
+                                            mean3, invstd3, xb, div, gamma, beta, rm3, rv3, 0.1f, 1e-5f, N, H, W, C, 1,
+                                            K, relu, kind == PLAIN ? NULL : &fp, NULL, &total3);
+      check_exact(WHAT("blocked forward out"), out3, out2, m);
+      if (memcmp(argmax3, argmax2, (size_t)m * 4) != 0) qt_test_fail("%s", WHAT("blocked forward argmax"));
+      if (kind != PLAIN) check_exact(WHAT("blocked forward yarg"), yarg3, yarg, m);
+      if (kind == STE && memcmp(qmask3, qmask2, (size_t)m) != 0) qt_test_fail("%s", WHAT("blocked forward STE mask"));
+      check_exact(WHAT("blocked forward mean"), mean3, mean2, C);
+      check_exact(WHAT("blocked forward invstd"), invstd3, invstd2, C);
+      check_exact(WHAT("blocked forward running mean"), rm3, rm2, C);
+      check_exact(WHAT("blocked forward running var"), rv3, rv2, C);
+      free(xb), free(rm3), free(rv3), free(out3), free(yarg3), free(mean3), free(invstd3), free(argmax3), free(qmask3);
     }
     free(rm2), free(rv2), free(out2), free(yarg), free(mean2), free(invstd2), free(argmax2), free(qmask2);
   }
@@ -149,7 +188,7 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
   float *dg1 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 8), *db1 = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 9);
   float *dg2 = qt_test_copy_f32(dg1, C), *db2 = qt_test_copy_f32(db1, C);
   qt_batch_norm_relu_backward(dx1, dinp_write, dg1, db1, dense, mask, x, div, mean, invstd, gamma, M, C, NULL, M);
-  const qt_pool_grad pg = {val, argmax, N, H, W, K, K};
+  const qt_pool_grad pg = {val, argmax, N, H, W, K, K, 0};
   qt_batch_norm_relu_backward_pooled(dx2, dinp_write, dg2, db2, &pg, mask, x, div, NULL, mean, invstd, gamma, M, C,
                                      NULL, M);
   check_exact(WHAT("dinp"), dx2, dx1, n);
@@ -160,6 +199,31 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
   qt_batch_norm_relu_backward_pooled(NULL, 0, dg3, db3, &pg, mask, x, div, NULL, mean, invstd, gamma, M, C, NULL, M);
   check_exact(WHAT("dgamma without dinp"), dg3, dg1, C);
   check_exact(WHAT("dbeta without dinp"), db3, db1, C);
+  if (C % 16 == 0 && qt_batch_norm_pool_takes_blocked(C)) {
+    /* x and dinp blocked: the same bits, and with the divisor the divisor's sums too (x's own
+     * gradient then, the quotient's divided by the divisor) */
+    const qt_pool_grad pgb = {val, argmax, N, H, W, K, K, 1};
+    float *xb = to_blocked(x, N, H, W, C), *dx0 = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 7);
+    for (int with_sums = 0; with_sums <= (div != NULL); with_sums++) {
+      float *dxa = qt_test_copy_f32(dx0, n), *dxb = to_blocked(dx0, N, H, W, C);
+      if (dinp_write)
+        for (int64_t i = 0; i < n; i++) dxa[i] = dxb[i] = NAN;
+      float *dga = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 8), *dba = qt_test_uniform_range(C, -1.0f, 1.0f, seed + 9);
+      float *dgb = qt_test_copy_f32(dga, C), *dbb = qt_test_copy_f32(dba, C);
+      double *sa = with_sums ? calloc((size_t)C, sizeof(double)) : NULL, *sb = with_sums ? calloc((size_t)C, sizeof(double)) : NULL;
+      qt_batch_norm_relu_backward_pooled(dxa, dinp_write, dga, dba, &pg, mask, x, div, sa, mean, invstd, gamma, M, C,
+                                         NULL, M);
+      qt_batch_norm_relu_backward_pooled(dxb, dinp_write, dgb, dbb, &pgb, mask, xb, div, sb, mean, invstd, gamma, M, C,
+                                         NULL, M);
+      float *dxu = from_blocked(dxb, N, H, W, C);
+      check_exact(with_sums ? WHAT("blocked dinp (divided)") : WHAT("blocked dinp"), dxu, dxa, n);
+      check_exact(WHAT("blocked dgamma"), dgb, dga, C);
+      check_exact(WHAT("blocked dbeta"), dbb, dba, C);
+      if (with_sums && memcmp(sa, sb, (size_t)C * sizeof(double)) != 0) qt_test_fail("%s", WHAT("blocked divisor sums"));
+      free(dxa), free(dxb), free(dga), free(dba), free(dgb), free(dbb), free(sa), free(sb), free(dxu);
+    }
+    free(xb), free(dx0);
+  }
   /* the test has teeth: the expanded gradient is not all zeros */
   int nonzero = 0;
   for (int64_t i = 0; i < n && !nonzero; i++) nonzero = dense[i] != 0.0f;
@@ -171,6 +235,9 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
 }
 
 int main(void) {
+  if (!qt_batch_norm_pool_takes_blocked(16))
+    printf("note: this build's pooled backward does not take blocked inputs (no AVX-512): only the blocked forward "
+           "is compared\n");
   /* N, H, W, C, K: FashionCNN's two layers at a small batch (chunks of 1024 / 512 rows cross the
    * 784 / 196-row images); C = 3 (patterns of 32 rows: 3 * 8 * 6 = 144 rows, a 16-row tail);
    * C = 16 with 3x3 windows; one image smaller than a chunk */
