@@ -241,7 +241,8 @@ static void training_step(qt_graph *g, int N, double max_ratio, const char *loos
  * and 4 of step_grads): the same gradients and running statistics, bit for bit, but for the LSQ
  * scale of a blocked value's fake quant (its gradient's terms summed in another order: 1e-5 of its
  * value). Where Winograd runs (AVX-512, ONEDNN_MAX_CPU_ISA unset) FashionCNN's conv2 must take its
- * input blocked: no NHWC-to-blocked buffer is mapped then. */
+ * input blocked and hand its output to batch norm blocked: no NHWC-to-blocked buffer, source- or
+ * destination-shaped, is mapped then. */
 static void blocked_handoff(qt_graph *g, int N) {
   const qt_value *in = &g->values[g->input];
   const int64_t n_in = N * qt_value_numel(in);
@@ -249,12 +250,12 @@ static void blocked_handoff(qt_graph *g, int N) {
   qt_test_fill_uniform(x, n_in, -2.0f, 2.0f, 19);
   int32_t labels[64];
   for (int i = 0; i < N; i++) labels[i] = (i * 7) % 10;
-  size_t peak, src[2], dst, pad;
+  size_t peak, src[2], dst[2], pad;
   float *r[2];
   for (int m = 0; m < 2; m++) {
     qt_conv2d_release_scratch();
     r[m] = step_grads(g, x, labels, N, 3 + m, &peak);
-    qt_conv2d_scratch_bytes(&src[m], &dst, &pad);
+    qt_conv2d_scratch_bytes(&src[m], &dst[m], &pad);
   }
   for (int t = 0; t < g->n_tensors; t++) {
     const qt_param *pt = &g->tensors[t];
@@ -275,9 +276,11 @@ static void blocked_handoff(qt_graph *g, int N) {
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   if (avx512 && !getenv("ONEDNN_MAX_CPU_ISA")) QT_CHECK(takes);
   if (takes) QT_CHECK(src[0] == 0 && src[1] > 0); /* blocked: conv2's input never reordered */
+  /* and its output neither (batch norm + relu + pool takes it blocked) */
+  if (takes && qt_batch_norm_relu_max_pool2d_takes_blocked(64)) QT_CHECK(dst[0] == 0 && dst[1] > 0);
   if (getenv("QT_TEST_VERBOSE"))
-    fprintf(stderr, "%s: conv2 takes blocked %d, NHWC-to-blocked buffer %zu / %zu bytes\n", g->name, takes, src[0],
-            src[1]);
+    fprintf(stderr, "%s: conv2 takes blocked %d, NHWC-to-blocked buffers %zu / %zu (source), %zu / %zu bytes\n",
+            g->name, takes, src[0], src[1], dst[0], dst[1]);
   free(r[0]), free(r[1]), free(x);
 }
 
