@@ -864,6 +864,9 @@ static void channel_scale_backward(qt_ctx *ctx, void *p) {
   }
 }
 
+/* Below this many elements (a layer's weights) a team costs more than the loop. */
+#define CS_PARALLEL_MIN 65536
+
 static qt_tensor *channel_scale_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide) {
   check_f32(x, -1, "channel_scale", "input");
   check_f32(s, 1, "channel_scale", "scale");
@@ -876,18 +879,18 @@ static qt_tensor *channel_scale_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int 
   float *yd = qt_f32(y);
   const float *xd = qt_f32(x), *sd = qt_f32(s);
   if (first_axis) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= CS_PARALLEL_MIN)
     for (int c = 0; c < C; c++)
       for (int64_t i = 0; i < rows; i++)
         yd[(int64_t)c * rows + i] = divide ? xd[(int64_t)c * rows + i] / sd[c] : xd[(int64_t)c * rows + i] * sd[c];
   } else if (divide) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= CS_PARALLEL_MIN)
     for (int64_t r = 0; r < rows; r++) {
 #pragma omp simd
       for (int c = 0; c < C; c++) yd[r * C + c] = xd[r * C + c] / sd[c];
     }
   } else {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= CS_PARALLEL_MIN)
     for (int64_t r = 0; r < rows; r++) {
 #pragma omp simd
       for (int c = 0; c < C; c++) yd[r * C + c] = xd[r * C + c] * sd[c];
