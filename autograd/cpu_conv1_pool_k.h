@@ -10,32 +10,42 @@
 C1P_INLINE void C1P_FN(patch_moments_k)(double *out, const float *xp, const float *hp, const qt_conv1_pool_shape *s,
                                         const int KH, const int KW, const int CROSS) {
   const int K = KH * KW, PWd = padded_width(s), n_acc = K + (CROSS ? K * K : K * (K + 1) / 2);
+  /* the float lanes of every accumulator, then summed in double lane by lane */
   v16f acc[QT_CONV1_POOL_MAX_TAPS + QT_CONV1_POOL_MAX_TAPS * QT_CONV1_POOL_MAX_TAPS];
-  C1P_UNROLL(128)
-  for (int a = 0; a < n_acc; a++) acc[a] = splat16(0.0f);
-  for (int oh = 0; oh < s->OH; oh++)
-    for (int ow0 = 0; ow0 < s->OW; ow0 += 16) {
-      v16i in_row;
-      for (int j = 0; j < 16; j++) in_row[j] = ow0 + j < s->OW ? -1 : 0;
-      v16f u[QT_CONV1_POOL_MAX_TAPS], vm[QT_CONV1_POOL_MAX_TAPS]; /* vm: the summed patch, lanes past OW 0 */
-      C1P_UNROLL(32)
-      for (int t = 0; t < K; t++) {
-        const size_t pt = (size_t)(oh + t / KW) * PWd + ow0 + t % KW;
-        u[t] = ld16(xp + pt);
-        vm[t] = sel16(in_row, CROSS ? ld16(hp + pt) : u[t], splat16(0.0f));
-        acc[t] += vm[t];
+  /* One pass over the image per accumulator row (a = -1: the patch sums; a >= 0: the products
+   * with u_a), so a pass's accumulators stay in registers where more of them would spill; each
+   * accumulator gets the same operations in the same order as one pass over all of them would
+   * give (over oh, then ow0). */
+  for (int a = -1; a < K; a++) {
+    const int t0 = a < 0 || CROSS ? 0 : a, p0 = a < 0 ? 0 : CROSS ? K + a * K : K + a * K - a * (a - 1) / 2;
+    v16f pa[QT_CONV1_POOL_MAX_TAPS];
+    C1P_UNROLL(32)
+    for (int t = 0; t < K; t++) pa[t] = splat16(0.0f);
+    for (int oh = 0; oh < s->OH; oh++)
+      for (int ow0 = 0; ow0 < s->OW; ow0 += 16) {
+        v16i in_row;
+        for (int j = 0; j < 16; j++) in_row[j] = ow0 + j < s->OW ? -1 : 0;
+        const v16f ua = a < 0 ? splat16(0.0f) : ld16(xp + (size_t)(oh + a / KW) * PWd + ow0 + a % KW);
+        C1P_UNROLL(32)
+        for (int t = t0; t < K; t++) {
+          const size_t pt = (size_t)(oh + t / KW) * PWd + ow0 + t % KW;
+          const v16f ut = ld16(xp + pt);
+          const v16f vm = sel16(in_row, CROSS ? ld16(hp + pt) : ut, splat16(0.0f)); /* lanes past OW 0 */
+          if (a < 0)
+            pa[t] += vm;
+          else if (CROSS)
+            pa[t] = fma16(ua, vm, pa[t]);
+          else /* vm[a] * u[t]: u_a's own lanes masked */
+            pa[t] = fma16(sel16(in_row, ua, splat16(0.0f)), ut, pa[t]);
+        }
       }
-      int p = K;
-      C1P_UNROLL(32)
-      for (int a = 0; a < K; a++) C1P_UNROLL(32)
-      for (int t = CROSS ? 0 : a; t < K; t++, p++)
-        acc[p] = CROSS ? fma16(u[a], vm[t], acc[p]) : fma16(vm[a], u[t], acc[p]);
-    }
-  for (int a = 0; a < n_acc; a++) {
-    double sum = 0;
-    for (int j = 0; j < 16; j++) sum += (double)acc[a][j];
-    out[a] = sum;
+    C1P_UNROLL(32)
+    for (int t = t0; t < K; t++) acc[p0 + t - t0] = pa[t];
   }
+  /* in double, lane by lane in lane order per accumulator; the accumulators side by side */
+  for (int a = 0; a < n_acc; a++) out[a] = 0;
+  for (int j = 0; j < 16; j++)
+    for (int a = 0; a < n_acc; a++) out[a] += (double)acc[a][j];
 }
 
 /* NP consecutive pooled outputs (OS floats apart) of one row (ph, from pw) of one image for channels
@@ -135,8 +145,7 @@ C1P_INLINE void C1P_FN(image_grad_sums)(double *P, double *Ph, double *db, const
         const size_t o = ((size_t)ph * PW + pw) * OS + ov;
         const v16f gv = ld16(g + o);
         dsum += gv;
-        v16i at = {0};
-        for (int j = 0; j < 16; j++) at[j] = argmax[o + j];
+        const v16i at = ld16_u8(argmax + o);
         const size_t po = (size_t)(ph * PK) * PWd + pw * PK;
         /* per lane, the tap's input at the lane's argmax window position, selected from the
          * window's PK * PK candidates, then one FMA: the sum the masked FMAs over every position
