@@ -12,11 +12,31 @@ C1P_INLINE void C1P_FN(patch_moments_k)(double *out, const float *xp, const floa
   const int K = KH * KW, PWd = padded_width(s), n_acc = K + (CROSS ? K * K : K * (K + 1) / 2);
   /* the float lanes of every accumulator, then summed in double lane by lane */
   v16f acc[QT_CONV1_POOL_MAX_TAPS + QT_CONV1_POOL_MAX_TAPS * QT_CONV1_POOL_MAX_TAPS];
-  /* One pass over the image per accumulator row (a = -1: the patch sums; a >= 0: the products
-   * with u_a), so a pass's accumulators stay in registers where more of them would spill; each
-   * accumulator gets the same operations in the same order as one pass over all of them would
-   * give (over oh, then ow0). */
-  for (int a = -1; a < K; a++) {
+  if (!CROSS) { /* one pass: the upper triangle's accumulators spill less than passes cost */
+    C1P_UNROLL(128)
+    for (int a = 0; a < n_acc; a++) acc[a] = splat16(0.0f);
+    for (int oh = 0; oh < s->OH; oh++)
+      for (int ow0 = 0; ow0 < s->OW; ow0 += 16) {
+        v16i in_row;
+        for (int j = 0; j < 16; j++) in_row[j] = ow0 + j < s->OW ? -1 : 0;
+        v16f u[QT_CONV1_POOL_MAX_TAPS], vm[QT_CONV1_POOL_MAX_TAPS]; /* vm: the summed patch, lanes past OW 0 */
+        C1P_UNROLL(32)
+        for (int t = 0; t < K; t++) {
+          u[t] = ld16(xp + (size_t)(oh + t / KW) * PWd + ow0 + t % KW);
+          vm[t] = sel16(in_row, u[t], splat16(0.0f));
+          acc[t] += vm[t];
+        }
+        int p = K;
+        C1P_UNROLL(32)
+        for (int a = 0; a < K; a++) C1P_UNROLL(32)
+        for (int t = a; t < K; t++, p++) acc[p] = fma16(vm[a], u[t], acc[p]);
+      }
+  }
+  /* With CROSS, one pass over the image per accumulator row (a = -1: the patch sums; a >= 0: the
+   * products with u_a), so a pass's accumulators stay in registers where the K * K + K of one pass
+   * would spill; each accumulator gets the same operations in the same order as one pass over all
+   * of them would give (over oh, then ow0). */
+  for (int a = -1; CROSS && a < K; a++) {
     const int t0 = a < 0 || CROSS ? 0 : a, p0 = a < 0 ? 0 : CROSS ? K + a * K : K + a * K - a * (a - 1) / 2;
     v16f pa[QT_CONV1_POOL_MAX_TAPS];
     C1P_UNROLL(32)
