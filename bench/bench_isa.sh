@@ -38,7 +38,7 @@ for isa in native avx2; do
   echo "bench_isa: $isa"
   $build/bin/bench_profile experiments/fashion_cnn_fp32.ini --steps 50 > "$out/profile_fp32_$isa.txt"
   $build/bin/bench_profile experiments/fashion_cnn_qat_w4a4.ini --steps 50 > "$out/profile_qat_w4a4_$isa.txt"
-  /usr/bin/python3 bench/bench_train.py --images $images --build $build > "$out/train_$isa.txt"
+  /usr/bin/python3 bench/bench_train.py --images $images --rounds $rounds --build $build > "$out/train_$isa.txt"
   # 7 rounds: with 2, the ratio moved by 0.05-0.15 between runs on this shared machine
   /usr/bin/python3 bench/bench_qat.py --images $images --repeat $qat_repeat --build $build > "$out/qat_$isa.txt"
   /usr/bin/python3 bench/bench_infer.py --rounds $rounds --repeat $repeat --build $build --qdq $qdq \

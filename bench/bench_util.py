@@ -20,14 +20,17 @@ class BestOf:
 
 def torch_version():
     """PyTorch's version, or None (saying the comparison is skipped) when it is not installed;
-    warns when OpenBLAS is missing, since PyTorch's linear layers then run on reference BLAS."""
-    try:
-        import torch
-    except ImportError:
+    warns when OpenBLAS is missing, since PyTorch's linear layers then run on reference BLAS.
+    Asked of a child process: importing torch here would grow this process by some 150 MB, and a
+    contender started from it afterwards would report that as its own peak RSS (Linux keeps
+    ru_maxrss across fork and execve)."""
+    p = subprocess.run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                       text=True)
+    if p.returncode != 0:
         print("PyTorch not installed (apt-get install python3-torch): comparison skipped")
         return None
     blas = subprocess.run(["dpkg-query", "-W", "-f=${Status}", "libopenblas0-pthread"], capture_output=True,
                           text=True).stdout
     if "installed" not in blas:
         print("warning: libopenblas0-pthread is not installed: PyTorch's linear layers run on reference BLAS")
-    return torch.__version__
+    return p.stdout.strip().splitlines()[-1]
