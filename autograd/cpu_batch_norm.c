@@ -108,6 +108,19 @@ static void *xmalloc(size_t n) {
 
 /* ---- training forward ------------------------------------------------------------------- */
 
+/* A chunk's mean from its first pass (dev: the sum of x - rep, rep the chunk's first row): mu, the
+ * mean rounded to float, dev then the sum of x - mu; rep becomes mu's pattern for the second pass. */
+static void chunk_mean(double *mu, double *dev, float *rep, int64_t rows, const bn_plan *p) {
+  const int C = p->C;
+  for (int c = 0; c < C; c++) {
+    const double shift = rep[c];
+    mu[c] = (float)(shift + dev[c] / (double)rows);
+    dev[c] += (double)rows * (shift - mu[c]);
+  }
+  for (int t = 0; t < p->k; t++)
+    for (int c = 0; c < C; c++) rep[t * C + c] = (float)mu[c];
+}
+
 /* Statistics of one chunk of `rows` rows, per channel: its mean rounded to float (mu), the sum
  * of deviations from that mean (dev, ~0 up to the rounding of mu) and of their squares (sq).
  * The first pass sums x - x[first row] so float lanes hold deviations, not the (possibly large)
@@ -129,13 +142,7 @@ BN_INLINE void chunk_stats_impl(double *mu, double *dev, double *sq, const float
   for (int64_t t = 0; t < tail; t++)
     for (int c = 0; c < C; c++) acc[c] += BN_X(xt, t * C + c, c) - rep[c];
   pattern_fold(dev, acc, p);
-  for (int c = 0; c < C; c++) {
-    const double shift = rep[c];
-    mu[c] = (float)(shift + dev[c] / (double)rows);
-    dev[c] += (double)rows * (shift - mu[c]);
-  }
-  for (int t = 0; t < p->k; t++)
-    for (int c = 0; c < C; c++) rep[t * C + c] = (float)mu[c];
+  chunk_mean(mu, dev, rep, rows, p);
 
   memset(acc, 0, (size_t)L * sizeof *acc);
   for (int64_t g = 0; g < groups; g++) {
@@ -244,13 +251,7 @@ BN_INLINE void chunk_stats_blocked_impl(double *mu, double *dev, double *sq, con
     for (int c = 0; c < C; c++) rep[t * C + c] = BN_X(x0, c / 16 * hw * 16 + c % 16, c);
   blocked_stats_pass(acc, x, r0, rows, hw, p, rep, drep, D, 0);
   pattern_fold(dev, acc, p);
-  for (int c = 0; c < C; c++) {
-    const double shift = rep[c];
-    mu[c] = (float)(shift + dev[c] / (double)rows);
-    dev[c] += (double)rows * (shift - mu[c]);
-  }
-  for (int t = 0; t < p->k; t++)
-    for (int c = 0; c < C; c++) rep[t * C + c] = (float)mu[c];
+  chunk_mean(mu, dev, rep, rows, p);
   blocked_stats_pass(acc, x, r0, rows, hw, p, rep, drep, D, 1);
   pattern_fold(sq, acc, p);
 }

@@ -974,6 +974,9 @@ static void batch_norm_backward_of(qt_ctx *ctx, bn_saved *b) {
     qt_arena_free(ctx, sums, (size_t)b->C * sizeof(double));
     return;
   }
+  /* x / s's backward as its own pass below reads x as NHWC (a blocked x comes from a recorded
+   * convolution, so it needs its gradient and takes the branch above) */
+  QT_ASSERT(!b->pooled || !b->pool.blocked, "batch_norm: a blocked input without its gradient");
   const int64_t n = qt_tensor_numel(b->x);
   const int want_q = b->x->requires_grad || b->s->requires_grad;
   float *dq = !want_q                                ? NULL
