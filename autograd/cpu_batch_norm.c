@@ -181,48 +181,48 @@ static inline int64_t blocked_row(int64_t r, int64_t hw, int C) { return r / hw 
 BN_INLINE void blocked_stats_block(float *restrict acc, const float *restrict x, int64_t r0, int64_t rows, int64_t hw,
                                    int C, int b, const float *restrict rep, const float *restrict drep, const int D,
                                    const int SQ, const int KS) {
-  float a[8][16]; /* KS <= 8: C % 16 == 0 makes bn_plan_make's k at most 128 / 16 */
-  for (int t = 0; t < KS; t++)
-    for (int j = 0; j < 16; j++) a[t][j] = 0.0f;
   const float *restrict rp = rep + b * 16, *restrict dp = D ? drep + b * 16 : NULL;
   int64_t px = r0 % hw;
   const float *base = x + r0 / hw * C * hw + (int64_t)b * hw * 16; /* the image's block */
   const int64_t groups = rows / KS;
 #if defined(__AVX512F__)
-  /* the same operations, the slots' sums in registers (GCC keeps a[][] in memory) */
-  __m512 v[8];
+  /* the same operations, the slots' sums in registers (GCC keeps them in memory otherwise) */
+  __m512 v[8]; /* KS <= 8: C % 16 == 0 makes bn_plan_make's k at most 128 / 16 */
   for (int t = 0; t < KS; t++) v[t] = _mm512_setzero_ps();
   const __m512 rv = _mm512_loadu_ps(rp), dv = D ? _mm512_loadu_ps(dp) : rv;
-#define BN_BLOCKED_ROW(T)                                                  \
-  do {                                                                     \
-    __m512 xv = _mm512_loadu_ps(base + px * 16);                           \
-    if (D) xv = _mm512_div_ps(xv, dv);                                     \
-    const __m512 d = _mm512_sub_ps(xv, rv);                                \
-    v[T] = _mm512_add_ps(v[T], SQ ? _mm512_mul_ps(d, d) : d);              \
-    if (++px == hw) px = 0, base += (int64_t)C * hw;                       \
+#define BN_BLOCKED_ROW(T)                                   \
+  do {                                                      \
+    __m512 xv = _mm512_loadu_ps(base + px * 16);            \
+    if (D) xv = _mm512_div_ps(xv, dv);                      \
+    const __m512 d = _mm512_sub_ps(xv, rv);                 \
+    v[T] = _mm512_add_ps(v[T], SQ ? _mm512_mul_ps(d, d) : d); \
   } while (0)
-  for (int64_t g = 0; g < groups; g++)
-    for (int t = 0; t < KS; t++) BN_BLOCKED_ROW(t);
-  for (int64_t r = groups * KS; r < rows; r++) BN_BLOCKED_ROW(0); /* the tail rows: slot 0 */
-#undef BN_BLOCKED_ROW
-  for (int t = 0; t < KS; t++) _mm512_storeu_ps(a[t], v[t]);
 #else
-#define BN_BLOCKED_ROW(T)                                      \
-  do {                                                         \
-    const float *restrict xr = base + px * 16;                 \
-    _Pragma("omp simd") for (int j = 0; j < 16; j++) {         \
-      const float d = (D ? xr[j] / dp[j] : xr[j]) - rp[j];     \
-      a[T][j] += SQ ? d * d : d;                               \
-    }                                                          \
-    if (++px == hw) px = 0, base += (int64_t)C * hw;           \
-  } while (0)
-  for (int64_t g = 0; g < groups; g++)
-    for (int t = 0; t < KS; t++) BN_BLOCKED_ROW(t);
-  for (int64_t r = groups * KS; r < rows; r++) BN_BLOCKED_ROW(0); /* the tail rows: slot 0 */
-#undef BN_BLOCKED_ROW
-#endif
   for (int t = 0; t < KS; t++)
-    for (int j = 0; j < 16; j++) acc[t * C + b * 16 + j] = a[t][j];
+    for (int j = 0; j < 16; j++) acc[t * C + b * 16 + j] = 0.0f;
+#define BN_BLOCKED_ROW(T)                                    \
+  do {                                                       \
+    const float *restrict xr = base + px * 16;               \
+    float *restrict at = acc + (T) * C + b * 16;             \
+    _Pragma("omp simd") for (int j = 0; j < 16; j++) {       \
+      const float d = (D ? xr[j] / dp[j] : xr[j]) - rp[j];   \
+      at[j] += SQ ? d * d : d;                               \
+    }                                                        \
+  } while (0)
+#endif
+  for (int64_t g = 0; g < groups; g++)
+    for (int t = 0; t < KS; t++) {
+      BN_BLOCKED_ROW(t);
+      if (++px == hw) px = 0, base += (int64_t)C * hw;
+    }
+  for (int64_t r = groups * KS; r < rows; r++) { /* the tail rows: slot 0 */
+    BN_BLOCKED_ROW(0);
+    if (++px == hw) px = 0, base += (int64_t)C * hw;
+  }
+#undef BN_BLOCKED_ROW
+#if defined(__AVX512F__)
+  for (int t = 0; t < KS; t++) _mm512_storeu_ps(acc + t * C + b * 16, v[t]);
+#endif
 }
 
 /* The pass over every block (acc: the pattern of p->k row slots). */
@@ -499,12 +499,12 @@ BN_INLINE void bn_pool_band(float *out, int32_t *argmax, float *yarg, uint8_t *q
         for (int c = 0; c < LW; c++) {
           const float d = D ? dv[c] : 1.0f;
           const float v0 = bn_pool_value(p0[c], d, ch[c], cl[c], cs[c], cb[c], RELU, D);
-          float m = FQ ? (quant_clamp(quant_round(v0, inv_s, zpf), lo, hi) - zpf) * s : v0, y = v0;
+          float m = FQ ? quant_fake(v0, s, inv_s, zpf, lo, hi) : v0, y = v0;
           int32_t at = first;
 #define BN_POOL_TAKE(OFF, IDX)                                                                            \
   do {                                                                                                    \
     const float v = bn_pool_value(p0[(OFF) + c], d, ch[c], cl[c], cs[c], cb[c], RELU, D);                 \
-    const float q = FQ ? (quant_clamp(quant_round(v, inv_s, zpf), lo, hi) - zpf) * s : v;                 \
+    const float q = FQ ? quant_fake(v, s, inv_s, zpf, lo, hi) : v;                 \
     const int take = (q > m) | (q != q);                                                                  \
     m = select_bits(take, q, m);                                                                          \
     at = take ? (IDX) : at;                                                                               \
@@ -523,7 +523,7 @@ BN_INLINE void bn_pool_band(float *out, int32_t *argmax, float *yarg, uint8_t *q
 #pragma omp simd
       for (int c = 0; c < LW; c++) {
         const float v = bn_pool_value(p0[c], D ? dv[c] : 1.0f, ch[c], cl[c], cs[c], cb[c], RELU, D);
-        mv[c] = FQ ? (quant_clamp(quant_round(v, inv_s, zpf), lo, hi) - zpf) * s : v;
+        mv[c] = FQ ? quant_fake(v, s, inv_s, zpf, lo, hi) : v;
         mi[c] = first;
         if (FQ) ya[c] = v;
       }
@@ -535,7 +535,7 @@ BN_INLINE void bn_pool_band(float *out, int32_t *argmax, float *yarg, uint8_t *q
 #pragma omp simd
           for (int c = 0; c < LW; c++) {
             const float v = bn_pool_value(p[c], D ? dv[c] : 1.0f, ch[c], cl[c], cs[c], cb[c], RELU, D);
-            const float q = FQ ? (quant_clamp(quant_round(v, inv_s, zpf), lo, hi) - zpf) * s : v;
+            const float q = FQ ? quant_fake(v, s, inv_s, zpf, lo, hi) : v;
             const int take = (q > mv[c]) | (q != q);
             mv[c] = select_bits(take, q, mv[c]);
             mi[c] = take ? idx : mi[c];
@@ -807,15 +807,14 @@ static inline __mmask16 pooled_select(const int32_t *am, int32_t idx, const uint
   return sel;
 }
 
-/* Where row r of the chunk starting at r0 has its channels (NHWC; x the chunk's first row) or its
- * first 16-channel block (pg->blocked: x the whole tensor, the row at image q->n's pixel idx), and
- * how far apart its blocks are. */
+/* Where row r (at image q->n's pixel idx) has its channels (NHWC) or its first 16-channel block
+ * (pg->blocked) in x, the whole tensor. */
 static inline const float *pooled_row(const float *x, const pool_walk *q, int32_t idx, int64_t r, const qt_pool_grad *pg,
                                       int C) {
   return pg->blocked ? x + q->n * C * pg->H * pg->W + (int64_t)idx * 16 : x + r * C;
 }
 
-/* pg->blocked: x is the whole tensor, else the chunk's first row. */
+/* x: the whole tensor. */
 static void chunk_grad_sums_pooled(double *sdy, double *sdyx, const qt_pool_grad *pg, const uint8_t *mask,
                                    const float *x, int64_t r0, int64_t rows, const bn_plan *p,
                                    const float *mrep, float *acc_s, float *acc_p, const float *drep) {
@@ -830,7 +829,7 @@ static void chunk_grad_sums_pooled(double *sdy, double *sdyx, const qt_pool_grad
     const int64_t o = pool_walk_out(&q, pg, C);
     const int32_t idx = q.h * pg->W + q.w;
     const int slot = r < grouped ? t : 0;
-    const float *xr = pooled_row(x, &q, idx, r, pg, C);
+    const float *xr = pooled_row(x, &q, idx, r0 + r, pg, C);
     for (int c = 0; c < C; c += 16) {
       const __m512 dy = _mm512_maskz_loadu_ps(pooled_select(pg->argmax + o + c, idx, mask, (r0 + r) * C + c),
                                               pg->val + o + c);
@@ -848,7 +847,7 @@ static void chunk_grad_sums_pooled(double *sdy, double *sdyx, const qt_pool_grad
   pattern_fold(sdyx, acc_p, p);
 }
 
-/* pg->blocked: x and dinp are the whole tensors, else the chunk's first rows. */
+/* x and dinp: the whole tensors. */
 static void chunk_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *pg, const uint8_t *mask,
                               const float *x, int64_t r0, int64_t rows, int C, const float *mrep,
                               const float *gmrep, const float *psrep, const float *arep, const float *drep,
@@ -860,7 +859,7 @@ static void chunk_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *p
     float *qs = qx ? qx + r / QT_CHANNEL_SUM_ROWS * C : NULL; /* the row's segment's partials */
     const int64_t o = pool_walk_out(&q, pg, C);
     const int32_t idx = q.h * pg->W + q.w;
-    const float *xr = pooled_row(x, &q, idx, r, pg, C);
+    const float *xr = pooled_row(x, &q, idx, r0 + r, pg, C);
     float *ir = dinp + (xr - x); /* the same layout */
     for (int c = 0; c < C; c += 16) {
       const float *xb = xr + c / 16 * bs; /* this 16-channel block's */
@@ -911,8 +910,8 @@ static void bn_grad_sums(double *sdy, double *sdyx, float *dinp, int dinp_write,
     const float *dchunk = dout ? dout + r0 * C : NULL;
     if (pg && POOLED512(C)) {
 #if defined(__AVX512F__)
-      chunk_grad_sums_pooled(part + i * C, part + npart + i * C, pg, relu_mask, pg->blocked ? inp : inp + r0 * C, r0,
-                             rows, p, mrep, scratch, scratch + pattern_stride(p), drep);
+      chunk_grad_sums_pooled(part + i * C, part + npart + i * C, pg, relu_mask, inp, r0, rows, p, mrep, scratch,
+                             scratch + pattern_stride(p), drep);
 #endif
       continue;
     }
@@ -1041,9 +1040,7 @@ static void bn_dinp_pooled(float *dinp, int dinp_write, const qt_pool_grad *pg, 
     float *qx = part ? part + i * spc * C : NULL;
     if (POOLED512(C)) {
 #if defined(__AVX512F__)
-      const int64_t at = pg->blocked ? 0 : r0 * C; /* blocked: the whole tensors */
-      chunk_dinp_pooled(dinp + at, dinp_write, pg, relu_mask, inp + at, r0, rows, C, mrep, gmrep, psrep, arep, drep,
-                        qx);
+      chunk_dinp_pooled(dinp, dinp_write, pg, relu_mask, inp, r0, rows, C, mrep, gmrep, psrep, arep, drep, qx);
 #endif
       continue;
     }

@@ -17,8 +17,7 @@ C1P_INLINE void C1P_FN(patch_moments_k)(double *out, const float *xp, const floa
     for (int a = 0; a < n_acc; a++) acc[a] = splat16(0.0f);
     for (int oh = 0; oh < s->OH; oh++)
       for (int ow0 = 0; ow0 < s->OW; ow0 += 16) {
-        v16i in_row;
-        for (int j = 0; j < 16; j++) in_row[j] = ow0 + j < s->OW ? -1 : 0;
+        const v16i in_row = lanes_below(s->OW - ow0);
         v16f u[QT_CONV1_POOL_MAX_TAPS], vm[QT_CONV1_POOL_MAX_TAPS]; /* vm: the summed patch, lanes past OW 0 */
         C1P_UNROLL(32)
         for (int t = 0; t < K; t++) {
@@ -37,30 +36,22 @@ C1P_INLINE void C1P_FN(patch_moments_k)(double *out, const float *xp, const floa
    * would spill; each accumulator gets the same operations in the same order as one pass over all
    * of them would give (over oh, then ow0). */
   for (int a = -1; CROSS && a < K; a++) {
-    const int t0 = a < 0 || CROSS ? 0 : a, p0 = a < 0 ? 0 : CROSS ? K + a * K : K + a * K - a * (a - 1) / 2;
     v16f pa[QT_CONV1_POOL_MAX_TAPS];
     C1P_UNROLL(32)
     for (int t = 0; t < K; t++) pa[t] = splat16(0.0f);
     for (int oh = 0; oh < s->OH; oh++)
       for (int ow0 = 0; ow0 < s->OW; ow0 += 16) {
-        v16i in_row;
-        for (int j = 0; j < 16; j++) in_row[j] = ow0 + j < s->OW ? -1 : 0;
+        const v16i in_row = lanes_below(s->OW - ow0);
         const v16f ua = a < 0 ? splat16(0.0f) : ld16(xp + (size_t)(oh + a / KW) * PWd + ow0 + a % KW);
         C1P_UNROLL(32)
-        for (int t = t0; t < K; t++) {
+        for (int t = 0; t < K; t++) {
           const size_t pt = (size_t)(oh + t / KW) * PWd + ow0 + t % KW;
-          const v16f ut = ld16(xp + pt);
-          const v16f vm = sel16(in_row, CROSS ? ld16(hp + pt) : ut, splat16(0.0f)); /* lanes past OW 0 */
-          if (a < 0)
-            pa[t] += vm;
-          else if (CROSS)
-            pa[t] = fma16(ua, vm, pa[t]);
-          else /* vm[a] * u[t]: u_a's own lanes masked */
-            pa[t] = fma16(sel16(in_row, ua, splat16(0.0f)), ut, pa[t]);
+          const v16f vm = sel16(in_row, ld16(hp + pt), splat16(0.0f)); /* lanes past OW 0 */
+          pa[t] = a < 0 ? pa[t] + vm : fma16(ua, vm, pa[t]);
         }
       }
     C1P_UNROLL(32)
-    for (int t = t0; t < K; t++) acc[p0 + t - t0] = pa[t];
+    for (int t = 0; t < K; t++) acc[(a < 0 ? 0 : K + a * K) + t] = pa[t];
   }
   /* in double, lane by lane in lane order per accumulator; the accumulators side by side */
   for (int a = 0; a < n_acc; a++) out[a] = 0;

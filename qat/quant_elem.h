@@ -20,6 +20,11 @@ static inline float quant_clamp(float q, float lo, float hi) {
   return q < hi ? q : hi;
 }
 
+/* The fake-quantized value of x: (clamp(round(x / s) + zp) - zp) * s, PyTorch's operations in turn. */
+static inline float quant_fake(float x, float s, float inv_s, float zpf, float lo, float hi) {
+  return (quant_clamp(quant_round(x, inv_s, zpf), lo, hi) - zpf) * s;
+}
+
 /* c ? a : b on the bits: with gcc's default -ftrapping-math a float ?: may be turned back into
  * a branch around trapping arithmetic, which stops a loop from vectorizing. */
 static inline float select_bits(int c, float a, float b) {

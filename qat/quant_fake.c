@@ -45,7 +45,7 @@ static inline void fq_run(float *out, uint8_t *mask, const float *inp, int64_t n
     }
   } else {
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) out[i] = (quant_clamp(quant_round(inp[i], inv_s, zpf), lo, hi) - zpf) * s;
+    for (int64_t i = 0; i < n; i++) out[i] = quant_fake(inp[i], s, inv_s, zpf, lo, hi);
   }
 }
 
@@ -87,7 +87,7 @@ void qt_fake_quant_forward(float *out, uint8_t *mask, const float *inp, int64_t 
         }
       } else {
 #pragma omp simd
-        for (int c = 0; c < C; c++) y[c] = (quant_clamp(quant_round(x[c], inv[c], zpf[c]), lo, hi) - zpf[c]) * scale[c];
+        for (int c = 0; c < C; c++) y[c] = quant_fake(x[c], scale[c], inv[c], zpf[c], lo, hi);
       }
     }
     free(inv);
@@ -310,7 +310,7 @@ void qt_fake_quant_max_pool_forward(float *out, int32_t *argmax, uint8_t *mask, 
         const float *restrict p0 = img + (int64_t)first * C;
 #pragma omp simd
         for (int c = 0; c < C; c++) {
-          mv[c] = (quant_clamp(quant_round(p0[c], inv_s, zpf), lo, hi) - zpf) * s;
+          mv[c] = quant_fake(p0[c], s, inv_s, zpf, lo, hi);
           mi[c] = first;
         }
         /* the window after its first element, in max_pool2d's order and with its comparison */
@@ -320,7 +320,7 @@ void qt_fake_quant_max_pool_forward(float *out, int32_t *argmax, uint8_t *mask, 
             const float *restrict p = img + (int64_t)idx * C;
 #pragma omp simd
             for (int c = 0; c < C; c++) {
-              const float v = (quant_clamp(quant_round(p[c], inv_s, zpf), lo, hi) - zpf) * s;
+              const float v = quant_fake(p[c], s, inv_s, zpf, lo, hi);
               const int take = (v > mv[c]) | (v != v);
               mv[c] = take ? v : mv[c];
               mi[c] = take ? idx : mi[c];
@@ -358,7 +358,7 @@ void qt_fake_quant_max_pool_backward(float *dinp, int dinp_write, const float *d
              * masked in place (a fresh gradient) or added times the mask */
             if (dinp_write) {
 #pragma omp simd
-              for (int c = 0; c < C; c++) g[c] = m[c] & (am[c] == idx) ? 0.0f + d[c] : 0.0f;
+              for (int c = 0; c < C; c++) g[c] = (m[c] & (am[c] == idx)) ? 0.0f + d[c] : 0.0f;
             } else {
 #pragma omp simd
               for (int c = 0; c < C; c++) g[c] += (0.0f + (am[c] == idx ? d[c] : 0.0f)) * (float)m[c];
