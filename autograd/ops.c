@@ -1109,9 +1109,7 @@ static float *pool_grad_values(qt_ctx *ctx, bn_pool_kind kind, const float *d, c
     for (int64_t i = 0; i < m; i++) val[i] = qmask[i] ? 0.0f + d[i] : 0.0f;
   } else {
     qt_fake_quant_lsq_pool_val_backward(val, dscale, d, yarg, N, per_image, C, n_in, fq->scale, fq->zero_point,
-                                        fq->qmin, fq->qmax, grad_factor);
-#pragma omp parallel for simd schedule(static) if (m >= 32768)
-    for (int64_t i = 0; i < m; i++) val[i] = qt_relu_passes(yarg[i], relu) ? val[i] : 0.0f;
+                                        fq->qmin, fq->qmax, grad_factor, relu);
   }
   return val;
 }

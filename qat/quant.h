@@ -110,10 +110,12 @@ void qt_fake_quant_lsq_max_pool_backward_val(float *dval, float *dscale, const f
                                              int32_t zero_point, int qmin, int qmax, float grad_factor);
 /* The same from the argmax inputs' values alone (xarg: one per output, as
  * qt_batch_norm_relu_pool_forward_train's yarg; per_image outputs per image; inputs: the pool
- * input's element count, which decides the threads as above so dscale has the same bits). */
+ * input's element count, which decides the threads as above so dscale has the same bits), with a
+ * relu before the fake quant folded in: relu 1 (relu) or 2 (relu6) makes val +0 wherever the
+ * relu's backward would block xarg's gradient (0: none). */
 void qt_fake_quant_lsq_pool_val_backward(float *val, float *dscale, const float *dout, const float *xarg, int N,
                                          int per_image, int C, int64_t inputs, float scale, int32_t zero_point,
-                                         int qmin, int qmax, float grad_factor);
+                                         int qmin, int qmax, float grad_factor, int relu);
 /* The clipped STE's backward of that composition (a fake quant with fixed qparams), given the
  * forward's mask (may be NULL there when not needed: one byte per output, the argmax input's
  * clamp-range bit): dinp (written when dinp_write, else added to) has the composition's bits

@@ -491,10 +491,37 @@ void qt_fake_quant_lsq_max_pool_backward_val(float *dval, float *dscale, const f
                         grad_factor);
 }
 
+/* qt_fake_quant_lsq_pool_val_backward's rows [o0, o1) of C channels: each channel's double sum
+ * of the scale terms into acc (row after row, as lsq_max_pool_backward), val 0 + the input's
+ * gradient where the relu passed the argmax input, else 0 (pool_grad_values' select, in this
+ * pass). Inlined with a literal C of at most 64 the sums live in registers, not in memory that
+ * every row stores and reloads; the same operations in the same order either way. */
+static inline __attribute__((always_inline)) void lsq_val_rows(double *restrict acc, float *restrict val,
+                                                               const float *restrict dout,
+                                                               const float *restrict xarg, int64_t o0, int64_t o1,
+                                                               const int C, float s, float inv_s, float zpf, float lo,
+                                                               float hi, float grad_factor, int relu) {
+  for (int64_t o = o0; o < o1; o += C) {
+    const float *restrict d = dout + o, *restrict xa = xarg + o;
+    float *restrict v = val + o;
+#pragma omp simd
+    for (int c = 0; c < C; c++) {
+      float dx, ds, dz;
+      LSQ_ELEMENT(xa[c], 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
+      (void)dz;
+      acc[c] += ds;
+      /* qt_relu_passes (autograd/kernels.h) without branches */
+      const int pass = (relu == 0) | (!islessequal(xa[c], 0.0f) & !((relu == 2) & isgreaterequal(xa[c], 6.0f)));
+      v[c] = select_bits(pass, 0.0f + dx, 0.0f);
+    }
+  }
+}
+
 void qt_fake_quant_lsq_pool_val_backward(float *val, float *dscale, const float *dout, const float *xarg, int N,
                                          int per_image, int C, int64_t inputs, float scale, int32_t zero_point,
-                                         int qmin, int qmax, float grad_factor) {
-  QUANT_ASSERT(N >= 0 && per_image >= 0 && C >= 1 && qmin < qmax, "fake quant + max pool: bad shape or range");
+                                         int qmin, int qmax, float grad_factor, int relu) {
+  QUANT_ASSERT(N >= 0 && per_image >= 0 && C >= 1 && qmin < qmax && relu >= 0 && relu <= 2,
+               "fake quant + max pool: bad shape, range or relu");
   const float s = scale, inv_s = 1.0f / s, zpf = (float)zero_point, lo = (float)qmin, hi = (float)qmax;
   /* lsq_max_pool_backward's threads and per-channel sums, in its order */
   const int nt = inputs >= QUANT_PARALLEL_MIN ? omp_get_max_threads() : 1;
@@ -504,23 +531,20 @@ void qt_fake_quant_lsq_pool_val_backward(float *val, float *dscale, const float 
   {
     const int t = omp_get_thread_num(), T = omp_get_num_threads();
     const int per = (N + T - 1) / T, nb = t * per, ne = nb + per < N ? nb + per : N;
-    double *acc = channel_sums(C);
+    const int64_t o0 = (int64_t)nb * per_image * C, o1 = (int64_t)(ne > nb ? ne : nb) * per_image * C;
+    double reg[64] = {0}, *acc = C <= 64 ? reg : channel_sums(C);
     QUANT_ASSERT(acc, "out of memory");
-    for (int64_t o = (int64_t)nb * per_image * C; o < (int64_t)(ne > nb ? ne : nb) * per_image * C; o += C) {
-      const float *restrict d = dout + o, *restrict xa = xarg + o;
-      float *restrict v = val + o;
-#pragma omp simd
-      for (int c = 0; c < C; c++) {
-        float dx, ds, dz;
-        LSQ_ELEMENT(xa[c], 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
-        (void)dz;
-        acc[c] += ds;
-        v[c] = 0.0f + dx;
-      }
-    }
+    if (C == 16)
+      lsq_val_rows(acc, val, dout, xarg, o0, o1, 16, s, inv_s, zpf, lo, hi, grad_factor, relu);
+    else if (C == 32)
+      lsq_val_rows(acc, val, dout, xarg, o0, o1, 32, s, inv_s, zpf, lo, hi, grad_factor, relu);
+    else if (C == 64)
+      lsq_val_rows(acc, val, dout, xarg, o0, o1, 64, s, inv_s, zpf, lo, hi, grad_factor, relu);
+    else
+      lsq_val_rows(acc, val, dout, xarg, o0, o1, C, s, inv_s, zpf, lo, hi, grad_factor, relu);
     double as = 0;
     for (int c = 0; c < C; c++) as += acc[c];
-    free(acc);
+    if (acc != reg) free(acc);
     part[t] = as;
   }
   double sum = 0;

@@ -177,9 +177,15 @@ static void run_case(int N, int H, int W, int C, int K, int relu, int with_div, 
     /* from the argmax inputs' values alone (the fused op's yarg) */
     float *val2 = malloc((size_t)m * 4), *xarg = malloc((size_t)m * 4), ds_arg = 0.25f;
     for (int64_t o = 0; o < m; o++) xarg[o] = y[((o / ((int64_t)OH * OW * C)) * H * W + argmax[o]) * C + o % C];
-    qt_fake_quant_lsq_pool_val_backward(val2, &ds_arg, dout, xarg, N, OH * OW, C, n, scale, zp, qmin, qmax, gf);
+    qt_fake_quant_lsq_pool_val_backward(val2, &ds_arg, dout, xarg, N, OH * OW, C, n, scale, zp, qmin, qmax, gf, 0);
     check_exact(WHAT("LSQ scale gradient from xarg"), &ds_arg, &ds_dense, 1);
     check_exact(WHAT("LSQ values from xarg"), val2, val, m);
+    /* with the relu folded in (the fused ops' pool_grad_values): val where qt_relu_passes, else +0 */
+    float ds_relu = 0.25f;
+    qt_fake_quant_lsq_pool_val_backward(val2, &ds_relu, dout, xarg, N, OH * OW, C, n, scale, zp, qmin, qmax, gf, relu);
+    check_exact(WHAT("LSQ scale gradient from xarg, relu folded"), &ds_relu, &ds_dense, 1);
+    for (int64_t o = 0; o < m; o++) xarg[o] = qt_relu_passes(xarg[o], relu) ? val[o] : 0.0f; /* the expected values */
+    check_exact(WHAT("LSQ values from xarg, relu folded"), val2, xarg, m);
     free(val2), free(xarg);
   }
   float *dx1 = qt_test_uniform_range(n, -1.0f, 1.0f, seed + 7), *dx2 = qt_test_copy_f32(dx1, n);
