@@ -576,6 +576,10 @@ static int conv_c1_applies(const qt_conv2d_shape *s) {
 
 /* 16 floats in vector lanes (a GNU C vector: one AVX-512 register, two AVX2 ones) for the kernels
  * below, which keep accumulators in registers across taps. */
+/* The helpers taking and returning these vectors are static and inlined, so no call crosses an
+ * ABI boundary: GCC's -Wpsabi note (a 64-byte vector returned without AVX-512 enabled, as in a
+ * QT_NATIVE=OFF build) does not apply, and QT_WERROR would turn it into an error. */
+#pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v16f __attribute__((vector_size(64)));
 static inline v16f load16(const float *p) {
   v16f v;
