@@ -149,11 +149,16 @@ static void adamw_step(qt_optim *o, float *params, const float *grads, float lr)
   const float bias_correction2_sqrt = (float)sqrt(1.0 - pow((double)beta2, t));
   const uint8_t *decay = o->decay;
   float *exp_avg = o->state, *exp_avg_sq = o->state + n; /* (n) each */
-#pragma omp parallel for schedule(static) if (n >= QT_OPTIM_OMP_MIN)
+  /* a select for the decay mask instead of a branch, so the loop vectorizes (with sqrtf an
+   * instruction: optim/CMakeLists.txt): per element the same operations in the same order */
+  const int all = decoupled && !decay, masked = decoupled && decay;
+#pragma omp parallel for simd schedule(static) if (n >= QT_OPTIM_OMP_MIN)
   for (int64_t i = 0; i < n; i++) {
     const float g = grads[i];
     float p = params[i];
-    if (decoupled && (!decay || decay[i])) p = p * shrink;
+    const float ps = p * shrink;
+    if (all) p = ps;
+    if (masked) p = decay[i] ? ps : p;
     const float m = fmaf(g, one_minus_beta1, exp_avg[i] * beta1);
     const float v = fmaf(one_minus_beta2 * g, g, exp_avg_sq[i] * beta2);
     const float denom = sqrtf(v) / bias_correction2_sqrt + eps;
