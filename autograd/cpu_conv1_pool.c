@@ -142,6 +142,50 @@ typedef struct {
   v16f mh, ml, a, bt;
 } norm16;
 
+/* The backward's source of g (qt_conv1_pool_grad), with its constants: mode 0 given, 1 no fake
+ * quant (the relu's pass at the output), 2 fixed qparams (the forward's mask), 3 LSQ; acc: this
+ * thread's per-slot sums of the LSQ scale terms (NULL: not summed), slot = the output's offset
+ * modulo C, as qt_fake_quant_lsq_pool_val_backward's rows of C give them. */
+typedef struct {
+  const qt_conv1_pool_grad *pg;
+  int mode, relu, C;
+  float s, inv_s, zpf, lo, hi, gf;
+  double *acc;
+} c1p_grad;
+
+/* g at outputs o .. o + 15 (offset o in the whole output; lanes consecutive in either layout),
+ * formed as autograd/ops.c's pool_grad_values forms it, lane by lane. */
+C1P_INLINE v16f grad_value(const c1p_grad *q, size_t o) {
+  const int MODE = q->mode;
+  const qt_conv1_pool_grad *pg = q->pg;
+  if (MODE == 0) return ld16(pg->g + o);
+  const v16f d = ld16(pg->dout + o);
+  v16f gv = {0}; /* every lane written below */
+  if (MODE == 3) {
+    const v16f ya = ld16(pg->yarg + o);
+    float ds[16];
+#pragma omp simd
+    for (int j = 0; j < 16; j++) {
+      float dx, dsj, dz;
+      LSQ_ELEMENT(ya[j], 0.0f + d[j], q->s, q->inv_s, q->zpf, q->lo, q->hi, q->gf, dx, dsj, dz);
+      (void)dz;
+      gv[j] = select_bits(quant_relu_pass(ya[j], q->relu), 0.0f + dx, 0.0f);
+      ds[j] = dsj;
+    }
+    if (q->acc) {
+      double *a = q->acc + o % (size_t)q->C;
+      for (int j = 0; j < 16; j++) a[j] += ds[j];
+    }
+  } else if (MODE == 2) {
+    const uint8_t *m = pg->qmask + o;
+    for (int j = 0; j < 16; j++) gv[j] = select_bits(m[j], 0.0f + d[j], 0.0f);
+  } else {
+    const v16f y = ld16(pg->out + o);
+    for (int j = 0; j < 16; j++) gv[j] = select_bits(quant_relu_pass(y[j], q->relu), 0.0f + d[j], 0.0f);
+  }
+  return gv;
+}
+
 /* The kernels (autograd/cpu_conv1_pool_k.h) take KH, KW, the pool's size (and the number of
  * outputs at a time) as literals where they can: their loops unroll fully (#pragma GCC unroll)
  * and the accumulators stay in registers, 3-4x faster than loops over runtime counts (measured:
@@ -287,8 +331,9 @@ void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yar
  * argmax window position one permute of it (index (t / 3 + j / 2) * 4 + t % 3 + j % 2, j the
  * lane's argmax): the values the selects of image_grad_sums pick, the same FMAs in the same order,
  * so the same bits, in about a third of the instructions. */
-static void image_grad_sums_3x3p2(double *P, double *Ph, double *db, const float *g, const uint8_t *argmax,
-                                  const float *xp, const float *hp, const qt_conv1_pool_shape *s, const int HP) {
+static void image_grad_sums_3x3p2(double *P, double *Ph, double *db, const c1p_grad *g, size_t obase,
+                                  const uint8_t *argmax, const float *xp, const float *hp,
+                                  const qt_conv1_pool_shape *s, const int HP) {
   const int OC = s->OC, PWd = padded_width(s), PH = s->OH / 2, PW = s->OW / 2, OS = out_pixel_stride(s);
   const v16f zero = splat16(0.0f);
   for (int v = 0; v < OC / 16; v++) {
@@ -299,7 +344,7 @@ static void image_grad_sums_3x3p2(double *P, double *Ph, double *db, const float
     for (int ph = 0; ph < PH; ph++)
       for (int pw = 0; pw < PW; pw++) {
         const size_t o = ((size_t)ph * PW + pw) * OS + ov;
-        const v16f gv = ld16(g + o);
+        const v16f gv = grad_value(g, obase + o);
         dsum += gv;
         /* (ld16_u8's __builtin_convertvector compiled to slower code here: 0.38 against 0.25 ms) */
         const v16i at = (v16i)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(argmax + o)));
@@ -338,9 +383,10 @@ static void image_cross_moments(double *out, const float *xp, const float *hp, c
     patch_moments_k_gen(out, xp, hp, s, s->KH, s->KW, 1);
 }
 
-void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, double *dscale, const float *g,
-                                    const uint8_t *argmax, const double *stats, const float *img, const float *w,
-                                    const float *gamma, const float *coef, const qt_conv1_pool_shape *s) {
+void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, double *dscale,
+                                    const qt_conv1_pool_grad *pg, const uint8_t *argmax, const double *stats,
+                                    const float *img, const float *w, const float *gamma, const float *coef,
+                                    const qt_conv1_pool_shape *s) {
   QT_ASSERT(!dscale == !coef, "conv1_bn_relu_pool_backward: a scale gradient needs the coefficient image");
   const int N = s->N, K = s->KH * s->KW, OC = s->OC, HP = coef != NULL;
   const int64_t M = (int64_t)N * s->OH * s->OW;
@@ -351,27 +397,60 @@ void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, dou
   const int nthreads = omp_get_max_threads();
   float *xps = xcalloc((size_t)nthreads * padded * (HP ? 2 : 1), sizeof *xps);
   double *part = xcalloc((size_t)N * per_img, sizeof *part);
-#pragma omp parallel for schedule(static) if (N > 1)
-  for (int n = 0; n < N; n++) {
-    float *xp = xps + (size_t)omp_get_thread_num() * padded * (HP ? 2 : 1), *hp = HP ? xp + padded : NULL;
-    pad_image(xp, img + (size_t)n * s->H * s->W, s);
-    if (HP) pad_image(hp, coef + (size_t)n * s->H * s->W, s);
-    double *P = part + (size_t)n * per_img, *db = P + (size_t)OC * K, *Ph = db + OC, *cross = Ph + (size_t)OC * K;
-    const size_t o = (size_t)n * per_out;
+  c1p_grad src = {pg, pg->g ? 0 : pg->yarg ? 3 : pg->qmask ? 2 : 1, s->relu, OC, 0, 0, 0, 0, 0, 0, NULL};
+  QT_ASSERT(pg->g || (pg->dout && (pg->yarg || pg->qmask || pg->out)),
+            "conv1_bn_relu_pool_backward: neither the values nor the gradient to form them from");
+  const int lsq_sum = src.mode == 3 && pg->lsq_dscale;
+  if (src.mode == 3) {
+    QT_ASSERT(pg->fq.qmin < pg->fq.qmax, "conv1_bn_relu_pool_backward: bad fake quant range");
+    src.s = pg->fq.scale, src.inv_s = 1.0f / src.s, src.zpf = (float)pg->fq.zero_point;
+    src.lo = (float)pg->fq.qmin, src.hi = (float)pg->fq.qmax, src.gf = pg->grad_factor;
+  }
+  /* Images split into contiguous runs per thread: with the LSQ scale's sums, on the threads and
+   * runs qt_fake_quant_lsq_pool_val_backward takes, each thread's per-slot sums running over its
+   * images in order, then summed slot by slot and thread by thread as it sums them. Everything else
+   * is summed per image, then in image order, whatever the threads. */
+  const int nt = lsq_sum ? (pg->pool_inputs >= QUANT_PARALLEL_MIN ? nthreads : 1) : N > 1 ? nthreads : 1;
+  double *lsq_part = lsq_sum ? xcalloc((size_t)nt, sizeof *lsq_part) : NULL;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int per = (N + T - 1) / T, nb = t * per, ne = nb + per < N ? nb + per : N;
+    c1p_grad q = src;
+    q.acc = lsq_sum ? xcalloc((size_t)OC, sizeof *q.acc) : NULL;
+    float *xp = xps + (size_t)t * padded * (HP ? 2 : 1), *hp = HP ? xp + padded : NULL;
+    for (int n = nb; n < ne; n++) {
+      pad_image(xp, img + (size_t)n * s->H * s->W, s);
+      if (HP) pad_image(hp, coef + (size_t)n * s->H * s->W, s);
+      double *P = part + (size_t)n * per_img, *db = P + (size_t)OC * K, *Ph = db + OC, *cross = Ph + (size_t)OC * K;
+      const size_t o = (size_t)n * per_out;
 #if defined(__AVX512F__)
-    if (s->KH == 3 && s->KW == 3 && s->pool == 2)
-      image_grad_sums_3x3p2(P, Ph, db, g + o, argmax + o, xp, hp, s, HP);
-    else
+      if (s->KH == 3 && s->KW == 3 && s->pool == 2)
+        image_grad_sums_3x3p2(P, Ph, db, &q, o, argmax + o, xp, hp, s, HP);
+      else
 #endif
-    if (s->KH == 3 && s->KW == 3 && s->pool == 2 && !HP)
-      image_grad_sums_lit(P, Ph, db, g + o, argmax + o, xp, hp, s, 3, 3, 2, 0);
-    else if (s->KH == 3 && s->KW == 3 && s->pool == 2)
-      image_grad_sums_lit(P, Ph, db, g + o, argmax + o, xp, hp, s, 3, 3, 2, 1);
-    else if (!HP)
-      image_grad_sums_gen(P, Ph, db, g + o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 0);
-    else
-      image_grad_sums_gen(P, Ph, db, g + o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 1);
-    if (HP) image_cross_moments(cross, xp, hp, s);
+      if (s->KH == 3 && s->KW == 3 && s->pool == 2 && !HP)
+        image_grad_sums_lit(P, Ph, db, &q, o, argmax + o, xp, hp, s, 3, 3, 2, 0);
+      else if (s->KH == 3 && s->KW == 3 && s->pool == 2)
+        image_grad_sums_lit(P, Ph, db, &q, o, argmax + o, xp, hp, s, 3, 3, 2, 1);
+      else if (!HP)
+        image_grad_sums_gen(P, Ph, db, &q, o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 0);
+      else
+        image_grad_sums_gen(P, Ph, db, &q, o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 1);
+      if (HP) image_cross_moments(cross, xp, hp, s);
+    }
+    if (q.acc) {
+      double as = 0;
+      for (int c = 0; c < OC; c++) as += q.acc[c];
+      lsq_part[t] = as;
+      free(q.acc);
+    }
+  }
+  if (lsq_sum) {
+    double sum = 0;
+    for (int t = 0; t < nt; t++) sum += lsq_part[t];
+    *pg->lsq_dscale = sum;
+    free(lsq_part);
   }
   const double *S = stats, *Cg = stats + K, *inv = stats + K + K * K, *wsm = inv + OC;
   double *P = xcalloc(per_img, sizeof *P), *db = P + (size_t)OC * K, *Ph = db + OC, *Sh = Ph + (size_t)OC * K,

@@ -138,12 +138,14 @@ C1P_INLINE void C1P_FN(image_pool_k)(float *out, uint8_t *argmax, float *yarg, u
   }
 }
 
-/* One image's P (K per channel), dbeta and, with HP, P of the coefficient image (Ph), from g, the
- * gradient batch norm's output receives at each window's argmax input; literal KH, KW, PK, HP:
- * per channel block one accumulator per tap (and per tap of Ph). */
-C1P_INLINE void C1P_FN(image_grad_sums)(double *P, double *Ph, double *db, const float *g, const uint8_t *argmax,
-                                        const float *xp, const float *hp, const qt_conv1_pool_shape *s, const int KH,
-                                        const int KW, const int PK, const int HP) {
+/* One image's P (K per channel), dbeta and, with HP, P of the coefficient image (Ph), from g's
+ * values (grad_value; the image's outputs from obase on), the gradient batch norm's output
+ * receives at each window's argmax input; literal KH, KW, PK, HP: per channel block one
+ * accumulator per tap (and per tap of Ph). */
+C1P_INLINE void C1P_FN(image_grad_sums)(double *P, double *Ph, double *db, const c1p_grad *g, size_t obase,
+                                        const uint8_t *argmax, const float *xp, const float *hp,
+                                        const qt_conv1_pool_shape *s, const int KH, const int KW, const int PK,
+                                        const int HP) {
   const int OC = s->OC, PWd = padded_width(s), PH = s->OH / PK, PW = s->OW / PK, OS = out_pixel_stride(s);
   const v16f zero = splat16(0.0f);
   for (int v = 0; v < OC / 16; v++) {
@@ -154,7 +156,7 @@ C1P_INLINE void C1P_FN(image_grad_sums)(double *P, double *Ph, double *db, const
     for (int ph = 0; ph < PH; ph++)
       for (int pw = 0; pw < PW; pw++) {
         const size_t o = ((size_t)ph * PW + pw) * OS + ov;
-        const v16f gv = ld16(g + o);
+        const v16f gv = grad_value(g, obase + o);
         dsum += gv;
         const v16i at = ld16_u8(argmax + o);
         const size_t po = (size_t)(ph * PK) * PWd + pw * PK;

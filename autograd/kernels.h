@@ -220,14 +220,33 @@ void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yar
                                          const float *bias, const float *gamma, const float *beta,
                                          float *running_mean, float *running_var, float momentum, float eps,
                                          const qt_fq_params *fq, const qt_conv1_pool_shape *s);
-/* From g (one value per output: the gradient batch norm's output receives at that window's
- * argmax input, the relu's and fake quant's backward applied), writes dw (OC x K, may be NULL),
- * the weights' gradient, and adds gamma's and beta's (may be NULL); the bias's gradient is
- * exactly 0. With coef (N, H, W: d img / d s per pixel, the image a fake quant's output with
- * scale s), writes *dscale = the sum over pixels of coef times img's gradient. */
-void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, double *dscale, const float *g,
-                                    const uint8_t *argmax, const double *stats, const float *img, const float *w,
-                                    const float *gamma, const float *coef, const qt_conv1_pool_shape *s);
+/* Where the backward gets g, one value per output: the gradient batch norm's output receives at
+ * that window's argmax input (the relu's and any fake quant's backward applied). Either given
+ * (g), or formed in the backward's pass from the pool output's gradient dout as the ops in turn
+ * would (autograd/ops.c's pool_grad_values, bit for bit): with yarg (LSQ; yarg the forward's, fq
+ * its parameters) the fake quant's LSQ backward at yarg, masked by the relu at yarg, its scale
+ * terms summed as qt_fake_quant_lsq_pool_val_backward sums them (the same threads, order and
+ * bits: into *lsq_dscale when not NULL; pool_inputs is the pool input's element count it takes);
+ * with qmask (fixed qparams) 0 + dout where the mask is set; else (no fake quant) 0 + dout where
+ * the relu passed the output out. All in the outputs' layout (NHWC or blocked). */
+typedef struct {
+  const float *g;
+  const float *dout, *out;
+  const uint8_t *qmask;
+  const float *yarg;
+  qt_fq_params fq;
+  float grad_factor;
+  double *lsq_dscale;
+  int64_t pool_inputs;
+} qt_conv1_pool_grad;
+/* From the values pg gives, writes dw (OC x K, may be NULL), the weights' gradient, and adds
+ * gamma's and beta's (may be NULL); the bias's gradient is exactly 0. With coef (N, H, W: d img /
+ * d s per pixel, the image a fake quant's output with scale s), writes *dscale = the sum over
+ * pixels of coef times img's gradient. */
+void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, double *dscale,
+                                    const qt_conv1_pool_grad *pg, const uint8_t *argmax, const double *stats,
+                                    const float *img, const float *w, const float *gamma, const float *coef,
+                                    const qt_conv1_pool_shape *s);
 /* Whether a relu (relu 1), relu6 (2) or none (0, always) passes the gradient at a value y it
  * output: its mask bit (qt_relu_forward_mask's test). */
 static inline int qt_relu_passes(float y, int relu) {

@@ -1231,12 +1231,20 @@ static void conv1_pool_backward(qt_ctx *ctx, void *p) {
   if (!s->y->grad) return;
   const qt_conv1_pool_shape *sh = &s->shape;
   const int OC = sh->OC, K = sh->KH * sh->KW;
-  const int64_t m = qt_tensor_numel(s->y), n_img = (int64_t)sh->N * sh->H * sh->W;
-  float *g = pool_grad_values(ctx, s->kind, s->y->grad, qt_f32(s->y), s->yarg, s->qmask,
-                              s->kind == BN_POOL_LSQ && s->lsq_scale->requires_grad ? qt_tensor_grad(ctx, s->lsq_scale)
-                                                                                    : NULL,
-                              &s->fq, s->grad_factor, sh->relu, sh->N, (sh->OH / sh->pool) * (sh->OW / sh->pool), OC,
-                              (int64_t)sh->N * sh->OH * sh->OW * OC, m);
+  const int64_t n_img = (int64_t)sh->N * sh->H * sh->W;
+  /* the values the pool's, the fake quant's and the relu's backward route to the batch norm are
+   * formed inside the kernel's pass (pool_grad_values' operations, bit for bit), not in a buffer */
+  float *das = s->kind == BN_POOL_LSQ && s->lsq_scale->requires_grad ? qt_tensor_grad(ctx, s->lsq_scale) : NULL;
+  double das_sum = 0;
+  const qt_conv1_pool_grad pg = {NULL,
+                                 s->y->grad,
+                                 qt_f32(s->y),
+                                 s->kind == BN_POOL_FIXED ? s->qmask : NULL,
+                                 s->kind == BN_POOL_LSQ ? s->yarg : NULL,
+                                 s->fq,
+                                 s->grad_factor,
+                                 das ? &das_sum : NULL,
+                                 (int64_t)sh->N * sh->OH * sh->OW * OC};
   const int want_s = s->xq.zero_point && s->xq.lsq_scale && s->xq.lsq_scale->requires_grad;
   float *coef = want_s ? qt_arena_alloc(ctx, (size_t)n_img * sizeof(float)) : NULL;
   if (coef)
@@ -1246,8 +1254,9 @@ static void conv1_pool_backward(qt_ctx *ctx, void *p) {
   double *dwe = want_w ? qt_arena_alloc(ctx, (size_t)OC * K * sizeof(double)) : NULL, dscale = 0;
   float *dg = s->gamma->requires_grad ? qt_tensor_grad(ctx, s->gamma) : NULL;
   float *dbeta = s->beta->requires_grad ? qt_tensor_grad(ctx, s->beta) : NULL;
-  qt_conv1_bn_relu_pool_backward(dwe, dg, dbeta, coef ? &dscale : NULL, g, s->argmax, s->stats, s->img, s->weff,
+  qt_conv1_bn_relu_pool_backward(dwe, dg, dbeta, coef ? &dscale : NULL, &pg, s->argmax, s->stats, s->img, s->weff,
                                  qt_f32(s->gamma), coef, sh);
+  if (das) das[0] += (float)das_sum;
   if (s->b && s->b->requires_grad) qt_tensor_grad(ctx, s->b); /* exactly 0: batch norm removes the mean */
   if (dwe) {
     const float *w = qt_f32(s->w), *div = s->div ? qt_f32(s->div) : NULL;
@@ -1269,7 +1278,6 @@ static void conv1_pool_backward(qt_ctx *ctx, void *p) {
     qt_tensor_grad(ctx, s->xq.lsq_scale)[0] += (float)(dscale * s->xq.grad_factor);
     qt_arena_free(ctx, coef, (size_t)n_img * sizeof(float));
   }
-  qt_arena_free(ctx, g, (size_t)m * sizeof(float));
 }
 
 int qt_conv1_bn_relu_max_pool2d_takes(int N, int H, int W, int OC, int KH, int KW, int pad_h, int pad_w, int relu,

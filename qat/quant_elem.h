@@ -1,5 +1,5 @@
-/* One element of a fake quant as PyTorch computes it (qat/quant_fake.c's kernels and the kernels
- * that fuse a fake quant into a pass of their own, autograd/cpu_batch_norm.c). */
+/* One element of a fake quant as PyTorch computes it, forward and LSQ backward (qat/quant_fake.c's
+ * kernels and the kernels that fuse a fake quant into a pass of their own, autograd/). */
 #ifndef QT_QUANT_ELEM_H
 #define QT_QUANT_ELEM_H
 
@@ -36,5 +36,32 @@ static inline float select_bits(int c, float a, float b) {
   memcpy(&f, &r, sizeof f);
   return f;
 }
+
+/* Whether a relu (relu 1), relu6 (2) or none (0) before a fake quant passes the gradient at its
+ * output y: autograd/kernels.h's qt_relu_passes without branches, for vectorized loops. */
+static inline int quant_relu_pass(float y, int relu) {
+  return (relu == 0) | (!islessequal(y, 0.0f) & !((relu == 2) & isgreaterequal(y, 6.0f)));
+}
+
+/* Below this many elements a parallel region costs more than it saves (qat/quant_fake.c's
+ * kernels; a kernel elsewhere that repeats one of their reductions uses it to take the same
+ * threads). */
+#define QUANT_PARALLEL_MIN 32768
+
+/* One element of PyTorch's fake_quantize_learnable_{tensor,channel}_grad_kernel_cpu as its
+ * AVX2 build computes it: xq = nearbyint(fma(x, inv_s, zp)) and xfq - x = fma(xq - zp, s, -x).
+ * Sets dx (dy * in_range), ds and dz (the scale and zero-point terms). A macro with quiet
+ * comparisons and bit selects, so the `omp simd` loops around it vectorize. */
+#define LSQ_ELEMENT(x, dy, s, inv_s, zpf, lo, hi, gf, dx, ds, dz)                                   \
+  do {                                                                                              \
+    float xq_ = nearbyintf(fmaf((x), (inv_s), (zpf)));                                              \
+    xq_ = select_bits(isless(xq_, QUANT_INT64_LIMIT), xq_, -INFINITY);                              \
+    int ge_ = isgreaterequal(xq_, (lo)), in_ = ge_ & islessequal(xq_, (hi));                        \
+    float in_term_ = (((dy) * fmaf(xq_ - (zpf), (s), -(x))) * (inv_s)) * (gf);                      \
+    float out_term_ = ((dy) * select_bits(ge_, (hi) - (zpf), (lo) - (zpf))) * (gf);                 \
+    (dx) = (dy) * select_bits(in_, 1.0f, 0.0f);                                                     \
+    (ds) = select_bits(in_, in_term_, out_term_);                                                   \
+    (dz) = select_bits(in_, 0.0f, ((-(dy)) * (s)) * (gf));                                          \
+  } while (0)
 
 #endif

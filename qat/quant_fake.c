@@ -20,8 +20,6 @@
 
 #define QUANT_ASSERT(cond, msg) QT_ASSERT(cond, "invariant broken: %s", msg)
 
-/* Below this many elements a parallel region costs more than it saves. */
-#define QUANT_PARALLEL_MIN 32768
 
 static void check_view(int64_t outer, int channels, int64_t inner, const float *scale, const int32_t *zero_point,
                        int qmin, int qmax) {
@@ -140,21 +138,6 @@ void qt_fake_quant_backward_ref(float *dinp, const float *dout, const uint8_t *m
 
 /* ---- LSQ backward ---------------------------------------------------------------------- */
 
-/* One element of PyTorch's fake_quantize_learnable_{tensor,channel}_grad_kernel_cpu as its
- * AVX2 build computes it: xq = nearbyint(fma(x, inv_s, zp)) and xfq - x = fma(xq - zp, s, -x).
- * Sets dx (dy * in_range), ds and dz (the scale and zero-point terms). A macro with quiet
- * comparisons and bit selects, so the `omp simd` loops around it vectorize. */
-#define LSQ_ELEMENT(x, dy, s, inv_s, zpf, lo, hi, gf, dx, ds, dz)                                   \
-  do {                                                                                              \
-    float xq_ = nearbyintf(fmaf((x), (inv_s), (zpf)));                                              \
-    xq_ = select_bits(isless(xq_, QUANT_INT64_LIMIT), xq_, -INFINITY);                              \
-    int ge_ = isgreaterequal(xq_, (lo)), in_ = ge_ & islessequal(xq_, (hi));                        \
-    float in_term_ = (((dy) * fmaf(xq_ - (zpf), (s), -(x))) * (inv_s)) * (gf);                      \
-    float out_term_ = ((dy) * select_bits(ge_, (hi) - (zpf), (lo) - (zpf))) * (gf);                 \
-    (dx) = (dy) * select_bits(in_, 1.0f, 0.0f);                                                     \
-    (ds) = select_bits(in_, in_term_, out_term_);                                                   \
-    (dz) = select_bits(in_, 0.0f, ((-(dy)) * (s)) * (gf));                                          \
-  } while (0)
 
 void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, const float *dout,
                                 const float *inp, int64_t outer, int channels, int64_t inner,
@@ -510,9 +493,7 @@ static inline __attribute__((always_inline)) void lsq_val_rows(double *restrict 
       LSQ_ELEMENT(xa[c], 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
       (void)dz;
       acc[c] += ds;
-      /* qt_relu_passes (autograd/kernels.h) without branches */
-      const int pass = (relu == 0) | (!islessequal(xa[c], 0.0f) & !((relu == 2) & isgreaterequal(xa[c], 6.0f)));
-      v[c] = select_bits(pass, 0.0f + dx, 0.0f);
+      v[c] = select_bits(quant_relu_pass(xa[c], relu), 0.0f + dx, 0.0f);
     }
   }
 }

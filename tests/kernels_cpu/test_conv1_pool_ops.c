@@ -20,7 +20,15 @@
  * layer (28x28, 32 channels, 3x3 pad 1, 2x2 pool) with relu and relu6, fp32 and as QAT's conv_bn
  * (LSQ, clipped STE); 5x3 kernels with padding 2, 1 and a bias; a 3x3 pool over 48 channels; no
  * padding with one 7x7 window per image. The images have a constant background (28% of the
- * pixels), so that patches and window maxima tie as in real images. */
+ * pixels), so that patches and window maxima tie as in real images.
+ *
+ * Then the backward kernel alone (check_formed_values): the values it forms from the pool
+ * output's gradient inside its pass (no fake quant, fixed qparams, LSQ) against the same kernel
+ * given them as autograd/ops.c formed them before (the relu's select, the mask, or
+ * qt_fake_quant_lsq_pool_val_backward), bit for bit: the weights', gamma's, beta's and the
+ * image scale's gradients and the LSQ activation scale's gradient sum, NHWC and blocked
+ * outputs, FashionCNN's 3x3 taps and 2x2 pool and a 5x3 kernel with a 3x3 pool, 1 and 2
+ * threads, enough elements that the LSQ sums run on two threads. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -28,6 +36,8 @@
 #include <string.h>
 
 #include "autograd/autograd.h"
+#include "autograd/kernels.h"
+#include "qat/quant.h"
 #include "tests/common/testutil.h"
 
 typedef struct {
@@ -299,6 +309,70 @@ static void run(const shape *s, uint64_t seed) {
   free(x), free(w), free(bias), free(g), free(beta), free(d), free(lw);
 }
 
+/* g as ops.c's pool_grad_values formed it for the kernel (kind 0 none, 1 fixed qparams, 2 LSQ;
+ * *ds gets the LSQ scale's sum added as there) */
+static void values_as_ops_did(float *g, float *ds, int kind, const float *d, const float *out, const float *yarg,
+                              const uint8_t *qmask, const qt_fq_params *fq, float gf, int relu, int N, int per_image,
+                              int C, int64_t inputs, int64_t m) {
+  if (kind == 0)
+    for (int64_t i = 0; i < m; i++) g[i] = qt_relu_passes(out[i], relu) ? 0.0f + d[i] : 0.0f;
+  else if (kind == 1)
+    for (int64_t i = 0; i < m; i++) g[i] = qmask[i] ? 0.0f + d[i] : 0.0f;
+  else
+    qt_fake_quant_lsq_pool_val_backward(g, ds, d, yarg, N, per_image, C, inputs, fq->scale, fq->zero_point, fq->qmin,
+                                        fq->qmax, gf, relu);
+}
+
+static void check_formed_values(int OC, int KH, int KW, int pool, int relu, int blocked, int kind, int image_lsq,
+                                int threads, uint64_t seed) {
+  qt_conv1_pool_shape sh = {8, 12, 12, OC, KH, KW, KH / 2, KW / 2, pool, relu, blocked, 0, 0};
+  QT_CHECK(qt_conv1_pool_shape_init(&sh) == 0);
+  const int N = sh.N, K = KH * KW, per_image = (sh.OH / pool) * (sh.OW / pool);
+  const int64_t m = (int64_t)N * per_image * OC, n_img = (int64_t)N * sh.H * sh.W;
+  const int64_t inputs = (int64_t)N * sh.OH * sh.OW * OC;
+  float *img = qt_test_uniform_range(n_img, -1.0f, 2.0f, seed), *w = qt_test_uniform_range((int64_t)OC * K, -0.5f, 0.5f, seed + 1);
+  float *gamma = qt_test_uniform_range(OC, 0.5f, 1.5f, seed + 2), *beta = qt_test_uniform_range(OC, -0.3f, 0.3f, seed + 3);
+  float *coef = image_lsq ? qt_test_uniform_range(n_img, -0.5f, 0.5f, seed + 4) : NULL;
+  float *d = qt_test_uniform_range(m, -1.0f, 1.0f, seed + 5);
+  for (int64_t i = 0; i < m; i += 7) d[i] = 0.0f;
+  for (int64_t i = 3; i < m; i += 11) d[i] = -0.0f;
+  float *out = malloc((size_t)m * 4), *yarg = malloc((size_t)m * 4), *g = malloc((size_t)m * 4);
+  float *rm = calloc((size_t)OC, 4), *rv = calloc((size_t)OC, 4);
+  uint8_t *argmax = malloc((size_t)m), *qmask = malloc((size_t)m);
+  double *stats = malloc(qt_conv1_pool_stats_len(&sh) * sizeof(double));
+  const qt_fq_params fq = {0.07f, 2, 0, 15};
+  omp_set_num_threads(threads);
+  qt_conv1_bn_relu_pool_forward_train(out, argmax, kind == 2 ? yarg : NULL, kind == 1 ? qmask : NULL, stats, img, w,
+                                      NULL, gamma, beta, rm, rv, 0.1f, 1e-5f, kind ? &fq : NULL, &sh);
+  const float gf = 0.003f;
+  float ds_ref = 0.25f;
+  values_as_ops_did(g, &ds_ref, kind, d, out, yarg, qmask, &fq, gf, relu, N, per_image, OC, inputs, m);
+  double *dw1 = malloc((size_t)OC * K * 8), *dw2 = malloc((size_t)OC * K * 8), dsc1 = 0, dsc2 = 0, sum = 0;
+  float *dg1 = calloc((size_t)OC, 4), *db1 = calloc((size_t)OC, 4), *dg2 = calloc((size_t)OC, 4),
+        *db2 = calloc((size_t)OC, 4);
+  const qt_conv1_pool_grad given = {.g = g};
+  qt_conv1_bn_relu_pool_backward(dw1, dg1, db1, coef ? &dsc1 : NULL, &given, argmax, stats, img, w, gamma, coef, &sh);
+  const qt_conv1_pool_grad formed = {NULL,   d,  out, kind == 1 ? qmask : NULL, kind == 2 ? yarg : NULL,
+                                     fq,     gf, kind == 2 ? &sum : NULL,      inputs};
+  qt_conv1_bn_relu_pool_backward(dw2, dg2, db2, coef ? &dsc2 : NULL, &formed, argmax, stats, img, w, gamma, coef, &sh);
+  char what[160];
+  snprintf(what, sizeof what, "formed values OC %d %dx%d pool %d relu %d %s kind %d image LSQ %d threads %d", OC, KH,
+           KW, pool, relu, blocked ? "blocked" : "NHWC", kind, image_lsq, threads);
+  if (memcmp(dw1, dw2, (size_t)OC * K * 8) != 0) qt_test_fail("%s: dw differs", what);
+  if (memcmp(dg1, dg2, (size_t)OC * 4) != 0 || memcmp(db1, db2, (size_t)OC * 4) != 0)
+    qt_test_fail("%s: dgamma or dbeta differs", what);
+  if (memcmp(&dsc1, &dsc2, 8) != 0) qt_test_fail("%s: the image scale's gradient differs", what);
+  if (kind == 2) {
+    const float ds_got = 0.25f + (float)sum;
+    if (memcmp(&ds_got, &ds_ref, 4) != 0)
+      qt_test_fail("%s: LSQ activation scale sum %.9g, want %.9g", what, (double)ds_got, (double)ds_ref);
+    QT_CHECK(ds_ref != 0.25f); /* the sum is not trivially zero */
+  }
+  omp_set_num_threads(2);
+  free(img), free(w), free(gamma), free(beta), free(coef), free(d), free(out), free(yarg), free(g), free(rm), free(rv);
+  free(argmax), free(qmask), free(stats), free(dw1), free(dw2), free(dg1), free(db1), free(dg2), free(db2);
+}
+
 int main(void) {
   const shape shapes[] = {
       /* N   H   W  OC KH KW ph pw pool relu bias xq div aq eps */
@@ -318,6 +392,12 @@ int main(void) {
   };
   uint64_t seed = 11;
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) run(&shapes[i], seed += 10);
+  for (int kind = 0; kind <= 2; kind++)
+    for (int blocked = 0; blocked <= 1; blocked++)
+      for (int threads = 1; threads <= 2; threads++) {
+        check_formed_values(32, 3, 3, 2, 1, blocked, kind, kind == 2, threads, seed += 10);
+        check_formed_values(48, 5, 3, 3, 2, blocked, kind, kind != 1, threads, seed += 10);
+      }
   /* the op refuses what its kernels do not take */
   QT_CHECK(!qt_conv1_bn_relu_max_pool2d_takes(2, 28, 28, 24, 3, 3, 1, 1, 1, 2)); /* OC % 16 */
   QT_CHECK(!qt_conv1_bn_relu_max_pool2d_takes(2, 28, 28, 32, 3, 3, 1, 1, 1, 3)); /* 28 not tiled by 3 */
