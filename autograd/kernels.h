@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "qat/quant_elem.h"
+
 struct qt_batch_sync; /* base.h */
 
 /* Blocked activations: where a kernel says so, an (N, H, W, C) tensor with C % 16 == 0 stored in
@@ -248,10 +250,9 @@ void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, dou
                                     const float *img, const float *w, const float *gamma, const float *coef,
                                     const qt_conv1_pool_shape *s);
 /* Whether a relu (relu 1), relu6 (2) or none (0, always) passes the gradient at a value y it
- * output: its mask bit (qt_relu_forward_mask's test). */
-static inline int qt_relu_passes(float y, int relu) {
-  return relu == 0 || (!(y <= 0.0f) && !(relu == 2 && y >= 6.0f));
-}
+ * output: its mask bit (qt_relu_forward_mask's test); the one statement of it, quant_relu_pass
+ * (qat/quant_elem.h), which the fake-quant kernels below autograd share. */
+static inline int qt_relu_passes(float y, int relu) { return quant_relu_pass(y, relu); }
 /* The eval forward of inp / in_div (in_div NULL: qt_batch_norm_forward_eval). */
 void qt_batch_norm_forward_eval_div(float *out, const float *inp, const float *in_div, const float *gamma,
                                     const float *beta, const float *running_mean, const float *running_var, float eps,

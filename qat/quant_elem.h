@@ -37,8 +37,8 @@ static inline float select_bits(int c, float a, float b) {
   return f;
 }
 
-/* Whether a relu (relu 1), relu6 (2) or none (0) before a fake quant passes the gradient at its
- * output y: autograd/kernels.h's qt_relu_passes without branches, for vectorized loops. */
+/* Whether a relu (relu 1), relu6 (2) or none (0) passes the gradient at its output y (autograd's
+ * qt_relu_passes), without branches so that vectorized loops can use it. */
 static inline int quant_relu_pass(float y, int relu) {
   return (relu == 0) | (!islessequal(y, 0.0f) & !((relu == 2) & isgreaterequal(y, 6.0f)));
 }
