@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """int8 inference of FashionCNN: this framework's int8 device against ONNX Runtime running the same
 model exported as QDQ ONNX, side by side in one run (batch 256, 2 threads, the same test images).
 

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bdir=build-portable
-mapfile -t files < <(grep -rlE --include='*.c' --exclude-dir='build*' --exclude-dir=node_modules \
+mapfile -t files < <(grep -rlE --include='*.c' --exclude-dir='build*' --exclude-dir=.venv \
                        --exclude-dir=.git 'vector_size\((32|64)\)' . | sed 's|^\./||' | sort)
 [ ${#files[@]} -gt 0 ] || { echo "portable_check: no files with wide vectors found" >&2; exit 1; }
 cmake -S . -B "$bdir" -DQT_NATIVE=OFF -DQT_WERROR=ON > /dev/null

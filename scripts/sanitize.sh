@@ -2,7 +2,7 @@
 # The test suite under AddressSanitizer + UndefinedBehaviorSanitizer: builds build-asan/ (Debug
 # at -O1, -DQT_SANITIZE=ON, warnings as errors) and runs every test but those labelled e2e, grid
 # and slow (whole training runs, which scripts/test.sh runs in the release build) and ort (ONNX
-# Runtime in node on committed or exported models: none of this project's compiled code runs in them). Any sanitizer report fails the test that made it: ASan stops at the first error, UBSan
+# Runtime on committed or exported models: none of this project's compiled code runs in them). Any sanitizer report fails the test that made it: ASan stops at the first error, UBSan
 # is built with -fno-sanitize-recover, LeakSanitizer reports at exit. Run scripts/setup.sh first
 # (the packages); extra arguments go to cmake.
 set -euo pipefail

@@ -1,7 +1,7 @@
 #!/bin/bash
-# Installs the Debian packages the project needs (when missing), Node.js and ONNX Runtime for the
-# tests (tests/ort: onnxruntime-node from npm, as package-lock.json pins it), and builds the
-# project into build/.
+# Installs the Debian packages the project needs (when missing), the test environment (.venv:
+# ONNX Runtime, onnx, numpy and h5py from PyPI, as tests/requirements.txt pins them), and builds
+# the project into build/.
 # Usage (as root on Debian 12): bash scripts/setup.sh [extra cmake args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,33 +22,31 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Node.js for the ONNX Runtime tests: Debian's nodejs + npm when there is no node (a machine
-# with NodeSource's nodejs has node and its bundled npm already, and Debian's npm conflicts
-# with it: left alone).
-if ! command -v node >/dev/null; then
-  echo "setup: installing nodejs npm"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
-elif ! command -v npm >/dev/null; then
-  echo "setup: installing npm"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends npm >/dev/null
-fi
-# onnxruntime-node into tests/ort/node_modules, skipped when the last install came from this
-# package-lock.json. ONNXRUNTIME_NODE_INSTALL=skip: its postinstall would download GPU files
-# (the CPU binaries are in the npm tarball).
-lock_sum=$(sha256sum tests/ort/package-lock.json | cut -d' ' -f1)
-stamp=tests/ort/node_modules/.qt-installed-lock-sha256
-if [ -f tests/ort/node_modules/onnxruntime-node/package.json ] && [ -f "$stamp" ] \
-   && [ "$(cat "$stamp")" = "$lock_sum" ]; then
+# The test environment: a virtual environment (.venv, or $QT_VENV) with ONNX Runtime, the
+# current onnx, numpy and h5py from PyPI, as tests/requirements.txt pins them (wheels only),
+# remade only when that file changed since the last install. Its interpreter is the python3
+# first on PATH (or $QT_VENV_PYTHON); Debian's python3 needs python3-venv for it.
+venv=${QT_VENV:-.venv}
+venv_python=${QT_VENV_PYTHON:-python3}
+req_sum=$(sha256sum tests/requirements.txt | cut -d' ' -f1)
+stamp=$venv/.qt-requirements-sha256
+if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$req_sum" ]; then
   :
 else
-  echo "setup: npm ci in tests/ort (onnxruntime-node)"
-  (cd tests/ort && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error)
-  echo "$lock_sum" > "$stamp"
+  echo "setup: test environment $venv (pip install -r tests/requirements.txt)"
+  rm -rf "$venv"
+  if ! "$venv_python" -m venv "$venv" >/dev/null 2>&1; then
+    echo "setup: installing python3-venv ($venv_python -m venv failed)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    rm -rf "$venv"
+    "$venv_python" -m venv "$venv"
+  fi
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-input --only-binary=:all: \
+    -r tests/requirements.txt
+  echo "$req_sum" > "$stamp"
 fi
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DQT_TEST_PYTHON="$(cd "$venv" && pwd)/bin/python" "$@" >/dev/null
 cmake --build build -j"$(nproc)"

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Exactness of the ONNX QDQ export (onnx/export.c): for each exported case, runs the ONNX model
 with a small numpy evaluator of the ONNX ops the export writes (written from the ONNX operator
 definitions, opset 13), and the Q/DQ graph file it came from with tests/qdq/read_qdq.py's numpy
@@ -11,8 +11,8 @@ two definitions differ: QuantizeLinear computes x / s, the Q/DQ graph x * (1/s) 
 on rare inputs), and the Clip the export puts before a sub-8-bit QuantizeLinear. Passes when
 every output is within 1 LSB of the final dequantize's scale and top-1 is the same on every
 image; also compares with the C executor's output (/output) within read_qdq.py's 2 LSB.
-Needs numpy, h5py and onnx (python3-onnx, installed by scripts/setup.sh): a missing module is a
-failure, not a skip. onnx 1.12 has no onnx.reference, hence the evaluator below."""
+Needs numpy, h5py and onnx (the test environment, .venv, which scripts/setup.sh makes): a missing
+module is a failure, not a skip. The evaluator is this file's own, independent of onnx.reference."""
 import importlib.util
 import os
 import sys
@@ -23,7 +23,7 @@ try:
     import onnx
     from onnx import numpy_helper
 except ImportError as e:
-    print(f"check_onnx_export.py: {e}: install python3-onnx, python3-h5py, python3-numpy (scripts/setup.sh)")
+    print(f"check_onnx_export.py: {e}: run with the test environment's python (.venv/bin/python; scripts/setup.sh makes it)")
     sys.exit(1)
 
 MAX_LSB = 1.0      # ONNX evaluator vs read_qdq.py's interpreter, in final-dequantize LSB

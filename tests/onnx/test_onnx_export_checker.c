@@ -1,6 +1,7 @@
 /* The ONNX QDQ export (onnx/onnx_export.h) of real Q/DQ graphs, each checked by onnx.checker with
- * full checking (Debian's python3-onnx, which scripts/setup.sh installs: a missing module fails
- * the test, it does not skip it):
+ * full checking (the current onnx of the test environment, $QT_PYTHON, which CTest sets to the
+ * .venv that scripts/setup.sh makes: a missing interpreter or module fails the test, it does not
+ * skip it):
  * - FashionCNN (flatten of 7x7x64 -> linear: permuted weight columns), ResCNN (residual add) and
  *   the MobileNet-style ONNX model (depthwise convs, relu6, global average pool) at W8A8 PTQ
  *   (full-range int8 weights, quant.isa = vnni) and W4A4 QAT (4-bit activations: a Clip before
@@ -30,7 +31,6 @@
 #include "train/pipeline.h"
 
 #define IO_IMAGES 200
-#define PY "/usr/bin/python3"
 
 static int count_op(const qt_graph *g, qt_op op) {
   int n = 0;
@@ -84,10 +84,16 @@ static void write_io(const char *path, qt_graph *g, const float *images, const q
 
 /* onnx.checker with full checking (shape inference in strict mode) on the loaded model: given a
  * path, onnx 1.12's check_model(full_check=True) writes the inferred shapes back into the file. */
+static const char *python(void) {
+  const char *py = getenv("QT_PYTHON");
+  return py && *py ? py : "QT_PYTHON-unset";
+}
+
 static int checker(const char *path) {
-  char cmd[1024];
+  char cmd[8192];
   snprintf(cmd, sizeof cmd,
-           PY " -c 'import sys, onnx; onnx.checker.check_model(onnx.load(sys.argv[1]), full_check=True)' %s", path);
+           "'%s' -c 'import sys, onnx; onnx.checker.check_model(onnx.load(sys.argv[1]), full_check=True)' '%s'",
+           python(), path);
   return system(cmd);
 }
 
@@ -161,7 +167,7 @@ static void one(const char *stem, const char *model_key, const char *mode, int w
   if (stat(onnx, &sb) || sb.st_size != info.bytes)
     qt_test_fail("%s: %s is not the %lld bytes reported", stem, onnx, (long long)info.bytes);
   if (checker(onnx))
-    qt_test_fail("%s: onnx.checker (full_check) rejects %s (is python3-onnx installed? scripts/setup.sh)", stem, onnx);
+    qt_test_fail("%s: onnx.checker (full_check) rejects %s", stem, onnx);
 
   const float *x;
   int n = 0;
@@ -198,8 +204,10 @@ done:
 
 int main(void) {
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-  if (system(PY " -c 'import onnx.checker' 2>/dev/null")) {
-    qt_test_fail(PY " cannot import onnx: install python3-onnx (scripts/setup.sh does)");
+  char cmd[4200];
+  snprintf(cmd, sizeof cmd, "'%s' -c 'import onnx.checker' 2>/dev/null", python());
+  if (system(cmd)) {
+    qt_test_fail("%s (QT_PYTHON) cannot import onnx: run scripts/setup.sh (the test environment .venv)", python());
     return qt_test_finish();
   }
   char mobilenet[4200];

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Test accuracy of an ONNX model (an fp32 import source, or a model_qdq.onnx qat_train wrote) in
 ONNX Runtime, on an IDX image set preprocessed as the framework does ((pixel / 255 - mean) / std
 per channel, in float32): the other end of the round trip (README, "Round trip").
 
-Usage: /usr/bin/python3 tests/ort/ort_eval.py MODEL.onnx [--images N] [--opt disabled|basic|extended|all]
+Usage: .venv/bin/python tests/ort/ort_eval.py MODEL.onnx [--images N] [--opt disabled|basic|extended|all]
            [--x64quantprecision] [--threads K] [--test-images IDX.gz --test-labels IDX.gz]
            [--mean M --std S] [--logits OUT.npy] [--json]
 Defaults: the Fashion-MNIST test set of Debian's dataset-fashion-mnist, mean 0.2860, std 0.3530,

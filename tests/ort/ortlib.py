@@ -1,43 +1,32 @@
-"""ONNX Runtime as a test client, from Python (/usr/bin/python3 with numpy; onnx only for
-inference_copy): runs tests/ort/ort_run.js on numpy arrays.
+"""ONNX Runtime as a test client, from Python: runs models in the onnxruntime wheel of the test
+environment (.venv, made by scripts/setup.sh from tests/requirements.txt) on numpy arrays.
 
     import sys; sys.path.insert(0, "tests/ort"); import ortlib
     y, info = ortlib.run("model.onnx", x_nhwc, layout="NHWC", opt="disabled")
 
-The node binary is $QT_NODE (set by the CTest helper qt_add_ort_test to what CMake found) or
-the first `node` on PATH. Errors raise OrtError with the runner's message.
+Run it with the environment's interpreter (.venv/bin/python; CTest's ORT tests do). Errors raise
+OrtError with the runner's message (tests/ort/ort_run.py, in process).
 """
-import json
 import os
-import shutil
-import subprocess
-import tempfile
+import sys
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RUNNER = os.path.join(HERE, "ort_run.js")
-PACKAGE = os.path.join(HERE, "node_modules", "onnxruntime-node", "package.json")
+sys.path.insert(0, HERE)
+import ort_run  # noqa: E402
 
 
 class OrtError(Exception):
     pass
 
 
-def node_path():
-    """The node binary: $QT_NODE when set (even to a path that no longer exists: the caller
-    reports it), else `node` from PATH; None when there is none."""
-    p = os.environ.get("QT_NODE")
-    if p:
-        return p
-    return shutil.which("node")
-
-
 def run(model, x, layout="NCHW", opt="all", x64quantprecision=False, threads=2, batch=256,
-        spinning=False, timeout=600, warmup=False):
+        spinning=False, warmup=False, optimized_model=None):
     """Runs `model` on x (N,C,H,W float32, or N,H,W,C with layout="NHWC": transposed to NCHW
     here) and returns (the first output as a float32 array of the dims the runner reports,
-    the runner's JSON line as a dict). Spinning is off by default (tests share cores)."""
+    the runner's info dict). Spinning is off by default (tests share cores). optimized_model:
+    where ORT writes the graph it runs after its optimizations."""
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 4:
         raise OrtError("input must be 4-D (N,C,H,W or N,H,W,C), got shape %s" % (x.shape,))
@@ -45,41 +34,14 @@ def run(model, x, layout="NCHW", opt="all", x64quantprecision=False, threads=2, 
         x = x.transpose(0, 3, 1, 2)
     elif layout != "NCHW":
         raise OrtError("layout must be NCHW or NHWC, not %r" % layout)
-    node = node_path()
-    if node is None:
-        raise OrtError("node (Node.js) not found: set QT_NODE or install nodejs (scripts/setup.sh)")
-    with tempfile.TemporaryDirectory(prefix="ortlib.") as tmp:
-        fin, fout = os.path.join(tmp, "in.bin"), os.path.join(tmp, "out.bin")
-        np.ascontiguousarray(x, dtype="<f4").tofile(fin)
-        cmd = [node, RUNNER, "--model", str(model), "--input", fin, "--output", fout,
-               "--shape", ",".join(str(d) for d in x.shape), "--opt", opt,
-               "--threads", str(threads), "--batch", str(batch)]
-        if x64quantprecision:
-            cmd.append("--x64quantprecision")
-        if not spinning:
-            cmd.append("--no-spinning")
-        if warmup:
-            cmd.append("--warmup")
-        try:
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               timeout=timeout)
-        except OSError as e:
-            raise OrtError("cannot start %s: %s" % (node, e))
-        except subprocess.TimeoutExpired:
-            raise OrtError("ort_run.js on %s took more than %d s" % (model, timeout))
-        if r.returncode != 0:
-            raise OrtError("ort_run.js on %s exited with %d: %s" % (model, r.returncode,
-                                                                   r.stderr.strip()))
-        lines = r.stdout.strip().splitlines()
-        try:
-            info = json.loads(lines[-1])
-        except (IndexError, ValueError):
-            raise OrtError("ort_run.js on %s printed no JSON line: %r" % (model, r.stdout))
-        y = np.fromfile(fout, dtype="<f4")
-        dims = info.get("dims")
-        if not dims or int(np.prod(dims)) != y.size:
-            raise OrtError("ort_run.js on %s wrote %d floats, its dims say %s" % (model, y.size, dims))
-        return y.reshape(dims), info
+    try:
+        return ort_run.run_arrays(str(model), np.ascontiguousarray(x), opt=opt, x64quantprecision=x64quantprecision,
+                                  threads=threads, batch=batch, spinning=spinning, warmup=warmup,
+                                  optimized_model=optimized_model)
+    except ort_run.RunError as e:
+        raise OrtError("ONNX Runtime on %s: %s" % (model, e))
+    except ImportError as e:
+        raise OrtError("%s: run with the test environment's python (.venv/bin/python, made by scripts/setup.sh)" % e)
 
 
 def inference_copy(src, dst):

@@ -1,6 +1,6 @@
 /* ONNX Runtime as the real client of the QDQ export (issue #11): every model test_onnx_export_checker
  * exported (FashionCNN, ResCNN, the MobileNet-style model at W8A8 and W4A4: export_<case>.onnx
- * and its export_<case>_qdq.h5) runs in ONNX Runtime (tests/ort/ort_run.js) on the first 2000
+ * and its export_<case>_qdq.h5) runs in ONNX Runtime (tests/ort/ort_run.py) on the first 2000
  * Fashion-MNIST test images, against the Q/DQ graph's exact reference (eval/exact.h):
  * - graph optimizations disabled (ORT runs the QDQ ops as written): every logit within 1 output
  *   LSB of the Q/DQ graph and the same top-1 on >= 99.9% of the images (the device agreement rule,
@@ -19,7 +19,7 @@
  *   same rule (the bias ORT's fused kernels add is the graph's).
  * The max LSB, the number of differing logits and the top-1 agreement are printed per model.
  * Usage: test_ort_agreement SOURCE_DIR EXPORT_DIR (where test_onnx_export_checker left its files);
- * node is $QT_NODE (set by qt_add_ort_test). */
+ * the test environment's python is $QT_PYTHON (set by qt_add_ort_test). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +35,7 @@ enum { IMAGES = 2000 };
 
 static const char *src_dir, *export_dir;
 
-/* Runs ort_run.js on x (n, C, H, W) NCHW; out (n, classes). Returns 0, or -1 (a failed check). */
+/* Runs ort_run.py on x (n, C, H, W) NCHW; out (n, classes). Returns 0, or -1 (a failed check). */
 static int run_ort(const char *model, const float *x_nchw, int n, int c, int h, int w, const char *opt, float *out,
                    int64_t out_numel) {
   char in_path[] = "/tmp/qt_ort_inXXXXXX", out_path[4096], cmd[16384];
@@ -45,14 +45,14 @@ static int run_ort(const char *model, const float *x_nchw, int n, int c, int h, 
   QT_ASSERT(f && fwrite(x_nchw, sizeof(float), (size_t)n * c * h * w, f) == (size_t)n * c * h * w, "write input");
   fclose(f);
   snprintf(out_path, sizeof out_path, "%s.out", in_path);
-  const char *node = getenv("QT_NODE") ? getenv("QT_NODE") : "node";
-  snprintf(cmd, sizeof cmd, "'%s' '%s/tests/ort/ort_run.js' --model '%s' --input '%s' --shape %d,%d,%d,%d --output '%s' "
+  const char *py = getenv("QT_PYTHON") ? getenv("QT_PYTHON") : "QT_PYTHON-unset";
+  snprintf(cmd, sizeof cmd, "'%s' '%s/tests/ort/ort_run.py' --model '%s' --input '%s' --shape %d,%d,%d,%d --output '%s' "
            "--opt %s --threads 2 --no-spinning",
-           node, src_dir, model, in_path, n, c, h, w, out_path, opt);
+           py, src_dir, model, in_path, n, c, h, w, out_path, opt);
   const int rc = system(cmd);
   unlink(in_path);
   if (rc != 0) {
-    qt_test_fail("%s: ort_run.js exited with status %d", model, rc);
+    qt_test_fail("%s: ort_run.py exited with status %d", model, rc);
     return -1;
   }
   f = fopen(out_path, "rb");

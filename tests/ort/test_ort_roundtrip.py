@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The round trip as a test (README, "Round trip"): a model trained in PyTorch and exported to ONNX
 (tests/onnx/models/mobilenet_trained.onnx and PyTorch's test-set logits, tests/onnx/ref/
 roundtrip_ref.h5, both from tests/onnx/make_roundtrip_model.py) goes through

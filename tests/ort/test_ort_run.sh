@@ -1,13 +1,14 @@
 #!/bin/sh
-# test_ort_run: tests/ort/ort_run.js's error messages and exit status (1, a message naming the
+# test_ort_run: tests/ort/ort_run.py's error messages and exit status (1, a message naming the
 # problem, no output file left behind) and that its options reach ONNX Runtime: the session
 # config entries of --x64quantprecision and --no-spinning appear in ORT's verbose log of the
-# session options. Run through tests/ort/ort_test.sh (QT_NODE set); by hand:
-#   QT_NODE=$(command -v node) sh tests/ort/test_ort_run.sh
+# session options, and --optimized-model writes the graph ORT runs. Run through
+# tests/ort/ort_test.sh (QT_PYTHON set); by hand:
+#   QT_PYTHON=.venv/bin/python sh tests/ort/test_ort_run.sh
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
-node=${QT_NODE:-node}
-run="$src/tests/ort/ort_run.js"
+py=${QT_PYTHON:-$src/.venv/bin/python}
+run="$src/tests/ort/ort_run.py"
 models="$src/tests/onnx/models"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -23,7 +24,7 @@ expect_error() {
   name=$1 pattern=$2
   shift 2
   rm -f "$tmp/out.bin" "$tmp/out.bin.tmp"
-  "$node" "$run" "$@" > "$tmp/stdout" 2> "$tmp/stderr"
+  "$py" "$run" "$@" > "$tmp/stdout" 2> "$tmp/stderr"
   rc=$?
   msg=$(head -n 1 "$tmp/stderr")
   if [ $rc -ne 1 ]; then
@@ -69,8 +70,9 @@ expect_error "output folder missing" "cannot write $tmp/none/out.bin.tmp" \
 
 # A good run with the session options: the JSON line, the output's size, the config entries.
 rm -f "$o"
-if ! "$node" "$run" --model "$m" --input "$tmp/x2.bin" --shape 2,1,28,28 --output "$o" --opt basic \
-     --threads 1 --x64quantprecision --no-spinning --verbose > "$tmp/stdout" 2> "$tmp/stderr"; then
+if ! "$py" "$run" --model "$m" --input "$tmp/x2.bin" --shape 2,1,28,28 --output "$o" --opt basic \
+     --threads 1 --x64quantprecision --no-spinning --verbose --optimized-model "$tmp/opt.onnx" \
+     > "$tmp/stdout" 2> "$tmp/stderr"; then
   echo "FAIL good run: $(grep -v '^[0-9-]* [0-9:.]* \[' "$tmp/stderr" | head -n 3)"; fails=$((fails + 1))
 else
   json=$(cat "$tmp/stdout")
@@ -83,6 +85,7 @@ else
   for want in 'session.x64quantprecision: 1' 'session.intra_op.allow_spinning: 0' 'graph_optimization_level:1 '; do
     grep -q "$want" "$tmp/stderr" || { echo "FAIL good run: ORT's verbose log lacks '$want'"; fails=$((fails + 1)); }
   done
+  [ -s "$tmp/opt.onnx" ] || { echo "FAIL good run: --optimized-model wrote no $tmp/opt.onnx"; fails=$((fails + 1)); }
   echo "ok   good run: $json"
 fi
 
