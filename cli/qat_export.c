@@ -69,10 +69,10 @@ int main(int argc, char **argv) {
   if (!quiet)
     printf(
         "qat_export: %s -> %s: %d ONNX nodes (opset %lld, IR %lld), %d QuantizeLinear, %d DequantizeLinear, "
-        "%d integer weights, %d fp32 weights, %d fp32 biases, %d int32 biases, %d range Clips, %d permuted linear weights, "
-        "%lld bytes\n",
+        "%d integer weights, %d fp32 weights, %d fp32 biases, %d int32 biases, %d range Clips, %d relu6 as Relu, "
+        "%d permuted linear weights, %lld bytes\n",
         paths[0], paths[1], info.nodes, (long long)info.opset, (long long)info.ir_version, info.quantize,
-        info.dequantize, info.int_weights, info.float_weights, info.float_biases, info.int32_biases, info.clips, info.permuted,
-        (long long)info.bytes);
+        info.dequantize, info.int_weights, info.float_weights, info.float_biases, info.int32_biases, info.clips,
+        info.relu6_as_relu, info.permuted, (long long)info.bytes);
   return 0;
 }

@@ -26,6 +26,8 @@
 typedef struct {
   int perm_h, perm_w, perm_c; /* a flat value whose ONNX order is (c, h, w), the graph's (h, w, c) */
   int container;              /* quantize outputs: T_UINT8 / T_INT8 */
+  int pool_dq;                /* a dequantize whose output only a max pool reads, deferred to after it
+                               * (op_pool): that dequantize node's index + 1, else 0 */
 } value_info;
 
 typedef struct {
@@ -123,6 +125,10 @@ static void add_float(exporter *e, const char *name, int ndim, const int64_t *di
 }
 
 static void add_scalar_float(exporter *e, const char *name, float v) { add_float(e, name, 0, NULL, &v, 1); }
+
+static void add_int64(exporter *e, const char *name, int ndim, const int64_t *dims, const int64_t *v, int64_t n) {
+  add_init(e, name, ONNX__TENSOR_PROTO__DATA_TYPE__INT64, ndim, dims, v, (size_t)n * sizeof *v);
+}
 
 /* Integers known to fit the container (checked by the caller) as int8 / uint8. */
 static void add_int8(exporter *e, const char *name, int type, int ndim, const int64_t *dims, const int32_t *v,
@@ -251,6 +257,55 @@ static int check_zero_points(exporter *e, const qt_qstate *q, int container, con
 
 /* ---- ops ------------------------------------------------------------------------------------- */
 
+/* The node reading value v when exactly one node reads it, else NULL. */
+static const qt_node *sole_reader(const qt_graph *g, int v) {
+  if (g->values[v].consumers != 1) return NULL;
+  for (int i = 0; i < g->n_nodes; i++)
+    for (int k = 0; k < g->nodes[i].n_inputs; k++)
+      if (g->nodes[i].inputs[k] == v) return &g->nodes[i];
+  return NULL;
+}
+
+/* Whether quantize node n narrows its container's range (a sub-8-bit or narrowed record). */
+static int narrows(const qt_qstate *q, int container) {
+  return q->spec.qmin > (container == T_INT8 ? -128 : 0) || q->spec.qmax < (container == T_INT8 ? 127 : 255);
+}
+
+/* The dequantize reading narrowing quantize n, when only it reads n and only a max pool reads
+ * it (and every scale is positive), else NULL. The export then pools the integers and puts the
+ * Clip and the dequantize after the pool: max commutes with the monotonic clamp and
+ * dequantization, so the values are the same, and the Clip then sits where ONNX Runtime's
+ * layout pass leaves the conv -> pool chain in NHWC (a Clip between them makes it transpose
+ * back to NCHW for a slow uint8 MaxPool). */
+static const qt_node *dequantize_before_pool(const qt_graph *g, const qt_node *n) {
+  const qt_node *dq = sole_reader(g, n->output);
+  if (!dq || dq->op != QT_OP_DEQUANTIZE || !dq->q) return NULL;
+  const qt_node *pool = sole_reader(g, dq->output);
+  if (!pool || pool->op != QT_OP_MAX_POOL2D) return NULL;
+  for (int c = 0; c < dq->q->channels; c++)
+    if (!(dq->q->scale[c] > 0.0f)) return NULL;
+  return dq;
+}
+
+/* The Clip narrowing quantize node q's integers from its container to [qmin, qmax]: named
+ * "<q>.clip", bounds "<q>.clip_min" / "<q>.clip_max" of the container's type. */
+static void emit_clip(exporter *e, const qt_node *q, int container, const char *x, const char *y) {
+  char *mn = str(e, "%s.clip_min", q->name), *mx = str(e, "%s.clip_max", q->name);
+  const int32_t lo = q->q->spec.qmin, hi = q->q->spec.qmax;
+  add_int8(e, mn, container, 0, NULL, &lo, 1);
+  add_int8(e, mx, container, 0, NULL, &hi, 1);
+  add_node(e, "Clip", str(e, "%s.clip", q->name), y, 3, x, mn, mx);
+  e->info.clips++;
+}
+
+static void emit_dequantize(exporter *e, const qt_node *dq, int container, const char *x, const char *y) {
+  char *s = str(e, "%s.scale", dq->name), *z = str(e, "%s.zero_point", dq->name);
+  add_qparams(e, dq->q, container, s, z);
+  Onnx__NodeProto *o = add_node(e, "DequantizeLinear", dq->name, y, 3, x, s, z);
+  if (dq->q->channels > 1) attr_int(e, o, "axis", 1);
+  e->info.dequantize++;
+}
+
 static int op_quantize(exporter *e) {
   const qt_node *n = e->node;
   const qt_qstate *q = n->q;
@@ -266,29 +321,20 @@ static int op_quantize(exporter *e) {
     return node_err(e,
                     "per-channel quantization of a flattened image: ONNX orders its features (c, h, w), the graph "
                     "(h, w, c)");
-  const int cmin = container == T_INT8 ? -128 : 0, cmax = container == T_INT8 ? 127 : 255;
-  const char *x = in0(e);
-  if (q->spec.qmin > cmin || q->spec.qmax < cmax) {
-    /* A narrower range than the container's (sub-8-bit): clamp on the float side first, at the
-     * float values of qmin and qmax, which QuantizeLinear maps back to exactly qmin and qmax. */
-    if (q->channels > 1)
-      return node_err(e,
-                      "per-channel quantization to [%d, %d] needs a per-channel Clip, which ONNX Clip cannot express",
-                      q->spec.qmin, q->spec.qmax);
-    const float lo = (float)(q->spec.qmin - q->zero_point[0]) * q->scale[0];
-    const float hi = (float)(q->spec.qmax - q->zero_point[0]) * q->scale[0];
-    char *mn = str(e, "%s.clip_min", n->name), *mx = str(e, "%s.clip_max", n->name);
-    char *clipped = str(e, "%s.clipped", n->name);
-    add_scalar_float(e, mn, lo);
-    add_scalar_float(e, mx, hi);
-    add_node(e, "Clip", str(e, "%s.clip", n->name), clipped, 3, x, mn, mx);
-    x = clipped;
-    e->info.clips++;
-  }
+  /* A narrower range than the container's (sub-8-bit): QuantizeLinear saturates to the
+   * container, then a Clip on its integers (bounds of the container's type) narrows to
+   * [qmin, qmax]: clamp(clamp(v, cmin, cmax), qmin, qmax) = clamp(v, qmin, qmax), so the integers
+   * are the graph's. The Clip sits between QuantizeLinear and the DequantizeLinear that reads it
+   * (after a max pool between them: dequantize_before_pool), where ONNX Runtime's QDQ fusion
+   * still sees op -> QuantizeLinear (a float Clip before the QuantizeLinear hides the op from
+   * it). */
+  const int narrow = narrows(q, container), later = narrow && dequantize_before_pool(e->g, n);
   char *s = str(e, "%s.scale", n->name), *z = str(e, "%s.zero_point", n->name);
   add_qparams(e, q, container, s, z);
-  Onnx__NodeProto *o = add_node(e, "QuantizeLinear", n->name, out(e), 3, x, s, z);
+  const char *q_out = narrow && !later ? str(e, "%s.saturated", n->name) : out(e);
+  Onnx__NodeProto *o = add_node(e, "QuantizeLinear", n->name, q_out, 3, in0(e), s, z);
   if (q->channels > 1) attr_int(e, o, "axis", 1); /* channels: axis 1 of NCHW and of (N, F) */
+  if (narrow && !later) emit_clip(e, n, container, q_out, out(e));
   e->vi[n->output] = *vin(e, 0);
   e->vi[n->output].container = container;
   e->info.quantize++;
@@ -306,13 +352,14 @@ static int op_dequantize(exporter *e) {
     return node_err(e,
                     "per-channel dequantization of a flattened image: ONNX orders its features (c, h, w), the graph "
                     "(h, w, c)");
-  char *s = str(e, "%s.scale", n->name), *z = str(e, "%s.zero_point", n->name);
-  add_qparams(e, q, container, s, z);
-  Onnx__NodeProto *o = add_node(e, "DequantizeLinear", n->name, out(e), 3, in0(e), s, z);
-  if (q->channels > 1) attr_int(e, o, "axis", 1);
+  const qt_node *qn = &e->g->nodes[e->g->values[n->inputs[0]].producer];
   e->vi[n->output] = *vin(e, 0);
+  if (qn->op == QT_OP_QUANTIZE && narrows(qn->q, container) && dequantize_before_pool(e->g, qn) == n) {
+    e->vi[n->output].pool_dq = (int)(n - e->g->nodes) + 1; /* written by op_pool, after the pool */
+    return 0;
+  }
+  emit_dequantize(e, n, container, in0(e), out(e));
   e->vi[n->output].container = 0;
-  e->info.dequantize++;
   return 0;
 }
 
@@ -501,8 +548,38 @@ static int op_linear(exporter *e) {
   return 0;
 }
 
+/* Whether relu6 node n's upper bound is already the quantize that alone reads it: a narrowed
+ * (sub-8-bit) range whose top, for every channel, is at most 6 in the units of ONNX's
+ * QuantizeLinear (qmax - zp <= fl(6 / s)). Then any x > 6 quantizes to qmax with or without the
+ * min(., 6), since fl(x / s) >= fl(6 / s) and rounding is monotonic, so max(x, 0) gives the same
+ * integers. With an 8-bit range ONNX Runtime finds this itself (its Clip -> QuantizeLinear
+ * fusion, from the container's range); with a narrowed one it cannot, and the float Clip left
+ * between the convolution and its QuantizeLinear keeps the layer out of its integer kernels. */
+static int relu6_bound_by_quantize(const qt_graph *g, const qt_node *n) {
+  if (g->values[n->output].consumers != 1) return 0;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const qt_node *c = &g->nodes[i];
+    if (c->n_inputs < 1 || c->inputs[0] != n->output) continue;
+    const qt_qstate *q = c->q;
+    if (c->op != QT_OP_QUANTIZE || !q || !q->calibrated) return 0;
+    const int container = container_of(q->spec.is_signed, q->spec.qmin, q->spec.qmax);
+    if (!container || !narrows(q, container)) return 0;
+    for (int ch = 0; ch < q->channels; ch++)
+      if (!(q->scale[ch] > 0.0f) || (float)(q->spec.qmax - q->zero_point[ch]) > 6.0f / q->scale[ch]) return 0;
+    return 1;
+  }
+  return 0;
+}
+
 static int op_relu6(exporter *e) {
   const qt_node *n = e->node;
+  if (relu6_bound_by_quantize(e->g, n)) {
+    /* written as a Relu (named as the node), which ONNX Runtime folds into the QuantizeLinear */
+    add_node(e, "Relu", n->name, out(e), 1, in0(e));
+    e->vi[n->output] = *vin(e, 0);
+    e->info.relu6_as_relu++;
+    return 0;
+  }
   char *mn = str(e, "%s.min", n->name), *mx = str(e, "%s.max", n->name);
   add_scalar_float(e, mn, 0.0f);
   add_scalar_float(e, mx, 6.0f);
@@ -514,6 +591,18 @@ static int op_relu6(exporter *e) {
 static int op_pool(exporter *e, const char *op_type) {
   const qt_node *n = e->node;
   if (e->g->values[n->inputs[0]].ndim != 3) return node_err(e, "input is not an image");
+  const value_info x = *vin(e, 0);
+  if (x.pool_dq) { /* quantize -> [max pool -> Clip -> dequantize] (dequantize_before_pool) */
+    const qt_node *dq = &e->g->nodes[x.pool_dq - 1], *q = &e->g->nodes[e->g->values[dq->inputs[0]].producer];
+    char *pooled = str(e, "%s.pooled", n->name), *clipped = str(e, "%s.clipped", q->name);
+    attr_window(e, add_node(e, op_type, n->name, pooled, 1, vname(e, dq->inputs[0])), &n->attr);
+    emit_clip(e, q, x.container, pooled, clipped);
+    emit_dequantize(e, dq, x.container, clipped, out(e));
+    e->vi[n->output] = x;
+    e->vi[n->output].container = 0;
+    e->vi[n->output].pool_dq = 0;
+    return 0;
+  }
   Onnx__NodeProto *o = add_node(e, op_type, n->name, out(e), 1, in0(e));
   attr_window(e, o, &n->attr);
   if (n->op == QT_OP_AVG_POOL2D) attr_int(e, o, "count_include_pad", 1);
@@ -532,7 +621,12 @@ static int op_global_avg_pool(exporter *e) {
 static int op_flatten(exporter *e) {
   const qt_node *n = e->node;
   const qt_value *x = &e->g->values[n->inputs[0]];
-  attr_int(e, add_node(e, "Flatten", n->name, out(e), 1, in0(e)), "axis", 1);
+  /* Reshape to [N, -1] (ONNX's Flatten with axis 1): ONNX Runtime moves a dequantize past a
+   * Reshape, not past a Flatten, and so fuses the linear layer after it into its integer kernel */
+  char *shape = str(e, "%s.shape", n->name);
+  const int64_t two = 2, dims[2] = {0, -1};
+  add_int64(e, shape, 1, &two, dims, 2);
+  add_node(e, "Reshape", n->name, out(e), 2, in0(e), shape);
   value_info *o = &e->vi[n->output];
   if (x->ndim == 3) {
     const int H = (int)x->shape[0], W = (int)x->shape[1], C = (int)x->shape[2];

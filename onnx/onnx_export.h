@@ -19,10 +19,17 @@
  * - bit widths below 8 (and narrowed ranges such as 7-bit weights) stay in 8-bit containers with
  *   their integers as they are. Weights need nothing more (their integers are already in range).
  *   An activation quantize whose [qmin, qmax] is narrower than its container's range (a 4-bit
- *   activation, [0, 15] in uint8) gets a Clip on the float side first, named
- *   "<quantize node>.clip", with bounds (qmin - zp) * s and (qmax - zp) * s in float32: since
- *   x -> round(x / s) is monotonic and round(((q - zp) * s) / s) = q - zp for |q - zp| <= 255,
- *   QuantizeLinear then yields exactly clamp(round(x / s) + zp, qmin, qmax).
+ *   activation, [0, 15] in uint8) is QuantizeLinear -> Clip -> DequantizeLinear ("QCDQ"): the
+ *   Clip, named "<quantize node>.clip", clamps the saturated integers to [qmin, qmax] with bounds
+ *   of the container's type, and clamp(clamp(v, 0, 255), qmin, qmax) = clamp(v, qmin, qmax), so
+ *   the integers are the graph's. ONNX Runtime's QDQ selectors see op -> QuantizeLinear as at
+ *   8 bits and fuse the op into its integer kernels (a float Clip before the QuantizeLinear kept
+ *   every such op in fp32). Where only a max pool reads the dequantized value, the pool runs on
+ *   the integers and the Clip and DequantizeLinear follow it (the same values: max commutes with
+ *   the monotonic clamp and dequantization), which keeps ONNX Runtime's conv -> pool chain in
+ *   NHWC. A relu6 that only such a narrowed quantize reads, whose top (qmax - zp) * s is at most
+ *   6, is written as Relu (the same integers; ONNX Runtime folds a Relu into the QuantizeLinear,
+ *   not a Clip(0, 6) whose bound its 8-bit container exceeds).
  * - layout: the graph is NHWC, ONNX NCHW. The input is declared [batch, C, H, W] (a dynamic
  *   batch dim "batch"; a flat input [batch, F]); conv weights are OIHW in both; a flatten of an
  *   H x W x C image (H*W > 1, C > 1) yields ONNX's (c, h, w) order, so the linear layer reading it
@@ -30,7 +37,9 @@
  *   (the reverse of the import's permutation). An image output would be NCHW.
  * - ops: conv2d -> Conv, linear -> Gemm (transB = 1), relu -> Relu, relu6 -> Clip(0, 6) (bounds
  *   as inputs), max_pool2d -> MaxPool, avg_pool2d -> AveragePool (count_include_pad = 1),
- *   global_avg_pool -> GlobalAveragePool + Flatten, flatten -> Flatten, add -> Add, batch_norm ->
+ *   global_avg_pool -> GlobalAveragePool + Flatten, flatten -> Reshape to [N, -1] (ONNX Runtime
+ *   moves a DequantizeLinear past a Reshape, not a Flatten, and so fuses the linear layer after
+ *   it), add -> Add, batch_norm ->
  *   BatchNormalization. Node names are the graph's; the graph input is "input" and its output
  *   "logits". The input preprocessing, when the graph records it, is written as metadata
  *   ("qt.input_preprocessing").
@@ -41,8 +50,8 @@
  *
  * Refused, with err naming the node and its op: prepared (training) graphs (fake_quant, conv_bn,
  * weights without integers: export model_qdq.h5, not model_trained.h5), ranges that fit no 8-bit
- * container (16-bit records), a per-channel activation quantize that would need a Clip or reads
- * a permuted flatten, a batch_norm of a flattened image, an add of two values in different
+ * container (16-bit records), a per-channel activation quantize that reads a permuted flatten,
+ * a batch_norm of a flattened image, an add of two values in different
  * orders, an output that is a flattened image, names that would collide in the ONNX file, and an
  * output path that exists as something other than a regular file (a symlink or a device such as
  * /dev/stdout, which the atomic rename would replace). */
@@ -67,7 +76,8 @@ typedef struct {
   int float_weights; /* fp32 weights (layers left in fp32) */
   int float_biases;  /* fp32 biases */
   int int32_biases;  /* int32 biases (the graph's, or qt_onnx_export_options.int32_bias) */
-  int clips;         /* Clips narrowing a sub-8-bit (or narrowed) activation range */
+  int clips;         /* integer Clips narrowing a sub-8-bit (or narrowed) activation range */
+  int relu6_as_relu; /* relu6 written as Relu: the narrowed quantize reading it bounds it at 6 */
   int permuted;      /* linear weights whose columns were permuted to NCHW flatten order */
   int64_t bytes;     /* size of the file written */
   int io_error;      /* on failure: 1 when writing the file failed (the environment), 0 when the

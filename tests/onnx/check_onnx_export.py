@@ -126,10 +126,12 @@ def run_onnx(model, x):
         elif op == "Clip":
             lo = ins[1] if len(ins) > 1 and ins[1] is not None else np.float32(-np.inf)
             hi = ins[2] if len(ins) > 2 and ins[2] is not None else np.float32(np.inf)
-            y = np.minimum(np.maximum(ins[0], lo), hi).astype(np.float32)
+            y = np.minimum(np.maximum(ins[0], lo), hi).astype(ins[0].dtype)  # float, or the integers' type
         elif op == "MaxPool":
             (kh, kw), (sh, sw), pads = window_attrs(a)
-            y = windows(ins[0], kh, kw, sh, sw, pads, -np.inf).max(axis=(4, 5)).astype(np.float32)
+            t = ins[0].dtype  # float32, or the integers of a quantized tensor
+            fill = -np.inf if t == np.float32 else np.iinfo(t).min
+            y = windows(ins[0], kh, kw, sh, sw, pads, fill).max(axis=(4, 5)).astype(t)
         elif op == "AveragePool":
             (kh, kw), (sh, sw), pads = window_attrs(a)
             assert a.get("count_include_pad", 0) == 1 or pads == (0, 0, 0, 0)
@@ -140,6 +142,10 @@ def run_onnx(model, x):
         elif op == "Flatten":
             ax = a.get("axis", 1)
             y = ins[0].reshape(int(np.prod(ins[0].shape[:ax])), -1)
+        elif op == "Reshape":
+            assert a.get("allowzero", 0) == 0, "allowzero"
+            shape = [ins[0].shape[i] if d == 0 else int(d) for i, d in enumerate(ins[1])]  # 0: copy the dim
+            y = ins[0].reshape(shape)
         elif op == "Add":
             y = (ins[0].astype(np.float64) + ins[1]).astype(np.float32)
         elif op == "BatchNormalization":

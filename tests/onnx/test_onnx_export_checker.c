@@ -4,12 +4,13 @@
  * skip it):
  * - FashionCNN (flatten of 7x7x64 -> linear: permuted weight columns), ResCNN (residual add) and
  *   the MobileNet-style ONNX model (depthwise convs, relu6, global average pool) at W8A8 PTQ
- *   (full-range int8 weights, quant.isa = vnni) and W4A4 QAT (4-bit activations: a Clip before
- *   every QuantizeLinear), built through the pipeline stages, calibrated on 4 batches of 64
+ *   (full-range int8 weights, quant.isa = vnni) and W4A4 QAT (4-bit activations: an integer Clip
+ *   after every QuantizeLinear, relu6 written as Relu where the 4-bit range bounds it), and
+ *   FashionCNN at W4A8 QAT, built through the pipeline stages, calibrated on 4 batches of 64
  *   Fashion-MNIST training images, converted, saved and loaded back (as a deployment tool
  *   would), then exported;
  * - the counts the export reports match the graph (quantize / dequantize nodes, integer weights,
- *   clips only below 8 bits, one permuted linear for FashionCNN);
+ *   clips only below 8 bits, relu6 as Relu only below 8 bits, one permuted linear for FashionCNN);
  * - FashionCNN W8A8 PTQ and the MobileNet-style model W4A4 QAT (conv_bn: folded biases) with
  *   int32 biases (quant.bias = int32): every bias written as the graph's int32 integers;
  * - a prepared graph is refused naming its first fake_quant node, and a path that cannot be
@@ -160,6 +161,9 @@ static void one(const char *stem, const char *model_key, const char *mode, int w
     qt_test_fail("%s: IR %lld opset %lld", stem, (long long)info.ir_version, (long long)info.opset);
   if (abits < 8 ? info.clips != nq : info.clips != 0)
     qt_test_fail("%s: %d range Clips for %d %d-bit quantize nodes", stem, info.clips, nq, abits);
+  const int nr6 = count_op(h, QT_OP_RELU6);
+  if (abits < 8 ? nr6 && !info.relu6_as_relu : info.relu6_as_relu != 0)
+    qt_test_fail("%s: %d of %d relu6 written as Relu at %d-bit activations", stem, info.relu6_as_relu, nr6, abits);
   const int want_perm = strstr(model_key, "fashion_cnn") ? 1 : 0;
   if (info.permuted != want_perm)
     qt_test_fail("%s: %d permuted linear weights, want %d", stem, info.permuted, want_perm);
@@ -213,6 +217,7 @@ int main(void) {
   char mobilenet[4200];
   snprintf(mobilenet, sizeof mobilenet, "model.onnx=%s", qt_test_path("tests/onnx/models/mobilenet.onnx"));
   one("fashion_cnn_w8a8", "model.name=fashion_cnn", "ptq", 8, 8, 0);
+  one("fashion_cnn_w4a8", "model.name=fashion_cnn", "qat", 4, 8, 0);
   one("fashion_cnn_w4a4", "model.name=fashion_cnn", "qat", 4, 4, 0);
   one("res_cnn_w8a8", "model.name=res_cnn", "ptq", 8, 8, 0);
   one("res_cnn_w4a4", "model.name=res_cnn", "qat", 4, 4, 0);

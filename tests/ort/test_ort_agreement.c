@@ -144,8 +144,9 @@ int main(int argc, char **argv) {
   const int32_t *labels;
   const int n = qt_loader_next(l, &x, &labels);
   QT_ASSERT(n == IMAGES, "%d test images", n);
-  const char *cases[] = {"fashion_cnn_w8a8", "fashion_cnn_w4a4", "res_cnn_w8a8",       "res_cnn_w4a4",
-                         "mobilenet_w8a8",   "mobilenet_w4a4",   "fashion_cnn_w8a8_b32", "mobilenet_w4a4_b32"};
+  const char *cases[] = {"fashion_cnn_w8a8", "fashion_cnn_w4a8", "fashion_cnn_w4a4",     "res_cnn_w8a8",
+                         "res_cnn_w4a4",     "mobilenet_w8a8",   "mobilenet_w4a4",       "fashion_cnn_w8a8_b32",
+                         "mobilenet_w4a4_b32"};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(cases[i], x, labels, n);
   qt_loader_free(l);
   qt_dataset_free(&ds);
