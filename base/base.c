@@ -181,11 +181,49 @@ int qt_file_commit(const char *tmp, const char *path, char *err) {
   return 0;
 }
 
+int qt_temp_create(const char *path, char *tmp, size_t n, char *err) {
+  if (snprintf(tmp, n, "%s.tmp.XXXXXX", path) >= (int)n) return qt_err(err, "cannot write '%s': path too long", path);
+  /* mkstemp: a new file under a name no one can predict, O_CREAT | O_EXCL (never through a
+   * link another user planted); 0644 as fopen's files are under the usual umask */
+  const int fd = mkstemp(tmp);
+  if (fd < 0) return qt_err(err, "cannot write '%s': cannot create a temporary file beside it: %s", path, strerror(errno));
+  if (fchmod(fd, 0644) != 0) {
+    const int e = errno;
+    close(fd);
+    unlink(tmp);
+    return qt_err(err, "cannot write '%s': %s", path, strerror(e));
+  }
+  return fd;
+}
+
+int qt_same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int qt_dir_trusted(const char *dir, char *err) {
+  struct stat st;
+  if (stat(dir, &st) != 0) return qt_err(err, "cannot use directory '%s': %s", dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return qt_err(err, "'%s' is not a directory", dir);
+  if (st.st_uid != geteuid() && (st.st_mode & (S_IWGRP | S_IWOTH)))
+    return qt_err(err,
+                  "will not write into '%s': it belongs to another user (uid %ld) and others can write to it (mode "
+                  "%03o), so they could replace what this run writes; use a directory of your own",
+                  dir, (long)st.st_uid, (unsigned)(st.st_mode & 0777));
+  return 0;
+}
+
 int qt_write_file_atomic(const char *path, const char *text, size_t len, char *err) {
   char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "wb");
-  if (!f) return qt_err(err, "cannot write '%s': %s", tmp, strerror(errno));
+  const int fd = qt_temp_create(path, tmp, sizeof tmp, err);
+  if (fd < 0) return -1;
+  FILE *f = fdopen(fd, "wb");
+  if (!f) {
+    const int e = errno;
+    close(fd);
+    unlink(tmp);
+    return qt_err(err, "cannot write '%s': %s", path, strerror(e));
+  }
   size_t w = fwrite(text, 1, len, f);
   int bad = w != len || fflush(f) != 0;
   bad |= fclose(f) != 0;

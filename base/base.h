@@ -85,7 +85,17 @@ int qt_fsync_path(const char *path);
  * exists and is not a regular file (a symlink such as /dev/stdout, a directory, a device) is
  * refused, never replaced. */
 int qt_file_commit(const char *tmp, const char *path, char *err);
-/* Writes `text` to `path` atomically (path.tmp, fsync, rename). */
+/* Creates a new temporary file beside path, "<path>.tmp.XXXXXX" with a random part, by
+ * mkstemp (O_CREAT | O_EXCL: never through a symbolic link or onto a file someone planted),
+ * mode 0644; tmp (n bytes) receives its name. Returns the open descriptor, or -1 with err. */
+int qt_temp_create(const char *path, char *tmp, size_t n, char *err);
+/* Whether paths a and b name the same existing file (device and inode). */
+int qt_same_file(const char *a, const char *b);
+/* 0 when dir is a directory this process may trust with its outputs; -1 with err when another
+ * user owns it and group or others may write to it (as ssh refuses a key file it cannot trust:
+ * they could replace or redirect what is written there). */
+int qt_dir_trusted(const char *dir, char *err);
+/* Writes `text` to `path` atomically (a qt_temp_create file, fsync, rename). */
 int qt_write_file_atomic(const char *path, const char *text, size_t len, char *err);
 /* Fault injection for tests of crash safety: when the environment variable QT_FAULT is
  * "<name>" or "<name>:<k>", the k-th (default: first) call of qt_fault_point(name) kills the

@@ -24,7 +24,7 @@ void qt_h5_quiet(void);
 hid_t qt_h5_open_read(const char *path, const char *what, hid_t fapl, char *err);
 /* Creates (truncates) path for writing with the given property lists (H5P_DEFAULT or lists
  * the caller made); -1 with err "cannot create '<path>' (directory missing or not writable?)"
- * for the caller to prefix. Writers create "<path>.tmp" and finish with qt_file_commit. */
+ * for the caller to prefix. Writers create a qt_temp_create file and finish with qt_file_commit. */
 hid_t qt_h5_create(const char *path, hid_t fcpl, hid_t fapl, char *err);
 /* A file being built in memory (qt_h5_create_checksummed), written by qt_h5_commit. */
 typedef struct qt_h5_image qt_h5_image;
@@ -36,7 +36,7 @@ typedef struct qt_h5_image qt_h5_image;
  * `name` only labels the file in messages. The file id, and *img for qt_h5_commit or
  * qt_h5_discard; -1 with err. */
 hid_t qt_h5_create_checksummed(const char *name, qt_h5_image **img, char *err);
-/* Closes f and writes its bytes to path atomically (path.tmp, fsync, rename, fsync of the
+/* Closes f and writes its bytes to path atomically (a qt_temp_create file, fsync, rename, fsync of the
  * directory): path then holds the whole file, or is unchanged when writing fails (a full disk
  * gives a message, never a half-written file, nor an HDF5 library left holding a file it
  * cannot flush). f and img are released either way. -1 with err naming path. */

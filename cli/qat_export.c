@@ -53,6 +53,11 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (qt_same_file(paths[0], paths[1])) {
+    fprintf(stderr, "qat_export: %s and %s are the same file; the export would replace its input\n", paths[0],
+            paths[1]);
+    return 2;
+  }
   char err[QT_ERR_LEN];
   qt_graph *g = qt_qdq_load(paths[0], err);
   if (!g) {

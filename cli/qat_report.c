@@ -53,6 +53,12 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (qt_cli_data_finish("qat_report", &D)) return 2;
+  if (D.outputs_path &&
+      (qt_same_file(D.outputs_path, qdq_path) || (fp32_path && qt_same_file(D.outputs_path, fp32_path)))) {
+    fprintf(stderr, "qat_report: --write-outputs %s is an input file of the report; it would be replaced\n",
+            D.outputs_path);
+    return 2;
+  }
   static qt_options o;
   qt_status st = {0};
   char *err = st.msg;

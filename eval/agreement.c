@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "eval/exact.h"
 #include "eval/report.h"
@@ -179,12 +180,17 @@ int qt_device_write_outputs(qt_device *dev, const qt_dataset *ds, const qt_loade
   }
   qt_loader *l = test_loader(dev, ds, lc, err);
   if (!l) return -1;
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  char tmp[4200];
   if (qt_mkdir_parent(path, err)) {
     qt_loader_free(l);
     return -1;
   }
+  const int fd = qt_temp_create(path, tmp, sizeof tmp, err); /* a fresh file of ours, no planted link */
+  if (fd < 0) {
+    qt_loader_free(l);
+    return -1;
+  }
+  close(fd);
   hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (f < 0) {
     qt_loader_free(l);

@@ -96,7 +96,7 @@ typedef struct {
   int int32_bias;
 } qt_onnx_export_options;
 
-/* Writes the Q/DQ graph g to path as a QDQ ONNX model (atomically: path.tmp, fsync, rename; a
+/* Writes the Q/DQ graph g to path as a QDQ ONNX model (atomically: a qt_temp_create file, fsync, rename; a
  * failure leaves any previous file untouched). Returns 0, or -1 with err
  * ("onnx export: <path>: node '<name>' (<op>): <what>") and info->io_error set. info may be
  * NULL. */

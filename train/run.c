@@ -81,14 +81,24 @@ static int csv_read(const char *path, qt_epoch_stats *rows, int max, int upto) {
   return n;
 }
 
+/* What a memory stream (open_memstream) holds, written to <output.dir>/file atomically (as
+ * every output: never through a link planted at a predictable name); a warning on failure. */
+static void write_stream(const run *r, FILE *f, char *buf, size_t len, const char *file) {
+  fclose(f);
+  char path[QT_OPT_STR + 64], err[QT_ERR_LEN];
+  snprintf(path, sizeof path, "%s/%s", r->o->output.dir, file);
+  if (qt_write_file_atomic(path, buf, len, err)) fprintf(stderr, "warning: %s\n", err);
+  free(buf);
+}
+
 static void write_dot(const run *r, const qt_graph *g, const char *file) {
   if (!r->o->output.dot || !r->writer) return;
-  char path[QT_OPT_STR + 64];
-  snprintf(path, sizeof path, "%s/%s", r->o->output.dir, file);
-  FILE *f = fopen(path, "w");
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
   if (!f) return;
   qt_graph_write_dot(g, f);
-  fclose(f);
+  write_stream(r, f, buf, len, file);
 }
 
 static void summary_stage(qt_strbuf *b, const char *name, const qt_eval_result *e, int with_loss) {
@@ -196,7 +206,10 @@ static int write_summary(const run *r, char *err) {
 static int lock_dir(run *r, const char *dir, qt_status *st) {
   char path[QT_OPT_STR + 16];
   snprintf(path, sizeof path, "%s/.lock", dir);
-  r->lock_fd = open(path, O_RDWR | O_CREAT, 0644);
+  /* O_NOFOLLOW: a planted (even dangling) symlink is refused, not followed to create its target */
+  r->lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (r->lock_fd < 0 && errno == ELOOP)
+    return qt_status_set(st, QT_STATUS_INPUT, "output.dir: '%s' is a symbolic link; remove it (runs create it)", path);
   if (r->lock_fd < 0) return qt_status_set(st, QT_STATUS_IO, "output.dir: cannot open '%s': %s", path, strerror(errno));
   struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
   if (fcntl(r->lock_fd, F_SETLK, &fl) != 0) {
@@ -247,6 +260,7 @@ static int run_open(run *r, const qt_options *o, qt_status *st) {
   }
   char derr[QT_ERR_LEN];
   if (qt_mkdir_p(o->output.dir, derr)) return qt_status_set(st, QT_STATUS_IO, "output.dir: %s", derr);
+  if (qt_dir_trusted(o->output.dir, derr)) return qt_status_set(st, QT_STATUS_INPUT, "output.dir: %s", derr);
   if (lock_dir(r, o->output.dir, st)) return -1;
   /* train.resume: a PTQ run has no epochs and simply calibrates again; any other run must
    * match the checkpoint's [quant] settings (checked before any work). */
@@ -294,11 +308,11 @@ static int run_prepare(run *r, qt_status *st) {
   if (qt_evaluate_distributed(r->g, r->ctx, &r->test, &ec, &r->fp32, st->msg))
     return qt_status_fail(st, QT_STATUS_RUNTIME);
   if (r->verbose) fprintf(stderr, "quant: fp32 test accuracy %.2f%%\n", 100 * r->fp32.accuracy);
-  char path[QT_OPT_STR + 32];
-  snprintf(path, sizeof path, "%s/quantizer.txt", o->output.dir);
-  FILE *rep = r->writer ? fopen(path, "w") : NULL;
+  char *rep_buf = NULL;
+  size_t rep_len = 0;
+  FILE *rep = r->writer ? open_memstream(&rep_buf, &rep_len) : NULL;
   r->tg = qt_stage_prepare(o, r->g, rep, st);
-  if (rep) fclose(rep);
+  if (rep) write_stream(r, rep, rep_buf, rep_len, "quantizer.txt");
   if (!r->tg) return -1;
   write_dot(r, r->tg, "model_prepared.dot");
   const int ptq = o->quant.mode == QT_QUANT_PTQ;

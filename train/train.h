@@ -41,7 +41,7 @@ typedef struct {
 } qt_checkpoint_meta;
 
 /* Writes parameters, buffers, optimizer state (if opt) and meta to path atomically
- * (path.tmp, fsync, rename). A prepared (quantized) graph also gets its quantization training
+ * (a qt_temp_create file, fsync, rename). A prepared (quantized) graph also gets its quantization training
  * state: qparams, observer state, enable flags, LSQ links and bn_frozen flags (/quant,
  * qat/qstate_file.h), so that a QAT run resumes bit for bit. */
 int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const qt_checkpoint_meta *meta,
