@@ -18,10 +18,13 @@
 #include <string.h>
 
 #include "onnx.pb-c.h"
+#include "onnx/wire.h"
 
 #define BATCH INT64_MIN /* the batch dimension in shape arithmetic */
 #define MAX_INTS 8
 #define ONNX_MAX_BYTES ((long)1 << 30)
+#define ONNX_MAX_DEPTH 64          /* nested messages (a real model: under 10) */
+#define ONNX_MAX_MESSAGES 2000000L /* nodes, attributes, tensors, value infos, ... in all */
 
 typedef enum { S_NONE, S_ACT, S_CONST, S_INTS } sym_kind;
 
@@ -1061,6 +1064,9 @@ static int check_model(imp *im, const Onnx__ModelProto *m) {
   }
   if (gp->n_output != 1)
     return file_err(im, "graph '%s' has %zu outputs; one (the logits) is supported", str(gp->name), gp->n_output);
+  for (size_t i = 0; i < gp->n_input; i++)
+    if (!gp->input[i]->name || !gp->input[i]->name[0]) return file_err(im, "graph input %zu has no name", i);
+  if (!gp->output[0]->name || !gp->output[0]->name[0]) return file_err(im, "the graph output has no name");
   return 0;
 }
 
@@ -1202,6 +1208,13 @@ qt_graph *qt_onnx_import(const char *path, const int *data_hwc, qt_onnx_info *in
   size_t len = 0;
   uint8_t *buf = read_file(&im, &len);
   if (!buf) return NULL;
+  char what[256];
+  if (qt_onnx_wire_check(buf, len, &onnx__model_proto__descriptor, ONNX_MAX_DEPTH, ONNX_MAX_MESSAGES, what,
+                         sizeof what)) {
+    free(buf);
+    file_err(&im, "not a readable ONNX model: %s", what);
+    return NULL;
+  }
   Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, buf);
   free(buf);
   if (!m) {

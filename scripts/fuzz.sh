@@ -8,7 +8,7 @@
 # libomp-14-dev when missing; the build's own packages come from scripts/setup.sh.
 #
 # Usage (as root on Debian 12): bash scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 60)
-# Environment: QT_FUZZ_TARGETS="qdq checkpoint" runs a subset (default: all six);
+# Environment: QT_FUZZ_TARGETS="qdq checkpoint" runs a subset (default: all seven);
 #   QT_FUZZ_RUNS=N stops a target after N executions (SECONDS stays the cap);
 #   QT_FUZZ_TIMEOUT (s per input, default 20), QT_FUZZ_RSS_MB (default 2048),
 #   QT_FUZZ_JOBS (build parallelism, default 2).
@@ -23,7 +23,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
   echo "usage: bash scripts/fuzz.sh [SECONDS_PER_TARGET]   (a positive integer, default 60)" >&2
   exit 2
 fi
-targets=${QT_FUZZ_TARGETS:-config idx hdf5 folder qdq checkpoint}
+targets=${QT_FUZZ_TARGETS:-config idx hdf5 folder qdq checkpoint onnx}
 timeout=${QT_FUZZ_TIMEOUT:-20}
 rss_mb=${QT_FUZZ_RSS_MB:-2048}
 runs=${QT_FUZZ_RUNS:--1}
@@ -133,7 +133,7 @@ rows=()
 hdf5_rows=()
 for t in $targets; do
   bin=build-fuzz/fuzz/fuzz_$t
-  [ -x "$bin" ] || { echo "fuzz: no target '$t' (have: config idx hdf5 folder qdq checkpoint)" >&2; exit 2; }
+  [ -x "$bin" ] || { echo "fuzz: no target '$t' (have: config idx hdf5 folder qdq checkpoint onnx)" >&2; exit 2; }
   work=build-fuzz/corpus/$t artifacts=build-fuzz/artifacts/$t/
   mkdir -p "$work" "$artifacts" build-fuzz/logs fuzz/regressions/$t
   rm -f "$artifacts"* build-fuzz/logs/$t.* 2>/dev/null || true

@@ -5,7 +5,8 @@
 # missing initializer, an initializer holding fewer values than its dims, a BN parameter of the
 # wrong size, and model.name given too. Each exits 2 with a message naming the file, the node
 # (op type and opset) and what is wrong, before any training: no checkpoint is written.
-# The bad models are made by tests/onnx/make_onnx_models.py.
+# The bad models are made by tests/onnx/make_onnx_models.py; hostile ones (nesting 100,000 deep, an
+# unnamed graph input) by tests/onnx/make_hostile_onnx.py at test time.
 # Usage: test_onnx_errors.sh path/to/qat_train SOURCE_DIR
 set -u
 BIN="$1"
@@ -43,6 +44,12 @@ expect missing_file "onnx: $T/nope.onnx" "cannot open" -- "$T/nope.onnx"
 expect truncated "onnx: $T/truncated.onnx" "not a readable ONNX model" "truncated" -- "$T/truncated.onnx"
 expect truncated_head "$T/truncated_head.onnx" "not a readable ONNX model" -- "$T/truncated_head.onnx"
 expect empty "$T/empty.onnx" "not an ONNX model" -- "$T/empty.onnx"
+# hostile files (tests/onnx/make_hostile_onnx.py): nesting 100,000 deep refused before protobuf-c's
+# recursive unpack (it ran out of stack: exit 139), and a graph input without a name
+/usr/bin/python3 tests/onnx/make_hostile_onnx.py "$T" > /dev/null || { echo "make_hostile_onnx.py failed"; fail=1; }
+expect nest "$T/nest.onnx" "nested deeper than 64 levels" "onnx.GraphProto" -- "$T/nest.onnx"
+expect seq_nest "$T/seq_nest.onnx" "nested deeper than 64 levels" "onnx.TypeProto.Sequence" -- "$T/seq_nest.onnx"
+expect unnamed_input "$T/unnamed_input.onnx" "graph input 0 has no name" -- "$T/unnamed_input.onnx"
 expect not_onnx "onnx: README.md" "not a readable ONNX model" -- README.md
 expect unsupported_op "$B/unsupported_op.onnx" "node '/base/relu/LeakyRelu'" "(LeakyRelu, opset 13)" \
   "op type not supported" -- $B/unsupported_op.onnx

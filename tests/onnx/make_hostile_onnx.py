@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Writes hostile ONNX files that test_onnx_errors.sh gives the importer (into its temporary
+folder, at test time), as raw protobuf bytes (the standard library only: onnx's own serializer
+recurses, and these files are made to be deeper than a recursive parser survives; protobuf-c's
+unpack ran out of stack on both, exit 139):
+
+- nest.onnx: a graph whose node's attribute holds a graph whose node's attribute holds a graph ...
+  100,000 messages deep (GraphProto.node -> NodeProto.attribute -> AttributeProto.g), 0.9 MB;
+- seq_nest.onnx: a graph input of type Sequence(Sequence(... 100,000 deep ...)) (TypeProto
+  sequence_type -> Sequence.elem_type), 0.8 MB;
+- unnamed_input.onnx: a valid model (IR 8, opset 13, Relu) whose graph input has no name field.
+
+Usage: python3 tests/onnx/make_hostile_onnx.py OUT_DIR
+"""
+import os
+import sys
+
+
+def varint(v):
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def field_bytes(number, payload):
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def field_int(number, v):
+    return varint(number << 3) + varint(v)
+
+
+def string(number, s):
+    return field_bytes(number, s.encode())
+
+
+def opset(version):
+    return field_bytes(8, field_int(2, version))  # ModelProto.opset_import: OperatorSetIdProto.version
+
+
+def tensor_type_4d():
+    """TypeProto.tensor_type (1): elem_type float (1), shape [1, 1, 28, 28]."""
+    dims = b"".join(field_bytes(1, field_int(1, d)) for d in (1, 1, 28, 28))  # Dimension.dim_value
+    return field_bytes(1, field_int(1, 1) + field_bytes(2, dims))
+
+
+def model(graph):
+    return field_int(1, 8) + field_bytes(7, graph) + opset(13)  # ir_version 8, graph, opset 13
+
+
+def nest(depth):
+    g = string(2, "inner")
+    for _ in range(depth // 3):
+        attr = string(1, "body") + field_int(20, 5) + field_bytes(6, g)  # AttributeProto name, type GRAPH, g
+        node = string(4, "If") + field_bytes(5, attr)                   # NodeProto op_type, attribute
+        g = field_bytes(1, node) + string(2, "g")                       # GraphProto node, name
+    return model(g)
+
+
+def seq_nest(depth):
+    t = tensor_type_4d()
+    for _ in range(depth):
+        t = field_bytes(4, field_bytes(1, t))  # TypeProto.sequence_type { elem_type }
+    vi = string(1, "x") + field_bytes(2, t)
+    out = string(1, "y") + field_bytes(2, tensor_type_4d())
+    node = string(1, "x") + string(2, "y") + string(4, "Relu")
+    return model(field_bytes(1, node) + string(2, "g") + field_bytes(11, vi) + field_bytes(12, out))
+
+
+def unnamed_input():
+    vi = field_bytes(2, tensor_type_4d())  # ValueInfoProto without its name field
+    out = string(1, "y") + field_bytes(2, tensor_type_4d())
+    node = string(1, "x") + string(2, "y") + string(4, "Relu")
+    return model(field_bytes(1, node) + string(2, "g") + field_bytes(11, vi) + field_bytes(12, out))
+
+
+def main():
+    out = sys.argv[1]
+    for name, data in (("nest.onnx", nest(100000)), ("seq_nest.onnx", seq_nest(100000)),
+                       ("unnamed_input.onnx", unnamed_input())):
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+        print("wrote %s (%d bytes)" % (os.path.join(out, name), len(data)))
+
+
+if __name__ == "__main__":
+    main()
