@@ -114,13 +114,14 @@ for name, mf in layouts.items():
 '''
 
 
-def run_ours(build, qdq, fp32, rounds, threads, backend="onednn"):
+def run_ours(build, qdq, fp32, rounds, threads, backend="onednn", extra=()):
     """qat_report on MODEL_QDQ with the backend's device: (fp32 images/s or None, int8 images/s,
     {stage: test accuracy}, its output). Without an fp32 checkpoint (fp32 None) the device is
-    timed alone, its rounds back to back; with one, its rounds alternate with the fp32 graph's."""
+    timed alone, its rounds back to back; with one, its rounds alternate with the fp32 graph's.
+    extra: more qat_report options (e.g. --timing-batch 1)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     cmd = [os.path.join(build, "bin", "qat_report"), qdq, "--backend", backend, "--probe-images", "0",
-           "--timing-rounds", str(rounds)] + (["--fp32", fp32] if fp32 else [])
+           "--timing-rounds", str(rounds)] + (["--fp32", fp32] if fp32 else []) + list(extra)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     m = re.search(r"^inference at batch .*?(?:fp32 ([0-9.]+) images/s, )?int8 ([0-9.]+) images/s", out, re.M)
     acc = {k: float(v) / 100 for k, v in re.findall(r"(fp32 model|Q/DQ graph|int8 device)\s+top-1\s+([0-9.]+)%", out)}

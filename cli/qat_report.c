@@ -1,5 +1,6 @@
 /* qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME | --model PATH.onnx]] [--config CFG.ini] [--images N]
- *            [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R] [--backend onednn|xnnpack|DESC.ini]:
+ *            [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R] [--timing-batch B]
+ *            [--backend onednn|xnnpack|DESC.ini]:
  * the three-stage accuracy report as a command (eval/report.h). Lowers the Q/DQ graph to the
  * backend's int8 kernels (default oneDNN), runs the config's test set (default: Fashion-MNIST) through the fp32 model (the
  * checkpoint loaded into the preset NAME or the model imported from PATH.onnx, by default the
@@ -7,9 +8,11 @@
  * graph and the device, and prints the partition report, accuracies, Q/DQ-vs-device top-1
  * agreement and output LSB histogram, per-point SQNR, which stage lost accuracy, and fp32 /
  * int8 inference images/s at batch 256. --images N: the first N test images; --batch N: the
- * report's batch size (default 256; timing always uses 256); --probe-images N: the device is
+ * report's batch size (default 256; timing uses --timing-batch); --probe-images N: the device is
  * read inside the graph on the first N images (default 1024; 0: only at the output);
  * --no-timing: skip the speed measurement; --timing-rounds R: best of R rounds (default 3);
+ * --timing-batch B: the images per timed run (default 256; 1 for latency), max(8, 2048 / B) runs
+ * per round;
  * --write-outputs OUT.h5 [--values NAME,...]: also writes the device's logits, the labels and the
  * named intermediate values (qt_device_write_outputs) to an HDF5 file.
  * Exit 0: reported; 1: a failure while running; 2: bad input (unreadable model or checkpoint,
@@ -23,7 +26,7 @@
 
 static int usage(void) {
   fprintf(stderr, "usage: qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME|PATH.onnx]] [--config CFG.ini] "
-                  "[--images N] [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R] "
+                  "[--images N] [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R] [--timing-batch B] "
                   "[--write-outputs OUT.h5 [--values NAME,NAME...]] [--backend onednn|xnnpack|DESC.ini]\n");
   return 2;
 }
@@ -33,7 +36,7 @@ int main(int argc, char **argv) {
   if (argc < 2 || argv[1][0] == '-') return usage();
   const char *qdq_path = argv[1], *fp32_path = NULL, *model_name = NULL, *backend = "onednn";
   qt_cli_data_options D = {.batch = 256};
-  int probe = 1024, timing = 1, rounds = 3, c;
+  int probe = 1024, timing = 1, rounds = 3, timing_batch = 256, c;
   for (int i = 2; i < argc; i++) {
     c = qt_cli_data_option("qat_report", "--config --images --batch --write-outputs --values", argc, argv, &i, &D);
     if (c != 0) {
@@ -43,6 +46,8 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
     else if (strcmp(argv[i], "--timing-rounds") == 0 && i + 1 < argc) {
       if (qt_cli_parse_int("qat_report", "--timing-rounds", argv[++i], 1, 1000, &rounds)) return 2;
+    } else if (strcmp(argv[i], "--timing-batch") == 0 && i + 1 < argc) {
+      if (qt_cli_parse_int("qat_report", "--timing-batch", argv[++i], 1, 4096, &timing_batch)) return 2;
     } else if (strcmp(argv[i], "--probe-images") == 0 && i + 1 < argc) {
       if (qt_cli_parse_int("qat_report", "--probe-images", argv[++i], 0, 1000000000, &probe)) return 2;
     } else if (strcmp(argv[i], "--no-timing") == 0) timing = 0;
@@ -96,7 +101,8 @@ int main(int argc, char **argv) {
   qt_report_print(&r, stdout);
   if (timing) {
     qt_inference_speed s;
-    if (qt_inference_measure(fp32, m, &test, &lc, 256, 8, rounds, &s, err)) goto fail;
+    const int runs = timing_batch >= 256 ? 8 : 2048 / timing_batch;
+    if (qt_inference_measure(fp32, m, &test, &lc, timing_batch, runs, rounds, &s, err)) goto fail;
     if (fp32)
       printf("inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s "
              "(%.2fx)\n", s.batch, rounds, (long long)s.images, s.fp32_images_per_s, s.int8_images_per_s,

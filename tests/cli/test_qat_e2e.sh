@@ -71,11 +71,14 @@ for line in "three-stage report on 256 test images" "fp32 model      top-1" "Q/D
     "relu2 (activation)" "verdict: stage 1 (fp32 -> Q/DQ: quantization) lost" "inference at batch 256"; do
   grep -qF "$line" "$T/report.log" || { echo "qat_report output lacks '$line':"; cat "$T/report.log"; fail=1; }
 done
+"$BIN/qat_report" "$T/ptq/model_qdq.h5" --images 64 --probe-images 0 --timing-rounds 1 --timing-batch 1 \
+    >"$T/report1.log" 2>&1 && grep -q "inference at batch 1 (best of 1 rounds of 2048 images): int8" "$T/report1.log" ||
+  { echo "qat_report --timing-batch 1 failed:"; cat "$T/report1.log"; fail=1; }
 "$BIN/qat_report" "$T/qat/model_qdq.h5" --images 64 --no-timing >"$T/report2.log" 2>&1 &&
   grep -q "not measured (no fp32 model)" "$T/report2.log" ||
   { echo "qat_report without --fp32 failed:"; cat "$T/report2.log"; fail=1; }
 for bad in "$T/nope.h5" "$T/qat/model_qdq.h5 --model fashion_cnn" "$T/qat/model_qdq.h5 --fp32 $T/qat/checkpoint.h5" \
-    "$T/qat/model_qdq.h5 --images 0" "$T/qat/model_trained.h5"; do
+    "$T/qat/model_qdq.h5 --images 0" "$T/qat/model_trained.h5" "$T/qat/model_qdq.h5 --timing-batch 0"; do
   # shellcheck disable=SC2086
   "$BIN/qat_report" $bad >"$T/report3.log" 2>&1
   rc=$?
