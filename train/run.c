@@ -83,12 +83,14 @@ static int csv_read(const char *path, qt_epoch_stats *rows, int max, int upto) {
 
 /* What a memory stream (open_memstream) holds, written to <output.dir>/file atomically (as
  * every output: never through a link planted at a predictable name); a warning on failure. */
-static void write_stream(const run *r, FILE *f, char *buf, size_t len, const char *file) {
+static void write_stream(const run *r, FILE *f, char **buf, size_t *len, const char *file) {
+  /* fclose sets *buf and *len: they are read only after it */
   fclose(f);
   char path[QT_OPT_STR + 64], err[QT_ERR_LEN];
   snprintf(path, sizeof path, "%s/%s", r->o->output.dir, file);
-  if (qt_write_file_atomic(path, buf, len, err)) fprintf(stderr, "warning: %s\n", err);
-  free(buf);
+  if (qt_write_file_atomic(path, *buf, *len, err)) fprintf(stderr, "warning: %s\n", err);
+  free(*buf);
+  *buf = NULL;
 }
 
 static void write_dot(const run *r, const qt_graph *g, const char *file) {
@@ -98,7 +100,7 @@ static void write_dot(const run *r, const qt_graph *g, const char *file) {
   FILE *f = open_memstream(&buf, &len);
   if (!f) return;
   qt_graph_write_dot(g, f);
-  write_stream(r, f, buf, len, file);
+  write_stream(r, f, &buf, &len, file);
 }
 
 static void summary_stage(qt_strbuf *b, const char *name, const qt_eval_result *e, int with_loss) {
@@ -312,7 +314,7 @@ static int run_prepare(run *r, qt_status *st) {
   size_t rep_len = 0;
   FILE *rep = r->writer ? open_memstream(&rep_buf, &rep_len) : NULL;
   r->tg = qt_stage_prepare(o, r->g, rep, st);
-  if (rep) write_stream(r, rep, rep_buf, rep_len, "quantizer.txt");
+  if (rep) write_stream(r, rep, &rep_buf, &rep_len, "quantizer.txt");
   if (!r->tg) return -1;
   write_dot(r, r->tg, "model_prepared.dot");
   const int ptq = o->quant.mode == QT_QUANT_PTQ;

@@ -6,6 +6,8 @@ BIN="$1"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fail=0
+# Whether an atomic write of $1 left its temporary file ("$1.tmp*", made by mkstemp) beside it.
+temp_left() { compgen -G "$1.tmp*" >/dev/null; }
 
 # expect NAME EXPECTED_STATUS PATTERN... -- ARGS...
 expect() {
@@ -119,7 +121,7 @@ full=(data.train_limit=256 data.test_limit=128 train.threads=1 output.progress=n
 (trap '' XFSZ; ulimit -f 2000; exec "$BIN" "$T/ok.ini" "${full[@]}" "output.dir=$T/full_fp32") > "$T/out" 2> "$T/err"
 rc=$?
 if [ $rc -ne 1 ] || ! grep -qF "checkpoint: cannot write '$T/full_fp32/checkpoint.h5'" "$T/err" ||
-   [ -e "$T/full_fp32/checkpoint.h5" ] || [ -e "$T/full_fp32/checkpoint.h5.tmp" ]; then
+   [ -e "$T/full_fp32/checkpoint.h5" ] || temp_left "$T/full_fp32/checkpoint.h5"; then
   echo "full_disk_checkpoint: exit $rc, want 1 with the checkpoint named and no file left; stderr:"; cat "$T/err"; fail=1
 fi
 "$BIN" "$T/ok.ini" "${full[@]}" "output.dir=$T/full_ok" > "$T/out" 2> "$T/err" || { echo "fp32 run failed"; cat "$T/err"; fail=1; }
@@ -127,7 +129,7 @@ fi
   "quant.fp32_checkpoint=$T/full_ok/checkpoint.h5" "output.dir=$T/full_ptq") > "$T/out" 2> "$T/err"
 rc=$?
 if [ $rc -ne 1 ] || ! grep -qF "qdq save '$T/full_ptq/model_qdq.h5': cannot write" "$T/err" ||
-   [ -e "$T/full_ptq/model_qdq.h5" ] || [ -e "$T/full_ptq/model_qdq.h5.tmp" ] || [ ! -s "$T/full_ptq/model_trained.h5" ]; then
+   [ -e "$T/full_ptq/model_qdq.h5" ] || temp_left "$T/full_ptq/model_qdq.h5" || [ ! -s "$T/full_ptq/model_trained.h5" ]; then
   echo "full_disk_qdq: exit $rc, want 1 with model_qdq.h5 named and no file left; stderr:"; cat "$T/err"; fail=1
 fi
 
@@ -137,7 +139,7 @@ mkdir -p "$T/linked" && ln -s /dev/null "$T/linked/checkpoint.h5"
 "$BIN" "$T/ok.ini" "${full[@]}" "output.dir=$T/linked" > "$T/out" 2> "$T/err"
 rc=$?
 if [ $rc -ne 1 ] || ! grep -qF "'$T/linked/checkpoint.h5': it exists and is not a regular file (a symbolic link)" "$T/err" ||
-   [ ! -L "$T/linked/checkpoint.h5" ] || [ -e "$T/linked/checkpoint.h5.tmp" ]; then
+   [ ! -L "$T/linked/checkpoint.h5" ] || temp_left "$T/linked/checkpoint.h5"; then
   echo "symlink_output: exit $rc, want 1 with the link named and kept; stderr:"; cat "$T/err"; fail=1
 fi
 

@@ -1,6 +1,7 @@
 /* Test helpers: reference loading, tolerant comparison, failure accounting. */
 #include "testutil.h"
 
+#include <glob.h>
 #include <hdf5.h>
 #include <hdf5_hl.h>
 #include <math.h>
@@ -10,6 +11,15 @@
 #include <string.h>
 
 static int g_failures;
+
+int qt_test_temp_left(const char *path) {
+  char pattern[4096];
+  snprintf(pattern, sizeof pattern, "%s.tmp*", path);
+  glob_t gl;
+  int left = glob(pattern, 0, NULL, &gl) == 0 && gl.gl_pathc > 0;
+  globfree(&gl);
+  return left;
+}
 
 const char *qt_test_path(const char *relative) {
   static char buf[4096];

@@ -46,6 +46,8 @@ void qt_test_fail(const char *fmt, ...);
 
 /* Number of failures so far; tests end with `return qt_test_finish();`, which prints
  * "N passed, M failed"-style summary only on failure and returns the exit status. */
+/* Whether a temporary file that an atomic write of path makes ("<path>.tmp*") is left beside it. */
+int qt_test_temp_left(const char *path);
 int qt_test_failures(void);
 int qt_test_finish(void);
 

@@ -16,9 +16,7 @@ static void roundtrip(const char *path, qt_graph *g) {
     qt_test_fail("save %s: %s", path, err);
     return;
   }
-  char tmp[512];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  QT_CHECK(access(tmp, F_OK) != 0);
+  QT_CHECK(!qt_test_temp_left(path));
   qt_graph *h = qt_qdq_load(path, err);
   if (!h) {
     qt_test_fail("load %s: %s", path, err);
