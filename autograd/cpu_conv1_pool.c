@@ -52,7 +52,7 @@ C1P_INLINE v16f ld16(const float *p) {
 }
 C1P_INLINE void st16(float *p, v16f v) { memcpy(p, &v, sizeof v); }
 C1P_INLINE v16f splat16(float x) {
-  v16f v;
+  v16f v = {0}; /* every lane is set below; the initializer keeps -Wmaybe-uninitialized quiet */
   for (int j = 0; j < 16; j++) v[j] = x;
   return v;
 }
@@ -70,7 +70,7 @@ C1P_INLINE v16i ld16_u8(const uint8_t *p) {
 }
 /* -1 in lanes j < n, 0 in the others */
 C1P_INLINE v16i lanes_below(int n) {
-  v16i m;
+  v16i m = {0}; /* as in splat16 */
   for (int j = 0; j < 16; j++) m[j] = j < n ? -1 : 0;
   return m;
 }
