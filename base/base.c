@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -199,6 +200,17 @@ int qt_temp_create(const char *path, char *tmp, size_t n, char *err) {
 int qt_same_file(const char *a, const char *b) {
   struct stat sa, sb;
   return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int qt_file_in_dir(const char *file, const char *dir) {
+  char a[PATH_MAX], b[PATH_MAX], parent[4096];
+  snprintf(parent, sizeof parent, "%s", file);
+  char *slash = strrchr(parent, '/');
+  if (slash == parent) parent[1] = 0;
+  else if (slash) *slash = 0;
+  else snprintf(parent, sizeof parent, ".");
+  if (realpath(parent, a) && realpath(dir, b)) return strcmp(a, b) == 0;
+  return strcmp(parent, dir) == 0;
 }
 
 int qt_dir_trusted(const char *dir, char *err) {

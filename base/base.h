@@ -91,6 +91,8 @@ int qt_file_commit(const char *tmp, const char *path, char *err);
 int qt_temp_create(const char *path, char *tmp, size_t n, char *err);
 /* Whether paths a and b name the same existing file (device and inode). */
 int qt_same_file(const char *a, const char *b);
+/* Whether file's folder is dir: the same directory when both exist, else the same text. */
+int qt_file_in_dir(const char *file, const char *dir);
 /* 0 when dir is a directory this process may trust with its outputs; -1 with err when another
  * user owns it and group or others may write to it (as ssh refuses a key file it cannot trust:
  * they could replace or redirect what is written there). */

@@ -227,7 +227,7 @@ static int bench_run(const qt_options *o, const bench_args *a, bench_result *r, 
   snprintf(r->start, sizeof r->start, "the model's initialization (train.seed %d)", o->train.seed);
   if (qat && o->quant.fp32_checkpoint[0]) {
     if (access(o->quant.fp32_checkpoint, R_OK) == 0) {
-      if (qt_stage_obtain_fp32(o, g, 0, st)) goto done;
+      if (qt_stage_obtain_fp32(o, g, 0, NULL, st)) goto done;
       snprintf(r->start, sizeof r->start, "quant.fp32_checkpoint %s", o->quant.fp32_checkpoint);
     } else {
       snprintf(r->start, sizeof r->start, "the model's initialization (quant.fp32_checkpoint %s does not exist; "

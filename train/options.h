@@ -28,6 +28,8 @@ typedef enum { QT_QUANT_BIAS_AUTO, QT_QUANT_BIAS_INT32, QT_QUANT_BIAS_FLOAT, QT_
 typedef enum { QT_WOBS_AUTO, QT_WOBS_MINMAX, QT_WOBS_MOVING_AVERAGE, QT_WOBS_COUNT } qt_weight_observer_choice;
 typedef enum { QT_QAT_INIT_OBSERVERS, QT_QAT_INIT_CALIBRATION, QT_QAT_INIT_COUNT } qt_qat_init;
 typedef enum { QT_KEEP_W8A8, QT_KEEP_FP32, QT_KEEP_COUNT } qt_mixed_keep;
+/* quant.fp32_reuse: an existing fp32 checkpoint whose recipe differs from quant.fp32_config's */
+typedef enum { QT_FP32_REUSE_CHECK, QT_FP32_REUSE_RETRAIN, QT_FP32_REUSE_ANY, QT_FP32_REUSE_COUNT } qt_fp32_reuse;
 typedef enum { QT_PROGRESS_AUTO, QT_PROGRESS_BAR, QT_PROGRESS_LINES, QT_PROGRESS_NONE, QT_PROGRESS_COUNT } qt_progress;
 
 typedef struct {
@@ -78,6 +80,7 @@ typedef struct {
   int learnable_scale;
   char layer_overrides[QT_OPT_STR];
   char fp32_checkpoint[QT_OPT_STR], fp32_config[QT_OPT_STR];
+  qt_fp32_reuse fp32_reuse;
   int calibration_batches;
   qt_qat_init qat_init;
   double freeze_observers_after, freeze_bn_after;
@@ -132,11 +135,25 @@ char *qt_options_to_ini(const qt_options *o);
  * the key and both values when not; a stored config that cannot be read is warned about. */
 int qt_options_resume_matches(const qt_options *o, const char *stored_ini, const char *path, char *err);
 
-/* The fp32 recipe that trains quant.fp32_checkpoint: quant.fp32_config's options with this
- * run's [data], train.threads and output.progress, output.dir the checkpoint's folder. -1 with
- * err when the config cannot be loaded, is itself quantized, trains another model (model.name
- * or model.onnx) than this run's, or the checkpoint is not named <dir>/checkpoint.h5. */
-int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *err);
+/* The fp32 recipe that trains this run's fp32 checkpoint: quant.fp32_config's options with this
+ * run's [data], train.threads and output.progress, output.dir the checkpoint's folder. ck
+ * receives the checkpoint: quant.fp32_checkpoint, but <output.dir>/fp32/checkpoint.h5 when this
+ * run's [data] is not the fp32 config's own and quant.fp32_checkpoint lies in the fp32 config's
+ * output.dir (a folder every run of that config shares); why then names the first differing
+ * [data] key with both values (else it is empty). -1 with err when the config cannot be loaded,
+ * is itself quantized, trains another model (model.name or model.onnx) than this run's, or the
+ * checkpoint is not named <dir>/checkpoint.h5. */
+int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *ck, size_t ck_n, char *why, size_t why_n,
+                           char *err);
+/* The options of a config stored in a checkpoint (INI text), resolved without the cross-key
+ * rules (they were checked when that run started). -1 with err when it cannot be read. */
+int qt_options_stored(const char *ini, qt_options *o, char *err);
+/* Whether the config stored in an fp32 checkpoint (INI text) is the fp32 recipe: every [model],
+ * [data] and [train] key the same but train.threads, train.resume, train.stop_after_epochs and
+ * train.conv_algorithm (which do not change what is trained). 0 when it is; 1 with what
+ * ("<section>.<key>: '<stored>' in the checkpoint, '<recipe>' in the recipe", the first key
+ * that differs) when not; -1 with what when the stored text cannot be read. */
+int qt_options_fp32_matches(const qt_options *recipe, const char *stored_ini, char *what, size_t n);
 
 /* The quant.weight_observer actually used (auto resolved by mode). */
 qt_observer_kind qt_options_weight_observer(const qt_quant_options *q);

@@ -52,10 +52,25 @@ qt_loader *qt_stage_first_images(const qt_options *o, const qt_dataset *ds, int 
 qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_status *st);
 /* The check qt_stage_build_model makes: g takes data's images and has an output per class. */
 int qt_stage_model_fits(const qt_options *o, const qt_graph *g, const qt_dataset *data, qt_status *st);
-/* Trains quant.fp32_checkpoint with quant.fp32_config when it does not exist yet (a sub-run in
- * this process, before this run loads its own data), then loads it into g. Without
- * quant.fp32_checkpoint g keeps its initialization. */
-int qt_stage_obtain_fp32(const qt_options *o, qt_graph *g, int verbose, qt_status *st);
+/* Where a quantized run's fp32 model came from (summary.json "fp32_model"). */
+typedef struct {
+  int from_checkpoint; /* 0: quant.fp32_checkpoint empty, the model's initialization */
+  char checkpoint[QT_OPT_STR + 32]; /* the file (see qt_options_fp32_recipe) */
+  const char *how;     /* "trained" (by this run, with the recipe), "reused" (its stored config is
+                        * the recipe), "reused, not compared" (no quant.fp32_config), "reused with
+                        * quant.fp32_reuse = any" (it differs) */
+  int epochs;          /* fp32 epochs the checkpoint holds */
+  int train_limit;     /* its stored data.train_limit (0: the whole training set; -1: unknown) */
+  char train_images[QT_OPT_STR]; /* its stored data.train_images (or data.path) */
+} qt_fp32_origin;
+
+/* Makes sure the fp32 checkpoint is the model quant.fp32_config trains with this run's [data]
+ * (its stored config against the recipe; a difference is refused with QT_STATUS_INPUT naming
+ * the key, or decided by quant.fp32_reuse), training it first when it does not exist yet (a
+ * sub-run in this process, before this run loads its own data), then loads it into g. Without
+ * quant.fp32_checkpoint g keeps its initialization. origin (may be NULL) receives where it
+ * came from. */
+int qt_stage_obtain_fp32(const qt_options *o, qt_graph *g, int verbose, qt_fp32_origin *origin, qt_status *st);
 
 /* ---- quantization ---------------------------------------------------------------------------- */
 /* The Quantizer quant.quantizer names (with quant.backend's description), then prepare for

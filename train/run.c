@@ -30,6 +30,7 @@ typedef struct {
   qt_epoch_stats *rows;
   int n_rows, start_epoch;
   qt_eval_result fp32, final;
+  qt_fp32_origin fp32_origin; /* where a quantized run's fp32 model came from */
   qt_quant_result q;
   double arena_mb;
   int lock_fd; /* <output.dir>/.lock, held while the run writes there (-1: none) */
@@ -114,6 +115,16 @@ static void summary_quant(qt_strbuf *b, const run *r) {
   qt_strbuf_printf(b, "  \"quant\": {\"mode\": \"%s\", \"weight_bits\": %d, \"activation_bits\": %d},\n",
                    r->o->quant.mode == QT_QUANT_PTQ ? "ptq" : "qat", r->o->quant.weight_bits,
                    r->o->quant.activation_bits);
+  const qt_fp32_origin *f = &r->fp32_origin;
+  qt_strbuf_printf(b, "  \"fp32_model\": {\"how\": ");
+  qt_strbuf_json_string(b, f->how ? f->how : "initialization");
+  if (f->from_checkpoint) {
+    qt_strbuf_printf(b, ", \"checkpoint\": ");
+    qt_strbuf_json_string(b, f->checkpoint);
+    qt_strbuf_printf(b, ", \"epochs\": %d, \"train_limit\": %d, \"train_images\": ", f->epochs, f->train_limit);
+    qt_strbuf_json_string(b, f->train_images);
+  }
+  qt_strbuf_printf(b, "},\n");
   qt_strbuf_printf(b, "  \"convert\": {\"qdq_model\": ");
   qt_strbuf_json_string(b, q->qdq_path);
   qt_strbuf_printf(b, ", \"trained_model\": ");
@@ -227,18 +238,6 @@ static int lock_dir(run *r, const char *dir, qt_status *st) {
   return 0;
 }
 
-/* A QAT/PTQ run whose fp32 checkpoint is (or would be trained as) its own checkpoint.h5 would
- * overwrite its starting point after the first epoch. */
-static int same_folder(const char *file, const char *dir) {
-  char a[PATH_MAX], b[PATH_MAX], parent[QT_OPT_STR];
-  snprintf(parent, sizeof parent, "%s", file);
-  char *slash = strrchr(parent, '/');
-  if (slash) *slash = 0;
-  else snprintf(parent, sizeof parent, ".");
-  if (realpath(parent, a) && realpath(dir, b)) return strcmp(a, b) == 0;
-  return strcmp(parent, dir) == 0;
-}
-
 /* ---- the job's steps ------------------------------------------------------------------------- */
 /* Output folder, file names, threads, and the checks that come before any work. */
 static int run_open(run *r, const qt_options *o, qt_status *st) {
@@ -279,7 +278,7 @@ static int run_open(run *r, const qt_options *o, qt_status *st) {
   }
   if (r->ranks > 1) qt_dist_broadcast(&r->resuming, sizeof r->resuming, 0);
   const char *fp32 = o->quant.fp32_checkpoint, *base = strrchr(fp32, '/') ? strrchr(fp32, '/') + 1 : fp32;
-  if (r->quant && fp32[0] && strcmp(base, "checkpoint.h5") == 0 && same_folder(fp32, o->output.dir))
+  if (r->quant && fp32[0] && strcmp(base, "checkpoint.h5") == 0 && qt_file_in_dir(fp32, o->output.dir))
     return qt_status_set(st, QT_STATUS_INPUT,
                          "quant.fp32_checkpoint '%s' is this run's own checkpoint in output.dir '%s': the quantized "
                          "run would overwrite it; give the quantized run another output.dir",
@@ -292,7 +291,7 @@ static int run_open(run *r, const qt_options *o, qt_status *st) {
 static int run_model_and_data(run *r, qt_status *st) {
   const qt_options *o = r->o;
   if (!(r->g = qt_stage_build_model(o, NULL, st))) return -1;
-  if (r->quant && qt_stage_obtain_fp32(o, r->g, r->verbose, st)) return -1;
+  if (r->quant && qt_stage_obtain_fp32(o, r->g, r->verbose, &r->fp32_origin, st)) return -1;
   share_model(r, r->g);
   if (qt_stage_load_data(&o->data, QT_SPLIT_BOTH, &r->train, &r->test, st) ||
       qt_stage_model_fits(o, r->g, &r->train, st) || qt_stage_model_fits(o, r->g, &r->test, st))

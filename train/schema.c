@@ -151,6 +151,9 @@ static const option_row rows[] = {
      "fp32 checkpoint to quantize (empty: from the initialization)"),
     ROW(quant, fp32_config, QT_CFG_STRING, "", 0, 0, NULL,
      "config that trains fp32_checkpoint when it does not exist yet"),
+    ROW(quant, fp32_reuse, QT_CFG_ENUM, "check", 0, 0, "check|retrain|any",
+     "an existing fp32_checkpoint whose stored config is not fp32_config's recipe (with this run's [data]): "
+     "check = stop (exit 2) naming the first differing key, retrain = train it again, any = use it anyway"),
     ROW(quant, calibration_batches, QT_CFG_INT, "32", 1, 100000, NULL, "PTQ (and QAT with quant.qat_init = calibration): training batches to calibrate on"),
     ROW(quant, qat_init, QT_CFG_ENUM, "observers", 0, 0, "observers|calibration",
      "QAT: where the qparams start: observers (they track the training batches; LSQ scales are "
@@ -379,7 +382,7 @@ int qt_options_resume_matches(const qt_options *o, const char *ini, const char *
   for (int i = 0; i < N_ROWS && !rc; i++) {
     const qt_cfg_key *k = &rows[i].key;
     if (strcmp(k->section, "quant") != 0 || (!quant && strcmp(k->key, "mode") != 0) ||
-        strcmp(k->key, "check_batch") == 0 || strcmp(k->key, "fp32_config") == 0)
+        strcmp(k->key, "check_batch") == 0 || strcmp(k->key, "fp32_config") == 0 || strcmp(k->key, "fp32_reuse") == 0)
       continue;
     char a[QT_OPT_STR + 32], b[QT_OPT_STR + 32];
     field_text(old, i, a, sizeof a);
@@ -394,8 +397,29 @@ int qt_options_resume_matches(const qt_options *o, const char *ini, const char *
   return rc;
 }
 
-int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *err) {
+/* The first [model], [data] or [train] key (only [data] when data_only) whose value differs
+ * between a and b, but the train keys that do not change what is trained: its row, or -1. at
+ * and bt receive the two values. */
+static int first_difference(const qt_options *a, const qt_options *b, int data_only, char *at, char *bt, size_t n) {
+  static const char *const skip[] = {"threads", "resume", "stop_after_epochs", "conv_algorithm"};
+  for (int i = 0; i < N_ROWS; i++) {
+    const qt_cfg_key *k = &rows[i].key;
+    if (strcmp(k->section, "data") && (data_only || (strcmp(k->section, "model") && strcmp(k->section, "train"))))
+      continue;
+    int skipped = 0;
+    for (size_t s = 0; s < sizeof skip / sizeof skip[0]; s++) skipped |= !strcmp(k->section, "train") && !strcmp(k->key, skip[s]);
+    if (skipped) continue;
+    field_text(a, i, at, n);
+    field_text(b, i, bt, n);
+    if (strcmp(at, bt) != 0) return i;
+  }
+  return -1;
+}
+
+int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *ck_out, size_t ck_n, char *why, size_t why_n,
+                           char *err) {
   const char *ck = o->quant.fp32_checkpoint, *fc = o->quant.fp32_config;
+  if (why_n) why[0] = 0;
   if (!fc[0])
     return qt_err(err, "quant.fp32_checkpoint '%s' does not exist (set quant.fp32_config to train it first)", ck);
   const char *base = strrchr(ck, '/') ? strrchr(ck, '/') + 1 : ck;
@@ -413,15 +437,57 @@ int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *err) {
                   fc, fp32->model.onnx[0] ? "model.onnx" : "model.name",
                   fp32->model.onnx[0] ? fp32->model.onnx : fp32->model.name, o->model.onnx[0] ? "model.onnx" : "model.name",
                   o->model.onnx[0] ? o->model.onnx : o->model.name);
+  /* A run whose [data] is not the fp32 config's own (a quick trial with data.train_limit, say)
+   * does not write its fp32 model to the fp32 config's own output.dir, which every run of that
+   * config shares: it goes under this run's output.dir. */
+  char at[QT_OPT_STR + 32], bt[QT_OPT_STR + 32];
+  const int diff = first_difference(o, fp32, 1, at, bt, sizeof at);
+  if (diff >= 0 && qt_file_in_dir(ck, fp32->output.dir)) {
+    snprintf(ck_out, ck_n, "%s/fp32/checkpoint.h5", o->output.dir);
+    snprintf(why, why_n, "%s.%s is '%s' here, '%s' in %s", rows[diff].key.section, rows[diff].key.key, at, bt, fc);
+  } else {
+    snprintf(ck_out, ck_n, "%s", ck);
+  }
   /* the same data, threads and terminal as this run; the fp32 recipe from its config */
   fp32->data = o->data;
   fp32->train.threads = o->train.threads;
   fp32->output.progress = o->output.progress;
-  const size_t dir_len = (size_t)(base - ck);
-  if (dir_len == 0) snprintf(fp32->output.dir, sizeof fp32->output.dir, ".");
-  else if (dir_len == 1) snprintf(fp32->output.dir, sizeof fp32->output.dir, "/");
-  else snprintf(fp32->output.dir, sizeof fp32->output.dir, "%.*s", (int)(dir_len - 1), ck);
+  const char *slash = strrchr(ck_out, '/');
+  const size_t dir_len = slash ? (size_t)(slash - ck_out) : 0;
+  if (!slash) snprintf(fp32->output.dir, sizeof fp32->output.dir, ".");
+  else if (dir_len == 0) snprintf(fp32->output.dir, sizeof fp32->output.dir, "/");
+  else snprintf(fp32->output.dir, sizeof fp32->output.dir, "%.*s", (int)dir_len, ck_out);
   return 0;
+}
+
+int qt_options_stored(const char *ini, qt_options *o, char *err) {
+  qt_config *c = qt_train_config_create();
+  char lerr[QT_ERR_LEN];
+  if (!ini || !ini[0] || qt_config_load_string(c, ini, "checkpoint", lerr)) {
+    qt_config_free(c);
+    return qt_err(err, "its stored config cannot be read (%s)", ini && ini[0] ? lerr : "none stored");
+  }
+  char rerr[QT_ERR_LEN];
+  qt_options_resolve(c, o, rerr); /* without the rules: they were checked when that run started */
+  qt_config_free(c);
+  return 0;
+}
+
+int qt_options_fp32_matches(const qt_options *recipe, const char *ini, char *what, size_t n) {
+  qt_options *old = calloc(1, sizeof *old);
+  QT_ASSERT(old, "out of memory");
+  char err[QT_ERR_LEN];
+  if (qt_options_stored(ini, old, err)) {
+    snprintf(what, n, "%s", err);
+    free(old);
+    return -1;
+  }
+  char at[QT_OPT_STR + 32], bt[QT_OPT_STR + 32];
+  const int i = first_difference(old, recipe, 0, at, bt, sizeof at);
+  if (i >= 0) snprintf(what, n, "%s.%s: '%s' in the checkpoint, '%s' in the recipe", rows[i].key.section, rows[i].key.key, at, bt);
+  const int rc = i >= 0;
+  free(old);
+  return rc;
 }
 
 qt_observer_kind qt_options_weight_observer(const qt_quant_options *q) {

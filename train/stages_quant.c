@@ -252,7 +252,7 @@ int qt_stage_ptq_to_file(const qt_options *o, const char *out_path, FILE *report
     qt_status_set(st, QT_STATUS_INPUT, "the config sets no quant.fp32_checkpoint (the fp32 model to quantize)");
     goto done;
   }
-  if (!(g = qt_stage_build_model(o, NULL, st)) || qt_stage_obtain_fp32(o, g, 0, st) ||
+  if (!(g = qt_stage_build_model(o, NULL, st)) || qt_stage_obtain_fp32(o, g, 0, NULL, st) ||
       !(p = qt_stage_prepare(o, g, report, st)) || qt_stage_load_data(&o->data, QT_SPLIT_TRAIN, &train, &test, st) ||
       qt_stage_model_fits(o, g, &train, st))
     goto done;

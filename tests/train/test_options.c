@@ -142,14 +142,32 @@ static void test_resume_and_recipe(void) {
     qt_test_fail("resume with other weight bits: '%s'", err);
   free(ini);
   /* the recipe file does not exist: a clear error naming it */
-  if (qt_options_fp32_recipe(&a, &f, err) == 0 || !strstr(err, "/nonexistent.ini")) qt_test_fail("recipe: '%s'", err);
+  char ck[QT_OPT_STR + 32], why[QT_ERR_LEN];
+  if (qt_options_fp32_recipe(&a, &f, ck, sizeof ck, why, sizeof why, err) == 0 || !strstr(err, "/nonexistent.ini"))
+    qt_test_fail("recipe: '%s'", err);
   /* a real recipe: the committed fp32 example */
   snprintf(a.quant.fp32_config, sizeof a.quant.fp32_config, "%s", qt_test_path("experiments/fashion_cnn_fp32.ini"));
-  if (qt_options_fp32_recipe(&a, &f, err)) qt_test_fail("recipe: %s", err);
+  if (qt_options_fp32_recipe(&a, &f, ck, sizeof ck, why, sizeof why, err)) qt_test_fail("recipe: %s", err);
   QT_CHECK(strcmp(f.output.dir, "runs/x") == 0 && f.data.mean == 0.5 && f.train.threads == 1);
   QT_CHECK(f.quant.mode == QT_QUANT_NONE && f.train.epochs == 4);
+  QT_CHECK(strcmp(ck, "runs/x/checkpoint.h5") == 0 && why[0] == 0); /* a folder of the run's own choosing */
+  /* the fp32 config's own folder, which its every run shares: with other [data] (data.mean,
+   * 0.5 here, 0.2860 there) the fp32 model goes under this run's output.dir instead */
+  snprintf(a.quant.fp32_checkpoint, sizeof a.quant.fp32_checkpoint, "runs/fashion_cnn_fp32/checkpoint.h5");
+  snprintf(a.output.dir, sizeof a.output.dir, "/tmp/trial");
+  if (qt_options_fp32_recipe(&a, &f, ck, sizeof ck, why, sizeof why, err)) qt_test_fail("recipe: %s", err);
+  QT_CHECK(strcmp(ck, "/tmp/trial/fp32/checkpoint.h5") == 0 && strcmp(f.output.dir, "/tmp/trial/fp32") == 0);
+  if (!strstr(why, "data.") || !strstr(why, "fashion_cnn_fp32.ini")) qt_test_fail("recipe why: '%s'", why);
+  /* with the fp32 config's own [data], its own folder */
+  static qt_options own;
+  if (qt_options_load(a.quant.fp32_config, NULL, 0, &own, err)) qt_test_fail("%s", err);
+  a.data = own.data;
+  if (qt_options_fp32_recipe(&a, &f, ck, sizeof ck, why, sizeof why, err)) qt_test_fail("recipe: %s", err);
+  QT_CHECK(strcmp(ck, "runs/fashion_cnn_fp32/checkpoint.h5") == 0 && why[0] == 0 &&
+           strcmp(f.output.dir, "runs/fashion_cnn_fp32") == 0);
   snprintf(a.quant.fp32_checkpoint, sizeof a.quant.fp32_checkpoint, "runs/x/other.h5");
-  if (qt_options_fp32_recipe(&a, &f, err) == 0 || !strstr(err, "must be named")) qt_test_fail("recipe name: '%s'", err);
+  if (qt_options_fp32_recipe(&a, &f, ck, sizeof ck, why, sizeof why, err) == 0 || !strstr(err, "must be named"))
+    qt_test_fail("recipe name: '%s'", err);
 }
 
 int main(void) {
