@@ -1,0 +1,294 @@
+"""Collects the peer benchmarks' result files into one JSON and a Markdown report.
+
+    python3 bench/peers/report.py --work bench/peers/work --out experiments/results/peers
+
+Reads WORK/pt2e.json, WORK/train_speed.json, WORK/int8_infer.json (what pt2e.py,
+train_speed.py and int8_infer.py wrote), WORK/steps.json (run_all.sh's commands and exit
+statuses), bench/peers/.venv/install_report.json and pip_freeze.txt (setup_peers.sh), and
+writes OUT.json (all of it, with the machine) and OUT.md: one table per question, then every
+failure with its error. Python standard library only.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+VENV = os.path.join(HERE, ".venv")
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def pct(x):
+    return "%.2f" % (100 * x) if x is not None else "-"
+
+
+def mean_std(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None
+    if len(xs) == 1:
+        return pct(xs[0])
+    return "%.2f ± %.2f" % (100 * statistics.mean(xs), 100 * statistics.stdev(xs))
+
+
+def per_seed(rows, key):
+    """One value per seed (rows of one seed share their fp32 accuracy), in seed order."""
+    seen = {}
+    for r in rows:
+        if r.get(key) is not None and r.get("seed") not in seen:
+            seen[r.get("seed")] = r[key]
+    return [seen[k] for k in sorted(seen, key=str)]
+
+
+def num(x, fmt="%.0f"):
+    return fmt % x if x is not None else "-"
+
+
+def md_table(head, rows):
+    out = ["", "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in r) + " |")
+    return "\n".join(out)
+
+
+def short(err, n=160):
+    err = " ".join(str(err).split())
+    return err if len(err) <= n else err[:n - 3] + "..."
+
+
+class Failures:
+    def __init__(self):
+        self.items = []
+
+    def add(self, where, err):
+        key = (where, short(err, 2000))
+        if key not in self.items:
+            self.items.append(key)
+        return "failed [%d]" % (self.items.index(key) + 1)
+
+
+def machine():
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()[:10]
+    except OSError:
+        lscpu = []
+    return {"lscpu_head": lscpu, "kernel": platform.release(), "cores": os.cpu_count()}
+
+
+def cell(rows, fails, where):
+    """mean ± std of the rows' accuracies; a failure mark when any failed."""
+    errs = [r["error"] for r in rows if r.get("error")]
+    if errs:
+        return fails.add(where, errs[0])
+    return mean_std([r.get("accuracy") for r in rows]) or "-"
+
+
+def pt2e_tables(res, fails):
+    if not res:
+        return ["No result file (pt2e.py did not run or died before its first row; see the steps below)."]
+    rows = [r for r in res["rows"] if r.get("framework") != "setup"]
+    for r in res["rows"]:
+        if r.get("framework") == "setup":
+            fails.add("pt2e.py %s seed %s: fp32 checkpoint" % (r["model"], r["seed"]), r["error"])
+    peers = []
+    for r in rows:
+        k = (r["framework"], r["quantizer"])
+        if not r["framework"].startswith("this framework") and k not in peers:
+            peers.append(k)
+    out = ["Test accuracy in %%, mean ± std over seeds %s (the converted PT2E model: Q/DQ ops around fp32 "
+           "kernels; ours: the Q/DQ graph, and the int8 device in brackets). All start from the same fp32 "
+           "checkpoint per seed." % ", ".join(str(s) for s in sorted({r["seed"] for r in rows}))]
+    head = ["model", "method", "bits", "fp32 (twin)", "ours Q/DQ (int8 device)"] + ["%s %s" % (f, q) for f, q in peers]
+    table = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for method in ("ptq", "qat"):
+            for bits in dict.fromkeys(r["bits"] for r in rows if r["method"] == method and r["model"] == model):
+                sel = [r for r in rows if r["model"] == model and r["method"] == method and r["bits"] == bits]
+                ours = [r for r in sel if r["framework"].startswith("this framework")]
+                fp32 = mean_std(per_seed([r for r in sel if not r["framework"].startswith("this")], "fp32_accuracy")) or "-"
+                if ours:
+                    o = cell(ours, fails, "ours %s %s %s" % (model, method, bits))
+                    if not o.startswith("failed"):
+                        o += " (%s)" % (mean_std([r.get("int8_accuracy") for r in ours]) or "-")
+                else:
+                    o = "-"
+                line = [model, method.upper(), bits, fp32, o]
+                for f, q in peers:
+                    ps = [r for r in sel if r["framework"] == f and r["quantizer"] == q]
+                    line.append(cell(ps, fails, "%s %s %s %s %s" % (f, q, model, method, bits)) if ps else "-")
+                table.append(line)
+    out.append(md_table(head, table))
+    # QAT cost
+    out.append("")
+    out.append("### QAT cost: QAT epoch time ÷ fp32 epoch time")
+    out.append("")
+    out.append("Median over seeds. Ours: qat_train's QAT epochs over its fp32 run's epochs. PT2E: the "
+               "prepared (fake-quantized) exported graph's epochs over one epoch of the eager fp32 twin, same "
+               "recipe, data and threads.")
+    head = ["model", "bits", "ours"] + ["%s %s" % (f, q) for f, q in peers]
+    table = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for bits in dict.fromkeys(r["bits"] for r in rows if r["method"] == "qat" and r["model"] == model):
+            sel = [r for r in rows if r["model"] == model and r["method"] == "qat" and r["bits"] == bits]
+
+            def ratio(rs):
+                xs = [r.get("epoch_ratio") for r in rs if r.get("epoch_ratio")]
+                return "%.2f" % statistics.median(xs) if xs else "-"
+            line = [model, bits, ratio([r for r in sel if r["framework"].startswith("this framework")])]
+            for f, q in peers:
+                line.append(ratio([r for r in sel if r["framework"] == f and r["quantizer"] == q]))
+            table.append(line)
+    out.append(md_table(head, table))
+    return out
+
+
+def train_table(res, fails):
+    if not res:
+        return ["No result file (train_speed.py did not run; see the steps below)."]
+    o = res["options"]
+    out = ["fp32 training, batch 128, %s threads, one epoch of %s images per round, %s rounds; images/s best "
+           "(median) of the rounds, peak RSS. Speedup: ours over the fastest PyTorch variant, best-of figures, "
+           "then the median and range of the rounds' own ratios." % (o["threads"], o["images"], o["rounds"])]
+    table = []
+    for model, m in res["models"].items():
+        for name, r in m["rows"].items():
+            if r.get("error"):
+                val = fails.add("train_speed %s %s" % (model, name), r["error"])
+                table.append([model, r["label"], val, "-", "-"])
+                continue
+            comp = ""
+            if r.get("compile_s"):
+                comp = " (compile %.0f s)" % max(c for c in r["compile_s"] if c is not None)
+            table.append([model, r["label"] + comp, "%s (%s)" % (num(r["best_images_per_s"]), num(r["median_images_per_s"])),
+                          num(r["peak_rss_mb"]), ""])
+        s = m.get("speedup_over_best_pytorch")
+        if s:
+            table.append([model, "**speedup, ours / best PyTorch**", "", "",
+                          "%.2fx (rounds: median %.2fx, %.2f-%.2f)" % (s["best_of"], s["rounds_median"], s["rounds_min"],
+                                                                     s["rounds_max"])])
+    out.append(md_table(["model", "contender", "images/s best (median)", "peak RSS MB", "speedup"], table))
+    return out
+
+
+def infer_tables(res, fails):
+    if not res:
+        return ["No result file (int8_infer.py did not run; see the steps below)."], [
+            "No result file (int8_infer.py did not run; see the steps below)."]
+    o = res["options"]
+    speed = ["Batch 256: best of %s rounds of 8 batches (x %s repeats); batch 1: median latency of %s single-image runs "
+             "per round (ExecuTorch; its best in brackets) or 1 / the best round's rate (ours, bench_int8). %s threads. "
+             "Accuracy: the engine's own on the test images. OMP_WAIT_POLICY: %s."
+             % (o["rounds"], o["repeat"], o["latency_runs"], o["threads"],
+                (res.get("env") or {}).get("OMP_WAIT_POLICY") or "unset")]
+    table = []
+    for r in res["speed"]:
+        if r.get("error"):
+            table.append([r["model"], r["engine"], fails.add("int8_infer speed %s %s" % (r["model"], r["engine"]),
+                                                             r["error"]), "-", "-", "-"])
+            continue
+        lat = num(r.get("latency_ms"), "%.3f")
+        if r.get("latency_best_ms") and r.get("latency_ms") and r["latency_best_ms"] != r["latency_ms"]:
+            lat += " (%.3f)" % r["latency_best_ms"]
+        left = r.get("ops_outside_delegate")
+        table.append([r["model"], r["engine"], num(r.get("images_per_s")), lat, pct(r.get("accuracy")),
+                      ", ".join(left) if left else ("none" if left is not None else "")])
+    speed.append(md_table(["model", "engine", "images/s, batch 256", "batch-1 latency ms", "accuracy %",
+                           "ops outside the delegate"], table))
+    acc = ["Test accuracy in %, mean ± std over seeds, from the same fp32 checkpoints (the twin's fp32 accuracy "
+           "beside it). Ours: the grid's [ptq] (Q/DQ graph; int8 device in brackets)."]
+    rows = res["ptq_accuracy"]
+    table = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        keys = list(dict.fromkeys((r.get("framework"), r.get("method"), r.get("bits")) for r in rows
+                                  if r["model"] == model))
+        for f, m, b in keys:
+            sel = [r for r in rows if r["model"] == model and r.get("framework") == f and r.get("method") == m
+                   and r.get("bits") == b]
+            v = cell(sel, fails, "%s %s %s %s" % (f, m or "", model, b or ""))
+            if not v.startswith("failed") and any(r.get("int8_accuracy") is not None for r in sel):
+                v += " (%s)" % mean_std([r.get("int8_accuracy") for r in sel])
+            table.append([model, f, m or "-", b or "-", mean_std(per_seed(sel, "fp32_accuracy")) or "-", v])
+    acc.append(md_table(["model", "toolkit", "method", "bits", "fp32", "accuracy"], table))
+    return speed, acc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", default=os.path.join(HERE, "work"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "peers"))
+    ap.add_argument("--title", default="Peers, side by side on our models")
+    ap.add_argument("--note", default="", help="a line under the title (e.g. that this is a smoke run)")
+    a = ap.parse_args()
+    pt2e = read_json(os.path.join(a.work, "pt2e.json"))
+    train = read_json(os.path.join(a.work, "train_speed.json"))
+    infer = read_json(os.path.join(a.work, "int8_infer.json"))
+    steps = read_json(os.path.join(a.work, "steps.json")) or []
+    install = read_json(os.path.join(VENV, "install_report.json"))
+    try:
+        with open(os.path.join(VENV, "pip_freeze.txt")) as f:
+            freeze = [l.strip() for l in f if l.strip()]
+    except OSError:
+        freeze = []
+    mach = machine()
+    fails = Failures()
+    allres = {"title": a.title, "note": a.note, "written": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": mach,
+              "install": install, "pip_freeze": freeze, "steps": steps, "pt2e": pt2e, "train_speed": train,
+              "int8_infer": infer}
+    md = ["# %s" % a.title, ""]
+    if a.note:
+        md += ["**%s**" % a.note, ""]
+    md += ["Written by bench/peers/run_all.sh (bench/peers/README.md) on %s." % allres["written"], "",
+           "## Machine", "", "```"] + mach["lscpu_head"] + ["```", ""]
+    md += ["## Versions", ""]
+    if install:
+        t = []
+        for name, e in install["packages"].items():
+            st = e.get("status")
+            if e.get("error"):
+                st = fails.add("install %s" % name, e["error"])
+            t.append([name, e.get("pinned") or "-", e.get("installed") or "-", st])
+        md += ["Python %s (%s). Full `pip freeze` in the JSON." % (install.get("python"), install.get("python_executable")),
+               "", md_table(["package", "pinned", "installed", "status"], t), ""]
+    else:
+        md += ["No install report (bench/peers/setup_peers.sh has not run).", ""]
+    md += ["## PTQ and QAT accuracy: torchao PT2E against this framework", ""] + pt2e_tables(pt2e, fails) + [""]
+    md += ["## fp32 training speed: PyTorch 2.x against this framework", ""] + train_table(train, fails) + [""]
+    speed, acc = infer_tables(infer, fails)
+    md += ["## int8 inference: ExecuTorch XNNPACK against this framework's devices", ""] + speed + [""]
+    md += ["## PTQ accuracy of other toolkits: ONNX Runtime quantize_static, AIMET AdaRound, NNCF", ""] + acc + [""]
+    md += ["## Commands", ""]
+    if steps:
+        md += [md_table(["step", "command", "exit", "seconds"],
+                        [[s["name"], "`%s`" % s["command"], s.get("rc"), s.get("seconds")] for s in steps]), ""]
+        for s in steps:
+            if s.get("rc") not in (0, None):
+                fails.add("step %s" % s["name"], "exit %s; last lines of its log:\n%s" % (s.get("rc"), s.get("tail", "")))
+    md += ["## Failures", ""]
+    if fails.items:
+        for i, (where, err) in enumerate(fails.items, 1):
+            md.append("%d. **%s**: %s" % (i, where, short(err, 600)))
+    else:
+        md.append("None.")
+    md.append("")
+    allres["failures"] = [{"where": w, "error": e} for w, e in fails.items]
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out + ".json", "w") as f:
+        json.dump(allres, f, indent=1, default=str)
+    with open(a.out + ".md", "w") as f:
+        f.write("\n".join(md))
+    print("wrote %s.json and %s.md" % (a.out, a.out))
+
+
+if __name__ == "__main__":
+    main()
