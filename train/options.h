@@ -145,6 +145,11 @@ int qt_options_resume_matches(const qt_options *o, const char *stored_ini, const
  * checkpoint is not named <dir>/checkpoint.h5. */
 int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *ck, size_t ck_n, char *why, size_t why_n,
                            char *err);
+/* Whether every process of the job (under mpirun) runs the same options, all but those a
+ * process may set for itself (output.dir, output.progress, train.threads): 0 when they do; -1
+ * with err naming the first differing key with process 0's value and the first differing
+ * process's. Collective: every process calls it, before any other collective. */
+int qt_options_ranks_agree(const qt_options *o, char *err);
 /* The options of a config stored in a checkpoint (INI text), resolved without the cross-key
  * rules (they were checked when that run started). -1 with err when it cannot be read. */
 int qt_options_stored(const char *ini, qt_options *o, char *err);

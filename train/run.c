@@ -40,6 +40,41 @@ typedef struct {
 
 /* ---- the job's processes --------------------------------------------------------------------- */
 /* Every process gets process 0's parameters and buffers (the same model, whatever each read). */
+/* The same config can still read other data on another host (other files at the same paths):
+ * every process compares a hash of the images and labels it loaded with process 0's. */
+static uint64_t dataset_hash(uint64_t h, const qt_dataset *d) {
+  const int64_t shape[4] = {d->n, d->h, d->w, d->c}, row = (int64_t)d->h * d->w * d->c;
+  h = qt_dist_hash(h, shape, sizeof shape);
+  h = qt_dist_hash(h, d->labels, (size_t)d->n * sizeof *d->labels);
+  if (!d->in_file) return qt_dist_hash(h, d->images, (size_t)(d->n * row));
+  enum { CHUNK = 256 };
+  uint8_t *buf = malloc((size_t)(CHUNK * row));
+  QT_ASSERT(buf, "out of memory");
+  for (int64_t i = 0; i < d->n; i += CHUNK) {
+    const int64_t k = d->n - i < CHUNK ? d->n - i : CHUNK;
+    h = qt_dist_hash(h, qt_dataset_images(d, i, k, buf), (size_t)(k * row));
+  }
+  free(buf);
+  return h;
+}
+
+static int data_agree(const run *r, qt_status *st) {
+  if (r->ranks == 1) return 0;
+  const uint64_t h = dataset_hash(dataset_hash(QT_DIST_HASH_INIT, &r->train), &r->test);
+  uint64_t *all = malloc((size_t)r->ranks * sizeof *all);
+  QT_ASSERT(all, "out of memory");
+  qt_dist_allgather(&h, sizeof h, all);
+  int other = -1;
+  for (int i = 1; i < r->ranks && other < 0; i++)
+    if (all[i] != all[0]) other = i;
+  free(all);
+  if (other < 0) return 0;
+  return qt_status_set(st, QT_STATUS_INPUT,
+                       "data: the images or labels process %d loaded differ from process 0's, with the same config "
+                       "(every host must hold the same data files at the [data] paths)",
+                       other);
+}
+
 static void share_model(const run *r, qt_graph *g) {
   if (r->ranks == 1) return;
   qt_dist_broadcast(g->params, (size_t)g->n_params * sizeof(float), 0);
@@ -246,6 +281,8 @@ static int run_open(run *r, const qt_options *o, qt_status *st) {
   r->writer = qt_dist_rank() == 0;
   r->verbose = r->writer && o->output.progress != QT_PROGRESS_NONE;
   r->quant = o->quant.mode != QT_QUANT_NONE;
+  /* before any other collective: processes with other options would meet in different ones */
+  if (qt_options_ranks_agree(o, st->msg)) return qt_status_fail(st, QT_STATUS_INPUT);
   if (r->ranks > 1 && qt_analysis_wanted(o))
     return qt_status_set(st, QT_STATUS_INPUT,
                          "the [analysis] keys (PTQ / QAT debugging) with %d processes: not done data-parallel yet; "
@@ -293,7 +330,7 @@ static int run_model_and_data(run *r, qt_status *st) {
   if (!(r->g = qt_stage_build_model(o, NULL, st))) return -1;
   if (r->quant && qt_stage_obtain_fp32(o, r->g, r->verbose, &r->fp32_origin, st)) return -1;
   share_model(r, r->g);
-  if (qt_stage_load_data(&o->data, QT_SPLIT_BOTH, &r->train, &r->test, st) ||
+  if (qt_stage_load_data(&o->data, QT_SPLIT_BOTH, &r->train, &r->test, st) || data_agree(r, st) ||
       qt_stage_model_fits(o, r->g, &r->train, st) || qt_stage_model_fits(o, r->g, &r->test, st))
     return -1;
   write_dot(r, r->g, "model.dot");

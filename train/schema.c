@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/dist.h"
 #include "nn/nn.h"
 #include "train/analysis.h"
 
@@ -397,18 +398,31 @@ int qt_options_resume_matches(const qt_options *o, const char *ini, const char *
   return rc;
 }
 
-/* The first [model], [data] or [train] key (only [data] when data_only) whose value differs
- * between a and b, but the train keys that do not change what is trained: its row, or -1. at
- * and bt receive the two values. */
-static int first_difference(const qt_options *a, const qt_options *b, int data_only, char *at, char *bt, size_t n) {
+/* Which keys first_difference compares. */
+typedef enum {
+  DIFF_RECIPE, /* [model], [data] and [train], but the train keys that do not change what is trained */
+  DIFF_DATA,   /* [data] */
+  DIFF_RANKS   /* every key but those a process of a job may set for itself (output.dir, .progress, train.threads) */
+} diff_keys;
+
+static int diff_compares(const qt_cfg_key *k, diff_keys which) {
+  const int train = !strcmp(k->section, "train"), data = !strcmp(k->section, "data");
+  if (which == DIFF_DATA) return data;
+  if (which == DIFF_RANKS)
+    return !(train && !strcmp(k->key, "threads")) && !(!strcmp(k->section, "output") && (!strcmp(k->key, "dir") ||
+                                                                                        !strcmp(k->key, "progress")));
   static const char *const skip[] = {"threads", "resume", "stop_after_epochs", "conv_algorithm"};
+  if (!train) return data || !strcmp(k->section, "model");
+  for (size_t s = 0; s < sizeof skip / sizeof skip[0]; s++)
+    if (!strcmp(k->key, skip[s])) return 0;
+  return 1;
+}
+
+/* The first key of the kind which whose value differs between a and b: its row, or -1. at and
+ * bt receive the two values. */
+static int first_difference(const qt_options *a, const qt_options *b, diff_keys which, char *at, char *bt, size_t n) {
   for (int i = 0; i < N_ROWS; i++) {
-    const qt_cfg_key *k = &rows[i].key;
-    if (strcmp(k->section, "data") && (data_only || (strcmp(k->section, "model") && strcmp(k->section, "train"))))
-      continue;
-    int skipped = 0;
-    for (size_t s = 0; s < sizeof skip / sizeof skip[0]; s++) skipped |= !strcmp(k->section, "train") && !strcmp(k->key, skip[s]);
-    if (skipped) continue;
+    if (!diff_compares(&rows[i].key, which)) continue;
     field_text(a, i, at, n);
     field_text(b, i, bt, n);
     if (strcmp(at, bt) != 0) return i;
@@ -441,7 +455,7 @@ int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *ck_out, 
    * does not write its fp32 model to the fp32 config's own output.dir, which every run of that
    * config shares: it goes under this run's output.dir. */
   char at[QT_OPT_STR + 32], bt[QT_OPT_STR + 32];
-  const int diff = first_difference(o, fp32, 1, at, bt, sizeof at);
+  const int diff = first_difference(o, fp32, DIFF_DATA, at, bt, sizeof at);
   if (diff >= 0 && qt_file_in_dir(ck, fp32->output.dir)) {
     snprintf(ck_out, ck_n, "%s/fp32/checkpoint.h5", o->output.dir);
     snprintf(why, why_n, "%s.%s is '%s' here, '%s' in %s", rows[diff].key.section, rows[diff].key.key, at, bt, fc);
@@ -483,7 +497,7 @@ int qt_options_fp32_matches(const qt_options *recipe, const char *ini, char *wha
     return -1;
   }
   char at[QT_OPT_STR + 32], bt[QT_OPT_STR + 32];
-  const int i = first_difference(old, recipe, 0, at, bt, sizeof at);
+  const int i = first_difference(old, recipe, DIFF_RECIPE, at, bt, sizeof at);
   if (i >= 0) snprintf(what, n, "%s.%s: '%s' in the checkpoint, '%s' in the recipe", rows[i].key.section, rows[i].key.key, at, bt);
   const int rc = i >= 0;
   free(old);
@@ -496,4 +510,67 @@ qt_observer_kind qt_options_weight_observer(const qt_quant_options *q) {
     case QT_WOBS_MOVING_AVERAGE: return QT_OBSERVER_MOVING_AVERAGE;
     default: return q->mode == QT_QUANT_QAT ? QT_OBSERVER_MOVING_AVERAGE : QT_OBSERVER_MINMAX;
   }
+}
+
+/* The INI text of the options a job's processes must share: those DIFF_RANKS compares, the
+ * others (each process's own) blanked. */
+static char *ranks_text(const qt_options *o) {
+  qt_options *shared = malloc(sizeof *shared);
+  QT_ASSERT(shared, "out of memory");
+  *shared = *o;
+  shared->output.dir[0] = 0;
+  shared->output.progress = QT_PROGRESS_AUTO;
+  shared->train.threads = 0;
+  char *text = qt_options_to_ini(shared);
+  free(shared);
+  return text;
+}
+
+int qt_options_ranks_agree(const qt_options *o, char *err) {
+  const int size = qt_dist_size();
+  if (size == 1) return 0;
+  char *text = ranks_text(o);
+  const size_t len = strlen(text);
+  const uint64_t h = qt_dist_hash(QT_DIST_HASH_INIT, text, len);
+  uint64_t *all = malloc((size_t)size * sizeof *all);
+  QT_ASSERT(all, "out of memory");
+  qt_dist_allgather(&h, sizeof h, all);
+  int other = -1;
+  for (int r = 1; r < size && other < 0; r++)
+    if (all[r] != all[0]) other = r;
+  free(all);
+  if (other < 0) {
+    free(text);
+    return 0;
+  }
+  /* every process learns rank 0's and the first differing rank's options, then names the key */
+  char *texts[2] = {NULL, NULL};
+  const int from[2] = {0, other};
+  for (int t = 0; t < 2; t++) {
+    uint64_t n = qt_dist_rank() == from[t] ? (uint64_t)len : 0;
+    qt_dist_broadcast(&n, sizeof n, from[t]);
+    texts[t] = malloc((size_t)n + 1);
+    QT_ASSERT(texts[t], "out of memory");
+    if (qt_dist_rank() == from[t]) memcpy(texts[t], text, (size_t)n);
+    qt_dist_broadcast(texts[t], (size_t)n, from[t]);
+    texts[t][n] = 0;
+  }
+  free(text);
+  qt_options *opt = calloc(2, sizeof *opt);
+  QT_ASSERT(opt, "out of memory");
+  char lerr[QT_ERR_LEN], at[QT_OPT_STR + 32], bt[QT_OPT_STR + 32];
+  int i = -1;
+  if (qt_options_stored(texts[0], &opt[0], lerr) == 0 && qt_options_stored(texts[1], &opt[1], lerr) == 0)
+    i = first_difference(&opt[0], &opt[1], DIFF_RANKS, at, bt, sizeof at);
+  if (i >= 0)
+    qt_err(err,
+           "the processes of this job run different configs: %s.%s is '%s' on process 0 but '%s' on process %d "
+           "(every host must hold the same config file and overrides)",
+           rows[i].key.section, rows[i].key.key, at, bt, other);
+  else
+    qt_err(err, "the processes of this job run different configs (process 0 and process %d)", other);
+  free(opt);
+  free(texts[0]);
+  free(texts[1]);
+  return -1;
 }
