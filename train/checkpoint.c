@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <hdf5_hl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -204,10 +205,34 @@ static int read_all(hid_t f, const char *path, qt_graph *g, qt_optim *opt, loade
 }
 
 /* Loads the open checkpoint f (path names it in messages) and closes it. */
+/* What a run cannot go on from: a parameter, buffer or optimizer state that is not finite, or a
+ * negative BN running variance (a resumed run would print NaN losses). 0, or -1 with err naming
+ * the tensor, the element and its value. */
+static int check_values(const qt_graph *g, const loaded *L, int ns, const char *path, char *err) {
+  static const char var[] = "running_var";
+  for (int s = -1; s < ns; s++) /* -1: the model; s: optimizer state s */
+    for (int t = 0; t < g->n_tensors; t++) {
+      const qt_param *p = &g->tensors[t];
+      if (s >= 0 && p->is_buffer) continue;
+      const float *v = (s >= 0 ? L->states[s] : p->is_buffer ? L->buffers : L->params) + p->offset;
+      const size_t len = strlen(p->name);
+      const int is_var = s < 0 && len >= sizeof var - 1 && strcmp(p->name + len - (sizeof var - 1), var) == 0;
+      for (int64_t i = 0; i < p->numel; i++)
+        if (!isfinite(v[i]) || (is_var && v[i] < 0))
+          return qt_err(err, "checkpoint '%s': %s%s[%lld] is %g (%s): it cannot be trained or evaluated from", path,
+                        s >= 0 ? "the optimizer state of " : "", p->name, (long long)i, (double)v[i],
+                        isfinite(v[i]) ? "a negative variance" : "not finite");
+    }
+  return 0;
+}
+
 static int load_open(hid_t f, const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
   loaded L = {0};
   const int ns = opt ? qt_optim_state_count(opt) : 0;
-  const int rc = check_model(f, path, g, err) || read_all(f, path, g, opt, &L, err) ? -1 : 0;
+  const int rc = check_model(f, path, g, err) || read_all(f, path, g, opt, &L, err) ||
+                         check_values(g, &L, ns, path, err)
+                     ? -1
+                     : 0;
   if (!rc) {
     memcpy(g->params, L.params, (size_t)g->n_params * sizeof(float));
     memcpy(g->buffers, L.buffers, (size_t)g->n_buffers * sizeof(float));

@@ -382,6 +382,11 @@ static int run_trainer(run *r, qt_status *st) {
     if (meta.epoch < 0 || meta.step < 0)
       return qt_status_set(st, QT_STATUS_FORMAT, "train.resume: checkpoint '%s' holds epoch %d, step %lld", r->ckpt,
                            meta.epoch, (long long)meta.step);
+    if (meta.epoch > epochs)
+      return qt_status_set(st, QT_STATUS_INPUT,
+                           "train.resume: checkpoint '%s' holds %d epochs, more than train.epochs = %d: raise "
+                           "train.epochs to go on, or give the new run another output.dir",
+                           r->ckpt, meta.epoch, epochs);
     r->start_epoch = meta.epoch;
     qt_trainer_set_step(r->trainer, meta.step);
     if (!r->writer) return 0;

@@ -36,7 +36,8 @@ int qt_stage_backend_desc(const qt_quant_options *q, qt_backend_desc *d, const c
                       strcmp(q->backend, "onednn_cpu") == 0;
   if (origin) *origin = builtin || q->quantizer != QT_QUANTIZER_BACKEND ? "built in" : q->backend;
   if (builtin || q->quantizer == QT_QUANTIZER_BACKEND) {
-    if (qt_backend_desc_named(d, q->backend, isa, err)) return qt_err(err, "quant.backend = %s: %s", q->backend, err);
+    char why[QT_ERR_LEN]; /* not err: qt_err would format err into itself */
+    if (qt_backend_desc_named(d, q->backend, isa, why)) return qt_err(err, "quant.backend = %s: %s", q->backend, why);
     return 0;
   }
   qt_backend_desc_onednn_cpu(d, isa);

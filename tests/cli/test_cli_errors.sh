@@ -153,4 +153,17 @@ expect busy_dir 2 "is in use by another run (process $first)" -- "$T/ok.ini" tra
   data.test_limit=128 "output.dir=$T/busy"
 kill "$first" 2>/dev/null; wait "$first" 2>/dev/null
 
+# A resume whose checkpoint holds more epochs than train.epochs asks for: refused (it wrote
+# "epochs": 1000000 and exited 0), the checkpoint unchanged. A misspelled backend path: one
+# message, not the error text formatted into itself.
+"$BIN" "$T/ok.ini" "${full[@]}" train.epochs=2 "output.dir=$T/res" > "$T/out" 2>&1 || { echo "resume setup failed"; cat "$T/out"; fail=1; }
+cp "$T/res/checkpoint.h5" "$T/res.orig"
+expect resume_past_epochs 2 "holds 2 epochs, more than train.epochs = 1" -- "$T/ok.ini" "${full[@]}" train.epochs=1 \
+  train.resume=true "output.dir=$T/res"
+cmp -s "$T/res/checkpoint.h5" "$T/res.orig" || { echo "resume_past_epochs: the checkpoint changed"; fail=1; }
+expect backend_dev_null 2 "quant.backend = /dev/null: " -- "$T/ok.ini" "${full[@]}" quant.mode=ptq \
+  quant.quantizer=backend quant.backend=/dev/null "output.dir=$T/devnull"
+[ "$(grep -o "quant.backend = /dev/null" "$T/err" | wc -l)" = 1 ] ||
+  { echo "backend_dev_null: the message repeats itself:"; cat "$T/err" "$T/out" 2>/dev/null; fail=1; }
+
 [ $fail -eq 0 ] || exit 1

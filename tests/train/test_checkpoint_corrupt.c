@@ -9,7 +9,9 @@
  * were harmless. Every load, refused or not, leaves no HDF5 object open. (2) Crafted observer state in the QAT checkpoint (issue: a NaN or -inf
  * histogram range wrote out of bounds on the next update, an inverted one looped forever):
  * /usr/bin/python3 + h5py rewrites one value of the first activation observer (a histogram
- * observer) and the load must refuse it naming the observer and the value. Exit 77 (skipped)
+ * observer) and the load must refuse it naming the observer and the value. (3) A NaN or inf
+ * parameter, buffer or optimizer state, or a negative BN running variance, written the same way
+ * into the fp32 checkpoint: refused naming the tensor, element and value. Exit 77 (skipped)
  * when /usr/bin/python3 has no h5py. */
 #include <hdf5.h>
 #include <stdio.h>
@@ -150,6 +152,32 @@ static void flip_campaign(const char *name, const char *path, int quantized, uin
   free(orig);
 }
 
+/* Copies the fp32 checkpoint to flip_case.h5, runs `stmt` on it with `f` the open file (h5py,
+ * which writes the checksums again), and loads it into the fp32 run's graph and optimizer: it
+ * must be refused with a message holding `needle`, and the graph keep its values. (Resumed,
+ * such a checkpoint trained on to NaN losses without a word.) */
+static void expect_values_refused(const char *stmt, const char *needle) {
+  char cmd[2048], err[QT_ERR_LEN] = "";
+  snprintf(cmd, sizeof cmd,
+           "/usr/bin/python3 -c \"import h5py, shutil, numpy as np; shutil.copyfile('flip_fp32/checkpoint.h5', "
+           "'flip_case.h5'); f = h5py.File('flip_case.h5', 'r+'); %s; f.close()\"",
+           stmt);
+  if (system(cmd) != 0) {
+    qt_test_fail("python could not craft the case: %s", stmt);
+    return;
+  }
+  qt_optim *opt;
+  qt_graph *g = run_graph(0, &opt);
+  float *before = qt_test_copy_f32(g->params, g->n_params);
+  int rc = qt_checkpoint_load("flip_case.h5", g, opt, NULL, err);
+  if (rc != -1) qt_test_fail("%s: load returned %d, want -1", stmt, rc);
+  else if (!strstr(err, needle)) qt_test_fail("%s: message '%s' lacks '%s'", stmt, err, needle);
+  if (memcmp(before, g->params, (size_t)g->n_params * sizeof(float)) != 0) qt_test_fail("%s: the graph changed", stmt);
+  free(before);
+  qt_graph_free(g);
+  qt_optim_free(opt);
+}
+
 /* Copies the QAT checkpoint to flip_case.h5, runs `stmt` on it with `o` the first activation
  * record's observer group (h5py), and loads it: it must be refused with a message holding
  * `needle`. */
@@ -201,5 +229,12 @@ int main(void) {
   expect_observer_refused("h = o['hist'][...]; h[0] = 2**62; h[1] = 2**62; o['hist'][...] = h", "add up to more than");
   expect_observer_refused("o['hist'][3] = -1", "hist[3] = -1 is negative");
   expect_observer_refused("o.attrs['initialized'] = np.int32(0)", "has seen no data");
+  expect_values_refused("f['params/conv1.weight'][0, 0, 1, 2] = np.float32('nan')",
+                        "conv1.weight[5] is nan (not finite)");
+  expect_values_refused("f['params/fc2.bias'][3] = np.float32('-inf')", "fc2.bias[3] is -inf (not finite)");
+  expect_values_refused("f['buffers/bn1.running_var'][7] = np.float32(-0.5)",
+                        "bn1.running_var[7] is -0.5 (a negative variance)");
+  expect_values_refused("k = sorted(f['optim'].keys())[0]; f['optim'][k][11] = np.float32('inf')",
+                        "the optimizer state of conv1.weight[11] is inf (not finite)");
   return qt_test_finish();
 }
