@@ -1,4 +1,5 @@
 /* The base library: panic, errors and status, string builder, files, time (base.h). */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "base/base.h"
 
 #include <errno.h>

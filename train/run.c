@@ -5,10 +5,8 @@
  * (trainer.c: data-parallel training, evaluation split and combined), and process 0 alone is the
  * writer: it holds the output folder's lock and writes every file, prints the progress and
  * reads the checkpoint it resumes from, whose state it then sends to the others. */
-#define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
