@@ -5,7 +5,7 @@ same images), once with model.name = fashion_cnn and once with model.onnx =
 tests/onnx/models/fashion_cnn.onnx (PyTorch's export of the same network; the import builds the
 same graph, which tests/onnx/test_onnx_import checks). The runs alternate, each contender keeps
 its best; the wall time of the whole run (import, data, training, evaluation) is shown beside it.
-Issue #11's target: the imported model trains at the preset's speed. Run with both cores idle.
+The target: the imported model trains at the preset's speed. Run with both cores idle.
 
 Usage: /usr/bin/python3 bench/bench_import.py [--images 20000] [--build build] [--repeat 3]
 """

@@ -4,7 +4,7 @@
 same small fp32 checkpoint (trained here first if missing). Prints images/s and the ratio (of
 the best-of figures, and the median and range of each round's own ratio: a round runs the three
 back to back);
-the target is <= 1.1x for LSQ (#13; PyTorch 1.13 measured 1.43x on this machine). Run with both
+the target is <= 1.1x for LSQ (PyTorch 1.13 measured 1.43x on this machine). Run with both
 cores idle.
 
 Usage: /usr/bin/python3 bench/bench_qat.py [--images 20000] [--build build] [--repeat 2]

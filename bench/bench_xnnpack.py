@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""int8 inference of FashionCNN on XNNPACK (issue #12): this framework's XNNPACK device against its
+"""int8 inference of FashionCNN on XNNPACK: this framework's XNNPACK device against its
 oneDNN device and against PyTorch 1.13's quantized engines, `qnnpack` (XNNPACK's ancestor) and
 `onednn`, side by side in one run: batch 256, 2 threads, the same fp32 weights, the same images.
 
@@ -32,7 +32,7 @@ channels_last inputs (the faster row is the one compared). Accuracy on the 10,00
 Every contender runs in its own process with OMP_NUM_THREADS = --threads (our XNNPACK device's
 pthreadpool takes that many threads), and the environment is otherwise passed on as it is
 (OMP_WAIT_POLICY included). The whole sequence runs --repeat times and every row keeps its best:
-other processes only ever slow a measurement down. Issue #12's goal: XNNPACK int8 >= 1.5x
+other processes only ever slow a measurement down. The goal: XNNPACK int8 >= 1.5x
 PyTorch qnnpack. Run with both cores idle.
 """
 import argparse

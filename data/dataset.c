@@ -712,8 +712,8 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
     qt_err(err, "data: %s: cannot decode image: %s", files.items[0], why);
     goto done;
   }
-  /* stb_image returned 0-pixel BMP and PNM images without an error (BMP and PNM are no longer
-   * decoded; the check stays). */
+  /* a decoder may return a 0-pixel image without an error (stb_image does for BMP and PNM,
+   * which are not decoded here; the check covers every format) */
   if (w0 < 1 || h0 < 1) {
     stbi_image_free(pix);
     qt_err(err, "data: %s: expected an image of at least 1x1 pixels, found %dx%d", files.items[0], w0, h0);

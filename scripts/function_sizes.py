@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Rough lengths and cyclomatic complexity (1 + if/for/while/case/&&/||/?) of the top-level
 functions of C files, longest first: /usr/bin/python3 scripts/function_sizes.py train/*.c
-(TOP=N rows, default 15). The figures quoted for issue #9 came from it."""
+(TOP=N rows, default 15)."""
 import re, sys
 def funcs(path):
     s = open(path).read()

@@ -1,14 +1,14 @@
 #!/usr/bin/python3
-"""Scaling on paper (issue #14, item 5): the step time of data-parallel training on N ranks,
+"""Scaling on paper: the step time of data-parallel training on N ranks,
 estimated from this machine's measured single-process figures and the communication the code
 does per step (dist/dist.c, train/trainer.c, autograd/cpu_batch_norm.c, qat/quant_observer.c,
 nn/graph.c). Nothing here is measured on more than one machine: it is arithmetic.
 
   step(N) = compute(per-rank batch) + gradient sum + SyncBN collectives + observer/loss collectives
 
-(no overlap: the trainer sums the gradients in one call after the backward). The "overlapped"
+(no overlap: one gradient sum after the backward, as with dist.bucket_mb = 0). The "overlapped"
 column is the same step with the gradient sum hidden behind the backward as far as the
-backward's length allows (the issue's bucketed-overlap item; not built).
+backward's length allows (the bound that dist.bucket_mb's gradient buckets work towards).
 
 Prints the markdown that docs/scaling.md embeds between its "scaling_estimate.py" markers;
 tests/dist/test_scaling_doc.sh checks that the two agree. Standard library only.
@@ -21,7 +21,7 @@ import sys
 
 # ---- measured on this machine (2 cores) --------------------------------------------------------
 # FashionCNN fp32 training, 1 process x 2 threads, batch 128, idle cores: 4,460-4,530 images/s
-# (issue #14's measured inputs); the midpoint.
+# (measured); the midpoint.
 FASHION_IMAGES_PER_S = 4495.0
 FASHION_MEASURED_BATCH = 128
 # bench_profile (README "Where a training step's time goes"), FashionCNN batch 128 on a busy
@@ -33,7 +33,7 @@ PROFILE_FP32_BWD_MS = [20.811, 4.056, 1.001, 2.512, 0.000, 1.244, 0.004]
 PROFILE_QAT_STEP_MS = 52.730  # QAT W4A4 LSQ
 PROFILE_QAT_FWD_MS = [6.398, 2.427, 0.534, 2.118, 0.000, 0.879, 0.010, 1.144, 1.097, 0.002]
 PROFILE_QAT_BWD_MS = [24.556, 4.079, 0.922, 2.602, 0.000, 1.261, 0.004, 2.898, 1.288, 0.001]
-# FMA peak of the 2 cores (issue #14's measured inputs).
+# FMA peak of the 2 cores (measured).
 PEAK_GFLOPS = 555.0
 FLOP_PER_MAC = 2          # the convention of the peak above
 TRAIN_PER_FORWARD = 3.0   # training = forward + input gradients + weight gradients (assumed)

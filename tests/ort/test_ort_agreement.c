@@ -1,4 +1,4 @@
-/* ONNX Runtime as the real client of the QDQ export (issue #11): every model test_onnx_export_checker
+/* ONNX Runtime as the real client of the QDQ export: every model test_onnx_export_checker
  * exported (FashionCNN, ResCNN, the MobileNet-style model at W8A8 and W4A4: export_<case>.onnx
  * and its export_<case>_qdq.h5) runs in ONNX Runtime (tests/ort/ort_run.py) on the first 2000
  * Fashion-MNIST test images, against the Q/DQ graph's exact reference (eval/exact.h):

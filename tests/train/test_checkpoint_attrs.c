@@ -1,6 +1,6 @@
-/* Crafted checkpoint attributes (issue: epoch/step/seed/model/config were read without checking
- * their shape or type, so an array attribute overflowed a buffer and a variable-length string,
- * h5py's default for attrs['x'] = 'text', was read as a raw pointer). A checkpoint is saved,
+/* Crafted checkpoint attributes: epoch/step/seed/model/config are read only after their shape and
+ * type are checked (an array attribute would overflow a buffer, and a variable-length string,
+ * h5py's default for attrs['x'] = 'text', would be read as a raw pointer). A checkpoint is saved,
  * /usr/bin/python3 + h5py rewrites one root attribute at a time, and qt_checkpoint_load and
  * qt_checkpoint_read_meta must either read it correctly (variable-length strings) or return -1
  * with a message naming the file, the attribute and what was expected and found.

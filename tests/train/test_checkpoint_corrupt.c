@@ -1,13 +1,14 @@
-/* Corrupt checkpoints. (1) Checksummed checkpoints (issue: 197 of 200 random bit flips in a checkpoint loaded as other
- * numbers without a word). Two real checkpoints are written by short runs: an fp32 one and a
+/* Corrupt checkpoints. (1) Checksummed checkpoints: a bit flip must never load as other numbers
+ * without a word. Two real checkpoints are written by short runs: an fp32 one and a
  * QAT one (LSQ, histogram observers: /quant with qparams, observer state and histograms), both
  * with optimizer state. For each, 200 single-bit flips at seeded random positions are loaded
  * with qt_checkpoint_load into the run's graph and optimizer; a load that succeeds is saved
  * again and must give the original file's bytes (saving is deterministic), i.e. the flip was
  * in bytes that carry nothing (padding, free space). A flip that loads as a different state is
  * a silent load: the test wants 0 of them, and prints how many flips were refused and how many
- * were harmless. Every load, refused or not, leaves no HDF5 object open. (2) Crafted observer state in the QAT checkpoint (issue: a NaN or -inf
- * histogram range wrote out of bounds on the next update, an inverted one looped forever):
+ * were harmless. Every load, refused or not, leaves no HDF5 object open. (2) Crafted observer
+ * state in the QAT checkpoint (a NaN or -inf histogram range would write out of bounds on the
+ * next update, an inverted one loop forever):
  * /usr/bin/python3 + h5py rewrites one value of the first activation observer (a histogram
  * observer) and the load must refuse it naming the observer and the value. (3) A NaN or inf
  * parameter, buffer or optimizer state, or a negative BN running variance, written the same way
