@@ -19,6 +19,19 @@
 
 /* Turns off HDF5's automatic error-stack printing (our messages replace it). */
 void qt_h5_quiet(void);
+/* HDF5 1.10.8 (Debian 12's) crashes inside itself on some crafted files (fuzz/hdf5-crashes/):
+ * a file this process did not write is parsed first in a child process. qt_h5_contained runs
+ * parse(ctx, err) in a forked child (its output silenced, at most QT_H5_CHILD_SECONDS plus one
+ * second per 16 MB of the file); when the child dies of a signal (or a sanitizer ends it), it
+ * returns -1 with err "<file>: not a valid <kind> file (the HDF5 library failed reading it:
+ * signal N, <name>)" and nothing of this process has changed; when the child parsed the file or
+ * refused it, it returns parse(ctx, err) run here (a refusal's message comes from there). The
+ * child's work is thrown away: a file is parsed twice, once where a crash costs nothing. When
+ * fork fails, or containment is off (qt_h5_set_contained(0): the fuzz targets, which want the
+ * crash itself), parse runs here only. */
+#define QT_H5_CHILD_SECONDS 60
+int qt_h5_contained(const char *file, const char *kind, int (*parse)(void *ctx, char *err), void *ctx, char *err);
+void qt_h5_set_contained(int on);
 /* Opens an existing file read-only (fapl may be H5P_DEFAULT). -1 with err: "<what> '<path>':
  * cannot open: <reason>" or "<what> '<path>': not a readable HDF5 file (corrupt or truncated?)". */
 hid_t qt_h5_open_read(const char *path, const char *what, hid_t fapl, char *err);

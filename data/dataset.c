@@ -332,7 +332,7 @@ static hid_t open_h5_dataset(hid_t file, const char *path, const char *name, con
   return d;
 }
 
-int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
+static int load_hdf5_here(qt_dataset *ds, const char *path, char *err) {
   qt_dataset out = {0};
   hid_t file = -1, dimg = -1, dlab = -1, timg = -1, tlab = -1;
   hsize_t idims[8], ldims[8];
@@ -460,6 +460,27 @@ done:
     memset(ds, 0, sizeof *ds);
   }
   return status;
+}
+
+typedef struct {
+  qt_dataset *ds;
+  const char *path;
+} hdf5_job;
+
+static int hdf5_parse(void *ctx, char *err) {
+  const hdf5_job *j = ctx;
+  return load_hdf5_here(j->ds, j->path, err);
+}
+
+int qt_dataset_load_hdf5(qt_dataset *ds, const char *path, char *err) {
+  hdf5_job j = {ds, path};
+  if (qt_h5_contained(path, "HDF5 data", hdf5_parse, &j, err) == 0) return 0;
+  if (!strncmp(err, path, strlen(path))) { /* a crash in the child: the data loader's prefix */
+    char why[QT_ERR_LEN];
+    snprintf(why, sizeof why, "%s", err);
+    qt_err(err, "data: %s", why);
+  }
+  return -1;
 }
 
 /* ================================================================ image folder */

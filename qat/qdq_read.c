@@ -620,14 +620,26 @@ done:
   return g;
 }
 
-qt_graph *qt_qdq_load(const char *path, char *err) {
+typedef struct {
+  const char *path;
+  qt_graph *g;
+} qdq_job;
+
+static int qdq_parse(void *ctx, char *err) {
+  qdq_job *j = ctx;
   err[0] = 0;
-  hid_t f = qt_h5_open_read(path, "qdq file", H5P_DEFAULT, err);
-  if (f < 0) return NULL;
+  hid_t f = qt_h5_open_read(j->path, "qdq file", H5P_DEFAULT, err);
+  if (f < 0) return -1;
   char msg[QT_ERR_LEN] = "";
-  qt_graph *g = load_graph(f, msg);
+  j->g = load_graph(f, msg);
   H5Fclose(f);
-  if (!g) qt_err(err, "qdq file '%s': %s", path, msg[0] ? msg : "unreadable");
-  return g;
+  if (!j->g) return qt_err(err, "qdq file '%s': %s", j->path, msg[0] ? msg : "unreadable");
+  return 0;
+}
+
+qt_graph *qt_qdq_load(const char *path, char *err) {
+  qdq_job j = {path, NULL};
+  if (qt_h5_contained(path, "Q/DQ", qdq_parse, &j, err)) return NULL; /* a file from anywhere */
+  return j.g;
 }
 

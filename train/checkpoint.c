@@ -258,10 +258,23 @@ static int load_open(hid_t f, const char *path, qt_graph *g, qt_optim *opt, qt_c
   return rc;
 }
 
-int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
-  hid_t f = open_checkpoint(path, err);
+typedef struct {
+  const char *path;
+  qt_graph *g;
+  qt_optim *opt;
+  qt_checkpoint_meta *meta;
+} load_job;
+
+static int load_parse(void *ctx, char *err) {
+  const load_job *j = ctx;
+  hid_t f = open_checkpoint(j->path, err);
   if (f < 0) return -1;
-  return load_open(f, path, g, opt, meta, err);
+  return load_open(f, j->path, j->g, j->opt, j->meta, err);
+}
+
+int qt_checkpoint_load(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
+  load_job j = {path, g, opt, meta};
+  return qt_h5_contained(path, "checkpoint", load_parse, &j, err); /* it may come from anywhere */
 }
 
 int qt_checkpoint_load_image(const void *bytes, size_t n, const char *name, qt_graph *g, qt_optim *opt,
@@ -316,11 +329,23 @@ int qt_checkpoint_load_shared(const char *path, qt_graph *g, qt_optim *opt, qt_c
   return rc;
 }
 
-int qt_checkpoint_read_meta(const char *path, qt_checkpoint_meta *meta, char *err) {
-  memset(meta, 0, sizeof *meta);
-  hid_t f = open_checkpoint(path, err);
+typedef struct {
+  const char *path;
+  qt_checkpoint_meta *meta;
+} meta_job;
+
+static int meta_parse(void *ctx, char *err) {
+  const meta_job *j = ctx;
+  memset(j->meta, 0, sizeof *j->meta);
+  hid_t f = open_checkpoint(j->path, err);
   if (f < 0) return -1;
-  int rc = read_meta(f, path, meta, err);
+  int rc = read_meta(f, j->path, j->meta, err);
   H5Fclose(f);
   return rc;
+}
+
+int qt_checkpoint_read_meta(const char *path, qt_checkpoint_meta *meta, char *err) {
+  meta_job j = {path, meta};
+  memset(meta, 0, sizeof *meta);
+  return qt_h5_contained(path, "checkpoint", meta_parse, &j, err);
 }
