@@ -419,6 +419,10 @@ static qt_graph *load_graph(hid_t f, char *msg) {
       read_attr_int(f, "/", "output", &output, msg) || read_attr_int(f, "/", "n_nodes", &a_nodes, msg) ||
       read_attr_int(f, "/", "n_values", &a_values, msg) || read_attr_int(f, "/", "n_tensors", &a_tensors, msg))
     goto done;
+  if (!name[0]) {
+    qt_err(msg, "/: attribute 'name' is empty (the graph's name)");
+    goto done;
+  }
 
   /* Nodes. */
   if ((gn = qdq_group_open(f, "/", "nodes", msg)) < 0 || (n_nodes = group_count(gn, "/nodes", QDQ_MAX_NODES, msg)) < 0)

@@ -185,6 +185,8 @@ static void e_foreign_writer(hid_t f) {
 /* A file from before prepared graphs existed: no root attribute `kind` (means qdq). */
 static void e_no_kind(hid_t f) { QT_ASSERT(H5Adelete(f, "kind") >= 0, "delete kind"); }
 static void e_kind_prepared(hid_t f) { qdq_set_str(f, "/", "kind", "prepared"); }
+/* An empty graph name loaded, and its ONNX export (the graph's name) failed onnx.checker. */
+static void e_empty_name(hid_t f) { qdq_set_str(f, "/", "name", ""); }
 
 static void e_vlen_too_long(hid_t f) {
   char name[100];
@@ -337,6 +339,7 @@ static const qdq_error_case load_errors[] = {
     {"unused_huge", e_unused_huge,
      "/tensors: dataset 'conv1.extra' declares shape (16384, 16384) (1073741824 bytes) but stores 0 bytes"},
     {"unused", e_unused, "/tensors/conv1.extra: no slot of its owner node 3 'conv1' names it"},
+    {"empty_name", e_empty_name, "/: attribute 'name' is empty (the graph's name)"},
     {"sparse_weight", e_sparse_weight,
      "/tensors: dataset 'conv1.weight' declares shape (4, 3, 3, 3) (432 bytes) but stores 0 bytes"},
 };
