@@ -1,5 +1,6 @@
 /* Graph IR: builder, finalize (slabs), initialization, mode switch and executor. */
 #include "nn/nn.h"
+#include "nn/names.h"
 
 #include <float.h>
 #include <math.h>
@@ -29,6 +30,7 @@ void qt_graph_free(qt_graph *g) {
   free(g->params);
   free(g->grads);
   free(g->buffers);
+  qt_node_names_free(g);
   free(g);
 }
 
@@ -60,11 +62,10 @@ static int new_value(qt_graph *g, const char *name, int ndim, const int64_t *sha
 }
 
 static qt_node *new_node(qt_graph *g, qt_op op, const char *name, const int *inputs, int n_inputs) {
-  for (int i = 0; i < g->n_nodes; i++)
-    if (strcmp(g->nodes[i].name, name) == 0) {
-      builder_error(g, "graph %s: two nodes named '%s'", g->name, name);
-      return NULL;
-    }
+  if (qt_node_names_find(g, name) >= 0) {
+    builder_error(g, "graph %s: two nodes named '%s'", g->name, name);
+    return NULL;
+  }
   if (strlen(name) >= QT_NAME_LEN) {
     builder_error(g, "graph %s: node name '%s' longer than %d characters", g->name, name, QT_NAME_LEN - 1);
     return NULL;
@@ -81,6 +82,7 @@ static qt_node *new_node(qt_graph *g, qt_op op, const char *name, const int *inp
   n->n_inputs = n_inputs;
   for (int i = 0; i < QT_MAX_PARAMS; i++) n->param[i] = n->buffer[i] = -1;
   n->training = 1;
+  qt_node_names_add(g, g->n_nodes - 1);
   return n;
 }
 
@@ -448,9 +450,7 @@ int64_t qt_value_numel(const qt_value *v) {
 }
 
 int qt_graph_find_node(const qt_graph *g, const char *name) {
-  for (int i = 0; i < g->n_nodes; i++)
-    if (strcmp(g->nodes[i].name, name) == 0) return i;
-  return -1;
+  return qt_node_names_find((qt_graph *)g, name); /* the index is a cache: built here on first use */
 }
 
 void qt_graph_set_training(qt_graph *g, int training) {

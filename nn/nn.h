@@ -207,6 +207,7 @@ typedef struct qt_graph {
   float *buffers;              /* slab: n_buffers floats */
   int64_t n_buffers;
   char error[QT_ERR_LEN];      /* first builder error */
+  struct qt_node_names *names; /* node name -> index (nn/names.c; built on first use) */
   qt_input_preprocessing input_pre; /* not set unless the pipeline records it */
 } qt_graph;
 

@@ -7,12 +7,15 @@
  * whose order differs from PyTorch's), a constant (an initializer or a Constant node), or a small
  * integer vector (the shape arithmetic of x.view(n, -1)). Parameters are copied into the graph's
  * slabs after it is finalized, converted to the graph's layouts on the way. */
+#define _GNU_SOURCE /* hsearch_r: glibc's reentrant hash tables */
 #include "onnx/onnx_import.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <search.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +68,10 @@ typedef struct {
   qt_graph *g;
   sym *syms;
   int n_syms, cap_syms;
+  struct hsearch_data sym_index;   /* name -> the latest symbol of that name (data: index + 1) */
+  struct hsearch_data node_names;  /* the graph's node names (data: the next "_k" to try) */
+  char **name_keys;                /* node_names' keys, owned */
+  int n_name_keys, cap_name_keys, names_synced; /* graph nodes whose names are in node_names */
   param_copy *copies;
   int n_copies, cap_copies;
   const Onnx__NodeProto *node;     /* being imported (messages) */
@@ -115,14 +122,16 @@ static void dims_str(const int64_t *d, size_t n, char *buf, size_t len) {
 
 /* ---- symbols --------------------------------------------------------------------------------- */
 
+/* Lookups are hashed (glibc's hsearch_r), so that import is linear in the model's size: the
+ * latest symbol of a name, and whether a node name is taken. */
 static sym *find(imp *im, const char *name) {
-  for (int i = im->n_syms - 1; i >= 0; i--)
-    if (strcmp(im->syms[i].name, name) == 0) return &im->syms[i];
-  return NULL;
+  ENTRY want = {.key = (char *)name}, *got = NULL;
+  if (!hsearch_r(want, FIND, &got, &im->sym_index)) return NULL;
+  return &im->syms[(intptr_t)got->data - 1];
 }
 
 /* The table is allocated once for every name the model can define (import_graph), so symbol
- * pointers stay valid while nodes add symbols. */
+ * pointers stay valid while nodes add symbols. A later symbol of a name hides the earlier one. */
 static sym *add_sym(imp *im, const char *name, sym_kind kind) {
   QT_ASSERT(im->n_syms < im->cap_syms, "onnx import: symbol table of %d entries is full", im->cap_syms);
   sym *s = &im->syms[im->n_syms++];
@@ -130,7 +139,30 @@ static sym *add_sym(imp *im, const char *name, sym_kind kind) {
   s->name = name;
   s->kind = kind;
   s->value = -1;
+  ENTRY e = {.key = (char *)name, .data = (void *)(intptr_t)im->n_syms}, *got = NULL;
+  QT_ASSERT(hsearch_r(e, ENTER, &got, &im->sym_index), "onnx import: symbol index full");
+  got->data = e.data;
   return s;
+}
+
+/* The node_names entry of name (NULL when the name is free), after adding the names of the
+ * graph's nodes made since the last call (the builder's own nodes included). */
+static ENTRY *node_name_entry(imp *im, const char *name) {
+  for (; im->names_synced < im->g->n_nodes; im->names_synced++) {
+    if (im->n_name_keys == im->cap_name_keys) {
+      im->cap_name_keys = im->cap_name_keys ? 2 * im->cap_name_keys : 256;
+      im->name_keys = realloc(im->name_keys, (size_t)im->cap_name_keys * sizeof *im->name_keys);
+      QT_ASSERT(im->name_keys, "out of memory");
+    }
+    char *key = strdup(im->g->nodes[im->names_synced].name);
+    QT_ASSERT(key, "out of memory");
+    ENTRY e = {.key = key, .data = (void *)(intptr_t)2}, *got = NULL;
+    QT_ASSERT(hsearch_r(e, ENTER, &got, &im->node_names), "onnx import: node name index full");
+    if (got->key == key) im->name_keys[im->n_name_keys++] = key;
+    else free(key); /* already there */
+  }
+  ENTRY want = {.key = (char *)name}, *got = NULL;
+  return hsearch_r(want, FIND, &got, &im->node_names) ? got : NULL;
 }
 
 /* The node's input k (NULL when absent or empty: an optional input left out). */
@@ -443,7 +475,8 @@ static void node_name(imp *im, const char *weight, char *out) {
   }
   if (!cand[0]) scope_name(im->node, cand, sizeof cand);
   if (!cand[0]) snprintf(cand, sizeof cand, "%s_%d", str(im->node->op_type), im->node_index);
-  if (qt_graph_find_node(im->g, cand) < 0) {
+  ENTRY *taken = node_name_entry(im, cand);
+  if (!taken) {
     snprintf(out, QT_NAME_LEN, "%s", cand);
     return;
   }
@@ -453,15 +486,20 @@ static void node_name(imp *im, const char *weight, char *out) {
   for (char *p = buf; *p; p++)
     if (*p == '/') *p = '.';
   sanitize(buf, full, sizeof full);
-  if (full[0] && qt_graph_find_node(im->g, full) < 0) {
+  if (full[0] && !node_name_entry(im, full)) {
     snprintf(out, QT_NAME_LEN, "%s", full);
     return;
   }
-  for (int k = 2;; k++) {
-    char tail[16];
-    snprintf(tail, sizeof tail, "_%d", k);
+  /* cand_k for the first free k from where the last search for cand stopped (entries stay put:
+   * the table never grows) */
+  for (intptr_t k = (intptr_t)taken->data;; k++) {
+    char tail[24];
+    snprintf(tail, sizeof tail, "_%ld", (long)k);
     snprintf(out, QT_NAME_LEN, "%.*s%s", (int)(QT_NAME_LEN - 1 - strlen(tail)), cand, tail);
-    if (qt_graph_find_node(im->g, out) < 0) return;
+    if (!node_name_entry(im, out)) {
+      taken->data = (void *)(k + 1);
+      return;
+    }
   }
 }
 
@@ -1167,6 +1205,10 @@ static qt_graph *import_graph(imp *im, const int *data_hwc) {
   for (size_t i = 0; i < gp->n_node; i++) im->cap_syms += (int)gp->node[i]->n_output;
   im->syms = calloc((size_t)im->cap_syms, sizeof *im->syms);
   QT_ASSERT(im->syms, "out of memory");
+  /* room for every symbol and node name (the builder adds at most a few nodes per ONNX node) */
+  QT_ASSERT(hcreate_r(2 * (size_t)im->cap_syms, &im->sym_index) &&
+                hcreate_r(8 * gp->n_node + 64, &im->node_names),
+            "out of memory");
   for (size_t i = 0; i < gp->n_initializer; i++) {
     const Onnx__TensorProto *t = gp->initializer[i];
     if (!t->name || !t->name[0]) return file_err(im, "initializer %zu has no name", i), NULL;
@@ -1226,6 +1268,10 @@ qt_graph *qt_onnx_import(const char *path, const int *data_hwc, qt_onnx_info *in
   if (!g) qt_graph_free(im.g);
   onnx__model_proto__free_unpacked(m, NULL);
   free(im.syms);
+  hdestroy_r(&im.sym_index);
+  hdestroy_r(&im.node_names);
+  for (int i = 0; i < im.n_name_keys; i++) free(im.name_keys[i]);
+  free(im.name_keys);
   free(im.copies);
   free(im.absorbed);
   return g;

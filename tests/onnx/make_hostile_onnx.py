@@ -8,7 +8,11 @@ unpack ran out of stack on both, exit 139):
   100,000 messages deep (GraphProto.node -> NodeProto.attribute -> AttributeProto.g), 0.9 MB;
 - seq_nest.onnx: a graph input of type Sequence(Sequence(... 100,000 deep ...)) (TypeProto
   sequence_type -> Sequence.elem_type), 0.8 MB;
-- unnamed_input.onnx: a valid model (IR 8, opset 13, Relu) whose graph input has no name field.
+- unnamed_input.onnx: a valid model (IR 8, opset 13, Relu) whose graph input has no name field;
+- relu_100000.onnx: 100,000 Relu nodes in a chain, each named apart, whose output is the image
+  itself (refused only after every node is built: a classifier's output is (N, classes)), 3 MB;
+- relu_same_8000.onnx: the same with 8,000 Relu nodes that all have the name "r" (the importer
+  names each IR node apart: r, r_2, r_3, ...).
 
 Usage: python3 tests/onnx/make_hostile_onnx.py OUT_DIR
 """
@@ -80,10 +84,20 @@ def unnamed_input():
     return model(field_bytes(1, node) + string(2, "g") + field_bytes(11, vi) + field_bytes(12, out))
 
 
+def relu_chain(n, same_name):
+    nodes = b"".join(field_bytes(1, string(1, "t%d" % i) + string(2, "t%d" % (i + 1) if i < n - 1 else "y") +
+                                 string(3, "r" if same_name else "r%d" % i) + string(4, "Relu"))
+                     for i in range(n))
+    vi = string(1, "t0") + field_bytes(2, tensor_type_4d())
+    out = string(1, "y") + field_bytes(2, tensor_type_4d())
+    return model(nodes + string(2, "g") + field_bytes(11, vi) + field_bytes(12, out))
+
+
 def main():
     out = sys.argv[1]
     for name, data in (("nest.onnx", nest(100000)), ("seq_nest.onnx", seq_nest(100000)),
-                       ("unnamed_input.onnx", unnamed_input())):
+                       ("unnamed_input.onnx", unnamed_input()), ("relu_100000.onnx", relu_chain(100000, False)),
+                       ("relu_same_8000.onnx", relu_chain(8000, True))):
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
         print("wrote %s (%d bytes)" % (os.path.join(out, name), len(data)))
