@@ -17,7 +17,7 @@ Ours: `qat_report MODEL --backend onednn|xnnpack --images 256 --timing-batch 256
 round per round (best of --rounds); the int8 device's accuracy from one report on the whole test
 set.
 ONNX Runtime's quantize_static (QDQ, per-channel int8 weights, uint8 activations, MinMax
-calibration on 512 training images) quantizes --fp32-onnx, whose BatchNormalization nodes are set
+calibration on 512 training images; after quant_pre_process, as ORT recommends) quantizes --fp32-onnx, whose BatchNormalization nodes are set
 to inference mode; its accuracy is printed only when that file's weights are trained (give
 --fp32-onnx a trained export: the default, the architecture's committed twin, is untrained and
 times the same graph). Test accuracy of each model on the whole test set is printed beside it.
@@ -58,9 +58,14 @@ def ensure_run(build, name):
 
 
 def quantize_static(fp32_onnx, out, calib):
-    """ONNX Runtime's own PTQ of fp32_onnx (QDQ, per-channel, MinMax) into out."""
+    """ONNX Runtime's own PTQ of fp32_onnx (QDQ, per-channel, MinMax) into out, after its
+    recommended pre-processing (quant_pre_process: shape inference and ORT's graph optimizations,
+    which fold BatchNormalization into the convolutions)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static as qs
     from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    pre = out + ".pre.onnx"
+    quant_pre_process(fp32_onnx, pre)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -69,8 +74,9 @@ def quantize_static(fp32_onnx, out, calib):
         def get_next(self):
             return next(self.it, None)
 
-    qs(fp32_onnx, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
+    qs(pre, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
        weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
+    os.remove(pre)
 
 
 def ort_round(model, x256, x1, threads):
