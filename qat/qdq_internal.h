@@ -32,33 +32,33 @@
 /* Node attributes naming the tensors in param[] / buffer[] slots (file keys, fixed by the
  * format; the tensors' own names carry the op table's PyTorch suffixes: conv_bn's BN gamma and
  * beta are its BatchNorm's weight and bias). */
-extern const char *const qdq_param_slot_names[QT_MAX_PARAMS];
-extern const char *const qdq_buffer_slot_names[QT_MAX_PARAMS];
+extern const char *const qt_qdq_param_slot_names[QT_MAX_PARAMS];
+extern const char *const qt_qdq_buffer_slot_names[QT_MAX_PARAMS];
 
 /* What a file holds (root attribute `kind`): a convert graph (quantize/dequantize, integer
  * weights) or a prepared graph in eval mode (fake_quant, conv_bn, fake-quantized float weights). */
 typedef enum { KIND_QDQ, KIND_PREPARED, KIND_COUNT } graph_kind;
-extern const char *const qdq_kind_names[KIND_COUNT];  /* "qdq", "prepared" */
-extern const char *const qdq_kind_titles[KIND_COUNT]; /* "Q/DQ graphs", "prepared graphs" */
+extern const char *const qt_qdq_kind_names[KIND_COUNT];  /* "qdq", "prepared" */
+extern const char *const qt_qdq_kind_titles[KIND_COUNT]; /* "Q/DQ graphs", "prepared graphs" */
 
 /* The two kinds of quantization record, /quant/<name>/<node>. */
 typedef enum { QDQ_RECORD_ACTIVATION, QDQ_RECORD_WEIGHT, QDQ_RECORD_COUNT } qdq_record_kind;
-extern const char *const qdq_record_names[QDQ_RECORD_COUNT]; /* "activation", "weight" */
+extern const char *const qt_qdq_record_names[QDQ_RECORD_COUNT]; /* "activation", "weight" */
 
 /* ---- qdq_validate.c ------------------------------------------------------------------------- */
-void qdq_shape_str(char *buf, size_t n, int ndim, const int64_t *s);
+void qt_qdq_shape_str(char *buf, size_t n, int ndim, const int64_t *s);
 /* Node names become HDF5 link names: not empty, not ".", no '/'. */
-int qdq_bad_link_name(const char *name);
+int qt_qdq_bad_link_name(const char *name);
 /* The kind of an in-memory graph: prepared when any node is, else qdq (an fp32 graph is a
  * valid Q/DQ graph). A graph holding parts of both is refused. */
-int qdq_infer_kind(const qt_graph *g, graph_kind *kind, char *msg);
+int qt_qdq_infer_kind(const qt_graph *g, graph_kind *kind, char *msg);
 /* Shapes, ids, topological order and slots: everything but quantization records. */
-int qdq_validate_structure(const qt_graph *g, graph_kind kind, char *msg);
+int qt_qdq_validate_structure(const qt_graph *g, graph_kind kind, char *msg);
 /* Quantization records: ranges, channels, scales, zero points, integer weights. */
-int qdq_validate_quant(const qt_graph *g, graph_kind kind, char *msg);
+int qt_qdq_validate_quant(const qt_graph *g, graph_kind kind, char *msg);
 /* The quantization axis of a record: -1 per tensor; weights: 0 (OIHW output channels);
  * activations: the last axis of the (N, ...) tensor, the channel of NHWC. */
-int qdq_record_axis(const qt_qspec *s, int is_weight, int value_ndim);
+int qt_qdq_record_axis(const qt_qspec *s, int is_weight, int value_ndim);
 
 /* ---- qdq_write.c ---------------------------------------------------------------------------- */
 typedef struct {
@@ -69,16 +69,16 @@ typedef struct {
 typedef enum { WI_U8, WI_I8, WI_I16, WI_I32 } weight_int_kind;
 
 /* One quantization record of node `node`; with_state adds the training state (checkpoints). */
-int qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, const qt_qstate *q, int is_weight,
+int qt_qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, const qt_qstate *q, int is_weight,
                       int with_state);
 
 /* ---- qdq_read.c ----------------------------------------------------------------------------- */
 /* Reads /quant/<kind>/<node name> of node `node` of g into a new qstate (*out); weight records
  * hold integer weights in Q/DQ graphs and none in prepared graphs. */
-int qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph, const qt_graph *g, int node,
+int qt_qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph, const qt_graph *g, int node,
                          qt_qstate **out, char *msg);
 /* Every record in /quant/<kind> must belong to a node that has it. */
-int qdq_check_records_claimed(hid_t gk, qdq_record_kind kind, const qt_graph *g, char *msg);
+int qt_qdq_check_records_claimed(hid_t gk, qdq_record_kind kind, const qt_graph *g, char *msg);
 
 /* Attribute and dataset readers (base/h5.h without a file prefix: the caller adds it). */
 static inline int read_attr_ints(hid_t loc, const char *obj, const char *name, int *v, int min_n, int max_n, int *n,

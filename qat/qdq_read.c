@@ -97,7 +97,7 @@ static int read_node(hid_t gn, const char *link, int n_nodes, node_rec *recs, ch
     qt_err(msg, "%s: attribute index is %d, the group name says %ld", obj, index, idx);
     goto done;
   }
-  if (qdq_bad_link_name(r->name)) {
+  if (qt_qdq_bad_link_name(r->name)) {
     qt_err(msg, "%s: node name '%s' is empty, '.' or holds '/'", obj, r->name);
     goto done;
   }
@@ -118,11 +118,11 @@ static int read_node(hid_t gn, const char *link, int n_nodes, node_rec *recs, ch
       read_attr_float(g, obj, "momentum", &a->momentum, msg) || read_attr_flag(g, obj, "bn_frozen", &r->bn_frozen, msg))
     goto done;
   for (int k = 0; k < QT_MAX_PARAMS; k++) {
-    if (H5Aexists(g, qdq_param_slot_names[k]) != 0 &&
-        read_attr_str(g, obj, qdq_param_slot_names[k], r->param[k], sizeof r->param[k], msg))
+    if (H5Aexists(g, qt_qdq_param_slot_names[k]) != 0 &&
+        read_attr_str(g, obj, qt_qdq_param_slot_names[k], r->param[k], sizeof r->param[k], msg))
       goto done;
-    if (H5Aexists(g, qdq_buffer_slot_names[k]) != 0 &&
-        read_attr_str(g, obj, qdq_buffer_slot_names[k], r->buffer[k], sizeof r->buffer[k], msg))
+    if (H5Aexists(g, qt_qdq_buffer_slot_names[k]) != 0 &&
+        read_attr_str(g, obj, qt_qdq_buffer_slot_names[k], r->buffer[k], sizeof r->buffer[k], msg))
       goto done;
   }
   rc = 0;
@@ -157,12 +157,12 @@ static int read_tensor(hid_t gt, const char *name, int n_tensors, int n_nodes, t
 /* Reads /quant/<kind>/<node name> of node `node` of g into a new qstate (*out); weight records
  * hold integer weights in Q/DQ graphs and none in prepared graphs. read_qrecord puts it on the
  * node. */
-int qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph, const qt_graph *g, int node,
+int qt_qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph, const qt_graph *g, int node,
                            qt_qstate **out, char *msg) {
   const qt_node *n = &g->nodes[node];
   const int is_weight = kind == QDQ_RECORD_WEIGHT;
   char obj[QT_NAME_LEN + 32];
-  snprintf(obj, sizeof obj, "/quant/%s/%s", qdq_record_names[kind], n->name);
+  snprintf(obj, sizeof obj, "/quant/%s/%s", qt_qdq_record_names[kind], n->name);
   hid_t r = qdq_group_open(parent, "/quant", n->name, msg);
   if (r < 0) return -1;
   int rc = -1, at_node = -1, axis = 0, channels = 0;
@@ -190,9 +190,9 @@ int qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph, c
     goto done;
   }
   const qt_value *x = &g->values[n->n_inputs ? n->inputs[0] : n->output];
-  if (axis != qdq_record_axis(&s, is_weight, x->ndim)) {
-    qt_err(msg, "%s: axis %d, want %d for a %s %s record", obj, axis, qdq_record_axis(&s, is_weight, x->ndim),
-         s.per_channel ? "per-channel" : "per-tensor", qdq_record_names[kind]);
+  if (axis != qt_qdq_record_axis(&s, is_weight, x->ndim)) {
+    qt_err(msg, "%s: axis %d, want %d for a %s %s record", obj, axis, qt_qdq_record_axis(&s, is_weight, x->ndim),
+         s.per_channel ? "per-channel" : "per-tensor", qt_qdq_record_names[kind]);
     goto done;
   }
   if (channels < 1 || channels > QDQ_MAX_CHANNELS) {
@@ -293,16 +293,16 @@ done:
 
 static int read_qrecord(hid_t parent, qdq_record_kind kind, graph_kind graph, qt_graph *g, int node, char *msg) {
   qt_qstate *q = NULL;
-  if (qdq_read_qrecord_new(parent, kind, graph, g, node, &q, msg)) return -1;
+  if (qt_qdq_read_qrecord_new(parent, kind, graph, g, node, &q, msg)) return -1;
   if (kind == QDQ_RECORD_WEIGHT) g->nodes[node].wq = q;
   else g->nodes[node].q = q;
   return 0;
 }
 
 /* Every record in /quant/<kind> must belong to a node that has it. */
-int qdq_check_records_claimed(hid_t gk, qdq_record_kind kind, const qt_graph *g, char *msg) {
+int qt_qdq_check_records_claimed(hid_t gk, qdq_record_kind kind, const qt_graph *g, char *msg) {
   char obj[32];
-  snprintf(obj, sizeof obj, "/quant/%s", qdq_record_names[kind]);
+  snprintf(obj, sizeof obj, "/quant/%s", qt_qdq_record_names[kind]);
   int count = group_count(gk, obj, QDQ_MAX_NODES, msg);
   char *names = count < 0 ? NULL : list_links(gk, obj, count, QT_NAME_LEN, msg);
   if (!names) return -1;
@@ -405,12 +405,12 @@ static qt_graph *load_graph(hid_t f, char *msg) {
     }
     if (has > 0) {
       if (read_attr_str(f, "/", "kind", ks, sizeof ks, msg)) goto done;
-      if (strcmp(ks, qdq_kind_names[KIND_QDQ]) == 0) {
+      if (strcmp(ks, qt_qdq_kind_names[KIND_QDQ]) == 0) {
         kind = KIND_QDQ;
-      } else if (strcmp(ks, qdq_kind_names[KIND_PREPARED]) == 0) {
+      } else if (strcmp(ks, qt_qdq_kind_names[KIND_PREPARED]) == 0) {
         kind = KIND_PREPARED;
       } else {
-        qt_err(msg, "kind is '%s', want '%s' or '%s'", ks, qdq_kind_names[KIND_QDQ], qdq_kind_names[KIND_PREPARED]);
+        qt_err(msg, "kind is '%s', want '%s' or '%s'", ks, qt_qdq_kind_names[KIND_QDQ], qt_qdq_kind_names[KIND_PREPARED]);
         goto done;
       }
     }
@@ -559,13 +559,13 @@ static qt_graph *load_graph(hid_t f, char *msg) {
         int t = qt_graph_find_tensor(g, ref);
         if (t < 0) {
           qt_err(msg, "node %d '%s': %s tensor '%s' is not in /tensors", i, nodes[i].name,
-               b ? qdq_buffer_slot_names[k] : qdq_param_slot_names[k], ref);
+               b ? qt_qdq_buffer_slot_names[k] : qt_qdq_param_slot_names[k], ref);
           goto done;
         }
         if (b) g->nodes[i].buffer[k] = t;
         else g->nodes[i].param[k] = t;
       }
-  if (qdq_validate_structure(g, kind, msg)) goto done;
+  if (qt_qdq_validate_structure(g, kind, msg)) goto done;
   for (int t = 0; t < n_tensors; t++) {
     const qt_node *n = &g->nodes[g->tensors[t].node];
     int used = 0;
@@ -597,8 +597,8 @@ static qt_graph *load_graph(hid_t f, char *msg) {
       goto done;
     if (H5Lexists(gw, g->nodes[i].name, H5P_DEFAULT) != 0 && read_qrecord(gw, QDQ_RECORD_WEIGHT, kind, g, i, msg)) goto done;
   }
-  if (qdq_check_records_claimed(ga, QDQ_RECORD_ACTIVATION, g, msg) || qdq_check_records_claimed(gw, QDQ_RECORD_WEIGHT, g, msg) ||
-      qdq_validate_quant(g, kind, msg))
+  if (qt_qdq_check_records_claimed(ga, QDQ_RECORD_ACTIVATION, g, msg) || qt_qdq_check_records_claimed(gw, QDQ_RECORD_WEIGHT, g, msg) ||
+      qt_qdq_validate_quant(g, kind, msg))
     goto done;
   if (read_input_preprocessing(f, g, msg)) goto done;
   qt_graph_set_training(g, 0);

@@ -9,20 +9,20 @@
 
 #include "qat/qdq_internal.h"
 
-const char *const qdq_param_slot_names[QT_MAX_PARAMS] = {"weight", "bias", "bn_weight", "bn_bias"};
-const char *const qdq_buffer_slot_names[QT_MAX_PARAMS] = {"running_mean", "running_var", "buffer2", "buffer3"};
-const char *const qdq_kind_names[KIND_COUNT] = {"qdq", "prepared"};
-const char *const qdq_kind_titles[KIND_COUNT] = {"Q/DQ graphs", "prepared graphs"};
-const char *const qdq_record_names[QDQ_RECORD_COUNT] = {"activation", "weight"};
+const char *const qt_qdq_param_slot_names[QT_MAX_PARAMS] = {"weight", "bias", "bn_weight", "bn_bias"};
+const char *const qt_qdq_buffer_slot_names[QT_MAX_PARAMS] = {"running_mean", "running_var", "buffer2", "buffer3"};
+const char *const qt_qdq_kind_names[KIND_COUNT] = {"qdq", "prepared"};
+const char *const qt_qdq_kind_titles[KIND_COUNT] = {"Q/DQ graphs", "prepared graphs"};
+const char *const qt_qdq_record_names[QDQ_RECORD_COUNT] = {"activation", "weight"};
 
-void qdq_shape_str(char *buf, size_t n, int ndim, const int64_t *s) {
+void qt_qdq_shape_str(char *buf, size_t n, int ndim, const int64_t *s) {
   size_t k = (size_t)snprintf(buf, n, "(");
   for (int i = 0; i < ndim && k < n; i++) k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)s[i]);
   if (k < n) snprintf(buf + k, n - k, ")");
 }
 
 /* Node names become HDF5 link names: not empty, not ".", no '/'. */
-int qdq_bad_link_name(const char *name) { return !name[0] || !strcmp(name, ".") || strchr(name, '/') != NULL; }
+int qt_qdq_bad_link_name(const char *name) { return !name[0] || !strcmp(name, ".") || strchr(name, '/') != NULL; }
 /* Which kind node n belongs to by itself: -1 when it fits both (fp32 ops). `why` says so. */
 static int node_kind(const qt_node *n, char *why, size_t len) {
   if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN || n->op == QT_OP_QUANTIZE || n->op == QT_OP_DEQUANTIZE) {
@@ -39,7 +39,7 @@ static int node_kind(const qt_node *n, char *why, size_t len) {
 
 /* The kind of an in-memory graph: prepared when any node is, else qdq (an fp32 graph is a
  * valid Q/DQ graph). A graph holding parts of both is refused. */
-int qdq_infer_kind(const qt_graph *g, graph_kind *kind, char *msg) {
+int qt_qdq_infer_kind(const qt_graph *g, graph_kind *kind, char *msg) {
   int first[KIND_COUNT] = {-1, -1};
   char why[KIND_COUNT][96];
   for (int i = 0; i < g->n_nodes; i++) {
@@ -79,14 +79,14 @@ static int check_vector(const qt_graph *g, const char *where, int t, int64_t len
   const qt_param *p = &g->tensors[t];
   if (p->ndim != 1 || p->shape[0] != len) {
     char s[96];
-    qdq_shape_str(s, sizeof s, p->ndim, p->shape);
+    qt_qdq_shape_str(s, sizeof s, p->ndim, p->shape);
     return qt_err(msg, "%s: tensor '%s' has shape %s, want (%lld)", where, p->name, s, (long long)len);
   }
   return 0;
 }
 
 /* Shapes, ids, topological order and slots: everything but quantization records. */
-int qdq_validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
+int qt_qdq_validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
   if (g->n_nodes < 1) return qt_err(msg, "graph '%s' has no nodes", g->name);
   for (int v = 0; v < g->n_values; v++) {
     const qt_value *val = &g->values[v];
@@ -124,7 +124,7 @@ int qdq_validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
     if ((n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN) && kind == KIND_QDQ)
       return qt_err(msg, "%s: op '%s' belongs to prepared graphs, not to a Q/DQ graph (run qt_convert first)", where, op);
     if (nk >= 0 && nk != (int)kind)
-      return qt_err(msg, "%s: %s belongs to %s, not to %s", where, why, qdq_kind_titles[nk], qdq_kind_titles[kind]);
+      return qt_err(msg, "%s: %s belongs to %s, not to %s", where, why, qt_qdq_kind_titles[nk], qt_qdq_kind_titles[kind]);
     const qt_op_info *info = qt_op_info_get(n->op);
     if (n->n_inputs < info->min_inputs || n->n_inputs > info->max_inputs)
       return qt_err(msg, "%s: op '%s' takes %d input(s), has %d", where, op, info->min_inputs, n->n_inputs);
@@ -152,8 +152,8 @@ int qdq_validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
         return qt_err(msg, "%s: the graph input is value %d, this input node produces %d", where, g->input, n->output);
     }
     for (int k = 0; k < QT_MAX_PARAMS; k++) {
-      if (check_slot(g, where, n->op, n->param[k], info->param_use[k], 0, qdq_param_slot_names[k], msg) ||
-          check_slot(g, where, n->op, n->buffer[k], info->buffer_use[k], 1, qdq_buffer_slot_names[k], msg))
+      if (check_slot(g, where, n->op, n->param[k], info->param_use[k], 0, qt_qdq_param_slot_names[k], msg) ||
+          check_slot(g, where, n->op, n->buffer[k], info->buffer_use[k], 1, qt_qdq_buffer_slot_names[k], msg))
         return -1;
     }
     const qt_value *x = n->n_inputs ? &g->values[n->inputs[0]] : NULL, *y = &g->values[n->output];
@@ -173,7 +173,7 @@ int qdq_validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
         if (x->ndim != 3) return qt_err(msg, "%s: %s input '%s' is not an image (H, W, C)", where, op, x->name);
         if (W->ndim != 4)
           return qt_err(msg, "%s: weight '%s' is %d-D, %s wants 4-D (OC, C/groups, KH, KW)", where, W->name, W->ndim, op);
-        qdq_shape_str(s1, sizeof s1, W->ndim, W->shape);
+        qt_qdq_shape_str(s1, sizeof s1, W->ndim, W->shape);
         const int64_t C = x->shape[2], OC = W->shape[0];
         if (a->groups < 1 || C % a->groups || OC % a->groups || W->shape[1] * a->groups != C)
           return qt_err(msg, "%s: weight '%s' %s does not fit %lld input channels with groups %d", where, W->name, s1,
@@ -232,8 +232,8 @@ int qdq_validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
     int same = y->ndim == want_nd;
     for (int d = 0; same && d < want_nd; d++) same = y->shape[d] == want[d];
     if (!same) {
-      qdq_shape_str(s1, sizeof s1, y->ndim, y->shape);
-      qdq_shape_str(s2, sizeof s2, want_nd, want);
+      qt_qdq_shape_str(s1, sizeof s1, y->ndim, y->shape);
+      qt_qdq_shape_str(s2, sizeof s2, want_nd, want);
       return qt_err(msg, "%s: output value '%s' has shape %s, op '%s' computes %s", where, y->name, s1, op, s2);
     }
   }
@@ -245,7 +245,7 @@ int qdq_validate_structure(const qt_graph *g, graph_kind kind, char *msg) {
 
 /* The quantization axis of a record: -1 per tensor; weights: 0 (OIHW output channels);
  * activations: the last axis of the (N, ...) tensor, the channel of NHWC. */
-int qdq_record_axis(const qt_qspec *s, int is_weight, int value_ndim) {
+int qt_qdq_record_axis(const qt_qspec *s, int is_weight, int value_ndim) {
   return !s->per_channel ? -1 : is_weight ? 0 : value_ndim;
 }
 
@@ -329,7 +329,7 @@ static int check_bias(const qt_graph *g, int i, graph_kind kind, const char *whe
   return 0;
 }
 
-int qdq_validate_quant(const qt_graph *g, graph_kind kind, char *msg) {
+int qt_qdq_validate_quant(const qt_graph *g, graph_kind kind, char *msg) {
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     char where[QT_NAME_LEN + 32];

@@ -49,7 +49,7 @@ static int write_train_state(hid_t r, const qt_graph *g, const qt_qstate *q) {
 }
 
 /* One quantization record; with_state adds the training state (checkpoints). */
-int qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, const qt_qstate *q, int is_weight,
+int qt_qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, const qt_qstate *q, int is_weight,
                          int with_state) {
   const qt_node *n = &g->nodes[node];
   snprintf(w->where, sizeof w->where, "/quant/%s/%s", is_weight ? "weight" : "activation", n->name);
@@ -60,7 +60,7 @@ int qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, cons
   int bad = qt_h5_attr_write_int(r, "node", node) || qt_h5_attr_write_int(r, "bits", s->bits) || qt_h5_attr_write_int(r, "qmin", s->qmin) ||
             qt_h5_attr_write_int(r, "qmax", s->qmax) || qt_h5_attr_write_int(r, "signed", s->is_signed ? 1 : 0) ||
             qt_h5_attr_write_int(r, "symmetric", s->symmetric ? 1 : 0) || qt_h5_attr_write_int(r, "per_channel", s->per_channel ? 1 : 0) ||
-            qt_h5_attr_write_int(r, "axis", qdq_record_axis(s, is_weight, x->ndim)) || qt_h5_attr_write_int(r, "channels", q->channels) ||
+            qt_h5_attr_write_int(r, "axis", qt_qdq_record_axis(s, is_weight, x->ndim)) || qt_h5_attr_write_int(r, "channels", q->channels) ||
             qt_h5_attr_write_str(r, "observer", qt_observer_kind_name(s->observer)) ||
             qt_h5_attr_write_str(r, "method", qt_range_method_name(s->method)) || qt_h5_attr_write_float(r, "percentile", s->percentile);
   hsize_t ch[1] = {(hsize_t)q->channels};
@@ -122,7 +122,7 @@ static int write_input_preprocessing(writer *w, hid_t f, const qt_graph *g) {
 static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
   snprintf(w->where, sizeof w->where, "the root attributes");
   if (qt_h5_attr_write_str(f, "format", QDQ_FORMAT) || qt_h5_attr_write_int(f, "format_version", QDQ_VERSION) ||
-      qt_h5_attr_write_str(f, "kind", qdq_kind_names[kind]) || qt_h5_attr_write_str(f, "name", g->name) ||
+      qt_h5_attr_write_str(f, "kind", qt_qdq_kind_names[kind]) || qt_h5_attr_write_str(f, "name", g->name) ||
       qt_h5_attr_write_int(f, "input", g->input) || qt_h5_attr_write_int(f, "output", g->output) || qt_h5_attr_write_int(f, "n_nodes", g->n_nodes) ||
       qt_h5_attr_write_int(f, "n_values", g->n_values) || qt_h5_attr_write_int(f, "n_tensors", g->n_tensors) ||
       qt_h5_attr_write_str(f, "layout", "activations NHWC, weights OIHW, per-sample value shapes"))
@@ -200,8 +200,8 @@ static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
           qt_h5_attr_write_float(ng, "eps", a->eps) || qt_h5_attr_write_float(ng, "momentum", a->momentum) ||
           qt_h5_attr_write_int(ng, "bn_frozen", n->bn_frozen);
     for (int k = 0; k < QT_MAX_PARAMS && !bad; k++) {
-      if (n->param[k] >= 0) bad = qt_h5_attr_write_str(ng, qdq_param_slot_names[k], g->tensors[n->param[k]].name);
-      if (!bad && n->buffer[k] >= 0) bad = qt_h5_attr_write_str(ng, qdq_buffer_slot_names[k], g->tensors[n->buffer[k]].name);
+      if (n->param[k] >= 0) bad = qt_h5_attr_write_str(ng, qt_qdq_param_slot_names[k], g->tensors[n->param[k]].name);
+      if (!bad && n->buffer[k] >= 0) bad = qt_h5_attr_write_str(ng, qt_qdq_buffer_slot_names[k], g->tensors[n->buffer[k]].name);
     }
     bad |= H5Gclose(ng) < 0;
   }
@@ -215,8 +215,8 @@ static int write_graph(writer *w, hid_t f, const qt_graph *g, graph_kind kind) {
   hid_t ga = qt_h5_group_create(gq, "activation"), gw = qt_h5_group_create(gq, "weight");
   bad = ga < 0 || gw < 0;
   for (int i = 0; i < g->n_nodes && !bad; i++) {
-    if (g->nodes[i].q) bad = qdq_write_qrecord(w, ga, g, i, g->nodes[i].q, 0, 0);
-    if (!bad && g->nodes[i].wq) bad = qdq_write_qrecord(w, gw, g, i, g->nodes[i].wq, 1, 0);
+    if (g->nodes[i].q) bad = qt_qdq_write_qrecord(w, ga, g, i, g->nodes[i].q, 0, 0);
+    if (!bad && g->nodes[i].wq) bad = qt_qdq_write_qrecord(w, gw, g, i, g->nodes[i].wq, 1, 0);
   }
   if (ga >= 0) bad |= H5Gclose(ga) < 0;
   if (gw >= 0) bad |= H5Gclose(gw) < 0;
@@ -231,7 +231,7 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
   char msg[QT_ERR_LEN];
   if (!g->finalized) return qt_err(err, "qdq save '%s': graph '%s' is not finalized", path, g->name);
   for (int i = 0; i < g->n_nodes; i++)
-    if (qdq_bad_link_name(g->nodes[i].name))
+    if (qt_qdq_bad_link_name(g->nodes[i].name))
       return qt_err(err, "qdq save '%s': node %d name '%s' is empty, '.' or holds '/', which an HDF5 name cannot", path, i,
                   g->nodes[i].name);
   for (int t = 0; t < g->n_tensors; t++) {
@@ -244,7 +244,7 @@ int qt_qdq_save(const char *path, const qt_graph *g, char *err) {
                   p->node);
   }
   graph_kind kind = KIND_QDQ;
-  if (qdq_infer_kind(g, &kind, msg) || qdq_validate_structure(g, kind, msg) || qdq_validate_quant(g, kind, msg) ||
+  if (qt_qdq_infer_kind(g, &kind, msg) || qt_qdq_validate_structure(g, kind, msg) || qt_qdq_validate_quant(g, kind, msg) ||
       (g->input_pre.set && qt_input_preprocessing_check(g, &g->input_pre, msg)))
     return qt_err(err, "qdq save '%s': %s", path, msg);
 

@@ -27,19 +27,19 @@ int qt_graph_has_quant_state(const qt_graph *g) {
 int qt_quant_state_write(hid_t f, const qt_graph *g, char *err) {
   qt_h5_quiet();
   for (int i = 0; i < g->n_nodes; i++)
-    if (qdq_bad_link_name(g->nodes[i].name))
+    if (qt_qdq_bad_link_name(g->nodes[i].name))
       return qt_err(err, "/quant: node %d name '%s' is empty, '.' or holds '/', which an HDF5 name cannot", i,
                   g->nodes[i].name);
   writer w;
   snprintf(w.where, sizeof w.where, "/quant");
   hid_t gq = qt_h5_group_create(f, "quant");
   int bad = gq < 0 || qt_h5_attr_write_str(gq, "format", QSTATE_FORMAT) || qt_h5_attr_write_int(gq, "format_version", QSTATE_VERSION);
-  hid_t ga = bad ? -1 : qt_h5_group_create(gq, qdq_record_names[QDQ_RECORD_ACTIVATION]),
-        gw = bad ? -1 : qt_h5_group_create(gq, qdq_record_names[QDQ_RECORD_WEIGHT]);
+  hid_t ga = bad ? -1 : qt_h5_group_create(gq, qt_qdq_record_names[QDQ_RECORD_ACTIVATION]),
+        gw = bad ? -1 : qt_h5_group_create(gq, qt_qdq_record_names[QDQ_RECORD_WEIGHT]);
   bad = bad || ga < 0 || gw < 0;
   for (int i = 0; i < g->n_nodes && !bad; i++) {
-    if (g->nodes[i].q) bad = qdq_write_qrecord(&w, ga, g, i, g->nodes[i].q, 0, 1);
-    if (!bad && g->nodes[i].wq) bad = qdq_write_qrecord(&w, gw, g, i, g->nodes[i].wq, 1, 1);
+    if (g->nodes[i].q) bad = qt_qdq_write_qrecord(&w, ga, g, i, g->nodes[i].q, 0, 1);
+    if (!bad && g->nodes[i].wq) bad = qt_qdq_write_qrecord(&w, gw, g, i, g->nodes[i].wq, 1, 1);
   }
   if (!bad) snprintf(w.where, sizeof w.where, "/quant/bn");
   hid_t gb = bad ? -1 : qt_h5_group_create(gq, "bn");
@@ -133,7 +133,7 @@ static int observer_state_check(const char *obj, qt_observer_kind k, int initial
   return 0;
 }
 
-/* Reads the training state of the record group r into q (made by qdq_read_qrecord_new from the
+/* Reads the training state of the record group r into q (made by qt_qdq_read_qrecord_new from the
  * same group) and checks it against the graph's own state `want`. */
 static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qstate *q, const qt_qstate *want,
                             char *msg) {
@@ -238,14 +238,14 @@ static int read_state_record(hid_t gk, qdq_record_kind kind, const qt_graph *g, 
   const qt_node *n = &g->nodes[i];
   const qt_qstate *want = kind == QDQ_RECORD_WEIGHT ? n->wq : n->q;
   char obj[QT_NAME_LEN + 32];
-  snprintf(obj, sizeof obj, "/quant/%s/%s", qdq_record_names[kind], n->name);
+  snprintf(obj, sizeof obj, "/quant/%s/%s", qt_qdq_record_names[kind], n->name);
   htri_t has = H5Lexists(gk, n->name, H5P_DEFAULT);
   if (has < 0) return qt_err(msg, "%s: cannot look up the record (corrupt file?)", obj);
   if (!has)
     return qt_err(msg, "%s: missing: this run's prepared graph quantizes %s %s, the checkpoint does not", obj,
                 kind == QDQ_RECORD_WEIGHT ? "the weight of" : "the activation at", n->name);
   qt_qstate *q = NULL;
-  if (qdq_read_qrecord_new(gk, kind, KIND_PREPARED, g, i, &q, msg)) return -1;
+  if (qt_qdq_read_qrecord_new(gk, kind, KIND_PREPARED, g, i, &q, msg)) return -1;
   hid_t r = -1;
   int rc = same_spec(obj, q, want, msg);
   if (!rc && (r = qdq_group_open(gk, "/quant", n->name, msg)) < 0) rc = -1;
@@ -298,7 +298,7 @@ qt_quant_state *qt_quant_state_read(hid_t f, const qt_graph *g, char *err) {
          QSTATE_VERSION);
     goto done;
   }
-  if ((ga = qdq_group_open(gq, "/quant", qdq_record_names[QDQ_RECORD_ACTIVATION], err)) < 0 || (gw = qdq_group_open(gq, "/quant", qdq_record_names[QDQ_RECORD_WEIGHT], err)) < 0 ||
+  if ((ga = qdq_group_open(gq, "/quant", qt_qdq_record_names[QDQ_RECORD_ACTIVATION], err)) < 0 || (gw = qdq_group_open(gq, "/quant", qt_qdq_record_names[QDQ_RECORD_WEIGHT], err)) < 0 ||
       (gb = qdq_group_open(gq, "/quant", "bn", err)) < 0)
     goto done;
   for (int i = 0; i < g->n_nodes; i++) {
@@ -318,8 +318,8 @@ qt_quant_state *qt_quant_state_read(hid_t f, const qt_graph *g, char *err) {
       if (read_attr_flag(gb, "/quant/bn", n->name, &s->bn_frozen[i], err)) goto done;
     }
   }
-  if (qdq_check_records_claimed(ga, QDQ_RECORD_ACTIVATION, g, err) ||
-      qdq_check_records_claimed(gw, QDQ_RECORD_WEIGHT, g, err)) goto done;
+  if (qt_qdq_check_records_claimed(ga, QDQ_RECORD_ACTIVATION, g, err) ||
+      qt_qdq_check_records_claimed(gw, QDQ_RECORD_WEIGHT, g, err)) goto done;
   bn_check bc = {g, err};
   hsize_t idx = 0;
   if (H5Aiterate2(gb, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, bn_attr_known, &bc) < 0) {

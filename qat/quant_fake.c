@@ -16,9 +16,9 @@
 #include <string.h>
 
 #include "qat/quant.h"
+#include "qat/quant_assert.h"
 #include "qat/quant_elem.h"
 
-#define QUANT_ASSERT(cond, msg) QT_ASSERT(cond, "invariant broken: %s", msg)
 
 
 static void check_view(int64_t outer, int channels, int64_t inner, const float *scale, const int32_t *zero_point,

@@ -29,8 +29,8 @@
 #include <string.h>
 
 #include "qat/quant.h"
+#include "qat/quant_assert.h"
 
-#define QUANT_ASSERT(cond, msg) QT_ASSERT(cond, "invariant broken: %s", msg)
 
 #define QUANT_PARALLEL_MIN 32768
 #define HIST_MIN_BINS 8

@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "qat/quant.h"
+#include "qat/quant_assert.h"
 
-#define QUANT_ASSERT(cond, msg) QT_ASSERT(cond, "invariant broken: %s", msg)
 
 int qt_qrange(int bits, int is_signed, int *qmin, int *qmax) {
   if (bits < 2 || bits > 8) return -1;
