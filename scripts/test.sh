@@ -3,8 +3,17 @@
 # 1.5 of them the quick experiment grid, half a minute the quick backends table; the whole of
 # .ci/run, with its three builds, the sanitizer pass and the fuzz smoke run: 14 minutes once the
 # packages are installed).
+#   bash scripts/test.sh [CMAKE_ARGS...]   # set up, build, the whole suite
+#   bash scripts/test.sh --quick           # build (build/ must exist) and the unit tests only:
+#                                          # no training runs, grids, ONNX Runtime, MPI or tests
+#                                          # labelled long (over about 5 s)
 # Extra arguments go to scripts/setup.sh's cmake (CI passes -DQT_WERROR=ON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--quick" ]; then
+  [ -d build ] || { echo "test.sh --quick: no build/ yet: run bash scripts/test.sh (or scripts/setup.sh) once" >&2; exit 1; }
+  cmake --build build -j"$(nproc)"
+  exec ctest --test-dir build --output-on-failure -j2 -LE "e2e|grid|slow|ort|mpi|bench|onnx|long"
+fi
 bash scripts/setup.sh "$@"
 ctest --test-dir build --output-on-failure -j2
