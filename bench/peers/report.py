@@ -4,7 +4,8 @@
 
 Reads WORK/pt2e.json, WORK/train_speed.json, WORK/int8_infer.json (what pt2e.py,
 train_speed.py and int8_infer.py wrote), WORK/steps.json (run_all.sh's commands and exit
-statuses), bench/peers/.venv/install_report.json and pip_freeze.txt (setup_peers.sh), and
+statuses), bench/peers/.venv/install_report.json and pip_freeze.txt (setup_peers.sh),
+experiments/results/ort.json (bench/bench_ort.py --json: ONNX Runtime's speed rows), and
 writes OUT.json (all of it, with the machine) and OUT.md: one table per question, then every
 failure with its error. Python standard library only.
 """
@@ -223,16 +224,37 @@ def infer_tables(res, fails):
     return speed, acc
 
 
+def ort_table(res):
+    """bench/bench_ort.py's JSON (ONNX Runtime against our devices), when it was written."""
+    if not res:
+        return ["No result file: run `.venv/bin/python bench/bench_ort.py --json experiments/results/ort.json` "
+                "(the test environment of scripts/setup.sh)."]
+    out = ["From `%s` (ONNX Runtime %s, %s threads, best of %s rounds; batch 256: images/s over 8 batches; "
+           "batch 1: median ms of 512 single-image calls, best round; %s). FashionCNN; our QAT example models "
+           "(`experiments/fashion_cnn_qat_w*.ini`), exported with qat_export and run in ONNX Runtime, beside our "
+           "int8 devices; ONNX Runtime's own quantize_static of the fp32 model (after quant_pre_process) and the "
+           "fp32 model in ONNX Runtime. Accuracy on the 10,000 test images."
+           % (res.get("command"), res.get("onnxruntime"), res.get("threads"), res.get("rounds"),
+              (res.get("cpu") or "").split(":")[-1].strip())]
+    table = [[r["name"], num(r.get("best_ips")), num(r.get("best_ms1"), "%.3f"), pct(r.get("accuracy"))]
+             for r in res["rows"]]
+    out.append(md_table(["model and engine", "images/s, batch 256", "batch-1 ms", "accuracy %"], table))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", default=os.path.join(HERE, "work"))
     ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "peers"))
     ap.add_argument("--title", default="Peers, side by side on our models")
     ap.add_argument("--note", default="", help="a line under the title (e.g. that this is a smoke run)")
+    ap.add_argument("--ort", default=os.path.join(ROOT, "experiments", "results", "ort.json"),
+                    help="bench/bench_ort.py's --json output")
     a = ap.parse_args()
     pt2e = read_json(os.path.join(a.work, "pt2e.json"))
     train = read_json(os.path.join(a.work, "train_speed.json"))
     infer = read_json(os.path.join(a.work, "int8_infer.json"))
+    ort = read_json(a.ort)
     steps = read_json(os.path.join(a.work, "steps.json")) or []
     install = read_json(os.path.join(VENV, "install_report.json"))
     try:
@@ -244,7 +266,7 @@ def main():
     fails = Failures()
     allres = {"title": a.title, "note": a.note, "written": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": mach,
               "install": install, "pip_freeze": freeze, "steps": steps, "pt2e": pt2e, "train_speed": train,
-              "int8_infer": infer}
+              "int8_infer": infer, "ort": ort}
     md = ["# %s" % a.title, ""]
     if a.note:
         md += ["**%s**" % a.note, ""]
@@ -266,6 +288,7 @@ def main():
     md += ["## fp32 training speed: PyTorch 2.x against this framework", ""] + train_table(train, fails) + [""]
     speed, acc = infer_tables(infer, fails)
     md += ["## int8 inference: ExecuTorch XNNPACK against this framework's devices", ""] + speed + [""]
+    md += ["## int8 inference: ONNX Runtime against this framework's devices", ""] + ort_table(ort) + [""]
     md += ["## PTQ accuracy of other toolkits: ONNX Runtime quantize_static, AIMET AdaRound, NNCF", ""] + acc + [""]
     md += ["## Commands", ""]
     if steps:
