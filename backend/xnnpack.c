@@ -589,7 +589,7 @@ static void lower_fallback(lowering *L, int i, const char *reason) {
  * fp32 (conv2, relu2, pool2 as fallbacks), batch 256, 2 threads, libgomp's default policy, on a
  * loaded machine (load 9 on 2 cores): 1.9k images/s and 284 CPU ms per 1000 images with the
  * fallbacks on two OpenMP threads and no pool yield, 2.7k and 146 ms now (PASSIVE, fallbacks on
- * two threads: 2.5k -> 4.1k, 222 -> 142 ms with the yield; README, XNNPACK). */
+ * two threads: 2.5k -> 4.1k, 222 -> 142 ms with the yield; docs/deployment.md, XNNPACK). */
 static int omp_workers_spin(void) {
   const char *count = getenv("GOMP_SPINCOUNT"), *policy = getenv("OMP_WAIT_POLICY");
   if (count && *count) return strtod(count, NULL) != 0; /* "infinity" and the like: spins */

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The speed figures of the README on both oneDNN ISAs of this machine, one after the other: the
+# The speed figures of docs/performance.md on both oneDNN ISAs of this machine, one after the other: the
 # native one (AVX-512 with VNNI here) and AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, which the oneDNN inside
 # PyTorch honours too; ATEN_CPU_CAPABILITY=avx2 puts PyTorch's own kernels on AVX2 as well).
 # Each benchmark compares with PyTorch side by side in its own run, as it does alone:

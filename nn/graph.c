@@ -557,7 +557,7 @@ static qt_tensor *effective_weight(qt_graph *g, qt_ctx *ctx, qt_node *n, qt_tens
      * a layer's weights). N = one channel's count made each channel's scale step sqrt(channels)
      * times larger, and at 8 bits scales overshot into the range where every weight of the
      * channel rounds to 0, where their gradient vanishes (ResCNN W8A8: scales 200x the channel's
-     * max/Qp, 84.17% after one epoch against 89.14% with this N; README "LSQ at 8 bits"). */
+     * max/Qp, 84.17% after one epoch against 89.14% with this N; docs/experiments.md, "LSQ at 8 bits"). */
     return qt_fake_quant_lsq(ctx, w, 1, q->channels, inner, st, q->zero_point, q->spec.qmin, q->spec.qmax,
                              1.0f / sqrtf((float)numel * (float)q->spec.qmax));
   }

@@ -24,7 +24,7 @@ import sys
 # (measured); the midpoint.
 FASHION_IMAGES_PER_S = 4495.0
 FASHION_MEASURED_BATCH = 128
-# bench_profile (README "Where a training step's time goes"), FashionCNN batch 128 on a busy
+# bench_profile (docs/performance.md, "Where a training step's time goes"), FashionCNN batch 128 on a busy
 # machine: per-op forward and backward ms per step. Used for two ratios only: QAT / fp32 step
 # time, and the backward's share of a step (how much a gradient sum could hide behind).
 PROFILE_FP32_STEP_MS = 42.380

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The PyTorch side of the round trip (tests/onnx/test_onnx_roundtrip.sh, README "Round trip"):
+"""The PyTorch side of the round trip (tests/onnx/test_onnx_roundtrip.sh, docs/onnx_import.md, "Round trip"):
 trains the MobileNet-style model of make_onnx_models.py (MobileNetSmall) on Fashion-MNIST in
 PyTorch, exports it to ONNX as a user would, and records what PyTorch computes on the test set.
 Run with Debian's torch 1.13: /usr/bin/python3 tests/onnx/make_roundtrip_model.py (deterministic

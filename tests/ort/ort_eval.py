@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Test accuracy of an ONNX model (an fp32 import source, or a model_qdq.onnx qat_train wrote) in
 ONNX Runtime, on an IDX image set preprocessed as the framework does ((pixel / 255 - mean) / std
-per channel, in float32): the other end of the round trip (README, "Round trip").
+per channel, in float32): the other end of the round trip (docs/onnx_import.md, "Round trip").
 
 Usage: .venv/bin/python tests/ort/ort_eval.py MODEL.onnx [--images N] [--opt disabled|basic|extended|all]
            [--x64quantprecision] [--threads K] [--test-images IDX.gz --test-labels IDX.gz]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The round trip as a test (README, "Round trip"): a model trained in PyTorch and exported to ONNX
+"""The round trip as a test (docs/onnx_import.md, "Round trip"): a model trained in PyTorch and exported to ONNX
 (tests/onnx/models/mobilenet_trained.onnx and PyTorch's test-set logits, tests/onnx/ref/
 roundtrip_ref.h5, both from tests/onnx/make_roundtrip_model.py) goes through
 experiments/mobilenet_trained_onnx_qat_w8a8.ini on a small budget (QAT W8A8 for one epoch of 3000
