@@ -91,6 +91,19 @@ static const char *node_label(const Onnx__NodeProto *n, int index, char *buf, si
   return buf;
 }
 
+/* A message's control characters (a name from the file may hold terminal escapes) as \xNN. */
+static int escaped(char *err) {
+  char out[QT_ERR_LEN];
+  size_t k = 0;
+  for (const unsigned char *p = (const unsigned char *)err; *p && k + 5 < sizeof out; p++) {
+    if (*p < 0x20 || *p == 0x7f) k += (size_t)snprintf(out + k, sizeof out - k, "\\x%02x", *p);
+    else out[k++] = (char)*p;
+  }
+  out[k] = 0;
+  memcpy(err, out, k + 1);
+  return -1;
+}
+
 /* "onnx: <path>: node '<name>' (<OpType>, opset <n>): <what>" */
 static int node_err(imp *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int node_err(imp *im, const char *fmt, ...) {
@@ -100,8 +113,9 @@ static int node_err(imp *im, const char *fmt, ...) {
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
   const Onnx__NodeProto *n = im->node;
-  return qt_err(im->err, "onnx: %s: node '%s' (%s, opset %lld): %s", im->path, node_label(n, im->node_index, label, sizeof label),
-                str(n->op_type), (long long)im->opset, what);
+  qt_err(im->err, "onnx: %s: node '%s' (%s, opset %lld): %s", im->path, node_label(n, im->node_index, label, sizeof label),
+         str(n->op_type), (long long)im->opset, what);
+  return escaped(im->err);
 }
 
 static int file_err(imp *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -111,7 +125,8 @@ static int file_err(imp *im, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  return qt_err(im->err, "onnx: %s: %s", im->path, what);
+  qt_err(im->err, "onnx: %s: %s", im->path, what);
+  return escaped(im->err);
 }
 
 static void dims_str(const int64_t *d, size_t n, char *buf, size_t len) {
@@ -1015,6 +1030,7 @@ static int op_concat(imp *im) {
 typedef struct {
   const char *op;
   int (*fn)(imp *im);
+  int min_in, max_in, min_out, max_out; /* the arity the ONNX operator allows (opsets 11 to 17) */
 } op_row;
 
 static int f_conv(imp *im) { return op_conv(im); }
@@ -1025,12 +1041,26 @@ static int f_maxpool(imp *im) { return op_pool(im, 1); }
 static int f_avgpool(imp *im) { return op_pool(im, 0); }
 
 static const op_row ops[] = {
-    {"Conv", f_conv},           {"BatchNormalization", f_bn}, {"Relu", f_relu},         {"Clip", f_clip},
-    {"MaxPool", f_maxpool},     {"AveragePool", f_avgpool},   {"GlobalAveragePool", op_global_pool},
-    {"Flatten", op_flatten},    {"Reshape", op_reshape},      {"Gemm", op_gemm},        {"MatMul", op_matmul},
-    {"Add", op_add},            {"Identity", op_identity},    {"Dropout", op_identity}, {"Pad", op_pad},
-    {"Constant", op_constant},  {"Shape", op_shape},          {"Gather", op_gather},    {"Unsqueeze", op_unsqueeze},
-    {"Concat", op_concat},
+    {"Conv", f_conv, 2, 3, 1, 1},
+    {"BatchNormalization", f_bn, 5, 5, 1, 5}, /* 5 outputs in training mode before opset 14 */
+    {"Relu", f_relu, 1, 1, 1, 1},
+    {"Clip", f_clip, 1, 3, 1, 1},
+    {"MaxPool", f_maxpool, 1, 1, 1, 2},
+    {"AveragePool", f_avgpool, 1, 1, 1, 1},
+    {"GlobalAveragePool", op_global_pool, 1, 1, 1, 1},
+    {"Flatten", op_flatten, 1, 1, 1, 1},
+    {"Reshape", op_reshape, 2, 2, 1, 1},
+    {"Gemm", op_gemm, 2, 3, 1, 1},
+    {"MatMul", op_matmul, 2, 2, 1, 1},
+    {"Add", op_add, 2, 2, 1, 1},
+    {"Identity", op_identity, 1, 1, 1, 1},
+    {"Dropout", op_identity, 1, 3, 1, 2},
+    {"Pad", op_pad, 1, 4, 1, 1},
+    {"Constant", op_constant, 0, 0, 1, 1},
+    {"Shape", op_shape, 1, 1, 1, 1},
+    {"Gather", op_gather, 2, 2, 1, 1},
+    {"Unsqueeze", op_unsqueeze, 1, 2, 1, 1},
+    {"Concat", op_concat, 1, MAX_INTS, 1, 1}, /* only a Reshape's shape: a few integer vectors */
 };
 
 static const op_row *op_lookup(const char *op) {
@@ -1098,6 +1128,11 @@ static int check_model(imp *im, const Onnx__ModelProto *m) {
                       "AveragePool, GlobalAveragePool, Flatten, Reshape (flatten), Gemm, MatMul, Add, Identity, "
                       "Dropout, Pad (zeros before Conv / AveragePool), and Constant / Shape / Gather / Unsqueeze / "
                       "Concat computing a Reshape's shape)");
+    const op_row *row = op_lookup(n->op_type);
+    if (n->n_input < (size_t)row->min_in || n->n_input > (size_t)row->max_in)
+      return node_err(im, "%zu inputs; %s takes %d to %d", n->n_input, row->op, row->min_in, row->max_in);
+    if (n->n_output < (size_t)row->min_out || n->n_output > (size_t)row->max_out)
+      return node_err(im, "%zu outputs; %s gives %d to %d", n->n_output, row->op, row->min_out, row->max_out);
     if (n->n_output < 1 || !n->output[0] || !n->output[0][0]) return node_err(im, "no output");
   }
   if (gp->n_output != 1)
@@ -1135,6 +1170,8 @@ static int make_input(imp *im, const int *data_hwc) {
   const char *dyn_names[3] = {0};
   for (int d = 0; d < 4; d++) {
     const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
+    if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE && dim->dim_value < 0)
+      return file_err(im, "input '%s': dimension %d is %lld (negative)", str(in->name), d, (long long)dim->dim_value);
     const int fixed = dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE && dim->dim_value > 0;
     dims[d] = fixed ? dim->dim_value : -1;
     const char *p = dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM && dim->dim_param ? dim->dim_param : "?";
@@ -1212,6 +1249,11 @@ static qt_graph *import_graph(imp *im, const int *data_hwc) {
   for (size_t i = 0; i < gp->n_initializer; i++) {
     const Onnx__TensorProto *t = gp->initializer[i];
     if (!t->name || !t->name[0]) return file_err(im, "initializer %zu has no name", i), NULL;
+    if (find(im, t->name)) return file_err(im, "initializer '%s' is defined twice", t->name), NULL;
+    for (size_t d = 0; d < t->n_dims; d++)
+      if (t->dims[d] < 0)
+        return file_err(im, "initializer '%s': dimension %zu is %lld (negative)", t->name, d, (long long)t->dims[d]),
+               NULL;
     add_sym(im, t->name, S_CONST)->t = t;
   }
   char gname[QT_NAME_LEN];

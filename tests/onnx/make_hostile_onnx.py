@@ -12,7 +12,10 @@ unpack ran out of stack on both, exit 139):
 - relu_100000.onnx: 100,000 Relu nodes in a chain, each named apart, whose output is the image
   itself (refused only after every node is built: a classifier's output is (N, classes)), 3 MB;
 - relu_same_8000.onnx: the same with 8,000 Relu nodes that all have the name "r" (the importer
-  names each IR node apart: r, r_2, r_3, ...).
+  names each IR node apart: r, r_2, r_3, ...);
+- many_inputs.onnx: a Relu with 10,000 inputs; dup_init.onnx: two initializers named "w";
+  neg_dims.onnx: an initializer with dimension -1; escape_name.onnx: a node (of an op the
+  importer refuses) named with a terminal escape sequence.
 
 Usage: python3 tests/onnx/make_hostile_onnx.py OUT_DIR
 """
@@ -93,11 +96,37 @@ def relu_chain(n, same_name):
     return model(nodes + string(2, "g") + field_bytes(11, vi) + field_bytes(12, out))
 
 
+def relu_model(node_fields, initializers=b""):
+    """The valid frame around one node: input x [1, 1, 28, 28], output y."""
+    vi = string(1, "x") + field_bytes(2, tensor_type_4d())
+    out = string(1, "y") + field_bytes(2, tensor_type_4d())
+    return model(field_bytes(1, node_fields) + string(2, "g") + initializers + field_bytes(11, vi) +
+                 field_bytes(12, out))
+
+
+def initializer(name, dims):
+    """TensorProto: dims (1), data_type float (2), name (8), float_data (4, packed)."""
+    n = 1
+    for d in dims:
+        n *= max(d, 0)
+    packed = b"".join(b"\x00\x00\x80\x3f" for _ in range(n))  # 1.0f
+    t = b"".join(field_int(1, d & 0xFFFFFFFFFFFFFFFF) for d in dims) + field_int(2, 1) + string(8, name)
+    return field_bytes(5, t + field_bytes(4, packed))  # GraphProto.initializer
+
+
 def main():
     out = sys.argv[1]
     for name, data in (("nest.onnx", nest(100000)), ("seq_nest.onnx", seq_nest(100000)),
                        ("unnamed_input.onnx", unnamed_input()), ("relu_100000.onnx", relu_chain(100000, False)),
-                       ("relu_same_8000.onnx", relu_chain(8000, True))):
+                       ("relu_same_8000.onnx", relu_chain(8000, True)),
+                       ("many_inputs.onnx", relu_model(b"".join(string(1, "x") for _ in range(10000)) +
+                                                       string(2, "y") + string(4, "Relu"))),
+                       ("dup_init.onnx", relu_model(string(1, "x") + string(2, "y") + string(4, "Relu"),
+                                                    initializer("w", [2]) + initializer("w", [2]))),
+                       ("neg_dims.onnx", relu_model(string(1, "x") + string(2, "y") + string(4, "Relu"),
+                                                    initializer("w", [-1]))),
+                       ("escape_name.onnx", relu_model(string(1, "x") + string(2, "y") +
+                                                       string(3, "\x1b[31mred\x1b[0m") + string(4, "LeakyRelu")))):
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
         print("wrote %s (%d bytes)" % (os.path.join(out, name), len(data)))

@@ -52,6 +52,13 @@ expect empty "$T/empty.onnx" "not an ONNX model" -- "$T/empty.onnx"
 expect nest "$T/nest.onnx" "nested deeper than 64 levels" "onnx.GraphProto" -- "$T/nest.onnx"
 expect seq_nest "$T/seq_nest.onnx" "nested deeper than 64 levels" "onnx.TypeProto.Sequence" -- "$T/seq_nest.onnx"
 expect unnamed_input "$T/unnamed_input.onnx" "graph input 0 has no name" -- "$T/unnamed_input.onnx"
+# what onnx.checker refuses: 10,000 inputs to a Relu, an initializer name twice, a negative
+# dimension; a node name with terminal escapes printed with them escaped
+expect many_inputs "node '#0' (Relu, opset 13): 10000 inputs; Relu takes 1 to 1" -- "$T/many_inputs.onnx"
+expect dup_init "initializer 'w' is defined twice" -- "$T/dup_init.onnx"
+expect neg_dims "initializer 'w': dimension 0 is -1 (negative)" -- "$T/neg_dims.onnx"
+expect escape_name "node '\x1b[31mred\x1b[0m' (LeakyRelu, opset 13)" -- "$T/escape_name.onnx"
+grep -q $'\x1b' "$T/err" && { echo "escape_name: stderr holds a raw escape character"; fail=1; }
 # import is linear in the model's size: 100,000 nodes, and 8,000 nodes of one name (their IR
 # names were found by linear scans, cubic in the repeated name: over a minute), each walked to
 # the refusal at their end (the output is an image), within a bound far above the time they take
