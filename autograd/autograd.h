@@ -229,7 +229,7 @@ qt_tensor *qt_batch_norm_relu(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_te
 /* Batch norm of x / s, s (C) per channel of x's last axis, without the quotient in memory: the
  * numbers, bit for bit, of qt_channel_scale(x, s, 0, 1) followed by qt_batch_norm (training or
  * running statistics) and, with relu (1: relu, 2: relu6; training only), qt_batch_norm_relu;
- * gradients reach x, s, gamma and beta. Saves x, not the quotient: QAT's conv_bn (DESIGN 3.4,
+ * gradients reach x, s, gamma and beta. Saves x, not the quotient: QAT's conv_bn (docs/design.md: delayed folding,
  * conv / sf then BN) keeps one activation per layer instead of two (nn/graph.c, training forward). */
 qt_tensor *qt_batch_norm_div(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor *gamma, qt_tensor *beta,
                              float *running_mean, float *running_var, int training, float momentum, float eps,
@@ -338,7 +338,7 @@ qt_tensor *qt_channel_add(qt_ctx *ctx, qt_tensor *x, qt_tensor *b);
 qt_tensor *qt_bn_scale_factor(qt_ctx *ctx, qt_tensor *gamma, const float *running_var, float eps);
 /* The same numbers without autograd: convert folds with exactly what training computed. */
 void qt_bn_scale_factor_values(float *sf, const float *gamma, const float *running_var, float eps, int C);
-/* The BN fold (DESIGN 3.4) with exactly the float operations QAT training uses:
+/* The BN fold (docs/design.md: delayed folding) with exactly the float operations QAT training uses:
  * sf = gamma / sqrt(var + eps) (qt_bn_scale_factor_values), Wf = W * sf per output channel,
  * bf = beta + (b - mean) * sf. W and Wf are (OC, inner); b may be NULL (no conv bias); bf may
  * be NULL (weights only, as the check needs); Wf and W may be NULL (the bias only). PTQ

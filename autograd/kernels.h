@@ -129,7 +129,7 @@ void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, flo
 /* relu_mask may be NULL (no relu: plain batch norm). in_div, when not NULL, holds C per-channel
  * divisors of the input: the kernels normalize inp / in_div, computing each division on the fly in
  * every pass (the float operation qt_channel_scale's division performs, so the numbers are those
- * of dividing into a buffer first, bit for bit) without the buffer: QAT's conv_bn (DESIGN 3.4)
+ * of dividing into a buffer first, bit for bit) without the buffer: QAT's conv_bn (docs/design.md: delayed folding)
  * normalizes conv / sf this way. */
 void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
                                       const float *inp, const float *in_div, const float *gamma, const float *beta,

@@ -1,4 +1,4 @@
-/* Deployment backends (DESIGN 1, "lower"): a device (qt_device, below) deploys a Q/DQ graph
+/* Deployment backends (docs/design.md: pipeline): a device (qt_device, below) deploys a Q/DQ graph
  * (docs/qdq_format.md, from qt_convert or qt_qdq_load) on a backend and runs it on batches.
  * The built-in backend, onednn_cpu, lowers it to int8 oneDNN kernels where a pattern matches
  * and fp32 fallback partitions elsewhere (backend/lower.c); the built-in xnnpack backend lowers
@@ -102,7 +102,7 @@ int qt_cpu_has_vnni(void);
  * linear, relu, max_pool2d, flatten, add), 2..8-bit signed symmetric weights (per channel or per
  * tensor), 2..8-bit unsigned per-tensor activations, any scale; average pools quantized at
  * their boundaries (fp32 fallbacks); without VNNI, 8-bit weights given 7 bits. isa: AUTO reads oneDNN's
- * effective ISA (dnnl_get_effective_cpu_isa); VNNI / NO_VNNI force it (DESIGN 4 describes an
+ * effective ISA (dnnl_get_effective_cpu_isa); VNNI / NO_VNNI force it (docs/design.md: no VNNI describes an
  * AVX2 machine without VNNI, where u8 x s8 pairs saturate a 16-bit sum). */
 void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa);
 

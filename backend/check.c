@@ -51,12 +51,12 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 */
   d->weight_sign = QT_SIGN_SIGNED;             /* s8 weights */
-  d->activation_sign = QT_SIGN_UNSIGNED;       /* u8 activations (s8 ones are never exact, DESIGN 4) */
+  d->activation_sign = QT_SIGN_UNSIGNED;       /* u8 activations (s8 ones are never exact, docs/design.md: no VNNI) */
   d->weight_symmetric = 1;                     /* oneDNN takes no weight zero point */
   d->activation_per_tensor_only = 1;           /* one runtime zero point per tensor */
   const int vnni = isa == QT_ISA_AUTO ? qt_cpu_has_vnni() : isa == QT_ISA_VNNI;
   d->pair_sum_int16 = !vnni;
-  d->weight_8bit_as_7bit = !vnni;              /* the Quantizer's answer to pair_sum_int16 (DESIGN 4) */
+  d->weight_8bit_as_7bit = !vnni;              /* the Quantizer's answer to pair_sum_int16 (docs/design.md: no VNNI) */
   /* average pools have no int8 kernel here; their inputs and outputs stay quantized, so they
    * run as dq -> fp32 -> q fallback partitions between int8 kernels */
   d->fallback_quantized[QT_OP_AVG_POOL2D] = d->fallback_quantized[QT_OP_GLOBAL_AVG_POOL] = 1;
@@ -259,7 +259,7 @@ static int integer_source(const qt_graph *g, int v) {
   }
 }
 
-/* The pair-sum bound of DESIGN 4: oneDNN without VNNI multiplies u8 activations by s8 weights
+/* The pair-sum bound of docs/design.md: no VNNI: oneDNN without VNNI multiplies u8 activations by s8 weights
  * and adds adjacent products in a saturating int16 (vpmaddubsw), so a1*w1 + a2*w2 must stay
  * within [-32768, 32767]. The worst pair is 2 * max(a) * max|w| with a the raw u8 value. */
 static void check_saturation(qt_backend_check_result *r, const qt_graph *g, int i, const qt_qstate *in) {

@@ -1,5 +1,5 @@
 /* oneDNN 2.6 int8 primitives for the lowered model (see int8.h). The requantization oneDNN
- * computes is dst = sat(nearbyint(post_ops((acc + bias) * oscale[c])) + zp_dst) (DESIGN 4):
+ * computes is dst = sat(nearbyint(post_ops((acc + bias) * oscale[c])) + zp_dst) (docs/design.md: no VNNI):
  * the caller passes the bias already divided by s_x * s_w[c] and the clip bounds in output
  * units, so the result equals clamp(round(acc_real / s_out) + zp, qmin, qmax) up to float
  * rounding of the scales. Zero points are runtime arguments: the x64 int8 convolution only

@@ -45,7 +45,7 @@ def load(kind, n):
     return (torch.from_numpy(x.astype(np.float32)) / 255.0 - 0.2860) / 0.3530, torch.from_numpy(y.astype(np.int64))
 
 class FashionCNN(nn.Module):
-    """The framework's FashionCNN with its parameter names; it flattens NHWC (DESIGN 6)."""
+    """The framework's FashionCNN with its parameter names; it flattens NHWC (docs/training.md: presets)."""
     def __init__(self):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 32, 3, padding=1, bias=False); self.bn1 = nn.BatchNorm2d(32)

@@ -6,7 +6,7 @@
 #   bench_profile (per-op step time and the oneDNN implementations that ran), bench_train.py
 #   (fp32 training vs PyTorch), bench_qat.py (QAT epoch / fp32 epoch), bench_infer.py (fp32 and
 #   int8 inference vs PyTorch; under AVX2 on a model quantized for a CPU without VNNI,
-#   quant.isa=no_vnni: 7-bit weights, DESIGN section 4).
+#   quant.isa=no_vnni: 7-bit weights, docs/design.md: no VNNI).
 # Usage: bench/bench_isa.sh [OUT_DIR (default experiments/results/isa)] [--quick]; about 10 minutes on two
 # idle cores (--quick: fewer images and rounds). Run with both cores idle.
 set -euo pipefail

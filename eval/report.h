@@ -1,4 +1,4 @@
-/* The three-stage accuracy report (DESIGN 1, "Three-stage accuracy split") and inference
+/* The three-stage accuracy report (docs/deployment.md) and inference
  * speed. The same test images go through three engines:
  *
  *   fp32 graph  --stage 1: quantization-->  Q/DQ graph  --stage 2: lowering-->  int8 device

@@ -1044,7 +1044,7 @@ static qt_tensor *graph_forward(qt_graph *g, qt_ctx *ctx, qt_tensor *input, qt_t
       case QT_OP_INPUT:
         continue;
       case QT_OP_CONV_BN: {
-        /* DESIGN 3.4: conv(x, fq(W * sf)) / sf (+ b), then a real BN. */
+        /* docs/design.md: delayed folding: conv(x, fq(W * sf)) / sf (+ b), then a real BN. */
         qt_tensor *gamma = param_tensor(g, ctx, n->param[QT_P_BN_GAMMA]);
         const float *rv = g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset;
         qt_tensor *sf = qt_bn_scale_factor(ctx, gamma, rv, a->eps);

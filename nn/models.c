@@ -1,4 +1,4 @@
-/* Model presets (DESIGN section 6) and the human-readable and Graphviz dumps. */
+/* Model presets (docs/training.md: presets) and the human-readable and Graphviz dumps. */
 #include "nn/nn.h"
 
 #include <string.h>

@@ -33,7 +33,7 @@ typedef enum {
   QT_OP_LINEAR,
   QT_OP_ADD,
   QT_OP_FAKE_QUANT, /* observer + fake quant of its input (prepared graphs) */
-  QT_OP_CONV_BN,    /* QAT conv + BN with delayed folding (DESIGN 3.4) */
+  QT_OP_CONV_BN,    /* QAT conv + BN with delayed folding (docs/design.md: delayed folding) */
   QT_OP_QUANTIZE,   /* fp32 -> integers (convert graph) */
   QT_OP_DEQUANTIZE, /* integers -> fp32 (convert graph) */
   QT_OP_COUNT
@@ -346,7 +346,7 @@ int qt_graph_write_dot(const qt_graph *g, FILE *f);
 /* Human-readable summary (one line per node) with parameter counts. */
 void qt_graph_print(const qt_graph *g, FILE *f);
 
-/* Model presets (DESIGN section 6); NULL with err set for an unknown name. */
+/* Model presets (docs/training.md: presets); NULL with err set for an unknown name. */
 qt_graph *qt_model_build(const char *name, char *err);
 /* The names qt_model_build accepts, "a|b|c". */
 const char *qt_model_names(void);

@@ -45,7 +45,7 @@
  *   ("qt.input_preprocessing").
  *
  * One difference is left to the ONNX definition: QuantizeLinear computes x / s, the Q/DQ graph
- * x * (1/s) in float32 (DESIGN 3.1); the two round differently on rare inputs (1 LSB at that
+ * x * (1/s) in float32 (docs/design.md: rounding); the two round differently on rare inputs (1 LSB at that
  * quantization point). NaN inputs are ONNX Runtime's business.
  *
  * Refused, with err naming the node and its op: prepared (training) graphs (fake_quant, conv_bn,

@@ -160,7 +160,7 @@ qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode
         m->buffer[QT_B_RUNNING_VAR] = map_tensor(&s, new_id, b->buffer[QT_B_RUNNING_VAR], "bn.running_var");
         s.p->nodes[new_id].bn_frozen = b->bn_frozen;
       } else {
-        /* PTQ: the BN is folded into a conv with bias, right here (DESIGN 3.4). */
+        /* PTQ: the BN is folded into a conv with bias, right here (docs/design.md: delayed folding). */
         new_id = qt_graph_add_node(s.p, QT_OP_CONV2D, n->name, &in, 1, &attr, v->ndim, v->shape);
         if (new_id < 0) break;
         const qt_param *w = &g->tensors[n->param[QT_P_WEIGHT]];

@@ -1,4 +1,4 @@
-/* Quantization-aware training passes over the graph IR (DESIGN section 1, 3):
+/* Quantization-aware training passes over the graph IR (docs/design.md):
  *
  *   fp32 graph --quantizer--> annotations --prepare--> prepared graph (observers, fake quant,
  *   QAT conv_bn with delayed folding, or PTQ with BN folded) --calibrate | train--> --convert-->
@@ -8,7 +8,7 @@
  * weights are quantized and how, and it is one function of the graph, the backend's
  * description (qt_backend_desc, below) and the user's settings. The backend module builds the
  * descriptions: oneDNN's int8 kernels on this CPU (u8 affine activations, s8 per-channel
- * symmetric weights, 7-bit weights when the CPU lacks VNNI, DESIGN 4) and accelerators
+ * symmetric weights, 7-bit weights when the CPU lacks VNNI, docs/design.md: no VNNI) and accelerators
  * described by an INI file. */
 #ifndef QT_QAT_H
 #define QT_QAT_H
@@ -87,7 +87,7 @@ typedef struct {
   int pow2_scales;                    /* every scale a power of two */
   int max_channels;                   /* output channels (conv2d) / features (linear); 0 = any */
   int pair_sum_int16;                 /* u8 x s8 products summed in pairs into a saturating int16
-                                       * (x86 AVX2 without VNNI, DESIGN 4) */
+                                       * (x86 AVX2 without VNNI, docs/design.md: no VNNI) */
   int weight_8bit_as_7bit;            /* 8-bit weights are given 7 bits, [-64, 63] (oneDNN without
                                        * VNNI: exact whatever the activation width) */
   int bias_int32_only;                /* the kernels take a bias only as int32 in accumulator units
@@ -129,12 +129,12 @@ typedef enum { QT_PREPARE_PTQ, QT_PREPARE_QAT } qt_prepare_mode;
 
 /* A new graph with fake-quant nodes at the annotated points and weight quantization on the
  * annotated layers. PTQ folds each conv->bn into the conv (weights and a bias) first; QAT
- * turns each conv->bn into a conv_bn node (delayed folding, DESIGN 3.4). Parameters, buffers
+ * turns each conv->bn into a conv_bn node (delayed folding, docs/design.md: delayed folding). Parameters, buffers
  * and names are carried over (conv_bn's BN tensors are "<conv>.bn.weight" etc.). A weight
  * shared by two conv->bn chains is refused. */
 qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode mode, char *err);
 
-/* The one mode call, for fp32, prepared and Q/DQ graphs alike (DESIGN 3.5):
+/* The one mode call, for fp32, prepared and Q/DQ graphs alike (docs/design.md: modes):
  *   QT_MODE_TRAIN      every stateful node in training mode, fake quant on (observers keep
  *                      their enable flag: the freeze schedules own it)
  *   QT_MODE_EVAL       every node in eval mode, fake quant on (observers do not observe in eval)
@@ -145,7 +145,7 @@ qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode
 typedef enum { QT_MODE_TRAIN, QT_MODE_EVAL, QT_MODE_EVAL_FLOAT, QT_MODE_CALIBRATE } qt_graph_mode;
 void qt_graph_set_mode(qt_graph *g, qt_graph_mode mode);
 
-/* Schedules (DESIGN 3.5): observers on/off (freezing the qparams), fake quant on/off, BN
+/* Schedules (docs/design.md: modes): observers on/off (freezing the qparams), fake quant on/off, BN
  * statistics frozen. */
 void qt_set_observers(qt_graph *g, int enabled);
 void qt_set_fake_quant(qt_graph *g, int enabled);

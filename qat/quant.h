@@ -1,4 +1,4 @@
-/* Quantization numerics (DESIGN section 3): qparams from a range, observers, fake quant with
+/* Quantization numerics (docs/design.md: numerics): qparams from a range, observers, fake quant with
  * the clipped straight-through estimator, and the LSQ learnable-scale variant. Plain
  * functions over raw buffers, each optimized kernel with a `_ref` twin. Matches PyTorch 1.13
  * bit for bit where PyTorch defines the operation.
@@ -18,7 +18,7 @@
  * bits in 2..8. Returns -1 for a bit width outside 2..8. */
 int qt_qrange(int bits, int is_signed, int *qmin, int *qmax);
 
-/* qparams from an observed range (DESIGN 3.3), PyTorch's _calculate_qparams in float32:
+/* qparams from an observed range (docs/design.md: qparams), PyTorch's _calculate_qparams in float32:
  * the range is first widened to include 0; affine: s = (max-min)/(qmax-qmin),
  * zp = clamp(qmin - round_half_even(min/s), qmin, qmax); symmetric: s = max(-min, max) /
  * ((qmax-qmin)/2), zp = 0 for a signed range; s clamped to >= FLT_EPSILON. Real divisions,

@@ -131,12 +131,12 @@ static qt_qspec weight_spec(const qt_backend_desc *d, const qt_quantizer_config 
   s.per_channel = !d->weight_per_tensor_only && !d->weight_per_tensor_ops[op];
   qt_qrange(bits, s.is_signed, &s.qmin, &s.qmax);
   if (d->weight_8bit_as_7bit && bits == 8 && s.is_signed) {
-    /* DESIGN 4: without VNNI, u8 x s8 pairs saturate a 16-bit accumulator; weights in
+    /* docs/design.md: no VNNI: without VNNI, u8 x s8 pairs saturate a 16-bit accumulator; weights in
      * [-64, 63] keep oneDNN's int8 kernels exact. */
     s.bits = 7;
     qt_qrange(7, 1, &s.qmin, &s.qmax);
   } else if (d->pair_sum_int16 && s.is_signed && !act_signed(d)) {
-    /* DESIGN 4: u8 x s8 pairs sum into a saturating int16: 2 * max|w| * max(a) <= 32767. */
+    /* docs/design.md: no VNNI: u8 x s8 pairs sum into a saturating int16: 2 * max|w| * max(a) <= 32767. */
     const int a_max = (1 << c->activation_bits) - 1;
     int w_max = 32767 / (2 * a_max);
     if (w_max < -s.qmin) {

@@ -1,4 +1,4 @@
-/* The pipeline as library calls (DESIGN 1): each stage of `qat_train` is one function taking
+/* The pipeline as library calls (docs/design.md: pipeline): each stage of `qat_train` is one function taking
  * typed options (train/options.h), so that every program is argument parsing plus stage calls.
  *
  *   load data -> build model -> [obtain fp32 -> prepare -> calibrate] -> train epochs ->

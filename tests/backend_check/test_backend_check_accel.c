@@ -9,7 +9,7 @@
  * - the simulator's outputs match the Q/DQ graph: bit for bit on a small graph using every
  *   device kernel (conv, relu or relu6, max pool, add, flatten, linear) with biases that are whole
  *   accumulator units; within 1 output LSB with arbitrary float biases (the device rounds the
- *   bias to accumulator units, DESIGN 1's stage 2); bit for bit on FashionCNN and ResCNN (whose
+ *   bias to accumulator units, the report's stage 2); bit for bit on FashionCNN and ResCNN (whose
  *   global average pooling runs on the CPU), quantized by the accelerator's Quantizer with int32
  *   biases (before int32 biases: up to 2 LSB, top-1 identical on 95% / 90%); and bit for bit
  *   on a model the accelerator cannot run at all (everything on the CPU). */

@@ -1,4 +1,4 @@
-/* The check pass and the int16 pair-sum saturation of x86 without VNNI (DESIGN 4), from the
+/* The check pass and the int16 pair-sum saturation of x86 without VNNI (docs/design.md: no VNNI), from the
  * Q/DQ file alone: FashionCNN with full-range 8-bit weights is flagged on a forced non-VNNI
  * ISA (every integer layer, with the bound and the remedy), not with VNNI forced, and not when
  * the weights are 7-bit or the activations 7-bit. The bound's edges on a single layer: with

@@ -1,6 +1,6 @@
 /* The QAT passes pinned against PyTorch 1.13 (reference: tests/ref/make_ref_qat.py -> qat.h5):
  *
- * 1. A conv -> BN -> ReLU unit prepared for QAT (conv_bn, delayed folding, DESIGN 3.4) against
+ * 1. A conv -> BN -> ReLU unit prepared for QAT (conv_bn, delayed folding, docs/design.md: delayed folding) against
  *    FX's ConvBnReLU2d with a per-channel symmetric weight FakeQuantize (4-bit, and full-range
  *    8-bit with bias): one forward + backward in training mode (batch statistics), in eval mode
  *    (running statistics, observers off) and in training mode with BN frozen. Activation fake
@@ -29,7 +29,7 @@
  *    with the fresh qparams (tolerances at sequence()).
  * 2. BN folding. PTQ prepare vs torch.nn.utils.fusion.fuse_conv_bn_eval and QAT convert vs
  *    convert_fx / convert_to_reference_fx (observers disabled first) on the post-step unit
- *    state. We fold with sf = gamma / sqrt(var + eps), the scale training used (DESIGN 3.4);
+ *    state. We fold with sf = gamma / sqrt(var + eps), the scale training used (docs/design.md: delayed folding);
  *    PyTorch's fold uses gamma * rsqrt(var + eps), up to 3 roundings away: folded weights agree
  *    within 4e-7 relative (about 7 units of roundoff; measured at most 0.5 of it), biases
  *    within 4e-7 * (|beta| + |(b - mean) * sf|); our PTQ-folded weight equals

@@ -263,7 +263,7 @@ def unit_convert(p, name):
     """convert_fx with the observers disabled first. With an enabled observer, PyTorch 1.13's
     convert runs the weight FakeQuantize once more on the re-folded weight (convert.py: "a hack
     for QAT", pytorch issue 73941), moving its scales away from the ones training used; the
-    framework's convert uses exactly the trained qparams (DESIGN 3.5)."""
+    framework's convert uses exactly the trained qparams (docs/design.md: modes)."""
     r = "unit/%s/convert/" % name
     ref = convert_to_reference_fx(frozen_copy(p))
     sd = ref.state_dict()
