@@ -13,6 +13,26 @@ static int usage(void) {
   return 2;
 }
 
+/* Whether g holds a node of op. */
+static int has_op(const qt_graph *g, qt_op op) {
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].op == op) return 1;
+  return 0;
+}
+
+/* The trained graph holds fake quant and no quantize nodes, the Q/DQ graph the opposite: two files
+ * of the wrong kind (given in the wrong order, say) are bad input, not a failed check. */
+static int kinds_fit(const qt_graph *t, const qt_graph *c, const char *tp, const char *cp, char *err) {
+  if (!has_op(t, QT_OP_FAKE_QUANT) || has_op(t, QT_OP_QUANTIZE))
+    return qt_err(err, "'%s' is not a trained (prepared) graph: it holds no fake quant%s; give model_trained.h5 first",
+                  tp, has_op(t, QT_OP_QUANTIZE) ? " but quantize nodes (a Q/DQ graph: are the two files swapped?)" : "");
+  if (has_op(c, QT_OP_FAKE_QUANT) || !has_op(c, QT_OP_QUANTIZE))
+    return qt_err(err, "'%s' is not a Q/DQ graph: %s; give model_qdq.h5 second", cp,
+                  has_op(c, QT_OP_FAKE_QUANT) ? "it holds fake quant (a trained graph: are the two files swapped?)"
+                                              : "it holds no quantize nodes");
+  return 0;
+}
+
 static int check(const char *trained_path, const char *converted_path, const qt_options *o, int images) {
   qt_status st = {0};
   qt_dataset train = {0}, test = {0};
@@ -22,7 +42,7 @@ static int check(const char *trained_path, const char *converted_path, const qt_
   const float *x;
   qt_check_report r;
   if (!(t = qt_qdq_load(trained_path, st.msg)) || !(c = qt_qdq_load(converted_path, st.msg)) ||
-      qt_stage_load_data(&o->data, QT_SPLIT_TEST, &train, &test, &st) ||
+      kinds_fit(t, c, trained_path, converted_path, st.msg) || qt_stage_load_data(&o->data, QT_SPLIT_TEST, &train, &test, &st) ||
       !(l = qt_stage_first_images(o, &test, images, &x, &n, &st)) || qt_check(t, c, x, n, &r, st.msg)) {
     fprintf(stderr, "qat_check: %s\n", st.msg);
   } else {

@@ -94,6 +94,11 @@ if [ $rc -ne 1 ] || ! grep -q "input.fq" "$T/check3.log"; then
 fi
 "$BIN/qat_check" "$T/nope.h5" "$T/qat/model_qdq.h5" >"$T/check4.log" 2>&1
 [ $? -eq 2 ] || { echo "qat_check on a missing file did not exit 2"; fail=1; }
+# the two files swapped: bad input (exit 2) naming the file, not a failed check (exit 1)
+"$BIN/qat_check" "$T/qat/model_qdq.h5" "$T/qat/model_trained.h5" >"$T/check5.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "model_qdq.h5' is not a trained (prepared) graph" "$T/check5.log" &&
+  grep -q "swapped" "$T/check5.log" || { echo "qat_check, files swapped: exit $rc:"; cat "$T/check5.log"; fail=1; }
 
 # quant.backend = xnnpack end to end: its Quantizer (signed activations, per-tensor linear
 # weights), convert, check, and the report on the XNNPACK device without fallbacks. The agreement
