@@ -477,6 +477,14 @@ static int compressed(hid_t d) {
   return any;
 }
 
+int qt_h5_check_stored(hid_t d, const char *file, const char *obj, const char *name, const char *shape, hsize_t bytes,
+                       char *err) {
+  const hsize_t stored = H5Dget_storage_size(d);
+  if (compressed(d) ? stored >= bytes / 1024 : stored >= bytes) return 0;
+  return h5_err(err, file, obj, "dataset '%s' declares shape %s (%llu bytes) but stores %llu bytes (truncated or never written)",
+                name, shape, (unsigned long long)bytes, (unsigned long long)stored);
+}
+
 /* Opens dataset `name` of loc and checks it as qt_h5_dataset_read says, and that the file
  * stores what it declares: a dataset whose chunks were never written reads as zeros, so a
  * small file could otherwise declare gigabytes. The dataset id, *nd and got[] (its shape) and
@@ -521,13 +529,8 @@ static hid_t dataset_open(hid_t loc, const char *file, const char *obj, const ch
       goto done;
     }
   }
-  const hsize_t bytes = (hsize_t)numel * H5Tget_size(t), stored = H5Dget_storage_size(d);
-  if (compressed(d) ? stored < bytes / 1024 : stored < bytes) {
-    shape_str(s1, sizeof s1, nd, got);
-    h5_err(err, file, obj, "dataset '%s' declares shape %s (%llu bytes) but stores %llu bytes (truncated or never written)",
-           name, s1, (unsigned long long)bytes, (unsigned long long)stored);
-    goto done;
-  }
+  shape_str(s1, sizeof s1, nd, got);
+  if (qt_h5_check_stored(d, file, obj, name, s1, (hsize_t)numel * H5Tget_size(t), err)) goto done;
   if (qt_h5_check_chunks(d, file, obj, name, err)) goto done;
   *nd_out = nd;
   *numel_out = numel;

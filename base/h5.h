@@ -110,6 +110,12 @@ char *qt_h5_attr_read_str_alloc(hid_t loc, const char *file, const char *obj, co
  * stores another size. 0 otherwise, also when other filters (e.g. deflate, whose output size
  * only decoding tells) leave the check to HDF5. Call before H5Dread; qt_h5_dataset_read does. */
 int qt_h5_check_chunks(hid_t d, const char *file, const char *obj, const char *name, char *err);
+/* A dataset whose declared size is `bytes` must store about as much: all of it, or when
+ * compressed at least 1/1024 of it. -1 with err ("dataset '<name>' declares shape <shape>
+ * (<bytes> bytes) but stores <n> bytes (truncated or never written)") otherwise: a few hundred
+ * bytes of file must not make a reader allocate gigabytes. Call before allocating for H5Dread. */
+int qt_h5_check_stored(hid_t d, const char *file, const char *obj, const char *name, const char *shape, hsize_t bytes,
+                       char *err);
 /* Reads dataset `name` of loc (type class cls) into a new buffer of mtype elements (free it).
  * When want_ndim > 0 the shape must be want_dims; else any rank 1..max_ndim, returned in
  * *ndim_out / dims_out. At most max_numel elements, none empty, and the file must store what

@@ -408,6 +408,17 @@ static int load_hdf5_here(qt_dataset *ds, const char *path, char *err) {
     goto done;
   }
 
+  char smsg[QT_ERR_LEN];
+  qt_h5_dims_str(irank, idims, dbuf, sizeof dbuf);
+  if (qt_h5_check_stored(dimg, NULL, path, "images", dbuf, (hsize_t)image_bytes, smsg)) {
+    qt_err(err, "data: %s", smsg);
+    goto done;
+  }
+  qt_h5_dims_str(lrank, ldims, dbuf, sizeof dbuf);
+  if (qt_h5_check_stored(dlab, NULL, path, "labels", dbuf, (hsize_t)ldims[0] * H5Tget_size(tlab), smsg)) {
+    qt_err(err, "data: %s", smsg);
+    goto done;
+  }
   out.n = (int64_t)idims[0];
   out.h = (int)idims[1];
   out.w = (int)idims[2];

@@ -37,6 +37,27 @@ static void write_file(const char *path, int irank, const hsize_t *idims, int fl
   H5Fclose(f);
 }
 
+/* images (n, 28, 28) uint8 and labels (n) int64, chunked and never written: a file of a few
+ * kilobytes declaring n images (loaded by allocating them first: 2.35 GB of RSS for 3 million). */
+static void write_declared_only(const char *path, hsize_t n) {
+  hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const hsize_t idims[3] = {n, 28, 28}, ichunk[3] = {64, 28, 28}, ldims[1] = {n}, lchunk[1] = {1024};
+  hid_t is = H5Screate_simple(3, idims, NULL), ls = H5Screate_simple(1, ldims, NULL);
+  hid_t ip = H5Pcreate(H5P_DATASET_CREATE), lp = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(ip, 3, ichunk);
+  H5Pset_chunk(lp, 1, lchunk);
+  hid_t di = H5Dcreate2(f, "images", H5T_NATIVE_UINT8, is, H5P_DEFAULT, ip, H5P_DEFAULT);
+  hid_t dl = H5Dcreate2(f, "labels", H5T_NATIVE_INT64, ls, H5P_DEFAULT, lp, H5P_DEFAULT);
+  QT_ASSERT(f >= 0 && di >= 0 && dl >= 0, "cannot write %s", path);
+  H5Dclose(di);
+  H5Dclose(dl);
+  H5Pclose(ip);
+  H5Pclose(lp);
+  H5Sclose(is);
+  H5Sclose(ls);
+  H5Fclose(f);
+}
+
 static void expect_error(const char *path, const char *needle) {
   qt_dataset ds;
   memset(&ds, 0xab, sizeof ds);
@@ -110,5 +131,8 @@ int main(void) {
   }
   expect_error("h5-not-hdf5.h5", "HDF5");
   expect_error("h5-no-such-file.h5", "No such file");
+  /* A few kilobytes declaring 3 million images: refused before anything is allocated for them. */
+  write_declared_only("h5-declared.h5", 3000000);
+  expect_error("h5-declared.h5", "dataset 'images' declares shape (3000000, 28, 28) (2352000000 bytes) but stores 0 bytes");
   return qt_test_finish();
 }
