@@ -9,8 +9,8 @@ Models (the names are the grid's, experiments/grid/*.ini):
                   16->32 stride 2 + BN + ReLU; residual block 32; global average pool; linear 32->10.
   mobilenet_onnx  the MobileNet-style model of tests/onnx/make_onnx_models.py (MobileNetSmall,
                   28.5k parameters), which experiments/mobilenet_onnx_*.ini import from ONNX.
-Module names are the framework's parameter names (PyTorch state_dict names), so a checkpoint
-maps one to one.
+The classes are tests/onnx/make_onnx_models.py's. Module names are the framework's parameter
+names (PyTorch state_dict names), so a checkpoint maps one to one.
 
 Data: the gzip'd IDX files of Debian's dataset-fashion-mnist, the first N images of a split (as
 data.train_limit / data.test_limit take them), normalized as the framework does:
@@ -41,91 +41,10 @@ MODEL_NAMES = ("fashion_cnn", "res_cnn", "mobilenet_onnx")
 
 
 # ---- models ------------------------------------------------------------------------------------
-
-class FashionCNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.bn1, self.relu1 = nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU()
-        self.pool1 = nn.MaxPool2d(2)
-        self.conv2, self.bn2, self.relu2 = nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
-        self.pool2 = nn.MaxPool2d(2)
-        self.flatten = nn.Flatten()
-        self.fc1, self.relu3, self.fc2 = nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = self.pool1(self.relu1(self.bn1(self.conv1(x))))
-        x = self.pool2(self.relu2(self.bn2(self.conv2(x))))
-        return self.fc2(self.relu3(self.fc1(self.flatten(x))))
-
-
-class ConvBNReLU(nn.Module):
-    def __init__(self, cin, cout, stride=1, relu6=False, groups=1, kernel=3):
-        super().__init__()
-        self.conv = nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False)
-        self.bn = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU6() if relu6 else nn.ReLU()
-
-    def forward(self, x):
-        return self.relu(self.bn(self.conv(x)))
-
-
-class ResBlock(nn.Module):
-    """conv-bn-relu-conv-bn, add the shortcut, relu."""
-
-    def __init__(self, c):
-        super().__init__()
-        self.conv1, self.bn1, self.relu1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU()
-        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-        self.relu2 = nn.ReLU()
-
-    def forward(self, x):
-        y = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))
-        return self.relu2(y + x)
-
-
-class ResCNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.stem, self.block1 = ConvBNReLU(1, 16), ResBlock(16)
-        self.down, self.block2 = ConvBNReLU(16, 32, stride=2), ResBlock(32)
-        self.gap, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(32, 10)
-
-    def forward(self, x):
-        x = self.block2(self.down(self.block1(self.stem(x))))
-        return self.fc(torch.flatten(self.gap(x), 1))
-
-
-class InvertedResidual(nn.Module):
-    """1x1 expand + BN + ReLU6, 3x3 depthwise + BN + ReLU6, 1x1 project + BN (linear), + x."""
-
-    def __init__(self, c, expand):
-        super().__init__()
-        h = c * expand
-        self.expand = ConvBNReLU(c, h, relu6=True, kernel=1)
-        self.dw = ConvBNReLU(h, h, relu6=True, groups=h)
-        self.project = nn.Conv2d(h, c, 1, bias=False)
-        self.project_bn = nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        return self.project_bn(self.project(self.dw(self.expand(x)))) + x
-
-
-class MobileNetSmall(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.stem = ConvBNReLU(1, 16, relu6=True)                      # 28x28x16
-        self.dw1 = ConvBNReLU(16, 16, stride=2, relu6=True, groups=16)  # 14x14x16
-        self.pw1 = ConvBNReLU(16, 48, relu6=True, kernel=1)             # 14x14x48
-        self.block = InvertedResidual(48, 4)                            # 14x14x48 (192 inside)
-        self.dw2 = ConvBNReLU(48, 48, stride=2, relu6=True, groups=48)  # 7x7x48
-        self.pw2 = ConvBNReLU(48, 96, relu6=True, kernel=1)             # 7x7x96
-        self.gap = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(96, 10)
-
-    def forward(self, x):
-        x = self.pw2(self.dw2(self.block(self.pw1(self.dw1(self.stem(x))))))
-        x = self.gap(x)
-        return self.fc(x.view(x.size(0), -1))
+# The same PyTorch twins that tests/onnx/make_onnx_models.py exports for the importer's tests (their
+# module names are the framework's parameter names): one definition of each architecture.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "onnx"))
+from make_onnx_models import FashionCNN, MobileNetSmall, ResCNN  # noqa: E402
 
 
 def build(name):
