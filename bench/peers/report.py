@@ -15,19 +15,14 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 VENV = os.path.join(HERE, ".venv")
-
-
-def read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from grid import read_json  # noqa: E402  (experiments/grid.py: None for a missing or broken file)
 
 
 def pct(x):
