@@ -153,54 +153,45 @@ static void flip_campaign(const char *name, const char *path, int quantized, uin
   free(orig);
 }
 
-/* Copies the fp32 checkpoint to flip_case.h5, runs `stmt` on it with `f` the open file (h5py,
- * which writes the checksums again), and loads it into the fp32 run's graph and optimizer: it
- * must be refused with a message holding `needle`, and the graph keep its values. (Resumed,
- * such a checkpoint trained on to NaN losses without a word.) */
-static void expect_values_refused(const char *stmt, const char *needle) {
+/* Copies the fp32 (quantized = 0) or QAT checkpoint to flip_case.h5, runs `setup` and `stmt` on
+ * it with `f` the open file (h5py, which writes the checksums again), and loads it into that
+ * run's graph and optimizer: it must be refused with a message holding `needle` and `needle2`
+ * (when given), and the graph keep its values. */
+static void expect_refused(int quantized, const char *setup, const char *stmt, const char *needle,
+                           const char *needle2) {
   char cmd[2048], err[QT_ERR_LEN] = "";
   snprintf(cmd, sizeof cmd,
-           "/usr/bin/python3 -c \"import h5py, shutil, numpy as np; shutil.copyfile('flip_fp32/checkpoint.h5', "
-           "'flip_case.h5'); f = h5py.File('flip_case.h5', 'r+'); %s; f.close()\"",
-           stmt);
+           "/usr/bin/python3 -c \"import h5py, shutil, numpy as np; shutil.copyfile('%s/checkpoint.h5', "
+           "'flip_case.h5'); f = h5py.File('flip_case.h5', 'r+'); %s%s; f.close()\"",
+           quantized ? "flip_qat" : "flip_fp32", setup, stmt);
   if (system(cmd) != 0) {
     qt_test_fail("python could not craft the case: %s", stmt);
     return;
   }
   qt_optim *opt;
-  qt_graph *g = run_graph(0, &opt);
+  qt_graph *g = run_graph(quantized, &opt);
   float *before = qt_test_copy_f32(g->params, g->n_params);
   int rc = qt_checkpoint_load("flip_case.h5", g, opt, NULL, err);
   if (rc != -1) qt_test_fail("%s: load returned %d, want -1", stmt, rc);
-  else if (!strstr(err, needle)) qt_test_fail("%s: message '%s' lacks '%s'", stmt, err, needle);
+  else if (!strstr(err, needle) || (needle2 && !strstr(err, needle2)))
+    qt_test_fail("%s: message '%s' lacks '%s'%s%s", stmt, err, needle, needle2 ? " or " : "", needle2 ? needle2 : "");
   if (memcmp(before, g->params, (size_t)g->n_params * sizeof(float)) != 0) qt_test_fail("%s: the graph changed", stmt);
   free(before);
   qt_graph_free(g);
   qt_optim_free(opt);
 }
 
-/* Copies the QAT checkpoint to flip_case.h5, runs `stmt` on it with `o` the first activation
- * record's observer group (h5py), and loads it: it must be refused with a message holding
- * `needle`. */
+/* A value of the fp32 checkpoint. (Resumed, such a checkpoint trained on to NaN losses without a
+ * word.) */
+static void expect_values_refused(const char *stmt, const char *needle) { expect_refused(0, "", stmt, needle, NULL); }
+
+/* With `o` the QAT checkpoint's first activation record's observer group (a histogram observer):
+ * the message names the observer too. */
 static void expect_observer_refused(const char *stmt, const char *needle) {
-  char cmd[2048], err[QT_ERR_LEN] = "";
-  snprintf(cmd, sizeof cmd,
-           "/usr/bin/python3 -c \"import h5py, shutil, numpy as np; shutil.copyfile('flip_qat/checkpoint.h5', "
-           "'flip_case.h5'); f = h5py.File('flip_case.h5', 'r+'); r = f['quant/activation']; "
-           "o = r[sorted(r.keys())[0]]['observer']; assert o.attrs['kind'] == b'histogram'; %s; f.close()\"",
-           stmt);
-  if (system(cmd) != 0) {
-    qt_test_fail("python could not craft the case: %s", stmt);
-    return;
-  }
-  qt_optim *opt;
-  qt_graph *g = run_graph(1, &opt);
-  int rc = qt_checkpoint_load("flip_case.h5", g, opt, NULL, err);
-  if (rc != -1) qt_test_fail("%s: load returned %d, want -1", stmt, rc);
-  else if (!strstr(err, needle) || !strstr(err, "/observer"))
-    qt_test_fail("%s: message '%s' lacks '%s' or the observer", stmt, err, needle);
-  qt_graph_free(g);
-  qt_optim_free(opt);
+  expect_refused(1,
+                 "r = f['quant/activation']; o = r[sorted(r.keys())[0]]['observer']; "
+                 "assert o.attrs['kind'] == b'histogram'; ",
+                 stmt, needle, "/observer");
 }
 
 int main(void) {
