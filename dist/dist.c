@@ -371,3 +371,17 @@ uint64_t qt_dist_hash(uint64_t h, const void *data, size_t n) {
   }
   return h;
 }
+
+int qt_dist_first_differing(uint64_t h, uint64_t *theirs, uint64_t *zeros) {
+  if (world_size == 1) return -1;
+  uint64_t *all = malloc((size_t)world_size * sizeof *all);
+  QT_ASSERT(all, "out of memory");
+  qt_dist_allgather(&h, sizeof h, all);
+  int other = -1;
+  for (int r = 1; r < world_size && other < 0; r++)
+    if (all[r] != all[0]) other = r;
+  if (other >= 0 && theirs) *theirs = all[other];
+  if (other >= 0 && zeros) *zeros = all[0];
+  free(all);
+  return other;
+}

@@ -75,5 +75,9 @@ void qt_dist_abort(int exit_code, const char *fmt, ...) __attribute__((noreturn,
  * processes compare to find state that drifted apart. */
 #define QT_DIST_HASH_INIT 0xcbf29ce484222325ull
 uint64_t qt_dist_hash(uint64_t h, const void *data, size_t n);
+/* Collective: the lowest process whose h differs from process 0's, or -1 when every process holds
+ * the same (always -1 alone). theirs and zeros (either may be NULL) receive that process's h and
+ * process 0's. */
+int qt_dist_first_differing(uint64_t h, uint64_t *theirs, uint64_t *zeros);
 
 #endif

@@ -37,7 +37,6 @@ typedef struct {
 } run;
 
 /* ---- the job's processes --------------------------------------------------------------------- */
-/* Every process gets process 0's parameters and buffers (the same model, whatever each read). */
 /* The same config can still read other data on another host (other files at the same paths):
  * every process compares a hash of the images and labels it loaded with process 0's. */
 static uint64_t dataset_hash(uint64_t h, const qt_dataset *d) {
@@ -58,14 +57,8 @@ static uint64_t dataset_hash(uint64_t h, const qt_dataset *d) {
 
 static int data_agree(const run *r, qt_status *st) {
   if (r->ranks == 1) return 0;
-  const uint64_t h = dataset_hash(dataset_hash(QT_DIST_HASH_INIT, &r->train), &r->test);
-  uint64_t *all = malloc((size_t)r->ranks * sizeof *all);
-  QT_ASSERT(all, "out of memory");
-  qt_dist_allgather(&h, sizeof h, all);
-  int other = -1;
-  for (int i = 1; i < r->ranks && other < 0; i++)
-    if (all[i] != all[0]) other = i;
-  free(all);
+  const int other = qt_dist_first_differing(dataset_hash(dataset_hash(QT_DIST_HASH_INIT, &r->train), &r->test),
+                                            NULL, NULL);
   if (other < 0) return 0;
   return qt_status_set(st, QT_STATUS_INPUT,
                        "data: the images or labels process %d loaded differ from process 0's, with the same config "
@@ -73,6 +66,7 @@ static int data_agree(const run *r, qt_status *st) {
                        other);
 }
 
+/* Every process gets process 0's parameters and buffers (the same model, whatever each read). */
 static void share_model(const run *r, qt_graph *g) {
   if (r->ranks == 1) return;
   qt_dist_broadcast(g->params, (size_t)g->n_params * sizeof(float), 0);

@@ -527,18 +527,10 @@ static char *ranks_text(const qt_options *o) {
 }
 
 int qt_options_ranks_agree(const qt_options *o, char *err) {
-  const int size = qt_dist_size();
-  if (size == 1) return 0;
+  if (qt_dist_size() == 1) return 0;
   char *text = ranks_text(o);
   const size_t len = strlen(text);
-  const uint64_t h = qt_dist_hash(QT_DIST_HASH_INIT, text, len);
-  uint64_t *all = malloc((size_t)size * sizeof *all);
-  QT_ASSERT(all, "out of memory");
-  qt_dist_allgather(&h, sizeof h, all);
-  int other = -1;
-  for (int r = 1; r < size && other < 0; r++)
-    if (all[r] != all[0]) other = r;
-  free(all);
+  const int other = qt_dist_first_differing(qt_dist_hash(QT_DIST_HASH_INIT, text, len), NULL, NULL);
   if (other < 0) {
     free(text);
     return 0;

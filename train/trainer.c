@@ -82,20 +82,13 @@ static int check_replicas(qt_trainer *t, int epoch, qt_status *st) {
     h = qt_dist_hash(h, qt_optim_state(t->opt, i, NULL), (size_t)qt_optim_numel(t->opt) * sizeof(float));
   const int64_t steps = qt_optim_steps(t->opt);
   h = qt_dist_hash(h, &steps, sizeof steps);
-  uint64_t *all = malloc((size_t)t->size * sizeof *all);
-  QT_ASSERT(all, "out of memory");
-  qt_dist_allgather(&h, sizeof h, all);
-  int bad = -1;
-  for (int r = 1; r < t->size && bad < 0; r++)
-    if (all[r] != all[0]) bad = r;
-  int rc = 0;
-  if (bad >= 0)
-    rc = qt_status_set(st, QT_STATUS_RUNTIME,
+  uint64_t theirs = 0, zeros = 0;
+  const int bad = qt_dist_first_differing(h, &theirs, &zeros);
+  if (bad < 0) return 0;
+  return qt_status_set(st, QT_STATUS_RUNTIME,
                        "after epoch %d the parameters, buffers, quantization or optimizer state of process %d differ "
                        "from process 0's (checksums %016llx and %016llx): the data-parallel replicas drifted apart",
-                       epoch, bad, (unsigned long long)all[bad], (unsigned long long)all[0]);
-  free(all);
-  return rc;
+                       epoch, bad, (unsigned long long)theirs, (unsigned long long)zeros);
 }
 
 /* ---- gradient buckets ------------------------------------------------------------------------ */
