@@ -69,9 +69,9 @@ typedef struct {
   sym *syms;
   int n_syms, cap_syms;
   struct hsearch_data sym_index;   /* name -> the latest symbol of that name (data: index + 1) */
-  struct hsearch_data node_names;  /* the graph's node names (data: the next "_k" to try) */
-  char **name_keys;                /* node_names' keys, owned */
-  int n_name_keys, cap_name_keys, names_synced; /* graph nodes whose names are in node_names */
+  struct hsearch_data next_suffix; /* a taken node name -> the next "_k" to try after it */
+  char **suffix_keys;              /* next_suffix's keys, owned */
+  int n_suffix_keys, cap_suffix_keys;
   param_copy *copies;
   int n_copies, cap_copies;
   const Onnx__NodeProto *node;     /* being imported (messages) */
@@ -137,8 +137,8 @@ static void dims_str(const int64_t *d, size_t n, char *buf, size_t len) {
 
 /* ---- symbols --------------------------------------------------------------------------------- */
 
-/* Lookups are hashed (glibc's hsearch_r), so that import is linear in the model's size: the
- * latest symbol of a name, and whether a node name is taken. */
+/* Symbols are found through a hash (glibc's hsearch_r), so that import is linear in the model's
+ * size: the latest symbol of a name. */
 static sym *find(imp *im, const char *name) {
   ENTRY want = {.key = (char *)name}, *got = NULL;
   if (!hsearch_r(want, FIND, &got, &im->sym_index)) return NULL;
@@ -160,24 +160,23 @@ static sym *add_sym(imp *im, const char *name, sym_kind kind) {
   return s;
 }
 
-/* The node_names entry of name (NULL when the name is free), after adding the names of the
- * graph's nodes made since the last call (the builder's own nodes included). */
-static ENTRY *node_name_entry(imp *im, const char *name) {
-  for (; im->names_synced < im->g->n_nodes; im->names_synced++) {
-    if (im->n_name_keys == im->cap_name_keys) {
-      im->cap_name_keys = im->cap_name_keys ? 2 * im->cap_name_keys : 256;
-      im->name_keys = realloc(im->name_keys, (size_t)im->cap_name_keys * sizeof *im->name_keys);
-      QT_ASSERT(im->name_keys, "out of memory");
-    }
-    char *key = strdup(im->g->nodes[im->names_synced].name);
-    QT_ASSERT(key, "out of memory");
-    ENTRY e = {.key = key, .data = (void *)(intptr_t)2}, *got = NULL;
-    QT_ASSERT(hsearch_r(e, ENTER, &got, &im->node_names), "onnx import: node name index full");
-    if (got->key == key) im->name_keys[im->n_name_keys++] = key;
-    else free(key); /* already there */
-  }
+/* The next_suffix entry of a taken name (made with k = 2 the first time): where the last
+ * search for a free "<name>_k" stopped, so that n nodes of one name cost O(n), not O(n^2).
+ * Whether a name is taken, the graph's own index answers (qt_graph_find_node). */
+static ENTRY *next_suffix(imp *im, const char *name) {
   ENTRY want = {.key = (char *)name}, *got = NULL;
-  return hsearch_r(want, FIND, &got, &im->node_names) ? got : NULL;
+  if (hsearch_r(want, FIND, &got, &im->next_suffix)) return got;
+  if (im->n_suffix_keys == im->cap_suffix_keys) {
+    im->cap_suffix_keys = im->cap_suffix_keys ? 2 * im->cap_suffix_keys : 256;
+    im->suffix_keys = realloc(im->suffix_keys, (size_t)im->cap_suffix_keys * sizeof *im->suffix_keys);
+    QT_ASSERT(im->suffix_keys, "out of memory");
+  }
+  char *key = strdup(name);
+  QT_ASSERT(key, "out of memory");
+  im->suffix_keys[im->n_suffix_keys++] = key;
+  ENTRY e = {.key = key, .data = (void *)(intptr_t)2};
+  QT_ASSERT(hsearch_r(e, ENTER, &got, &im->next_suffix), "onnx import: node name index full");
+  return got;
 }
 
 /* The node's input k (NULL when absent or empty: an optional input left out). */
@@ -490,8 +489,7 @@ static void node_name(imp *im, const char *weight, char *out) {
   }
   if (!cand[0]) scope_name(im->node, cand, sizeof cand);
   if (!cand[0]) snprintf(cand, sizeof cand, "%s_%d", str(im->node->op_type), im->node_index);
-  ENTRY *taken = node_name_entry(im, cand);
-  if (!taken) {
+  if (qt_graph_find_node(im->g, cand) < 0) {
     snprintf(out, QT_NAME_LEN, "%s", cand);
     return;
   }
@@ -501,18 +499,17 @@ static void node_name(imp *im, const char *weight, char *out) {
   for (char *p = buf; *p; p++)
     if (*p == '/') *p = '.';
   sanitize(buf, full, sizeof full);
-  if (full[0] && !node_name_entry(im, full)) {
+  if (full[0] && qt_graph_find_node(im->g, full) < 0) {
     snprintf(out, QT_NAME_LEN, "%s", full);
     return;
   }
-  /* cand_k for the first free k from where the last search for cand stopped (entries stay put:
-   * the table never grows) */
-  for (intptr_t k = (intptr_t)taken->data;; k++) {
+  ENTRY *memo = next_suffix(im, cand); /* entries stay put: the table never grows */
+  for (intptr_t k = (intptr_t)memo->data;; k++) {
     char tail[24];
     snprintf(tail, sizeof tail, "_%ld", (long)k);
     snprintf(out, QT_NAME_LEN, "%.*s%s", (int)(QT_NAME_LEN - 1 - strlen(tail)), cand, tail);
-    if (!node_name_entry(im, out)) {
-      taken->data = (void *)(k + 1);
+    if (qt_graph_find_node(im->g, out) < 0) {
+      memo->data = (void *)(k + 1);
       return;
     }
   }
@@ -1242,9 +1239,9 @@ static qt_graph *import_graph(imp *im, const int *data_hwc) {
   for (size_t i = 0; i < gp->n_node; i++) im->cap_syms += (int)gp->node[i]->n_output;
   im->syms = calloc((size_t)im->cap_syms, sizeof *im->syms);
   QT_ASSERT(im->syms, "out of memory");
-  /* room for every symbol and node name (the builder adds at most a few nodes per ONNX node) */
+  /* room for every symbol, and for a memo per ONNX node's name */
   QT_ASSERT(hcreate_r(2 * (size_t)im->cap_syms, &im->sym_index) &&
-                hcreate_r(8 * gp->n_node + 64, &im->node_names),
+                hcreate_r(2 * gp->n_node + 64, &im->next_suffix),
             "out of memory");
   for (size_t i = 0; i < gp->n_initializer; i++) {
     const Onnx__TensorProto *t = gp->initializer[i];
@@ -1311,9 +1308,9 @@ qt_graph *qt_onnx_import(const char *path, const int *data_hwc, qt_onnx_info *in
   onnx__model_proto__free_unpacked(m, NULL);
   free(im.syms);
   hdestroy_r(&im.sym_index);
-  hdestroy_r(&im.node_names);
-  for (int i = 0; i < im.n_name_keys; i++) free(im.name_keys[i]);
-  free(im.name_keys);
+  hdestroy_r(&im.next_suffix);
+  for (int i = 0; i < im.n_suffix_keys; i++) free(im.suffix_keys[i]);
+  free(im.suffix_keys);
   free(im.copies);
   free(im.absorbed);
   return g;
