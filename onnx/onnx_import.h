@@ -1,18 +1,25 @@
-/* ONNX import: an fp32 ONNX model (as torch.onnx.export writes it, IR 6-8, opsets 11-17, eval or
- * training export) becomes a graph IR (nn/nn.h) with its initializers as the parameters and BN
- * buffers, so that every later step (training, PTQ, QAT, convert, check, lowering, report) runs
- * on it unchanged. The file is parsed by protobuf-c over Debian's onnx.proto (libonnx-dev), with
- * C code generated at build time; nothing here decodes protobuf by hand.
+/* ONNX import: an fp32 ONNX model (as torch.onnx.export writes it: torch 1.13's TorchScript
+ * exporter, IR 6-8, opsets 11-17; torch 2.x's exporter, IR 10, opsets 18-20; eval or training
+ * export; IR 6-10 and opsets 11-22 are read) becomes a graph IR (nn/nn.h) with its initializers as
+ * the parameters and BN buffers, so that every later step (training, PTQ, QAT, convert, check,
+ * lowering, report) runs on it unchanged. The file is parsed by protobuf-c over Debian's
+ * onnx.proto (libonnx-dev), with C code generated at build time; nothing here decodes protobuf by
+ * hand. Initializers may keep their bytes in a side file (ONNX external data, as torch 2.x
+ * writes "model.onnx.data"): read from the model's directory only (import_external.c).
  *
  * Ops: Conv (groups, depthwise; strides; symmetric pads; dilation 1), BatchNormalization, Relu,
  * Clip(0, 6) as relu6 (Clip(0, inf) as relu), MaxPool, AveragePool (a zero Pad before it or
- * before a Conv is folded into its padding, as PyTorch exports AvgPool2d), GlobalAveragePool,
- * Flatten, the Reshape that x.view(n, -1) exports (with the Shape / Gather / Unsqueeze / Concat
- * that compute its shape), Gemm, MatMul (+ Add of a bias), Add of two activations (residual),
- * Identity, Dropout (dropped: the graph IR has no dropout), Constant. Anything else, and
- * attributes the IR cannot express (dilation 2, ceil_mode 1, auto_pad other than NOTSET,
- * asymmetric pads, non-square pools, count_include_pad 0 with padding), is refused before the
- * graph is built, naming the node, its op type and the model's opset.
+ * before a Conv is folded into its padding, as PyTorch exports AvgPool2d), GlobalAveragePool and
+ * ReduceMean over H and W, Flatten, Squeeze of a pooled [N, C, 1, 1], the Reshape that
+ * x.view(n, -1) exports, Gemm, MatMul (+ Add of a bias), Add of two activations (residual),
+ * Identity, Dropout (dropped: the graph IR has no dropout). Constants and the shape arithmetic
+ * exporters write (Constant, Shape, Gather, Unsqueeze, Squeeze, Concat, Expand, Cast, CastLike,
+ * Reshape of a shape) are evaluated at import; torch 2.x's all-zero bias of a Conv without one is
+ * dropped. Where an op's form changed between opsets (axes as an attribute or an input in
+ * ReduceMean, Squeeze, Unsqueeze and Pad), both are read. Anything else, and attributes the IR
+ * cannot express (dilation 2, ceil_mode 1, auto_pad other than NOTSET, asymmetric pads,
+ * non-square pools, count_include_pad 0 with padding), is refused before the graph is built,
+ * naming the node, its op type and the model's opset.
  *
  * Layout: ONNX activations are NCHW, the graph's NHWC. Conv weights are OIHW in both; a linear
  * layer reading a flattened image (H x W x C with H*W > 1 and C > 1) gets its weight columns
@@ -41,6 +48,8 @@ typedef struct {
   int folded;                    /* Pad nodes folded into a Conv / AveragePool, Adds folded into MatMul */
   int permuted;                  /* linear weights whose columns were permuted to NHWC order */
   int nodes;                     /* ONNX nodes read */
+  int convs, batch_norms;        /* Conv and BatchNormalization nodes (none: the exporter folded BN) */
+  int external;                  /* initializers read from external data files */
 } qt_onnx_info;
 
 /* Imports the ONNX model at path. data_hwc (may be NULL) is the data's image shape (H, W, C),

@@ -67,8 +67,8 @@ static const char *range_choices(void) {
 static const option_row rows[] = {
     STRING_ENUM_ROW(model, name, QT_CFG_ENUM, "fashion_cnn", 0, 0, model_choices, "model preset"),
     ROW(model, onnx, QT_CFG_STRING, "", 0, 0, NULL,
-     "fp32 ONNX model to import instead of model.name (PyTorch's torch.onnx.export, opsets 11-17; "
-     "initializers become the parameters)"),
+     "fp32 ONNX model to import instead of model.name (torch.onnx.export of torch 1.13 or 2.x: IR 6-10, "
+     "opsets 11-22, weights inside the file or in a side file; initializers become the parameters)"),
 
     ROW(data, format, QT_CFG_ENUM, "idx", 0, 0, "idx|hdf5|folder",
      "idx: gzip'd MNIST-format files; hdf5: images/labels datasets; folder: root/<class>/*.png|jpg"),

@@ -173,6 +173,13 @@ static qt_graph *import_onnx(const qt_options *o, const qt_dataset *data, qt_sta
     qt_status_fail(st, QT_STATUS_INPUT);
     return NULL;
   }
+  static int noted; /* once a process: a run imports its model more than once */
+  if (info.convs > 0 && info.batch_norms == 0 && !noted) {
+    noted = 1;
+    fprintf(stderr, "note: %s has no BatchNormalization (its exporter folded BN into the convs), so there is no BN for "
+            "QAT to fold late; to keep BN, export with torch.onnx.export(..., optimize=False) (torch 2.x) or "
+            "training=torch.onnx.TrainingMode.TRAINING (torch 1.13)\n", o->model.onnx);
+  }
   return g;
 }
 

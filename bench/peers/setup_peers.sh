@@ -17,7 +17,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="$HERE/.venv"
 REQ="$HERE/requirements-peers.txt"
 PYTHON="${PYTHON:-$(command -v python3 || true)}"
-CORE=(torch torchvision torchao executorch onnxruntime onnx numpy h5py)
+CORE=(torch torchvision torchao executorch onnxruntime onnx onnxscript onnx-ir numpy h5py)
 # package name -> module imported to prove it works
 declare -A OPTIONAL_IMPORT=([aimet-torch]=aimet_torch [brevitas]=brevitas [nncf]=nncf)
 OPTIONAL=(aimet-torch brevitas nncf)

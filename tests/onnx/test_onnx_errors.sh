@@ -3,9 +3,11 @@
 # op, unsupported attributes (dilation 2, ceil_mode, auto_pad, asymmetric pads), a dynamic input
 # shape the data contradicts (in the image size a Gemm was built for, and in the channels), a
 # missing initializer, an initializer holding fewer values than its dims, a BN parameter of the
-# wrong size, and model.name given too. Each exits 2 with a message naming the file, the node
+# wrong size, hostile external-data references, IR versions and opsets past the range read, and
+# model.name given too. Each exits 2 with a message naming the file, the node
 # (op type and opset) and what is wrong, before any training: no checkpoint is written.
-# The bad models are made by tests/onnx/make_onnx_models.py; hostile ones (nesting 100,000 deep, an
+# The bad models are made by tests/onnx/make_onnx_models.py (the external-data ones by
+# tests/onnx/make_torch2_models.py); hostile ones (nesting 100,000 deep, an
 # unnamed graph input) by tests/onnx/make_hostile_onnx.py at test time.
 # Usage: test_onnx_errors.sh path/to/qat_train SOURCE_DIR
 set -u
@@ -88,6 +90,37 @@ expect short_initializer "$B/short_initializer.onnx" "node '/fc/Gemm' (Gemm, ops
   "'fc.weight' has dims [10, 98] (980 values) but holds 979 values" -- $B/short_initializer.onnx
 expect bn_size "$B/bn_size.onnx" "node '/bn/BatchNormalization' (BatchNormalization, opset 13)" \
   "the scale 'bn.weight' has dims [3], expected [4]" -- $B/bn_size.onnx
+# external data (tests/onnx/make_torch2_models.py): the weight of ext_ok.onnx lives in
+# ext_data.bin; each hostile reference is refused naming the tensor and the location, and nothing
+# outside the model's directory is read. Accepted files stop later, at the 4x4 input the data
+# contradicts: that message shows the import succeeded.
+expect ext_absolute "tensor 'conv.weight': external data '/etc/passwd': an absolute path" -- $B/ext_absolute.onnx
+mkdir -p "$T/up/models" && cp $B/ext_dotdot.onnx "$T/up/models/" && cp $B/ext_data.bin "$T/up/ext_secret.bin"
+expect ext_dotdot "external data '../ext_secret.bin': a '..' component" -- "$T/up/models/ext_dotdot.onnx"
+expect ext_dotdot_reentry "external data '../bad/ext_data.bin': a '..' component" -- $B/ext_dotdot_reentry.onnx
+expect ext_past_end "external data 'ext_data.bin': bytes 100 to 172 are past the end of the file (160 bytes)" \
+  -- $B/ext_past_end.onnx
+expect ext_length "external data 'ext_data.bin': length 68, but the tensor's 18 values take 72 bytes" -- $B/ext_length.onnx
+expect ext_missing "external data 'ext_missing.bin': cannot open" "No such file" -- $B/ext_missing.onnx
+mkdir -p "$T/outside" "$T/link_out" "$T/link_in/sub" && cp $B/ext_data.bin "$T/outside/ext_data.bin"
+cp $B/ext_ok.onnx "$T/link_out/" && ln -s "$T/outside/ext_data.bin" "$T/link_out/ext_data.bin"
+expect ext_symlink_out "external data 'ext_data.bin': resolves to $T/outside/ext_data.bin, outside the model's directory" \
+  -- "$T/link_out/ext_ok.onnx"
+cp $B/ext_ok.onnx "$T/link_in/" && cp $B/ext_data.bin "$T/link_in/sub/data.bin" && ln -s sub/data.bin "$T/link_in/ext_data.bin"
+expect ext_symlink_in "model ext_ok (model.onnx $T/link_in/ext_ok.onnx" "takes 4x4x1 images" -- "$T/link_in/ext_ok.onnx"
+expect ext_ok "model ext_ok (model.onnx $B/ext_ok.onnx" "takes 4x4x1 images" -- $B/ext_ok.onnx
+# torch 2.x's files outside the range read: IR version 11, opset 23
+"${QT_PYTHON:-.venv/bin/python}" - "$T" <<'PY' || { echo "making the IR 11 / opset 23 files failed"; fail=1; }
+import sys, onnx
+m = onnx.load("tests/onnx/models/forms_opset22.onnx")
+m.ir_version = 11
+onnx.save(m, sys.argv[1] + "/ir11.onnx")
+m = onnx.load("tests/onnx/models/forms_opset22.onnx")
+m.opset_import[0].version = 23
+onnx.save(m, sys.argv[1] + "/opset23.onnx")
+PY
+expect ir11 "$T/ir11.onnx: IR version 11 is not supported (6 to 10" -- "$T/ir11.onnx"
+expect opset23 "$T/opset23.onnx: opset 23 of the default domain is not supported (11 to 22)" -- "$T/opset23.onnx"
 expect name_and_onnx "model.name = res_cnn (override) and model.onnx" "both name the model" \
   -- tests/onnx/models/res_cnn.onnx model.name=res_cnn
 # a quantized run's fp32 recipe must train the same model

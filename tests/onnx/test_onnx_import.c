@@ -21,9 +21,13 @@
 #define TOL_OUT 1e-5
 #define TOL_GRAD 1e-4
 
+/* The reference file of the models being checked: onnx_ref.h5 (torch 1.13's exports) or
+ * onnx2_ref.h5 (torch 2.x's, the opset-forms models and the external-data model). */
+static const char *ref_name = "onnx_ref.h5";
+
 static const char *ref_file(void) {
   static char path[4096];
-  if (!path[0]) snprintf(path, sizeof path, "%s", qt_test_path("tests/onnx/ref/onnx_ref.h5"));
+  snprintf(path, sizeof path, "%s%s", qt_test_path("tests/onnx/ref/"), ref_name);
   return path;
 }
 
@@ -167,16 +171,58 @@ static void same_as_preset(const char *model, qt_graph *g, qt_ctx *ctx, float *x
   qt_graph_free(p);
 }
 
-static void check_model(const char *model, int preset, const char *want_name) {
-  char path[4096], err[QT_ERR_LEN], what[256];
-  snprintf(path, sizeof path, "%s", qt_test_path("tests/onnx/models/"));
+static qt_graph *import_model(const char *dir, const char *model, qt_onnx_info *info) {
+  char path[4096], err[QT_ERR_LEN];
+  snprintf(path, sizeof path, "%s", qt_test_path(dir));
   snprintf(path + strlen(path), sizeof path - strlen(path), "%s.onnx", model);
+  qt_graph *g = qt_onnx_import(path, NULL, info, err);
+  if (!g) qt_test_fail("%s: %s", model, err);
+  return g;
+}
+
+/* A torch 2.x export imports as torch 1.13's export of the same module: the same ops, attributes,
+ * value shapes, and parameters by name, size and value (bit for bit: both files hold the twin's
+ * weights; only the IR node names of unnamed ops differ, and BN buffers, which torch 1.13's
+ * training export moved). */
+static void same_graph_as(const char *model, const qt_graph *g, const char *twin) {
   qt_onnx_info info;
-  qt_graph *g = qt_onnx_import(path, NULL, &info, err);
-  if (!g) {
-    qt_test_fail("%s: %s", model, err);
-    return;
+  const char *saved = ref_name;
+  qt_graph *o = import_model("tests/onnx/models/", twin, &info);
+  ref_name = saved;
+  if (!o) return;
+  int same = o->n_nodes == g->n_nodes && o->n_tensors == g->n_tensors && o->n_values == g->n_values &&
+             o->n_params == g->n_params;
+  for (int i = 0; same && i < o->n_nodes; i++) {
+    const qt_node *a = &o->nodes[i], *b = &g->nodes[i];
+    same = a->op == b->op && memcmp(&a->attr, &b->attr, sizeof a->attr) == 0 && a->n_inputs == b->n_inputs &&
+           memcmp(a->inputs, b->inputs, sizeof a->inputs) == 0;
+    if (!same) qt_test_fail("%s: node %d is %s '%s', %s '%s' in %s", model, i, qt_op_name(b->op), b->name,
+                            qt_op_name(a->op), a->name, twin);
   }
+  for (int v = 0; same && v < o->n_values; v++)
+    same = o->values[v].ndim == g->values[v].ndim &&
+           memcmp(o->values[v].shape, g->values[v].shape, sizeof o->values[v].shape) == 0;
+  for (int k = 0; same && k < o->n_tensors; k++) {
+    const qt_param *a = &o->tensors[k], *b = &g->tensors[k];
+    same = strcmp(a->name, b->name) == 0 && a->numel == b->numel && a->is_buffer == b->is_buffer &&
+           (a->is_buffer || memcmp(o->params + a->offset, g->params + b->offset, (size_t)a->numel * sizeof(float)) == 0);
+    if (!same) qt_test_fail("%s: tensor %d '%s' differs from %s's '%s' (name, size or values)", model, k, b->name, twin,
+                            a->name);
+  }
+  if (!same) {
+    qt_test_fail("%s: the imported graph is not %s's", model, twin);
+    qt_graph_print(g, stderr);
+  }
+  qt_graph_free(o);
+}
+
+static void check_model_in(const char *dir, const char *model, int preset, const char *want_name, int train,
+                           const char *twin) {
+  char what[256];
+  qt_onnx_info info;
+  qt_graph *g = import_model(dir, model, &info);
+  if (!g) return;
+  if (twin) same_graph_as(model, g, twin);
   if (strcmp(g->name, model) != 0) qt_test_fail("%s: graph named '%s'", model, g->name);
   if (want_name && qt_graph_find_node(g, want_name) < 0) {
     qt_test_fail("%s: no node named '%s' (names come from the PyTorch modules)", model, want_name);
@@ -199,26 +245,59 @@ static void check_model(const char *model, int preset, const char *want_name) {
     if (preset) same_as_preset(model, g, ctx, x, n_x, y_eval);
     free(y_eval);
   }
-  const int train = strcmp(model, "mobilenet_eval") != 0; /* the eval export folded every BN */
   if (train) train_step(model, g, ctx, x, n_x, &fig);
   if (getenv("QT_TEST_VERBOSE"))
     fprintf(stderr,
-            "%-15s IR %lld opset %2lld %3d nodes %6lld params  max relative error: eval %.2e  train %s%.2e  loss %.2e  "
-            "grads (%d) %.2e  BN stats %.2e  (%d dropped, %d folded, %d permuted)\n",
+            "%-18s IR %2lld opset %2lld %3d nodes %6lld params  max relative error: eval %.2e  train %s%.2e  loss "
+            "%.2e  grads (%d) %.2e  BN stats %.2e  (%d dropped, %d folded, %d permuted, %d external)\n",
             model, (long long)info.ir_version, (long long)info.opset, g->n_nodes, (long long)qt_graph_param_count(g),
             fig.eval, train ? "" : "(n/a) ", fig.train, fig.loss, fig.n_grads, fig.grad, fig.stats, info.dropped,
-            info.folded, info.permuted);
+            info.folded, info.permuted, info.external);
   qt_ctx_free(ctx);
   free(x), free(want);
   qt_graph_free(g);
 }
 
+static void check_model(const char *model, int preset, const char *want_name, int train) {
+  check_model_in("tests/onnx/models/", model, preset, want_name, train, NULL);
+}
+
+/* What the import reports about a file: IR version, opset, external initializers, BN nodes. */
+static void expect_info(const char *dir, const char *model, int64_t ir, int64_t opset, int external, int batch_norms) {
+  qt_onnx_info info;
+  qt_graph *g = import_model(dir, model, &info);
+  if (!g) return;
+  if (info.ir_version != ir || info.opset != opset || info.external != external || info.batch_norms != batch_norms)
+    qt_test_fail("%s: IR %lld, opset %lld, %d external initializers, %d BatchNormalization nodes; want %lld, %lld, %d, "
+                 "%d", model, (long long)info.ir_version, (long long)info.opset, info.external, info.batch_norms,
+                 (long long)ir, (long long)opset, external, batch_norms);
+  qt_graph_free(g);
+}
+
 int main(void) {
-  check_model("fashion_cnn", 1, "fc1");
-  check_model("fashion_mlp", 1, "fc1");
-  check_model("res_cnn", 1, "block1.add");
-  check_model("mobilenet", 0, "block.dw.relu");
-  check_model("mobilenet_eval", 0, "block.dw.conv");
-  check_model("tiny_features", 0, "MatMul");
+  /* torch 1.13's exports (tests/onnx/make_onnx_models.py) */
+  check_model("fashion_cnn", 1, "fc1", 1);
+  check_model("fashion_mlp", 1, "fc1", 1);
+  check_model("res_cnn", 1, "block1.add", 1);
+  check_model("mobilenet", 0, "block.dw.relu", 1);
+  check_model("mobilenet_eval", 0, "block.dw.conv", 0); /* the eval export folded every BN */
+  check_model("tiny_features", 0, "MatMul", 1);
+  /* torch 2.x's exports, the opset forms and external data (tests/onnx/make_torch2_models.py) */
+  ref_name = "onnx2_ref.h5";
+  check_model_in("tests/onnx/models/", "t2_fashion_cnn", 0, "fc1", 1, "fashion_cnn");
+  check_model_in("tests/onnx/models/", "t2_mobilenet", 0, "block.dw.conv", 1, "mobilenet");
+  check_model("t2_fashion_cnn_opt", 0, "fc1", 0); /* optimize=True folded BN */
+  check_model("t2_mobilenet_opt", 0, "block.dw.conv", 0);
+  check_model("forms_opset11", 0, NULL, 0);
+  check_model("forms_opset13", 0, NULL, 0);
+  check_model("forms_opset18", 0, NULL, 0);
+  check_model("forms_opset22", 0, NULL, 0);
+  check_model_in("tests/onnx/bad/", "ext_ok", 0, NULL, 0, NULL);
+  expect_info("tests/onnx/models/", "t2_mobilenet", 10, 20, 21, 8);
+  expect_info("tests/onnx/models/", "t2_fashion_cnn", 10, 20, 0, 2);
+  expect_info("tests/onnx/models/", "t2_fashion_cnn_opt", 10, 20, 0, 0);
+  expect_info("tests/onnx/models/", "forms_opset11", 6, 11, 0, 0);
+  expect_info("tests/onnx/models/", "forms_opset22", 10, 22, 0, 0);
+  expect_info("tests/onnx/bad/", "ext_ok", 7, 13, 1, 0);
   return qt_test_finish();
 }

@@ -1,0 +1,216 @@
+/* Private to the ONNX importer (onnx_import.h), shared by its parts:
+ *   import.c        the model: the file, its IR version and opset, the graph input, the op
+ *                   table's lookup, parameter copies into the finalized graph
+ *   import_core.c   messages, symbols, attributes, tensors, IR node names, builder helpers
+ *   import_ops.c    the ops that become graph IR nodes (Conv, BatchNormalization, ...)
+ *   import_shape.c  constants and the small integer shape arithmetic folded at import (Shape,
+ *                   Gather, Concat, Expand, ...): nothing of it reaches the graph
+ *   import_external.c  tensors whose bytes live in a side file (ONNX external data)
+ *
+ * Every ONNX tensor name maps to a symbol: an activation (an IR value, with how it stands for the
+ * ONNX tensor: an NCHW image as an NHWC value, a flat (N, F) tensor, a pending zero Pad, a flatten
+ * whose order differs from PyTorch's), a constant (an initializer, a Constant node or a tensor
+ * folded at import), or a small integer vector (shape arithmetic such as x.view(n, -1)).
+ * Parameters are copied into the graph's slabs after it is finalized, converted to the graph's
+ * layouts on the way. */
+#ifndef QT_ONNX_IMPORT_INT_H
+#define QT_ONNX_IMPORT_INT_H
+
+#include <search.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "onnx.pb-c.h"
+#include "onnx/onnx_import.h"
+
+#define BATCH INT64_MIN /* the batch dimension in shape arithmetic */
+#define MAX_INTS 8
+
+typedef enum { S_NONE, S_ACT, S_CONST, S_INTS } sym_kind;
+
+typedef struct {
+  const char *name;
+  sym_kind kind;
+  /* S_ACT */
+  int value;                  /* IR value id */
+  int pooled;                 /* an IR (C) vector standing for ONNX [N, C, 1, 1] (GlobalAveragePool) */
+  int perm_h, perm_w, perm_c; /* a flat value in (h, w, c) order standing for PyTorch's (c, h, w) flatten */
+  int pad[4];                 /* a pending zero Pad (top, left, bottom, right) of the image `value` */
+  int padded;
+  /* S_CONST */
+  const Onnx__TensorProto *t;
+  const char *user; /* first node using it as a parameter (shared parameters are refused) */
+  int computed;     /* folded at import from other constants (no initializer of its own) */
+  /* S_INTS */
+  int64_t ints[MAX_INTS];
+  int n_ints, scalar;
+  /* S_NONE: an output no supported consumer reads */
+  const char *what;
+} sym;
+
+typedef enum { COPY_AS_IS, COPY_TRANSPOSE } copy_kind;
+
+typedef struct {
+  int tensor; /* in the graph */
+  const Onnx__TensorProto *src;
+  copy_kind kind;             /* COPY_TRANSPOSE: src is (IN, OUT), the graph wants (OUT, IN) */
+  int perm_h, perm_w, perm_c; /* columns from (c, h, w) to (h, w, c) order */
+} param_copy;
+
+typedef struct {
+  const char *path;
+  char *err;
+  qt_onnx_info *info;
+  const Onnx__GraphProto *gp;
+  int64_t opset;
+  qt_graph *g;
+  sym *syms;
+  int n_syms, cap_syms;
+  struct hsearch_data sym_index;   /* name -> the latest symbol of that name (data: index + 1) */
+  struct hsearch_data next_suffix; /* a taken node name -> the next "_k" to try after it */
+  char **suffix_keys;              /* next_suffix's keys, owned */
+  int n_suffix_keys, cap_suffix_keys;
+  param_copy *copies;
+  int n_copies, cap_copies;
+  Onnx__TensorProto **made; /* tensors folded at import, owned */
+  int n_made, cap_made;
+  Onnx__TensorProto **ext; /* the model's tensors whose raw_data the import read from a side file */
+  int n_ext, cap_ext;
+  const Onnx__NodeProto *node; /* being imported (messages) */
+  int node_index;
+  unsigned char *absorbed; /* per node: folded into an earlier node (an Add into a MatMul) */
+  int dynamic;             /* input dims from the data */
+  int64_t static_batch;    /* the batch the input declares, 0 = dynamic */
+} imp;
+
+/* An ONNX op the importer reads: its function and the arity the operator allows. */
+typedef struct {
+  const char *op;
+  int (*fn)(imp *im);
+  int min_in, max_in, min_out, max_out;
+} qt_imp_op;
+
+/* The op tables, each ended by a row whose op is NULL. */
+extern const qt_imp_op qt_imp_layer_ops[]; /* import_ops.c */
+extern const qt_imp_op qt_imp_shape_ops[]; /* import_shape.c */
+
+static inline const char *str(const char *s) { return s ? s : ""; }
+
+/* The node's input k (NULL when absent or empty: an optional input left out). */
+static inline const char *in_name(const Onnx__NodeProto *n, size_t k) {
+  return k < n->n_input && n->input[k] && n->input[k][0] ? n->input[k] : NULL;
+}
+
+static inline const char *kind_text(const sym *s) {
+  switch (s->kind) {
+    case S_ACT: return "an activation";
+    case S_CONST: return "a constant";
+    case S_INTS: return "a shape computation";
+    default: return "?";
+  }
+}
+
+static inline const qt_value *val(imp *im, const sym *s) { return &im->g->values[s->value]; }
+static inline int is_image(imp *im, const sym *s) { return val(im, s)->ndim == 3; }
+static inline int64_t features(imp *im, const sym *s) { return qt_value_numel(val(im, s)); }
+static inline int node_of(imp *im, int value) { return im->g->values[value].producer; }
+
+/* Elements of a tensor's dims, -1 when negative or overflowing. */
+static inline int64_t numel_of(const Onnx__TensorProto *t) {
+  int64_t n = 1;
+  for (size_t i = 0; i < t->n_dims; i++) {
+    if (t->dims[i] < 0 || (t->dims[i] > 0 && n > INT64_MAX / t->dims[i])) return -1;
+    n *= t->dims[i];
+  }
+  return n;
+}
+
+/* ---- import_core.c ---- */
+
+/* "onnx: <path>: node '<name>' (<OpType>, opset <n>): <what>"; returns -1. */
+int qt_imp_node_err(imp *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "onnx: <path>: <what>"; returns -1. */
+int qt_imp_file_err(imp *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void qt_imp_dims_str(const int64_t *d, size_t n, char *buf, size_t len);
+
+sym *qt_imp_find(imp *im, const char *name);
+sym *qt_imp_add_sym(imp *im, const char *name, sym_kind kind);
+/* Input k of the current node, which must exist (role names it in messages). */
+sym *qt_imp_input(imp *im, size_t k, const char *role);
+/* An activation input (a pending Pad only where allow_pad). */
+sym *qt_imp_act_input(imp *im, size_t k, const char *role, int allow_pad);
+/* A parameter input: an initializer (or a constant), used by no other node. */
+const Onnx__TensorProto *qt_imp_param_input(imp *im, size_t k, const char *role, int optional);
+/* The symbol of a parameter input of the current node (after qt_imp_param_input). */
+const sym *qt_imp_param_sym(imp *im, size_t k);
+
+const Onnx__AttributeProto *qt_imp_attr(const Onnx__NodeProto *n, const char *name);
+int qt_imp_attr_int(imp *im, const char *name, int64_t def, int64_t *v);
+int qt_imp_attr_float(imp *im, const char *name, float def, float *v);
+/* An INTS attribute of exactly `want` values (absent: *found = 0). */
+int qt_imp_attr_ints(imp *im, const char *name, int64_t *v, size_t want, int *found);
+
+typedef struct {
+  int64_t kernel[2], stride[2], pad[4];
+  int has_kernel;
+} window;
+
+/* kernel_shape, strides, pads (symmetric), dilations (1), auto_pad (NOTSET). */
+int qt_imp_read_window(imp *im, window *w);
+/* Adds a pending Pad of x to the window's pads, then requires them symmetric. */
+int qt_imp_window_pads(imp *im, window *w, const sym *x);
+
+/* A float32 tensor whose stored data holds exactly its dims' element count and, when want_dims
+ * is given, has those dims. */
+int qt_imp_check_float_tensor(imp *im, const Onnx__TensorProto *t, const char *role, int want_ndim,
+                              const int64_t *want_dims);
+/* The values of a float tensor checked by qt_imp_check_float_tensor. */
+void qt_imp_float_data(const Onnx__TensorProto *t, float *out, int64_t n);
+/* An integer tensor (int64 or int32) of at most MAX_INTS values as S_INTS data. */
+int qt_imp_const_ints(imp *im, const Onnx__TensorProto *t, int64_t *v, int *n, int *scalar);
+/* Input k as a small integer vector (a constant or a shape computation); tmp holds a constant's. */
+sym *qt_imp_ints_input(imp *im, size_t k, const char *role, sym *tmp);
+/* A float scalar constant (Clip's min and max); *present = 0 when the input is left out. */
+int qt_imp_scalar_input(imp *im, size_t k, const char *role, float *v, int *present);
+
+/* The axes of Squeeze, Unsqueeze, ReduceMean and Pad: the attribute `axes` (older opsets), else
+ * input k (newer ones); *n = 0 when neither is given. */
+int qt_imp_axes(imp *im, size_t k, int64_t *axes, int *n);
+
+/* Letters, digits, '_', '-', '.' kept, others as '_', no leading dot. */
+void qt_imp_sanitize(const char *in, char *out, size_t n);
+/* The IR name of the current node: after its weight's PyTorch name ("conv1.weight" -> "conv1"),
+ * else its scope; made unique. */
+void qt_imp_node_name(imp *im, const char *weight, char *out);
+
+/* 0 when the builder gave a value, else the builder's message as the node's error. */
+int qt_imp_builder_check(imp *im, int v);
+/* Output out_k of the current node is the IR value `value`. */
+sym *qt_imp_bind_act(imp *im, size_t out_k, int value);
+/* Output out_k of the current node aliases x (Identity, Dropout, a flatten of a flat tensor). */
+sym *qt_imp_alias(imp *im, size_t out_k, const sym *x);
+/* A parameter to copy from src into graph tensor `tensor` once the graph is finalized. */
+void qt_imp_add_copy(imp *im, int tensor, const Onnx__TensorProto *src, copy_kind kind, const sym *perm);
+/* A note for messages about features: where the input's dims came from. */
+const char *qt_imp_dyn_note(imp *im);
+/* Outputs from `from` on are marked as read by no supported consumer (what: which output). */
+void qt_imp_outputs_unused(imp *im, size_t from, const char *what);
+/* A new float32 or int64 tensor owned by the import (freed with it), its data zeroed. */
+Onnx__TensorProto *qt_imp_new_tensor(imp *im, const char *name, int data_type, const int64_t *dims, size_t n_dims);
+
+/* ---- import_ops.c, import_shape.c ---- */
+
+/* Squeeze of an activation: the pooled H and W of a global pool (axes 2 and 3). */
+int qt_imp_squeeze_act(imp *im, sym *x, const int64_t *axes, int n_axes);
+/* Reshape whose data is a shape computation. */
+int qt_imp_reshape_ints(imp *im);
+
+/* ---- import_external.c ---- */
+
+/* Reads the bytes of every external-data initializer (and Constant node value) of the graph from
+ * its side file, under the model's directory, into the tensor's raw_data; 0 or -1 with the
+ * message. qt_imp_free_external gives the tensors back as they were, before the model is freed. */
+int qt_imp_load_external(imp *im);
+void qt_imp_free_external(imp *im);
+
+#endif

@@ -1,0 +1,494 @@
+/* The ONNX ops that become graph IR nodes (import_int.h): Conv, BatchNormalization, the
+ * activations, pooling, Flatten / Reshape, Gemm / MatMul, Add, and the ops dropped or folded into
+ * their consumer (Identity, Dropout, a zero Pad). */
+#define _GNU_SOURCE /* struct hsearch_data in import_int.h */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnx/import_int.h"
+
+/* A float tensor holding only zeros (checked by qt_imp_check_float_tensor first). */
+static int zeros(const Onnx__TensorProto *t) {
+  const int64_t n = numel_of(t);
+  if (n < 0 || !t->has_raw_data || (int64_t)t->raw_data.len != 4 * n) return 0;
+  for (int64_t i = 0; i < 4 * n; i++)
+    if (t->raw_data.data[i]) return 0;
+  return 1;
+}
+
+static int op_conv(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "X", 1);
+  if (!x) return -1;
+  if (!is_image(im, x))
+    return qt_imp_node_err(im, "input '%s' is a flat (N, F) tensor%s; Conv needs an image (N, C, H, W)", x->name,
+                           x->pooled ? " (GlobalAveragePool's output is a (C) vector in the graph IR)" : "");
+  const Onnx__TensorProto *w = qt_imp_param_input(im, 1, "weight", 0), *b = NULL;
+  if (!w) return -1;
+  if (in_name(im->node, 2) && !(b = qt_imp_param_input(im, 2, "bias", 1))) return -1;
+  if (b && qt_imp_param_sym(im, 2)->computed && zeros(b)) { /* torch 2.x's bias of a Conv without one */
+    b = NULL;
+    im->info->dropped++;
+  }
+  int64_t group = 1;
+  window win;
+  if (qt_imp_attr_int(im, "group", 1, &group) || qt_imp_read_window(im, &win) || qt_imp_window_pads(im, &win, x))
+    return -1;
+  const qt_value *xv = val(im, x);
+  const int64_t C = xv->shape[2];
+  if (group < 1 || C % group)
+    return qt_imp_node_err(im, "group %lld does not divide the input's %lld channels", (long long)group, (long long)C);
+  if (w->n_dims != 4)
+    return qt_imp_node_err(im, "the weight '%s' has %zu dims, expected 4 (OC, C/group, KH, KW)", str(w->name),
+                           w->n_dims);
+  const int64_t OC = w->dims[0], KH = win.has_kernel ? win.kernel[0] : w->dims[2],
+                KW = win.has_kernel ? win.kernel[1] : w->dims[3];
+  const int64_t want_w[4] = {OC, C / group, KH, KW}, want_b[1] = {OC};
+  if (OC < 1 || OC % group)
+    return qt_imp_node_err(im, "%lld output channels are not a multiple of group %lld", (long long)OC,
+                           (long long)group);
+  if (qt_imp_check_float_tensor(im, w, "weight", 4, want_w) ||
+      (b && qt_imp_check_float_tensor(im, b, "bias", 1, want_b)))
+    return -1;
+  const qt_node_attrs a = {.kernel_h = (int)KH,
+                           .kernel_w = (int)KW,
+                           .stride_h = (int)win.stride[0],
+                           .stride_w = (int)win.stride[1],
+                           .pad_h = (int)win.pad[0],
+                           .pad_w = (int)win.pad[1],
+                           .groups = (int)group,
+                           .out_channels = (int)OC};
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, w->name, name);
+  const int y = qt_graph_conv2d_attr(im->g, name, x->value, &a, b != NULL);
+  if (qt_imp_builder_check(im, y)) return -1;
+  const qt_node *nd = &im->g->nodes[node_of(im, y)];
+  qt_imp_add_copy(im, nd->param[QT_P_WEIGHT], w, COPY_AS_IS, NULL);
+  if (b) qt_imp_add_copy(im, nd->param[QT_P_BIAS], b, COPY_AS_IS, NULL);
+  if (x->padded) im->info->folded++;
+  qt_imp_bind_act(im, 0, y);
+  return 0;
+}
+
+/* ONNX stores momentum as the running statistics' weight (0.9); the graph (PyTorch) the batch's
+ * (0.1). 1 - 0.9f is 0.100000024: the 7-digit value it stands for is kept. */
+static float momentum_of(float onnx_momentum) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%.6g", 1.0 - (double)onnx_momentum);
+  return strtof(buf, NULL);
+}
+
+static int op_batch_norm(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "X", 0);
+  if (!x) return -1;
+  if (x->perm_c) return qt_imp_node_err(im, "BatchNormalization of a flattened image ('%s') is not supported", x->name);
+  const qt_value *xv = val(im, x);
+  const int64_t C = xv->shape[xv->ndim - 1], want[1] = {C};
+  const char *roles[4] = {"scale", "B", "mean", "var"};
+  const Onnx__TensorProto *t[4];
+  for (int k = 0; k < 4; k++)
+    if (!(t[k] = qt_imp_param_input(im, (size_t)k + 1, roles[k], 0)) ||
+        qt_imp_check_float_tensor(im, t[k], roles[k], 1, want))
+      return -1;
+  float eps, mom;
+  if (qt_imp_attr_float(im, "epsilon", 1e-5f, &eps) || qt_imp_attr_float(im, "momentum", 0.9f, &mom)) return -1;
+  if (!(eps > 0) || !(mom >= 0 && mom <= 1))
+    return qt_imp_node_err(im, "epsilon %g / momentum %g out of range", (double)eps, (double)mom);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, t[0]->name, name);
+  const int y = qt_graph_batch_norm(im->g, name, x->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_node *nd = &im->g->nodes[node_of(im, y)];
+  nd->attr.eps = eps;
+  nd->attr.momentum = momentum_of(mom);
+  qt_imp_add_copy(im, nd->param[QT_P_GAMMA], t[0], COPY_AS_IS, NULL);
+  qt_imp_add_copy(im, nd->param[QT_P_BETA], t[1], COPY_AS_IS, NULL);
+  qt_imp_add_copy(im, nd->buffer[QT_B_RUNNING_MEAN], t[2], COPY_AS_IS, NULL);
+  qt_imp_add_copy(im, nd->buffer[QT_B_RUNNING_VAR], t[3], COPY_AS_IS, NULL);
+  sym *s = qt_imp_bind_act(im, 0, y);
+  s->pooled = x->pooled;
+  qt_imp_outputs_unused(im, 1, "a training statistics output of BatchNormalization");
+  return 0;
+}
+
+/* Relu, Clip(0, 6) -> relu6, Clip(0, inf) -> relu. */
+static int op_relu(imp *im, int clip) {
+  sym *x = qt_imp_act_input(im, 0, "X", 0);
+  if (!x) return -1;
+  int six = 0;
+  if (clip) {
+    float lo = -INFINITY, hi = INFINITY;
+    int has_lo = 0, has_hi = 0;
+    if (qt_imp_scalar_input(im, 1, "min", &lo, &has_lo) || qt_imp_scalar_input(im, 2, "max", &hi, &has_hi)) return -1;
+    const Onnx__AttributeProto *a_lo = qt_imp_attr(im->node, "min"), *a_hi = qt_imp_attr(im->node, "max");
+    if (a_lo) lo = a_lo->f, has_lo = 1;
+    if (a_hi) hi = a_hi->f, has_hi = 1;
+    if (!has_lo || lo != 0.0f || (has_hi && hi != 6.0f && hi != INFINITY))
+      return qt_imp_node_err(im, "Clip(min %g, max %g) is not supported: only Clip(0, 6) (ReLU6) and Clip(0) (ReLU)",
+                             has_lo ? (double)lo : -INFINITY, has_hi ? (double)hi : INFINITY);
+    six = has_hi && hi == 6.0f;
+  }
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = six ? qt_graph_relu6(im->g, name, x->value) : qt_graph_relu(im->g, name, x->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  sym *s = qt_imp_bind_act(im, 0, y);
+  s->pooled = x->pooled;
+  s->perm_h = x->perm_h, s->perm_w = x->perm_w, s->perm_c = x->perm_c;
+  return 0;
+}
+
+static int op_pool(imp *im, int max) {
+  sym *x = qt_imp_act_input(im, 0, "X", !max);
+  if (!x) return -1;
+  if (!is_image(im, x)) return qt_imp_node_err(im, "input '%s' is not an image (N, C, H, W)", x->name);
+  window win;
+  int64_t ceil_mode = 0, count_pad = 0, storage = 0;
+  if (qt_imp_read_window(im, &win) || qt_imp_attr_int(im, "ceil_mode", 0, &ceil_mode) ||
+      qt_imp_attr_int(im, "count_include_pad", 0, &count_pad) || qt_imp_attr_int(im, "storage_order", 0, &storage))
+    return -1;
+  if (!win.has_kernel) return qt_imp_node_err(im, "no kernel_shape");
+  if (ceil_mode)
+    return qt_imp_node_err(im, "ceil_mode = %lld is not supported (the graph IR pools in floor mode)",
+                           (long long)ceil_mode);
+  if (!max && !count_pad && (win.pad[0] || win.pad[1] || win.pad[2] || win.pad[3]))
+    return qt_imp_node_err(
+        im,
+        "count_include_pad = 0 with pads is not supported (the graph IR divides by the whole window, "
+        "PyTorch's count_include_pad = True)");
+  if (qt_imp_window_pads(im, &win, x)) return -1;
+  if (win.kernel[0] != win.kernel[1] || win.stride[0] != win.stride[1] || win.pad[0] != win.pad[1])
+    return qt_imp_node_err(
+        im,
+        "kernel [%lld, %lld], strides [%lld, %lld], pads [%lld, %lld]: the graph IR pools with square "
+        "kernels, strides and pads",
+        (long long)win.kernel[0], (long long)win.kernel[1], (long long)win.stride[0], (long long)win.stride[1],
+        (long long)win.pad[0], (long long)win.pad[1]);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int k = (int)win.kernel[0], s = (int)win.stride[0], p = (int)win.pad[0];
+  const int y =
+      max ? qt_graph_max_pool2d(im->g, name, x->value, k, s, p) : qt_graph_avg_pool2d(im->g, name, x->value, k, s, p);
+  if (qt_imp_builder_check(im, y)) return -1;
+  if (x->padded) im->info->folded++;
+  qt_imp_bind_act(im, 0, y);
+  qt_imp_outputs_unused(im, 1, "MaxPool's Indices output");
+  return 0;
+}
+
+static int op_global_pool(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "X", 0);
+  if (!x) return -1;
+  if (!is_image(im, x)) return qt_imp_node_err(im, "input '%s' is not an image (N, C, H, W)", x->name);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_global_avg_pool(im->g, name, x->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_bind_act(im, 0, y)->pooled = 1;
+  return 0;
+}
+
+/* ReduceMean over H and W of an image: a global average pool (keepdims 1: the (C) vector stands
+ * for [N, C, 1, 1], as GlobalAveragePool's does; keepdims 0: a flat (N, C) tensor). The axes are
+ * an attribute before opset 18, an input from 18. */
+static int op_reduce_mean(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "data", 0);
+  if (!x) return -1;
+  int64_t axes[MAX_INTS], keepdims = 1, noop = 0;
+  int n_axes = 0, seen[4] = {0};
+  if (qt_imp_axes(im, 1, axes, &n_axes) || qt_imp_attr_int(im, "keepdims", 1, &keepdims) ||
+      qt_imp_attr_int(im, "noop_with_empty_axes", 0, &noop))
+    return -1;
+  for (int i = 0; i < n_axes; i++) {
+    const int64_t a = axes[i] < 0 ? axes[i] + 4 : axes[i];
+    if (a >= 0 && a < 4) seen[a]++;
+  }
+  if (!is_image(im, x) || n_axes != 2 || seen[2] != 1 || seen[3] != 1)
+    return qt_imp_node_err(im,
+                           "only ReduceMean of an image over H and W (axes [2, 3]: a global average pool) is "
+                           "supported");
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_global_avg_pool(im->g, name, x->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_bind_act(im, 0, y)->pooled = keepdims != 0;
+  return 0;
+}
+
+int qt_imp_squeeze_act(imp *im, sym *x, const int64_t *axes, int n_axes) {
+  int seen[4] = {0};
+  for (int i = 0; i < n_axes; i++) {
+    const int64_t a = axes[i] < 0 ? axes[i] + 4 : axes[i];
+    if (a >= 0 && a < 4) seen[a]++;
+  }
+  if (!x->pooled || !((n_axes == 2 && seen[2] == 1 && seen[3] == 1) || n_axes == 0))
+    return qt_imp_node_err(im, "only Squeeze of the H and W of a global average pool's [N, C, 1, 1] is supported");
+  qt_imp_alias(im, 0, x)->pooled = 0;
+  im->info->dropped++;
+  return 0;
+}
+
+/* (N, C, H, W) -> (N, C*H*W): a flatten node (its order differs from PyTorch's unless H*W or C
+ * is 1: remembered for the linear layer reading it); a flat tensor stays as it is. */
+static int flatten(imp *im, sym *x) {
+  if (!is_image(im, x)) {
+    sym *s = qt_imp_alias(im, 0, x);
+    s->pooled = 0;
+    im->info->dropped++;
+    return 0;
+  }
+  const qt_value *xv = val(im, x);
+  const int H = (int)xv->shape[0], W = (int)xv->shape[1], C = (int)xv->shape[2];
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_flatten(im->g, name, x->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  sym *s = qt_imp_bind_act(im, 0, y);
+  if (H * W > 1 && C > 1) s->perm_h = H, s->perm_w = W, s->perm_c = C;
+  return 0;
+}
+
+static int op_flatten(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "input", 0);
+  if (!x) return -1;
+  int64_t axis = 1;
+  if (qt_imp_attr_int(im, "axis", 1, &axis)) return -1;
+  if (axis != 1)
+    return qt_imp_node_err(im, "axis = %lld is not supported (only 1: keep the batch, flatten the rest)",
+                           (long long)axis);
+  return flatten(im, x);
+}
+
+/* Reshape to (batch, -1) or (batch, features): x.view(n, -1) or flatten(1). */
+static int op_reshape(imp *im) {
+  const sym *data = qt_imp_input(im, 0, "data");
+  if (data && data->kind != S_ACT) return qt_imp_reshape_ints(im);
+  sym *x = qt_imp_act_input(im, 0, "data", 0), tmp;
+  if (!x) return -1;
+  const sym *shape = qt_imp_ints_input(im, 1, "shape", &tmp);
+  if (!shape) return -1;
+  int64_t allowzero = 0;
+  if (qt_imp_attr_int(im, "allowzero", 0, &allowzero)) return -1;
+  const int64_t F = features(im, x);
+  const int64_t *s = shape->ints;
+  char d[96];
+  {
+    size_t k = (size_t)snprintf(d, sizeof d, "[");
+    for (int i = 0; i < shape->n_ints && k < sizeof d; i++)
+      k += (size_t)(s[i] == BATCH ? snprintf(d + k, sizeof d - k, "%sbatch", i ? ", " : "")
+                                  : snprintf(d + k, sizeof d - k, "%s%lld", i ? ", " : "", (long long)s[i]));
+    if (k < sizeof d) snprintf(d + k, sizeof d - k, "]");
+  }
+  const int batch_ok =
+      shape->n_ints == 2 && (s[0] == BATCH || (s[0] == 0 && !allowzero) ||
+                             (im->static_batch > 0 && s[0] == im->static_batch) || (s[0] == -1 && s[1] == F));
+  if (!batch_ok || !(s[1] == -1 || s[1] == F))
+    return qt_imp_node_err(im,
+                           "Reshape to %s of a tensor with %lld features per sample: only the flatten x.view(n, -1) "
+                           "(batch, -1) is supported",
+                           d, (long long)F);
+  return flatten(im, x);
+}
+
+/* W (OUT, IN) of a linear layer reading x; transposed: W is stored (IN, OUT). */
+static int linear(imp *im, sym *x, const Onnx__TensorProto *w, int transposed, const Onnx__TensorProto *b,
+                  const char *role) {
+  if (is_image(im, x))
+    return qt_imp_node_err(im, "input '%s' is an image (N, C, H, W); %s needs a flat (N, F) input (Flatten first)",
+                           x->name, role);
+  const int64_t IN = features(im, x);
+  char d[96];
+  qt_imp_dims_str(w->dims, w->n_dims, d, sizeof d);
+  if (w->n_dims != 2) return qt_imp_node_err(im, "the weight '%s' has dims %s, expected a matrix", str(w->name), d);
+  const int64_t OUT = transposed ? w->dims[1] : w->dims[0], w_in = transposed ? w->dims[0] : w->dims[1];
+  if (w_in != IN)
+    return qt_imp_node_err(im, "the weight '%s' %s takes %lld input features, but its input '%s' has %lld%s",
+                           str(w->name), d, (long long)w_in, x->name, (long long)IN, qt_imp_dyn_note(im));
+  const int64_t want_w[2] = {w->dims[0], w->dims[1]}, want_b[1] = {OUT};
+  if (qt_imp_check_float_tensor(im, w, "weight", 2, want_w)) return -1;
+  if (b) {
+    const int64_t row[2] = {1, OUT};
+    if (b->n_dims == 2 ? qt_imp_check_float_tensor(im, b, "bias", 2, row)
+                       : qt_imp_check_float_tensor(im, b, "bias", 1, want_b))
+      return -1;
+  }
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, w->name, name);
+  const int y = qt_graph_linear(im->g, name, x->value, (int)OUT, b != NULL);
+  if (qt_imp_builder_check(im, y)) return -1;
+  const qt_node *nd = &im->g->nodes[node_of(im, y)];
+  qt_imp_add_copy(im, nd->param[QT_P_WEIGHT], w, transposed ? COPY_TRANSPOSE : COPY_AS_IS, x->perm_c ? x : NULL);
+  if (b) qt_imp_add_copy(im, nd->param[QT_P_BIAS], b, COPY_AS_IS, NULL);
+  if (x->perm_c) im->info->permuted++;
+  qt_imp_bind_act(im, 0, y);
+  return 0;
+}
+
+static int op_gemm(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "A", 0);
+  if (!x) return -1;
+  int64_t ta, tb;
+  float alpha, beta;
+  if (qt_imp_attr_int(im, "transA", 0, &ta) || qt_imp_attr_int(im, "transB", 0, &tb) ||
+      qt_imp_attr_float(im, "alpha", 1.0f, &alpha) || qt_imp_attr_float(im, "beta", 1.0f, &beta))
+    return -1;
+  if (ta) return qt_imp_node_err(im, "transA = 1 is not supported");
+  if (alpha != 1.0f || beta != 1.0f)
+    return qt_imp_node_err(im, "alpha %g, beta %g: only 1 is supported", (double)alpha, (double)beta);
+  const Onnx__TensorProto *w = qt_imp_param_input(im, 1, "weight", 0), *b = NULL;
+  if (!w) return -1;
+  if (in_name(im->node, 2) && !(b = qt_imp_param_input(im, 2, "bias", 1))) return -1;
+  return linear(im, x, w, !tb, b, "Gemm");
+}
+
+/* The node reading output `name` when it is the only reader, else -1. */
+static int sole_reader(imp *im, const char *name, int *count) {
+  int who = -1;
+  *count = 0;
+  for (size_t i = 0; i < im->gp->n_node; i++) {
+    const Onnx__NodeProto *n = im->gp->node[i];
+    for (size_t k = 0; k < n->n_input; k++)
+      if (n->input[k] && strcmp(n->input[k], name) == 0) {
+        (*count)++;
+        who = (int)i;
+      }
+  }
+  for (size_t k = 0; k < im->gp->n_output; k++)
+    if (strcmp(str(im->gp->output[k]->name), name) == 0) (*count)++;
+  return *count == 1 ? who : -1;
+}
+
+/* MatMul(A, W) [+ bias]: an Add of a constant right after it becomes the layer's bias. */
+static int op_matmul(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "A", 0);
+  if (!x) return -1;
+  const Onnx__TensorProto *w = qt_imp_param_input(im, 1, "weight", 0), *b = NULL;
+  if (!w) return -1;
+  int count;
+  const int add = sole_reader(im, im->node->output[0], &count);
+  if (add > im->node_index && strcmp(str(im->gp->node[add]->op_type), "Add") == 0 && im->gp->node[add]->n_input == 2) {
+    const Onnx__NodeProto *an = im->gp->node[add];
+    const char *other = strcmp(an->input[0], im->node->output[0]) == 0 ? an->input[1] : an->input[0];
+    sym *o = qt_imp_find(im, other);
+    if (o && o->kind == S_CONST && !o->user) {
+      b = o->t;
+      o->user = str(an->name);
+      im->absorbed[add] = 1;
+    }
+  }
+  if (linear(im, x, w, 1, b, "MatMul")) return -1;
+  if (b) { /* the Add's output is the layer's */
+    const sym *y = &im->syms[im->n_syms - 1];
+    const int value = y->value;
+    qt_imp_add_sym(im, im->gp->node[add]->output[0], S_ACT)->value = value;
+    im->info->folded++;
+  }
+  return 0;
+}
+
+static int op_add(imp *im) {
+  sym *a = qt_imp_input(im, 0, "A"), *b = a ? qt_imp_input(im, 1, "B") : NULL;
+  if (!b) return -1;
+  if (a->kind != S_ACT || b->kind != S_ACT)
+    return qt_imp_node_err(im,
+                           "Add of '%s' (%s) and '%s' (%s): only the residual Add of two activations, and the bias Add "
+                           "right after a MatMul, are supported",
+                           a->name, kind_text(a), b->name, kind_text(b));
+  if (!(a = qt_imp_act_input(im, 0, "A", 0)) || !(b = qt_imp_act_input(im, 1, "B", 0))) return -1;
+  if (a->perm_c != b->perm_c || a->perm_h != b->perm_h || a->perm_w != b->perm_w || a->pooled != b->pooled)
+    return qt_imp_node_err(im, "Add of '%s' and '%s', laid out differently in the graph IR", a->name, b->name);
+  const qt_value *va = val(im, a), *vb = val(im, b);
+  int same = va->ndim == vb->ndim;
+  for (int d = 0; same && d < va->ndim; d++) same = va->shape[d] == vb->shape[d];
+  if (!same)
+    return qt_imp_node_err(im, "Add of '%s' and '%s' of different shapes (broadcasting is not supported)", a->name,
+                           b->name);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_add(im->g, name, a->value, b->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  sym *s = qt_imp_bind_act(im, 0, y);
+  s->pooled = a->pooled;
+  s->perm_h = a->perm_h, s->perm_w = a->perm_w, s->perm_c = a->perm_c;
+  return 0;
+}
+
+/* Identity, Dropout: dropped (Dropout's mask output must be unused). */
+static int op_identity(imp *im) {
+  sym *x = qt_imp_input(im, 0, "input");
+  if (!x) return -1;
+  qt_imp_alias(im, 0, x);
+  im->info->dropped++;
+  qt_imp_outputs_unused(im, 1, "Dropout's mask output");
+  return 0;
+}
+
+/* A zero Pad of the spatial dims, pending until the Conv or AveragePool it feeds. */
+static int op_pad(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "data", 0), tmp;
+  if (!x) return -1;
+  const Onnx__AttributeProto *mode = qt_imp_attr(im->node, "mode");
+  if (mode && !(mode->s.len == 8 && memcmp(mode->s.data, "constant", 8) == 0))
+    return qt_imp_node_err(im, "mode '%.*s' is not supported (only constant zero padding)", (int)mode->s.len,
+                           mode->s.data);
+  if (!is_image(im, x)) return qt_imp_node_err(im, "input '%s' is not an image (N, C, H, W)", x->name);
+  const sym *p = qt_imp_ints_input(im, 1, "pads", &tmp);
+  if (!p) return -1;
+  int64_t pads[8] = {0}, axes[MAX_INTS];
+  int n_axes = 0;
+  if (p->n_ints > 8) return qt_imp_node_err(im, "pads of %d values; an image has 4 dims", p->n_ints);
+  if (qt_imp_axes(im, 3, axes, &n_axes)) return -1; /* opset 18: the dims pads applies to */
+  if (n_axes) {
+    if (p->n_ints != 2 * n_axes)
+      return qt_imp_node_err(im, "pads of %d values for %d axes (2 per axis expected)", p->n_ints, n_axes);
+    for (int i = 0; i < n_axes; i++) {
+      const int64_t a = axes[i] < 0 ? axes[i] + 4 : axes[i];
+      if (a < 0 || a > 3) return qt_imp_node_err(im, "axis %lld out of range for an image", (long long)axes[i]);
+      pads[a] = p->ints[i], pads[a + 4] = p->ints[i + n_axes];
+    }
+  } else if (p->n_ints == 8) {
+    memcpy(pads, p->ints, sizeof pads);
+  } else {
+    return qt_imp_node_err(im, "pads of %d values; 8 expected (begin and end of N, C, H, W)", p->n_ints);
+  }
+  float value = 0;
+  int has_value;
+  if (qt_imp_scalar_input(im, 2, "constant_value", &value, &has_value)) return -1;
+  if (value != 0.0f || pads[0] || pads[1] || pads[4] || pads[5])
+    return qt_imp_node_err(im, "only zero padding of H and W is supported (constant %g)", (double)value);
+  for (int k = 0; k < 8; k++)
+    if (pads[k] < 0 || pads[k] > 64) return qt_imp_node_err(im, "pads out of range");
+  sym *s = qt_imp_alias(im, 0, x);
+  const int64_t add[4] = {pads[2], pads[3], pads[6], pads[7]}; /* top, left, bottom, right */
+  for (int k = 0; k < 4; k++) s->pad[k] += (int)add[k];
+  s->padded = s->pad[0] || s->pad[1] || s->pad[2] || s->pad[3];
+  if (!s->padded) im->info->dropped++;
+  return 0;
+}
+
+static int f_relu(imp *im) { return op_relu(im, 0); }
+static int f_clip(imp *im) { return op_relu(im, 1); }
+static int f_maxpool(imp *im) { return op_pool(im, 1); }
+static int f_avgpool(imp *im) { return op_pool(im, 0); }
+
+const qt_imp_op qt_imp_layer_ops[] = {
+    {"Conv", op_conv, 2, 3, 1, 1},
+    {"BatchNormalization", op_batch_norm, 5, 5, 1, 5}, /* 5 outputs in training mode before opset 14 */
+    {"Relu", f_relu, 1, 1, 1, 1},
+    {"Clip", f_clip, 1, 3, 1, 1},
+    {"MaxPool", f_maxpool, 1, 1, 1, 2},
+    {"AveragePool", f_avgpool, 1, 1, 1, 1},
+    {"GlobalAveragePool", op_global_pool, 1, 1, 1, 1},
+    {"ReduceMean", op_reduce_mean, 1, 2, 1, 1},
+    {"Flatten", op_flatten, 1, 1, 1, 1},
+    {"Reshape", op_reshape, 2, 2, 1, 1},
+    {"Gemm", op_gemm, 2, 3, 1, 1},
+    {"MatMul", op_matmul, 2, 2, 1, 1},
+    {"Add", op_add, 2, 2, 1, 1},
+    {"Identity", op_identity, 1, 1, 1, 1},
+    {"Dropout", op_identity, 1, 3, 1, 2},
+    {"Pad", op_pad, 1, 4, 1, 1},
+    {NULL, NULL, 0, 0, 0, 0},
+};

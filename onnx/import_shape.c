@@ -1,0 +1,274 @@
+/* Constants and the small integer shape arithmetic that exporters write around a Reshape
+ * (import_int.h): Constant, Shape, Gather, Unsqueeze, Squeeze, Concat, Expand, Cast, CastLike,
+ * and Reshape of a shape. They are evaluated at import; none of them reaches the graph IR. */
+#define _GNU_SOURCE /* struct hsearch_data in import_int.h */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnx/import_int.h"
+
+static sym *new_ints(imp *im, const int64_t *v, int n, int scalar) {
+  sym *s = qt_imp_add_sym(im, im->node->output[0], S_INTS);
+  s->n_ints = n;
+  s->scalar = scalar;
+  memcpy(s->ints, v, (size_t)n * sizeof *v);
+  return s;
+}
+
+/* A float constant made at import (value_float(s), an Expand of a scalar), n values of v. */
+static sym *new_floats(imp *im, const int64_t *dims, int n_dims, const float *v, int64_t n, int broadcast) {
+  Onnx__TensorProto *t =
+      qt_imp_new_tensor(im, im->node->output[0], ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, dims, (size_t)n_dims);
+  float *out = (float *)t->raw_data.data;
+  for (int64_t i = 0; i < n; i++) out[i] = broadcast ? v[0] : v[i];
+  sym *s = qt_imp_add_sym(im, im->node->output[0], S_CONST);
+  s->t = t;
+  s->computed = 1;
+  return s;
+}
+
+/* Constant: value (a tensor), value_int(s), value_float(s). */
+static int op_constant(imp *im) {
+  const Onnx__AttributeProto *a = im->node->n_attribute == 1 ? im->node->attribute[0] : NULL;
+  const char *what = a ? str(a->name) : "";
+  if (!a)
+    return qt_imp_node_err(im, "%zu attributes; a Constant has one (value, value_int(s) or value_float(s))",
+                           im->node->n_attribute);
+  if (strcmp(what, "value") == 0 && a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR && a->t) {
+    qt_imp_add_sym(im, im->node->output[0], S_CONST)->t = a->t;
+    return 0;
+  }
+  if (strcmp(what, "value_int") == 0 && a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT)
+    return new_ints(im, &a->i, 1, 1), 0;
+  if (strcmp(what, "value_ints") == 0 && a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS) {
+    if (a->n_ints > MAX_INTS)
+      return qt_imp_node_err(im, "value_ints of %zu integers; at most %d are supported", a->n_ints, MAX_INTS);
+    return new_ints(im, a->ints, (int)a->n_ints, 0), 0;
+  }
+  if (strcmp(what, "value_float") == 0 && a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT)
+    return new_floats(im, NULL, 0, &a->f, 1, 0), 0;
+  if (strcmp(what, "value_floats") == 0 && a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS) {
+    const int64_t n = (int64_t)a->n_floats;
+    if (n > ((int64_t)1 << 24)) return qt_imp_node_err(im, "value_floats of %lld values is too large", (long long)n);
+    return new_floats(im, &n, 1, a->floats, n, 0), 0;
+  }
+  return qt_imp_node_err(im, "attribute '%s' (type %d) is not supported (value, value_int(s), value_float(s))", what,
+                         (int)a->type);
+}
+
+/* ---- shape arithmetic (x.view(n, -1), torch 2.x's zero conv bias) ------------------------------ */
+
+/* The shape of an activation (its batch as BATCH), of a constant, or of a shape computation. */
+static int op_shape(imp *im) {
+  sym *x = qt_imp_input(im, 0, "data");
+  if (!x) return -1;
+  int64_t start = 0, end = INT64_MAX;
+  if (qt_imp_attr_int(im, "start", 0, &start) || qt_imp_attr_int(im, "end", INT64_MAX, &end)) return -1;
+  int64_t full[MAX_INTS];
+  int n;
+  if (x->kind == S_CONST) {
+    if (x->t->n_dims > MAX_INTS) return qt_imp_node_err(im, "Shape of a constant of rank %zu", x->t->n_dims);
+    n = (int)x->t->n_dims;
+    memcpy(full, x->t->dims, (size_t)n * sizeof *full);
+  } else if (x->kind == S_INTS) {
+    n = x->scalar ? 0 : 1;
+    full[0] = x->n_ints;
+  } else if (!(x = qt_imp_act_input(im, 0, "data", 0))) {
+    return -1;
+  } else if (val(im, x)->ndim == 3) {
+    const qt_value *v = val(im, x);
+    full[0] = BATCH, full[1] = v->shape[2], full[2] = v->shape[0], full[3] = v->shape[1], n = 4;
+  } else {
+    const qt_value *v = val(im, x);
+    full[0] = BATCH, full[1] = v->shape[0], n = 2;
+    if (x->pooled) full[2] = full[3] = 1, n = 4;
+  }
+  if (start < 0) start += n;
+  if (end > n) end = n;
+  if (end < 0) end += n;
+  if (start < 0 || start > end)
+    return qt_imp_node_err(im, "start %lld / end %lld out of range", (long long)start, (long long)end);
+  sym *s = qt_imp_add_sym(im, im->node->output[0], S_INTS);
+  s->n_ints = (int)(end - start);
+  memcpy(s->ints, full + start, (size_t)s->n_ints * sizeof *s->ints);
+  return 0;
+}
+
+static int op_gather(imp *im) {
+  sym tmp_d, tmp_i;
+  const sym *d = qt_imp_ints_input(im, 0, "data", &tmp_d);
+  if (!d) return -1;
+  sym saved_d = *d;
+  const sym *ix = qt_imp_ints_input(im, 1, "indices", &tmp_i);
+  if (!ix) return -1;
+  int64_t axis = 0;
+  if (qt_imp_attr_int(im, "axis", 0, &axis)) return -1;
+  if (axis != 0 || saved_d.scalar) return qt_imp_node_err(im, "only Gather along axis 0 of a shape is supported");
+  sym *s = qt_imp_add_sym(im, im->node->output[0], S_INTS);
+  s->scalar = ix->scalar;
+  s->n_ints = ix->n_ints;
+  for (int i = 0; i < ix->n_ints; i++) {
+    int64_t k = ix->ints[i];
+    if (k < 0) k += saved_d.n_ints;
+    if (k < 0 || k >= saved_d.n_ints) return qt_imp_node_err(im, "index %lld out of range", (long long)ix->ints[i]);
+    s->ints[i] = saved_d.ints[k];
+  }
+  return 0;
+}
+
+static int op_unsqueeze(imp *im) {
+  sym tmp;
+  const sym *d = qt_imp_ints_input(im, 0, "data", &tmp);
+  if (!d) return -1;
+  const sym saved = *d;
+  int64_t axes[MAX_INTS];
+  int n_axes = 0;
+  if (qt_imp_axes(im, 1, axes, &n_axes)) return -1;
+  if (!saved.scalar || n_axes != 1 || axes[0] != 0)
+    return qt_imp_node_err(im, "only Unsqueeze of a scalar at axis 0 (a shape entry) is supported");
+  sym *s = qt_imp_add_sym(im, im->node->output[0], S_INTS);
+  *s = saved;
+  s->name = im->node->output[0];
+  s->scalar = 0;
+  return 0;
+}
+
+static int op_concat(imp *im) {
+  int64_t axis = 0;
+  if (qt_imp_attr_int(im, "axis", 0, &axis)) return -1;
+  if (axis != 0) return qt_imp_node_err(im, "only Concat of shapes (axis 0) is supported");
+  int64_t v[MAX_INTS];
+  int n = 0;
+  for (size_t k = 0; k < im->node->n_input; k++) {
+    sym tmp;
+    const sym *p = qt_imp_ints_input(im, k, "input", &tmp);
+    if (!p) return -1;
+    if (p->scalar || n + p->n_ints > MAX_INTS)
+      return qt_imp_node_err(im, "only Concat of short 1-D shapes is supported");
+    memcpy(v + n, p->ints, (size_t)p->n_ints * sizeof *v);
+    n += p->n_ints;
+  }
+  sym *s = qt_imp_add_sym(im, im->node->output[0], S_INTS);
+  s->n_ints = n;
+  memcpy(s->ints, v, (size_t)n * sizeof *v);
+  return 0;
+}
+
+/* ---- the model ------------------------------------------------------------------------------- */
+
+/* Squeeze of a shape entry [n] to a scalar; of an activation: qt_imp_squeeze_act. */
+static int op_squeeze(imp *im) {
+  int64_t axes[MAX_INTS];
+  int n_axes = 0;
+  sym *x = qt_imp_input(im, 0, "data"), tmp;
+  if (!x || qt_imp_axes(im, 1, axes, &n_axes)) return -1;
+  if (x->kind == S_ACT) return qt_imp_squeeze_act(im, x, axes, n_axes);
+  const sym *d = qt_imp_ints_input(im, 0, "data", &tmp);
+  if (!d) return -1;
+  if (d->scalar || d->n_ints != 1 || n_axes > 1 || (n_axes == 1 && axes[0] != 0 && axes[0] != -1))
+    return qt_imp_node_err(im, "only Squeeze of a one-entry shape to a scalar is supported");
+  new_ints(im, d->ints, 1, 1);
+  return 0;
+}
+
+/* Reshape of a shape computation: to a vector ([-1] or [n]), or of one entry to a scalar ([]). */
+int qt_imp_reshape_ints(imp *im) {
+  sym tmp_d, tmp_s;
+  const sym *d = qt_imp_ints_input(im, 0, "data", &tmp_d);
+  if (!d) return -1;
+  const sym data = *d;
+  const sym *shape = qt_imp_ints_input(im, 1, "shape", &tmp_s);
+  if (!shape) return -1;
+  const int n = data.scalar ? 1 : data.n_ints;
+  const int vector = shape->n_ints == 1 && (shape->ints[0] == -1 || shape->ints[0] == n);
+  if (!vector && !(shape->n_ints == 0 && n == 1))
+    return qt_imp_node_err(im, "Reshape of a shape computation of %d entries: only to one dimension is supported", n);
+  new_ints(im, data.ints, n, !vector);
+  return 0;
+}
+
+/* Expand of a shape entry (1-D) or of a float scalar (a constant tensor of the given shape, such
+ * as the zero bias torch 2.x writes for a Conv without one). */
+static int op_expand(imp *im) {
+  sym tmp_s, tmp_d;
+  const sym *shape = qt_imp_ints_input(im, 1, "shape", &tmp_s);
+  if (!shape) return -1;
+  const sym sh = *shape;
+  int64_t numel = 1;
+  for (int i = 0; i < sh.n_ints; i++) {
+    if (sh.ints[i] == BATCH) return qt_imp_node_err(im, "Expand to the batch dimension is not supported");
+    if (sh.ints[i] < 1 || sh.ints[i] > ((int64_t)1 << 24) || numel * sh.ints[i] > ((int64_t)1 << 24))
+      return qt_imp_node_err(im, "Expand to dimension %lld is not supported", (long long)sh.ints[i]);
+    numel *= sh.ints[i];
+  }
+  sym *x = qt_imp_input(im, 0, "input");
+  if (!x) return -1;
+  if (x->kind == S_CONST && x->t->data_type == ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT && numel_of(x->t) == 1) {
+    float v;
+    if (qt_imp_check_float_tensor(im, x->t, "input", 0, NULL)) return -1;
+    qt_imp_float_data(x->t, &v, 1);
+    new_floats(im, sh.ints, sh.n_ints, &v, numel, 1);
+    return 0;
+  }
+  if (x->kind == S_ACT) return qt_imp_node_err(im, "Expand of an activation is not supported");
+  const sym *d = qt_imp_ints_input(im, 0, "input", &tmp_d);
+  if (!d) return -1;
+  const int n = d->scalar ? 1 : d->n_ints;
+  if (sh.n_ints > 1 || (sh.n_ints == 1 && n != 1 && n != sh.ints[0]) || numel > MAX_INTS)
+    return qt_imp_node_err(im, "Expand of a shape computation of %d entries to %d dimensions is not supported", n,
+                           sh.n_ints);
+  int64_t v[MAX_INTS];
+  const int out = sh.n_ints ? (int)sh.ints[0] : n;
+  for (int i = 0; i < out; i++) v[i] = d->ints[n == 1 ? 0 : i];
+  new_ints(im, v, out, sh.n_ints == 0 && d->scalar);
+  return 0;
+}
+
+/* Cast and CastLike of a constant or a shape computation to its own kind: float stays float,
+ * integers stay integers (the importer holds them as int64). */
+static int cast_to(imp *im, int to) {
+  sym *x = qt_imp_input(im, 0, "input");
+  if (!x) return -1;
+  const int is_float = to == ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
+  const int is_int = to == ONNX__TENSOR_PROTO__DATA_TYPE__INT64 || to == ONNX__TENSOR_PROTO__DATA_TYPE__INT32;
+  const int x_float = x->kind == S_CONST && x->t->data_type == ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
+  const int x_int = x->kind == S_INTS || (x->kind == S_CONST && !x_float);
+  if ((is_float && x_float) || (is_int && x_int)) {
+    qt_imp_alias(im, 0, x);
+    return 0;
+  }
+  return qt_imp_node_err(im,
+                         "cast of '%s' (%s) to ONNX type %d: only constants and shape computations cast to their "
+                         "own kind (float to float, integers to integers) are supported",
+                         x->name, kind_text(x), to);
+}
+
+static int op_cast(imp *im) {
+  int64_t to = 0;
+  if (qt_imp_attr_int(im, "to", 0, &to)) return -1;
+  return cast_to(im, (int)to);
+}
+
+static int op_cast_like(imp *im) {
+  const sym *like = qt_imp_input(im, 1, "target_type");
+  if (!like) return -1;
+  const int to = like->kind == S_ACT    ? ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT
+                 : like->kind == S_INTS ? ONNX__TENSOR_PROTO__DATA_TYPE__INT64
+                                        : like->t->data_type;
+  return cast_to(im, to);
+}
+
+const qt_imp_op qt_imp_shape_ops[] = {
+    {"Constant", op_constant, 0, 0, 1, 1},
+    {"Shape", op_shape, 1, 1, 1, 1},
+    {"Gather", op_gather, 2, 2, 1, 1},
+    {"Unsqueeze", op_unsqueeze, 1, 2, 1, 1},
+    {"Squeeze", op_squeeze, 1, 2, 1, 1},
+    {"Concat", op_concat, 1, MAX_INTS, 1, 1}, /* only a Reshape's shape: a few integer vectors */
+    {"Expand", op_expand, 2, 2, 1, 1},
+    {"Cast", op_cast, 1, 1, 1, 1},
+    {"CastLike", op_cast_like, 2, 2, 1, 1},
+    {NULL, NULL, 0, 0, 0, 0},
+};
