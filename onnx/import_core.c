@@ -403,6 +403,71 @@ void qt_onnx_graph_name(const char *path, char *name, size_t n) {
   if (!name[0] || strcmp(name, ".") == 0) snprintf(name, n, "onnx_model");
 }
 
+/* The quoted items of a Python list's text, "['', 'stem', 'stem.relu']": up to max, each at most
+ * len - 1 characters (longer ones cut); the count, or -1 when the text is not such a list. */
+static int py_list(const char *s, size_t n, char (*items)[QT_NAME_LEN], int max) {
+  size_t i = 0;
+  int k = 0;
+  while (i < n && s[i] == ' ') i++;
+  if (i == n || s[i++] != '[') return -1;
+  for (;;) {
+    while (i < n && (s[i] == ' ' || s[i] == ',')) i++;
+    if (i < n && s[i] == ']') return k;
+    if (i == n || (s[i] != '\'' && s[i] != '"')) return -1;
+    const char q = s[i++];
+    size_t m = 0;
+    while (i < n && s[i] != q) {
+      if (k < max && m + 1 < QT_NAME_LEN) items[k][m++] = s[i];
+      i++;
+    }
+    if (i == n) return -1;
+    i++;
+    if (k < max) items[k][m] = 0;
+    k++;
+  }
+}
+
+/* The metadata of a node that torch 2.x's exporter writes (NodeProto field 9, metadata_props,
+ * which Debian's onnx.proto predates: protobuf-c keeps it as an unknown field): the value of
+ * `key`, malloc'd, or NULL. */
+static char *node_metadata(const Onnx__NodeProto *n, const char *key) {
+  for (unsigned i = 0; i < n->base.n_unknown_fields; i++) {
+    const ProtobufCMessageUnknownField *u = &n->base.unknown_fields[i];
+    if (u->tag != 9 || u->wire_type != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED) continue;
+    size_t len = 0, used = 0; /* the field's bytes begin with its length */
+    for (int shift = 0; used < u->len && used < 10; shift += 7) {
+      len |= (size_t)(u->data[used] & 0x7f) << shift;
+      if (!(u->data[used++] & 0x80)) break;
+    }
+    if (used > u->len || len != u->len - used) continue;
+    Onnx__StringStringEntryProto *e = onnx__string_string_entry_proto__unpack(NULL, len, u->data + used);
+    if (!e) continue;
+    char *v = e->key && e->value && strcmp(e->key, key) == 0 ? strdup(e->value) : NULL;
+    onnx__string_string_entry_proto__free_unpacked(e, NULL);
+    if (v) return v;
+  }
+  return NULL;
+}
+
+/* The PyTorch module a torch 2.x node came from: its name_scopes (module paths from the root,
+ * then the aten op: ['', 'stem', 'stem.relu', 'hardtanh']) cut to the modules its
+ * class_hierarchy lists (those not "aten."): "stem.relu". Empty when unknown or the root. */
+static void torch_module(const Onnx__NodeProto *n, char *out, size_t len) {
+  enum { MAX_DEPTH = 32 };
+  char scopes[MAX_DEPTH][QT_NAME_LEN], classes[MAX_DEPTH][QT_NAME_LEN];
+  out[0] = 0;
+  char *s = node_metadata(n, "pkg.torch.onnx.name_scopes"),
+       *c = s ? node_metadata(n, "pkg.torch.onnx.class_hierarchy") : NULL;
+  const int ns = s ? py_list(s, strlen(s), scopes, MAX_DEPTH) : -1,
+            nc = c ? py_list(c, strlen(c), classes, MAX_DEPTH) : -1;
+  int modules = 0;
+  for (int k = 0; k < nc && k < MAX_DEPTH; k++) modules += strncmp(classes[k], "aten.", 5) != 0;
+  if (ns > 0 && nc > 0 && modules >= 2 && modules <= ns && modules <= MAX_DEPTH)
+    qt_imp_sanitize(scopes[modules - 1], out, len);
+  free(s);
+  free(c);
+}
+
 /* "/block1/relu2/Relu" -> "block1.relu2"; "/Relu_1" -> "Relu_1"; "Conv_0" -> "Conv_0". */
 static void scope_name(const Onnx__NodeProto *n, char *out, size_t len) {
   char buf[256];
@@ -434,6 +499,7 @@ void qt_imp_node_name(imp *im, const char *weight, char *out) {
       qt_imp_sanitize(tmp, cand, sizeof cand);
     }
   }
+  if (!cand[0]) torch_module(im->node, cand, sizeof cand);
   if (!cand[0]) scope_name(im->node, cand, sizeof cand);
   if (!cand[0]) snprintf(cand, sizeof cand, "%s_%d", str(im->node->op_type), im->node_index);
   if (qt_graph_find_node(im->g, cand) < 0) {

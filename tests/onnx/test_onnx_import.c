@@ -180,10 +180,10 @@ static qt_graph *import_model(const char *dir, const char *model, qt_onnx_info *
   return g;
 }
 
-/* A torch 2.x export imports as torch 1.13's export of the same module: the same ops, attributes,
- * value shapes, and parameters by name, size and value (bit for bit: both files hold the twin's
- * weights; only the IR node names of unnamed ops differ, and BN buffers, which torch 1.13's
- * training export moved). */
+/* A torch 2.x export imports as torch 1.13's export of the same module: the same ops, node names
+ * (torch 2.x's from the module paths in its node metadata), attributes, value shapes, and
+ * parameters by name, size and value (bit for bit: both files hold the twin's weights; only BN
+ * buffers differ, which torch 1.13's training export moved). */
 static void same_graph_as(const char *model, const qt_graph *g, const char *twin) {
   qt_onnx_info info;
   const char *saved = ref_name;
@@ -194,8 +194,8 @@ static void same_graph_as(const char *model, const qt_graph *g, const char *twin
              o->n_params == g->n_params;
   for (int i = 0; same && i < o->n_nodes; i++) {
     const qt_node *a = &o->nodes[i], *b = &g->nodes[i];
-    same = a->op == b->op && memcmp(&a->attr, &b->attr, sizeof a->attr) == 0 && a->n_inputs == b->n_inputs &&
-           memcmp(a->inputs, b->inputs, sizeof a->inputs) == 0;
+    same = a->op == b->op && strcmp(a->name, b->name) == 0 && memcmp(&a->attr, &b->attr, sizeof a->attr) == 0 &&
+           a->n_inputs == b->n_inputs && memcmp(a->inputs, b->inputs, sizeof a->inputs) == 0;
     if (!same) qt_test_fail("%s: node %d is %s '%s', %s '%s' in %s", model, i, qt_op_name(b->op), b->name,
                             qt_op_name(a->op), a->name, twin);
   }
