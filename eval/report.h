@@ -129,7 +129,7 @@ typedef struct {
   qt_sqnr_sum qdq_vs_device;  /* n == 0: not measured (weights: the device runs the same integers) */
 } qt_report_point;
 
-#define QT_REPORT_MAX_POINTS 96
+#define QT_REPORT_MAX_POINTS 2048 /* quantization points and weights: ResNet-152 has about 310 */
 #define QT_REPORT_MAX_FALLBACKS 16
 
 /* A partition the device runs on the CPU in fp32 (QT_PART_FALLBACK), as the device lists it. */
