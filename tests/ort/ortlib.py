@@ -49,12 +49,17 @@ def inference_copy(src, dst):
     inference mode (the running statistics of their initializers): training_mode removed and
     only the first output kept. torch.onnx.export in training mode writes BN with batch
     statistics (opset >= 14: training_mode=1; opset 9-13: the extra running-mean/var outputs),
-    which ONNX Runtime computes over each run call's batch. Returns the number of nodes changed."""
+    which ONNX Runtime computes over each run call's batch. Dropout nodes lose their
+    training_mode input (torch 2.x writes True for a model exported in train mode, and ONNX
+    Runtime then drops at random): identities, as the importer reads them. Returns the number of
+    BN nodes changed."""
     import onnx
     m = onnx.load(src)
     changed = 0
     used = {i for n in m.graph.node for i in n.input} | {o.name for o in m.graph.output}
     for n in m.graph.node:
+        if n.op_type == "Dropout" and len(n.input) > 2 and n.input[2]:
+            n.input[2] = ""
         if n.op_type != "BatchNormalization":
             continue
         extra = [o for o in n.output[1:] if o]
