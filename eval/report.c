@@ -123,9 +123,9 @@ static int plan_points(qt_graph *fp32, const qt_graph *qdq, qt_report *r, point_
   return 0;
 }
 
-int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dataset *ds, const qt_loader_config *lc,
-                  int64_t probe_images, qt_report *r, char *err) {
-  memset(r, 0, sizeof *r);
+/* The models agree with each other and with the test set: 0, or -1 with err. */
+static int check_shapes(const qt_graph *fp32, const qt_graph *qdq, qt_device *device, const qt_dataset *ds,
+                        char *err) {
   int h, w, c;
   qt_device_input_shape(device, &h, &w, &c);
   const qt_value *qin = &qdq->values[qdq->input];
@@ -155,7 +155,11 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
       return -1;
     }
   }
-  r->has_fp32 = fp32 != NULL;
+  return 0;
+}
+
+/* The device's partitions: counts, and the fallbacks it lists. */
+static void add_partitions(qt_report *r, qt_device *device) {
   snprintf(r->backend, sizeof r->backend, "%s", qt_device_desc(device)->name);
   r->int8_partitions = qt_device_count(device, QT_PART_INT8);
   r->fallback_partitions = qt_device_count(device, QT_PART_FALLBACK);
@@ -166,158 +170,204 @@ int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dat
     snprintf(f->nodes, sizeof f->nodes, "%s", nodes);
     snprintf(f->reason, sizeof f->reason, "%s", detail);
   }
-  r->output_scale = qt_output_lsb(qdq);
-  qt_device_agreement_init(&r->agreement, r->output_scale);
+}
 
-  point_plan *plans = calloc((size_t)qdq->n_nodes + 1, sizeof *plans);
-  QT_ASSERT(plans, "out of memory");
-  int n_plans = 0, rc = -1;
-  qt_loader *l = NULL;
-  qt_ctx *ctx = NULL;
-  float *out = NULL, *eo = NULL;
-  unsigned char *keep_f = NULL, *keep_q = NULL;
-  qt_exact *exact = qt_exact_open(qdq, err);
-  if (!exact) goto done;
-  qt_device_agreement_init(&r->float_vs_exact, r->output_scale);
-  if (plan_points(fp32, qdq, r, plans, &n_plans, err)) goto done;
-  if (add_weight_points(qdq, r, err)) goto done;
+/* A report's run over the test set: the graphs, the device, what is kept and the buffers. */
+typedef struct {
+  qt_graph *fp32, *qdq;
+  qt_device *device;
+  qt_report *r;
+  point_plan *plans;
+  int n_plans, h, w, c;
+  int64_t classes;
+  qt_loader_config cfg;
+  qt_loader *loader;
+  qt_ctx *ctx;
+  qt_exact *exact;
+  float *out, *eo;                /* a batch of the device's and the exact reference's logits */
+  unsigned char *keep_f, *keep_q; /* values the points compare, kept past their last consumer */
+} report_run;
 
-  qt_loader_config cfg = *lc;
-  cfg.shuffle = 0;
-  cfg.crop_pad = 0;
-  cfg.flip = 0;
-  /* Every number here is per image, so the batch only sets the memory: the fp32 and Q/DQ graphs
-   * keep all their values of a batch side by side (at 256 that was ~150 MB for FashionCNN). */
-  if (cfg.batch_size > QT_REPORT_MAX_BATCH) cfg.batch_size = QT_REPORT_MAX_BATCH;
-  if (qt_graph_check_memory(qdq, cfg.batch_size, err) || (fp32 && qt_graph_check_memory(fp32, cfg.batch_size, err)))
-    goto done;
-  l = qt_loader_create(ds, &cfg, err);
-  if (!l) goto done;
-  /* The values the points compare are kept; the graphs' others are reused after their last
-   * consumer. overwritten() reads the outputs of a kept fp32 value's in-place consumers. */
-  keep_f = fp32 ? calloc((size_t)fp32->n_values, 1) : NULL;
-  keep_q = calloc((size_t)qdq->n_values, 1);
-  QT_ASSERT((!fp32 || keep_f) && keep_q, "out of memory");
-  for (int k = 0; k < n_plans; k++) {
-    keep_q[plans[k].qdq_value] = 1;
-    if (plans[k].fp32_value >= 0) keep_f[plans[k].fp32_value] = 1;
+/* The values the points compare are kept; the graphs' others are reused after their last
+ * consumer. overwritten() reads the outputs of a kept fp32 value's in-place consumers. */
+static void keep_points(report_run *s) {
+  const qt_graph *fp32 = s->fp32;
+  s->keep_f = fp32 ? calloc((size_t)fp32->n_values, 1) : NULL;
+  s->keep_q = calloc((size_t)s->qdq->n_values, 1);
+  QT_ASSERT((!fp32 || s->keep_f) && s->keep_q, "out of memory");
+  for (int k = 0; k < s->n_plans; k++) {
+    s->keep_q[s->plans[k].qdq_value] = 1;
+    if (s->plans[k].fp32_value >= 0) s->keep_f[s->plans[k].fp32_value] = 1;
   }
   for (int i = 0; fp32 && i < fp32->n_nodes; i++) {
     const qt_node *nd = &fp32->nodes[i];
-    if ((nd->op == QT_OP_RELU || nd->op == QT_OP_RELU6 || nd->op == QT_OP_BATCH_NORM) && keep_f[nd->inputs[0]])
-      keep_f[nd->output] = 1;
+    if ((nd->op == QT_OP_RELU || nd->op == QT_OP_RELU6 || nd->op == QT_OP_BATCH_NORM) && s->keep_f[nd->inputs[0]])
+      s->keep_f[nd->output] = 1;
   }
-  out = malloc((size_t)cfg.batch_size * (size_t)classes * sizeof(float));
-  eo = malloc((size_t)cfg.batch_size * (size_t)classes * sizeof(float));
-  QT_ASSERT(out && eo, "out of memory for a batch of %d", cfg.batch_size);
-  ctx = qt_ctx_create();
-  qt_ctx_set_grad(ctx, 0);
-  if (fp32) qt_graph_set_mode(fp32, QT_MODE_EVAL);
-  qt_graph_set_mode(qdq, QT_MODE_EVAL);
-  qt_loader_start_epoch(l, 0);
+}
+
+/* The plans, the loader (in order, no augmentation), the kept values and the buffers. */
+static int open_run(report_run *s, const qt_dataset *ds, const qt_loader_config *lc, char *err) {
+  qt_report *r = s->r;
+  s->plans = calloc((size_t)s->qdq->n_nodes + 1, sizeof *s->plans);
+  QT_ASSERT(s->plans, "out of memory");
+  if (!(s->exact = qt_exact_open(s->qdq, err))) return -1;
+  qt_device_agreement_init(&r->float_vs_exact, r->output_scale);
+  if (plan_points(s->fp32, s->qdq, r, s->plans, &s->n_plans, err) || add_weight_points(s->qdq, r, err)) return -1;
+  s->cfg = *lc;
+  s->cfg.shuffle = 0;
+  s->cfg.crop_pad = 0;
+  s->cfg.flip = 0;
+  /* Every number here is per image, so the batch only sets the memory: the fp32 and Q/DQ graphs
+   * keep all their values of a batch side by side (at 256 that was ~150 MB for FashionCNN). */
+  if (s->cfg.batch_size > QT_REPORT_MAX_BATCH) s->cfg.batch_size = QT_REPORT_MAX_BATCH;
+  if (qt_graph_check_memory(s->qdq, s->cfg.batch_size, err) ||
+      (s->fp32 && qt_graph_check_memory(s->fp32, s->cfg.batch_size, err)))
+    return -1;
+  if (!(s->loader = qt_loader_create(ds, &s->cfg, err))) return -1;
+  keep_points(s);
+  s->out = malloc((size_t)s->cfg.batch_size * (size_t)s->classes * sizeof(float));
+  s->eo = malloc((size_t)s->cfg.batch_size * (size_t)s->classes * sizeof(float));
+  QT_ASSERT(s->out && s->eo, "out of memory for a batch of %d", s->cfg.batch_size);
+  s->ctx = qt_ctx_create();
+  qt_ctx_set_grad(s->ctx, 0);
+  if (s->fp32) qt_graph_set_mode(s->fp32, QT_MODE_EVAL);
+  qt_graph_set_mode(s->qdq, QT_MODE_EVAL);
+  return 0;
+}
+
+static void close_run(report_run *s) {
+  qt_exact_free(s->exact);
+  free(s->plans);
+  free(s->eo);
+  free(s->out);
+  free(s->keep_f);
+  free(s->keep_q);
+  qt_ctx_free(s->ctx);
+  qt_loader_free(s->loader);
+}
+
+/* Counts and compares one batch's answers: the fp32 graph's (fy, may be NULL), the exact
+ * reference's (the Q/DQ graph's answer) and the device's; the points' SQNR. */
+static void add_batch(report_run *s, const qt_tensor *fy, qt_tensor **fv, qt_tensor **qv, const int32_t *labels, int n) {
+  qt_report *r = s->r;
+  const int64_t classes = s->classes;
+  const float *qo = s->eo, *out = s->out;
+  for (int i = 0; i < n; i++) {
+    const int64_t off = (int64_t)i * classes;
+    const int pq = (int)qt_argmax(qo + off, classes), pd = (int)qt_argmax(out + off, classes);
+    if (fy) r->fp32_correct += (int)qt_argmax(qt_f32(fy) + off, classes) == labels[i];
+    r->qdq_correct += pq == labels[i];
+    r->device_correct += pd == labels[i];
+    r->agree += pq == pd;
+  }
+  const int64_t numel = (int64_t)n * classes;
+  for (int64_t k = 0; k < numel; k++) {
+    const double d = fabs((double)out[k] - (double)qo[k]);
+    if (d > r->max_abs_diff || d != d) r->max_abs_diff = d;
+  }
+  if (r->output_scale > 0) qt_lsb_histogram_add(&r->lsb, out, qo, numel, r->output_scale);
+  qt_device_agreement_add(&r->agreement, out, qo, labels, n, classes);
+  for (int k = 0; k < s->n_plans; k++) {
+    const point_plan *pl = &s->plans[k];
+    qt_report_point *p = &r->points[pl->point];
+    const float *qd = pl->qdq_value == s->qdq->output ? qo : qt_f32(qv[pl->qdq_value]);
+    const int64_t pn = (int64_t)n * qt_value_numel(&s->qdq->values[pl->qdq_value]);
+    if (pl->fp32_value >= 0 && !overwritten(s->fp32, fv, pl->fp32_value))
+      qt_sqnr_add(&p->fp32_vs_qdq, qt_f32(fv[pl->fp32_value]), qd, pn);
+    if (pl->device_output) qt_sqnr_add(&p->qdq_vs_device, qd, out, pn);
+  }
+  r->images += n;
+}
+
+/* The whole test set through the fp32 graph, the Q/DQ graph, the exact reference and the device. */
+static int run_test_set(report_run *s, char *err) {
   const float *x;
   const int32_t *labels;
   int n;
-  while ((n = qt_loader_next(l, &x, &labels)) > 0) {
-    qt_ctx_reset(ctx);
-    const int64_t shape[4] = {n, h, w, c};
+  qt_loader_start_epoch(s->loader, 0);
+  while ((n = qt_loader_next(s->loader, &x, &labels)) > 0) {
+    qt_ctx_reset(s->ctx);
+    const int64_t shape[4] = {n, s->h, s->w, s->c};
     qt_tensor **fv = NULL, **qv = NULL;
     qt_tensor *fy = NULL;
-    if (fp32 &&
-        !(fy = qt_graph_forward_keep(fp32, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &fv, NULL, keep_f))) {
-      snprintf(err, QT_ERR_LEN, "report: fp32 model: %s", fp32->error);
-      goto done;
+    if (s->fp32 && !(fy = qt_graph_forward_keep(s->fp32, s->ctx, qt_tensor_wrap(s->ctx, QT_F32, 4, shape, (void *)x),
+                                                &fv, NULL, s->keep_f))) {
+      snprintf(err, QT_ERR_LEN, "report: fp32 model: %s", s->fp32->error);
+      return -1;
     }
-    qt_tensor *qy = qt_graph_forward_keep(qdq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &qv, NULL, keep_q);
+    qt_tensor *qy =
+        qt_graph_forward_keep(s->qdq, s->ctx, qt_tensor_wrap(s->ctx, QT_F32, 4, shape, (void *)x), &qv, NULL, s->keep_q);
     if (!qy) {
-      snprintf(err, QT_ERR_LEN, "report: Q/DQ graph: %s", qdq->error);
-      goto done;
+      snprintf(err, QT_ERR_LEN, "report: Q/DQ graph: %s", s->qdq->error);
+      return -1;
     }
-    if (qt_device_run(device, out, x, n, err)) goto done;
-    if (qt_exact_run(exact, eo, x, n, err)) goto done;
+    if (qt_device_run(s->device, s->out, x, n, err) || qt_exact_run(s->exact, s->eo, x, n, err)) return -1;
     /* The Q/DQ graph's answer is the exact reference's; the float executor is measured against it. */
-    qt_device_agreement_add(&r->float_vs_exact, qt_f32(qy), eo, labels, n, classes);
-    const float *qo = eo;
-    for (int i = 0; i < n; i++) {
-      const int64_t off = (int64_t)i * classes;
-      const int pq = (int)qt_argmax(qo + off, classes), pd = (int)qt_argmax(out + off, classes);
-      if (fy) r->fp32_correct += (int)qt_argmax(qt_f32(fy) + off, classes) == labels[i];
-      r->qdq_correct += pq == labels[i];
-      r->device_correct += pd == labels[i];
-      r->agree += pq == pd;
-    }
-    const int64_t numel = (int64_t)n * classes;
-    for (int64_t k = 0; k < numel; k++) {
-      const double d = fabs((double)out[k] - (double)qo[k]);
-      if (d > r->max_abs_diff || d != d) r->max_abs_diff = d;
-    }
-    if (r->output_scale > 0) qt_lsb_histogram_add(&r->lsb, out, qo, numel, r->output_scale);
-    qt_device_agreement_add(&r->agreement, out, qo, labels, n, classes);
-    for (int k = 0; k < n_plans; k++) {
-      const point_plan *pl = &plans[k];
-      qt_report_point *p = &r->points[pl->point];
-      const float *qd = pl->qdq_value == qdq->output ? qo : qt_f32(qv[pl->qdq_value]);
-      const int64_t pn = (int64_t)n * qt_value_numel(&qdq->values[pl->qdq_value]);
-      if (pl->fp32_value >= 0 && !overwritten(fp32, fv, pl->fp32_value))
-        qt_sqnr_add(&p->fp32_vs_qdq, qt_f32(fv[pl->fp32_value]), qd, pn);
-      if (pl->device_output) qt_sqnr_add(&p->qdq_vs_device, qd, out, pn);
-    }
-    r->images += n;
+    qt_device_agreement_add(&s->r->float_vs_exact, qt_f32(qy), s->eo, labels, n, s->classes);
+    add_batch(s, fy, fv, qv, labels, n);
   }
-  if (r->images == 0) {
+  if (s->r->images == 0) {
     snprintf(err, QT_ERR_LEN, "report: the test set is empty");
-    goto done;
+    return -1;
   }
+  return 0;
+}
 
-  /* The device at intermediate points (qt_device_read_value), one point at a time over the
-   * first probe_images images. */
-  for (int k = 0; k < n_plans && probe_images > 0; k++) {
-    const point_plan *pl = &plans[k];
-    if (!pl->probe) continue;
-    qt_report_point *p = &r->points[pl->point];
-    const char *value = qdq->values[pl->qdq_value].name;
-    const int64_t per_sample = qt_value_numel(&qdq->values[pl->qdq_value]);
-    QT_ASSERT(qt_device_value_numel(device, value) == per_sample, "probe %s: wrong value size", p->name);
-    float *po = malloc((size_t)cfg.batch_size * (size_t)per_sample * sizeof(float));
-    QT_ASSERT(po, "out of memory for a batch of %d", cfg.batch_size);
-    int64_t seen = 0;
-    qt_loader_start_epoch(l, 0);
-    while (seen < probe_images && (n = qt_loader_next(l, &x, &labels)) > 0) {
-      if (n > probe_images - seen) n = (int)(probe_images - seen);
-      qt_ctx_reset(ctx);
-      const int64_t shape[4] = {n, h, w, c};
-      qt_tensor **qv = NULL;
-      if (!qt_graph_forward_keep(qdq, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &qv, NULL, keep_q)) {
-        snprintf(err, QT_ERR_LEN, "report: Q/DQ graph: %s", qdq->error);
-        free(po);
-        goto done;
-      }
-      if (qt_device_read_value(device, value, po, x, n, err)) {
-        free(po);
-        goto done;
-      }
-      qt_sqnr_add(&p->qdq_vs_device, qt_f32(qv[pl->qdq_value]), po, (int64_t)n * per_sample);
-      seen += n;
+/* The device at one intermediate point (qt_device_read_value) over the first probe_images images. */
+static int probe_point(report_run *s, const point_plan *pl, int64_t probe_images, char *err) {
+  qt_report_point *p = &s->r->points[pl->point];
+  const char *value = s->qdq->values[pl->qdq_value].name;
+  const int64_t per_sample = qt_value_numel(&s->qdq->values[pl->qdq_value]);
+  QT_ASSERT(qt_device_value_numel(s->device, value) == per_sample, "probe %s: wrong value size", p->name);
+  float *po = malloc((size_t)s->cfg.batch_size * (size_t)per_sample * sizeof(float));
+  QT_ASSERT(po, "out of memory for a batch of %d", s->cfg.batch_size);
+  int64_t seen = 0;
+  int n, rc = 0;
+  const float *x;
+  const int32_t *labels;
+  qt_loader_start_epoch(s->loader, 0);
+  while (seen < probe_images && (n = qt_loader_next(s->loader, &x, &labels)) > 0) {
+    if (n > probe_images - seen) n = (int)(probe_images - seen);
+    qt_ctx_reset(s->ctx);
+    const int64_t shape[4] = {n, s->h, s->w, s->c};
+    qt_tensor **qv = NULL;
+    if (!qt_graph_forward_keep(s->qdq, s->ctx, qt_tensor_wrap(s->ctx, QT_F32, 4, shape, (void *)x), &qv, NULL,
+                               s->keep_q)) {
+      snprintf(err, QT_ERR_LEN, "report: Q/DQ graph: %s", s->qdq->error);
+      rc = -1;
+      break;
     }
-    r->probe_images = seen;
-    free(po);
+    if ((rc = qt_device_read_value(s->device, value, po, x, n, err))) break;
+    qt_sqnr_add(&p->qdq_vs_device, qt_f32(qv[pl->qdq_value]), po, (int64_t)n * per_sample);
+    seen += n;
   }
+  if (!rc) s->r->probe_images = seen;
+  free(po);
+  return rc;
+}
+
+int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dataset *ds, const qt_loader_config *lc,
+                  int64_t probe_images, qt_report *r, char *err) {
+  memset(r, 0, sizeof *r);
+  if (check_shapes(fp32, qdq, device, ds, err)) return -1;
+  report_run s = {.fp32 = fp32, .qdq = qdq, .device = device, .r = r, .classes = qt_device_output_numel(device)};
+  qt_device_input_shape(device, &s.h, &s.w, &s.c);
+  r->has_fp32 = fp32 != NULL;
+  add_partitions(r, device);
+  r->output_scale = qt_output_lsb(qdq);
+  qt_device_agreement_init(&r->agreement, r->output_scale);
+  int rc = open_run(&s, ds, lc, err) || run_test_set(&s, err) ? -1 : 0;
+  for (int k = 0; !rc && k < s.n_plans && probe_images > 0; k++)
+    if (s.plans[k].probe) rc = probe_point(&s, &s.plans[k], probe_images, err);
+  close_run(&s);
+  if (rc) return -1;
   const double N = (double)r->images;
   r->fp32_accuracy = fp32 ? (double)r->fp32_correct / N : 0;
   r->qdq_accuracy = (double)r->qdq_correct / N;
   r->device_accuracy = (double)r->device_correct / N;
   r->top1_agreement = (double)r->agree / N;
-  rc = 0;
-done:
-  qt_exact_free(exact);
-  free(plans);
-  free(eo);
-  free(out);
-  free(keep_f);
-  free(keep_q);
-  qt_ctx_free(ctx);
-  qt_loader_free(l);
-  return rc;
+  return 0;
 }
 
 /* ---- verdict, text and JSON ------------------------------------------------------------- */
