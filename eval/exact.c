@@ -386,6 +386,134 @@ static inline int32_t requantize(double y, double s, double zp, double lo, doubl
   return (int32_t)(q < hi ? q : hi);
 }
 
+/* quantize: of the graph input (fp32 data: the format's float32 formula) or of a float64 value. */
+static int run_quantize(qt_exact *x, const qt_node *nd, const float *input, int64_t numel, char *err) {
+  const qt_graph *g = x->g;
+  const qt_qstate *q = nd->q;
+  const int a = nd->inputs[0];
+  const double *src = x->vd[a];
+  int32_t *y = x->vi[nd->output] = buf_get(x, (size_t)numel * sizeof *y);
+  if (a == g->input) {
+    qt_quantize(y, input, numel / q->channels, q->channels, 1, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
+    return 0;
+  }
+  if (!src) return qt_err(err, "exact reference: quantize %s reads integers", nd->name);
+  const double lo = q->spec.qmin, hi = q->spec.qmax;
+  const int C = q->channels;
+  const int64_t rows = numel / C;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++)
+    for (int c = 0; c < C; c++)
+      y[r * C + c] = requantize(src[r * C + c], (double)q->scale[c], (double)q->zero_point[c], lo, hi);
+  return 0;
+}
+
+/* dequantize into y; the integers are kept too where a later integer op reads them (iq). */
+static int run_dequantize(qt_exact *x, const qt_node *nd, double *y, int64_t numel, char *err) {
+  const qt_qstate *q = nd->q;
+  const int v = nd->output;
+  const int32_t *qi = x->vi[nd->inputs[0]];
+  if (!qi) return qt_err(err, "exact reference: dequantize %s reads a float value", nd->name);
+  const int C = q->channels;
+  const int64_t rows = numel / C;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++)
+    for (int c = 0; c < C; c++) y[r * C + c] = (double)(qi[r * C + c] - q->zero_point[c]) * (double)q->scale[c];
+  if (x->iq[v] >= 0) {
+    x->vi[v] = buf_get(x, (size_t)numel * sizeof *x->vi[v]);
+    memcpy(x->vi[v], qi, (size_t)numel * sizeof *qi);
+  }
+  return 0;
+}
+
+/* batch norm in eval mode with its running statistics, in float64. */
+static void run_batch_norm(const qt_graph *g, const qt_node *nd, const double *src, double *y, int64_t numel) {
+  const qt_value *ov = &g->values[nd->output];
+  const int C = (int)ov->shape[ov->ndim - 1];
+  const float *gm = g->params + g->tensors[nd->param[QT_P_GAMMA]].offset;
+  const float *bt = g->params + g->tensors[nd->param[QT_P_BETA]].offset;
+  const float *mu = g->buffers + g->tensors[nd->buffer[QT_B_RUNNING_MEAN]].offset;
+  const float *var = g->buffers + g->tensors[nd->buffer[QT_B_RUNNING_VAR]].offset;
+  double *sd = xmalloc((size_t)C * sizeof *sd);
+  for (int c = 0; c < C; c++) sd[c] = sqrt((double)var[c] + (double)nd->attr.eps);
+  const int64_t rows = numel / C;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++)
+    for (int c = 0; c < C; c++) y[r * C + c] = (src[r * C + c] - mu[c]) / sd[c] * gm[c] + bt[c];
+  free(sd);
+}
+
+/* relu (six: relu6) in float64; NaN passes through. */
+static void run_relu(const double *src, double *y, int64_t numel, int six) {
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < numel; k++) {
+    const double t = src[k] > 0 ? src[k] : (src[k] == src[k] ? 0.0 : src[k]);
+    y[k] = six && !(t < 6) ? 6.0 : t;
+  }
+}
+
+static void run_global_avg_pool(const qt_value *in, const double *src, double *y, int n) {
+  const int64_t HW = in->shape[0] * in->shape[1], C = in->shape[2];
+#pragma omp parallel for schedule(static)
+  for (int b = 0; b < n; b++)
+    for (int64_t c = 0; c < C; c++) {
+      double s = 0;
+      for (int64_t k = 0; k < HW; k++) s += src[((int64_t)b * HW + k) * C + c];
+      y[(int64_t)b * C + c] = s / (double)HW;
+    }
+}
+
+/* Node i of a float64 value y (n images); the integers too where a later integer op reads them. */
+static int run_float_node(qt_exact *x, int i, double *y, int n, int64_t numel, char *err) {
+  const qt_graph *g = x->g;
+  const qt_node *nd = &g->nodes[i];
+  const int v = nd->output, a = nd->n_inputs > 0 ? nd->inputs[0] : -1;
+  const double *src = a >= 0 ? x->vd[a] : NULL;
+  switch (nd->op) {
+    case QT_OP_DEQUANTIZE: return run_dequantize(x, nd, y, numel, err);
+    case QT_OP_CONV2D:
+    case QT_OP_LINEAR: run_layer(x, nd, &x->layers[i], y, n); return 0;
+    case QT_OP_BATCH_NORM: run_batch_norm(g, nd, src, y, numel); return 0;
+    case QT_OP_RELU: run_relu(src, y, numel, 0); return 0;
+    case QT_OP_RELU6: run_relu(src, y, numel, 1); return 0;
+    case QT_OP_MAX_POOL2D:
+    case QT_OP_AVG_POOL2D:
+      run_pool(nd, &g->values[a], &g->values[v], src, y, n);
+      if (x->iq[v] >= 0) {
+        x->vi[v] = buf_get(x, (size_t)numel * sizeof *x->vi[v]);
+        run_max_pool_int(nd, &g->values[a], &g->values[v], x->vi[a], x->vi[v], n);
+      }
+      return 0;
+    case QT_OP_GLOBAL_AVG_POOL: run_global_avg_pool(&g->values[a], src, y, n); return 0;
+    case QT_OP_FLATTEN:
+      memcpy(y, src, (size_t)numel * sizeof *y);
+      if (x->iq[v] >= 0) {
+        x->vi[v] = buf_get(x, (size_t)numel * sizeof *x->vi[v]);
+        memcpy(x->vi[v], x->vi[a], (size_t)numel * sizeof *x->vi[v]);
+      }
+      return 0;
+    case QT_OP_ADD: {
+      const double *s2 = x->vd[nd->inputs[1]];
+#pragma omp parallel for schedule(static)
+      for (int64_t k = 0; k < numel; k++) y[k] = src[k] + s2[k];
+      return 0;
+    }
+    default: return qt_err(err, "exact reference: node %s: op %s has no exact form", nd->name, qt_op_name(nd->op));
+  }
+}
+
+/* The values node i read for the last time: their buffers go back to the pool. */
+static void release_inputs(qt_exact *x, const qt_node *nd, int i) {
+  for (int k = 0; k < nd->n_inputs; k++) {
+    const int u = nd->inputs[k];
+    if (x->last_use[u] != i) continue;
+    buf_put(x, x->vi[u]);
+    buf_put(x, x->vd[u]);
+    x->vi[u] = NULL;
+    x->vd[u] = NULL;
+  }
+}
+
 /* One chunk of n images from in (n, H, W, C) fp32 to out (n, output numel) fp32. Elementwise
  * passes run in parallel over rows of the channel axis (each element's arithmetic is the same
  * whichever thread computes it). */
@@ -394,131 +522,17 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
   int rc = 0;
   for (int i = 0; i < g->n_nodes && !rc; i++) {
     const qt_node *nd = &g->nodes[i];
-    const int v = nd->output;
-    const qt_value *ov = &g->values[v];
-    const int64_t numel = qt_value_numel(ov) * n;
-    const int a = nd->n_inputs > 0 ? nd->inputs[0] : -1;
-    const double *src = a >= 0 ? x->vd[a] : NULL;
+    const int64_t numel = qt_value_numel(&g->values[nd->output]) * n;
     if (nd->op == QT_OP_QUANTIZE) {
-      const qt_qstate *q = nd->q;
-      int32_t *y = x->vi[v] = buf_get(x, (size_t)numel * sizeof *y);
-      if (a == g->input) { /* fp32 data: the format's float32 formula */
-        qt_quantize(y, input, numel / q->channels, q->channels, 1, q->scale, q->zero_point, q->spec.qmin,
-                    q->spec.qmax);
-      } else {
-        if (!src) {
-          rc = qt_err(err, "exact reference: quantize %s reads integers", nd->name);
-          break;
-        }
-        const double lo = q->spec.qmin, hi = q->spec.qmax;
-        const int C = q->channels;
-        const int64_t rows = numel / C;
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < rows; r++)
-          for (int c = 0; c < C; c++)
-            y[r * C + c] = requantize(src[r * C + c], (double)q->scale[c], (double)q->zero_point[c], lo, hi);
-      }
+      if ((rc = run_quantize(x, nd, input, numel, err))) break;
     } else if (nd->op == QT_OP_INPUT) {
-      double *y = x->vd[v] = buf_get(x, (size_t)numel * sizeof *y);
+      double *y = x->vd[nd->output] = buf_get(x, (size_t)numel * sizeof *y);
       for (int64_t k = 0; k < numel; k++) y[k] = (double)input[k];
     } else {
-      double *y = x->vd[v] = buf_get(x, (size_t)numel * sizeof *y);
-      switch (nd->op) {
-        case QT_OP_DEQUANTIZE: {
-          const qt_qstate *q = nd->q;
-          const int32_t *qi = x->vi[a];
-          if (!qi) {
-            rc = qt_err(err, "exact reference: dequantize %s reads a float value", nd->name);
-            break;
-          }
-          const int C = q->channels;
-          const int64_t rows = numel / C;
-#pragma omp parallel for schedule(static)
-          for (int64_t r = 0; r < rows; r++)
-            for (int c = 0; c < C; c++)
-              y[r * C + c] = (double)(qi[r * C + c] - q->zero_point[c]) * (double)q->scale[c];
-          if (x->iq[v] >= 0) {
-            x->vi[v] = buf_get(x, (size_t)numel * sizeof *x->vi[v]);
-            memcpy(x->vi[v], qi, (size_t)numel * sizeof *qi);
-          }
-          break;
-        }
-        case QT_OP_CONV2D:
-        case QT_OP_LINEAR:
-          run_layer(x, nd, &x->layers[i], y, n);
-          break;
-        case QT_OP_BATCH_NORM: {
-          const int C = (int)ov->shape[ov->ndim - 1];
-          const float *gm = g->params + g->tensors[nd->param[QT_P_GAMMA]].offset;
-          const float *bt = g->params + g->tensors[nd->param[QT_P_BETA]].offset;
-          const float *mu = g->buffers + g->tensors[nd->buffer[QT_B_RUNNING_MEAN]].offset;
-          const float *var = g->buffers + g->tensors[nd->buffer[QT_B_RUNNING_VAR]].offset;
-          double *sd = xmalloc((size_t)C * sizeof *sd);
-          for (int c = 0; c < C; c++) sd[c] = sqrt((double)var[c] + (double)nd->attr.eps);
-          const int64_t rows = numel / C;
-#pragma omp parallel for schedule(static)
-          for (int64_t r = 0; r < rows; r++)
-            for (int c = 0; c < C; c++) y[r * C + c] = (src[r * C + c] - mu[c]) / sd[c] * gm[c] + bt[c];
-          free(sd);
-          break;
-        }
-        case QT_OP_RELU:
-#pragma omp parallel for schedule(static)
-          for (int64_t k = 0; k < numel; k++) y[k] = src[k] > 0 ? src[k] : (src[k] == src[k] ? 0.0 : src[k]);
-          break;
-        case QT_OP_RELU6:
-#pragma omp parallel for schedule(static)
-          for (int64_t k = 0; k < numel; k++) {
-            const double t = src[k] > 0 ? src[k] : (src[k] == src[k] ? 0.0 : src[k]);
-            y[k] = t < 6 ? t : 6.0;
-          }
-          break;
-        case QT_OP_MAX_POOL2D:
-        case QT_OP_AVG_POOL2D:
-          run_pool(nd, &g->values[a], ov, src, y, n);
-          if (x->iq[v] >= 0) {
-            x->vi[v] = buf_get(x, (size_t)numel * sizeof *x->vi[v]);
-            run_max_pool_int(nd, &g->values[a], ov, x->vi[a], x->vi[v], n);
-          }
-          break;
-        case QT_OP_GLOBAL_AVG_POOL: {
-          const qt_value *in = &g->values[a];
-          const int64_t HW = in->shape[0] * in->shape[1], C = in->shape[2];
-#pragma omp parallel for schedule(static)
-          for (int b = 0; b < n; b++)
-            for (int64_t c = 0; c < C; c++) {
-              double s = 0;
-              for (int64_t k = 0; k < HW; k++) s += src[((int64_t)b * HW + k) * C + c];
-              y[(int64_t)b * C + c] = s / (double)HW;
-            }
-          break;
-        }
-        case QT_OP_FLATTEN:
-          memcpy(y, src, (size_t)numel * sizeof *y);
-          if (x->iq[v] >= 0) {
-            x->vi[v] = buf_get(x, (size_t)numel * sizeof *x->vi[v]);
-            memcpy(x->vi[v], x->vi[a], (size_t)numel * sizeof *x->vi[v]);
-          }
-          break;
-        case QT_OP_ADD: {
-          const double *s2 = x->vd[nd->inputs[1]];
-#pragma omp parallel for schedule(static)
-          for (int64_t k = 0; k < numel; k++) y[k] = src[k] + s2[k];
-          break;
-        }
-        default:
-          rc = qt_err(err, "exact reference: node %s: op %s has no exact form", nd->name, qt_op_name(nd->op));
-      }
+      double *y = x->vd[nd->output] = buf_get(x, (size_t)numel * sizeof *y);
+      rc = run_float_node(x, i, y, n, numel, err);
     }
-    /* values read for the last time by this node: their buffers go back to the pool */
-    for (int k = 0; k < nd->n_inputs; k++) {
-      const int u = nd->inputs[k];
-      if (x->last_use[u] != i) continue;
-      buf_put(x, x->vi[u]);
-      buf_put(x, x->vd[u]);
-      x->vi[u] = NULL;
-      x->vd[u] = NULL;
-    }
+    release_inputs(x, nd, i);
   }
   if (!rc) {
     const int o = g->output;
