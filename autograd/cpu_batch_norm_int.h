@@ -1,6 +1,7 @@
-/* Private to batch norm on the CPU (kernels.h), shared by its two files:
- *   cpu_batch_norm.c         plain batch norm: training statistics, the apply pass, eval, backward,
- *                            and the reference twins
+/* Private to batch norm on the CPU (kernels.h), shared by its three files:
+ *   cpu_batch_norm_stats.c   the training statistics (chunked, merged across processes)
+ *   cpu_batch_norm.c         plain batch norm: the apply pass, the training and eval forwards,
+ *                            backward, and the reference twins
  *   cpu_batch_norm_pooled.c  batch norm + relu (+ fake quant) + max pool in one pass, and the
  *                            backward of a batch norm whose max pool handed it its gradient
  * The plan, its patterns and the inline bodies below are what both compute with, so a pooled
@@ -10,7 +11,7 @@
 
 #include "autograd/autograd.h"
 #include "autograd/kernels.h"
-#include "qat/quant_elem.h"
+#include "quant/quant_elem.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -117,7 +118,7 @@ BN_INLINE void bn_dinp_rows(float *ig, const float *dg, const float *restrict xg
 #define POOLED512(C) 0
 #endif
 
-/* ---- cpu_batch_norm.c ---- */
+/* ---- cpu_batch_norm_stats.c ---- */
 
 /* The training statistics of inp (or inp / in_div): mean, invstd, the running statistics'
  * update, and the apply pass's per-channel constants: chi + clo, the mean as two floats, and ca,

@@ -7,7 +7,7 @@
 /* ---- training forward ------------------------------------------------------------------- */
 
 /* One normalized, relu'd value (bn_pool_band's, before the fake quant): selects on the bits, so
- * the loops around it vectorize (select_bits, qat/quant_elem.h). */
+ * the loops around it vectorize (select_bits, quant/quant_elem.h). */
 BN_INLINE float bn_pool_value(float x, float div, float chi, float clo, float ca, float bb, const int RELU,
                               const int D) {
   float v = (((D ? x / div : x) - chi) - clo) * ca + bb;

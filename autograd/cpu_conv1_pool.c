@@ -25,7 +25,7 @@
  * pool's argmax is kept as the window position (one byte per output). */
 #include "autograd/kernels.h"
 #include "base/base.h"
-#include "qat/quant_elem.h"
+#include "quant/quant_elem.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>

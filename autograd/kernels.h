@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "qat/quant_elem.h"
+#include "quant/quant_elem.h"
 
 struct qt_batch_sync; /* base.h */
 
@@ -251,7 +251,7 @@ void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, dou
                                     const qt_conv1_pool_shape *s);
 /* Whether a relu (relu 1), relu6 (2) or none (0, always) passes the gradient at a value y it
  * output: its mask bit (qt_relu_forward_mask's test); the one statement of it, quant_relu_pass
- * (qat/quant_elem.h), which the fake-quant kernels below autograd share. */
+ * (quant/quant_elem.h), which the fake-quant kernels below autograd share. */
 static inline int qt_relu_passes(float y, int relu) { return quant_relu_pass(y, relu); }
 /* The eval forward of inp / in_div (in_div NULL: qt_batch_norm_forward_eval). */
 void qt_batch_norm_forward_eval_div(float *out, const float *inp, const float *in_div, const float *gamma,

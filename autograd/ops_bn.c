@@ -564,3 +564,73 @@ static qt_tensor *bn_scale_factor_op(qt_ctx *ctx, qt_tensor *gamma, const float 
 qt_tensor *qt_bn_scale_factor(qt_ctx *ctx, qt_tensor *gamma, const float *running_var, float eps) {
   PROFILED(ctx, QT_PROFILE_BN_SCALE_FACTOR, bn_scale_factor_op(ctx, gamma, running_var, eps));
 }
+
+/* ---- the gradients of a per-channel scale (channel_scale, and batch norm of x / s) ----------- */
+
+/* Rows per chunk of the last-axis reductions: fixed, so sums do not depend on threads (the batch
+ * norm's pooled backward sums x / s's gradient in the same chunks, kernels.h). */
+#define CS_CHUNK QT_CHANNEL_SUM_ROWS
+
+void qt_channel_scale_grads(float *dx, int in_place, float *ds, const float *dy, const float *x, const float *s,
+                            int64_t rows, int C, int first_axis, int divide) {
+  double *acc = calloc((size_t)C, sizeof(double));
+  QT_ASSERT(acc, "out of memory");
+  if (first_axis) {
+    /* Weights (C, ...): small; one pass per channel. */
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+      const int64_t o = (int64_t)c * rows;
+      double a = 0;
+      for (int64_t i = 0; i < rows; i++) {
+        if (dx) dx[o + i] += divide ? dy[o + i] / s[c] : dy[o + i] * s[c];
+        a += (double)dy[o + i] * x[o + i];
+      }
+      acc[c] = a;
+    }
+  } else {
+    /* Activations (..., C): one fused pass writes dx and per-chunk float sums of dy * x
+     * (vectorized over channels), combined in double in chunk order. */
+    const int64_t nchunks = (rows + CS_CHUNK - 1) / CS_CHUNK;
+    float *part = ds ? malloc((size_t)(nchunks * C) * sizeof(float)) : NULL;
+    QT_ASSERT(!ds || part, "out of memory");
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < nchunks; k++) {
+      const int64_t r0 = k * CS_CHUNK, r1 = r0 + CS_CHUNK < rows ? r0 + CS_CHUNK : rows;
+      float *pk = part ? part + k * C : NULL;
+      if (pk)
+        for (int c = 0; c < C; c++) pk[c] = 0.0f;
+      for (int64_t r = r0; r < r1; r++) {
+        const float *dyr = dy + r * C, *xr = x + r * C;
+        if (pk) { /* before dx: in place, dx overwrites dy */
+#pragma omp simd
+          for (int c = 0; c < C; c++) pk[c] += dyr[c] * xr[c];
+        }
+        if (dx) {
+          float *dxr = dx + r * C;
+          if (in_place && divide) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dxr[c] = dyr[c] / s[c];
+          } else if (in_place) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dxr[c] = dyr[c] * s[c];
+          } else if (divide) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dxr[c] += dyr[c] / s[c];
+          } else {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dxr[c] += dyr[c] * s[c];
+          }
+        }
+      }
+    }
+    if (part) {
+      for (int64_t k = 0; k < nchunks; k++)
+        for (int c = 0; c < C; c++) acc[c] += part[k * C + c];
+      free(part);
+    }
+  }
+  /* d/ds (x*s) = x; d/ds (x/s) = -x/s^2 */
+  if (ds)
+    for (int c = 0; c < C; c++) ds[c] += divide ? (float)(-acc[c] / ((double)s[c] * s[c])) : (float)acc[c];
+  free(acc);
+}

@@ -14,7 +14,7 @@
 #include "autograd/autograd.h"
 #include "autograd/kernels.h"
 #include "autograd/tape.h"
-#include "qat/quant.h"
+#include "quant/quant.h"
 
 /* A float32 tensor of rank ndim (< 0: any), in either layout (for an op that takes blocked
  * activations, autograd.h's qt_tensor.blocked16); check_f32: and not blocked. */
@@ -57,7 +57,7 @@ typedef struct {
 
 /* The gradients of y = x * s or x / s (divide) with s (C) along x's first axis (C rows of `rows`
  * elements) or its last (rows of C): dx written (in_place: over dy itself, last axis only) or
- * added to, ds added to; either may be NULL (ops_quant.c; batch norm of x / s uses it too). */
+ * added to, ds added to; either may be NULL (ops_bn.c: batch norm of x / s, and channel_scale's backward). */
 void qt_channel_scale_grads(float *dx, int in_place, float *ds, const float *dy, const float *x, const float *s,
                             int64_t rows, int C, int first_axis, int divide);
 

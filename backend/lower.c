@@ -72,12 +72,6 @@ struct qt_lowered {
   const qt_graph *g;     /* the Q/DQ graph (borrowed): the fallbacks' nodes and parameters */
 };
 
-const char *qt_partition_kind_name(qt_partition_kind k) {
-  static const char *const names[] = {"int8", "fallback", "boundary"};
-  _Static_assert(sizeof names / sizeof names[0] == QT_PART_COUNT, "partition kind names out of sync");
-  return (unsigned)k < QT_PART_COUNT ? names[k] : "?";
-}
-
 static void *keep(qt_lowered *m, size_t bytes) {
   void *p = calloc(1, bytes ? bytes : 1);
   QT_ASSERT(p, "out of memory");

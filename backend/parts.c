@@ -1,9 +1,15 @@
 /* Partition lists (runtimes.h): the table of partitions the oneDNN and XNNPACK lowerings build
- * and report. */
+ * and report, and the names of the partition kinds (backend.h). */
 #include <stdarg.h>
 #include <stdlib.h>
 
 #include "backend/runtimes.h"
+
+const char *qt_partition_kind_name(qt_partition_kind k) {
+  static const char *const names[] = {"int8", "fallback", "boundary"};
+  _Static_assert(sizeof names / sizeof names[0] == QT_PART_COUNT, "partition kind names out of sync");
+  return (unsigned)k < QT_PART_COUNT ? names[k] : "?";
+}
 
 void qt_part_add(qt_part_list *l, qt_partition_kind kind, const char *nodes, const char *fmt, ...) {
   l->parts = qt_grow(l->parts, &l->cap, l->n + 1, sizeof *l->parts, "a partition list");

@@ -12,7 +12,7 @@
 #include <stdio.h>
 
 #include "autograd/autograd.h"
-#include "qat/quant.h"
+#include "quant/quant.h"
 
 #include "base/base.h"
 

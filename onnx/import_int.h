@@ -198,10 +198,10 @@ void qt_imp_outputs_unused(imp *im, size_t from, const char *what);
 /* A new float32 or int64 tensor owned by the import (freed with it), its data zeroed. */
 Onnx__TensorProto *qt_imp_new_tensor(imp *im, const char *name, int data_type, const int64_t *dims, size_t n_dims);
 
-/* ---- import_ops.c, import_shape.c ---- */
+/* ---- import_shape.c: the shape computations of ops import_ops.c reads ---- */
 
-/* Squeeze of an activation: the pooled H and W of a global pool (axes 2 and 3). */
-int qt_imp_squeeze_act(imp *im, sym *x, const int64_t *axes, int n_axes);
+/* Squeeze of a one-entry shape to a scalar. */
+int qt_imp_squeeze_ints(imp *im, const int64_t *axes, int n_axes);
 /* Reshape whose data is a shape computation. */
 int qt_imp_reshape_ints(imp *im);
 

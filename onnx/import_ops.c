@@ -217,7 +217,8 @@ static int op_reduce_mean(imp *im) {
   return 0;
 }
 
-int qt_imp_squeeze_act(imp *im, sym *x, const int64_t *axes, int n_axes) {
+/* Squeeze of an activation: the pooled H and W of a global pool (axes 2 and 3). */
+static int squeeze_act(imp *im, sym *x, const int64_t *axes, int n_axes) {
   int seen[4] = {0};
   for (int i = 0; i < n_axes; i++) {
     const int64_t a = axes[i] < 0 ? axes[i] + 4 : axes[i];
@@ -228,6 +229,15 @@ int qt_imp_squeeze_act(imp *im, sym *x, const int64_t *axes, int n_axes) {
   qt_imp_alias(im, 0, x)->pooled = 0;
   im->info->dropped++;
   return 0;
+}
+
+/* Squeeze of an activation (squeeze_act) or of a shape computation (qt_imp_squeeze_ints). */
+static int op_squeeze(imp *im) {
+  int64_t axes[MAX_INTS];
+  int n_axes = 0;
+  sym *x = qt_imp_input(im, 0, "data");
+  if (!x || qt_imp_axes(im, 1, axes, &n_axes)) return -1;
+  return x->kind == S_ACT ? squeeze_act(im, x, axes, n_axes) : qt_imp_squeeze_ints(im, axes, n_axes);
 }
 
 /* (N, C, H, W) -> (N, C*H*W): a flatten node (its order differs from PyTorch's unless H*W or C
@@ -483,6 +493,7 @@ const qt_imp_op qt_imp_layer_ops[] = {
     {"GlobalAveragePool", op_global_pool, 1, 1, 1, 1},
     {"ReduceMean", op_reduce_mean, 1, 2, 1, 1},
     {"Flatten", op_flatten, 1, 1, 1, 1},
+    {"Squeeze", op_squeeze, 1, 2, 1, 1},
     {"Reshape", op_reshape, 2, 2, 1, 1},
     {"Gemm", op_gemm, 2, 3, 1, 1},
     {"MatMul", op_matmul, 2, 2, 1, 1},

@@ -1,6 +1,7 @@
 /* Constants and the small integer shape arithmetic that exporters write around a Reshape
- * (import_int.h): Constant, Shape, Gather, Unsqueeze, Squeeze, Concat, Expand, Cast, CastLike,
- * and Reshape of a shape. They are evaluated at import; none of them reaches the graph IR. */
+ * (import_int.h): Constant, Shape, Gather, Unsqueeze, Concat, Expand, Cast, CastLike, and the
+ * shape computations of Squeeze and Reshape (import_ops.c reads those ops). They are evaluated at import; none of them
+ * reaches the graph IR. */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
 #include <stdint.h>
 #include <stdio.h>
@@ -158,13 +159,8 @@ static int op_concat(imp *im) {
 
 /* ---- the model ------------------------------------------------------------------------------- */
 
-/* Squeeze of a shape entry [n] to a scalar; of an activation: qt_imp_squeeze_act. */
-static int op_squeeze(imp *im) {
-  int64_t axes[MAX_INTS];
-  int n_axes = 0;
-  sym *x = qt_imp_input(im, 0, "data"), tmp;
-  if (!x || qt_imp_axes(im, 1, axes, &n_axes)) return -1;
-  if (x->kind == S_ACT) return qt_imp_squeeze_act(im, x, axes, n_axes);
+int qt_imp_squeeze_ints(imp *im, const int64_t *axes, int n_axes) {
+  sym tmp;
   const sym *d = qt_imp_ints_input(im, 0, "data", &tmp);
   if (!d) return -1;
   if (d->scalar || d->n_ints != 1 || n_axes > 1 || (n_axes == 1 && axes[0] != 0 && axes[0] != -1))
@@ -261,14 +257,9 @@ static int op_cast_like(imp *im) {
 }
 
 const qt_imp_op qt_imp_shape_ops[] = {
-    {"Constant", op_constant, 0, 0, 1, 1},
-    {"Shape", op_shape, 1, 1, 1, 1},
-    {"Gather", op_gather, 2, 2, 1, 1},
-    {"Unsqueeze", op_unsqueeze, 1, 2, 1, 1},
-    {"Squeeze", op_squeeze, 1, 2, 1, 1},
+    {"Constant", op_constant, 0, 0, 1, 1},    {"Shape", op_shape, 1, 1, 1, 1},
+    {"Gather", op_gather, 2, 2, 1, 1},        {"Unsqueeze", op_unsqueeze, 1, 2, 1, 1},
     {"Concat", op_concat, 1, MAX_INTS, 1, 1}, /* only a Reshape's shape: a few integer vectors */
-    {"Expand", op_expand, 2, 2, 1, 1},
-    {"Cast", op_cast, 1, 1, 1, 1},
-    {"CastLike", op_cast_like, 2, 2, 1, 1},
-    {NULL, NULL, 0, 0, 0, 0},
+    {"Expand", op_expand, 2, 2, 1, 1},        {"Cast", op_cast, 1, 1, 1, 1},
+    {"CastLike", op_cast_like, 2, 2, 1, 1},   {NULL, NULL, 0, 0, 0, 0},
 };

@@ -16,7 +16,7 @@
 #include <stdio.h>
 
 #include "nn/nn.h"
-#include "qat/quant.h"
+#include "quant/quant.h"
 
 #define QT_MAX_OVERRIDES 64
 

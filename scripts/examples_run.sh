@@ -3,6 +3,7 @@
 # build/), so that a refactor can be checked for unchanged results with
 # scripts/examples_compare.py OLD_RUNS NEW_RUNS. About 8 minutes on two idle cores.
 # Usage: scripts/examples_run.sh [CONFIG_NAME ...]   (default: all of them, in order)
+# QT_BUILD=DIR runs the binaries of another build directory (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Results do not depend on it; it keeps OpenMP from spinning when other work shares the cores.
@@ -13,6 +14,6 @@ configs=(fashion_cnn_fp32 fashion_mlp_fp32 res_cnn_fp32
 [ $# -gt 0 ] && configs=("$@")
 for c in "${configs[@]}"; do
   echo "examples_run: $c"
-  build/bin/qat_train "experiments/$c.ini" > "/tmp/examples_run_$c.log" 2>&1 || {
+  "${QT_BUILD:-build}/bin/qat_train" "experiments/$c.ini" > "/tmp/examples_run_$c.log" 2>&1 || {
     echo "examples_run: $c failed (log /tmp/examples_run_$c.log)"; exit 1; }
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Scaling on paper: the step time of data-parallel training on N ranks,
 estimated from this machine's measured single-process figures and the communication the code
-does per step (dist/dist.c, train/trainer.c, autograd/cpu_batch_norm.c, qat/quant_observer.c,
+does per step (dist/dist.c, train/trainer.c, autograd/cpu_batch_norm.c, quant/quant_observer.c,
 nn/graph.c). Nothing here is measured on more than one machine: it is arithmetic.
 
   step(N) = compute(per-rank batch) + gradient sum + SyncBN collectives + observer/loss collectives
@@ -52,9 +52,9 @@ SUM_ROUND_ELEMS = 1 << 22      # dist/dist.c ROUND_ELEMS: one Alltoallv + one Al
 # dist.h QT_DIST_SMALL_SUM_BYTES: a sum whose copies from all N ranks total at most this many
 # bytes is one MPI_Allgather plus the same in-order sum on every rank (same bits, fewer latencies)
 SMALL_SUM_BYTES = 64 << 10
-OBSERVER_ALLGATHER_DOUBLES = 5  # qat/quant_observer.c minmax_sync: 3 + 2C doubles, C = 1 per tensor
+OBSERVER_ALLGATHER_DOUBLES = 5  # quant/quant_observer.c minmax_sync: 3 + 2C doubles, C = 1 per tensor
 LOSS_ALLGATHER_DOUBLES = 3      # train/trainer.c batch_totals: (loss, rows, correct)
-HIST_BINS = 2048                # qat/quant.h: histogram observers also sum their bins (sum_f64)
+HIST_BINS = 2048                # quant/quant.h: histogram observers also sum their bins (sum_f64)
 
 # ---- batches -----------------------------------------------------------------------------------
 WEAK_BATCH = {"fashion_cnn": 128, "resnet50": 32}      # per rank; train.batch_size = this x N

@@ -10,7 +10,7 @@
 #include "base/base.h"
 #include "config/config.h"
 #include "optim/optim.h"
-#include "qat/quant.h"
+#include "quant/quant.h"
 
 /* Longest string value (a path, a list); the parser limits lines to less than this. */
 #define QT_OPT_STR 512

@@ -513,3 +513,152 @@ int qt_train_run(const qt_options *o, qt_status *st) {
   free(r);
   return rc ? -1 : 0;
 }
+
+/* ---- the fp32 model a quantized run starts from ------------------------------------------------
+ * Here, beside qt_train_run, because training a missing fp32 model is a run of its own. */
+
+/* What to do with the fp32 checkpoint ck before quantizing: 0 use it as it is, 1 train it with
+ * the recipe (it does not exist, or quant.fp32_reuse = retrain and its stored config is not the
+ * recipe), -1 stop (st set). Decided by process 0 (under mpirun), which reads the file. */
+static int fp32_decision(const qt_options *o, const char *ck, const qt_options *recipe, int exists, int verbose,
+                         const char **how, qt_status *st) {
+  if (!exists) return 1;
+  qt_checkpoint_meta meta;
+  if (qt_checkpoint_read_meta(ck, &meta, st->msg)) return qt_status_fail(st, QT_STATUS_IO);
+  char what[2 * QT_OPT_STR + 128];
+  const int same = qt_options_fp32_matches(recipe, meta.config_ini, what, sizeof what);
+  free(meta.config_ini);
+  if (same == 0) return 0;
+  switch (o->quant.fp32_reuse) {
+    case QT_FP32_REUSE_ANY:
+      *how = "reused with quant.fp32_reuse = any";
+      fprintf(stderr, "warning: fp32 checkpoint '%s' is not what quant.fp32_config '%s' trains (%s); using it "
+              "anyway (quant.fp32_reuse = any)\n", ck, o->quant.fp32_config, what);
+      return 0;
+    case QT_FP32_REUSE_RETRAIN:
+      if (verbose)
+        fprintf(stderr, "quant: %s is not what %s trains (%s): training it again (quant.fp32_reuse = retrain)\n", ck,
+                o->quant.fp32_config, what);
+      return 1;
+    default:
+      return qt_status_set(st, QT_STATUS_INPUT,
+                           "fp32 checkpoint '%s' was not trained by quant.fp32_config '%s' with this run's [data] "
+                           "(%s): set quant.fp32_reuse = retrain to train it again, or = any to quantize it anyway",
+                           ck, o->quant.fp32_config, what);
+  }
+}
+
+/* The fp32 checkpoint (origin->checkpoint, see qt_options_fp32_recipe): kept when its stored
+ * config is quant.fp32_config's recipe (or there is no fp32_config to compare with), else
+ * decided by quant.fp32_reuse; trained with the recipe when it does not exist yet (under
+ * mpirun all processes train it together). */
+static int ensure_fp32(const qt_options *o, int verbose, qt_fp32_origin *origin, qt_status *st) {
+  char *ck = origin->checkpoint;
+  const size_t ck_n = sizeof origin->checkpoint;
+  snprintf(ck, ck_n, "%s", o->quant.fp32_checkpoint);
+  qt_options *sub = malloc(sizeof *sub);
+  QT_ASSERT(sub, "out of memory");
+  char why[QT_ERR_LEN];
+  int rc = o->quant.fp32_config[0] ? qt_options_fp32_recipe(o, sub, ck, ck_n, why, sizeof why, st->msg) : 1;
+  if (rc == 0 && why[0] && qt_dist_rank() == 0) /* said even without progress: it decides where files go */
+    fprintf(stderr, "note: this run's [data] is not quant.fp32_config's (%s): its fp32 model is %s, not the shared %s\n",
+            why, ck, o->quant.fp32_checkpoint);
+  int exists = qt_dist_rank() == 0 && access(ck, F_OK) == 0;
+  qt_dist_broadcast(&exists, sizeof exists, 0);
+  origin->how = "reused, not compared";
+  if (rc && exists) { /* nothing to compare with: an existing checkpoint is used */
+    if (o->quant.fp32_config[0])
+      fprintf(stderr, "warning: fp32 checkpoint '%s' cannot be compared with quant.fp32_config: %s\n", ck, st->msg);
+    st->msg[0] = 0;
+    free(sub);
+    return 0;
+  }
+  if (rc) {
+    if (!o->quant.fp32_config[0])
+      qt_status_set(st, QT_STATUS_INPUT,
+                    "quant.fp32_checkpoint '%s' does not exist (set quant.fp32_config to train it first)", ck);
+    free(sub);
+    return qt_status_fail(st, QT_STATUS_INPUT);
+  }
+  origin->how = "reused";
+  int decision = qt_dist_rank() == 0 ? fp32_decision(o, ck, sub, exists, verbose, &origin->how, st) : 0;
+  qt_dist_broadcast(&decision, sizeof decision, 0);
+  if (decision < 0) {
+    if (qt_dist_rank() != 0) qt_status_set(st, QT_STATUS_INPUT, "fp32 checkpoint '%s': refused by process 0", ck);
+    rc = -1;
+  } else if (decision == 1) {
+    origin->how = "trained";
+    if (verbose && !exists)
+      fprintf(stderr, "quant: %s does not exist yet: training it with %s first\n", ck, o->quant.fp32_config);
+    rc = qt_train_run(sub, st);
+  }
+  free(sub);
+  return rc;
+}
+
+int qt_stage_obtain_fp32(const qt_options *o, qt_graph *g, int verbose, qt_fp32_origin *origin, qt_status *st) {
+  qt_fp32_origin local;
+  if (!origin) origin = &local;
+  memset(origin, 0, sizeof *origin);
+  origin->how = "initialization";
+  if (!o->quant.fp32_checkpoint[0]) {
+    if (verbose) fprintf(stderr, "quant: no quant.fp32_checkpoint: quantizing from the initialization\n");
+    return 0;
+  }
+  if (ensure_fp32(o, verbose, origin, st)) return -1;
+  const char *ck = origin->checkpoint;
+  qt_checkpoint_meta meta;
+  if (qt_checkpoint_load_shared(ck, g, NULL, &meta, st->msg)) return qt_status_fail(st, QT_STATUS_IO);
+  origin->from_checkpoint = 1;
+  origin->epochs = meta.epoch;
+  origin->train_limit = -1;
+  qt_options *stored = calloc(1, sizeof *stored);
+  QT_ASSERT(stored, "out of memory");
+  char err[QT_ERR_LEN];
+  if (qt_options_stored(meta.config_ini, stored, err) == 0) {
+    origin->train_limit = stored->data.train_limit;
+    snprintf(origin->train_images, sizeof origin->train_images, "%s",
+             stored->data.train_images[0] ? stored->data.train_images : stored->data.train_path);
+  }
+  free(stored);
+  free(meta.config_ini);
+  if (verbose) fprintf(stderr, "quant: starting from %s (%d fp32 epochs)\n", ck, meta.epoch);
+  return 0;
+}
+
+int qt_stage_ptq_to_file(const qt_options *o, const char *out_path, FILE *report, qt_status *st) {
+  int rc = -1;
+  qt_dataset train = {0}, test = {0};
+  qt_graph *g = NULL, *p = NULL, *c = NULL;
+  qt_ctx *ctx = NULL;
+  if (!o->quant.fp32_checkpoint[0]) {
+    qt_status_set(st, QT_STATUS_INPUT, "the config sets no quant.fp32_checkpoint (the fp32 model to quantize)");
+    goto done;
+  }
+  if (!(g = qt_stage_build_model(o, NULL, st)) || qt_stage_obtain_fp32(o, g, 0, NULL, st) ||
+      !(p = qt_stage_prepare(o, g, report, st)) || qt_stage_load_data(&o->data, QT_SPLIT_TRAIN, &train, &test, st) ||
+      qt_stage_model_fits(o, g, &train, st))
+    goto done;
+  ctx = qt_ctx_create();
+  int batches = 0;
+  if (qt_stage_calibrate(o, p, &train, ctx, &batches, 0, st)) goto done;
+  qt_graph_set_mode(p, QT_MODE_EVAL);
+  if (!(c = qt_convert(p, st->msg))) {
+    qt_status_fail(st, QT_STATUS_RUNTIME);
+    goto done;
+  }
+  if (qt_mkdir_parent(out_path, st->msg) || qt_qdq_save(out_path, c, st->msg)) {
+    qt_status_fail(st, QT_STATUS_IO);
+    goto done;
+  }
+  if (report) fprintf(report, "calibrated on %d batches; wrote %s\n", batches, out_path);
+  rc = 0;
+done:
+  qt_ctx_free(ctx);
+  qt_dataset_free(&train);
+  qt_dataset_free(&test);
+  qt_graph_free(c);
+  qt_graph_free(p);
+  qt_graph_free(g);
+  return rc;
+}

@@ -244,42 +244,6 @@ out:
   return rc;
 }
 
-int qt_stage_ptq_to_file(const qt_options *o, const char *out_path, FILE *report, qt_status *st) {
-  int rc = -1;
-  qt_dataset train = {0}, test = {0};
-  qt_graph *g = NULL, *p = NULL, *c = NULL;
-  qt_ctx *ctx = NULL;
-  if (!o->quant.fp32_checkpoint[0]) {
-    qt_status_set(st, QT_STATUS_INPUT, "the config sets no quant.fp32_checkpoint (the fp32 model to quantize)");
-    goto done;
-  }
-  if (!(g = qt_stage_build_model(o, NULL, st)) || qt_stage_obtain_fp32(o, g, 0, NULL, st) ||
-      !(p = qt_stage_prepare(o, g, report, st)) || qt_stage_load_data(&o->data, QT_SPLIT_TRAIN, &train, &test, st) ||
-      qt_stage_model_fits(o, g, &train, st))
-    goto done;
-  ctx = qt_ctx_create();
-  int batches = 0;
-  if (qt_stage_calibrate(o, p, &train, ctx, &batches, 0, st)) goto done;
-  qt_graph_set_mode(p, QT_MODE_EVAL);
-  if (!(c = qt_convert(p, st->msg))) {
-    qt_status_fail(st, QT_STATUS_RUNTIME);
-    goto done;
-  }
-  if (qt_mkdir_parent(out_path, st->msg) || qt_qdq_save(out_path, c, st->msg)) {
-    qt_status_fail(st, QT_STATUS_IO);
-    goto done;
-  }
-  if (report) fprintf(report, "calibrated on %d batches; wrote %s\n", batches, out_path);
-  rc = 0;
-done:
-  qt_ctx_free(ctx);
-  qt_dataset_free(&train);
-  qt_dataset_free(&test);
-  qt_graph_free(c);
-  qt_graph_free(p);
-  qt_graph_free(g);
-  return rc;
-}
 
 int qt_stage_compare_device(const char *config_path, int images, int batch, qt_device *dev, qt_graph *qdq,
                             const char *prefix, qt_status *st) {

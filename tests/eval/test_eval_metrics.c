@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "eval/report.h"
-#include "qat/quant.h"
+#include "quant/quant.h"
 #include "tests/common/testutil.h"
 
 static void check_db(const char *what, double got, double want, double tol) {

@@ -14,7 +14,7 @@
  * the forward's every output, and (where the build's kernels take it,
  * qt_batch_norm_pool_takes_blocked) the backward's dinp, dgamma, dbeta and the divisor's sums. */
 #include "autograd/kernels.h"
-#include "qat/quant.h"
+#include "quant/quant.h"
 #include "tests/common/testutil.h"
 
 #include <math.h>

@@ -37,7 +37,7 @@
 
 #include "autograd/autograd.h"
 #include "autograd/kernels.h"
-#include "qat/quant.h"
+#include "quant/quant.h"
 #include "tests/common/testutil.h"
 
 typedef struct {

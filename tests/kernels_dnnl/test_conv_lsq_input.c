@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "autograd/autograd.h"
-#include "qat/quant.h"
+#include "quant/quant.h"
 #include "tests/common/testutil.h"
 
 typedef struct {

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "qat/quant.h"
+#include "quant/quant.h"
 #include "tests/common/testutil.h"
 
 #define REPS 41

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qat/quant.h"
+#include "quant/quant.h"
 #include "tests/common/testutil.h"
 
 #define QUANT_REF "tests/ref/quant.h5"

@@ -2,7 +2,7 @@
 """Writes tests/ref/quant.h5: PyTorch 1.13 (Debian python3-torch) references for the
 quantization numerics tested by tests/quant/ (fake quant, LSQ, observers, qparams).
 
-Views follow qat/quant.h: a tensor is (outer, channels, inner) with the quantization axis in
+Views follow quant/quant.h: a tensor is (outer, channels, inner) with the quantization axis in
 the middle; meta rows are int32 [outer, channels, inner, quant_min, quant_max].
 
   fq_count            number of fake-quant cases; for each case i:

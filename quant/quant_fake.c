@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qat/quant.h"
-#include "qat/quant_assert.h"
-#include "qat/quant_elem.h"
+#include "quant/quant.h"
+#include "quant/quant_assert.h"
+#include "quant/quant_elem.h"
 
 
 

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qat/quant.h"
-#include "qat/quant_assert.h"
+#include "quant/quant.h"
+#include "quant/quant_assert.h"
 
 
 int qt_qrange(int bits, int is_signed, int *qmin, int *qmax) {

@@ -28,8 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qat/quant.h"
-#include "qat/quant_assert.h"
+#include "quant/quant.h"
+#include "quant/quant_assert.h"
 
 
 #define QUANT_PARALLEL_MIN 32768

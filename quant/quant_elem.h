@@ -1,4 +1,4 @@
-/* One element of a fake quant as PyTorch computes it, forward and LSQ backward (qat/quant_fake.c's
+/* One element of a fake quant as PyTorch computes it, forward and LSQ backward (quant/quant_fake.c's
  * kernels and the kernels that fuse a fake quant into a pass of their own, autograd/). */
 #ifndef QT_QUANT_ELEM_H
 #define QT_QUANT_ELEM_H
@@ -43,7 +43,7 @@ static inline int quant_relu_pass(float y, int relu) {
   return (relu == 0) | (!islessequal(y, 0.0f) & !((relu == 2) & isgreaterequal(y, 6.0f)));
 }
 
-/* Below this many elements a parallel region costs more than it saves (qat/quant_fake.c's
+/* Below this many elements a parallel region costs more than it saves (quant/quant_fake.c's
  * kernels; a kernel elsewhere that repeats one of their reductions uses it to take the same
  * threads). */
 #define QUANT_PARALLEL_MIN 32768

@@ -146,7 +146,7 @@ typedef enum { QT_RANGE_MINMAX, QT_RANGE_PERCENTILE, QT_RANGE_MSE, QT_RANGE_COUN
 const char *qt_range_method_name(qt_range_method m);
 int qt_range_method_parse(const char *name, qt_range_method *out);
 
-/* Histogram (our design, documented in qat/quant_observer.c): `bins` equal bins, the range
+/* Histogram (our design, documented in quant/quant_observer.c): `bins` equal bins, the range
  * grown on the old grid (whole old bins merge into new ones, no interpolation) when a batch
  * falls outside it. Percentile clips (100 - p)% of the counts from each tail. MSE minimizes the
  * modelled error of fake quant with the qparams each candidate range yields (clipped mass: exact
