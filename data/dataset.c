@@ -332,132 +332,121 @@ static hid_t open_h5_dataset(hid_t file, const char *path, const char *name, con
   return d;
 }
 
+/* The file, when it exists and is HDF5 (else -1 with err). */
+static hid_t open_hdf5_file(const char *path, char *err) {
+  FILE *probe = fopen(path, "rb");
+  if (!probe) return qt_err(err, "data: %s: cannot open: %s", path, strerror(errno)), -1;
+  fclose(probe);
+  if (H5Fis_hdf5(path) <= 0)
+    return qt_err(err, "data: %s: expected an HDF5 file, found no HDF5 signature", path), -1;
+  const hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (file < 0) qt_err(err, "data: %s: cannot open as HDF5 (corrupt or unsupported file)", path);
+  return file;
+}
+
+/* "images": uint8 (N,H,W,C) or (N,H,W) of a plausible size; *channels and *bytes, or -1. */
+static int check_images(hid_t timg, const hsize_t *idims, int irank, const char *path, hsize_t *channels,
+                        uint64_t *bytes, char *err) {
+  char tbuf[64], dbuf[160];
+  if (H5Tget_class(timg) != H5T_INTEGER || H5Tget_size(timg) != 1 || H5Tget_sign(timg) != H5T_SGN_NONE) {
+    qt_h5_type_str(timg, tbuf, sizeof tbuf);
+    return qt_err(err, "data: %s: dataset \"images\": expected uint8, found %s", path, tbuf);
+  }
+  qt_h5_dims_str(irank, idims, dbuf, sizeof dbuf);
+  if (irank != 3 && irank != 4)
+    return qt_err(err, "data: %s: dataset \"images\": expected rank 3 (N,H,W) or 4 (N,H,W,C), found rank %d %s",
+                  path, irank, dbuf);
+  *channels = irank == 4 ? idims[3] : 1;
+  if (idims[0] == 0 || idims[1] == 0 || idims[2] == 0 || *channels < 1 || *channels > 4 || idims[1] > 65535 ||
+      idims[2] > 65535)
+    return qt_err(err, "data: %s: dataset \"images\": expected N, H, W > 0 and 1 <= C <= 4, found %s", path, dbuf);
+  *bytes = (uint64_t)idims[0] * idims[1] * idims[2] * *channels;
+  if (idims[0] > MAX_IMAGE_BYTES || *bytes > MAX_IMAGE_BYTES)
+    return qt_err(err, "data: %s: dataset \"images\": implausibly large shape %s", path, dbuf);
+  return 0;
+}
+
+/* "labels": integers of shape (N) or (N, 1), as many as the images, or -1. */
+static int check_labels(hid_t tlab, const hsize_t *ldims, int lrank, hsize_t n_images, const char *path, char *err) {
+  char tbuf[64], dbuf[160];
+  if (H5Tget_class(tlab) != H5T_INTEGER) {
+    qt_h5_type_str(tlab, tbuf, sizeof tbuf);
+    return qt_err(err, "data: %s: dataset \"labels\": expected an integer type, found %s", path, tbuf);
+  }
+  qt_h5_dims_str(lrank, ldims, dbuf, sizeof dbuf);
+  if (!(lrank == 1 || (lrank == 2 && ldims[1] == 1)))
+    return qt_err(err, "data: %s: dataset \"labels\": expected rank 1 (N), found rank %d %s", path, lrank, dbuf);
+  if (ldims[0] != n_images)
+    return qt_err(err, "data: %s: dataset \"labels\" has %llu entries but \"images\" has %llu", path,
+                  (unsigned long long)ldims[0], (unsigned long long)n_images);
+  return 0;
+}
+
+/* Reads the checked datasets into out (images allocated; labels range-checked), or -1. */
+static int read_hdf5_data(qt_dataset *out, hid_t dimg, hid_t dlab, hid_t tlab, const hsize_t *idims, int irank,
+                          const hsize_t *ldims, int lrank, uint64_t image_bytes, const char *path, char *err) {
+  char dbuf[160], msg[QT_ERR_LEN];
+  qt_h5_dims_str(irank, idims, dbuf, sizeof dbuf);
+  if (qt_h5_check_stored(dimg, NULL, path, "images", dbuf, (hsize_t)image_bytes, msg))
+    return qt_err(err, "data: %s", msg);
+  qt_h5_dims_str(lrank, ldims, dbuf, sizeof dbuf);
+  if (qt_h5_check_stored(dlab, NULL, path, "labels", dbuf, (hsize_t)ldims[0] * H5Tget_size(tlab), msg))
+    return qt_err(err, "data: %s", msg);
+  out->n = (int64_t)idims[0];
+  out->images = malloc((size_t)image_bytes);
+  out->labels = malloc((size_t)out->n * sizeof *out->labels);
+  int64_t *raw = malloc((size_t)out->n * sizeof *raw);
+  int rc = -1;
+  if (!out->images || !out->labels || !raw) {
+    qt_err(err, "data: %s: out of memory for %" PRIu64 " image bytes", path, image_bytes);
+  } else if (qt_h5_check_chunks(dimg, NULL, path, "images", msg) || qt_h5_check_chunks(dlab, NULL, path, "labels", msg)) {
+    qt_err(err, "data: %s", msg);
+  } else if (H5Dread(dimg, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->images) < 0) {
+    qt_err(err, "data: %s: dataset \"images\": read failed (corrupt or truncated file)", path);
+  } else if (H5Dread(dlab, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw) < 0) {
+    /* read as int64 so any integer type converts without wrapping; range-checked below */
+    qt_err(err, "data: %s: dataset \"labels\": read failed (corrupt or truncated file)", path);
+  } else {
+    rc = 0;
+    for (int64_t i = 0; i < out->n && rc == 0; i++) {
+      if (raw[i] < 0 || raw[i] >= QT_DATA_MAX_CLASSES)
+        rc = qt_err(err,
+                    "data: %s: dataset \"labels\"[%" PRId64 "]: expected a label in [0, %d] (at most %d classes), "
+                    "found %" PRId64,
+                    path, i, QT_DATA_MAX_CLASSES - 1, QT_DATA_MAX_CLASSES, raw[i]);
+      else
+        out->labels[i] = (int32_t)raw[i];
+    }
+  }
+  free(raw);
+  return rc;
+}
+
 static int load_hdf5_here(qt_dataset *ds, const char *path, char *err) {
   qt_dataset out = {0};
   hid_t file = -1, dimg = -1, dlab = -1, timg = -1, tlab = -1;
-  hsize_t idims[8], ldims[8];
-  int irank = 0, lrank = 0;
-  int64_t *raw_labels = NULL;
-  char tbuf[64], dbuf[160];
-  int status = -1;
-
+  hsize_t idims[8], ldims[8], channels = 0;
+  int irank = 0, lrank = 0, status = -1;
+  uint64_t image_bytes = 0;
   /* The HDF5 library prints its error stack by default; our messages replace it. */
   H5E_auto2_t old_func;
   void *old_data;
   H5Eget_auto2(H5E_DEFAULT, &old_func, &old_data);
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-
-  FILE *probe = fopen(path, "rb");
-  if (!probe) {
-    qt_err(err, "data: %s: cannot open: %s", path, strerror(errno));
+  if ((file = open_hdf5_file(path, err)) < 0 ||
+      (dimg = open_h5_dataset(file, path, "images", "uint8 images of shape (N,H,W,C) or (N,H,W)", &timg, idims,
+                              &irank, err)) < 0 ||
+      check_images(timg, idims, irank, path, &channels, &image_bytes, err) ||
+      (dlab = open_h5_dataset(file, path, "labels", "integer labels of shape (N)", &tlab, ldims, &lrank, err)) < 0 ||
+      check_labels(tlab, ldims, lrank, idims[0], path, err))
     goto done;
-  }
-  fclose(probe);
-  if (H5Fis_hdf5(path) <= 0) {
-    qt_err(err, "data: %s: expected an HDF5 file, found no HDF5 signature", path);
-    goto done;
-  }
-  file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (file < 0) {
-    qt_err(err, "data: %s: cannot open as HDF5 (corrupt or unsupported file)", path);
-    goto done;
-  }
-
-  const char *img_expected = "uint8 images of shape (N,H,W,C) or (N,H,W)";
-  dimg = open_h5_dataset(file, path, "images", img_expected, &timg, idims, &irank, err);
-  if (dimg < 0) goto done;
-  if (H5Tget_class(timg) != H5T_INTEGER || H5Tget_size(timg) != 1 || H5Tget_sign(timg) != H5T_SGN_NONE) {
-    qt_h5_type_str(timg, tbuf, sizeof tbuf);
-    qt_err(err, "data: %s: dataset \"images\": expected uint8, found %s", path, tbuf);
-    goto done;
-  }
-  qt_h5_dims_str(irank, idims, dbuf, sizeof dbuf);
-  if (irank != 3 && irank != 4) {
-    qt_err(err, "data: %s: dataset \"images\": expected rank 3 (N,H,W) or 4 (N,H,W,C), found rank %d %s",
-            path, irank, dbuf);
-    goto done;
-  }
-  hsize_t channels = irank == 4 ? idims[3] : 1;
-  if (idims[0] == 0 || idims[1] == 0 || idims[2] == 0 || channels < 1 || channels > 4 ||
-      idims[1] > 65535 || idims[2] > 65535) {
-    qt_err(err, "data: %s: dataset \"images\": expected N, H, W > 0 and 1 <= C <= 4, found %s", path, dbuf);
-    goto done;
-  }
-  uint64_t image_bytes = (uint64_t)idims[0] * idims[1] * idims[2] * channels;
-  if (idims[0] > MAX_IMAGE_BYTES || image_bytes > MAX_IMAGE_BYTES) {
-    qt_err(err, "data: %s: dataset \"images\": implausibly large shape %s", path, dbuf);
-    goto done;
-  }
-
-  const char *lab_expected = "integer labels of shape (N)";
-  dlab = open_h5_dataset(file, path, "labels", lab_expected, &tlab, ldims, &lrank, err);
-  if (dlab < 0) goto done;
-  if (H5Tget_class(tlab) != H5T_INTEGER) {
-    qt_h5_type_str(tlab, tbuf, sizeof tbuf);
-    qt_err(err, "data: %s: dataset \"labels\": expected an integer type, found %s", path, tbuf);
-    goto done;
-  }
-  qt_h5_dims_str(lrank, ldims, dbuf, sizeof dbuf);
-  if (!(lrank == 1 || (lrank == 2 && ldims[1] == 1))) {
-    qt_err(err, "data: %s: dataset \"labels\": expected rank 1 (N), found rank %d %s", path, lrank, dbuf);
-    goto done;
-  }
-  if (ldims[0] != idims[0]) {
-    qt_err(err, "data: %s: dataset \"labels\" has %llu entries but \"images\" has %llu", path,
-            (unsigned long long)ldims[0], (unsigned long long)idims[0]);
-    goto done;
-  }
-
-  char smsg[QT_ERR_LEN];
-  qt_h5_dims_str(irank, idims, dbuf, sizeof dbuf);
-  if (qt_h5_check_stored(dimg, NULL, path, "images", dbuf, (hsize_t)image_bytes, smsg)) {
-    qt_err(err, "data: %s", smsg);
-    goto done;
-  }
-  qt_h5_dims_str(lrank, ldims, dbuf, sizeof dbuf);
-  if (qt_h5_check_stored(dlab, NULL, path, "labels", dbuf, (hsize_t)ldims[0] * H5Tget_size(tlab), smsg)) {
-    qt_err(err, "data: %s", smsg);
-    goto done;
-  }
-  out.n = (int64_t)idims[0];
   out.h = (int)idims[1];
   out.w = (int)idims[2];
   out.c = (int)channels;
-  out.images = malloc((size_t)image_bytes);
-  out.labels = malloc((size_t)out.n * sizeof *out.labels);
-  raw_labels = malloc((size_t)out.n * sizeof *raw_labels);
-  if (!out.images || !out.labels || !raw_labels) {
-    qt_err(err, "data: %s: out of memory for %" PRIu64 " image bytes", path, image_bytes);
-    goto done;
-  }
-  char cmsg[QT_ERR_LEN];
-  if (qt_h5_check_chunks(dimg, NULL, path, "images", cmsg) || qt_h5_check_chunks(dlab, NULL, path, "labels", cmsg)) {
-    qt_err(err, "data: %s", cmsg);
-    goto done;
-  }
-  if (H5Dread(dimg, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.images) < 0) {
-    qt_err(err, "data: %s: dataset \"images\": read failed (corrupt or truncated file)", path);
-    goto done;
-  }
-  /* Read as int64 so any integer type converts without wrapping; range-check below. */
-  if (H5Dread(dlab, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw_labels) < 0) {
-    qt_err(err, "data: %s: dataset \"labels\": read failed (corrupt or truncated file)", path);
-    goto done;
-  }
-  for (int64_t i = 0; i < out.n; i++) {
-    if (raw_labels[i] < 0 || raw_labels[i] >= QT_DATA_MAX_CLASSES) {
-      qt_err(err,
-             "data: %s: dataset \"labels\"[%" PRId64 "]: expected a label in [0, %d] (at most %d classes), found %" PRId64,
-             path, i, QT_DATA_MAX_CLASSES - 1, QT_DATA_MAX_CLASSES, raw_labels[i]);
-      goto done;
-    }
-    out.labels[i] = (int32_t)raw_labels[i];
-  }
+  if (read_hdf5_data(&out, dimg, dlab, tlab, idims, irank, ldims, lrank, image_bytes, path, err)) goto done;
   set_num_classes(&out);
   status = 0;
-
 done:
-  free(raw_labels);
   if (timg >= 0) H5Tclose(timg);
   if (tlab >= 0) H5Tclose(tlab);
   if (dimg >= 0) H5Dclose(dimg);
@@ -681,13 +670,110 @@ static uint8_t *decode_image(const char *path, int channels, int *w, int *h, con
   return pixels;
 }
 
+/* Every image path under root/<class>/ with its class index, in sorted class then file order. */
+static int gather_files(const char *root, const name_list *classes, name_list *files, int32_t **file_labels,
+                        char *err) {
+  for (size_t k = 0; k < classes->n; k++) {
+    char *class_dir = join_path(root, classes->items[k]);
+    name_list names = {0};
+    if (!class_dir) return qt_err(err, "data: %s: out of memory", root);
+    int rc = list_entries(class_dir, 0, &names, err);
+    if (rc == 0 && names.n == 0) {
+      qt_err(err, "data: %s: expected .png/.jpg/.jpeg images in class folder, found none", class_dir);
+      rc = -1;
+    }
+    int32_t *grown = rc == 0 ? realloc(*file_labels, (files->n + names.n) * sizeof *grown) : NULL;
+    if (rc == 0 && !grown) {
+      qt_err(err, "data: %s: out of memory", root);
+      rc = -1;
+    }
+    if (grown) *file_labels = grown;
+    for (size_t i = 0; rc == 0 && i < names.n; i++) {
+      char *full = join_path(class_dir, names.items[i]);
+      if (!full || name_list_push(files, full) != 0) {
+        qt_err(err, "data: %s: out of memory", root);
+        rc = -1;
+      } else {
+        (*file_labels)[files->n - 1] = (int32_t)k;
+      }
+      free(full);
+    }
+    name_list_free(&names);
+    free(class_dir);
+    if (rc != 0) return -1;
+  }
+  return 0;
+}
+
+/* The first image, which fixes the size every other image must have: out's shape and buffers
+ * (status: one per file), the image copied in; or -1. */
+static int first_image(qt_dataset *out, const name_list *files, int channels, const char *root,
+                       decode_status **status, char *err) {
+  int w0, h0;
+  const char *why = NULL;
+  uint8_t *pix = decode_image(files->items[0], channels, &w0, &h0, &why);
+  if (!pix) return qt_err(err, "data: %s: cannot decode image: %s", files->items[0], why);
+  int rc = 0;
+  const size_t image_size = (size_t)w0 * (size_t)h0 * (size_t)channels;
+  /* a decoder may return a 0-pixel image without an error (stb_image does for BMP and PNM,
+   * which are not decoded here; the check covers every format) */
+  if (w0 < 1 || h0 < 1) {
+    rc = qt_err(err, "data: %s: expected an image of at least 1x1 pixels, found %dx%d", files->items[0], w0, h0);
+  } else if ((uint64_t)image_size * files->n > MAX_IMAGE_BYTES) {
+    rc = qt_err(err, "data: %s: %zu images of %dx%dx%d exceed the %" PRIu64 "-byte limit", root, files->n, h0, w0,
+                channels, MAX_IMAGE_BYTES);
+  } else {
+    out->n = (int64_t)files->n;
+    out->h = h0;
+    out->w = w0;
+    out->c = channels;
+    out->images = malloc(files->n * image_size);
+    out->labels = malloc(files->n * sizeof *out->labels);
+    *status = calloc(files->n, sizeof **status);
+    if (!out->images || !out->labels || !*status)
+      rc = qt_err(err, "data: %s: out of memory for %zu images of %dx%dx%d", root, files->n, h0, w0, channels);
+    else
+      memcpy(out->images, pix, image_size);
+  }
+  stbi_image_free(pix);
+  return rc;
+}
+
+/* The other images, decoded in parallel (stbi_failure_reason is thread-local in this stb); errors
+ * are reported afterwards for the first failing file, so the message does not depend on timing. */
+static int decode_rest(qt_dataset *out, const name_list *files, int channels, decode_status *status, char *err) {
+  const int w0 = out->w, h0 = out->h;
+  const size_t image_size = (size_t)w0 * (size_t)h0 * (size_t)channels;
+  const int64_t nfiles = (int64_t)files->n;
+#pragma omp parallel for schedule(dynamic, 8)
+  for (int64_t i = 1; i < nfiles; i++) {
+    int w, h;
+    uint8_t *p = decode_image(files->items[i], channels, &w, &h, &status[i].reason);
+    if (!p) continue;
+    if (w != w0 || h != h0) {
+      status[i].other_size = 1;
+      status[i].w = w;
+      status[i].h = h;
+    } else {
+      memcpy(out->images + (size_t)i * image_size, p, image_size);
+    }
+    stbi_image_free(p);
+  }
+  for (size_t i = 1; i < files->n; i++) {
+    if (status[i].reason) return qt_err(err, "data: %s: cannot decode image: %s", files->items[i], status[i].reason);
+    if (status[i].other_size)
+      return qt_err(err, "data: %s: expected %dx%d (width x height) like %s, found %dx%d", files->items[i], w0, h0,
+                    files->items[0], status[i].w, status[i].h);
+  }
+  return 0;
+}
+
 int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char *err) {
   qt_dataset out = {0};
   name_list classes = {0}, files = {0};
   int32_t *file_labels = NULL;
   decode_status *status = NULL;
   int result = -1;
-
   if (channels < 1 || channels > 4) {
     qt_err(err, "data: %s: expected channels in 1..4 (1 gray, 3 RGB), found %d", root, channels);
     goto done;
@@ -701,114 +787,15 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
     qt_err(err, "data: %s: %zu class folders, at most %d", root, classes.n, QT_DATA_MAX_CLASSES);
     goto done;
   }
-
-  /* Gather every file path with its class index, in sorted class then file order. */
-  for (size_t k = 0; k < classes.n; k++) {
-    char *class_dir = join_path(root, classes.items[k]);
-    name_list names = {0};
-    if (!class_dir) {
-      qt_err(err, "data: %s: out of memory", root);
-      goto done;
-    }
-    int rc = list_entries(class_dir, 0, &names, err);
-    if (rc == 0 && names.n == 0) {
-      qt_err(err, "data: %s: expected .png/.jpg/.jpeg images in class folder, found none", class_dir);
-      rc = -1;
-    }
-    int32_t *grown = rc == 0 ? realloc(file_labels, (files.n + names.n) * sizeof *grown) : NULL;
-    if (rc == 0 && !grown) {
-      qt_err(err, "data: %s: out of memory", root);
-      rc = -1;
-    }
-    if (grown) file_labels = grown;
-    for (size_t i = 0; rc == 0 && i < names.n; i++) {
-      char *full = join_path(class_dir, names.items[i]);
-      if (!full || name_list_push(&files, full) != 0) {
-        qt_err(err, "data: %s: out of memory", root);
-        rc = -1;
-      } else {
-        file_labels[files.n - 1] = (int32_t)k;
-      }
-      free(full);
-    }
-    name_list_free(&names);
-    free(class_dir);
-    if (rc != 0) goto done;
-  }
-
-  /* The first image fixes the size every other image must have. */
-  int w0, h0;
-  const char *why = NULL;
-  uint8_t *pix = decode_image(files.items[0], channels, &w0, &h0, &why);
-  if (!pix) {
-    qt_err(err, "data: %s: cannot decode image: %s", files.items[0], why);
+  if (gather_files(root, &classes, &files, &file_labels, err) || first_image(&out, &files, channels, root, &status, err) ||
+      decode_rest(&out, &files, channels, status, err))
     goto done;
-  }
-  /* a decoder may return a 0-pixel image without an error (stb_image does for BMP and PNM,
-   * which are not decoded here; the check covers every format) */
-  if (w0 < 1 || h0 < 1) {
-    stbi_image_free(pix);
-    qt_err(err, "data: %s: expected an image of at least 1x1 pixels, found %dx%d", files.items[0], w0, h0);
-    goto done;
-  }
-  size_t image_size = (size_t)w0 * (size_t)h0 * (size_t)channels;
-  if ((uint64_t)image_size * files.n > MAX_IMAGE_BYTES) {
-    stbi_image_free(pix);
-    qt_err(err, "data: %s: %zu images of %dx%dx%d exceed the %" PRIu64 "-byte limit", root, files.n, h0, w0,
-            channels, MAX_IMAGE_BYTES);
-    goto done;
-  }
-  out.n = (int64_t)files.n;
-  out.h = h0;
-  out.w = w0;
-  out.c = channels;
-  out.images = malloc(files.n * image_size);
-  out.labels = malloc(files.n * sizeof *out.labels);
-  status = calloc(files.n, sizeof *status);
-  if (!out.images || !out.labels || !status) {
-    stbi_image_free(pix);
-    qt_err(err, "data: %s: out of memory for %zu images of %dx%dx%d", root, files.n, h0, w0, channels);
-    goto done;
-  }
-  memcpy(out.images, pix, image_size);
-  stbi_image_free(pix);
-
-  /* stbi_failure_reason is thread-local in this stb, so files decode in parallel; errors are
-   * reported afterwards for the first failing file so the message does not depend on timing. */
-  const int64_t nfiles = (int64_t)files.n;
-  #pragma omp parallel for schedule(dynamic, 8)
-  for (int64_t i = 1; i < nfiles; i++) {
-    int w, h;
-    uint8_t *p = decode_image(files.items[i], channels, &w, &h, &status[i].reason);
-    if (!p) continue;
-    if (w != w0 || h != h0) {
-      status[i].other_size = 1;
-      status[i].w = w;
-      status[i].h = h;
-    } else {
-      memcpy(out.images + (size_t)i * image_size, p, image_size);
-    }
-    stbi_image_free(p);
-  }
-  for (size_t i = 1; i < files.n; i++) {
-    if (status[i].reason) {
-      qt_err(err, "data: %s: cannot decode image: %s", files.items[i], status[i].reason);
-      goto done;
-    }
-    if (status[i].other_size) {
-      qt_err(err, "data: %s: expected %dx%d (width x height) like %s, found %dx%d", files.items[i],
-              w0, h0, files.items[0], status[i].w, status[i].h);
-      goto done;
-    }
-  }
-
   memcpy(out.labels, file_labels, files.n * sizeof *out.labels);
   out.num_classes = (int)classes.n;
-  out.class_names = classes.items;   /* ownership moves to the dataset */
+  out.class_names = classes.items; /* ownership moves to the dataset */
   classes.items = NULL;
   classes.n = classes.cap = 0;
   result = 0;
-
 done:
   free(status);
   free(file_labels);
