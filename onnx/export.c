@@ -6,7 +6,7 @@
  * model is a plain tree of pool memory (no protobuf-c free functions: they are for unpacked
  * messages). Per value the export tracks how the ONNX tensor orders a flattened image, so that
  * the linear layer reading it gets its columns permuted. */
-#include "onnx/onnx_export.h"
+#include "onnx/export_int.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -15,199 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "onnx.pb-c.h"
-
-#define T_FLOAT ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT
-#define T_UINT8 ONNX__TENSOR_PROTO__DATA_TYPE__UINT8
-#define T_INT8 ONNX__TENSOR_PROTO__DATA_TYPE__INT8
-#define T_INT32 ONNX__TENSOR_PROTO__DATA_TYPE__INT32
 #define ONNX_MAX_BYTES ((size_t)2000 << 20) /* protobuf's 2 GB message limit, with room */
-
-typedef struct {
-  int perm_h, perm_w, perm_c; /* a flat value whose ONNX order is (c, h, w), the graph's (h, w, c) */
-  int container;              /* quantize outputs: T_UINT8 / T_INT8 */
-  int pool_dq;                /* a dequantize whose output only a max pool reads, deferred to after it
-                               * (op_pool): that dequantize node's index + 1, else 0 */
-} value_info;
-
-typedef struct {
-  const qt_graph *g;
-  const char *path;
-  char *err;
-  void **mem; /* the pool */
-  size_t n_mem, cap_mem;
-  Onnx__NodeProto **nodes;
-  size_t n_nodes, cap_nodes;
-  Onnx__TensorProto **inits;
-  size_t n_inits, cap_inits;
-  value_info *vi;
-  const qt_node *node; /* being exported (messages) */
-  qt_onnx_export_options opt;
-  qt_onnx_export_info info;
-} exporter;
-
-/* ---- messages -------------------------------------------------------------------------------- */
-
-static int node_err(exporter *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int node_err(exporter *e, const char *fmt, ...) {
-  char what[QT_ERR_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
-  if (!e->node) return qt_err(e->err, "onnx export: %s: %s", e->path, what);
-  return qt_err(e->err, "onnx export: %s: node '%s' (%s): %s", e->path, e->node->name, qt_op_name(e->node->op), what);
-}
-
-/* ---- the pool -------------------------------------------------------------------------------- */
-
-static void *alloc(exporter *e, size_t n) {
-  if (e->n_mem == e->cap_mem) {
-    e->cap_mem = e->cap_mem ? 2 * e->cap_mem : 256;
-    e->mem = realloc(e->mem, e->cap_mem * sizeof *e->mem);
-    QT_ASSERT(e->mem, "onnx export: out of memory");
-  }
-  void *p = calloc(1, n ? n : 1);
-  QT_ASSERT(p, "onnx export: out of memory (%zu bytes)", n);
-  e->mem[e->n_mem++] = p;
-  return p;
-}
-
-static char *str(exporter *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static char *str(exporter *e, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  const int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  QT_ASSERT(n >= 0, "onnx export: bad format");
-  char *s = alloc(e, (size_t)n + 1);
-  va_start(ap, fmt);
-  vsnprintf(s, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  return s;
-}
-
-static void pool_free(exporter *e) {
-  for (size_t i = 0; i < e->n_mem; i++) free(e->mem[i]);
-  free(e->mem);
-  free(e->nodes);
-  free(e->inits);
-  free(e->vi);
-}
-
-/* ---- tensors --------------------------------------------------------------------------------- */
-
-static Onnx__TensorProto *add_init(exporter *e, const char *name, int type, int ndim, const int64_t *dims,
-                                   const void *data, size_t bytes) {
-  Onnx__TensorProto *t = alloc(e, sizeof *t);
-  onnx__tensor_proto__init(t);
-  t->name = str(e, "%s", name);
-  t->has_data_type = 1;
-  t->data_type = type;
-  t->n_dims = (size_t)ndim;
-  t->dims = alloc(e, (size_t)(ndim ? ndim : 1) * sizeof *t->dims);
-  if (ndim) memcpy(t->dims, dims, (size_t)ndim * sizeof *dims);
-  t->has_raw_data = 1;
-  t->raw_data.len = bytes;
-  t->raw_data.data = alloc(e, bytes);
-  if (bytes) memcpy(t->raw_data.data, data, bytes); /* little-endian, as ONNX stores raw data */
-  if (e->n_inits == e->cap_inits) {
-    e->cap_inits = e->cap_inits ? 2 * e->cap_inits : 64;
-    e->inits = realloc(e->inits, e->cap_inits * sizeof *e->inits);
-    QT_ASSERT(e->inits, "onnx export: out of memory");
-  }
-  e->inits[e->n_inits++] = t;
-  return t;
-}
-
-static void add_float(exporter *e, const char *name, int ndim, const int64_t *dims, const float *data, int64_t n) {
-  add_init(e, name, T_FLOAT, ndim, dims, data, (size_t)n * sizeof(float));
-}
-
-static void add_scalar_float(exporter *e, const char *name, float v) { add_float(e, name, 0, NULL, &v, 1); }
-
-static void add_int64(exporter *e, const char *name, int ndim, const int64_t *dims, const int64_t *v, int64_t n) {
-  add_init(e, name, ONNX__TENSOR_PROTO__DATA_TYPE__INT64, ndim, dims, v, (size_t)n * sizeof *v);
-}
-
-/* Integers known to fit the container (checked by the caller) as int8 / uint8. */
-static void add_int8(exporter *e, const char *name, int type, int ndim, const int64_t *dims, const int32_t *v,
-                     int64_t n) {
-  unsigned char *b = malloc((size_t)(n ? n : 1));
-  QT_ASSERT(b, "onnx export: out of memory");
-  for (int64_t i = 0; i < n; i++) b[i] = type == T_INT8 ? (unsigned char)(int8_t)v[i] : (unsigned char)v[i];
-  add_init(e, name, type, ndim, dims, b, (size_t)n);
-  free(b);
-}
-
-/* ---- nodes ----------------------------------------------------------------------------------- */
-
-static Onnx__NodeProto *add_node(exporter *e, const char *op_type, const char *name, const char *out, int n_in, ...) {
-  Onnx__NodeProto *n = alloc(e, sizeof *n);
-  onnx__node_proto__init(n);
-  n->op_type = str(e, "%s", op_type);
-  n->name = str(e, "%s", name);
-  n->n_input = (size_t)n_in;
-  n->input = alloc(e, (size_t)n_in * sizeof *n->input);
-  va_list ap;
-  va_start(ap, n_in);
-  for (int i = 0; i < n_in; i++) n->input[i] = str(e, "%s", va_arg(ap, const char *));
-  va_end(ap);
-  n->n_output = 1;
-  n->output = alloc(e, sizeof *n->output);
-  n->output[0] = str(e, "%s", out);
-  if (e->n_nodes == e->cap_nodes) {
-    e->cap_nodes = e->cap_nodes ? 2 * e->cap_nodes : 64;
-    e->nodes = realloc(e->nodes, e->cap_nodes * sizeof *e->nodes);
-    QT_ASSERT(e->nodes, "onnx export: out of memory");
-  }
-  e->nodes[e->n_nodes++] = n;
-  return n;
-}
-
-static Onnx__AttributeProto *add_attr(exporter *e, Onnx__NodeProto *n, const char *name) {
-  Onnx__AttributeProto **a = alloc(e, (n->n_attribute + 1) * sizeof *a);
-  if (n->n_attribute) memcpy(a, n->attribute, n->n_attribute * sizeof *a); /* the old array stays in the pool */
-  n->attribute = a;
-  Onnx__AttributeProto *at = alloc(e, sizeof *at);
-  onnx__attribute_proto__init(at);
-  at->name = str(e, "%s", name);
-  at->has_type = 1;
-  n->attribute[n->n_attribute++] = at;
-  return at;
-}
-
-static void attr_int(exporter *e, Onnx__NodeProto *n, const char *name, int64_t v) {
-  Onnx__AttributeProto *a = add_attr(e, n, name);
-  a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT;
-  a->has_i = 1;
-  a->i = v;
-}
-
-static void attr_float(exporter *e, Onnx__NodeProto *n, const char *name, float v) {
-  Onnx__AttributeProto *a = add_attr(e, n, name);
-  a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
-  a->has_f = 1;
-  a->f = v;
-}
-
-static void attr_ints(exporter *e, Onnx__NodeProto *n, const char *name, int count, ...) {
-  Onnx__AttributeProto *a = add_attr(e, n, name);
-  a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS;
-  a->n_ints = (size_t)count;
-  a->ints = alloc(e, (size_t)count * sizeof *a->ints);
-  va_list ap;
-  va_start(ap, count);
-  for (int i = 0; i < count; i++) a->ints[i] = va_arg(ap, int64_t);
-  va_end(ap);
-}
-
-/* kernel_shape, strides, pads (top, left, bottom, right) of conv and pools. */
-static void attr_window(exporter *e, Onnx__NodeProto *n, const qt_node_attrs *a) {
-  attr_ints(e, n, "kernel_shape", 2, (int64_t)a->kernel_h, (int64_t)a->kernel_w);
-  attr_ints(e, n, "strides", 2, (int64_t)a->stride_h, (int64_t)a->stride_w);
-  attr_ints(e, n, "pads", 4, (int64_t)a->pad_h, (int64_t)a->pad_w, (int64_t)a->pad_h, (int64_t)a->pad_w);
-}
 
 /* ---- values ---------------------------------------------------------------------------------- */
 
@@ -238,11 +46,11 @@ static const char *type_name(int t) { return t == T_INT8 ? "int8" : "uint8"; }
 static void add_qparams(exporter *e, const qt_qstate *q, int container, const char *scale_name, const char *zp_name) {
   const int64_t ch = q->channels;
   if (ch == 1) {
-    add_float(e, scale_name, 0, NULL, q->scale, 1);
-    add_int8(e, zp_name, container, 0, NULL, q->zero_point, 1);
+    qt_exp_add_float(e, scale_name, 0, NULL, q->scale, 1);
+    qt_exp_add_int8(e, zp_name, container, 0, NULL, q->zero_point, 1);
   } else {
-    add_float(e, scale_name, 1, &ch, q->scale, ch);
-    add_int8(e, zp_name, container, 1, &ch, q->zero_point, ch);
+    qt_exp_add_float(e, scale_name, 1, &ch, q->scale, ch);
+    qt_exp_add_int8(e, zp_name, container, 1, &ch, q->zero_point, ch);
   }
 }
 
@@ -250,8 +58,8 @@ static int check_zero_points(exporter *e, const qt_qstate *q, int container, con
   const int lo = container == T_INT8 ? -128 : 0, hi = container == T_INT8 ? 127 : 255;
   for (int c = 0; c < q->channels; c++)
     if (q->zero_point[c] < lo || q->zero_point[c] > hi)
-      return node_err(e, "%s zero point %d (channel %d) does not fit its %s container", what, q->zero_point[c], c,
-                      type_name(container));
+      return qt_exp_node_err(e, "%s zero point %d (channel %d) does not fit its %s container", what, q->zero_point[c],
+                             c, type_name(container));
   return 0;
 }
 
@@ -290,19 +98,19 @@ static const qt_node *dequantize_before_pool(const qt_graph *g, const qt_node *n
 /* The Clip narrowing quantize node q's integers from its container to [qmin, qmax]: named
  * "<q>.clip", bounds "<q>.clip_min" / "<q>.clip_max" of the container's type. */
 static void emit_clip(exporter *e, const qt_node *q, int container, const char *x, const char *y) {
-  char *mn = str(e, "%s.clip_min", q->name), *mx = str(e, "%s.clip_max", q->name);
+  char *mn = qt_exp_str(e, "%s.clip_min", q->name), *mx = qt_exp_str(e, "%s.clip_max", q->name);
   const int32_t lo = q->q->spec.qmin, hi = q->q->spec.qmax;
-  add_int8(e, mn, container, 0, NULL, &lo, 1);
-  add_int8(e, mx, container, 0, NULL, &hi, 1);
-  add_node(e, "Clip", str(e, "%s.clip", q->name), y, 3, x, mn, mx);
+  qt_exp_add_int8(e, mn, container, 0, NULL, &lo, 1);
+  qt_exp_add_int8(e, mx, container, 0, NULL, &hi, 1);
+  qt_exp_add_node(e, "Clip", qt_exp_str(e, "%s.clip", q->name), y, 3, x, mn, mx);
   e->info.clips++;
 }
 
 static void emit_dequantize(exporter *e, const qt_node *dq, int container, const char *x, const char *y) {
-  char *s = str(e, "%s.scale", dq->name), *z = str(e, "%s.zero_point", dq->name);
+  char *s = qt_exp_str(e, "%s.scale", dq->name), *z = qt_exp_str(e, "%s.zero_point", dq->name);
   add_qparams(e, dq->q, container, s, z);
-  Onnx__NodeProto *o = add_node(e, "DequantizeLinear", dq->name, y, 3, x, s, z);
-  if (dq->q->channels > 1) attr_int(e, o, "axis", 1);
+  Onnx__NodeProto *o = qt_exp_add_node(e, "DequantizeLinear", dq->name, y, 3, x, s, z);
+  if (dq->q->channels > 1) qt_exp_attr_int(e, o, "axis", 1);
   e->info.dequantize++;
 }
 
@@ -312,15 +120,17 @@ static int op_quantize(exporter *e) {
   QT_ASSERT(q && q->calibrated, "onnx export: quantize node '%s' without qparams", n->name);
   const int container = container_of(q->spec.is_signed, q->spec.qmin, q->spec.qmax);
   if (!container)
-    return node_err(e,
-                    "range [%d, %d] (%d bits) fits no 8-bit container; ONNX QuantizeLinear (opset 13) writes only "
-                    "int8 and uint8",
-                    q->spec.qmin, q->spec.qmax, q->spec.bits);
+    return qt_exp_node_err(
+        e,
+        "range [%d, %d] (%d bits) fits no 8-bit container; ONNX QuantizeLinear (opset 13) writes only "
+        "int8 and uint8",
+        q->spec.qmin, q->spec.qmax, q->spec.bits);
   if (check_zero_points(e, q, container, "the")) return -1;
   if (q->channels > 1 && vin(e, 0)->perm_c)
-    return node_err(e,
-                    "per-channel quantization of a flattened image: ONNX orders its features (c, h, w), the graph "
-                    "(h, w, c)");
+    return qt_exp_node_err(
+        e,
+        "per-channel quantization of a flattened image: ONNX orders its features (c, h, w), the graph "
+        "(h, w, c)");
   /* A narrower range than the container's (sub-8-bit): QuantizeLinear saturates to the
    * container, then a Clip on its integers (bounds of the container's type) narrows to
    * [qmin, qmax]: clamp(clamp(v, cmin, cmax), qmin, qmax) = clamp(v, qmin, qmax), so the integers
@@ -329,11 +139,11 @@ static int op_quantize(exporter *e) {
    * still sees op -> QuantizeLinear (a float Clip before the QuantizeLinear hides the op from
    * it). */
   const int narrow = narrows(q, container), later = narrow && dequantize_before_pool(e->g, n);
-  char *s = str(e, "%s.scale", n->name), *z = str(e, "%s.zero_point", n->name);
+  char *s = qt_exp_str(e, "%s.scale", n->name), *z = qt_exp_str(e, "%s.zero_point", n->name);
   add_qparams(e, q, container, s, z);
-  const char *q_out = narrow && !later ? str(e, "%s.saturated", n->name) : out(e);
-  Onnx__NodeProto *o = add_node(e, "QuantizeLinear", n->name, q_out, 3, in0(e), s, z);
-  if (q->channels > 1) attr_int(e, o, "axis", 1); /* channels: axis 1 of NCHW and of (N, F) */
+  const char *q_out = narrow && !later ? qt_exp_str(e, "%s.saturated", n->name) : out(e);
+  Onnx__NodeProto *o = qt_exp_add_node(e, "QuantizeLinear", n->name, q_out, 3, in0(e), s, z);
+  if (q->channels > 1) qt_exp_attr_int(e, o, "axis", 1); /* channels: axis 1 of NCHW and of (N, F) */
   if (narrow && !later) emit_clip(e, n, container, q_out, out(e));
   e->vi[n->output] = *vin(e, 0);
   e->vi[n->output].container = container;
@@ -349,9 +159,10 @@ static int op_dequantize(exporter *e) {
   QT_ASSERT(container, "onnx export: dequantize node '%s' reads no quantize output", n->name);
   if (check_zero_points(e, q, container, "the")) return -1;
   if (q->channels > 1 && vin(e, 0)->perm_c)
-    return node_err(e,
-                    "per-channel dequantization of a flattened image: ONNX orders its features (c, h, w), the graph "
-                    "(h, w, c)");
+    return qt_exp_node_err(
+        e,
+        "per-channel dequantization of a flattened image: ONNX orders its features (c, h, w), the graph "
+        "(h, w, c)");
   const qt_node *qn = &e->g->nodes[e->g->values[n->inputs[0]].producer];
   e->vi[n->output] = *vin(e, 0);
   if (qn->op == QT_OP_QUANTIZE && narrows(qn->q, container) && dequantize_before_pool(e->g, qn) == n) {
@@ -403,8 +214,8 @@ static const char *weight(exporter *e, const value_info *perm) {
     const int container = container_of(wq->spec.is_signed, wq->spec.qmin, wq->spec.qmax);
     if (!container) {
       free(qi);
-      return node_err(e, "weight range [%d, %d] (%d bits) fits no 8-bit container", wq->spec.qmin, wq->spec.qmax,
-                      wq->spec.bits),
+      return qt_exp_node_err(e, "weight range [%d, %d] (%d bits) fits no 8-bit container", wq->spec.qmin, wq->spec.qmax,
+                             wq->spec.bits),
              NULL;
     }
     if (check_zero_points(e, wq, container, "weight")) {
@@ -417,19 +228,20 @@ static const char *weight(exporter *e, const value_info *perm) {
                 type_name(container));
     if (wq->channels != 1 && wq->channels != rows) {
       free(qi);
-      return node_err(e, "%d weight scales for %lld output channels", wq->channels, (long long)rows), NULL;
+      return qt_exp_node_err(e, "%d weight scales for %lld output channels", wq->channels, (long long)rows), NULL;
     }
-    char *wi = str(e, "%s.weight_int", n->name), *s = str(e, "%s.weight_scale", n->name);
-    char *z = str(e, "%s.weight_zero_point", n->name);
-    add_int8(e, wi, container, p->ndim, p->shape, qi, numel);
+    char *wi = qt_exp_str(e, "%s.weight_int", n->name), *s = qt_exp_str(e, "%s.weight_scale", n->name);
+    char *z = qt_exp_str(e, "%s.weight_zero_point", n->name);
+    qt_exp_add_int8(e, wi, container, p->ndim, p->shape, qi, numel);
     add_qparams(e, wq, container, s, z);
-    name = str(e, "%s.weight", n->name);
-    Onnx__NodeProto *o = add_node(e, "DequantizeLinear", str(e, "%s.weight.dequantize", n->name), name, 3, wi, s, z);
-    if (wq->channels > 1) attr_int(e, o, "axis", 0);
+    name = qt_exp_str(e, "%s.weight", n->name);
+    Onnx__NodeProto *o =
+        qt_exp_add_node(e, "DequantizeLinear", qt_exp_str(e, "%s.weight.dequantize", n->name), name, 3, wi, s, z);
+    if (wq->channels > 1) qt_exp_attr_int(e, o, "axis", 0);
     e->info.int_weights++;
   } else {
-    name = str(e, "%s.weight", n->name);
-    add_float(e, name, p->ndim, p->shape, wf, numel);
+    name = qt_exp_str(e, "%s.weight", n->name);
+    qt_exp_add_float(e, name, p->ndim, p->shape, wf, numel);
     e->info.float_weights++;
   }
   free(qi);
@@ -445,8 +257,10 @@ static float input_int_scale(const exporter *e) {
   int v = e->node->inputs[0];
   while (v != g->input) {
     const qt_node *p = &g->nodes[g->values[v].producer];
-    if (p->op == QT_OP_MAX_POOL2D || p->op == QT_OP_FLATTEN) v = p->inputs[0];
-    else return p->op == QT_OP_DEQUANTIZE && p->q->channels == 1 ? p->q->scale[0] : 0.0f;
+    if (p->op == QT_OP_MAX_POOL2D || p->op == QT_OP_FLATTEN)
+      v = p->inputs[0];
+    else
+      return p->op == QT_OP_DEQUANTIZE && p->q->channels == 1 ? p->q->scale[0] : 0.0f;
   }
   return 0.0f;
 }
@@ -457,15 +271,16 @@ static const char *int32_bias_node(exporter *e, const int32_t *q, const float *s
   const qt_node *nd = e->node;
   int32_t *zp = calloc((size_t)n, sizeof *zp);
   QT_ASSERT(zp, "onnx export: out of memory");
-  char *bi = str(e, "%s.bias_int", nd->name), *bs = str(e, "%s.bias_scale", nd->name);
-  char *bz = str(e, "%s.bias_zero_point", nd->name);
-  add_init(e, bi, T_INT32, 1, &n, q, (size_t)n * sizeof *q);
-  add_float(e, bs, 1, &n, sc, n);
-  add_init(e, bz, T_INT32, 1, &n, zp, (size_t)n * sizeof *zp);
+  char *bi = qt_exp_str(e, "%s.bias_int", nd->name), *bs = qt_exp_str(e, "%s.bias_scale", nd->name);
+  char *bz = qt_exp_str(e, "%s.bias_zero_point", nd->name);
+  qt_exp_add_init(e, bi, T_INT32, 1, &n, q, (size_t)n * sizeof *q);
+  qt_exp_add_float(e, bs, 1, &n, sc, n);
+  qt_exp_add_init(e, bz, T_INT32, 1, &n, zp, (size_t)n * sizeof *zp);
   free(zp);
-  const char *name = str(e, "%s.bias", nd->name);
-  Onnx__NodeProto *o = add_node(e, "DequantizeLinear", str(e, "%s.bias.dequantize", nd->name), name, 3, bi, bs, bz);
-  attr_int(e, o, "axis", 0);
+  const char *name = qt_exp_str(e, "%s.bias", nd->name);
+  Onnx__NodeProto *o =
+      qt_exp_add_node(e, "DequantizeLinear", qt_exp_str(e, "%s.bias.dequantize", nd->name), name, 3, bi, bs, bz);
+  qt_exp_attr_int(e, o, "axis", 0);
   e->info.int32_biases++;
   return name;
 }
@@ -516,35 +331,35 @@ static const char *bias(exporter *e) {
     const char *q = bias_int32(e, e->g->params + p->offset, p->numel);
     if (q) return q;
   }
-  char *name = str(e, "%s.bias", n->name);
-  add_float(e, name, 1, &p->numel, e->g->params + p->offset, p->numel);
+  char *name = qt_exp_str(e, "%s.bias", n->name);
+  qt_exp_add_float(e, name, 1, &p->numel, e->g->params + p->offset, p->numel);
   e->info.float_biases++;
   return name;
 }
 
 static int op_conv(exporter *e) {
   const qt_node *n = e->node;
-  if (e->g->values[n->inputs[0]].ndim != 3) return node_err(e, "input is not an image");
+  if (e->g->values[n->inputs[0]].ndim != 3) return qt_exp_node_err(e, "input is not an image");
   const char *w = weight(e, NULL);
   if (!w) return -1;
   const char *b = bias(e);
-  Onnx__NodeProto *o =
-      b ? add_node(e, "Conv", n->name, out(e), 3, in0(e), w, b) : add_node(e, "Conv", n->name, out(e), 2, in0(e), w);
-  attr_window(e, o, &n->attr);
-  attr_ints(e, o, "dilations", 2, (int64_t)1, (int64_t)1);
-  attr_int(e, o, "group", n->attr.groups);
+  Onnx__NodeProto *o = b ? qt_exp_add_node(e, "Conv", n->name, out(e), 3, in0(e), w, b)
+                         : qt_exp_add_node(e, "Conv", n->name, out(e), 2, in0(e), w);
+  qt_exp_attr_window(e, o, &n->attr);
+  qt_exp_attr_ints(e, o, "dilations", 2, (int64_t)1, (int64_t)1);
+  qt_exp_attr_int(e, o, "group", n->attr.groups);
   return 0;
 }
 
 static int op_linear(exporter *e) {
   const qt_node *n = e->node;
-  if (e->g->values[n->inputs[0]].ndim != 1) return node_err(e, "input is not a flat (N, F) value");
+  if (e->g->values[n->inputs[0]].ndim != 1) return qt_exp_node_err(e, "input is not a flat (N, F) value");
   const char *w = weight(e, vin(e, 0));
   if (!w) return -1;
   const char *b = bias(e);
-  Onnx__NodeProto *o =
-      b ? add_node(e, "Gemm", n->name, out(e), 3, in0(e), w, b) : add_node(e, "Gemm", n->name, out(e), 2, in0(e), w);
-  attr_int(e, o, "transB", 1);
+  Onnx__NodeProto *o = b ? qt_exp_add_node(e, "Gemm", n->name, out(e), 3, in0(e), w, b)
+                         : qt_exp_add_node(e, "Gemm", n->name, out(e), 2, in0(e), w);
+  qt_exp_attr_int(e, o, "transB", 1);
   return 0;
 }
 
@@ -575,27 +390,27 @@ static int op_relu6(exporter *e) {
   const qt_node *n = e->node;
   if (relu6_bound_by_quantize(e->g, n)) {
     /* written as a Relu (named as the node), which ONNX Runtime folds into the QuantizeLinear */
-    add_node(e, "Relu", n->name, out(e), 1, in0(e));
+    qt_exp_add_node(e, "Relu", n->name, out(e), 1, in0(e));
     e->vi[n->output] = *vin(e, 0);
     e->info.relu6_as_relu++;
     return 0;
   }
-  char *mn = str(e, "%s.min", n->name), *mx = str(e, "%s.max", n->name);
-  add_scalar_float(e, mn, 0.0f);
-  add_scalar_float(e, mx, 6.0f);
-  add_node(e, "Clip", n->name, out(e), 3, in0(e), mn, mx);
+  char *mn = qt_exp_str(e, "%s.min", n->name), *mx = qt_exp_str(e, "%s.max", n->name);
+  qt_exp_add_scalar_float(e, mn, 0.0f);
+  qt_exp_add_scalar_float(e, mx, 6.0f);
+  qt_exp_add_node(e, "Clip", n->name, out(e), 3, in0(e), mn, mx);
   e->vi[n->output] = *vin(e, 0);
   return 0;
 }
 
 static int op_pool(exporter *e, const char *op_type) {
   const qt_node *n = e->node;
-  if (e->g->values[n->inputs[0]].ndim != 3) return node_err(e, "input is not an image");
+  if (e->g->values[n->inputs[0]].ndim != 3) return qt_exp_node_err(e, "input is not an image");
   const value_info x = *vin(e, 0);
   if (x.pool_dq) { /* quantize -> [max pool -> Clip -> dequantize] (dequantize_before_pool) */
     const qt_node *dq = &e->g->nodes[x.pool_dq - 1], *q = &e->g->nodes[e->g->values[dq->inputs[0]].producer];
-    char *pooled = str(e, "%s.pooled", n->name), *clipped = str(e, "%s.clipped", q->name);
-    attr_window(e, add_node(e, op_type, n->name, pooled, 1, vname(e, dq->inputs[0])), &n->attr);
+    char *pooled = qt_exp_str(e, "%s.pooled", n->name), *clipped = qt_exp_str(e, "%s.clipped", q->name);
+    qt_exp_attr_window(e, qt_exp_add_node(e, op_type, n->name, pooled, 1, vname(e, dq->inputs[0])), &n->attr);
     emit_clip(e, q, x.container, pooled, clipped);
     emit_dequantize(e, dq, x.container, clipped, out(e));
     e->vi[n->output] = x;
@@ -603,18 +418,18 @@ static int op_pool(exporter *e, const char *op_type) {
     e->vi[n->output].pool_dq = 0;
     return 0;
   }
-  Onnx__NodeProto *o = add_node(e, op_type, n->name, out(e), 1, in0(e));
-  attr_window(e, o, &n->attr);
-  if (n->op == QT_OP_AVG_POOL2D) attr_int(e, o, "count_include_pad", 1);
+  Onnx__NodeProto *o = qt_exp_add_node(e, op_type, n->name, out(e), 1, in0(e));
+  qt_exp_attr_window(e, o, &n->attr);
+  if (n->op == QT_OP_AVG_POOL2D) qt_exp_attr_int(e, o, "count_include_pad", 1);
   return 0;
 }
 
 static int op_global_avg_pool(exporter *e) {
   const qt_node *n = e->node;
-  if (e->g->values[n->inputs[0]].ndim != 3) return node_err(e, "input is not an image");
-  char *pooled = str(e, "%s.pooled", n->name); /* [N, C, 1, 1]; the graph's value is (C) */
-  add_node(e, "GlobalAveragePool", n->name, pooled, 1, in0(e));
-  attr_int(e, add_node(e, "Flatten", str(e, "%s.flatten", n->name), out(e), 1, pooled), "axis", 1);
+  if (e->g->values[n->inputs[0]].ndim != 3) return qt_exp_node_err(e, "input is not an image");
+  char *pooled = qt_exp_str(e, "%s.pooled", n->name); /* [N, C, 1, 1]; the graph's value is (C) */
+  qt_exp_add_node(e, "GlobalAveragePool", n->name, pooled, 1, in0(e));
+  qt_exp_attr_int(e, qt_exp_add_node(e, "Flatten", qt_exp_str(e, "%s.flatten", n->name), out(e), 1, pooled), "axis", 1);
   return 0;
 }
 
@@ -623,10 +438,10 @@ static int op_flatten(exporter *e) {
   const qt_value *x = &e->g->values[n->inputs[0]];
   /* Reshape to [N, -1] (ONNX's Flatten with axis 1): ONNX Runtime moves a dequantize past a
    * Reshape, not past a Flatten, and so fuses the linear layer after it into its integer kernel */
-  char *shape = str(e, "%s.shape", n->name);
+  char *shape = qt_exp_str(e, "%s.shape", n->name);
   const int64_t two = 2, dims[2] = {0, -1};
-  add_int64(e, shape, 1, &two, dims, 2);
-  add_node(e, "Reshape", n->name, out(e), 2, in0(e), shape);
+  qt_exp_add_int64(e, shape, 1, &two, dims, 2);
+  qt_exp_add_node(e, "Reshape", n->name, out(e), 2, in0(e), shape);
   value_info *o = &e->vi[n->output];
   if (x->ndim == 3) {
     const int H = (int)x->shape[0], W = (int)x->shape[1], C = (int)x->shape[2];
@@ -641,8 +456,8 @@ static int op_add(exporter *e) {
   const qt_node *n = e->node;
   const value_info *a = vin(e, 0), *b = vin(e, 1);
   if (a->perm_c != b->perm_c || a->perm_h != b->perm_h || a->perm_w != b->perm_w)
-    return node_err(e, "adds a flattened image (ONNX order (c, h, w)) to a value in another order");
-  add_node(e, "Add", n->name, out(e), 2, in0(e), vname(e, n->inputs[1]));
+    return qt_exp_node_err(e, "adds a flattened image (ONNX order (c, h, w)) to a value in another order");
+  qt_exp_add_node(e, "Add", n->name, out(e), 2, in0(e), vname(e, n->inputs[1]));
   e->vi[n->output] = *a;
   return 0;
 }
@@ -650,7 +465,8 @@ static int op_add(exporter *e) {
 static int op_batch_norm(exporter *e) {
   const qt_node *n = e->node;
   if (vin(e, 0)->perm_c)
-    return node_err(e, "batch norm of a flattened image: ONNX orders its features (c, h, w), the graph (h, w, c)");
+    return qt_exp_node_err(e,
+                           "batch norm of a flattened image: ONNX orders its features (c, h, w), the graph (h, w, c)");
   const char *names[4];
   const int slots[4] = {n->param[QT_P_GAMMA], n->param[QT_P_BETA], n->buffer[QT_B_RUNNING_MEAN],
                         n->buffer[QT_B_RUNNING_VAR]};
@@ -658,11 +474,11 @@ static int op_batch_norm(exporter *e) {
     const qt_param *p = &e->g->tensors[slots[k]];
     const float *d = (p->is_buffer ? e->g->buffers : e->g->params) + p->offset;
     names[k] = p->name;
-    add_float(e, p->name, 1, &p->numel, d, p->numel);
+    qt_exp_add_float(e, p->name, 1, &p->numel, d, p->numel);
   }
   Onnx__NodeProto *o =
-      add_node(e, "BatchNormalization", n->name, out(e), 5, in0(e), names[0], names[1], names[2], names[3]);
-  attr_float(e, o, "epsilon", n->attr.eps);
+      qt_exp_add_node(e, "BatchNormalization", n->name, out(e), 5, in0(e), names[0], names[1], names[2], names[3]);
+  qt_exp_attr_float(e, o, "epsilon", n->attr.eps);
   return 0;
 }
 
@@ -675,7 +491,7 @@ static int export_node(exporter *e) {
     case QT_OP_CONV2D: return op_conv(e);
     case QT_OP_LINEAR: return op_linear(e);
     case QT_OP_RELU:
-      add_node(e, "Relu", n->name, out(e), 1, in0(e));
+      qt_exp_add_node(e, "Relu", n->name, out(e), 1, in0(e));
       e->vi[n->output] = *vin(e, 0);
       return 0;
     case QT_OP_RELU6: return op_relu6(e);
@@ -689,7 +505,7 @@ static int export_node(exporter *e) {
     case QT_OP_CONV_BN:
     case QT_OP_COUNT: break;
   }
-  return node_err(e, "op '%s' has no ONNX QDQ form", qt_op_name(n->op));
+  return qt_exp_node_err(e, "op '%s' has no ONNX QDQ form", qt_op_name(n->op));
 }
 
 /* ---- the model ------------------------------------------------------------------------------- */
@@ -701,15 +517,17 @@ static int refuse_prepared(exporter *e) {
     const qt_node *n = &e->g->nodes[i];
     e->node = n;
     if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN)
-      return node_err(e,
-                      "this is a prepared (training) graph, such as model_trained.h5; the export takes the Q/DQ graph "
-                      "that convert writes (model_qdq.h5)");
+      return qt_exp_node_err(
+          e,
+          "this is a prepared (training) graph, such as model_trained.h5; the export takes the Q/DQ graph "
+          "that convert writes (model_qdq.h5)");
     if (n->wq && !n->wq->qweight)
-      return node_err(e,
-                      "the weight has qparams but no integers: a prepared (training) graph, such as model_trained.h5; "
-                      "the export takes the Q/DQ graph that convert writes (model_qdq.h5)");
+      return qt_exp_node_err(
+          e,
+          "the weight has qparams but no integers: a prepared (training) graph, such as model_trained.h5; "
+          "the export takes the Q/DQ graph that convert writes (model_qdq.h5)");
     if ((n->op == QT_OP_QUANTIZE || n->op == QT_OP_DEQUANTIZE) && (!n->q || !n->q->calibrated))
-      return node_err(e, "no qparams");
+      return qt_exp_node_err(e, "no qparams");
   }
   e->node = NULL;
   return 0;
@@ -718,7 +536,7 @@ static int refuse_prepared(exporter *e) {
 /* [batch, C, H, W] for an image value, [batch, F] for a flat one. */
 static Onnx__ValueInfoProto *value_info_proto(exporter *e, int v) {
   const qt_value *val = &e->g->values[v];
-  Onnx__TensorShapeProto *shape = alloc(e, sizeof *shape);
+  Onnx__TensorShapeProto *shape = qt_exp_alloc(e, sizeof *shape);
   onnx__tensor_shape_proto__init(shape);
   int64_t d[4];
   int nd = 1;
@@ -730,31 +548,31 @@ static Onnx__ValueInfoProto *value_info_proto(exporter *e, int v) {
     nd = 1 + val->ndim;
   }
   shape->n_dim = (size_t)nd;
-  shape->dim = alloc(e, (size_t)nd * sizeof *shape->dim);
+  shape->dim = qt_exp_alloc(e, (size_t)nd * sizeof *shape->dim);
   for (int k = 0; k < nd; k++) {
-    Onnx__TensorShapeProto__Dimension *dim = alloc(e, sizeof *dim);
+    Onnx__TensorShapeProto__Dimension *dim = qt_exp_alloc(e, sizeof *dim);
     onnx__tensor_shape_proto__dimension__init(dim);
     if (k == 0) {
       dim->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
-      dim->dim_param = str(e, "batch");
+      dim->dim_param = qt_exp_str(e, "batch");
     } else {
       dim->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
       dim->dim_value = d[k];
     }
     shape->dim[k] = dim;
   }
-  Onnx__TypeProto__Tensor *tt = alloc(e, sizeof *tt);
+  Onnx__TypeProto__Tensor *tt = qt_exp_alloc(e, sizeof *tt);
   onnx__type_proto__tensor__init(tt);
   tt->has_elem_type = 1;
   tt->elem_type = T_FLOAT;
   tt->shape = shape;
-  Onnx__TypeProto *type = alloc(e, sizeof *type);
+  Onnx__TypeProto *type = qt_exp_alloc(e, sizeof *type);
   onnx__type_proto__init(type);
   type->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
   type->tensor_type = tt;
-  Onnx__ValueInfoProto *vi = alloc(e, sizeof *vi);
+  Onnx__ValueInfoProto *vi = qt_exp_alloc(e, sizeof *vi);
   onnx__value_info_proto__init(vi);
-  vi->name = str(e, "%s", vname(e, v));
+  vi->name = qt_exp_str(e, "%s", vname(e, v));
   vi->type = type;
   return vi;
 }
@@ -774,19 +592,19 @@ static int check_names(exporter *e) {
   int rc = 0;
   for (size_t i = 1; i < n && !rc; i++)
     if (strcmp(names[i - 1], names[i]) == 0)
-      rc = node_err(e,
-                    "the ONNX tensor name '%s' would be defined twice (a node named like another node's tensor, "
-                    "or like the graph input 'input' or output 'logits'); rename the node",
-                    names[i]);
+      rc = qt_exp_node_err(e,
+                           "the ONNX tensor name '%s' would be defined twice (a node named like another node's tensor, "
+                           "or like the graph input 'input' or output 'logits'); rename the node",
+                           names[i]);
   free(names);
   return rc;
 }
 
 static Onnx__StringStringEntryProto *meta(exporter *e, const char *key, const char *value) {
-  Onnx__StringStringEntryProto *m = alloc(e, sizeof *m);
+  Onnx__StringStringEntryProto *m = qt_exp_alloc(e, sizeof *m);
   onnx__string_string_entry_proto__init(m);
-  m->key = str(e, "%s", key);
-  m->value = str(e, "%s", value);
+  m->key = qt_exp_str(e, "%s", key);
+  m->value = qt_exp_str(e, "%s", value);
   return m;
 }
 
@@ -798,35 +616,36 @@ static char *preprocessing_text(exporter *e) {
   qt_strbuf_printf(&b, "], std [");
   for (int c = 0; c < p->channels; c++) qt_strbuf_printf(&b, "%s%.9g", c ? ", " : "", p->std[c]);
   qt_strbuf_printf(&b, "]");
-  char *s = str(e, "%s", b.s);
+  char *s = qt_exp_str(e, "%s", b.s);
   free(b.s);
   return s;
 }
 
 static int write_model(exporter *e) {
   const qt_graph *g = e->g;
-  Onnx__GraphProto *gp = alloc(e, sizeof *gp);
+  Onnx__GraphProto *gp = qt_exp_alloc(e, sizeof *gp);
   onnx__graph_proto__init(gp);
-  gp->name = str(e, "%s", g->name);
+  gp->name = qt_exp_str(e, "%s", g->name);
   gp->n_node = e->n_nodes;
   gp->node = e->nodes;
   gp->n_initializer = e->n_inits;
   gp->initializer = e->inits;
   gp->n_input = 1;
-  gp->input = alloc(e, sizeof *gp->input);
+  gp->input = qt_exp_alloc(e, sizeof *gp->input);
   gp->input[0] = value_info_proto(e, g->input);
   gp->n_output = 1;
-  gp->output = alloc(e, sizeof *gp->output);
+  gp->output = qt_exp_alloc(e, sizeof *gp->output);
   gp->output[0] = value_info_proto(e, g->output);
-  gp->doc_string = str(e,
-                       "Q/DQ graph '%s' exported by qat (onnx/export.c): activations NCHW, QuantizeLinear / "
-                       "DequantizeLinear at every quantization point, integer weights through DequantizeLinear, fp32 "
-                       "biases",
-                       g->name);
+  gp->doc_string =
+      qt_exp_str(e,
+                 "Q/DQ graph '%s' exported by qat (onnx/export.c): activations NCHW, QuantizeLinear / "
+                 "DequantizeLinear at every quantization point, integer weights through DequantizeLinear, fp32 "
+                 "biases",
+                 g->name);
 
-  Onnx__OperatorSetIdProto *ops = alloc(e, sizeof *ops);
+  Onnx__OperatorSetIdProto *ops = qt_exp_alloc(e, sizeof *ops);
   onnx__operator_set_id_proto__init(ops);
-  ops->domain = str(e, "%s", "");
+  ops->domain = qt_exp_str(e, "%s", "");
   ops->has_version = 1;
   ops->version = QT_ONNX_EXPORT_OPSET;
 
@@ -835,18 +654,19 @@ static int write_model(exporter *e) {
   m.has_ir_version = 1;
   m.ir_version = QT_ONNX_EXPORT_IR_VERSION;
   m.n_opset_import = 1;
-  m.opset_import = alloc(e, sizeof *m.opset_import);
+  m.opset_import = qt_exp_alloc(e, sizeof *m.opset_import);
   m.opset_import[0] = ops;
-  m.producer_name = str(e, "qat");
-  m.producer_version = str(e, "1");
+  m.producer_name = qt_exp_str(e, "qat");
+  m.producer_version = qt_exp_str(e, "1");
   m.graph = gp;
   m.n_metadata_props = g->input_pre.set ? 2 : 1;
-  m.metadata_props = alloc(e, m.n_metadata_props * sizeof *m.metadata_props);
+  m.metadata_props = qt_exp_alloc(e, m.n_metadata_props * sizeof *m.metadata_props);
   m.metadata_props[0] = meta(e, "qt.layout", "input NCHW [batch, C, H, W]; the Q/DQ graph it came from is NHWC");
   if (g->input_pre.set) m.metadata_props[1] = meta(e, "qt.input_preprocessing", preprocessing_text(e));
 
   const size_t len = onnx__model_proto__get_packed_size(&m);
-  if (len > ONNX_MAX_BYTES) return node_err(e, "the model would take %zu bytes, above protobuf's 2 GB limit", len);
+  if (len > ONNX_MAX_BYTES)
+    return qt_exp_node_err(e, "the model would take %zu bytes, above protobuf's 2 GB limit", len);
   uint8_t *buf = malloc(len ? len : 1);
   QT_ASSERT(buf, "onnx export: out of memory (%zu bytes)", len);
   const size_t packed = onnx__model_proto__pack(&m, buf);
@@ -894,7 +714,7 @@ int qt_onnx_export_qdq_opt(const qt_graph *g, const char *path, const qt_onnx_ex
   e.vi = calloc((size_t)g->n_values, sizeof *e.vi);
   QT_ASSERT(e.vi, "onnx export: out of memory");
   int rc = refuse_prepared(&e);
-  if (!rc && g->output == g->input) rc = node_err(&e, "the graph output is its input: nothing to export");
+  if (!rc && g->output == g->input) rc = qt_exp_node_err(&e, "the graph output is its input: nothing to export");
   for (int i = 0; !rc && i < g->n_nodes; i++) {
     e.node = &g->nodes[i];
     rc = export_node(&e);
@@ -902,14 +722,15 @@ int qt_onnx_export_qdq_opt(const qt_graph *g, const char *path, const qt_onnx_ex
   if (!rc) {
     e.node = &g->nodes[g->values[g->output].producer];
     if (e.vi[g->output].perm_c)
-      rc = node_err(&e, "the graph output is a flattened image: ONNX would order it (c, h, w), the graph (h, w, c)");
+      rc = qt_exp_node_err(&e,
+                           "the graph output is a flattened image: ONNX would order it (c, h, w), the graph (h, w, c)");
     else if (e.vi[g->output].container)
-      rc = node_err(&e, "the graph output is a quantize output (integers); a Q/DQ graph ends in fp32");
+      rc = qt_exp_node_err(&e, "the graph output is a quantize output (integers); a Q/DQ graph ends in fp32");
   }
   if (!rc) rc = check_names(&e);
   e.node = NULL;
   if (!rc) rc = write_model(&e);
   if (info) *info = e.info;
-  pool_free(&e);
+  qt_exp_pool_free(&e);
   return rc;
 }
