@@ -4,7 +4,7 @@
  * The same walk as lower.c: every value gets a representation, fp32 or integers (int8 for the
  * ranges XNNPACK's qs8 operators take, int32 otherwise) with the qparams that turn them into
  * the value the Q/DQ graph computes; a dequantize is free until an fp32 consumer needs it.
- * Patterns become one XNNPACK operator each (operator API: created once with their weights and
+ * The runtime is xnnpack_run.c. Patterns become one XNNPACK operator each (operator API: created once with their weights and
  * qparams, set up for the batch and buffers at every run):
  *   dq -> conv2d [-> relu | relu6] -> q     xnn_create_convolution2d_nhwc_qc8 (OHWI weights,
  *                                           one scale per output channel, int32 bias; relu /
@@ -45,8 +45,7 @@
 #include "autograd/autograd.h"
 
 #ifdef QT_HAVE_XNNPACK
-#include <pthreadpool.h>
-#include <xnnpack.h>
+#include "backend/xnnpack_int.h"
 #endif
 
 #ifndef QT_HAVE_XNNPACK
@@ -97,63 +96,11 @@ typedef struct {
                           * first cause of the chain of fallbacks it ends, else -1 */
 } value_rep;
 
-typedef enum { ST_QUANTIZE, ST_DEQUANTIZE, ST_XNN, ST_FALLBACK } step_kind;
-typedef enum { XK_CONV, XK_FC, XK_MAX_POOL, XK_GAVG_POOL, XK_ADD, XK_CLAMP } xnn_kind;
 
-typedef struct {
-  step_kind kind;
-  int in[2], out;        /* slots */
-  int64_t in_numel;      /* per sample, of in[0] (quantize / dequantize: of both sides) */
-  /* quantize / dequantize */
-  int channels;
-  float *scale;
-  int32_t *zero_point;
-  int qmin, qmax;
-  int int8;              /* the integer side is int8 (else int32) */
-  /* an XNNPACK operator */
-  xnn_kind xk;
-  xnn_operator_t op;
-  int H, W;              /* conv, pools: input height and width */
-  /* fallback: the node of the Q/DQ graph, run by qt_node_forward */
-  int node;
-  int in_ndim[2];
-  int64_t in_shape[2][3];
-} step;
-
-struct qt_xnnpack {
-  char name[QT_NAME_LEN];
-  int64_t out_numel;
-  int input_slot, output_slot;
-  step *steps;
-  int n_steps, cap_steps;
-  size_t *slot_bytes;    /* per slot, per sample */
-  int n_slots, cap_slots;
-  qt_part_list parts;
-  void **kept;           /* owned allocations (qparam copies) */
-  int n_kept, cap_kept;
-  qt_ctx *ctx;
-  void **bufs;           /* per slot, during a run */
-  pthreadpool_t pool;
-  int fallback_threads;  /* OpenMP threads of a fallback step: 1, or 0 = OpenMP's own count */
-  const qt_graph *g;     /* the Q/DQ graph (borrowed): the fallbacks' nodes and parameters */
-};
-
-static const char *status_name(enum xnn_status s) {
-  switch (s) {
-    case xnn_status_success: return "success";
-    case xnn_status_uninitialized: return "uninitialized";
-    case xnn_status_invalid_parameter: return "invalid parameter";
-    case xnn_status_invalid_state: return "invalid state";
-    case xnn_status_unsupported_parameter: return "unsupported parameter";
-    case xnn_status_unsupported_hardware: return "unsupported hardware";
-    case xnn_status_out_of_memory: return "out of memory";
-    default: return "unknown status";
-  }
-}
 
 int qt_xnnpack_available(char *err) {
   const enum xnn_status s = xnn_initialize(NULL); /* idempotent */
-  if (s != xnn_status_success) return qt_err(err, "xnn_initialize failed: %s", status_name(s));
+  if (s != xnn_status_success) return qt_err(err, "xnn_initialize failed: %s", qt_xnn_status_name(s));
   return 0;
 }
 
@@ -416,7 +363,7 @@ static const char *lower_layer(lowering *L, int i) {
     free(wscale);
     if (bias_problem) return bias_problem;
     snprintf(L->why, sizeof L->why, "%s refused it (%s; largest requantization scale s_x * s_w / s_out = %.4g)", api,
-             status_name(st), rmax);
+             qt_xnn_status_name(st), rmax);
     return L->why;
   }
   free(wscale);
@@ -459,7 +406,7 @@ static const char *lower_add(lowering *L, int i) {
                             (int8_t)qo->zero_point[0], qo->scale[0], lo, hi, 0, &op);
   if (st != xnn_status_success) {
     snprintf(L->why, sizeof L->why, "xnn_create_add_nd_qs8 refused it (%s; input / output scale ratios %.4g, %.4g)",
-             status_name(st), a->scale[0] / qo->scale[0], b->scale[0] / qo->scale[0]);
+             qt_xnn_status_name(st), a->scale[0] / qo->scale[0], b->scale[0] / qo->scale[0]);
     return L->why;
   }
   step *s = new_step(L->m, ST_XNN);
@@ -495,7 +442,7 @@ static const char *lower_global_avg_pool(lowering *L, int i) {
       xnn_create_global_average_pooling_nwc_qs8((size_t)C, (size_t)C, (size_t)C, (int8_t)in->zero_point[0],
                                                 in->scale[0], (int8_t)qo->zero_point[0], qo->scale[0], lo, hi, 0, &op);
   if (st != xnn_status_success) {
-    snprintf(L->why, sizeof L->why, "xnn_create_global_average_pooling_nwc_qs8 refused it (%s)", status_name(st));
+    snprintf(L->why, sizeof L->why, "xnn_create_global_average_pooling_nwc_qs8 refused it (%s)", qt_xnn_status_name(st));
     return L->why;
   }
   step *s = new_step(L->m, ST_XNN);
@@ -539,7 +486,7 @@ static const char *lower_same_qparams(lowering *L, int i) {
   }
   if (st != xnn_status_success) {
     snprintf(L->why, sizeof L->why, "%s refused it (%s)",
-             pool ? "xnn_create_max_pooling2d_nhwc_s8" : "xnn_create_clamp_nc_s8", status_name(st));
+             pool ? "xnn_create_max_pooling2d_nhwc_s8" : "xnn_create_clamp_nc_s8", qt_xnn_status_name(st));
     return L->why;
   }
   step *s = new_step(L->m, ST_XNN);
@@ -723,186 +670,6 @@ void qt_xnnpack_free(qt_xnnpack *m) {
   free(m->bufs);
   qt_ctx_free(m->ctx);
   free(m);
-}
-
-/* ---- runtime ------------------------------------------------------------------------------ */
-
-/* The boundaries run on XNNPACK's pthreadpool, in tiles small enough for the reference kernels
- * to stay serial (qt_quantize goes parallel with OpenMP from 32768 elements): with OpenMP workers
- * woken here, their spin-waiting took the second core from the pool's worker (FashionCNN W8A8 at
- * batch 256, 2 threads: 16.8k images/s with libgomp's default spin, 11.9k with
- * OMP_WAIT_POLICY=ACTIVE, 35.2k with PASSIVE, against 19.1k on one thread). */
-enum { BOUNDARY_TILE = 16384 };
-
-typedef struct {
-  const step *s;
-  void *out;
-  const void *in;
-} boundary_task;
-
-/* elements [start, start + count): per tensor, or a tile of whole rows of channels, through
- * qt_quantize at once; otherwise element by element with each one's channel */
-static void quantize_tile(void *ctx, size_t start, size_t count) {
-  const boundary_task *t = ctx;
-  const step *s = t->s;
-  const float *in = (const float *)t->in + start;
-  const int C = s->channels;
-  if (C == 1 || (start % (size_t)C == 0 && count % (size_t)C == 0)) {
-    int32_t tmp[BOUNDARY_TILE];
-    int32_t *q = s->int8 ? tmp : (int32_t *)t->out + start;
-    qt_quantize(q, in, (int64_t)(count / (size_t)C), C, 1, s->scale, s->zero_point, s->qmin, s->qmax);
-    if (s->int8) { /* the reference kernel narrowed: bit-identical by construction */
-      int8_t *o = (int8_t *)t->out + start;
-      for (size_t i = 0; i < count; i++) o[i] = (int8_t)tmp[i];
-    }
-    return;
-  }
-  for (size_t i = 0; i < count; i++) { /* a tile that cuts a row of channels */
-    const int c = (int)((start + i) % (size_t)C);
-    int32_t q;
-    qt_quantize(&q, in + i, 1, 1, 1, &s->scale[c], &s->zero_point[c], s->qmin, s->qmax);
-    if (s->int8) ((int8_t *)t->out)[start + i] = (int8_t)q;
-    else ((int32_t *)t->out)[start + i] = q;
-  }
-}
-
-static void dequantize_tile(void *ctx, size_t start, size_t count) {
-  const boundary_task *t = ctx;
-  const step *s = t->s;
-  const int C = s->channels;
-  float *out = (float *)t->out + start;
-  for (size_t i = 0; i < count; i++) {
-    const int c = (int)((start + i) % (size_t)C);
-    const int32_t q = s->int8 ? (int32_t)((const int8_t *)t->in)[start + i] : ((const int32_t *)t->in)[start + i];
-    out[i] = (float)(q - s->zero_point[c]) * s->scale[c]; /* qt_dequantize's formula */
-  }
-}
-
-static void run_quantize(const step *s, void *out, const float *in, int64_t n, pthreadpool_t pool) {
-  boundary_task t = {s, out, in};
-  pthreadpool_parallelize_1d_tile_1d(pool, quantize_tile, &t, (size_t)n, BOUNDARY_TILE, 0);
-}
-
-static void run_dequantize(const step *s, float *out, const void *in, int64_t n, pthreadpool_t pool) {
-  boundary_task t = {s, out, in};
-  pthreadpool_parallelize_1d_tile_1d(pool, dequantize_tile, &t, (size_t)n, BOUNDARY_TILE, 0);
-}
-
-static enum xnn_status run_xnn(const step *s, void *o, const void *in, const void *in2, int N, pthreadpool_t pool) {
-  enum xnn_status st = xnn_status_invalid_state;
-  const size_t n = (size_t)N;
-  switch (s->xk) {
-    case XK_CONV:
-      st = xnn_setup_convolution2d_nhwc_qc8(s->op, n, (size_t)s->H, (size_t)s->W, in, o, pool);
-      break;
-    case XK_FC:
-      st = xnn_setup_fully_connected_nc_qs8(s->op, n, in, o, pool);
-      break;
-    case XK_MAX_POOL:
-      st = xnn_setup_max_pooling2d_nhwc_s8(s->op, n, (size_t)s->H, (size_t)s->W, in, o, pool);
-      break;
-    case XK_GAVG_POOL:
-      st = xnn_setup_global_average_pooling_nwc_qs8(s->op, n, (size_t)s->H * (size_t)s->W, in, o, pool);
-      break;
-    case XK_ADD: {
-      const size_t shape[1] = {n * (size_t)s->in_numel};
-      st = xnn_setup_add_nd_qs8(s->op, 1, shape, 1, shape, in, in2, o, pool);
-      break;
-    }
-    case XK_CLAMP:
-      st = xnn_setup_clamp_nc_s8(s->op, n, in, o, pool);
-      break;
-  }
-  return st == xnn_status_success ? xnn_run_operator(s->op, pool) : st;
-}
-
-static qt_tensor *wrap(qt_ctx *ctx, void *data, int N, int ndim, const int64_t *shape) {
-  int64_t s[4] = {N, 0, 0, 0};
-  for (int d = 0; d < ndim; d++) s[d + 1] = shape[d];
-  return qt_tensor_wrap(ctx, QT_F32, ndim + 1, s, data);
-}
-
-static void nothing(void *ctx, size_t i) {
-  (void)ctx;
-  (void)i;
-}
-
-/* Sends the pool's workers to sleep now instead of after their spin-wait (which would take a
- * core from the OpenMP threads of the fallback that follows): an empty job with
- * PTHREADPOOL_FLAG_YIELD_WORKERS, one item per thread so that the workers take it. */
-static void pool_yield(pthreadpool_t pool) {
-  if (pool)
-    pthreadpool_parallelize_1d(pool, nothing, NULL, pthreadpool_get_threads_count(pool), PTHREADPOOL_FLAG_YIELD_WORKERS);
-}
-
-/* A fallback step: the node's own fp32 forward, on m->fallback_threads OpenMP threads. */
-static void *run_fallback(qt_xnnpack *m, const step *s, int n, char *err) {
-  const qt_node *node = &m->g->nodes[s->node];
-  qt_tensor *ins[QT_MAX_INPUTS] = {NULL};
-  for (int k = 0; k < node->n_inputs && k < 2; k++)
-    ins[k] = wrap(m->ctx, m->bufs[s->in[k]], n, s->in_ndim[k], s->in_shape[k]);
-  const int threads = omp_get_max_threads();
-  if (m->fallback_threads) omp_set_num_threads(m->fallback_threads);
-  qt_tensor *y = qt_node_forward((qt_graph *)m->g, m->ctx, s->node, ins, 0, err);
-  if (m->fallback_threads) omp_set_num_threads(threads);
-  if (!y) qt_err(err, "run %s on xnnpack: fallback %s (%s) failed", m->name, node->name, qt_op_name(node->op));
-  return y ? y->data : NULL;
-}
-
-int qt_xnnpack_run(qt_xnnpack *m, float *out, const float *input, int n, char *err) {
-  if (n <= 0) return qt_err(err, "run %s on xnnpack: batch of %d images", m->name, n);
-  qt_ctx_reset(m->ctx);
-  m->bufs[m->input_slot] = (void *)input; /* read only: no step writes its input */
-  int pool_busy = 1; /* the pool ran last (here or at the end of the previous run) */
-  for (int i = 0; i < m->n_steps; i++) {
-    const step *s = &m->steps[i];
-    void *in = s->in[0] >= 0 ? m->bufs[s->in[0]] : NULL;
-    const int64_t numel = s->in_numel * n;
-    if (s->kind == ST_FALLBACK) {
-      if (pool_busy) pool_yield(m->pool);
-      pool_busy = 0;
-      if (!(m->bufs[s->out] = run_fallback(m, s, n, err))) return -1;
-      continue;
-    }
-    pool_busy = 1;
-    /* XNNPACK's kernels may read XNN_EXTRA_BYTES past the end of an input */
-    void *o = qt_arena_alloc(m->ctx, m->slot_bytes[s->out] * (size_t)n + XNN_EXTRA_BYTES);
-    m->bufs[s->out] = o;
-    switch (s->kind) {
-      case ST_QUANTIZE:
-        run_quantize(s, o, in, numel, m->pool);
-        break;
-      case ST_DEQUANTIZE:
-        run_dequantize(s, o, in, numel, m->pool);
-        break;
-      case ST_XNN: {
-        const enum xnn_status st = run_xnn(s, o, in, s->in[1] >= 0 ? m->bufs[s->in[1]] : NULL, n, m->pool);
-        if (st != xnn_status_success)
-          return qt_err(err, "run %s on xnnpack: step %d (partition operator) failed: %s", m->name, i, status_name(st));
-        break;
-      }
-      case ST_FALLBACK:
-        break;
-    }
-  }
-  memcpy(out, m->bufs[m->output_slot], (size_t)(m->out_numel * n) * sizeof(float));
-  return 0;
-}
-
-int qt_xnnpack_partition_count(const qt_xnnpack *m) { return m->parts.n; }
-
-qt_partition_kind qt_xnnpack_partition(const qt_xnnpack *m, int i, const char **nodes, const char **detail) {
-  return qt_part_get(&m->parts, i, nodes, detail);
-}
-
-void qt_xnnpack_report(const qt_xnnpack *m, FILE *f) {
-  const int fallbacks = qt_part_count(&m->parts, QT_PART_FALLBACK);
-  fprintf(f, "partitions of %s on xnnpack (%d threads): %d int8, %d fallback, %d boundary%s\n", m->name,
-          m->pool ? (int)pthreadpool_get_threads_count(m->pool) : 1, qt_part_count(&m->parts, QT_PART_INT8), fallbacks,
-          qt_part_count(&m->parts, QT_PART_BOUNDARY),
-          fallbacks && m->fallback_threads ? " (fallbacks on 1 OpenMP thread: its workers would spin-wait, "
-                                             "OMP_WAIT_POLICY is not PASSIVE)" : "");
-  qt_part_print(&m->parts, f);
 }
 
 #endif

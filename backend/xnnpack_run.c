@@ -1,0 +1,199 @@
+/* The XNNPACK backend's runtime (xnnpack_int.h): runs a lowered model's steps, the boundaries
+ * (quantize, dequantize) on XNNPACK's pthreadpool, its operators, and fallback partitions with
+ * the framework's own fp32 node forward; and the lowered model's partition queries and report. */
+#ifdef QT_HAVE_XNNPACK
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/xnnpack_int.h"
+
+const char *qt_xnn_status_name(enum xnn_status s) {
+  switch (s) {
+    case xnn_status_success: return "success";
+    case xnn_status_uninitialized: return "uninitialized";
+    case xnn_status_invalid_parameter: return "invalid parameter";
+    case xnn_status_invalid_state: return "invalid state";
+    case xnn_status_unsupported_parameter: return "unsupported parameter";
+    case xnn_status_unsupported_hardware: return "unsupported hardware";
+    case xnn_status_out_of_memory: return "out of memory";
+    default: return "unknown status";
+  }
+}
+
+/* ---- runtime ------------------------------------------------------------------------------ */
+
+/* The boundaries run on XNNPACK's pthreadpool, in tiles small enough for the reference kernels
+ * to stay serial (qt_quantize goes parallel with OpenMP from 32768 elements): with OpenMP workers
+ * woken here, their spin-waiting took the second core from the pool's worker (FashionCNN W8A8 at
+ * batch 256, 2 threads: 16.8k images/s with libgomp's default spin, 11.9k with
+ * OMP_WAIT_POLICY=ACTIVE, 35.2k with PASSIVE, against 19.1k on one thread). */
+enum { BOUNDARY_TILE = 16384 };
+
+typedef struct {
+  const step *s;
+  void *out;
+  const void *in;
+} boundary_task;
+
+/* elements [start, start + count): per tensor, or a tile of whole rows of channels, through
+ * qt_quantize at once; otherwise element by element with each one's channel */
+static void quantize_tile(void *ctx, size_t start, size_t count) {
+  const boundary_task *t = ctx;
+  const step *s = t->s;
+  const float *in = (const float *)t->in + start;
+  const int C = s->channels;
+  if (C == 1 || (start % (size_t)C == 0 && count % (size_t)C == 0)) {
+    int32_t tmp[BOUNDARY_TILE];
+    int32_t *q = s->int8 ? tmp : (int32_t *)t->out + start;
+    qt_quantize(q, in, (int64_t)(count / (size_t)C), C, 1, s->scale, s->zero_point, s->qmin, s->qmax);
+    if (s->int8) { /* the reference kernel narrowed: bit-identical by construction */
+      int8_t *o = (int8_t *)t->out + start;
+      for (size_t i = 0; i < count; i++) o[i] = (int8_t)tmp[i];
+    }
+    return;
+  }
+  for (size_t i = 0; i < count; i++) { /* a tile that cuts a row of channels */
+    const int c = (int)((start + i) % (size_t)C);
+    int32_t q;
+    qt_quantize(&q, in + i, 1, 1, 1, &s->scale[c], &s->zero_point[c], s->qmin, s->qmax);
+    if (s->int8)
+      ((int8_t *)t->out)[start + i] = (int8_t)q;
+    else
+      ((int32_t *)t->out)[start + i] = q;
+  }
+}
+
+static void dequantize_tile(void *ctx, size_t start, size_t count) {
+  const boundary_task *t = ctx;
+  const step *s = t->s;
+  const int C = s->channels;
+  float *out = (float *)t->out + start;
+  for (size_t i = 0; i < count; i++) {
+    const int c = (int)((start + i) % (size_t)C);
+    const int32_t q = s->int8 ? (int32_t)((const int8_t *)t->in)[start + i] : ((const int32_t *)t->in)[start + i];
+    out[i] = (float)(q - s->zero_point[c]) * s->scale[c]; /* qt_dequantize's formula */
+  }
+}
+
+static void run_quantize(const step *s, void *out, const float *in, int64_t n, pthreadpool_t pool) {
+  boundary_task t = {s, out, in};
+  pthreadpool_parallelize_1d_tile_1d(pool, quantize_tile, &t, (size_t)n, BOUNDARY_TILE, 0);
+}
+
+static void run_dequantize(const step *s, float *out, const void *in, int64_t n, pthreadpool_t pool) {
+  boundary_task t = {s, out, in};
+  pthreadpool_parallelize_1d_tile_1d(pool, dequantize_tile, &t, (size_t)n, BOUNDARY_TILE, 0);
+}
+
+static enum xnn_status run_xnn(const step *s, void *o, const void *in, const void *in2, int N, pthreadpool_t pool) {
+  enum xnn_status st = xnn_status_invalid_state;
+  const size_t n = (size_t)N;
+  switch (s->xk) {
+    case XK_CONV: st = xnn_setup_convolution2d_nhwc_qc8(s->op, n, (size_t)s->H, (size_t)s->W, in, o, pool); break;
+    case XK_FC: st = xnn_setup_fully_connected_nc_qs8(s->op, n, in, o, pool); break;
+    case XK_MAX_POOL: st = xnn_setup_max_pooling2d_nhwc_s8(s->op, n, (size_t)s->H, (size_t)s->W, in, o, pool); break;
+    case XK_GAVG_POOL:
+      st = xnn_setup_global_average_pooling_nwc_qs8(s->op, n, (size_t)s->H * (size_t)s->W, in, o, pool);
+      break;
+    case XK_ADD: {
+      const size_t shape[1] = {n * (size_t)s->in_numel};
+      st = xnn_setup_add_nd_qs8(s->op, 1, shape, 1, shape, in, in2, o, pool);
+      break;
+    }
+    case XK_CLAMP: st = xnn_setup_clamp_nc_s8(s->op, n, in, o, pool); break;
+  }
+  return st == xnn_status_success ? xnn_run_operator(s->op, pool) : st;
+}
+
+static qt_tensor *wrap(qt_ctx *ctx, void *data, int N, int ndim, const int64_t *shape) {
+  int64_t s[4] = {N, 0, 0, 0};
+  for (int d = 0; d < ndim; d++) s[d + 1] = shape[d];
+  return qt_tensor_wrap(ctx, QT_F32, ndim + 1, s, data);
+}
+
+static void nothing(void *ctx, size_t i) {
+  (void)ctx;
+  (void)i;
+}
+
+/* Sends the pool's workers to sleep now instead of after their spin-wait (which would take a
+ * core from the OpenMP threads of the fallback that follows): an empty job with
+ * PTHREADPOOL_FLAG_YIELD_WORKERS, one item per thread so that the workers take it. */
+static void pool_yield(pthreadpool_t pool) {
+  if (pool)
+    pthreadpool_parallelize_1d(pool, nothing, NULL, pthreadpool_get_threads_count(pool),
+                               PTHREADPOOL_FLAG_YIELD_WORKERS);
+}
+
+/* A fallback step: the node's own fp32 forward, on m->fallback_threads OpenMP threads. */
+static void *run_fallback(qt_xnnpack *m, const step *s, int n, char *err) {
+  const qt_node *node = &m->g->nodes[s->node];
+  qt_tensor *ins[QT_MAX_INPUTS] = {NULL};
+  for (int k = 0; k < node->n_inputs && k < 2; k++)
+    ins[k] = wrap(m->ctx, m->bufs[s->in[k]], n, s->in_ndim[k], s->in_shape[k]);
+  const int threads = omp_get_max_threads();
+  if (m->fallback_threads) omp_set_num_threads(m->fallback_threads);
+  qt_tensor *y = qt_node_forward((qt_graph *)m->g, m->ctx, s->node, ins, 0, err);
+  if (m->fallback_threads) omp_set_num_threads(threads);
+  if (!y) qt_err(err, "run %s on xnnpack: fallback %s (%s) failed", m->name, node->name, qt_op_name(node->op));
+  return y ? y->data : NULL;
+}
+
+int qt_xnnpack_run(qt_xnnpack *m, float *out, const float *input, int n, char *err) {
+  if (n <= 0) return qt_err(err, "run %s on xnnpack: batch of %d images", m->name, n);
+  qt_ctx_reset(m->ctx);
+  m->bufs[m->input_slot] = (void *)input; /* read only: no step writes its input */
+  int pool_busy = 1;                      /* the pool ran last (here or at the end of the previous run) */
+  for (int i = 0; i < m->n_steps; i++) {
+    const step *s = &m->steps[i];
+    void *in = s->in[0] >= 0 ? m->bufs[s->in[0]] : NULL;
+    const int64_t numel = s->in_numel * n;
+    if (s->kind == ST_FALLBACK) {
+      if (pool_busy) pool_yield(m->pool);
+      pool_busy = 0;
+      if (!(m->bufs[s->out] = run_fallback(m, s, n, err))) return -1;
+      continue;
+    }
+    pool_busy = 1;
+    /* XNNPACK's kernels may read XNN_EXTRA_BYTES past the end of an input */
+    void *o = qt_arena_alloc(m->ctx, m->slot_bytes[s->out] * (size_t)n + XNN_EXTRA_BYTES);
+    m->bufs[s->out] = o;
+    switch (s->kind) {
+      case ST_QUANTIZE: run_quantize(s, o, in, numel, m->pool); break;
+      case ST_DEQUANTIZE: run_dequantize(s, o, in, numel, m->pool); break;
+      case ST_XNN: {
+        const enum xnn_status st = run_xnn(s, o, in, s->in[1] >= 0 ? m->bufs[s->in[1]] : NULL, n, m->pool);
+        if (st != xnn_status_success)
+          return qt_err(err, "run %s on xnnpack: step %d (partition operator) failed: %s", m->name, i,
+                        qt_xnn_status_name(st));
+        break;
+      }
+      case ST_FALLBACK: break;
+    }
+  }
+  memcpy(out, m->bufs[m->output_slot], (size_t)(m->out_numel * n) * sizeof(float));
+  return 0;
+}
+
+int qt_xnnpack_partition_count(const qt_xnnpack *m) { return m->parts.n; }
+
+qt_partition_kind qt_xnnpack_partition(const qt_xnnpack *m, int i, const char **nodes, const char **detail) {
+  return qt_part_get(&m->parts, i, nodes, detail);
+}
+
+void qt_xnnpack_report(const qt_xnnpack *m, FILE *f) {
+  const int fallbacks = qt_part_count(&m->parts, QT_PART_FALLBACK);
+  fprintf(f, "partitions of %s on xnnpack (%d threads): %d int8, %d fallback, %d boundary%s\n", m->name,
+          m->pool ? (int)pthreadpool_get_threads_count(m->pool) : 1, qt_part_count(&m->parts, QT_PART_INT8), fallbacks,
+          qt_part_count(&m->parts, QT_PART_BOUNDARY),
+          fallbacks && m->fallback_threads ? " (fallbacks on 1 OpenMP thread: its workers would spin-wait, "
+                                             "OMP_WAIT_POLICY is not PASSIVE)"
+                                           : "");
+  qt_part_print(&m->parts, f);
+}
+
+#else
+typedef int qt_xnnpack_run_needs_xnnpack; /* a translation unit may not be empty */
+#endif
