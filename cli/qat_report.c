@@ -31,89 +31,116 @@ static int usage(void) {
   return 2;
 }
 
-int main(int argc, char **argv) {
-  qt_memory_policy_init();
-  if (argc < 2 || argv[1][0] == '-') return usage();
-  const char *qdq_path = argv[1], *fp32_path = NULL, *model_name = NULL, *backend = "onednn";
-  qt_cli_data_options D = {.batch = 256};
-  int probe = 1024, timing = 1, rounds = 3, timing_batch = 256, c;
+typedef struct {
+  const char *qdq_path, *fp32_path, *model_name, *backend;
+  qt_cli_data_options D;
+  int probe, timing, rounds, timing_batch;
+} report_args;
+
+/* The command line into a; 0, or 2 (the exit status) after a message. */
+static int parse_args(int argc, char **argv, report_args *a) {
+  *a = (report_args){.qdq_path = argv[1], .backend = "onednn", .D = {.batch = 256}, .probe = 1024, .timing = 1,
+                     .rounds = 3, .timing_batch = 256};
   for (int i = 2; i < argc; i++) {
-    c = qt_cli_data_option("qat_report", "--config --images --batch --write-outputs --values", argc, argv, &i, &D);
+    const int c = qt_cli_data_option("qat_report", "--config --images --batch --write-outputs --values", argc, argv, &i,
+                                     &a->D);
     if (c != 0) {
       if (c < 0) return 2;
-    } else if (strcmp(argv[i], "--fp32") == 0 && i + 1 < argc) fp32_path = argv[++i];
-    else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) model_name = argv[++i];
-    else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
+    } else if (strcmp(argv[i], "--fp32") == 0 && i + 1 < argc) a->fp32_path = argv[++i];
+    else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) a->model_name = argv[++i];
+    else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) a->backend = argv[++i];
     else if (strcmp(argv[i], "--timing-rounds") == 0 && i + 1 < argc) {
-      if (qt_cli_parse_int("qat_report", "--timing-rounds", argv[++i], 1, 1000, &rounds)) return 2;
+      if (qt_cli_parse_int("qat_report", "--timing-rounds", argv[++i], 1, 1000, &a->rounds)) return 2;
     } else if (strcmp(argv[i], "--timing-batch") == 0 && i + 1 < argc) {
-      if (qt_cli_parse_int("qat_report", "--timing-batch", argv[++i], 1, 4096, &timing_batch)) return 2;
+      if (qt_cli_parse_int("qat_report", "--timing-batch", argv[++i], 1, 4096, &a->timing_batch)) return 2;
     } else if (strcmp(argv[i], "--probe-images") == 0 && i + 1 < argc) {
-      if (qt_cli_parse_int("qat_report", "--probe-images", argv[++i], 0, 1000000000, &probe)) return 2;
-    } else if (strcmp(argv[i], "--no-timing") == 0) timing = 0;
+      if (qt_cli_parse_int("qat_report", "--probe-images", argv[++i], 0, 1000000000, &a->probe)) return 2;
+    } else if (strcmp(argv[i], "--no-timing") == 0) a->timing = 0;
     else return usage();
   }
-  if (model_name && !fp32_path) {
+  if (a->model_name && !a->fp32_path) {
     fprintf(stderr, "qat_report: --model names the architecture of the --fp32 checkpoint; give --fp32 too\n");
     return 2;
   }
-  if (qt_cli_data_finish("qat_report", &D)) return 2;
-  if (D.outputs_path &&
-      (qt_same_file(D.outputs_path, qdq_path) || (fp32_path && qt_same_file(D.outputs_path, fp32_path)))) {
-    fprintf(stderr, "qat_report: --write-outputs %s is an input file of the report; it would be replaced\n",
-            D.outputs_path);
+  if (qt_cli_data_finish("qat_report", &a->D)) return 2;
+  const char *out = a->D.outputs_path;
+  if (out && (qt_same_file(out, a->qdq_path) || (a->fp32_path && qt_same_file(out, a->fp32_path)))) {
+    fprintf(stderr, "qat_report: --write-outputs %s is an input file of the report; it would be replaced\n", out);
     return 2;
   }
+  return 0;
+}
+
+/* The fp32 model of --fp32 (its architecture: --model, else the Q/DQ graph's name), or NULL with err. */
+static qt_graph *load_fp32(const report_args *a, const qt_graph *qdq, char *err) {
+  const char *model_name = a->model_name;
+  const size_t ml = model_name ? strlen(model_name) : 0;
+  qt_graph *fp32;
+  if (ml > 5 && strcmp(model_name + ml - 5, ".onnx") == 0) { /* dynamic dims: the Q/DQ graph's input */
+    const qt_value *in = &qdq->values[qdq->input];
+    const int hwc[3] = {(int)in->shape[0], (int)in->shape[1], (int)in->shape[2]};
+    if (!(fp32 = qt_onnx_import(model_name, hwc, NULL, err))) return NULL;
+  } else if (!(fp32 = qt_model_build(model_name ? model_name : qdq->name, err))) {
+    if (!model_name) /* an imported model is named after its file */
+      snprintf(err + strlen(err), QT_ERR_LEN - strlen(err), "; for a model imported from ONNX give --model PATH.onnx");
+    return NULL;
+  }
+  if (qt_checkpoint_load(a->fp32_path, fp32, NULL, NULL, err)) {
+    qt_graph_free(fp32);
+    return NULL;
+  }
+  return fp32;
+}
+
+static int print_timing(const report_args *a, qt_graph *fp32, qt_device *m, const qt_dataset *test,
+                        const qt_loader_config *lc, char *err) {
+  qt_inference_speed s;
+  const int runs = a->timing_batch >= 256 ? 8 : 2048 / a->timing_batch;
+  if (qt_inference_measure(fp32, m, test, lc, a->timing_batch, runs, a->rounds, &s, err)) return -1;
+  if (fp32)
+    printf("inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s "
+           "(%.2fx)\n", s.batch, a->rounds, (long long)s.images, s.fp32_images_per_s, s.int8_images_per_s,
+           s.int8_images_per_s / s.fp32_images_per_s);
+  else
+    printf("inference at batch %d (best of %d rounds of %lld images): int8 %.0f images/s (no fp32 model given)\n",
+           s.batch, a->rounds, (long long)s.images, s.int8_images_per_s);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  qt_memory_policy_init();
+  if (argc < 2 || argv[1][0] == '-') return usage();
+  report_args a;
+  int status = parse_args(argc, argv, &a);
+  if (status) return status;
   static qt_options o;
   qt_status st = {0};
   char *err = st.msg;
-  int status = 2;
   qt_graph *qdq = NULL, *fp32 = NULL;
   qt_device *m = NULL;
   qt_dataset test = {0};
   qt_loader_config lc;
+  const qt_cli_data_options *D = &a.D;
 
   /* Bad input: exit 2. */
-  if (!(qdq = qt_qdq_load(qdq_path, err))) goto fail;
-  if (fp32_path) {
-    const size_t ml = model_name ? strlen(model_name) : 0;
-    if (ml > 5 && strcmp(model_name + ml - 5, ".onnx") == 0) { /* dynamic dims: the Q/DQ graph's input */
-      const qt_value *in = &qdq->values[qdq->input];
-      const int hwc[3] = {(int)in->shape[0], (int)in->shape[1], (int)in->shape[2]};
-      if (!(fp32 = qt_onnx_import(model_name, hwc, NULL, err))) goto fail;
-    } else if (!(fp32 = qt_model_build(model_name ? model_name : qdq->name, err))) {
-      if (!model_name) /* an imported model is named after its file */
-        snprintf(err + strlen(err), QT_ERR_LEN - strlen(err), "; for a model imported from ONNX give --model PATH.onnx");
-      goto fail;
-    }
-    if (qt_checkpoint_load(fp32_path, fp32, NULL, NULL, err)) goto fail;
-  }
+  status = 2;
   qt_backend_desc d;
-  if (qt_backend_desc_named(&d, backend, QT_ISA_AUTO, err) || !(m = qt_device_open(qdq, &d, err))) goto fail;
-  if (qt_stage_test_data(D.config_path, D.images, D.batch, &o, &test, &lc, &st)) goto fail;
+  if (!(qdq = qt_qdq_load(a.qdq_path, err)) || (a.fp32_path && !(fp32 = load_fp32(&a, qdq, err))) ||
+      qt_backend_desc_named(&d, a.backend, QT_ISA_AUTO, err) || !(m = qt_device_open(qdq, &d, err)) ||
+      qt_stage_test_data(D->config_path, D->images, D->batch, &o, &test, &lc, &st))
+    goto fail;
 
   /* Running: exit 1 on failure. */
   status = 1;
-  qt_report r;
-  if (qt_report_run(fp32, qdq, m, &test, &lc, probe, &r, err)) goto fail;
-  printf("qat_report: %s%s%s\n", qdq_path, fp32_path ? " against fp32 " : "", fp32_path ? fp32_path : "");
+  static qt_report r;
+  if (qt_report_run(fp32, qdq, m, &test, &lc, a.probe, &r, err)) goto fail;
+  printf("qat_report: %s%s%s\n", a.qdq_path, a.fp32_path ? " against fp32 " : "", a.fp32_path ? a.fp32_path : "");
   qt_device_report(m, stdout);
   qt_report_print(&r, stdout);
-  if (timing) {
-    qt_inference_speed s;
-    const int runs = timing_batch >= 256 ? 8 : 2048 / timing_batch;
-    if (qt_inference_measure(fp32, m, &test, &lc, timing_batch, runs, rounds, &s, err)) goto fail;
-    if (fp32)
-      printf("inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s "
-             "(%.2fx)\n", s.batch, rounds, (long long)s.images, s.fp32_images_per_s, s.int8_images_per_s,
-             s.int8_images_per_s / s.fp32_images_per_s);
-    else
-      printf("inference at batch %d (best of %d rounds of %lld images): int8 %.0f images/s (no fp32 model given)\n",
-             s.batch, rounds, (long long)s.images, s.int8_images_per_s);
-  }
-  if (D.outputs_path) {
-    if (qt_device_write_outputs(m, &test, &lc, D.names, D.n_names, D.outputs_path, err)) goto fail;
-    printf("qat_report: wrote the device's logits%s to %s\n", D.n_names ? " and values" : "", D.outputs_path);
+  if (a.timing && print_timing(&a, fp32, m, &test, &lc, err)) goto fail;
+  if (D->outputs_path) {
+    if (qt_device_write_outputs(m, &test, &lc, D->names, D->n_names, D->outputs_path, err)) goto fail;
+    printf("qat_report: wrote the device's logits%s to %s\n", D->n_names ? " and values" : "", D->outputs_path);
   }
   status = 0;
   goto done;
