@@ -122,6 +122,11 @@ typedef enum { QT_SLOT_NONE = 0, QT_SLOT_OPTIONAL = 1, QT_SLOT_REQUIRED = 2 } qt
 typedef int (*qt_op_shape_fn)(const qt_node_attrs *attr, const qt_value *const *inputs, int *ndim, int64_t *shape,
                               char *err);
 
+/* The graphs of the pipeline that may hold an op: every graph, prepared (training) graphs only
+ * (qt_prepare's fake_quant and conv_bn), or convert graphs only (qt_convert's quantize and
+ * dequantize). */
+typedef enum { QT_OP_ANY_GRAPH = 0, QT_OP_PREPARED_ONLY = 1, QT_OP_CONVERT_ONLY = 2 } qt_op_graphs;
+
 typedef struct {
   const char *name;                          /* as in files and reports: "conv2d" */
   int min_inputs, max_inputs;
@@ -130,6 +135,9 @@ typedef struct {
   const char *buffer_suffix[QT_MAX_PARAMS];
   unsigned char buffer_use[QT_MAX_PARAMS];
   int has_weight;                            /* a weight in slot QT_P_WEIGHT that may be quantized */
+  int weight_rank;                           /* of that weight: 4 (OC, C/groups, KH, KW), 2 (OUT, IN) */
+  int act_quant;                             /* carries activation quantization (node->q) */
+  unsigned char graphs;                      /* qt_op_graphs */
   int stateful;                              /* follows the train/eval mode switch */
   int param_free;                            /* no tensors, no quantization state: qt_apply_simple_op */
   qt_op_shape_fn shape;                      /* NULL for input (its shape is given) */

@@ -1,5 +1,6 @@
 /* The op table (nn/ops.c) and qt_node_forward: every op's name parses back to it; the flags
- * (has_weight, stateful, parameter-free) and slots are the ones the rest of the code assumes;
+ * (has_weight, stateful, parameter-free, the weight's rank, activation quantization, the graphs
+ * holding the op) and slots are the ones the rest of the code assumes;
  * shape inference computes the builder's shapes and refuses what does not fit with the
  * validator's messages; the builder names tensors with the table's suffixes; and recomputing
  * every node of the preset models with qt_node_forward from the executor's own inputs gives
@@ -28,6 +29,14 @@ static void check_names_and_flags(void) {
         qt_op_is_param_free((qt_op)op) != simple)
       qt_test_fail("op %s: flags has_weight %d stateful %d param_free %d", info->name, qt_op_has_weight((qt_op)op),
                    qt_op_is_stateful((qt_op)op), qt_op_is_param_free((qt_op)op));
+    const int rank = op == QT_OP_CONV2D || op == QT_OP_CONV_BN ? 4 : op == QT_OP_LINEAR ? 2 : 0;
+    const int act_quant = op == QT_OP_FAKE_QUANT || op == QT_OP_QUANTIZE || op == QT_OP_DEQUANTIZE;
+    const int graphs = op == QT_OP_FAKE_QUANT || op == QT_OP_CONV_BN       ? QT_OP_PREPARED_ONLY
+                       : op == QT_OP_QUANTIZE || op == QT_OP_DEQUANTIZE ? QT_OP_CONVERT_ONLY
+                                                                        : QT_OP_ANY_GRAPH;
+    if (info->weight_rank != rank || info->act_quant != act_quant || info->graphs != graphs)
+      qt_test_fail("op %s: weight_rank %d act_quant %d graphs %d", info->name, info->weight_rank, info->act_quant,
+                   info->graphs);
     if (weight && (info->param_use[QT_P_WEIGHT] != QT_SLOT_REQUIRED || strcmp(info->param_suffix[QT_P_WEIGHT], "weight")))
       qt_test_fail("op %s: the weight slot", info->name);
     for (int k = 0; k < QT_MAX_PARAMS; k++)
