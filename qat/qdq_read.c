@@ -17,7 +17,8 @@
 static int group_count(hid_t g, const char *obj, int max, char *msg) {
   H5G_info_t info;
   if (H5Gget_info(g, &info) < 0) return qt_err(msg, "%s: cannot list the group (corrupt file?)", obj);
-  if (info.nlinks > (hsize_t)max) return qt_err(msg, "%s: %llu entries, more than %d", obj, (unsigned long long)info.nlinks, max);
+  if (info.nlinks > (hsize_t)max)
+    return qt_err(msg, "%s: %llu entries, more than %d", obj, (unsigned long long)info.nlinks, max);
   return (int)info.nlinks;
 }
 
@@ -52,8 +53,10 @@ static char *list_links(hid_t g, const char *obj, int count, size_t stride, char
   hsize_t idx = 0;
   herr_t r = H5Literate(g, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, link_list_add, &l);
   if (r < 0 || l.n != count) {
-    if (l.too_long) qt_err(msg, "%s: an entry has a name longer than %zu characters", obj, stride - 1);
-    else qt_err(msg, "%s: cannot list the entries (corrupt file?)", obj);
+    if (l.too_long)
+      qt_err(msg, "%s: an entry has a name longer than %zu characters", obj, stride - 1);
+    else
+      qt_err(msg, "%s: cannot list the entries (corrupt file?)", obj);
     free(l.names);
     return NULL;
   }
@@ -75,6 +78,45 @@ typedef struct {
   int64_t shape[4];
 } tensor_rec;
 
+/* A node group's identity: attributes index and name as its link name `<index>_<name>` says,
+ * and a known op. */
+static int read_node_identity(hid_t g, const char *obj, long idx, const char *link_name, node_rec *r, char *msg) {
+  int index = -1;
+  char op[64];
+  if (read_attr_int(g, obj, "index", &index, msg) || read_attr_str(g, obj, "name", r->name, sizeof r->name, msg) ||
+      read_attr_str(g, obj, "op", op, sizeof op, msg))
+    return -1;
+  if (index != idx) return qt_err(msg, "%s: attribute index is %d, the group name says %ld", obj, index, idx);
+  if (qt_qdq_bad_link_name(r->name)) return qt_err(msg, "%s: node name '%s' is empty, '.' or holds '/'", obj, r->name);
+  if (strcmp(link_name, r->name) != 0)
+    return qt_err(msg, "%s: attribute name is '%s', the group name says '%s'", obj, r->name, link_name);
+  if (qt_op_parse(op, &r->op)) return qt_err(msg, "node %d '%s': unknown op '%s'", index, r->name, op);
+  return 0;
+}
+
+/* A node's value ids, op attributes and the slot attributes it has. */
+static int read_node_attrs(hid_t g, const char *obj, node_rec *r, char *msg) {
+  qt_node_attrs *a = &r->attr;
+  if (read_attr_ints(g, obj, "inputs", r->inputs, 0, QT_MAX_INPUTS, &r->n_inputs, msg) ||
+      read_attr_int(g, obj, "output", &r->output, msg) || read_attr_int(g, obj, "kernel_h", &a->kernel_h, msg) ||
+      read_attr_int(g, obj, "kernel_w", &a->kernel_w, msg) || read_attr_int(g, obj, "stride_h", &a->stride_h, msg) ||
+      read_attr_int(g, obj, "stride_w", &a->stride_w, msg) || read_attr_int(g, obj, "pad_h", &a->pad_h, msg) ||
+      read_attr_int(g, obj, "pad_w", &a->pad_w, msg) || read_attr_int(g, obj, "groups", &a->groups, msg) ||
+      read_attr_int(g, obj, "out_channels", &a->out_channels, msg) || read_attr_float(g, obj, "eps", &a->eps, msg) ||
+      read_attr_float(g, obj, "momentum", &a->momentum, msg) || read_attr_flag(g, obj, "bn_frozen", &r->bn_frozen, msg))
+    return -1;
+  for (int k = 0; k < QT_MAX_PARAMS; k++) {
+    if (H5Aexists(g, qt_qdq_param_slot_names[k]) != 0 &&
+        read_attr_str(g, obj, qt_qdq_param_slot_names[k], r->param[k], sizeof r->param[k], msg))
+      return -1;
+    if (H5Aexists(g, qt_qdq_buffer_slot_names[k]) != 0 &&
+        read_attr_str(g, obj, qt_qdq_buffer_slot_names[k], r->buffer[k], sizeof r->buffer[k], msg))
+      return -1;
+  }
+  return 0;
+}
+
+/* The node group `link` of /nodes into recs[index]. */
 static int read_node(hid_t gn, const char *link, int n_nodes, node_rec *recs, char *msg) {
   char obj[QT_NAME_LEN + 64];
   snprintf(obj, sizeof obj, "/nodes/%s", link);
@@ -87,46 +129,7 @@ static int read_node(hid_t gn, const char *link, int n_nodes, node_rec *recs, ch
   r->seen = 1;
   hid_t g = qdq_group_open(gn, "/nodes", link, msg);
   if (g < 0) return -1;
-  int index = -1, rc = -1;
-  char op[64];
-  qt_node_attrs *a = &r->attr;
-  if (read_attr_int(g, obj, "index", &index, msg) || read_attr_str(g, obj, "name", r->name, sizeof r->name, msg) ||
-      read_attr_str(g, obj, "op", op, sizeof op, msg))
-    goto done;
-  if (index != idx) {
-    qt_err(msg, "%s: attribute index is %d, the group name says %ld", obj, index, idx);
-    goto done;
-  }
-  if (qt_qdq_bad_link_name(r->name)) {
-    qt_err(msg, "%s: node name '%s' is empty, '.' or holds '/'", obj, r->name);
-    goto done;
-  }
-  if (strcmp(end + 1, r->name) != 0) {
-    qt_err(msg, "%s: attribute name is '%s', the group name says '%s'", obj, r->name, end + 1);
-    goto done;
-  }
-  if (qt_op_parse(op, &r->op)) {
-    qt_err(msg, "node %d '%s': unknown op '%s'", index, r->name, op);
-    goto done;
-  }
-  if (read_attr_ints(g, obj, "inputs", r->inputs, 0, QT_MAX_INPUTS, &r->n_inputs, msg) ||
-      read_attr_int(g, obj, "output", &r->output, msg) || read_attr_int(g, obj, "kernel_h", &a->kernel_h, msg) ||
-      read_attr_int(g, obj, "kernel_w", &a->kernel_w, msg) || read_attr_int(g, obj, "stride_h", &a->stride_h, msg) ||
-      read_attr_int(g, obj, "stride_w", &a->stride_w, msg) || read_attr_int(g, obj, "pad_h", &a->pad_h, msg) ||
-      read_attr_int(g, obj, "pad_w", &a->pad_w, msg) || read_attr_int(g, obj, "groups", &a->groups, msg) ||
-      read_attr_int(g, obj, "out_channels", &a->out_channels, msg) || read_attr_float(g, obj, "eps", &a->eps, msg) ||
-      read_attr_float(g, obj, "momentum", &a->momentum, msg) || read_attr_flag(g, obj, "bn_frozen", &r->bn_frozen, msg))
-    goto done;
-  for (int k = 0; k < QT_MAX_PARAMS; k++) {
-    if (H5Aexists(g, qt_qdq_param_slot_names[k]) != 0 &&
-        read_attr_str(g, obj, qt_qdq_param_slot_names[k], r->param[k], sizeof r->param[k], msg))
-      goto done;
-    if (H5Aexists(g, qt_qdq_buffer_slot_names[k]) != 0 &&
-        read_attr_str(g, obj, qt_qdq_buffer_slot_names[k], r->buffer[k], sizeof r->buffer[k], msg))
-      goto done;
-  }
-  rc = 0;
-done:
+  const int rc = read_node_identity(g, obj, idx, end + 1, r, msg) || read_node_attrs(g, obj, r, msg) ? -1 : 0;
   H5Gclose(g);
   return rc;
 }
@@ -141,7 +144,8 @@ static int read_tensor(hid_t gt, const char *name, int n_tensors, int n_nodes, t
             read_attr_flag(d, obj, "is_buffer", &is_buffer, msg);
   H5Dclose(d);
   if (bad) return -1;
-  if (index < 0 || index >= n_tensors) return qt_err(msg, "%s: index %d out of range (%d tensors)", obj, index, n_tensors);
+  if (index < 0 || index >= n_tensors)
+    return qt_err(msg, "%s: index %d out of range (%d tensors)", obj, index, n_tensors);
   if (node < 0 || node >= n_nodes) return qt_err(msg, "%s: owner node %d out of range (%d nodes)", obj, node, n_nodes);
   tensor_rec *r = &recs[index];
   if (r->seen) return qt_err(msg, "%s: index %d is taken by '%s'", obj, index, r->name);
@@ -154,139 +158,171 @@ static int read_tensor(hid_t gt, const char *name, int n_tensors, int n_nodes, t
   return qt_h5_dataset_shape(gt, NULL, "/tensors", name, H5T_FLOAT, 4, QDQ_MAX_NUMEL, &r->ndim, r->shape, msg);
 }
 
-/* Reads /quant/<kind>/<node name> of node `node` of g into a new qstate (*out); weight records
- * hold integer weights in Q/DQ graphs and none in prepared graphs. read_qrecord puts it on the
- * node. */
-int qt_qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph, const qt_graph *g, int node,
-                           qt_qstate **out, char *msg) {
-  const qt_node *n = &g->nodes[node];
-  const int is_weight = kind == QDQ_RECORD_WEIGHT;
-  char obj[QT_NAME_LEN + 32];
-  snprintf(obj, sizeof obj, "/quant/%s/%s", qt_qdq_record_names[kind], n->name);
-  hid_t r = qdq_group_open(parent, "/quant", n->name, msg);
-  if (r < 0) return -1;
-  int rc = -1, at_node = -1, axis = 0, channels = 0;
-  qt_qspec s;
-  memset(&s, 0, sizeof s);
+/* A record's attributes into s: the owner node (which must be `node`), the spec, the axis and
+ * the number of channels. */
+static int read_record_attrs(hid_t r, const char *obj, int node, qt_qspec *s, int *axis, int *channels, char *msg) {
+  int at_node = -1;
   char observer[64], method[64];
-  float *scale = NULL;
-  int32_t *zp = NULL, *qw = NULL, *qb = NULL;
-  qt_qstate *q = NULL;
-  if (read_attr_int(r, obj, "node", &at_node, msg) || read_attr_int(r, obj, "bits", &s.bits, msg) ||
-      read_attr_int(r, obj, "qmin", &s.qmin, msg) || read_attr_int(r, obj, "qmax", &s.qmax, msg) ||
-      read_attr_flag(r, obj, "signed", &s.is_signed, msg) || read_attr_flag(r, obj, "symmetric", &s.symmetric, msg) ||
-      read_attr_flag(r, obj, "per_channel", &s.per_channel, msg) || read_attr_int(r, obj, "axis", &axis, msg) ||
-      read_attr_int(r, obj, "channels", &channels, msg) ||
+  if (read_attr_int(r, obj, "node", &at_node, msg) || read_attr_int(r, obj, "bits", &s->bits, msg) ||
+      read_attr_int(r, obj, "qmin", &s->qmin, msg) || read_attr_int(r, obj, "qmax", &s->qmax, msg) ||
+      read_attr_flag(r, obj, "signed", &s->is_signed, msg) || read_attr_flag(r, obj, "symmetric", &s->symmetric, msg) ||
+      read_attr_flag(r, obj, "per_channel", &s->per_channel, msg) || read_attr_int(r, obj, "axis", axis, msg) ||
+      read_attr_int(r, obj, "channels", channels, msg) ||
       read_attr_str(r, obj, "observer", observer, sizeof observer, msg) ||
       read_attr_str(r, obj, "method", method, sizeof method, msg) ||
-      read_attr_float(r, obj, "percentile", &s.percentile, msg))
-    goto done;
-  if (at_node != node) {
-    qt_err(msg, "%s: attribute node is %d, the record belongs to node %d", obj, at_node, node);
-    goto done;
-  }
-  if (qt_observer_kind_parse(observer, &s.observer) || qt_range_method_parse(method, &s.method)) {
-    qt_err(msg, "%s: unknown observer '%s' or range method '%s'", obj, observer, method);
-    goto done;
-  }
+      read_attr_float(r, obj, "percentile", &s->percentile, msg))
+    return -1;
+  if (at_node != node)
+    return qt_err(msg, "%s: attribute node is %d, the record belongs to node %d", obj, at_node, node);
+  if (qt_observer_kind_parse(observer, &s->observer) || qt_range_method_parse(method, &s->method))
+    return qt_err(msg, "%s: unknown observer '%s' or range method '%s'", obj, observer, method);
+  return 0;
+}
+
+/* The axis the record's spec implies for its node's value, and a bounded channel count. */
+static int check_record_layout(const qt_graph *g, const qt_node *n, qdq_record_kind kind, const qt_qspec *s, int axis,
+                               int channels, const char *obj, char *msg) {
+  const int is_weight = kind == QDQ_RECORD_WEIGHT;
   const qt_value *x = &g->values[n->n_inputs ? n->inputs[0] : n->output];
-  if (axis != qt_qdq_record_axis(&s, is_weight, x->ndim)) {
-    qt_err(msg, "%s: axis %d, want %d for a %s %s record", obj, axis, qt_qdq_record_axis(&s, is_weight, x->ndim),
-         s.per_channel ? "per-channel" : "per-tensor", qt_qdq_record_names[kind]);
-    goto done;
+  const int want = qt_qdq_record_axis(s, is_weight, x->ndim);
+  if (axis != want)
+    return qt_err(msg, "%s: axis %d, want %d for a %s %s record", obj, axis, want,
+                  s->per_channel ? "per-channel" : "per-tensor", qt_qdq_record_names[kind]);
+  if (channels < 1 || channels > QDQ_MAX_CHANNELS) return qt_err(msg, "%s: channels %d out of range", obj, channels);
+  return 0;
+}
+
+/* What a weight record reads besides its qparams: integer weights and biases (Q/DQ graphs). */
+typedef struct {
+  int32_t *qweight, *qbias;
+  int64_t n_qweight, n_qbias;
+} weight_ints;
+
+/* The optional attribute `bias` (int32 or float) into s->bias_int32. */
+static int read_bias_attr(hid_t r, const char *obj, qt_qspec *s, char *msg) {
+  htri_t has_bias = H5Aexists(r, "bias");
+  if (has_bias < 0) return qt_err(msg, "%s: cannot look up attribute 'bias' (corrupt file?)", obj);
+  if (!has_bias) return 0;
+  char bias[16];
+  if (read_attr_str(r, obj, "bias", bias, sizeof bias, msg)) return -1;
+  if (strcmp(bias, "int32") != 0 && strcmp(bias, "float") != 0)
+    return qt_err(msg, "%s: attribute bias is '%s', want 'int32' or 'float'", obj, bias);
+  s->bias_int32 = strcmp(bias, "int32") == 0;
+  return 0;
+}
+
+/* `bias_int`: required in a Q/DQ graph's record with bias = int32 on a node with a bias,
+ * refused anywhere else. */
+static int read_bias_int(hid_t r, const char *obj, graph_kind graph, const qt_graph *g, const qt_node *n,
+                         const qt_qspec *s, weight_ints *wi, char *msg) {
+  htri_t has_qb = H5Lexists(r, "bias_int", H5P_DEFAULT);
+  if (has_qb < 0) return qt_err(msg, "%s: cannot look up dataset 'bias_int' (corrupt file?)", obj);
+  if (has_qb && (graph == KIND_PREPARED || !s->bias_int32 || n->param[QT_P_BIAS] < 0))
+    return qt_err(msg, "%s: holds 'bias_int', but %s", obj,
+                  graph == KIND_PREPARED
+                      ? "a prepared graph fake-quantizes its float bias (kind 'prepared' has no integer biases)"
+                  : !s->bias_int32 ? "its attribute bias does not say int32"
+                                   : "the node has no bias");
+  if (graph == KIND_PREPARED || !s->bias_int32 || n->param[QT_P_BIAS] < 0) return 0;
+  const int64_t oc[1] = {g->tensors[n->param[QT_P_BIAS]].numel};
+  if (!(wi->qbias = qdq_read_dataset(r, obj, "bias_int", H5T_INTEGER, H5T_NATIVE_INT32, 1, oc, 1, NULL, NULL, msg)))
+    return -1;
+  wi->n_qbias = oc[0];
+  return 0;
+}
+
+/* The quantized tensor (the node's weight) and `weight_int`: required in a Q/DQ graph, refused
+ * in a prepared one. */
+static int read_weight_int(hid_t r, const char *obj, graph_kind graph, const qt_graph *g, int node, weight_ints *wi,
+                           char *msg) {
+  const qt_node *n = &g->nodes[node];
+  if (n->param[QT_P_WEIGHT] < 0)
+    return qt_err(msg, "%s: node %d '%s' (%s) has no weight to quantize", obj, node, n->name, qt_op_name(n->op));
+  const qt_param *W = &g->tensors[n->param[QT_P_WEIGHT]];
+  char tensor[2 * QT_NAME_LEN];
+  if (read_attr_str(r, obj, "tensor", tensor, sizeof tensor, msg)) return -1;
+  if (strcmp(tensor, W->name) != 0)
+    return qt_err(msg, "%s: quantizes tensor '%s', the node's weight is '%s'", obj, tensor, W->name);
+  if (graph == KIND_PREPARED) {
+    htri_t has = H5Lexists(r, "weight_int", H5P_DEFAULT);
+    if (has != 0)
+      return qt_err(msg,
+                    has < 0 ? "%s: cannot look up dataset 'weight_int' (corrupt file?)"
+                            : "%s: holds 'weight_int', but a prepared graph fake-quantizes its float weight (kind "
+                              "'prepared' has no integer weights)",
+                    obj);
+    return 0;
   }
-  if (channels < 1 || channels > QDQ_MAX_CHANNELS) {
-    qt_err(msg, "%s: channels %d out of range", obj, channels);
-    goto done;
-  }
-  const int64_t ch[1] = {channels};
-  if (!(scale = qdq_read_dataset(r, obj, "scale", H5T_FLOAT, H5T_NATIVE_FLOAT, 1, ch, 1, NULL, NULL, msg)) ||
-      !(zp = qdq_read_dataset(r, obj, "zero_point", H5T_INTEGER, H5T_NATIVE_INT32, 1, ch, 1, NULL, NULL, msg)))
-    goto done;
-  int64_t n_qweight = 0, n_qbias = 0;
-  if (is_weight) {
-    htri_t has_bias = H5Aexists(r, "bias");
-    if (has_bias < 0) {
-      qt_err(msg, "%s: cannot look up attribute 'bias' (corrupt file?)", obj);
-      goto done;
-    }
-    if (has_bias) {
-      char bias[16];
-      if (read_attr_str(r, obj, "bias", bias, sizeof bias, msg)) goto done;
-      if (strcmp(bias, "int32") != 0 && strcmp(bias, "float") != 0) {
-        qt_err(msg, "%s: attribute bias is '%s', want 'int32' or 'float'", obj, bias);
-        goto done;
-      }
-      s.bias_int32 = strcmp(bias, "int32") == 0;
-    }
-    htri_t has_qb = H5Lexists(r, "bias_int", H5P_DEFAULT);
-    if (has_qb < 0) {
-      qt_err(msg, "%s: cannot look up dataset 'bias_int' (corrupt file?)", obj);
-      goto done;
-    }
-    if (has_qb && (graph == KIND_PREPARED || !s.bias_int32 || n->param[QT_P_BIAS] < 0)) {
-      qt_err(msg, "%s: holds 'bias_int', but %s", obj,
-             graph == KIND_PREPARED ? "a prepared graph fake-quantizes its float bias (kind 'prepared' has no integer biases)"
-             : !s.bias_int32    ? "its attribute bias does not say int32"
-                                : "the node has no bias");
-      goto done;
-    }
-    if (graph != KIND_PREPARED && s.bias_int32 && n->param[QT_P_BIAS] >= 0) {
-      const int64_t oc[1] = {g->tensors[n->param[QT_P_BIAS]].numel};
-      if (!(qb = qdq_read_dataset(r, obj, "bias_int", H5T_INTEGER, H5T_NATIVE_INT32, 1, oc, 1, NULL, NULL, msg)))
-        goto done;
-      n_qbias = oc[0];
-    }
-    if (n->param[QT_P_WEIGHT] < 0) {
-      qt_err(msg, "%s: node %d '%s' (%s) has no weight to quantize", obj, node, n->name, qt_op_name(n->op));
-      goto done;
-    }
-    const qt_param *W = &g->tensors[n->param[QT_P_WEIGHT]];
-    char tensor[2 * QT_NAME_LEN];
-    if (read_attr_str(r, obj, "tensor", tensor, sizeof tensor, msg)) goto done;
-    if (strcmp(tensor, W->name) != 0) {
-      qt_err(msg, "%s: quantizes tensor '%s', the node's weight is '%s'", obj, tensor, W->name);
-      goto done;
-    }
-    if (graph == KIND_PREPARED) {
-      htri_t has = H5Lexists(r, "weight_int", H5P_DEFAULT);
-      if (has != 0) {
-        qt_err(msg, has < 0 ? "%s: cannot look up dataset 'weight_int' (corrupt file?)"
-                          : "%s: holds 'weight_int', but a prepared graph fake-quantizes its float weight (kind "
-                            "'prepared' has no integer weights)",
-             obj);
-        goto done;
-      }
-    } else {
-      if (!(qw = qdq_read_dataset(r, obj, "weight_int", H5T_INTEGER, H5T_NATIVE_INT32, W->ndim, W->shape, 4, NULL, NULL,
-                              msg)))
-        goto done;
-      n_qweight = W->numel;
-    }
-  }
+  if (!(wi->qweight = qdq_read_dataset(r, obj, "weight_int", H5T_INTEGER, H5T_NATIVE_INT32, W->ndim, W->shape, 4, NULL,
+                                       NULL, msg)))
+    return -1;
+  wi->n_qweight = W->numel;
+  return 0;
+}
+
+/* A weight record's parts after its qparams: bias attribute, integer biases, tensor, integer
+ * weights. */
+static int read_weight_parts(hid_t r, const char *obj, graph_kind graph, const qt_graph *g, int node, qt_qspec *s,
+                             weight_ints *wi, char *msg) {
+  if (read_bias_attr(r, obj, s, msg) || read_bias_int(r, obj, graph, g, &g->nodes[node], s, wi, msg)) return -1;
+  return read_weight_int(r, obj, graph, g, node, wi, msg);
+}
+
+/* A loaded record: calibrated, observer off, fake quant on, owning the integers of wi. */
+static qt_qstate *record_state(const qt_qspec *s, int channels, const float *scale, const int32_t *zp, weight_ints *wi,
+                               const char *obj, char *msg) {
   char cerr[QT_ERR_LEN];
-  if (!(q = qt_qstate_create(&s, channels, cerr))) {
+  qt_qstate *q = qt_qstate_create(s, channels, cerr);
+  if (!q) {
     qt_err(msg, "%s: %s", obj, cerr);
-    goto done;
+    return NULL;
   }
   memcpy(q->scale, scale, (size_t)channels * sizeof(float));
   memcpy(q->zero_point, zp, (size_t)channels * sizeof(int32_t));
   q->calibrated = 1;
   q->observe = 0;
   q->fake_quant = 1;
-  q->qweight = qw;
-  q->n_qweight = n_qweight;
-  qw = NULL;
-  q->qbias = qb;
-  q->n_qbias = n_qbias;
-  qb = NULL;
+  q->qweight = wi->qweight;
+  q->n_qweight = wi->n_qweight;
+  q->qbias = wi->qbias;
+  q->n_qbias = wi->n_qbias;
+  *wi = (weight_ints){0};
+  return q;
+}
+
+/* Reads /quant/<kind>/<node name> of node `node` of g into a new qstate (*out); weight records
+ * hold integer weights in Q/DQ graphs and none in prepared graphs. read_qrecord puts it on the
+ * node. */
+int qt_qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph, const qt_graph *g, int node,
+                            qt_qstate **out, char *msg) {
+  const qt_node *n = &g->nodes[node];
+  char obj[QT_NAME_LEN + 32];
+  snprintf(obj, sizeof obj, "/quant/%s/%s", qt_qdq_record_names[kind], n->name);
+  hid_t r = qdq_group_open(parent, "/quant", n->name, msg);
+  if (r < 0) return -1;
+  int rc = -1, axis = 0, channels = 0;
+  qt_qspec s;
+  memset(&s, 0, sizeof s);
+  float *scale = NULL;
+  int32_t *zp = NULL;
+  weight_ints wi = {0};
+  if (read_record_attrs(r, obj, node, &s, &axis, &channels, msg) ||
+      check_record_layout(g, n, kind, &s, axis, channels, obj, msg))
+    goto done;
+  const int64_t ch[1] = {channels};
+  if (!(scale = qdq_read_dataset(r, obj, "scale", H5T_FLOAT, H5T_NATIVE_FLOAT, 1, ch, 1, NULL, NULL, msg)) ||
+      !(zp = qdq_read_dataset(r, obj, "zero_point", H5T_INTEGER, H5T_NATIVE_INT32, 1, ch, 1, NULL, NULL, msg)))
+    goto done;
+  if (kind == QDQ_RECORD_WEIGHT && read_weight_parts(r, obj, graph, g, node, &s, &wi, msg)) goto done;
+  qt_qstate *q = record_state(&s, channels, scale, zp, &wi, obj, msg);
+  if (!q) goto done;
   *out = q;
   rc = 0;
 done:
   free(scale);
   free(zp);
-  free(qw);
-  free(qb);
+  free(wi.qweight);
+  free(wi.qbias);
   H5Gclose(r);
   return rc;
 }
@@ -294,8 +330,10 @@ done:
 static int read_qrecord(hid_t parent, qdq_record_kind kind, graph_kind graph, qt_graph *g, int node, char *msg) {
   qt_qstate *q = NULL;
   if (qt_qdq_read_qrecord_new(parent, kind, graph, g, node, &q, msg)) return -1;
-  if (kind == QDQ_RECORD_WEIGHT) g->nodes[node].wq = q;
-  else g->nodes[node].q = q;
+  if (kind == QDQ_RECORD_WEIGHT)
+    g->nodes[node].wq = q;
+  else
+    g->nodes[node].q = q;
   return 0;
 }
 
@@ -370,258 +408,324 @@ static int lsq_scale_tensor(const qt_graph *g, const qt_node *n, const qt_param 
   return p->ndim == 1 && (p->numel == 1 || p->numel == g->tensors[n->param[QT_P_WEIGHT]].shape[0]);
 }
 
-static qt_graph *load_graph(hid_t f, char *msg) {
-  qt_graph *g = NULL;
-  node_rec *nodes = NULL;
-  tensor_rec *tensors = NULL;
-  char *vname = NULL, *links = NULL;
-  int *vndim = NULL, *vprod = NULL;
-  int64_t *vshape = NULL;
-  hid_t gn = -1, gt = -1, gv = -1, gq = -1, ga = -1, gw = -1;
-  int n_nodes = 0, n_tensors = 0, n_values = 0, ok = 0;
+/* The root attributes. */
+typedef struct {
+  char name[QT_NAME_LEN];
+  graph_kind kind;
+  int input, output, n_nodes, n_values, n_tensors;
+} root_attrs;
 
-  char format[64], name[QT_NAME_LEN];
-  int version = 0, input = -1, output = -1, a_nodes = 0, a_values = 0, a_tensors = 0;
-  if (read_attr_str(f, "/", "format", format, sizeof format, msg)) {
-    qt_err(msg, "no 'format' attribute: not a Q/DQ graph file");
-    goto done;
-  }
-  if (strcmp(format, QDQ_FORMAT) != 0) {
-    qt_err(msg, "format is '%s', want '%s'", format, QDQ_FORMAT);
-    goto done;
-  }
-  if (read_attr_int(f, "/", "format_version", &version, msg)) goto done;
-  if (version != QDQ_VERSION) {
-    qt_err(msg, "format version %d; this build reads version %d", version, QDQ_VERSION);
-    goto done;
-  }
-  graph_kind kind = KIND_QDQ; /* files written before `kind` existed hold Q/DQ graphs */
-  {
-    htri_t has = H5Aexists(f, "kind");
-    char ks[64];
-    if (has < 0) {
-      qt_err(msg, "/: cannot read the attributes (corrupt file: checksum or decoding failed)");
-      goto done;
-    }
-    if (has > 0) {
-      if (read_attr_str(f, "/", "kind", ks, sizeof ks, msg)) goto done;
-      if (strcmp(ks, qt_qdq_kind_names[KIND_QDQ]) == 0) {
-        kind = KIND_QDQ;
-      } else if (strcmp(ks, qt_qdq_kind_names[KIND_PREPARED]) == 0) {
-        kind = KIND_PREPARED;
-      } else {
-        qt_err(msg, "kind is '%s', want '%s' or '%s'", ks, qt_qdq_kind_names[KIND_QDQ], qt_qdq_kind_names[KIND_PREPARED]);
-        goto done;
-      }
-    }
-  }
-  if (read_attr_str(f, "/", "name", name, sizeof name, msg) || read_attr_int(f, "/", "input", &input, msg) ||
-      read_attr_int(f, "/", "output", &output, msg) || read_attr_int(f, "/", "n_nodes", &a_nodes, msg) ||
-      read_attr_int(f, "/", "n_values", &a_values, msg) || read_attr_int(f, "/", "n_tensors", &a_tensors, msg))
-    goto done;
-  if (!name[0]) {
-    qt_err(msg, "/: attribute 'name' is empty (the graph's name)");
-    goto done;
-  }
+/* /values as the file declares it (parallel arrays by value id), checked against the rebuilt
+ * graph. */
+typedef struct {
+  int n;
+  char *name; /* n names of QT_NAME_LEN bytes */
+  int *ndim, *producer;
+  int64_t *shape; /* (n, 3) */
+} value_table;
 
-  /* Nodes. */
-  if ((gn = qdq_group_open(f, "/", "nodes", msg)) < 0 || (n_nodes = group_count(gn, "/nodes", QDQ_MAX_NODES, msg)) < 0)
-    goto done;
-  if (n_nodes != a_nodes || n_nodes < 1) {
-    qt_err(msg, "/nodes holds %d groups, attribute n_nodes says %d", n_nodes, a_nodes);
+/* What load_graph has read so far. */
+typedef struct {
+  root_attrs root;
+  node_rec *nodes;
+  int n_nodes;
+  value_table values;
+  hid_t gt; /* /tensors, open until the tensor data is read */
+  tensor_rec *tensors;
+  int n_tensors;
+  qt_graph *g;
+} loader;
+
+/* The root attribute `kind`; absent means qdq (files written before it existed hold Q/DQ
+ * graphs). */
+static int read_kind(hid_t f, graph_kind *kind, char *msg) {
+  *kind = KIND_QDQ;
+  htri_t has = H5Aexists(f, "kind");
+  char ks[64];
+  if (has < 0) return qt_err(msg, "/: cannot read the attributes (corrupt file: checksum or decoding failed)");
+  if (!has) return 0;
+  if (read_attr_str(f, "/", "kind", ks, sizeof ks, msg)) return -1;
+  for (int k = 0; k < KIND_COUNT; k++)
+    if (strcmp(ks, qt_qdq_kind_names[k]) == 0) {
+      *kind = (graph_kind)k;
+      return 0;
+    }
+  return qt_err(msg, "kind is '%s', want '%s' or '%s'", ks, qt_qdq_kind_names[KIND_QDQ],
+                qt_qdq_kind_names[KIND_PREPARED]);
+}
+
+/* format, format_version, kind, name, the graph's input and output and the counts. */
+static int read_root(hid_t f, root_attrs *r, char *msg) {
+  char format[64];
+  int version = 0;
+  if (read_attr_str(f, "/", "format", format, sizeof format, msg))
+    return qt_err(msg, "no 'format' attribute: not a Q/DQ graph file");
+  if (strcmp(format, QDQ_FORMAT) != 0) return qt_err(msg, "format is '%s', want '%s'", format, QDQ_FORMAT);
+  if (read_attr_int(f, "/", "format_version", &version, msg)) return -1;
+  if (version != QDQ_VERSION)
+    return qt_err(msg, "format version %d; this build reads version %d", version, QDQ_VERSION);
+  if (read_kind(f, &r->kind, msg)) return -1;
+  if (read_attr_str(f, "/", "name", r->name, sizeof r->name, msg) || read_attr_int(f, "/", "input", &r->input, msg) ||
+      read_attr_int(f, "/", "output", &r->output, msg) || read_attr_int(f, "/", "n_nodes", &r->n_nodes, msg) ||
+      read_attr_int(f, "/", "n_values", &r->n_values, msg) || read_attr_int(f, "/", "n_tensors", &r->n_tensors, msg))
+    return -1;
+  if (!r->name[0]) return qt_err(msg, "/: attribute 'name' is empty (the graph's name)");
+  return 0;
+}
+
+/* /nodes: one group per node, as many as n_nodes says. */
+static int read_nodes(hid_t f, loader *ld, char *msg) {
+  hid_t gn = qdq_group_open(f, "/", "nodes", msg);
+  if (gn < 0) return -1;
+  char *links = NULL;
+  int rc = -1;
+  if ((ld->n_nodes = group_count(gn, "/nodes", QDQ_MAX_NODES, msg)) < 0) goto done;
+  if (ld->n_nodes != ld->root.n_nodes || ld->n_nodes < 1) {
+    qt_err(msg, "/nodes holds %d groups, attribute n_nodes says %d", ld->n_nodes, ld->root.n_nodes);
     goto done;
   }
-  nodes = calloc((size_t)n_nodes, sizeof *nodes);
-  QT_ASSERT(nodes, "out of memory");
-  if (!(links = list_links(gn, "/nodes", n_nodes, NODE_LINK_LEN, msg))) goto done;
-  for (int k = 0; k < n_nodes; k++)
-    if (read_node(gn, links + (size_t)k * NODE_LINK_LEN, n_nodes, nodes, msg)) goto done;
+  ld->nodes = calloc((size_t)ld->n_nodes, sizeof *ld->nodes);
+  QT_ASSERT(ld->nodes, "out of memory");
+  if (!(links = list_links(gn, "/nodes", ld->n_nodes, NODE_LINK_LEN, msg))) goto done;
+  for (int k = 0; k < ld->n_nodes; k++)
+    if (read_node(gn, links + (size_t)k * NODE_LINK_LEN, ld->n_nodes, ld->nodes, msg)) goto done;
+  rc = 0;
+done:
   free(links);
-  links = NULL;
+  H5Gclose(gn);
+  return rc;
+}
 
-  /* Values. */
-  if ((gv = qdq_group_open(f, "/", "values", msg)) < 0) goto done;
+/* /values/name: fixed-length strings of QT_NAME_LEN bytes. */
+static char *read_value_names(hid_t gv, const int64_t *want_n, char *msg) {
+  hid_t st = H5Tcopy(H5T_C_S1);
+  if (st < 0 || H5Tset_size(st, QT_NAME_LEN) < 0 || H5Tset_strpad(st, H5T_STR_NULLTERM) < 0) {
+    qt_err(msg, "/values: cannot make a string type");
+    if (st >= 0) H5Tclose(st);
+    return NULL;
+  }
+  char *names = qdq_read_dataset(gv, "/values", "name", H5T_STRING, st, 1, want_n, 1, NULL, NULL, msg);
+  H5Tclose(st);
+  return names;
+}
+
+/* /values: ndim (as many entries as n_values says), producer, shape, name; ranks 1..3. */
+static int read_value_table(hid_t gv, int a_values, value_table *vt, char *msg) {
   int64_t vd[8];
   int vnd = 0;
-  if (!(vndim = qdq_read_dataset(gv, "/values", "ndim", H5T_INTEGER, H5T_NATIVE_INT, 0, NULL, 1, &vnd, vd, msg))) goto done;
-  n_values = (int)vd[0];
-  if (n_values != a_values) {
-    qt_err(msg, "/values/ndim has %d entries, attribute n_values says %d", n_values, a_values);
-    goto done;
+  if (!(vt->ndim = qdq_read_dataset(gv, "/values", "ndim", H5T_INTEGER, H5T_NATIVE_INT, 0, NULL, 1, &vnd, vd, msg)))
+    return -1;
+  vt->n = (int)vd[0];
+  if (vt->n != a_values) return qt_err(msg, "/values/ndim has %d entries, attribute n_values says %d", vt->n, a_values);
+  const int64_t want_n[1] = {vt->n}, want_s[2] = {vt->n, 3};
+  if (!(vt->producer =
+            qdq_read_dataset(gv, "/values", "producer", H5T_INTEGER, H5T_NATIVE_INT, 1, want_n, 1, NULL, NULL, msg)) ||
+      !(vt->shape =
+            qdq_read_dataset(gv, "/values", "shape", H5T_INTEGER, H5T_NATIVE_INT64, 2, want_s, 2, NULL, NULL, msg)) ||
+      !(vt->name = read_value_names(gv, want_n, msg)))
+    return -1;
+  for (int v = 0; v < vt->n; v++) {
+    vt->name[(size_t)v * QT_NAME_LEN + QT_NAME_LEN - 1] = 0;
+    if (vt->ndim[v] < 1 || vt->ndim[v] > 3)
+      return qt_err(msg, "/values: value %d has rank %d, want 1..3", v, vt->ndim[v]);
   }
-  const int64_t want_n[1] = {n_values}, want_s[2] = {n_values, 3};
-  if (!(vprod = qdq_read_dataset(gv, "/values", "producer", H5T_INTEGER, H5T_NATIVE_INT, 1, want_n, 1, NULL, NULL, msg)) ||
-      !(vshape = qdq_read_dataset(gv, "/values", "shape", H5T_INTEGER, H5T_NATIVE_INT64, 2, want_s, 2, NULL, NULL, msg)))
-    goto done;
-  {
-    hid_t st = H5Tcopy(H5T_C_S1);
-    if (st < 0 || H5Tset_size(st, QT_NAME_LEN) < 0 || H5Tset_strpad(st, H5T_STR_NULLTERM) < 0) {
-      qt_err(msg, "/values: cannot make a string type");
-      if (st >= 0) H5Tclose(st);
-      goto done;
-    }
-    vname = qdq_read_dataset(gv, "/values", "name", H5T_STRING, st, 1, want_n, 1, NULL, NULL, msg);
-    H5Tclose(st);
-    if (!vname) goto done;
-  }
-  for (int v = 0; v < n_values; v++) {
-    vname[(size_t)v * QT_NAME_LEN + QT_NAME_LEN - 1] = 0;
-    if (vndim[v] < 1 || vndim[v] > 3) {
-      qt_err(msg, "/values: value %d has rank %d, want 1..3", v, vndim[v]);
-      goto done;
-    }
-  }
+  return 0;
+}
 
-  /* Tensors. */
-  if ((gt = qdq_group_open(f, "/", "tensors", msg)) < 0 ||
-      (n_tensors = group_count(gt, "/tensors", 4 * QDQ_MAX_NODES, msg)) < 0)
-    goto done;
-  if (n_tensors != a_tensors) {
-    qt_err(msg, "/tensors holds %d datasets, attribute n_tensors says %d", n_tensors, a_tensors);
-    goto done;
-  }
-  tensors = calloc((size_t)n_tensors + 1, sizeof *tensors);
-  QT_ASSERT(tensors, "out of memory");
-  if (!(links = list_links(gt, "/tensors", n_tensors, 2 * QT_NAME_LEN, msg))) goto done;
-  for (int k = 0; k < n_tensors; k++)
-    if (read_tensor(gt, links + (size_t)k * 2 * QT_NAME_LEN, n_tensors, n_nodes, tensors, msg)) goto done;
+static int read_values(hid_t f, loader *ld, char *msg) {
+  hid_t gv = qdq_group_open(f, "/", "values", msg);
+  if (gv < 0) return -1;
+  int rc = read_value_table(gv, ld->root.n_values, &ld->values, msg);
+  H5Gclose(gv);
+  return rc;
+}
+
+/* /tensors: every dataset's attributes and shape (the data comes later, read_tensor_data). */
+static int read_tensor_table(hid_t f, loader *ld, char *msg) {
+  if ((ld->gt = qdq_group_open(f, "/", "tensors", msg)) < 0 ||
+      (ld->n_tensors = group_count(ld->gt, "/tensors", 4 * QDQ_MAX_NODES, msg)) < 0)
+    return -1;
+  if (ld->n_tensors != ld->root.n_tensors)
+    return qt_err(msg, "/tensors holds %d datasets, attribute n_tensors says %d", ld->n_tensors, ld->root.n_tensors);
+  ld->tensors = calloc((size_t)ld->n_tensors + 1, sizeof *ld->tensors);
+  QT_ASSERT(ld->tensors, "out of memory");
+  char *links = list_links(ld->gt, "/tensors", ld->n_tensors, 2 * QT_NAME_LEN, msg);
+  if (!links) return -1;
+  int rc = 0;
+  for (int k = 0; k < ld->n_tensors && !rc; k++)
+    rc = read_tensor(ld->gt, links + (size_t)k * 2 * QT_NAME_LEN, ld->n_tensors, ld->n_nodes, ld->tensors, msg);
   free(links);
-  links = NULL;
+  return rc;
+}
 
-  /* Rebuild with the builder: nodes in order, then tensors in index order. */
-  g = qt_graph_create(name);
-  for (int i = 0; i < n_nodes; i++) {
-    node_rec *r = &nodes[i];
-    for (int k = 0; k < r->n_inputs; k++)
-      if (r->inputs[k] < 0 || r->inputs[k] >= g->n_values) {
-        if (r->inputs[k] < 0 || r->inputs[k] >= n_values)
-          qt_err(msg, "node %d '%s': input value id %d out of range (%d values)", i, r->name, r->inputs[k], n_values);
-        else
-          qt_err(msg, "node %d '%s': input value %d is produced by a later node (nodes must be in topological order)", i,
-               r->name, r->inputs[k]);
-        goto done;
-      }
-    if (r->output < 0 || r->output >= n_values) {
-      qt_err(msg, "node %d '%s': output value id %d out of range (%d values)", i, r->name, r->output, n_values);
-      goto done;
+/* Node i of the file added to g with the builder: its value ids in range and in topological
+ * order, its output the value the builder gives it. */
+static int add_node(qt_graph *g, int i, node_rec *r, const value_table *vt, char *msg) {
+  for (int k = 0; k < r->n_inputs; k++)
+    if (r->inputs[k] < 0 || r->inputs[k] >= g->n_values) {
+      if (r->inputs[k] < 0 || r->inputs[k] >= vt->n)
+        return qt_err(msg, "node %d '%s': input value id %d out of range (%d values)", i, r->name, r->inputs[k], vt->n);
+      return qt_err(msg,
+                    "node %d '%s': input value %d is produced by a later node (nodes must be in topological order)", i,
+                    r->name, r->inputs[k]);
     }
-    const int o = r->output;
-    if (qt_graph_add_node(g, r->op, r->name, r->inputs, r->n_inputs, &r->attr, vndim[o], vshape + (size_t)o * 3) < 0) {
-      qt_err(msg, "node %d '%s': %s", i, r->name, g->error);
-      goto done;
-    }
-    if (g->nodes[i].output != o) {
-      qt_err(msg, "node %d '%s': output value id %d, but it produces value %d (one value per node, in node order)", i,
-           r->name, o, g->nodes[i].output);
-      goto done;
-    }
-    g->nodes[i].bn_frozen = r->bn_frozen;
-  }
-  if (g->n_values != n_values) {
-    qt_err(msg, "/values has %d entries, the %d nodes produce %d", n_values, n_nodes, g->n_values);
-    goto done;
-  }
-  for (int v = 0; v < n_values; v++) {
+  if (r->output < 0 || r->output >= vt->n)
+    return qt_err(msg, "node %d '%s': output value id %d out of range (%d values)", i, r->name, r->output, vt->n);
+  const int o = r->output;
+  if (qt_graph_add_node(g, r->op, r->name, r->inputs, r->n_inputs, &r->attr, vt->ndim[o], vt->shape + (size_t)o * 3) <
+      0)
+    return qt_err(msg, "node %d '%s': %s", i, r->name, g->error);
+  if (g->nodes[i].output != o)
+    return qt_err(msg, "node %d '%s': output value id %d, but it produces value %d (one value per node, in node order)",
+                  i, r->name, o, g->nodes[i].output);
+  g->nodes[i].bn_frozen = r->bn_frozen;
+  return 0;
+}
+
+/* The values table against the rebuilt graph's values, then the graph's input and output. */
+static int check_value_table(qt_graph *g, const root_attrs *root, const value_table *vt, int n_nodes, char *msg) {
+  if (g->n_values != vt->n)
+    return qt_err(msg, "/values has %d entries, the %d nodes produce %d", vt->n, n_nodes, g->n_values);
+  for (int v = 0; v < vt->n; v++) {
     const qt_value *val = &g->values[v];
-    int same = strcmp(val->name, vname + (size_t)v * QT_NAME_LEN) == 0 && vprod[v] == val->producer;
-    for (int d = 0; d < 3; d++) same = same && vshape[v * 3 + d] == (d < val->ndim ? val->shape[d] : 0);
-    if (!same) {
-      qt_err(msg, "/values: entry %d ('%s', producer %d) disagrees with node %d '%s'", v, vname + (size_t)v * QT_NAME_LEN,
-           vprod[v], val->producer, val->name);
-      goto done;
-    }
+    const char *name = vt->name + (size_t)v * QT_NAME_LEN;
+    int same = strcmp(val->name, name) == 0 && vt->producer[v] == val->producer;
+    for (int d = 0; d < 3; d++) same = same && vt->shape[v * 3 + d] == (d < val->ndim ? val->shape[d] : 0);
+    if (!same)
+      return qt_err(msg, "/values: entry %d ('%s', producer %d) disagrees with node %d '%s'", v, name, vt->producer[v],
+                    val->producer, val->name);
   }
-  if (input != g->input) {
-    qt_err(msg, "graph input is value %d, the input node produces value %d", input, g->input);
-    goto done;
-  }
-  if (output < 0 || output >= n_values) {
-    qt_err(msg, "graph output value id %d out of range (%d values)", output, n_values);
-    goto done;
-  }
-  g->output = output;
+  if (root->input != g->input)
+    return qt_err(msg, "graph input is value %d, the input node produces value %d", root->input, g->input);
+  if (root->output < 0 || root->output >= vt->n)
+    return qt_err(msg, "graph output value id %d out of range (%d values)", root->output, vt->n);
+  g->output = root->output;
+  return 0;
+}
+
+/* The tensors in index order, each named '<owner node>.<suffix>'. */
+static int add_tensors(qt_graph *g, const tensor_rec *tensors, int n_tensors, char *msg) {
   for (int t = 0; t < n_tensors; t++) {
-    tensor_rec *r = &tensors[t];
+    const tensor_rec *r = &tensors[t];
     const char *owner = g->nodes[r->node].name;
     size_t len = strlen(owner);
-    if (strncmp(r->name, owner, len) != 0 || r->name[len] != '.' || !r->name[len + 1]) {
-      qt_err(msg, "/tensors/%s: the name must be '<owner node>.<suffix>' with owner node %d '%s'", r->name, r->node, owner);
-      goto done;
-    }
+    if (strncmp(r->name, owner, len) != 0 || r->name[len] != '.' || !r->name[len + 1])
+      return qt_err(msg, "/tensors/%s: the name must be '<owner node>.<suffix>' with owner node %d '%s'", r->name,
+                    r->node, owner);
     int id = qt_graph_add_tensor(g, r->node, r->name + len + 1, r->ndim, r->shape, r->is_buffer);
     QT_ASSERT(id == t && strcmp(g->tensors[id].name, r->name) == 0, "rebuilding tensor %s", r->name);
   }
+  return 0;
+}
+
+/* The nodes' slot attributes resolved to tensor ids. */
+static int link_slots(qt_graph *g, const node_rec *nodes, int n_nodes, char *msg) {
   for (int i = 0; i < n_nodes; i++)
     for (int k = 0; k < QT_MAX_PARAMS; k++)
       for (int b = 0; b < 2; b++) {
         const char *ref = b ? nodes[i].buffer[k] : nodes[i].param[k];
         if (!ref[0]) continue;
         int t = qt_graph_find_tensor(g, ref);
-        if (t < 0) {
-          qt_err(msg, "node %d '%s': %s tensor '%s' is not in /tensors", i, nodes[i].name,
-               b ? qt_qdq_buffer_slot_names[k] : qt_qdq_param_slot_names[k], ref);
-          goto done;
-        }
-        if (b) g->nodes[i].buffer[k] = t;
-        else g->nodes[i].param[k] = t;
+        if (t < 0)
+          return qt_err(msg, "node %d '%s': %s tensor '%s' is not in /tensors", i, nodes[i].name,
+                        b ? qt_qdq_buffer_slot_names[k] : qt_qdq_param_slot_names[k], ref);
+        if (b)
+          g->nodes[i].buffer[k] = t;
+        else
+          g->nodes[i].param[k] = t;
       }
-  if (qt_qdq_validate_structure(g, kind, msg)) goto done;
-  for (int t = 0; t < n_tensors; t++) {
+  return 0;
+}
+
+/* The graph from the file's tables: nodes, values, tensors, slots, validated as a graph of the
+ * file's kind. */
+static int rebuild_graph(loader *ld, char *msg) {
+  qt_graph *g = ld->g = qt_graph_create(ld->root.name);
+  for (int i = 0; i < ld->n_nodes; i++)
+    if (add_node(g, i, &ld->nodes[i], &ld->values, msg)) return -1;
+  if (check_value_table(g, &ld->root, &ld->values, ld->n_nodes, msg) ||
+      add_tensors(g, ld->tensors, ld->n_tensors, msg) || link_slots(g, ld->nodes, ld->n_nodes, msg))
+    return -1;
+  return qt_qdq_validate_structure(g, ld->root.kind, msg);
+}
+
+/* Every tensor is named by a slot of its owner node, or is a prepared graph's learned scale. */
+static int check_tensors_used(const qt_graph *g, graph_kind kind, char *msg) {
+  for (int t = 0; t < g->n_tensors; t++) {
     const qt_node *n = &g->nodes[g->tensors[t].node];
     int used = 0;
     for (int k = 0; k < QT_MAX_PARAMS; k++) used |= n->param[k] == t || n->buffer[k] == t;
     if (!used && kind == KIND_PREPARED) used = lsq_scale_tensor(g, n, &g->tensors[t]);
-    if (!used) {
-      qt_err(msg, "/tensors/%s: no slot of its owner node %d '%s' names it (a tensor no node uses)", g->tensors[t].name,
-             g->tensors[t].node, n->name);
-      goto done;
-    }
+    if (!used)
+      return qt_err(msg, "/tensors/%s: no slot of its owner node %d '%s' names it (a tensor no node uses)",
+                    g->tensors[t].name, g->tensors[t].node, n->name);
   }
-  /* Only now, with every tensor's shape what its node's op needs, is anything big read. */
+  return 0;
+}
+
+/* The tensor data, into the graph's slabs. */
+static int read_tensor_data(qt_graph *g, hid_t gt, char *msg) {
   char aerr[QT_ERR_LEN];
-  if (qt_graph_alloc(g, aerr)) {
-    qt_err(msg, "%s", aerr);
-    goto done;
-  }
-  for (int t = 0; t < n_tensors; t++)
+  if (qt_graph_alloc(g, aerr)) return qt_err(msg, "%s", aerr);
+  for (int t = 0; t < g->n_tensors; t++)
     if (qt_h5_dataset_read_f32(gt, NULL, "/tensors", g->tensors[t].name, g->tensors[t].ndim, g->tensors[t].shape,
                                qt_graph_tensor_data(g, t), msg))
-      goto done;
+      return -1;
+  return 0;
+}
 
-  /* Quantization records. */
+/* /quant/activation and /quant/weight: each node's records, no record without its node, and
+ * the records validated. */
+static int read_records(hid_t f, qt_graph *g, graph_kind kind, char *msg) {
+  hid_t gq = -1, ga = -1, gw = -1;
+  int rc = -1;
   if ((gq = qdq_group_open(f, "/", "quant", msg)) < 0 || (ga = qdq_group_open(gq, "/quant", "activation", msg)) < 0 ||
       (gw = qdq_group_open(gq, "/quant", "weight", msg)) < 0)
     goto done;
-  for (int i = 0; i < n_nodes; i++) {
+  for (int i = 0; i < g->n_nodes; i++) {
     if (H5Lexists(ga, g->nodes[i].name, H5P_DEFAULT) != 0 && read_qrecord(ga, QDQ_RECORD_ACTIVATION, kind, g, i, msg))
       goto done;
-    if (H5Lexists(gw, g->nodes[i].name, H5P_DEFAULT) != 0 && read_qrecord(gw, QDQ_RECORD_WEIGHT, kind, g, i, msg)) goto done;
+    if (H5Lexists(gw, g->nodes[i].name, H5P_DEFAULT) != 0 && read_qrecord(gw, QDQ_RECORD_WEIGHT, kind, g, i, msg))
+      goto done;
   }
-  if (qt_qdq_check_records_claimed(ga, QDQ_RECORD_ACTIVATION, g, msg) || qt_qdq_check_records_claimed(gw, QDQ_RECORD_WEIGHT, g, msg) ||
-      qt_qdq_validate_quant(g, kind, msg))
+  if (qt_qdq_check_records_claimed(ga, QDQ_RECORD_ACTIVATION, g, msg) ||
+      qt_qdq_check_records_claimed(gw, QDQ_RECORD_WEIGHT, g, msg) || qt_qdq_validate_quant(g, kind, msg))
     goto done;
-  if (read_input_preprocessing(f, g, msg)) goto done;
-  qt_graph_set_training(g, 0);
-  ok = 1;
+  rc = 0;
 done:
-  if (gn >= 0) H5Gclose(gn);
-  if (gt >= 0) H5Gclose(gt);
-  if (gv >= 0) H5Gclose(gv);
   if (ga >= 0) H5Gclose(ga);
   if (gw >= 0) H5Gclose(gw);
   if (gq >= 0) H5Gclose(gq);
-  free(tensors);
-  free(nodes);
-  free(links);
-  free(vname);
-  free(vndim);
-  free(vprod);
-  free(vshape);
-  if (!ok) {
-    qt_graph_free(g);
+  return rc;
+}
+
+/* The file's tables in order (root, nodes, values, tensors), the graph rebuilt and validated;
+ * only then, with every tensor's shape what its node's op needs, is anything big read. */
+static int load_into(hid_t f, loader *ld, char *msg) {
+  if (read_root(f, &ld->root, msg) || read_nodes(f, ld, msg) || read_values(f, ld, msg) ||
+      read_tensor_table(f, ld, msg) || rebuild_graph(ld, msg) || check_tensors_used(ld->g, ld->root.kind, msg) ||
+      read_tensor_data(ld->g, ld->gt, msg) || read_records(f, ld->g, ld->root.kind, msg) ||
+      read_input_preprocessing(f, ld->g, msg))
+    return -1;
+  qt_graph_set_training(ld->g, 0);
+  return 0;
+}
+
+static qt_graph *load_graph(hid_t f, char *msg) {
+  loader ld = {.gt = -1};
+  const int rc = load_into(f, &ld, msg);
+  if (ld.gt >= 0) H5Gclose(ld.gt);
+  free(ld.tensors);
+  free(ld.nodes);
+  free(ld.values.name);
+  free(ld.values.ndim);
+  free(ld.values.producer);
+  free(ld.values.shape);
+  if (rc) {
+    qt_graph_free(ld.g);
     return NULL;
   }
-  return g;
+  return ld.g;
 }
 
 typedef struct {
@@ -646,4 +750,3 @@ qt_graph *qt_qdq_load(const char *path, char *err) {
   if (qt_h5_contained(path, "Q/DQ", qdq_parse, &j, err)) return NULL; /* a file from anywhere */
   return j.g;
 }
-

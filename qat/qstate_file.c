@@ -14,12 +14,14 @@
 #define QSTATE_VERSION 1
 
 /* batch_norm and conv_bn: the nodes with BN running statistics (and a bn_frozen flag). */
-static int is_bn_node(const qt_node *n) { return qt_op_info_get(n->op)->buffer_use[QT_B_RUNNING_VAR] == QT_SLOT_REQUIRED; }
+static int is_bn_node(const qt_node *n) {
+  return qt_op_info_get(n->op)->buffer_use[QT_B_RUNNING_VAR] == QT_SLOT_REQUIRED;
+}
 
 int qt_graph_has_quant_state(const qt_graph *g) {
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
-    if (n->q || n->wq || n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN) return 1;
+    if (n->q || n->wq || qt_op_info_get(n->op)->graphs == QT_OP_PREPARED_ONLY) return 1;
   }
   return 0;
 }
@@ -29,11 +31,12 @@ int qt_quant_state_write(hid_t f, const qt_graph *g, char *err) {
   for (int i = 0; i < g->n_nodes; i++)
     if (qt_qdq_bad_link_name(g->nodes[i].name))
       return qt_err(err, "/quant: node %d name '%s' is empty, '.' or holds '/', which an HDF5 name cannot", i,
-                  g->nodes[i].name);
+                    g->nodes[i].name);
   writer w;
   snprintf(w.where, sizeof w.where, "/quant");
   hid_t gq = qt_h5_group_create(f, "quant");
-  int bad = gq < 0 || qt_h5_attr_write_str(gq, "format", QSTATE_FORMAT) || qt_h5_attr_write_int(gq, "format_version", QSTATE_VERSION);
+  int bad = gq < 0 || qt_h5_attr_write_str(gq, "format", QSTATE_FORMAT) ||
+            qt_h5_attr_write_int(gq, "format_version", QSTATE_VERSION);
   hid_t ga = bad ? -1 : qt_h5_group_create(gq, qt_qdq_record_names[QDQ_RECORD_ACTIVATION]),
         gw = bad ? -1 : qt_h5_group_create(gq, qt_qdq_record_names[QDQ_RECORD_WEIGHT]);
   bad = bad || ga < 0 || gw < 0;
@@ -75,7 +78,7 @@ void qt_quant_state_free(qt_quant_state *s) {
 static int same_spec(const char *obj, const qt_qstate *got, const qt_qstate *want, char *msg) {
   const qt_qspec *a = &got->spec, *b = &want->spec;
   const char *tail = "in the checkpoint, but this run's prepared graph has";
-#define SAME_INT(field, name)                                                                                  \
+#define SAME_INT(field, name) \
   if (a->field != b->field) return qt_err(msg, "%s: %s is %d %s %d", obj, name, (int)a->field, tail, (int)b->field)
   SAME_INT(bits, "bits");
   SAME_INT(qmin, "qmin");
@@ -89,10 +92,10 @@ static int same_spec(const char *obj, const qt_qstate *got, const qt_qstate *wan
     return qt_err(msg, "%s: channels is %d %s %d", obj, got->channels, tail, want->channels);
   if (a->observer != b->observer)
     return qt_err(msg, "%s: observer is '%s' %s '%s'", obj, qt_observer_kind_name(a->observer), tail,
-                qt_observer_kind_name(b->observer));
+                  qt_observer_kind_name(b->observer));
   if (a->method != b->method)
     return qt_err(msg, "%s: method is '%s' %s '%s'", obj, qt_range_method_name(a->method), tail,
-                qt_range_method_name(b->method));
+                  qt_range_method_name(b->method));
   if (memcmp(&a->percentile, &b->percentile, sizeof(float)) != 0)
     return qt_err(msg, "%s: percentile is %g %s %g", obj, a->percentile, tail, b->percentile);
   return 0;
@@ -108,8 +111,8 @@ static int observer_state_check(const char *obj, qt_observer_kind k, int initial
                                 char *msg) {
   for (int c = 0; c < channels; c++) {
     if (!initialized && !(mn[c] == INFINITY && mx[c] == -INFINITY))
-      return qt_err(msg, "%s: channel %d: min %g, max %g in an observer that has seen no data (expected inf, -inf)", obj,
-                    c, mn[c], mx[c]);
+      return qt_err(msg, "%s: channel %d: min %g, max %g in an observer that has seen no data (expected inf, -inf)",
+                    obj, c, mn[c], mx[c]);
     if (initialized && !(isfinite(mn[c]) && isfinite(mx[c]) && mn[c] <= mx[c]))
       return qt_err(msg, "%s: channel %d: min %g, max %g is not a finite range (min <= max)", obj, c, mn[c], mx[c]);
   }
@@ -133,17 +136,18 @@ static int observer_state_check(const char *obj, qt_observer_kind k, int initial
   return 0;
 }
 
-/* Reads the training state of the record group r into q (made by qt_qdq_read_qrecord_new from the
- * same group) and checks it against the graph's own state `want`. */
-static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qstate *q, const qt_qstate *want,
+/* The record's flags, its learned scale (LSQ) and qparams: the same pow2_scale and LSQ tensor
+ * as the graph's own state `want`, and qparams of the spec once calibrated. */
+static int read_train_flags(hid_t r, const char *obj, const qt_graph *g, qt_qstate *q, const qt_qstate *want,
                             char *msg) {
   int pow2 = 0;
-  if (read_attr_flag(r, obj, "observe", &q->observe, msg) || read_attr_flag(r, obj, "fake_quant", &q->fake_quant, msg) ||
+  if (read_attr_flag(r, obj, "observe", &q->observe, msg) ||
+      read_attr_flag(r, obj, "fake_quant", &q->fake_quant, msg) ||
       read_attr_flag(r, obj, "calibrated", &q->calibrated, msg) || read_attr_flag(r, obj, "pow2_scale", &pow2, msg))
     return -1;
   if (pow2 != (want->spec.pow2_scale ? 1 : 0))
     return qt_err(msg, "%s: pow2_scale is %d in the checkpoint, but this run's prepared graph has %d", obj, pow2,
-                want->spec.pow2_scale ? 1 : 0);
+                  want->spec.pow2_scale ? 1 : 0);
   htri_t has = H5Aexists(r, "learned_scale");
   if (has < 0) return qt_err(msg, "%s: cannot read the attributes (corrupt file?)", obj);
   char lsq[2 * QT_NAME_LEN] = "";
@@ -151,8 +155,8 @@ static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qsta
   const char *want_lsq = want->scale_param >= 0 ? g->tensors[want->scale_param].name : "";
   if (strcmp(lsq, want_lsq) != 0)
     return qt_err(msg, "%s: learned scale (LSQ) %s%s%s in the checkpoint, but %s%s%s in this run's prepared graph", obj,
-                lsq[0] ? "'" : "", lsq[0] ? lsq : "none", lsq[0] ? "'" : "", want_lsq[0] ? "'" : "",
-                want_lsq[0] ? want_lsq : "none", want_lsq[0] ? "'" : "");
+                  lsq[0] ? "'" : "", lsq[0] ? lsq : "none", lsq[0] ? "'" : "", want_lsq[0] ? "'" : "",
+                  want_lsq[0] ? want_lsq : "none", want_lsq[0] ? "'" : "");
   q->scale_param = want->scale_param;
   q->spec.pow2_scale = want->spec.pow2_scale;
   q->spec.learnable = want->spec.learnable;
@@ -161,66 +165,89 @@ static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qsta
       if (!isfinite(q->scale[c]) || !(q->scale[c] > 0) || q->zero_point[c] < q->spec.qmin ||
           q->zero_point[c] > q->spec.qmax)
         return qt_err(msg, "%s: channel %d: scale %g, zero point %d are not qparams of [%d, %d]", obj, c, q->scale[c],
-                    q->zero_point[c], q->spec.qmin, q->spec.qmax);
+                      q->zero_point[c], q->spec.qmin, q->spec.qmax);
+  return 0;
+}
 
+/* The settings of a stored observer (subgroup `observer` of a record). */
+typedef struct {
+  char kind_name[64], method_name[64];
+  qt_observer_kind kind;
+  qt_range_method method;
+  int channels, bins, initialized;
+  float averaging_constant, percentile;
+} observer_attrs;
+
+/* The observer's attributes into oa (its histogram range into o), which must describe the
+ * graph's own observer wo. */
+static int read_observer_attrs(hid_t og, const char *oobj, qt_observer *o, const qt_observer *wo, observer_attrs *oa,
+                               char *msg) {
+  if (read_attr_str(og, oobj, "kind", oa->kind_name, sizeof oa->kind_name, msg) ||
+      read_attr_int(og, oobj, "channels", &oa->channels, msg) ||
+      read_attr_float(og, oobj, "averaging_constant", &oa->averaging_constant, msg) ||
+      read_attr_str(og, oobj, "method", oa->method_name, sizeof oa->method_name, msg) ||
+      read_attr_float(og, oobj, "percentile", &oa->percentile, msg) ||
+      read_attr_int(og, oobj, "bins", &oa->bins, msg) ||
+      read_attr_flag(og, oobj, "initialized", &oa->initialized, msg) ||
+      read_attr_float(og, oobj, "hist_min", &o->hist_min, msg) ||
+      read_attr_float(og, oobj, "hist_max", &o->hist_max, msg))
+    return -1;
+  if (qt_observer_kind_parse(oa->kind_name, &oa->kind) || qt_range_method_parse(oa->method_name, &oa->method))
+    return qt_err(msg, "%s: unknown observer '%s' or range method '%s'", oobj, oa->kind_name, oa->method_name);
+  if (oa->kind != wo->kind || oa->channels != wo->channels || oa->method != wo->method ||
+      memcmp(&oa->averaging_constant, &wo->averaging_constant, sizeof oa->averaging_constant) ||
+      memcmp(&oa->percentile, &wo->percentile, sizeof oa->percentile) || oa->bins != wo->bins)
+    return qt_err(
+        msg,
+        "%s: a %s observer (%d channels, averaging constant %g, method %s, percentile %g, %d bins) in the checkpoint, "
+        "but this run's prepared graph has a %s observer (%d channels, averaging constant %g, method %s, percentile "
+        "%g, %d bins)",
+        oobj, oa->kind_name, oa->channels, oa->averaging_constant, oa->method_name, oa->percentile, oa->bins,
+        qt_observer_kind_name(wo->kind), wo->channels, wo->averaging_constant, qt_range_method_name(wo->method),
+        wo->percentile, wo->bins);
+  return 0;
+}
+
+/* The optional dataset `hist`: histogram observers only. NULL in *hist when absent. */
+static int read_observer_hist(hid_t og, const char *oobj, const observer_attrs *oa, int64_t **hist, char *msg) {
+  htri_t has = H5Lexists(og, "hist", H5P_DEFAULT);
+  if (has < 0) return qt_err(msg, "%s: cannot look up dataset 'hist' (corrupt file?)", oobj);
+  if (has && oa->kind != QT_OBSERVER_HISTOGRAM)
+    return qt_err(msg, "%s: a %s observer holds no histogram", oobj, oa->kind_name);
+  if (!has) return 0;
+  const int64_t nb[1] = {oa->bins};
+  *hist = qdq_read_dataset(og, oobj, "hist", H5T_INTEGER, H5T_NATIVE_INT64, 1, nb, 1, NULL, NULL, msg);
+  return *hist ? 0 : -1;
+}
+
+/* The observer's running state (subgroup `observer` of the record group r) into q->obs, checked
+ * against the graph's own observer and for being a state an observer can be in. */
+static int read_observer_state(hid_t r, const char *obj, qt_qstate *q, const qt_qstate *want, char *msg) {
   char oobj[QT_NAME_LEN + 48];
   snprintf(oobj, sizeof oobj, "%s/observer", obj);
   hid_t og = qdq_group_open(r, obj, "observer", msg);
   if (og < 0) return -1;
   qt_observer *o = &q->obs;
-  const qt_observer *wo = &want->obs;
-  char kind[64], method[64];
-  int channels = 0, bins = 0, initialized = 0, rc = -1;
-  float ac = 0, pct = 0;
+  observer_attrs oa;
+  memset(&oa, 0, sizeof oa);
+  int rc = -1;
   float *mn = NULL, *mx = NULL;
   int64_t *hist = NULL;
-  if (read_attr_str(og, oobj, "kind", kind, sizeof kind, msg) || read_attr_int(og, oobj, "channels", &channels, msg) ||
-      read_attr_float(og, oobj, "averaging_constant", &ac, msg) ||
-      read_attr_str(og, oobj, "method", method, sizeof method, msg) ||
-      read_attr_float(og, oobj, "percentile", &pct, msg) || read_attr_int(og, oobj, "bins", &bins, msg) ||
-      read_attr_flag(og, oobj, "initialized", &initialized, msg) ||
-      read_attr_float(og, oobj, "hist_min", &o->hist_min, msg) || read_attr_float(og, oobj, "hist_max", &o->hist_max, msg))
-    goto done;
-  qt_observer_kind k;
-  qt_range_method m;
-  if (qt_observer_kind_parse(kind, &k) || qt_range_method_parse(method, &m)) {
-    qt_err(msg, "%s: unknown observer '%s' or range method '%s'", oobj, kind, method);
-    goto done;
-  }
-  if (k != wo->kind || channels != wo->channels || m != wo->method || memcmp(&ac, &wo->averaging_constant, sizeof ac) ||
-      memcmp(&pct, &wo->percentile, sizeof pct) || bins != wo->bins) {
-    qt_err(msg,
-         "%s: a %s observer (%d channels, averaging constant %g, method %s, percentile %g, %d bins) in the checkpoint, "
-         "but this run's prepared graph has a %s observer (%d channels, averaging constant %g, method %s, percentile "
-         "%g, %d bins)",
-         oobj, kind, channels, ac, method, pct, bins, qt_observer_kind_name(wo->kind), wo->channels,
-         wo->averaging_constant, qt_range_method_name(wo->method), wo->percentile, wo->bins);
-    goto done;
-  }
-  const int64_t ch[1] = {channels}, nb[1] = {bins};
+  if (read_observer_attrs(og, oobj, o, &want->obs, &oa, msg)) goto done;
+  const int64_t ch[1] = {oa.channels};
   if (!(mn = qdq_read_dataset(og, oobj, "min", H5T_FLOAT, H5T_NATIVE_FLOAT, 1, ch, 1, NULL, NULL, msg)) ||
-      !(mx = qdq_read_dataset(og, oobj, "max", H5T_FLOAT, H5T_NATIVE_FLOAT, 1, ch, 1, NULL, NULL, msg)))
+      !(mx = qdq_read_dataset(og, oobj, "max", H5T_FLOAT, H5T_NATIVE_FLOAT, 1, ch, 1, NULL, NULL, msg)) ||
+      read_observer_hist(og, oobj, &oa, &hist, msg) ||
+      observer_state_check(oobj, oa.kind, oa.initialized, oa.channels, mn, mx, o->hist_min, o->hist_max, hist, oa.bins,
+                           msg))
     goto done;
-  has = H5Lexists(og, "hist", H5P_DEFAULT);
-  if (has < 0) {
-    qt_err(msg, "%s: cannot look up dataset 'hist' (corrupt file?)", oobj);
-    goto done;
-  }
-  if (has && k != QT_OBSERVER_HISTOGRAM) {
-    qt_err(msg, "%s: a %s observer holds no histogram", oobj, kind);
-    goto done;
-  }
-  if (has) {
-    if (!(hist = qdq_read_dataset(og, oobj, "hist", H5T_INTEGER, H5T_NATIVE_INT64, 1, nb, 1, NULL, NULL, msg))) goto done;
-  }
-  if (observer_state_check(oobj, k, initialized, channels, mn, mx, o->hist_min, o->hist_max, hist, bins, msg)) goto done;
-  o->averaging_constant = ac;
-  o->method = m;
-  o->percentile = pct;
-  o->bins = bins;
-  o->initialized = initialized;
-  memcpy(o->min, mn, (size_t)channels * sizeof(float));
-  memcpy(o->max, mx, (size_t)channels * sizeof(float));
+  o->averaging_constant = oa.averaging_constant;
+  o->method = oa.method;
+  o->percentile = oa.percentile;
+  o->bins = oa.bins;
+  o->initialized = oa.initialized;
+  memcpy(o->min, mn, (size_t)oa.channels * sizeof(float));
+  memcpy(o->max, mx, (size_t)oa.channels * sizeof(float));
   free(o->hist);
   o->hist = hist;
   hist = NULL;
@@ -233,6 +260,14 @@ done:
   return rc;
 }
 
+/* Reads the training state of the record group r into q (made by qt_qdq_read_qrecord_new from the
+ * same group) and checks it against the graph's own state `want`. */
+static int read_train_state(hid_t r, const char *obj, const qt_graph *g, qt_qstate *q, const qt_qstate *want,
+                            char *msg) {
+  if (read_train_flags(r, obj, g, q, want, msg)) return -1;
+  return read_observer_state(r, obj, q, want, msg);
+}
+
 /* One record of node i: read, compared with the graph's, its training state added. */
 static int read_state_record(hid_t gk, qdq_record_kind kind, const qt_graph *g, int i, qt_qstate **out, char *msg) {
   const qt_node *n = &g->nodes[i];
@@ -243,7 +278,7 @@ static int read_state_record(hid_t gk, qdq_record_kind kind, const qt_graph *g, 
   if (has < 0) return qt_err(msg, "%s: cannot look up the record (corrupt file?)", obj);
   if (!has)
     return qt_err(msg, "%s: missing: this run's prepared graph quantizes %s %s, the checkpoint does not", obj,
-                kind == QDQ_RECORD_WEIGHT ? "the weight of" : "the activation at", n->name);
+                  kind == QDQ_RECORD_WEIGHT ? "the weight of" : "the activation at", n->name);
   qt_qstate *q = NULL;
   if (qt_qdq_read_qrecord_new(gk, kind, KIND_PREPARED, g, i, &q, msg)) return -1;
   hid_t r = -1;
@@ -271,7 +306,7 @@ static herr_t bn_attr_known(hid_t loc, const char *name, const H5A_info_t *info,
   int i = qt_graph_find_node(c->g, name);
   if (i < 0 || !is_bn_node(&c->g->nodes[i])) {
     qt_err(c->msg, "/quant/bn: a flag for '%s', which is no batch_norm or conv_bn node of this run's prepared graph",
-         name);
+           name);
     return -1;
   }
   return 0;
@@ -290,15 +325,17 @@ qt_quant_state *qt_quant_state_read(hid_t f, const qt_graph *g, char *err) {
   hid_t gq = -1, ga = -1, gw = -1, gb = -1;
   int ok = 0, version = 0;
   char format[64];
-  if ((gq = qdq_group_open(f, "/", "quant", err)) < 0 || read_attr_str(gq, "/quant", "format", format, sizeof format, err) ||
+  if ((gq = qdq_group_open(f, "/", "quant", err)) < 0 ||
+      read_attr_str(gq, "/quant", "format", format, sizeof format, err) ||
       read_attr_int(gq, "/quant", "format_version", &version, err))
     goto done;
   if (strcmp(format, QSTATE_FORMAT) != 0 || version != QSTATE_VERSION) {
     qt_err(err, "/quant: format '%s' version %d; this build reads '%s' version %d", format, version, QSTATE_FORMAT,
-         QSTATE_VERSION);
+           QSTATE_VERSION);
     goto done;
   }
-  if ((ga = qdq_group_open(gq, "/quant", qt_qdq_record_names[QDQ_RECORD_ACTIVATION], err)) < 0 || (gw = qdq_group_open(gq, "/quant", qt_qdq_record_names[QDQ_RECORD_WEIGHT], err)) < 0 ||
+  if ((ga = qdq_group_open(gq, "/quant", qt_qdq_record_names[QDQ_RECORD_ACTIVATION], err)) < 0 ||
+      (gw = qdq_group_open(gq, "/quant", qt_qdq_record_names[QDQ_RECORD_WEIGHT], err)) < 0 ||
       (gb = qdq_group_open(gq, "/quant", "bn", err)) < 0)
     goto done;
   for (int i = 0; i < g->n_nodes; i++) {
@@ -319,7 +356,8 @@ qt_quant_state *qt_quant_state_read(hid_t f, const qt_graph *g, char *err) {
     }
   }
   if (qt_qdq_check_records_claimed(ga, QDQ_RECORD_ACTIVATION, g, err) ||
-      qt_qdq_check_records_claimed(gw, QDQ_RECORD_WEIGHT, g, err)) goto done;
+      qt_qdq_check_records_claimed(gw, QDQ_RECORD_WEIGHT, g, err))
+    goto done;
   bn_check bc = {g, err};
   hsize_t idx = 0;
   if (H5Aiterate2(gb, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, bn_attr_known, &bc) < 0) {
@@ -360,4 +398,3 @@ void qt_quant_state_apply(qt_graph *g, qt_quant_state *s) {
   }
   qt_quant_state_free(s);
 }
-
