@@ -32,7 +32,7 @@ typedef struct qt_tensor {
   int requires_grad;
   int owns_data;     /* data was allocated for this tensor (qt_tensor_new), not wrapped */
   int saved;         /* a tape entry reads its data in backward (set by the op that recorded it):
-                      * a value not saved is dead once its consumers ran (nn/graph.c frees it) */
+                      * a value not saved is dead once its consumers ran (nn/exec.c frees it) */
   int blocked16;     /* (N, H, W, C) data and grad in oneDNN's nChw16c layout (kernels.h), not NHWC:
                       * from an op asked for it (qt_conv1_bn_relu_max_pool2d's out_blocked) to one
                       * that takes it (qt_conv2d); every other op refuses such a tensor */
@@ -125,7 +125,7 @@ typedef enum {
   QT_PROFILE_OP_COUNT
 } qt_profile_op;
 /* The parts of a training step that are not ops, timed by their callers (train/trainer.c,
- * nn/graph.c's observers) when the ctx they run on has a profile. STEP is the whole step. */
+ * nn/exec.c's observers) when the ctx they run on has a profile. STEP is the whole step. */
 typedef enum {
   QT_PROFILE_DATA,      /* waiting in qt_loader_next for the next batch */
   QT_PROFILE_ZERO_GRAD, /* qt_graph_zero_grad */
@@ -223,14 +223,14 @@ qt_tensor *qt_batch_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
  * relu6), in one pass over memory each way: the output is the relu's, bit for bit the two ops in
  * turn, and so are the gradients. The tape gets one entry (profiled as batch_norm); its backward
  * masks the output's gradient in place before using it. For a batch norm whose only consumer is
- * the relu (nn/graph.c fuses them in the training forward). */
+ * the relu (nn/fuse.c fuses them in the training forward). */
 qt_tensor *qt_batch_norm_relu(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float *running_mean,
                               float *running_var, float momentum, float eps, int six);
 /* Batch norm of x / s, s (C) per channel of x's last axis, without the quotient in memory: the
  * numbers, bit for bit, of qt_channel_scale(x, s, 0, 1) followed by qt_batch_norm (training or
  * running statistics) and, with relu (1: relu, 2: relu6; training only), qt_batch_norm_relu;
  * gradients reach x, s, gamma and beta. Saves x, not the quotient: QAT's conv_bn (docs/design.md: delayed folding,
- * conv / sf then BN) keeps one activation per layer instead of two (nn/graph.c, training forward). */
+ * conv / sf then BN) keeps one activation per layer instead of two (nn/fuse.c, training forward). */
 qt_tensor *qt_batch_norm_div(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor *gamma, qt_tensor *beta,
                              float *running_mean, float *running_var, int training, float momentum, float eps,
                              int relu);
@@ -342,7 +342,7 @@ void qt_bn_scale_factor_values(float *sf, const float *gamma, const float *runni
  * sf = gamma / sqrt(var + eps) (qt_bn_scale_factor_values), Wf = W * sf per output channel,
  * bf = beta + (b - mean) * sf. W and Wf are (OC, inner); b may be NULL (no conv bias); bf may
  * be NULL (weights only, as the check needs); Wf and W may be NULL (the bias only). PTQ
- * prepare, convert, the check and conv_bn's eval forward with an int32 bias (nn/graph.c) all
+ * prepare, convert, the check and conv_bn's eval forward with an int32 bias (nn/node.c) all
  * fold with this one function, so their numbers cannot drift apart. */
 void qt_bn_fold(float *Wf, float *bf, const float *W, const float *b, const float *gamma, const float *beta,
                 const float *mean, const float *var, float eps, int OC, int64_t inner);

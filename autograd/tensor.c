@@ -82,7 +82,7 @@ static void blocks_free(arena_block *b) {
 
 /* Memory handed back (qt_arena_free): ranges sorted by address, neighbours in one block merged,
  * and a range that ends at the current block's bump pointer returned to it. Allocations take
- * the smallest range that fits before bumping. Only the no-grad executor (nn/graph.c, values
+ * the smallest range that fits before bumping. Only the no-grad executor (nn/exec.c, values
  * after their last consumer) and backward (gradients after their producer's entry, with
  * qt_ctx_set_backward_frees) hand memory back, a few dozen ranges per step, so a linear
  * scan is enough. */

@@ -322,7 +322,7 @@ qt_tensor *qt_graph_forward_forced(qt_graph *g, qt_ctx *ctx, qt_tensor *input, q
                                    qt_tensor *const *force);
 /* Like qt_graph_forward_forced (force may be NULL), keeping only the output and the values v with
  * keep[v] != 0 (n_values flags; NULL: none). With ctx's grad mode off, every other value's
- * memory goes back to the arena after its last consumer (the no-grad memory planner, graph.c)
+ * memory goes back to the arena after its last consumer (the no-grad memory planner, exec.c)
  * and values[v] is NULL for it on return; with grad on, every value is kept. In-place ops run
  * as in qt_graph_forward_values: a kept value whose only consumer is an in-place relu or
  * batch norm holds that consumer's output. */

@@ -2,7 +2,7 @@
 """Scaling on paper: the step time of data-parallel training on N ranks,
 estimated from this machine's measured single-process figures and the communication the code
 does per step (dist/dist.c, train/trainer.c, autograd/cpu_batch_norm.c, quant/quant_observer.c,
-nn/graph.c). Nothing here is measured on more than one machine: it is arithmetic.
+nn/exec.c). Nothing here is measured on more than one machine: it is arithmetic.
 
   step(N) = compute(per-rank batch) + gradient sum + SyncBN collectives + observer/loss collectives
 
