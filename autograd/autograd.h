@@ -28,14 +28,14 @@ typedef struct qt_tensor {
   int ndim;
   int64_t shape[QT_MAX_DIMS];
   void *data;
-  float *grad;       /* same numel as data (f32 only); NULL until backward needs it */
+  float *grad; /* same numel as data (f32 only); NULL until backward needs it */
   int requires_grad;
-  int owns_data;     /* data was allocated for this tensor (qt_tensor_new), not wrapped */
-  int saved;         /* a tape entry reads its data in backward (set by the op that recorded it):
-                      * a value not saved is dead once its consumers ran (nn/exec.c frees it) */
-  int blocked16;     /* (N, H, W, C) data and grad in oneDNN's nChw16c layout (kernels.h), not NHWC:
-                      * from an op asked for it (qt_conv1_bn_relu_max_pool2d's out_blocked) to one
-                      * that takes it (qt_conv2d); every other op refuses such a tensor */
+  int owns_data; /* data was allocated for this tensor (qt_tensor_new), not wrapped */
+  int saved;     /* a tape entry reads its data in backward (set by the op that recorded it):
+                  * a value not saved is dead once its consumers ran (nn/exec.c frees it) */
+  int blocked16; /* (N, H, W, C) data and grad in oneDNN's nChw16c layout (kernels.h), not NHWC:
+                  * from an op asked for it (qt_conv1_bn_relu_max_pool2d's out_blocked) to one
+                  * that takes it (qt_conv2d); every other op refuses such a tensor */
 } qt_tensor;
 
 static inline float *qt_f32(const qt_tensor *t) { return (float *)t->data; }
@@ -196,8 +196,8 @@ void qt_backward_seeded(qt_ctx *ctx, qt_tensor *loss, float seed);
 /* ---- differentiable ops: each returns a new arena tensor ------------------------------ */
 /* x (N,H,W,C), w (OC, C/groups, KH, KW), b (OC) or NULL -> (N, OH, OW, OC). x may be blocked
  * (x->blocked16; its gradient is then blocked too) where qt_conv2d_takes_blocked says so. */
-qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
-                     int pad_h, int pad_w, int groups);
+qt_tensor *qt_conv2d(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w, int pad_h,
+                     int pad_w, int groups);
 /* Whether a convolution of an (N, H, W, C) input by (OC, C/groups, KH, KW) weights, recorded in
  * this ctx (a training step), takes its input blocked: it runs on oneDNN's Winograd kernels over
  * nChw16c (qt_ctx_set_conv_winograd) and the ctx hands activations over blocked
@@ -315,8 +315,7 @@ int qt_batch_norm_relu_max_pool2d_takes_blocked(int C);
 qt_tensor *qt_conv1_bn_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_quant *xq, qt_tensor *w,
                                        qt_tensor *b, qt_tensor *div, qt_tensor *gamma, qt_tensor *beta,
                                        float *running_mean, float *running_var, float momentum, float eps, int pad_h,
-                                       int pad_w, int relu, const qt_pool_fake_quant *fq, int kernel,
-                                       int out_blocked);
+                                       int pad_w, int relu, const qt_pool_fake_quant *fq, int kernel, int out_blocked);
 /* Whether qt_conv1_bn_relu_max_pool2d takes an (N, H, W, 1) input, OC x KH x KW weights, that
  * padding and pool kernel (relu 1 or 2). */
 int qt_conv1_bn_relu_max_pool2d_takes(int N, int H, int W, int OC, int KH, int KW, int pad_h, int pad_w, int relu,

@@ -71,8 +71,8 @@ void qt_conv2d_forward_ref(float *out, const float *inp, const float *weight, co
 }
 
 /* Scatters every output gradient into double buffers, then adds them to the outputs. */
-void qt_conv2d_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, const qt_conv2d_shape *s) {
+void qt_conv2d_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, const qt_conv2d_shape *s) {
   const int Cg = s->C / s->groups, OCg = s->OC / s->groups;
   const int64_t n_inp = (int64_t)s->N * s->H * s->W * s->C;
   const int64_t n_wei = (int64_t)s->OC * Cg * s->KH * s->KW;
@@ -128,13 +128,13 @@ typedef struct {
   qt_conv2d_shape shape;
   int threads; /* omp_get_max_threads() when created: part of the key */
   int in_use;
-  dnnl_alg_kind_t alg;             /* direct, or winograd (shape.winograd and oneDNN has it) */
+  dnnl_alg_kind_t alg;                 /* direct, or winograd (shape.winograd and oneDNN has it) */
   dnnl_memory_desc_t act_src, act_dst; /* the activations' layouts the primitives run on */
-  int blocked;                     /* act_* differ from NHWC: the reorders below run around them */
-  int src16, dst16;                /* act_src / act_dst are nChw16c: a caller may hand its input over so
-                                    * (src_blocked) / take its output so (dst_blocked) */
+  int blocked;                         /* act_* differ from NHWC: the reorders below run around them */
+  int src16, dst16;                    /* act_src / act_dst are nChw16c: a caller may hand its input over so
+                                        * (src_blocked) / take its output so (dst_blocked) */
   dnnl_primitive_t src_in, dst_out, ddst_in, dsrc_out, dsrc_add; /* NHWC <-> act_* (add: accumulating) */
-  dnnl_memory_t bsrc, bdst;        /* act_* memories, bound to the blocked scratch per call */
+  dnnl_memory_t bsrc, bdst;   /* act_* memories, bound to the blocked scratch per call */
   dnnl_primitive_desc_t hint; /* a forward pd, the hint the backward pds are created from */
   conv_prim fwd[2];           /* indexed by has_bias */
   conv_prim bwd_data;
@@ -164,10 +164,9 @@ static dnnl_primitive_attr_t g_attr; /* user-managed scratchpad */
 static int g_registered_cleanup;
 
 static int conv_shape_equal(const qt_conv2d_shape *a, const qt_conv2d_shape *b) {
-  return a->winograd == b->winograd && a->N == b->N && a->H == b->H && a->W == b->W && a->C == b->C &&
-         a->OC == b->OC && a->KH == b->KH && a->KW == b->KW && a->stride_h == b->stride_h &&
-         a->stride_w == b->stride_w && a->pad_h == b->pad_h && a->pad_w == b->pad_w && a->groups == b->groups &&
-         a->OH == b->OH && a->OW == b->OW;
+  return a->winograd == b->winograd && a->N == b->N && a->H == b->H && a->W == b->W && a->C == b->C && a->OC == b->OC &&
+         a->KH == b->KH && a->KW == b->KW && a->stride_h == b->stride_h && a->stride_w == b->stride_w &&
+         a->pad_h == b->pad_h && a->pad_w == b->pad_w && a->groups == b->groups && a->OH == b->OH && a->OW == b->OW;
 }
 
 static void conv_prim_release(conv_prim *p) {
@@ -411,8 +410,8 @@ static void conv_choose_algorithm(conv_entry *e) {
   e->alg = dnnl_convolution_direct;
   e->act_src = conv_src_md(s);
   e->act_dst = conv_dst_md(s);
-  if (!s->winograd || s->groups != 1 || s->KH != 3 || s->KW != 3 || s->stride_h != 1 || s->stride_w != 1 ||
-      s->C < 16 || s->OC < 16)
+  if (!s->winograd || s->groups != 1 || s->KH != 3 || s->KW != 3 || s->stride_h != 1 || s->stride_w != 1 || s->C < 16 ||
+      s->OC < 16)
     return;
   const dnnl_memory_desc_t nhwc_src = e->act_src, nhwc_dst = e->act_dst;
   const dnnl_dim_t ds[4] = {s->N, s->C, s->H, s->W}, dd[4] = {s->N, s->OC, s->OH, s->OW};
@@ -474,11 +473,11 @@ static dnnl_primitive_desc_t conv_backward_pd(conv_entry *e, int weights) {
   for (int i = 0; i < 2 && st == dnnl_unimplemented; i++) {
     dnnl_convolution_desc_t desc;
     if (weights)
-      QT_DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&desc, algs[i], &e->act_src, &wei, &bias,
-                                                                &e->act_dst, strides, pad_l, pad_r));
+      QT_DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&desc, algs[i], &e->act_src, &wei, &bias, &e->act_dst,
+                                                                strides, pad_l, pad_r));
     else
-      QT_DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&desc, algs[i], &e->act_src, &wei, &e->act_dst,
-                                                             strides, pad_l, pad_r));
+      QT_DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&desc, algs[i], &e->act_src, &wei, &e->act_dst, strides,
+                                                             pad_l, pad_r));
     st = dnnl_primitive_desc_create(&pd, &desc, conv_attr(), qt_dnnl_engine(), conv_hint(e));
   }
   QT_DNNL_CHECK(st);
@@ -538,8 +537,7 @@ static void bias_grad_accumulate(float *dbias, const float *dout, const qt_conv2
   free(acc);
 }
 
-void qt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias,
-                       const qt_conv2d_shape *s) {
+void qt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias, const qt_conv2d_shape *s) {
   conv_entry *e = conv_lookup(s);
   conv_prim *p = conv_forward_prim(e, bias != NULL);
   dnnl_memory_t wei = conv_prepare_weights(e, p, weight);
@@ -648,8 +646,8 @@ static void conv_c1_backward_data(float *dinp, int dinp_write, const float *dout
   free(wT);
 }
 
-void qt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, const qt_conv2d_shape *s) {
+void qt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, const qt_conv2d_shape *s) {
   qt_conv2d_backward_ex(dinp, 0, dweight, dbias, dout, inp, weight, s);
 }
 

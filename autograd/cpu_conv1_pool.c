@@ -232,7 +232,8 @@ static void image_pool(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask,
       case 2: C1P_POOL(_lit, 3, 3, 2, 2, 0); break;
       default: C1P_POOL(_lit, 3, 3, 2, 2, 1); break;
     }
-  else switch (variant) {
+  else
+    switch (variant) {
       case 0: C1P_POOL(_gen, s->KH, s->KW, s->pool, 1, 0); break;
       case 1: C1P_POOL(_gen, s->KH, s->KW, s->pool, 1, 1); break;
       case 2: C1P_POOL(_gen, s->KH, s->KW, s->pool, 2, 0); break;
@@ -251,10 +252,9 @@ static float *weights_by_tap(const float *w, const qt_conv1_pool_shape *s) {
 }
 
 void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, double *stats,
-                                         const float *img, const float *w,
-                                         const float *bias, const float *gamma, const float *beta,
-                                         float *running_mean, float *running_var, float momentum, float eps,
-                                         const qt_fq_params *fq, const qt_conv1_pool_shape *s) {
+                                         const float *img, const float *w, const float *bias, const float *gamma,
+                                         const float *beta, float *running_mean, float *running_var, float momentum,
+                                         float eps, const qt_fq_params *fq, const qt_conv1_pool_shape *s) {
   QT_ASSERT(fq || (!yarg && !qmask), "conv1_bn_relu_pool_forward_train: argmax values or a mask without a fake quant");
   const int N = s->N, K = s->KH * s->KW, OC = s->OC, n_mom = K + K * (K + 1) / 2;
   const int64_t M = (int64_t)N * s->OH * s->OW;
@@ -332,8 +332,8 @@ void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yar
  * lane's argmax): the values the selects of image_grad_sums pick, the same FMAs in the same order,
  * so the same bits, in about a third of the instructions. */
 static void image_grad_sums_3x3p2(double *P, double *Ph, double *db, const c1p_grad *g, size_t obase,
-                                  const uint8_t *argmax, const float *xp, const float *hp,
-                                  const qt_conv1_pool_shape *s, const int HP) {
+                                  const uint8_t *argmax, const float *xp, const float *hp, const qt_conv1_pool_shape *s,
+                                  const int HP) {
   const int OC = s->OC, PWd = padded_width(s), PH = s->OH / 2, PW = s->OW / 2, OS = out_pixel_stride(s);
   const v16f zero = splat16(0.0f);
   for (int v = 0; v < OC / 16; v++) {
@@ -350,10 +350,10 @@ static void image_grad_sums_3x3p2(double *P, double *Ph, double *db, const c1p_g
         const v16i at = (v16i)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(argmax + o)));
         const v16i base = (at >> 1) * 4 + (at & 1); /* the window position's row and column in the patch */
         const float *x0 = xp + (size_t)(ph * 2) * PWd + pw * 2, *h0 = HP ? hp + (x0 - xp) : NULL;
-#define C1P_PATCH(p)                                                                                             \
-  _mm512_insertf32x4(                                                                                            \
+#define C1P_PATCH(p)                                                                                              \
+  _mm512_insertf32x4(                                                                                             \
       _mm512_insertf32x4(_mm512_insertf32x4(_mm512_castps128_ps512(_mm_loadu_ps(p)), _mm_loadu_ps((p) + PWd), 1), \
-                         _mm_loadu_ps((p) + 2 * PWd), 2),                                                        \
+                         _mm_loadu_ps((p) + 2 * PWd), 2),                                                         \
       _mm_loadu_ps((p) + 3 * PWd), 3)
         const v16f X = (v16f)C1P_PATCH(x0), H = HP ? (v16f)C1P_PATCH(h0) : zero;
 #undef C1P_PATCH
@@ -429,7 +429,7 @@ void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, dou
         image_grad_sums_3x3p2(P, Ph, db, &q, o, argmax + o, xp, hp, s, HP);
       else
 #endif
-      if (s->KH == 3 && s->KW == 3 && s->pool == 2 && !HP)
+          if (s->KH == 3 && s->KW == 3 && s->pool == 2 && !HP)
         image_grad_sums_lit(P, Ph, db, &q, o, argmax + o, xp, hp, s, 3, 3, 2, 0);
       else if (s->KH == 3 && s->KW == 3 && s->pool == 2)
         image_grad_sums_lit(P, Ph, db, &q, o, argmax + o, xp, hp, s, 3, 3, 2, 1);

@@ -15,9 +15,7 @@ void qt_dnnl_check_status(dnnl_status_t st, const char *expr, const char *file, 
   qt_panic(file, line, "oneDNN call failed with %s: %s", dnnl_status2str(st), expr);
 }
 
-void qt_dnnl_die(const char *file, int line, const char *msg) {
-  qt_panic(file, line, "%s", msg);
-}
+void qt_dnnl_die(const char *file, int line, const char *msg) { qt_panic(file, line, "%s", msg); }
 
 static void release_engine(void) {
   if (g_stream) dnnl_stream_destroy(g_stream);
@@ -44,9 +42,7 @@ dnnl_stream_t qt_dnnl_stream(void) {
  * implementation), in creation order. Primitives are created by the thread that runs the ops
  * (never inside a parallel region), so the table needs no lock. */
 #define QT_DNNL_KERNELS_MAX 32
-static struct {
-  char what[64], impl[64];
-} g_kernels[QT_DNNL_KERNELS_MAX];
+static struct { char what[64], impl[64]; } g_kernels[QT_DNNL_KERNELS_MAX];
 static int g_nkernels;
 static char g_kernels_text[QT_DNNL_KERNELS_MAX * 130];
 
@@ -75,8 +71,8 @@ const char *qt_dnnl_kernels_used(void) {
   size_t at = 0;
   g_kernels_text[0] = 0;
   for (int i = 0; i < g_nkernels && at < sizeof g_kernels_text; i++)
-    at += (size_t)snprintf(g_kernels_text + at, sizeof g_kernels_text - at, "%s%s: %s", i ? ", " : "", g_kernels[i].what,
-                           g_kernels[i].impl);
+    at += (size_t)snprintf(g_kernels_text + at, sizeof g_kernels_text - at, "%s%s: %s", i ? ", " : "",
+                           g_kernels[i].what, g_kernels[i].impl);
   return g_kernels_text;
 }
 
@@ -109,8 +105,7 @@ dnnl_memory_desc_t qt_dnnl_md(int ndims, const dnnl_dim_t *dims, dnnl_format_tag
   return md;
 }
 
-dnnl_primitive_t qt_dnnl_reorder_create(const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst,
-                                        int accumulate) {
+dnnl_primitive_t qt_dnnl_reorder_create(const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst, int accumulate) {
   dnnl_primitive_attr_t attr = NULL;
   dnnl_post_ops_t ops = NULL;
   if (accumulate) {

@@ -42,8 +42,7 @@ void qt_dnnl_memory_bind(dnnl_memory_t mem, const void *data);
 dnnl_memory_desc_t qt_dnnl_md(int ndims, const dnnl_dim_t *dims, dnnl_format_tag_t tag);
 
 /* Reorder primitive from src to dst layout; accumulate != 0 adds into dst (sum post-op). */
-dnnl_primitive_t qt_dnnl_reorder_create(const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst,
-                                        int accumulate);
+dnnl_primitive_t qt_dnnl_reorder_create(const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst, int accumulate);
 void qt_dnnl_reorder_run(dnnl_primitive_t reorder, dnnl_memory_t src, dnnl_memory_t dst);
 
 /* Executes prim on the stream with nargs (arg, memory) pairs and waits for completion. */

@@ -20,20 +20,20 @@ struct qt_batch_sync; /* base.h */
 
 /* ---- conv2d (oneDNN fp32 primitives, cached per shape) --------------------------------- */
 typedef struct {
-  int N, H, W, C;                 /* input (N, H, W, C) */
-  int OC, KH, KW;                 /* weight (OC, C/groups, KH, KW), PyTorch's OIHW layout */
+  int N, H, W, C; /* input (N, H, W, C) */
+  int OC, KH, KW; /* weight (OC, C/groups, KH, KW), PyTorch's OIHW layout */
   int stride_h, stride_w;
-  int pad_h, pad_w;               /* symmetric zero padding */
-  int groups;                     /* C % groups == 0 and OC % groups == 0; depthwise: groups == C */
-  int winograd;                   /* 1: may run oneDNN's Winograd kernels where it has them (3x3,
-                                   * stride 1, C and OC >= 16): the caller accepts their rounding
-                                   * (training steps) */
-  int OH, OW;                     /* derived by qt_conv2d_shape_init */
-  int src_blocked;                /* the caller's input and its gradient are blocked (above), not
-                                   * NHWC: only where qt_conv2d_src_blocked16 says so (not part of
-                                   * the primitive cache's key) */
-  int dst_blocked;                /* the output and its gradient blocked: only where
-                                   * qt_conv2d_dst_blocked16 says so (not part of the key) */
+  int pad_h, pad_w; /* symmetric zero padding */
+  int groups;       /* C % groups == 0 and OC % groups == 0; depthwise: groups == C */
+  int winograd;     /* 1: may run oneDNN's Winograd kernels where it has them (3x3,
+                     * stride 1, C and OC >= 16): the caller accepts their rounding
+                     * (training steps) */
+  int OH, OW;       /* derived by qt_conv2d_shape_init */
+  int src_blocked;  /* the caller's input and its gradient are blocked (above), not
+                     * NHWC: only where qt_conv2d_src_blocked16 says so (not part of
+                     * the primitive cache's key) */
+  int dst_blocked;  /* the output and its gradient blocked: only where
+                     * qt_conv2d_dst_blocked16 says so (not part of the key) */
 } qt_conv2d_shape;
 
 /* Fills OH/OW; returns 0, or -1 when the shape is invalid (non-positive output, bad groups). */
@@ -52,30 +52,28 @@ int qt_conv2d_src_blocked16(const qt_conv2d_shape *s);
 /* The same for the output: a caller may then set dst_blocked. */
 int qt_conv2d_dst_blocked16(const qt_conv2d_shape *s);
 /* out (N, OH, OW, OC) = conv(inp (N, H, W, C), weight (OC, C/groups, KH, KW)) + bias (OC) or NULL */
-void qt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias,
-                       const qt_conv2d_shape *s);
+void qt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias, const qt_conv2d_shape *s);
 void qt_conv2d_forward_ref(float *out, const float *inp, const float *weight, const float *bias,
                            const qt_conv2d_shape *s);
 /* dinp (N,H,W,C) += ..., dweight (OC, C/groups, KH, KW) += ..., dbias (OC) += ... */
-void qt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, const qt_conv2d_shape *s);
+void qt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, const qt_conv2d_shape *s);
 /* The same with dinp written (=) instead of added to when dinp_write is set (its old contents
  * are never read: a fresh gradient buffer needs no zero fill, and oneDNN writes it directly). */
 void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *dbias, const float *dout,
                            const float *inp, const float *weight, const qt_conv2d_shape *s);
-void qt_conv2d_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, const qt_conv2d_shape *s);
+void qt_conv2d_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, const qt_conv2d_shape *s);
 
 /* ---- linear (fully connected) ---------------------------------------------------------- */
 /* out (N, OUT) = inp (N, IN) @ weight (OUT, IN)^T + bias (OUT) or NULL */
-void qt_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
-                       int N, int IN, int OUT);
-void qt_linear_forward_ref(float *out, const float *inp, const float *weight, const float *bias,
-                           int N, int IN, int OUT);
-void qt_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, int N, int IN, int OUT);
-void qt_linear_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int IN, int OUT);
+void qt_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IN, int OUT);
+void qt_linear_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int N, int IN,
+                           int OUT);
+void qt_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, int N, int IN, int OUT);
+void qt_linear_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, int N, int IN, int OUT);
 
 /* ---- batch norm over NHWC: M = N*H*W rows, C channels ----------------------------------- */
 /* Training (out may equal inp): normalizes with the biased batch variance; writes the batch mean and
@@ -83,23 +81,20 @@ void qt_linear_backward_ref(float *dinp, float *dweight, float *dbias, const flo
  * running = (1-momentum)*running + momentum*batch, using the UNBIASED variance (M/(M-1)).
  * running_mean/running_var may be NULL (no update); gamma/beta may be NULL (affine=False).
  * Training needs M >= 2 (aborts otherwise, as PyTorch refuses it). */
-void qt_batch_norm_forward_train(float *out, float *mean, float *invstd, const float *inp,
-                                 const float *gamma, const float *beta, float *running_mean,
-                                 float *running_var, float momentum, float eps, int M, int C);
-void qt_batch_norm_forward_train_ref(float *out, float *mean, float *invstd, const float *inp,
-                                     const float *gamma, const float *beta, float *running_mean,
-                                     float *running_var, float momentum, float eps, int M, int C);
+void qt_batch_norm_forward_train(float *out, float *mean, float *invstd, const float *inp, const float *gamma,
+                                 const float *beta, float *running_mean, float *running_var, float momentum, float eps,
+                                 int M, int C);
+void qt_batch_norm_forward_train_ref(float *out, float *mean, float *invstd, const float *inp, const float *gamma,
+                                     const float *beta, float *running_mean, float *running_var, float momentum,
+                                     float eps, int M, int C);
 /* Eval: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta; out may equal inp. */
 void qt_batch_norm_forward_eval(float *out, const float *inp, const float *gamma, const float *beta,
-                                const float *running_mean, const float *running_var, float eps,
-                                int M, int C);
-void qt_batch_norm_forward_eval_ref(float *out, const float *inp, const float *gamma,
-                                    const float *beta, const float *running_mean,
-                                    const float *running_var, float eps, int M, int C);
+                                const float *running_mean, const float *running_var, float eps, int M, int C);
+void qt_batch_norm_forward_eval_ref(float *out, const float *inp, const float *gamma, const float *beta,
+                                    const float *running_mean, const float *running_var, float eps, int M, int C);
 /* Backward of the training forward (batch statistics): mean/invstd as saved by forward. */
-void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const float *dout,
-                            const float *inp, const float *mean, const float *invstd,
-                            const float *gamma, int M, int C);
+void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const float *dout, const float *inp,
+                            const float *mean, const float *invstd, const float *gamma, int M, int C);
 /* Synchronized batch norm (SyncBN): the batch's rows are split across the processes of sync
  * (base.h), each passing its own M >= 1 rows. The forward gathers every process's per-channel
  * row count, mean and centred sum of squares and merges them in process order (the exact
@@ -109,17 +104,15 @@ void qt_batch_norm_backward(float *dinp, float *dgamma, float *dbeta, const floa
  * sum(dout * (x - mean)) over the processes for dinp (divided by M_total); dgamma and dbeta get
  * this process's sums only, for the caller's gradient reduction to add up like any parameter's.
  * sync NULL or of size <= 1: exactly the two kernels above (*M_total = M). */
-void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, const float *inp,
-                                      const float *gamma, const float *beta, float *running_mean,
-                                      float *running_var, float momentum, float eps, int M, int C,
-                                      const struct qt_batch_sync *sync, int64_t *M_total);
+void qt_batch_norm_forward_train_sync(float *out, float *mean, float *invstd, const float *inp, const float *gamma,
+                                      const float *beta, float *running_mean, float *running_var, float momentum,
+                                      float eps, int M, int C, const struct qt_batch_sync *sync, int64_t *M_total);
 /* dinp_write: dinp is written, never read (a fresh gradient buffer, qt_tensor_grad_for_write),
  * and may be dout itself (in place: dout is summed first, then each element of dinp written
  * from the same element of dout); otherwise added to, as every backward here does. */
 void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
-                                 const float *inp, const float *mean, const float *invstd,
-                                 const float *gamma, int M, int C, const struct qt_batch_sync *sync,
-                                 int64_t M_total);
+                                 const float *inp, const float *mean, const float *invstd, const float *gamma, int M,
+                                 int C, const struct qt_batch_sync *sync, int64_t M_total);
 /* Batch norm followed by relu (six: relu6) as one op: the training forward whose apply pass
  * also clamps each pattern of rows and writes relu_mask as qt_relu_forward_mask does, while the
  * rows are in cache (out: the relu's output, bit for bit the two kernels in turn); and its
@@ -133,8 +126,8 @@ void qt_batch_norm_backward_sync(float *dinp, int dinp_write, float *dgamma, flo
  * normalizes conv / sf this way. */
 void qt_batch_norm_relu_forward_train(float *out, uint8_t *relu_mask, int six, float *mean, float *invstd,
                                       const float *inp, const float *in_div, const float *gamma, const float *beta,
-                                      float *running_mean, float *running_var, float momentum, float eps, int M,
-                                      int C, const struct qt_batch_sync *sync, int64_t *M_total);
+                                      float *running_mean, float *running_var, float momentum, float eps, int M, int C,
+                                      const struct qt_batch_sync *sync, int64_t *M_total);
 void qt_batch_norm_relu_backward(float *dinp, int dinp_write, float *dgamma, float *dbeta, float *dout,
                                  const uint8_t *relu_mask, const float *inp, const float *in_div, const float *mean,
                                  const float *invstd, const float *gamma, int M, int C,
@@ -170,9 +163,9 @@ int qt_batch_norm_pool_takes_blocked(int C);
  * the chunks are whole multiples of those rows: C = 16, 32, 64 or 128). */
 void qt_batch_norm_relu_backward_pooled(float *dinp, int dinp_write, float *dgamma, float *dbeta,
                                         const qt_pool_grad *pg, const uint8_t *relu_mask, const float *inp,
-                                        const float *in_div, double *div_sums, const float *mean,
-                                        const float *invstd, const float *gamma, int M, int C,
-                                        const struct qt_batch_sync *sync, int64_t M_total);
+                                        const float *in_div, double *div_sums, const float *mean, const float *invstd,
+                                        const float *gamma, int M, int C, const struct qt_batch_sync *sync,
+                                        int64_t M_total);
 /* A per-tensor fake quant (qt_batch_norm_relu_pool_forward_train's, between its relu and pool). */
 typedef struct {
   float scale;
@@ -191,10 +184,9 @@ typedef struct {
  * mask there). */
 void qt_batch_norm_relu_pool_forward_train(float *out, int32_t *argmax, float *yarg, uint8_t *qmask, float *mean,
                                            float *invstd, const float *inp, const float *in_div, const float *gamma,
-                                           const float *beta, float *running_mean, float *running_var,
-                                           float momentum, float eps, int N, int H, int W, int C, int blocked, int K,
-                                           int relu, const qt_fq_params *fq, const struct qt_batch_sync *sync,
-                                           int64_t *M_total);
+                                           const float *beta, float *running_mean, float *running_var, float momentum,
+                                           float eps, int N, int H, int W, int C, int blocked, int K, int relu,
+                                           const qt_fq_params *fq, const struct qt_batch_sync *sync, int64_t *M_total);
 /* Convolution of a one-channel image (stride 1, groups 1, OC % 16 == 0, at most
  * QT_CONV1_POOL_MAX_TAPS taps), training batch norm, relu (relu 1) or relu6 (2), max pool over
  * pool x pool windows (pool <= QT_CONV1_POOL_MAX_WINDOW) tiling the convolution's output, as one
@@ -218,10 +210,9 @@ size_t qt_conv1_pool_stats_len(const qt_conv1_pool_shape *s);
  * statistics updated as qt_batch_norm_relu_forward_train does; stats (qt_conv1_pool_stats_len
  * doubles: the batch statistics among them) for the backward. */
 void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, double *stats,
-                                         const float *img, const float *w,
-                                         const float *bias, const float *gamma, const float *beta,
-                                         float *running_mean, float *running_var, float momentum, float eps,
-                                         const qt_fq_params *fq, const qt_conv1_pool_shape *s);
+                                         const float *img, const float *w, const float *bias, const float *gamma,
+                                         const float *beta, float *running_mean, float *running_var, float momentum,
+                                         float eps, const qt_fq_params *fq, const qt_conv1_pool_shape *s);
 /* Where the backward gets g, one value per output: the gradient batch norm's output receives at
  * that window's argmax input (the relu's and any fake quant's backward applied). Either given
  * (g), or formed in the backward's pass from the pool output's gradient dout as the ops in turn
@@ -257,22 +248,19 @@ static inline int qt_relu_passes(float y, int relu) { return quant_relu_pass(y, 
 void qt_batch_norm_forward_eval_div(float *out, const float *inp, const float *in_div, const float *gamma,
                                     const float *beta, const float *running_mean, const float *running_var, float eps,
                                     int M, int C);
-void qt_batch_norm_backward_ref(float *dinp, float *dgamma, float *dbeta, const float *dout,
-                                const float *inp, const float *mean, const float *invstd,
-                                const float *gamma, int M, int C);
+void qt_batch_norm_backward_ref(float *dinp, float *dgamma, float *dbeta, const float *dout, const float *inp,
+                                const float *mean, const float *invstd, const float *gamma, int M, int C);
 /* Backward of the eval forward (statistics are constants, e.g. frozen BN during QAT):
  * pass invstd = 1/sqrt(running_var + eps) and mean = running_mean. */
-void qt_batch_norm_backward_eval(float *dinp, float *dgamma, float *dbeta, const float *dout,
-                                 const float *inp, const float *mean, const float *invstd,
-                                 const float *gamma, int M, int C);
+void qt_batch_norm_backward_eval(float *dinp, float *dgamma, float *dbeta, const float *dout, const float *inp,
+                                 const float *mean, const float *invstd, const float *gamma, int M, int C);
 /* The same with dinp written (never read) when dinp_write: a fresh gradient buffer, or dout
  * itself (in place); in_div as above (NULL: none). */
 void qt_batch_norm_backward_eval_ex(float *dinp, int dinp_write, float *dgamma, float *dbeta, const float *dout,
                                     const float *inp, const float *in_div, const float *mean, const float *invstd,
                                     const float *gamma, int M, int C);
-void qt_batch_norm_backward_eval_ref(float *dinp, float *dgamma, float *dbeta, const float *dout,
-                                     const float *inp, const float *mean, const float *invstd,
-                                     const float *gamma, int M, int C);
+void qt_batch_norm_backward_eval_ref(float *dinp, float *dgamma, float *dbeta, const float *dout, const float *inp,
+                                     const float *mean, const float *invstd, const float *gamma, int M, int C);
 
 /* ---- relu (out may alias inp) ---------------------------------------------------------- */
 void qt_relu_forward(float *out, const float *inp, int64_t n);
@@ -352,6 +340,7 @@ float qt_cross_entropy_forward(float *probs, const float *logits, const int32_t 
 float qt_cross_entropy_forward_ref(float *probs, const float *logits, const int32_t *labels, int N, int C);
 /* dlogits += dloss * (probs - onehot(labels)) / N */
 void qt_cross_entropy_backward(float *dlogits, const float *probs, const int32_t *labels, float dloss, int N, int C);
-void qt_cross_entropy_backward_ref(float *dlogits, const float *probs, const int32_t *labels, float dloss, int N, int C);
+void qt_cross_entropy_backward_ref(float *dlogits, const float *probs, const int32_t *labels, float dloss, int N,
+                                   int C);
 
 #endif

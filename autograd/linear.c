@@ -12,8 +12,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-void qt_linear_forward_ref(float *out, const float *inp, const float *weight, const float *bias,
-                           int N, int IN, int OUT) {
+void qt_linear_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int N, int IN,
+                           int OUT) {
   for (int n = 0; n < N; n++)
     for (int o = 0; o < OUT; o++) {
       double acc = bias ? bias[o] : 0.0;
@@ -22,8 +22,8 @@ void qt_linear_forward_ref(float *out, const float *inp, const float *weight, co
     }
 }
 
-void qt_linear_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int IN, int OUT) {
+void qt_linear_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, int N, int IN, int OUT) {
   if (dinp)
     for (int n = 0; n < N; n++)
       for (int i = 0; i < IN; i++) {
@@ -46,8 +46,7 @@ void qt_linear_backward_ref(float *dinp, float *dweight, float *dbias, const flo
     }
 }
 
-void qt_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
-                       int N, int IN, int OUT) {
+void qt_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IN, int OUT) {
   float beta = 0.0f;
   if (bias) {
     for (int n = 0; n < N; n++)
@@ -58,8 +57,8 @@ void qt_linear_forward(float *out, const float *inp, const float *weight, const 
   QT_DNNL_CHECK(dnnl_sgemm('N', 'T', N, OUT, IN, 1.0f, inp, IN, weight, IN, beta, out, OUT));
 }
 
-void qt_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, int N, int IN, int OUT) {
+void qt_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, int N, int IN, int OUT) {
   /* dinp (N, IN) += dout (N, OUT) · weight (OUT, IN) */
   if (dinp) QT_DNNL_CHECK(dnnl_sgemm('N', 'N', N, IN, OUT, 1.0f, dout, OUT, weight, IN, 1.0f, dinp, IN));
   /* dweight (OUT, IN) += dout^T (OUT, N) · inp (N, IN) */

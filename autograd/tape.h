@@ -21,18 +21,18 @@ struct qt_ctx {
   size_t capacity;            /* sum of block sizes */
   struct arena_block *small;  /* the same for allocations of at most ARENA_SMALL bytes */
   size_t small_capacity;
-  size_t used_total;          /* bytes bump-allocated since reset, over all blocks (the arena's extent) */
+  size_t used_total; /* bytes bump-allocated since reset, over all blocks (the arena's extent) */
   size_t peak;
-  struct arena_range *free;   /* ranges handed back by qt_arena_free, by address; emptied by reset */
+  struct arena_range *free; /* ranges handed back by qt_arena_free, by address; emptied by reset */
   int n_free, cap_free;
-  int backward_frees;         /* qt_ctx_set_backward_frees */
+  int backward_frees; /* qt_ctx_set_backward_frees */
   int grad_enabled;
-  int conv_winograd;          /* qt_ctx_set_conv_winograd */
-  int blocked_handoff;        /* qt_ctx_set_blocked_handoff */
+  int conv_winograd;   /* qt_ctx_set_conv_winograd */
+  int blocked_handoff; /* qt_ctx_set_blocked_handoff */
   qt_tape_entry *tape;
   size_t tape_len, tape_cap;
-  const qt_batch_sync *sync; /* the processes sharing the batch, or NULL */
-  qt_profile *profile;       /* NULL: not profiling */
+  const qt_batch_sync *sync;      /* the processes sharing the batch, or NULL */
+  qt_profile *profile;            /* NULL: not profiling */
   qt_backward_hook backward_hook; /* qt_ctx_set_backward_hook, or NULL */
   void *backward_hook_user;
 };

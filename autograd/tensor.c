@@ -360,11 +360,27 @@ void qt_backward_seeded(qt_ctx *ctx, qt_tensor *loss, float seed) {
 }
 
 /* ---- profiling ---------------------------------------------------------------------------- */
-static const char *const profile_op_names[] = {
-    "conv2d", "batch_norm", "relu", "relu6", "max_pool2d", "avg_pool2d", "global_avg_pool", "flatten",
-    "linear", "add", "cross_entropy", "fake_quant", "fake_quant_lsq", "lsq_max_pool2d", "fake_quant_max_pool2d",
-    "conv2d_lsq_input", "channel_scale", "channel_add", "bn_scale_factor", "bn_relu_max_pool2d",
-    "conv1_bn_relu_max_pool2d"};
+static const char *const profile_op_names[] = {"conv2d",
+                                               "batch_norm",
+                                               "relu",
+                                               "relu6",
+                                               "max_pool2d",
+                                               "avg_pool2d",
+                                               "global_avg_pool",
+                                               "flatten",
+                                               "linear",
+                                               "add",
+                                               "cross_entropy",
+                                               "fake_quant",
+                                               "fake_quant_lsq",
+                                               "lsq_max_pool2d",
+                                               "fake_quant_max_pool2d",
+                                               "conv2d_lsq_input",
+                                               "channel_scale",
+                                               "channel_add",
+                                               "bn_scale_factor",
+                                               "bn_relu_max_pool2d",
+                                               "conv1_bn_relu_max_pool2d"};
 _Static_assert(sizeof profile_op_names / sizeof profile_op_names[0] == QT_PROFILE_OP_COUNT, "profile op names");
 static const char *const profile_phase_names[] = {"data", "zero_grad", "optimizer", "observer", "grad_sum", "step"};
 _Static_assert(sizeof profile_phase_names / sizeof profile_phase_names[0] == QT_PROFILE_PHASE_COUNT,
@@ -391,8 +407,10 @@ qt_profile *qt_ctx_profile(const qt_ctx *ctx) { return ctx->profile; }
 
 double qt_profile_begin(qt_ctx *ctx, qt_profile_op op) {
   QT_ASSERT((unsigned)op < QT_PROFILE_OP_COUNT, "bad profile op %d", (int)op);
-  QT_ASSERT(!ctx->profile->active, "profiling: op %s started inside another timed op or tape entry (its time would "
-            "be counted twice)", profile_op_names[op]);
+  QT_ASSERT(!ctx->profile->active,
+            "profiling: op %s started inside another timed op or tape entry (its time would "
+            "be counted twice)",
+            profile_op_names[op]);
   ctx->profile->active = 1;
   return qt_now_seconds();
 }

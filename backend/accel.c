@@ -7,10 +7,10 @@
  * int32 accumulator, adds the bias rounded to accumulator units (2^(e_in + e_w)), then
  * requantizes by an arithmetic shift of e_out - e_in - e_w with round-half-to-even, applies a
  * fused ReLU (or ReLU6: clamped at 6 / 2^e_out rounded half to even, which equals rounding the
- * clamped real value since rounding is monotone) and saturates to the output range. That is integer arithmetic throughout; against
- * the Q/DQ graph's fp32 semantics it differs only through the bias rounding (at most 1 LSB of
- * the layer's output, on values within half an accumulator unit of a rounding tie). Pooling,
- * ReLU, flatten and add are exact.
+ * clamped real value since rounding is monotone) and saturates to the output range. That is integer arithmetic
+ * throughout; against the Q/DQ graph's fp32 semantics it differs only through the bias rounding (at most 1 LSB of the
+ * layer's output, on values within half an accumulator unit of a rounding tie). Pooling, ReLU, flatten and add are
+ * exact.
  *
  * Planning walks the graph in topological order and marks which values exist as accelerator
  * int8 tensors; a node runs on the accelerator when its op is listed, its records are
@@ -37,22 +37,22 @@ typedef enum { PL_CPU, PL_ACCEL, PL_FUSED, PL_TRANSFER_IN } placement;
 
 typedef struct {
   placement place;
-  char reason[320];             /* CPU: why not the accelerator */
-  int relu, quant;              /* accelerator layer / add: fused relu or relu6 (or -1) and quantize */
-  int64_t relu_hi;              /* fused relu6: 6 in output units (else INT64_MAX) */
+  char reason[320]; /* CPU: why not the accelerator */
+  int relu, quant;  /* accelerator layer / add: fused relu or relu6 (or -1) and quantize */
+  int64_t relu_hi;  /* fused relu6: 6 in output units (else INT64_MAX) */
   /* accelerator layer: geometry, OHWI integer weights, bias in accumulator units */
   int H, W, C, OH, OW, OC, KH, KW, sh, sw, ph, pw, groups;
   int32_t *w, *bias;
-  int shift;                    /* layer: e_out - e_in - e_w; add: e_out - min(e_a, e_b) */
-  int align_a, align_b;         /* add: left shifts aligning the inputs */
-  int qmin, qmax;               /* output range */
+  int shift;            /* layer: e_out - e_in - e_w; add: e_out - min(e_a, e_b) */
+  int align_a, align_b; /* add: left shifts aligning the inputs */
+  int qmin, qmax;       /* output range */
 } node_plan;
 
 struct qt_accel {
   const qt_graph *g;
   qt_backend_desc d;
-  node_plan *plan;              /* per node */
-  int *pull;                    /* per value: 1 = dequantized to the CPU for a CPU consumer */
+  node_plan *plan; /* per node */
+  int *pull;       /* per value: 1 = dequantized to the CPU for a CPU consumer */
   part *parts;
   int n_parts, cap_parts;
   qt_ctx *ctx;
@@ -71,7 +71,9 @@ static part *part_push(qt_accel *a, qt_partition_kind kind, int merge) {
   return p;
 }
 
-static void part_node(part *p, const char *name) { qt_strbuf_printf(&p->nodes, "%s%s", p->nodes.len ? " -> " : "", name); }
+static void part_node(part *p, const char *name) {
+  qt_strbuf_printf(&p->nodes, "%s%s", p->nodes.len ? " -> " : "", name);
+}
 
 /* ---- planning ---------------------------------------------------------------------------- */
 
@@ -82,15 +84,16 @@ static int exponent(float s) {
   return e - 1;
 }
 
-
 /* What the description requires of a record, and what the simulated device needs whatever the
  * description says: one power-of-two scale, zero point 0 (its requantizer only shifts). */
 static const char *record_problem(const qt_backend_desc *d, const qt_qstate *q, int is_weight, char *why, size_t n) {
   if (qt_backend_record_problem(d, q, is_weight, why, n)) return why;
   int e;
   if (q->channels != 1 || q->zero_point[0] != 0 || frexpf(q->scale[0], &e) != 0.5f) {
-    snprintf(why, n, "the simulated device needs one power-of-two scale and zero point 0 (found %d channel%s, scale "
-             "%.9g, zero point %d)", q->channels, q->channels == 1 ? "" : "s", q->scale[0], q->zero_point[0]);
+    snprintf(why, n,
+             "the simulated device needs one power-of-two scale and zero point 0 (found %d channel%s, scale "
+             "%.9g, zero point %d)",
+             q->channels, q->channels == 1 ? "" : "s", q->scale[0], q->zero_point[0]);
     return why;
   }
   return NULL;
@@ -98,9 +101,9 @@ static const char *record_problem(const qt_backend_desc *d, const qt_qstate *q, 
 
 typedef struct {
   qt_accel *a;
-  int *acc;                     /* per value: an accelerator int8 tensor */
-  const qt_qstate **rec;        /* per value on the accelerator: its qparams */
-  int *listed;                  /* per node: a dequantize view already named in a partition */
+  int *acc;              /* per value: an accelerator int8 tensor */
+  const qt_qstate **rec; /* per value on the accelerator: its qparams */
+  int *listed;           /* per node: a dequantize view already named in a partition */
 } planner;
 
 /* The output side of an accelerator kernel: out -> [relu | relu6] -> quantize with an acceptable
@@ -218,8 +221,10 @@ static const char *plan_layer(planner *P, int i, char *why, size_t wn) {
     /* an int32 bias (2^(e_in + e_w) is its scale) as it is; a float one: exact scaling, one rounding */
     const double bias = wq->qbias ? (double)wq->qbias[o] : b ? nearbyint(ldexp((double)b[o], -(e_in + e_w))) : 0.0;
     if (fabs(bias) + (double)K * (double)a_max * (double)w_max > 2147483647.0) {
-      snprintf(why, wn, "the int32 accumulator could overflow (channel %d: bias %.0f accumulator units, %d products "
-               "up to %lld)", o, bias, K, (long long)(a_max * w_max));
+      snprintf(why, wn,
+               "the int32 accumulator could overflow (channel %d: bias %.0f accumulator units, %d products "
+               "up to %lld)",
+               o, bias, K, (long long)(a_max * w_max));
       return why;
     }
     p->bias[o] = (int32_t)bias;
@@ -283,7 +288,8 @@ static void plan_pull(planner *P, int v) {
   P->listed[a->g->values[v].producer] = 1;
   part *pt = part_push(a, QT_PART_BOUNDARY, 0);
   part_node(pt, a->g->values[v].name);
-  qt_strbuf_printf(&pt->detail, "to the CPU: dequantize s%d 2^%d -> fp32", P->rec[v]->spec.bits, exponent(P->rec[v]->scale[0]));
+  qt_strbuf_printf(&pt->detail, "to the CPU: dequantize s%d 2^%d -> fp32", P->rec[v]->spec.bits,
+                   exponent(P->rec[v]->scale[0]));
 }
 
 static void plan_cpu(planner *P, int i, const char *reason) {
@@ -342,8 +348,10 @@ qt_accel *qt_accel_partition(const qt_graph *g, const qt_backend_desc *d, char *
     }
   }
   if (g->nodes[g->values[g->output].producer].op == QT_OP_QUANTIZE) {
-    snprintf(err, QT_ERR_LEN, "accelerator %s: graph %s: the output '%s' is integers (a quantize); the runtime returns "
-             "fp32", d->name, g->name, g->values[g->output].name);
+    snprintf(err, QT_ERR_LEN,
+             "accelerator %s: graph %s: the output '%s' is integers (a quantize); the runtime returns "
+             "fp32",
+             d->name, g->name, g->values[g->output].name);
     return NULL;
   }
   qt_accel *a = calloc(1, sizeof *a);
@@ -364,9 +372,7 @@ qt_accel *qt_accel_partition(const qt_graph *g, const qt_backend_desc *d, char *
       continue;
     }
     switch (n->op) {
-      case QT_OP_INPUT:
-        plan_cpu(&P, i, "the graph input (host memory)");
-        break;
+      case QT_OP_INPUT: plan_cpu(&P, i, "the graph input (host memory)"); break;
       case QT_OP_QUANTIZE:
         if (record_problem(d, n->q, 0, rw, sizeof rw)) {
           snprintf(why, sizeof why, "quantize on the CPU: %s", rw);
@@ -376,7 +382,7 @@ qt_accel *qt_accel_partition(const qt_graph *g, const qt_backend_desc *d, char *
           part *pt = part_push(a, QT_PART_BOUNDARY, 0);
           part_node(pt, n->name);
           qt_strbuf_printf(&pt->detail, "to the accelerator: quantize fp32 -> s%d 2^%d on the CPU", n->q->spec.bits,
-                   exponent(n->q->scale[0]));
+                           exponent(n->q->scale[0]));
           P.acc[n->output] = 1;
           P.rec[n->output] = n->q;
         }
@@ -506,8 +512,8 @@ static void device_add(int32_t *y, const int32_t *x0, const int32_t *x1, const n
   }
 }
 
-static void device_max_pool(int32_t *y, const int32_t *x, const qt_value *xv, const qt_value *yv, const qt_node_attrs *at,
-                            int N) {
+static void device_max_pool(int32_t *y, const int32_t *x, const qt_value *xv, const qt_value *yv,
+                            const qt_node_attrs *at, int N) {
   const int H = (int)xv->shape[0], W = (int)xv->shape[1], C = (int)xv->shape[2];
   const int OH = (int)yv->shape[0], OW = (int)yv->shape[1], K = at->kernel_h, S = at->stride_h, P = at->pad_h;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -533,9 +539,9 @@ static void device_max_pool(int32_t *y, const int32_t *x, const qt_value *xv, co
 /* ---- the runtime ------------------------------------------------------------------------- */
 
 typedef struct {
-  float *f;                     /* fp32 form (CPU), or NULL until needed */
-  int32_t *q;                   /* integers, or NULL for fp32 values */
-  const qt_qstate *rec;         /* qparams of q */
+  float *f;             /* fp32 form (CPU), or NULL until needed */
+  int32_t *q;           /* integers, or NULL for fp32 values */
+  const qt_qstate *rec; /* qparams of q */
 } rt_value;
 
 static qt_tensor *wrap(qt_ctx *ctx, void *data, int N, const qt_value *v) {
@@ -626,11 +632,8 @@ static void run_accel(qt_accel *a, rt_value *rt, int i, int N) {
       rt[n->output].q = y;
       break;
     }
-    case QT_OP_FLATTEN: /* NHWC flatten: the same buffer */
-      rt[n->output].q = in->q;
-      break;
-    default:
-      QT_ASSERT(0, "accelerator node %s (%s) has no device kernel", n->name, qt_op_name(n->op));
+    case QT_OP_FLATTEN: /* NHWC flatten: the same buffer */ rt[n->output].q = in->q; break;
+    default: QT_ASSERT(0, "accelerator node %s (%s) has no device kernel", n->name, qt_op_name(n->op));
   }
   rt[n->output].rec = in->rec;
 }
@@ -645,15 +648,10 @@ int qt_accel_run(qt_accel *a, float *out, const float *input, int n, char *err) 
   rt_value *rt = qt_arena_calloc(a->ctx, (size_t)g->n_values * sizeof *rt);
   for (int i = 0; i < g->n_nodes; i++) {
     switch (a->plan[i].place) {
-      case PL_FUSED:
-        break;
-      case PL_ACCEL:
-        run_accel(a, rt, i, n);
-        break;
+      case PL_FUSED: break;
+      case PL_ACCEL: run_accel(a, rt, i, n); break;
       case PL_CPU:
-      case PL_TRANSFER_IN:
-        run_cpu(a, rt, i, input, n);
-        break;
+      case PL_TRANSFER_IN: run_cpu(a, rt, i, input, n); break;
     }
   }
   memcpy(out, fp32_of(a, rt, g->output, n), (size_t)(qt_value_numel(&g->values[g->output]) * n) * sizeof(float));

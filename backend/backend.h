@@ -136,27 +136,26 @@ void qt_backend_desc_print(const qt_backend_desc *d, FILE *f);
 
 /* Whether one quantization record (a quantize node's activation record, or a layer's weight
  * record) is acceptable to the backend: NULL, or the first reason it is not, written to why. */
-const char *qt_backend_record_problem(const qt_backend_desc *d, const qt_qstate *q, int is_weight, char *why,
-                                      size_t n);
+const char *qt_backend_record_problem(const qt_backend_desc *d, const qt_qstate *q, int is_weight, char *why, size_t n);
 
 typedef enum {
-  QT_VIOLATION_OP,             /* op not run by the backend, on quantized data */
-  QT_VIOLATION_BITS,           /* bit width not allowed */
-  QT_VIOLATION_SIGN,           /* signed / unsigned range not accepted */
-  QT_VIOLATION_SYMMETRIC,      /* non-zero zero point where symmetric is required */
-  QT_VIOLATION_GRANULARITY,    /* per-channel qparams where per-tensor is required */
-  QT_VIOLATION_POW2,           /* scale not a power of two */
-  QT_VIOLATION_CHANNELS,       /* more output channels than the backend has */
-  QT_VIOLATION_SATURATION,     /* u8 x s8 pair sums can leave int16 (non-VNNI x86) */
-  QT_VIOLATION_INPUT,          /* quantized weights on an unquantized input (weight-only) */
-  QT_VIOLATION_BIAS,           /* a float bias where the backend takes int32 biases only */
+  QT_VIOLATION_OP,          /* op not run by the backend, on quantized data */
+  QT_VIOLATION_BITS,        /* bit width not allowed */
+  QT_VIOLATION_SIGN,        /* signed / unsigned range not accepted */
+  QT_VIOLATION_SYMMETRIC,   /* non-zero zero point where symmetric is required */
+  QT_VIOLATION_GRANULARITY, /* per-channel qparams where per-tensor is required */
+  QT_VIOLATION_POW2,        /* scale not a power of two */
+  QT_VIOLATION_CHANNELS,    /* more output channels than the backend has */
+  QT_VIOLATION_SATURATION,  /* u8 x s8 pair sums can leave int16 (non-VNNI x86) */
+  QT_VIOLATION_INPUT,       /* quantized weights on an unquantized input (weight-only) */
+  QT_VIOLATION_BIAS,        /* a float bias where the backend takes int32 biases only */
   QT_VIOLATION_COUNT
 } qt_violation_kind;
 const char *qt_violation_kind_name(qt_violation_kind k);
 
 typedef struct {
   qt_violation_kind kind;
-  int node;                    /* node id in the checked graph */
+  int node; /* node id in the checked graph */
   char node_name[QT_NAME_LEN];
   char reason[320];
 } qt_violation;
@@ -171,7 +170,7 @@ typedef struct {
   int count[QT_VIOLATION_COUNT];
   char (*notes)[320];
   int n_notes, cap_notes;
-  int n_records, n_layers;     /* activation records and integer-weight layers checked */
+  int n_records, n_layers; /* activation records and integer-weight layers checked */
 } qt_backend_check_result;
 
 /* Reads only the Q/DQ graph g (qt_qdq_load / qt_convert): every quantize node's record, every

@@ -15,8 +15,8 @@
 #include "backend/backend.h"
 
 const char *qt_violation_kind_name(qt_violation_kind k) {
-  static const char *const names[] = {"op",          "bits",       "sign",  "symmetric", "granularity",
-                                      "power-of-two", "channels", "saturation", "input", "bias"};
+  static const char *const names[] = {"op",           "bits",     "sign",       "symmetric", "granularity",
+                                      "power-of-two", "channels", "saturation", "input",     "bias"};
   _Static_assert(sizeof names / sizeof names[0] == QT_VIOLATION_COUNT, "violation kind names out of sync");
   return (unsigned)k < QT_VIOLATION_COUNT ? names[k] : "?";
 }
@@ -56,7 +56,7 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
   d->activation_per_tensor_only = 1;           /* one runtime zero point per tensor */
   const int vnni = isa == QT_ISA_AUTO ? qt_cpu_has_vnni() : isa == QT_ISA_VNNI;
   d->pair_sum_int16 = !vnni;
-  d->weight_8bit_as_7bit = !vnni;              /* the Quantizer's answer to pair_sum_int16 (docs/design.md: no VNNI) */
+  d->weight_8bit_as_7bit = !vnni; /* the Quantizer's answer to pair_sum_int16 (docs/design.md: no VNNI) */
   /* average pools have no int8 kernel here; their inputs and outputs stay quantized, so they
    * run as dq -> fp32 -> q fallback partitions between int8 kernels */
   d->fallback_quantized[QT_OP_AVG_POOL2D] = d->fallback_quantized[QT_OP_GLOBAL_AVG_POOL] = 1;
@@ -77,8 +77,8 @@ void qt_backend_desc_xnnpack(qt_backend_desc *d) {
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "xnnpack");
   d->xnnpack_runtime = 1;
-  const qt_op ops[] = {QT_OP_CONV2D, QT_OP_LINEAR,  QT_OP_RELU, QT_OP_RELU6,          QT_OP_MAX_POOL2D,
-                       QT_OP_FLATTEN, QT_OP_ADD,    QT_OP_GLOBAL_AVG_POOL};
+  const qt_op ops[] = {QT_OP_CONV2D,     QT_OP_LINEAR,  QT_OP_RELU, QT_OP_RELU6,
+                       QT_OP_MAX_POOL2D, QT_OP_FLATTEN, QT_OP_ADD,  QT_OP_GLOBAL_AVG_POOL};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 bits inside int8 */
   d->weight_sign = QT_SIGN_SIGNED;             /* qc8 / qs8 weights */
@@ -158,13 +158,14 @@ static int record_problems(const qt_backend_desc *d, const qt_qstate *q, int is_
     char allowed[32];
     qt_bits_mask_str(mask, ",", allowed, sizeof allowed);
     out[n].kind = QT_VIOLATION_BITS;
-    snprintf(out[n++].reason, sizeof out->reason, "%d-bit %s [%d, %d]; %s takes {%s}-bit %s", bits, what,
-             q->spec.qmin, q->spec.qmax, d->name, allowed, what);
+    snprintf(out[n++].reason, sizeof out->reason, "%d-bit %s [%d, %d]; %s takes {%s}-bit %s", bits, what, q->spec.qmin,
+             q->spec.qmax, d->name, allowed, what);
   }
   if ((need == QT_SIGN_SIGNED && !is_signed) || (need == QT_SIGN_UNSIGNED && is_signed)) {
     out[n].kind = QT_VIOLATION_SIGN;
-    snprintf(out[n++].reason, sizeof out->reason, "%s %s [%d, %d]; %s takes %s %s only", is_signed ? "signed" : "unsigned",
-             what, q->spec.qmin, q->spec.qmax, d->name, qt_signedness_name(need), what);
+    snprintf(out[n++].reason, sizeof out->reason, "%s %s [%d, %d]; %s takes %s %s only",
+             is_signed ? "signed" : "unsigned", what, q->spec.qmin, q->spec.qmax, d->name, qt_signedness_name(need),
+             what);
   }
   if (is_weight ? d->weight_symmetric : d->activation_symmetric) {
     int bad = 0, first = -1;
@@ -175,17 +176,20 @@ static int record_problems(const qt_backend_desc *d, const qt_qstate *q, int is_
       }
     if (bad) {
       out[n].kind = QT_VIOLATION_SYMMETRIC;
-      snprintf(out[n++].reason, sizeof out->reason, "%s zero point %d%s (%d of %d channels non-zero); %s requires "
-               "symmetric %s (zero point 0)", what, q->zero_point[first], q->channels > 1 ? " in a channel" : "", bad,
-               q->channels, d->name, what);
+      snprintf(out[n++].reason, sizeof out->reason,
+               "%s zero point %d%s (%d of %d channels non-zero); %s requires "
+               "symmetric %s (zero point 0)",
+               what, q->zero_point[first], q->channels > 1 ? " in a channel" : "", bad, q->channels, d->name, what);
     }
   }
   const int op_per_tensor = is_weight && op < QT_OP_COUNT && d->weight_per_tensor_ops[op];
   if (q->channels > 1 && (is_weight ? d->weight_per_tensor_only || op_per_tensor : d->activation_per_tensor_only)) {
     out[n].kind = QT_VIOLATION_GRANULARITY;
     if (op_per_tensor && !d->weight_per_tensor_only)
-      snprintf(out[n++].reason, sizeof out->reason, "per-channel %s %s (%d scales); %s takes one weight scale per "
-               "%s (per-channel weights on other layers)", qt_op_name(op), what, q->channels, d->name, qt_op_name(op));
+      snprintf(out[n++].reason, sizeof out->reason,
+               "per-channel %s %s (%d scales); %s takes one weight scale per "
+               "%s (per-channel weights on other layers)",
+               qt_op_name(op), what, q->channels, d->name, qt_op_name(op));
     else
       snprintf(out[n++].reason, sizeof out->reason, "per-channel %s (%d scales); %s requires one scale per tensor",
                what, q->channels, d->name);
@@ -201,8 +205,10 @@ static int record_problems(const qt_backend_desc *d, const qt_qstate *q, int is_
       int e;
       frexpf(q->scale[first], &e);
       out[n].kind = QT_VIOLATION_POW2;
-      snprintf(out[n++].reason, sizeof out->reason, "%s scale %.9g is not a power of two (between 2^%d and 2^%d; %d of "
-               "%d scales); %s rescales by shifting", what, q->scale[first], e - 1, e, bad, q->channels, d->name);
+      snprintf(out[n++].reason, sizeof out->reason,
+               "%s scale %.9g is not a power of two (between 2^%d and 2^%d; %d of "
+               "%d scales); %s rescales by shifting",
+               what, q->scale[first], e - 1, e, bad, q->channels, d->name);
     }
   }
   return n;
@@ -306,16 +312,14 @@ int qt_backend_check(const qt_graph *g, const qt_backend_desc *d, qt_backend_che
     const qt_node *n = &g->nodes[i];
     switch (n->op) {
       case QT_OP_INPUT:
-      case QT_OP_DEQUANTIZE: /* carries its quantize's record (the loader checks the pair) */
-        continue;
+      case QT_OP_DEQUANTIZE: /* carries its quantize's record (the loader checks the pair) */ continue;
       case QT_OP_QUANTIZE: {
         r->n_records++;
         const int k = record_problems(d, n->q, 0, QT_OP_COUNT, p);
         for (int j = 0; j < k; j++) add_violation(r, g, i, p[j].kind, "%s", p[j].reason);
         continue;
       }
-      default:
-        break;
+      default: break;
     }
     int integer_input = 0;
     for (int k = 0; k < n->n_inputs; k++) integer_input |= integer_source(g, n->inputs[k]) >= 0;
@@ -344,10 +348,11 @@ int qt_backend_check(const qt_graph *g, const qt_backend_desc *d, qt_backend_che
     }
     if (d->pair_sum_int16) check_saturation(r, g, i, g->nodes[src].q);
     if (d->bias_int32_only && n->param[QT_P_BIAS] >= 0 && !n->wq->qbias)
-      add_violation(r, g, i, QT_VIOLATION_BIAS,
-                    "float bias; %s adds the bias as int32 in accumulator units (s_x * s_w), so the device rounds it "
-                    "and computes other numbers than this graph (quantize for it: its Quantizer, or quant.bias = int32)",
-                    d->name);
+      add_violation(
+          r, g, i, QT_VIOLATION_BIAS,
+          "float bias; %s adds the bias as int32 in accumulator units (s_x * s_w), so the device rounds it "
+          "and computes other numbers than this graph (quantize for it: its Quantizer, or quant.bias = int32)",
+          d->name);
   }
   return 0;
 }

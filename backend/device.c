@@ -39,7 +39,9 @@ static const runtime_ops onednn_ops = {onednn_open,      onednn_free,   onednn_r
                                        onednn_partition, onednn_report, NULL};
 
 /* ---- the accelerator ------------------------------------------------------------------------- */
-static void *accel_open(const qt_graph *g, const qt_backend_desc *d, char *err) { return qt_accel_partition(g, d, err); }
+static void *accel_open(const qt_graph *g, const qt_backend_desc *d, char *err) {
+  return qt_accel_partition(g, d, err);
+}
 static void accel_free(void *a) { qt_accel_free(a); }
 static int accel_run(void *a, float *out, const float *input, int n, char *err) {
   return qt_accel_run(a, out, input, n, err);
@@ -62,14 +64,17 @@ static void *xnn_open(const qt_graph *g, const qt_backend_desc *d, char *err) {
   return qt_xnnpack_lower(g, err);
 }
 static void xnn_free(void *m) { qt_xnnpack_free(m); }
-static int xnn_run(void *m, float *out, const float *input, int n, char *err) { return qt_xnnpack_run(m, out, input, n, err); }
+static int xnn_run(void *m, float *out, const float *input, int n, char *err) {
+  return qt_xnnpack_run(m, out, input, n, err);
+}
 static int xnn_partition_count(const void *m) { return qt_xnnpack_partition_count(m); }
 static qt_partition_kind xnn_partition(const void *m, int i, const char **nodes, const char **detail) {
   return qt_xnnpack_partition(m, i, nodes, detail);
 }
 static void xnn_report(const void *m, FILE *f) { qt_xnnpack_report(m, f); }
 
-static const runtime_ops xnnpack_ops = {xnn_open, xnn_free, xnn_run, xnn_partition_count, xnn_partition, xnn_report, NULL};
+static const runtime_ops xnnpack_ops = {xnn_open,      xnn_free,   xnn_run, xnn_partition_count,
+                                        xnn_partition, xnn_report, NULL};
 
 /* ---- the device -------------------------------------------------------------------------------- */
 struct qt_device {
@@ -86,8 +91,10 @@ struct qt_device {
 qt_device *qt_device_open(const qt_graph *g, const qt_backend_desc *d, char *err) {
   qt_device *dev = calloc(1, sizeof *dev);
   QT_ASSERT(dev, "out of memory");
-  if (d) dev->desc = *d;
-  else qt_backend_desc_onednn_cpu(&dev->desc, QT_ISA_AUTO);
+  if (d)
+    dev->desc = *d;
+  else
+    qt_backend_desc_onednn_cpu(&dev->desc, QT_ISA_AUTO);
   dev->ops = dev->desc.onednn_runtime ? &onednn_ops : dev->desc.xnnpack_runtime ? &xnnpack_ops : &accel_ops;
   dev->g = g;
   dev->probe_value = -1;
@@ -144,7 +151,8 @@ int64_t qt_device_value_numel(const qt_device *dev, const char *name) {
 
 int qt_device_read_value(qt_device *dev, const char *name, float *out, const float *input, int n, char *err) {
   const int v = find_value(dev->g, name);
-  if (v < 0) return qt_err(err, "device %s: graph %s has no value or node named '%s'", dev->desc.name, dev->g->name, name);
+  if (v < 0)
+    return qt_err(err, "device %s: graph %s has no value or node named '%s'", dev->desc.name, dev->g->name, name);
   if (v == dev->g->output) return qt_device_run(dev, out, input, n, err);
   if (v == dev->g->input) {
     memcpy(out, input, (size_t)(qt_value_numel(&dev->g->values[v]) * n) * sizeof(float));

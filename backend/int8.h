@@ -14,17 +14,17 @@ typedef enum { QT_INT8_CONV, QT_INT8_LINEAR, QT_INT8_MAX_POOL } qt_int8_kind;
 
 typedef struct {
   qt_int8_kind kind;
-  int H, W, C;                 /* input per sample, NHWC; linear: H = W = 1, C = IN */
-  int OC, OH, OW;              /* output per sample; pool: OC = C; linear: OH = OW = 1 */
+  int H, W, C;                                  /* input per sample, NHWC; linear: H = W = 1, C = IN */
+  int OC, OH, OW;                               /* output per sample; pool: OC = C; linear: OH = OW = 1 */
   int KH, KW, stride_h, stride_w, pad_h, pad_w; /* conv, pool (symmetric padding, floor mode) */
-  int groups;                  /* conv: 0 or 1 = dense; C / groups input channels per group (depthwise: C) */
-  int zp_src, zp_dst;          /* conv: runtime zero points (0 = none); linear: must be 0 */
-  int relu;                    /* eltwise relu post-op */
-  int relu6;                   /* eltwise clip post-op to [0, relu6_hi] (relu6; instead of relu) */
-  float relu6_hi;              /* 6 in output units: 6 / s_out */
-  int clip;                    /* eltwise clip post-op to [clip_lo, clip_hi] (output units before zp_dst) */
+  int groups;         /* conv: 0 or 1 = dense; C / groups input channels per group (depthwise: C) */
+  int zp_src, zp_dst; /* conv: runtime zero points (0 = none); linear: must be 0 */
+  int relu;           /* eltwise relu post-op */
+  int relu6;          /* eltwise clip post-op to [0, relu6_hi] (relu6; instead of relu) */
+  float relu6_hi;     /* 6 in output units: 6 / s_out */
+  int clip;           /* eltwise clip post-op to [clip_lo, clip_hi] (output units before zp_dst) */
   int clip_lo, clip_hi;
-  int dst_f32;                 /* f32 dst (the caller requantizes) instead of u8 */
+  int dst_f32; /* f32 dst (the caller requantizes) instead of u8 */
 } qt_int8_params;
 
 typedef struct qt_int8_op qt_int8_op;

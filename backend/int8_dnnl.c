@@ -19,18 +19,18 @@
 #define INT8_CACHE_SIZE 3
 
 typedef struct {
-  int N;                       /* 0 = empty */
+  int N; /* 0 = empty */
   dnnl_primitive_t prim;
-  dnnl_memory_t wei;           /* primitive-layout weights (owned), NULL for pooling */
-  dnnl_memory_t src, dst;      /* unbound, set per call */
+  dnnl_memory_t wei;      /* primitive-layout weights (owned), NULL for pooling */
+  dnnl_memory_t src, dst; /* unbound, set per call */
 } int8_entry;
 
 struct qt_int8_op {
   qt_int8_params p;
-  int8_t *weight;              /* OIHW / (OUT, IN) */
-  float *oscale;               /* OC */
-  dnnl_memory_t bias;          /* owned (OC) f32 */
-  dnnl_memory_t zp_src, zp_dst;/* owned s32 (1) */
+  int8_t *weight;               /* OIHW / (OUT, IN) */
+  float *oscale;                /* OC */
+  dnnl_memory_t bias;           /* owned (OC) f32 */
+  dnnl_memory_t zp_src, zp_dst; /* owned s32 (1) */
   int8_entry cache[INT8_CACHE_SIZE];
   int next;
   char impl[64];
@@ -116,8 +116,8 @@ static dnnl_status_t make_pd(const qt_int8_op *op, int N, dnnl_primitive_desc_t 
     dnnl_memory_desc_t b = md_tag(1, bd, dnnl_f32, dnnl_x);
     if (p->kind == QT_INT8_CONV) {
       dnnl_convolution_desc_t cd;
-      QT_DNNL_CHECK(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &s, &w,
-                                                       &b, &d, strides, pad, pad));
+      QT_DNNL_CHECK(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &s, &w, &b,
+                                                       &d, strides, pad, pad));
       st = dnnl_primitive_desc_create(pd, &cd, attr, qt_dnnl_engine(), NULL);
     } else {
       dnnl_inner_product_desc_t id;
@@ -126,8 +126,8 @@ static dnnl_status_t make_pd(const qt_int8_op *op, int N, dnnl_primitive_desc_t 
     }
   } else {
     dnnl_pooling_desc_t pl;
-    QT_DNNL_CHECK(dnnl_pooling_forward_desc_init(&pl, dnnl_forward_inference, dnnl_pooling_max, &s, &d, strides,
-                                                 kernel, pad, pad));
+    QT_DNNL_CHECK(dnnl_pooling_forward_desc_init(&pl, dnnl_forward_inference, dnnl_pooling_max, &s, &d, strides, kernel,
+                                                 pad, pad));
     st = dnnl_primitive_desc_create(pd, &pl, attr, qt_dnnl_engine(), NULL);
   }
   if (ops) QT_DNNL_CHECK(dnnl_post_ops_destroy(ops));
@@ -187,7 +187,8 @@ qt_int8_op *qt_int8_op_create(const qt_int8_params *p, const int8_t *weight, con
   op->p = *p;
   qt_dnnl_engine();
   if (p->kind != QT_INT8_MAX_POOL) {
-    const size_t nw = (size_t)p->OC * (size_t)(p->C / groups_of(p)) * (p->kind == QT_INT8_CONV ? (size_t)p->KH * p->KW : 1);
+    const size_t nw =
+        (size_t)p->OC * (size_t)(p->C / groups_of(p)) * (p->kind == QT_INT8_CONV ? (size_t)p->KH * p->KW : 1);
     op->weight = malloc(nw);
     op->oscale = malloc((size_t)p->OC * sizeof(float));
     if (!op->weight || !op->oscale) qt_dnnl_die(__FILE__, __LINE__, "out of memory");
@@ -206,7 +207,7 @@ qt_int8_op *qt_int8_op_create(const qt_int8_params *p, const int8_t *weight, con
   dnnl_status_t st = entry_build(op, &op->cache[0], 1);
   if (st != dnnl_success) {
     snprintf(err, QT_ERR_LEN, "oneDNN 2.6 has no %s kernel for this scheme (%s)",
-             p->kind == QT_INT8_CONV ? (groups_of(p) > 1 ? "grouped int8 convolution" : "int8 convolution")
+             p->kind == QT_INT8_CONV     ? (groups_of(p) > 1 ? "grouped int8 convolution" : "int8 convolution")
              : p->kind == QT_INT8_LINEAR ? "int8 inner product"
                                          : "u8 max pooling",
              st == dnnl_unimplemented ? "unimplemented" : "invalid arguments");

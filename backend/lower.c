@@ -21,10 +21,10 @@ typedef enum { REP_F32, REP_U8, REP_I32 } rep_kind;
 
 typedef struct {
   rep_kind kind;
-  int slot;              /* buffer holding the value's representation */
-  int f32_slot;          /* its fp32 form once materialized, else -1 (REP_F32: = slot) */
-  int channels;          /* REP_U8 / REP_I32: qparams (per tensor: 1) along the last axis */
-  float *scale;          /* owned by the model (kept list) */
+  int slot;     /* buffer holding the value's representation */
+  int f32_slot; /* its fp32 form once materialized, else -1 (REP_F32: = slot) */
+  int channels; /* REP_U8 / REP_I32: qparams (per tensor: 1) along the last axis */
+  float *scale; /* owned by the model (kept list) */
   int32_t *zero_point;
 } value_rep;
 
@@ -32,14 +32,14 @@ typedef enum { ST_QUANTIZE, ST_DEQUANTIZE, ST_INT8, ST_REQUANTIZE, ST_FALLBACK, 
 
 typedef struct {
   step_kind kind;
-  int in[2], out;        /* slots */
-  int64_t in_numel;      /* per sample, of in[0] */
+  int in[2], out;   /* slots */
+  int64_t in_numel; /* per sample, of in[0] */
   /* quantize / dequantize / requantize */
   int channels;
   float *scale;
   int32_t *zero_point;
   int qmin, qmax;
-  int int_u8;            /* the integer side is u8 (else i32) */
+  int int_u8; /* the integer side is u8 (else i32) */
   /* int8 kernel */
   qt_int8_op *op;
   /* u8 add: each input's dequantized values by integer (256 entries), a fused relu or relu6 */
@@ -65,11 +65,11 @@ struct qt_lowered {
   slot_info *slots;
   int n_slots, cap_slots;
   qt_part_list parts;
-  void **kept;           /* owned allocations (qparam copies) */
+  void **kept; /* owned allocations (qparam copies) */
   int n_kept, cap_kept;
   qt_ctx *ctx;
-  void **bufs;           /* per slot, during a run */
-  const qt_graph *g;     /* the Q/DQ graph (borrowed): the fallbacks' nodes and parameters */
+  void **bufs;       /* per slot, during a run */
+  const qt_graph *g; /* the Q/DQ graph (borrowed): the fallbacks' nodes and parameters */
 };
 
 static void *keep(qt_lowered *m, size_t bytes) {
@@ -106,9 +106,9 @@ static step *new_step(qt_lowered *m, step_kind kind) {
 typedef struct {
   const qt_graph *g;
   qt_lowered *m;
-  value_rep *rep;        /* per value */
-  int *consumer;         /* per value: its only consuming node, or -1 (none or several) */
-  int *done;             /* per node: lowered as part of an earlier pattern */
+  value_rep *rep; /* per value */
+  int *consumer;  /* per value: its only consuming node, or -1 (none or several) */
+  int *done;      /* per node: lowered as part of an earlier pattern */
   char *err;
 } lowering;
 
@@ -128,7 +128,8 @@ static int f32_slot(lowering *L, int v) {
   s->zero_point = r->zero_point;
   s->int_u8 = r->kind == REP_U8;
   r->f32_slot = s->out;
-  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, val->name, "dequantize %s -> fp32 (for an fp32 consumer)", r->kind == REP_U8 ? "u8" : "i32");
+  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, val->name, "dequantize %s -> fp32 (for an fp32 consumer)",
+              r->kind == REP_U8 ? "u8" : "i32");
   return s->out;
 }
 
@@ -157,8 +158,8 @@ static void lower_quantize(lowering *L, int i) {
   s->channels = r->channels;
   s->scale = r->scale;
   s->zero_point = r->zero_point;
-  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, n->name, "quantize fp32 -> %s [%d, %d]", s->int_u8 ? "u8" : "i32", q->spec.qmin,
-           q->spec.qmax);
+  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, n->name, "quantize fp32 -> %s [%d, %d]", s->int_u8 ? "u8" : "i32",
+              q->spec.qmin, q->spec.qmax);
 }
 
 /* Whether node i starts dq -> conv/linear [-> relu | relu6] -> q with u8 activations and s8
@@ -294,10 +295,18 @@ static void lower_int8_layer(lowering *L, int i, int relu, int quant, const char
   snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s", g->nodes[g->values[n->inputs[0]].producer].name, n->name,
            relu >= 0 ? " -> " : "", relu >= 0 ? g->nodes[relu].name : "", qn->name);
   qt_part_add(&L->m->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> u8%s%s (%s)",
-           !is_conv ? "inner product" : n->attr.groups == n->attr.out_channels && n->attr.groups > 1 ? "depthwise conv"
-           : n->attr.groups > 1 ? "grouped conv" : "conv",
-           six ? ", fused relu6" : relu >= 0 ? ", fused relu" : "", p.dst_f32 ? (is_conv ? ", f32 dst requantized (odd output zero point)" : ", f32 dst requantized (output zero point)") : p.zp_dst ? ", output zero point" : "",
-           qt_int8_op_impl(op));
+              !is_conv                                                       ? "inner product"
+              : n->attr.groups == n->attr.out_channels && n->attr.groups > 1 ? "depthwise conv"
+              : n->attr.groups > 1                                           ? "grouped conv"
+                                                                             : "conv",
+              six         ? ", fused relu6"
+              : relu >= 0 ? ", fused relu"
+                          : "",
+              p.dst_f32  ? (is_conv ? ", f32 dst requantized (odd output zero point)"
+                                    : ", f32 dst requantized (output zero point)")
+              : p.zp_dst ? ", output zero point"
+                         : "",
+              qt_int8_op_impl(op));
 }
 
 static const char *lower_max_pool_u8(lowering *L, int i) {
@@ -386,7 +395,9 @@ static const char *lower_add_u8(lowering *L, int i) {
            g->nodes[g->values[n->inputs[1]].producer].name, n->name, relu >= 0 ? " -> " : "",
            relu >= 0 ? g->nodes[relu].name : "", qn->name);
   qt_part_add(&m->parts, QT_PART_INT8, nodes, "add u8 + u8 -> u8%s (own scales and zero points, requantized)",
-           s->relu6 ? ", fused relu6" : relu >= 0 ? ", fused relu" : "");
+              s->relu6    ? ", fused relu6"
+              : relu >= 0 ? ", fused relu"
+                          : "");
   return NULL;
 }
 
@@ -441,8 +452,12 @@ qt_lowered *qt_lower(const qt_graph *g, char *err) {
   QT_ASSERT(m, "out of memory");
   m->g = g;
   snprintf(m->name, sizeof m->name, "%s", g->name);
-  lowering L = {g, m, calloc((size_t)g->n_values, sizeof(value_rep)), malloc((size_t)g->n_values * sizeof(int)),
-                calloc((size_t)g->n_nodes, sizeof(int)), err};
+  lowering L = {g,
+                m,
+                calloc((size_t)g->n_values, sizeof(value_rep)),
+                malloc((size_t)g->n_values * sizeof(int)),
+                calloc((size_t)g->n_nodes, sizeof(int)),
+                err};
   QT_ASSERT(L.rep && L.consumer && L.done, "out of memory");
   for (int v = 0; v < g->n_values; v++) {
     L.consumer[v] = -1;
@@ -466,9 +481,7 @@ qt_lowered *qt_lower(const qt_graph *g, char *err) {
         out->kind = REP_F32;
         out->slot = out->f32_slot = m->input_slot;
         break;
-      case QT_OP_QUANTIZE:
-        lower_quantize(&L, i);
-        break;
+      case QT_OP_QUANTIZE: lower_quantize(&L, i); break;
       case QT_OP_DEQUANTIZE: {
         const value_rep *in = &L.rep[n->inputs[0]];
         QT_ASSERT(in->kind != REP_F32, "dequantize %s reads an fp32 value", n->name);
@@ -495,8 +508,11 @@ qt_lowered *qt_lower(const qt_graph *g, char *err) {
       case QT_OP_FLATTEN: {
         /* NHWC flatten is a view of the same buffer, whatever the representation. */
         *out = L.rep[n->inputs[0]];
-        qt_part_add(&m->parts, out->kind == REP_U8 ? QT_PART_INT8 : QT_PART_FALLBACK, n->name, "flatten: a view of the %s tensor",
-                 out->kind == REP_U8 ? "u8" : out->kind == REP_I32 ? "i32" : "fp32");
+        qt_part_add(&m->parts, out->kind == REP_U8 ? QT_PART_INT8 : QT_PART_FALLBACK, n->name,
+                    "flatten: a view of the %s tensor",
+                    out->kind == REP_U8    ? "u8"
+                    : out->kind == REP_I32 ? "i32"
+                                           : "fp32");
         break;
       }
       case QT_OP_ADD: {
@@ -504,9 +520,7 @@ qt_lowered *qt_lower(const qt_graph *g, char *err) {
         if (why) lower_fallback(&L, i, why);
         break;
       }
-      default:
-        lower_fallback(&L, i, "no int8 pattern for this op");
-        break;
+      default: lower_fallback(&L, i, "no int8 pattern for this op"); break;
     }
   }
   m->output_slot = f32_slot(&L, g->output);
@@ -634,23 +648,12 @@ int qt_lowered_run(qt_lowered *m, float *out, const float *input, int n, char *e
     void *o = qt_arena_alloc(m->ctx, m->slots[s->out].bytes * (size_t)n);
     m->bufs[s->out] = o;
     switch (s->kind) {
-      case ST_QUANTIZE:
-        run_quantize(s, o, in, numel, m->ctx);
-        break;
-      case ST_DEQUANTIZE:
-        run_dequantize(s, o, in, numel);
-        break;
-      case ST_INT8:
-        qt_int8_op_run(s->op, o, in, n);
-        break;
-      case ST_REQUANTIZE:
-        run_requantize(s, o, in, numel);
-        break;
-      case ST_ADD_U8:
-        run_add_u8(s, o, in, m->bufs[s->in[1]], numel);
-        break;
-      case ST_FALLBACK:
-        break;
+      case ST_QUANTIZE: run_quantize(s, o, in, numel, m->ctx); break;
+      case ST_DEQUANTIZE: run_dequantize(s, o, in, numel); break;
+      case ST_INT8: qt_int8_op_run(s->op, o, in, n); break;
+      case ST_REQUANTIZE: run_requantize(s, o, in, numel); break;
+      case ST_ADD_U8: run_add_u8(s, o, in, m->bufs[s->in[1]], numel); break;
+      case ST_FALLBACK: break;
     }
   }
   memcpy(out, m->bufs[m->output_slot], (size_t)(m->out_numel * n) * sizeof(float));

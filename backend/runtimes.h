@@ -7,8 +7,8 @@
 /* ---- partition lists (parts.c): what a runtime reports as its partitions ---------------------- */
 typedef struct {
   qt_partition_kind kind;
-  char nodes[256];   /* the Q/DQ graph's nodes, "a -> b -> c" */
-  char detail[320];  /* the kernels, or for a fallback the reason */
+  char nodes[256];  /* the Q/DQ graph's nodes, "a -> b -> c" */
+  char detail[320]; /* the kernels, or for a fallback the reason */
 } qt_part;
 
 typedef struct {
@@ -28,7 +28,6 @@ void qt_part_list_free(qt_part_list *l);
 
 /* ---- oneDNN int8 lowering (lower.c) ---------------------------------------------------------- */
 typedef struct qt_lowered qt_lowered;
-
 
 /* Lowers a finalized Q/DQ graph. g must outlive the lowered model and stay unchanged: fallback
  * partitions run its nodes with qt_node_forward (nn.h), reading their parameters from g.

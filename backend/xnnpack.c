@@ -4,17 +4,13 @@
  * The same walk as lower.c: every value gets a representation, fp32 or integers (int8 for the
  * ranges XNNPACK's qs8 operators take, int32 otherwise) with the qparams that turn them into
  * the value the Q/DQ graph computes; a dequantize is free until an fp32 consumer needs it.
- * The runtime is xnnpack_run.c. Patterns become one XNNPACK operator each (operator API: created once with their weights and
- * qparams, set up for the batch and buffers at every run):
- *   dq -> conv2d [-> relu | relu6] -> q     xnn_create_convolution2d_nhwc_qc8 (OHWI weights,
- *                                           one scale per output channel, int32 bias; relu /
- *                                           relu6 / a < 8-bit range as the output clamp)
- *   dq -> linear [-> relu | relu6] -> q     xnn_create_fully_connected_nc_qs8 (one weight scale)
- *   dq + dq -> add [-> relu | relu6] -> q   xnn_create_add_nd_qs8
- *   dq -> global_avg_pool -> q              xnn_create_global_average_pooling_nwc_qs8
- *   max_pool2d on int8                      xnn_create_max_pooling2d_nhwc_s8 (same qparams)
- *   relu on int8 (same qparams)             xnn_create_clamp_nc_s8 at the zero point
- *   flatten                                 a view
+ * The runtime is xnnpack_run.c. Patterns become one XNNPACK operator each (operator API: created once with their
+ * weights and qparams, set up for the batch and buffers at every run): dq -> conv2d [-> relu | relu6] -> q
+ * xnn_create_convolution2d_nhwc_qc8 (OHWI weights, one scale per output channel, int32 bias; relu / relu6 / a < 8-bit
+ * range as the output clamp) dq -> linear [-> relu | relu6] -> q     xnn_create_fully_connected_nc_qs8 (one weight
+ * scale) dq + dq -> add [-> relu | relu6] -> q   xnn_create_add_nd_qs8 dq -> global_avg_pool -> q
+ * xnn_create_global_average_pooling_nwc_qs8 max_pool2d on int8                      xnn_create_max_pooling2d_nhwc_s8
+ * (same qparams) relu on int8 (same qparams)             xnn_create_clamp_nc_s8 at the zero point flatten a view
  * Everything else (and a pattern whose records XNNPACK cannot take: u8 activations, per-channel
  * linear weights, an operator XNNPACK refuses) runs as dq -> fp32 op -> q with the framework's
  * own fp32 node forward: a fallback partition with its reason. A quantize of fp32 data and a
@@ -86,17 +82,15 @@ typedef enum { REP_F32, REP_S8, REP_I32 } rep_kind;
 
 typedef struct {
   rep_kind kind;
-  int slot;              /* buffer holding the value's representation */
-  int f32_slot;          /* its fp32 form once materialized, else -1 (REP_F32: = slot) */
-  int channels;          /* integers: qparams (per tensor: 1) along the last axis */
-  float *scale;          /* owned by the model (kept list) */
+  int slot;     /* buffer holding the value's representation */
+  int f32_slot; /* its fp32 form once materialized, else -1 (REP_F32: = slot) */
+  int channels; /* integers: qparams (per tensor: 1) along the last axis */
+  float *scale; /* owned by the model (kept list) */
   int32_t *zero_point;
-  int qmin, qmax;        /* integers: the range of the quantize that made them */
-  int fallback;          /* fp32 made by a fallback partition: the partition whose reason is the
-                          * first cause of the chain of fallbacks it ends, else -1 */
+  int qmin, qmax; /* integers: the range of the quantize that made them */
+  int fallback;   /* fp32 made by a fallback partition: the partition whose reason is the
+                   * first cause of the chain of fallbacks it ends, else -1 */
 } value_rep;
-
-
 
 int qt_xnnpack_available(char *err) {
   const enum xnn_status s = xnn_initialize(NULL); /* idempotent */
@@ -114,7 +108,8 @@ static void *keep_copy(qt_xnnpack *m, const void *src, size_t bytes) {
 }
 
 static int new_slot(qt_xnnpack *m, size_t bytes_per_sample) {
-  m->slot_bytes = qt_grow(m->slot_bytes, &m->cap_slots, m->n_slots + 1, sizeof *m->slot_bytes, "an xnnpack model table");
+  m->slot_bytes =
+      qt_grow(m->slot_bytes, &m->cap_slots, m->n_slots + 1, sizeof *m->slot_bytes, "an xnnpack model table");
   m->slot_bytes[m->n_slots] = bytes_per_sample;
   return m->n_slots++;
 }
@@ -133,11 +128,11 @@ static step *new_step(qt_xnnpack *m, step_kind kind) {
 typedef struct {
   const qt_graph *g;
   qt_xnnpack *m;
-  value_rep *rep;        /* per value */
-  int *consumer;         /* per value: its only consuming node, or -1 (none or several) */
-  int *done;             /* per node: lowered as part of an earlier pattern */
-  char why[320];         /* the last reason a pattern was not lowered */
-  int cause;             /* the first cause (a partition) when that reason is an fp32 input, else -1 */
+  value_rep *rep; /* per value */
+  int *consumer;  /* per value: its only consuming node, or -1 (none or several) */
+  int *done;      /* per node: lowered as part of an earlier pattern */
+  char why[320];  /* the last reason a pattern was not lowered */
+  int cause;      /* the first cause (a partition) when that reason is an fp32 input, else -1 */
 } lowering;
 
 static const float *param_data(const qt_graph *g, int t) { return t >= 0 ? g->params + g->tensors[t].offset : NULL; }
@@ -159,7 +154,7 @@ static int f32_slot(lowering *L, int v) {
   s->int8 = r->kind == REP_S8;
   r->f32_slot = s->out;
   qt_part_add(&L->m->parts, QT_PART_BOUNDARY, val->name, "dequantize %s -> fp32 (for an fp32 consumer)",
-           r->kind == REP_S8 ? "int8" : "int32");
+              r->kind == REP_S8 ? "int8" : "int32");
   return s->out;
 }
 
@@ -192,8 +187,8 @@ static void lower_quantize(lowering *L, int i) {
   s->channels = r->channels;
   s->scale = r->scale;
   s->zero_point = r->zero_point;
-  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, n->name, "quantize fp32 -> %s [%d, %d]", s->int8 ? "int8" : "int32", q->spec.qmin,
-           q->spec.qmax);
+  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, n->name, "quantize fp32 -> %s [%d, %d]", s->int8 ? "int8" : "int32",
+              q->spec.qmin, q->spec.qmax);
 }
 
 /* Why value v cannot feed a qs8 operator, written to L->why; NULL when it can. */
@@ -296,8 +291,10 @@ static const char *lower_layer(lowering *L, int i) {
       return L->why;
     }
   if (!is_conv && wq->channels > 1) {
-    snprintf(L->why, sizeof L->why, "per-channel linear weights (%d scales); XNNPACK's qs8 fully connected takes one "
-             "weight scale", wq->channels);
+    snprintf(L->why, sizeof L->why,
+             "per-channel linear weights (%d scales); XNNPACK's qs8 fully connected takes one "
+             "weight scale",
+             wq->channels);
     return L->why;
   }
   if ((why = int8_input_problem(L, n->inputs[0]))) return why;
@@ -323,7 +320,9 @@ static const char *lower_layer(lowering *L, int i) {
     wscale[c] = wq->scale[wq->channels == 1 ? 0 : c];
     /* the graph's int32 bias as it is; a float bias rounded to accumulator units here (the
      * Q/DQ graph then computes with a bias XNNPACK does not have: quant.bias = int32 avoids it) */
-    const double acc_bias = wq->qbias ? (double)wq->qbias[c] : b ? nearbyint((double)b[c] / (s_x * (double)wscale[c])) : 0.0;
+    const double acc_bias = wq->qbias ? (double)wq->qbias[c]
+                            : b       ? nearbyint((double)b[c] / (s_x * (double)wscale[c]))
+                                      : 0.0;
     if (!(fabs(acc_bias) < 2147483647.0)) bias_problem = "bias does not fit int32 in accumulator units";
     bias[c] = bias_problem ? 0 : (int32_t)acc_bias;
   }
@@ -337,7 +336,8 @@ static const char *lower_layer(lowering *L, int i) {
     for (int o = 0; o < OC; o++)
       for (int ic = 0; ic < IC; ic++)
         for (int k = 0; k < KH * KW; k++)
-          w8[(int64_t)o * inner + (int64_t)k * IC + ic] = (int8_t)wq->qweight[(int64_t)o * inner + (int64_t)ic * KH * KW + k];
+          w8[(int64_t)o * inner + (int64_t)k * IC + ic] =
+              (int8_t)wq->qweight[(int64_t)o * inner + (int64_t)ic * KH * KW + k];
   } else {
     for (int64_t k = 0; k < wq->n_qweight; k++) w8[k] = (int8_t)wq->qweight[k];
   }
@@ -349,8 +349,8 @@ static const char *lower_layer(lowering *L, int i) {
       st = xnn_create_convolution2d_nhwc_qc8(
           (uint32_t)n->attr.pad_h, (uint32_t)n->attr.pad_w, (uint32_t)n->attr.pad_h, (uint32_t)n->attr.pad_w,
           (uint32_t)KH, (uint32_t)KW, (uint32_t)n->attr.stride_h, (uint32_t)n->attr.stride_w, 1, 1, (uint32_t)groups,
-          (size_t)(C / groups), (size_t)(OC / groups), (size_t)C, (size_t)OC, (int8_t)zp_x, (float)s_x, wscale, w8, bias,
-          (int8_t)zp_out, (float)s_out, lo, hi, 0, &op);
+          (size_t)(C / groups), (size_t)(OC / groups), (size_t)C, (size_t)OC, (int8_t)zp_x, (float)s_x, wscale, w8,
+          bias, (int8_t)zp_out, (float)s_out, lo, hi, 0, &op);
     else
       st = xnn_create_fully_connected_nc_qs8((size_t)C, (size_t)OC, (size_t)C, (size_t)OC, (int8_t)zp_x, (float)s_x,
                                              wscale[0], w8, bias, (int8_t)zp_out, (float)s_out, lo, hi, 0, &op);
@@ -380,11 +380,11 @@ static const char *lower_layer(lowering *L, int i) {
   snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s", node_of(g, n->inputs[0]), n->name, act >= 0 ? " -> " : "",
            act >= 0 ? g->nodes[act].name : "", g->nodes[quant].name);
   qt_part_add(&m->parts, QT_PART_INT8, nodes, "%s qs8 x %s -> qs8%s, out [%d, %d]",
-           !is_conv                                                      ? "fully connected"
-           : groups == OC && groups > 1 && groups == C                   ? "depthwise conv"
-           : groups > 1                                                  ? "grouped conv"
-                                                                         : "conv",
-           is_conv ? "qc8 (per-channel)" : "qs8 (per-tensor)", act_text(g, act), lo, hi);
+              !is_conv                                    ? "fully connected"
+              : groups == OC && groups > 1 && groups == C ? "depthwise conv"
+              : groups > 1                                ? "grouped conv"
+                                                          : "conv",
+              is_conv ? "qc8 (per-channel)" : "qs8 (per-tensor)", act_text(g, act), lo, hi);
   return NULL;
 }
 
@@ -418,9 +418,10 @@ static const char *lower_add(lowering *L, int i) {
   s->out = new_slot(L->m, (size_t)s->in_numel);
   unit_done(L, i, act, quant, s->out);
   char nodes[256];
-  snprintf(nodes, sizeof nodes, "%s + %s -> %s%s%s -> %s", node_of(g, n->inputs[0]), node_of(g, n->inputs[1]),
-           n->name, act >= 0 ? " -> " : "", act >= 0 ? g->nodes[act].name : "", g->nodes[quant].name);
-  qt_part_add(&L->m->parts, QT_PART_INT8, nodes, "add qs8 + qs8 -> qs8%s (own scales and zero points)", act_text(g, act));
+  snprintf(nodes, sizeof nodes, "%s + %s -> %s%s%s -> %s", node_of(g, n->inputs[0]), node_of(g, n->inputs[1]), n->name,
+           act >= 0 ? " -> " : "", act >= 0 ? g->nodes[act].name : "", g->nodes[quant].name);
+  qt_part_add(&L->m->parts, QT_PART_INT8, nodes, "add qs8 + qs8 -> qs8%s (own scales and zero points)",
+              act_text(g, act));
   return NULL;
 }
 
@@ -442,7 +443,8 @@ static const char *lower_global_avg_pool(lowering *L, int i) {
       xnn_create_global_average_pooling_nwc_qs8((size_t)C, (size_t)C, (size_t)C, (int8_t)in->zero_point[0],
                                                 in->scale[0], (int8_t)qo->zero_point[0], qo->scale[0], lo, hi, 0, &op);
   if (st != xnn_status_success) {
-    snprintf(L->why, sizeof L->why, "xnn_create_global_average_pooling_nwc_qs8 refused it (%s)", qt_xnn_status_name(st));
+    snprintf(L->why, sizeof L->why, "xnn_create_global_average_pooling_nwc_qs8 refused it (%s)",
+             qt_xnn_status_name(st));
     return L->why;
   }
   step *s = new_step(L->m, ST_XNN);
@@ -474,11 +476,10 @@ static const char *lower_same_qparams(lowering *L, int i) {
   enum xnn_status st;
   const int C = (int)xv->shape[xv->ndim - 1];
   if (pool)
-    st = xnn_create_max_pooling2d_nhwc_s8((uint32_t)n->attr.pad_h, (uint32_t)n->attr.pad_w, (uint32_t)n->attr.pad_h,
-                                          (uint32_t)n->attr.pad_w, (uint32_t)n->attr.kernel_h,
-                                          (uint32_t)n->attr.kernel_w, (uint32_t)n->attr.stride_h,
-                                          (uint32_t)n->attr.stride_w, 1, 1, (size_t)C, (size_t)C, (size_t)C, -128, 127,
-                                          0, &op);
+    st = xnn_create_max_pooling2d_nhwc_s8(
+        (uint32_t)n->attr.pad_h, (uint32_t)n->attr.pad_w, (uint32_t)n->attr.pad_h, (uint32_t)n->attr.pad_w,
+        (uint32_t)n->attr.kernel_h, (uint32_t)n->attr.kernel_w, (uint32_t)n->attr.stride_h, (uint32_t)n->attr.stride_w,
+        1, 1, (size_t)C, (size_t)C, (size_t)C, -128, 127, 0, &op);
   else {
     const int zp = in->zero_point[0] < -128 ? -128 : in->zero_point[0];
     st = xnn_create_clamp_nc_s8((size_t)qt_value_numel(xv), (size_t)qt_value_numel(xv), (size_t)qt_value_numel(xv),
@@ -500,8 +501,10 @@ static const char *lower_same_qparams(lowering *L, int i) {
   *r = *in;
   r->slot = s->out;
   r->f32_slot = -1;
-  qt_part_add(&L->m->parts, QT_PART_INT8, n->name, pool ? "max pooling on int8 (same qparams)" : "relu on int8: clamp at the "
-                                                                                      "zero point (same qparams)");
+  qt_part_add(&L->m->parts, QT_PART_INT8, n->name,
+              pool ? "max pooling on int8 (same qparams)"
+                   : "relu on int8: clamp at the "
+                     "zero point (same qparams)");
   return NULL;
 }
 
@@ -576,8 +579,13 @@ qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
   QT_ASSERT(m, "out of memory");
   m->g = g;
   snprintf(m->name, sizeof m->name, "%s", g->name);
-  lowering L = {g, m, calloc((size_t)g->n_values, sizeof(value_rep)), malloc((size_t)g->n_values * sizeof(int)),
-                calloc((size_t)g->n_nodes, sizeof(int)), "", -1};
+  lowering L = {g,
+                m,
+                calloc((size_t)g->n_values, sizeof(value_rep)),
+                malloc((size_t)g->n_values * sizeof(int)),
+                calloc((size_t)g->n_nodes, sizeof(int)),
+                "",
+                -1};
   QT_ASSERT(L.rep && L.consumer && L.done, "out of memory");
   for (int v = 0; v < g->n_values; v++) {
     L.consumer[v] = -1;
@@ -601,9 +609,7 @@ qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
         out->kind = REP_F32;
         out->slot = out->f32_slot = m->input_slot;
         break;
-      case QT_OP_QUANTIZE:
-        lower_quantize(&L, i);
-        break;
+      case QT_OP_QUANTIZE: lower_quantize(&L, i); break;
       case QT_OP_DEQUANTIZE: {
         const value_rep *in = &L.rep[n->inputs[0]];
         QT_ASSERT(in->kind != REP_F32, "dequantize %s reads an fp32 value", n->name);
@@ -614,31 +620,22 @@ qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
         break;
       }
       case QT_OP_CONV2D:
-      case QT_OP_LINEAR:
-        reason = lower_layer(&L, i);
-        break;
-      case QT_OP_ADD:
-        reason = lower_add(&L, i);
-        break;
-      case QT_OP_GLOBAL_AVG_POOL:
-        reason = lower_global_avg_pool(&L, i);
-        break;
+      case QT_OP_LINEAR: reason = lower_layer(&L, i); break;
+      case QT_OP_ADD: reason = lower_add(&L, i); break;
+      case QT_OP_GLOBAL_AVG_POOL: reason = lower_global_avg_pool(&L, i); break;
       case QT_OP_MAX_POOL2D:
-      case QT_OP_RELU:
-        reason = lower_same_qparams(&L, i);
-        break;
+      case QT_OP_RELU: reason = lower_same_qparams(&L, i); break;
       case QT_OP_FLATTEN:
         /* NHWC flatten is a view of the same buffer, whatever the representation */
         *out = L.rep[n->inputs[0]];
-        qt_part_add(&m->parts, out->kind == REP_S8 ? QT_PART_INT8 : QT_PART_FALLBACK, n->name, "flatten: a view of the %s tensor",
-                 out->kind == REP_S8 ? "int8" : out->kind == REP_I32 ? "int32" : "fp32");
+        qt_part_add(&m->parts, out->kind == REP_S8 ? QT_PART_INT8 : QT_PART_FALLBACK, n->name,
+                    "flatten: a view of the %s tensor",
+                    out->kind == REP_S8    ? "int8"
+                    : out->kind == REP_I32 ? "int32"
+                                           : "fp32");
         break;
-      case QT_OP_AVG_POOL2D:
-        reason = "no qs8 average pooling in this XNNPACK (only qu8)";
-        break;
-      default:
-        reason = "XNNPACK has no operator for this op here";
-        break;
+      case QT_OP_AVG_POOL2D: reason = "no qs8 average pooling in this XNNPACK (only qu8)"; break;
+      default: reason = "XNNPACK has no operator for this op here"; break;
     }
     if (reason) lower_fallback(&L, i, reason);
   }

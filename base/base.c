@@ -73,9 +73,7 @@ int qt_status_fail(qt_status *st, qt_status_code code) {
   return -1;
 }
 
-int qt_status_exit_code(qt_status_code code) {
-  return code == QT_OK ? 0 : code == QT_STATUS_INPUT ? 2 : 1;
-}
+int qt_status_exit_code(qt_status_code code) { return code == QT_OK ? 0 : code == QT_STATUS_INPUT ? 2 : 1; }
 
 const char *qt_status_name(qt_status_code code) {
   static const char *const names[] = {"ok", "input", "I/O", "format", "runtime", "out of memory"};
@@ -106,10 +104,14 @@ void qt_strbuf_printf(qt_strbuf *b, const char *fmt, ...) {
 void qt_strbuf_json_string(qt_strbuf *b, const char *s) {
   qt_strbuf_printf(b, "\"");
   for (; *s; s++) {
-    if (*s == '"' || *s == '\\') qt_strbuf_printf(b, "\\%c", *s);
-    else if (*s == '\n') qt_strbuf_printf(b, "\\n");
-    else if ((unsigned char)*s < 0x20) qt_strbuf_printf(b, "\\u%04x", (unsigned char)*s);
-    else qt_strbuf_printf(b, "%c", *s);
+    if (*s == '"' || *s == '\\')
+      qt_strbuf_printf(b, "\\%c", *s);
+    else if (*s == '\n')
+      qt_strbuf_printf(b, "\\n");
+    else if ((unsigned char)*s < 0x20)
+      qt_strbuf_printf(b, "\\u%04x", (unsigned char)*s);
+    else
+      qt_strbuf_printf(b, "%c", *s);
   }
   qt_strbuf_printf(b, "\"");
 }
@@ -158,9 +160,12 @@ int qt_fsync_path(const char *path) {
 static void parent_dir(const char *path, char *dir, size_t n) {
   snprintf(dir, n, "%s", path);
   char *slash = strrchr(dir, '/');
-  if (!slash) snprintf(dir, n, ".");
-  else if (slash == dir) dir[1] = 0;
-  else *slash = 0;
+  if (!slash)
+    snprintf(dir, n, ".");
+  else if (slash == dir)
+    dir[1] = 0;
+  else
+    *slash = 0;
 }
 
 int qt_file_commit(const char *tmp, const char *path, char *err) {
@@ -170,7 +175,9 @@ int qt_file_commit(const char *tmp, const char *path, char *err) {
   if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
     unlink(tmp);
     return qt_err(err, "cannot write '%s': it exists and is not a regular file (%s); only files are replaced", path,
-                  S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe");
+                  S_ISLNK(st.st_mode)   ? "a symbolic link"
+                  : S_ISDIR(st.st_mode) ? "a directory"
+                                        : "a device or pipe");
   }
   if (qt_fsync_path(tmp) != 0 || rename(tmp, path) != 0) {
     int e = errno;
@@ -188,7 +195,8 @@ int qt_temp_create(const char *path, char *tmp, size_t n, char *err) {
   /* mkstemp: a new file under a name no one can predict, O_CREAT | O_EXCL (never through a
    * link another user planted); 0644 as fopen's files are under the usual umask */
   const int fd = mkstemp(tmp);
-  if (fd < 0) return qt_err(err, "cannot write '%s': cannot create a temporary file beside it: %s", path, strerror(errno));
+  if (fd < 0)
+    return qt_err(err, "cannot write '%s': cannot create a temporary file beside it: %s", path, strerror(errno));
   if (fchmod(fd, 0644) != 0) {
     const int e = errno;
     close(fd);
@@ -207,9 +215,12 @@ int qt_file_in_dir(const char *file, const char *dir) {
   char a[PATH_MAX], b[PATH_MAX], parent[4096];
   snprintf(parent, sizeof parent, "%s", file);
   char *slash = strrchr(parent, '/');
-  if (slash == parent) parent[1] = 0;
-  else if (slash) *slash = 0;
-  else snprintf(parent, sizeof parent, ".");
+  if (slash == parent)
+    parent[1] = 0;
+  else if (slash)
+    *slash = 0;
+  else
+    snprintf(parent, sizeof parent, ".");
   if (realpath(parent, a) && realpath(dir, b)) return strcmp(a, b) == 0;
   return strcmp(parent, dir) == 0;
 }

@@ -20,8 +20,10 @@
 /* Prints "file:line: internal error: <message>" to stderr, calls the hook (if set) with the
  * message, then aborts. */
 void qt_panic(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
-#define QT_ASSERT(cond, ...) \
-  do { if (!(cond)) qt_panic(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+#define QT_ASSERT(cond, ...)                                \
+  do {                                                      \
+    if (!(cond)) qt_panic(__FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
 /* Called by qt_panic before abort() with the whole message (e.g. to flush a log, or, in a test,
  * to longjmp out and check that an invariant fired). Returns the previous hook. */
 typedef void (*qt_panic_hook)(const char *message);
@@ -120,14 +122,14 @@ int qt_name_index(const char *const *names, int n, const char *name);
 /* Defines an enum's name and parse functions over its name table (one name per value, checked
  * at compile time): `const char *name_fn(type v)` ("?" out of range) and
  * `int parse_fn(const char *s, type *out)` (0, or -1 for an unknown name). */
-#define QT_DEFINE_NAMES(type, count, name_fn, parse_fn, ...)                                             \
-  static const char *const name_fn##_table[] = {__VA_ARGS__};                                           \
-  _Static_assert(sizeof name_fn##_table / sizeof name_fn##_table[0] == (count), #type " name table");   \
-  const char *name_fn(type v) { return (unsigned)v < (unsigned)(count) ? name_fn##_table[v] : "?"; }    \
-  int parse_fn(const char *s, type *out) {                                                               \
-    const int k = qt_name_index(name_fn##_table, (count), s);                                            \
-    if (k >= 0) *out = (type)k;                                                                          \
-    return k < 0 ? -1 : 0;                                                                               \
+#define QT_DEFINE_NAMES(type, count, name_fn, parse_fn, ...)                                          \
+  static const char *const name_fn##_table[] = {__VA_ARGS__};                                         \
+  _Static_assert(sizeof name_fn##_table / sizeof name_fn##_table[0] == (count), #type " name table"); \
+  const char *name_fn(type v) { return (unsigned)v < (unsigned)(count) ? name_fn##_table[v] : "?"; }  \
+  int parse_fn(const char *s, type *out) {                                                            \
+    const int k = qt_name_index(name_fn##_table, (count), s);                                         \
+    if (k >= 0) *out = (type)k;                                                                       \
+    return k < 0 ? -1 : 0;                                                                            \
   }
 
 /* ---- a batch split across processes ----------------------------------------------------------- */

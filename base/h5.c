@@ -16,7 +16,8 @@
 void qt_h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
 /* "<file>: <obj>: " (or "<obj>: " without a file) followed by the message. */
-static int h5_err(char *err, const char *file, const char *obj, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int h5_err(char *err, const char *file, const char *obj, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static int h5_err(char *err, const char *file, const char *obj, const char *fmt, ...) {
   char what[QT_ERR_LEN];
   va_list ap;
@@ -92,8 +93,8 @@ hid_t qt_h5_create(const char *path, hid_t fcpl, hid_t fapl, char *err) {
  * only after the close has HDF5 cleared the superblock's "open for writing" flag (version 3
  * superblocks), so the bytes of an open file (H5Fget_file_image) would not open again. */
 struct qt_h5_image {
-  void *buf;      /* the core driver's buffer; after the close, the file's bytes */
-  int closed;     /* the driver released buf at the file's close: it is ours now */
+  void *buf;  /* the core driver's buffer; after the close, the file's bytes */
+  int closed; /* the driver released buf at the file's close: it is ours now */
 };
 
 static void *image_malloc(size_t size, H5FD_file_image_op_t op, void *udata) {
@@ -134,8 +135,8 @@ hid_t qt_h5_create_checksummed(const char *name, qt_h5_image **img, char *err) {
   qt_h5_quiet();
   qt_h5_image *im = calloc(1, sizeof *im);
   QT_ASSERT(im, "out of memory");
-  H5FD_file_image_callbacks_t cb = {image_malloc, image_memcpy, image_realloc, image_free,
-                                    image_udata_copy, image_udata_free, im};
+  H5FD_file_image_callbacks_t cb = {
+      image_malloc, image_memcpy, image_realloc, image_free, image_udata_copy, image_udata_free, im};
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), fcpl = H5Pcreate(H5P_FILE_CREATE);
   /* The root group is created with the file: its object times must be off too. */
   const int bad = fapl < 0 || fcpl < 0 || H5Pset_fapl_core(fapl, (size_t)1 << 20, 0) < 0 ||
@@ -193,8 +194,10 @@ void qt_h5_type_str(hid_t type, char *buf, size_t len) {
       break;
     case H5T_FLOAT: snprintf(buf, len, "%zu-bit float", size * 8); break;
     case H5T_STRING:
-      if (H5Tis_variable_str(type) > 0) snprintf(buf, len, "variable-length string");
-      else snprintf(buf, len, "fixed-length string of %zu bytes", size);
+      if (H5Tis_variable_str(type) > 0)
+        snprintf(buf, len, "variable-length string");
+      else
+        snprintf(buf, len, "fixed-length string of %zu bytes", size);
       break;
     case H5T_ENUM: snprintf(buf, len, "enum (e.g. bool)"); break;
     case H5T_COMPOUND: snprintf(buf, len, "compound"); break;
@@ -258,7 +261,8 @@ static const char *class_want(H5T_class_t cls) {
 hid_t qt_h5_attr_open(hid_t loc, const char *file, const char *obj, const char *name, H5T_class_t cls, int64_t min_n,
                       int64_t max_n, int64_t *n, char *err) {
   htri_t exists = H5Aexists(loc, name);
-  if (exists < 0) return h5_err(err, file, obj, "cannot read the attributes (corrupt file: checksum or decoding failed)");
+  if (exists < 0)
+    return h5_err(err, file, obj, "cannot read the attributes (corrupt file: checksum or decoding failed)");
   if (exists == 0) return h5_err(err, file, obj, "missing attribute '%s'", name);
   hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
   if (a < 0) return h5_err(err, file, obj, "cannot open attribute '%s'", name);
@@ -319,8 +323,8 @@ int qt_h5_attr_read_ints(hid_t loc, const char *file, const char *obj, const cha
   if (read_i64s(loc, file, obj, name, buf, min_n, max_n, &count, err)) return -1;
   for (int64_t k = 0; k < count; k++) {
     if (buf[k] < INT32_MIN || buf[k] > INT32_MAX)
-      return h5_err(err, file, obj, "attribute '%s'[%lld] is out of range, expected a 32-bit integer, found %lld",
-                    name, (long long)k, (long long)buf[k]);
+      return h5_err(err, file, obj, "attribute '%s'[%lld] is out of range, expected a 32-bit integer, found %lld", name,
+                    (long long)k, (long long)buf[k]);
     v[k] = (int)buf[k];
   }
   if (n) *n = (int)count;
@@ -331,8 +335,7 @@ int qt_h5_attr_read_int(hid_t loc, const char *file, const char *obj, const char
   return qt_h5_attr_read_ints(loc, file, obj, name, v, 1, 1, NULL, err);
 }
 
-int qt_h5_attr_read_floats(hid_t loc, const char *file, const char *obj, const char *name, float *v, int n,
-                           char *err) {
+int qt_h5_attr_read_floats(hid_t loc, const char *file, const char *obj, const char *name, float *v, int n, char *err) {
   hid_t a = qt_h5_attr_open(loc, file, obj, name, H5T_FLOAT, n, n, NULL, err);
   if (a < 0) return -1;
   herr_t r = n ? H5Aread(a, H5T_NATIVE_FLOAT, v) : 0;
@@ -399,8 +402,10 @@ char *qt_h5_attr_read_str_alloc(hid_t loc, const char *file, const char *obj, co
   char *s = NULL;
   const int rc = read_str(a, max_len, &s);
   H5Aclose(a);
-  if (rc == -2) h5_err(err, file, obj, "attribute '%s' is longer than %zu characters", name, max_len);
-  else if (rc) h5_err(err, file, obj, "cannot read attribute '%s'", name);
+  if (rc == -2)
+    h5_err(err, file, obj, "attribute '%s' is longer than %zu characters", name, max_len);
+  else if (rc)
+    h5_err(err, file, obj, "cannot read attribute '%s'", name);
   return s;
 }
 
@@ -481,8 +486,9 @@ int qt_h5_check_stored(hid_t d, const char *file, const char *obj, const char *n
                        char *err) {
   const hsize_t stored = H5Dget_storage_size(d);
   if (compressed(d) ? stored >= bytes / 1024 : stored >= bytes) return 0;
-  return h5_err(err, file, obj, "dataset '%s' declares shape %s (%llu bytes) but stores %llu bytes (truncated or never written)",
-                name, shape, (unsigned long long)bytes, (unsigned long long)stored);
+  return h5_err(err, file, obj,
+                "dataset '%s' declares shape %s (%llu bytes) but stores %llu bytes (truncated or never written)", name,
+                shape, (unsigned long long)bytes, (unsigned long long)stored);
 }
 
 /* Opens dataset `name` of loc and checks it as qt_h5_dataset_read says, and that the file
@@ -504,10 +510,13 @@ static hid_t dataset_open(hid_t loc, const char *file, const char *obj, const ch
   int64_t numel = 1;
   if (t < 0 || H5Tget_class(t) != cls) {
     h5_err(err, file, obj, "dataset '%s' is not %s", name,
-           cls == H5T_INTEGER ? "integer" : cls == H5T_FLOAT ? "floating point" : "a string array");
+           cls == H5T_INTEGER ? "integer"
+           : cls == H5T_FLOAT ? "floating point"
+                              : "a string array");
     goto done;
   }
-  if (nd < 1 || nd > (want_ndim > 0 ? want_ndim : max_ndim) || nd > 8 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0) {
+  if (nd < 1 || nd > (want_ndim > 0 ? want_ndim : max_ndim) || nd > 8 ||
+      H5Sget_simple_extent_dims(sp, dims, NULL) < 0) {
     h5_err(err, file, obj, "dataset '%s' has rank %d, want %s%d", name, nd, want_ndim > 0 ? "" : "1..",
            want_ndim > 0 ? want_ndim : max_ndim);
     goto done;
@@ -548,9 +557,10 @@ done:
 /* Reads the whole of d as mtype into buf, closing d; -1 with err. */
 static int dataset_read_close(hid_t d, const char *file, const char *obj, const char *name, hid_t mtype, void *buf,
                               char *err) {
-  const int rc = H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0
-                     ? h5_err(err, file, obj, "cannot read dataset '%s' (corrupt file: checksum or decoding failed)", name)
-                     : 0;
+  const int rc =
+      H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0
+          ? h5_err(err, file, obj, "cannot read dataset '%s' (corrupt file: checksum or decoding failed)", name)
+          : 0;
   H5Dclose(d);
   return rc;
 }
@@ -588,8 +598,8 @@ int qt_h5_dataset_read_f32(hid_t loc, const char *file, const char *obj, const c
   int64_t numel = 1, got[8];
   int nd = 0;
   for (int k = 0; k < ndim; k++) numel *= shape[k];
-  hid_t d = dataset_open(loc, file, obj, name, H5T_FLOAT, ndim, shape, ndim, numel > 0 ? numel : 1, &nd, got, &numel,
-                         err);
+  hid_t d =
+      dataset_open(loc, file, obj, name, H5T_FLOAT, ndim, shape, ndim, numel > 0 ? numel : 1, &nd, got, &numel, err);
   return d < 0 ? -1 : dataset_read_close(d, file, obj, name, H5T_NATIVE_FLOAT, out, err);
 }
 

@@ -68,11 +68,11 @@ void qt_h5_dims_str(int rank, const hsize_t *dims, char *buf, size_t len);
 /* ---- attributes: writing (scalars unless n >= 0 is given) -------------------------------------- */
 /* A rank-1 attribute of n elements, or a scalar when n < 0; n == 0 writes an empty array. */
 int qt_h5_attr_write(hid_t loc, const char *name, hid_t ftype, hid_t mtype, int n, const void *data);
-int qt_h5_attr_write_int(hid_t loc, const char *name, int v);         /* int32 scalar */
-int qt_h5_attr_write_i64(hid_t loc, const char *name, int64_t v);     /* int64 scalar */
-int qt_h5_attr_write_float(hid_t loc, const char *name, float v);     /* float32 scalar */
+int qt_h5_attr_write_int(hid_t loc, const char *name, int v);                    /* int32 scalar */
+int qt_h5_attr_write_i64(hid_t loc, const char *name, int64_t v);                /* int64 scalar */
+int qt_h5_attr_write_float(hid_t loc, const char *name, float v);                /* float32 scalar */
 int qt_h5_attr_write_floats(hid_t loc, const char *name, const float *v, int n); /* float32 (n) */
-int qt_h5_attr_write_str(hid_t loc, const char *name, const char *s); /* fixed-length, NUL-terminated */
+int qt_h5_attr_write_str(hid_t loc, const char *name, const char *s);            /* fixed-length, NUL-terminated */
 
 /* ---- attributes: reading (all checks before H5Aread) ------------------------------------------- */
 /* Opens attribute `name` of loc, checking it exists, has type class cls (H5T_INTEGER, H5T_FLOAT
@@ -91,8 +91,7 @@ int qt_h5_attr_read_ints(hid_t loc, const char *file, const char *obj, const cha
                          int *n, char *err);
 int qt_h5_attr_read_float(hid_t loc, const char *file, const char *obj, const char *name, float *v, char *err);
 /* Exactly n floats. */
-int qt_h5_attr_read_floats(hid_t loc, const char *file, const char *obj, const char *name, float *v, int n,
-                           char *err);
+int qt_h5_attr_read_floats(hid_t loc, const char *file, const char *obj, const char *name, float *v, int n, char *err);
 /* A fixed- or variable-length string scalar into buf (cap bytes with the terminator):
  * "<obj>: attribute 'x' is longer than 63 characters". */
 int qt_h5_attr_read_str(hid_t loc, const char *file, const char *obj, const char *name, char *buf, size_t cap,

@@ -17,7 +17,8 @@
 
 static int usage(void) {
   fprintf(stderr,
-          "usage: qat_backend_check MODEL_QDQ.h5 [--backend onednn_cpu|xnnpack|DESC.ini] [--isa auto|vnni|no_vnni] [--warn]\n"
+          "usage: qat_backend_check MODEL_QDQ.h5 [--backend onednn_cpu|xnnpack|DESC.ini] [--isa auto|vnni|no_vnni] "
+          "[--warn]\n"
           "                         [--partition] [--run] [--config CFG.ini] [--images N] [--batch N]\n"
           "       qat_backend_check --quantize CFG.ini OUT_QDQ.h5 --backend DESC.ini [options above]\n");
   return 2;
@@ -44,18 +45,25 @@ int main(int argc, char **argv) {
   qt_cli_data_options D = {.batch = 256};
   int warn = 0, partition = 0, run = 0, c;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
-    else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) isa_arg = argv[++i];
-    else if (strcmp(argv[i], "--warn") == 0) warn = 1;
-    else if (strcmp(argv[i], "--partition") == 0) partition = 1;
-    else if (strcmp(argv[i], "--run") == 0) run = partition = 1;
+    if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+      backend = argv[++i];
+    else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc)
+      isa_arg = argv[++i];
+    else if (strcmp(argv[i], "--warn") == 0)
+      warn = 1;
+    else if (strcmp(argv[i], "--partition") == 0)
+      partition = 1;
+    else if (strcmp(argv[i], "--run") == 0)
+      run = partition = 1;
     else if ((c = qt_cli_data_option("qat_backend_check", "--config --images --batch", argc, argv, &i, &D)) != 0) {
       if (c < 0) return 2;
     } else if (strcmp(argv[i], "--quantize") == 0 && i + 2 < argc) {
       quant_config = argv[++i];
       model_path = argv[++i];
-    } else if (argv[i][0] != '-' && !model_path) model_path = argv[i];
-    else return usage();
+    } else if (argv[i][0] != '-' && !model_path)
+      model_path = argv[i];
+    else
+      return usage();
   }
   if (!model_path) return usage();
   const qt_isa_choice isa = strcmp(isa_arg, "vnni") == 0      ? QT_ISA_VNNI

@@ -25,7 +25,8 @@ static int has_op(const qt_graph *g, qt_op op) {
 static int kinds_fit(const qt_graph *t, const qt_graph *c, const char *tp, const char *cp, char *err) {
   if (!has_op(t, QT_OP_FAKE_QUANT) || has_op(t, QT_OP_QUANTIZE))
     return qt_err(err, "'%s' is not a trained (prepared) graph: it holds no fake quant%s; give model_trained.h5 first",
-                  tp, has_op(t, QT_OP_QUANTIZE) ? " but quantize nodes (a Q/DQ graph: are the two files swapped?)" : "");
+                  tp,
+                  has_op(t, QT_OP_QUANTIZE) ? " but quantize nodes (a Q/DQ graph: are the two files swapped?)" : "");
   if (has_op(c, QT_OP_FAKE_QUANT) || !has_op(c, QT_OP_QUANTIZE))
     return qt_err(err, "'%s' is not a Q/DQ graph: %s; give model_qdq.h5 second", cp,
                   has_op(c, QT_OP_FAKE_QUANT) ? "it holds fake quant (a trained graph: are the two files swapped?)"
@@ -42,13 +43,16 @@ static int check(const char *trained_path, const char *converted_path, const qt_
   const float *x;
   qt_check_report r;
   if (!(t = qt_qdq_load(trained_path, st.msg)) || !(c = qt_qdq_load(converted_path, st.msg)) ||
-      kinds_fit(t, c, trained_path, converted_path, st.msg) || qt_stage_load_data(&o->data, QT_SPLIT_TEST, &train, &test, &st) ||
+      kinds_fit(t, c, trained_path, converted_path, st.msg) ||
+      qt_stage_load_data(&o->data, QT_SPLIT_TEST, &train, &test, &st) ||
       !(l = qt_stage_first_images(o, &test, images, &x, &n, &st)) || qt_check(t, c, x, n, &r, st.msg)) {
     fprintf(stderr, "qat_check: %s\n", st.msg);
   } else {
     printf("qat_check: %s vs %s on %d images: %s\n", trained_path, converted_path, n, r.ok ? "PASS" : "FAIL");
-    printf("  %d quantization points, %d quantized weights checked; max difference %.1f LSB; %lld rounding-tie "
-           "flips\n", r.n_checked_points, r.n_checked_weights, r.max_lsb, (long long)r.tie_mismatches);
+    printf(
+        "  %d quantization points, %d quantized weights checked; max difference %.1f LSB; %lld rounding-tie "
+        "flips\n",
+        r.n_checked_points, r.n_checked_weights, r.max_lsb, (long long)r.tie_mismatches);
     if (!r.ok) printf("%s", r.reason);
     status = r.ok ? 0 : 1;
   }

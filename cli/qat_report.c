@@ -2,10 +2,9 @@
  *            [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R] [--timing-batch B]
  *            [--backend onednn|xnnpack|DESC.ini]:
  * the three-stage accuracy report as a command (eval/report.h). Lowers the Q/DQ graph to the
- * backend's int8 kernels (default oneDNN), runs the config's test set (default: Fashion-MNIST) through the fp32 model (the
- * checkpoint loaded into the preset NAME or the model imported from PATH.onnx, by default the
- * preset named as the Q/DQ graph's model), the Q/DQ
- * graph and the device, and prints the partition report, accuracies, Q/DQ-vs-device top-1
+ * backend's int8 kernels (default oneDNN), runs the config's test set (default: Fashion-MNIST) through the fp32 model
+ * (the checkpoint loaded into the preset NAME or the model imported from PATH.onnx, by default the preset named as the
+ * Q/DQ graph's model), the Q/DQ graph and the device, and prints the partition report, accuracies, Q/DQ-vs-device top-1
  * agreement and output LSB histogram, per-point SQNR, which stage lost accuracy, and fp32 /
  * int8 inference images/s at batch 256. --images N: the first N test images; --batch N: the
  * report's batch size (default 256; timing uses --timing-batch); --probe-images N: the device is
@@ -25,9 +24,10 @@
 #include "train/pipeline.h"
 
 static int usage(void) {
-  fprintf(stderr, "usage: qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME|PATH.onnx]] [--config CFG.ini] "
-                  "[--images N] [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R] [--timing-batch B] "
-                  "[--write-outputs OUT.h5 [--values NAME,NAME...]] [--backend onednn|xnnpack|DESC.ini]\n");
+  fprintf(stderr,
+          "usage: qat_report MODEL_QDQ.h5 [--fp32 CHECKPOINT.h5 [--model NAME|PATH.onnx]] [--config CFG.ini] "
+          "[--images N] [--batch N] [--probe-images N] [--no-timing] [--timing-rounds R] [--timing-batch B] "
+          "[--write-outputs OUT.h5 [--values NAME,NAME...]] [--backend onednn|xnnpack|DESC.ini]\n");
   return 2;
 }
 
@@ -39,24 +39,34 @@ typedef struct {
 
 /* The command line into a; 0, or 2 (the exit status) after a message. */
 static int parse_args(int argc, char **argv, report_args *a) {
-  *a = (report_args){.qdq_path = argv[1], .backend = "onednn", .D = {.batch = 256}, .probe = 1024, .timing = 1,
-                     .rounds = 3, .timing_batch = 256};
+  *a = (report_args){.qdq_path = argv[1],
+                     .backend = "onednn",
+                     .D = {.batch = 256},
+                     .probe = 1024,
+                     .timing = 1,
+                     .rounds = 3,
+                     .timing_batch = 256};
   for (int i = 2; i < argc; i++) {
-    const int c = qt_cli_data_option("qat_report", "--config --images --batch --write-outputs --values", argc, argv, &i,
-                                     &a->D);
+    const int c =
+        qt_cli_data_option("qat_report", "--config --images --batch --write-outputs --values", argc, argv, &i, &a->D);
     if (c != 0) {
       if (c < 0) return 2;
-    } else if (strcmp(argv[i], "--fp32") == 0 && i + 1 < argc) a->fp32_path = argv[++i];
-    else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) a->model_name = argv[++i];
-    else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) a->backend = argv[++i];
+    } else if (strcmp(argv[i], "--fp32") == 0 && i + 1 < argc)
+      a->fp32_path = argv[++i];
+    else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
+      a->model_name = argv[++i];
+    else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+      a->backend = argv[++i];
     else if (strcmp(argv[i], "--timing-rounds") == 0 && i + 1 < argc) {
       if (qt_cli_parse_int("qat_report", "--timing-rounds", argv[++i], 1, 1000, &a->rounds)) return 2;
     } else if (strcmp(argv[i], "--timing-batch") == 0 && i + 1 < argc) {
       if (qt_cli_parse_int("qat_report", "--timing-batch", argv[++i], 1, 4096, &a->timing_batch)) return 2;
     } else if (strcmp(argv[i], "--probe-images") == 0 && i + 1 < argc) {
       if (qt_cli_parse_int("qat_report", "--probe-images", argv[++i], 0, 1000000000, &a->probe)) return 2;
-    } else if (strcmp(argv[i], "--no-timing") == 0) a->timing = 0;
-    else return usage();
+    } else if (strcmp(argv[i], "--no-timing") == 0)
+      a->timing = 0;
+    else
+      return usage();
   }
   if (a->model_name && !a->fp32_path) {
     fprintf(stderr, "qat_report: --model names the architecture of the --fp32 checkpoint; give --fp32 too\n");
@@ -98,9 +108,11 @@ static int print_timing(const report_args *a, qt_graph *fp32, qt_device *m, cons
   const int runs = a->timing_batch >= 256 ? 8 : 2048 / a->timing_batch;
   if (qt_inference_measure(fp32, m, test, lc, a->timing_batch, runs, a->rounds, &s, err)) return -1;
   if (fp32)
-    printf("inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s "
-           "(%.2fx)\n", s.batch, a->rounds, (long long)s.images, s.fp32_images_per_s, s.int8_images_per_s,
-           s.int8_images_per_s / s.fp32_images_per_s);
+    printf(
+        "inference at batch %d (best of %d rounds of %lld images): fp32 %.0f images/s, int8 %.0f images/s "
+        "(%.2fx)\n",
+        s.batch, a->rounds, (long long)s.images, s.fp32_images_per_s, s.int8_images_per_s,
+        s.int8_images_per_s / s.fp32_images_per_s);
   else
     printf("inference at batch %d (best of %d rounds of %lld images): int8 %.0f images/s (no fp32 model given)\n",
            s.batch, a->rounds, (long long)s.images, s.int8_images_per_s);

@@ -16,8 +16,9 @@
 #include "train/pipeline.h"
 
 static int usage(void) {
-  fprintf(stderr, "usage: qat_run MODEL_QDQ.h5 [--backend onednn|xnnpack|DESC.ini] [--config CFG.ini] [--batch N]\n"
-                  "               [--images N] [--compare] [--quiet] [--write-outputs OUT.h5 [--values NAME,NAME...]]\n");
+  fprintf(stderr,
+          "usage: qat_run MODEL_QDQ.h5 [--backend onednn|xnnpack|DESC.ini] [--config CFG.ini] [--batch N]\n"
+          "               [--images N] [--compare] [--quiet] [--write-outputs OUT.h5 [--values NAME,NAME...]]\n");
   return 2;
 }
 
@@ -32,10 +33,14 @@ int main(int argc, char **argv) {
     c = qt_cli_data_option("qat_run", "--config --images --batch --write-outputs --values", argc, argv, &i, &D);
     if (c != 0) {
       if (c < 0) return 2;
-    } else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
-    else if (strcmp(argv[i], "--compare") == 0) compare = 1;
-    else if (strcmp(argv[i], "--quiet") == 0) quiet = 1;
-    else return usage();
+    } else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+      backend = argv[++i];
+    else if (strcmp(argv[i], "--compare") == 0)
+      compare = 1;
+    else if (strcmp(argv[i], "--quiet") == 0)
+      quiet = 1;
+    else
+      return usage();
   }
   if (qt_cli_data_finish("qat_run", &D)) return 2;
 

@@ -39,7 +39,6 @@ _Static_assert(sizeof type_names / sizeof type_names[0] == QT_CFG_TYPE_COUNT, "c
 
 #define PANIC(...) qt_panic(__FILE__, __LINE__, __VA_ARGS__)
 
-
 static char *copy_string(const char *s) {
   size_t n = strlen(s) + 1;
   char *d = malloc(n);
@@ -107,28 +106,28 @@ static void describe_expected(char *buf, size_t len, const qt_cfg_key *k) {
   char range[80];
   buf[0] = '\0';
   switch (k->type) {
-  case QT_CFG_INT:
-    describe_range(range, sizeof range, k);
-    snprintf(buf, len, "an integer%s", range);
-    break;
-  case QT_CFG_FLOAT:
-    describe_range(range, sizeof range, k);
-    snprintf(buf, len, "a finite number%s", range);
-    break;
-  case QT_CFG_BOOL: snprintf(buf, len, "a boolean (true/false, yes/no, on/off, 1/0)"); break;
-  case QT_CFG_STRING: snprintf(buf, len, "a single-line string"); break;
-  case QT_CFG_ENUM: {
-    snprintf(buf, len, "one of ");
-    const char *p = k->choices;
-    while (*p) {
-      size_t n = strcspn(p, "|");
-      append(buf, len, "%s'%.*s'", p == k->choices ? "" : ", ", (int)n, p);
-      p += n;
-      if (*p == '|') p++;
+    case QT_CFG_INT:
+      describe_range(range, sizeof range, k);
+      snprintf(buf, len, "an integer%s", range);
+      break;
+    case QT_CFG_FLOAT:
+      describe_range(range, sizeof range, k);
+      snprintf(buf, len, "a finite number%s", range);
+      break;
+    case QT_CFG_BOOL: snprintf(buf, len, "a boolean (true/false, yes/no, on/off, 1/0)"); break;
+    case QT_CFG_STRING: snprintf(buf, len, "a single-line string"); break;
+    case QT_CFG_ENUM: {
+      snprintf(buf, len, "one of ");
+      const char *p = k->choices;
+      while (*p) {
+        size_t n = strcspn(p, "|");
+        append(buf, len, "%s'%.*s'", p == k->choices ? "" : ", ", (int)n, p);
+        p += n;
+        if (*p == '|') p++;
+      }
+      break;
     }
-    break;
-  }
-  default: break;
+    default: break;
   }
 }
 
@@ -153,64 +152,61 @@ static char *validate(const qt_cfg_key *k, const char *text, char *why, size_t w
   char expected[QT_ERR_LEN / 2];
   describe_expected(expected, sizeof expected, k);
   switch (k->type) {
-  case QT_CFG_INT: {
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (*text == '\0' || *end != '\0' || errno == ERANGE || (double)v < k->min || (double)v > k->max) break;
-    return or_out_of_memory(format_string("%lld", v), why, why_len);
-  }
-  case QT_CFG_FLOAT: {
-    char *end;
-    double v = strtod(text, &end);
-    if (*text == '\0' || *end != '\0' || !isfinite(v) || v < k->min || v > k->max) break;
-    /* Kept as written: it reads back as the same double. */
-    return or_out_of_memory(copy_string(text), why, why_len);
-  }
-  case QT_CFG_BOOL:
-    for (int i = 0; i < 4; i++) {
-      if (equal_nocase(text, true_words[i], strlen(true_words[i])))
-        return or_out_of_memory(copy_string("true"), why, why_len);
-      if (equal_nocase(text, false_words[i], strlen(false_words[i])))
-        return or_out_of_memory(copy_string("false"), why, why_len);
+    case QT_CFG_INT: {
+      char *end;
+      errno = 0;
+      long long v = strtoll(text, &end, 10);
+      if (*text == '\0' || *end != '\0' || errno == ERANGE || (double)v < k->min || (double)v > k->max) break;
+      return or_out_of_memory(format_string("%lld", v), why, why_len);
     }
-    break;
-  case QT_CFG_ENUM: {
-    const char *p = k->choices;
-    while (*p) {
-      size_t n = strcspn(p, "|");
-      if (equal_nocase(text, p, n)) return or_out_of_memory(format_string("%.*s", (int)n, p), why, why_len);
-      p += n;
-      if (*p == '|') p++;
+    case QT_CFG_FLOAT: {
+      char *end;
+      double v = strtod(text, &end);
+      if (*text == '\0' || *end != '\0' || !isfinite(v) || v < k->min || v > k->max) break;
+      /* Kept as written: it reads back as the same double. */
+      return or_out_of_memory(copy_string(text), why, why_len);
     }
-    break;
-  }
-  case QT_CFG_STRING: {
-    /* Must survive a write_ini/load round trip: one line, no inline comment, fits a line. */
-    for (const char *p = text; *p; p++) {
-      if (iscntrl((unsigned char)*p)) {
-        snprintf(
-            why, why_len,
-            "expected a single-line string without control characters, found character 0x%02x at position %d",
-            (unsigned char)*p, (int)(p - text) + 1);
+    case QT_CFG_BOOL:
+      for (int i = 0; i < 4; i++) {
+        if (equal_nocase(text, true_words[i], strlen(true_words[i])))
+          return or_out_of_memory(copy_string("true"), why, why_len);
+        if (equal_nocase(text, false_words[i], strlen(false_words[i])))
+          return or_out_of_memory(copy_string("false"), why, why_len);
+      }
+      break;
+    case QT_CFG_ENUM: {
+      const char *p = k->choices;
+      while (*p) {
+        size_t n = strcspn(p, "|");
+        if (equal_nocase(text, p, n)) return or_out_of_memory(format_string("%.*s", (int)n, p), why, why_len);
+        p += n;
+        if (*p == '|') p++;
+      }
+      break;
+    }
+    case QT_CFG_STRING: {
+      /* Must survive a write_ini/load round trip: one line, no inline comment, fits a line. */
+      for (const char *p = text; *p; p++) {
+        if (iscntrl((unsigned char)*p)) {
+          snprintf(why, why_len,
+                   "expected a single-line string without control characters, found character 0x%02x at position %d",
+                   (unsigned char)*p, (int)(p - text) + 1);
+          return NULL;
+        }
+        if (*p == ';' && (p == text || isspace((unsigned char)p[-1]))) {
+          snprintf(why, why_len,
+                   "expected a string without ';' at its start or after a space (an INI comment), found '%.60s'", text);
+          return NULL;
+        }
+      }
+      if (strlen(k->key) + 3 + strlen(text) > MAX_LINE) {
+        snprintf(why, why_len, "expected a string of at most %d characters, found %zu characters",
+                 (int)(MAX_LINE - 3 - strlen(k->key)), strlen(text));
         return NULL;
       }
-      if (*p == ';' && (p == text || isspace((unsigned char)p[-1]))) {
-        snprintf(
-            why, why_len,
-            "expected a string without ';' at its start or after a space (an INI comment), found '%.60s'",
-            text);
-        return NULL;
-      }
+      return or_out_of_memory(copy_string(text), why, why_len);
     }
-    if (strlen(k->key) + 3 + strlen(text) > MAX_LINE) {
-      snprintf(why, why_len, "expected a string of at most %d characters, found %zu characters",
-               (int)(MAX_LINE - 3 - strlen(k->key)), strlen(text));
-      return NULL;
-    }
-    return or_out_of_memory(copy_string(text), why, why_len);
-  }
-  default: break;
+    default: break;
   }
   snprintf(why, why_len, "expected %s, found '%.80s%s'", expected, text, strlen(text) > 80 ? "..." : "");
   return NULL;
@@ -281,8 +277,7 @@ static void describe_unknown_section(char *buf, size_t len, const qt_config *c, 
 }
 
 /* "unknown key 'epoch' in section [train]; did you mean 'epochs'?" */
-static void describe_unknown_key(char *buf, size_t len, const qt_config *c, const char *section,
-                                 const char *key) {
+static void describe_unknown_key(char *buf, size_t len, const qt_config *c, const char *section, const char *key) {
   append(buf, len, "unknown key '%.60s' in section [%s]", key, section);
   for (int i = 0; i < c->n; i++) {
     if (strcmp(c->schema[i].key, key) == 0) {
@@ -524,11 +519,11 @@ int qt_config_load_string(qt_config *c, const char *text, const char *origin, ch
     char found[80];
     line_text(found, sizeof found, text, parse);
     if (found[0] == '[')
-      qt_err(err, "config: %s:%d: syntax error: expected ']' to close the section header, found '%s'", x.origin,
-           parse, found);
+      qt_err(err, "config: %s:%d: syntax error: expected ']' to close the section header, found '%s'", x.origin, parse,
+             found);
     else
-      qt_err(err, "config: %s:%d: syntax error: expected '[section]', 'key = value' or a comment, found '%s'",
-           x.origin, parse, found);
+      qt_err(err, "config: %s:%d: syntax error: expected '[section]', 'key = value' or a comment, found '%s'", x.origin,
+             parse, found);
     goto done;
   }
   if (x.err_line) {
@@ -664,8 +659,7 @@ int qt_config_apply_override(qt_config *c, const char *arg, char *err) {
       else
         hint[0] = '\0'; /* ambiguous: no hint */
     }
-    return qt_err(err, "config: %s: expected section.key=value, found no 'section.' before '%s'%s", where, lhs,
-                hint);
+    return qt_err(err, "config: %s: expected section.key=value, found no 'section.' before '%s'%s", where, lhs, hint);
   }
   *dot = '\0';
   return set_value(c, where, lhs, dot + 1, value, "override", err);
@@ -673,8 +667,8 @@ int qt_config_apply_override(qt_config *c, const char *arg, char *err) {
 
 /* ---------------------------------------------------------------- getters */
 
-static const slot *get(const qt_config *c, const char *fn, const char *section, const char *key,
-                       qt_cfg_type want, qt_cfg_type also) {
+static const slot *get(const qt_config *c, const char *fn, const char *section, const char *key, qt_cfg_type want,
+                       qt_cfg_type also) {
   const int k = find_key(c, section, key);
   if (k < 0) PANIC("%s: key [%s] %s is not in the config schema", fn, section, key);
   const qt_cfg_type t = c->schema[k].type;
@@ -762,8 +756,7 @@ int qt_config_write_ini(const qt_config *c, FILE *f) {
       if (i != s) fputc('\n', f);
       if (k->help && *k->help) write_comment(f, k->help);
       snprintf(note, sizeof note, "%s; default '%s'", expected, k->default_value);
-      if (strcmp(c->slots[i].origin, "default") != 0)
-        append(note, sizeof note, "; from %s", c->slots[i].origin);
+      if (strcmp(c->slots[i].origin, "default") != 0) append(note, sizeof note, "; from %s", c->slots[i].origin);
       write_comment(f, note);
       fprintf(f, "%s =%s%s\n", k->key, c->slots[i].value[0] ? " " : "", c->slots[i].value);
     }

@@ -21,14 +21,7 @@
 
 #include "base/base.h"
 
-typedef enum {
-  QT_CFG_INT,
-  QT_CFG_FLOAT,
-  QT_CFG_BOOL,
-  QT_CFG_STRING,
-  QT_CFG_ENUM,
-  QT_CFG_TYPE_COUNT
-} qt_cfg_type;
+typedef enum { QT_CFG_INT, QT_CFG_FLOAT, QT_CFG_BOOL, QT_CFG_STRING, QT_CFG_ENUM, QT_CFG_TYPE_COUNT } qt_cfg_type;
 
 /* One schema row. section and key: 1..48 characters of [A-Za-z0-9_-].
  * INT and FLOAT values must lie in [min, max]; min == max == 0 means unbounded; -INFINITY or
@@ -105,8 +98,8 @@ int qt_cli_parse_int(const char *prog, const char *opt, const char *s, long lo, 
 typedef struct {
   const char *config_path, *outputs_path; /* NULL when not given */
   int images, batch;
-  char values[4096];                      /* --values as given */
-  const char *names[64];                  /* --values split by qt_cli_data_finish */
+  char values[4096];     /* --values as given */
+  const char *names[64]; /* --values split by qt_cli_data_finish */
   int n_names;
 } qt_cli_data_options;
 /* Consumes argv[*i] (advancing *i past its value) when it is one of the options above that

@@ -18,11 +18,12 @@
 #define QT_DATA_MAX_CLASSES 65536
 
 typedef struct {
-  int64_t n; int h, w, c;      /* images (n, h, w, c) uint8, NHWC; 1 <= c <= 4 */
-  int num_classes;             /* max label + 1, or the folder class count */
-  uint8_t *images;             /* (n, h, w, c), or NULL when in_file */
-  int32_t *labels;             /* (n), each in [0, num_classes) */
-  char **class_names;          /* NULL except for image folders (num_classes names) */
+  int64_t n;
+  int h, w, c;        /* images (n, h, w, c) uint8, NHWC; 1 <= c <= 4 */
+  int num_classes;    /* max label + 1, or the folder class count */
+  uint8_t *images;    /* (n, h, w, c), or NULL when in_file */
+  int32_t *labels;    /* (n), each in [0, num_classes) */
+  char **class_names; /* NULL except for image folders (num_classes names) */
   /* in_file (qt_dataset_to_file): image i is the image-sized record at byte
    * file_offset + i * h * w * c of the open, unlinked file fd. Read them with qt_dataset_images. */
   int in_file, fd;
@@ -81,8 +82,8 @@ void qt_dataset_free(qt_dataset *ds);
 /* ---------------------------------------------------------------- loader */
 
 typedef struct {
-  int batch_size;        /* > 0 */
-  int shuffle;           /* permute the samples every epoch */
+  int batch_size; /* > 0 */
+  int shuffle;    /* permute the samples every epoch */
   uint64_t seed;
   int drop_last;         /* drop a final partial batch */
   float mean[4], std[4]; /* per channel: x = (pixel/255 - mean) / std; std != 0 */
@@ -96,7 +97,7 @@ typedef struct {
   int shard_count, shard_index;
 } qt_loader_config;
 
-typedef struct qt_loader qt_loader;   /* opaque */
+typedef struct qt_loader qt_loader; /* opaque */
 
 /* The loader keeps a pointer to ds (no copy): ds must outlive it and stay unchanged.
  * Returns NULL and writes err on a bad configuration or out of memory. */

@@ -102,8 +102,10 @@ qt_dataset qt_dataset_view(const qt_dataset *ds, int64_t first, int64_t count) {
   qt_dataset v = *ds;
   v.n = count;
   v.labels = ds->labels + first;
-  if (ds->in_file) v.file_offset = ds->file_offset + (int64_t)((size_t)first * sample);
-  else v.images = ds->images + (size_t)first * sample;
+  if (ds->in_file)
+    v.file_offset = ds->file_offset + (int64_t)((size_t)first * sample);
+  else
+    v.images = ds->images + (size_t)first * sample;
   return v;
 }
 
@@ -167,8 +169,8 @@ static int idx_read(idx_file *f, void *buf, uint64_t len, const char *what) {
     if (r < 0) {
       int code;
       const char *msg = gz_message(f, &code);
-      qt_err(f->err, "data: %s: corrupt compressed data (%s) while reading %" PRIu64 " %s bytes",
-              f->path, msg, len, what);
+      qt_err(f->err, "data: %s: corrupt compressed data (%s) while reading %" PRIu64 " %s bytes", f->path, msg, len,
+             what);
       return -1;
     }
     if (r == 0) break;
@@ -178,11 +180,10 @@ static int idx_read(idx_file *f, void *buf, uint64_t len, const char *what) {
     int code;
     const char *msg = gz_message(f, &code);
     if (code != Z_OK && code != Z_STREAM_END)
-      qt_err(f->err, "data: %s: truncated: expected %" PRIu64 " %s bytes, got %" PRIu64 " (%s)",
-              f->path, len, what, done, msg);
+      qt_err(f->err, "data: %s: truncated: expected %" PRIu64 " %s bytes, got %" PRIu64 " (%s)", f->path, len, what,
+             done, msg);
     else
-      qt_err(f->err, "data: %s: truncated: expected %" PRIu64 " %s bytes, got %" PRIu64,
-              f->path, len, what, done);
+      qt_err(f->err, "data: %s: truncated: expected %" PRIu64 " %s bytes, got %" PRIu64, f->path, len, what, done);
     return -1;
   }
   return 0;
@@ -204,14 +205,15 @@ static int idx_expect_end(idx_file *f, uint64_t data_bytes) {
     int code;
     const char *msg = gz_message(f, &code);
     if (code != Z_OK) {
-      qt_err(f->err, "data: %s: truncated: the compressed stream ends early (%s) after %" PRIu64 " bytes of header and data",
-              f->path, msg, data_bytes);
+      qt_err(f->err,
+             "data: %s: truncated: the compressed stream ends early (%s) after %" PRIu64 " bytes of header and data",
+             f->path, msg, data_bytes);
       return -1;
     }
   }
   if (r > 0) {
-    qt_err(f->err, "data: %s: expected the file to end after %" PRIu64 " bytes of header and data, found more",
-            f->path, data_bytes);
+    qt_err(f->err, "data: %s: expected the file to end after %" PRIu64 " bytes of header and data, found more", f->path,
+           data_bytes);
     return -1;
   }
   return 0;
@@ -225,16 +227,20 @@ static uint32_t read_be32(const uint8_t *p) {
 static int idx_header(idx_file *f, int ndims, uint32_t *dims) {
   uint8_t buf[4 * 4];
   const uint32_t want = 0x00000800u | (uint32_t)ndims;
-  const char *kind = ndims == 3 ? "IDX images: unsigned bytes, 3 dimensions" : "IDX labels: unsigned bytes, 1 dimension";
+  const char *kind =
+      ndims == 3 ? "IDX images: unsigned bytes, 3 dimensions" : "IDX labels: unsigned bytes, 1 dimension";
   if (idx_read(f, buf, 4, "magic number") != 0) return -1;
   uint32_t magic = read_be32(buf);
   if (magic != want) {
     const char *hint = "";
-    if (magic == 0x00000801u) hint = " (an IDX labels file)";
-    else if (magic == 0x00000803u) hint = " (an IDX images file)";
-    else if ((magic & 0xffff0000u) != 0) hint = " (not an IDX file)";
-    qt_err(f->err, "data: %s: bad magic number: expected 0x%08x (%s), found 0x%08x%s",
-            f->path, want, kind, magic, hint);
+    if (magic == 0x00000801u)
+      hint = " (an IDX labels file)";
+    else if (magic == 0x00000803u)
+      hint = " (an IDX images file)";
+    else if ((magic & 0xffff0000u) != 0)
+      hint = " (not an IDX file)";
+    qt_err(f->err, "data: %s: bad magic number: expected 0x%08x (%s), found 0x%08x%s", f->path, want, kind, magic,
+           hint);
     return -1;
   }
   if (idx_read(f, buf, 4 * (uint64_t)ndims, "header") != 0) return -1;
@@ -251,22 +257,22 @@ int qt_dataset_load_idx(qt_dataset *ds, const char *images_path, const char *lab
   if (idx_open(&fi, images_path, err) != 0) goto fail;
   if (idx_header(&fi, 3, idims) != 0) goto fail;
   if (idims[0] == 0 || idims[1] == 0 || idims[2] == 0) {
-    qt_err(err, "data: %s: expected non-zero dimensions, found (%u, %u, %u)", images_path,
-            idims[0], idims[1], idims[2]);
+    qt_err(err, "data: %s: expected non-zero dimensions, found (%u, %u, %u)", images_path, idims[0], idims[1],
+           idims[2]);
     goto fail;
   }
   uint64_t image_bytes = (uint64_t)idims[0] * idims[1] * idims[2];
   if (idims[1] > 65535 || idims[2] > 65535 || image_bytes > MAX_IMAGE_BYTES) {
-    qt_err(err, "data: %s: implausible dimensions (%u, %u, %u) in the header", images_path,
-            idims[0], idims[1], idims[2]);
+    qt_err(err, "data: %s: implausible dimensions (%u, %u, %u) in the header", images_path, idims[0], idims[1],
+           idims[2]);
     goto fail;
   }
 
   if (idx_open(&fl, labels_path, err) != 0) goto fail;
   if (idx_header(&fl, 1, ldims) != 0) goto fail;
   if (ldims[0] != idims[0]) {
-    qt_err(err, "data: %s: label count %u does not match image count %u in %s", labels_path,
-            ldims[0], idims[0], images_path);
+    qt_err(err, "data: %s: label count %u does not match image count %u in %s", labels_path, ldims[0], idims[0],
+           images_path);
     goto fail;
   }
 
@@ -307,8 +313,8 @@ fail:
 /* ================================================================ HDF5 */
 
 /* Opens dataset `name`, returning its id, type and simple-extent dims (rank <= 8). */
-static hid_t open_h5_dataset(hid_t file, const char *path, const char *name, const char *expected,
-                             hid_t *type, hsize_t *dims, int *rank, char *err) {
+static hid_t open_h5_dataset(hid_t file, const char *path, const char *name, const char *expected, hid_t *type,
+                             hsize_t *dims, int *rank, char *err) {
   if (H5Lexists(file, name, H5P_DEFAULT) <= 0) {
     qt_err(err, "data: %s: missing dataset \"%s\" (expected %s)", path, name, expected);
     return -1;
@@ -321,7 +327,8 @@ static hid_t open_h5_dataset(hid_t file, const char *path, const char *name, con
   hid_t space = H5Dget_space(d);
   *rank = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
   if (*rank < 0 || *rank > 8) {
-    qt_err(err, "data: %s: dataset \"%s\": expected %s, found an unreadable or rank > 8 dataspace", path, name, expected);
+    qt_err(err, "data: %s: dataset \"%s\": expected %s, found an unreadable or rank > 8 dataspace", path, name,
+           expected);
     if (space >= 0) H5Sclose(space);
     H5Dclose(d);
     return -1;
@@ -337,8 +344,7 @@ static hid_t open_hdf5_file(const char *path, char *err) {
   FILE *probe = fopen(path, "rb");
   if (!probe) return qt_err(err, "data: %s: cannot open: %s", path, strerror(errno)), -1;
   fclose(probe);
-  if (H5Fis_hdf5(path) <= 0)
-    return qt_err(err, "data: %s: expected an HDF5 file, found no HDF5 signature", path), -1;
+  if (H5Fis_hdf5(path) <= 0) return qt_err(err, "data: %s: expected an HDF5 file, found no HDF5 signature", path), -1;
   const hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file < 0) qt_err(err, "data: %s: cannot open as HDF5 (corrupt or unsupported file)", path);
   return file;
@@ -354,8 +360,8 @@ static int check_images(hid_t timg, const hsize_t *idims, int irank, const char 
   }
   qt_h5_dims_str(irank, idims, dbuf, sizeof dbuf);
   if (irank != 3 && irank != 4)
-    return qt_err(err, "data: %s: dataset \"images\": expected rank 3 (N,H,W) or 4 (N,H,W,C), found rank %d %s",
-                  path, irank, dbuf);
+    return qt_err(err, "data: %s: dataset \"images\": expected rank 3 (N,H,W) or 4 (N,H,W,C), found rank %d %s", path,
+                  irank, dbuf);
   *channels = irank == 4 ? idims[3] : 1;
   if (idims[0] == 0 || idims[1] == 0 || idims[2] == 0 || *channels < 1 || *channels > 4 || idims[1] > 65535 ||
       idims[2] > 65535)
@@ -399,7 +405,8 @@ static int read_hdf5_data(qt_dataset *out, hid_t dimg, hid_t dlab, hid_t tlab, c
   int rc = -1;
   if (!out->images || !out->labels || !raw) {
     qt_err(err, "data: %s: out of memory for %" PRIu64 " image bytes", path, image_bytes);
-  } else if (qt_h5_check_chunks(dimg, NULL, path, "images", msg) || qt_h5_check_chunks(dlab, NULL, path, "labels", msg)) {
+  } else if (qt_h5_check_chunks(dimg, NULL, path, "images", msg) ||
+             qt_h5_check_chunks(dlab, NULL, path, "labels", msg)) {
     qt_err(err, "data: %s", msg);
   } else if (H5Dread(dimg, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->images) < 0) {
     qt_err(err, "data: %s: dataset \"images\": read failed (corrupt or truncated file)", path);
@@ -411,7 +418,8 @@ static int read_hdf5_data(qt_dataset *out, hid_t dimg, hid_t dlab, hid_t tlab, c
     for (int64_t i = 0; i < out->n && rc == 0; i++) {
       if (raw[i] < 0 || raw[i] >= QT_DATA_MAX_CLASSES)
         rc = qt_err(err,
-                    "data: %s: dataset \"labels\"[%" PRId64 "]: expected a label in [0, %d] (at most %d classes), "
+                    "data: %s: dataset \"labels\"[%" PRId64
+                    "]: expected a label in [0, %d] (at most %d classes), "
                     "found %" PRId64,
                     path, i, QT_DATA_MAX_CLASSES - 1, QT_DATA_MAX_CLASSES, raw[i]);
       else
@@ -434,8 +442,8 @@ static int load_hdf5_here(qt_dataset *ds, const char *path, char *err) {
   H5Eget_auto2(H5E_DEFAULT, &old_func, &old_data);
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   if ((file = open_hdf5_file(path, err)) < 0 ||
-      (dimg = open_h5_dataset(file, path, "images", "uint8 images of shape (N,H,W,C) or (N,H,W)", &timg, idims,
-                              &irank, err)) < 0 ||
+      (dimg = open_h5_dataset(file, path, "images", "uint8 images of shape (N,H,W,C) or (N,H,W)", &timg, idims, &irank,
+                              err)) < 0 ||
       check_images(timg, idims, irank, path, &channels, &image_bytes, err) ||
       (dlab = open_h5_dataset(file, path, "labels", "integer labels of shape (N)", &tlab, ldims, &lrank, err)) < 0 ||
       check_labels(tlab, ldims, lrank, idims[0], path, err))
@@ -510,9 +518,7 @@ static int name_list_push(name_list *l, const char *s) {
   return 0;
 }
 
-static int compare_names(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
+static int compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static int has_image_extension(const char *name) {
   const char *dot = strrchr(name, '.');
@@ -657,7 +663,8 @@ static uint8_t *decode_image(const char *path, int channels, int *w, int *h, con
   fclose(f);
   uint8_t *pixels = NULL;
   int comp;
-  if (!read_ok) *reason = bytes ? "cannot read the file" : "out of memory";
+  if (!read_ok)
+    *reason = bytes ? "cannot read the file" : "out of memory";
   else if (!(n >= 8 && memcmp(bytes, png, 8) == 0) && !(n >= 2 && bytes[0] == 0xff && bytes[1] == 0xd8))
     *reason = "not a PNG or JPEG file (found another signature)";
   else if (bytes[0] == 0xff && !jpeg_huffman_tables_ok(bytes, n))
@@ -707,8 +714,8 @@ static int gather_files(const char *root, const name_list *classes, name_list *f
 
 /* The first image, which fixes the size every other image must have: out's shape and buffers
  * (status: one per file), the image copied in; or -1. */
-static int first_image(qt_dataset *out, const name_list *files, int channels, const char *root,
-                       decode_status **status, char *err) {
+static int first_image(qt_dataset *out, const name_list *files, int channels, const char *root, decode_status **status,
+                       char *err) {
   int w0, h0;
   const char *why = NULL;
   uint8_t *pix = decode_image(files->items[0], channels, &w0, &h0, &why);
@@ -787,8 +794,8 @@ int qt_dataset_load_folder(qt_dataset *ds, const char *root, int channels, char 
     qt_err(err, "data: %s: %zu class folders, at most %d", root, classes.n, QT_DATA_MAX_CLASSES);
     goto done;
   }
-  if (gather_files(root, &classes, &files, &file_labels, err) || first_image(&out, &files, channels, root, &status, err) ||
-      decode_rest(&out, &files, channels, status, err))
+  if (gather_files(root, &classes, &files, &file_labels, err) ||
+      first_image(&out, &files, channels, root, &status, err) || decode_rest(&out, &files, channels, status, err))
     goto done;
   memcpy(out.labels, file_labels, files.n * sizeof *out.labels);
   out.num_classes = (int)classes.n;

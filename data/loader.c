@@ -13,7 +13,10 @@
 #include <string.h>
 
 #define LOADER_ABORT(msg) qt_panic(__FILE__, __LINE__, "data loader: %s", msg)
-#define LOADER_CHECK(call) do { if ((call) != 0) LOADER_ABORT(#call " failed"); } while (0)
+#define LOADER_CHECK(call)                          \
+  do {                                              \
+    if ((call) != 0) LOADER_ABORT(#call " failed"); \
+  } while (0)
 
 /* Domain constants keep the shuffle and augmentation streams independent for one seed. */
 #define SHUFFLE_DOMAIN 0x53485546464c4555ull
@@ -23,32 +26,32 @@ struct qt_loader {
   const qt_dataset *ds;
   qt_loader_config cfg;
   int64_t num_batches;
-  size_t sample_size;          /* h * w * c */
-  int batch_capacity;          /* min(batch_size, n): rows in each slot */
-  float lut[4][256];           /* normalized value of each pixel value, per channel */
-  int64_t *order;              /* (n) dataset index at each position of the epoch */
+  size_t sample_size; /* h * w * c */
+  int batch_capacity; /* min(batch_size, n): rows in each slot */
+  float lut[4][256];  /* normalized value of each pixel value, per channel */
+  int64_t *order;     /* (n) dataset index at each position of the epoch */
 
   /* Double buffer: batch b lives in slot b % 2. slot_batch[s] is the batch the slot holds,
    * or -1 while it is free; the worker writes only free slots, the trainer reads only filled
    * ones, and both hand slots over under mu. */
-  float *slot_images[2];       /* (batch_capacity, h, w, c) */
-  uint8_t *slot_raw[2];        /* dataset in a file: (batch_capacity, h, w, c) read from it */
-  int32_t *slot_labels[2];     /* (batch_capacity) */
-  int slot_count[2];           /* rows of this loader's shard of the batch */
-  int slot_rows[2];            /* rows of the whole batch */
+  float *slot_images[2];   /* (batch_capacity, h, w, c) */
+  uint8_t *slot_raw[2];    /* dataset in a file: (batch_capacity, h, w, c) read from it */
+  int32_t *slot_labels[2]; /* (batch_capacity) */
+  int slot_count[2];       /* rows of this loader's shard of the batch */
+  int slot_rows[2];        /* rows of the whole batch */
   int64_t slot_batch[2];
 
-  int started;                 /* an epoch has been started */
+  int started; /* an epoch has been started */
   int epoch;
-  int64_t next_batch;          /* batch the trainer receives next */
-  int held_slot;               /* slot returned by the last qt_loader_next, or -1 */
-  int last_rows;               /* whole-batch rows of the last batch returned */
+  int64_t next_batch; /* batch the trainer receives next */
+  int held_slot;      /* slot returned by the last qt_loader_next, or -1 */
+  int last_rows;      /* whole-batch rows of the last batch returned */
 
   pthread_mutex_t mu;
   pthread_cond_t cv;
   pthread_t thread;
   int thread_running;
-  int stop;                    /* asks the worker to quit (under mu) */
+  int stop; /* asks the worker to quit (under mu) */
 };
 
 /* ---------------------------------------------------------------- random numbers */
@@ -162,12 +165,15 @@ static void fill_batch(qt_loader *l, int64_t b, int s) {
       int ry = (int)rng_below(&state, span);
       int rx = (int)rng_below(&state, span);
       int rf = (int)(rng_next(&state) >> 63);
-      if (l->cfg.crop_pad > 0) { dy = ry; dx = rx; }
+      if (l->cfg.crop_pad > 0) {
+        dy = ry;
+        dx = rx;
+      }
       if (l->cfg.flip) flip = rf;
     }
     l->slot_labels[s][i] = ds->labels[idx];
-    fill_sample(l, l->slot_images[s] + (size_t)i * l->sample_size, run + (size_t)(idx - run_first) * l->sample_size,
-                dy, dx, flip);
+    fill_sample(l, l->slot_images[s] + (size_t)i * l->sample_size, run + (size_t)(idx - run_first) * l->sample_size, dy,
+                dx, flip);
   }
   l->slot_count[s] = (int)count;
   l->slot_rows[s] = (int)rows;
@@ -211,9 +217,10 @@ qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, c
     qt_err(err, "data loader: expected a dataset and a configuration, found NULL");
     return NULL;
   }
-  if (ds->n <= 0 || (!ds->images && !ds->in_file) || !ds->labels || ds->h <= 0 || ds->w <= 0 || ds->c < 1 || ds->c > 4) {
+  if (ds->n <= 0 || (!ds->images && !ds->in_file) || !ds->labels || ds->h <= 0 || ds->w <= 0 || ds->c < 1 ||
+      ds->c > 4) {
     qt_err(err, "data loader: expected a loaded dataset with n > 0 and 1 <= c <= 4, found n=%lld h=%d w=%d c=%d",
-            (long long)ds->n, ds->h, ds->w, ds->c);
+           (long long)ds->n, ds->h, ds->w, ds->c);
     return NULL;
   }
   if (cfg->batch_size <= 0) {
@@ -222,10 +229,11 @@ qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, c
   }
   if (cfg->drop_last && ds->n < cfg->batch_size) {
     qt_err(err, "data loader: batch_size %d with drop_last leaves no batch of a dataset of %lld samples",
-            cfg->batch_size, (long long)ds->n);
+           cfg->batch_size, (long long)ds->n);
     return NULL;
   }
-  if (cfg->shard_count < 0 || (cfg->shard_count > 1 && (cfg->shard_index < 0 || cfg->shard_index >= cfg->shard_count))) {
+  if (cfg->shard_count < 0 ||
+      (cfg->shard_count > 1 && (cfg->shard_index < 0 || cfg->shard_index >= cfg->shard_count))) {
     qt_err(err, "data loader: expected shard 0 <= index < count, found shard %d of %d", cfg->shard_index,
            cfg->shard_count);
     return NULL;
@@ -244,13 +252,14 @@ qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, c
   }
   const int min_side = ds->h < ds->w ? ds->h : ds->w;
   if (cfg->crop_pad < 0 || cfg->crop_pad > min_side) {
-    qt_err(err, "data loader: expected 0 <= crop_pad <= %d (the smaller image side), found %d", min_side, cfg->crop_pad);
+    qt_err(err, "data loader: expected 0 <= crop_pad <= %d (the smaller image side), found %d", min_side,
+           cfg->crop_pad);
     return NULL;
   }
   for (int ch = 0; ch < ds->c; ch++) {
     if (!isfinite(cfg->mean[ch]) || !isfinite(cfg->std[ch]) || cfg->std[ch] == 0.0f) {
-      qt_err(err, "data loader: channel %d: expected a finite mean and a finite non-zero std, found mean %g std %g",
-              ch, (double)cfg->mean[ch], (double)cfg->std[ch]);
+      qt_err(err, "data loader: channel %d: expected a finite mean and a finite non-zero std, found mean %g std %g", ch,
+             (double)cfg->mean[ch], (double)cfg->std[ch]);
       return NULL;
     }
   }
@@ -268,8 +277,7 @@ qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, c
   l->held_slot = -1;
   l->slot_batch[0] = l->slot_batch[1] = -1;
   for (int ch = 0; ch < ds->c; ch++)
-    for (int p = 0; p < 256; p++)
-      l->lut[ch][p] = ((float)p / 255.0f - cfg->mean[ch]) / cfg->std[ch];
+    for (int p = 0; p < 256; p++) l->lut[ch][p] = ((float)p / 255.0f - cfg->mean[ch]) / cfg->std[ch];
   l->order = malloc((size_t)ds->n * sizeof *l->order);
   for (int s = 0; s < 2; s++) {
     l->slot_images[s] = malloc((size_t)l->batch_capacity * l->sample_size * sizeof(float));
@@ -279,7 +287,11 @@ qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, c
   if (!l->order || !l->slot_images[0] || !l->slot_images[1] || !l->slot_labels[0] || !l->slot_labels[1] ||
       (ds->in_file && (!l->slot_raw[0] || !l->slot_raw[1]))) {
     qt_err(err, "data loader: out of memory for batches of %d x %zu", l->batch_capacity, l->sample_size);
-    for (int s = 0; s < 2; s++) { free(l->slot_images[s]); free(l->slot_labels[s]); free(l->slot_raw[s]); }
+    for (int s = 0; s < 2; s++) {
+      free(l->slot_images[s]);
+      free(l->slot_labels[s]);
+      free(l->slot_raw[s]);
+    }
     free(l->order);
     free(l);
     return NULL;
@@ -298,8 +310,7 @@ void qt_loader_start_epoch(qt_loader *l, int epoch) {
   l->held_slot = -1;
   l->slot_batch[0] = l->slot_batch[1] = -1;
   compute_order(l);
-  if (l->num_batches > 0 && pthread_create(&l->thread, NULL, worker_main, l) == 0)
-    l->thread_running = 1;
+  if (l->num_batches > 0 && pthread_create(&l->thread, NULL, worker_main, l) == 0) l->thread_running = 1;
 }
 
 int qt_loader_next(qt_loader *l, const float **images, const int32_t **labels) {
@@ -324,7 +335,7 @@ int qt_loader_next(qt_loader *l, const float **images, const int32_t **labels) {
     while (l->slot_batch[s] != b) pthread_cond_wait(&l->cv, &l->mu);
     pthread_mutex_unlock(&l->mu);
   } else {
-    fill_batch(l, b, s);   /* no worker thread: fill on the caller's thread */
+    fill_batch(l, b, s); /* no worker thread: fill on the caller's thread */
     l->slot_batch[s] = b;
   }
   l->held_slot = s;
@@ -335,9 +346,7 @@ int qt_loader_next(qt_loader *l, const float **images, const int32_t **labels) {
   return l->slot_count[s];
 }
 
-int64_t qt_loader_num_batches(const qt_loader *l) {
-  return l ? l->num_batches : 0;
-}
+int64_t qt_loader_num_batches(const qt_loader *l) { return l ? l->num_batches : 0; }
 
 int qt_loader_batch_rows(const qt_loader *l) { return l ? l->last_rows : 0; }
 

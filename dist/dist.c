@@ -70,7 +70,8 @@ int qt_dist_init(int *argc, char ***argv, char *err) {
 void qt_dist_finalize(void) {
 #ifdef QT_HAVE_MPI
   if (joined) {
-    QT_ASSERT(n_pending == 0, "dist: leaving the job with %d bucketed sums unfinished (qt_dist_sum_wait_all)", n_pending);
+    QT_ASSERT(n_pending == 0, "dist: leaving the job with %d bucketed sums unfinished (qt_dist_sum_wait_all)",
+              n_pending);
     MPI_Comm_free(&comm_scatter);
     MPI_Comm_free(&comm_gather);
     buckets_release();
@@ -98,8 +99,10 @@ static void add_copies(void *out, const void *copies, int R, int64_t n, int is_d
       for (int k = 0; k < R; k++) s += ((const double *)copies)[(size_t)k * (size_t)n + (size_t)i];
     else
       for (int k = 0; k < R; k++) s += (double)((const float *)copies)[(size_t)k * (size_t)n + (size_t)i];
-    if (is_double) ((double *)out)[i] = s;
-    else ((float *)out)[i] = (float)s;
+    if (is_double)
+      ((double *)out)[i] = s;
+    else
+      ((float *)out)[i] = (float)s;
   }
 }
 
@@ -167,11 +170,11 @@ static void sum_any(void *buf, int64_t n, int is_double) {
 typedef struct {
   float *buf;
   int64_t n;
-  int small;       /* one all-gather of every copy, then the add (sum_small) */
-  int stage;       /* 0: scatter (or small all-gather) posted; 1: added, gather posted; 2: done */
+  int small; /* one all-gather of every copy, then the add (sum_small) */
+  int stage; /* 0: scatter (or small all-gather) posted; 1: added, gather posted; 2: done */
   MPI_Request req;
-  int *counts;     /* 4 * size: counts, displs, rcounts, rdispls (sum_round's) */
-  float *recv;     /* the copies to add: size * (this process's segment, or n when small) */
+  int *counts; /* 4 * size: counts, displs, rcounts, rdispls (sum_round's) */
+  float *recv; /* the copies to add: size * (this process's segment, or n when small) */
 } bucket;
 
 static bucket *buckets;
@@ -240,8 +243,10 @@ static void buckets_release(void) {
 /* Whether b's pending collective has completed (wait: after waiting for it). */
 static int bucket_test(bucket *b, int wait) {
   int done = 1;
-  if (wait) MPI_Wait(&b->req, MPI_STATUS_IGNORE);
-  else MPI_Test(&b->req, &done, MPI_STATUS_IGNORE);
+  if (wait)
+    MPI_Wait(&b->req, MPI_STATUS_IGNORE);
+  else
+    MPI_Test(&b->req, &done, MPI_STATUS_IGNORE);
   return done;
 }
 
@@ -276,7 +281,8 @@ void qt_dist_sum_wait_all(void) {
 #ifdef QT_HAVE_MPI
   if (n_pending == 0) return;
   buckets_advance(1);
-  QT_ASSERT(n_done == n_pending, "dist: %d of %d bucketed sums unfinished after waiting", n_pending - n_done, n_pending);
+  QT_ASSERT(n_done == n_pending, "dist: %d of %d bucketed sums unfinished after waiting", n_pending - n_done,
+            n_pending);
   for (int i = 0; i < n_pending; i++) free(buckets[i].counts);
   n_pending = n_added = n_done = 0;
 #endif

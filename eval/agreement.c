@@ -169,8 +169,8 @@ static const qt_value *named_value(const qt_graph *g, const char *name) {
   return &g->values[g->nodes[qt_graph_find_node(g, name)].output];
 }
 
-int qt_device_write_outputs(qt_device *dev, const qt_dataset *ds, const qt_loader_config *lc,
-                            const char *const *values, int n_values, const char *path, char *err) {
+int qt_device_write_outputs(qt_device *dev, const qt_dataset *ds, const qt_loader_config *lc, const char *const *values,
+                            int n_values, const char *path, char *err) {
   const qt_graph *g = qt_device_graph(dev);
   for (int k = 0; k < n_values; k++) {
     if (qt_device_value_numel(dev, values[k]) < 0)

@@ -14,24 +14,24 @@ enum {
 
 /* How a layer (conv2d / linear) is computed. */
 typedef struct {
-  int integer;             /* 1: the integer path (the input's integer view, wi); 0: float64 (wd) */
-  double in_scale;         /* integer path: s_x; zp_x in in_zp */
+  int integer;     /* 1: the integer path (the input's integer view, wi); 0: float64 (wd) */
+  double in_scale; /* integer path: s_x; zp_x in in_zp */
   int32_t in_zp;
-  int16_t *wi;             /* integer path: q_w - zp_w, conv (OC, KH, KW, C/groups), linear (OUT, IN) */
-  double *wscale;          /* integer path: s_x * s_w[oc], per output channel */
-  double *wd;              /* float path: the weight the graph computes with, same layout, float64 */
-  double *bias;            /* per output channel (zeros without a bias); with an int32 bias its
-                            * real value qb * s_x * s_w[oc] */
-  int64_t *ibias;          /* integer path with an int32 bias: qb per output channel (added to
-                            * the integer sum: the bias in accumulator units), else NULL */
-  int OC, Cg, KH, KW;      /* linear: OC = OUT, Cg = IN, KH = KW = 1 */
+  int16_t *wi;        /* integer path: q_w - zp_w, conv (OC, KH, KW, C/groups), linear (OUT, IN) */
+  double *wscale;     /* integer path: s_x * s_w[oc], per output channel */
+  double *wd;         /* float path: the weight the graph computes with, same layout, float64 */
+  double *bias;       /* per output channel (zeros without a bias); with an int32 bias its
+                       * real value qb * s_x * s_w[oc] */
+  int64_t *ibias;     /* integer path with an int32 bias: qb per output channel (added to
+                       * the integer sum: the bias in accumulator units), else NULL */
+  int OC, Cg, KH, KW; /* linear: OC = OUT, Cg = IN, KH = KW = 1 */
 } layer_plan;
 
 struct qt_exact {
   const qt_graph *g;
-  layer_plan *layers;      /* per node */
-  int *last_use;           /* per value: the last node reading it */
-  int *iq;                 /* per value: the dequantize whose (s, zp) give its integer view, or -1 */
+  layer_plan *layers; /* per node */
+  int *last_use;      /* per value: the last node reading it */
+  int *iq;            /* per value: the dequantize whose (s, zp) give its integer view, or -1 */
   int integer_layers;
   /* per value during a run: int32 (quantize outputs) or float64 data, chunk-sized */
   int32_t **vi;
@@ -152,8 +152,8 @@ static int plan_layer(qt_exact *x, int i, char *err) {
    * [qmin, qmax], at most 256 wide, and so does the dequantize's zero point. */
   const qt_qspec *qs = &g->nodes[g->values[dq->inputs[0]].producer].q->spec;
   if (qs->qmax - qs->qmin > 255 || p->in_zp < qs->qmin || p->in_zp > qs->qmax)
-    return qt_err(err, "exact reference: %s: zero point %d and range [%d, %d] outside the 8-bit integer path",
-                  dq->name, (int)p->in_zp, qs->qmin, qs->qmax);
+    return qt_err(err, "exact reference: %s: zero point %d and range [%d, %d] outside the 8-bit integer path", dq->name,
+                  (int)p->in_zp, qs->qmin, qs->qmax);
   p->wi = xmalloc((size_t)numel * sizeof *p->wi);
   p->wscale = xmalloc((size_t)p->OC * sizeof *p->wscale);
   if (wq->qbias) {
@@ -311,14 +311,16 @@ static void run_layer(const qt_exact *x, const qt_node *nd, const layer_plan *p,
                 const int inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
                 const int64_t at = b * in_image + ((int64_t)ih * W + iw) * C + (int64_t)grp * Cg;
                 for (int c = 0; c < Cg; c++) {
-                  if (pi) pi[k + c] = inside ? (int16_t)(q[at + c] - p->in_zp) : 0;
-                  else pd[k + c] = inside ? xd[at + c] : 0.0;
+                  if (pi)
+                    pi[k + c] = inside ? (int16_t)(q[at + c] - p->in_zp) : 0;
+                  else
+                    pd[k + c] = inside ? xd[at + c] : 0.0;
                 }
               }
             }
             double *o = out + b * out_image + ((int64_t)oh * OW + ow) * OC;
             for (int oc = grp * OCg; oc < (grp + 1) * OCg; oc++)
-              o[oc] = !pi       ? dot_f64(pd, p->wd + (int64_t)oc * K, K) + p->bias[oc]
+              o[oc] = !pi        ? dot_f64(pd, p->wd + (int64_t)oc * K, K) + p->bias[oc]
                       : p->ibias ? (double)(dot_i16(pi, p->wi + (int64_t)oc * K, K) + p->ibias[oc]) * p->wscale[oc]
                                  : (double)dot_i16(pi, p->wi + (int64_t)oc * K, K) * p->wscale[oc] + p->bias[oc];
           }
@@ -328,8 +330,8 @@ static void run_layer(const qt_exact *x, const qt_node *nd, const layer_plan *p,
 }
 
 /* Max pooling of an integer view (padding ignored, as for the float64 values). */
-static void run_max_pool_int(const qt_node *nd, const qt_value *in, const qt_value *ov, const int32_t *src, int32_t *out,
-                             int n) {
+static void run_max_pool_int(const qt_node *nd, const qt_value *in, const qt_value *ov, const int32_t *src,
+                             int32_t *out, int n) {
   const int H = (int)in->shape[0], W = (int)in->shape[1], C = (int)in->shape[2];
   const int OH = (int)ov->shape[0], OW = (int)ov->shape[1];
   const qt_node_attrs *a = &nd->attr;
@@ -537,7 +539,8 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
   if (!rc) {
     const int o = g->output;
     const int64_t numel = qt_value_numel(&g->values[o]) * n;
-    if (!x->vd[o]) rc = qt_err(err, "exact reference: graph %s: the output is integers", g->name);
+    if (!x->vd[o])
+      rc = qt_err(err, "exact reference: graph %s: the output is integers", g->name);
     else
       for (int64_t k = 0; k < numel; k++) out[k] = (float)x->vd[o][k];
   }

@@ -17,11 +17,11 @@ const char *qt_point_kind_name(qt_point_kind k) {
 
 /* How one activation point (or the fp32 output) is measured in every batch. */
 typedef struct {
-  int point;           /* index into r->points */
-  int qdq_value;       /* the Q/DQ graph's value at the point (the dequantize's output) */
-  int fp32_value;      /* the fp32 graph's value of the same name, or -1 */
-  int device_output;   /* the point is the graph output: compare with the device's output */
-  int probe;           /* else read the device with a probe (probe_points) */
+  int point;         /* index into r->points */
+  int qdq_value;     /* the Q/DQ graph's value at the point (the dequantize's output) */
+  int fp32_value;    /* the fp32 graph's value of the same name, or -1 */
+  int device_output; /* the point is the graph output: compare with the device's output */
+  int probe;         /* else read the device with a probe (probe_points) */
 } point_plan;
 
 /* The value of that name with that many elements per sample, or -1. */
@@ -77,8 +77,7 @@ static int add_weight_points(const qt_graph *qdq, qt_report *r, char *err) {
 }
 
 /* Plans the activation points (and the output when it is fp32). */
-static int plan_points(qt_graph *fp32, const qt_graph *qdq, qt_report *r, point_plan *plans, int *n_plans,
-                       char *err) {
+static int plan_points(qt_graph *fp32, const qt_graph *qdq, qt_report *r, point_plan *plans, int *n_plans, char *err) {
   int output_covered = 0;
   *n_plans = 0;
   for (int i = 0; i < qdq->n_nodes; i++) {
@@ -95,8 +94,10 @@ static int plan_points(qt_graph *fp32, const qt_graph *qdq, qt_report *r, point_
     char name[QT_NAME_LEN];
     const char *suffix = ".fq.quantize";
     const size_t len = strlen(q->name), sl = strlen(suffix);
-    if (len > sl && strcmp(q->name + len - sl, suffix) == 0) snprintf(name, sizeof name, "%.*s", (int)(len - sl), q->name);
-    else snprintf(name, sizeof name, "%s", qdq->values[q->inputs[0]].name);
+    if (len > sl && strcmp(q->name + len - sl, suffix) == 0)
+      snprintf(name, sizeof name, "%.*s", (int)(len - sl), q->name);
+    else
+      snprintf(name, sizeof name, "%s", qdq->values[q->inputs[0]].name);
     qt_report_point *p = add_point(r, name, QT_POINT_ACTIVATION, err);
     if (!p) return -1;
     point_plan *pl = &plans[(*n_plans)++];
@@ -124,19 +125,19 @@ static int plan_points(qt_graph *fp32, const qt_graph *qdq, qt_report *r, point_
 }
 
 /* The models agree with each other and with the test set: 0, or -1 with err. */
-static int check_shapes(const qt_graph *fp32, const qt_graph *qdq, qt_device *device, const qt_dataset *ds,
-                        char *err) {
+static int check_shapes(const qt_graph *fp32, const qt_graph *qdq, qt_device *device, const qt_dataset *ds, char *err) {
   int h, w, c;
   qt_device_input_shape(device, &h, &w, &c);
   const qt_value *qin = &qdq->values[qdq->input];
   if (qin->shape[0] != h || qin->shape[1] != w || qin->shape[2] != c) {
-    snprintf(err, QT_ERR_LEN, "report: the lowered model takes %dx%dx%d images but the Q/DQ graph %s takes %lldx%lldx%lld",
-             h, w, c, qdq->name, (long long)qin->shape[0], (long long)qin->shape[1], (long long)qin->shape[2]);
+    snprintf(err, QT_ERR_LEN,
+             "report: the lowered model takes %dx%dx%d images but the Q/DQ graph %s takes %lldx%lldx%lld", h, w, c,
+             qdq->name, (long long)qin->shape[0], (long long)qin->shape[1], (long long)qin->shape[2]);
     return -1;
   }
   if (ds->h != h || ds->w != w || ds->c != c) {
-    snprintf(err, QT_ERR_LEN, "report: model %s takes %dx%dx%d images, the test set holds %dx%dx%d", qdq->name, h, w,
-             c, ds->h, ds->w, ds->c);
+    snprintf(err, QT_ERR_LEN, "report: model %s takes %dx%dx%d images, the test set holds %dx%dx%d", qdq->name, h, w, c,
+             ds->h, ds->w, ds->c);
     return -1;
   }
   const int64_t classes = qt_device_output_numel(device);
@@ -148,8 +149,9 @@ static int check_shapes(const qt_graph *fp32, const qt_graph *qdq, qt_device *de
   if (fp32) {
     const qt_value *fin = &fp32->values[fp32->input], *fout = &fp32->values[fp32->output];
     if (fin->shape[0] != h || fin->shape[1] != w || fin->shape[2] != c || qt_value_numel(fout) != classes) {
-      snprintf(err, QT_ERR_LEN, "report: the fp32 model %s (%lldx%lldx%lld -> %lld) does not match the Q/DQ graph %s "
-                                "(%dx%dx%d -> %lld)",
+      snprintf(err, QT_ERR_LEN,
+               "report: the fp32 model %s (%lldx%lldx%lld -> %lld) does not match the Q/DQ graph %s "
+               "(%dx%dx%d -> %lld)",
                fp32->name, (long long)fin->shape[0], (long long)fin->shape[1], (long long)fin->shape[2],
                (long long)qt_value_numel(fout), qdq->name, h, w, c, (long long)classes);
       return -1;
@@ -249,7 +251,8 @@ static void close_run(report_run *s) {
 
 /* Counts and compares one batch's answers: the fp32 graph's (fy, may be NULL), the exact
  * reference's (the Q/DQ graph's answer) and the device's; the points' SQNR. */
-static void add_batch(report_run *s, const qt_tensor *fy, qt_tensor **fv, qt_tensor **qv, const int32_t *labels, int n) {
+static void add_batch(report_run *s, const qt_tensor *fy, qt_tensor **fv, qt_tensor **qv, const int32_t *labels,
+                      int n) {
   qt_report *r = s->r;
   const int64_t classes = s->classes;
   const float *qo = s->eo, *out = s->out;
@@ -296,8 +299,8 @@ static int run_test_set(report_run *s, char *err) {
       snprintf(err, QT_ERR_LEN, "report: fp32 model: %s", s->fp32->error);
       return -1;
     }
-    qt_tensor *qy =
-        qt_graph_forward_keep(s->qdq, s->ctx, qt_tensor_wrap(s->ctx, QT_F32, 4, shape, (void *)x), &qv, NULL, s->keep_q);
+    qt_tensor *qy = qt_graph_forward_keep(s->qdq, s->ctx, qt_tensor_wrap(s->ctx, QT_F32, 4, shape, (void *)x), &qv,
+                                          NULL, s->keep_q);
     if (!qy) {
       snprintf(err, QT_ERR_LEN, "report: Q/DQ graph: %s", s->qdq->error);
       return -1;
@@ -387,17 +390,23 @@ void qt_report_verdict(const qt_report *r, char *buf, size_t len) {
   /* Judged on whole images: a stage lost accuracy when it got fewer images right. */
   const int64_t l1 = r->has_fp32 ? r->fp32_correct - r->qdq_correct : 0, l2 = r->qdq_correct - r->device_correct;
   char a[160], b[160];
-  if (r->has_fp32) snprintf(a, sizeof a, "stage 1 (fp32 -> Q/DQ: quantization) lost %.2f points", s1);
-  else snprintf(a, sizeof a, "stage 1 (fp32 -> Q/DQ: quantization) not measured (no fp32 model)");
+  if (r->has_fp32)
+    snprintf(a, sizeof a, "stage 1 (fp32 -> Q/DQ: quantization) lost %.2f points", s1);
+  else
+    snprintf(a, sizeof a, "stage 1 (fp32 -> Q/DQ: quantization) not measured (no fp32 model)");
   snprintf(b, sizeof b, "stage 2 (Q/DQ -> int8 device: lowering) lost %.2f points", s2);
   const char *who;
   if (l1 > 0 && l2 > 0)
     who = l1 >= l2 ? "both stages lost accuracy, stage 1 (quantization) the most"
                    : "both stages lost accuracy, stage 2 (lowering) the most";
-  else if (l1 > 0) who = "the accuracy was lost in stage 1 (quantization: the quantizer settings or QAT)";
-  else if (l2 > 0) who = "the accuracy was lost in stage 2 (lowering: the backend's integer kernels)";
-  else if (r->has_fp32) who = "neither stage lost accuracy";
-  else who = "stage 2 lost no accuracy";
+  else if (l1 > 0)
+    who = "the accuracy was lost in stage 1 (quantization: the quantizer settings or QAT)";
+  else if (l2 > 0)
+    who = "the accuracy was lost in stage 2 (lowering: the backend's integer kernels)";
+  else if (r->has_fp32)
+    who = "neither stage lost accuracy";
+  else
+    who = "stage 2 lost no accuracy";
   int k = snprintf(buf, len, "%s; %s: %s", a, b, who);
   if (k >= 0 && (size_t)k < len && r->agreement.images > 0 && !qt_device_agreement_pass(&r->agreement)) {
     if (r->output_scale > 0)
@@ -414,16 +423,21 @@ void qt_report_verdict(const qt_report *r, char *buf, size_t len) {
 
 static void fmt_db(char *buf, size_t n, const qt_sqnr_sum *s, const char *none) {
   const double db = qt_sqnr_sum_db(s);
-  if (s->n == 0) snprintf(buf, n, "%s", none);
-  else if (isinf(db)) snprintf(buf, n, db > 0 ? "inf (identical)" : "-inf");
-  else snprintf(buf, n, "%.2f", db);
+  if (s->n == 0)
+    snprintf(buf, n, "%s", none);
+  else if (isinf(db))
+    snprintf(buf, n, db > 0 ? "inf (identical)" : "-inf");
+  else
+    snprintf(buf, n, "%.2f", db);
 }
 
 void qt_report_print(const qt_report *r, FILE *f) {
   fprintf(f, "three-stage report on %lld test images (backend %s: %d int8, %d fallback partitions):\n",
           (long long)r->images, r->backend, r->int8_partitions, r->fallback_partitions);
-  if (r->has_fp32) fprintf(f, "  fp32 model      top-1 %6.2f%%\n", 100 * r->fp32_accuracy);
-  else fprintf(f, "  fp32 model      not given\n");
+  if (r->has_fp32)
+    fprintf(f, "  fp32 model      top-1 %6.2f%%\n", 100 * r->fp32_accuracy);
+  else
+    fprintf(f, "  fp32 model      not given\n");
   fprintf(f, "  Q/DQ graph      top-1 %6.2f%%", 100 * r->qdq_accuracy);
   if (r->has_fp32) fprintf(f, "   stage 1 (quantization) lost %.2f points", qt_report_stage1_loss(r));
   fprintf(f, "\n  int8 device     top-1 %6.2f%%   stage 2 (lowering) lost %.2f points\n", 100 * r->device_accuracy,
@@ -433,7 +447,8 @@ void qt_report_print(const qt_report *r, FILE *f) {
     fprintf(f, "logit differences in output LSB (%.6g): max %.2f; 0 LSB %lld, 1 LSB %lld, 2 LSB %lld, >2 LSB %lld\n",
             (double)r->output_scale, r->lsb.max_lsb, (long long)r->lsb.count[0], (long long)r->lsb.count[1],
             (long long)r->lsb.count[2], (long long)r->lsb.count[3]);
-  else fprintf(f, "fp32 output (no LSB): max logit difference %.6g\n", r->max_abs_diff);
+  else
+    fprintf(f, "fp32 output (no LSB): max logit difference %.6g\n", r->max_abs_diff);
   const qt_device_agreement *fe = &r->float_vs_exact;
   if (fe->images > 0) {
     fprintf(f, "  Q/DQ graph = its exact integer reference; the float32 Q/DQ executor against it: ");
@@ -454,7 +469,9 @@ void qt_report_print(const qt_report *r, FILE *f) {
     char a[32], b[32], name[160];
     fmt_db(a, sizeof a, &p->fp32_vs_qdq, r->has_fp32 ? "-" : "(no fp32)");
     fmt_db(b, sizeof b, &p->qdq_vs_device,
-           p->kind == QT_POINT_WEIGHT ? "(same integers)" : r->probe_images ? "-" : "(not probed)");
+           p->kind == QT_POINT_WEIGHT ? "(same integers)"
+           : r->probe_images          ? "-"
+                                      : "(not probed)");
     snprintf(name, sizeof name, "%s (%s%s)", p->name, qt_point_kind_name(p->kind),
              p->is_output && p->kind != QT_POINT_OUTPUT ? ", output" : "");
     fprintf(f, "    %-38s %-16s %s\n", name, a, b);
@@ -464,30 +481,36 @@ void qt_report_print(const qt_report *r, FILE *f) {
   fprintf(f, "  verdict: %s\n", v);
 }
 
-
-
 static void sb_json_db(qt_strbuf *b, const qt_sqnr_sum *s) {
   const double db = qt_sqnr_sum_db(s);
-  if (s->n == 0 || isnan(db)) qt_strbuf_printf(b, "null");
-  else if (isinf(db)) qt_strbuf_printf(b, "%.1f", db > 0 ? 999.0 : -999.0);
-  else qt_strbuf_printf(b, "%.3f", db);
+  if (s->n == 0 || isnan(db))
+    qt_strbuf_printf(b, "null");
+  else if (isinf(db))
+    qt_strbuf_printf(b, "%.1f", db > 0 ? 999.0 : -999.0);
+  else
+    qt_strbuf_printf(b, "%.3f", db);
 }
 
 static void sb_json_number(qt_strbuf *b, double x) {
-  if (isfinite(x)) qt_strbuf_printf(b, "%.6f", x);
-  else qt_strbuf_printf(b, "null");
+  if (isfinite(x))
+    qt_strbuf_printf(b, "%.6f", x);
+  else
+    qt_strbuf_printf(b, "null");
 }
 
 char *qt_report_json(const qt_report *r, const char *in) {
   qt_strbuf b = {0};
-  qt_strbuf_printf(&b, "%s\"int8_vs_qdq\": {\"images\": %lld, \"probe_images\": %lld, \"top1_agreement\": %.6f, "
-                "\"max_lsb\": ", in, (long long)r->images, (long long)r->probe_images, r->top1_agreement);
+  qt_strbuf_printf(&b,
+                   "%s\"int8_vs_qdq\": {\"images\": %lld, \"probe_images\": %lld, \"top1_agreement\": %.6f, "
+                   "\"max_lsb\": ",
+                   in, (long long)r->images, (long long)r->probe_images, r->top1_agreement);
   if (r->output_scale > 0) {
     sb_json_number(&b, r->lsb.max_lsb);
-    qt_strbuf_printf(&b, ", \"output_scale\": %.9g, \"lsb_histogram\": {\"0\": %lld, \"1\": %lld, \"2\": %lld, "
-                  "\"over_2\": %lld}",
-              (double)r->output_scale, (long long)r->lsb.count[0], (long long)r->lsb.count[1],
-              (long long)r->lsb.count[2], (long long)r->lsb.count[3]);
+    qt_strbuf_printf(&b,
+                     ", \"output_scale\": %.9g, \"lsb_histogram\": {\"0\": %lld, \"1\": %lld, \"2\": %lld, "
+                     "\"over_2\": %lld}",
+                     (double)r->output_scale, (long long)r->lsb.count[0], (long long)r->lsb.count[1],
+                     (long long)r->lsb.count[2], (long long)r->lsb.count[3]);
   } else {
     qt_strbuf_printf(&b, "null, \"output_scale\": null, \"lsb_histogram\": null");
   }
@@ -496,11 +519,14 @@ char *qt_report_json(const qt_report *r, const char *in) {
   qt_strbuf_printf(&b, "},\n");
   /* The float32 Q/DQ executor against the exact reference the report judges with. */
   const qt_device_agreement *fe = &r->float_vs_exact;
-  qt_strbuf_printf(&b, "%s\"qdq_reference\": \"exact\",\n%s\"qdq_float_vs_exact\": {\"images\": %lld, "
-                   "\"top1_differs\": %lld, \"logits_differ\": %lld, \"max_lsb\": ", in, in, (long long)fe->images,
-                   (long long)(fe->images - fe->agree), (long long)fe->differ);
-  if (fe->output_scale > 0) sb_json_number(&b, fe->max_lsb);
-  else qt_strbuf_printf(&b, "null");
+  qt_strbuf_printf(&b,
+                   "%s\"qdq_reference\": \"exact\",\n%s\"qdq_float_vs_exact\": {\"images\": %lld, "
+                   "\"top1_differs\": %lld, \"logits_differ\": %lld, \"max_lsb\": ",
+                   in, in, (long long)fe->images, (long long)(fe->images - fe->agree), (long long)fe->differ);
+  if (fe->output_scale > 0)
+    sb_json_number(&b, fe->max_lsb);
+  else
+    qt_strbuf_printf(&b, "null");
   qt_strbuf_printf(&b, ", \"max_abs_diff\": ");
   sb_json_number(&b, fe->max_abs_diff);
   qt_strbuf_printf(&b, "},\n");
@@ -510,7 +536,7 @@ char *qt_report_json(const qt_report *r, const char *in) {
     qt_strbuf_printf(&b, "%s\n%s  {\"point\": ", i ? "," : "", in);
     qt_strbuf_json_string(&b, p->name);
     qt_strbuf_printf(&b, ", \"kind\": \"%s\", \"output\": %s, \"fp32_vs_qdq\": ", qt_point_kind_name(p->kind),
-              p->is_output ? "true" : "false");
+                     p->is_output ? "true" : "false");
     sb_json_db(&b, &p->fp32_vs_qdq);
     qt_strbuf_printf(&b, ", \"qdq_vs_int8\": ");
     sb_json_db(&b, &p->qdq_vs_device);

@@ -15,7 +15,7 @@
  * reference (eval/exact.h: integer arithmetic where the math is integer, float64 elsewhere), so
  * stage 2 measures lowering alone. The float32 Q/DQ executor (qt_graph_forward), whose sums
  * depend on their order, is itself measured against the exact reference (float_vs_exact), and
- * serves the intermediate points' SQNR. 
+ * serves the intermediate points' SQNR.
  *
  * The library never exits or prints unless asked; functions return 0 or -1 with err set. */
 #ifndef QT_REPORT_H
@@ -49,7 +49,7 @@ enum { QT_LSB_BINS = 4 };
 typedef struct {
   int64_t count[QT_LSB_BINS]; /* 0, 1, 2, >2 LSB */
   int64_t n;
-  double max_lsb;             /* the largest |a - b| / lsb seen (not rounded) */
+  double max_lsb; /* the largest |a - b| / lsb seen (not rounded) */
 } qt_lsb_histogram;
 /* lsb must be > 0. */
 void qt_lsb_histogram_add(qt_lsb_histogram *h, const float *a, const float *b, int64_t n, float lsb);
@@ -66,14 +66,14 @@ void qt_lsb_histogram_add(qt_lsb_histogram *h, const float *a, const float *b, i
 #define QT_AGREEMENT_MIN_TOP1 0.999
 
 typedef struct {
-  int64_t images, outputs;        /* images compared, and output values (images x classes) */
+  int64_t images, outputs; /* images compared, and output values (images x classes) */
   int64_t device_correct, qdq_correct, agree;
-  float output_scale;             /* the output LSB; 0: fp32 output */
-  double max_lsb;                 /* largest |device - Q/DQ| / output_scale (0 for an fp32 output) */
-  int64_t over_max_lsb;           /* outputs more than QT_AGREEMENT_MAX_LSB apart */
-  int64_t differ;                 /* outputs that differ at all */
-  double max_abs_diff;            /* largest |device - Q/DQ| */
-  double device_seconds;          /* model time of the device runs (qt_device_compare) */
+  float output_scale;    /* the output LSB; 0: fp32 output */
+  double max_lsb;        /* largest |device - Q/DQ| / output_scale (0 for an fp32 output) */
+  int64_t over_max_lsb;  /* outputs more than QT_AGREEMENT_MAX_LSB apart */
+  int64_t differ;        /* outputs that differ at all */
+  double max_abs_diff;   /* largest |device - Q/DQ| */
+  double device_seconds; /* model time of the device runs (qt_device_compare) */
 } qt_device_agreement;
 
 /* The output LSB of a Q/DQ graph: the per-tensor scale of a final dequantize, else 0. */
@@ -108,8 +108,8 @@ int qt_device_compare(qt_device *dev, qt_graph *qdq, const qt_dataset *ds, const
  * augmentation) to the HDF5 file path, atomically (a qt_temp_create file, then renamed): "logits" (N,
  * output shape), "labels" (N) int32, and one dataset per name in values (a value or node name of
  * the device's Q/DQ graph, qt_device_read_value), (N, value shape) fp32. Returns -1 with err. */
-int qt_device_write_outputs(qt_device *dev, const qt_dataset *ds, const qt_loader_config *lc,
-                            const char *const *values, int n_values, const char *path, char *err);
+int qt_device_write_outputs(qt_device *dev, const qt_dataset *ds, const qt_loader_config *lc, const char *const *values,
+                            int n_values, const char *path, char *err);
 
 /* ---- the three-stage report --------------------------------------------------------------- */
 
@@ -124,9 +124,9 @@ const char *qt_point_kind_name(qt_point_kind k);
 typedef struct {
   char name[2 * QT_NAME_LEN]; /* the value ("relu1") or weight tensor ("conv1.weight") */
   qt_point_kind kind;
-  int is_output;              /* the graph output (an activation point or QT_POINT_OUTPUT) */
-  qt_sqnr_sum fp32_vs_qdq;    /* n == 0: not measured (no fp32 model or no value of that name) */
-  qt_sqnr_sum qdq_vs_device;  /* n == 0: not measured (weights: the device runs the same integers) */
+  int is_output;             /* the graph output (an activation point or QT_POINT_OUTPUT) */
+  qt_sqnr_sum fp32_vs_qdq;   /* n == 0: not measured (no fp32 model or no value of that name) */
+  qt_sqnr_sum qdq_vs_device; /* n == 0: not measured (weights: the device runs the same integers) */
 } qt_report_point;
 
 #define QT_REPORT_MAX_POINTS 2048 /* quantization points and weights: ResNet-152 has about 310 */
@@ -140,20 +140,20 @@ typedef struct {
 
 typedef struct {
   int64_t images;
-  int has_fp32;                   /* an fp32 model was given: stage 1 measured */
+  int has_fp32; /* an fp32 model was given: stage 1 measured */
   int64_t fp32_correct, qdq_correct, device_correct, agree;
   double fp32_accuracy, qdq_accuracy, device_accuracy; /* top-1 in [0, 1] */
-  double top1_agreement;          /* Q/DQ vs device: fraction of images with the same top-1 */
-  float output_scale;             /* the output's LSB (its per-tensor dequantize scale); 0 = fp32 output */
-  qt_lsb_histogram lsb;           /* device vs Q/DQ output logits (empty when output_scale is 0) */
-  double max_abs_diff;            /* device vs Q/DQ output logits, absolute */
-  qt_device_agreement agreement;  /* the same comparison judged by the pass rule (verdict) */
+  double top1_agreement;                               /* Q/DQ vs device: fraction of images with the same top-1 */
+  float output_scale;                 /* the output's LSB (its per-tensor dequantize scale); 0 = fp32 output */
+  qt_lsb_histogram lsb;               /* device vs Q/DQ output logits (empty when output_scale is 0) */
+  double max_abs_diff;                /* device vs Q/DQ output logits, absolute */
+  qt_device_agreement agreement;      /* the same comparison judged by the pass rule (verdict) */
   qt_device_agreement float_vs_exact; /* the float32 Q/DQ executor against the exact reference */
-  int64_t probe_images;           /* images the device was read on at intermediate points (0: not) */
+  int64_t probe_images;               /* images the device was read on at intermediate points (0: not) */
   int int8_partitions, fallback_partitions;
-  int n_fallbacks;                /* fallback partitions listed below: the first QT_REPORT_MAX_FALLBACKS */
+  int n_fallbacks; /* fallback partitions listed below: the first QT_REPORT_MAX_FALLBACKS */
   qt_report_fallback fallbacks[QT_REPORT_MAX_FALLBACKS];
-  char backend[QT_NAME_LEN];      /* the device's backend (its description's name) */
+  char backend[QT_NAME_LEN]; /* the device's backend (its description's name) */
   int n_points;
   qt_report_point points[QT_REPORT_MAX_POINTS];
 } qt_report;
@@ -189,8 +189,8 @@ char *qt_report_json(const qt_report *r, const char *indent);
 
 typedef struct {
   int batch;
-  int64_t images;             /* images timed per engine per round */
-  double fp32_images_per_s;   /* 0 when no fp32 graph was given */
+  int64_t images;           /* images timed per engine per round */
+  double fp32_images_per_s; /* 0 when no fp32 graph was given */
   double int8_images_per_s;
 } qt_inference_speed;
 
@@ -199,7 +199,7 @@ typedef struct {
  * smaller). Two warm-up runs per engine, then `rounds` rounds that alternate the engines, each
  * timing `batches` runs; each engine keeps its best round (on a shared machine other processes
  * slow single measurements down, never up). The fp32 graph is left in eval mode. */
-int qt_inference_measure(qt_graph *fp32, qt_device *device, const qt_dataset *ds, const qt_loader_config *lc,
-                         int batch, int batches, int rounds, qt_inference_speed *out, char *err);
+int qt_inference_measure(qt_graph *fp32, qt_device *device, const qt_dataset *ds, const qt_loader_config *lc, int batch,
+                         int batches, int rounds, qt_inference_speed *out, char *err);
 
 #endif

@@ -36,8 +36,8 @@ static double time_runs(int (*run)(engines *), engines *e, int batches) {
   return qt_now_seconds() - t0;
 }
 
-int qt_inference_measure(qt_graph *fp32, qt_device *device, const qt_dataset *ds, const qt_loader_config *lc,
-                         int batch, int batches, int rounds, qt_inference_speed *out, char *err) {
+int qt_inference_measure(qt_graph *fp32, qt_device *device, const qt_dataset *ds, const qt_loader_config *lc, int batch,
+                         int batches, int rounds, qt_inference_speed *out, char *err) {
   memset(out, 0, sizeof *out);
   QT_ASSERT(batch > 0 && batches > 0 && rounds > 0, "inference speed: batch %d, %d batches, %d rounds", batch, batches,
             rounds);
@@ -64,8 +64,8 @@ int qt_inference_measure(qt_graph *fp32, qt_device *device, const qt_dataset *ds
   float *x = malloc((size_t)batch * per_sample * sizeof(float));
   float *o = malloc((size_t)batch * (size_t)qt_device_output_numel(device) * sizeof(float));
   QT_ASSERT(x && o && got > 0, "inference speed: a batch of %d", batch);
-  for (int i = 0; i < batch; i++) memcpy(x + (size_t)i * per_sample, images + (size_t)(i % got) * per_sample,
-                                         per_sample * sizeof(float));
+  for (int i = 0; i < batch; i++)
+    memcpy(x + (size_t)i * per_sample, images + (size_t)(i % got) * per_sample, per_sample * sizeof(float));
   qt_loader_free(l);
 
   engines e = {fp32, NULL, device, o, x, batch, h, w, c, err};

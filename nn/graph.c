@@ -145,19 +145,27 @@ static int build(qt_graph *g, qt_op op, const char *name, const int *inputs, int
       const int is_weight = !b && k == QT_P_WEIGHT && info->has_weight;
       const int t = new_tensor(g, id, b ? info->buffer_suffix[k] : info->param_suffix[k], is_weight ? wndim : 1,
                                is_weight ? wshape : channels, b);
-      if (b) g->nodes[id].buffer[k] = t;
-      else g->nodes[id].param[k] = t;
+      if (b)
+        g->nodes[id].buffer[k] = t;
+      else
+        g->nodes[id].param[k] = t;
     }
   return g->nodes[id].output = new_value(g, name, ndim, shape, id);
 }
 
-int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int kernel, int stride, int pad,
-                    int groups, int bias) {
+int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int kernel, int stride, int pad, int groups,
+                    int bias) {
   if (check_value(g, name, x)) return -1;
   const qt_value *v = &g->values[x];
   const int64_t C = v->ndim == 3 ? v->shape[2] : 1;
-  const qt_node_attrs attr = {.kernel_h = kernel, .kernel_w = kernel, .stride_h = stride, .stride_w = stride,
-                              .pad_h = pad, .pad_w = pad, .groups = groups, .out_channels = out_channels};
+  const qt_node_attrs attr = {.kernel_h = kernel,
+                              .kernel_w = kernel,
+                              .stride_h = stride,
+                              .stride_w = stride,
+                              .pad_h = pad,
+                              .pad_w = pad,
+                              .groups = groups,
+                              .out_channels = out_channels};
   const int64_t ws[4] = {out_channels, groups >= 1 ? C / groups : 0, kernel, kernel};
   return build(g, QT_OP_CONV2D, name, &x, 1, &attr, 4, ws, bias);
 }
@@ -166,8 +174,13 @@ int qt_graph_conv2d_attr(qt_graph *g, const char *name, int x, const qt_node_att
   if (check_value(g, name, x)) return -1;
   const qt_value *v = &g->values[x];
   const int64_t C = v->ndim == 3 ? v->shape[2] : 1;
-  const qt_node_attrs attr = {.kernel_h = a->kernel_h, .kernel_w = a->kernel_w, .stride_h = a->stride_h,
-                              .stride_w = a->stride_w, .pad_h = a->pad_h, .pad_w = a->pad_w, .groups = a->groups,
+  const qt_node_attrs attr = {.kernel_h = a->kernel_h,
+                              .kernel_w = a->kernel_w,
+                              .stride_h = a->stride_h,
+                              .stride_w = a->stride_w,
+                              .pad_h = a->pad_h,
+                              .pad_w = a->pad_w,
+                              .groups = a->groups,
                               .out_channels = a->out_channels};
   const int64_t ws[4] = {a->out_channels, a->groups >= 1 ? C / a->groups : 0, a->kernel_h, a->kernel_w};
   return build(g, QT_OP_CONV2D, name, &x, 1, &attr, 4, ws, bias);
@@ -189,8 +202,8 @@ int qt_graph_relu6(qt_graph *g, const char *name, int x) {
 }
 
 static int pool(qt_graph *g, qt_op op, const char *name, int x, int kernel, int stride, int pad) {
-  const qt_node_attrs attr = {.kernel_h = kernel, .kernel_w = kernel, .stride_h = stride, .stride_w = stride,
-                              .pad_h = pad, .pad_w = pad};
+  const qt_node_attrs attr = {
+      .kernel_h = kernel, .kernel_w = kernel, .stride_h = stride, .stride_w = stride, .pad_h = pad, .pad_w = pad};
   return build(g, op, name, &x, 1, &attr, 0, NULL, 0);
 }
 
@@ -266,7 +279,8 @@ int qt_input_preprocessing_check(const qt_graph *g, const qt_input_preprocessing
                   (long long)C);
   for (int c = 0; c < p->channels; c++)
     if (!isfinite(p->mean[c]) || !isfinite(p->std[c]) || !(p->std[c] > 0))
-      return qt_err(err, "input preprocessing of graph %s: channel %d: mean %g, std %g, expected finite values and std > 0",
+      return qt_err(err,
+                    "input preprocessing of graph %s: channel %d: mean %g, std %g, expected finite values and std > 0",
                     g->name, c, p->mean[c], p->std[c]);
   return 0;
 }
@@ -420,7 +434,8 @@ int qt_graph_sole_consumer(const qt_graph *g, int v) {
 int qt_graph_quant_source(const qt_graph *g, int v) {
   for (int hops = 0; v >= 0 && v != g->input && hops <= g->n_nodes; hops++) {
     const qt_node *n = &g->nodes[g->values[v].producer];
-    if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_DEQUANTIZE) return n->q && n->q->channels == 1 ? g->values[v].producer : -1;
+    if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_DEQUANTIZE)
+      return n->q && n->q->channels == 1 ? g->values[v].producer : -1;
     if (n->op != QT_OP_MAX_POOL2D && n->op != QT_OP_FLATTEN && n->op != QT_OP_RELU) return -1;
     v = n->inputs[0];
   }
@@ -433,12 +448,16 @@ int qt_bias_scales(const qt_graph *g, int node, float *scale, char *err) {
   QT_ASSERT(wq && qt_op_has_weight(n->op), "bias scales of %s: no weight quantization", n->name);
   const int src = qt_graph_quant_source(g, n->inputs[0]);
   if (src < 0)
-    return qt_err(err, "%s: the int32 bias needs an input quantized per tensor (through max_pool2d, flatten, relu at "
-                  "most), and %s is not", n->name, g->values[n->inputs[0]].name);
+    return qt_err(err,
+                  "%s: the int32 bias needs an input quantized per tensor (through max_pool2d, flatten, relu at "
+                  "most), and %s is not",
+                  n->name, g->values[n->inputs[0]].name);
   const qt_qstate *xq = g->nodes[src].q;
   if (!xq->calibrated || !wq->calibrated)
-    return qt_err(err, "%s: the int32 bias's scale needs the qparams of %s and of the weight (calibrate or train "
-                  "first)", n->name, g->nodes[src].name);
+    return qt_err(err,
+                  "%s: the int32 bias's scale needs the qparams of %s and of the weight (calibrate or train "
+                  "first)",
+                  n->name, g->nodes[src].name);
   const int OC = n->attr.out_channels;
   for (int c = 0; c < OC; c++) scale[c] = xq->scale[0] * wq->scale[wq->channels == 1 ? 0 : c];
   return 0;

@@ -100,8 +100,7 @@ static void shape_str(const qt_value *v, char *buf, size_t n) {
 }
 
 int qt_graph_write_dot(const qt_graph *g, FILE *f) {
-  fprintf(f, "digraph \"%s\" {\n  rankdir=TB;\n  node [shape=box, style=rounded, fontname=\"Helvetica\"];\n",
-          g->name);
+  fprintf(f, "digraph \"%s\" {\n  rankdir=TB;\n  node [shape=box, style=rounded, fontname=\"Helvetica\"];\n", g->name);
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     char shape[64];
@@ -123,7 +122,10 @@ int qt_graph_write_dot(const qt_graph *g, FILE *f) {
                 qs[k]->spec.qmin, qs[k]->spec.qmax, qs[k]->spec.per_channel ? " per-channel" : "",
                 qs[k]->qweight ? " (integers)" : "");
     const int quant = n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_QUANTIZE || n->op == QT_OP_DEQUANTIZE;
-    fprintf(f, "\"%s];\n", n->op == QT_OP_INPUT ? ", shape=ellipse" : quant ? ", style=\"rounded,filled\", fillcolor=\"#e8f0ff\"" : "");
+    fprintf(f, "\"%s];\n",
+            n->op == QT_OP_INPUT ? ", shape=ellipse"
+            : quant              ? ", style=\"rounded,filled\", fillcolor=\"#e8f0ff\""
+                                 : "");
   }
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];

@@ -25,7 +25,7 @@ typedef enum {
   QT_OP_CONV2D,
   QT_OP_BATCH_NORM,
   QT_OP_RELU,
-  QT_OP_RELU6,      /* min(max(x, 0), 6): PyTorch's ReLU6, ONNX Clip(0, 6) */
+  QT_OP_RELU6, /* min(max(x, 0), 6): PyTorch's ReLU6, ONNX Clip(0, 6) */
   QT_OP_MAX_POOL2D,
   QT_OP_AVG_POOL2D,
   QT_OP_GLOBAL_AVG_POOL,
@@ -43,47 +43,47 @@ const char *qt_op_name(qt_op op);
 int qt_op_parse(const char *name, qt_op *out);
 
 /* Parameter roles within a node's param[] and buffer[] slots. */
-enum { QT_P_WEIGHT = 0, QT_P_BIAS = 1 };          /* conv2d, linear, conv_bn */
-enum { QT_P_GAMMA = 0, QT_P_BETA = 1 };           /* batch_norm ("weight", "bias" in PyTorch) */
-enum { QT_P_BN_GAMMA = 2, QT_P_BN_BETA = 3 };     /* conv_bn */
+enum { QT_P_WEIGHT = 0, QT_P_BIAS = 1 };      /* conv2d, linear, conv_bn */
+enum { QT_P_GAMMA = 0, QT_P_BETA = 1 };       /* batch_norm ("weight", "bias" in PyTorch) */
+enum { QT_P_BN_GAMMA = 2, QT_P_BN_BETA = 3 }; /* conv_bn */
 enum { QT_B_RUNNING_MEAN = 0, QT_B_RUNNING_VAR = 1 };
 
 /* How one edge or weight is quantized: the Quantizer's annotation. */
 typedef struct {
-  int bits;                   /* 2..8 */
-  int qmin, qmax;             /* derived from bits and signedness, possibly restricted */
+  int bits;       /* 2..8 */
+  int qmin, qmax; /* derived from bits and signedness, possibly restricted */
   int is_signed;
-  int symmetric;              /* zero point 0 (signed) */
-  int per_channel;            /* weights: axis 0 (output channels) */
+  int symmetric;   /* zero point 0 (signed) */
+  int per_channel; /* weights: axis 0 (output channels) */
   qt_observer_kind observer;
-  qt_range_method method;     /* histogram observers */
+  qt_range_method method; /* histogram observers */
   float percentile;
-  int learnable;              /* LSQ: the scale is a trained parameter (initialized by the observer) */
-  int pow2_scale;             /* scales rounded up to a power of two when computed from a range
-                               * (hardware that rescales by shifting); affine zero points follow */
-  int bias_int32;             /* weights of conv2d / linear / conv_bn: the layer's bias (conv_bn:
-                               * its folded bias) is quantized too, to int32 with zero point 0 and
-                               * the derived per-channel scale s_x * s_w[c] (qt_bias_scales): the
-                               * bias in accumulator units, as integer kernels add it */
+  int learnable;  /* LSQ: the scale is a trained parameter (initialized by the observer) */
+  int pow2_scale; /* scales rounded up to a power of two when computed from a range
+                   * (hardware that rescales by shifting); affine zero points follow */
+  int bias_int32; /* weights of conv2d / linear / conv_bn: the layer's bias (conv_bn:
+                   * its folded bias) is quantized too, to int32 with zero point 0 and
+                   * the derived per-channel scale s_x * s_w[c] (qt_bias_scales): the
+                   * bias in accumulator units, as integer kernels add it */
 } qt_qspec;
 
 /* Quantization state living on a node: the spec, the observer, the qparams training uses and
  * the enable flags; in a convert graph also the integer weights. */
 typedef struct qt_qstate {
   qt_qspec spec;
-  int channels;               /* 1 = per-tensor */
-  float *scale;               /* channels */
-  int32_t *zero_point;        /* channels */
+  int channels;        /* 1 = per-tensor */
+  float *scale;        /* channels */
+  int32_t *zero_point; /* channels */
   qt_observer obs;
-  int observe;                /* observer enabled */
-  int fake_quant;             /* fake quant enabled */
-  int calibrated;             /* scale/zero_point hold qparams */
-  int32_t *qweight;           /* convert graphs: integer weights (numel of the weight), else NULL */
+  int observe;      /* observer enabled */
+  int fake_quant;   /* fake quant enabled */
+  int calibrated;   /* scale/zero_point hold qparams */
+  int32_t *qweight; /* convert graphs: integer weights (numel of the weight), else NULL */
   int64_t n_qweight;
-  int32_t *qbias;             /* convert graphs with spec.bias_int32 and a bias: the integer bias
-                               * (one per output channel), else NULL */
+  int32_t *qbias; /* convert graphs with spec.bias_int32 and a bias: the integer bias
+                   * (one per output channel), else NULL */
   int64_t n_qbias;
-  int scale_param;            /* LSQ: tensor holding the learned scale (channels), else -1 */
+  int scale_param; /* LSQ: tensor holding the learned scale (channels), else -1 */
 } qt_qstate;
 
 /* New state for a spec with `channels` channels (observer initialized, flags on). NULL with err
@@ -100,16 +100,16 @@ int qt_qstate_observe_sync(qt_qstate *q, const float *data, int64_t outer, int64
 
 typedef struct {
   int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, groups; /* conv2d, pools */
-  int out_channels;                                                  /* conv2d, linear */
-  float eps, momentum;                                               /* batch_norm */
+  int out_channels;                                                 /* conv2d, linear */
+  float eps, momentum;                                              /* batch_norm */
 } qt_node_attrs;
 
 typedef struct {
   char name[QT_NAME_LEN];
-  int ndim;                    /* per-sample rank: 3 (H, W, C) or 1 (F) */
+  int ndim; /* per-sample rank: 3 (H, W, C) or 1 (F) */
   int64_t shape[3];
-  int producer;                /* node id */
-  int consumers;               /* number of node inputs reading it */
+  int producer;  /* node id */
+  int consumers; /* number of node inputs reading it */
 } qt_value;
 
 /* ---- the op table (nn/ops.c): what every op is, in one place --------------------------------- */
@@ -128,19 +128,19 @@ typedef int (*qt_op_shape_fn)(const qt_node_attrs *attr, const qt_value *const *
 typedef enum { QT_OP_ANY_GRAPH = 0, QT_OP_PREPARED_ONLY = 1, QT_OP_CONVERT_ONLY = 2 } qt_op_graphs;
 
 typedef struct {
-  const char *name;                          /* as in files and reports: "conv2d" */
+  const char *name; /* as in files and reports: "conv2d" */
   int min_inputs, max_inputs;
-  const char *param_suffix[QT_MAX_PARAMS];   /* tensor name "<node>.<suffix>" (PyTorch state_dict) */
-  unsigned char param_use[QT_MAX_PARAMS];    /* qt_slot_use */
+  const char *param_suffix[QT_MAX_PARAMS]; /* tensor name "<node>.<suffix>" (PyTorch state_dict) */
+  unsigned char param_use[QT_MAX_PARAMS];  /* qt_slot_use */
   const char *buffer_suffix[QT_MAX_PARAMS];
   unsigned char buffer_use[QT_MAX_PARAMS];
-  int has_weight;                            /* a weight in slot QT_P_WEIGHT that may be quantized */
-  int weight_rank;                           /* of that weight: 4 (OC, C/groups, KH, KW), 2 (OUT, IN) */
-  int act_quant;                             /* carries activation quantization (node->q) */
-  unsigned char graphs;                      /* qt_op_graphs */
-  int stateful;                              /* follows the train/eval mode switch */
-  int param_free;                            /* no tensors, no quantization state: qt_apply_simple_op */
-  qt_op_shape_fn shape;                      /* NULL for input (its shape is given) */
+  int has_weight;       /* a weight in slot QT_P_WEIGHT that may be quantized */
+  int weight_rank;      /* of that weight: 4 (OC, C/groups, KH, KW), 2 (OUT, IN) */
+  int act_quant;        /* carries activation quantization (node->q) */
+  unsigned char graphs; /* qt_op_graphs */
+  int stateful;         /* follows the train/eval mode switch */
+  int param_free;       /* no tensors, no quantization state: qt_apply_simple_op */
+  qt_op_shape_fn shape; /* NULL for input (its shape is given) */
 } qt_op_info;
 
 /* The row of op (an invalid op is a broken invariant). */
@@ -161,23 +161,23 @@ typedef struct {
   char name[QT_NAME_LEN];
   int inputs[QT_MAX_INPUTS];
   int n_inputs;
-  int output;                  /* value id */
+  int output; /* value id */
   qt_node_attrs attr;
-  int param[QT_MAX_PARAMS];    /* indices into the graph's tensor table, -1 = none */
+  int param[QT_MAX_PARAMS]; /* indices into the graph's tensor table, -1 = none */
   int buffer[QT_MAX_PARAMS];
-  int training;                /* mode of stateful nodes (batch_norm, conv_bn, fake_quant) */
-  qt_qstate *q;                /* fake_quant / quantize / dequantize: activation quantization */
-  qt_qstate *wq;               /* conv2d / linear / conv_bn: weight quantization, NULL = fp32 */
-  int bn_frozen;               /* batch_norm / conv_bn: running statistics frozen */
+  int training;  /* mode of stateful nodes (batch_norm, conv_bn, fake_quant) */
+  qt_qstate *q;  /* fake_quant / quantize / dequantize: activation quantization */
+  qt_qstate *wq; /* conv2d / linear / conv_bn: weight quantization, NULL = fp32 */
+  int bn_frozen; /* batch_norm / conv_bn: running statistics frozen */
 } qt_node;
 
 /* A parameter or buffer: a named region of a slab. */
 typedef struct {
-  char name[2 * QT_NAME_LEN];  /* "conv1.weight", "bn1.running_mean" (PyTorch's names) */
+  char name[2 * QT_NAME_LEN]; /* "conv1.weight", "bn1.running_mean" (PyTorch's names) */
   int ndim;
   int64_t shape[4];
   int64_t numel;
-  int64_t offset;              /* in floats, into the params or buffers slab */
+  int64_t offset; /* in floats, into the params or buffers slab */
   int is_buffer;
   int node;
   /* Parameters: the tape's length (qt_ctx_tape_length) when the latest forward first made this
@@ -195,9 +195,9 @@ typedef struct {
 #define QT_MAX_INPUT_CHANNELS 16
 typedef struct {
   int set;
-  int channels;                         /* = the input's C when set */
-  float mean[QT_MAX_INPUT_CHANNELS];    /* applied to pixel/255 */
-  float std[QT_MAX_INPUT_CHANNELS];     /* finite, > 0 */
+  int channels;                      /* = the input's C when set */
+  float mean[QT_MAX_INPUT_CHANNELS]; /* applied to pixel/255 */
+  float std[QT_MAX_INPUT_CHANNELS];  /* finite, > 0 */
 } qt_input_preprocessing;
 
 typedef struct qt_graph {
@@ -208,14 +208,14 @@ typedef struct qt_graph {
   int n_values, cap_values;
   qt_param *tensors;
   int n_tensors, cap_tensors;
-  int input, output;           /* value ids */
+  int input, output; /* value ids */
   int finalized;
-  float *params, *grads;       /* slabs: n_params floats each */
+  float *params, *grads; /* slabs: n_params floats each */
   int64_t n_params;
-  float *buffers;              /* slab: n_buffers floats */
+  float *buffers; /* slab: n_buffers floats */
   int64_t n_buffers;
-  char error[QT_ERR_LEN];      /* first builder error */
-  struct qt_node_names *names; /* node name -> index (nn/names.c; built on first use) */
+  char error[QT_ERR_LEN];           /* first builder error */
+  struct qt_node_names *names;      /* node name -> index (nn/names.c; built on first use) */
   qt_input_preprocessing input_pre; /* not set unless the pipeline records it */
 } qt_graph;
 
@@ -225,8 +225,8 @@ void qt_graph_free(qt_graph *g);
 /* Builder: each returns the new node's output value id, or -1 after recording an error in
  * g->error (later calls then fail too; qt_graph_finalize reports it). */
 int qt_graph_input(qt_graph *g, const char *name, int h, int w, int c);
-int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int kernel, int stride, int pad,
-                    int groups, int bias);
+int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int kernel, int stride, int pad, int groups,
+                    int bias);
 /* The same with every attribute given (kernel, stride and padding per axis, groups, out_channels
  * in attr; the rest of attr ignored): rectangular kernels, strides and paddings. */
 int qt_graph_conv2d_attr(qt_graph *g, const char *name, int x, const qt_node_attrs *attr, int bias);

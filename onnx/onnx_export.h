@@ -14,8 +14,8 @@
  *   always for XNNPACK) as its integers ("<node>.bias_int", int32) read by a DequantizeLinear of
  *   scale s_x * s_w[c] (the float32 product, zero point 0, axis 0); a float bias in fp32, since
  *   an int32 form would compute something else (the bias rounded to accumulator units);
- *   qt_onnx_export_options.int32_bias writes that rounded int32 form on request. (ONNX Runtime 1.30 with optimizations on quantizes an fp32 bias that way itself and
- *   fuses the layer into its integer kernels; docs/onnx_export.md.)
+ *   qt_onnx_export_options.int32_bias writes that rounded int32 form on request. (ONNX Runtime 1.30 with optimizations
+ * on quantizes an fp32 bias that way itself and fuses the layer into its integer kernels; docs/onnx_export.md.)
  * - bit widths below 8 (and narrowed ranges such as 7-bit weights) stay in 8-bit containers with
  *   their integers as they are. Weights need nothing more (their integers are already in range).
  *   An activation quantize whose [qmin, qmax] is narrower than its container's range (a 4-bit
@@ -89,10 +89,10 @@ typedef struct {
   /* Float biases too as int32 in accumulator units (a graph's own int32 biases are written as
    * such anyway), read by a DequantizeLinear of scale s_x * s_w[c] (the float32 product, zero
    * point 0, axis 0), for every layer with integer weights whose input is a per-tensor
-   * dequantize (through max pooling or flatten): b_q = round_half_even(b / (s_x * s_w[c])). ONNX Runtime fuses dequantize -> Conv/Gemm -> quantize into its integer kernels
-   * (QLinearConv, QGemm) only when the bias is such an int32; the fp32 bias the Q/DQ graph holds
-   * differs from b_q * s_x * s_w[c] by at most half of s_x * s_w[c], far below an output LSB, but
-   * it is a change of the model: off by default (qat_export --int32-bias). */
+   * dequantize (through max pooling or flatten): b_q = round_half_even(b / (s_x * s_w[c])). ONNX Runtime fuses
+   * dequantize -> Conv/Gemm -> quantize into its integer kernels (QLinearConv, QGemm) only when the bias is such an
+   * int32; the fp32 bias the Q/DQ graph holds differs from b_q * s_x * s_w[c] by at most half of s_x * s_w[c], far
+   * below an output LSB, but it is a change of the model: off by default (qat_export --int32-bias). */
   int int32_bias;
 } qt_onnx_export_options;
 

@@ -21,7 +21,6 @@ struct qt_optim {
   const uint8_t *decay; /* (n) or NULL = all decay; borrowed */
 };
 
-
 QT_DEFINE_NAMES(qt_optim_kind, QT_OPTIM_COUNT, qt_optim_kind_name, qt_optim_kind_parse, "sgd", "adamw")
 
 int qt_optim_config_check(const qt_optim_config *cfg, char *err) {
@@ -35,9 +34,8 @@ int qt_optim_config_check(const qt_optim_config *cfg, char *err) {
     if (!isfinite(cfg->dampening))
       return qt_err(err, "optim: dampening: expected a finite number, found %g", cfg->dampening);
     if (cfg->nesterov && !(cfg->momentum > 0 && cfg->dampening == 0))
-      return qt_err(err,
-                  "optim: nesterov: expected momentum > 0 and dampening 0, found momentum %g, dampening %g",
-                  cfg->momentum, cfg->dampening);
+      return qt_err(err, "optim: nesterov: expected momentum > 0 and dampening 0, found momentum %g, dampening %g",
+                    cfg->momentum, cfg->dampening);
   } else {
     if (!(cfg->beta1 >= 0 && cfg->beta1 < 1))
       return qt_err(err, "optim: beta1: expected a number in [0, 1), found %g", cfg->beta1);
@@ -88,7 +86,7 @@ float *qt_optim_state(qt_optim *o, int i, const char **name) {
   static const char *const sgd_names[] = {"momentum_buffer"};
   static const char *const adamw_names[] = {"exp_avg", "exp_avg_sq"};
   QT_ASSERT(i >= 0 && i < o->n_state, "qt_optim_state: index %d of %d state slabs (%s)", i, o->n_state,
-        qt_optim_kind_name(o->cfg.kind));
+            qt_optim_kind_name(o->cfg.kind));
   if (name) *name = o->cfg.kind == QT_OPTIM_ADAMW ? adamw_names[i] : sgd_names[i];
   return o->state + (int64_t)i * o->n;
 }
@@ -170,9 +168,9 @@ static void adamw_step(qt_optim *o, float *params, const float *grads, float lr)
 
 void qt_optim_step(qt_optim *o, float *params, const float *grads, float lr) {
   switch (o->cfg.kind) {
-  case QT_OPTIM_SGD: sgd_step(o, params, grads, lr); break;
-  case QT_OPTIM_ADAMW: adamw_step(o, params, grads, lr); break;
-  default: qt_panic(__FILE__, __LINE__, "qt_optim_step: optimizer kind %d has no step", (int)o->cfg.kind);
+    case QT_OPTIM_SGD: sgd_step(o, params, grads, lr); break;
+    case QT_OPTIM_ADAMW: adamw_step(o, params, grads, lr); break;
+    default: qt_panic(__FILE__, __LINE__, "qt_optim_step: optimizer kind %d has no step", (int)o->cfg.kind);
   }
   o->steps++;
 }

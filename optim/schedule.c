@@ -12,7 +12,6 @@
 
 QT_DEFINE_NAMES(qt_lr_kind, QT_LR_COUNT, qt_lr_kind_name, qt_lr_kind_parse, "constant", "step", "cosine", "linear")
 
-
 int qt_lr_schedule_check(const qt_lr_schedule *s, char *err) {
   if ((unsigned)s->kind >= QT_LR_COUNT)
     return qt_err(err, "lr schedule: kind: expected constant, step, cosine or linear, found %d", (int)s->kind);
@@ -21,21 +20,21 @@ int qt_lr_schedule_check(const qt_lr_schedule *s, char *err) {
   if (s->warmup_steps < 0)
     return qt_err(err, "lr schedule: warmup_steps: expected >= 0, found %lld", (long long)s->warmup_steps);
   switch (s->kind) {
-  case QT_LR_COSINE:
-  case QT_LR_LINEAR:
-    if (!(s->min_lr >= 0 && isfinite(s->min_lr)))
-      return qt_err(err, "lr schedule: min_lr: expected a finite number >= 0, found %g", s->min_lr);
-    if (s->total_steps <= s->warmup_steps)
-      return qt_err(err, "lr schedule: total_steps: expected more than warmup_steps (%lld) for %s, found %lld",
-                  (long long)s->warmup_steps, qt_lr_kind_name(s->kind), (long long)s->total_steps);
-    break;
-  case QT_LR_STEP:
-    if (s->step_size < 1)
-      return qt_err(err, "lr schedule: step_size: expected >= 1, found %lld", (long long)s->step_size);
-    if (!(s->gamma >= 0 && isfinite(s->gamma)))
-      return qt_err(err, "lr schedule: gamma: expected a finite number >= 0, found %g", s->gamma);
-    break;
-  default: break;
+    case QT_LR_COSINE:
+    case QT_LR_LINEAR:
+      if (!(s->min_lr >= 0 && isfinite(s->min_lr)))
+        return qt_err(err, "lr schedule: min_lr: expected a finite number >= 0, found %g", s->min_lr);
+      if (s->total_steps <= s->warmup_steps)
+        return qt_err(err, "lr schedule: total_steps: expected more than warmup_steps (%lld) for %s, found %lld",
+                      (long long)s->warmup_steps, qt_lr_kind_name(s->kind), (long long)s->total_steps);
+      break;
+    case QT_LR_STEP:
+      if (s->step_size < 1)
+        return qt_err(err, "lr schedule: step_size: expected >= 1, found %lld", (long long)s->step_size);
+      if (!(s->gamma >= 0 && isfinite(s->gamma)))
+        return qt_err(err, "lr schedule: gamma: expected a finite number >= 0, found %g", s->gamma);
+      break;
+    default: break;
   }
   return 0;
 }
@@ -54,15 +53,15 @@ float qt_lr_at(const qt_lr_schedule *s, int64_t step) {
   const int64_t t = step - s->warmup_steps;
   const int64_t T = s->total_steps - s->warmup_steps;
   switch (s->kind) {
-  case QT_LR_CONSTANT: return s->base_lr;
-  case QT_LR_STEP: return (float)(base * pow((double)s->gamma, (double)(t / s->step_size)));
-  case QT_LR_COSINE:
-    if (t >= T) return s->min_lr;
-    return (float)(lo + (base - lo) * (1.0 + cos(QT_PI * (double)t / (double)T)) / 2.0);
-  case QT_LR_LINEAR:
-    if (t >= T) return s->min_lr;
-    return (float)(lo + (base - lo) * (1.0 - (double)t / (double)T));
-  default: break;
+    case QT_LR_CONSTANT: return s->base_lr;
+    case QT_LR_STEP: return (float)(base * pow((double)s->gamma, (double)(t / s->step_size)));
+    case QT_LR_COSINE:
+      if (t >= T) return s->min_lr;
+      return (float)(lo + (base - lo) * (1.0 + cos(QT_PI * (double)t / (double)T)) / 2.0);
+    case QT_LR_LINEAR:
+      if (t >= T) return s->min_lr;
+      return (float)(lo + (base - lo) * (1.0 - (double)t / (double)T));
+    default: break;
   }
   qt_panic(__FILE__, __LINE__, "qt_lr_at: kind %d", (int)s->kind); /* unreachable: checked above */
 }

@@ -93,8 +93,8 @@ static void check_bias(qt_graph *t, int ti, qt_graph *c, int ci, qt_check_report
   if (n->op == QT_OP_CONV_BN)
     qt_bn_fold(NULL, b, NULL, n->param[QT_P_BIAS] >= 0 ? qt_graph_tensor_data(t, n->param[QT_P_BIAS]) : NULL,
                qt_graph_tensor_data(t, n->param[QT_P_BN_GAMMA]), qt_graph_tensor_data(t, n->param[QT_P_BN_BETA]),
-               qt_graph_tensor_data(t, n->buffer[QT_B_RUNNING_MEAN]), qt_graph_tensor_data(t, n->buffer[QT_B_RUNNING_VAR]),
-               n->attr.eps, OC, 0);
+               qt_graph_tensor_data(t, n->buffer[QT_B_RUNNING_MEAN]),
+               qt_graph_tensor_data(t, n->buffer[QT_B_RUNNING_VAR]), n->attr.eps, OC, 0);
   else
     memcpy(b, qt_graph_tensor_data(t, n->param[QT_P_BIAS]), (size_t)OC * sizeof(float));
   if (qt_bias_scales(t, ti, scale, why)) {
@@ -174,8 +174,10 @@ static void check_structure(qt_graph *t, qt_graph *c, qt_check_report *r) {
     double maxd = 0;
     for (int64_t k = 0; k < numel; k++) maxd = fmax(maxd, fabs((double)w[k] - wc[k]));
     if (maxd != 0)
-      fail(r, "%s: the folded weight convert quantized differs from the weight training fake-quantized by up to %.3g "
-              "(BN folded with other statistics?)", what, maxd);
+      fail(r,
+           "%s: the folded weight convert quantized differs from the weight training fake-quantized by up to %.3g "
+           "(BN folded with other statistics?)",
+           what, maxd);
     int32_t *qw = malloc((size_t)numel * sizeof(int32_t));
     const int ch = m->wq->channels;
     qt_quantize(qw, w, 1, ch, numel / ch, n->wq->scale, n->wq->zero_point, n->wq->spec.qmin, n->wq->spec.qmax);
@@ -295,8 +297,10 @@ static int check_numbers(qt_graph *t, qt_graph *c, const float *batch, int n, qt
       fail(r, "%s: %lld integers outside [%d, %d], the range training used", q->name, (long long)out_of_range,
            fq->q->spec.qmin, fq->q->spec.qmax);
     if (bad)
-      fail(r, "%s: %lld outputs differ from training's fake quant (max %.1f LSB; first at %lld: %.9g vs %.9g, "
-              "inputs %.9g vs %.9g)", fq->name, (long long)bad, maxlsb, (long long)first, qt_f32(ot)[first],
+      fail(r,
+           "%s: %lld outputs differ from training's fake quant (max %.1f LSB; first at %lld: %.9g vs %.9g, "
+           "inputs %.9g vs %.9g)",
+           fq->name, (long long)bad, maxlsb, (long long)first, qt_f32(ot)[first],
            (float)(ints[first] - q->q->zero_point[first % C]) * q->q->scale[first % C], qt_f32(xt)[first],
            qt_f32(xc)[first]);
   }

@@ -21,8 +21,7 @@ static int copy_tensor(qt_graph *c, int node, qt_graph *p, int t, int **pending,
   if (t < 0) return -1;
   const qt_param *src = &p->tensors[t];
   const char *dot = strrchr(src->name, '.');
-  return add_tensor_copy(c, node, dot ? dot + 1 : src->name, src, pending, n, srcdata,
-                         qt_graph_tensor_data(p, t));
+  return add_tensor_copy(c, node, dot ? dot + 1 : src->name, src, pending, n, srcdata, qt_graph_tensor_data(p, t));
 }
 
 /* Quantizes a weight (OC, ...) with its per-channel (or per-tensor) qparams into integers. */

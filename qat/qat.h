@@ -21,24 +21,24 @@
 #define QT_MAX_OVERRIDES 64
 
 typedef struct {
-  char name[QT_NAME_LEN];  /* node name (conv/linear) */
-  int fp32;                /* leave the layer in fp32 */
-  int weight_bits;         /* 0 = the default */
-  int activation_bits;     /* 0 = the default (the unit's output) */
+  char name[QT_NAME_LEN]; /* node name (conv/linear) */
+  int fp32;               /* leave the layer in fp32 */
+  int weight_bits;        /* 0 = the default */
+  int activation_bits;    /* 0 = the default (the unit's output) */
 } qt_layer_override;
 
 typedef enum { QT_BIAS_AUTO, QT_BIAS_INT32, QT_BIAS_FLOAT } qt_bias_choice;
 
 typedef struct {
-  int weight_bits;                     /* 2..8 */
-  int activation_bits;                 /* 2..8 */
-  qt_observer_kind weight_observer;    /* per channel: minmax or moving_average */
+  int weight_bits;                  /* 2..8 */
+  int activation_bits;              /* 2..8 */
+  qt_observer_kind weight_observer; /* per channel: minmax or moving_average */
   qt_observer_kind activation_observer;
-  qt_range_method activation_method;   /* histogram: percentile / mse */
+  qt_range_method activation_method; /* histogram: percentile / mse */
   float percentile;
-  int learnable_scale;                 /* LSQ: weights and activations learn their scales (QAT) */
-  qt_bias_choice bias;                 /* conv/linear biases: int32 at s_x * s_w, or float; auto:
-                                        * int32 where the backend requires it (bias_int32_only) */
+  int learnable_scale; /* LSQ: weights and activations learn their scales (QAT) */
+  qt_bias_choice bias; /* conv/linear biases: int32 at s_x * s_w, or float; auto:
+                        * int32 where the backend requires it (bias_int32_only) */
   int n_overrides;
   qt_layer_override overrides[QT_MAX_OVERRIDES];
 } qt_quantizer_config;
@@ -52,12 +52,12 @@ int qt_parse_overrides(qt_quantizer_config *c, const char *text, char *err);
  * value's qparams; per node, the weight spec; per node, the unit it belongs to. */
 typedef struct {
   int n_values, n_nodes;
-  int *act;          /* per value: 1 = a quantization point */
+  int *act; /* per value: 1 = a quantization point */
   qt_qspec *act_spec;
-  int *share;        /* per value: value whose qparams it shares, or -1 */
-  int *weight;       /* per node: 1 = weight quantized */
+  int *share;  /* per value: value whose qparams it shares, or -1 */
+  int *weight; /* per node: 1 = weight quantized */
   qt_qspec *weight_spec;
-  int *unit;         /* per node: id of the first node of its unit (itself if alone) */
+  int *unit; /* per node: id of the first node of its unit (itself if alone) */
 } qt_annotations;
 
 /* ---- backend descriptions and the Quantizer ------------------------------------------------- */
@@ -72,37 +72,37 @@ void qt_bits_mask_str(unsigned mask, const char *sep, char *buf, size_t n);
 
 typedef struct {
   char name[QT_NAME_LEN];
-  unsigned char ops[QT_OP_COUNT];     /* 1: the backend runs this op on integers */
-  unsigned weight_bits;               /* allowed widths: bit b set for b-bit (2..8) */
+  unsigned char ops[QT_OP_COUNT]; /* 1: the backend runs this op on integers */
+  unsigned weight_bits;           /* allowed widths: bit b set for b-bit (2..8) */
   unsigned activation_bits;
   qt_signedness weight_sign, activation_sign;
-  int weight_symmetric;               /* zero point 0 required */
+  int weight_symmetric; /* zero point 0 required */
   int activation_symmetric;
-  int weight_per_tensor_only;         /* per-channel weights refused */
+  int weight_per_tensor_only;                       /* per-channel weights refused */
   unsigned char weight_per_tensor_ops[QT_OP_COUNT]; /* 1: this op's weights take one scale per
-                                       * tensor even where other ops take one per channel
-                                       * (XNNPACK's qs8 fully connected: per-channel conv
-                                       * weights, per-tensor linear weights) */
-  int activation_per_tensor_only;     /* per-channel activations refused */
-  int pow2_scales;                    /* every scale a power of two */
-  int max_channels;                   /* output channels (conv2d) / features (linear); 0 = any */
-  int pair_sum_int16;                 /* u8 x s8 products summed in pairs into a saturating int16
-                                       * (x86 AVX2 without VNNI, docs/design.md: no VNNI) */
-  int weight_8bit_as_7bit;            /* 8-bit weights are given 7 bits, [-64, 63] (oneDNN without
-                                       * VNNI: exact whatever the activation width) */
-  int bias_int32_only;                /* the kernels take a bias only as int32 in accumulator units
-                                       * (XNNPACK): the Quantizer quantizes every bias (qspec
-                                       * bias_int32); otherwise the user chooses (quant.bias), float
-                                       * by default */
-  unsigned char fallback_quantized[QT_OP_COUNT]; /* 1: not run on integers, but the Quantizer
-                                       * still quantizes its input and output, so the op runs
-                                       * as dq -> fp32 op -> q between integer kernels (onednn_cpu:
-                                       * avg_pool2d, global_avg_pool) */
-  char isa[32];                       /* informative: "avx2", "avx512_core_vnni", "accelerator" */
-  int onednn_runtime;                 /* 1: deployed by lowering to oneDNN's int8 kernels (the
-                                       * built-in onednn_cpu); 0: simulated as an accelerator */
-  int xnnpack_runtime;                /* 1: deployed by lowering to XNNPACK's operators (the
-                                       * built-in xnnpack, backend/xnnpack.c) */
+                                                     * tensor even where other ops take one per channel
+                                                     * (XNNPACK's qs8 fully connected: per-channel conv
+                                                     * weights, per-tensor linear weights) */
+  int activation_per_tensor_only;                   /* per-channel activations refused */
+  int pow2_scales;                                  /* every scale a power of two */
+  int max_channels;                                 /* output channels (conv2d) / features (linear); 0 = any */
+  int pair_sum_int16;                               /* u8 x s8 products summed in pairs into a saturating int16
+                                                     * (x86 AVX2 without VNNI, docs/design.md: no VNNI) */
+  int weight_8bit_as_7bit;                          /* 8-bit weights are given 7 bits, [-64, 63] (oneDNN without
+                                                     * VNNI: exact whatever the activation width) */
+  int bias_int32_only;                              /* the kernels take a bias only as int32 in accumulator units
+                                                     * (XNNPACK): the Quantizer quantizes every bias (qspec
+                                                     * bias_int32); otherwise the user chooses (quant.bias), float
+                                                     * by default */
+  unsigned char fallback_quantized[QT_OP_COUNT];    /* 1: not run on integers, but the Quantizer
+                                                     * still quantizes its input and output, so the op runs
+                                                     * as dq -> fp32 op -> q between integer kernels (onednn_cpu:
+                                                     * avg_pool2d, global_avg_pool) */
+  char isa[32];                                     /* informative: "avx2", "avx512_core_vnni", "accelerator" */
+  int onednn_runtime;                               /* 1: deployed by lowering to oneDNN's int8 kernels (the
+                                                     * built-in onednn_cpu); 0: simulated as an accelerator */
+  int xnnpack_runtime;                              /* 1: deployed by lowering to XNNPACK's operators (the
+                                                     * built-in xnnpack, backend/xnnpack.c) */
 } qt_backend_desc;
 
 /* The Quantizer: annotations for g from the backend description d and the settings cfg.
@@ -113,11 +113,11 @@ typedef struct {
  * quantized consumers get a quantized input). The outputs of max-pool, flatten and relu share
  * their input's qparams when the backend runs them. Weights: signed unless the backend says
  * unsigned, symmetric when required (else affine), per channel unless per-tensor only, 8-bit
- * given 7 bits with weight_8bit_as_7bit, per tensor for the ops in weight_per_tensor_ops, and otherwise with pair_sum_int16 narrowed so that
- * 2 * max|w| * max(a) fits int16; activations: unsigned affine, signed affine when the backend
- * asks for signed ones (XNNPACK's qs8), signed symmetric when it asks for symmetric ones; per tensor; power-of-two scales when required.
- * Bit widths come from cfg (and its overrides) and must be allowed by d. LSQ is refused with
- * power-of-two scales. Returns 0, or -1 with err naming the setting and the backend. */
+ * given 7 bits with weight_8bit_as_7bit, per tensor for the ops in weight_per_tensor_ops, and otherwise with
+ * pair_sum_int16 narrowed so that 2 * max|w| * max(a) fits int16; activations: unsigned affine, signed affine when the
+ * backend asks for signed ones (XNNPACK's qs8), signed symmetric when it asks for symmetric ones; per tensor;
+ * power-of-two scales when required. Bit widths come from cfg (and its overrides) and must be allowed by d. LSQ is
+ * refused with power-of-two scales. Returns 0, or -1 with err naming the setting and the backend. */
 int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, qt_annotations *out,
                  char *err);
 void qt_annotations_free(qt_annotations *a);
@@ -174,9 +174,9 @@ int qt_lost_weight_channels(const qt_graph *converted, char *detail, size_t cap)
 typedef struct {
   int ok;
   int n_checked_points, n_checked_weights;
-  double max_lsb;             /* largest output difference, in LSB, over all Q/DQ points */
-  int64_t tie_mismatches;     /* 1-LSB differences explained by a rounding tie */
-  char reason[4096];          /* first failures, one per line: node and reason */
+  double max_lsb;         /* largest output difference, in LSB, over all Q/DQ points */
+  int64_t tie_mismatches; /* 1-LSB differences explained by a rounding tie */
+  char reason[4096];      /* first failures, one per line: node and reason */
 } qt_check_report;
 
 /* Structural and numerical comparison of the eval-mode training graph with the convert graph

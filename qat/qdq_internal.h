@@ -70,13 +70,13 @@ typedef enum { WI_U8, WI_I8, WI_I16, WI_I32 } weight_int_kind;
 
 /* One quantization record of node `node`; with_state adds the training state (checkpoints). */
 int qt_qdq_write_qrecord(writer *w, hid_t parent, const qt_graph *g, int node, const qt_qstate *q, int is_weight,
-                      int with_state);
+                         int with_state);
 
 /* ---- qdq_read.c ----------------------------------------------------------------------------- */
 /* Reads /quant/<kind>/<node name> of node `node` of g into a new qstate (*out); weight records
  * hold integer weights in Q/DQ graphs and none in prepared graphs. */
 int qt_qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph, const qt_graph *g, int node,
-                         qt_qstate **out, char *msg);
+                            qt_qstate **out, char *msg);
 /* Every record in /quant/<kind> must belong to a node that has it. */
 int qt_qdq_check_records_claimed(hid_t gk, qdq_record_kind kind, const qt_graph *g, char *msg);
 

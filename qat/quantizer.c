@@ -42,8 +42,7 @@ int qt_parse_overrides(qt_quantizer_config *c, const char *text, char *err) {
       return -1;
     }
     for (int k = 0; k < c->n_overrides; k++)
-      if (strcmp(c->overrides[k].name, item) == 0)
-        return qt_err(err, "quant.layer_overrides: '%s' is set twice", item);
+      if (strcmp(c->overrides[k].name, item) == 0) return qt_err(err, "quant.layer_overrides: '%s' is set twice", item);
     qt_layer_override *o = &c->overrides[c->n_overrides];
     memset(o, 0, sizeof *o);
     snprintf(o->name, sizeof o->name, "%s", item);
@@ -174,8 +173,8 @@ static int passes_through(const qt_backend_desc *d, qt_op op) {
  * input's qparams; then the inputs of quantized units that are not quantized yet (the graph
  * input, the output of an fp32 layer) become points too, and pass-through ops after them
  * share. last[i]: the last node of the unit headed by i. */
-static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, const qt_backend_desc *d,
-                         const int *last, const int *quantized_unit, qt_annotations *out) {
+static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, const qt_backend_desc *d, const int *last,
+                         const int *quantized_unit, qt_annotations *out) {
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     if (out->unit[i] != i) continue;
@@ -238,13 +237,17 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
     return qt_err(err, "quantizer %s: W%d A%d requested; the backend allows weight bits {%s}, activation bits {%s}",
                   d->name, cfg->weight_bits, cfg->activation_bits, wl, al);
   if (d->activation_symmetric && d->activation_sign == QT_SIGN_UNSIGNED)
-    return qt_err(err, "quantizer %s: symmetric unsigned activations have no zero point 0 (use signed "
-                  "activations or allow affine ones)", d->name);
+    return qt_err(err,
+                  "quantizer %s: symmetric unsigned activations have no zero point 0 (use signed "
+                  "activations or allow affine ones)",
+                  d->name);
   if (cfg->learnable_scale && d->pow2_scales)
     return qt_err(err, "quantizer %s: learnable scales (LSQ) cannot stay powers of two", d->name);
   if (cfg->bias == QT_BIAS_FLOAT && d->bias_int32_only)
-    return qt_err(err, "quantizer %s: float biases requested; the backend takes int32 biases only (at input scale x "
-                  "weight scale)", d->name);
+    return qt_err(err,
+                  "quantizer %s: float biases requested; the backend takes int32 biases only (at input scale x "
+                  "weight scale)",
+                  d->name);
   for (int i = 0; i < cfg->n_overrides; i++) {
     const qt_layer_override *o = &cfg->overrides[i];
     const int k = qt_graph_find_node(g, o->name);
@@ -257,8 +260,8 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
                     o->name, qt_op_name(op));
     if ((o->weight_bits && !bits_allowed(d->weight_bits, o->weight_bits)) ||
         (o->activation_bits && !bits_allowed(d->activation_bits, o->activation_bits)))
-      return qt_err(err, "quant.layer_overrides: %s=w%da%d: %s allows weight bits {%s}, activation bits {%s}",
-                    o->name, o->weight_bits, o->activation_bits, d->name, wl, al);
+      return qt_err(err, "quant.layer_overrides: %s=w%da%d: %s allows weight bits {%s}, activation bits {%s}", o->name,
+                    o->weight_bits, o->activation_bits, d->name, wl, al);
   }
   return 0;
 }
@@ -348,4 +351,3 @@ void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f) {
       fprintf(f, "  weight     %-16s %s\n", g->nodes[i].name, buf);
     }
 }
-

@@ -41,10 +41,10 @@ int qt_qparams_from_range(float min, float max, int qmin, int qmax, int symmetri
  * zero point in float after rounding (zp + nearbyint(x * inv_s)), cast to int64 and judge the
  * mask on that. The cast turns NaN, +-Inf and |q| >= 2^63 into INT64_MIN, so those inputs give
  * quant_min with mask 0, +Inf and 1e30 included; values with |x * inv_s| < 2^63 clamp normally. */
-void qt_fake_quant_forward(float *out, uint8_t *mask, const float *inp, int64_t outer, int channels,
-                           int64_t inner, const float *scale, const int32_t *zero_point, int qmin, int qmax);
-void qt_fake_quant_forward_ref(float *out, uint8_t *mask, const float *inp, int64_t outer, int channels,
-                               int64_t inner, const float *scale, const int32_t *zero_point, int qmin, int qmax);
+void qt_fake_quant_forward(float *out, uint8_t *mask, const float *inp, int64_t outer, int channels, int64_t inner,
+                           const float *scale, const int32_t *zero_point, int qmin, int qmax);
+void qt_fake_quant_forward_ref(float *out, uint8_t *mask, const float *inp, int64_t outer, int channels, int64_t inner,
+                               const float *scale, const int32_t *zero_point, int qmin, int qmax);
 /* dinp += dout * mask (n = outer*channels*inner elements) */
 void qt_fake_quant_backward(float *dinp, const float *dout, const uint8_t *mask, int64_t n);
 void qt_fake_quant_backward_ref(float *dinp, const float *dout, const uint8_t *mask, int64_t n);
@@ -61,21 +61,18 @@ void qt_fake_quant_backward_ref(float *dinp, const float *dout, const uint8_t *m
  * float32, so sums agree to ~1e-6 of sum |term|. Zero points are int32 here, the same in both
  * passes; PyTorch's per-tensor backward uses trunc(zp + 0.5), which already disagrees with its
  * own forward for a negative zero point (-3 becomes -2): not reproduced. */
-void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, const float *dout,
-                                const float *inp, int64_t outer, int channels, int64_t inner,
-                                const float *scale, const int32_t *zero_point, int qmin, int qmax,
-                                float grad_factor);
+void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, const float *dout, const float *inp,
+                                int64_t outer, int channels, int64_t inner, const float *scale,
+                                const int32_t *zero_point, int qmin, int qmax, float grad_factor);
 /* The same with dinp written (0 + dx, the bits of adding to zeros) when dinp_write: its old values
  * are read and ignored, so it must be initialized memory, typically dout itself (the output's
  * final gradient, overwritten in place and handed to the input). */
-void qt_fake_quant_lsq_backward_ex(float *dinp, int dinp_write, float *dscale, float *dzero_point,
-                                   const float *dout, const float *inp, int64_t outer, int channels,
-                                   int64_t inner, const float *scale, const int32_t *zero_point, int qmin,
-                                   int qmax, float grad_factor);
-void qt_fake_quant_lsq_backward_ref(float *dinp, float *dscale, float *dzero_point, const float *dout,
-                                    const float *inp, int64_t outer, int channels, int64_t inner,
-                                    const float *scale, const int32_t *zero_point, int qmin, int qmax,
-                                    float grad_factor);
+void qt_fake_quant_lsq_backward_ex(float *dinp, int dinp_write, float *dscale, float *dzero_point, const float *dout,
+                                   const float *inp, int64_t outer, int channels, int64_t inner, const float *scale,
+                                   const int32_t *zero_point, int qmin, int qmax, float grad_factor);
+void qt_fake_quant_lsq_backward_ref(float *dinp, float *dscale, float *dzero_point, const float *dout, const float *inp,
+                                    int64_t outer, int channels, int64_t inner, const float *scale,
+                                    const int32_t *zero_point, int qmin, int qmax, float grad_factor);
 
 /* Per element, what the per-tensor LSQ scale gradient multiplies the output gradient by (then
  * grad_factor): (fq(x) - x) / s in the clamp range (LSQ_ELEMENT's range test, as
@@ -99,8 +96,8 @@ void qt_fake_quant_lsq_scale_coef(float *coef, const float *inp, int64_t n, floa
 void qt_fake_quant_max_pool_forward(float *out, int32_t *argmax, uint8_t *mask, const float *inp, int N, int H, int W,
                                     int C, int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax);
 void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dscale, const float *dout,
-                                         const int32_t *argmax, const float *inp, int N, int H, int W, int C,
-                                         int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax,
+                                         const int32_t *argmax, const float *inp, int N, int H, int W, int C, int KH,
+                                         int KW, float scale, int32_t zero_point, int qmin, int qmax,
                                          float grad_factor);
 /* The same backward without the input-sized gradient: dval (one float per output) gets what it
  * writes at each window's argmax input (0 + that input's gradient; qt_pool_grad in
@@ -158,15 +155,15 @@ int qt_range_method_parse(const char *name, qt_range_method *out);
  * reset (the histogram is allocated at the first update). */
 typedef struct {
   qt_observer_kind kind;
-  int channels;               /* 1 = per-tensor */
-  float averaging_constant;   /* moving average: 0.01 */
-  qt_range_method method;     /* histogram: how calibrate picks the range */
-  float percentile;           /* histogram + percentile: e.g. 99.99 (two-sided: both tails) */
-  int bins;                   /* histogram: 2048 */
+  int channels;             /* 1 = per-tensor */
+  float averaging_constant; /* moving average: 0.01 */
+  qt_range_method method;   /* histogram: how calibrate picks the range */
+  float percentile;         /* histogram + percentile: e.g. 99.99 (two-sided: both tails) */
+  int bins;                 /* histogram: 2048 */
   /* state */
   int initialized;
-  float *min, *max;           /* channels each */
-  int64_t *hist;              /* bins counts over [hist_min, hist_max] */
+  float *min, *max; /* channels each */
+  int64_t *hist;    /* bins counts over [hist_min, hist_max] */
   float hist_min, hist_max;
 } qt_observer;
 
@@ -197,8 +194,7 @@ int qt_observer_range(const qt_observer *o, int qmin, int qmax, float *min, floa
 /* qparams per channel from the observed range (qt_qparams_from_range). Returns -1 with a
  * message when nothing was observed (PyTorch would return scale 1, zero point 0) or the
  * histogram's percentile lies outside (50, 100]. */
-int qt_observer_qparams(const qt_observer *o, int qmin, int qmax, int symmetric, float *scale, int32_t *zp,
-                        char *err);
+int qt_observer_qparams(const qt_observer *o, int qmin, int qmax, int symmetric, float *scale, int32_t *zp, char *err);
 /* Copies state (for checkpoints/convert), deep: dst is a zeroed struct or an initialized
  * observer (whose buffers are freed). */
 int qt_observer_copy(qt_observer *dst, const qt_observer *src, char *err);

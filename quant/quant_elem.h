@@ -52,16 +52,16 @@ static inline int quant_relu_pass(float y, int relu) {
  * AVX2 build computes it: xq = nearbyint(fma(x, inv_s, zp)) and xfq - x = fma(xq - zp, s, -x).
  * Sets dx (dy * in_range), ds and dz (the scale and zero-point terms). A macro with quiet
  * comparisons and bit selects, so the `omp simd` loops around it vectorize. */
-#define LSQ_ELEMENT(x, dy, s, inv_s, zpf, lo, hi, gf, dx, ds, dz)                                   \
-  do {                                                                                              \
-    float xq_ = nearbyintf(fmaf((x), (inv_s), (zpf)));                                              \
-    xq_ = select_bits(isless(xq_, QUANT_INT64_LIMIT), xq_, -INFINITY);                              \
-    int ge_ = isgreaterequal(xq_, (lo)), in_ = ge_ & islessequal(xq_, (hi));                        \
-    float in_term_ = (((dy) * fmaf(xq_ - (zpf), (s), -(x))) * (inv_s)) * (gf);                      \
-    float out_term_ = ((dy) * select_bits(ge_, (hi) - (zpf), (lo) - (zpf))) * (gf);                 \
-    (dx) = (dy) * select_bits(in_, 1.0f, 0.0f);                                                     \
-    (ds) = select_bits(in_, in_term_, out_term_);                                                   \
-    (dz) = select_bits(in_, 0.0f, ((-(dy)) * (s)) * (gf));                                          \
+#define LSQ_ELEMENT(x, dy, s, inv_s, zpf, lo, hi, gf, dx, ds, dz)                 \
+  do {                                                                            \
+    float xq_ = nearbyintf(fmaf((x), (inv_s), (zpf)));                            \
+    xq_ = select_bits(isless(xq_, QUANT_INT64_LIMIT), xq_, -INFINITY);            \
+    int ge_ = isgreaterequal(xq_, (lo)), in_ = ge_ & islessequal(xq_, (hi));      \
+    float in_term_ = (((dy)*fmaf(xq_ - (zpf), (s), -(x))) * (inv_s)) * (gf);      \
+    float out_term_ = ((dy)*select_bits(ge_, (hi) - (zpf), (lo) - (zpf))) * (gf); \
+    (dx) = (dy)*select_bits(in_, 1.0f, 0.0f);                                     \
+    (ds) = select_bits(in_, in_term_, out_term_);                                 \
+    (dz) = select_bits(in_, 0.0f, ((-(dy)) * (s)) * (gf));                        \
   } while (0)
 
 #endif

@@ -19,8 +19,6 @@
 #include "quant/quant_assert.h"
 #include "quant/quant_elem.h"
 
-
-
 static void check_view(int64_t outer, int channels, int64_t inner, const float *scale, const int32_t *zero_point,
                        int qmin, int qmax) {
   QUANT_ASSERT(outer >= 0 && inner >= 0 && channels >= 1, "fake quant: bad (outer, channels, inner) view");
@@ -47,8 +45,8 @@ static inline void fq_run(float *out, uint8_t *mask, const float *inp, int64_t n
   }
 }
 
-void qt_fake_quant_forward(float *out, uint8_t *mask, const float *inp, int64_t outer, int channels,
-                           int64_t inner, const float *scale, const int32_t *zero_point, int qmin, int qmax) {
+void qt_fake_quant_forward(float *out, uint8_t *mask, const float *inp, int64_t outer, int channels, int64_t inner,
+                           const float *scale, const int32_t *zero_point, int qmin, int qmax) {
   check_view(outer, channels, inner, scale, zero_point, qmin, qmax);
   const int64_t n = outer * channels * inner;
   const float lo = (float)qmin, hi = (float)qmax;
@@ -106,8 +104,8 @@ static int64_t torch_cast_int64(float v) {
   return (int64_t)v;
 }
 
-void qt_fake_quant_forward_ref(float *out, uint8_t *mask, const float *inp, int64_t outer, int channels,
-                               int64_t inner, const float *scale, const int32_t *zero_point, int qmin, int qmax) {
+void qt_fake_quant_forward_ref(float *out, uint8_t *mask, const float *inp, int64_t outer, int channels, int64_t inner,
+                               const float *scale, const int32_t *zero_point, int qmin, int qmax) {
   check_view(outer, channels, inner, scale, zero_point, qmin, qmax);
   for (int64_t o = 0; o < outer; o++) {
     for (int c = 0; c < channels; c++) {
@@ -138,19 +136,16 @@ void qt_fake_quant_backward_ref(float *dinp, const float *dout, const uint8_t *m
 
 /* ---- LSQ backward ---------------------------------------------------------------------- */
 
-
-void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, const float *dout,
-                                const float *inp, int64_t outer, int channels, int64_t inner,
-                                const float *scale, const int32_t *zero_point, int qmin, int qmax,
-                                float grad_factor) {
+void qt_fake_quant_lsq_backward(float *dinp, float *dscale, float *dzero_point, const float *dout, const float *inp,
+                                int64_t outer, int channels, int64_t inner, const float *scale,
+                                const int32_t *zero_point, int qmin, int qmax, float grad_factor) {
   qt_fake_quant_lsq_backward_ex(dinp, 0, dscale, dzero_point, dout, inp, outer, channels, inner, scale, zero_point,
                                 qmin, qmax, grad_factor);
 }
 
-void qt_fake_quant_lsq_backward_ex(float *dinp, int dinp_write, float *dscale, float *dzero_point,
-                                   const float *dout, const float *inp, int64_t outer, int channels,
-                                   int64_t inner, const float *scale, const int32_t *zero_point, int qmin,
-                                   int qmax, float grad_factor) {
+void qt_fake_quant_lsq_backward_ex(float *dinp, int dinp_write, float *dscale, float *dzero_point, const float *dout,
+                                   const float *inp, int64_t outer, int channels, int64_t inner, const float *scale,
+                                   const int32_t *zero_point, int qmin, int qmax, float grad_factor) {
   check_view(outer, channels, inner, scale, zero_point, qmin, qmax);
   const int64_t n = outer * channels * inner;
   if (channels == 1) outer = 1, inner = n; /* per tensor: one flat row whatever the view */
@@ -222,10 +217,9 @@ void qt_fake_quant_lsq_backward_ex(float *dinp, int dinp_write, float *dscale, f
   free(part);
 }
 
-void qt_fake_quant_lsq_backward_ref(float *dinp, float *dscale, float *dzero_point, const float *dout,
-                                    const float *inp, int64_t outer, int channels, int64_t inner,
-                                    const float *scale, const int32_t *zero_point, int qmin, int qmax,
-                                    float grad_factor) {
+void qt_fake_quant_lsq_backward_ref(float *dinp, float *dscale, float *dzero_point, const float *dout, const float *inp,
+                                    int64_t outer, int channels, int64_t inner, const float *scale,
+                                    const int32_t *zero_point, int qmin, int qmax, float grad_factor) {
   check_view(outer, channels, inner, scale, zero_point, qmin, qmax);
   for (int c = 0; c < channels; c++) {
     const float sc = scale[c], inv_scale = 1.0f / sc;
@@ -399,8 +393,8 @@ static void lsq_max_pool_backward(float *dinp, int dinp_write, float *dval, floa
 #pragma omp simd
             for (int c = 0; c < C; c++) {
               const int32_t a = am[c];
-              const float xs = select_bits(a == i00, x00[c],
-                                           select_bits(a == i01, x01[c], select_bits(a == i10, x10[c], x11[c])));
+              const float xs =
+                  select_bits(a == i00, x00[c], select_bits(a == i01, x01[c], select_bits(a == i10, x10[c], x11[c])));
               float dx, ds, dz;
               LSQ_ELEMENT(xs, 0.0f + d[c], s, inv_s, zpf, lo, hi, grad_factor, dx, ds, dz);
               (void)dz;
@@ -460,8 +454,8 @@ static void lsq_max_pool_backward(float *dinp, int dinp_write, float *dval, floa
 }
 
 void qt_fake_quant_lsq_max_pool_backward(float *dinp, int dinp_write, float *dscale, const float *dout,
-                                         const int32_t *argmax, const float *inp, int N, int H, int W, int C,
-                                         int KH, int KW, float scale, int32_t zero_point, int qmin, int qmax,
+                                         const int32_t *argmax, const float *inp, int N, int H, int W, int C, int KH,
+                                         int KW, float scale, int32_t zero_point, int qmin, int qmax,
                                          float grad_factor) {
   lsq_max_pool_backward(dinp, dinp_write, NULL, dscale, dout, argmax, inp, N, H, W, C, KH, KW, scale, zero_point, qmin,
                         qmax, grad_factor);
@@ -480,10 +474,10 @@ void qt_fake_quant_lsq_max_pool_backward_val(float *dval, float *dscale, const f
  * pass). Inlined with a literal C of at most 64 the sums live in registers, not in memory that
  * every row stores and reloads; the same operations in the same order either way. */
 static inline __attribute__((always_inline)) void lsq_val_rows(double *restrict acc, float *restrict val,
-                                                               const float *restrict dout,
-                                                               const float *restrict xarg, int64_t o0, int64_t o1,
-                                                               const int C, float s, float inv_s, float zpf, float lo,
-                                                               float hi, float grad_factor, int relu) {
+                                                               const float *restrict dout, const float *restrict xarg,
+                                                               int64_t o0, int64_t o1, const int C, float s,
+                                                               float inv_s, float zpf, float lo, float hi,
+                                                               float grad_factor, int relu) {
   for (int64_t o = o0; o < o1; o += C) {
     const float *restrict d = dout + o, *restrict xa = xarg + o;
     float *restrict v = val + o;

@@ -31,7 +31,6 @@
 #include "quant/quant.h"
 #include "quant/quant_assert.h"
 
-
 #define QUANT_PARALLEL_MIN 32768
 #define HIST_MIN_BINS 8
 #define HIST_MAX_BINS (1 << 24)
@@ -366,30 +365,29 @@ int qt_observer_update_sync(qt_observer *o, const float *x, int64_t outer, int64
     return -1;
   }
   switch (o->kind) {
-  case QT_OBSERVER_MINMAX:
-  case QT_OBSERVER_HISTOGRAM:
-    for (int c = 0; c < C; c++) {
-      o->min[c] = o->initialized && o->min[c] < bmin[c] ? o->min[c] : bmin[c];
-      o->max[c] = o->initialized && o->max[c] > bmax[c] ? o->max[c] : bmax[c];
-    }
-    break;
-  case QT_OBSERVER_MOVING_AVERAGE: {
-    const float a = o->averaging_constant;
-    for (int c = 0; c < C; c++) {
-      if (!o->initialized) {
-        o->min[c] = bmin[c];
-        o->max[c] = bmax[c];
-      } else {
-        float dmin = bmin[c] - o->min[c], dmax = bmax[c] - o->max[c];
-        float tmin = a * dmin, tmax = a * dmax;
-        o->min[c] = o->min[c] + tmin;
-        o->max[c] = o->max[c] + tmax;
+    case QT_OBSERVER_MINMAX:
+    case QT_OBSERVER_HISTOGRAM:
+      for (int c = 0; c < C; c++) {
+        o->min[c] = o->initialized && o->min[c] < bmin[c] ? o->min[c] : bmin[c];
+        o->max[c] = o->initialized && o->max[c] > bmax[c] ? o->max[c] : bmax[c];
       }
+      break;
+    case QT_OBSERVER_MOVING_AVERAGE: {
+      const float a = o->averaging_constant;
+      for (int c = 0; c < C; c++) {
+        if (!o->initialized) {
+          o->min[c] = bmin[c];
+          o->max[c] = bmax[c];
+        } else {
+          float dmin = bmin[c] - o->min[c], dmax = bmax[c] - o->max[c];
+          float tmin = a * dmin, tmax = a * dmax;
+          o->min[c] = o->min[c] + tmin;
+          o->max[c] = o->max[c] + tmax;
+        }
+      }
+      break;
     }
-    break;
-  }
-  default:
-    QUANT_ASSERT(0, "observer: unknown kind");
+    default: QUANT_ASSERT(0, "observer: unknown kind");
   }
   if (o->kind == QT_OBSERVER_HISTOGRAM) {
     if (!o->hist) {
@@ -402,8 +400,10 @@ int qt_observer_update_sync(qt_observer *o, const float *x, int64_t outer, int64
     } else if (bmin[0] < o->hist_min || bmax[0] > o->hist_max) {
       hist_grow(o, fmin(bmin[0], o->hist_min), fmax(bmax[0], o->hist_max));
     }
-    if (synced) hist_add_sync(o, x, n, sync);
-    else hist_add(o, x, n);
+    if (synced)
+      hist_add_sync(o, x, n, sync);
+    else
+      hist_add(o, x, n);
   }
   o->initialized = 1;
   free(bmin);
@@ -415,9 +415,9 @@ int qt_observer_update_sync(qt_observer *o, const float *x, int64_t outer, int64
 typedef struct {
   const qt_observer *o;
   int B;
-  double hmin, w;           /* bin positions: x = hmin + p * w, p in [0, B] */
+  double hmin, w; /* bin positions: x = hmin + p * w, p in [0, B] */
   double total;
-  double *cnt, *m1, *m2;    /* prefix sums over bins < k (B + 1 each), moments in bin units */
+  double *cnt, *m1, *m2; /* prefix sums over bins < k (B + 1 each), moments in bin units */
 } hist_moments;
 
 static void moments_init(hist_moments *h, const qt_observer *o) {
@@ -579,8 +579,7 @@ static void percentile_range(const qt_observer *o, float *lo_out, float *hi_out)
 }
 
 /* The range per channel; for a histogram, by its method for the given grid. */
-static int observer_range(const qt_observer *o, int qmin, int qmax, int symmetric, float *min, float *max,
-                          char *err) {
+static int observer_range(const qt_observer *o, int qmin, int qmax, int symmetric, float *min, float *max, char *err) {
   if (!o->initialized) {
     qt_err(err, "observer: nothing observed yet");
     return -1;
@@ -591,20 +590,18 @@ static int observer_range(const qt_observer *o, int qmin, int qmax, int symmetri
     return 0;
   }
   switch (o->method) {
-  case QT_RANGE_PERCENTILE:
-    if (!(o->percentile > 50.0f && o->percentile <= 100.0f)) {
-      qt_err(err, "observer: percentile %g outside (50, 100]", o->percentile);
-      return -1;
-    }
-    percentile_range(o, min, max);
-    return 0;
-  case QT_RANGE_MSE:
-    QUANT_ASSERT(qmin < qmax, "observer: quant_min must be below quant_max");
-    mse_range(o, qmin, qmax, symmetric, min, max);
-    return 0;
-  default:
-    qt_err(err, "observer: unknown range method %d", (int)o->method);
-    return -1;
+    case QT_RANGE_PERCENTILE:
+      if (!(o->percentile > 50.0f && o->percentile <= 100.0f)) {
+        qt_err(err, "observer: percentile %g outside (50, 100]", o->percentile);
+        return -1;
+      }
+      percentile_range(o, min, max);
+      return 0;
+    case QT_RANGE_MSE:
+      QUANT_ASSERT(qmin < qmax, "observer: quant_min must be below quant_max");
+      mse_range(o, qmin, qmax, symmetric, min, max);
+      return 0;
+    default: qt_err(err, "observer: unknown range method %d", (int)o->method); return -1;
   }
 }
 
@@ -612,8 +609,7 @@ int qt_observer_range(const qt_observer *o, int qmin, int qmax, float *min, floa
   return observer_range(o, qmin, qmax, 0, min, max, NULL);
 }
 
-int qt_observer_qparams(const qt_observer *o, int qmin, int qmax, int symmetric, float *scale, int32_t *zp,
-                        char *err) {
+int qt_observer_qparams(const qt_observer *o, int qmin, int qmax, int symmetric, float *scale, int32_t *zp, char *err) {
   const int C = o->channels;
   float *mn = malloc(2 * (size_t)C * sizeof(float));
   QUANT_ASSERT(mn, "out of memory");

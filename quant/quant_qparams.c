@@ -13,7 +13,6 @@
 #include "quant/quant.h"
 #include "quant/quant_assert.h"
 
-
 int qt_qrange(int bits, int is_signed, int *qmin, int *qmax) {
   if (bits < 2 || bits > 8) return -1;
   if (is_signed) {

@@ -25,7 +25,8 @@ static int consumer_of(const qt_graph *g, int value, qt_op op) {
 /* The nodes of fq with a counterpart in fp32: rows (named), and the value ids compared. */
 static int match_nodes(const qt_graph *fp32, const qt_graph *fq, qt_node_sqnr **rows_out, int **ref_out, int **fq_out) {
   qt_node_sqnr *rows = calloc((size_t)fq->n_nodes + 1, sizeof *rows);
-  int *ref_value = malloc(((size_t)fq->n_nodes + 1) * sizeof(int)), *fq_value = malloc(((size_t)fq->n_nodes + 1) * sizeof(int));
+  int *ref_value = malloc(((size_t)fq->n_nodes + 1) * sizeof(int)),
+      *fq_value = malloc(((size_t)fq->n_nodes + 1) * sizeof(int));
   QT_ASSERT(rows && ref_value && fq_value, "out of memory");
   *rows_out = rows;
   *ref_out = ref_value;
@@ -79,9 +80,8 @@ static int sqnr_batch(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const int64_t *
   return 0;
 }
 
-int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_dataset *ds,
-                          const qt_loader_config *lc, int64_t images, qt_node_sqnr **rows_out, int *n_out,
-                          char *err) {
+int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_dataset *ds, const qt_loader_config *lc,
+                          int64_t images, qt_node_sqnr **rows_out, int *n_out, char *err) {
   *rows_out = NULL;
   *n_out = 0;
   qt_node_sqnr *rows;
@@ -132,7 +132,8 @@ int64_t qt_analysis_model_bytes(const qt_graph *g) {
     if (!qt_op_has_weight(n->op)) continue;
     int bits = n->wq ? n->wq->spec.bits : 32;
     if (n->param[QT_P_WEIGHT] >= 0) bytes += (g->tensors[n->param[QT_P_WEIGHT]].numel * bits + 7) / 8;
-    if (n->param[QT_P_BIAS] >= 0) bytes += 4 * g->tensors[n->param[QT_P_BIAS]].numel;
+    if (n->param[QT_P_BIAS] >= 0)
+      bytes += 4 * g->tensors[n->param[QT_P_BIAS]].numel;
     else if (n->op == QT_OP_CONV2D && consumer_of(g, n->output, QT_OP_BATCH_NORM) >= 0)
       bytes += 4 * (int64_t)n->attr.out_channels; /* the bias BN folds into it */
   }
@@ -281,14 +282,20 @@ static qt_graph *calibrate_eval(const qt_options *c, const qt_graph *fp32, const
 
 /* ---- output helpers --------------------------------------------------------------------------- */
 static void json_db(qt_strbuf *b, double db) {
-  if (isnan(db)) qt_strbuf_printf(b, "null");
-  else if (isinf(db)) qt_strbuf_printf(b, "%s", db > 0 ? "999.0" : "-999.0");
-  else qt_strbuf_printf(b, "%.3f", db);
+  if (isnan(db))
+    qt_strbuf_printf(b, "null");
+  else if (isinf(db))
+    qt_strbuf_printf(b, "%s", db > 0 ? "999.0" : "-999.0");
+  else
+    qt_strbuf_printf(b, "%.3f", db);
 }
 static void md_db(qt_strbuf *b, double db) {
-  if (isnan(db)) qt_strbuf_printf(b, "n/a");
-  else if (isinf(db)) qt_strbuf_printf(b, "%s", db > 0 ? "inf (exact)" : "-inf");
-  else qt_strbuf_printf(b, "%.2f", db);
+  if (isnan(db))
+    qt_strbuf_printf(b, "n/a");
+  else if (isinf(db))
+    qt_strbuf_printf(b, "%s", db > 0 ? "inf (exact)" : "-inf");
+  else
+    qt_strbuf_printf(b, "%.2f", db);
 }
 
 typedef struct {
@@ -301,10 +308,14 @@ typedef struct {
 static void write_sqnr(qt_strbuf *md, qt_strbuf *js, const char *title, const char *ref_name, double acc,
                        const qt_node_sqnr *rows, int n_rows) {
   qt_strbuf_printf(md, "## Per-node SQNR, %s (accuracy %.2f%%)\n\n", title, 100 * acc);
-  qt_strbuf_printf(md, "Each row compares the %s value with what the fake-quant graph's consumers see (after the "
-                       "node's fake quant, if any); errors accumulate along the graph.\n\n", ref_name);
-  qt_strbuf_printf(md, "| node | op | %s value | weight bits | output quantized | SQNR (dB) |\n"
-                       "|---|---|---|---:|---|---:|\n", ref_name);
+  qt_strbuf_printf(md,
+                   "Each row compares the %s value with what the fake-quant graph's consumers see (after the "
+                   "node's fake quant, if any); errors accumulate along the graph.\n\n",
+                   ref_name);
+  qt_strbuf_printf(md,
+                   "| node | op | %s value | weight bits | output quantized | SQNR (dB) |\n"
+                   "|---|---|---|---:|---|---:|\n",
+                   ref_name);
   qt_strbuf_printf(js, ",\n  \"sqnr\": {\"accuracy\": %.6f, \"reference\": ", acc);
   qt_strbuf_json_string(js, ref_name);
   qt_strbuf_printf(js, ", \"nodes\": [");
@@ -330,8 +341,8 @@ static void write_sqnr(qt_strbuf *md, qt_strbuf *js, const char *title, const ch
 }
 
 /* <dir>/analysis.md and <dir>/analysis.json, each written atomically; json_path gets the latter. */
-static int write_outputs(const char *dir, const qt_strbuf *md, const qt_strbuf *js, char *json_path, size_t json_path_len,
-                         int verbose, char *err) {
+static int write_outputs(const char *dir, const qt_strbuf *md, const qt_strbuf *js, char *json_path,
+                         size_t json_path_len, int verbose, char *err) {
   char path[4200];
   snprintf(path, sizeof path, "%s/analysis.md", dir);
   if (qt_write_file_atomic(path, md->s, md->len, err)) return -1;
@@ -415,9 +426,10 @@ static int variant_accuracy(analysis *A, const char *ov, double *acc, int64_t *b
   qt_options *c = clone_options(A->o);
   int used, rc = set_overrides(c, ov, err);
   if (!rc) {
-    qt_graph *p = calibrate_eval(c, A->fp32, A->train, A->lc, &A->sub, A->ec, A->ctx, &A->cal, 1, acc, &used,
-                                 bytes != NULL, err);
-    if (!p) rc = -1;
+    qt_graph *p =
+        calibrate_eval(c, A->fp32, A->train, A->lc, &A->sub, A->ec, A->ctx, &A->cal, 1, acc, &used, bytes != NULL, err);
+    if (!p)
+      rc = -1;
     else if (bytes) {
       *bytes = qt_analysis_model_bytes(p);
       qt_graph_free(p);
@@ -430,8 +442,10 @@ static int variant_accuracy(analysis *A, const char *ov, double *acc, int64_t *b
 /* 3. sensitivity: only one layer quantized */
 static int section_sensitivity(analysis *A, layer_sens *sens, char *err) {
   qt_strbuf *md = &A->md, *js = &A->js;
-  qt_strbuf_printf(md, "## Sensitivity: only one layer quantized at W%dA%d\n\n| layer | accuracy %% | drop (points) |\n"
-                       "|---|---:|---:|\n", A->wb, A->ab);
+  qt_strbuf_printf(md,
+                   "## Sensitivity: only one layer quantized at W%dA%d\n\n| layer | accuracy %% | drop (points) |\n"
+                   "|---|---:|---:|\n",
+                   A->wb, A->ab);
   qt_strbuf_printf(js, ",\n  \"sensitivity\": [");
   for (int L = 0; L < A->n_layers; L++) {
     char ov[4096] = "";
@@ -464,10 +478,13 @@ static int section_mixed(analysis *A, const layer_sens *sens, const int *ks, int
       order[j] = order[j - 1];
       order[j - 1] = t;
     }
-  qt_strbuf_printf(md, "## Mixed precision: the k most sensitive layers at %s, the rest at W%dA%d\n\n", keep, A->wb, A->ab);
-  qt_strbuf_printf(md, "Model size: conv/linear weights at their bit widths plus 4-byte biases (BN folded); fp32: %lld bytes.\n\n",
-                   (long long)A->fp32_bytes);
-  qt_strbuf_printf(md, "| k | layers kept at %s | accuracy %% | model bytes | vs fp32 |\n|---:|---|---:|---:|---:|\n", keep);
+  qt_strbuf_printf(md, "## Mixed precision: the k most sensitive layers at %s, the rest at W%dA%d\n\n", keep, A->wb,
+                   A->ab);
+  qt_strbuf_printf(
+      md, "Model size: conv/linear weights at their bit widths plus 4-byte biases (BN folded); fp32: %lld bytes.\n\n",
+      (long long)A->fp32_bytes);
+  qt_strbuf_printf(md, "| k | layers kept at %s | accuracy %% | model bytes | vs fp32 |\n|---:|---|---:|---:|---:|\n",
+                   keep);
   qt_strbuf_printf(js, ",\n  \"mixed_precision\": {\"keep\": \"%s\", \"rows\": [", keep);
   for (int q = 0; q < n_ks; q++) {
     int k = ks[q] > A->n_layers ? A->n_layers : ks[q];
@@ -489,7 +506,8 @@ static int section_mixed(analysis *A, const layer_sens *sens, const int *ks, int
       qt_strbuf_json_string(js, A->layers[order[i]]);
     }
     qt_strbuf_printf(js, "], \"accuracy\": %.6f, \"model_bytes\": %lld}", acc, (long long)bytes);
-    if (A->verbose) fprintf(stderr, "analysis: mixed precision k=%d: %.2f%%, %lld bytes\n", k, 100 * acc, (long long)bytes);
+    if (A->verbose)
+      fprintf(stderr, "analysis: mixed precision k=%d: %.2f%%, %lld bytes\n", k, 100 * acc, (long long)bytes);
   }
   qt_strbuf_printf(md, "\n");
   qt_strbuf_printf(js, "\n  ]}");
@@ -503,13 +521,15 @@ static int section_header(analysis *A, char *err) {
   if (A->verbose)
     fprintf(stderr, "analysis: fp32 accuracy %.2f%% on %lld test images\n", 100 * A->ref.accuracy, (long long)A->sub.n);
   qt_strbuf_printf(&A->md, "# PTQ debugging: %s, W%dA%d\n\n", A->fp32->name, A->wb, A->ab);
-  qt_strbuf_printf(&A->md, "Evaluated on the first %lld test images. fp32 accuracy: **%.2f%%**. Configured calibration: %s, "
-                           "%d batches of %d.\n\n",
+  qt_strbuf_printf(&A->md,
+                   "Evaluated on the first %lld test images. fp32 accuracy: **%.2f%%**. Configured calibration: %s, "
+                   "%d batches of %d.\n\n",
                    (long long)A->sub.n, 100 * A->ref.accuracy, config_method(A->o), A->cal, A->lc->batch_size);
   qt_strbuf_printf(&A->js, "{\n  \"model\": ");
   qt_strbuf_json_string(&A->js, A->fp32->name);
-  qt_strbuf_printf(&A->js, ",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n  \"images\": %lld,\n"
-                           "  \"fp32_accuracy\": %.6f,\n  \"fp32_model_bytes\": %lld",
+  qt_strbuf_printf(&A->js,
+                   ",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n  \"images\": %lld,\n"
+                   "  \"fp32_accuracy\": %.6f,\n  \"fp32_model_bytes\": %lld",
                    A->wb, A->ab, (long long)A->sub.n, A->ref.accuracy, (long long)A->fp32_bytes);
   return 0;
 }
@@ -520,10 +540,18 @@ int qt_analysis_run(const qt_options *o, qt_graph *fp32, const qt_dataset *train
   analysis *A = calloc(1, sizeof *A);
   QT_ASSERT(A, "out of memory");
   const int64_t images = o->analysis.images > 0 && o->analysis.images < test->n ? o->analysis.images : test->n;
-  *A = (analysis){.o = o, .fp32 = fp32, .train = train, .sub = qt_dataset_view(test, 0, images), .lc = lc,
-                  .ec = ec, .ctx = ctx, .wb = o->quant.weight_bits, .ab = o->quant.activation_bits,
+  *A = (analysis){.o = o,
+                  .fp32 = fp32,
+                  .train = train,
+                  .sub = qt_dataset_view(test, 0, images),
+                  .lc = lc,
+                  .ec = ec,
+                  .ctx = ctx,
+                  .wb = o->quant.weight_bits,
+                  .ab = o->quant.activation_bits,
                   .cal = o->quant.calibration_batches,
-                  .verbose = verbose, .keep = o->analysis.mixed_precision_keep == QT_KEEP_FP32 ? "fp32" : "w8a8"};
+                  .verbose = verbose,
+                  .keep = o->analysis.mixed_precision_keep == QT_KEEP_FP32 ? "fp32" : "w8a8"};
   char methods[MAX_LIST][64];
   const int n_methods = split_list(o->analysis.calibration_methods, methods, MAX_LIST);
   int counts[MAX_LIST], ks[MAX_LIST], rc = -1;
@@ -537,11 +565,9 @@ int qt_analysis_run(const qt_options *o, qt_graph *fp32, const qt_dataset *train
       goto out;
     }
   for (int i = 0; i < fp32->n_nodes && A->n_layers < MAX_LAYERS; i++)
-    if (qt_op_has_weight(fp32->nodes[i].op))
-      snprintf(A->layers[A->n_layers++], QT_NAME_LEN, "%s", fp32->nodes[i].name);
+    if (qt_op_has_weight(fp32->nodes[i].op)) snprintf(A->layers[A->n_layers++], QT_NAME_LEN, "%s", fp32->nodes[i].name);
   layer_sens sens[MAX_LAYERS];
-  if (section_header(A, err) ||
-      (n_methods > 0 && section_calibration(A, methods, n_methods, counts, n_counts, err)) ||
+  if (section_header(A, err) || (n_methods > 0 && section_calibration(A, methods, n_methods, counts, n_counts, err)) ||
       (o->analysis.layer_sqnr && section_sqnr(A, err)) ||
       ((o->analysis.sensitivity || n_ks > 0) && section_sensitivity(A, sens, err)) ||
       (n_ks > 0 && section_mixed(A, sens, ks, n_ks, err)))
@@ -575,13 +601,15 @@ int qt_analysis_run_qat(const qt_options *o, qt_graph *qat, const qt_dataset *te
   rc = -1;
   if (qt_analysis_node_sqnr(qat, qat, ctx, &sub, ec, sub.n, &rows, &n_rows, err)) goto out;
   qt_strbuf_printf(&md, "# QAT debugging: %s, W%dA%d\n\n", qat->name, wb, ab);
-  qt_strbuf_printf(&md, "The QAT-trained model on the first %lld test images: with fake quant **%.2f%%**, with fake quant "
-                        "off (the float model QAT trained, BN statistics as trained) **%.2f%%**.\n\n",
+  qt_strbuf_printf(&md,
+                   "The QAT-trained model on the first %lld test images: with fake quant **%.2f%%**, with fake quant "
+                   "off (the float model QAT trained, BN statistics as trained) **%.2f%%**.\n\n",
                    (long long)sub.n, 100 * on.accuracy, 100 * off.accuracy);
   qt_strbuf_printf(&js, "{\n  \"model\": ");
   qt_strbuf_json_string(&js, qat->name);
-  qt_strbuf_printf(&js, ",\n  \"mode\": \"qat\",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n"
-                        "  \"images\": %lld,\n  \"accuracy\": %.6f,\n  \"float_accuracy\": %.6f",
+  qt_strbuf_printf(&js,
+                   ",\n  \"mode\": \"qat\",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n"
+                   "  \"images\": %lld,\n  \"accuracy\": %.6f,\n  \"float_accuracy\": %.6f",
                    wb, ab, (long long)sub.n, on.accuracy, off.accuracy);
   write_sqnr(&md, &js, "the QAT model without vs with fake quant", "float (fake quant off)", on.accuracy, rows, n_rows);
   qt_strbuf_printf(&js, "\n}\n");

@@ -1,9 +1,8 @@
-/* Private to train/: PTQ debugging (the [analysis] keys; QAT runs: per-node SQNR only). On a PTQ run, after the fp32 model
- * is loaded, compares calibration methods and calibration lengths, measures the SQNR between
- * the fp32 and the fake-quant model node by node, the accuracy drop when only one layer is
- * quantized, and a mixed-precision sweep (the k most sensitive layers kept at 8 bits or fp32,
- * the rest at the configured widths) with model sizes. Writes <dir>/analysis.md and
- * <dir>/analysis.json. Everything is evaluated on the first analysis.images test images. */
+/* Private to train/: PTQ debugging (the [analysis] keys; QAT runs: per-node SQNR only). On a PTQ run, after the fp32
+ * model is loaded, compares calibration methods and calibration lengths, measures the SQNR between the fp32 and the
+ * fake-quant model node by node, the accuracy drop when only one layer is quantized, and a mixed-precision sweep (the k
+ * most sensitive layers kept at 8 bits or fp32, the rest at the configured widths) with model sizes. Writes
+ * <dir>/analysis.md and <dir>/analysis.json. Everything is evaluated on the first analysis.images test images. */
 #ifndef QT_ANALYSIS_H
 #define QT_ANALYSIS_H
 
@@ -13,12 +12,12 @@
 
 /* ---- per-node SQNR (fp32 graph vs fake-quant graph) ----------------------------------------- */
 typedef struct {
-  char node[QT_NAME_LEN];       /* node of the fake-quant graph */
-  char ref[2 * QT_NAME_LEN];    /* fp32 value compared against ("bn1" for a PTQ-folded conv1) */
+  char node[QT_NAME_LEN];    /* node of the fake-quant graph */
+  char ref[2 * QT_NAME_LEN]; /* fp32 value compared against ("bn1" for a PTQ-folded conv1) */
   char op[24];
-  int weight_bits;              /* 0: no weight or fp32 weight */
-  int act_quantized;            /* the node's output goes through a fake quant */
-  qt_sqnr_sum sqnr;             /* fp32 value vs what the fake-quant graph's consumers see */
+  int weight_bits;   /* 0: no weight or fp32 weight */
+  int act_quantized; /* the node's output goes through a fake quant */
+  qt_sqnr_sum sqnr;  /* fp32 value vs what the fake-quant graph's consumers see */
 } qt_node_sqnr;
 
 /* Runs the first `images` images of ds (lc's batches; shuffle and augmentation off) through
@@ -27,8 +26,8 @@ typedef struct {
  * graph's value after its fake quant (if any). A conv whose fp32 output feeds a batch_norm is
  * compared against the batch_norm's output (PTQ folds BN into the conv). Both graphs are left
  * in training mode, as qt_evaluate leaves them. *rows: malloc'd, *n_rows entries. */
-int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_dataset *ds,
-                          const qt_loader_config *lc, int64_t images, qt_node_sqnr **rows, int *n_rows, char *err);
+int qt_analysis_node_sqnr(qt_graph *fp32, qt_graph *fq, qt_ctx *ctx, const qt_dataset *ds, const qt_loader_config *lc,
+                          int64_t images, qt_node_sqnr **rows, int *n_rows, char *err);
 
 /* Bytes of the conv/linear layers of g: each weight at its width (the weight quantizer's bits,
  * 32 when fp32), rounded up to whole bytes per layer, plus 4 bytes per bias element (a conv

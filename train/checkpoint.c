@@ -28,8 +28,7 @@
 /* The largest config text a checkpoint may carry (the INI of a run). */
 #define CHECKPOINT_MAX_CONFIG ((size_t)1 << 20)
 
-int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const qt_checkpoint_meta *meta,
-                       char *err) {
+int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const qt_checkpoint_meta *meta, char *err) {
   qt_h5_quiet();
   char cmsg[QT_ERR_LEN];
   qt_h5_image *img;
@@ -74,8 +73,7 @@ int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const
                   qerr[0] ? qerr : "HDF5 failed in memory");
   }
   char cerr[QT_ERR_LEN];
-  if (qt_h5_commit(f, img, path, cerr))
-    return qt_err(err, "checkpoint: %s; the previous checkpoint is kept", cerr);
+  if (qt_h5_commit(f, img, path, cerr)) return qt_err(err, "checkpoint: %s; the previous checkpoint is kept", cerr);
   return 0;
 }
 
@@ -109,8 +107,8 @@ static int read_meta(hid_t f, const char *path, qt_checkpoint_meta *meta, char *
   int64_t epoch = 0, step = 0, seed = 0;
   char file[4200];
   snprintf(file, sizeof file, "checkpoint '%s'", path);
-  if (qt_h5_attr_read_i64(f, file, "/", "epoch", &epoch, err) || qt_h5_attr_read_i64(f, file, "/", "step", &step, err) ||
-      qt_h5_attr_read_i64(f, file, "/", "seed", &seed, err))
+  if (qt_h5_attr_read_i64(f, file, "/", "epoch", &epoch, err) ||
+      qt_h5_attr_read_i64(f, file, "/", "step", &step, err) || qt_h5_attr_read_i64(f, file, "/", "seed", &seed, err))
     return -1;
   if (epoch < 0 || epoch > INT32_MAX || step < 0)
     return qt_err(err, "checkpoint '%s': /: epoch %lld, step %lld, expected non-negative counts", path,
@@ -229,10 +227,8 @@ static int check_values(const qt_graph *g, const loaded *L, int ns, const char *
 static int load_open(hid_t f, const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err) {
   loaded L = {0};
   const int ns = opt ? qt_optim_state_count(opt) : 0;
-  const int rc = check_model(f, path, g, err) || read_all(f, path, g, opt, &L, err) ||
-                         check_values(g, &L, ns, path, err)
-                     ? -1
-                     : 0;
+  const int rc =
+      check_model(f, path, g, err) || read_all(f, path, g, opt, &L, err) || check_values(g, &L, ns, path, err) ? -1 : 0;
   if (!rc) {
     memcpy(g->params, L.params, (size_t)g->n_params * sizeof(float));
     memcpy(g->buffers, L.buffers, (size_t)g->n_buffers * sizeof(float));

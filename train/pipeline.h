@@ -54,14 +54,14 @@ qt_graph *qt_stage_build_model(const qt_options *o, const qt_dataset *data, qt_s
 int qt_stage_model_fits(const qt_options *o, const qt_graph *g, const qt_dataset *data, qt_status *st);
 /* Where a quantized run's fp32 model came from (summary.json "fp32_model"). */
 typedef struct {
-  int from_checkpoint; /* 0: quant.fp32_checkpoint empty, the model's initialization */
+  int from_checkpoint;              /* 0: quant.fp32_checkpoint empty, the model's initialization */
   char checkpoint[QT_OPT_STR + 32]; /* the file (see qt_options_fp32_recipe) */
-  const char *how;     /* "trained" (by this run, with the recipe), "reused" (its stored config is
-                        * the recipe), "reused, not compared" (no quant.fp32_config), "reused with
-                        * quant.fp32_reuse = any" (it differs) */
-  int epochs;          /* fp32 epochs the checkpoint holds */
-  int train_limit;     /* its stored data.train_limit (0: the whole training set; -1: unknown) */
-  char train_images[QT_OPT_STR]; /* its stored data.train_images (or data.path) */
+  const char *how;                  /* "trained" (by this run, with the recipe), "reused" (its stored config is
+                                     * the recipe), "reused, not compared" (no quant.fp32_config), "reused with
+                                     * quant.fp32_reuse = any" (it differs) */
+  int epochs;                       /* fp32 epochs the checkpoint holds */
+  int train_limit;                  /* its stored data.train_limit (0: the whole training set; -1: unknown) */
+  char train_images[QT_OPT_STR];    /* its stored data.train_images (or data.path) */
 } qt_fp32_origin;
 
 /* Makes sure the fp32 checkpoint is the model quant.fp32_config trains with this run's [data]
@@ -126,12 +126,12 @@ typedef struct {
   qt_eval_result fake_quant, qdq;
   char qdq_path[4200];
   char trained_path[4200];
-  char onnx_path[4200];        /* model_qdq.onnx: the Q/DQ graph as QDQ ONNX (onnx/onnx_export.h);
-                                * "" when the export refused the graph (onnx_error says why) */
+  char onnx_path[4200]; /* model_qdq.onnx: the Q/DQ graph as QDQ ONNX (onnx/onnx_export.h);
+                         * "" when the export refused the graph (onnx_error says why) */
   char onnx_error[QT_ERR_LEN];
   qt_check_report check;
-  int lost_channels;           /* qt_lost_weight_channels of the convert graph */
-  char lost_detail[1024];      /* its per-layer lines */
+  int lost_channels;      /* qt_lost_weight_channels of the convert graph */
+  char lost_detail[1024]; /* its per-layer lines */
   /* qt_stage_deploy: the lowered Q/DQ graph on the test set and inference speed */
   int deployed;
   qt_report report;
@@ -151,9 +151,9 @@ int qt_stage_convert(const qt_options *o, qt_graph *p, const qt_dataset *test, q
  * the model deploys on it. origin (may be NULL): "built in" or the file. 0, or -1 with err. */
 int qt_stage_backend_desc(const qt_quant_options *q, qt_backend_desc *d, const char **origin, char *err);
 
-/* Lowers the saved Q/DQ graph (res->qdq_path) on the backend it was quantized for, runs the three-stage report (fp32 graph, Q/DQ
- * graph, int8 device) on the test set, times fp32 and int8 inference at batch 256, writes
- * <dir>/report.txt (printed when verbose). */
+/* Lowers the saved Q/DQ graph (res->qdq_path) on the backend it was quantized for, runs the three-stage report (fp32
+ * graph, Q/DQ graph, int8 device) on the test set, times fp32 and int8 inference at batch 256, writes <dir>/report.txt
+ * (printed when verbose). */
 int qt_stage_deploy(const qt_options *o, qt_graph *fp32, const qt_dataset *test, const char *dir, qt_quant_result *res,
                     int verbose, qt_status *st);
 

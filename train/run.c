@@ -57,8 +57,8 @@ static uint64_t dataset_hash(uint64_t h, const qt_dataset *d) {
 
 static int data_agree(const run *r, qt_status *st) {
   if (r->ranks == 1) return 0;
-  const int other = qt_dist_first_differing(dataset_hash(dataset_hash(QT_DIST_HASH_INIT, &r->train), &r->test),
-                                            NULL, NULL);
+  const int other =
+      qt_dist_first_differing(dataset_hash(dataset_hash(QT_DIST_HASH_INIT, &r->train), &r->test), NULL, NULL);
   if (other < 0) return 0;
   return qt_status_set(st, QT_STATUS_INPUT,
                        "data: the images or labels process %d loaded differ from process 0's, with the same config "
@@ -224,8 +224,7 @@ static int write_summary(const run *r, char *err) {
   if (r->n_rows)
     qt_strbuf_printf(&b, "    \"final_train_loss\": %.6f,\n    \"final_train_accuracy\": %.6f,\n",
                      r->rows[r->n_rows - 1].train_loss, r->rows[r->n_rows - 1].train_acc);
-  qt_strbuf_printf(&b, "    \"batch_size\": %d,\n    \"threads\": %d", r->o->train.batch_size,
-                   omp_get_max_threads());
+  qt_strbuf_printf(&b, "    \"batch_size\": %d,\n    \"threads\": %d", r->o->train.batch_size, omp_get_max_threads());
   if (r->ranks > 1) qt_strbuf_printf(&b, ",\n    \"processes\": %d", r->ranks); /* threads is per process */
   qt_strbuf_printf(&b, "\n  },\n");
   if (r->analysis[0]) {
@@ -532,8 +531,10 @@ static int fp32_decision(const qt_options *o, const char *ck, const qt_options *
   switch (o->quant.fp32_reuse) {
     case QT_FP32_REUSE_ANY:
       *how = "reused with quant.fp32_reuse = any";
-      fprintf(stderr, "warning: fp32 checkpoint '%s' is not what quant.fp32_config '%s' trains (%s); using it "
-              "anyway (quant.fp32_reuse = any)\n", ck, o->quant.fp32_config, what);
+      fprintf(stderr,
+              "warning: fp32 checkpoint '%s' is not what quant.fp32_config '%s' trains (%s); using it "
+              "anyway (quant.fp32_reuse = any)\n",
+              ck, o->quant.fp32_config, what);
       return 0;
     case QT_FP32_REUSE_RETRAIN:
       if (verbose)
@@ -561,8 +562,9 @@ static int ensure_fp32(const qt_options *o, int verbose, qt_fp32_origin *origin,
   char why[QT_ERR_LEN];
   int rc = o->quant.fp32_config[0] ? qt_options_fp32_recipe(o, sub, ck, ck_n, why, sizeof why, st->msg) : 1;
   if (rc == 0 && why[0] && qt_dist_rank() == 0) /* said even without progress: it decides where files go */
-    fprintf(stderr, "note: this run's [data] is not quant.fp32_config's (%s): its fp32 model is %s, not the shared %s\n",
-            why, ck, o->quant.fp32_checkpoint);
+    fprintf(stderr,
+            "note: this run's [data] is not quant.fp32_config's (%s): its fp32 model is %s, not the shared %s\n", why,
+            ck, o->quant.fp32_checkpoint);
   int exists = qt_dist_rank() == 0 && access(ck, F_OK) == 0;
   qt_dist_broadcast(&exists, sizeof exists, 0);
   origin->how = "reused, not compared";

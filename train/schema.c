@@ -20,9 +20,9 @@
 
 typedef struct {
   qt_cfg_key key;
-  size_t offset;           /* of the field in qt_options */
-  size_t size;             /* of the field (checked against the type) */
-  int enum_as_string;      /* an ENUM row stored as its text (model.name) */
+  size_t offset;                /* of the field in qt_options */
+  size_t size;                  /* of the field (checked against the type) */
+  int enum_as_string;           /* an ENUM row stored as its text (model.name) */
   const char *(*choices)(void); /* ENUM choices from a library's name table, else NULL */
 } option_row;
 
@@ -58,20 +58,21 @@ static const char *range_choices(void) {
 
 #define FIELD(sec, key) offsetof(qt_options, sec.key), sizeof(((qt_options *)0)->sec.key)
 /* ROW(section, key, type, default, min, max, choices, help) */
-#define ROW(sec, key, type, def, lo, hi, choices, help) {{#sec, #key, type, def, lo, hi, choices, help}, FIELD(sec, key), 0, NULL}
+#define ROW(sec, key, type, def, lo, hi, choices, help) \
+  { {#sec, #key, type, def, lo, hi, choices, help}, FIELD(sec, key), 0, NULL }
 #define STRING_ENUM_ROW(sec, key, type, def, lo, hi, choices, help) \
-  {{#sec, #key, type, def, lo, hi, NULL, help}, FIELD(sec, key), 1, choices}
+  { {#sec, #key, type, def, lo, hi, NULL, help}, FIELD(sec, key), 1, choices }
 #define ROWC(sec, key, type, def, lo, hi, choices, help) \
-  {{#sec, #key, type, def, lo, hi, NULL, help}, FIELD(sec, key), 0, choices}
+  { {#sec, #key, type, def, lo, hi, NULL, help}, FIELD(sec, key), 0, choices }
 
 static const option_row rows[] = {
     STRING_ENUM_ROW(model, name, QT_CFG_ENUM, "fashion_cnn", 0, 0, model_choices, "model preset"),
     ROW(model, onnx, QT_CFG_STRING, "", 0, 0, NULL,
-     "fp32 ONNX model to import instead of model.name (torch.onnx.export of torch 1.13 or 2.x: IR 6-10, "
-     "opsets 11-22, weights inside the file or in a side file; initializers become the parameters)"),
+        "fp32 ONNX model to import instead of model.name (torch.onnx.export of torch 1.13 or 2.x: IR 6-10, "
+        "opsets 11-22, weights inside the file or in a side file; initializers become the parameters)"),
 
     ROW(data, format, QT_CFG_ENUM, "idx", 0, 0, "idx|hdf5|folder",
-     "idx: gzip'd MNIST-format files; hdf5: images/labels datasets; folder: root/<class>/*.png|jpg"),
+        "idx: gzip'd MNIST-format files; hdf5: images/labels datasets; folder: root/<class>/*.png|jpg"),
     ROW(data, train_images, QT_CFG_STRING, FASHION "train-images-idx3-ubyte.gz", 0, 0, NULL, "idx training images"),
     ROW(data, train_labels, QT_CFG_STRING, FASHION "train-labels-idx1-ubyte.gz", 0, 0, NULL, "idx training labels"),
     ROW(data, test_images, QT_CFG_STRING, FASHION "t10k-images-idx3-ubyte.gz", 0, 0, NULL, "idx test images"),
@@ -86,11 +87,11 @@ static const option_row rows[] = {
     ROW(data, crop_pad, QT_CFG_INT, "0", 0, 64, NULL, "random-crop augmentation padding (0 = off)"),
     ROW(data, flip, QT_CFG_BOOL, "false", 0, 0, NULL, "random horizontal flip augmentation"),
     ROW(data, storage, QT_CFG_ENUM, "file", 0, 0, "file|memory",
-     "where the decoded images stay during a run: file = an unlinked scratch file in data.scratch_dir, read "
-     "a batch at a time (the kernel's page cache holds it, not this process); memory = in this process"),
+        "where the decoded images stay during a run: file = an unlinked scratch file in data.scratch_dir, read "
+        "a batch at a time (the kernel's page cache holds it, not this process); memory = in this process"),
     ROW(data, scratch_dir, QT_CFG_STRING, "", 0, 0, NULL,
-     "directory of data.storage = file's scratch file (\"\" = $TMPDIR, else /var/tmp); on a tmpfs the "
-     "images stay in memory"),
+        "directory of data.storage = file's scratch file (\"\" = $TMPDIR, else /var/tmp); on a tmpfs the "
+        "images stay in memory"),
 
     ROW(train, epochs, QT_CFG_INT, "4", 1, 100000, NULL, "training epochs"),
     ROW(train, batch_size, QT_CFG_INT, "128", 2, 65536, NULL, "training batch size"),
@@ -111,85 +112,86 @@ static const option_row rows[] = {
     ROW(train, seed, QT_CFG_INT, "0", 0, 2147483647, NULL, "seed of initialization, shuffling and augmentation"),
     ROW(train, threads, QT_CFG_INT, "0", 0, 1024, NULL, "OpenMP threads (0 = all cores)"),
     ROW(train, conv_algorithm, QT_CFG_ENUM, "winograd", 0, 0, "winograd|direct",
-     "convolutions of the training steps: winograd = oneDNN's Winograd F(4x4,3x3) kernels where oneDNN has "
-     "them (3x3, stride 1, at least 16 input and output channels, AVX-512; about twice as fast, relative rounding "
-     "~1e-6), direct elsewhere; direct = "
-     "always direct. Evaluation, calibration, the check and the report always run direct convolutions"),
+        "convolutions of the training steps: winograd = oneDNN's Winograd F(4x4,3x3) kernels where oneDNN has "
+        "them (3x3, stride 1, at least 16 input and output channels, AVX-512; about twice as fast, relative rounding "
+        "~1e-6), direct elsewhere; direct = "
+        "always direct. Evaluation, calibration, the check and the report always run direct convolutions"),
     ROW(train, resume, QT_CFG_BOOL, "false", 0, 0, NULL, "continue from output.dir's checkpoint if present"),
     ROW(train, stop_after_epochs, QT_CFG_INT, "0", 0, 100000, NULL,
-     "stop this run after N epochs as if interrupted (0 = run to the end); resume continues"),
+        "stop this run after N epochs as if interrupted (0 = run to the end); resume continues"),
 
     ROW(dist, bucket_mb, QT_CFG_FLOAT, "1", 0, 1024, NULL,
-     "under mpirun: sum the gradients across processes in buckets of this many MB, each started as soon as the "
-     "backward has written it (0 = one sum after the backward; the same bits either way)"),
+        "under mpirun: sum the gradients across processes in buckets of this many MB, each started as soon as the "
+        "backward has written it (0 = one sum after the backward; the same bits either way)"),
 
     ROW(quant, mode, QT_CFG_ENUM, "none", 0, 0, "none|ptq|qat",
-     "none: fp32 training; ptq: calibrate then convert; qat: fine-tune with fake quant then convert"),
+        "none: fp32 training; ptq: calibrate then convert; qat: fine-tune with fake quant then convert"),
     ROW(quant, quantizer, QT_CFG_ENUM, "onednn", 0, 0, "onednn|backend",
-     "the Quantizer: onednn (built in) or derived from the description in quant.backend"),
+        "the Quantizer: onednn (built in) or derived from the description in quant.backend"),
     ROW(quant, backend, QT_CFG_STRING, "", 0, 0, NULL,
-     "the backend: xnnpack or onednn (built in; the Quantizer and the deployment follow it), or a backend "
-     "description INI (e.g. experiments/accel_fictional.ini) when quant.quantizer = backend"),
+        "the backend: xnnpack or onednn (built in; the Quantizer and the deployment follow it), or a backend "
+        "description INI (e.g. experiments/accel_fictional.ini) when quant.quantizer = backend"),
     ROW(quant, weight_bits, QT_CFG_INT, "8", 2, 8, NULL, "weight bit width"),
     ROW(quant, activation_bits, QT_CFG_INT, "8", 2, 8, NULL, "activation bit width"),
     ROW(quant, isa, QT_CFG_ENUM, "auto", 0, 0, "auto|vnni|no_vnni",
-     "CPU ISA the quantizer targets (auto: read from oneDNN); no_vnni restricts 8-bit weights to 7 bits"),
+        "CPU ISA the quantizer targets (auto: read from oneDNN); no_vnni restricts 8-bit weights to 7 bits"),
     ROW(quant, bias, QT_CFG_ENUM, "auto", 0, 0, "auto|int32|float",
-     "conv/linear biases: int32 (quantized at input scale x weight scale, as integer kernels add them; "
-     "training fake-quantizes them), float (kept fp32), auto (int32 where the backend requires it: xnnpack)"),
+        "conv/linear biases: int32 (quantized at input scale x weight scale, as integer kernels add them; "
+        "training fake-quantizes them), float (kept fp32), auto (int32 where the backend requires it: xnnpack)"),
     ROW(quant, weight_observer, QT_CFG_ENUM, "auto", 0, 0, "auto|minmax|moving_average",
-     "per-channel weight observer (auto: minmax for PTQ, moving_average for QAT)"),
-    ROWC(quant, activation_observer, QT_CFG_ENUM, "moving_average", 0, 0, observer_choices,
-     "activation observer"),
+        "per-channel weight observer (auto: minmax for PTQ, moving_average for QAT)"),
+    ROWC(quant, activation_observer, QT_CFG_ENUM, "moving_average", 0, 0, observer_choices, "activation observer"),
     ROWC(quant, activation_range, QT_CFG_ENUM, "minmax", 0, 0, range_choices,
-     "histogram observer: how the range is chosen"),
+         "histogram observer: how the range is chosen"),
     ROW(quant, percentile, QT_CFG_FLOAT, "99.99", 50, 100, NULL, "histogram + percentile: the percentile kept"),
     ROW(quant, learnable_scale, QT_CFG_BOOL, "false", 0, 0, NULL,
-     "QAT: LSQ, scales are trained parameters (initialized by the observers on the first batch)"),
+        "QAT: LSQ, scales are trained parameters (initialized by the observers on the first batch)"),
     ROW(quant, layer_overrides, QT_CFG_STRING, "", 0, 0, NULL,
-     "per-layer settings by node name, e.g. conv1=w8a8;fc2=fp32 (mixed precision)"),
+        "per-layer settings by node name, e.g. conv1=w8a8;fc2=fp32 (mixed precision)"),
     ROW(quant, fp32_checkpoint, QT_CFG_STRING, "", 0, 0, NULL,
-     "fp32 checkpoint to quantize (empty: from the initialization)"),
+        "fp32 checkpoint to quantize (empty: from the initialization)"),
     ROW(quant, fp32_config, QT_CFG_STRING, "", 0, 0, NULL,
-     "config that trains fp32_checkpoint when it does not exist yet"),
+        "config that trains fp32_checkpoint when it does not exist yet"),
     ROW(quant, fp32_reuse, QT_CFG_ENUM, "check", 0, 0, "check|retrain|any",
-     "an existing fp32_checkpoint whose stored config is not fp32_config's recipe (with this run's [data]): "
-     "check = stop (exit 2) naming the first differing key, retrain = train it again, any = use it anyway"),
-    ROW(quant, calibration_batches, QT_CFG_INT, "32", 1, 100000, NULL, "PTQ (and QAT with quant.qat_init = calibration): training batches to calibrate on"),
+        "an existing fp32_checkpoint whose stored config is not fp32_config's recipe (with this run's [data]): "
+        "check = stop (exit 2) naming the first differing key, retrain = train it again, any = use it anyway"),
+    ROW(quant, calibration_batches, QT_CFG_INT, "32", 1, 100000, NULL,
+        "PTQ (and QAT with quant.qat_init = calibration): training batches to calibrate on"),
     ROW(quant, qat_init, QT_CFG_ENUM, "observers", 0, 0, "observers|calibration",
-     "QAT: where the qparams start: observers (they track the training batches; LSQ scales are "
-     "initialized on the first batch) or calibration (PTQ calibration on quant.calibration_batches "
-     "batches first; the qparams then stay fixed, or are learned with LSQ)"),
+        "QAT: where the qparams start: observers (they track the training batches; LSQ scales are "
+        "initialized on the first batch) or calibration (PTQ calibration on quant.calibration_batches "
+        "batches first; the qparams then stay fixed, or are learned with LSQ)"),
     ROW(quant, freeze_observers_after, QT_CFG_FLOAT, "0", 0, 100000, NULL,
-     "QAT: disable observers (freeze the qparams) after this many epochs, fractions allowed (0 = never)"),
+        "QAT: disable observers (freeze the qparams) after this many epochs, fractions allowed (0 = never)"),
     ROW(quant, freeze_bn_after, QT_CFG_FLOAT, "0", 0, 100000, NULL,
-     "QAT: freeze BN running statistics after this many epochs, fractions allowed (0 = never)"),
+        "QAT: freeze BN running statistics after this many epochs, fractions allowed (0 = never)"),
     ROW(quant, check_batch, QT_CFG_INT, "128", 1, 100000, NULL,
-     "test images the training-graph = convert-graph check runs on"),
+        "test images the training-graph = convert-graph check runs on"),
 
     ROW(analysis, calibration_methods, QT_CFG_STRING, "", 0, 0, NULL,
-     "PTQ debugging: activation calibration methods to compare, e.g. minmax,moving_average,percentile,mse "
-     "(empty = no comparison)"),
+        "PTQ debugging: activation calibration methods to compare, e.g. minmax,moving_average,percentile,mse "
+        "(empty = no comparison)"),
     ROW(analysis, calibration_batches, QT_CFG_STRING, "", 0, 0, NULL,
-     "PTQ debugging: ascending calibration batch counts to compare, e.g. 1,8,32 (empty = quant.calibration_batches)"),
+        "PTQ debugging: ascending calibration batch counts to compare, e.g. 1,8,32 (empty = "
+        "quant.calibration_batches)"),
     ROW(analysis, layer_sqnr, QT_CFG_BOOL, "false", 0, 0, NULL,
-     "PTQ debugging: SQNR between the fp32 and the fake-quant model, node by node"),
+        "PTQ debugging: SQNR between the fp32 and the fake-quant model, node by node"),
     ROW(analysis, sensitivity, QT_CFG_BOOL, "false", 0, 0, NULL,
-     "PTQ debugging: accuracy when only one layer is quantized, for each conv/linear layer"),
+        "PTQ debugging: accuracy when only one layer is quantized, for each conv/linear layer"),
     ROW(analysis, mixed_precision_k, QT_CFG_STRING, "", 0, 0, NULL,
-     "PTQ debugging: keep the k most sensitive layers at analysis.mixed_precision_keep, e.g. 0,1,2,3"),
+        "PTQ debugging: keep the k most sensitive layers at analysis.mixed_precision_keep, e.g. 0,1,2,3"),
     ROW(analysis, mixed_precision_keep, QT_CFG_ENUM, "w8a8", 0, 0, "w8a8|fp32",
-     "PTQ debugging: what the k most sensitive layers are kept at"),
+        "PTQ debugging: what the k most sensitive layers are kept at"),
     ROW(analysis, images, QT_CFG_INT, "2000", 0, 1e9, NULL,
-     "PTQ debugging: test images every analysis variant is evaluated on (0 = all)"),
+        "PTQ debugging: test images every analysis variant is evaluated on (0 = all)"),
 
     ROW(output, dir, QT_CFG_STRING, "runs/default", 0, 0, NULL, "output directory (created)"),
     ROW(output, progress, QT_CFG_ENUM, "auto", 0, 0, "auto|bar|lines|none",
-     "auto: a progress bar on a terminal, one line per epoch otherwise"),
+        "auto: a progress bar on a terminal, one line per epoch otherwise"),
     ROW(output, dot, QT_CFG_BOOL, "true", 0, 0, NULL, "write the model graph as model.dot"),
     ROW(output, timing, QT_CFG_BOOL, "true", 0, 0, NULL,
-     "quantized runs: time fp32 and int8 inference after the report (batch 256, best of 3 rounds; "
-     "summary.inference); false skips it"),
+        "quantized runs: time fp32 and int8 inference after the report (batch 256, best of 3 rounds; "
+        "summary.inference); false skips it"),
 };
 
 enum { N_ROWS = (int)(sizeof rows / sizeof rows[0]) };
@@ -206,7 +208,8 @@ static void schema_init(void) {
     if (r->choices) schema[i].choices = r->choices();
     size_t want = 0;
     switch (r->key.type) {
-      case QT_CFG_INT: case QT_CFG_BOOL: want = sizeof(int); break;
+      case QT_CFG_INT:
+      case QT_CFG_BOOL: want = sizeof(int); break;
       case QT_CFG_FLOAT: want = sizeof(double); break;
       case QT_CFG_STRING: want = QT_OPT_STR; break;
       case QT_CFG_ENUM: want = r->enum_as_string ? QT_OPT_STR : sizeof(int); break;
@@ -409,8 +412,8 @@ static int diff_compares(const qt_cfg_key *k, diff_keys which) {
   const int train = !strcmp(k->section, "train"), data = !strcmp(k->section, "data");
   if (which == DIFF_DATA) return data;
   if (which == DIFF_RANKS)
-    return !(train && !strcmp(k->key, "threads")) && !(!strcmp(k->section, "output") && (!strcmp(k->key, "dir") ||
-                                                                                        !strcmp(k->key, "progress")));
+    return !(train && !strcmp(k->key, "threads")) &&
+           !(!strcmp(k->section, "output") && (!strcmp(k->key, "dir") || !strcmp(k->key, "progress")));
   static const char *const skip[] = {"threads", "resume", "stop_after_epochs", "conv_algorithm"};
   if (!train) return data || !strcmp(k->section, "model");
   for (size_t s = 0; s < sizeof skip / sizeof skip[0]; s++)
@@ -447,10 +450,10 @@ int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *ck_out, 
     return qt_err(err, "quant.fp32_config '%s' is itself a quantized run (quant.mode = %s)", fc,
                   fp32->quant.mode == QT_QUANT_PTQ ? "ptq" : "qat");
   if (strcmp(fp32->model.onnx, o->model.onnx) != 0 || (!o->model.onnx[0] && strcmp(fp32->model.name, o->model.name)))
-    return qt_err(err, "quant.fp32_config '%s' trains %s %s, but this run quantizes %s %s: the checkpoint would not fit",
-                  fc, fp32->model.onnx[0] ? "model.onnx" : "model.name",
-                  fp32->model.onnx[0] ? fp32->model.onnx : fp32->model.name, o->model.onnx[0] ? "model.onnx" : "model.name",
-                  o->model.onnx[0] ? o->model.onnx : o->model.name);
+    return qt_err(
+        err, "quant.fp32_config '%s' trains %s %s, but this run quantizes %s %s: the checkpoint would not fit", fc,
+        fp32->model.onnx[0] ? "model.onnx" : "model.name", fp32->model.onnx[0] ? fp32->model.onnx : fp32->model.name,
+        o->model.onnx[0] ? "model.onnx" : "model.name", o->model.onnx[0] ? o->model.onnx : o->model.name);
   /* A run whose [data] is not the fp32 config's own (a quick trial with data.train_limit, say)
    * does not write its fp32 model to the fp32 config's own output.dir, which every run of that
    * config shares: it goes under this run's output.dir. */
@@ -468,9 +471,12 @@ int qt_options_fp32_recipe(const qt_options *o, qt_options *fp32, char *ck_out, 
   fp32->output.progress = o->output.progress;
   const char *slash = strrchr(ck_out, '/');
   const size_t dir_len = slash ? (size_t)(slash - ck_out) : 0;
-  if (!slash) snprintf(fp32->output.dir, sizeof fp32->output.dir, ".");
-  else if (dir_len == 0) snprintf(fp32->output.dir, sizeof fp32->output.dir, "/");
-  else snprintf(fp32->output.dir, sizeof fp32->output.dir, "%.*s", (int)dir_len, ck_out);
+  if (!slash)
+    snprintf(fp32->output.dir, sizeof fp32->output.dir, ".");
+  else if (dir_len == 0)
+    snprintf(fp32->output.dir, sizeof fp32->output.dir, "/");
+  else
+    snprintf(fp32->output.dir, sizeof fp32->output.dir, "%.*s", (int)dir_len, ck_out);
   return 0;
 }
 
@@ -498,7 +504,9 @@ int qt_options_fp32_matches(const qt_options *recipe, const char *ini, char *wha
   }
   char at[QT_OPT_STR + 32], bt[QT_OPT_STR + 32];
   const int i = first_difference(old, recipe, DIFF_RECIPE, at, bt, sizeof at);
-  if (i >= 0) snprintf(what, n, "%s.%s: '%s' in the checkpoint, '%s' in the recipe", rows[i].key.section, rows[i].key.key, at, bt);
+  if (i >= 0)
+    snprintf(what, n, "%s.%s: '%s' in the checkpoint, '%s' in the recipe", rows[i].key.section, rows[i].key.key, at,
+             bt);
   const int rc = i >= 0;
   free(old);
   return rc;

@@ -147,8 +147,8 @@ int qt_stage_model_fits(const qt_options *o, const qt_graph *g, const qt_dataset
   }
   const int64_t i = qt_dataset_label_at_least(data, C);
   if (i >= 0)
-    return qt_status_set(st, QT_STATUS_INPUT, "model %s has %d outputs but image %lld of the data has label %d", g->name,
-                         C, (long long)i, data->labels[i]);
+    return qt_status_set(st, QT_STATUS_INPUT, "model %s has %d outputs but image %lld of the data has label %d",
+                         g->name, C, (long long)i, data->labels[i]);
   if (data->num_classes > C)
     return qt_status_set(st, QT_STATUS_INPUT, "model %s has %d outputs but the data has %d classes", g->name, C,
                          data->num_classes);
@@ -176,9 +176,11 @@ static qt_graph *import_onnx(const qt_options *o, const qt_dataset *data, qt_sta
   static int noted; /* once a process: a run imports its model more than once */
   if (info.convs > 0 && info.batch_norms == 0 && !noted) {
     noted = 1;
-    fprintf(stderr, "note: %s has no BatchNormalization (its exporter folded BN into the convs), so there is no BN for "
+    fprintf(stderr,
+            "note: %s has no BatchNormalization (its exporter folded BN into the convs), so there is no BN for "
             "QAT to fold late; to keep BN, export with torch.onnx.export(..., optimize=False) (torch 2.x) or "
-            "training=torch.onnx.TrainingMode.TRAINING (torch 1.13)\n", o->model.onnx);
+            "training=torch.onnx.TrainingMode.TRAINING (torch 1.13)\n",
+            o->model.onnx);
   }
   return g;
 }

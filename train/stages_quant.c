@@ -20,7 +20,9 @@ static int quantizer_config(const qt_quant_options *q, qt_quantizer_config *qc, 
   qc->activation_method = q->activation_range;
   qc->percentile = (float)q->percentile;
   qc->learnable_scale = q->learnable_scale;
-  qc->bias = q->bias == QT_QUANT_BIAS_INT32 ? QT_BIAS_INT32 : q->bias == QT_QUANT_BIAS_FLOAT ? QT_BIAS_FLOAT : QT_BIAS_AUTO;
+  qc->bias = q->bias == QT_QUANT_BIAS_INT32   ? QT_BIAS_INT32
+             : q->bias == QT_QUANT_BIAS_FLOAT ? QT_BIAS_FLOAT
+                                              : QT_BIAS_AUTO;
   return qt_parse_overrides(qc, q->layer_overrides, err);
 }
 
@@ -32,8 +34,8 @@ int qt_stage_backend_desc(const qt_quant_options *q, qt_backend_desc *d, const c
   const qt_isa_choice isa = q->isa == QT_QUANT_ISA_VNNI      ? QT_ISA_VNNI
                             : q->isa == QT_QUANT_ISA_NO_VNNI ? QT_ISA_NO_VNNI
                                                              : QT_ISA_AUTO;
-  const int builtin = strcmp(q->backend, "xnnpack") == 0 || strcmp(q->backend, "onednn") == 0 ||
-                      strcmp(q->backend, "onednn_cpu") == 0;
+  const int builtin =
+      strcmp(q->backend, "xnnpack") == 0 || strcmp(q->backend, "onednn") == 0 || strcmp(q->backend, "onednn_cpu") == 0;
   if (origin) *origin = builtin || q->quantizer != QT_QUANTIZER_BACKEND ? "built in" : q->backend;
   if (builtin || q->quantizer == QT_QUANTIZER_BACKEND) {
     char why[QT_ERR_LEN]; /* not err: qt_err would format err into itself */
@@ -243,7 +245,6 @@ out:
   if (fp32) qt_graph_set_mode(fp32, QT_MODE_TRAIN); /* as qt_evaluate used to leave graphs */
   return rc;
 }
-
 
 int qt_stage_compare_device(const char *config_path, int images, int batch, qt_device *dev, qt_graph *qdq,
                             const char *prefix, qt_status *st) {

@@ -16,8 +16,8 @@
 
 /* ---- evaluation -------------------------------------------------------------------------- */
 typedef struct {
-  double accuracy;   /* top-1, in [0, 1] */
-  double loss;       /* mean cross-entropy */
+  double accuracy; /* top-1, in [0, 1] */
+  double loss;     /* mean cross-entropy */
   int64_t n;
   double seconds;
 } qt_eval_result;
@@ -34,18 +34,17 @@ int qt_evaluate_distributed(qt_graph *g, qt_ctx *ctx, const qt_dataset *ds, cons
 
 /* ---- checkpoints (HDF5) ------------------------------------------------------------------ */
 typedef struct {
-  int epoch;            /* epochs completed */
-  int64_t step;         /* optimizer steps taken */
+  int epoch;    /* epochs completed */
+  int64_t step; /* optimizer steps taken */
   uint64_t seed;
-  char *config_ini;     /* resolved config text (malloc'd on load) */
+  char *config_ini; /* resolved config text (malloc'd on load) */
 } qt_checkpoint_meta;
 
 /* Writes parameters, buffers, optimizer state (if opt) and meta to path atomically
  * (a qt_temp_create file, fsync, rename). A prepared (quantized) graph also gets its quantization training
  * state: qparams, observer state, enable flags, LSQ links and bn_frozen flags (/quant,
  * qat/qstate_file.h), so that a QAT run resumes bit for bit. */
-int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const qt_checkpoint_meta *meta,
-                       char *err);
+int qt_checkpoint_save(const char *path, const qt_graph *g, qt_optim *opt, const qt_checkpoint_meta *meta, char *err);
 /* Loads into an already built graph of the same architecture (every tensor must be present
  * with the same shape); optimizer state only if opt is not NULL. meta may be NULL. A prepared
  * graph needs a checkpoint with /quant whose records match its own (same points, bit widths,
@@ -61,6 +60,5 @@ int qt_checkpoint_load_image(const void *bytes, size_t n, const char *name, qt_g
 int qt_checkpoint_load_shared(const char *path, qt_graph *g, qt_optim *opt, qt_checkpoint_meta *meta, char *err);
 /* Only the meta (epoch, step, seed, config text), without a graph. */
 int qt_checkpoint_read_meta(const char *path, qt_checkpoint_meta *meta, char *err);
-
 
 #endif

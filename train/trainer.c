@@ -38,8 +38,8 @@ struct qt_trainer {
   int64_t nb, step;
   int progress; /* 0 none, 1 lines, 2 bar */
   double last_draw;
-  int rank, size;      /* this process and the job's (dist.h); size 1: alone */
-  qt_step_hook hook;   /* after every step (benchmarks), or NULL */
+  int rank, size;    /* this process and the job's (dist.h); size 1: alone */
+  qt_step_hook hook; /* after every step (benchmarks), or NULL */
   void *hook_user;
   /* Data parallel with dist.bucket_mb > 0: the gradient slab cut into n_buckets buckets, bucket
    * b the floats [bucket_at[b], bucket_at[b + 1]), each summed (qt_dist_sum_begin) as soon as the
@@ -142,8 +142,10 @@ static void buckets_plan(qt_trainer *t) {
     int lo = 0, hi = t->n_buckets - 1; /* the bucket holding the parameter's first float */
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (at[mid] <= p->offset) lo = mid;
-      else hi = mid - 1;
+      if (at[mid] <= p->offset)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     for (int b = lo; b < t->n_buckets && at[b] < p->offset + p->numel; b++)
       if (p->tape_at < t->by_ready[b].ready) t->by_ready[b].ready = p->tape_at;
@@ -357,11 +359,12 @@ static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *ou
       char ckpt[QT_OPT_STR + 32], where[48] = "";
       snprintf(ckpt, sizeof ckpt, "%s/checkpoint.h5", t->o->output.dir);
       if (t->size > 1) snprintf(where, sizeof where, " on process %d of %d", bad_rank, t->size);
-      return qt_status_set(st, QT_STATUS_RUNTIME,
-                           "training diverged: loss is %s%s at epoch %d, batch %lld (step %lld, lr %g); stopped without "
-                           "updating. The last good checkpoint (%s) is kept; try a lower train.lr",
-                           isnan(bad_loss) ? "NaN" : "Inf", where, epoch + 1, (long long)b + 1, (long long)t->step, (double)lr,
-                           access(ckpt, F_OK) == 0 ? ckpt : "none written yet");
+      return qt_status_set(
+          st, QT_STATUS_RUNTIME,
+          "training diverged: loss is %s%s at epoch %d, batch %lld (step %lld, lr %g); stopped without "
+          "updating. The last good checkpoint (%s) is kept; try a lower train.lr",
+          isnan(bad_loss) ? "NaN" : "Inf", where, epoch + 1, (long long)b + 1, (long long)t->step, (double)lr,
+          access(ckpt, F_OK) == 0 ? ckpt : "none written yet");
     }
     if (prof) t_phase = qt_now_seconds();
     qt_graph_zero_grad(g);
