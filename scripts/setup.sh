@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libhdf5-dev libstb-dev libinih-dev zlib1g-dev
           dataset-fashion-mnist gnuplot-nox python3 python3-h5py python3-numpy
           libonnx-dev protobuf-c-compiler libprotobuf-c-dev python3-onnx libxnnpack-dev libpthreadpool-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin clang-format)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
