@@ -383,6 +383,58 @@ static void image_cross_moments(double *out, const float *xp, const float *hp, c
     patch_moments_k_gen(out, xp, hp, s, s->KH, s->KW, 1);
 }
 
+/* One image's gradient sums: the AVX-512 3x3 kernel with 2x2 pooling where it applies, else the
+ * 3x3 / 2x2 specialization or the general form. */
+static void image_grad_sums(double *P, double *Ph, double *db, c1p_grad *q, size_t o, const uint8_t *argmax,
+                            const float *xp, const float *hp, const qt_conv1_pool_shape *s, int HP) {
+#if defined(__AVX512F__)
+  if (s->KH == 3 && s->KW == 3 && s->pool == 2) {
+    image_grad_sums_3x3p2(P, Ph, db, q, o, argmax, xp, hp, s, HP);
+    return;
+  }
+#endif
+  if (s->KH == 3 && s->KW == 3 && s->pool == 2 && !HP)
+    image_grad_sums_lit(P, Ph, db, q, o, argmax, xp, hp, s, 3, 3, 2, 0);
+  else if (s->KH == 3 && s->KW == 3 && s->pool == 2)
+    image_grad_sums_lit(P, Ph, db, q, o, argmax, xp, hp, s, 3, 3, 2, 1);
+  else if (!HP)
+    image_grad_sums_gen(P, Ph, db, q, o, argmax, xp, hp, s, s->KH, s->KW, s->pool, 0);
+  else
+    image_grad_sums_gen(P, Ph, db, q, o, argmax, xp, hp, s, s->KH, s->KW, s->pool, 1);
+}
+
+/* From the summed per-image sums P (and the forward's stats): dw, dgamma, dbeta; returns the
+ * scale's gradient (with the coefficient image, HP). */
+static double combine_grads(double *dw, float *dgamma, float *dbeta, const double *P, const double *stats,
+                            const float *w, const float *gamma, const qt_conv1_pool_shape *s, int64_t M, int HP) {
+  const int K = s->KH * s->KW, OC = s->OC;
+  const double *S = stats, *Cg = stats + K, *inv = stats + K + K * K, *wsm = inv + OC;
+  const double *db = P + (size_t)OC * K, *Ph = db + OC, *Sh = Ph + (size_t)OC * K, *H = Sh + K;
+  double dsc = 0;
+  for (int oc = 0; oc < OC; oc++) {
+    const float *wo = w + (size_t)oc * K;
+    const double *Po = P + (size_t)oc * K, is = inv[oc], gm = gamma ? (double)gamma[oc] : 1.0;
+    double wp = 0;
+    for (int t = 0; t < K; t++) wp += (double)wo[t] * Po[t];
+    const double dg = is * (wp - wsm[oc] * db[oc]); /* the sum of g * xhat */
+    if (dgamma) dgamma[oc] += (float)dg;
+    if (dbeta) dbeta[oc] += (float)db[oc];
+    /* batch norm's input gradient is a g - b - c xhat */
+    const double a = gm * is, b = a * db[oc] / (double)M, c = a * dg / (double)M;
+    for (int t = 0; t < K; t++) {
+      double cw = 0; /* sum over pixels of xhat u_t, over is */
+      for (int q = 0; q < K; q++) cw += Cg[t * K + q] * (double)wo[q];
+      if (dw) dw[(size_t)oc * K + t] = a * Po[t] - b * S[t] - c * is * cw;
+      if (HP) {
+        double hw = 0; /* sum over pixels of xhat v_t, over is */
+        for (int q = 0; q < K; q++) hw += (double)wo[q] * (H[q * K + t] - S[q] * Sh[t] / (double)M);
+        dsc += (double)wo[t] * (a * Ph[(size_t)oc * K + t] - b * Sh[t] - c * is * hw);
+      }
+    }
+  }
+  return dsc;
+}
+
 void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, double *dscale,
                                     const qt_conv1_pool_grad *pg, const uint8_t *argmax, const double *stats,
                                     const float *img, const float *w, const float *gamma, const float *coef,
@@ -424,19 +476,7 @@ void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, dou
       if (HP) pad_image(hp, coef + (size_t)n * s->H * s->W, s);
       double *P = part + (size_t)n * per_img, *db = P + (size_t)OC * K, *Ph = db + OC, *cross = Ph + (size_t)OC * K;
       const size_t o = (size_t)n * per_out;
-#if defined(__AVX512F__)
-      if (s->KH == 3 && s->KW == 3 && s->pool == 2)
-        image_grad_sums_3x3p2(P, Ph, db, &q, o, argmax + o, xp, hp, s, HP);
-      else
-#endif
-          if (s->KH == 3 && s->KW == 3 && s->pool == 2 && !HP)
-        image_grad_sums_lit(P, Ph, db, &q, o, argmax + o, xp, hp, s, 3, 3, 2, 0);
-      else if (s->KH == 3 && s->KW == 3 && s->pool == 2)
-        image_grad_sums_lit(P, Ph, db, &q, o, argmax + o, xp, hp, s, 3, 3, 2, 1);
-      else if (!HP)
-        image_grad_sums_gen(P, Ph, db, &q, o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 0);
-      else
-        image_grad_sums_gen(P, Ph, db, &q, o, argmax + o, xp, hp, s, s->KH, s->KW, s->pool, 1);
+      image_grad_sums(P, Ph, db, &q, o, argmax + o, xp, hp, s, HP);
       if (HP) image_cross_moments(cross, xp, hp, s);
     }
     if (q.acc) {
@@ -452,33 +492,10 @@ void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, dou
     *pg->lsq_dscale = sum;
     free(lsq_part);
   }
-  const double *S = stats, *Cg = stats + K, *inv = stats + K + K * K, *wsm = inv + OC;
-  double *P = xcalloc(per_img, sizeof *P), *db = P + (size_t)OC * K, *Ph = db + OC, *Sh = Ph + (size_t)OC * K,
-         *H = Sh + K;
+  double *P = xcalloc(per_img, sizeof *P);
   for (int n = 0; n < N; n++) /* image order: the same sums for any thread count */
     for (size_t i = 0; i < per_img; i++) P[i] += part[(size_t)n * per_img + i];
-  double dsc = 0;
-  for (int oc = 0; oc < OC; oc++) {
-    const float *wo = w + (size_t)oc * K;
-    const double *Po = P + (size_t)oc * K, is = inv[oc], gm = gamma ? (double)gamma[oc] : 1.0;
-    double wp = 0;
-    for (int t = 0; t < K; t++) wp += (double)wo[t] * Po[t];
-    const double dg = is * (wp - wsm[oc] * db[oc]); /* the sum of g * xhat */
-    if (dgamma) dgamma[oc] += (float)dg;
-    if (dbeta) dbeta[oc] += (float)db[oc];
-    /* batch norm's input gradient is a g - b - c xhat */
-    const double a = gm * is, b = a * db[oc] / (double)M, c = a * dg / (double)M;
-    for (int t = 0; t < K; t++) {
-      double cw = 0; /* sum over pixels of xhat u_t, over is */
-      for (int q = 0; q < K; q++) cw += Cg[t * K + q] * (double)wo[q];
-      if (dw) dw[(size_t)oc * K + t] = a * Po[t] - b * S[t] - c * is * cw;
-      if (HP) {
-        double hw = 0; /* sum over pixels of xhat v_t, over is */
-        for (int q = 0; q < K; q++) hw += (double)wo[q] * (H[q * K + t] - S[q] * Sh[t] / (double)M);
-        dsc += (double)wo[t] * (a * Ph[(size_t)oc * K + t] - b * Sh[t] - c * is * hw);
-      }
-    }
-  }
+  const double dsc = combine_grads(dw, dgamma, dbeta, P, stats, w, gamma, s, M, HP);
   if (dscale) *dscale = dsc;
   free(P);
   free(part);
