@@ -28,18 +28,7 @@ static qt_tensor *conv2d_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *
                             int pad_h, int pad_w, int groups, int to_blocked) {
   check_f32_any(x, 4, "conv2d", "input");
   check_f32(w, 4, "conv2d", "weight");
-  qt_conv2d_shape s = {.N = (int)x->shape[0],
-                       .H = (int)x->shape[1],
-                       .W = (int)x->shape[2],
-                       .C = (int)x->shape[3],
-                       .OC = (int)w->shape[0],
-                       .KH = (int)w->shape[2],
-                       .KW = (int)w->shape[3],
-                       .stride_h = stride_h,
-                       .stride_w = stride_w,
-                       .pad_h = pad_h,
-                       .pad_w = pad_w,
-                       .groups = groups};
+  qt_conv2d_shape s = conv_shape_of(x, w, stride_h, stride_w, pad_h, pad_w, groups);
   QT_ASSERT(groups >= 1 && w->shape[1] * groups == x->shape[3],
             "conv2d: weight in-channels %lld x groups %d != input channels %lld", (long long)w->shape[1], groups,
             (long long)x->shape[3]);

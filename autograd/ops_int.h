@@ -27,6 +27,23 @@ static inline void check_f32(const qt_tensor *t, int ndim, const char *op, const
   QT_ASSERT(!t->blocked16, "%s: %s is in the blocked (nChw16c) layout, which this op does not take", op, what);
 }
 
+/* The convolution of x (N, H, W, C) by w (OC, C / groups, KH, KW). */
+static inline qt_conv2d_shape conv_shape_of(const qt_tensor *x, const qt_tensor *w, int stride_h, int stride_w,
+                                            int pad_h, int pad_w, int groups) {
+  return (qt_conv2d_shape){.N = (int)x->shape[0],
+                           .H = (int)x->shape[1],
+                           .W = (int)x->shape[2],
+                           .C = (int)x->shape[3],
+                           .OC = (int)w->shape[0],
+                           .KH = (int)w->shape[2],
+                           .KW = (int)w->shape[3],
+                           .stride_h = stride_h,
+                           .stride_w = stride_w,
+                           .pad_h = pad_h,
+                           .pad_w = pad_w,
+                           .groups = groups};
+}
+
 /* Every public op is its static body behind PROFILED: with profiling off (ctx->profile NULL) one
  * branch; on, the op's wall time and one call go to its forward bucket. Timing is taken at this
  * level, which never nests: no op calls another (qt_profile_begin aborts if one did), so no

@@ -70,18 +70,7 @@ static qt_tensor *conv2d_lsq_input_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *scal
   check_f32(scale, 1, "conv2d_lsq_input", "scale");
   QT_ASSERT(!x->requires_grad, "conv2d_lsq_input: the input needs a gradient (use fake_quant_lsq and conv2d)");
   QT_ASSERT(scale->shape[0] == 1, "conv2d_lsq_input: %lld scales (one, per tensor)", (long long)scale->shape[0]);
-  qt_conv2d_shape s = {.N = (int)x->shape[0],
-                       .H = (int)x->shape[1],
-                       .W = (int)x->shape[2],
-                       .C = (int)x->shape[3],
-                       .OC = (int)w->shape[0],
-                       .KH = (int)w->shape[2],
-                       .KW = (int)w->shape[3],
-                       .stride_h = stride_h,
-                       .stride_w = stride_w,
-                       .pad_h = pad_h,
-                       .pad_w = pad_w,
-                       .groups = 1};
+  qt_conv2d_shape s = conv_shape_of(x, w, stride_h, stride_w, pad_h, pad_w, 1);
   QT_ASSERT(w->shape[1] == x->shape[3], "conv2d_lsq_input: weight in-channels %lld != input channels %lld",
             (long long)w->shape[1], (long long)x->shape[3]);
   QT_ASSERT(!b || (b->ndim == 1 && b->shape[0] == w->shape[0]),
