@@ -82,7 +82,8 @@ static int open_inside(imp *im, const Onnx__TensorProto *t, const char *loc, con
     return ext_err(im, t, loc, "path too long");
   if (!realpath(joined, real)) return ext_err(im, t, loc, "cannot open %s: %s", joined, strerror(errno));
   const size_t n = strlen(real_dir);
-  if (strncmp(real, real_dir, n) != 0 || real[n] != '/')
+  const int inside = n == 1 ? real[0] == '/' : strncmp(real, real_dir, n) == 0 && real[n] == '/'; /* n == 1: "/" */
+  if (!inside)
     return ext_err(im, t, loc, "resolves to %s, outside the model's directory %s (a symbolic link?)", real, real_dir);
   const int fd = open(real, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return ext_err(im, t, loc, "cannot open %s: %s", real, strerror(errno));

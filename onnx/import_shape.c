@@ -1,7 +1,7 @@
 /* Constants and the small integer shape arithmetic that exporters write around a Reshape
  * (import_int.h): Constant, Shape, Gather, Unsqueeze, Concat, Expand, Cast, CastLike, and the
- * shape computations of Squeeze and Reshape (import_ops.c reads those ops). They are evaluated at import; none of them
- * reaches the graph IR. */
+ * shape computations of Squeeze and Reshape (import_ops.c reads those ops). They are evaluated
+ * at import; none of them reaches the graph IR. */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
 #include <stdint.h>
 #include <stdio.h>
