@@ -1,16 +1,20 @@
 /* Lowering of a Q/DQ graph onto XNNPACK's operators (the built-in xnnpack backend, backend.h)
- * and the runtime that executes the result, behind qt_device (device.c).
+ * behind qt_device (device.c).
  *
- * The same walk as lower.c: every value gets a representation, fp32 or integers (int8 for the
- * ranges XNNPACK's qs8 operators take, int32 otherwise) with the qparams that turn them into
- * the value the Q/DQ graph computes; a dequantize is free until an fp32 consumer needs it.
- * The runtime is xnnpack_run.c. Patterns become one XNNPACK operator each (operator API: created once with their
- * weights and qparams, set up for the batch and buffers at every run): dq -> conv2d [-> relu | relu6] -> q
- * xnn_create_convolution2d_nhwc_qc8 (OHWI weights, one scale per output channel, int32 bias; relu / relu6 / a < 8-bit
- * range as the output clamp) dq -> linear [-> relu | relu6] -> q     xnn_create_fully_connected_nc_qs8 (one weight
- * scale) dq + dq -> add [-> relu | relu6] -> q   xnn_create_add_nd_qs8 dq -> global_avg_pool -> q
- * xnn_create_global_average_pooling_nwc_qs8 max_pool2d on int8                      xnn_create_max_pooling2d_nhwc_s8
- * (same qparams) relu on int8 (same qparams)             xnn_create_clamp_nc_s8 at the zero point flatten a view
+ * The walk, the value representations, the boundaries and the fallbacks are the lowering
+ * skeleton's (lowering.h), with int8 as the 8-bit representation (the ranges XNNPACK's qs8
+ * operators take; int32 otherwise); a dequantize is free until an fp32 consumer needs it.
+ * The runtime is xnnpack_run.c. Patterns become one XNNPACK operator each (operator API:
+ * created once with their weights and qparams, set up for the batch and buffers at every run):
+ *   dq -> conv2d [-> relu | relu6] -> q   xnn_create_convolution2d_nhwc_qc8 (OHWI weights, one
+ *                                         scale per output channel, int32 bias; relu / relu6 /
+ *                                         a < 8-bit range as the output clamp)
+ *   dq -> linear [-> relu | relu6] -> q   xnn_create_fully_connected_nc_qs8 (one weight scale)
+ *   dq + dq -> add [-> relu | relu6] -> q xnn_create_add_nd_qs8
+ *   dq -> global_avg_pool -> q            xnn_create_global_average_pooling_nwc_qs8
+ *   max_pool2d on int8 (same qparams)     xnn_create_max_pooling2d_nhwc_s8
+ *   relu on int8 (same qparams)           xnn_create_clamp_nc_s8 at the zero point
+ *   flatten                               a view (the skeleton's)
  * Everything else (and a pattern whose records XNNPACK cannot take: u8 activations, per-channel
  * linear weights, an operator XNNPACK refuses) runs as dq -> fp32 op -> q with the framework's
  * own fp32 node forward: a fallback partition with its reason. A quantize of fp32 data and a
@@ -78,133 +82,36 @@ int qt_xnnpack_available(char *err) {
 }
 #else
 
-typedef enum { REP_F32, REP_S8, REP_I32 } rep_kind;
-
-typedef struct {
-  rep_kind kind;
-  int slot;     /* buffer holding the value's representation */
-  int f32_slot; /* its fp32 form once materialized, else -1 (REP_F32: = slot) */
-  int channels; /* integers: qparams (per tensor: 1) along the last axis */
-  float *scale; /* owned by the model (kept list) */
-  int32_t *zero_point;
-  int qmin, qmax; /* integers: the range of the quantize that made them */
-  int fallback;   /* fp32 made by a fallback partition: the partition whose reason is the
-                   * first cause of the chain of fallbacks it ends, else -1 */
-} value_rep;
-
 int qt_xnnpack_available(char *err) {
   const enum xnn_status s = xnn_initialize(NULL); /* idempotent */
   if (s != xnn_status_success) return qt_err(err, "xnn_initialize failed: %s", qt_xnn_status_name(s));
   return 0;
 }
 
-static void *keep_copy(qt_xnnpack *m, const void *src, size_t bytes) {
-  void *p = malloc(bytes ? bytes : 1);
-  QT_ASSERT(p, "out of memory");
-  memcpy(p, src, bytes);
-  m->kept = qt_grow(m->kept, &m->cap_kept, m->n_kept + 1, sizeof *m->kept, "an xnnpack model table");
-  m->kept[m->n_kept++] = p;
-  return p;
-}
-
-static int new_slot(qt_xnnpack *m, size_t bytes_per_sample) {
-  m->slot_bytes =
-      qt_grow(m->slot_bytes, &m->cap_slots, m->n_slots + 1, sizeof *m->slot_bytes, "an xnnpack model table");
-  m->slot_bytes[m->n_slots] = bytes_per_sample;
-  return m->n_slots++;
-}
-
-static step *new_step(qt_xnnpack *m, step_kind kind) {
-  m->steps = qt_grow(m->steps, &m->cap_steps, m->n_steps + 1, sizeof *m->steps, "an xnnpack model table");
-  step *s = &m->steps[m->n_steps++];
-  memset(s, 0, sizeof *s);
-  s->kind = kind;
-  s->in[0] = s->in[1] = s->out = -1;
-  return s;
-}
-
-/* ---- lowering ----------------------------------------------------------------------------- */
-
-typedef struct {
-  const qt_graph *g;
-  qt_xnnpack *m;
-  value_rep *rep; /* per value */
-  int *consumer;  /* per value: its only consuming node, or -1 (none or several) */
-  int *done;      /* per node: lowered as part of an earlier pattern */
-  char why[320];  /* the last reason a pattern was not lowered */
-  int cause;      /* the first cause (a partition) when that reason is an fp32 input, else -1 */
-} lowering;
-
-static const float *param_data(const qt_graph *g, int t) { return t >= 0 ? g->params + g->tensors[t].offset : NULL; }
-
-static const char *node_of(const qt_graph *g, int v) { return g->nodes[g->values[v].producer].name; }
-
-/* The fp32 form of value v, materializing it with a dequantize step on first use. */
-static int f32_slot(lowering *L, int v) {
-  value_rep *r = &L->rep[v];
-  if (r->f32_slot >= 0) return r->f32_slot;
-  const qt_value *val = &L->g->values[v];
-  step *s = new_step(L->m, ST_DEQUANTIZE);
-  s->in[0] = r->slot;
-  s->in_numel = qt_value_numel(val);
-  s->out = new_slot(L->m, (size_t)s->in_numel * sizeof(float));
-  s->channels = r->channels;
-  s->scale = r->scale;
-  s->zero_point = r->zero_point;
-  s->int8 = r->kind == REP_S8;
-  r->f32_slot = s->out;
-  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, val->name, "dequantize %s -> fp32 (for an fp32 consumer)",
-              r->kind == REP_S8 ? "int8" : "int32");
-  return s->out;
-}
-
-static void set_qparams(lowering *L, value_rep *r, const qt_qstate *q) {
-  r->channels = q->channels;
-  r->scale = keep_copy(L->m, q->scale, (size_t)q->channels * sizeof(float));
-  r->zero_point = keep_copy(L->m, q->zero_point, (size_t)q->channels * sizeof(int32_t));
-  r->qmin = q->spec.qmin;
-  r->qmax = q->spec.qmax;
-}
-
 static int fits_int8(int qmin, int qmax) { return qmin >= -128 && qmax <= 127; }
 
-static void lower_quantize(lowering *L, int i) {
-  const qt_node *n = &L->g->nodes[i];
-  const qt_qstate *q = n->q;
-  const int x = f32_slot(L, n->inputs[0]);
-  step *s = new_step(L->m, ST_QUANTIZE);
-  s->in[0] = x;
-  s->in_numel = qt_value_numel(&L->g->values[n->output]);
-  s->int8 = fits_int8(q->spec.qmin, q->spec.qmax);
-  s->out = new_slot(L->m, (size_t)s->in_numel * (s->int8 ? 1 : sizeof(int32_t)));
-  s->qmin = q->spec.qmin;
-  s->qmax = q->spec.qmax;
-  value_rep *r = &L->rep[n->output];
-  r->kind = s->int8 ? REP_S8 : REP_I32;
-  r->slot = s->out;
-  r->f32_slot = -1;
-  set_qparams(L, r, q);
-  s->channels = r->channels;
-  s->scale = r->scale;
-  s->zero_point = r->zero_point;
-  qt_part_add(&L->m->parts, QT_PART_BOUNDARY, n->name, "quantize fp32 -> %s [%d, %d]", s->int8 ? "int8" : "int32",
-              q->spec.qmin, q->spec.qmax);
+static const char *output_range_problem(qt_lowering *L, const qt_qstate *q) {
+  if (fits_int8(q->spec.qmin, q->spec.qmax)) return NULL;
+  snprintf(L->why, sizeof L->why, "output range [%d, %d] does not fit int8 (XNNPACK's qs8 operators)", q->spec.qmin,
+           q->spec.qmax);
+  return L->why;
 }
 
 /* Why value v cannot feed a qs8 operator, written to L->why; NULL when it can. */
-static const char *int8_input_problem(lowering *L, int v) {
-  const value_rep *r = &L->rep[v];
-  if (r->kind == REP_F32) {
+static const char *int8_input_problem(qt_lowering *L, int v) {
+  const qt_value_rep *r = &L->rep[v];
+  const qt_part *parts = L->p->parts.parts;
+  if (r->kind == QT_REP_F32) {
     if (r->fallback >= 0) { /* the cause is upstream: name its first partition */
       L->cause = r->fallback;
       snprintf(L->why, sizeof L->why, "input '%s' is fp32 (first cause: %s: %s)", L->g->values[v].name,
-               L->m->parts.parts[r->fallback].nodes, L->m->parts.parts[r->fallback].detail);
+               parts[r->fallback].nodes, parts[r->fallback].detail);
     } else {
       snprintf(L->why, sizeof L->why, "input '%s' is fp32 (no dequantize of integers before it)", L->g->values[v].name);
     }
     return L->why;
   }
-  if (r->kind == REP_I32) {
+  if (r->kind == QT_REP_I32) {
     snprintf(L->why, sizeof L->why, "input '%s' holds [%d, %d] integers; XNNPACK's qs8 operators take int8 [-128, 127]",
              L->g->values[v].name, r->qmin, r->qmax);
     return L->why;
@@ -213,31 +120,6 @@ static const char *int8_input_problem(lowering *L, int v) {
     snprintf(L->why, sizeof L->why, "input '%s' has per-channel activation qparams", L->g->values[v].name);
     return L->why;
   }
-  return NULL;
-}
-
-/* The quantize that ends node i's unit: i [-> relu | relu6] -> q with a per-tensor int8 range.
- * Fills act (the relu / relu6 node or -1) and quant; NULL, or the reason in L->why. */
-static const char *match_output(lowering *L, int i, int *act, int *quant) {
-  const qt_graph *g = L->g;
-  int v = g->nodes[i].output, c = L->consumer[v];
-  *act = *quant = -1;
-  if (v == g->output || c < 0) return "output is not consumed by exactly one node (no requantization point)";
-  if (g->nodes[c].op == QT_OP_RELU || g->nodes[c].op == QT_OP_RELU6) {
-    *act = c;
-    v = g->nodes[c].output;
-    c = L->consumer[v];
-    if (v == g->output || c < 0) return "relu output is not consumed by exactly one quantize";
-  }
-  if (g->nodes[c].op != QT_OP_QUANTIZE) return "output is not followed by a quantize (no requantization point)";
-  const qt_qstate *q = g->nodes[c].q;
-  if (q->channels != 1) return "output has per-channel activation qparams";
-  if (!fits_int8(q->spec.qmin, q->spec.qmax)) {
-    snprintf(L->why, sizeof L->why, "output range [%d, %d] does not fit int8 (XNNPACK's qs8 operators)", q->spec.qmin,
-             q->spec.qmax);
-    return L->why;
-  }
-  *quant = c;
   return NULL;
 }
 
@@ -259,30 +141,15 @@ static void output_clamp(const qt_graph *g, int act, const qt_qstate *q, int8_t 
   *hi = (int8_t)b;
 }
 
-/* Output value of the unit, now int8 in slot `slot` with q's qparams; the unit's nodes done. */
-static void unit_done(lowering *L, int first, int act, int quant, int slot) {
-  const qt_node *qn = &L->g->nodes[quant];
-  value_rep *r = &L->rep[qn->output];
-  r->kind = REP_S8;
-  r->slot = slot;
-  r->f32_slot = -1;
-  set_qparams(L, r, qn->q);
-  L->done[first] = 1;
-  if (act >= 0) L->done[act] = 1;
-  L->done[quant] = 1;
-}
-
 static const char *act_text(const qt_graph *g, int act) {
   return act < 0 ? "" : g->nodes[act].op == QT_OP_RELU6 ? ", fused relu6 (clamp)" : ", fused relu (clamp)";
 }
 
-static const char *lower_layer(lowering *L, int i) {
-  const qt_graph *g = L->g;
-  const qt_node *n = &g->nodes[i];
+/* Why layer i's weights or input do not suit XNNPACK's qc8 / qs8 operators; NULL when they do. */
+static const char *layer_problem(qt_lowering *L, int i) {
+  const qt_node *n = &L->g->nodes[i];
   const qt_qstate *wq = n->wq;
-  const int is_conv = n->op == QT_OP_CONV2D;
   if (!wq || !wq->qweight) return "weights are not quantized (fp32 layer)";
-  const char *why;
   if (wq->spec.qmin < -128 || wq->spec.qmax > 127) return "weight range does not fit int8";
   for (int c = 0; c < wq->channels; c++)
     if (wq->zero_point[c] != 0) {
@@ -290,31 +157,27 @@ static const char *lower_layer(lowering *L, int i) {
                wq->zero_point[c], c);
       return L->why;
     }
-  if (!is_conv && wq->channels > 1) {
+  if (n->op != QT_OP_CONV2D && wq->channels > 1) {
     snprintf(L->why, sizeof L->why,
              "per-channel linear weights (%d scales); XNNPACK's qs8 fully connected takes one "
              "weight scale",
              wq->channels);
     return L->why;
   }
-  if ((why = int8_input_problem(L, n->inputs[0]))) return why;
-  int act, quant;
-  if ((why = match_output(L, i, &act, &quant))) return why;
-  const qt_qstate *qo = g->nodes[quant].q;
-  const value_rep *in = &L->rep[n->inputs[0]];
-  const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
+  return int8_input_problem(L, n->inputs[0]);
+}
+
+/* Layer i's weights as XNNPACK takes them: int8 (conv: OHWI per group), per-channel scales and
+ * the bias in int32 accumulator units. The reason when the bias does not fit, else NULL. */
+static const char *layer_weights(const qt_lowering *L, int i, int8_t *w8, int32_t *bias, float *wscale) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const qt_qstate *wq = n->wq;
+  const qt_value *xv = &g->values[n->inputs[0]];
   const int OC = n->attr.out_channels;
   const int64_t inner = wq->n_qweight / OC;
-  const double s_x = in->scale[0], s_out = qo->scale[0];
-  const int zp_x = in->zero_point[0], zp_out = qo->zero_point[0];
-  int8_t lo, hi;
-  output_clamp(g, act, qo, &lo, &hi);
-
-  int8_t *w8 = malloc((size_t)wq->n_qweight);
-  int32_t *bias = malloc((size_t)OC * sizeof(int32_t));
-  float *wscale = malloc((size_t)OC * sizeof(float));
-  QT_ASSERT(w8 && bias && wscale, "out of memory");
-  const float *b = param_data(g, n->param[QT_P_BIAS]);
+  const double s_x = L->rep[n->inputs[0]].scale[0];
+  const float *b = qt_param_data(g, n->param[QT_P_BIAS]);
   const char *bias_problem = NULL;
   for (int c = 0; c < OC; c++) {
     wscale[c] = wq->scale[wq->channels == 1 ? 0 : c];
@@ -326,10 +189,9 @@ static const char *lower_layer(lowering *L, int i) {
     if (!(fabs(acc_bias) < 2147483647.0)) bias_problem = "bias does not fit int32 in accumulator units";
     bias[c] = bias_problem ? 0 : (int32_t)acc_bias;
   }
-  int KH = 1, KW = 1, C = (int)qt_value_numel(xv), groups = 1;
-  if (is_conv) {
-    KH = n->attr.kernel_h, KW = n->attr.kernel_w, C = (int)xv->shape[2];
-    groups = n->attr.groups > 1 ? n->attr.groups : 1;
+  if (n->op == QT_OP_CONV2D) {
+    const int KH = n->attr.kernel_h, KW = n->attr.kernel_w, C = (int)xv->shape[2];
+    const int groups = n->attr.groups > 1 ? n->attr.groups : 1;
     /* OIHW (OC, C/groups, KH, KW) -> XNNPACK's OHWI per group (the same for depthwise without
      * XNN_FLAG_DEPTHWISE_CONVOLUTION) */
     const int IC = C / groups;
@@ -341,6 +203,27 @@ static const char *lower_layer(lowering *L, int i) {
   } else {
     for (int64_t k = 0; k < wq->n_qweight; k++) w8[k] = (int8_t)wq->qweight[k];
   }
+  return bias_problem;
+}
+
+/* The operator of the unit i [-> act] -> quant: NULL (reason set) when XNNPACK refuses it. */
+static xnn_operator_t layer_op(qt_lowering *L, int i, int quant, int8_t lo, int8_t hi, const char **why) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const qt_qstate *qo = g->nodes[quant].q;
+  const qt_value_rep *in = &L->rep[n->inputs[0]];
+  const qt_value *xv = &g->values[n->inputs[0]];
+  const int is_conv = n->op == QT_OP_CONV2D, OC = n->attr.out_channels;
+  const double s_x = in->scale[0], s_out = qo->scale[0];
+  const int zp_x = in->zero_point[0], zp_out = qo->zero_point[0];
+  int8_t *w8 = malloc((size_t)n->wq->n_qweight);
+  int32_t *bias = malloc((size_t)OC * sizeof(int32_t));
+  float *wscale = malloc((size_t)OC * sizeof(float));
+  QT_ASSERT(w8 && bias && wscale, "out of memory");
+  const char *bias_problem = layer_weights(L, i, w8, bias, wscale);
+  const int KH = is_conv ? n->attr.kernel_h : 1, KW = is_conv ? n->attr.kernel_w : 1;
+  const int C = is_conv ? (int)xv->shape[2] : (int)qt_value_numel(xv);
+  const int groups = is_conv && n->attr.groups > 1 ? n->attr.groups : 1;
   xnn_operator_t op = NULL;
   enum xnn_status st = xnn_status_success;
   const char *api = is_conv ? "xnn_create_convolution2d_nhwc_qc8" : "xnn_create_fully_connected_nc_qs8";
@@ -357,29 +240,40 @@ static const char *lower_layer(lowering *L, int i) {
   }
   free(w8);
   free(bias);
-  if (bias_problem || st != xnn_status_success) {
+  *why = bias_problem;
+  if (!bias_problem && st != xnn_status_success) {
     float rmax = 0;
     for (int c = 0; c < OC; c++) rmax = fmaxf(rmax, (float)(s_x * wscale[c] / s_out));
-    free(wscale);
-    if (bias_problem) return bias_problem;
     snprintf(L->why, sizeof L->why, "%s refused it (%s; largest requantization scale s_x * s_w / s_out = %.4g)", api,
              qt_xnn_status_name(st), rmax);
-    return L->why;
+    *why = L->why;
   }
   free(wscale);
-  qt_xnnpack *m = L->m;
-  step *s = new_step(m, ST_XNN);
-  s->xk = is_conv ? XK_CONV : XK_FC;
-  s->op = op;
-  s->in[0] = in->slot;
-  s->in_numel = qt_value_numel(xv);
+  return *why ? NULL : op;
+}
+
+static const char *lower_layer(qt_lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const int is_conv = n->op == QT_OP_CONV2D;
+  const char *why;
+  if ((why = layer_problem(L, i))) return why;
+  int act, quant;
+  if ((why = qt_match_output(L, i, &act, &quant))) return why;
+  const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
+  int8_t lo, hi;
+  output_clamp(g, act, g->nodes[quant].q, &lo, &hi);
+  xnn_operator_t op = layer_op(L, i, quant, lo, hi, &why);
+  if (!op) return why;
+  qt_step *s = qt_kernel_step(L->p, is_conv ? XK_CONV : XK_FC, op, L->rep[n->inputs[0]].slot, qt_value_numel(xv),
+                              (size_t)qt_value_numel(yv));
   if (is_conv) s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
-  s->out = new_slot(m, (size_t)qt_value_numel(yv));
-  unit_done(L, i, act, quant, s->out);
+  qt_unit_done(L, i, act, quant, s->out);
   char nodes[256];
-  snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s", node_of(g, n->inputs[0]), n->name, act >= 0 ? " -> " : "",
-           act >= 0 ? g->nodes[act].name : "", g->nodes[quant].name);
-  qt_part_add(&m->parts, QT_PART_INT8, nodes, "%s qs8 x %s -> qs8%s, out [%d, %d]",
+  qt_unit_nodes(L, i, 1, act, quant, nodes, sizeof nodes);
+  const int OC = n->attr.out_channels, C = is_conv ? (int)xv->shape[2] : (int)qt_value_numel(xv);
+  const int groups = is_conv && n->attr.groups > 1 ? n->attr.groups : 1;
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s qs8 x %s -> qs8%s, out [%d, %d]",
               !is_conv                                    ? "fully connected"
               : groups == OC && groups > 1 && groups == C ? "depthwise conv"
               : groups > 1                                ? "grouped conv"
@@ -388,16 +282,16 @@ static const char *lower_layer(lowering *L, int i) {
   return NULL;
 }
 
-static const char *lower_add(lowering *L, int i) {
+static const char *lower_add(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const char *why;
   for (int k = 0; k < 2; k++)
     if ((why = int8_input_problem(L, n->inputs[k]))) return why;
   int act, quant;
-  if ((why = match_output(L, i, &act, &quant))) return why;
+  if ((why = qt_match_output(L, i, &act, &quant))) return why;
   const qt_qstate *qo = g->nodes[quant].q;
-  const value_rep *a = &L->rep[n->inputs[0]], *b = &L->rep[n->inputs[1]];
+  const qt_value_rep *a = &L->rep[n->inputs[0]], *b = &L->rep[n->inputs[1]];
   int8_t lo, hi;
   output_clamp(g, act, qo, &lo, &hi);
   xnn_operator_t op = NULL;
@@ -409,31 +303,26 @@ static const char *lower_add(lowering *L, int i) {
              qt_xnn_status_name(st), a->scale[0] / qo->scale[0], b->scale[0] / qo->scale[0]);
     return L->why;
   }
-  step *s = new_step(L->m, ST_XNN);
-  s->xk = XK_ADD;
-  s->op = op;
-  s->in[0] = a->slot;
+  const int64_t numel = qt_value_numel(&g->values[n->output]);
+  qt_step *s = qt_kernel_step(L->p, XK_ADD, op, a->slot, numel, (size_t)numel);
   s->in[1] = b->slot;
-  s->in_numel = qt_value_numel(&g->values[n->output]);
-  s->out = new_slot(L->m, (size_t)s->in_numel);
-  unit_done(L, i, act, quant, s->out);
+  qt_unit_done(L, i, act, quant, s->out);
   char nodes[256];
-  snprintf(nodes, sizeof nodes, "%s + %s -> %s%s%s -> %s", node_of(g, n->inputs[0]), node_of(g, n->inputs[1]), n->name,
-           act >= 0 ? " -> " : "", act >= 0 ? g->nodes[act].name : "", g->nodes[quant].name);
-  qt_part_add(&L->m->parts, QT_PART_INT8, nodes, "add qs8 + qs8 -> qs8%s (own scales and zero points)",
+  qt_unit_nodes(L, i, 2, act, quant, nodes, sizeof nodes);
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "add qs8 + qs8 -> qs8%s (own scales and zero points)",
               act_text(g, act));
   return NULL;
 }
 
-static const char *lower_global_avg_pool(lowering *L, int i) {
+static const char *lower_global_avg_pool(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const char *why = int8_input_problem(L, n->inputs[0]);
   if (why) return why;
   int act, quant;
-  if ((why = match_output(L, i, &act, &quant))) return why;
+  if ((why = qt_match_output(L, i, &act, &quant))) return why;
   const qt_qstate *qo = g->nodes[quant].q;
-  const value_rep *in = &L->rep[n->inputs[0]];
+  const qt_value_rep *in = &L->rep[n->inputs[0]];
   const qt_value *xv = &g->values[n->inputs[0]];
   const int C = (int)xv->shape[2];
   int8_t lo, hi;
@@ -447,29 +336,23 @@ static const char *lower_global_avg_pool(lowering *L, int i) {
              qt_xnn_status_name(st));
     return L->why;
   }
-  step *s = new_step(L->m, ST_XNN);
-  s->xk = XK_GAVG_POOL;
-  s->op = op;
-  s->in[0] = in->slot;
-  s->in_numel = qt_value_numel(xv);
+  qt_step *s = qt_kernel_step(L->p, XK_GAVG_POOL, op, in->slot, qt_value_numel(xv), (size_t)C);
   s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
-  s->out = new_slot(L->m, (size_t)C);
-  unit_done(L, i, act, quant, s->out);
+  qt_unit_done(L, i, act, quant, s->out);
   char nodes[256];
-  snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s", node_of(g, n->inputs[0]), n->name, act >= 0 ? " -> " : "",
-           act >= 0 ? g->nodes[act].name : "", g->nodes[quant].name);
-  qt_part_add(&L->m->parts, QT_PART_INT8, nodes, "global average pooling qs8 -> qs8%s", act_text(g, act));
+  qt_unit_nodes(L, i, 1, act, quant, nodes, sizeof nodes);
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "global average pooling qs8 -> qs8%s", act_text(g, act));
   return NULL;
 }
 
 /* Max pooling and relu on int8 keep the input's qparams (max and relu commute with a monotone
  * dequantize; relu is the clamp at the zero point). */
-static const char *lower_same_qparams(lowering *L, int i) {
+static const char *lower_same_qparams(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const char *why = int8_input_problem(L, n->inputs[0]);
   if (why) return why;
-  const value_rep *in = &L->rep[n->inputs[0]];
+  const qt_value_rep *in = &L->rep[n->inputs[0]];
   const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
   const int pool = n->op == QT_OP_MAX_POOL2D;
   xnn_operator_t op = NULL;
@@ -490,46 +373,33 @@ static const char *lower_same_qparams(lowering *L, int i) {
              pool ? "xnn_create_max_pooling2d_nhwc_s8" : "xnn_create_clamp_nc_s8", qt_xnn_status_name(st));
     return L->why;
   }
-  step *s = new_step(L->m, ST_XNN);
-  s->xk = pool ? XK_MAX_POOL : XK_CLAMP;
-  s->op = op;
-  s->in[0] = in->slot;
-  s->in_numel = qt_value_numel(xv);
+  qt_step *s =
+      qt_kernel_step(L->p, pool ? XK_MAX_POOL : XK_CLAMP, op, in->slot, qt_value_numel(xv), (size_t)qt_value_numel(yv));
   if (pool) s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
-  s->out = new_slot(L->m, (size_t)qt_value_numel(yv));
-  value_rep *r = &L->rep[n->output];
-  *r = *in;
-  r->slot = s->out;
-  r->f32_slot = -1;
-  qt_part_add(&L->m->parts, QT_PART_INT8, n->name,
+  qt_same_qparams(L, i, s->out);
+  qt_part_add(&L->p->parts, QT_PART_INT8, n->name,
               pool ? "max pooling on int8 (same qparams)"
                    : "relu on int8: clamp at the "
                      "zero point (same qparams)");
   return NULL;
 }
 
-/* dq -> fp32 op: the node runs with the framework's fp32 kernels on fp32 inputs. */
-static void lower_fallback(lowering *L, int i, const char *reason) {
-  const qt_graph *g = L->g;
-  qt_xnnpack *m = L->m;
-  const qt_node *n = &g->nodes[i];
-  int in_slots[2] = {-1, -1};
-  for (int k = 0; k < n->n_inputs && k < 2; k++) in_slots[k] = f32_slot(L, n->inputs[k]);
-  step *s = new_step(m, ST_FALLBACK);
-  s->node = i;
-  for (int k = 0; k < n->n_inputs && k < 2; k++) {
-    const qt_value *v = &g->values[n->inputs[k]];
-    s->in[k] = in_slots[k];
-    s->in_ndim[k] = v->ndim;
-    for (int d = 0; d < 3; d++) s->in_shape[k][d] = v->shape[d];
+/* The XNNPACK patterns starting at node i (qt_lowering_ops.lower_node). */
+static const char *lower_node(qt_lowering *L, int i) {
+  switch (L->g->nodes[i].op) {
+    case QT_OP_CONV2D:
+    case QT_OP_LINEAR: return lower_layer(L, i);
+    case QT_OP_ADD: return lower_add(L, i);
+    case QT_OP_GLOBAL_AVG_POOL: return lower_global_avg_pool(L, i);
+    case QT_OP_MAX_POOL2D:
+    case QT_OP_RELU: return lower_same_qparams(L, i);
+    case QT_OP_AVG_POOL2D: return "no qs8 average pooling in this XNNPACK (only qu8)";
+    default: return "XNNPACK has no operator for this op here";
   }
-  s->out = new_slot(m, (size_t)qt_value_numel(&g->values[n->output]) * sizeof(float));
-  value_rep *r = &L->rep[n->output];
-  r->kind = REP_F32;
-  r->slot = r->f32_slot = s->out;
-  r->fallback = L->cause >= 0 ? L->cause : m->parts.n;
-  qt_part_add(&m->parts, QT_PART_FALLBACK, n->name, "%s in fp32: %s", qt_op_name(n->op), reason);
 }
+
+static const qt_lowering_ops xnnpack_ops = {"device xnnpack",     "deploy",  "int8", "int32", fits_int8,
+                                            output_range_problem, lower_node};
 
 /* Whether libgomp's workers spin-wait after a parallel region before they sleep: its default
  * (GOMP_SPINCOUNT 300,000 pauses, milliseconds; OMP_WAIT_POLICY=ACTIVE: far longer), unless
@@ -547,29 +417,7 @@ static int omp_workers_spin(void) {
 }
 
 qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
-  if (!g->finalized) {
-    qt_err(err, "device xnnpack: graph %s is not finalized", g->name);
-    return NULL;
-  }
-  for (int i = 0; i < g->n_nodes; i++) {
-    const qt_node *n = &g->nodes[i];
-    if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_CONV_BN || (n->wq && !n->wq->qweight)) {
-      qt_err(err,
-             "device xnnpack: graph %s: node %d '%s' (%s) belongs to a prepared (training) graph; deploy the Q/DQ "
-             "graph from qt_convert (model_qdq.h5)",
-             g->name, i, n->name, qt_op_name(n->op));
-      return NULL;
-    }
-    if (n->op == QT_OP_QUANTIZE && n->q->spec.qmin < INT32_MIN / 2) {
-      qt_err(err, "device xnnpack: node '%s': integer range out of bounds", n->name);
-      return NULL;
-    }
-  }
-  if (g->nodes[g->values[g->output].producer].op == QT_OP_QUANTIZE) {
-    qt_err(err, "device xnnpack: graph %s: the output '%s' is integers (a quantize); the runtime returns fp32", g->name,
-           g->values[g->output].name);
-    return NULL;
-  }
+  if (qt_lowering_check(g, &xnnpack_ops, err)) return NULL;
   char why[QT_ERR_LEN];
   if (qt_xnnpack_available(why)) {
     qt_err(err, "device xnnpack: %s", why);
@@ -577,77 +425,7 @@ qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
   }
   qt_xnnpack *m = calloc(1, sizeof *m);
   QT_ASSERT(m, "out of memory");
-  m->g = g;
-  snprintf(m->name, sizeof m->name, "%s", g->name);
-  lowering L = {g,
-                m,
-                calloc((size_t)g->n_values, sizeof(value_rep)),
-                malloc((size_t)g->n_values * sizeof(int)),
-                calloc((size_t)g->n_nodes, sizeof(int)),
-                "",
-                -1};
-  QT_ASSERT(L.rep && L.consumer && L.done, "out of memory");
-  for (int v = 0; v < g->n_values; v++) {
-    L.consumer[v] = -1;
-    L.rep[v].slot = L.rep[v].f32_slot = L.rep[v].fallback = -1;
-  }
-  for (int i = 0; i < g->n_nodes; i++)
-    for (int k = 0; k < g->nodes[i].n_inputs; k++) {
-      const int v = g->nodes[i].inputs[k];
-      L.consumer[v] = g->values[v].consumers == 1 ? i : -1;
-    }
-  const qt_value *inv = &g->values[g->input];
-  for (int i = 0; i < g->n_nodes; i++) {
-    if (L.done[i]) continue;
-    const qt_node *n = &g->nodes[i];
-    value_rep *out = &L.rep[n->output];
-    const char *reason = NULL;
-    L.cause = -1;
-    switch (n->op) {
-      case QT_OP_INPUT:
-        m->input_slot = new_slot(m, (size_t)qt_value_numel(inv) * sizeof(float));
-        out->kind = REP_F32;
-        out->slot = out->f32_slot = m->input_slot;
-        break;
-      case QT_OP_QUANTIZE: lower_quantize(&L, i); break;
-      case QT_OP_DEQUANTIZE: {
-        const value_rep *in = &L.rep[n->inputs[0]];
-        QT_ASSERT(in->kind != REP_F32, "dequantize %s reads an fp32 value", n->name);
-        out->kind = in->kind;
-        out->slot = in->slot;
-        out->f32_slot = -1;
-        set_qparams(&L, out, n->q);
-        break;
-      }
-      case QT_OP_CONV2D:
-      case QT_OP_LINEAR: reason = lower_layer(&L, i); break;
-      case QT_OP_ADD: reason = lower_add(&L, i); break;
-      case QT_OP_GLOBAL_AVG_POOL: reason = lower_global_avg_pool(&L, i); break;
-      case QT_OP_MAX_POOL2D:
-      case QT_OP_RELU: reason = lower_same_qparams(&L, i); break;
-      case QT_OP_FLATTEN:
-        /* NHWC flatten is a view of the same buffer, whatever the representation */
-        *out = L.rep[n->inputs[0]];
-        qt_part_add(&m->parts, out->kind == REP_S8 ? QT_PART_INT8 : QT_PART_FALLBACK, n->name,
-                    "flatten: a view of the %s tensor",
-                    out->kind == REP_S8    ? "int8"
-                    : out->kind == REP_I32 ? "int32"
-                                           : "fp32");
-        break;
-      case QT_OP_AVG_POOL2D: reason = "no qs8 average pooling in this XNNPACK (only qu8)"; break;
-      default: reason = "XNNPACK has no operator for this op here"; break;
-    }
-    if (reason) lower_fallback(&L, i, reason);
-  }
-  m->output_slot = f32_slot(&L, g->output);
-  m->out_numel = qt_value_numel(&g->values[g->output]);
-  free(L.rep);
-  free(L.consumer);
-  free(L.done);
-  m->ctx = qt_ctx_create();
-  qt_ctx_set_grad(m->ctx, 0);
-  m->bufs = calloc((size_t)m->n_slots, sizeof *m->bufs);
-  QT_ASSERT(m->bufs, "out of memory");
+  qt_lowering_build(&m->prog, g, &xnnpack_ops);
   const int threads = omp_get_max_threads();
   m->pool = threads > 1 ? pthreadpool_create((size_t)threads) : NULL;
   m->fallback_threads = m->pool && omp_workers_spin() ? 1 : 0;
@@ -656,16 +434,10 @@ qt_xnnpack *qt_xnnpack_lower(const qt_graph *g, char *err) {
 
 void qt_xnnpack_free(qt_xnnpack *m) {
   if (!m) return;
-  for (int i = 0; i < m->n_steps; i++)
-    if (m->steps[i].op) xnn_delete_operator(m->steps[i].op);
-  for (int i = 0; i < m->n_kept; i++) free(m->kept[i]);
+  for (int i = 0; i < m->prog.n_steps; i++)
+    if (m->prog.steps[i].op) xnn_delete_operator(m->prog.steps[i].op);
   if (m->pool) pthreadpool_destroy(m->pool);
-  free(m->kept);
-  free(m->steps);
-  free(m->slot_bytes);
-  qt_part_list_free(&m->parts);
-  free(m->bufs);
-  qt_ctx_free(m->ctx);
+  qt_program_free(&m->prog);
   free(m);
 }
 

@@ -32,7 +32,7 @@ const char *qt_xnn_status_name(enum xnn_status s) {
 enum { BOUNDARY_TILE = 16384 };
 
 typedef struct {
-  const step *s;
+  const qt_step *s;
   void *out;
   const void *in;
 } boundary_task;
@@ -41,7 +41,7 @@ typedef struct {
  * qt_quantize at once; otherwise element by element with each one's channel */
 static void quantize_tile(void *ctx, size_t start, size_t count) {
   const boundary_task *t = ctx;
-  const step *s = t->s;
+  const qt_step *s = t->s;
   const float *in = (const float *)t->in + start;
   const int C = s->channels;
   if (C == 1 || (start % (size_t)C == 0 && count % (size_t)C == 0)) {
@@ -67,7 +67,7 @@ static void quantize_tile(void *ctx, size_t start, size_t count) {
 
 static void dequantize_tile(void *ctx, size_t start, size_t count) {
   const boundary_task *t = ctx;
-  const step *s = t->s;
+  const qt_step *s = t->s;
   const int C = s->channels;
   float *out = (float *)t->out + start;
   for (size_t i = 0; i < count; i++) {
@@ -77,20 +77,20 @@ static void dequantize_tile(void *ctx, size_t start, size_t count) {
   }
 }
 
-static void run_quantize(const step *s, void *out, const float *in, int64_t n, pthreadpool_t pool) {
+static void run_quantize(const qt_step *s, void *out, const float *in, int64_t n, pthreadpool_t pool) {
   boundary_task t = {s, out, in};
   pthreadpool_parallelize_1d_tile_1d(pool, quantize_tile, &t, (size_t)n, BOUNDARY_TILE, 0);
 }
 
-static void run_dequantize(const step *s, float *out, const void *in, int64_t n, pthreadpool_t pool) {
+static void run_dequantize(const qt_step *s, float *out, const void *in, int64_t n, pthreadpool_t pool) {
   boundary_task t = {s, out, in};
   pthreadpool_parallelize_1d_tile_1d(pool, dequantize_tile, &t, (size_t)n, BOUNDARY_TILE, 0);
 }
 
-static enum xnn_status run_xnn(const step *s, void *o, const void *in, const void *in2, int N, pthreadpool_t pool) {
+static enum xnn_status run_xnn(const qt_step *s, void *o, const void *in, const void *in2, int N, pthreadpool_t pool) {
   enum xnn_status st = xnn_status_invalid_state;
   const size_t n = (size_t)N;
-  switch (s->xk) {
+  switch ((xnn_kind)s->op_kind) {
     case XK_CONV: st = xnn_setup_convolution2d_nhwc_qc8(s->op, n, (size_t)s->H, (size_t)s->W, in, o, pool); break;
     case XK_FC: st = xnn_setup_fully_connected_nc_qs8(s->op, n, in, o, pool); break;
     case XK_MAX_POOL: st = xnn_setup_max_pooling2d_nhwc_s8(s->op, n, (size_t)s->H, (size_t)s->W, in, o, pool); break;
@@ -105,12 +105,6 @@ static enum xnn_status run_xnn(const step *s, void *o, const void *in, const voi
     case XK_CLAMP: st = xnn_setup_clamp_nc_s8(s->op, n, in, o, pool); break;
   }
   return st == xnn_status_success ? xnn_run_operator(s->op, pool) : st;
-}
-
-static qt_tensor *wrap(qt_ctx *ctx, void *data, int N, int ndim, const int64_t *shape) {
-  int64_t s[4] = {N, 0, 0, 0};
-  for (int d = 0; d < ndim; d++) s[d + 1] = shape[d];
-  return qt_tensor_wrap(ctx, QT_F32, ndim + 1, s, data);
 }
 
 static void nothing(void *ctx, size_t i) {
@@ -128,70 +122,70 @@ static void pool_yield(pthreadpool_t pool) {
 }
 
 /* A fallback step: the node's own fp32 forward, on m->fallback_threads OpenMP threads. */
-static void *run_fallback(qt_xnnpack *m, const step *s, int n, char *err) {
-  const qt_node *node = &m->g->nodes[s->node];
+static void *run_fallback(qt_xnnpack *m, const qt_step *s, int n, char *err) {
+  const qt_node *node = &m->prog.g->nodes[s->node];
   qt_tensor *ins[QT_MAX_INPUTS] = {NULL};
-  for (int k = 0; k < node->n_inputs && k < 2; k++)
-    ins[k] = wrap(m->ctx, m->bufs[s->in[k]], n, s->in_ndim[k], s->in_shape[k]);
+  qt_fallback_inputs(&m->prog, s, n, ins);
   const int threads = omp_get_max_threads();
   if (m->fallback_threads) omp_set_num_threads(m->fallback_threads);
-  qt_tensor *y = qt_node_forward((qt_graph *)m->g, m->ctx, s->node, ins, 0, err);
+  qt_tensor *y = qt_node_forward((qt_graph *)m->prog.g, m->prog.ctx, s->node, ins, 0, err);
   if (m->fallback_threads) omp_set_num_threads(threads);
-  if (!y) qt_err(err, "run %s on xnnpack: fallback %s (%s) failed", m->name, node->name, qt_op_name(node->op));
+  if (!y) qt_err(err, "run %s on xnnpack: fallback %s (%s) failed", m->prog.name, node->name, qt_op_name(node->op));
   return y ? y->data : NULL;
 }
 
 int qt_xnnpack_run(qt_xnnpack *m, float *out, const float *input, int n, char *err) {
-  if (n <= 0) return qt_err(err, "run %s on xnnpack: batch of %d images", m->name, n);
-  qt_ctx_reset(m->ctx);
-  m->bufs[m->input_slot] = (void *)input; /* read only: no step writes its input */
+  qt_program *p = &m->prog;
+  if (n <= 0) return qt_err(err, "run %s on xnnpack: batch of %d images", p->name, n);
+  qt_ctx_reset(p->ctx);
+  p->bufs[p->input_slot] = (void *)input; /* read only: no step writes its input */
   int pool_busy = 1;                      /* the pool ran last (here or at the end of the previous run) */
-  for (int i = 0; i < m->n_steps; i++) {
-    const step *s = &m->steps[i];
-    void *in = s->in[0] >= 0 ? m->bufs[s->in[0]] : NULL;
+  for (int i = 0; i < p->n_steps; i++) {
+    const qt_step *s = &p->steps[i];
+    void *in = s->in[0] >= 0 ? p->bufs[s->in[0]] : NULL;
     const int64_t numel = s->in_numel * n;
-    if (s->kind == ST_FALLBACK) {
+    if (s->kind == QT_STEP_FALLBACK) {
       if (pool_busy) pool_yield(m->pool);
       pool_busy = 0;
-      if (!(m->bufs[s->out] = run_fallback(m, s, n, err))) return -1;
+      if (!(p->bufs[s->out] = run_fallback(m, s, n, err))) return -1;
       continue;
     }
     pool_busy = 1;
     /* XNNPACK's kernels may read XNN_EXTRA_BYTES past the end of an input */
-    void *o = qt_arena_alloc(m->ctx, m->slot_bytes[s->out] * (size_t)n + XNN_EXTRA_BYTES);
-    m->bufs[s->out] = o;
+    void *o = qt_arena_alloc(p->ctx, p->slot_bytes[s->out] * (size_t)n + XNN_EXTRA_BYTES);
+    p->bufs[s->out] = o;
     switch (s->kind) {
-      case ST_QUANTIZE: run_quantize(s, o, in, numel, m->pool); break;
-      case ST_DEQUANTIZE: run_dequantize(s, o, in, numel, m->pool); break;
-      case ST_XNN: {
-        const enum xnn_status st = run_xnn(s, o, in, s->in[1] >= 0 ? m->bufs[s->in[1]] : NULL, n, m->pool);
+      case QT_STEP_QUANTIZE: run_quantize(s, o, in, numel, m->pool); break;
+      case QT_STEP_DEQUANTIZE: run_dequantize(s, o, in, numel, m->pool); break;
+      case QT_STEP_KERNEL: {
+        const enum xnn_status st = run_xnn(s, o, in, s->in[1] >= 0 ? p->bufs[s->in[1]] : NULL, n, m->pool);
         if (st != xnn_status_success)
-          return qt_err(err, "run %s on xnnpack: step %d (partition operator) failed: %s", m->name, i,
+          return qt_err(err, "run %s on xnnpack: step %d (partition operator) failed: %s", p->name, i,
                         qt_xnn_status_name(st));
         break;
       }
-      case ST_FALLBACK: break;
+      case QT_STEP_FALLBACK: break;
     }
   }
-  memcpy(out, m->bufs[m->output_slot], (size_t)(m->out_numel * n) * sizeof(float));
+  memcpy(out, p->bufs[p->output_slot], (size_t)(p->out_numel * n) * sizeof(float));
   return 0;
 }
 
-int qt_xnnpack_partition_count(const qt_xnnpack *m) { return m->parts.n; }
+int qt_xnnpack_partition_count(const qt_xnnpack *m) { return m->prog.parts.n; }
 
 qt_partition_kind qt_xnnpack_partition(const qt_xnnpack *m, int i, const char **nodes, const char **detail) {
-  return qt_part_get(&m->parts, i, nodes, detail);
+  return qt_part_get(&m->prog.parts, i, nodes, detail);
 }
 
 void qt_xnnpack_report(const qt_xnnpack *m, FILE *f) {
-  const int fallbacks = qt_part_count(&m->parts, QT_PART_FALLBACK);
-  fprintf(f, "partitions of %s on xnnpack (%d threads): %d int8, %d fallback, %d boundary%s\n", m->name,
-          m->pool ? (int)pthreadpool_get_threads_count(m->pool) : 1, qt_part_count(&m->parts, QT_PART_INT8), fallbacks,
-          qt_part_count(&m->parts, QT_PART_BOUNDARY),
+  const int fallbacks = qt_part_count(&m->prog.parts, QT_PART_FALLBACK);
+  fprintf(f, "partitions of %s on xnnpack (%d threads): %d int8, %d fallback, %d boundary%s\n", m->prog.name,
+          m->pool ? (int)pthreadpool_get_threads_count(m->pool) : 1, qt_part_count(&m->prog.parts, QT_PART_INT8),
+          fallbacks, qt_part_count(&m->prog.parts, QT_PART_BOUNDARY),
           fallbacks && m->fallback_threads ? " (fallbacks on 1 OpenMP thread: its workers would spin-wait, "
                                              "OMP_WAIT_POLICY is not PASSIVE)"
                                            : "");
-  qt_part_print(&m->parts, f);
+  qt_part_print(&m->prog.parts, f);
 }
 
 #else
