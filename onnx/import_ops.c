@@ -190,6 +190,16 @@ static int op_global_pool(imp *im) {
   return 0;
 }
 
+/* The axes of a rank-4 (N, C, H, W) tensor are H and W, each once (negative ones count from the end). */
+static int hw_axes(const int64_t *axes, int n_axes) {
+  int seen[4] = {0};
+  for (int i = 0; i < n_axes; i++) {
+    const int64_t a = axes[i] < 0 ? axes[i] + 4 : axes[i];
+    if (a >= 0 && a < 4) seen[a]++;
+  }
+  return n_axes == 2 && seen[2] == 1 && seen[3] == 1;
+}
+
 /* ReduceMean over H and W of an image: a global average pool (keepdims 1: the (C) vector stands
  * for [N, C, 1, 1], as GlobalAveragePool's does; keepdims 0: a flat (N, C) tensor). The axes are
  * an attribute before opset 18, an input from 18. */
@@ -197,15 +207,11 @@ static int op_reduce_mean(imp *im) {
   sym *x = qt_imp_act_input(im, 0, "data", 0);
   if (!x) return -1;
   int64_t axes[MAX_INTS], keepdims = 1, noop = 0;
-  int n_axes = 0, seen[4] = {0};
+  int n_axes = 0;
   if (qt_imp_axes(im, 1, axes, &n_axes) || qt_imp_attr_int(im, "keepdims", 1, &keepdims) ||
       qt_imp_attr_int(im, "noop_with_empty_axes", 0, &noop))
     return -1;
-  for (int i = 0; i < n_axes; i++) {
-    const int64_t a = axes[i] < 0 ? axes[i] + 4 : axes[i];
-    if (a >= 0 && a < 4) seen[a]++;
-  }
-  if (!is_image(im, x) || n_axes != 2 || seen[2] != 1 || seen[3] != 1)
+  if (!is_image(im, x) || !hw_axes(axes, n_axes))
     return qt_imp_node_err(im,
                            "only ReduceMean of an image over H and W (axes [2, 3]: a global average pool) is "
                            "supported");
@@ -219,12 +225,7 @@ static int op_reduce_mean(imp *im) {
 
 /* Squeeze of an activation: the pooled H and W of a global pool (axes 2 and 3). */
 static int squeeze_act(imp *im, sym *x, const int64_t *axes, int n_axes) {
-  int seen[4] = {0};
-  for (int i = 0; i < n_axes; i++) {
-    const int64_t a = axes[i] < 0 ? axes[i] + 4 : axes[i];
-    if (a >= 0 && a < 4) seen[a]++;
-  }
-  if (!x->pooled || !((n_axes == 2 && seen[2] == 1 && seen[3] == 1) || n_axes == 0))
+  if (!x->pooled || !(hw_axes(axes, n_axes) || n_axes == 0))
     return qt_imp_node_err(im, "only Squeeze of the H and W of a global average pool's [N, C, 1, 1] is supported");
   qt_imp_alias(im, 0, x)->pooled = 0;
   im->info->dropped++;
