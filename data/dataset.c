@@ -592,17 +592,27 @@ typedef struct {
   int other_size, w, h; /* found size, when it differs from the first image */
 } decode_status;
 
-/* stb_image 2.27 (Debian 12's) builds a JPEG Huffman table without checking that its 16 code
- * counts add up to at most 256, and then writes past the table's 257 code sizes and 256 values
- * (fixed upstream in 2.28). A table of exactly 256 codes is unsafe too: its fast lookup stores
- * symbol index 255, which is also its "not in the fast table" mark, so a short code of symbol 255
- * goes down the long-code path, whose symbol index then lies outside the table (the
- * STBI_ASSERT in stbi__jpeg_huff_decode aborts the program, or the read goes out of bounds;
- * upstream 2.28 added a range check there). Baseline and progressive encoders emit at most 162
- * symbols per table. This walks the file's markers as stb does (segments by their length,
- * entropy-coded data up to the next marker: progressive files define tables between scans) and
- * finds every table of every DHT segment; 0 when one has more than 255 codes. */
-static int jpeg_huffman_tables_ok(const uint8_t *b, size_t n) {
+/* Checks of a JPEG's tables that stb_image 2.27 (Debian 12's) does not make, done before it
+ * decodes; NULL when they pass, else the reason. It walks the markers as stb does (segments by
+ * their length, entropy-coded data up to the next marker: progressive files define tables
+ * between scans).
+ * - A Huffman table of more than 255 codes. stb builds a table without checking that its 16 code
+ *   counts add up to at most 256, and then writes past its 257 code sizes and 256 values (fixed
+ *   upstream in 2.28). Exactly 256 codes is unsafe too: the fast lookup stores symbol index 255,
+ *   which is also its "not in the fast table" mark, so a short code of symbol 255 goes down the
+ *   long-code path, whose symbol index then lies outside the table (the STBI_ASSERT in
+ *   stbi__jpeg_huff_decode aborts the program; 2.28 added a range check). Encoders emit at most
+ *   162 symbols per table.
+ * - A scan that uses a Huffman table no DHT segment defined before it, or a component whose
+ *   quantization table no DQT segment defined. stb's decoder state is malloc'd, not cleared, and
+ *   it never checks that a table was defined: it decodes with whatever the heap held there
+ *   (garbage tables reach the same STBI_ASSERT, depending on earlier allocations). Which tables a
+ *   scan uses follows stb: a baseline scan both of its components' tables; a progressive scan
+ *   its DC tables when it starts at coefficient 0 and is a first pass, its AC tables otherwise. */
+static const char *jpeg_tables_problem(const uint8_t *b, size_t n) {
+  unsigned huffman[2] = {0, 0}, quant = 0; /* bit t: table t defined (DC, AC; quantization) */
+  uint8_t comp_id[4], comp_tq[4];
+  int n_comp = 0, progressive = 0;
   size_t p = 2; /* after SOI */
   while (p + 1 < n) {
     const uint8_t m = b[p + 1];
@@ -610,21 +620,42 @@ static int jpeg_huffman_tables_ok(const uint8_t *b, size_t n) {
       p += b[p] == 0xff && m != 0xff ? 2 : 1; /* data, fill, stuffing, RSTn, TEM, SOI */
       continue;
     }
-    if (m == 0xd9 || p + 4 > n) return 1; /* EOI */
-    const size_t len = (size_t)b[p + 2] << 8 | b[p + 3];
+    if (m == 0xd9 || p + 4 > n) return NULL; /* EOI */
+    const size_t len = (size_t)b[p + 2] << 8 | b[p + 3], q0 = p + 4, end = p + 2 + len < n ? p + 2 + len : n;
     if (m == 0xc4) {
-      size_t q = p + 4;
-      for (long left = (long)len - 2; left > 0;) {
+      for (size_t q = q0; q < end;) {
         int codes = 0;
         for (size_t i = 1; i <= 16; i++) codes += q + i < n ? b[q + i] : 0;
-        if (codes > 255) return 0;
+        if (codes > 255) return "corrupt JPEG: a Huffman table with more than 255 codes";
+        if ((b[q] >> 4) < 2 && (b[q] & 15) < 4) huffman[b[q] >> 4] |= 1u << (b[q] & 15);
         q += 17 + (size_t)codes;
-        left -= 17 + codes;
+      }
+    } else if (m == 0xdb) {
+      for (size_t q = q0; q < end; q += (b[q] >> 4 ? 129 : 65))
+        if ((b[q] & 15) < 4) quant |= 1u << (b[q] & 15);
+    } else if (m == 0xc0 || m == 0xc1 || m == 0xc2) {
+      progressive = m == 0xc2;
+      n_comp = q0 + 5 < end && b[q0 + 5] <= 4 ? b[q0 + 5] : 0; /* more: stb refuses the frame */
+      for (int c = 0; c < n_comp; c++) {
+        comp_id[c] = q0 + 6 + 3 * (size_t)c < end ? b[q0 + 6 + 3 * c] : 0;
+        comp_tq[c] = q0 + 8 + 3 * (size_t)c < end ? b[q0 + 8 + 3 * c] : 0;
+      }
+    } else if (m == 0xda && q0 < end) {
+      const size_t ns = b[q0], tail = q0 + 1 + 2 * ns; /* Ss, Se, Ah/Al follow the components */
+      if (tail + 2 >= end) return NULL;                /* stb refuses the scan header */
+      const int dc = !progressive || (b[tail] == 0 && (b[tail + 2] >> 4) == 0), ac = !progressive || b[tail] != 0;
+      for (size_t i = 0; i < ns; i++) {
+        const uint8_t id = b[q0 + 1 + 2 * i], td = b[q0 + 2 + 2 * i] >> 4, ta = b[q0 + 2 + 2 * i] & 15;
+        if ((dc && td < 4 && !(huffman[0] >> td & 1)) || (ac && ta < 4 && !(huffman[1] >> ta & 1)))
+          return "corrupt JPEG: a scan uses a Huffman table that was not defined";
+        for (int c = 0; c < n_comp; c++)
+          if (comp_id[c] == id && comp_tq[c] < 4 && !(quant >> comp_tq[c] & 1))
+            return "corrupt JPEG: a component's quantization table was not defined";
       }
     }
     p += 2 + len;
   }
-  return 1;
+  return NULL;
 }
 
 /* stb_image decodes a JPEG to the size its header declares, going on with zero bits when the
@@ -661,15 +692,17 @@ static uint8_t *decode_image(const char *path, int channels, int *w, int *h, con
   uint8_t *bytes = malloc(n ? n : 1);
   const int read_ok = bytes && fread(bytes, 1, n, f) == n;
   fclose(f);
+  const int jpeg = read_ok && n >= 2 && bytes[0] == 0xff && bytes[1] == 0xd8;
+  const char *jpeg_problem = jpeg ? jpeg_tables_problem(bytes, n) : NULL;
   uint8_t *pixels = NULL;
   int comp;
   if (!read_ok)
     *reason = bytes ? "cannot read the file" : "out of memory";
-  else if (!(n >= 8 && memcmp(bytes, png, 8) == 0) && !(n >= 2 && bytes[0] == 0xff && bytes[1] == 0xd8))
+  else if (!jpeg && !(n >= 8 && memcmp(bytes, png, 8) == 0))
     *reason = "not a PNG or JPEG file (found another signature)";
-  else if (bytes[0] == 0xff && !jpeg_huffman_tables_ok(bytes, n))
-    *reason = "corrupt JPEG: a Huffman table with more than 255 codes";
-  else if (bytes[0] == 0xff && !jpeg_size_plausible(bytes, n))
+  else if (jpeg_problem)
+    *reason = jpeg_problem;
+  else if (jpeg && !jpeg_size_plausible(bytes, n))
     *reason = "a JPEG too short for the size it declares (truncated or crafted)";
   else if (!(pixels = stbi_load_from_memory(bytes, (int)n, w, h, &comp, channels)))
     *reason = stbi_failure_reason() ? stbi_failure_reason() : "unknown error";
