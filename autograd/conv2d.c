@@ -20,6 +20,7 @@
  * The _ref twins are plain loops with double accumulation. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "autograd/dnnl_util.h"
+#include "base/base.h"
 #include "autograd/kernels.h"
 
 #include <math.h>
@@ -108,9 +109,7 @@ void qt_conv2d_backward_ref(float *dinp, float *dweight, float *dbias, const flo
     for (int64_t i = 0; i < n_wei; i++) dweight[i] += (float)dw[i];
   if (dbias)
     for (int i = 0; i < s->OC; i++) dbias[i] += (float)db[i];
-  free(di);
-  free(dw);
-  free(db);
+  QT_FREE_ALL(di, dw, db);
 }
 
 /* ---- oneDNN path ------------------------------------------------------------------------- */

@@ -22,6 +22,23 @@
 #include <string.h>
 
 #define BN_PARALLEL_MIN 32768
+
+/* After channel c's batch statistics (mean m; m2, the sum of squared deviations of count values;
+ * is, the inverse standard deviation): the running statistics' update (momentum; the unbiased
+ * variance m2 / (count - 1)) and the apply pass's constants, the mean as a float plus its
+ * remainder (chi + clo) and gamma * is. Shared with the fused conv1 + batch norm kernel. */
+static inline void bn_channel_finish(int c, double m, double m2, int64_t count, double is, float momentum,
+                                     const float *gamma, float *running_mean, float *running_var, float *chi,
+                                     float *clo, float *ca) {
+  if (running_mean)
+    running_mean[c] = (float)((double)momentum * m + (1.0 - (double)momentum) * (double)running_mean[c]);
+  if (running_var)
+    running_var[c] =
+        (float)((double)momentum * (m2 / (double)(count - 1)) + (1.0 - (double)momentum) * (double)running_var[c]);
+  chi[c] = (float)m;
+  clo[c] = (float)(m - (double)chi[c]);
+  ca[c] = (float)((gamma ? (double)gamma[c] : 1.0) * is);
+}
 /* Target floats per reduction chunk: 128 KB, which stays in L2 for the second pass. */
 #define BN_CHUNK_ELEMS 32768
 

@@ -3,6 +3,7 @@
  * processes, SyncBN) with the parallel-variance identity; the running statistics' update. Used by
  * the plain training forward (cpu_batch_norm.c) and the pooled one (cpu_batch_norm_pooled.c). */
 #include "autograd/cpu_batch_norm_int.h"
+#include "base/base.h"
 
 /* A chunk's mean from its first pass (dev: the sum of x - rep, rep the chunk's first row): mu, the
  * mean rounded to float, dev then the sum of x - mu; rep becomes mu's pattern for the second pass. */
@@ -251,16 +252,7 @@ void qt_bn_train_stats(float *mean, float *invstd, float *chi, float *clo, float
     const double is = 1.0 / sqrt(var + (double)eps);
     mean[c] = (float)m;
     invstd[c] = (float)is;
-    if (running_mean)
-      running_mean[c] = (float)((double)momentum * m + (1.0 - (double)momentum) * (double)running_mean[c]);
-    if (running_var)
-      running_var[c] =
-          (float)((double)momentum * (m2 / (double)(Mt - 1)) + (1.0 - (double)momentum) * (double)running_var[c]);
-    chi[c] = (float)m;
-    clo[c] = (float)(m - (double)chi[c]);
-    ca[c] = (float)((gamma ? (double)gamma[c] : 1.0) * is);
+    bn_channel_finish(c, m, m2, Mt, is, momentum, gamma, running_mean, running_var, chi, clo, ca);
   }
-  free(stat_m);
-  free(ws);
-  free(part);
+  QT_FREE_ALL(stat_m, ws, part);
 }

@@ -23,6 +23,7 @@
  * in tap order (bias first), normalized as the batch norm kernels do ((y - mean_hi) - mean_lo) *
  * (gamma invstd) + beta, clamped and pooled with max pool's comparison in window order. The
  * pool's argmax is kept as the window position (one byte per output). */
+#include "autograd/cpu_batch_norm_int.h"
 #include "autograd/kernels.h"
 #include "base/base.h"
 #include "quant/quant_elem.h"
@@ -299,14 +300,7 @@ void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yar
     const double is = 1.0 / sqrt(m2 / (double)M + (double)eps);
     inv[oc] = is;
     wsm[oc] = ws / (double)M;
-    if (running_mean)
-      running_mean[oc] = (float)((double)momentum * m + (1.0 - (double)momentum) * (double)running_mean[oc]);
-    if (running_var)
-      running_var[oc] =
-          (float)((double)momentum * (m2 / (double)(M - 1)) + (1.0 - (double)momentum) * (double)running_var[oc]);
-    chi[oc] = (float)m;
-    clo[oc] = (float)(m - (double)chi[oc]);
-    ca[oc] = (float)((gamma ? (double)gamma[oc] : 1.0) * is);
+    bn_channel_finish(oc, m, m2, M, is, momentum, gamma, running_mean, running_var, chi, clo, ca);
     bb[oc] = beta ? beta[oc] : 0.0f;
   }
   float *wT = weights_by_tap(w, s);
@@ -319,10 +313,7 @@ void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yar
     image_pool(out + o, argmax + o, yarg ? yarg + o : NULL, qmask ? qmask + o : NULL, xp, wT, bias, chi, clo, ca, bb,
                fq, s);
   }
-  free(wT);
-  free(cst);
-  free(per_image);
-  free(xps);
+  QT_FREE_ALL(wT, cst, per_image, xps);
 }
 
 #if defined(__AVX512F__)
@@ -497,7 +488,5 @@ void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, dou
     for (size_t i = 0; i < per_img; i++) P[i] += part[(size_t)n * per_img + i];
   const double dsc = combine_grads(dw, dgamma, dbeta, P, stats, w, gamma, s, M, HP);
   if (dscale) *dscale = dsc;
-  free(P);
-  free(part);
-  free(xps);
+  QT_FREE_ALL(P, part, xps);
 }

@@ -1,5 +1,6 @@
 /* Tensors, the step arena and the tape. */
 #include "autograd/autograd.h"
+#include "base/base.h"
 #include "autograd/tape.h"
 
 #include <stdarg.h>
@@ -104,9 +105,7 @@ void qt_ctx_free(qt_ctx *ctx) {
   if (!ctx) return;
   blocks_free(ctx->blocks);
   blocks_free(ctx->small);
-  free(ctx->free);
-  free(ctx->tape);
-  free(ctx);
+  QT_FREE_ALL(ctx->free, ctx->tape, ctx);
 }
 
 /* After a step that needed several blocks, replace them by one block that fits the whole step,

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "backend/runtimes.h"
+#include "base/base.h"
 #include "config/config.h"
 
 /* ---- growable strings and partitions ----------------------------------------------------- */
@@ -435,9 +436,7 @@ qt_accel *qt_accel_partition(const qt_graph *g, const qt_backend_desc *d, char *
     }
   }
   plan_pull(&P, g->output);
-  free(P.acc);
-  free(P.rec);
-  free(P.listed);
+  QT_FREE_ALL(P.acc, P.rec, P.listed);
   a->ctx = qt_ctx_create();
   qt_ctx_set_grad(a->ctx, 0);
   return a;
@@ -453,9 +452,7 @@ void qt_accel_free(qt_accel *a) {
     free(a->parts[i].nodes.s);
     free(a->parts[i].detail.s);
   }
-  free(a->parts);
-  free(a->plan);
-  free(a->pull);
+  QT_FREE_ALL(a->parts, a->plan, a->pull);
   qt_ctx_free(a->ctx);
   free(a);
 }

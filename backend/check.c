@@ -235,10 +235,7 @@ static void add_violation(qt_backend_check_result *r, const qt_graph *g, int nod
   v->kind = kind;
   v->node = node;
   snprintf(v->node_name, sizeof v->node_name, "%s", g->nodes[node].name);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(v->reason, sizeof v->reason, fmt, ap);
-  va_end(ap);
+  QT_VFORMAT(v->reason, fmt);
   r->count[kind]++;
 }
 

@@ -20,61 +20,35 @@ typedef struct {
   int (*node_on_backend)(const void *impl, const char *name, const char **reason);
 } runtime_ops;
 
-/* ---- oneDNN ------------------------------------------------------------------------------------ */
-static void *onednn_open(const qt_graph *g, const qt_backend_desc *d, char *err) {
-  (void)d;
-  return qt_lower(g, err);
-}
-static void onednn_free(void *m) { qt_lowered_free(m); }
-static int onednn_run(void *m, float *out, const float *input, int n, char *err) {
-  return qt_lowered_run(m, out, input, n, err);
-}
-static int onednn_partition_count(const void *m) { return qt_lowered_partition_count(m); }
-static qt_partition_kind onednn_partition(const void *m, int i, const char **nodes, const char **detail) {
-  return qt_lowered_partition(m, i, nodes, detail);
-}
-static void onednn_report(const void *m, FILE *f) { qt_lowered_report(m, f); }
+/* A runtime's table: open_call deploys g (it may use g, d and err), the functions, which take
+ * the runtime's own handle type, behind void *; node_fn may be NULL. */
+#define RUNTIME(pre, open_call, free_fn, run_fn, count_fn, partition_fn, report_fn, node_fn)                \
+  static void *pre##_open(const qt_graph *g, const qt_backend_desc *d, char *err) {                         \
+    (void)d;                                                                                                \
+    return open_call;                                                                                       \
+  }                                                                                                         \
+  static void pre##_free(void *m) { free_fn(m); }                                                           \
+  static int pre##_run(void *m, float *out, const float *input, int n, char *err) {                         \
+    return run_fn(m, out, input, n, err);                                                                   \
+  }                                                                                                         \
+  static int pre##_partition_count(const void *m) { return count_fn(m); }                                   \
+  static qt_partition_kind pre##_partition(const void *m, int i, const char **nodes, const char **detail) { \
+    return partition_fn(m, i, nodes, detail);                                                               \
+  }                                                                                                         \
+  static void pre##_report(const void *m, FILE *f) { report_fn(m, f); }                                     \
+  static const runtime_ops pre##_ops = {pre##_open,      pre##_free,   pre##_run, pre##_partition_count,    \
+                                        pre##_partition, pre##_report, node_fn};
 
-static const runtime_ops onednn_ops = {onednn_open,      onednn_free,   onednn_run, onednn_partition_count,
-                                       onednn_partition, onednn_report, NULL};
-
-/* ---- the accelerator ------------------------------------------------------------------------- */
-static void *accel_open(const qt_graph *g, const qt_backend_desc *d, char *err) {
-  return qt_accel_partition(g, d, err);
-}
-static void accel_free(void *a) { qt_accel_free(a); }
-static int accel_run(void *a, float *out, const float *input, int n, char *err) {
-  return qt_accel_run(a, out, input, n, err);
-}
-static int accel_partition_count(const void *a) { return qt_accel_partition_count(a); }
-static qt_partition_kind accel_partition(const void *a, int i, const char **nodes, const char **detail) {
-  return qt_accel_partition_get(a, i, nodes, detail);
-}
-static void accel_report(const void *a, FILE *f) { qt_accel_report(a, f); }
 static int accel_node(const void *a, const char *name, const char **reason) {
   return qt_accel_node_on_accel(a, name, reason);
 }
 
-static const runtime_ops accel_ops = {accel_open,      accel_free,   accel_run, accel_partition_count,
-                                      accel_partition, accel_report, accel_node};
-
-/* ---- XNNPACK ------------------------------------------------------------------------------------ */
-static void *xnn_open(const qt_graph *g, const qt_backend_desc *d, char *err) {
-  (void)d;
-  return qt_xnnpack_lower(g, err);
-}
-static void xnn_free(void *m) { qt_xnnpack_free(m); }
-static int xnn_run(void *m, float *out, const float *input, int n, char *err) {
-  return qt_xnnpack_run(m, out, input, n, err);
-}
-static int xnn_partition_count(const void *m) { return qt_xnnpack_partition_count(m); }
-static qt_partition_kind xnn_partition(const void *m, int i, const char **nodes, const char **detail) {
-  return qt_xnnpack_partition(m, i, nodes, detail);
-}
-static void xnn_report(const void *m, FILE *f) { qt_xnnpack_report(m, f); }
-
-static const runtime_ops xnnpack_ops = {xnn_open,      xnn_free,   xnn_run, xnn_partition_count,
-                                        xnn_partition, xnn_report, NULL};
+RUNTIME(onednn, qt_lower(g, err), qt_lowered_free, qt_lowered_run, qt_lowered_partition_count, qt_lowered_partition,
+        qt_lowered_report, NULL)
+RUNTIME(accel, qt_accel_partition(g, d, err), qt_accel_free, qt_accel_run, qt_accel_partition_count,
+        qt_accel_partition_get, qt_accel_report, accel_node)
+RUNTIME(xnnpack, qt_xnnpack_lower(g, err), qt_xnnpack_free, qt_xnnpack_run, qt_xnnpack_partition_count,
+        qt_xnnpack_partition, qt_xnnpack_report, NULL)
 
 /* ---- the device -------------------------------------------------------------------------------- */
 struct qt_device {

@@ -8,6 +8,7 @@
  * on an exact .5 tie the two agree only for an even zp_dst (the caller uses an f32 dst and
  * requantizes itself for an odd one). */
 #include "backend/int8.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -252,9 +253,7 @@ void qt_int8_op_free(qt_int8_op *op) {
   qt_dnnl_memory_destroy(&op->bias);
   qt_dnnl_memory_destroy(&op->zp_src);
   qt_dnnl_memory_destroy(&op->zp_dst);
-  free(op->weight);
-  free(op->oscale);
-  free(op);
+  QT_FREE_ALL(op->weight, op->oscale, op);
 }
 
 const char *qt_int8_op_impl(const qt_int8_op *op) { return op->impl; }

@@ -9,6 +9,7 @@
  * to u8 (lower_add_u8). Each runtime buffer ("slot") is allocated from the context's arena at
  * every run. */
 #include "backend/runtimes.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -124,9 +125,7 @@ static qt_int8_op *layer_op(const qt_lowering *L, int i, int quant, const qt_int
     oscale[c] = (float)((double)s_x * s_w / (double)s_out);
   }
   qt_int8_op *op = qt_int8_op_create(p, w8, bias, oscale, err);
-  free(w8);
-  free(bias);
-  free(oscale);
+  QT_FREE_ALL(w8, bias, oscale);
   return op;
 }
 

@@ -2,6 +2,7 @@
  * over a Q/DQ graph with its value representations, the quantize / dequantize boundaries and
  * the fp32 fallback partitions, for the backends that fill it with their patterns. */
 #include "backend/lowering.h"
+#include "base/base.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -49,9 +50,7 @@ qt_step *qt_kernel_step(qt_program *p, int op_kind, void *op, int in_slot, int64
 
 void qt_program_free(qt_program *p) {
   for (int i = 0; i < p->n_kept; i++) free(p->kept[i]);
-  free(p->kept);
-  free(p->steps);
-  free(p->slot_bytes);
+  QT_FREE_ALL(p->kept, p->steps, p->slot_bytes);
   qt_part_list_free(&p->parts);
   free(p->bufs);
   qt_ctx_free(p->ctx);
@@ -283,9 +282,7 @@ void qt_lowering_build(qt_program *p, const qt_graph *g, const qt_lowering_ops *
   }
   p->output_slot = qt_f32_slot(&L, g->output);
   p->out_numel = qt_value_numel(&g->values[g->output]);
-  free(L.rep);
-  free(L.consumer);
-  free(L.done);
+  QT_FREE_ALL(L.rep, L.consumer, L.done);
   p->ctx = qt_ctx_create();
   qt_ctx_set_grad(p->ctx, 0);
   p->bufs = calloc((size_t)p->n_slots, sizeof *p->bufs);

@@ -16,10 +16,7 @@ void qt_part_add(qt_part_list *l, qt_partition_kind kind, const char *nodes, con
   qt_part *p = &l->parts[l->n++];
   p->kind = kind;
   snprintf(p->nodes, sizeof p->nodes, "%s", nodes);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(p->detail, sizeof p->detail, fmt, ap);
-  va_end(ap);
+  QT_VFORMAT(p->detail, fmt);
 }
 
 qt_partition_kind qt_part_get(const qt_part_list *l, int i, const char **nodes, const char **detail) {

@@ -26,10 +26,7 @@ qt_panic_hook qt_panic_set_hook(qt_panic_hook hook) {
 
 void qt_panic(const char *file, int line, const char *fmt, ...) {
   char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+  QT_VFORMAT(msg, fmt);
   fprintf(stderr, "%s:%d: internal error: %s\n", file, line, msg);
   fflush(stderr);
   if (panic_hook) panic_hook(msg);
@@ -46,6 +43,10 @@ void *qt_grow(void *p, int *cap, int need, size_t elsize, const char *what) {
   return p;
 }
 
+void qt_free_all(void *const *p, size_t n) {
+  for (size_t i = 0; i < n; i++) free(p[i]);
+}
+
 int qt_err(char *err, const char *fmt, ...) {
   if (err) {
     va_list ap;
@@ -59,10 +60,7 @@ int qt_err(char *err, const char *fmt, ...) {
 int qt_status_set(qt_status *st, qt_status_code code, const char *fmt, ...) {
   QT_ASSERT(code != QT_OK && code < QT_STATUS_COUNT, "qt_status_set with code %d", (int)code);
   st->code = code;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(st->msg, sizeof st->msg, fmt, ap);
-  va_end(ap);
+  QT_VFORMAT(st->msg, fmt);
   return -1;
 }
 

@@ -10,8 +10,10 @@
 #ifndef QT_BASE_H
 #define QT_BASE_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Every error buffer in the project holds QT_ERR_LEN bytes. */
 #define QT_ERR_LEN 512
@@ -33,6 +35,21 @@ qt_panic_hook qt_panic_set_hook(qt_panic_hook hook);
 /* The one error formatter: writes the message to err (QT_ERR_LEN bytes; may be NULL) and returns
  * -1, so that `return qt_err(err, "...", ...);` reports and fails in one statement. */
 int qt_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Formats the variadic arguments of the enclosing function, whose last named parameter is fmt,
+ * into buf: a char array (not a pointer), whose size bounds the text. For message helpers. */
+#define QT_VFORMAT(buf, fmt)                  \
+  do {                                        \
+    va_list qt_ap_;                           \
+    va_start(qt_ap_, fmt);                    \
+    vsnprintf(buf, sizeof(buf), fmt, qt_ap_); \
+    va_end(qt_ap_);                           \
+  } while (0)
+
+/* Frees each of the n pointers (NULL ones do nothing). QT_FREE_ALL(x->a, x->b, ...) frees a list. */
+void qt_free_all(void *const *p, size_t n);
+#define QT_FREE_ALL(...) \
+  qt_free_all((void *const[]){__VA_ARGS__}, sizeof((void *const[]){__VA_ARGS__}) / sizeof(void *))
 
 /* A growing array: p (NULL or from realloc) with room for *cap elements of elsize bytes, enlarged
  * (doubling, at least 16) to hold `need`; returns the (possibly moved) array. Out of memory is

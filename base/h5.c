@@ -20,10 +20,7 @@ static int h5_err(char *err, const char *file, const char *obj, const char *fmt,
     __attribute__((format(printf, 4, 5)));
 static int h5_err(char *err, const char *file, const char *obj, const char *fmt, ...) {
   char what[QT_ERR_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
+  QT_VFORMAT(what, fmt);
   if (file) return qt_err(err, "%s: %s: %s", file, obj, what);
   return qt_err(err, "%s: %s", obj, what);
 }
@@ -173,6 +170,22 @@ int qt_h5_commit(hid_t f, qt_h5_image *img, const char *path, char *err) {
   if (img->closed) free(img->buf);
   free(img);
   return rc;
+}
+
+void qt_h5_close_all(const hid_t *ids, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (ids[i] < 0) continue;
+    switch (H5Iget_type(ids[i])) {
+      case H5I_FILE: H5Fclose(ids[i]); break;
+      case H5I_GROUP: H5Gclose(ids[i]); break;
+      case H5I_DATASET: H5Dclose(ids[i]); break;
+      case H5I_DATATYPE: H5Tclose(ids[i]); break;
+      case H5I_DATASPACE: H5Sclose(ids[i]); break;
+      case H5I_ATTR: H5Aclose(ids[i]); break;
+      case H5I_GENPROP_LST: H5Pclose(ids[i]); break;
+      default: break; /* not an open identifier (H5I_BADID): its close would fail, as before */
+    }
+  }
 }
 
 hid_t qt_h5_group_create(hid_t loc, const char *name) {
@@ -462,9 +475,7 @@ int qt_h5_check_chunks(hid_t d, const char *file, const char *obj, const char *n
       rc = h5_err(err, file, obj, "dataset '%s': chunk %llu stores %llu bytes, expected %llu (corrupt file)", name,
                   (unsigned long long)i, (unsigned long long)size, (unsigned long long)want);
   }
-  if (sp >= 0) H5Sclose(sp);
-  if (t >= 0) H5Tclose(t);
-  if (dcpl >= 0) H5Pclose(dcpl);
+  QT_H5_CLOSE_ALL(sp, t, dcpl);
   return rc;
 }
 

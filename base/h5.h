@@ -56,6 +56,12 @@ hid_t qt_h5_create_checksummed(const char *name, qt_h5_image **img, char *err);
 int qt_h5_commit(hid_t f, qt_h5_image *img, const char *path, char *err);
 /* Closes f without writing it anywhere. */
 void qt_h5_discard(hid_t f, qt_h5_image *img);
+/* Closes each of the n identifiers that is open (>= 0), whatever it is: file, group, dataset,
+ * datatype, dataspace, attribute or property list; one no longer open is passed over. QT_H5_CLOSE_ALL(a, b, ...) closes
+ * a list. */
+void qt_h5_close_all(const hid_t *ids, size_t n);
+#define QT_H5_CLOSE_ALL(...) \
+  qt_h5_close_all((const hid_t[]){__VA_ARGS__}, sizeof((const hid_t[]){__VA_ARGS__}) / sizeof(hid_t))
 /* A group whose object times are off and whose links stay in its (checksummed) header. */
 hid_t qt_h5_group_create(hid_t loc, const char *name);
 

@@ -6,6 +6,7 @@
  * checks section headers (inih does not report empty sections). A load is staged and
  * committed only when the whole text is valid. */
 #include "config/config.h"
+#include "base/base.h"
 
 /* Debian's libinih 55 is built with INI_HANDLER_LINENO (its parser passes the line number as a
  * 5th handler argument; checked by disassembly), so our handler type must match. We count lines
@@ -374,9 +375,7 @@ void qt_config_free(qt_config *c) {
       free(c->slots[i].origin);
     }
   }
-  free(c->slots);
-  free(c->schema);
-  free(c);
+  QT_FREE_ALL(c->slots, c->schema, c);
 }
 
 /* Replaces slot i's value and origin (both malloc'd, owned from here on). */
@@ -549,9 +548,7 @@ done:
     if (x.staged) free(x.staged[i]);
     if (origins) free(origins[i]);
   }
-  free(x.staged);
-  free(x.staged_line);
-  free(origins);
+  QT_FREE_ALL(x.staged, x.staged_line, origins);
   return rc;
 }
 

@@ -455,11 +455,7 @@ static int load_hdf5_here(qt_dataset *ds, const char *path, char *err) {
   set_num_classes(&out);
   status = 0;
 done:
-  if (timg >= 0) H5Tclose(timg);
-  if (tlab >= 0) H5Tclose(tlab);
-  if (dimg >= 0) H5Dclose(dimg);
-  if (dlab >= 0) H5Dclose(dlab);
-  if (file >= 0) H5Fclose(file);
+  QT_H5_CLOSE_ALL(timg, tlab, dimg, dlab, file);
   H5Eset_auto2(H5E_DEFAULT, old_func, old_data);
   if (status == 0) {
     *ds = out;

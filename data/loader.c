@@ -4,6 +4,7 @@
  * A background thread fills batch k+1 while the trainer uses batch k (double buffering);
  * if the thread cannot be started, batches are filled on the caller's thread instead. */
 #include "data/data.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -288,9 +289,7 @@ qt_loader *qt_loader_create(const qt_dataset *ds, const qt_loader_config *cfg, c
       (ds->in_file && (!l->slot_raw[0] || !l->slot_raw[1]))) {
     qt_err(err, "data loader: out of memory for batches of %d x %zu", l->batch_capacity, l->sample_size);
     for (int s = 0; s < 2; s++) {
-      free(l->slot_images[s]);
-      free(l->slot_labels[s]);
-      free(l->slot_raw[s]);
+      QT_FREE_ALL(l->slot_images[s], l->slot_labels[s], l->slot_raw[s]);
     }
     free(l->order);
     free(l);
@@ -356,9 +355,7 @@ void qt_loader_free(qt_loader *l) {
   pthread_cond_destroy(&l->cv);
   pthread_mutex_destroy(&l->mu);
   for (int s = 0; s < 2; s++) {
-    free(l->slot_images[s]);
-    free(l->slot_labels[s]);
-    free(l->slot_raw[s]);
+    QT_FREE_ALL(l->slot_images[s], l->slot_labels[s], l->slot_raw[s]);
   }
   free(l->order);
   free(l);

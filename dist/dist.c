@@ -296,23 +296,20 @@ int64_t qt_dist_small_sums(void) {
 #endif
 }
 
-void qt_dist_sum_f32(float *buf, int64_t n) {
+/* Sums buf (n floats, or doubles) over the ranks, in place; nothing on one rank. */
+static void sum_in_place(void *buf, int64_t n, int is_double) {
 #ifdef QT_HAVE_MPI
-  if (world_size > 1 && n > 0) sum_any(buf, n, 0);
+  if (world_size > 1 && n > 0) sum_any(buf, n, is_double);
 #else
   (void)buf;
   (void)n;
+  (void)is_double;
 #endif
 }
 
-void qt_dist_sum_f64(double *buf, int64_t n) {
-#ifdef QT_HAVE_MPI
-  if (world_size > 1 && n > 0) sum_any(buf, n, 1);
-#else
-  (void)buf;
-  (void)n;
-#endif
-}
+void qt_dist_sum_f32(float *buf, int64_t n) { sum_in_place(buf, n, 0); }
+
+void qt_dist_sum_f64(double *buf, int64_t n) { sum_in_place(buf, n, 1); }
 
 void qt_dist_allgather(const void *send, size_t bytes, void *recv) {
   if (world_size == 1) {
@@ -357,10 +354,7 @@ const qt_batch_sync *qt_dist_batch_sync(void) {
 
 void qt_dist_abort(int exit_code, const char *fmt, ...) {
   char msg[QT_ERR_LEN + 256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+  QT_VFORMAT(msg, fmt);
   fprintf(stderr, "%s\n", msg); /* one write: the launcher forwards whole lines */
   fflush(stderr);
 #ifdef QT_HAVE_MPI

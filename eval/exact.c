@@ -2,6 +2,7 @@
  * integers as integers (int32) and every other value in float64, one chunk of images at a time,
  * each value freed after its last reader. */
 #include "eval/exact.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -181,24 +182,14 @@ static int plan_layer(qt_exact *x, int i, char *err) {
 void qt_exact_free(qt_exact *x) {
   if (!x) return;
   for (int i = 0; x->layers && i < x->g->n_nodes; i++) {
-    free(x->layers[i].wi);
-    free(x->layers[i].wscale);
-    free(x->layers[i].wd);
-    free(x->layers[i].bias);
-    free(x->layers[i].ibias);
+    QT_FREE_ALL(x->layers[i].wi, x->layers[i].wscale, x->layers[i].wd, x->layers[i].bias, x->layers[i].ibias);
   }
   for (int v = 0; x->vi && v < x->g->n_values; v++) {
     buf_free(x->vi[v]);
     buf_free(x->vd[v]);
   }
   for (int i = 0; i < x->n_pool; i++) buf_free(x->pool[i]);
-  free(x->pool);
-  free(x->vi);
-  free(x->vd);
-  free(x->layers);
-  free(x->last_use);
-  free(x->iq);
-  free(x);
+  QT_FREE_ALL(x->pool, x->vi, x->vd, x->layers, x->last_use, x->iq, x);
 }
 
 qt_exact *qt_exact_open(const qt_graph *g, char *err) {

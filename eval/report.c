@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "eval/exact.h"
+#include "base/base.h"
 #include "eval/report.h"
 
 enum { QT_REPORT_MAX_BATCH = 64 };
@@ -240,11 +241,7 @@ static int open_run(report_run *s, const qt_dataset *ds, const qt_loader_config 
 
 static void close_run(report_run *s) {
   qt_exact_free(s->exact);
-  free(s->plans);
-  free(s->eo);
-  free(s->out);
-  free(s->keep_f);
-  free(s->keep_q);
+  QT_FREE_ALL(s->plans, s->eo, s->out, s->keep_f, s->keep_q);
   qt_ctx_free(s->ctx);
   qt_loader_free(s->loader);
 }

@@ -1,6 +1,7 @@
 /* Graph IR: builder, finalize (slabs), initialization, mode switch and queries. The executor is
  * exec.c (its fusion decisions fuse.c), one node's computation node.c. */
 #include "nn/nn.h"
+#include "base/base.h"
 #include "nn/names.h"
 
 #include <float.h>
@@ -25,22 +26,14 @@ void qt_graph_free(qt_graph *g) {
     qt_qstate_free(g->nodes[i].q);
     qt_qstate_free(g->nodes[i].wq);
   }
-  free(g->nodes);
-  free(g->values);
-  free(g->tensors);
-  free(g->params);
-  free(g->grads);
-  free(g->buffers);
+  QT_FREE_ALL(g->nodes, g->values, g->tensors, g->params, g->grads, g->buffers);
   qt_node_names_free(g);
   free(g);
 }
 
 static int builder_error(qt_graph *g, const char *fmt, ...) {
   if (g->error[0]) return -1;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(g->error, sizeof g->error, fmt, ap);
-  va_end(ap);
+  QT_VFORMAT(g->error, fmt);
   return -1;
 }
 
@@ -191,15 +184,14 @@ int qt_graph_batch_norm(qt_graph *g, const char *name, int x) {
   return build(g, QT_OP_BATCH_NORM, name, &x, 1, &attr, 0, NULL, 0);
 }
 
-int qt_graph_relu(qt_graph *g, const char *name, int x) {
+/* A node of one input and no attributes. */
+static int plain(qt_graph *g, qt_op op, const char *name, int x) {
   const qt_node_attrs attr = {0};
-  return build(g, QT_OP_RELU, name, &x, 1, &attr, 0, NULL, 0);
+  return build(g, op, name, &x, 1, &attr, 0, NULL, 0);
 }
+int qt_graph_relu(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_RELU, name, x); }
 
-int qt_graph_relu6(qt_graph *g, const char *name, int x) {
-  const qt_node_attrs attr = {0};
-  return build(g, QT_OP_RELU6, name, &x, 1, &attr, 0, NULL, 0);
-}
+int qt_graph_relu6(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_RELU6, name, x); }
 
 static int pool(qt_graph *g, qt_op op, const char *name, int x, int kernel, int stride, int pad) {
   const qt_node_attrs attr = {
@@ -214,15 +206,9 @@ int qt_graph_avg_pool2d(qt_graph *g, const char *name, int x, int kernel, int st
   return pool(g, QT_OP_AVG_POOL2D, name, x, kernel, stride, pad);
 }
 
-int qt_graph_global_avg_pool(qt_graph *g, const char *name, int x) {
-  const qt_node_attrs attr = {0};
-  return build(g, QT_OP_GLOBAL_AVG_POOL, name, &x, 1, &attr, 0, NULL, 0);
-}
+int qt_graph_global_avg_pool(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_GLOBAL_AVG_POOL, name, x); }
 
-int qt_graph_flatten(qt_graph *g, const char *name, int x) {
-  const qt_node_attrs attr = {0};
-  return build(g, QT_OP_FLATTEN, name, &x, 1, &attr, 0, NULL, 0);
-}
+int qt_graph_flatten(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_FLATTEN, name, x); }
 
 int qt_graph_linear(qt_graph *g, const char *name, int x, int out_features, int bias) {
   if (check_value(g, name, x)) return -1;
@@ -257,9 +243,7 @@ int qt_graph_alloc(qt_graph *g, char *err) {
     p->offset = *n;
     *n += (p->numel + 15) & ~(int64_t)15; /* 64-byte aligned regions */
   }
-  free(g->params);
-  free(g->grads);
-  free(g->buffers);
+  QT_FREE_ALL(g->params, g->grads, g->buffers);
   g->params = aligned_alloc(64, (size_t)(g->n_params + 16) * sizeof(float));
   g->grads = aligned_alloc(64, (size_t)(g->n_params + 16) * sizeof(float));
   g->buffers = aligned_alloc(64, (size_t)(g->n_buffers + 16) * sizeof(float));

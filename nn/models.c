@@ -3,28 +3,37 @@
 
 #include <string.h>
 
-/* FashionCNN: conv 1->32 3x3 pad 1 (no bias) + BN + ReLU, max-pool 2; conv 32->64 3x3 pad 1
- * (no bias) + BN + ReLU, max-pool 2; flatten 3136; linear 3136->128 + ReLU; linear 128->10. */
-static qt_graph *fashion_cnn(char *err) {
-  qt_graph *g = qt_graph_create("fashion_cnn");
-  int x = qt_graph_input(g, "input", 28, 28, 1);
-  x = qt_graph_conv2d(g, "conv1", x, 32, 3, 1, 1, 1, 0);
-  x = qt_graph_batch_norm(g, "bn1", x);
-  x = qt_graph_relu(g, "relu1", x);
-  x = qt_graph_max_pool2d(g, "pool1", x, 2, 2, 0);
-  x = qt_graph_conv2d(g, "conv2", x, 64, 3, 1, 1, 1, 0);
-  x = qt_graph_batch_norm(g, "bn2", x);
-  x = qt_graph_relu(g, "relu2", x);
-  x = qt_graph_max_pool2d(g, "pool2", x, 2, 2, 0);
-  x = qt_graph_flatten(g, "flatten", x);
-  x = qt_graph_linear(g, "fc1", x, 128, 1);
-  x = qt_graph_relu(g, "relu3", x);
-  x = qt_graph_linear(g, "fc2", x, 10, 1);
+/* The graph with output x, or NULL (freed) with err. */
+static qt_graph *finish(qt_graph *g, int x, char *err) {
   if (qt_graph_finalize(g, x, err)) {
     qt_graph_free(g);
     return NULL;
   }
   return g;
+}
+
+/* A 3x3 convolution (pad 1, no bias) to `channels`, then batch norm and ReLU, with their names. */
+static int conv_bn_relu(qt_graph *g, const char *conv, const char *bn, const char *relu, int x, int channels,
+                        int stride) {
+  x = qt_graph_conv2d(g, conv, x, channels, 3, stride, 1, 1, 0);
+  x = qt_graph_batch_norm(g, bn, x);
+  return qt_graph_relu(g, relu, x);
+}
+
+/* FashionCNN: conv 1->32 3x3 pad 1 (no bias) + BN + ReLU, max-pool 2; conv 32->64 3x3 pad 1
+ * (no bias) + BN + ReLU, max-pool 2; flatten 3136; linear 3136->128 + ReLU; linear 128->10. */
+static qt_graph *fashion_cnn(char *err) {
+  qt_graph *g = qt_graph_create("fashion_cnn");
+  int x = qt_graph_input(g, "input", 28, 28, 1);
+  x = conv_bn_relu(g, "conv1", "bn1", "relu1", x, 32, 1);
+  x = qt_graph_max_pool2d(g, "pool1", x, 2, 2, 0);
+  x = conv_bn_relu(g, "conv2", "bn2", "relu2", x, 64, 1);
+  x = qt_graph_max_pool2d(g, "pool2", x, 2, 2, 0);
+  x = qt_graph_flatten(g, "flatten", x);
+  x = qt_graph_linear(g, "fc1", x, 128, 1);
+  x = qt_graph_relu(g, "relu3", x);
+  x = qt_graph_linear(g, "fc2", x, 10, 1);
+  return finish(g, x, err);
 }
 
 /* FashionMLP: 784 -> 256 ReLU -> 10. */
@@ -35,20 +44,17 @@ static qt_graph *fashion_mlp(char *err) {
   x = qt_graph_linear(g, "fc1", x, 256, 1);
   x = qt_graph_relu(g, "relu1", x);
   x = qt_graph_linear(g, "fc2", x, 10, 1);
-  if (qt_graph_finalize(g, x, err)) {
-    qt_graph_free(g);
-    return NULL;
-  }
-  return g;
+  return finish(g, x, err);
 }
 
 /* A basic residual block: conv-bn-relu-conv-bn, add the shortcut, relu. */
 static int res_block(qt_graph *g, const char *prefix, int x, int channels) {
   char name[QT_NAME_LEN];
 #define NM(s) (snprintf(name, sizeof name, "%s.%s", prefix, s), name)
-  int y = qt_graph_conv2d(g, NM("conv1"), x, channels, 3, 1, 1, 1, 0);
-  y = qt_graph_batch_norm(g, NM("bn1"), y);
-  y = qt_graph_relu(g, NM("relu1"), y);
+  char conv[QT_NAME_LEN], bn[QT_NAME_LEN];
+  snprintf(conv, sizeof conv, "%s.conv1", prefix);
+  snprintf(bn, sizeof bn, "%s.bn1", prefix);
+  int y = conv_bn_relu(g, conv, bn, NM("relu1"), x, channels, 1);
   y = qt_graph_conv2d(g, NM("conv2"), y, channels, 3, 1, 1, 1, 0);
   y = qt_graph_batch_norm(g, NM("bn2"), y);
   y = qt_graph_add(g, NM("add"), y, x);
@@ -61,21 +67,13 @@ static int res_block(qt_graph *g, const char *prefix, int x, int channels) {
 static qt_graph *res_cnn(char *err) {
   qt_graph *g = qt_graph_create("res_cnn");
   int x = qt_graph_input(g, "input", 28, 28, 1);
-  x = qt_graph_conv2d(g, "stem.conv", x, 16, 3, 1, 1, 1, 0);
-  x = qt_graph_batch_norm(g, "stem.bn", x);
-  x = qt_graph_relu(g, "stem.relu", x);
+  x = conv_bn_relu(g, "stem.conv", "stem.bn", "stem.relu", x, 16, 1);
   x = res_block(g, "block1", x, 16);
-  x = qt_graph_conv2d(g, "down.conv", x, 32, 3, 2, 1, 1, 0);
-  x = qt_graph_batch_norm(g, "down.bn", x);
-  x = qt_graph_relu(g, "down.relu", x);
+  x = conv_bn_relu(g, "down.conv", "down.bn", "down.relu", x, 32, 2);
   x = res_block(g, "block2", x, 32);
   x = qt_graph_global_avg_pool(g, "gap", x);
   x = qt_graph_linear(g, "fc", x, 10, 1);
-  if (qt_graph_finalize(g, x, err)) {
-    qt_graph_free(g);
-    return NULL;
-  }
-  return g;
+  return finish(g, x, err);
 }
 
 static const struct {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "nn/nn.h"
+#include "base/base.h"
 
 qt_qstate *qt_qstate_create(const qt_qspec *spec, int channels, char *err) {
   qt_qstate *q = calloc(1, sizeof *q);
@@ -16,9 +17,7 @@ qt_qstate *qt_qstate_create(const qt_qspec *spec, int channels, char *err) {
   QT_ASSERT(q->scale && q->zero_point, "out of memory");
   for (int c = 0; c < channels; c++) q->scale[c] = 1.0f;
   if (qt_observer_init(&q->obs, spec->observer, channels, err)) {
-    free(q->scale);
-    free(q->zero_point);
-    free(q);
+    QT_FREE_ALL(q->scale, q->zero_point, q);
     return NULL;
   }
   q->obs.method = spec->method;
@@ -58,11 +57,7 @@ qt_qstate *qt_qstate_clone(const qt_qstate *src) {
 void qt_qstate_free(qt_qstate *q) {
   if (!q) return;
   qt_observer_free(&q->obs);
-  free(q->scale);
-  free(q->zero_point);
-  free(q->qweight);
-  free(q->qbias);
-  free(q);
+  QT_FREE_ALL(q->scale, q->zero_point, q->qweight, q->qbias, q);
 }
 
 /* Rounds each scale up to the next power of two (exact: frexpf/ldexpf), so that hardware can

@@ -7,6 +7,7 @@
  * messages). Per value the export tracks how the ONNX tensor orders a flattened image, so that
  * the linear layer reading it gets its columns permuted. */
 #include "onnx/export_int.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -306,9 +307,7 @@ static const char *bias_int32(exporter *e, const float *b, int64_t n) {
     q[c] = ok ? (int32_t)v : 0;
   }
   const char *name = ok ? int32_bias_node(e, q, sc, n) : NULL;
-  free(q);
-  free(sc);
-  free(zp);
+  QT_FREE_ALL(q, sc, zp);
   return name;
 }
 

@@ -9,15 +9,13 @@
 #include <string.h>
 
 #include "onnx/export_int.h"
+#include "base/base.h"
 
 /* ---- messages -------------------------------------------------------------------------------- */
 
 int qt_exp_node_err(exporter *e, const char *fmt, ...) {
   char what[QT_ERR_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
+  QT_VFORMAT(what, fmt);
   if (!e->node) return qt_err(e->err, "onnx export: %s: %s", e->path, what);
   return qt_err(e->err, "onnx export: %s: node '%s' (%s): %s", e->path, e->node->name, qt_op_name(e->node->op), what);
 }
@@ -51,13 +49,19 @@ char *qt_exp_str(exporter *e, const char *fmt, ...) {
 
 void qt_exp_pool_free(exporter *e) {
   for (size_t i = 0; i < e->n_mem; i++) free(e->mem[i]);
-  free(e->mem);
-  free(e->nodes);
-  free(e->inits);
-  free(e->vi);
+  QT_FREE_ALL(e->mem, e->nodes, e->inits, e->vi);
 }
 
 /* ---- tensors --------------------------------------------------------------------------------- */
+
+/* arr (n elements of elsize bytes, room for *cap) with room for one more: doubled when full. */
+static void *room_for_one(void *arr, size_t n, size_t *cap, size_t elsize) {
+  if (n < *cap) return arr;
+  *cap = *cap ? 2 * *cap : 64;
+  arr = realloc(arr, *cap * elsize);
+  QT_ASSERT(arr, "onnx export: out of memory");
+  return arr;
+}
 
 Onnx__TensorProto *qt_exp_add_init(exporter *e, const char *name, int type, int ndim, const int64_t *dims,
                                    const void *data, size_t bytes) {
@@ -73,11 +77,7 @@ Onnx__TensorProto *qt_exp_add_init(exporter *e, const char *name, int type, int 
   t->raw_data.len = bytes;
   t->raw_data.data = qt_exp_alloc(e, bytes);
   if (bytes) memcpy(t->raw_data.data, data, bytes); /* little-endian, as ONNX stores raw data */
-  if (e->n_inits == e->cap_inits) {
-    e->cap_inits = e->cap_inits ? 2 * e->cap_inits : 64;
-    e->inits = realloc(e->inits, e->cap_inits * sizeof *e->inits);
-    QT_ASSERT(e->inits, "onnx export: out of memory");
-  }
+  e->inits = room_for_one(e->inits, e->n_inits, &e->cap_inits, sizeof *e->inits);
   e->inits[e->n_inits++] = t;
   return t;
 }
@@ -118,11 +118,7 @@ Onnx__NodeProto *qt_exp_add_node(exporter *e, const char *op_type, const char *n
   n->n_output = 1;
   n->output = qt_exp_alloc(e, sizeof *n->output);
   n->output[0] = qt_exp_str(e, "%s", out);
-  if (e->n_nodes == e->cap_nodes) {
-    e->cap_nodes = e->cap_nodes ? 2 * e->cap_nodes : 64;
-    e->nodes = realloc(e->nodes, e->cap_nodes * sizeof *e->nodes);
-    QT_ASSERT(e->nodes, "onnx export: out of memory");
-  }
+  e->nodes = room_for_one(e->nodes, e->n_nodes, &e->cap_nodes, sizeof *e->nodes);
   e->nodes[e->n_nodes++] = n;
   return n;
 }

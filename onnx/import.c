@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "onnx/import_int.h"
+#include "base/base.h"
 #include "onnx/wire.h"
 
 #define ONNX_MAX_BYTES ((long)1 << 30)
@@ -297,14 +298,8 @@ qt_graph *qt_onnx_import(const char *path, const int *data_hwc, qt_onnx_info *in
   hdestroy_r(&im.sym_index);
   hdestroy_r(&im.next_suffix);
   for (int i = 0; i < im.n_suffix_keys; i++) free(im.suffix_keys[i]);
-  free(im.suffix_keys);
-  free(im.copies);
-  free(im.absorbed);
-  for (int i = 0; i < im.n_made; i++) {
-    free(im.made[i]->dims);
-    free(im.made[i]->raw_data.data);
-    free(im.made[i]);
-  }
+  QT_FREE_ALL(im.suffix_keys, im.copies, im.absorbed);
+  for (int i = 0; i < im.n_made; i++) QT_FREE_ALL(im.made[i]->dims, im.made[i]->raw_data.data, im.made[i]);
   free(im.made);
   return g;
 }

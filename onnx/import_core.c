@@ -35,10 +35,7 @@ static int escaped(char *err) {
 
 int qt_imp_node_err(imp *im, const char *fmt, ...) {
   char what[QT_ERR_LEN], label[32];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
+  QT_VFORMAT(what, fmt);
   const Onnx__NodeProto *n = im->node;
   qt_err(im->err, "onnx: %s: node '%s' (%s, opset %lld): %s", im->path,
          node_label(n, im->node_index, label, sizeof label), str(n->op_type), (long long)im->opset, what);
@@ -47,10 +44,7 @@ int qt_imp_node_err(imp *im, const char *fmt, ...) {
 
 int qt_imp_file_err(imp *im, const char *fmt, ...) {
   char what[QT_ERR_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
+  QT_VFORMAT(what, fmt);
   qt_err(im->err, "onnx: %s: %s", im->path, what);
   return escaped(im->err);
 }
@@ -170,24 +164,27 @@ const Onnx__AttributeProto *qt_imp_attr(const Onnx__NodeProto *n, const char *na
   return NULL;
 }
 
-int qt_imp_attr_int(imp *im, const char *name, int64_t def, int64_t *v) {
+/* The current node's attribute `name` when it is there with the given type; NULL with *rc 0 when
+ * it is absent, NULL with *rc -1 (the error said, naming `what` it should be) for another type. */
+static const Onnx__AttributeProto *typed_attr(imp *im, const char *name, Onnx__AttributeProto__AttributeType type,
+                                              const char *what, int *rc) {
   const Onnx__AttributeProto *a = qt_imp_attr(im->node, name);
-  *v = def;
-  if (!a) return 0;
-  if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT)
-    return qt_imp_node_err(im, "attribute %s is not an integer", name);
-  *v = a->i;
-  return 0;
+  *rc = a && a->type != type ? qt_imp_node_err(im, "attribute %s is not %s", name, what) : 0;
+  return *rc ? NULL : a;
+}
+
+int qt_imp_attr_int(imp *im, const char *name, int64_t def, int64_t *v) {
+  int rc;
+  const Onnx__AttributeProto *a = typed_attr(im, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT, "an integer", &rc);
+  *v = a ? a->i : def;
+  return rc;
 }
 
 int qt_imp_attr_float(imp *im, const char *name, float def, float *v) {
-  const Onnx__AttributeProto *a = qt_imp_attr(im->node, name);
-  *v = def;
-  if (!a) return 0;
-  if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT)
-    return qt_imp_node_err(im, "attribute %s is not a float", name);
-  *v = a->f;
-  return 0;
+  int rc;
+  const Onnx__AttributeProto *a = typed_attr(im, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT, "a float", &rc);
+  *v = a ? a->f : def;
+  return rc;
 }
 
 /* An INTS attribute of exactly `want` values (absent: *found = 0). */
@@ -318,33 +315,27 @@ int qt_imp_const_ints(imp *im, const Onnx__TensorProto *t, int64_t *v, int *n, i
     return qt_imp_node_err(im, "constant '%s': expected at most %d integers in one dimension", str(t->name), MAX_INTS);
   *n = (int)count;
   *scalar = t->n_dims == 0;
-  if (t->data_type == ONNX__TENSOR_PROTO__DATA_TYPE__INT64) {
-    if (t->has_raw_data) {
-      if ((int64_t)t->raw_data.len != 8 * count)
-        return qt_imp_node_err(im, "constant '%s': raw data of the wrong size", str(t->name));
-      memcpy(v, t->raw_data.data, (size_t)count * 8);
-    } else {
-      if ((int64_t)t->n_int64_data != count)
-        return qt_imp_node_err(im, "constant '%s': data of the wrong size", str(t->name));
-      memcpy(v, t->int64_data, (size_t)count * 8);
-    }
-    return 0;
-  }
-  if (t->data_type == ONNX__TENSOR_PROTO__DATA_TYPE__INT32) {
+  const int i64 = t->data_type == ONNX__TENSOR_PROTO__DATA_TYPE__INT64;
+  if (!i64 && t->data_type != ONNX__TENSOR_PROTO__DATA_TYPE__INT32)
+    return qt_imp_node_err(im, "constant '%s': ONNX data type %d, expected integers", str(t->name), (int)t->data_type);
+  const int64_t size = i64 ? 8 : 4;
+  const void *data = t->has_raw_data ? (const void *)t->raw_data.data
+                     : i64           ? (const void *)t->int64_data
+                                     : (const void *)t->int32_data;
+  const int64_t bytes = t->has_raw_data ? (int64_t)t->raw_data.len
+                        : i64           ? 8 * (int64_t)t->n_int64_data
+                                        : 4 * (int64_t)t->n_int32_data;
+  if (bytes != size * count)
+    return qt_imp_node_err(im, "constant '%s': %s of the wrong size", str(t->name),
+                           t->has_raw_data ? "raw data" : "data");
+  if (i64) {
+    memcpy(v, data, (size_t)count * 8);
+  } else {
     int32_t tmp[MAX_INTS];
-    if (t->has_raw_data) {
-      if ((int64_t)t->raw_data.len != 4 * count)
-        return qt_imp_node_err(im, "constant '%s': raw data of the wrong size", str(t->name));
-      memcpy(tmp, t->raw_data.data, (size_t)count * 4);
-    } else {
-      if ((int64_t)t->n_int32_data != count)
-        return qt_imp_node_err(im, "constant '%s': data of the wrong size", str(t->name));
-      memcpy(tmp, t->int32_data, (size_t)count * 4);
-    }
+    memcpy(tmp, data, (size_t)count * 4);
     for (int i = 0; i < count; i++) v[i] = tmp[i];
-    return 0;
   }
-  return qt_imp_node_err(im, "constant '%s': ONNX data type %d, expected integers", str(t->name), (int)t->data_type);
+  return 0;
 }
 
 /* Input k as a small integer vector (a constant or a shape computation). */

@@ -52,10 +52,7 @@ static int ext_err(imp *im, const Onnx__TensorProto *t, const char *loc, const c
     __attribute__((format(printf, 4, 5)));
 static int ext_err(imp *im, const Onnx__TensorProto *t, const char *loc, const char *fmt, ...) {
   char what[QT_ERR_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
+  QT_VFORMAT(what, fmt);
   return qt_imp_file_err(im, "tensor '%s': external data '%s': %s", str(t->name), str(loc), what);
 }
 

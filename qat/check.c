@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "qat/qat.h"
+#include "base/base.h"
 
 static void fail(qt_check_report *r, const char *fmt, ...) {
   r->ok = 0;
@@ -108,10 +109,7 @@ static void check_bias(qt_graph *t, int ti, qt_graph *c, int ci, qt_check_report
       fail(r, "bias of %s: %d of %d integers differ from quantizing the trained bias (first at %d: %d vs %d)", n->name,
            bad, OC, first, m->wq->qbias[first], qb[first]);
   }
-  free(b);
-  free(scale);
-  free(zero);
-  free(qb);
+  QT_FREE_ALL(b, scale, zero, qb);
 }
 
 static void check_structure(qt_graph *t, qt_graph *c, qt_check_report *r) {
@@ -247,9 +245,7 @@ static int check_numbers(qt_graph *t, qt_graph *c, const float *batch, int n, qt
     }
     yc = qt_graph_forward_keep(c, cc, qt_tensor_wrap(cc, QT_F32, 4, shape, (void *)batch), &vc, force, keep_c);
   }
-  free(force);
-  free(keep_t);
-  free(keep_c);
+  QT_FREE_ALL(force, keep_t, keep_c);
   if (!yt || !yc) {
     snprintf(err, QT_ERR_LEN, "check: running the %s graph: %s", !yt ? "training" : "convert",
              !yt ? t->error : c->error);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "qat/qat.h"
+#include "base/base.h"
 
 static int add_tensor_copy(qt_graph *c, int node, const char *suffix, const qt_param *src, int **pending, int *n,
                            const float **srcdata, const float *data) {
@@ -205,11 +206,7 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
     }
   }
   for (int k = 0; k < n_owned; k++) free(owned[k]);
-  free(owned);
-  free(vmap);
-  free(pending);
-  free(srcdata);
-  free(qweight_nodes);
+  QT_FREE_ALL(owned, vmap, pending, srcdata, qweight_nodes);
   if (err[0]) {
     qt_graph_free(c);
     return NULL;

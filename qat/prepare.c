@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "qat/qat.h"
+#include "base/base.h"
 
 typedef struct {
   int dst, src; /* tensor ids: new graph <- old graph */
@@ -251,18 +252,12 @@ qt_graph *qt_prepare(const qt_graph *g, const qt_annotations *a, qt_prepare_mode
   s.p->output = s.vmap[g->output];
   if (qt_graph_alloc(s.p, err)) goto fail;
   fill_tensors(&s);
-  free(s.vmap);
-  free(s.tmap);
-  free(s.copies);
-  free(s.folds);
+  QT_FREE_ALL(s.vmap, s.tmap, s.copies, s.folds);
   qt_graph_set_mode(s.p, QT_MODE_TRAIN);
   return s.p;
 fail:
   if (!err[0] && s.p->error[0]) snprintf(err, QT_ERR_LEN, "prepare: %s", s.p->error);
-  free(s.vmap);
-  free(s.tmap);
-  free(s.copies);
-  free(s.folds);
+  QT_FREE_ALL(s.vmap, s.tmap, s.copies, s.folds);
   qt_graph_free(s.p);
   return NULL;
 }

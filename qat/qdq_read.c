@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "qat/qdq_internal.h"
+#include "base/h5.h"
+#include "base/base.h"
 
 /* ---- reading ------------------------------------------------------------------------------ */
 
@@ -319,10 +321,7 @@ int qt_qdq_read_qrecord_new(hid_t parent, qdq_record_kind kind, graph_kind graph
   *out = q;
   rc = 0;
 done:
-  free(scale);
-  free(zp);
-  free(wi.qweight);
-  free(wi.qbias);
+  QT_FREE_ALL(scale, zp, wi.qweight, wi.qbias);
   H5Gclose(r);
   return rc;
 }
@@ -693,9 +692,7 @@ static int read_records(hid_t f, qt_graph *g, graph_kind kind, char *msg) {
     goto done;
   rc = 0;
 done:
-  if (ga >= 0) H5Gclose(ga);
-  if (gw >= 0) H5Gclose(gw);
-  if (gq >= 0) H5Gclose(gq);
+  QT_H5_CLOSE_ALL(ga, gw, gq);
   return rc;
 }
 
@@ -715,12 +712,7 @@ static qt_graph *load_graph(hid_t f, char *msg) {
   loader ld = {.gt = -1};
   const int rc = load_into(f, &ld, msg);
   if (ld.gt >= 0) H5Gclose(ld.gt);
-  free(ld.tensors);
-  free(ld.nodes);
-  free(ld.values.name);
-  free(ld.values.ndim);
-  free(ld.values.producer);
-  free(ld.values.shape);
+  QT_FREE_ALL(ld.tensors, ld.nodes, ld.values.name, ld.values.ndim, ld.values.producer, ld.values.shape);
   if (rc) {
     qt_graph_free(ld.g);
     return NULL;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "qat/qdq_internal.h"
+#include "base/base.h"
 
 /* ---- writing ------------------------------------------------------------------------------ */
 
@@ -178,10 +179,7 @@ static int write_values(writer *w, hid_t f, const qt_graph *g) {
         qt_h5_dataset_write(gv, "shape", H5T_STD_I64LE, H5T_NATIVE_INT64, 2, d2, shape) ||
         qt_h5_dataset_write(gv, "producer", H5T_STD_I32LE, H5T_NATIVE_INT, 1, d1, producer);
   if (st >= 0) H5Tclose(st);
-  free(names);
-  free(ndim);
-  free(producer);
-  free(shape);
+  QT_FREE_ALL(names, ndim, producer, shape);
   bad |= H5Gclose(gv) < 0;
   return bad ? -1 : 0;
 }

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "qat/qdq_internal.h"
+#include "base/h5.h"
+#include "base/base.h"
 #include "qat/qstate_file.h"
 
 /* ---- training state in checkpoints (qat/qstate_file.h) ------------------------------------ */
@@ -68,10 +70,7 @@ void qt_quant_state_free(qt_quant_state *s) {
     qt_qstate_free(s->act[i]);
     qt_qstate_free(s->wt[i]);
   }
-  free(s->act);
-  free(s->wt);
-  free(s->bn_frozen);
-  free(s);
+  QT_FREE_ALL(s->act, s->wt, s->bn_frozen, s);
 }
 
 /* The stored spec must be the one this graph quantizes with. */
@@ -253,9 +252,7 @@ static int read_observer_state(hid_t r, const char *obj, qt_qstate *q, const qt_
   hist = NULL;
   rc = 0;
 done:
-  free(mn);
-  free(mx);
-  free(hist);
+  QT_FREE_ALL(mn, mx, hist);
   H5Gclose(og);
   return rc;
 }
@@ -366,10 +363,7 @@ qt_quant_state *qt_quant_state_read(hid_t f, const qt_graph *g, char *err) {
   }
   ok = 1;
 done:
-  if (gb >= 0) H5Gclose(gb);
-  if (ga >= 0) H5Gclose(ga);
-  if (gw >= 0) H5Gclose(gw);
-  if (gq >= 0) H5Gclose(gq);
+  QT_H5_CLOSE_ALL(gb, ga, gw, gq);
   if (!ok) {
     qt_quant_state_free(s);
     return NULL;

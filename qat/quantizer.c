@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "qat/qat.h"
+#include "base/base.h"
 
 void qt_quantizer_config_default(qt_quantizer_config *c) {
   memset(c, 0, sizeof *c);
@@ -319,12 +320,7 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
 }
 
 void qt_annotations_free(qt_annotations *a) {
-  free(a->act);
-  free(a->act_spec);
-  free(a->share);
-  free(a->weight);
-  free(a->weight_spec);
-  free(a->unit);
+  QT_FREE_ALL(a->act, a->act_spec, a->share, a->weight, a->weight_spec, a->unit);
   memset(a, 0, sizeof *a);
 }
 

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "quant/quant.h"
+#include "base/base.h"
 #include "quant/quant_assert.h"
 
 #define QUANT_PARALLEL_MIN 32768
@@ -65,9 +66,7 @@ int qt_observer_init(qt_observer *o, qt_observer_kind kind, int channels, char *
 }
 
 void qt_observer_free(qt_observer *o) {
-  free(o->min);
-  free(o->max);
-  free(o->hist);
+  QT_FREE_ALL(o->min, o->max, o->hist);
   o->min = o->max = NULL;
   o->hist = NULL;
   o->initialized = 0;
@@ -93,9 +92,7 @@ int qt_observer_copy(qt_observer *dst, const qt_observer *src, char *err) {
   memcpy(mn, src->min, (size_t)src->channels * sizeof(float));
   memcpy(mx, src->max, (size_t)src->channels * sizeof(float));
   if (h) memcpy(h, src->hist, (size_t)src->bins * sizeof(int64_t));
-  free(dst->min);
-  free(dst->max);
-  free(dst->hist);
+  QT_FREE_ALL(dst->min, dst->max, dst->hist);
   *dst = *src;
   dst->min = mn;
   dst->max = mx;

@@ -281,22 +281,15 @@ static qt_graph *calibrate_eval(const qt_options *c, const qt_graph *fp32, const
 }
 
 /* ---- output helpers --------------------------------------------------------------------------- */
-static void json_db(qt_strbuf *b, double db) {
-  if (isnan(db))
-    qt_strbuf_printf(b, "null");
-  else if (isinf(db))
-    qt_strbuf_printf(b, "%s", db > 0 ? "999.0" : "-999.0");
+/* A decibel figure: `nan` for NaN, `inf` / `minus_inf` for infinities, else with `decimals`. */
+static void print_db(qt_strbuf *b, double db, const char *nan, const char *inf, const char *minus_inf, int decimals) {
+  if (isnan(db) || isinf(db))
+    qt_strbuf_printf(b, "%s", isnan(db) ? nan : db > 0 ? inf : minus_inf);
   else
-    qt_strbuf_printf(b, "%.3f", db);
+    qt_strbuf_printf(b, "%.*f", decimals, db);
 }
-static void md_db(qt_strbuf *b, double db) {
-  if (isnan(db))
-    qt_strbuf_printf(b, "n/a");
-  else if (isinf(db))
-    qt_strbuf_printf(b, "%s", db > 0 ? "inf (exact)" : "-inf");
-  else
-    qt_strbuf_printf(b, "%.2f", db);
-}
+static void json_db(qt_strbuf *b, double db) { print_db(b, db, "null", "999.0", "-999.0", 3); }
+static void md_db(qt_strbuf *b, double db) { print_db(b, db, "n/a", "inf (exact)", "-inf", 2); }
 
 typedef struct {
   char name[QT_NAME_LEN];
@@ -575,9 +568,7 @@ int qt_analysis_run(const qt_options *o, qt_graph *fp32, const qt_dataset *train
   qt_strbuf_printf(&A->js, "\n}\n");
   rc = write_outputs(dir, &A->md, &A->js, json_path, json_path_len, verbose, err);
 out:
-  free(A->md.s);
-  free(A->js.s);
-  free(A);
+  QT_FREE_ALL(A->md.s, A->js.s, A);
   qt_graph_set_mode(fp32, QT_MODE_TRAIN);
   return rc;
 }
@@ -616,9 +607,7 @@ int qt_analysis_run_qat(const qt_options *o, qt_graph *qat, const qt_dataset *te
   if (write_outputs(dir, &md, &js, json_path, json_path_len, verbose, err)) goto out;
   rc = 0;
 out:
-  free(rows);
-  free(md.s);
-  free(js.s);
+  QT_FREE_ALL(rows, md.s, js.s);
   qt_graph_set_mode(qat, QT_MODE_TRAIN);
   return rc;
 }

@@ -10,6 +10,7 @@
  * through base/h5.h, which checks its class, rank and size first: a crafted file with an array
  * `epoch` or a variable-length `model` gets a message, not a buffer overflow. */
 #include "train/train.h"
+#include "base/base.h"
 #include "base/h5.h"
 #include "dist/dist.h"
 #include "qat/qstate_file.h"
@@ -247,9 +248,7 @@ static int load_open(hid_t f, const char *path, qt_graph *g, qt_optim *opt, qt_c
   free(L.meta.config_ini);
   qt_quant_state_free(L.qs);
   for (int i = 0; L.states && i < ns; i++) free(L.states[i]);
-  free(L.states);
-  free(L.params);
-  free(L.buffers);
+  QT_FREE_ALL(L.states, L.params, L.buffers);
   H5Fclose(f);
   return rc;
 }

@@ -4,6 +4,7 @@
  * Choices that a library names (models, optimizers, schedules, observers, range methods) are
  * taken from that library's name table, so each exists once. */
 #include "train/options.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <omp.h>
@@ -569,8 +570,6 @@ int qt_options_ranks_agree(const qt_options *o, char *err) {
            rows[i].key.section, rows[i].key.key, at, bt, other);
   else
     qt_err(err, "the processes of this job run different configs (process 0 and process %d)", other);
-  free(opt);
-  free(texts[0]);
-  free(texts[1]);
+  QT_FREE_ALL(opt, texts[0], texts[1]);
   return -1;
 }

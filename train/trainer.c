@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "dist/dist.h"
+#include "base/base.h"
 #include "train/pipeline.h"
 
 /* A bucket of the gradient slab and the tape entry after whose backward its gradients are final
@@ -266,9 +267,7 @@ void qt_trainer_free(qt_trainer *t) {
   if (!t) return;
   qt_loader_free(t->loader);
   if (t->opt) qt_optim_free(t->opt);
-  free(t->bucket_at);
-  free(t->by_ready);
-  free(t);
+  QT_FREE_ALL(t->bucket_at, t->by_ready, t);
 }
 
 qt_optim *qt_trainer_optim(qt_trainer *t) { return t->opt; }
