@@ -240,7 +240,7 @@ static int bench_run(const qt_options *o, const bench_args *a, bench_result *r, 
   qt_ctx_set_blocked_handoff(ctx, !a->nhwc_handoff);
   tg = g;
   if (qat) {
-    if (!(p = qt_stage_prepare(o, g, NULL, st))) goto done;
+    if (!(p = qt_stage_prepare(o, g, NULL, NULL, st))) goto done;
     if (o->quant.qat_init == QT_QAT_INIT_CALIBRATION && qt_stage_calibrate(o, p, &train, ctx, NULL, 0, st)) goto done;
     tg = p;
     snprintf(r->mode, sizeof r->mode, "QAT W%dA%d (%s)", o->quant.weight_bits, o->quant.activation_bits,

@@ -187,4 +187,38 @@ int qt_check(qt_graph *trained, qt_graph *converted, const float *batch, int n, 
 int qt_qdq_save(const char *path, const qt_graph *g, char *err);
 qt_graph *qt_qdq_load(const char *path, char *err);
 
+/* ---- cross-layer equalization (qat/cle.c) ------------------------------------------------- */
+#define QT_CLE_MAX_LISTED 64
+#define QT_CLE_TOLERANCE 1e-6 /* stop when no scale moves more than this (|log s|) */
+#define QT_CLE_MAX_ITERATIONS 100
+typedef struct {
+  int pairs;                                                                 /* layer pairs equalized */
+  int iterations;                                                            /* passes over the pairs */
+  double last_change;                                                        /* the last pass's largest |log s| */
+  char a[QT_CLE_MAX_LISTED][QT_NAME_LEN], b[QT_CLE_MAX_LISTED][QT_NAME_LEN]; /* the first pairs */
+} qt_cle_result;
+/* Cross-layer equalization of g (a graph without batch norm: fp32 with BN folded, or prepared for
+ * PTQ and not calibrated yet), in place: every conv/linear layer A whose output reaches one
+ * conv/linear layer B only through ReLU, pooling, flatten and fake quant nodes gets its output
+ * channels scaled by 1/s and B's matching input channels by s, s_i = sqrt(r1_i / r2_i) from the
+ * channels' largest |weight|, pair by pair until the scales settle. The function g computes is
+ * unchanged (up to float rounding). Layers whose weight or bias another node shares, and chains
+ * through relu6, add or batch norm, are left alone. -1 with err for a graph with batch norm or
+ * calibrated qparams. */
+int qt_cross_layer_equalize(qt_graph *g, qt_cle_result *res, char *err);
+
+/* ---- bias correction (qat/bias_correction.c) ----------------------------------------------- */
+typedef struct {
+  int layers;                    /* conv/linear layers with a bias, corrected */
+  double before, after;          /* the largest |E[float output] - E[quantized output]| of a channel */
+  char worst_after[QT_NAME_LEN]; /* the layer where `after` is */
+} qt_bias_correction_result;
+/* Empirical bias correction of a calibrated prepared graph g, in place: for each conv/linear layer
+ * with a bias, in graph order, b_c += E[y_c] with fake quant off - E[y_c] with it on, the means
+ * taken over the n images (NHWC, the graph input's shape, preprocessed) in batches of `batch`,
+ * each layer's output before its activation, measured after the layers before it are corrected.
+ * Leaves g in QT_MODE_TRAIN (as calibration does). -1 with err when a forward fails. */
+int qt_bias_correct(qt_graph *g, qt_ctx *ctx, const float *images, int n, int batch, qt_bias_correction_result *res,
+                    char *err);
+
 #endif

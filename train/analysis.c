@@ -2,6 +2,7 @@
  * mixed precision. Each variant is a copy of the run's options with other [quant] settings,
  * prepared with qt_stage_prepare and calibrated with qt_calibrate_until. */
 #include "train/analysis.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -244,7 +245,7 @@ static qt_graph *calibrate_eval(const qt_options *c, const qt_graph *fp32, const
                                 qt_ctx *ctx, const int *counts, int n_counts, double *acc, int *used, int keep,
                                 char *err) {
   qt_status st = {0};
-  qt_graph *p = qt_stage_prepare(c, fp32, NULL, &st);
+  qt_graph *p = qt_stage_prepare(c, fp32, NULL, NULL, &st);
   if (!p) {
     snprintf(err, QT_ERR_LEN, "%s", st.msg);
     return NULL;

@@ -28,6 +28,8 @@ typedef enum { QT_QUANT_BIAS_AUTO, QT_QUANT_BIAS_INT32, QT_QUANT_BIAS_FLOAT, QT_
 typedef enum { QT_WOBS_AUTO, QT_WOBS_MINMAX, QT_WOBS_MOVING_AVERAGE, QT_WOBS_COUNT } qt_weight_observer_choice;
 typedef enum { QT_QAT_INIT_OBSERVERS, QT_QAT_INIT_CALIBRATION, QT_QAT_INIT_COUNT } qt_qat_init;
 typedef enum { QT_KEEP_W8A8, QT_KEEP_FP32, QT_KEEP_COUNT } qt_mixed_keep;
+/* quant.bias_correction: none, or the empirical form (qt_bias_correct) */
+typedef enum { QT_BIAS_CORRECTION_NONE, QT_BIAS_CORRECTION_EMPIRICAL } qt_bias_correction_choice;
 /* quant.fp32_reuse: an existing fp32 checkpoint whose recipe differs from quant.fp32_config's */
 typedef enum { QT_FP32_REUSE_CHECK, QT_FP32_REUSE_RETRAIN, QT_FP32_REUSE_ANY, QT_FP32_REUSE_COUNT } qt_fp32_reuse;
 typedef enum { QT_PROGRESS_AUTO, QT_PROGRESS_BAR, QT_PROGRESS_LINES, QT_PROGRESS_NONE, QT_PROGRESS_COUNT } qt_progress;
@@ -78,6 +80,9 @@ typedef struct {
   qt_range_method activation_range;
   double percentile;
   int learnable_scale;
+  int cle; /* PTQ: cross-layer equalization before calibration */
+  qt_bias_correction_choice bias_correction;
+  int bias_correction_images;
   char layer_overrides[QT_OPT_STR];
   char fp32_checkpoint[QT_OPT_STR], fp32_config[QT_OPT_STR];
   qt_fp32_reuse fp32_reuse;

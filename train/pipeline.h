@@ -74,9 +74,15 @@ int qt_stage_obtain_fp32(const qt_options *o, qt_graph *g, int verbose, qt_fp32_
 
 /* ---- quantization ---------------------------------------------------------------------------- */
 /* The Quantizer quant.quantizer names (with quant.backend's description), then prepare for
- * quant.mode (PTQ folds BN; QAT keeps conv_bn). Writes what the Quantizer decided to report
- * (may be NULL). */
-qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *fp32, FILE *report, qt_status *st);
+ * quant.mode (PTQ folds BN; QAT keeps conv_bn), then with quant.cle cross-layer equalization of
+ * the prepared graph (qt_cross_layer_equalize; its outcome in *cle, which may be NULL). Writes
+ * what the Quantizer decided, and the equalized pairs, to report (may be NULL). */
+qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *fp32, FILE *report, qt_cle_result *cle, qt_status *st);
+/* quant.bias_correction = empirical: qt_bias_correct of the calibrated p on the first
+ * quant.bias_correction_images images of train (evaluation preprocessing), its outcome in *res;
+ * nothing (res zeroed) otherwise. */
+int qt_stage_bias_correct(const qt_options *o, qt_graph *p, const qt_dataset *train, qt_ctx *ctx,
+                          qt_bias_correction_result *res, int verbose, qt_status *st);
 /* Calibrates p on quant.calibration_batches calibration batches of train (epoch 0; fewer when
  * the epoch ends first: *batches, may be NULL, gets the count), then freezes its observers
  * (the qparams stay fixed) and leaves it in QT_MODE_TRAIN. Under mpirun every process observes
@@ -130,6 +136,8 @@ typedef struct {
                          * "" when the export refused the graph (onnx_error says why) */
   char onnx_error[QT_ERR_LEN];
   qt_check_report check;
+  qt_cle_result cle; /* quant.cle: the equalized pairs */
+  qt_bias_correction_result bias_correction;
   int lost_channels;      /* qt_lost_weight_channels of the convert graph */
   char lost_detail[1024]; /* its per-layer lines */
   /* qt_stage_deploy: the lowered Q/DQ graph on the test set and inference speed */

@@ -139,9 +139,16 @@ static void summary_stage(qt_strbuf *b, const char *name, const qt_eval_result *
 
 static void summary_quant(qt_strbuf *b, const run *r) {
   const qt_quant_result *q = &r->q;
-  qt_strbuf_printf(b, "  \"quant\": {\"mode\": \"%s\", \"weight_bits\": %d, \"activation_bits\": %d},\n",
+  qt_strbuf_printf(b, "  \"quant\": {\"mode\": \"%s\", \"weight_bits\": %d, \"activation_bits\": %d",
                    r->o->quant.mode == QT_QUANT_PTQ ? "ptq" : "qat", r->o->quant.weight_bits,
                    r->o->quant.activation_bits);
+  if (r->o->quant.cle)
+    qt_strbuf_printf(b, ", \"cle\": {\"pairs\": %d, \"passes\": %d}", q->cle.pairs, q->cle.iterations);
+  if (r->o->quant.bias_correction != QT_BIAS_CORRECTION_NONE)
+    qt_strbuf_printf(b,
+                     ", \"bias_correction\": {\"layers\": %d, \"mean_error_before\": %.6g, \"mean_error_after\": %.6g}",
+                     q->bias_correction.layers, q->bias_correction.before, q->bias_correction.after);
+  qt_strbuf_printf(b, "},\n");
   const qt_fp32_origin *f = &r->fp32_origin;
   qt_strbuf_printf(b, "  \"fp32_model\": {\"how\": ");
   qt_strbuf_json_string(b, f->how ? f->how : "initialization");
@@ -340,14 +347,18 @@ static int run_prepare(run *r, qt_status *st) {
   char *rep_buf = NULL;
   size_t rep_len = 0;
   FILE *rep = r->writer ? open_memstream(&rep_buf, &rep_len) : NULL;
-  r->tg = qt_stage_prepare(o, r->g, rep, st);
+  r->tg = qt_stage_prepare(o, r->g, rep, &r->q.cle, st);
   if (rep) write_stream(r, rep, &rep_buf, &rep_len, "quantizer.txt");
   if (!r->tg) return -1;
+  if (r->verbose && o->quant.cle)
+    fprintf(stderr, "quant: cross-layer equalization of %d layer pairs in %d passes\n", r->q.cle.pairs,
+            r->q.cle.iterations);
   write_dot(r, r->tg, "model_prepared.dot");
   const int ptq = o->quant.mode == QT_QUANT_PTQ;
   if ((ptq || (!r->resuming && o->quant.qat_init == QT_QAT_INIT_CALIBRATION)) &&
       qt_stage_calibrate(o, r->tg, &r->train, r->ctx, NULL, r->verbose, st))
     return -1;
+  if (ptq && qt_stage_bias_correct(o, r->tg, &r->train, r->ctx, &r->q.bias_correction, r->verbose, st)) return -1;
   if (!ptq || !qt_analysis_wanted(o)) return 0;
   const qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_CALIBRATE);
   if (qt_analysis_run(o, r->g, &r->train, &r->test, &lc, &ec, r->ctx, o->output.dir, r->analysis, sizeof r->analysis,
@@ -638,12 +649,14 @@ int qt_stage_ptq_to_file(const qt_options *o, const char *out_path, FILE *report
     goto done;
   }
   if (!(g = qt_stage_build_model(o, NULL, st)) || qt_stage_obtain_fp32(o, g, 0, NULL, st) ||
-      !(p = qt_stage_prepare(o, g, report, st)) || qt_stage_load_data(&o->data, QT_SPLIT_TRAIN, &train, &test, st) ||
-      qt_stage_model_fits(o, g, &train, st))
+      !(p = qt_stage_prepare(o, g, report, NULL, st)) ||
+      qt_stage_load_data(&o->data, QT_SPLIT_TRAIN, &train, &test, st) || qt_stage_model_fits(o, g, &train, st))
     goto done;
   ctx = qt_ctx_create();
   int batches = 0;
-  if (qt_stage_calibrate(o, p, &train, ctx, &batches, 0, st)) goto done;
+  qt_bias_correction_result bc;
+  if (qt_stage_calibrate(o, p, &train, ctx, &batches, 0, st) || qt_stage_bias_correct(o, p, &train, ctx, &bc, 0, st))
+    goto done;
   qt_graph_set_mode(p, QT_MODE_EVAL);
   if (!(c = qt_convert(p, st->msg))) {
     qt_status_fail(st, QT_STATUS_RUNTIME);

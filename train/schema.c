@@ -156,6 +156,15 @@ static const option_row rows[] = {
     ROW(quant, fp32_reuse, QT_CFG_ENUM, "check", 0, 0, "check|retrain|any",
         "an existing fp32_checkpoint whose stored config is not fp32_config's recipe (with this run's [data]): "
         "check = stop (exit 2) naming the first differing key, retrain = train it again, any = use it anyway"),
+    ROW(quant, cle, QT_CFG_BOOL, "false", 0, 0, NULL,
+        "PTQ: cross-layer equalization before calibration: the per-channel weight ranges of consecutive "
+        "conv/linear layers (through ReLU and pooling) made equal, leaving the fp32 function unchanged "
+        "(docs/quantization.md)"),
+    ROW(quant, bias_correction, QT_CFG_ENUM, "none", 0, 0, "none|empirical",
+        "PTQ: after calibration, each conv/linear bias absorbs the mean shift quantization causes in its "
+        "outputs, measured on quant.bias_correction_images training images (docs/quantization.md)"),
+    ROW(quant, bias_correction_images, QT_CFG_INT, "512", 1, 1000000, NULL,
+        "PTQ with quant.bias_correction = empirical: the first training images it measures on"),
     ROW(quant, calibration_batches, QT_CFG_INT, "32", 1, 100000, NULL,
         "PTQ (and QAT with quant.qat_init = calibration): training batches to calibrate on"),
     ROW(quant, qat_init, QT_CFG_ENUM, "observers", 0, 0, "observers|calibration",
@@ -257,6 +266,12 @@ static int check_rules(const qt_options *o, char *err) {
                   "quant.freeze_observers_after = %g has no effect with quant.qat_init = calibration: the calibrated "
                   "qparams stay fixed (or are learned with LSQ) from the start",
                   q->freeze_observers_after);
+  if (q->bias_correction != QT_BIAS_CORRECTION_NONE && q->mode != QT_QUANT_PTQ)
+    return qt_err(err, "quant.bias_correction needs quant.mode = ptq (QAT trains the biases)");
+  if (q->cle && q->mode != QT_QUANT_PTQ)
+    return qt_err(err,
+                  "quant.cle needs quant.mode = ptq (QAT keeps batch norm unfolded until convert, and "
+                  "equalization needs it folded)");
   if (q->learnable_scale && q->mode != QT_QUANT_QAT)
     return qt_err(err, "quant.learnable_scale needs quant.mode = qat (PTQ learns nothing)");
   if (q->quantizer == QT_QUANTIZER_BACKEND && !q->backend[0])

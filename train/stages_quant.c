@@ -46,7 +46,21 @@ int qt_stage_backend_desc(const qt_quant_options *q, qt_backend_desc *d, const c
   return 0;
 }
 
-qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *g, FILE *report, qt_status *st) {
+/* quant.cle: the prepared graph equalized, the pairs written to report. */
+static int equalize(const qt_quant_options *q, qt_graph *p, FILE *report, qt_cle_result *res, char *err) {
+  memset(res, 0, sizeof *res);
+  if (!q->cle) return 0;
+  if (qt_cross_layer_equalize(p, res, err)) return -1;
+  if (report) {
+    fprintf(report, "cross-layer equalization: %d layer pairs, %d passes (last change %.2g):", res->pairs,
+            res->iterations, res->last_change);
+    for (int k = 0; k < res->pairs && k < QT_CLE_MAX_LISTED; k++) fprintf(report, " %s->%s", res->a[k], res->b[k]);
+    fprintf(report, "\n");
+  }
+  return 0;
+}
+
+qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *g, FILE *report, qt_cle_result *cle, qt_status *st) {
   const qt_quant_options *q = &o->quant;
   qt_quantizer_config qc;
   if (quantizer_config(q, &qc, st->msg)) {
@@ -74,6 +88,11 @@ qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *g, FILE *report,
   }
   qt_graph *p = qt_prepare(g, &ann, q->mode == QT_QUANT_QAT ? QT_PREPARE_QAT : QT_PREPARE_PTQ, st->msg);
   qt_annotations_free(&ann);
+  qt_cle_result local;
+  if (p && equalize(q, p, report, cle ? cle : &local, st->msg)) {
+    qt_graph_free(p);
+    p = NULL;
+  }
   if (!p) qt_status_fail(st, QT_STATUS_INPUT);
   return p;
 }
@@ -116,6 +135,25 @@ int qt_stage_calibrate(const qt_options *o, qt_graph *p, const qt_dataset *train
   if (rc) return qt_status_fail(st, QT_STATUS_RUNTIME);
   if (verbose) fprintf(stderr, "quant: calibrated on %d batches\n", done);
   if (batches) *batches = done;
+  return 0;
+}
+
+int qt_stage_bias_correct(const qt_options *o, qt_graph *p, const qt_dataset *train, qt_ctx *ctx,
+                          qt_bias_correction_result *res, int verbose, qt_status *st) {
+  memset(res, 0, sizeof *res);
+  if (o->quant.bias_correction == QT_BIAS_CORRECTION_NONE) return 0;
+  const float *images;
+  int got;
+  qt_loader *l = qt_stage_first_images(o, train, o->quant.bias_correction_images, &images, &got, st);
+  if (!l) return -1;
+  const double t0 = qt_now_seconds();
+  const int rc = qt_bias_correct(p, ctx, images, got, o->train.batch_size, res, st->msg);
+  qt_loader_free(l);
+  if (rc) return qt_status_fail(st, QT_STATUS_RUNTIME);
+  if (verbose)
+    fprintf(stderr,
+            "quant: bias correction of %d layers on %d images in %.1f s: largest mean output error %.3g -> %.3g\n",
+            res->layers, got, qt_now_seconds() - t0, res->before, res->after);
   return 0;
 }
 

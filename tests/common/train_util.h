@@ -25,7 +25,7 @@ static inline qt_graph *qt_test_prepare(const qt_config *cfg, const qt_graph *g,
   QT_ASSERT(o, "out of memory");
   qt_status st = {0};
   qt_graph *p = NULL;
-  if (!qt_options_resolve(cfg, o, err) && !(p = qt_stage_prepare(o, g, NULL, &st))) snprintf(err, QT_ERR_LEN, "%s", st.msg);
+  if (!qt_options_resolve(cfg, o, err) && !(p = qt_stage_prepare(o, g, NULL, NULL, &st))) snprintf(err, QT_ERR_LEN, "%s", st.msg);
   free(o);
   return p;
 }

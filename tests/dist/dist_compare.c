@@ -16,7 +16,7 @@ static qt_graph *load(const qt_options *o, const char *path, qt_checkpoint_meta 
   qt_status st = {0};
   qt_graph *g = qt_stage_build_model(o, NULL, &st), *p = g;
   if (g && o->quant.mode != QT_QUANT_NONE) {
-    p = qt_stage_prepare(o, g, NULL, &st);
+    p = qt_stage_prepare(o, g, NULL, NULL, &st);
     qt_graph_free(g);
   }
   if (!p || qt_checkpoint_load(path, p, NULL, meta, st.msg)) {

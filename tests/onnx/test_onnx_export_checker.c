@@ -129,7 +129,7 @@ static void one(const char *stem, const char *model_key, const char *mode, int w
     goto done;
   }
   if (qt_stage_load_data(&o->data, QT_SPLIT_BOTH, &train, &test, &st) || !(g = qt_stage_build_model(o, &test, &st)) ||
-      !(p = qt_stage_prepare(o, g, NULL, &st)) || qt_stage_calibrate(o, p, &train, ctx, NULL, 0, &st)) {
+      !(p = qt_stage_prepare(o, g, NULL, NULL, &st)) || qt_stage_calibrate(o, p, &train, ctx, NULL, 0, &st)) {
     qt_test_fail("%s: %s", stem, st.msg);
     goto done;
   }

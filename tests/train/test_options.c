@@ -107,6 +107,10 @@ static void test_rules(void) {
   struct { const char *a, *b, *want; } cases[] = {
       {"quant.mode=qat", "quant.qat_init=calibration", NULL},
       {"quant.mode=ptq", "quant.learnable_scale=true", "quant.learnable_scale needs quant.mode = qat"},
+      {"quant.mode=qat", "quant.cle=true", "quant.cle needs quant.mode = ptq"},
+      {"quant.mode=ptq", "quant.cle=true", NULL},
+      {"quant.mode=qat", "quant.bias_correction=empirical", "quant.bias_correction needs quant.mode = ptq"},
+      {"quant.mode=ptq", "quant.bias_correction=empirical", NULL},
       {"quant.mode=qat", "quant.quantizer=backend", "quant.quantizer = backend needs quant.backend"},
       {"quant.mode=ptq", "quant.backend=accel.ini", "a description file is read only with quant.quantizer = backend"},
       {"quant.mode=ptq", "quant.backend=xnnpack", NULL},
