@@ -181,20 +181,28 @@ static void test_refusals(void) {
   qt_graph_free(g);
 }
 
-/* FashionCNN prepared for PTQ: unchanged outputs, three pairs; refused once calibrated. */
-static void test_prepared(void) {
+/* FashionCNN initialized from seed, with non-trivial BN statistics, prepared for PTQ at
+ * W<bits>A<bits> by the oneDNN Quantizer (BN folded). */
+static qt_graph *prepared_fashion_cnn(uint64_t seed, int bits) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build("fashion_cnn", err);
   if (!g || qt_graph_alloc(g, err)) qt_test_fail("fashion_cnn: %s", err);
-  qt_graph_init_params(g, 7);
+  qt_graph_init_params(g, seed);
   for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.3f + 0.2f * (float)(i % 7);
-  qt_quantizer_config qc = qt_test_quantizer_config(8, 8);
+  qt_quantizer_config qc = qt_test_quantizer_config(bits, bits);
   qt_annotations a;
   if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err)) qt_test_fail("quantizer: %s", err);
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   if (!p) qt_test_fail("prepare: %s", err);
   qt_annotations_free(&a);
   qt_graph_free(g);
+  return p;
+}
+
+/* FashionCNN prepared for PTQ: unchanged outputs, three pairs; refused once calibrated. */
+static void test_prepared(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *p = prepared_fashion_cnn(7, 8);
   skew_channels(p, "conv1");
   int64_t n0, n1;
   float *before = outputs(p, QT_MODE_EVAL_FLOAT, 28, 28, 1, &n0);
@@ -237,17 +245,7 @@ static void mean_outputs(qt_graph *p, qt_graph_mode mode, float *x, int n, doubl
 static void test_bias_correction(void) {
   enum { M = 64, K = 10 };
   char err[QT_ERR_LEN];
-  qt_graph *g = qt_model_build("fashion_cnn", err);
-  if (!g || qt_graph_alloc(g, err)) qt_test_fail("fashion_cnn: %s", err);
-  qt_graph_init_params(g, 9);
-  for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.3f + 0.2f * (float)(i % 7);
-  qt_quantizer_config qc = qt_test_quantizer_config(4, 4);
-  qt_annotations a;
-  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err)) qt_test_fail("quantizer: %s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
-  if (!p) qt_test_fail("prepare: %s", err);
-  qt_annotations_free(&a);
-  qt_graph_free(g);
+  qt_graph *p = prepared_fashion_cnn(9, 4);
   float *x = qt_test_uniform_range((int64_t)M * 784, -0.8f, 2.0f, 21);
   double mf[K], mq[K];
   mean_outputs(p, QT_MODE_CALIBRATE, x, M, mq, K);
