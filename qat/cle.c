@@ -34,9 +34,9 @@ static int tensor_own(const qt_graph *g, int i, int k) {
 }
 
 /* The layer B that layer a's output reaches through channel-wise positive-homogeneous nodes only,
- * each the sole consumer of the last; -1 when there is none (another consumer, an add, a relu6,
- * a batch norm). *flat: a flatten was crossed. */
-static int follow(const qt_graph *g, int a, int *flat) {
+ * each the sole consumer of the last; -1 when there is none (another consumer, an add, a batch
+ * norm, a relu6 unless relu6_ok). *flat: a flatten was crossed. */
+static int follow(const qt_graph *g, int a, int relu6_ok, int *flat) {
   int v = g->nodes[a].output;
   *flat = 0;
   for (;;) {
@@ -45,6 +45,9 @@ static int follow(const qt_graph *g, int a, int *flat) {
     const qt_node *n = &g->nodes[c];
     if (is_layer(n)) return n->inputs[0] == v ? c : -1;
     switch (n->op) {
+      case QT_OP_RELU6:
+        if (!relu6_ok) return -1;
+        break;
       case QT_OP_RELU:
       case QT_OP_MAX_POOL2D:
       case QT_OP_AVG_POOL2D:
@@ -58,13 +61,13 @@ static int follow(const qt_graph *g, int a, int *flat) {
 }
 
 /* The pairs of g in graph order. */
-static int find_pairs(const qt_graph *g, cle_pair *pairs) {
+static int find_pairs(const qt_graph *g, int relu6_ok, cle_pair *pairs) {
   int n = 0;
   for (int a = 0; a < g->n_nodes; a++) {
     const qt_node *na = &g->nodes[a];
     if (!is_layer(na) || !tensor_own(g, a, QT_P_WEIGHT) || !tensor_own(g, a, QT_P_BIAS)) continue;
     int flat;
-    const int b = follow(g, a, &flat);
+    const int b = follow(g, a, relu6_ok, &flat);
     if (b < 0 || !tensor_own(g, b, QT_P_WEIGHT)) continue;
     const qt_param *wa = &g->tensors[na->param[QT_P_WEIGHT]], *wb = &g->tensors[g->nodes[b].param[QT_P_WEIGHT]];
     const int channels = (int)wa->shape[0];
@@ -113,7 +116,18 @@ static double equalize(qt_graph *g, const cle_pair *p, double *r1, double *r2) {
   return moved;
 }
 
-int qt_cross_layer_equalize(qt_graph *g, qt_cle_result *res, char *err) {
+/* The relu6 nodes between the layers of pair p become relu; returns how many. */
+static int relu6_to_relu(qt_graph *g, const cle_pair *p) {
+  int n = 0;
+  for (int v = g->nodes[p->a].output, c; (c = qt_graph_sole_consumer(g, v)) >= 0 && c != p->b; v = g->nodes[c].output)
+    if (g->nodes[c].op == QT_OP_RELU6) {
+      g->nodes[c].op = QT_OP_RELU;
+      n++;
+    }
+  return n;
+}
+
+int qt_cross_layer_equalize(qt_graph *g, int relu6_as_relu, qt_cle_result *res, char *err) {
   memset(res, 0, sizeof *res);
   if (!g->finalized || !g->params)
     return qt_err(err, "cross-layer equalization: graph '%s' has no parameters", g->name);
@@ -132,7 +146,8 @@ int qt_cross_layer_equalize(qt_graph *g, qt_cle_result *res, char *err) {
   }
   cle_pair *pairs = malloc((size_t)(g->n_nodes > 0 ? g->n_nodes : 1) * sizeof *pairs);
   QT_ASSERT(pairs, "out of memory");
-  const int n = find_pairs(g, pairs);
+  const int n = find_pairs(g, relu6_as_relu, pairs);
+  for (int k = 0; k < n && relu6_as_relu; k++) res->relu6_replaced += relu6_to_relu(g, &pairs[k]);
   size_t max_c = 1;
   for (int k = 0; k < n; k++) max_c = (size_t)pairs[k].channels > max_c ? (size_t)pairs[k].channels : max_c;
   double *r1 = malloc(2 * max_c * sizeof *r1);

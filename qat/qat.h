@@ -195,6 +195,7 @@ typedef struct {
   int pairs;                                                                 /* layer pairs equalized */
   int iterations;                                                            /* passes over the pairs */
   double last_change;                                                        /* the last pass's largest |log s| */
+  int relu6_replaced;                                                        /* relu6 nodes made relu (relu6_as_relu) */
   char a[QT_CLE_MAX_LISTED][QT_NAME_LEN], b[QT_CLE_MAX_LISTED][QT_NAME_LEN]; /* the first pairs */
 } qt_cle_result;
 /* Cross-layer equalization of g (a graph without batch norm: fp32 with BN folded, or prepared for
@@ -203,9 +204,11 @@ typedef struct {
  * channels scaled by 1/s and B's matching input channels by s, s_i = sqrt(r1_i / r2_i) from the
  * channels' largest |weight|, pair by pair until the scales settle. The function g computes is
  * unchanged (up to float rounding). Layers whose weight or bias another node shares, and chains
- * through relu6, add or batch norm, are left alone. -1 with err for a graph with batch norm or
- * calibrated qparams. */
-int qt_cross_layer_equalize(qt_graph *g, qt_cle_result *res, char *err);
+ * through add or batch norm, are left alone; so are chains through relu6 (which clips at 6, so a
+ * scale does not commute with it) unless relu6_as_relu, which makes every relu6 of an equalized
+ * chain a relu first (as AIMET does for MobileNetV2: the function then changes where an
+ * activation exceeded 6). -1 with err for a graph with batch norm or calibrated qparams. */
+int qt_cross_layer_equalize(qt_graph *g, int relu6_as_relu, qt_cle_result *res, char *err);
 
 /* ---- bias correction (qat/bias_correction.c) ----------------------------------------------- */
 typedef struct {

@@ -28,6 +28,8 @@ typedef enum { QT_QUANT_BIAS_AUTO, QT_QUANT_BIAS_INT32, QT_QUANT_BIAS_FLOAT, QT_
 typedef enum { QT_WOBS_AUTO, QT_WOBS_MINMAX, QT_WOBS_MOVING_AVERAGE, QT_WOBS_COUNT } qt_weight_observer_choice;
 typedef enum { QT_QAT_INIT_OBSERVERS, QT_QAT_INIT_CALIBRATION, QT_QAT_INIT_COUNT } qt_qat_init;
 typedef enum { QT_KEEP_W8A8, QT_KEEP_FP32, QT_KEEP_COUNT } qt_mixed_keep;
+/* quant.cle_relu6: chains through relu6 left alone, or the relu6 made relu and equalized */
+typedef enum { QT_CLE_RELU6_KEEP, QT_CLE_RELU6_RELU } qt_cle_relu6;
 /* quant.bias_correction: none, or the empirical form (qt_bias_correct) */
 typedef enum { QT_BIAS_CORRECTION_NONE, QT_BIAS_CORRECTION_EMPIRICAL } qt_bias_correction_choice;
 /* quant.fp32_reuse: an existing fp32 checkpoint whose recipe differs from quant.fp32_config's */
@@ -81,6 +83,7 @@ typedef struct {
   double percentile;
   int learnable_scale;
   int cle; /* PTQ: cross-layer equalization before calibration */
+  qt_cle_relu6 cle_relu6;
   qt_bias_correction_choice bias_correction;
   int bias_correction_images;
   char layer_overrides[QT_OPT_STR];

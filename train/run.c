@@ -143,7 +143,8 @@ static void summary_quant(qt_strbuf *b, const run *r) {
                    r->o->quant.mode == QT_QUANT_PTQ ? "ptq" : "qat", r->o->quant.weight_bits,
                    r->o->quant.activation_bits);
   if (r->o->quant.cle)
-    qt_strbuf_printf(b, ", \"cle\": {\"pairs\": %d, \"passes\": %d}", q->cle.pairs, q->cle.iterations);
+    qt_strbuf_printf(b, ", \"cle\": {\"pairs\": %d, \"passes\": %d, \"relu6_made_relu\": %d}", q->cle.pairs,
+                     q->cle.iterations, q->cle.relu6_replaced);
   if (r->o->quant.bias_correction != QT_BIAS_CORRECTION_NONE)
     qt_strbuf_printf(b,
                      ", \"bias_correction\": {\"layers\": %d, \"mean_error_before\": %.6g, \"mean_error_after\": %.6g}",

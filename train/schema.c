@@ -160,6 +160,10 @@ static const option_row rows[] = {
         "PTQ: cross-layer equalization before calibration: the per-channel weight ranges of consecutive "
         "conv/linear layers (through ReLU and pooling) made equal, leaving the fp32 function unchanged "
         "(docs/quantization.md)"),
+    ROW(quant, cle_relu6, QT_CFG_ENUM, "keep", 0, 0, "keep|relu",
+        "with quant.cle: keep = chains through relu6 are not equalized (relu6 clips at 6, so a scale does not "
+        "pass it); relu = such a relu6 becomes a relu and the chain is equalized (as AIMET does for "
+        "MobileNetV2; the model then differs where an activation exceeded 6)"),
     ROW(quant, bias_correction, QT_CFG_ENUM, "none", 0, 0, "none|empirical",
         "PTQ: after calibration, each conv/linear bias absorbs the mean shift quantization causes in its "
         "outputs, measured on quant.bias_correction_images training images (docs/quantization.md)"),
@@ -268,6 +272,8 @@ static int check_rules(const qt_options *o, char *err) {
                   q->freeze_observers_after);
   if (q->bias_correction != QT_BIAS_CORRECTION_NONE && q->mode != QT_QUANT_PTQ)
     return qt_err(err, "quant.bias_correction needs quant.mode = ptq (QAT trains the biases)");
+  if (q->cle_relu6 != QT_CLE_RELU6_KEEP && !q->cle)
+    return qt_err(err, "quant.cle_relu6 = relu has no effect without quant.cle = true");
   if (q->cle && q->mode != QT_QUANT_PTQ)
     return qt_err(err,
                   "quant.cle needs quant.mode = ptq (QAT keeps batch norm unfolded until convert, and "

@@ -50,10 +50,11 @@ int qt_stage_backend_desc(const qt_quant_options *q, qt_backend_desc *d, const c
 static int equalize(const qt_quant_options *q, qt_graph *p, FILE *report, qt_cle_result *res, char *err) {
   memset(res, 0, sizeof *res);
   if (!q->cle) return 0;
-  if (qt_cross_layer_equalize(p, res, err)) return -1;
+  if (qt_cross_layer_equalize(p, q->cle_relu6 == QT_CLE_RELU6_RELU, res, err)) return -1;
   if (report) {
-    fprintf(report, "cross-layer equalization: %d layer pairs, %d passes (last change %.2g):", res->pairs,
-            res->iterations, res->last_change);
+    fprintf(report,
+            "cross-layer equalization: %d layer pairs, %d passes (last change %.2g), %d relu6 made relu:", res->pairs,
+            res->iterations, res->last_change, res->relu6_replaced);
     for (int k = 0; k < res->pairs && k < QT_CLE_MAX_LISTED; k++) fprintf(report, " %s->%s", res->a[k], res->b[k]);
     fprintf(report, "\n");
   }

@@ -5,8 +5,9 @@
  *   differ in scale by up to 10^4, the outputs stay within 1e-5 of their largest magnitude, and
  *   afterwards every pair's r1_i and r2_i (largest |weight| of A's output channel i and of B's
  *   input channel i) agree within 1e-4;
- * - what is left alone: a chain through relu6 or through an add, and a layer whose weight is
- *   shared; a graph with batch norm or with calibrated qparams is refused, naming the node;
+ * - what is left alone: a chain through relu6 (unless relu6 is to become relu, which is then
+ *   equalized and computes as the graph with relu would) or through an add, and a layer whose
+ *   weight is shared; a graph with batch norm or with calibrated qparams is refused, naming the node;
  * - on FashionCNN prepared for PTQ (BN folded), the prepared graph's outputs are unchanged and the
  *   three pairs (conv1 -> conv2, conv2 -> fc1 through the flatten, fc1 -> fc2) are equalized.
  * Bias correction: the mean error of a quantized model's logits, measured by plain forwards on
@@ -133,7 +134,7 @@ static void test_pairs(void) {
   const double gap0 = pair_gap(g, "c1", "dw");
   qt_cle_result r;
   char err[QT_ERR_LEN];
-  if (qt_cross_layer_equalize(g, &r, err)) qt_test_fail("cle: %s", err);
+  if (qt_cross_layer_equalize(g, 0, &r, err)) qt_test_fail("cle: %s", err);
   float *after = outputs(g, QT_MODE_EVAL_FLOAT, 8, 8, 3, &n1);
   QT_CHECK(n0 == n1 && n0 == N * 5);
   const double d = rel_diff(before, after, n0);
@@ -157,6 +158,37 @@ static void test_pairs(void) {
   qt_graph_free(g);
 }
 
+/* With relu6_as_relu, fc2 -> fc3 through relu6 is equalized too, its relu6 made a relu: the
+ * outputs are those of the graph with that relu in place of the relu6 (within 1e-5). */
+static void test_relu6_as_relu(void) {
+  qt_graph *g = qt_graph_create("cle_relu6");
+  int x = qt_graph_input(g, "input", 1, 1, 6);
+  x = qt_graph_flatten(g, "flat", x);
+  x = qt_graph_linear(g, "fc1", x, 8, 1);
+  x = qt_graph_relu6(g, "r1", x);
+  x = qt_graph_linear(g, "fc2", x, 5, 1);
+  finalized(g, x);
+  skew_channels(g, "fc1");
+  const int r1 = qt_graph_find_node(g, "r1");
+  g->nodes[r1].op = QT_OP_RELU; /* the reference: the same graph with relu */
+  int64_t n0, n1;
+  float *before = outputs(g, QT_MODE_EVAL_FLOAT, 1, 1, 6, &n0);
+  g->nodes[r1].op = QT_OP_RELU6;
+  qt_cle_result r;
+  char err[QT_ERR_LEN];
+  if (qt_cross_layer_equalize(g, 0, &r, err)) qt_test_fail("cle: %s", err);
+  QT_CHECK(r.pairs == 0 && r.relu6_replaced == 0 && g->nodes[r1].op == QT_OP_RELU6);
+  if (qt_cross_layer_equalize(g, 1, &r, err)) qt_test_fail("cle: %s", err);
+  QT_CHECK(r.pairs == 1 && r.relu6_replaced == 1 && g->nodes[r1].op == QT_OP_RELU && listed(&r, "fc1", "fc2"));
+  float *after = outputs(g, QT_MODE_EVAL_FLOAT, 1, 1, 6, &n1);
+  const double d = rel_diff(before, after, n0);
+  if (!(d <= 1e-5)) qt_test_fail("cle with relu6 as relu: outputs moved %.3g (bound 1e-5)", d);
+  const double gap = pair_gap(g, "fc1", "fc2");
+  if (!(gap <= 1e-4)) qt_test_fail("fc1 -> fc2: channel ranges differ by %.3g after CLE (bound 1e-4)", gap);
+  QT_FREE_ALL(before, after);
+  qt_graph_free(g);
+}
+
 /* A shared weight is left alone; batch norm is refused. */
 static void test_refusals(void) {
   char err[QT_ERR_LEN];
@@ -171,13 +203,13 @@ static void test_refusals(void) {
   x = qt_graph_linear(g, "fc3", x, 4, 0);
   qt_graph_share_weight(g, qt_graph_find_node(g, "fc3"), qt_graph_find_node(g, "fc2"));
   finalized(g, x);
-  if (qt_cross_layer_equalize(g, &r, err)) qt_test_fail("cle: %s", err);
+  if (qt_cross_layer_equalize(g, 0, &r, err)) qt_test_fail("cle: %s", err);
   QT_CHECK(r.pairs == 0);
   qt_graph_free(g);
 
   g = qt_model_build("fashion_cnn", err);
   if (!g || qt_graph_alloc(g, err)) qt_test_fail("fashion_cnn: %s", err);
-  QT_CHECK(qt_cross_layer_equalize(g, &r, err) == -1 && strstr(err, "'bn1'") && strstr(err, "batch norm"));
+  QT_CHECK(qt_cross_layer_equalize(g, 0, &r, err) == -1 && strstr(err, "'bn1'") && strstr(err, "batch norm"));
   qt_graph_free(g);
 }
 
@@ -207,7 +239,7 @@ static void test_prepared(void) {
   int64_t n0, n1;
   float *before = outputs(p, QT_MODE_EVAL_FLOAT, 28, 28, 1, &n0);
   qt_cle_result r;
-  if (qt_cross_layer_equalize(p, &r, err)) qt_test_fail("cle on prepared fashion_cnn: %s", err);
+  if (qt_cross_layer_equalize(p, 0, &r, err)) qt_test_fail("cle on prepared fashion_cnn: %s", err);
   float *after = outputs(p, QT_MODE_EVAL_FLOAT, 28, 28, 1, &n1);
   const double d = rel_diff(before, after, n0);
   if (!(d <= 1e-5)) qt_test_fail("cle changed prepared fashion_cnn's outputs by %.3g (bound 1e-5)", d);
@@ -216,7 +248,7 @@ static void test_prepared(void) {
     printf("prepared fashion_cnn: %d pairs, %d passes, outputs moved %.3g\n", r.pairs, r.iterations, d);
   /* calibrated qparams: refused, naming a node */
   free(outputs(p, QT_MODE_CALIBRATE, 28, 28, 1, &n0));
-  QT_CHECK(qt_cross_layer_equalize(p, &r, err) == -1 && strstr(err, "calibrated"));
+  QT_CHECK(qt_cross_layer_equalize(p, 0, &r, err) == -1 && strstr(err, "calibrated"));
   QT_FREE_ALL(before, after);
   qt_graph_free(p);
 }
@@ -274,6 +306,7 @@ static void test_bias_correction(void) {
 int main(void) {
   test_pairs();
   test_refusals();
+  test_relu6_as_relu();
   test_bias_correction();
   test_prepared();
   return qt_test_finish();

@@ -16,8 +16,8 @@ static qt_config *base_config(const char *mode, int builtin_backend) {
   char err[QT_ERR_LEN], m[64];
   snprintf(m, sizeof m, "quant.mode=%s", mode);
   const char *keys[] = {m, builtin_backend ? "quant.backend=xnnpack" : "quant.backend=desc.ini",
-                        builtin_backend ? "quant.quantizer=onednn" : "quant.quantizer=backend", "data.train_path=train.h5",
-                        "data.test_path=test.h5"};
+                        builtin_backend ? "quant.quantizer=onednn" : "quant.quantizer=backend",
+                        "data.train_path=train.h5", "data.test_path=test.h5"};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (qt_config_apply_override(c, keys[i], err)) qt_test_fail("%s: %s", keys[i], err);
   return c;
@@ -42,7 +42,8 @@ static void other_value(const qt_cfg_key *k, const char *cur, char *buf, size_t 
       /* the next choice */
       const char *c = k->choices, *first = c;
       size_t len = strlen(cur);
-      while (c && !(strncmp(c, cur, len) == 0 && (c[len] == '|' || !c[len]))) c = strchr(c, '|') ? strchr(c, '|') + 1 : NULL;
+      while (c && !(strncmp(c, cur, len) == 0 && (c[len] == '|' || !c[len])))
+        c = strchr(c, '|') ? strchr(c, '|') + 1 : NULL;
       const char *next = c && strchr(c, '|') ? strchr(c, '|') + 1 : first;
       snprintf(buf, n, "%.*s", (int)strcspn(next, "|"), next);
       break;
@@ -59,9 +60,11 @@ static void test_every_key_lands_in_its_field(void) {
   for (int i = 0; i < n; i++) {
     const qt_cfg_key *k = &schema[i];
     int done = 0;
-    const char *modes[] = {"qat", "ptq", "qat"};
-    for (int m = 0; m < 3 && !done; m++) {
+    /* the last base turns on what a key may need (quant.cle_relu6 has no effect without quant.cle) */
+    const char *modes[] = {"qat", "ptq", "qat", "ptq"};
+    for (int m = 0; m < 4 && !done; m++) {
       qt_config *c = base_config(modes[m], m == 2);
+      if (m == 3 && qt_config_apply_override(c, "quant.cle=true", err)) qt_test_fail("quant.cle=true: %s", err);
       if (qt_options_resolve(c, &before, err)) qt_test_fail("base %s: %s", modes[m], err);
       char v[600];
       other_value(k, qt_config_value(c, k->section, k->key), v, sizeof v);
@@ -87,8 +90,12 @@ static void test_every_key_lands_in_its_field(void) {
 static void test_round_trip(void) {
   static qt_options a, b;
   char err[QT_ERR_LEN];
-  const char *ov[] = {"quant.mode=qat", "train.lr=0.0123456789", "quant.layer_overrides=conv1=w8a8;fc2=fp32",
-                      "train.optimizer=adamw", "output.dir=/tmp/a \"quoted\" dir", "quant.activation_observer=histogram",
+  const char *ov[] = {"quant.mode=qat",
+                      "train.lr=0.0123456789",
+                      "quant.layer_overrides=conv1=w8a8;fc2=fp32",
+                      "train.optimizer=adamw",
+                      "output.dir=/tmp/a \"quoted\" dir",
+                      "quant.activation_observer=histogram",
                       "quant.activation_range=mse"};
   if (qt_options_load(NULL, (char *const *)ov, 7, &a, err)) qt_test_fail("load: %s", err);
   char *ini = qt_options_to_ini(&a);
@@ -104,11 +111,14 @@ static void test_round_trip(void) {
 static void test_rules(void) {
   static qt_options o;
   char err[QT_ERR_LEN];
-  struct { const char *a, *b, *want; } cases[] = {
+  struct {
+    const char *a, *b, *want;
+  } cases[] = {
       {"quant.mode=qat", "quant.qat_init=calibration", NULL},
       {"quant.mode=ptq", "quant.learnable_scale=true", "quant.learnable_scale needs quant.mode = qat"},
       {"quant.mode=qat", "quant.cle=true", "quant.cle needs quant.mode = ptq"},
       {"quant.mode=ptq", "quant.cle=true", NULL},
+      {"quant.mode=ptq", "quant.cle_relu6=relu", "quant.cle_relu6 = relu has no effect without quant.cle = true"},
       {"quant.mode=qat", "quant.bias_correction=empirical", "quant.bias_correction needs quant.mode = ptq"},
       {"quant.mode=ptq", "quant.bias_correction=empirical", NULL},
       {"quant.mode=qat", "quant.quantizer=backend", "quant.quantizer = backend needs quant.backend"},
@@ -124,7 +134,8 @@ static void test_rules(void) {
     const int n = strcmp(cases[i].b, "quant.qat_init=calibration") == 0 ? 3 : 2;
     const int rc = qt_options_load(NULL, (char *const *)ov, n, &o, err);
     const char *want = n == 3 ? "has no effect with quant.qat_init = calibration" : cases[i].want;
-    if (want && (rc == 0 || !strstr(err, want))) qt_test_fail("%s %s: want '%s', got rc %d '%s'", ov[0], ov[1], want, rc, rc ? err : "");
+    if (want && (rc == 0 || !strstr(err, want)))
+      qt_test_fail("%s %s: want '%s', got rc %d '%s'", ov[0], ov[1], want, rc, rc ? err : "");
     if (!want && rc) qt_test_fail("%s %s refused: %s", ov[0], ov[1], err);
   }
 }
@@ -132,13 +143,17 @@ static void test_rules(void) {
 static void test_resume_and_recipe(void) {
   static qt_options a, b, f;
   char err[QT_ERR_LEN];
-  const char *ov[] = {"quant.mode=qat", "quant.weight_bits=4", "quant.fp32_checkpoint=runs/x/checkpoint.h5",
-                      "quant.fp32_config=/nonexistent.ini", "data.mean=0.5", "train.threads=1"};
+  const char *ov[] = {"quant.mode=qat",
+                      "quant.weight_bits=4",
+                      "quant.fp32_checkpoint=runs/x/checkpoint.h5",
+                      "quant.fp32_config=/nonexistent.ini",
+                      "data.mean=0.5",
+                      "train.threads=1"};
   if (qt_options_load(NULL, (char *const *)ov, 6, &a, err)) qt_test_fail("%s", err);
   char *ini = qt_options_to_ini(&a);
   b = a;
-  b.train.epochs = 9;       /* [train] may change */
-  b.quant.check_batch = 7;  /* so may check_batch */
+  b.train.epochs = 9;      /* [train] may change */
+  b.quant.check_batch = 7; /* so may check_batch */
   QT_CHECK(qt_options_resume_matches(&b, ini, "ck.h5", err) == 0);
   b.quant.weight_bits = 8;
   if (qt_options_resume_matches(&b, ini, "ck.h5", err) == 0 || !strstr(err, "quant.weight_bits = '4'") ||
