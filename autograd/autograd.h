@@ -122,6 +122,10 @@ typedef enum {
   QT_PROFILE_BN_SCALE_FACTOR,
   QT_PROFILE_BN_MAX_POOL2D,
   QT_PROFILE_CONV1_BN_MAX_POOL2D,
+  QT_PROFILE_ADAROUND_WEIGHT,
+  QT_PROFILE_ADAROUND_ROUND_LOSS,
+  QT_PROFILE_SQUARED_ERROR,
+  QT_PROFILE_QDROP,
   QT_PROFILE_OP_COUNT
 } qt_profile_op;
 /* The parts of a training step that are not ops, timed by their callers (train/trainer.c,
@@ -328,6 +332,36 @@ int qt_conv1_bn_relu_max_pool2d_takes(int N, int H, int W, int OC, int KH, int K
 qt_tensor *qt_conv2d_lsq_input(qt_ctx *ctx, qt_tensor *x, qt_tensor *scale, const int32_t *zero_point, int qmin,
                                int qmax, float grad_factor, qt_tensor *w, qt_tensor *b, int stride_h, int stride_w,
                                int pad_h, int pad_w);
+/* ---- AdaRound (Nagel et al., 2020, "Up or Down? Adaptive Rounding for Post-Training
+ * Quantization"; ops_adaround.c). A weight w with scale s rounds down or up: floor(w / s) + h(v),
+ * h the rectified sigmoid of a learned v, pushed to 0 or 1 by the rounding regularizer. */
+#define QT_ADAROUND_ZETA 1.1f
+#define QT_ADAROUND_GAMMA (-0.1f)
+/* h(v) = clamp(sigmoid(v) * (zeta - gamma) + gamma, 0, 1) and dh/dv: the sigmoid's slope times
+ * (zeta - gamma) where the clamp passes its input (bounds included, as torch.clamp), else 0. */
+float qt_adaround_h(float v);
+float qt_adaround_dh(float v);
+/* The v that gives h(v) = r for a fraction r in [0, 1) (r = w / s - floor(w / s): AdaRound's
+ * start at the weight's own position between its two grid points); r = 0 is taken as the
+ * smallest r whose v is finite. */
+float qt_adaround_v_init(float r);
+/* The soft-quantized weight: w~ = (clamp(w_floor + h(v) + zp, qmin, qmax) - zp) * s for each
+ * element of v viewed as (outer, channels, inner), with its channel's scale and zero point;
+ * w_floor (the same numel) holds floor(w / s) of the weight being rounded. The gradient flows to
+ * v only: s * dh/dv where the clamp to [qmin, qmax] passes (bounds included). */
+qt_tensor *qt_adaround_weight(qt_ctx *ctx, qt_tensor *v, const float *w_floor, int64_t outer, int channels,
+                              int64_t inner, const float *scale, const int32_t *zero_point, int qmin, int qmax);
+/* The rounding regularizer lambda * sum_i (1 - |2 h(v_i) - 1|^beta) (one element); gradient to v. */
+qt_tensor *qt_adaround_round_loss(qt_ctx *ctx, qt_tensor *v, float beta, float lambda);
+/* QDrop (Wei et al., 2022): y_i = x_i (the float activation) with probability `drop`, else xq_i
+ * (its fake-quantized value), drawn per element from (seed, i) alone, so the same for any thread
+ * count; x and xq of one shape; the gradient goes to whichever was taken. */
+qt_tensor *qt_qdrop(qt_ctx *ctx, qt_tensor *x, qt_tensor *xq, float drop, uint64_t seed);
+/* sum_i (x_i - target_i)^2 / divisor (one element; summed in double); gradient to x only. With
+ * divisor = numel / channels it is the squared error summed over the last axis and averaged over
+ * the others, the reconstruction loss of AdaRound's and BRECQ's implementations. */
+qt_tensor *qt_squared_error(qt_ctx *ctx, qt_tensor *x, const float *target, double divisor);
+
 /* y = x * s (divide: x / s) with s (C) along x's first axis (weights (C, ...)) or its last
  * axis (activations (..., C)); gradients flow to x and s. */
 qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide);

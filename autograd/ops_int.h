@@ -1,10 +1,12 @@
-/* Private to the differentiable ops (autograd.h), shared by their three files:
+/* Private to the differentiable ops (autograd.h), shared by their four files:
  *   ops.c        plain ops: conv2d, relu / relu6, pooling, flatten, linear, add, channel add,
  *                softmax cross-entropy
  *   ops_quant.c  quantization-aware training ops: fake quant (fixed and LSQ scales), fake quant
  *                fused with a max pool, conv2d of a fake-quantized input, channel scale
  *   ops_bn.c     batch norm and the ops fused around it (with its relu, a max pool, a conv of the
  *                image), BN folding
+ *   ops_adaround.c AdaRound's soft-quantized weight and rounding regularizer, the squared error,
+ *                QDrop's mix
  * Each op checks shapes, allocates its output, calls its kernel and records itself on the tape.
  * Shape errors here are programming errors (graphs validate shapes when they are built), so
  * they abort with file:line and both shapes. */

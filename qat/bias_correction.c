@@ -1,7 +1,8 @@
 /* Empirical bias correction (Nagel et al., 2019, section 4.2): quantizing a layer's weights and
  * inputs shifts the mean of its outputs, channel by channel; the bias absorbs the shift. On
  * calibration images, E[y_c] of each conv/linear layer's output (before its activation) is taken
- * twice: from the float graph (fake quant off) and from the quantized one (fake quant on, every
+ * twice: from the float graph (fake quant off; with the parameters it had before AdaRound moved its
+ * weights onto their grid, when it ran) and from the quantized one (fake quant on, every
  * earlier layer already corrected), and b_c += E[y_float,c] - E[y_quant,c]. Layers are corrected
  * in graph order, each after the ones before it, since their inputs carry the earlier layers'
  * shifts. A layer's output is recomputed from its kept input with qt_node_forward, so what is
@@ -95,8 +96,24 @@ static void sums_free(const bc_run *r, double **s) {
   free(s);
 }
 
-int qt_bias_correct(qt_graph *g, qt_ctx *ctx, const float *images, int n, int batch, qt_bias_correction_result *res,
-                    char *err) {
+/* The float model's sums, with the reference parameters in g when given. */
+static int float_sums(bc_run *r, const float *reference, double **fsum, int64_t *count, char *err) {
+  qt_graph *g = r->g;
+  const size_t bytes = (size_t)g->n_params * sizeof(float);
+  float *own = reference ? malloc(bytes) : NULL;
+  if (reference) {
+    QT_ASSERT(own, "out of memory");
+    memcpy(own, g->params, bytes);
+    memcpy(g->params, reference, bytes);
+  }
+  const int rc = output_sums(r, QT_MODE_EVAL_FLOAT, 0, r->n_layers, fsum, count, err);
+  if (reference) memcpy(g->params, own, bytes);
+  free(own);
+  return rc;
+}
+
+int qt_bias_correct(qt_graph *g, qt_ctx *ctx, const float *reference, const float *images, int n, int batch,
+                    qt_bias_correction_result *res, char *err) {
   memset(res, 0, sizeof *res);
   if (n < 1 || batch < 1) return qt_err(err, "bias correction: needs images (got %d, batch %d)", n, batch);
   bc_run r = {g, ctx, images, n, batch, malloc((size_t)g->n_nodes * sizeof(int)), 0, calloc((size_t)g->n_values, 1)};
@@ -109,8 +126,8 @@ int qt_bias_correct(qt_graph *g, qt_ctx *ctx, const float *images, int n, int ba
   double **fsum = sums_new(&r), **qsum = sums_new(&r);
   int64_t *count = calloc((size_t)(r.n_layers ? r.n_layers : 1), sizeof *count);
   QT_ASSERT(count, "out of memory");
-  int rc = output_sums(&r, QT_MODE_EVAL_FLOAT, 0, r.n_layers, fsum, count, err) ||
-           output_sums(&r, QT_MODE_EVAL, 0, r.n_layers, qsum, count, err);
+  int rc =
+      float_sums(&r, reference, fsum, count, err) || output_sums(&r, QT_MODE_EVAL, 0, r.n_layers, qsum, count, err);
   int at = 0;
   if (!rc) res->before = worst_error(&r, fsum, qsum, count, &at);
   for (int k = 0; k < r.n_layers && !rc; k++) {

@@ -220,8 +220,76 @@ typedef struct {
  * with a bias, in graph order, b_c += E[y_c] with fake quant off - E[y_c] with it on, the means
  * taken over the n images (NHWC, the graph input's shape, preprocessed) in batches of `batch`,
  * each layer's output before its activation, measured after the layers before it are corrected.
+ * The float model is g with fake quant off, or with the parameters in `reference` (g->n_params
+ * floats) when not NULL: g's own before AdaRound (qt_adaround) put its weights on their grid.
  * Leaves g in QT_MODE_TRAIN (as calibration does). -1 with err when a forward fails. */
-int qt_bias_correct(qt_graph *g, qt_ctx *ctx, const float *images, int n, int batch, qt_bias_correction_result *res,
-                    char *err);
+int qt_bias_correct(qt_graph *g, qt_ctx *ctx, const float *reference, const float *images, int n, int batch,
+                    qt_bias_correction_result *res, char *err);
+
+/* ---- AdaRound and block reconstruction (qat/adaround.c) ----------------------------------- */
+/* What one reconstruction learns at a time: a conv/linear layer (with its relu / relu6: AdaRound)
+ * or a block of the graph between two single-value cuts (BRECQ, with QDrop's dropping when
+ * drop > 0): a residual or inverted-residual block, or a conv/linear group up to and including its
+ * output's fake quant. */
+typedef enum { QT_RECON_LAYER, QT_RECON_BLOCK } qt_recon_unit;
+typedef struct {
+  qt_recon_unit unit;
+  int iterations;             /* optimizer steps per unit */
+  int batch;                  /* images per step */
+  float lambda;               /* weight of the rounding regularizer */
+  float beta_start, beta_end; /* its exponent, annealed linearly after the warm start */
+  float warm_start;           /* fraction of the steps without the regularizer */
+  float lr;                   /* Adam's learning rate for v */
+  float scale_lr;             /* blocks: Adam's learning rate for the activation scales (LSQ) */
+  float drop;                 /* blocks: QDrop's probability of an activation staying float */
+  uint64_t seed;              /* the steps' image sampling and QDrop's draws */
+} qt_adaround_config;
+/* The published settings (Nagel et al., 2020; AIMET's and BRECQ's defaults): layers, lambda 0.01,
+ * beta 20 -> 2 after a warm start of 20% of the steps, Adam at 1e-3 for v and 4e-5 for activation
+ * scales, 32 images per step, QDrop's 0.5; the step count is this project's default
+ * (docs/quantization.md). */
+void qt_adaround_config_default(qt_adaround_config *c);
+
+#define QT_ADAROUND_MAX_LISTED 128
+typedef struct {
+  char name[2 * QT_NAME_LEN + 4]; /* a layer's name; a block's "first..last" node */
+  int layers;                     /* weight layers rounded */
+  int activations;                /* activation scales learned (blocks) */
+  int64_t weights;
+  double flipped; /* fraction of the weights rounded the other way than to nearest */
+  /* SQNR of the unit's output against the float model's on the calibration images,
+   * 10 log10(sum y^2 / sum (y_q - y)^2), its input taken from the quantized model: rounded to
+   * nearest with the calibrated scales, then as reconstructed */
+  double sqnr_nearest_db, sqnr_adaround_db;
+  double seconds;
+} qt_adaround_unit;
+typedef struct {
+  int units, layers;
+  double seconds;
+  int listed; /* entries of unit[] filled (the first QT_ADAROUND_MAX_LISTED) */
+  qt_adaround_unit unit[QT_ADAROUND_MAX_LISTED];
+} qt_adaround_result;
+
+/* AdaRound (cfg->unit = QT_RECON_LAYER) or BRECQ / QDrop (QT_RECON_BLOCK) of a calibrated prepared
+ * PTQ graph g, in place. Unit by unit, in graph order, v (one per weight of the unit's layers) is
+ * trained with Adam to minimize
+ *     sum over the unit's outputs of (F~(x~) - F(x))^2 / (outputs / channels)
+ *       + lambda * sum over its weights (1 - |2 h(v) - 1|^beta)
+ * (qt_adaround_weight, qt_squared_error, qt_adaround_round_loss): F the unit in the float model
+ * (the parameters in `reference`, g->n_params floats; NULL: g's own as they are) and x its input
+ * there; F~ the unit with the soft-quantized weights W~(v) and x~ its input in the quantized model
+ * (fake quant on, the earlier units already reconstructed): the paper's asymmetric
+ * reconstruction. A layer's unit ends at its relu / relu6 when its output goes only there. In a
+ * block, the fake quants' scales are learned too (LSQ; not power-of-two ones), and with drop > 0
+ * every activation quantization in it, its input included, is dropped element by element with
+ * that probability (x instead of x~ at the input). The n images (NHWC, the graph input's shape,
+ * preprocessed) are the calibration set; each step draws cfg->batch of them. Then each weight is
+ * frozen on its grid point, w = (clamp(floor(w / s) + [v >= 0] + zp, qmin, qmax) - zp) * s, which
+ * fake quant and convert reproduce exactly; learned activation scales replace the calibrated
+ * ones. One line per unit goes to progress (may be NULL). Leaves g in QT_MODE_TRAIN. -1 with err
+ * for a graph not calibrated, learned (LSQ) weight scales, an op a block cannot train through, or
+ * a failing forward. */
+int qt_adaround(qt_graph *g, qt_ctx *ctx, const float *reference, const float *images, int n,
+                const qt_adaround_config *cfg, qt_adaround_result *res, FILE *progress, char *err);
 
 #endif

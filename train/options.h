@@ -30,6 +30,8 @@ typedef enum { QT_QAT_INIT_OBSERVERS, QT_QAT_INIT_CALIBRATION, QT_QAT_INIT_COUNT
 typedef enum { QT_KEEP_W8A8, QT_KEEP_FP32, QT_KEEP_COUNT } qt_mixed_keep;
 /* quant.cle_relu6: chains through relu6 left alone, or the relu6 made relu and equalized */
 typedef enum { QT_CLE_RELU6_KEEP, QT_CLE_RELU6_RELU } qt_cle_relu6;
+/* quant.adaround_unit: each layer (AdaRound) or each block (BRECQ / QDrop) */
+typedef enum { QT_ADAROUND_UNIT_LAYER, QT_ADAROUND_UNIT_BLOCK } qt_adaround_unit_choice;
 /* quant.bias_correction: none, or the empirical form (qt_bias_correct) */
 typedef enum { QT_BIAS_CORRECTION_NONE, QT_BIAS_CORRECTION_EMPIRICAL } qt_bias_correction_choice;
 /* quant.fp32_reuse: an existing fp32 checkpoint whose recipe differs from quant.fp32_config's */
@@ -86,6 +88,10 @@ typedef struct {
   qt_cle_relu6 cle_relu6;
   qt_bias_correction_choice bias_correction;
   int bias_correction_images;
+  int adaround; /* PTQ: AdaRound after calibration (qt_adaround) */
+  qt_adaround_unit_choice adaround_unit;
+  int adaround_images, adaround_iterations, adaround_batch;
+  double adaround_lambda, adaround_lr, adaround_qdrop;
   char layer_overrides[QT_OPT_STR];
   char fp32_checkpoint[QT_OPT_STR], fp32_config[QT_OPT_STR];
   qt_fp32_reuse fp32_reuse;

@@ -78,11 +78,19 @@ int qt_stage_obtain_fp32(const qt_options *o, qt_graph *g, int verbose, qt_fp32_
  * the prepared graph (qt_cross_layer_equalize; its outcome in *cle, which may be NULL). Writes
  * what the Quantizer decided, and the equalized pairs, to report (may be NULL). */
 qt_graph *qt_stage_prepare(const qt_options *o, const qt_graph *fp32, FILE *report, qt_cle_result *cle, qt_status *st);
+/* quant.adaround: qt_adaround of the calibrated p on the first quant.adaround_images images of
+ * train (evaluation preprocessing), one line per layer to stderr when verbose, its outcome in *res,
+ * and in *reference a copy of p's parameters from before (the float model, which a later bias
+ * correction measures against; the caller frees it). Nothing otherwise (res zeroed, *reference
+ * NULL). */
+int qt_stage_adaround(const qt_options *o, qt_graph *p, const qt_dataset *train, qt_ctx *ctx, qt_adaround_result *res,
+                      float **reference, int verbose, qt_status *st);
 /* quant.bias_correction = empirical: qt_bias_correct of the calibrated p on the first
- * quant.bias_correction_images images of train (evaluation preprocessing), its outcome in *res;
- * nothing (res zeroed) otherwise. */
+ * quant.bias_correction_images images of train (evaluation preprocessing) against the float model
+ * in reference (NULL: p's own parameters; after AdaRound, qt_stage_adaround's copy), its outcome
+ * in *res; nothing (res zeroed) otherwise. */
 int qt_stage_bias_correct(const qt_options *o, qt_graph *p, const qt_dataset *train, qt_ctx *ctx,
-                          qt_bias_correction_result *res, int verbose, qt_status *st);
+                          const float *reference, qt_bias_correction_result *res, int verbose, qt_status *st);
 /* Calibrates p on quant.calibration_batches calibration batches of train (epoch 0; fewer when
  * the epoch ends first: *batches, may be NULL, gets the count), then freezes its observers
  * (the qparams stay fixed) and leaves it in QT_MODE_TRAIN. Under mpirun every process observes
@@ -127,6 +135,13 @@ void qt_trainer_set_step_hook(qt_trainer *t, qt_step_hook fn, void *user);
  * ops add their own. */
 int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out, qt_status *st);
 
+/* What the PTQ methods did before convert (summary.json's "quant"). */
+typedef struct {
+  qt_cle_result cle; /* quant.cle: the equalized pairs */
+  qt_adaround_result adaround;
+  qt_bias_correction_result bias_correction;
+} qt_ptq_methods;
+
 /* ---- convert, check, deploy ------------------------------------------------------------------ */
 typedef struct {
   qt_eval_result fake_quant, qdq;
@@ -136,8 +151,6 @@ typedef struct {
                          * "" when the export refused the graph (onnx_error says why) */
   char onnx_error[QT_ERR_LEN];
   qt_check_report check;
-  qt_cle_result cle; /* quant.cle: the equalized pairs */
-  qt_bias_correction_result bias_correction;
   int lost_channels;      /* qt_lost_weight_channels of the convert graph */
   char lost_detail[1024]; /* its per-layer lines */
   /* qt_stage_deploy: the lowered Q/DQ graph on the test set and inference speed */

@@ -7,6 +7,7 @@
  * reads the checkpoint it resumes from, whose state it then sends to the others. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@ typedef struct {
   qt_eval_result fp32, final;
   qt_fp32_origin fp32_origin; /* where a quantized run's fp32 model came from */
   qt_quant_result q;
+  qt_ptq_methods methods; /* what CLE, AdaRound and bias correction did (PTQ) */
   double arena_mb;
   int lock_fd; /* <output.dir>/.lock, held while the run writes there (-1: none) */
   int ranks;   /* processes of the job (dist.h) */
@@ -137,18 +139,46 @@ static void summary_stage(qt_strbuf *b, const char *name, const qt_eval_result *
   qt_strbuf_printf(b, ", \"test_images\": %lld}", (long long)e->n);
 }
 
+/* ", "key": v" with v in dB, null when not finite (an output without error). */
+static void json_db(qt_strbuf *b, const char *key, double v) {
+  if (isfinite(v))
+    qt_strbuf_printf(b, ", \"%s\": %.3f", key, v);
+  else
+    qt_strbuf_printf(b, ", \"%s\": null", key);
+}
+
 static void summary_quant(qt_strbuf *b, const run *r) {
   const qt_quant_result *q = &r->q;
+  const qt_ptq_methods *m = &r->methods;
   qt_strbuf_printf(b, "  \"quant\": {\"mode\": \"%s\", \"weight_bits\": %d, \"activation_bits\": %d",
                    r->o->quant.mode == QT_QUANT_PTQ ? "ptq" : "qat", r->o->quant.weight_bits,
                    r->o->quant.activation_bits);
   if (r->o->quant.cle)
-    qt_strbuf_printf(b, ", \"cle\": {\"pairs\": %d, \"passes\": %d, \"relu6_made_relu\": %d}", q->cle.pairs,
-                     q->cle.iterations, q->cle.relu6_replaced);
+    qt_strbuf_printf(b, ", \"cle\": {\"pairs\": %d, \"passes\": %d, \"relu6_made_relu\": %d}", m->cle.pairs,
+                     m->cle.iterations, m->cle.relu6_replaced);
   if (r->o->quant.bias_correction != QT_BIAS_CORRECTION_NONE)
     qt_strbuf_printf(b,
                      ", \"bias_correction\": {\"layers\": %d, \"mean_error_before\": %.6g, \"mean_error_after\": %.6g}",
-                     q->bias_correction.layers, q->bias_correction.before, q->bias_correction.after);
+                     m->bias_correction.layers, m->bias_correction.before, m->bias_correction.after);
+  if (r->o->quant.adaround) {
+    const qt_adaround_result *a = &m->adaround;
+    qt_strbuf_printf(b,
+                     ", \"adaround\": {\"unit\": \"%s\", \"units\": %d, \"layers\": %d, \"seconds\": %.2f, "
+                     "\"iterations\": %d, \"images\": %d, \"per_unit\": [",
+                     r->o->quant.adaround_unit == QT_ADAROUND_UNIT_BLOCK ? "block" : "layer", a->units, a->layers,
+                     a->seconds, r->o->quant.adaround_iterations, r->o->quant.adaround_images);
+    for (int i = 0; i < a->listed; i++) {
+      const qt_adaround_unit *u = &a->unit[i];
+      qt_strbuf_printf(b, "%s{\"name\": ", i ? ", " : "");
+      qt_strbuf_json_string(b, u->name);
+      qt_strbuf_printf(b, ", \"layers\": %d, \"activation_scales\": %d, \"weights\": %lld, \"flipped\": %.4f",
+                       u->layers, u->activations, (long long)u->weights, u->flipped);
+      json_db(b, "sqnr_nearest_db", u->sqnr_nearest_db);
+      json_db(b, "sqnr_adaround_db", u->sqnr_adaround_db);
+      qt_strbuf_printf(b, "}");
+    }
+    qt_strbuf_printf(b, "]}");
+  }
   qt_strbuf_printf(b, "},\n");
   const qt_fp32_origin *f = &r->fp32_origin;
   qt_strbuf_printf(b, "  \"fp32_model\": {\"how\": ");
@@ -348,18 +378,25 @@ static int run_prepare(run *r, qt_status *st) {
   char *rep_buf = NULL;
   size_t rep_len = 0;
   FILE *rep = r->writer ? open_memstream(&rep_buf, &rep_len) : NULL;
-  r->tg = qt_stage_prepare(o, r->g, rep, &r->q.cle, st);
+  r->tg = qt_stage_prepare(o, r->g, rep, &r->methods.cle, st);
   if (rep) write_stream(r, rep, &rep_buf, &rep_len, "quantizer.txt");
   if (!r->tg) return -1;
   if (r->verbose && o->quant.cle)
-    fprintf(stderr, "quant: cross-layer equalization of %d layer pairs in %d passes\n", r->q.cle.pairs,
-            r->q.cle.iterations);
+    fprintf(stderr, "quant: cross-layer equalization of %d layer pairs in %d passes\n", r->methods.cle.pairs,
+            r->methods.cle.iterations);
   write_dot(r, r->tg, "model_prepared.dot");
   const int ptq = o->quant.mode == QT_QUANT_PTQ;
   if ((ptq || (!r->resuming && o->quant.qat_init == QT_QAT_INIT_CALIBRATION)) &&
       qt_stage_calibrate(o, r->tg, &r->train, r->ctx, NULL, r->verbose, st))
     return -1;
-  if (ptq && qt_stage_bias_correct(o, r->tg, &r->train, r->ctx, &r->q.bias_correction, r->verbose, st)) return -1;
+  float *reference = NULL;
+  if (ptq &&
+      (qt_stage_adaround(o, r->tg, &r->train, r->ctx, &r->methods.adaround, &reference, r->verbose, st) ||
+       qt_stage_bias_correct(o, r->tg, &r->train, r->ctx, reference, &r->methods.bias_correction, r->verbose, st))) {
+    free(reference);
+    return -1;
+  }
+  free(reference);
   if (!ptq || !qt_analysis_wanted(o)) return 0;
   const qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_CALIBRATE);
   if (qt_analysis_run(o, r->g, &r->train, &r->test, &lc, &ec, r->ctx, o->output.dir, r->analysis, sizeof r->analysis,
@@ -645,6 +682,7 @@ int qt_stage_ptq_to_file(const qt_options *o, const char *out_path, FILE *report
   qt_dataset train = {0}, test = {0};
   qt_graph *g = NULL, *p = NULL, *c = NULL;
   qt_ctx *ctx = NULL;
+  float *reference = NULL;
   if (!o->quant.fp32_checkpoint[0]) {
     qt_status_set(st, QT_STATUS_INPUT, "the config sets no quant.fp32_checkpoint (the fp32 model to quantize)");
     goto done;
@@ -656,8 +694,15 @@ int qt_stage_ptq_to_file(const qt_options *o, const char *out_path, FILE *report
   ctx = qt_ctx_create();
   int batches = 0;
   qt_bias_correction_result bc;
-  if (qt_stage_calibrate(o, p, &train, ctx, &batches, 0, st) || qt_stage_bias_correct(o, p, &train, ctx, &bc, 0, st))
+  qt_adaround_result *ar = malloc(sizeof *ar);
+  QT_ASSERT(ar, "out of memory");
+  if (qt_stage_calibrate(o, p, &train, ctx, &batches, 0, st) ||
+      qt_stage_adaround(o, p, &train, ctx, ar, &reference, 0, st) ||
+      qt_stage_bias_correct(o, p, &train, ctx, reference, &bc, 0, st)) {
+    free(ar);
     goto done;
+  }
+  free(ar);
   qt_graph_set_mode(p, QT_MODE_EVAL);
   if (!(c = qt_convert(p, st->msg))) {
     qt_status_fail(st, QT_STATUS_RUNTIME);
@@ -670,6 +715,7 @@ int qt_stage_ptq_to_file(const qt_options *o, const char *out_path, FILE *report
   if (report) fprintf(report, "calibrated on %d batches; wrote %s\n", batches, out_path);
   rc = 0;
 done:
+  free(reference);
   qt_ctx_free(ctx);
   qt_dataset_free(&train);
   qt_dataset_free(&test);

@@ -169,6 +169,25 @@ static const option_row rows[] = {
         "outputs, measured on quant.bias_correction_images training images (docs/quantization.md)"),
     ROW(quant, bias_correction_images, QT_CFG_INT, "512", 1, 1000000, NULL,
         "PTQ with quant.bias_correction = empirical: the first training images it measures on"),
+    ROW(quant, adaround, QT_CFG_BOOL, "false", 0, 0, NULL,
+        "PTQ: after calibration, each conv/linear weight is rounded up or down as minimizes its layer's "
+        "output error on quant.adaround_images training images (AdaRound; docs/quantization.md)"),
+    ROW(quant, adaround_unit, QT_CFG_ENUM, "layer", 0, 0, "layer|block",
+        "with quant.adaround: layer = each conv/linear layer's output reconstructed alone (AdaRound); block = "
+        "each block's (a residual block, a layer group up to its output's quantization) with its activation "
+        "scales learned too (BRECQ), activation quantization dropped at random (QDrop, quant.adaround_qdrop)"),
+    ROW(quant, adaround_qdrop, QT_CFG_FLOAT, "0.5", 0, 1, NULL,
+        "with quant.adaround_unit = block: the probability of an activation staying float during "
+        "reconstruction (QDrop; 0 = BRECQ)"),
+    ROW(quant, adaround_images, QT_CFG_INT, "1024", 1, 1000000, NULL,
+        "PTQ with quant.adaround: the first training images it reconstructs the layers' outputs on"),
+    ROW(quant, adaround_iterations, QT_CFG_INT, "2000", 1, 10000000, NULL,
+        "PTQ with quant.adaround: optimizer steps per layer (the paper: 10000)"),
+    ROW(quant, adaround_batch, QT_CFG_INT, "32", 1, 65536, NULL, "PTQ with quant.adaround: images per optimizer step"),
+    ROW(quant, adaround_lr, QT_CFG_FLOAT, "0.001", 1e-9, 100, NULL,
+        "PTQ with quant.adaround: Adam's learning rate for the rounding variables"),
+    ROW(quant, adaround_lambda, QT_CFG_FLOAT, "0.01", 0, 1000, NULL,
+        "PTQ with quant.adaround: weight of the rounding regularizer against the output error"),
     ROW(quant, calibration_batches, QT_CFG_INT, "32", 1, 100000, NULL,
         "PTQ (and QAT with quant.qat_init = calibration): training batches to calibrate on"),
     ROW(quant, qat_init, QT_CFG_ENUM, "observers", 0, 0, "observers|calibration",
@@ -272,6 +291,10 @@ static int check_rules(const qt_options *o, char *err) {
                   q->freeze_observers_after);
   if (q->bias_correction != QT_BIAS_CORRECTION_NONE && q->mode != QT_QUANT_PTQ)
     return qt_err(err, "quant.bias_correction needs quant.mode = ptq (QAT trains the biases)");
+  if (q->adaround && q->mode != QT_QUANT_PTQ)
+    return qt_err(err, "quant.adaround needs quant.mode = ptq (QAT trains the weights)");
+  if (!q->adaround && q->adaround_unit != QT_ADAROUND_UNIT_LAYER)
+    return qt_err(err, "quant.adaround_unit = block has no effect without quant.adaround = true");
   if (q->cle_relu6 != QT_CLE_RELU6_KEEP && !q->cle)
     return qt_err(err, "quant.cle_relu6 = relu has no effect without quant.cle = true");
   if (q->cle && q->mode != QT_QUANT_PTQ)

@@ -139,8 +139,44 @@ int qt_stage_calibrate(const qt_options *o, qt_graph *p, const qt_dataset *train
   return 0;
 }
 
+int qt_stage_adaround(const qt_options *o, qt_graph *p, const qt_dataset *train, qt_ctx *ctx, qt_adaround_result *res,
+                      float **reference, int verbose, qt_status *st) {
+  memset(res, 0, sizeof *res);
+  *reference = NULL;
+  if (!o->quant.adaround) return 0;
+  const float *images;
+  int got;
+  qt_loader *l = qt_stage_first_images(o, train, o->quant.adaround_images, &images, &got, st);
+  if (!l) return -1;
+  qt_adaround_config c;
+  qt_adaround_config_default(&c);
+  c.iterations = o->quant.adaround_iterations;
+  c.batch = o->quant.adaround_batch;
+  c.lambda = (float)o->quant.adaround_lambda;
+  c.lr = (float)o->quant.adaround_lr;
+  c.unit = o->quant.adaround_unit == QT_ADAROUND_UNIT_BLOCK ? QT_RECON_BLOCK : QT_RECON_LAYER;
+  c.drop = (float)o->quant.adaround_qdrop;
+  c.seed = (uint64_t)o->train.seed;
+  float *ref = malloc((size_t)p->n_params * sizeof(float));
+  QT_ASSERT(ref, "out of memory");
+  memcpy(ref, p->params, (size_t)p->n_params * sizeof(float));
+  const char *per = c.unit == QT_RECON_BLOCK ? "block" : "layer";
+  if (verbose)
+    fprintf(stderr, "quant: adaround on %d images, %d steps of %d per %s\n", got, c.iterations, c.batch, per);
+  const int rc = qt_adaround(p, ctx, ref, images, got, &c, res, verbose ? stderr : NULL, st->msg);
+  qt_loader_free(l);
+  if (rc) {
+    free(ref);
+    return qt_status_fail(st, QT_STATUS_RUNTIME);
+  }
+  if (verbose)
+    fprintf(stderr, "quant: adaround of %d layers (%d %ss) in %.1f s\n", res->layers, res->units, per, res->seconds);
+  *reference = ref;
+  return 0;
+}
+
 int qt_stage_bias_correct(const qt_options *o, qt_graph *p, const qt_dataset *train, qt_ctx *ctx,
-                          qt_bias_correction_result *res, int verbose, qt_status *st) {
+                          const float *reference, qt_bias_correction_result *res, int verbose, qt_status *st) {
   memset(res, 0, sizeof *res);
   if (o->quant.bias_correction == QT_BIAS_CORRECTION_NONE) return 0;
   const float *images;
@@ -148,7 +184,7 @@ int qt_stage_bias_correct(const qt_options *o, qt_graph *p, const qt_dataset *tr
   qt_loader *l = qt_stage_first_images(o, train, o->quant.bias_correction_images, &images, &got, st);
   if (!l) return -1;
   const double t0 = qt_now_seconds();
-  const int rc = qt_bias_correct(p, ctx, images, got, o->train.batch_size, res, st->msg);
+  const int rc = qt_bias_correct(p, ctx, reference, images, got, o->train.batch_size, res, st->msg);
   qt_loader_free(l);
   if (rc) return qt_status_fail(st, QT_STATUS_RUNTIME);
   if (verbose)

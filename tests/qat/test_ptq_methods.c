@@ -288,7 +288,7 @@ static void test_bias_correction(void) {
   for (int c = 0; c < K; c++) gap0 = fmax(gap0, fabs(mf[c] - mq[c]));
   qt_ctx *ctx = qt_ctx_create();
   qt_bias_correction_result r;
-  if (qt_bias_correct(p, ctx, x, M, 16, &r, err)) qt_test_fail("bias correction: %s", err);
+  if (qt_bias_correct(p, ctx, NULL, x, M, 16, &r, err)) qt_test_fail("bias correction: %s", err);
   qt_ctx_free(ctx);
   mean_outputs(p, QT_MODE_EVAL, x, M, mq, K);
   for (int c = 0; c < K; c++) gap1 = fmax(gap1, fabs(mf[c] - mq[c]));
