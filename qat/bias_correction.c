@@ -155,3 +155,106 @@ int qt_bias_correct(qt_graph *g, qt_ctx *ctx, const float *reference, const floa
   QT_FREE_ALL(count, r.layers, r.keep);
   return rc ? -1 : 0;
 }
+
+/* ---- the analytical form (Nagel et al., 2019, section 4.2) ---------------------------------- */
+/* E[relu(X)] for X ~ N(mu, sigma^2): mu Phi(mu / sigma) + sigma phi(mu / sigma). */
+static double relu_mean(double mu, double sigma) {
+  if (!(sigma > 0)) return mu > 0 ? mu : 0;
+  const double z = mu / sigma;
+  return mu * 0.5 * erfc(-z / sqrt(2.0)) + sigma * exp(-0.5 * z * z) * 0.3989422804014327; /* 1 / sqrt(2 pi) */
+}
+
+/* The expected value of each channel of layer L's input (C of them, into mean), from the batch
+ * norm that produced it in the fp32 graph: the input must come from a conv/linear -> batch norm
+ * (-> relu | relu6) of fp32, through fake quants, average pools and a flatten only, so that it is
+ * N(beta_c, gamma_c^2) before the activation. 0 with *C set, or -1 when it does not. */
+static int input_means(const qt_graph *fp32, const qt_graph *p, const qt_node *L, double *mean, int cap, int *C) {
+  int v = L->inputs[0];
+  qt_op act = QT_OP_INPUT; /* none */
+  for (;;) {
+    const qt_node *pr = &p->nodes[p->values[v].producer];
+    if (pr->op == QT_OP_FAKE_QUANT || pr->op == QT_OP_AVG_POOL2D || pr->op == QT_OP_GLOBAL_AVG_POOL ||
+        pr->op == QT_OP_FLATTEN) {
+      v = pr->inputs[0];
+      continue;
+    }
+    if ((pr->op == QT_OP_RELU || pr->op == QT_OP_RELU6) && act == QT_OP_INPUT) {
+      act = pr->op;
+      v = pr->inputs[0];
+      continue;
+    }
+    if (pr->op != QT_OP_CONV2D && pr->op != QT_OP_LINEAR) return -1;
+    const int f = qt_graph_find_node(fp32, pr->name);
+    if (f < 0) return -1;
+    const int out = fp32->nodes[f].output;
+    if (fp32->values[out].consumers != 1) return -1;
+    for (int i = f + 1; i < fp32->n_nodes; i++) {
+      const qt_node *b = &fp32->nodes[i];
+      if (b->n_inputs < 1 || b->inputs[0] != out) continue;
+      if (b->op != QT_OP_BATCH_NORM) return -1;
+      const qt_param *gp = &fp32->tensors[b->param[QT_P_GAMMA]];
+      if (gp->numel > cap) return -1;
+      const float *gamma = fp32->params + gp->offset, *beta = fp32->params + fp32->tensors[b->param[QT_P_BETA]].offset;
+      *C = (int)gp->numel;
+      for (int c = 0; c < *C; c++) {
+        const double mu = beta[c], sigma = fabs((double)gamma[c]);
+        mean[c] = act == QT_OP_RELU    ? relu_mean(mu, sigma)
+                  : act == QT_OP_RELU6 ? relu_mean(mu, sigma) - relu_mean(mu - 6.0, sigma)
+                                       : mu;
+      }
+      return 0;
+    }
+    return -1;
+  }
+}
+
+int qt_bias_correct_analytical(const qt_graph *fp32, qt_graph *p, const float *reference,
+                               qt_bias_correction_result *res, char *err) {
+  memset(res, 0, sizeof *res);
+  enum { CAP = 1 << 16 };
+  double *mean = malloc(CAP * sizeof *mean);
+  QT_ASSERT(mean, "out of memory");
+  for (int i = 0; i < p->n_nodes; i++) {
+    const qt_node *L = &p->nodes[i];
+    if (!is_corrected(L) || !L->wq || !L->wq->calibrated) continue;
+    int C;
+    if (input_means(fp32, p, L, mean, CAP, &C)) {
+      res->skipped++;
+      continue;
+    }
+    const qt_qstate *q = L->wq;
+    const qt_param *wp = &p->tensors[L->param[QT_P_WEIGHT]];
+    const float *w = p->params + wp->offset, *w0 = reference ? reference + wp->offset : w;
+    const int OC = L->attr.out_channels;
+    const int64_t inner = wp->numel / OC; /* per output channel: (C / groups) K  or IN */
+    const int groups = L->op == QT_OP_CONV2D ? L->attr.groups : 1;
+    const int64_t K = L->op == QT_OP_CONV2D ? wp->shape[2] * wp->shape[3] : 1;
+    const int64_t per_group_in = L->op == QT_OP_CONV2D ? wp->shape[1] : inner;
+    if (L->op == QT_OP_CONV2D ? per_group_in * groups != C : inner % C != 0) {
+      res->skipped++;
+      continue;
+    }
+    int32_t *qi = malloc((size_t)wp->numel * sizeof *qi);
+    float *wq = malloc((size_t)wp->numel * sizeof *wq);
+    QT_ASSERT(qi && wq, "out of memory");
+    qt_quantize(qi, w, 1, q->channels, wp->numel / q->channels, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
+    qt_dequantize(wq, qi, 1, q->channels, wp->numel / q->channels, q->scale, q->zero_point);
+    float *b = qt_graph_tensor_data(p, L->param[QT_P_BIAS]);
+    for (int oc = 0; oc < OC; oc++) {
+      const int64_t g0 = L->op == QT_OP_CONV2D ? (int64_t)(oc / (OC / groups)) * per_group_in : 0;
+      double shift = 0; /* E[(W_q - W) x] for this output channel */
+      for (int64_t j = 0; j < inner; j++) {
+        const int64_t at = (int64_t)oc * inner + j;
+        const int ch = L->op == QT_OP_CONV2D ? (int)(g0 + j / K) : (int)(j % C);
+        shift += ((double)wq[at] - w0[at]) * mean[ch];
+      }
+      res->before = fmax(res->before, fabs(shift));
+      b[oc] = (float)((double)b[oc] - shift);
+    }
+    res->layers++;
+    QT_FREE_ALL(qi, wq);
+  }
+  free(mean);
+  (void)err; /* nothing here fails: a layer whose input the batch norms do not describe is skipped */
+  return 0;
+}

@@ -213,8 +213,11 @@ int qt_cross_layer_equalize(qt_graph *g, int relu6_as_relu, qt_cle_result *res, 
 /* ---- bias correction (qat/bias_correction.c) ----------------------------------------------- */
 typedef struct {
   int layers;                    /* conv/linear layers with a bias, corrected */
-  double before, after;          /* the largest |E[float output] - E[quantized output]| of a channel */
-  char worst_after[QT_NAME_LEN]; /* the layer where `after` is */
+  int skipped;                   /* analytical: layers whose input no batch norm describes */
+  double before, after;          /* the largest |E[float output] - E[quantized output]| of a channel
+                                  * (analytical: the expected shift from the weights' rounding, which
+                                  * the correction removes; after 0) */
+  char worst_after[QT_NAME_LEN]; /* empirical: the layer where `after` is */
 } qt_bias_correction_result;
 /* Empirical bias correction of a calibrated prepared graph g, in place: for each conv/linear layer
  * with a bias, in graph order, b_c += E[y_c] with fake quant off - E[y_c] with it on, the means
@@ -225,6 +228,17 @@ typedef struct {
  * Leaves g in QT_MODE_TRAIN (as calibration does). -1 with err when a forward fails. */
 int qt_bias_correct(qt_graph *g, qt_ctx *ctx, const float *reference, const float *images, int n, int batch,
                     qt_bias_correction_result *res, char *err);
+/* Analytical bias correction (data-free): for each conv/linear layer of the calibrated prepared
+ * graph p with a bias and quantized weights whose input is, in the fp32 graph it was prepared from,
+ * the output of a conv/linear -> batch norm (-> relu | relu6), reached through fake quants,
+ * average pools and a flatten only, the input of channel c is taken as N(beta_c, gamma_c^2) before
+ * the activation, so E[x_c] = mu Phi(mu / sigma) + sigma phi(mu / sigma) after a relu (and the
+ * difference of two such terms after a relu6, which clips at 6), and
+ *     b[oc] -= sum over the weights of output channel oc of (W_q - W) E[x_channel]
+ * (W_q the weights as fake quant rounds them; W from `reference` when not NULL: the float weights
+ * before AdaRound). Padding is ignored, as in the paper. Other layers are counted in skipped. */
+int qt_bias_correct_analytical(const qt_graph *fp32, qt_graph *p, const float *reference,
+                               qt_bias_correction_result *res, char *err);
 
 /* ---- AdaRound and block reconstruction (qat/adaround.c) ----------------------------------- */
 /* What one reconstruction learns at a time: a conv/linear layer (with its relu / relu6: AdaRound)

@@ -32,8 +32,13 @@ typedef enum { QT_KEEP_W8A8, QT_KEEP_FP32, QT_KEEP_COUNT } qt_mixed_keep;
 typedef enum { QT_CLE_RELU6_KEEP, QT_CLE_RELU6_RELU } qt_cle_relu6;
 /* quant.adaround_unit: each layer (AdaRound) or each block (BRECQ / QDrop) */
 typedef enum { QT_ADAROUND_UNIT_LAYER, QT_ADAROUND_UNIT_BLOCK } qt_adaround_unit_choice;
-/* quant.bias_correction: none, or the empirical form (qt_bias_correct) */
-typedef enum { QT_BIAS_CORRECTION_NONE, QT_BIAS_CORRECTION_EMPIRICAL } qt_bias_correction_choice;
+/* quant.bias_correction: none, the empirical form (qt_bias_correct) or the analytical one
+ * (qt_bias_correct_analytical) */
+typedef enum {
+  QT_BIAS_CORRECTION_NONE,
+  QT_BIAS_CORRECTION_EMPIRICAL,
+  QT_BIAS_CORRECTION_ANALYTICAL
+} qt_bias_correction_choice;
 /* quant.fp32_reuse: an existing fp32 checkpoint whose recipe differs from quant.fp32_config's */
 typedef enum { QT_FP32_REUSE_CHECK, QT_FP32_REUSE_RETRAIN, QT_FP32_REUSE_ANY, QT_FP32_REUSE_COUNT } qt_fp32_reuse;
 typedef enum { QT_PROGRESS_AUTO, QT_PROGRESS_BAR, QT_PROGRESS_LINES, QT_PROGRESS_NONE, QT_PROGRESS_COUNT } qt_progress;

@@ -87,9 +87,10 @@ int qt_stage_adaround(const qt_options *o, qt_graph *p, const qt_dataset *train,
                       float **reference, int verbose, qt_status *st);
 /* quant.bias_correction = empirical: qt_bias_correct of the calibrated p on the first
  * quant.bias_correction_images images of train (evaluation preprocessing) against the float model
- * in reference (NULL: p's own parameters; after AdaRound, qt_stage_adaround's copy), its outcome
- * in *res; nothing (res zeroed) otherwise. */
-int qt_stage_bias_correct(const qt_options *o, qt_graph *p, const qt_dataset *train, qt_ctx *ctx,
+ * in reference (NULL: p's own parameters; after AdaRound, qt_stage_adaround's copy);
+ * analytical: qt_bias_correct_analytical from the batch norms of fp32, the graph p was prepared
+ * from. Its outcome in *res; nothing (res zeroed) with none. */
+int qt_stage_bias_correct(const qt_options *o, const qt_graph *fp32, qt_graph *p, const qt_dataset *train, qt_ctx *ctx,
                           const float *reference, qt_bias_correction_result *res, int verbose, qt_status *st);
 /* Calibrates p on quant.calibration_batches calibration batches of train (epoch 0; fewer when
  * the epoch ends first: *batches, may be NULL, gets the count), then freezes its observers

@@ -156,10 +156,16 @@ static void summary_quant(qt_strbuf *b, const run *r) {
   if (r->o->quant.cle)
     qt_strbuf_printf(b, ", \"cle\": {\"pairs\": %d, \"passes\": %d, \"relu6_made_relu\": %d}", m->cle.pairs,
                      m->cle.iterations, m->cle.relu6_replaced);
-  if (r->o->quant.bias_correction != QT_BIAS_CORRECTION_NONE)
+  if (r->o->quant.bias_correction == QT_BIAS_CORRECTION_EMPIRICAL)
     qt_strbuf_printf(b,
-                     ", \"bias_correction\": {\"layers\": %d, \"mean_error_before\": %.6g, \"mean_error_after\": %.6g}",
+                     ", \"bias_correction\": {\"form\": \"empirical\", \"layers\": %d, \"mean_error_before\": %.6g, "
+                     "\"mean_error_after\": %.6g}",
                      m->bias_correction.layers, m->bias_correction.before, m->bias_correction.after);
+  if (r->o->quant.bias_correction == QT_BIAS_CORRECTION_ANALYTICAL)
+    qt_strbuf_printf(b,
+                     ", \"bias_correction\": {\"form\": \"analytical\", \"layers\": %d, \"skipped\": %d, "
+                     "\"expected_shift_removed\": %.6g}",
+                     m->bias_correction.layers, m->bias_correction.skipped, m->bias_correction.before);
   if (r->o->quant.adaround) {
     const qt_adaround_result *a = &m->adaround;
     qt_strbuf_printf(b,
@@ -390,9 +396,9 @@ static int run_prepare(run *r, qt_status *st) {
       qt_stage_calibrate(o, r->tg, &r->train, r->ctx, NULL, r->verbose, st))
     return -1;
   float *reference = NULL;
-  if (ptq &&
-      (qt_stage_adaround(o, r->tg, &r->train, r->ctx, &r->methods.adaround, &reference, r->verbose, st) ||
-       qt_stage_bias_correct(o, r->tg, &r->train, r->ctx, reference, &r->methods.bias_correction, r->verbose, st))) {
+  if (ptq && (qt_stage_adaround(o, r->tg, &r->train, r->ctx, &r->methods.adaround, &reference, r->verbose, st) ||
+              qt_stage_bias_correct(o, r->g, r->tg, &r->train, r->ctx, reference, &r->methods.bias_correction,
+                                    r->verbose, st))) {
     free(reference);
     return -1;
   }
@@ -698,7 +704,7 @@ int qt_stage_ptq_to_file(const qt_options *o, const char *out_path, FILE *report
   QT_ASSERT(ar, "out of memory");
   if (qt_stage_calibrate(o, p, &train, ctx, &batches, 0, st) ||
       qt_stage_adaround(o, p, &train, ctx, ar, &reference, 0, st) ||
-      qt_stage_bias_correct(o, p, &train, ctx, reference, &bc, 0, st)) {
+      qt_stage_bias_correct(o, g, p, &train, ctx, reference, &bc, 0, st)) {
     free(ar);
     goto done;
   }

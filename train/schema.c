@@ -164,9 +164,10 @@ static const option_row rows[] = {
         "with quant.cle: keep = chains through relu6 are not equalized (relu6 clips at 6, so a scale does not "
         "pass it); relu = such a relu6 becomes a relu and the chain is equalized (as AIMET does for "
         "MobileNetV2; the model then differs where an activation exceeded 6)"),
-    ROW(quant, bias_correction, QT_CFG_ENUM, "none", 0, 0, "none|empirical",
+    ROW(quant, bias_correction, QT_CFG_ENUM, "none", 0, 0, "none|empirical|analytical",
         "PTQ: after calibration, each conv/linear bias absorbs the mean shift quantization causes in its "
-        "outputs, measured on quant.bias_correction_images training images (docs/quantization.md)"),
+        "outputs: empirical = measured on quant.bias_correction_images training images; analytical = the "
+        "weights' part, from the batch norms before each layer (no data; docs/quantization.md)"),
     ROW(quant, bias_correction_images, QT_CFG_INT, "512", 1, 1000000, NULL,
         "PTQ with quant.bias_correction = empirical: the first training images it measures on"),
     ROW(quant, adaround, QT_CFG_BOOL, "false", 0, 0, NULL,
@@ -297,6 +298,10 @@ static int check_rules(const qt_options *o, char *err) {
     return qt_err(err, "quant.adaround_unit = block has no effect without quant.adaround = true");
   if (q->cle_relu6 != QT_CLE_RELU6_KEEP && !q->cle)
     return qt_err(err, "quant.cle_relu6 = relu has no effect without quant.cle = true");
+  if (q->bias_correction == QT_BIAS_CORRECTION_ANALYTICAL && q->cle)
+    return qt_err(err,
+                  "quant.bias_correction = analytical with quant.cle = true: the batch norms' statistics no "
+                  "longer describe the equalized layers' inputs; use quant.bias_correction = empirical");
   if (q->cle && q->mode != QT_QUANT_PTQ)
     return qt_err(err,
                   "quant.cle needs quant.mode = ptq (QAT keeps batch norm unfolded until convert, and "

@@ -175,10 +175,19 @@ int qt_stage_adaround(const qt_options *o, qt_graph *p, const qt_dataset *train,
   return 0;
 }
 
-int qt_stage_bias_correct(const qt_options *o, qt_graph *p, const qt_dataset *train, qt_ctx *ctx,
+int qt_stage_bias_correct(const qt_options *o, const qt_graph *fp32, qt_graph *p, const qt_dataset *train, qt_ctx *ctx,
                           const float *reference, qt_bias_correction_result *res, int verbose, qt_status *st) {
   memset(res, 0, sizeof *res);
   if (o->quant.bias_correction == QT_BIAS_CORRECTION_NONE) return 0;
+  if (o->quant.bias_correction == QT_BIAS_CORRECTION_ANALYTICAL) {
+    if (qt_bias_correct_analytical(fp32, p, reference, res, st->msg)) return qt_status_fail(st, QT_STATUS_RUNTIME);
+    if (verbose)
+      fprintf(stderr,
+              "quant: analytical bias correction of %d layers (%d without a batch norm describing their input): "
+              "largest expected output shift %.3g removed\n",
+              res->layers, res->skipped, res->before);
+    return 0;
+  }
   const float *images;
   int got;
   qt_loader *l = qt_stage_first_images(o, train, o->quant.bias_correction_images, &images, &got, st);

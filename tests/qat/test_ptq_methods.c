@@ -11,7 +11,9 @@
  * - on FashionCNN prepared for PTQ (BN folded), the prepared graph's outputs are unchanged and the
  *   three pairs (conv1 -> conv2, conv2 -> fc1 through the flatten, fc1 -> fc2) are equalized.
  * Bias correction: the mean error of a quantized model's logits, measured by plain forwards on
- * the images it corrected on, falls below 1e-3 of what it was (test_bias_correction). */
+ * the images it corrected on, falls below 1e-3 of what it was (test_bias_correction); the analytical
+ * form removes at least 80% of the mean output shift the weights' rounding causes behind a
+ * conv -> bn -> relu whose statistics are the data's (test_bias_correction_analytical). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -303,11 +305,105 @@ static void test_bias_correction(void) {
   qt_graph_free(p);
 }
 
+/* The per-channel means of the graph's output over the n images x (hw x hw x 8) in eval mode with
+ * only the weights quantized (weights_only) or in float (fake quant off). */
+static void output_means(qt_graph *g, const float *x, int n, int hw, int weights_only, double *mean, int C) {
+  qt_ctx *ctx = qt_ctx_create();
+  const int64_t shape[4] = {n, hw, hw, 8};
+  qt_graph_set_mode(g, weights_only ? QT_MODE_EVAL : QT_MODE_EVAL_FLOAT);
+  for (int i = 0; weights_only && i < g->n_nodes; i++)
+    if (g->nodes[i].op == QT_OP_FAKE_QUANT) g->nodes[i].q->fake_quant = 0;
+  qt_tensor *y = qt_graph_forward(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x));
+  if (!y) qt_test_fail("forward: %s", g->error);
+  const int64_t rows = y ? qt_tensor_numel(y) / C : 0;
+  for (int c = 0; c < C; c++) {
+    mean[c] = 0;
+    for (int64_t i = 0; i < rows; i++) mean[c] += qt_f32(y)[i * C + c] / (double)rows;
+  }
+  qt_ctx_free(ctx);
+}
+
+/* Analytical bias correction: input (10, 10, 8) -> conv1 -> bn1 -> relu1 -> conv2 (16 channels each,
+ * 3x3, no padding), bn1's statistics those of conv1's outputs on 512 random images, its gamma and
+ * beta random. Prepared for PTQ at W3A8 and calibrated, the mean of each output channel with the
+ * weights quantized (activations not) moves from the float one; the analytical correction of
+ * conv2 (conv1, reading the image, is skipped) removes at least 80% of the largest such shift on
+ * those images, the relu's rectified-normal means standing in for the data. */
+static void test_bias_correction_analytical(void) {
+  enum { M = 512, HW = 10, C = 16 };
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("conv_bn_relu_conv");
+  int v = qt_graph_input(g, "input", HW, HW, 8);
+  v = qt_graph_conv2d(g, "conv1", v, C, 3, 1, 0, 1, 1);
+  v = qt_graph_relu(g, "relu1", qt_graph_batch_norm(g, "bn1", v));
+  v = qt_graph_conv2d(g, "conv2", v, C, 3, 1, 0, 1, 1);
+  if (qt_graph_finalize(g, v, err)) qt_test_fail("graph: %s", err);
+  qt_graph_init_params(g, 17);
+  float *x = qt_test_uniform_range((int64_t)M * HW * HW * 8, -1.0f, 1.0f, 81);
+  /* bn1's running statistics: conv1's outputs' own */
+  const qt_node *conv1 = &g->nodes[qt_graph_find_node(g, "conv1")], *bn1 = &g->nodes[qt_graph_find_node(g, "bn1")];
+  qt_ctx *ctx = qt_ctx_create();
+  const int64_t shape[4] = {M, HW, HW, 8};
+  qt_tensor **values = NULL;
+  qt_graph_set_mode(g, QT_MODE_EVAL_FLOAT);
+  if (!qt_graph_forward_values(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x), &values)) qt_test_fail("%s", g->error);
+  const qt_tensor *y1 = values[conv1->output];
+  const int64_t rows = qt_tensor_numel(y1) / C;
+  float *rm = qt_graph_tensor_data(g, bn1->buffer[QT_B_RUNNING_MEAN]),
+        *rv = qt_graph_tensor_data(g, bn1->buffer[QT_B_RUNNING_VAR]);
+  float *gamma = qt_graph_tensor_data(g, bn1->param[QT_P_GAMMA]),
+        *beta = qt_graph_tensor_data(g, bn1->param[QT_P_BETA]);
+  float *rnd = qt_test_uniform_range(2 * C, -1.0f, 1.0f, 82);
+  for (int c = 0; c < C; c++) {
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < rows; i++) {
+      const double t = qt_f32(y1)[i * C + c];
+      s += t;
+      s2 += t * t;
+    }
+    rm[c] = (float)(s / rows);
+    rv[c] = (float)(s2 / rows - (s / rows) * (s / rows));
+    gamma[c] = (rnd[c] < 0 ? -1.0f : 1.0f) * (0.5f + fabsf(rnd[c]));
+    beta[c] = rnd[C + c];
+  }
+  qt_ctx_free(ctx);
+  qt_quantizer_config qc = qt_test_quantizer_config(3, 8);
+  qt_annotations a;
+  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err)) qt_test_fail("quantizer: %s", err);
+  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
+  if (!p) qt_test_fail("prepare: %s", err);
+  qt_annotations_free(&a);
+  double mf[C], mq[C], gap0 = 0, gap1 = 0;
+  output_means(p, x, M, HW, 0, mf, C);
+  ctx = qt_ctx_create();
+  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
+  if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x))) qt_test_fail("%s", p->error);
+  qt_set_observers(p, 0);
+  qt_ctx_free(ctx);
+  output_means(p, x, M, HW, 1, mq, C);
+  for (int c = 0; c < C; c++) gap0 = fmax(gap0, fabs(mf[c] - mq[c]));
+  qt_bias_correction_result r;
+  if (qt_bias_correct_analytical(g, p, NULL, &r, err)) qt_test_fail("analytical bias correction: %s", err);
+  output_means(p, x, M, HW, 1, mq, C);
+  for (int c = 0; c < C; c++) gap1 = fmax(gap1, fabs(mf[c] - mq[c]));
+  QT_CHECK(r.layers == 1 && r.skipped == 1 && r.before > 0);
+  if (!(gap1 <= 0.2 * gap0))
+    qt_test_fail("analytical bias correction: the largest mean output shift went %.3g -> %.3g (bound: 0.2 of before)",
+                 gap0, gap1);
+  if (getenv("QT_TEST_VERBOSE"))
+    printf("analytical bias correction: largest mean output shift %.3g -> %.3g (expected %.3g)\n", gap0, gap1,
+           r.before);
+  QT_FREE_ALL(x, rnd);
+  qt_graph_free(p);
+  qt_graph_free(g);
+}
+
 int main(void) {
   test_pairs();
   test_refusals();
   test_relu6_as_relu();
   test_bias_correction();
+  test_bias_correction_analytical();
   test_prepared();
   return qt_test_finish();
 }

@@ -60,11 +60,14 @@ static void test_every_key_lands_in_its_field(void) {
   for (int i = 0; i < n; i++) {
     const qt_cfg_key *k = &schema[i];
     int done = 0;
-    /* the last base turns on what a key may need (quant.cle_relu6 has no effect without quant.cle) */
+    /* the last base turns on what a key may need (quant.cle_relu6 has no effect without quant.cle,
+     * quant.adaround_unit none without quant.adaround) */
     const char *modes[] = {"qat", "ptq", "qat", "ptq"};
     for (int m = 0; m < 4 && !done; m++) {
       qt_config *c = base_config(modes[m], m == 2);
-      if (m == 3 && qt_config_apply_override(c, "quant.cle=true", err)) qt_test_fail("quant.cle=true: %s", err);
+      if (m == 3 && (qt_config_apply_override(c, "quant.cle=true", err) ||
+                     qt_config_apply_override(c, "quant.adaround=true", err)))
+        qt_test_fail("the last base: %s", err);
       if (qt_options_resolve(c, &before, err)) qt_test_fail("base %s: %s", modes[m], err);
       char v[600];
       other_value(k, qt_config_value(c, k->section, k->key), v, sizeof v);
@@ -121,6 +124,10 @@ static void test_rules(void) {
       {"quant.mode=ptq", "quant.cle_relu6=relu", "quant.cle_relu6 = relu has no effect without quant.cle = true"},
       {"quant.mode=qat", "quant.bias_correction=empirical", "quant.bias_correction needs quant.mode = ptq"},
       {"quant.mode=ptq", "quant.bias_correction=empirical", NULL},
+      {"quant.mode=ptq", "quant.bias_correction=analytical", NULL},
+      {"quant.mode=qat", "quant.adaround=true", "quant.adaround needs quant.mode = ptq"},
+      {"quant.mode=ptq", "quant.adaround=true", NULL},
+      {"quant.mode=ptq", "quant.adaround_unit=block", "quant.adaround_unit = block has no effect without"},
       {"quant.mode=qat", "quant.quantizer=backend", "quant.quantizer = backend needs quant.backend"},
       {"quant.mode=ptq", "quant.backend=accel.ini", "a description file is read only with quant.quantizer = backend"},
       {"quant.mode=ptq", "quant.backend=xnnpack", NULL},
@@ -130,14 +137,20 @@ static void test_rules(void) {
       {"quant.mode=qat", "analysis.layer_sqnr=true", NULL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const int calib = strcmp(cases[i].b, "quant.qat_init=calibration") == 0;
     const char *ov[] = {cases[i].a, cases[i].b, "quant.freeze_observers_after=1"};
-    const int n = strcmp(cases[i].b, "quant.qat_init=calibration") == 0 ? 3 : 2;
+    const int n = calib ? 3 : 2;
     const int rc = qt_options_load(NULL, (char *const *)ov, n, &o, err);
-    const char *want = n == 3 ? "has no effect with quant.qat_init = calibration" : cases[i].want;
+    const char *want = calib ? "has no effect with quant.qat_init = calibration" : cases[i].want;
     if (want && (rc == 0 || !strstr(err, want)))
       qt_test_fail("%s %s: want '%s', got rc %d '%s'", ov[0], ov[1], want, rc, rc ? err : "");
     if (!want && rc) qt_test_fail("%s %s refused: %s", ov[0], ov[1], err);
   }
+  /* three keys: the analytical bias correction reads batch norms that equalization made stale */
+  const char *ov[] = {"quant.mode=ptq", "quant.cle=true", "quant.bias_correction=analytical"};
+  if (qt_options_load(NULL, (char *const *)ov, 3, &o, err) == 0 ||
+      !strstr(err, "quant.bias_correction = analytical with quant.cle"))
+    qt_test_fail("quant.cle with the analytical bias correction: not refused (%s)", err);
 }
 
 static void test_resume_and_recipe(void) {
