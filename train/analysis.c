@@ -299,8 +299,8 @@ typedef struct {
 
 /* The per-node SQNR section of analysis.md (a table under `title`) and the "sqnr" member of
  * analysis.json; ref_name names the reference graph ("fp32"). */
-static void write_sqnr(qt_strbuf *md, qt_strbuf *js, const char *title, const char *ref_name, double acc,
-                       const qt_node_sqnr *rows, int n_rows) {
+static void write_sqnr(qt_strbuf *md, qt_strbuf *js, const char *key, const char *title, const char *ref_name,
+                       double acc, const qt_node_sqnr *rows, int n_rows) {
   qt_strbuf_printf(md, "## Per-node SQNR, %s (accuracy %.2f%%)\n\n", title, 100 * acc);
   qt_strbuf_printf(md,
                    "Each row compares the %s value with what the fake-quant graph's consumers see (after the "
@@ -310,7 +310,7 @@ static void write_sqnr(qt_strbuf *md, qt_strbuf *js, const char *title, const ch
                    "| node | op | %s value | weight bits | output quantized | SQNR (dB) |\n"
                    "|---|---|---|---:|---|---:|\n",
                    ref_name);
-  qt_strbuf_printf(js, ",\n  \"sqnr\": {\"accuracy\": %.6f, \"reference\": ", acc);
+  qt_strbuf_printf(js, ",\n  \"%s\": {\"accuracy\": %.6f, \"reference\": ", key, acc);
   qt_strbuf_json_string(js, ref_name);
   qt_strbuf_printf(js, ", \"nodes\": [");
   for (int i = 0; i < n_rows; i++) {
@@ -361,6 +361,7 @@ typedef struct {
   qt_eval_result ref;
   int64_t fp32_bytes;
   qt_strbuf md, js;
+  qt_graph *methods; /* the run's prepared graph after its PTQ methods (CLE, AdaRound, bias correction), or NULL */
 } analysis;
 
 /* 1. calibration methods x batches: one cumulative calibration pass per method */
@@ -399,18 +400,87 @@ static int section_calibration(analysis *A, char methods[][64], int n_methods, c
   return 0;
 }
 
-/* 2. per-node SQNR of the configured variant */
+/* The PTQ methods the run applies, as text ("CLE, AdaRound, empirical bias correction"). */
+static void methods_text(const qt_options *o, char *buf, size_t n) {
+  const qt_quant_options *q = &o->quant;
+  snprintf(buf, n, "%s%s%s%s%s", q->cle ? "CLE" : "", q->adaround && q->cle ? ", " : "",
+           !q->adaround                                 ? ""
+           : q->adaround_unit == QT_ADAROUND_UNIT_BLOCK ? "block reconstruction"
+                                                        : "AdaRound",
+           q->bias_correction != QT_BIAS_CORRECTION_NONE && (q->cle || q->adaround) ? ", " : "",
+           q->bias_correction == QT_BIAS_CORRECTION_EMPIRICAL    ? "empirical bias correction"
+           : q->bias_correction == QT_BIAS_CORRECTION_ANALYTICAL ? "analytical bias correction"
+                                                                 : "");
+}
+
+/* The methods' table: per node, the SQNR of plain PTQ (`without`) and of the run's graph. */
+static void write_methods(analysis *A, const char *methods, double acc0, double acc1, const qt_node_sqnr *without,
+                          int n0, const qt_node_sqnr *with, int n1) {
+  qt_strbuf *md = &A->md;
+  qt_strbuf_printf(md, "## Per-node SQNR before and after the PTQ methods (%s)\n\n", methods);
+  qt_strbuf_printf(
+      md,
+      "Before: the same calibration without them (accuracy %.2f%%); after: the run's model "
+      "(accuracy %.2f%%).\n\n| node | op | weight bits | SQNR before (dB) | SQNR after (dB) | change (dB) |\n"
+      "|---|---|---:|---:|---:|---:|\n",
+      100 * acc0, 100 * acc1);
+  for (int i = 0; i < n1; i++) {
+    const qt_node_sqnr *r = &with[i], *b = NULL;
+    for (int j = 0; j < n0 && !b; j++)
+      if (strcmp(without[j].node, r->node) == 0) b = &without[j];
+    const double d1 = qt_sqnr_sum_db(&r->sqnr), d0 = b ? qt_sqnr_sum_db(&b->sqnr) : NAN;
+    char wbits[16] = "-";
+    if (r->weight_bits) snprintf(wbits, sizeof wbits, "%d", r->weight_bits);
+    qt_strbuf_printf(md, "| %s | %s | %s | ", r->node, r->op, wbits);
+    md_db(md, d0);
+    qt_strbuf_printf(md, " | ");
+    md_db(md, d1);
+    qt_strbuf_printf(md, " | ");
+    if (isfinite(d0) && isfinite(d1))
+      qt_strbuf_printf(md, "%+.2f", d1 - d0);
+    else
+      qt_strbuf_printf(md, "n/a");
+    qt_strbuf_printf(md, " |\n");
+  }
+  qt_strbuf_printf(md, "\n");
+}
+
+/* 2. per-node SQNR of the configured variant; with PTQ methods, of the run's graph after them and
+ * of the same calibration without them */
 static int section_sqnr(analysis *A, char *err) {
   double acc;
   int used;
-  qt_node_sqnr *rows = NULL;
-  int n_rows = 0;
-  qt_graph *p = calibrate_eval(A->o, A->fp32, A->train, A->lc, &A->sub, A->ec, A->ctx, &A->cal, 1, &acc, &used, 1, err);
-  if (!p) return -1;
-  int r = qt_analysis_node_sqnr(A->fp32, p, A->ctx, &A->sub, A->ec, A->sub.n, &rows, &n_rows, err);
-  qt_graph_free(p);
-  if (!r) write_sqnr(&A->md, &A->js, "fp32 vs fake quant (configured settings)", "fp32", acc, rows, n_rows);
-  free(rows);
+  qt_node_sqnr *rows = NULL, *rows0 = NULL;
+  int n_rows = 0, n0 = 0;
+  if (!A->methods) {
+    qt_graph *p =
+        calibrate_eval(A->o, A->fp32, A->train, A->lc, &A->sub, A->ec, A->ctx, &A->cal, 1, &acc, &used, 1, err);
+    if (!p) return -1;
+    int r = qt_analysis_node_sqnr(A->fp32, p, A->ctx, &A->sub, A->ec, A->sub.n, &rows, &n_rows, err);
+    qt_graph_free(p);
+    if (!r) write_sqnr(&A->md, &A->js, "sqnr", "fp32 vs fake quant (configured settings)", "fp32", acc, rows, n_rows);
+    free(rows);
+    return r;
+  }
+  qt_options *c = clone_options(A->o);
+  c->quant.cle = 0; /* prepare would equalize; AdaRound and bias correction run only in the pipeline */
+  double acc0;
+  qt_eval_result e1;
+  qt_graph *p0 = calibrate_eval(c, A->fp32, A->train, A->lc, &A->sub, A->ec, A->ctx, &A->cal, 1, &acc0, &used, 1, err);
+  int r = p0 ? qt_analysis_node_sqnr(A->fp32, p0, A->ctx, &A->sub, A->ec, A->sub.n, &rows0, &n0, err) : -1;
+  if (!r) r = qt_evaluate(A->methods, A->ctx, &A->sub, A->ec, &e1, err);
+  if (!r) r = qt_analysis_node_sqnr(A->fp32, A->methods, A->ctx, &A->sub, A->ec, A->sub.n, &rows, &n_rows, err);
+  if (!r) {
+    char methods[160];
+    methods_text(A->o, methods, sizeof methods);
+    write_methods(A, methods, acc0, e1.accuracy, rows0, n0, rows, n_rows);
+    write_sqnr(&A->md, &A->js, "sqnr", "fp32 vs fake quant (configured settings, the PTQ methods applied)", "fp32",
+               e1.accuracy, rows, n_rows);
+    write_sqnr(&A->md, &A->js, "sqnr_without_methods", "fp32 vs fake quant (the same calibration, no PTQ method)",
+               "fp32", acc0, rows0, n0);
+  }
+  qt_graph_free(p0);
+  QT_FREE_ALL(rows, rows0, c);
   return r;
 }
 
@@ -528,9 +598,9 @@ static int section_header(analysis *A, char *err) {
   return 0;
 }
 
-int qt_analysis_run(const qt_options *o, qt_graph *fp32, const qt_dataset *train, const qt_dataset *test,
-                    const qt_loader_config *lc, const qt_loader_config *ec, qt_ctx *ctx, const char *dir,
-                    char *json_path, size_t json_path_len, int verbose, char *err) {
+int qt_analysis_run(const qt_options *o, qt_graph *fp32, qt_graph *ptq_methods, const qt_dataset *train,
+                    const qt_dataset *test, const qt_loader_config *lc, const qt_loader_config *ec, qt_ctx *ctx,
+                    const char *dir, char *json_path, size_t json_path_len, int verbose, char *err) {
   analysis *A = calloc(1, sizeof *A);
   QT_ASSERT(A, "out of memory");
   const int64_t images = o->analysis.images > 0 && o->analysis.images < test->n ? o->analysis.images : test->n;
@@ -545,9 +615,10 @@ int qt_analysis_run(const qt_options *o, qt_graph *fp32, const qt_dataset *train
                   .ab = o->quant.activation_bits,
                   .cal = o->quant.calibration_batches,
                   .verbose = verbose,
-                  .keep = o->analysis.mixed_precision_keep == QT_KEEP_FP32 ? "fp32" : "w8a8"};
-  char methods[MAX_LIST][64];
-  const int n_methods = split_list(o->analysis.calibration_methods, methods, MAX_LIST);
+                  .keep = o->analysis.mixed_precision_keep == QT_KEEP_FP32 ? "fp32" : "w8a8",
+                  .methods = ptq_methods};
+  char cal_methods[MAX_LIST][64];
+  const int n_methods = split_list(o->analysis.calibration_methods, cal_methods, MAX_LIST);
   int counts[MAX_LIST], ks[MAX_LIST], rc = -1;
   int n_counts = int_list("calibration_batches", o->analysis.calibration_batches, counts, MAX_LIST, 1, err);
   const int n_ks = int_list("mixed_precision_k", o->analysis.mixed_precision_k, ks, MAX_LIST, 0, err);
@@ -561,7 +632,8 @@ int qt_analysis_run(const qt_options *o, qt_graph *fp32, const qt_dataset *train
   for (int i = 0; i < fp32->n_nodes && A->n_layers < MAX_LAYERS; i++)
     if (qt_op_has_weight(fp32->nodes[i].op)) snprintf(A->layers[A->n_layers++], QT_NAME_LEN, "%s", fp32->nodes[i].name);
   layer_sens sens[MAX_LAYERS];
-  if (section_header(A, err) || (n_methods > 0 && section_calibration(A, methods, n_methods, counts, n_counts, err)) ||
+  if (section_header(A, err) ||
+      (n_methods > 0 && section_calibration(A, cal_methods, n_methods, counts, n_counts, err)) ||
       (o->analysis.layer_sqnr && section_sqnr(A, err)) ||
       ((o->analysis.sensitivity || n_ks > 0) && section_sensitivity(A, sens, err)) ||
       (n_ks > 0 && section_mixed(A, sens, ks, n_ks, err)))
@@ -603,7 +675,8 @@ int qt_analysis_run_qat(const qt_options *o, qt_graph *qat, const qt_dataset *te
                    ",\n  \"mode\": \"qat\",\n  \"weight_bits\": %d,\n  \"activation_bits\": %d,\n"
                    "  \"images\": %lld,\n  \"accuracy\": %.6f,\n  \"float_accuracy\": %.6f",
                    wb, ab, (long long)sub.n, on.accuracy, off.accuracy);
-  write_sqnr(&md, &js, "the QAT model without vs with fake quant", "float (fake quant off)", on.accuracy, rows, n_rows);
+  write_sqnr(&md, &js, "sqnr", "the QAT model without vs with fake quant", "float (fake quant off)", on.accuracy, rows,
+             n_rows);
   qt_strbuf_printf(&js, "\n}\n");
   if (write_outputs(dir, &md, &js, json_path, json_path_len, verbose, err)) goto out;
   rc = 0;

@@ -41,12 +41,15 @@ int qt_analysis_wanted(const qt_options *o);
  * qt_options_resolve. */
 int qt_analysis_check_mode(const qt_options *o, char *err);
 
-/* The whole analysis; fp32 is the loaded fp32 model (left in training mode). lc: the
+/* The whole analysis; fp32 is the loaded fp32 model (left in training mode). methods (may be
+ * NULL): the run's calibrated prepared graph after its PTQ methods (quant.cle, quant.adaround,
+ * quant.bias_correction); with analysis.layer_sqnr, the per-node SQNR is then taken for it and
+ * for the same calibration without the methods, side by side (left in training mode). lc: the
  * calibration loader (as the run calibrates), ec: the evaluation loader. Fills path with
  * <dir>/analysis.json. */
-int qt_analysis_run(const qt_options *o, qt_graph *fp32, const qt_dataset *train, const qt_dataset *test,
-                    const qt_loader_config *lc, const qt_loader_config *ec, qt_ctx *ctx, const char *dir,
-                    char *json_path, size_t json_path_len, int verbose, char *err);
+int qt_analysis_run(const qt_options *o, qt_graph *fp32, qt_graph *methods, const qt_dataset *train,
+                    const qt_dataset *test, const qt_loader_config *lc, const qt_loader_config *ec, qt_ctx *ctx,
+                    const char *dir, char *json_path, size_t json_path_len, int verbose, char *err);
 
 /* QAT debugging (analysis.layer_sqnr on a QAT run), after training: the accuracy of the trained
  * prepared graph with and without fake quant, and the per-node SQNR between the two (the float

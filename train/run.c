@@ -405,8 +405,9 @@ static int run_prepare(run *r, qt_status *st) {
   free(reference);
   if (!ptq || !qt_analysis_wanted(o)) return 0;
   const qt_loader_config lc = qt_stage_loader_config(o, QT_LOADER_CALIBRATE);
-  if (qt_analysis_run(o, r->g, &r->train, &r->test, &lc, &ec, r->ctx, o->output.dir, r->analysis, sizeof r->analysis,
-                      r->verbose, st->msg))
+  const int methods = o->quant.cle || o->quant.adaround || o->quant.bias_correction != QT_BIAS_CORRECTION_NONE;
+  if (qt_analysis_run(o, r->g, methods ? r->tg : NULL, &r->train, &r->test, &lc, &ec, r->ctx, o->output.dir,
+                      r->analysis, sizeof r->analysis, r->verbose, st->msg))
     return qt_status_fail(st, QT_STATUS_RUNTIME);
   return 0;
 }

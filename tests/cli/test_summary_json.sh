@@ -3,7 +3,7 @@
 # with a double quote and a backslash goes through the JSON escaper everywhere (a tiny fp32 run,
 # a tiny PTQ run with its analysis, and one with CLE, block reconstruction and bias correction,
 # whose outcomes summary.json's "quant" must hold: FashionCNN's 3 equalized pairs, its 4 layers
-# rounded in its 4 blocks, and corrected). Usage: test_summary_json.sh path/to/qat_train
+# rounded in its 4 blocks, and corrected, and its analysis the nodes' SQNR without and with them). Usage: test_summary_json.sh path/to/qat_train
 set -u
 BIN="$1"
 T=$(mktemp -d)
@@ -20,7 +20,8 @@ ptq=(quant.mode=ptq quant.calibration_batches=2)
 "$BIN" "$T/ok.ini" "${common[@]}" "output.dir=$DIR/methods" "${ptq[@]}" quant.weight_bits=4 quant.cle=true \
   quant.adaround=true quant.adaround_unit=block quant.adaround_images=64 quant.adaround_iterations=20 \
   quant.bias_correction=empirical \
-  quant.bias_correction_images=64 > "$T/out" 2>&1 || { echo "PTQ methods run failed:"; cat "$T/out"; exit 1; }
+  quant.bias_correction_images=64 analysis.layer_sqnr=true analysis.images=64 > "$T/out" 2>&1 ||
+  { echo "PTQ methods run failed:"; cat "$T/out"; exit 1; }
 /usr/bin/python3 - "$DIR/methods/summary.json" <<'PY' || fail=1
 import json, sys
 q = json.load(open(sys.argv[1]))["quant"]
@@ -32,6 +33,16 @@ ok = (q["cle"]["pairs"] == 3 and q["bias_correction"]["layers"] == 4 and q["adar
       and all(0 <= l["flipped"] <= 1 and l["weights"] > 0 for l in q["adaround"]["per_unit"]))
 if not ok:
     print("summary.json's quant lacks the PTQ methods' outcomes: %s" % json.dumps(q)); sys.exit(1)
+PY
+# the analysis compares the nodes' SQNR without and with the methods
+/usr/bin/python3 - "$DIR/methods/analysis.json" "$DIR/methods/analysis.md" <<'PY' || fail=1
+import json, sys
+a = json.load(open(sys.argv[1]))
+md = open(sys.argv[2]).read()
+nodes = lambda k: [n["node"] for n in a[k]["nodes"]]
+if not (nodes("sqnr") and nodes("sqnr") == nodes("sqnr_without_methods")
+        and "before and after the PTQ methods (CLE, block reconstruction, empirical bias correction)" in md):
+    print("analysis lacks the PTQ methods' comparison: %s" % sorted(a)); sys.exit(1)
 PY
 for f in "$DIR/fp32/summary.json" "$DIR/ptq/summary.json" "$DIR/ptq/analysis.json" "$DIR/methods/summary.json"; do
   /usr/bin/python3 - "$f" "$DIR" <<'PY' || fail=1
