@@ -91,22 +91,23 @@ qt_tensor *qt_adaround_weight(qt_ctx *ctx, qt_tensor *v, const float *w_floor, i
            adaround_weight_op(ctx, v, w_floor, outer, channels, inner, scale, zero_point, qmin, qmax));
 }
 
-/* ---- the rounding regularizer --------------------------------------------------------------- */
+/* ---- the two losses: their gradient per element is computed with the loss ------------------ */
 typedef struct {
-  qt_tensor *v, *loss;
-  float *dloss; /* d(loss)/dv per element */
-} round_loss_saved;
+  qt_tensor *x, *loss;
+  float *d; /* d(loss)/dx per element */
+} loss_saved;
 
-static void round_loss_backward(qt_ctx *ctx, void *p) {
-  round_loss_saved *s = p;
-  if (!s->loss->grad || !s->v->requires_grad) return;
-  float *dv = qt_tensor_grad(ctx, s->v);
-  const float g = s->loss->grad[0], *d = s->dloss;
-  const int64_t n = qt_tensor_numel(s->v);
+static void loss_backward(qt_ctx *ctx, void *p) {
+  loss_saved *s = p;
+  if (!s->loss->grad || !s->x->requires_grad) return;
+  float *dx = qt_tensor_grad(ctx, s->x);
+  const float g = s->loss->grad[0], *d = s->d;
+  const int64_t n = qt_tensor_numel(s->x);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) dv[i] += g * d[i];
+  for (int64_t i = 0; i < n; i++) dx[i] += g * d[i];
 }
 
+/* ---- the rounding regularizer --------------------------------------------------------------- */
 static qt_tensor *round_loss_op(qt_ctx *ctx, qt_tensor *v, float beta, float lambda) {
   check_f32(v, -1, "adaround_round_loss", "v");
   QT_ASSERT(beta >= 1.0f && isfinite(beta), "adaround_round_loss: beta %g (want >= 1)", (double)beta);
@@ -128,8 +129,8 @@ static qt_tensor *round_loss_op(qt_ctx *ctx, qt_tensor *v, float beta, float lam
   qt_f32(loss)[0] = (float)(lambda * sum);
   if (recording) {
     loss->requires_grad = 1;
-    round_loss_saved *sv = qt_tape_push(ctx, QT_PROFILE_ADAROUND_ROUND_LOSS, round_loss_backward, sizeof *sv, loss);
-    *sv = (round_loss_saved){v, loss, d};
+    loss_saved *sv = qt_tape_push(ctx, QT_PROFILE_ADAROUND_ROUND_LOSS, loss_backward, sizeof *sv, loss);
+    *sv = (loss_saved){v, loss, d};
   }
   return loss;
 }
@@ -139,39 +140,26 @@ qt_tensor *qt_adaround_round_loss(qt_ctx *ctx, qt_tensor *v, float beta, float l
 }
 
 /* ---- the squared error ---------------------------------------------------------------------- */
-typedef struct {
-  qt_tensor *x, *loss;
-  const float *target;
-  double divisor;
-} squared_error_saved;
-
-static void squared_error_backward(qt_ctx *ctx, void *p) {
-  squared_error_saved *s = p;
-  if (!s->loss->grad || !s->x->requires_grad) return;
-  float *dx = qt_tensor_grad(ctx, s->x);
-  const float *x = qt_f32(s->x), k = (float)(2.0 * s->loss->grad[0] / s->divisor);
-  const int64_t n = qt_tensor_numel(s->x);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) dx[i] += k * (x[i] - s->target[i]);
-}
-
 static qt_tensor *squared_error_op(qt_ctx *ctx, qt_tensor *x, const float *target, double divisor) {
   check_f32(x, -1, "squared_error", "input");
   QT_ASSERT(divisor > 0 && isfinite(divisor), "squared_error: divisor %g", divisor);
   const int64_t one = 1, n = qt_tensor_numel(x);
   qt_tensor *loss = qt_tensor_new(ctx, QT_F32, 1, &one);
-  const float *xd = qt_f32(x);
+  const int recording = qt_tape_recording(ctx, x, NULL, NULL);
+  float *d = recording ? qt_arena_alloc(ctx, (size_t)n * sizeof(float)) : NULL;
+  const float *xd = qt_f32(x), k = (float)(2.0 / divisor);
   double sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum)
   for (int64_t i = 0; i < n; i++) {
-    const double d = (double)xd[i] - (double)target[i];
-    sum += d * d;
+    const double e = (double)xd[i] - (double)target[i];
+    sum += e * e;
+    if (d) d[i] = k * (xd[i] - target[i]);
   }
   qt_f32(loss)[0] = (float)(sum / divisor);
-  if (qt_tape_recording(ctx, x, NULL, NULL)) {
+  if (recording) {
     loss->requires_grad = 1;
-    squared_error_saved *sv = qt_tape_push(ctx, QT_PROFILE_SQUARED_ERROR, squared_error_backward, sizeof *sv, loss);
-    *sv = (squared_error_saved){x, loss, target, divisor};
+    loss_saved *sv = qt_tape_push(ctx, QT_PROFILE_SQUARED_ERROR, loss_backward, sizeof *sv, loss);
+    *sv = (loss_saved){x, loss, d};
   }
   return loss;
 }
@@ -189,17 +177,16 @@ typedef struct {
 static void qdrop_backward(qt_ctx *ctx, void *p) {
   qdrop_saved *s = p;
   if (!s->y->grad) return;
-  float *dx = s->x->requires_grad ? qt_tensor_grad(ctx, s->x) : NULL;
-  float *dq = s->xq->requires_grad ? qt_tensor_grad(ctx, s->xq) : NULL;
+  qt_tensor *from[2] = {s->xq, s->x}; /* indexed by took_x */
+  float *to[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++)
+    if (from[k]->requires_grad) to[k] = qt_tensor_grad(ctx, from[k]);
   const float *dy = s->y->grad;
   const int64_t n = qt_tensor_numel(s->y);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++) {
-    if (s->took_x[i]) {
-      if (dx) dx[i] += dy[i];
-    } else if (dq) {
-      dq[i] += dy[i];
-    }
+    float *t = to[s->took_x[i]];
+    if (t) t[i] += dy[i];
   }
 }
 
