@@ -388,6 +388,14 @@ int qt_graph_check_memory(const qt_graph *g, int64_t batch, char *err) {
   return 0;
 }
 
+void qt_graph_exchange_params(qt_graph *g, float *other) {
+  for (int64_t i = 0; i < g->n_params; i++) {
+    const float t = g->params[i];
+    g->params[i] = other[i];
+    other[i] = t;
+  }
+}
+
 int64_t qt_graph_param_count(const qt_graph *g) {
   int64_t n = 0;
   for (int i = 0; i < g->n_tensors; i++)

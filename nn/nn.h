@@ -258,6 +258,10 @@ void qt_graph_init_params(qt_graph *g, uint64_t seed);
 
 /* Number of trainable parameter elements (the slab also holds alignment padding). */
 int64_t qt_graph_param_count(const qt_graph *g);
+/* Exchanges the parameter slab's contents with other's (g->n_params floats): another set of
+ * parameters for g (a reference model's, kept by a PTQ method) goes in, g's own come out; a second
+ * call puts them back. */
+void qt_graph_exchange_params(qt_graph *g, float *other);
 
 /* Tensor table lookup by name; -1 when absent. */
 int qt_graph_find_tensor(const qt_graph *g, const char *name);

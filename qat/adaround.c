@@ -56,8 +56,7 @@ typedef struct {
   qt_graph *g;
   qt_ctx *ctx;
   const qt_adaround_config *c;
-  const float *reference; /* the float model's parameters */
-  float *stash;           /* g's own parameters while the reference is in */
+  float *other; /* the float model's parameters; g's own while those are in (qt_graph_exchange_params) */
   const float *images;
   int n;
   unsigned char *keep;
@@ -169,16 +168,6 @@ static int block_units(const qt_graph *g, unit **units) {
   return k;
 }
 
-static void use_reference(ar_run *r, int on) {
-  const size_t bytes = (size_t)r->g->n_params * sizeof(float);
-  if (on) {
-    memcpy(r->stash, r->g->params, bytes);
-    memcpy(r->g->params, r->reference, bytes);
-  } else {
-    memcpy(r->g->params, r->stash, bytes);
-  }
-}
-
 static int64_t per_image(const qt_graph *g, int value) { return qt_value_numel(&g->values[value]); }
 
 static qt_tensor *batch_tensor(qt_ctx *ctx, const qt_graph *g, int value, int B, float *data) {
@@ -210,6 +199,14 @@ static int collect(ar_run *r, qt_graph_mode mode, int a, float *xa, int b, float
   return 0;
 }
 
+/* A tensor the unit learns (v, activation scales): data and gradient in the unit's own arrays. */
+static qt_tensor *learned(qt_ctx *ctx, int ndim, const int64_t *shape, float *data, float *grad) {
+  qt_tensor *t = qt_tensor_wrap(ctx, QT_F32, ndim, shape, data);
+  t->grad = grad;
+  t->requires_grad = 1;
+  return t;
+}
+
 /* The unit on input xq (and, when learning with QDrop, the float input xf): with learn, the soft
  * weights, the learned activation scales and QDrop's drops (seeded by seed); without, as the
  * graph computes it in eval mode (fake quant on). NULL with err on failure. */
@@ -231,9 +228,7 @@ static qt_tensor *unit_forward(ar_run *r, const unit *u, unit_state *st, qt_tens
     const qt_param *wp = qt_op_has_weight(nd->op) ? &g->tensors[nd->param[QT_P_WEIGHT]] : NULL;
     if (learn && li < u->n_layers && u->layers[li] == node) {
       const qt_qstate *q = nd->wq;
-      qt_tensor *v = qt_tensor_wrap(ctx, QT_F32, wp->ndim, wp->shape, st->v + st->v_at[li]);
-      v->grad = st->dv + st->v_at[li];
-      v->requires_grad = 1;
+      qt_tensor *v = learned(ctx, wp->ndim, wp->shape, st->v + st->v_at[li], st->dv + st->v_at[li]);
       qt_tensor *w = qt_adaround_weight(ctx, v, st->w_floor + st->v_at[li], 1, q->channels, wp->numel / q->channels,
                                         q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
       const int64_t bshape[1] = {nd->attr.out_channels};
@@ -247,9 +242,7 @@ static qt_tensor *unit_forward(ar_run *r, const unit *u, unit_state *st, qt_tens
       const int64_t numel = qt_tensor_numel(in[0]), outer = numel / q->channels;
       if (learn && ai < u->n_acts && u->acts[ai] == node) {
         const int64_t cshape[1] = {q->channels};
-        qt_tensor *s = qt_tensor_wrap(ctx, QT_F32, 1, cshape, st->s + st->s_at[ai]);
-        s->grad = st->ds + st->s_at[ai];
-        s->requires_grad = 1;
+        qt_tensor *s = learned(ctx, 1, cshape, st->s + st->s_at[ai], st->ds + st->s_at[ai]);
         const float gf = 1.0f / sqrtf((float)(numel / in[0]->shape[0]) * (float)q->spec.qmax);
         y = qt_fake_quant_lsq(ctx, in[0], outer, q->channels, 1, s, q->zero_point, q->spec.qmin, q->spec.qmax, gf);
         if (drop > 0) y = qt_qdrop(ctx, in[0], y, drop, seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(node + 1)));
@@ -355,9 +348,7 @@ static int learn(ar_run *r, const unit *u, unit_state *st, const float *xq, cons
     if (t >= c->warm_start * c->iterations)
       for (int l = 0; l < u->n_layers; l++) {
         const qt_param *wp = &g->tensors[g->nodes[u->layers[l]].param[QT_P_WEIGHT]];
-        qt_tensor *v = qt_tensor_wrap(r->ctx, QT_F32, wp->ndim, wp->shape, st->v + st->v_at[l]);
-        v->grad = st->dv + st->v_at[l];
-        v->requires_grad = 1;
+        qt_tensor *v = learned(r->ctx, wp->ndim, wp->shape, st->v + st->v_at[l], st->dv + st->v_at[l]);
         loss = qt_add(r->ctx, loss, qt_adaround_round_loss(r->ctx, v, beta_at(c, t, c->iterations), c->lambda));
       }
     if (!isfinite(qt_f32(loss)[0])) {
@@ -476,9 +467,9 @@ static int reconstruct(ar_run *r, const unit *u, int index, qt_adaround_unit *ou
   unit_state st = {0};
   int rc = collect(r, QT_MODE_EVAL, u->in, xq, u->in, NULL, err);
   if (!rc) {
-    use_reference(r, 1);
+    qt_graph_exchange_params(g, r->other);
     rc = collect(r, QT_MODE_EVAL_FLOAT, u->in, xf, u->out, y, err);
-    use_reference(r, 0);
+    qt_graph_exchange_params(g, r->other);
   }
   if (!rc) rc = unit_sqnr(r, u, xq, y, &out->sqnr_nearest_db, err);
   if (!rc) rc = state_init(r, u, &st, err);
@@ -525,21 +516,10 @@ int qt_adaround(qt_graph *g, qt_ctx *ctx, const float *reference, const float *i
   QT_ASSERT(units, "out of memory");
   const int total = cfg->unit == QT_RECON_LAYER ? layer_units(g, units) : block_units(g, units);
   const double t0 = qt_now_seconds();
-  float *own = NULL;
-  if (!reference) { /* the float model is g as it is now */
-    own = malloc((size_t)g->n_params * sizeof(float));
-    QT_ASSERT(own, "out of memory");
-    memcpy(own, g->params, (size_t)g->n_params * sizeof(float));
-  }
-  ar_run r = {g,
-              ctx,
-              cfg,
-              reference ? reference : own,
-              malloc((size_t)g->n_params * sizeof(float)),
-              images,
-              n,
-              malloc((size_t)g->n_values)};
-  QT_ASSERT(r.stash && r.keep, "out of memory");
+  /* the float model: the reference, or g as it is now */
+  ar_run r = {g, ctx, cfg, malloc((size_t)g->n_params * sizeof(float)), images, n, malloc((size_t)g->n_values)};
+  QT_ASSERT(r.other && r.keep, "out of memory");
+  memcpy(r.other, reference ? reference : g->params, (size_t)g->n_params * sizeof(float));
   int rc = 0;
   for (int k = 0; k < total && !rc; k++) {
     qt_adaround_unit one, *out = k < QT_ADAROUND_MAX_LISTED ? &res->unit[k] : &one;
@@ -558,6 +538,6 @@ int qt_adaround(qt_graph *g, qt_ctx *ctx, const float *reference, const float *i
   res->seconds = qt_now_seconds() - t0;
   qt_graph_set_mode(g, QT_MODE_TRAIN);
   for (int k = 0; k < total; k++) unit_free(units[k]);
-  QT_FREE_ALL(units, r.stash, r.keep, own);
+  QT_FREE_ALL(units, r.other, r.keep);
   return rc ? -1 : 0;
 }

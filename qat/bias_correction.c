@@ -99,16 +99,15 @@ static void sums_free(const bc_run *r, double **s) {
 /* The float model's sums, with the reference parameters in g when given. */
 static int float_sums(bc_run *r, const float *reference, double **fsum, int64_t *count, char *err) {
   qt_graph *g = r->g;
-  const size_t bytes = (size_t)g->n_params * sizeof(float);
-  float *own = reference ? malloc(bytes) : NULL;
+  float *other = reference ? malloc((size_t)g->n_params * sizeof(float)) : NULL;
   if (reference) {
-    QT_ASSERT(own, "out of memory");
-    memcpy(own, g->params, bytes);
-    memcpy(g->params, reference, bytes);
+    QT_ASSERT(other, "out of memory");
+    memcpy(other, reference, (size_t)g->n_params * sizeof(float));
+    qt_graph_exchange_params(g, other);
   }
   const int rc = output_sums(r, QT_MODE_EVAL_FLOAT, 0, r->n_layers, fsum, count, err);
-  if (reference) memcpy(g->params, own, bytes);
-  free(own);
+  if (reference) qt_graph_exchange_params(g, other);
+  free(other);
   return rc;
 }
 
