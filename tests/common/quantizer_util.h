@@ -23,16 +23,36 @@ static inline qt_quantizer_config qt_test_quantizer_config(int wbits, int abits)
   return qc;
 }
 
-/* g prepared (PTQ or QAT) as the oneDNN quantizer annotates it with settings qc (QT_ISA_AUTO);
- * aborts on an error. g is not consumed. */
-static inline qt_graph *qt_test_prepare_onednn(const qt_graph *g, const qt_quantizer_config *qc, qt_prepare_mode mode) {
+/* g prepared (PTQ or QAT) as the oneDNN quantizer annotates it for `isa` with settings qc; aborts
+ * on an error. g is not consumed. */
+static inline qt_graph *qt_test_prepare_onednn_isa(const qt_graph *g, const qt_quantizer_config *qc,
+                                                   qt_prepare_mode mode, qt_isa_choice isa) {
   char err[QT_ERR_LEN];
   qt_annotations a;
-  QT_ASSERT(qt_test_quantizer_onednn(g, qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
+  QT_ASSERT(qt_test_quantizer_onednn(g, qc, isa, &a, err) == 0, "%s", err);
   qt_graph *p = qt_prepare(g, &a, mode, err);
   QT_ASSERT(p, "%s", err);
   qt_annotations_free(&a);
   return p;
+}
+
+/* The same for this CPU's ISA (QT_ISA_AUTO). */
+static inline qt_graph *qt_test_prepare_onednn(const qt_graph *g, const qt_quantizer_config *qc, qt_prepare_mode mode) {
+  return qt_test_prepare_onednn_isa(g, qc, mode, QT_ISA_AUTO);
+}
+
+/* PTQ calibration of the prepared p on the n images x (NHWC, p's input shape) as one batch, its
+ * observers then frozen; p is left in QT_MODE_TRAIN (as qt_stage_calibrate leaves it). Aborts when
+ * the forward fails. */
+static inline void qt_test_calibrate(qt_graph *p, const float *x, int64_t n) {
+  const qt_value *in = &p->values[p->input];
+  const int64_t shape[4] = {n, in->shape[0], in->shape[1], in->shape[2]};
+  qt_ctx *ctx = qt_ctx_create();
+  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
+  QT_ASSERT(qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x)), "calibration: %s", p->error);
+  qt_set_observers(p, 0);
+  qt_graph_set_mode(p, QT_MODE_TRAIN);
+  qt_ctx_free(ctx);
 }
 
 /* g prepared for PTQ with the oneDNN quantizer's default settings. */

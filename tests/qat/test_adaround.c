@@ -134,6 +134,16 @@ static void test_formulas(void) {
 
 enum { H = 8, W = 8, CIN = 8, COUT = 16, M = 256 };
 
+/* g (consumed) prepared for PTQ at WwA a bits as the oneDNN quantizer annotates it with VNNI (8-bit
+ * weights keep 8 bits), calibrated on the n images x. */
+static qt_graph *prepared_calibrated(qt_graph *g, int w, int a, const float *x, int64_t n) {
+  const qt_quantizer_config qc = qt_test_quantizer_config(w, a);
+  qt_graph *p = qt_test_prepare_onednn_isa(g, &qc, QT_PREPARE_PTQ, QT_ISA_VNNI);
+  qt_graph_free(g);
+  qt_test_calibrate(p, x, n);
+  return p;
+}
+
 /* input (8, 8, 8) -> conv 3x3 (16) -> relu, prepared for PTQ at W3A8 and calibrated on x. */
 static qt_graph *one_layer(const float *x) {
   char err[QT_ERR_LEN];
@@ -143,21 +153,7 @@ static qt_graph *one_layer(const float *x) {
   v = qt_graph_relu(g, "relu", v);
   if (qt_graph_finalize(g, v, err)) qt_test_fail("one_layer: %s", err);
   qt_graph_init_params(g, 11);
-  qt_quantizer_config qc = qt_test_quantizer_config(3, 8);
-  qt_annotations a;
-  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err)) qt_test_fail("quantizer: %s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
-  if (!p) qt_test_fail("prepare: %s", err);
-  qt_annotations_free(&a);
-  qt_graph_free(g);
-  qt_ctx *ctx = qt_ctx_create();
-  const int64_t shape[4] = {M, H, W, CIN};
-  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
-  if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x))) qt_test_fail("%s", p->error);
-  qt_set_observers(p, 0);
-  qt_graph_set_mode(p, QT_MODE_TRAIN);
-  qt_ctx_free(ctx);
-  return p;
+  return prepared_calibrated(g, 3, 8, x, M);
 }
 
 /* The graph's output on the M images x in `mode`, copied. */
@@ -307,22 +303,12 @@ static void test_blocks(void) {
   v = qt_graph_relu(g, "relu2", qt_graph_conv2d(g, "conv2", v, COUT, 3, 1, 1, 1, 1));
   if (qt_graph_finalize(g, v, err)) qt_test_fail("two_layers: %s", err);
   qt_graph_init_params(g, 13);
-  qt_quantizer_config qc = qt_test_quantizer_config(3, 4);
-  qt_annotations a;
-  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err)) qt_test_fail("quantizer: %s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
-  if (!p) qt_test_fail("prepare: %s", err);
-  qt_annotations_free(&a);
-  qt_graph_free(g);
+  qt_graph *p = prepared_calibrated(g, 3, 4, calib, M);
   qt_ctx *ctx = qt_ctx_create();
-  const int64_t shape[4] = {M, H, W, CIN};
-  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
-  if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, calib))) qt_test_fail("%s", p->error);
-  qt_set_observers(p, 0);
   int64_t n;
   float *want = output(p, QT_MODE_EVAL_FLOAT, test, &n), *nearest = output(p, QT_MODE_EVAL, test, &n);
   const qt_qstate *q1 = p->nodes[qt_graph_find_node(p, "relu1.fq")].q;
-  const float s0 = q1->scale[0];
+  const float calibrated = q1->scale[0];
   qt_adaround_config c;
   qt_adaround_config_default(&c);
   c.unit = QT_RECON_BLOCK;
@@ -335,10 +321,10 @@ static void test_blocks(void) {
     qt_test_fail("blocks: output MSE %.4g against %.4g rounding to nearest (bound: 2/3 of it)", e_block, e_nearest);
   QT_CHECK(r.units == 2 && r.layers == 2 && strcmp(r.unit[0].name, "conv1..relu1.fq") == 0 &&
            strcmp(r.unit[1].name, "conv2..relu2.fq") == 0 && r.unit[0].activations == 1 && r.unit[1].activations == 1);
-  QT_CHECK(q1->scale[0] != s0 && q1->scale[0] > 0);
+  QT_CHECK(q1->scale[0] != calibrated && q1->scale[0] > 0);
   if (getenv("QT_TEST_VERBOSE"))
     printf("two blocks W3A4: output MSE %.4g (nearest) -> %.4g (blocks); relu1.fq scale %.5g -> %.5g\n", e_nearest,
-           e_block, s0, q1->scale[0]);
+           e_block, calibrated, q1->scale[0]);
   qt_ctx_free(ctx);
   qt_graph_free(p);
   QT_FREE_ALL(calib, test, want, nearest, rounded);
@@ -351,20 +337,10 @@ static void test_res_cnn_blocks(void) {
   qt_graph *g = qt_model_build("res_cnn", err);
   if (!g || qt_graph_alloc(g, err)) qt_test_fail("res_cnn: %s", err);
   qt_graph_init_params(g, 3);
-  qt_quantizer_config qc = qt_test_quantizer_config(4, 4);
-  qt_annotations a;
-  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err)) qt_test_fail("quantizer: %s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
-  if (!p) qt_test_fail("prepare: %s", err);
-  qt_annotations_free(&a);
-  qt_graph_free(g);
   enum { R = 16 };
   float *x = qt_test_uniform_range((int64_t)R * 28 * 28, -0.4f, 2.8f, 71);
+  qt_graph *p = prepared_calibrated(g, 4, 4, x, R);
   qt_ctx *ctx = qt_ctx_create();
-  const int64_t shape[4] = {R, 28, 28, 1};
-  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
-  if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x))) qt_test_fail("%s", p->error);
-  qt_set_observers(p, 0);
   qt_adaround_config c;
   qt_adaround_config_default(&c);
   c.unit = QT_RECON_BLOCK;

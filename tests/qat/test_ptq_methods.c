@@ -223,12 +223,8 @@ static qt_graph *prepared_fashion_cnn(uint64_t seed, int bits) {
   if (!g || qt_graph_alloc(g, err)) qt_test_fail("fashion_cnn: %s", err);
   qt_graph_init_params(g, seed);
   for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.3f + 0.2f * (float)(i % 7);
-  qt_quantizer_config qc = qt_test_quantizer_config(bits, bits);
-  qt_annotations a;
-  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err)) qt_test_fail("quantizer: %s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
-  if (!p) qt_test_fail("prepare: %s", err);
-  qt_annotations_free(&a);
+  const qt_quantizer_config qc = qt_test_quantizer_config(bits, bits);
+  qt_graph *p = qt_test_prepare_onednn_isa(g, &qc, QT_PREPARE_PTQ, QT_ISA_VNNI);
   qt_graph_free(g);
   return p;
 }
@@ -355,31 +351,23 @@ static void test_bias_correction_analytical(void) {
         *beta = qt_graph_tensor_data(g, bn1->param[QT_P_BETA]);
   float *rnd = qt_test_uniform_range(2 * C, -1.0f, 1.0f, 82);
   for (int c = 0; c < C; c++) {
-    double s = 0, s2 = 0;
+    double sum = 0, sum_sq = 0;
     for (int64_t i = 0; i < rows; i++) {
       const double t = qt_f32(y1)[i * C + c];
-      s += t;
-      s2 += t * t;
+      sum += t;
+      sum_sq += t * t;
     }
-    rm[c] = (float)(s / rows);
-    rv[c] = (float)(s2 / rows - (s / rows) * (s / rows));
+    rm[c] = (float)(sum / rows);
+    rv[c] = (float)(sum_sq / rows - (sum / rows) * (sum / rows));
     gamma[c] = (rnd[c] < 0 ? -1.0f : 1.0f) * (0.5f + fabsf(rnd[c]));
     beta[c] = rnd[C + c];
   }
   qt_ctx_free(ctx);
-  qt_quantizer_config qc = qt_test_quantizer_config(3, 8);
-  qt_annotations a;
-  if (qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err)) qt_test_fail("quantizer: %s", err);
-  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
-  if (!p) qt_test_fail("prepare: %s", err);
-  qt_annotations_free(&a);
+  const qt_quantizer_config qc = qt_test_quantizer_config(3, 8);
+  qt_graph *p = qt_test_prepare_onednn_isa(g, &qc, QT_PREPARE_PTQ, QT_ISA_VNNI);
   double mf[C], mq[C], gap0 = 0, gap1 = 0;
   output_means(p, x, M, HW, 0, mf, C);
-  ctx = qt_ctx_create();
-  qt_graph_set_mode(p, QT_MODE_CALIBRATE);
-  if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x))) qt_test_fail("%s", p->error);
-  qt_set_observers(p, 0);
-  qt_ctx_free(ctx);
+  qt_test_calibrate(p, x, M);
   output_means(p, x, M, HW, 1, mq, C);
   for (int c = 0; c < C; c++) gap0 = fmax(gap0, fabs(mf[c] - mq[c]));
   qt_bias_correction_result r;

@@ -27,9 +27,10 @@ Run: /usr/bin/python3 tests/ref/make_ref_adaround.py   (deterministic: fixed see
 """
 import os
 
-import h5py
 import numpy as np
 import torch
+
+import ref_h5
 
 torch.manual_seed(4321)
 torch.set_num_threads(1)
@@ -43,9 +44,7 @@ F32 = np.float32
 
 
 def put(name, arr, dtype=np.float32):
-    if isinstance(arr, torch.Tensor):
-        arr = arr.detach().numpy()
-    data[name] = np.array(arr, dtype=dtype, copy=True, order="C")
+    ref_h5.put(data, name, arr, dtype)
 
 
 def h_of(v):
@@ -116,15 +115,4 @@ put("se_div", [div], np.float64)
 put("se_loss", [loss.item()])
 put("se_dx", dx.reshape(-1))
 
-tmp = OUT + ".tmp"
-with h5py.File(tmp, "w", libver="latest") as f:
-    f.attrs["generator"] = b"tests/ref/make_ref_adaround.py"
-    f.attrs["torch_version"] = str(torch.__version__).encode()
-    for name in sorted(data):
-        arr = data[name]
-        if arr.size >= 256:
-            f.create_dataset(name, data=arr, compression="gzip", compression_opts=9, shuffle=True, track_times=False)
-        else:
-            f.create_dataset(name, data=arr, track_times=False)
-os.replace(tmp, OUT)
-print("wrote %s (%d datasets, %d bytes)" % (OUT, len(data), os.path.getsize(OUT)))
+ref_h5.write(OUT, data, "tests/ref/make_ref_adaround.py", torch.__version__)

@@ -49,12 +49,13 @@ Run: /usr/bin/python3 tests/ref/make_ref_quant.py   (deterministic: fixed seeds)
 """
 import os
 
-import h5py
 import numpy as np
 import torch
 from torch.ao.quantization.observer import (MinMaxObserver, MovingAverageMinMaxObserver,
                                             MovingAveragePerChannelMinMaxObserver,
                                             PerChannelMinMaxObserver)
+
+import ref_h5
 
 torch.manual_seed(1234)
 torch.set_num_threads(1)
@@ -65,9 +66,7 @@ F32 = np.float32
 
 
 def put(name, arr, dtype=np.float32):
-    if isinstance(arr, torch.Tensor):
-        arr = arr.detach().numpy()
-    data[name] = np.array(arr, dtype=dtype, copy=True, order="C")
+    ref_h5.put(data, name, arr, dtype)
 
 
 def qrange(bits, signed):
@@ -381,15 +380,4 @@ put("qp_ranges", ranges)
 put("qp_scale", qs)
 put("qp_zp", qz, np.int32)
 
-tmp = OUT + ".tmp"
-with h5py.File(tmp, "w", libver="latest") as f:
-    f.attrs["generator"] = b"tests/ref/make_ref_quant.py"
-    f.attrs["torch_version"] = str(torch.__version__).encode()
-    for name in sorted(data):
-        arr = data[name]
-        if arr.size >= 256:
-            f.create_dataset(name, data=arr, compression="gzip", compression_opts=9, shuffle=True, track_times=False)
-        else:
-            f.create_dataset(name, data=arr, track_times=False)
-os.replace(tmp, OUT)
-print("wrote %s (%d datasets, %d bytes)" % (OUT, len(data), os.path.getsize(OUT)))
+ref_h5.write(OUT, data, "tests/ref/make_ref_quant.py", torch.__version__)
