@@ -313,7 +313,9 @@ int qt_batch_norm_relu_max_pool2d_takes_blocked(int C);
  * (autograd/cpu_conv1_pool.c), while nothing the size of the convolution's output is in memory,
  * in forward or backward. Saved for backward: one byte per output (the argmax's window position),
  * for LSQ the relu's output at each argmax, for fixed qparams a mask byte per output, the
- * quantized image and O(taps^2 + OC) doubles. Not under SyncBN (a batch split across processes).
+ * quantized image and O(taps^2 + OC) doubles. Under SyncBN (the ctx's batch sync) the
+ * statistics are the batch's (the processes' pixel sums summed in the forward, batch norm's two
+ * per-channel gradient sums in the backward) and the gradients this process's terms of the batch's.
  * With out_blocked, the output (and so its gradient) is blocked (y->blocked16; kernels.h), for a
  * convolution that takes it so (qt_conv2d_takes_blocked). */
 qt_tensor *qt_conv1_bn_relu_max_pool2d(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_quant *xq, qt_tensor *w,

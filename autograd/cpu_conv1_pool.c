@@ -96,9 +96,12 @@ int qt_conv1_pool_shape_init(qt_conv1_pool_shape *s) {
   return 0;
 }
 
+/* stats: S (K) and G - S Sb^T / Mb (K x K, row t column q) of this process's pixels, invstd and
+ * w.Sb / Mb (OC each) of the batch's, then Sb (K) and Mb: Sb and Mb the batch's pixel sums and
+ * count (this process's alone, S and M, unless the batch is shared with other processes). */
 size_t qt_conv1_pool_stats_len(const qt_conv1_pool_shape *s) {
   const size_t K = (size_t)s->KH * (size_t)s->KW;
-  return K + K * K + 2 * (size_t)s->OC;
+  return K + K * K + 2 * (size_t)s->OC + K + 1;
 }
 
 /* The padded image: rows OH + KH - 1, PWd columns (room for 16-lane loads past OW), zeros
@@ -255,8 +258,10 @@ static float *weights_by_tap(const float *w, const qt_conv1_pool_shape *s) {
 void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, double *stats,
                                          const float *img, const float *w, const float *bias, const float *gamma,
                                          const float *beta, float *running_mean, float *running_var, float momentum,
-                                         float eps, const qt_fq_params *fq, const qt_conv1_pool_shape *s) {
+                                         float eps, const qt_fq_params *fq, const qt_batch_sync *sync,
+                                         const qt_conv1_pool_shape *s) {
   QT_ASSERT(fq || (!yarg && !qmask), "conv1_bn_relu_pool_forward_train: argmax values or a mask without a fake quant");
+  const int synced = sync && sync->size > 1;
   const int N = s->N, K = s->KH * s->KW, OC = s->OC, n_mom = K + K * (K + 1) / 2;
   const int64_t M = (int64_t)N * s->OH * s->OW;
   const size_t padded = (size_t)(s->OH + s->KH - 1) * (size_t)padded_width(s);
@@ -269,8 +274,8 @@ void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yar
     pad_image(xp, img + (size_t)n * s->H * s->W, s);
     image_moments(per_image + (size_t)n * n_mom, xp, s);
   }
-  /* stats: S (K), the centered Gram matrix G - S S^T / M (K x K), invstd and w.S / M (OC each) */
-  double *S = stats, *Cg = stats + K, *inv = stats + K + K * K, *wsm = inv + OC;
+  /* stats (qt_conv1_pool_stats_len) */
+  double *S = stats, *Cg = stats + K, *inv = stats + K + K * K, *wsm = inv + OC, *Sb = wsm + OC, *Mb = Sb + K;
   memset(S, 0, (size_t)(K + K * K) * sizeof *S);
   for (int n = 0; n < N; n++) {
     const double *m = per_image + (size_t)n * n_mom;
@@ -279,28 +284,55 @@ void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yar
     for (int t = 0; t < K; t++)
       for (int q = t; q < K; q++, p++) Cg[t * K + q] += m[p];
   }
-  for (int t = 0; t < K; t++)
-    for (int q = t; q < K; q++) {
-      Cg[t * K + q] -= S[t] * S[q] / (double)M;
-      Cg[q * K + t] = Cg[t * K + q];
-    }
+  /* Cb: the batch's centered Gram matrix Gb - Sb Sb^T / Mb, whose quadratic form in w is the
+   * channel's centred sum of squares. One process: Cb is Cg. SyncBN: M, S and G summed over the
+   * processes (sync's fixed order), and Cg centred on the batch's means, G - S Sb^T / Mb. */
+  double *Cb = Cg;
+  int64_t Mt = M;
+  if (synced) {
+    /* this process's M, S and G, then the batch's in their place */
+    double *sum = xcalloc(2 * (size_t)(1 + K + K * K), sizeof *sum), *mine = sum + 1 + K + K * K;
+    sum[0] = (double)M;
+    memcpy(sum + 1, S, (size_t)(K + K * K) * sizeof *sum);
+    memcpy(mine, sum, (size_t)(1 + K + K * K) * sizeof *sum);
+    sync->sum_f64(sum, 1 + K + K * K);
+    Mt = (int64_t)sum[0];
+    memcpy(Sb, sum + 1, (size_t)K * sizeof *Sb);
+    Cb = sum + 1 + K;
+    const double *G = mine + 1 + K; /* the upper triangle is set */
+    for (int t = 0; t < K; t++)
+      for (int q = 0; q < K; q++) Cg[t * K + q] = G[t < q ? t * K + q : q * K + t] - S[t] * Sb[q] / (double)Mt;
+    for (int t = 0; t < K; t++)
+      for (int q = t; q < K; q++) {
+        Cb[t * K + q] -= Sb[t] * Sb[q] / (double)Mt;
+        Cb[q * K + t] = Cb[t * K + q];
+      }
+  } else {
+    for (int t = 0; t < K; t++)
+      for (int q = t; q < K; q++) {
+        Cg[t * K + q] -= S[t] * S[q] / (double)M;
+        Cg[q * K + t] = Cg[t * K + q];
+      }
+    memcpy(Sb, S, (size_t)K * sizeof *Sb);
+  }
+  *Mb = (double)Mt;
   float *cst = xcalloc(4 * (size_t)OC, sizeof *cst);
   float *chi = cst, *clo = cst + OC, *ca = cst + 2 * OC, *bb = cst + 3 * OC;
   for (int oc = 0; oc < OC; oc++) {
     const float *wo = w + (size_t)oc * K;
     double ws = 0, m2 = 0;
     for (int t = 0; t < K; t++) {
-      ws += (double)wo[t] * S[t];
+      ws += (double)wo[t] * Sb[t];
       double r = 0;
-      for (int q = 0; q < K; q++) r += Cg[t * K + q] * (double)wo[q];
+      for (int q = 0; q < K; q++) r += Cb[t * K + q] * (double)wo[q];
       m2 += (double)wo[t] * r;
     }
     if (m2 < 0) m2 = 0;
-    const double m = ws / (double)M + (bias ? (double)bias[oc] : 0.0);
-    const double is = 1.0 / sqrt(m2 / (double)M + (double)eps);
+    const double m = ws / (double)Mt + (bias ? (double)bias[oc] : 0.0);
+    const double is = 1.0 / sqrt(m2 / (double)Mt + (double)eps);
     inv[oc] = is;
-    wsm[oc] = ws / (double)M;
-    bn_channel_finish(oc, m, m2, M, is, momentum, gamma, running_mean, running_var, chi, clo, ca);
+    wsm[oc] = ws / (double)Mt;
+    bn_channel_finish(oc, m, m2, Mt, is, momentum, gamma, running_mean, running_var, chi, clo, ca);
     bb[oc] = beta ? beta[oc] : 0.0f;
   }
   float *wT = weights_by_tap(w, s);
@@ -313,6 +345,7 @@ void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yar
     image_pool(out + o, argmax + o, yarg ? yarg + o : NULL, qmask ? qmask + o : NULL, xp, wT, bias, chi, clo, ca, bb,
                fq, s);
   }
+  if (Cb != Cg) free(Cb - 1 - K);
   QT_FREE_ALL(wT, cst, per_image, xps);
 }
 
@@ -395,44 +428,56 @@ static void image_grad_sums(double *P, double *Ph, double *db, c1p_grad *q, size
 }
 
 /* From the summed per-image sums P (and the forward's stats): dw, dgamma, dbeta; returns the
- * scale's gradient (with the coefficient image, HP). */
+ * scale's gradient (with the coefficient image, HP). This process's terms, with batch norm's two
+ * per-channel sums (of g and of g xhat) over the batch: under SyncBN summed over the processes
+ * (sync's fixed order), whose dw, dgamma, dbeta and scale gradients then add up to the batch's. */
 static double combine_grads(double *dw, float *dgamma, float *dbeta, const double *P, const double *stats,
-                            const float *w, const float *gamma, const qt_conv1_pool_shape *s, int64_t M, int HP) {
+                            const float *w, const float *gamma, const qt_conv1_pool_shape *s, int HP,
+                            const qt_batch_sync *sync) {
   const int K = s->KH * s->KW, OC = s->OC;
-  const double *S = stats, *Cg = stats + K, *inv = stats + K + K * K, *wsm = inv + OC;
+  const double *S = stats, *Cg = stats + K, *inv = stats + K + K * K, *wsm = inv + OC, *Sb = wsm + OC, Mb = Sb[K];
   const double *db = P + (size_t)OC * K, *Ph = db + OC, *Sh = Ph + (size_t)OC * K, *H = Sh + K;
+  /* per channel: the sum of g (dbeta) and of g * xhat, this process's, then the batch's */
+  double *sums = xcalloc(4 * (size_t)OC, sizeof *sums), *sb = sums + 2 * (size_t)OC;
+  for (int oc = 0; oc < OC; oc++) {
+    const float *wo = w + (size_t)oc * K;
+    const double *Po = P + (size_t)oc * K;
+    double wp = 0;
+    for (int t = 0; t < K; t++) wp += (double)wo[t] * Po[t];
+    sums[oc] = db[oc];
+    sums[OC + oc] = inv[oc] * (wp - wsm[oc] * db[oc]);
+    if (dgamma) dgamma[oc] += (float)sums[OC + oc];
+    if (dbeta) dbeta[oc] += (float)db[oc];
+  }
+  memcpy(sb, sums, 2 * (size_t)OC * sizeof *sb);
+  if (sync && sync->size > 1) sync->sum_f64(sb, 2 * (int64_t)OC);
   double dsc = 0;
   for (int oc = 0; oc < OC; oc++) {
     const float *wo = w + (size_t)oc * K;
     const double *Po = P + (size_t)oc * K, is = inv[oc], gm = gamma ? (double)gamma[oc] : 1.0;
-    double wp = 0;
-    for (int t = 0; t < K; t++) wp += (double)wo[t] * Po[t];
-    const double dg = is * (wp - wsm[oc] * db[oc]); /* the sum of g * xhat */
-    if (dgamma) dgamma[oc] += (float)dg;
-    if (dbeta) dbeta[oc] += (float)db[oc];
     /* batch norm's input gradient is a g - b - c xhat */
-    const double a = gm * is, b = a * db[oc] / (double)M, c = a * dg / (double)M;
+    const double a = gm * is, b = a * sb[oc] / Mb, c = a * sb[OC + oc] / Mb;
     for (int t = 0; t < K; t++) {
       double cw = 0; /* sum over pixels of xhat u_t, over is */
       for (int q = 0; q < K; q++) cw += Cg[t * K + q] * (double)wo[q];
       if (dw) dw[(size_t)oc * K + t] = a * Po[t] - b * S[t] - c * is * cw;
       if (HP) {
         double hw = 0; /* sum over pixels of xhat v_t, over is */
-        for (int q = 0; q < K; q++) hw += (double)wo[q] * (H[q * K + t] - S[q] * Sh[t] / (double)M);
+        for (int q = 0; q < K; q++) hw += (double)wo[q] * (H[q * K + t] - Sb[q] * Sh[t] / Mb);
         dsc += (double)wo[t] * (a * Ph[(size_t)oc * K + t] - b * Sh[t] - c * is * hw);
       }
     }
   }
+  free(sums);
   return dsc;
 }
 
 void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, double *dscale,
                                     const qt_conv1_pool_grad *pg, const uint8_t *argmax, const double *stats,
                                     const float *img, const float *w, const float *gamma, const float *coef,
-                                    const qt_conv1_pool_shape *s) {
+                                    const qt_batch_sync *sync, const qt_conv1_pool_shape *s) {
   QT_ASSERT(!dscale == !coef, "conv1_bn_relu_pool_backward: a scale gradient needs the coefficient image");
   const int N = s->N, K = s->KH * s->KW, OC = s->OC, HP = coef != NULL;
-  const int64_t M = (int64_t)N * s->OH * s->OW;
   const size_t padded = (size_t)(s->OH + s->KH - 1) * (size_t)padded_width(s);
   const size_t per_out = (size_t)(s->OH / s->pool) * (size_t)(s->OW / s->pool) * (size_t)OC;
   /* per image: P (OC x K), dbeta (OC); with the coefficients Ph (OC x K), Sh (K), H (K x K) */
@@ -486,7 +531,7 @@ void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, dou
   double *P = xcalloc(per_img, sizeof *P);
   for (int n = 0; n < N; n++) /* image order: the same sums for any thread count */
     for (size_t i = 0; i < per_img; i++) P[i] += part[(size_t)n * per_img + i];
-  const double dsc = combine_grads(dw, dgamma, dbeta, P, stats, w, gamma, s, M, HP);
+  const double dsc = combine_grads(dw, dgamma, dbeta, P, stats, w, gamma, s, HP, sync);
   if (dscale) *dscale = dsc;
   QT_FREE_ALL(P, part, xps);
 }

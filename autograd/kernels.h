@@ -208,11 +208,14 @@ size_t qt_conv1_pool_stats_len(const qt_conv1_pool_shape *s);
  * relu's output at each argmax; qmask: 1 where that value's fake quant is in range and the relu
  * passes it; either may be NULL), as qt_batch_norm_relu_pool_forward_train does; the running
  * statistics updated as qt_batch_norm_relu_forward_train does; stats (qt_conv1_pool_stats_len
- * doubles: the batch statistics among them) for the backward. */
+ * doubles: the batch statistics among them) for the backward. sync (NULL or size <= 1: none):
+ * the batch is shared with other processes, whose pixel sums are summed with these (SyncBN: the
+ * statistics, the normalization and the running statistics are the batch's). */
 void qt_conv1_bn_relu_pool_forward_train(float *out, uint8_t *argmax, float *yarg, uint8_t *qmask, double *stats,
                                          const float *img, const float *w, const float *bias, const float *gamma,
                                          const float *beta, float *running_mean, float *running_var, float momentum,
-                                         float eps, const qt_fq_params *fq, const qt_conv1_pool_shape *s);
+                                         float eps, const qt_fq_params *fq, const struct qt_batch_sync *sync,
+                                         const qt_conv1_pool_shape *s);
 /* Where the backward gets g, one value per output: the gradient batch norm's output receives at
  * that window's argmax input (the relu's and any fake quant's backward applied). Either given
  * (g), or formed in the backward's pass from the pool output's gradient dout as the ops in turn
@@ -235,11 +238,13 @@ typedef struct {
 /* From the values pg gives, writes dw (OC x K, may be NULL), the weights' gradient, and adds
  * gamma's and beta's (may be NULL); the bias's gradient is exactly 0. With coef (N, H, W: d img /
  * d s per pixel, the image a fake quant's output with scale s), writes *dscale = the sum over
- * pixels of coef times img's gradient. */
+ * pixels of coef times img's gradient. sync: the forward's; then the gradients are this process's
+ * terms of the batch's (batch norm's per-channel sums of the batch inside), which the processes'
+ * gradient sum completes. */
 void qt_conv1_bn_relu_pool_backward(double *dw, float *dgamma, float *dbeta, double *dscale,
                                     const qt_conv1_pool_grad *pg, const uint8_t *argmax, const double *stats,
                                     const float *img, const float *w, const float *gamma, const float *coef,
-                                    const qt_conv1_pool_shape *s);
+                                    const struct qt_batch_sync *sync, const qt_conv1_pool_shape *s);
 /* Whether a relu (relu 1), relu6 (2) or none (0, always) passes the gradient at a value y it
  * output: its mask bit (qt_relu_forward_mask's test); the one statement of it, quant_relu_pass
  * (quant/quant_elem.h), which the fake-quant kernels below autograd share. */

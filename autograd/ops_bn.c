@@ -348,6 +348,7 @@ typedef struct {
   qt_fq_params fq;
   float grad_factor;
   qt_conv1_pool_shape shape;
+  const qt_batch_sync *sync; /* SyncBN: the forward's processes */
 } conv1_pool_saved;
 
 /* The kernels' backward gives the gradient of the weights the convolution ran with (w / div):
@@ -381,7 +382,7 @@ static void conv1_pool_backward(qt_ctx *ctx, void *p) {
   float *dg = s->gamma->requires_grad ? qt_tensor_grad(ctx, s->gamma) : NULL;
   float *dbeta = s->beta->requires_grad ? qt_tensor_grad(ctx, s->beta) : NULL;
   qt_conv1_bn_relu_pool_backward(dwe, dg, dbeta, coef ? &dscale : NULL, &pg, s->argmax, s->stats, s->img, s->weff,
-                                 qt_f32(s->gamma), coef, sh);
+                                 qt_f32(s->gamma), coef, s->sync, sh);
   if (das) das[0] += (float)das_sum;
   if (s->b && s->b->requires_grad) qt_tensor_grad(ctx, s->b); /* exactly 0: batch norm removes the mean */
   if (dwe) {
@@ -448,8 +449,8 @@ static qt_tensor *conv1_pool_op(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_qu
             (long long)gamma->shape[0], (long long)beta->shape[0], b ? (long long)b->shape[0] : 0LL,
             div ? (long long)div->shape[0] : 0LL, OC);
   QT_ASSERT(!x->requires_grad, "%s: computes no input gradient, and the input needs one", name);
-  QT_ASSERT(!(qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1),
-            "%s: batch statistics across processes (SyncBN) are not implemented here", name);
+  const qt_batch_sync *sync =
+      qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1 ? qt_ctx_batch_sync(ctx) : NULL;
   for (int q = 0; q < 2; q++) {
     const qt_pool_fake_quant *f = q ? fq : xq;
     QT_ASSERT(
@@ -483,12 +484,13 @@ static qt_tensor *conv1_pool_op(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_qu
   double *stats = qt_arena_alloc(ctx, nstats * sizeof(double));
   qt_conv1_bn_relu_pool_forward_train(qt_f32(y), argmax, yarg, qmask, stats, img, weff, b ? qt_f32(b) : NULL,
                                       qt_f32(gamma), qt_f32(beta), running_mean, running_var, momentum, eps,
-                                      fq ? &fp : NULL, &sh);
+                                      fq ? &fp : NULL, sync, &sh);
   if (rec) {
     y->requires_grad = 1;
     conv1_pool_saved *sv = qt_tape_push(ctx, QT_PROFILE_CONV1_BN_MAX_POOL2D, conv1_pool_backward, sizeof *sv, y);
     *sv = (conv1_pool_saved){x,      w,     b,    div,   gamma, beta, y,  xq ? *xq : (qt_pool_fake_quant){0}, img, weff,
-                             argmax, qmask, yarg, stats, kind,  as,   fp, fq ? fq->grad_factor : 0.0f,        sh};
+                             argmax, qmask, yarg, stats, kind,  as,   fp, fq ? fq->grad_factor : 0.0f,        sh,
+                             sync};
     /* y: the plain pool's backward reads the relu's pass off it; img and weff: arena buffers
      * of this entry (or x's and w's data) */
     x->saved = w->saved = gamma->saved = beta->saved = y->saved = 1;

@@ -100,11 +100,11 @@ static int bn_pool_fused_after(const qt_graph *g, int relu, qt_tensor *const *fo
 
 /* Whether node `node`'s convolution (conv2d or conv_bn: stride 1, groups 1) of x, a one-channel
  * value that needs no gradient (the image), followed by relu node `relu` and pool node `pool`,
- * has a shape qt_conv1_bn_relu_max_pool2d takes; not under SyncBN. */
-static int conv1_pool_takes(const qt_graph *g, qt_ctx *ctx, int node, const qt_tensor *x, int relu, int pool) {
+ * has a shape qt_conv1_bn_relu_max_pool2d takes (under SyncBN too). */
+static int conv1_pool_takes(const qt_graph *g, int node, const qt_tensor *x, int relu, int pool) {
   const qt_node_attrs *a = &g->nodes[node].attr;
   if (a->groups != 1 || a->stride_h != 1 || a->stride_w != 1 || !x || x->ndim != 4 || x->shape[3] != 1 ||
-      x->requires_grad || (qt_ctx_batch_sync(ctx) && qt_ctx_batch_sync(ctx)->size > 1))
+      x->requires_grad)
     return 0;
   return qt_conv1_bn_relu_max_pool2d_takes((int)x->shape[0], (int)x->shape[1], (int)x->shape[2], a->out_channels,
                                            a->kernel_h, a->kernel_w, a->pad_h, a->pad_w,
@@ -118,7 +118,7 @@ static int conv1_pool_takes(const qt_graph *g, qt_ctx *ctx, int node, const qt_t
  * node and sets *bn and *relu, else -1. The convolution's value then holds the pool's output,
  * which only the skipped nodes read. (QAT's conv_bn takes the op in plan_conv_bn, with its
  * image's LSQ fake quant, sf and the activations' fake quant.) */
-static int conv1_pool_fused_after(const qt_graph *g, qt_ctx *ctx, int node, const qt_tensor *x, qt_tensor *const *force,
+static int conv1_pool_fused_after(const qt_graph *g, int node, const qt_tensor *x, qt_tensor *const *force,
                                   const unsigned char *keep, int *bn, int *relu) {
   const qt_node *n = &g->nodes[node];
   if (n->op != QT_OP_CONV2D || n->wq) return -1;
@@ -130,7 +130,7 @@ static int conv1_pool_fused_after(const qt_graph *g, qt_ctx *ctx, int node, cons
   const int r = relu_fused_after(g, j);
   int fq = -1;
   const int pool = r >= 0 ? bn_pool_fused_after(g, r, force, keep, &fq) : -1;
-  if (pool < 0 || fq >= 0 || !conv1_pool_takes(g, ctx, node, x, r, pool)) return -1;
+  if (pool < 0 || fq >= 0 || !conv1_pool_takes(g, node, x, r, pool)) return -1;
   *bn = j;
   *relu = r;
   return pool;
@@ -188,7 +188,7 @@ static void plan_conv2d(fuse_pass *p, int node, const qt_tensor *x) {
     return;
   }
   int bn = -1, relu = -1;
-  const int pool = conv1_pool_fused_after(p->g, p->ctx, node, x, p->force, p->keep, &bn, &relu);
+  const int pool = conv1_pool_fused_after(p->g, node, x, p->force, p->keep, &bn, &relu);
   if (pool >= 0) {
     m->kind = QT_FUSE_CONV1;
     m->bn = bn;
@@ -239,7 +239,7 @@ static void plan_conv_bn(fuse_pass *p, int node, const qt_tensor *x) {
   m->pool = pool;
   mark_done(p, fq);
   mark_done(p, pool);
-  if (conv1_pool_takes(p->g, p->ctx, node, x, relu, pool)) {
+  if (conv1_pool_takes(p->g, node, x, relu, pool)) {
     m->kind = QT_FUSE_CONV1;
     m->to_blocked = value_to_blocked_conv(p->g, p->ctx, p->g->nodes[pool].output, x->shape[0], p->force, p->keep);
   } else {

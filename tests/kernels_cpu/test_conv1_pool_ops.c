@@ -343,7 +343,7 @@ static void check_formed_values(int OC, int KH, int KW, int pool, int relu, int 
   const qt_fq_params fq = {0.07f, 2, 0, 15};
   omp_set_num_threads(threads);
   qt_conv1_bn_relu_pool_forward_train(out, argmax, kind == 2 ? yarg : NULL, kind == 1 ? qmask : NULL, stats, img, w,
-                                      NULL, gamma, beta, rm, rv, 0.1f, 1e-5f, kind ? &fq : NULL, &sh);
+                                      NULL, gamma, beta, rm, rv, 0.1f, 1e-5f, kind ? &fq : NULL, NULL, &sh);
   const float gf = 0.003f;
   float ds_ref = 0.25f;
   values_as_ops_did(g, &ds_ref, kind, d, out, yarg, qmask, &fq, gf, relu, N, per_image, OC, inputs, m);
@@ -351,10 +351,10 @@ static void check_formed_values(int OC, int KH, int KW, int pool, int relu, int 
   float *dg1 = calloc((size_t)OC, 4), *db1 = calloc((size_t)OC, 4), *dg2 = calloc((size_t)OC, 4),
         *db2 = calloc((size_t)OC, 4);
   const qt_conv1_pool_grad given = {.g = g};
-  qt_conv1_bn_relu_pool_backward(dw1, dg1, db1, coef ? &dsc1 : NULL, &given, argmax, stats, img, w, gamma, coef, &sh);
+  qt_conv1_bn_relu_pool_backward(dw1, dg1, db1, coef ? &dsc1 : NULL, &given, argmax, stats, img, w, gamma, coef, NULL, &sh);
   const qt_conv1_pool_grad formed = {NULL,   d,  out, kind == 1 ? qmask : NULL, kind == 2 ? yarg : NULL,
                                      fq,     gf, kind == 2 ? &sum : NULL,      inputs};
-  qt_conv1_bn_relu_pool_backward(dw2, dg2, db2, coef ? &dsc2 : NULL, &formed, argmax, stats, img, w, gamma, coef, &sh);
+  qt_conv1_bn_relu_pool_backward(dw2, dg2, db2, coef ? &dsc2 : NULL, &formed, argmax, stats, img, w, gamma, coef, NULL, &sh);
   char what[160];
   snprintf(what, sizeof what, "formed values OC %d %dx%d pool %d relu %d %s kind %d image LSQ %d threads %d", OC, KH,
            KW, pool, relu, blocked ? "blocked" : "NHWC", kind, image_lsq, threads);
