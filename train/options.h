@@ -75,6 +75,7 @@ typedef struct {
 
 typedef struct {
   double bucket_mb; /* gradient sums in buckets of this many MB during the backward; 0: one sum after it */
+  double timeout;   /* the training loop's watchdog (qt_dist_watchdog_start), seconds; 0: none */
 } qt_dist_options;
 
 typedef struct {

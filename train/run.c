@@ -466,6 +466,7 @@ static int run_epochs(run *r, qt_status *st) {
   const qt_loader_config ec = qt_stage_loader_config(o, QT_LOADER_EVAL);
   char *ini = qt_options_to_ini(o);
   int rc = 0, ran = 0;
+  if (r->start_epoch < epochs) qt_dist_watchdog_start(o->dist.timeout); /* with processes only */
   for (int epoch = r->start_epoch; epoch < epochs && !rc; epoch++, ran++) {
     if (stop > 0 && ran >= stop) {
       if (r->verbose) fprintf(stderr, "stopping after %d epoch(s) as train.stop_after_epochs says\n", ran);
@@ -477,6 +478,7 @@ static int run_epochs(run *r, qt_status *st) {
     else if (qt_evaluate_distributed(r->tg, r->ctx, &r->test, &ec, &r->final, st->msg))
       rc = qt_status_fail(st, QT_STATUS_RUNTIME);
     if (rc) break;
+    qt_dist_watchdog_beat();
     e->test_loss = r->final.loss;
     e->test_acc = r->final.accuracy;
     r->n_rows++;
@@ -494,7 +496,9 @@ static int run_epochs(run *r, qt_status *st) {
     qt_checkpoint_meta meta = {epoch + 1, qt_trainer_step(r->trainer), (uint64_t)o->train.seed, ini};
     if (qt_checkpoint_save(r->ckpt, r->tg, qt_trainer_optim(r->trainer), &meta, st->msg))
       rc = qt_status_fail(st, QT_STATUS_IO);
+    qt_dist_watchdog_beat();
   }
+  qt_dist_watchdog_stop();
   free(ini);
   if (!rc && !r->quant && (ran == 0 || r->final.n == 0) &&
       qt_evaluate_distributed(r->g, r->ctx, &r->test, &ec, &r->final, st->msg))

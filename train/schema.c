@@ -124,6 +124,10 @@ static const option_row rows[] = {
     ROW(dist, bucket_mb, QT_CFG_FLOAT, "1", 0, 1024, NULL,
         "under mpirun: sum the gradients across processes in buckets of this many MB, each started as soon as the "
         "backward has written it (0 = one sum after the backward; the same bits either way)"),
+    ROW(dist, timeout, QT_CFG_FLOAT, "30", 0, 1e6, NULL,
+        "under mpirun: end the job when a process's training loop makes no progress for this many seconds, or for "
+        "10 times its slowest step when that is longer (a host lost in a network partition; MPI waits for ever "
+        "otherwise); 0 = wait for ever"),
 
     ROW(quant, mode, QT_CFG_ENUM, "none", 0, 0, "none|ptq|qat",
         "none: fp32 training; ptq: calibrate then convert; qat: fine-tune with fake quant then convert"),

@@ -391,6 +391,7 @@ static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *ou
     t->step++;
     b++;
     qt_fault_point("training_step"); /* QT_FAULT=training_step:k: a crash after k steps (tests) */
+    qt_dist_watchdog_beat();
     loss_sum += loss_b;
     correct += correct_all;
     seen += rows;
