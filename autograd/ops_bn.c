@@ -488,9 +488,9 @@ static qt_tensor *conv1_pool_op(qt_ctx *ctx, qt_tensor *x, const qt_pool_fake_qu
   if (rec) {
     y->requires_grad = 1;
     conv1_pool_saved *sv = qt_tape_push(ctx, QT_PROFILE_CONV1_BN_MAX_POOL2D, conv1_pool_backward, sizeof *sv, y);
-    *sv = (conv1_pool_saved){x,      w,     b,    div,   gamma, beta, y,  xq ? *xq : (qt_pool_fake_quant){0}, img, weff,
-                             argmax, qmask, yarg, stats, kind,  as,   fp, fq ? fq->grad_factor : 0.0f,        sh,
-                             sync};
+    *sv =
+        (conv1_pool_saved){x,      w,     b,    div,   gamma, beta, y,  xq ? *xq : (qt_pool_fake_quant){0}, img, weff,
+                           argmax, qmask, yarg, stats, kind,  as,   fp, fq ? fq->grad_factor : 0.0f,        sh,  sync};
     /* y: the plain pool's backward reads the relu's pass off it; img and weff: arena buffers
      * of this entry (or x's and w's data) */
     x->saved = w->saved = gamma->saved = beta->saved = y->saved = 1;

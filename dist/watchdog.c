@@ -36,7 +36,8 @@ static void *watch(void *arg) {
   const struct timespec tick = {0, 200 * 1000 * 1000};
   while (!atomic_load(&stop)) {
     nanosleep(&tick, NULL);
-    const double idle = now_s() - atomic_load(&last_beat), limit = qt_dist_watchdog_limit(floor_s, atomic_load(&slowest));
+    const double idle = now_s() - atomic_load(&last_beat),
+                 limit = qt_dist_watchdog_limit(floor_s, atomic_load(&slowest));
     if (!atomic_load(&stop) && idle > limit) {
       fprintf(stderr,
               "process %d of %d: no progress in data-parallel training for %.0f s (limit %.0f s: dist.timeout, or %d "
