@@ -126,6 +126,7 @@ typedef enum {
   QT_PROFILE_ADAROUND_ROUND_LOSS,
   QT_PROFILE_SQUARED_ERROR,
   QT_PROFILE_QDROP,
+  QT_PROFILE_ACTIVATION,
   QT_PROFILE_OP_COUNT
 } qt_profile_op;
 /* The parts of a training step that are not ops, timed by their callers (train/trainer.c,
@@ -242,6 +243,33 @@ qt_tensor *qt_batch_norm_div(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, qt_tensor 
 qt_tensor *qt_relu(qt_ctx *ctx, qt_tensor *x, int inplace);
 /* min(max(x, 0), 6) (PyTorch's ReLU6 / hardtanh(0, 6)); inplace as relu. */
 qt_tensor *qt_relu6(qt_ctx *ctx, qt_tensor *x, int inplace);
+/* Element-wise activations (autograd/ops_act.c), each PyTorch's formula and backward: sigmoid,
+ * tanh, SiLU (x sigmoid(x)), hard sigmoid (alpha, beta: PyTorch's relu6(x + 3) / 6 for (1/6,
+ * 1/2), else ONNX's clamp(alpha x + beta, 0, 1)), hard swish (x relu6(x + 3) / 6), GELU with erf
+ * and with the tanh approximation, leaky ReLU (negative slope alpha) and ELU (alpha). */
+typedef enum {
+  QT_ACT_SIGMOID,
+  QT_ACT_TANH,
+  QT_ACT_SILU,
+  QT_ACT_HARDSIGMOID,
+  QT_ACT_HARDSWISH,
+  QT_ACT_GELU,
+  QT_ACT_GELU_TANH,
+  QT_ACT_LEAKY_RELU,
+  QT_ACT_ELU,
+  QT_ACT_COUNT
+} qt_act_kind;
+typedef struct qt_act {
+  qt_act_kind kind;
+  float alpha, beta; /* hardsigmoid: slope and offset; leaky_relu: negative slope; elu: alpha */
+} qt_act;
+/* PyTorch's defaults: hardsigmoid (1/6, 1/2), leaky_relu 0.01, elu 1. */
+qt_act qt_act_default(qt_act_kind kind);
+/* "sigmoid", "tanh", "silu", "hardsigmoid", "hardswish", "gelu", "gelu_tanh", "leaky_relu",
+ * "elu"; qt_act_parse: -1 for another name. */
+const char *qt_act_name(qt_act_kind kind);
+int qt_act_parse(const char *name, qt_act_kind *out);
+qt_tensor *qt_activation(qt_ctx *ctx, qt_tensor *x, qt_act a);
 qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad);
 qt_tensor *qt_avg_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad);
 /* (N,H,W,C) -> (N,C) */

@@ -283,6 +283,15 @@ void qt_relu6_forward_ref(float *out, const float *inp, int64_t n);
 void qt_relu6_backward(float *dinp, const float *dout, const float *out, int64_t n);
 void qt_relu6_backward_ref(float *dinp, const float *dout, const float *out, int64_t n);
 
+/* ---- the activations of qt_activation (autograd/ops_act.c; out may alias inp) ----------- */
+struct qt_act; /* autograd.h */
+void qt_act_forward(float *out, const float *inp, int64_t n, const struct qt_act *a);
+/* dinp += dout * act'(x): from the input inp, or for sigmoid and tanh from the output out
+ * (qt_act_backward_reads_input says which of the qt_act_kind; the other may be NULL). */
+void qt_act_backward(float *dinp, const float *dout, const float *inp, const float *out, int64_t n,
+                     const struct qt_act *a);
+int qt_act_backward_reads_input(int kind);
+
 /* ---- relu / relu6 with the backward's mask as bits ------------------------------------- */
 /* The training forward: out as qt_relu_forward (six: qt_relu6_forward) and mask, (n + 7) / 8
  * bytes, bit i % 8 of mask[i / 8] set where the gradient passes: the test the _backward kernels

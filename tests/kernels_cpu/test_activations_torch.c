@@ -1,0 +1,108 @@
+/* The element-wise activations (autograd/ops_act.c) against PyTorch 1.13 (tests/ref/act.h5,
+ * written by tests/ref/make_ref_act.py): outputs and input gradients of sigmoid, tanh, SiLU, hard
+ * sigmoid (PyTorch's and ONNX's form), hard swish, GELU (erf and tanh), leaky ReLU (0.01, 0.2) and
+ * ELU (1, 0.5) on 2048 inputs, the piecewise functions' corners -3, 0 and 3 among them.
+ *
+ * Tolerances: the piecewise-linear ones (hard sigmoid, hard swish, leaky ReLU) must be exact (0);
+ * the others agree within 4e-7 absolute plus 4e-6 relative (libm's expf, tanhf and erff against
+ * PyTorch's vectorized approximations; measured at most 4.8e-7 where GELU is near 8, 2.5e-7
+ * elsewhere), GELU's tanh form within 2e-6 absolute: below x = -5 its gradient is about 1e-6,
+ * where PyTorch's tanh has saturated to -1 and gives 0 (measured 1.6e-6). Then the op (qt_activation) on a tape: its
+ * output is the kernel's, bit for bit, and its input gradient under a squared-error loss the
+ * kernel's backward of that loss's gradient; names parse back. */
+#include "autograd/autograd.h"
+#include "autograd/kernels.h"
+#include "tests/common/testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float *load_n(const char *name, int64_t *n) {
+  int64_t shape[8];
+  int ndim;
+  float *p = qt_test_load_f32(qt_test_path("tests/ref/act.h5"), name, shape, &ndim);
+  *n = qt_test_numel(shape, ndim);
+  return p;
+}
+
+typedef struct {
+  const char *ref; /* the datasets' prefix */
+  qt_act act;
+  float atol, rtol; /* forward and backward */
+} act_case;
+
+static void check_case(const act_case *c, const float *x, const float *dy, int64_t n) {
+  int64_t m;
+  char name[96], what[128];
+  snprintf(name, sizeof name, "%s_y", c->ref);
+  float *want_y = load_n(name, &m);
+  QT_CHECK(m == n);
+  snprintf(name, sizeof name, "%s_dx", c->ref);
+  float *want_dx = load_n(name, &m);
+  QT_CHECK(m == n);
+  float *y = qt_test_zeros(n), *dx = qt_test_zeros(n);
+  qt_act_forward(y, x, n, &c->act);
+  snprintf(what, sizeof what, "%s forward", c->ref);
+  qt_test_close(what, y, want_y, n, c->atol, c->rtol);
+  qt_act_backward(dx, dy, x, y, n, &c->act);
+  snprintf(what, sizeof what, "%s backward", c->ref);
+  qt_test_close(what, dx, want_dx, n, c->atol, c->rtol);
+  free(want_y), free(want_dx), free(y), free(dx);
+}
+
+/* The op on a tape: loss = sum (act(x) - t)^2 with t = act(x) - dy / 2, whose gradient at the
+ * output is dy up to rounding; x's gradient against the kernel's backward of the loss's own
+ * gradient 2 (y - t). */
+static void check_op(const act_case *c, const float *x, const float *dy, int64_t n) {
+  qt_ctx *ctx = qt_ctx_create();
+  qt_ctx_set_grad(ctx, 1);
+  const int64_t shape[2] = {n / 16, 16};
+  qt_tensor *xt = qt_tensor_wrap(ctx, QT_F32, 2, shape, (void *)x);
+  xt->requires_grad = 1;
+  qt_tensor *y = qt_activation(ctx, xt, c->act);
+  float *ky = qt_test_zeros(n), *t = qt_test_zeros(n), *g = qt_test_zeros(n), *kdx = qt_test_zeros(n);
+  qt_act_forward(ky, x, n, &c->act);
+  char what[128];
+  snprintf(what, sizeof what, "%s op forward", c->ref);
+  qt_test_close(what, qt_f32(y), ky, n, 0, 0);
+  for (int64_t i = 0; i < n; i++) t[i] = ky[i] - 0.5f * dy[i];
+  for (int64_t i = 0; i < n; i++) g[i] = 2.0f * (ky[i] - t[i]);
+  qt_tensor *loss = qt_squared_error(ctx, y, t, 1.0);
+  qt_backward(ctx, loss);
+  qt_act_backward(kdx, g, x, ky, n, &c->act);
+  snprintf(what, sizeof what, "%s op backward", c->ref);
+  QT_CHECK(xt->grad != NULL);
+  if (xt->grad) qt_test_close(what, xt->grad, kdx, n, 1e-6f, 1e-5f);
+  free(ky), free(t), free(g), free(kdx);
+  qt_ctx_free(ctx);
+}
+
+int main(void) {
+  int64_t n, m;
+  float *x = load_n("x", &n), *dy = load_n("dy", &m);
+  QT_CHECK(n == m && n % 16 == 0);
+  const float A = 4e-7f, R = 4e-6f;
+  const act_case cases[] = {
+      {"sigmoid", qt_act_default(QT_ACT_SIGMOID), A, R},
+      {"tanh", qt_act_default(QT_ACT_TANH), A, R},
+      {"silu", qt_act_default(QT_ACT_SILU), A, R},
+      {"hardsigmoid", qt_act_default(QT_ACT_HARDSIGMOID), 0, 0},
+      {"hardswish", qt_act_default(QT_ACT_HARDSWISH), 0, 0},
+      {"gelu", qt_act_default(QT_ACT_GELU), A, R},
+      {"gelu_tanh", qt_act_default(QT_ACT_GELU_TANH), 2e-6f, R},
+      {"leaky_relu_0.01", qt_act_default(QT_ACT_LEAKY_RELU), 0, 0},
+      {"leaky_relu_0.2", {QT_ACT_LEAKY_RELU, 0.2f, 0.0f}, 0, 0},
+      {"elu_1", qt_act_default(QT_ACT_ELU), A, R},
+      {"elu_0.5", {QT_ACT_ELU, 0.5f, 0.0f}, A, R},
+      {"hardsigmoid_onnx", {QT_ACT_HARDSIGMOID, 0.2f, 0.5f}, 0, 0},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    check_case(&cases[k], x, dy, n);
+    check_op(&cases[k], x, dy, n);
+  }
+  QT_CHECK_NAMES(qt_act_kind, QT_ACT_COUNT, qt_act_name, qt_act_parse);
+  free(x), free(dy);
+  return qt_test_finish();
+}
