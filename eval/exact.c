@@ -445,6 +445,31 @@ static void run_relu(const double *src, double *y, int64_t numel, int six) {
   }
 }
 
+/* The activations of qt_activation in float64 (the formulas of autograd/ops_act.c; hard sigmoid
+ * with PyTorch's (1/6, 1/2) as relu6(x + 3) / 6). */
+static double act_f64(double v, const qt_node_attrs *a) {
+  const double al = a->alpha, be = a->beta;
+  switch ((qt_act_kind)a->act) {
+    case QT_ACT_SIGMOID: return 1.0 / (1.0 + exp(-v));
+    case QT_ACT_TANH: return tanh(v);
+    case QT_ACT_SILU: return v / (1.0 + exp(-v));
+    case QT_ACT_HARDSIGMOID: {
+      const double t = a->alpha == 1.0f / 6.0f && a->beta == 0.5f ? (v + 3.0) / 6.0 : al * v + be;
+      return t < 0 ? 0.0 : t > 1 ? 1.0 : t;
+    }
+    case QT_ACT_HARDSWISH: {
+      const double t = v + 3.0 < 0 ? 0.0 : v + 3.0 > 6 ? 6.0 : v + 3.0;
+      return v * t / 6.0;
+    }
+    case QT_ACT_GELU: return v * 0.5 * (1.0 + erf(v * 0.70710678118654752440));
+    case QT_ACT_GELU_TANH: return 0.5 * v * (1.0 + tanh(0.79788456080286535588 * (v + 0.044715 * v * v * v)));
+    case QT_ACT_LEAKY_RELU: return v > 0 ? v : v * al;
+    case QT_ACT_ELU: return v <= 0 ? al * (exp(v) - 1.0) : v;
+    case QT_ACT_COUNT: break;
+  }
+  return NAN;
+}
+
 static void run_global_avg_pool(const qt_value *in, const double *src, double *y, int n) {
   const int64_t HW = in->shape[0] * in->shape[1], C = in->shape[2];
 #pragma omp parallel for schedule(static)
@@ -491,6 +516,10 @@ static int run_float_node(qt_exact *x, int i, double *y, int n, int64_t numel, c
       for (int64_t k = 0; k < numel; k++) y[k] = src[k] + s2[k];
       return 0;
     }
+    case QT_OP_ACTIVATION:
+#pragma omp parallel for schedule(static)
+      for (int64_t k = 0; k < numel; k++) y[k] = act_f64(src[k], &nd->attr);
+      return 0;
     default: return qt_err(err, "exact reference: node %s: op %s has no exact form", nd->name, qt_op_name(nd->op));
   }
 }

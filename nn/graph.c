@@ -193,6 +193,11 @@ int qt_graph_relu(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_
 
 int qt_graph_relu6(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_RELU6, name, x); }
 
+int qt_graph_activation(qt_graph *g, const char *name, int x, qt_act a) {
+  const qt_node_attrs attr = {.act = (int)a.kind, .alpha = a.alpha, .beta = a.beta};
+  return build(g, QT_OP_ACTIVATION, name, &x, 1, &attr, 0, NULL, 0);
+}
+
 static int pool(qt_graph *g, qt_op op, const char *name, int x, int kernel, int stride, int pad) {
   const qt_node_attrs attr = {
       .kernel_h = kernel, .kernel_w = kernel, .stride_h = stride, .stride_w = stride, .pad_h = pad, .pad_w = pad};

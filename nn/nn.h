@@ -36,6 +36,7 @@ typedef enum {
   QT_OP_CONV_BN,    /* QAT conv + BN with delayed folding (docs/design.md: delayed folding) */
   QT_OP_QUANTIZE,   /* fp32 -> integers (convert graph) */
   QT_OP_DEQUANTIZE, /* integers -> fp32 (convert graph) */
+  QT_OP_ACTIVATION, /* element-wise: attr.act (qt_act_kind), attr.alpha, attr.beta (qt_activation) */
   QT_OP_COUNT
 } qt_op;
 const char *qt_op_name(qt_op op);
@@ -102,6 +103,8 @@ typedef struct {
   int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, groups; /* conv2d, pools */
   int out_channels;                                                 /* conv2d, linear */
   float eps, momentum;                                              /* batch_norm */
+  int act;                                                          /* activation: qt_act_kind */
+  float alpha, beta;                                                /* activation: qt_act's */
 } qt_node_attrs;
 
 typedef struct {
@@ -233,6 +236,9 @@ int qt_graph_conv2d_attr(qt_graph *g, const char *name, int x, const qt_node_att
 int qt_graph_batch_norm(qt_graph *g, const char *name, int x);
 int qt_graph_relu(qt_graph *g, const char *name, int x);
 int qt_graph_relu6(qt_graph *g, const char *name, int x);
+/* An element-wise activation (qt_activation): sigmoid, tanh, SiLU, hard sigmoid, hard swish,
+ * GELU, leaky ReLU, ELU; no parameters, no int8 kernel (fp32 between quantized neighbours). */
+int qt_graph_activation(qt_graph *g, const char *name, int x, qt_act a);
 int qt_graph_max_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad);
 int qt_graph_avg_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad);
 int qt_graph_global_avg_pool(qt_graph *g, const char *name, int x);

@@ -4,6 +4,7 @@
  * keeping their own lists, so an op added to qt_op without its row breaks the build. */
 #include "nn/nn.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -19,6 +20,16 @@ static int same_as_input(const qt_node_attrs *a, const qt_value *const *in, int 
   *ndim = in[0]->ndim;
   memcpy(shape, in[0]->shape, 3 * sizeof *shape);
   return 0;
+}
+
+/* An activation's kind is one of qt_act_kind and its parameters finite. */
+static int act_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  if (a->act < 0 || a->act >= QT_ACT_COUNT)
+    return qt_err(err, "activation kind %d is not one of 0..%d", a->act, QT_ACT_COUNT - 1);
+  if (!isfinite(a->alpha) || !isfinite(a->beta))
+    return qt_err(err, "%s: alpha %g and beta %g must be finite", qt_act_name((qt_act_kind)a->act), (double)a->alpha,
+                  (double)a->beta);
+  return same_as_input(a, in, ndim, shape, err);
 }
 
 static int image_input(const char *op, const qt_value *x, char *err) {
@@ -136,6 +147,7 @@ static const qt_op_info op_table[] = {
                       .weight_rank = 2,
                       .shape = linear_shape},
     [QT_OP_ADD] = {.name = "add", .min_inputs = 2, .max_inputs = 2, .param_free = 1, .shape = add_shape},
+    [QT_OP_ACTIVATION] = {.name = "activation", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = act_shape},
     [QT_OP_FAKE_QUANT] = {.name = "fake_quant",
                           .min_inputs = 1,
                           .max_inputs = 1,

@@ -402,6 +402,73 @@ static int op_relu6(exporter *e) {
   return 0;
 }
 
+/* An activation in opset 13's ops: Sigmoid, Tanh, HardSigmoid, LeakyRelu and Elu as themselves;
+ * SiLU as x * Sigmoid(x), hard swish as x * HardSigmoid(x) (HardSwish is opset 14), GELU as
+ * x * 0.5 * (1 + Erf(x / sqrt 2)) or, with the tanh approximation, 0.5 x (1 + Tanh(sqrt(2 / pi)
+ * (x + 0.044715 x^3))) (Gelu is opset 20). The layout of the input carries over. */
+static int op_activation(exporter *e) {
+  const qt_node *n = e->node;
+  const qt_node_attrs *a = &n->attr;
+  const char *x = in0(e), *y = out(e), *name = n->name;
+  e->vi[n->output] = *vin(e, 0);
+  switch ((qt_act_kind)a->act) {
+    case QT_ACT_SIGMOID: qt_exp_add_node(e, "Sigmoid", name, y, 1, x); return 0;
+    case QT_ACT_TANH: qt_exp_add_node(e, "Tanh", name, y, 1, x); return 0;
+    case QT_ACT_LEAKY_RELU:
+      qt_exp_attr_float(e, qt_exp_add_node(e, "LeakyRelu", name, y, 1, x), "alpha", a->alpha);
+      return 0;
+    case QT_ACT_ELU: qt_exp_attr_float(e, qt_exp_add_node(e, "Elu", name, y, 1, x), "alpha", a->alpha); return 0;
+    case QT_ACT_HARDSIGMOID:
+    case QT_ACT_HARDSWISH: {
+      const int swish = a->act == QT_ACT_HARDSWISH;
+      const char *h = swish ? qt_exp_str(e, "%s.hardsigmoid", name) : y;
+      Onnx__NodeProto *hs = qt_exp_add_node(e, "HardSigmoid", swish ? h : name, h, 1, x);
+      qt_exp_attr_float(e, hs, "alpha", swish ? 1.0f / 6.0f : a->alpha);
+      qt_exp_attr_float(e, hs, "beta", swish ? 0.5f : a->beta);
+      if (swish) qt_exp_add_node(e, "Mul", name, y, 2, x, h);
+      return 0;
+    }
+    case QT_ACT_SILU: {
+      const char *sg = qt_exp_str(e, "%s.sigmoid", name);
+      qt_exp_add_node(e, "Sigmoid", sg, sg, 1, x);
+      qt_exp_add_node(e, "Mul", name, y, 2, x, sg);
+      return 0;
+    }
+    case QT_ACT_GELU:
+    case QT_ACT_GELU_TANH: {
+      const int th = a->act == QT_ACT_GELU_TANH;
+      char *c1 = qt_exp_str(e, "%s.one", name), *ch = qt_exp_str(e, "%s.half", name);
+      char *u = qt_exp_str(e, "%s.u", name), *f = qt_exp_str(e, "%s.f", name), *p = qt_exp_str(e, "%s.p", name),
+           *xh = qt_exp_str(e, "%s.xh", name);
+      qt_exp_add_scalar_float(e, c1, 1.0f);
+      qt_exp_add_scalar_float(e, ch, 0.5f);
+      if (th) { /* u = sqrt(2 / pi) (x + 0.044715 x^3) */
+        char *x2 = qt_exp_str(e, "%s.x2", name), *x3 = qt_exp_str(e, "%s.x3", name),
+             *k = qt_exp_str(e, "%s.kappa", name), *kx3 = qt_exp_str(e, "%s.kx3", name),
+             *sm = qt_exp_str(e, "%s.sum", name), *b = qt_exp_str(e, "%s.beta", name);
+        qt_exp_add_scalar_float(e, k, 0.044715f);
+        qt_exp_add_scalar_float(e, b, 0.7978845608028654f);
+        qt_exp_add_node(e, "Mul", x2, x2, 2, x, x);
+        qt_exp_add_node(e, "Mul", x3, x3, 2, x2, x);
+        qt_exp_add_node(e, "Mul", kx3, kx3, 2, x3, k);
+        qt_exp_add_node(e, "Add", sm, sm, 2, x, kx3);
+        qt_exp_add_node(e, "Mul", u, u, 2, sm, b);
+      } else { /* u = x / sqrt 2 */
+        char *r = qt_exp_str(e, "%s.sqrt2", name);
+        qt_exp_add_scalar_float(e, r, 1.4142135623730951f);
+        qt_exp_add_node(e, "Div", u, u, 2, x, r);
+      }
+      qt_exp_add_node(e, th ? "Tanh" : "Erf", f, f, 1, u);
+      qt_exp_add_node(e, "Add", p, p, 2, f, c1);
+      qt_exp_add_node(e, "Mul", xh, xh, 2, x, ch);
+      qt_exp_add_node(e, "Mul", name, y, 2, xh, p);
+      return 0;
+    }
+    case QT_ACT_COUNT: break;
+  }
+  return qt_exp_node_err(e, "activation kind %d has no ONNX form", a->act);
+}
+
 static int op_pool(exporter *e, const char *op_type) {
   const qt_node *n = e->node;
   if (e->g->values[n->inputs[0]].ndim != 3) return qt_exp_node_err(e, "input is not an image");
@@ -499,6 +566,7 @@ static int export_node(exporter *e) {
     case QT_OP_GLOBAL_AVG_POOL: return op_global_avg_pool(e);
     case QT_OP_FLATTEN: return op_flatten(e);
     case QT_OP_ADD: return op_add(e);
+    case QT_OP_ACTIVATION: return op_activation(e);
     case QT_OP_BATCH_NORM: return op_batch_norm(e);
     case QT_OP_FAKE_QUANT:
     case QT_OP_CONV_BN:

@@ -1,6 +1,7 @@
 /* The ONNX ops that become graph IR nodes (import_int.h): Conv, BatchNormalization, the
- * activations, pooling, Flatten / Reshape, Gemm / MatMul, Add, and the ops dropped or folded into
- * their consumer (Identity, Dropout, a zero Pad). */
+ * activations (Relu, Clip, Sigmoid, Tanh, HardSigmoid, HardSwish, LeakyRelu, Elu, Gelu),
+ * pooling, Flatten / Reshape, Gemm / MatMul, Add, and the ops dropped or folded into their
+ * consumer (Identity, Dropout, a zero Pad). */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
 #include <math.h>
 #include <stdint.h>
@@ -133,6 +134,41 @@ static int op_relu(imp *im, int clip) {
   char name[QT_NAME_LEN];
   qt_imp_node_name(im, NULL, name);
   const int y = six ? qt_graph_relu6(im->g, name, x->value) : qt_graph_relu(im->g, name, x->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  sym *s = qt_imp_bind_act(im, 0, y);
+  s->pooled = x->pooled;
+  s->perm_h = x->perm_h, s->perm_w = x->perm_w, s->perm_c = x->perm_c;
+  return 0;
+}
+
+/* The element-wise activations (qt_activation): Sigmoid, Tanh, HardSigmoid (alpha 0.2, beta 0.5 by
+ * default; PyTorch exports its own as 1/6, 1/2), HardSwish, LeakyRelu (alpha 0.01), Elu (alpha 1)
+ * and Gelu (opset 20: approximate "none" or "tanh"). */
+static int op_activation(imp *im, qt_act_kind kind) {
+  sym *x = qt_imp_act_input(im, 0, "X", 0);
+  if (!x) return -1;
+  qt_act a = qt_act_default(kind);
+  if (kind == QT_ACT_HARDSIGMOID &&
+      (qt_imp_attr_float(im, "alpha", 0.2f, &a.alpha) || qt_imp_attr_float(im, "beta", 0.5f, &a.beta)))
+    return -1;
+  if ((kind == QT_ACT_LEAKY_RELU || kind == QT_ACT_ELU) &&
+      qt_imp_attr_float(im, "alpha", kind == QT_ACT_ELU ? 1.0f : 0.01f, &a.alpha))
+    return -1;
+  if (kind == QT_ACT_GELU) {
+    const Onnx__AttributeProto *ap = qt_imp_attr(im->node, "approximate");
+    if (ap) {
+      const size_t len = ap->s.len;
+      if (len == 4 && memcmp(ap->s.data, "tanh", 4) == 0)
+        a.kind = QT_ACT_GELU_TANH;
+      else if (!(len == 4 && memcmp(ap->s.data, "none", 4) == 0))
+        return qt_imp_node_err(im, "Gelu's approximate must be \"none\" or \"tanh\"");
+    }
+  }
+  if (!isfinite(a.alpha) || !isfinite(a.beta))
+    return qt_imp_node_err(im, "alpha %g, beta %g: not finite", (double)a.alpha, (double)a.beta);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_activation(im->g, name, x->value, a);
   if (qt_imp_builder_check(im, y)) return -1;
   sym *s = qt_imp_bind_act(im, 0, y);
   s->pooled = x->pooled;
@@ -479,6 +515,13 @@ static int op_pad(imp *im) {
   return 0;
 }
 
+static int f_sigmoid(imp *im) { return op_activation(im, QT_ACT_SIGMOID); }
+static int f_tanh(imp *im) { return op_activation(im, QT_ACT_TANH); }
+static int f_hardsigmoid(imp *im) { return op_activation(im, QT_ACT_HARDSIGMOID); }
+static int f_hardswish(imp *im) { return op_activation(im, QT_ACT_HARDSWISH); }
+static int f_leaky_relu(imp *im) { return op_activation(im, QT_ACT_LEAKY_RELU); }
+static int f_elu(imp *im) { return op_activation(im, QT_ACT_ELU); }
+static int f_gelu(imp *im) { return op_activation(im, QT_ACT_GELU); }
 static int f_relu(imp *im) { return op_relu(im, 0); }
 static int f_clip(imp *im) { return op_relu(im, 1); }
 static int f_maxpool(imp *im) { return op_pool(im, 1); }
@@ -489,6 +532,13 @@ const qt_imp_op qt_imp_layer_ops[] = {
     {"BatchNormalization", op_batch_norm, 5, 5, 1, 5}, /* 5 outputs in training mode before opset 14 */
     {"Relu", f_relu, 1, 1, 1, 1},
     {"Clip", f_clip, 1, 3, 1, 1},
+    {"Sigmoid", f_sigmoid, 1, 1, 1, 1},
+    {"Tanh", f_tanh, 1, 1, 1, 1},
+    {"HardSigmoid", f_hardsigmoid, 1, 1, 1, 1},
+    {"HardSwish", f_hardswish, 1, 1, 1, 1},
+    {"LeakyRelu", f_leaky_relu, 1, 1, 1, 1},
+    {"Elu", f_elu, 1, 1, 1, 1},
+    {"Gelu", f_gelu, 1, 1, 1, 1},
     {"MaxPool", f_maxpool, 1, 1, 1, 2},
     {"AveragePool", f_avgpool, 1, 1, 1, 1},
     {"GlobalAveragePool", op_global_pool, 1, 1, 1, 1},

@@ -107,6 +107,15 @@ static int read_node_attrs(hid_t g, const char *obj, node_rec *r, char *msg) {
       read_attr_int(g, obj, "out_channels", &a->out_channels, msg) || read_attr_float(g, obj, "eps", &a->eps, msg) ||
       read_attr_float(g, obj, "momentum", &a->momentum, msg) || read_attr_flag(g, obj, "bn_frozen", &r->bn_frozen, msg))
     return -1;
+  if (r->op == QT_OP_ACTIVATION) { /* its kind by name, and its parameters */
+    char act[QT_NAME_LEN];
+    qt_act_kind kind;
+    if (read_attr_str(g, obj, "act", act, sizeof act, msg) || read_attr_float(g, obj, "alpha", &a->alpha, msg) ||
+        read_attr_float(g, obj, "beta", &a->beta, msg))
+      return -1;
+    if (qt_act_parse(act, &kind)) return qt_err(msg, "%s: unknown activation '%s'", obj, act);
+    a->act = (int)kind;
+  }
   for (int k = 0; k < QT_MAX_PARAMS; k++) {
     if (H5Aexists(g, qt_qdq_param_slot_names[k]) != 0 &&
         read_attr_str(g, obj, qt_qdq_param_slot_names[k], r->param[k], sizeof r->param[k], msg))

@@ -223,6 +223,9 @@ static int write_node(writer *w, hid_t gn, const qt_graph *g, int i) {
             qt_h5_attr_write_int(ng, "pad_w", a->pad_w) || qt_h5_attr_write_int(ng, "groups", a->groups) ||
             qt_h5_attr_write_int(ng, "out_channels", a->out_channels) || qt_h5_attr_write_float(ng, "eps", a->eps) ||
             qt_h5_attr_write_float(ng, "momentum", a->momentum) || qt_h5_attr_write_int(ng, "bn_frozen", n->bn_frozen);
+  if (!bad && n->op == QT_OP_ACTIVATION) /* only there: files without activations keep their bytes */
+    bad = qt_h5_attr_write_str(ng, "act", qt_act_name((qt_act_kind)a->act)) ||
+          qt_h5_attr_write_float(ng, "alpha", a->alpha) || qt_h5_attr_write_float(ng, "beta", a->beta);
   for (int k = 0; k < QT_MAX_PARAMS && !bad; k++) {
     if (n->param[k] >= 0) bad = qt_h5_attr_write_str(ng, qt_qdq_param_slot_names[k], g->tensors[n->param[k]].name);
     if (!bad && n->buffer[k] >= 0)

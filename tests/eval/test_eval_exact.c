@@ -8,8 +8,9 @@
  *    (where float32 sums round), rounds half to even; one unit more rounds up.
  * 3. The answer does not depend on how images are split into calls (7 per call) or on the thread
  *    count (1 or the default).
- * 4. FashionCNN, ResCNN and a depthwise / relu6 / residual add / average-pool / global-pool graph,
- *    PTQ-converted W8A8, W4A8 and W4A4 with random weights: the float32 Q/DQ executor within 2 output
+ * 4. FashionCNN, ResCNN, a depthwise / relu6 / residual add / average-pool / global-pool graph and
+ *    a graph of every activation (qt_activation, fp32 between quantized convolutions), PTQ-converted
+ *    W8A8, W4A8 and W4A4 with random weights: the float32 Q/DQ executor within 2 output
  *    LSB of the exact reference (the format's contract), the oneDNN device within 1 LSB; the
  *    counts of differing logits printed. FashionCNN and that graph at W8A8 with int32 biases too.
  * 5. A prepared graph is refused; an fp32 layer (no integer weights) runs in float64 and matches
@@ -277,11 +278,35 @@ static qt_graph *mobile_graph(void) {
   return g;
 }
 
+/* Every activation of qt_activation between convolutions (fp32 between quantized neighbours). */
+static qt_graph *act_graph(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("act_like");
+  const qt_act kinds[] = {qt_act_default(QT_ACT_HARDSWISH), qt_act_default(QT_ACT_SILU),
+                          qt_act_default(QT_ACT_GELU),      {QT_ACT_LEAKY_RELU, 0.2f, 0},
+                          qt_act_default(QT_ACT_ELU),       qt_act_default(QT_ACT_GELU_TANH),
+                          qt_act_default(QT_ACT_TANH),      {QT_ACT_HARDSIGMOID, 0.2f, 0.5f},
+                          qt_act_default(QT_ACT_SIGMOID)};
+  int v = qt_graph_input(g, "input", 28, 28, 1);
+  char name[32];
+  for (int k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
+    snprintf(name, sizeof name, "conv%d", k);
+    v = qt_graph_conv2d(g, name, v, 8, 3, k % 3 == 1 ? 2 : 1, 1, k % 3 == 2 ? 8 : 1, 1);
+    snprintf(name, sizeof name, "act%d", k);
+    v = qt_graph_activation(g, name, v, kinds[k]);
+  }
+  int y = qt_graph_linear(g, "fc", qt_graph_global_avg_pool(g, "gap", v), 10, 1);
+  QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
+  return g;
+}
+
 static int g_bias_int32; /* converted: quant.bias = int32 */
 
 static qt_graph *converted(const char *model, int wbits, int abits, uint64_t seed) {
   char err[QT_ERR_LEN];
-  qt_graph *g = strcmp(model, "mobile_like") == 0 ? mobile_graph() : qt_model_build(model, err);
+  qt_graph *g = strcmp(model, "mobile_like") == 0 ? mobile_graph()
+                : strcmp(model, "act_like") == 0  ? act_graph()
+                                                  : qt_model_build(model, err);
   QT_ASSERT(g, "%s", err);
   qt_graph_init_params(g, seed);
   qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
@@ -397,9 +422,9 @@ int main(void) {
   };
   for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++) check_layer(&layers[i]);
   check_ties();
-  const char *models[] = {"fashion_cnn", "res_cnn", "mobile_like"};
+  const char *models[] = {"fashion_cnn", "res_cnn", "mobile_like", "act_like"};
   const int bits[][2] = {{8, 8}, {4, 8}, {4, 4}};
-  for (int m = 0; m < 3; m++)
+  for (int m = 0; m < 4; m++)
     for (int b = 0; b < 3; b++) check_model(models[m], bits[b][0], bits[b][1]);
   g_bias_int32 = 1;
   check_model("fashion_cnn", 8, 8);

@@ -6,6 +6,7 @@
  * every node of the preset models with qt_node_forward from the executor's own inputs gives
  * bit-identical values (the executor runs through it), while ops it does not compute are
  * refused with a message. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,8 @@ static void check_names_and_flags(void) {
     const int weight = op == QT_OP_CONV2D || op == QT_OP_LINEAR || op == QT_OP_CONV_BN;
     const int stateful = op == QT_OP_BATCH_NORM || op == QT_OP_CONV_BN || op == QT_OP_FAKE_QUANT;
     const int simple = op == QT_OP_RELU || op == QT_OP_RELU6 || op == QT_OP_MAX_POOL2D || op == QT_OP_AVG_POOL2D ||
-                       op == QT_OP_GLOBAL_AVG_POOL || op == QT_OP_FLATTEN || op == QT_OP_ADD;
+                       op == QT_OP_GLOBAL_AVG_POOL || op == QT_OP_FLATTEN || op == QT_OP_ADD ||
+                       op == QT_OP_ACTIVATION;
     if (qt_op_has_weight((qt_op)op) != weight || qt_op_is_stateful((qt_op)op) != stateful ||
         qt_op_is_param_free((qt_op)op) != simple)
       qt_test_fail("op %s: flags has_weight %d stateful %d param_free %d", info->name, qt_op_has_weight((qt_op)op),
@@ -92,6 +94,12 @@ static void check_shapes(void) {
   expect_shape("linear", QT_OP_LINEAR, &lin, f, 1, 1, (int64_t[]){10}, NULL);
   expect_shape("add", QT_OP_ADD, &none, x, 2, 3, (int64_t[]){28, 28, 1}, NULL);
   expect_shape("relu arity", QT_OP_RELU, &none, x, 2, 0, NULL, "op 'relu' takes 1 input(s), has 2");
+  expect_shape("activation", QT_OP_ACTIVATION, &(qt_node_attrs){.act = QT_ACT_ELU, .alpha = 0.5f}, x, 1, 3,
+               (int64_t[]){28, 28, 1}, NULL);
+  expect_shape("activation kind", QT_OP_ACTIVATION, &(qt_node_attrs){.act = QT_ACT_COUNT}, x, 1, 0, NULL,
+               "activation kind 9 is not one of 0..8");
+  expect_shape("activation alpha", QT_OP_ACTIVATION, &(qt_node_attrs){.act = QT_ACT_ELU, .alpha = INFINITY}, x, 1, 0,
+               NULL, "elu: alpha inf and beta 0 must be finite");
   expect_shape("add shapes", QT_OP_ADD, &none, xy, 2, 0, NULL, "add inputs 'x' and 'y' differ in shape");
   expect_shape("pool fit", QT_OP_AVG_POOL2D, &big, x, 1, 0, NULL, "kernel 31 stride 1 pad 0 do not fit input 28x28");
   expect_shape("conv fit", QT_OP_CONV2D, &(qt_node_attrs){.kernel_h = 31, .kernel_w = 31, .stride_h = 1, .stride_w = 1,

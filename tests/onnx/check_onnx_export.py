@@ -14,6 +14,7 @@ image; also compares with the C executor's output (/output) within read_qdq.py's
 Needs numpy, h5py and onnx (the test environment, .venv, which scripts/setup.sh makes): a missing
 module is a failure, not a skip. The evaluator is this file's own, independent of onnx.reference."""
 import importlib.util
+import math
 import os
 import sys
 
@@ -27,6 +28,7 @@ except ImportError as e:
     sys.exit(1)
 
 MAX_LSB = 1.0      # ONNX evaluator vs read_qdq.py's interpreter, in final-dequantize LSB
+SLACK = 1e-3       # two adjacent dequantized levels are 1 LSB apart only up to their float32 rounding
 MAX_LSB_C = 2.0    # ONNX evaluator vs the C executor (read_qdq.py's tolerance: float32 accumulation order)
 
 
@@ -148,6 +150,24 @@ def run_onnx(model, x):
             y = ins[0].reshape(shape)
         elif op == "Add":
             y = (ins[0].astype(np.float64) + ins[1]).astype(np.float32)
+        elif op == "Sigmoid":
+            y = (1.0 / (1.0 + np.exp(-ins[0].astype(np.float64)))).astype(np.float32)
+        elif op == "Tanh":
+            y = np.tanh(ins[0].astype(np.float64)).astype(np.float32)
+        elif op == "HardSigmoid":
+            al, be = a.get("alpha", 0.2), a.get("beta", 0.5)
+            y = np.clip(np.float32(al) * ins[0] + np.float32(be), 0, 1).astype(np.float32)
+        elif op == "LeakyRelu":
+            y = np.where(ins[0] >= 0, ins[0], ins[0] * np.float32(a.get("alpha", 0.01))).astype(np.float32)
+        elif op == "Elu":
+            v = ins[0].astype(np.float64)
+            y = np.where(v < 0, a.get("alpha", 1.0) * (np.exp(np.minimum(v, 0.0)) - 1.0), v).astype(np.float32)
+        elif op == "Erf":
+            y = np.vectorize(math.erf)(ins[0].astype(np.float64)).astype(np.float32)
+        elif op == "Mul":
+            y = (ins[0].astype(np.float64) * ins[1]).astype(np.float32)
+        elif op == "Div":
+            y = (ins[0].astype(np.float64) / ins[1]).astype(np.float32)
         elif op == "BatchNormalization":
             xx, g, b, m, v = ins
             sh = (1, -1) + (1,) * (xx.ndim - 2)
@@ -184,13 +204,13 @@ def check(rq, stem):
     dc = np.abs(got.astype(np.float64) - c_out) / lsb
     top = got.argmax(axis=1) == want.argmax(axis=1)
     topc = got.argmax(axis=1) == c_out.argmax(axis=1)
-    ok = d.max() <= MAX_LSB + 1e-6 and top.all() and dc.max() <= MAX_LSB_C + 1e-6
+    ok = d.max() <= MAX_LSB + SLACK and top.all() and dc.max() <= MAX_LSB_C + SLACK
     print(f"{stem}: {x.shape[0]} images, ONNX vs read_qdq.py: max {d.max():.2f} LSB (scale {lsb:.6g}), "
           f"{100 * (d > 0).mean():.3f}% of outputs differ, top-1 equal on {100 * top.mean():.2f}%; "
           f"ONNX vs C executor: max {dc.max():.2f} LSB, {100 * (dc > 0).mean():.3f}% differ, top-1 equal on "
           f"{100 * topc.mean():.2f}%: {'ok' if ok else 'FAIL'}")
     if not ok:
-        bad = np.argwhere(d > MAX_LSB + 1e-6)[:5]
+        bad = np.argwhere(d > MAX_LSB + SLACK)[:5]
         for i, j in bad:
             print(f"  image {i} output {j}: ONNX {got[i, j]:.6g}, read_qdq {want[i, j]:.6g}")
     return ok

@@ -126,7 +126,7 @@ def main():
                        ("neg_dims.onnx", relu_model(string(1, "x") + string(2, "y") + string(4, "Relu"),
                                                     initializer("w", [-1]))),
                        ("escape_name.onnx", relu_model(string(1, "x") + string(2, "y") +
-                                                       string(3, "\x1b[31mred\x1b[0m") + string(4, "LeakyRelu")))):
+                                                       string(3, "\x1b[31mred\x1b[0m") + string(4, "Softplus")))):
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
         print("wrote %s (%d bytes)" % (os.path.join(out, name), len(data)))

@@ -23,7 +23,7 @@ Models (tests/onnx/models/, torch.onnx.export, dynamic batch unless noted):
                    Add), ReLU, BatchNorm1d. Static batch 2 (the Reshape's shape is a constant [2, -1]).
 
 Bad models (tests/onnx/bad/, for test_onnx_errors.sh), each a variant of a tiny conv net:
-  unsupported_op (LeakyRelu), dilation2 (a dilated conv), ceil_mode (MaxPool ceil_mode=1),
+  unsupported_op (Softplus), dilation2 (a dilated conv), ceil_mode (MaxPool ceil_mode=1),
   auto_pad (a Conv given auto_pad SAME_UPPER), asymmetric_pad (a Conv given pads [0, 0, 1, 1]),
   dynamic_hw (input [batch, 1, height, width], its Gemm sized for 16x16 images), rgb_dynamic
   (input [batch, 3, height, width]), missing_initializer (the conv weight removed),
@@ -275,15 +275,15 @@ def make_bad():
     proto = onnx.load(path)
     os.remove(path)
 
-    class Leaky(nn.Module):
+    class Softplus(nn.Module):
         def __init__(self):
             super().__init__()
             self.base = bad_base()
-            self.base.relu = nn.LeakyReLU(0.1)
+            self.base.relu = nn.Softplus()
 
         def forward(self, x):
             return self.base(x)
-    export(Leaky(), os.path.join(BAD, "unsupported_op.onnx"), 13, False)
+    export(Softplus(), os.path.join(BAD, "unsupported_op.onnx"), 13, False)
 
     m = bad_base()
     m.conv = nn.Conv2d(1, 2, 3, padding=2, dilation=2)

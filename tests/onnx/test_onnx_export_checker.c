@@ -2,8 +2,10 @@
  * full checking (the current onnx of the test environment, $QT_PYTHON, which CTest sets to the
  * .venv that scripts/setup.sh makes: a missing interpreter or module fails the test, it does not
  * skip it):
- * - FashionCNN (flatten of 7x7x64 -> linear: permuted weight columns), ResCNN (residual add) and
- *   the MobileNet-style ONNX model (depthwise convs, relu6, global average pool) at W8A8 PTQ
+ * - FashionCNN (flatten of 7x7x64 -> linear: permuted weight columns), ResCNN (residual add), the
+ *   MobileNet-style ONNX model (depthwise convs, relu6, global average pool) and the activations'
+ *   model (tests/onnx/make_act_models.py: hard swish, hard sigmoid, leaky ReLU, ELU, tanh and
+ *   sigmoid, each an fp32 op between quantized convolutions) at W8A8 PTQ
  *   (full-range int8 weights, quant.isa = vnni) and W4A4 QAT (4-bit activations: an integer Clip
  *   after every QuantizeLinear, relu6 written as Relu where the 4-bit range bounds it), and
  *   FashionCNN at W4A8 QAT, built through the pipeline stages, calibrated on 4 batches of 64
@@ -223,6 +225,12 @@ int main(void) {
   one("res_cnn_w4a4", "model.name=res_cnn", "qat", 4, 4, 0);
   one("mobilenet_w8a8", mobilenet, "ptq", 8, 8, 0);
   one("mobilenet_w4a4", mobilenet, "qat", 4, 4, 0);
+  /* the element-wise activations, fp32 between quantized convolutions (Sigmoid, Tanh, HardSigmoid,
+   * LeakyRelu, Elu as themselves, hard swish as x * HardSigmoid(x)) */
+  char act[4200];
+  snprintf(act, sizeof act, "model.onnx=%s", qt_test_path("tests/onnx/models/act_cnn.onnx"));
+  one("act_cnn_w8a8", act, "ptq", 8, 8, 0);
+  one("act_cnn_w4a4", act, "qat", 4, 4, 0);
   /* int32 biases (quant.bias = int32): written as the graph's integers */
   one("fashion_cnn_w8a8_b32", "model.name=fashion_cnn", "ptq", 8, 8, 1);
   one("mobilenet_w4a4_b32", mobilenet, "qat", 4, 4, 1);

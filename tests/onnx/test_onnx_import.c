@@ -21,8 +21,9 @@
 #define TOL_OUT 1e-5
 #define TOL_GRAD 1e-4
 
-/* The reference file of the models being checked: onnx_ref.h5 (torch 1.13's exports) or
- * onnx2_ref.h5 (torch 2.x's, the opset-forms models and the external-data model). */
+/* The reference file of the models being checked: onnx_ref.h5 (torch 1.13's exports), act_ref.h5
+ * (torch 1.13's export of the activations) or onnx2_ref.h5 (torch 2.x's, the opset-forms models and
+ * the external-data model). */
 static const char *ref_name = "onnx_ref.h5";
 
 static const char *ref_file(void) {
@@ -282,6 +283,9 @@ int main(void) {
   check_model("mobilenet", 0, "block.dw.relu", 1);
   check_model("mobilenet_eval", 0, "block.dw.conv", 0); /* the eval export folded every BN */
   check_model("tiny_features", 0, "MatMul", 1);
+  /* torch 1.13's export of the element-wise activations (tests/onnx/make_act_models.py) */
+  ref_name = "act_ref.h5";
+  check_model("act_cnn", 0, "u1.u1.2", 1);
   /* torch 2.x's exports, the opset forms and external data (tests/onnx/make_torch2_models.py) */
   ref_name = "onnx2_ref.h5";
   check_model_in("tests/onnx/models/", "t2_fashion_cnn", 0, "fc1", 1, "fashion_cnn");

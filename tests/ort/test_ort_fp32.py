@@ -28,7 +28,8 @@ the valid twin of the hostile external-data files), with both optimization level
     y_train (forms_* and ext_ok have ORT's own output as y_eval: they check the file against
     what it computed when it was written).
 The models of tests/onnx/models named t2_* or forms_* and the groups of onnx2_ref.h5 must match,
-as the other models and onnx_ref.h5 must.
+as the models act_* (tests/onnx/make_act_models.py: the element-wise activations) and act_ref.h5,
+checked as the torch 1.13 models are, and the other models and onnx_ref.h5 must.
 Tolerance: max |y - y_ref| <= 1e-5 * max |y_ref| (the measured worst is printed at the end).
 Eval and train logits differ by 0.3-1.7 of max |y_ref| here, so a BN run in the wrong mode
 fails.
@@ -52,6 +53,8 @@ SRC = os.path.dirname(os.path.dirname(HERE))
 MODELS = os.path.join(SRC, "tests", "onnx", "models")
 REF = os.path.join(SRC, "tests", "onnx", "ref", "onnx_ref.h5")
 REF2 = os.path.join(SRC, "tests", "onnx", "ref", "onnx2_ref.h5")  # make_torch2_models.py
+REF_ACT = os.path.join(SRC, "tests", "onnx", "ref", "act_ref.h5")  # make_act_models.py
+REF_ACT_PREFIX = "act_"  # the models of tests/onnx/models whose references are in REF_ACT
 REF2_PREFIXES = ("t2_", "forms_")  # the models of tests/onnx/models whose references are in REF2
 REF2_BAD = os.path.join(SRC, "tests", "onnx", "bad")  # where its ext_* models are
 EXTERNAL_MODEL = "t2_mobilenet"  # its weights in t2_mobilenet.onnx.data
@@ -109,6 +112,37 @@ def training_copy(src, dst):
     return changed
 
 
+def check_torch13(f, names, tmp, check, failures, versions):
+    """The models `names` of tests/onnx/models against the groups of the open reference file f."""
+    for name in names:
+        if name not in f:
+            continue
+        g = f[name]
+        path = os.path.join(MODELS, name + ".onnx")
+        x = g["x"][...]
+        eval_path = os.path.join(tmp, name + "_eval.onnx")
+        changed = ortlib.inference_copy(path, eval_path)
+        batch, bns = fixed_batch_and_bn(path)
+        if g.attrs["train"] and changed != bns:
+            failures.append("%s: a training export with %d BN nodes, %d in training mode" % (name, bns, changed))
+        for opt in OPTS:
+            try:
+                y, info = ortlib.run(eval_path, x, layout="NHWC", opt=opt)
+                versions.add(info["ort_version"])
+                check(name, "eval", opt, y, g["y_eval"][...])
+                if g.attrs["train"] and batch in (0, x.shape[0]):
+                    y, info = ortlib.run(path, x, layout="NHWC", opt=opt)
+                    check(name, "train", opt, y, g["y_train"][...])
+                if name == "fashion_cnn":
+                    y, info = ortlib.run(eval_path, x, layout="NHWC", opt=opt, batch=3)
+                    if info["batch"] != 3:
+                        failures.append("fashion_cnn --batch 3: the runner used batch %s" % info["batch"])
+                    check(name, "chunk3", opt, y, g["y_eval"][...])
+            except ortlib.OrtError as e:
+                failures.append(str(e))
+                print("%-20s --opt %-8s ERROR %s" % (name, opt, e))
+
+
 def main():
     t0 = time.time()
     failures, checks = [], 0
@@ -136,36 +170,16 @@ def main():
     models = [m for m in all_models if not m.startswith(REF2_PREFIXES)]
     models2 = [m for m in all_models if m.startswith(REF2_PREFIXES)]
     with h5py.File(REF, "r") as f, tempfile.TemporaryDirectory(prefix="test_ort_fp32.") as tmp:
-        missing = sorted(set(models) ^ set(f.keys()))
+        missing = sorted({m for m in models if not m.startswith(REF_ACT_PREFIX)} ^ set(f.keys()))
         if missing:
             failures.append("models and reference groups differ: %s" % ", ".join(missing))
-        for name in models:
-            if name not in f:
-                continue
-            g = f[name]
-            path = os.path.join(MODELS, name + ".onnx")
-            x = g["x"][...]
-            eval_path = os.path.join(tmp, name + "_eval.onnx")
-            changed = ortlib.inference_copy(path, eval_path)
-            batch, bns = fixed_batch_and_bn(path)
-            if g.attrs["train"] and changed != bns:
-                failures.append("%s: a training export with %d BN nodes, %d in training mode" % (name, bns, changed))
-            for opt in OPTS:
-                try:
-                    y, info = ortlib.run(eval_path, x, layout="NHWC", opt=opt)
-                    versions.add(info["ort_version"])
-                    check(name, "eval", opt, y, g["y_eval"][...])
-                    if g.attrs["train"] and batch in (0, x.shape[0]):
-                        y, info = ortlib.run(path, x, layout="NHWC", opt=opt)
-                        check(name, "train", opt, y, g["y_train"][...])
-                    if name == "fashion_cnn":
-                        y, info = ortlib.run(eval_path, x, layout="NHWC", opt=opt, batch=3)
-                        if info["batch"] != 3:
-                            failures.append("fashion_cnn --batch 3: the runner used batch %s" % info["batch"])
-                        check(name, "chunk3", opt, y, g["y_eval"][...])
-                except ortlib.OrtError as e:
-                    failures.append(str(e))
-                    print("%-20s --opt %-8s ERROR %s" % (name, opt, e))
+        check_torch13(f, [m for m in models if not m.startswith(REF_ACT_PREFIX)], tmp, check, failures, versions)
+        with h5py.File(REF_ACT, "r") as fa:
+            acts = [m for m in models if m.startswith(REF_ACT_PREFIX)]
+            missing = sorted(set(acts) ^ set(fa.keys()))
+            if missing:
+                failures.append("models act_* and the groups of act_ref.h5 differ: %s" % ", ".join(missing))
+            check_torch13(fa, acts, tmp, check, failures, versions)
 
         import ort_eval
         x, _ = ort_eval.load_images(ort_eval.FASHION + "t10k-images-idx3-ubyte.gz",
@@ -228,9 +242,9 @@ def main():
                     failures.append(str(e))
                     print("%-20s --opt %-8s ERROR %s" % (name, opt, e))
 
-    # 6 models x 2 levels (eval) + 4 dynamic-batch training exports x 2 + fashion_cnn chunked x 2
-    # + mobilenet_trained x 2
-    expected = 2 * len(models) + 2 * 4 + 2 + 2
+    # 7 models x 2 levels (eval) + 5 dynamic-batch training exports (act_cnn's among them) x 2
+    # + fashion_cnn chunked x 2 + mobilenet_trained x 2
+    expected = 2 * len(models) + 2 * 5 + 2 + 2
     # + onnx2_ref.h5: every group x 2 levels (eval) + its 2 training exports (t2_fashion_cnn,
     # t2_mobilenet) x 2
     expected += 2 * n2 + 2 * 2

@@ -22,6 +22,7 @@ rounding flip at a quantization point; --max-lsb bounds the output difference in
 last dequantize's scale. Exit status: 0 ok, 1 mismatch or malformed file, 77 when h5py is
 missing (CTest's skip code)."""
 import argparse
+import math
 import sys
 
 try:
@@ -228,6 +229,33 @@ def windows(x, kh, kw, sh, sw, ph, pw, fill):
     return v[:, ::sh, ::sw]
 
 
+def activation(x, act, alpha, beta):
+    """docs/qdq_format.md's activations, in float64, rounded to float32 once."""
+    v = x.astype(np.float64)
+    if act == "sigmoid":
+        y = 1.0 / (1.0 + np.exp(-v))
+    elif act == "tanh":
+        y = np.tanh(v)
+    elif act == "silu":
+        y = v / (1.0 + np.exp(-v))
+    elif act == "hardsigmoid":
+        y = np.clip((v + 3.0) / 6.0 if (np.float32(alpha), np.float32(beta)) == (np.float32(1 / 6), np.float32(0.5))
+                    else alpha * v + beta, 0.0, 1.0)
+    elif act == "hardswish":
+        y = v * np.clip(v + 3.0, 0.0, 6.0) / 6.0
+    elif act == "gelu":
+        y = v * 0.5 * (1.0 + np.vectorize(math.erf)(v / math.sqrt(2.0)))
+    elif act == "gelu_tanh":
+        y = 0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
+    elif act == "leaky_relu":
+        y = np.where(v > 0, v, v * alpha)
+    elif act == "elu":
+        y = np.where(v <= 0, alpha * (np.exp(np.minimum(v, 0.0)) - 1.0), v)
+    else:
+        raise SystemExit(f"activation '{act}' unknown to this reader")
+    return y.astype(np.float32)
+
+
 def run(nodes, values, tensors, quant, x, output):
     vals = {}
     src = {}  # value -> the per-tensor record its values lie on (for int32 biases)
@@ -286,6 +314,8 @@ def run(nodes, values, tensors, quant, x, output):
             y = (ins[0].astype(np.float64) + ins[1]).astype(np.float32)
         elif op == "batch_norm":
             y = batch_norm(xi, a, tensors, tensors[a["weight"]], tensors[a["bias"]])
+        elif op == "activation":
+            y = activation(xi, text(a["act"]), float(a["alpha"]), float(a["beta"]))
         else:
             raise SystemExit(f"node {a['index']} '{a['name']}': op '{op}' unknown to this reader")
         vals[int(a["output"])] = y

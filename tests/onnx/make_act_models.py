@@ -1,0 +1,59 @@
+#!/usr/bin/python3
+"""Writes tests/onnx/models/act_cnn.onnx and its PyTorch reference tests/onnx/ref/act_ref.h5 (run
+with Debian's torch 1.13: /usr/bin/python3 tests/onnx/make_act_models.py; deterministic, seed 0;
+the CTest tests need no torch, only these committed files).
+
+act_cnn: a small conv net for Fashion-MNIST with the element-wise activations torch 1.13 exports
+as single ONNX ops, each after a conv + BN: Hardswish (HardSwish), Hardsigmoid (HardSigmoid,
+alpha 1/6), LeakyReLU(0.1) (LeakyRelu), ELU(0.5) (Elu), Tanh, Sigmoid; a stride-2 depthwise conv,
+global average pool, flatten, linear. Opset 17, training export (BN kept), dynamic batch.
+The reference group `act_cnn` holds what make_onnx_models.py's write_ref writes (x, labels,
+y_eval; y_train, loss, grad/<name>, after/<buffer>), which tests/onnx/test_onnx_import.c checks.
+"""
+import os
+
+import h5py
+import torch
+import torch.nn as nn
+
+import make_onnx_models as base
+
+
+class ActCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+        def unit(cin, cout, act, stride=1, groups=1):
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, groups=groups, bias=False), nn.BatchNorm2d(cout),
+                                 act)
+        self.u1 = unit(1, 16, nn.Hardswish())
+        self.u2 = unit(16, 16, nn.Hardsigmoid(), stride=2, groups=16)
+        self.u3 = unit(16, 24, nn.LeakyReLU(0.1))
+        self.u4 = unit(24, 24, nn.ELU(0.5), stride=2)
+        self.u5 = unit(24, 32, nn.Tanh())
+        self.u6 = unit(32, 32, nn.Sigmoid())
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.u6(self.u5(self.u4(self.u3(self.u2(self.u1(x))))))
+        return self.fc(self.gap(x).flatten(1))
+
+
+def main():
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    model = ActCNN()
+    base.randomize_bn(model, gen)
+    tmp = os.path.join(base.REF, "act_ref.h5.tmp")
+    with h5py.File(tmp, "w") as f:
+        f.attrs["generator"] = b"tests/onnx/make_act_models.py"
+        f.attrs["torch_version"] = str(torch.__version__).encode()
+        exported = base.export(model, os.path.join(base.MODELS, "act_cnn.onnx"), 17, True)
+        base.write_ref(f, "act_cnn", exported)
+    os.replace(tmp, os.path.join(base.REF, "act_ref.h5"))
+
+
+if __name__ == "__main__":
+    main()
