@@ -114,6 +114,15 @@ static int op_batch_norm(imp *im) {
   return 0;
 }
 
+/* The output y (a builder result) of an element-wise op of x: bound with x's layout and pooling. */
+static int bind_elementwise(imp *im, const sym *x, int y) {
+  if (qt_imp_builder_check(im, y)) return -1;
+  sym *s = qt_imp_bind_act(im, 0, y);
+  s->pooled = x->pooled;
+  s->perm_h = x->perm_h, s->perm_w = x->perm_w, s->perm_c = x->perm_c;
+  return 0;
+}
+
 /* Relu, Clip(0, 6) -> relu6, Clip(0, inf) -> relu. */
 static int op_relu(imp *im, int clip) {
   sym *x = qt_imp_act_input(im, 0, "X", 0);
@@ -133,12 +142,7 @@ static int op_relu(imp *im, int clip) {
   }
   char name[QT_NAME_LEN];
   qt_imp_node_name(im, NULL, name);
-  const int y = six ? qt_graph_relu6(im->g, name, x->value) : qt_graph_relu(im->g, name, x->value);
-  if (qt_imp_builder_check(im, y)) return -1;
-  sym *s = qt_imp_bind_act(im, 0, y);
-  s->pooled = x->pooled;
-  s->perm_h = x->perm_h, s->perm_w = x->perm_w, s->perm_c = x->perm_c;
-  return 0;
+  return bind_elementwise(im, x, six ? qt_graph_relu6(im->g, name, x->value) : qt_graph_relu(im->g, name, x->value));
 }
 
 /* The element-wise activations (qt_activation): Sigmoid, Tanh, HardSigmoid (alpha 0.2, beta 0.5 by
@@ -168,12 +172,7 @@ static int op_activation(imp *im, qt_act_kind kind) {
     return qt_imp_node_err(im, "alpha %g, beta %g: not finite", (double)a.alpha, (double)a.beta);
   char name[QT_NAME_LEN];
   qt_imp_node_name(im, NULL, name);
-  const int y = qt_graph_activation(im->g, name, x->value, a);
-  if (qt_imp_builder_check(im, y)) return -1;
-  sym *s = qt_imp_bind_act(im, 0, y);
-  s->pooled = x->pooled;
-  s->perm_h = x->perm_h, s->perm_w = x->perm_w, s->perm_c = x->perm_c;
-  return 0;
+  return bind_elementwise(im, x, qt_graph_activation(im->g, name, x->value, a));
 }
 
 static int op_pool(imp *im, int max) {
