@@ -85,6 +85,7 @@ static int check_model(imp *im, const Onnx__ModelProto *m) {
     if (!n->op_type || !op_lookup(n->op_type))
       return qt_imp_node_err(im,
                              "op type not supported (supported: Conv, BatchNormalization, Relu, Clip(0, 6), "
+                             "Sigmoid, Tanh, HardSigmoid, HardSwish, LeakyRelu, Elu, Gelu, Mul (x * Sigmoid(x)), "
                              "MaxPool, AveragePool, GlobalAveragePool, ReduceMean (over H and W), Flatten, Reshape "
                              "(flatten), Squeeze, Gemm, MatMul, Add, Identity, Dropout, Pad (zeros before Conv / "
                              "AveragePool), and Constant / Shape / Gather / Unsqueeze / Squeeze / Concat / Expand / "

@@ -514,7 +514,35 @@ static int op_pad(imp *im) {
   return 0;
 }
 
-static int f_sigmoid(imp *im) { return op_activation(im, QT_ACT_SIGMOID); }
+/* Sigmoid; with the Mul right after it taking its input and its output, x * Sigmoid(x) as one SiLU
+ * (how torch exports nn.SiLU): the Mul is absorbed, and the Sigmoid's own output may have no other
+ * reader (it is refused by name if one reads it). */
+static int f_sigmoid(imp *im) {
+  const int next = im->node_index + 1;
+  const Onnx__NodeProto *n = im->node, *m = next < (int)im->gp->n_node ? im->gp->node[next] : NULL;
+  if (!m || strcmp(str(m->op_type), "Mul") != 0 || m->n_input != 2 || !n->input[0] || !m->input[0] || !m->input[1])
+    return op_activation(im, QT_ACT_SIGMOID);
+  const char *x = n->input[0], *sg = n->output[0];
+  if (!((strcmp(m->input[0], x) == 0 && strcmp(m->input[1], sg) == 0) ||
+        (strcmp(m->input[1], x) == 0 && strcmp(m->input[0], sg) == 0)))
+    return op_activation(im, QT_ACT_SIGMOID);
+  if (op_activation(im, QT_ACT_SILU)) return -1;
+  const sym y = im->syms[im->n_syms - 1]; /* the SiLU's value, bound to the Sigmoid's output */
+  im->syms[im->n_syms - 1].kind = S_NONE;
+  im->syms[im->n_syms - 1].what = "a Sigmoid folded into the SiLU x * Sigmoid(x)";
+  sym *s = qt_imp_add_sym(im, m->output[0], S_ACT);
+  const char *name = s->name;
+  *s = y;
+  s->name = name;
+  im->absorbed[next] = 1;
+  im->info->folded++;
+  return 0;
+}
+
+/* A Mul that is not part of x * Sigmoid(x) (SiLU, f_sigmoid). */
+static int op_mul(imp *im) {
+  return qt_imp_node_err(im, "Mul is supported only as x * Sigmoid(x) right after the Sigmoid (SiLU)");
+}
 static int f_tanh(imp *im) { return op_activation(im, QT_ACT_TANH); }
 static int f_hardsigmoid(imp *im) { return op_activation(im, QT_ACT_HARDSIGMOID); }
 static int f_hardswish(imp *im) { return op_activation(im, QT_ACT_HARDSWISH); }
@@ -532,6 +560,7 @@ const qt_imp_op qt_imp_layer_ops[] = {
     {"Relu", f_relu, 1, 1, 1, 1},
     {"Clip", f_clip, 1, 3, 1, 1},
     {"Sigmoid", f_sigmoid, 1, 1, 1, 1},
+    {"Mul", op_mul, 2, 2, 1, 1},
     {"Tanh", f_tanh, 1, 1, 1, 1},
     {"HardSigmoid", f_hardsigmoid, 1, 1, 1, 1},
     {"HardSwish", f_hardswish, 1, 1, 1, 1},

@@ -3,10 +3,10 @@
 with Debian's torch 1.13: /usr/bin/python3 tests/onnx/make_act_models.py; deterministic, seed 0;
 the CTest tests need no torch, only these committed files).
 
-act_cnn: a small conv net for Fashion-MNIST with the element-wise activations torch 1.13 exports
-as single ONNX ops, each after a conv + BN: Hardswish (HardSwish), Hardsigmoid (HardSigmoid,
-alpha 1/6), LeakyReLU(0.1) (LeakyRelu), ELU(0.5) (Elu), Tanh, Sigmoid; a stride-2 depthwise conv,
-global average pool, flatten, linear. Opset 17, training export (BN kept), dynamic batch.
+act_cnn: a small conv net for Fashion-MNIST with element-wise activations, each after a conv +
+BN: Hardswish (HardSwish), Hardsigmoid (HardSigmoid, alpha 1/6), LeakyReLU(0.1) (LeakyRelu),
+ELU(0.5) (Elu), Tanh, Sigmoid, and SiLU (exported as x * Sigmoid(x): Sigmoid, Mul); a stride-2
+depthwise conv, global average pool, flatten, linear. Opset 17, training export (BN kept), dynamic batch.
 The reference group `act_cnn` holds what make_onnx_models.py's write_ref writes (x, labels,
 y_eval; y_train, loss, grad/<name>, after/<buffer>), which tests/onnx/test_onnx_import.c checks.
 """
@@ -32,11 +32,12 @@ class ActCNN(nn.Module):
         self.u4 = unit(24, 24, nn.ELU(0.5), stride=2)
         self.u5 = unit(24, 32, nn.Tanh())
         self.u6 = unit(32, 32, nn.Sigmoid())
+        self.u7 = unit(32, 32, nn.SiLU())
         self.gap = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(32, 10)
 
     def forward(self, x):
-        x = self.u6(self.u5(self.u4(self.u3(self.u2(self.u1(x))))))
+        x = self.u7(self.u6(self.u5(self.u4(self.u3(self.u2(self.u1(x)))))))
         return self.fc(self.gap(x).flatten(1))
 
 

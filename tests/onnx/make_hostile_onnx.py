@@ -15,7 +15,8 @@ unpack ran out of stack on both, exit 139):
   names each IR node apart: r, r_2, r_3, ...);
 - many_inputs.onnx: a Relu with 10,000 inputs; dup_init.onnx: two initializers named "w";
   neg_dims.onnx: an initializer with dimension -1; escape_name.onnx: a node (of an op the
-  importer refuses) named with a terminal escape sequence.
+  importer refuses) named with a terminal escape sequence; mul_alone.onnx: Mul(x, x), a Mul that
+  is not a SiLU's.
 
 Usage: python3 tests/onnx/make_hostile_onnx.py OUT_DIR
 """
@@ -126,7 +127,9 @@ def main():
                        ("neg_dims.onnx", relu_model(string(1, "x") + string(2, "y") + string(4, "Relu"),
                                                     initializer("w", [-1]))),
                        ("escape_name.onnx", relu_model(string(1, "x") + string(2, "y") +
-                                                       string(3, "\x1b[31mred\x1b[0m") + string(4, "Softplus")))):
+                                                       string(3, "\x1b[31mred\x1b[0m") + string(4, "Softplus"))),
+                       ("mul_alone.onnx", relu_model(string(1, "x") + string(1, "x") + string(2, "y") +
+                                                     string(3, "square") + string(4, "Mul")))):
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
         print("wrote %s (%d bytes)" % (os.path.join(out, name), len(data)))
