@@ -467,6 +467,7 @@ int qt_evaluate(qt_graph *g, qt_ctx *shared, const qt_dataset *ds, const qt_load
     loss_sum += (double)qt_f32(loss)[0] * B;
     for (int i = 0; i < B; i++) correct += qt_argmax(probs + (size_t)i * C, C) == labels[i];
     n += B;
+    qt_dist_watchdog_beat(); /* an evaluation longer than the watchdog's limit is progress too */
   }
   out->seconds = qt_now_seconds() - t0;
   out->n = n;
