@@ -50,13 +50,9 @@ lost() { # how: kill | partition
   hosts_mpirun "$QAT" "$CFG" train.epochs=3 "data.train_limit=$IMAGES" data.test_limit=500 output.progress=none \
     output.dot=false output.dir="$T/lost" >"$T/out.txt" 2>&1 &
   local job=$! t0 t1
-  until [ -f "$T/lost/metrics.csv" ] && [ "$(wc -l <"$T/lost/metrics.csv")" -ge 2 ]; do sleep 0.05; done
+  hosts_first_epoch "$T/lost/metrics.csv" $job || { echo "  $1: the run ended before its first epoch"; return; }
   t0=$(date +%s.%N)
-  if [ "$1" = kill ]; then
-    ip netns pids "$(hosts_ns 1)" | xargs kill -9
-  else
-    kill "$(cat "$HOSTS_TMP/link.pid")" # the link stops carrying packets: no connection closes
-  fi
+  hosts_lose_second "$1"
   wait $job || true
   t1=$(date +%s.%N)
   hosts_down

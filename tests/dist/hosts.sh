@@ -8,6 +8,11 @@
 #   hosts_up N DELAY_MS LOSS   N namespaces qt<pid>h0.. (10.77.<pid % 250>.1, .2, ...), the link up
 #   hosts_mpirun ARGS...       mpirun with one process per host (-np N, OMP_NUM_THREADS=1) + ARGS
 #   hosts_ns I                 the name of host I's namespace
+#   hosts_first_epoch CSV JOB  waits until a run's metrics.csv holds its first epoch's row (1 when
+#                              the background job JOB ended first, or after 60 s)
+#   hosts_lose_second HOW      the second host lost: kill (every process of its namespace, Open
+#                              MPI's daemon included: its connections close) or partition (the
+#                              link stops carrying packets: no connection closes)
 #   hosts_down                 the link and the namespaces gone (also on EXIT: hosts_up sets a trap
 #                              that calls it, after the caller's own EXIT trap, if any)
 # Needs root (network namespaces, TUN devices): hosts_up fails with a message otherwise.
@@ -19,6 +24,28 @@ HOSTS_NET=10.77.$(($$ % 250))
 HOSTS_TMP=
 
 hosts_ns() { echo "$HOSTS_PREFIX$1"; }
+
+hosts_first_epoch() { # CSV JOB
+  local i
+  for ((i = 0; i < 1200; i++)); do
+    [ -f "$1" ] && [ "$(wc -l <"$1")" -ge 2 ] && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+hosts_lose_second() { # kill | partition
+  if [ "$1" = kill ]; then
+    local pids
+    pids=$(ip netns pids "$(hosts_ns 1)" | tr '\n' ' ')
+    [ -n "$pids" ] || return 1
+    # shellcheck disable=SC2086
+    kill -9 $pids
+  else
+    kill "$(cat "$HOSTS_TMP/link.pid")"
+  fi
+}
 
 hosts_down() {
   [ -n "$HOSTS_TMP" ] || return 0

@@ -50,37 +50,38 @@ same "$T/local" "$T/hosts" "two hosts against two processes on one host"
 [ "$(test_acc "$T/local")" = "$(test_acc "$T/hosts")" ] ||
   fail "test accuracy differs: $(test_acc "$T/local") against $(test_acc "$T/hosts")"
 
+# A 3-epoch run on two hosts (output DIR, the overrides after HOW) that loses its second host
+# (hosts_lose_second HOW) once the first epoch is written; the job must end within 60 s. Sets
+# rc to its exit status; prints how long it took.
+lose_second_host() { # DIR HOW WHAT overrides...
+  local dir=$1 how=$2 what=$3 job t0 t1 i
+  shift 3
+  hosts_two "${RUN[@]}" "$@" output.dir="$dir" >"$T/out.txt" 2>&1 &
+  job=$!
+  hosts_first_epoch "$dir/metrics.csv" $job || fail "the run ended before its first epoch: $(cat "$T/out.txt")"
+  [ "$(wc -l <"$dir/metrics.csv")" = 2 ] || fail "not in the second epoch at $what: $(cat "$dir/metrics.csv")"
+  t0=$(date +%s.%N)
+  hosts_lose_second "$how" || fail "no process on the second host"
+  for ((i = 0; i < 1200; i++)); do
+    kill -0 $job 2>/dev/null || break
+    sleep 0.05
+  done
+  t1=$(date +%s.%N)
+  kill -0 $job 2>/dev/null && { kill -9 $job; fail "the job was still running 60 s after $what"; }
+  wait $job
+  rc=$?
+  echo "test_dist_hosts: the job ended $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s after" \
+    "$what (exit $rc)"
+  [ $rc != 0 ] || fail "$what: exit status 0"
+  [ "$(wc -l <"$dir/metrics.csv")" = 2 ] || fail "metrics.csv after $what: $(cat "$dir/metrics.csv")"
+}
+
 # ---- a host lost in the second epoch
 RUN=(train.epochs=3 data.train_limit=1280 data.test_limit=200 train.batch_size=64)
-hosts_two "${RUN[@]}" output.dir="$T/lost" >"$T/out.txt" 2>&1 &
-job=$!
-for ((i = 0; i < 1200; i++)); do # the first epoch's line in metrics.csv (written with its checkpoint)
-  [ -f "$T/lost/metrics.csv" ] && [ "$(wc -l <"$T/lost/metrics.csv")" -ge 2 ] && break
-  kill -0 $job 2>/dev/null || fail "the run ended before its first epoch: $(cat "$T/out.txt")"
-  sleep 0.05
-done
-[ "$(wc -l <"$T/lost/metrics.csv")" = 2 ] || fail "not in the second epoch when killing: $(cat "$T/lost/metrics.csv")"
-killed=$(ip netns pids "$(hosts_ns 1)" | tr '\n' ' ')
-[ -n "$killed" ] || fail "no process on the second host"
-t0=$(date +%s.%N)
-# shellcheck disable=SC2086
-kill -9 $killed
-waited=0
-while kill -0 $job 2>/dev/null && [ $waited -lt 1200 ]; do
-  sleep 0.05
-  waited=$((waited + 1))
-done
-t1=$(date +%s.%N)
-kill -0 $job 2>/dev/null && { kill -9 $job; fail "the job was still running 60 s after its second host was lost"; }
-wait $job
-rc=$?
-secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
-echo "test_dist_hosts: the job ended $secs s after the second host's processes were killed (exit $rc)"
-[ $rc != 0 ] || fail "a lost host: exit status 0"
+lose_second_host "$T/lost" kill "the second host's processes were killed"
 msg=$(grep -E -m1 "lost communication with a remote daemon|exited on signal 9|unable to reach|has lost" "$T/out.txt") ||
   fail "no message about the lost host: $(cat "$T/out.txt")"
 echo "test_dist_hosts: Open MPI: $msg"
-[ "$(wc -l <"$T/lost/metrics.csv")" = 2 ] || fail "metrics.csv after the loss: $(cat "$T/lost/metrics.csv")"
 [ -f "$T/lost/checkpoint.h5" ] || fail "the first epoch's checkpoint is gone"
 hosts_two "${RUN[@]}" output.dir="$T/lost" train.resume=true >"$T/out.txt" 2>&1 ||
   fail "resuming on two hosts failed: $(cat "$T/out.txt")"
@@ -93,27 +94,7 @@ same "$T/undisturbed" "$T/lost" "lost a host in epoch 2, resumed"
 # ---- a partition in the second epoch: the link stops carrying packets, no connection closes,
 # and the processes would wait in their collectives for ever; the watchdog (dist.timeout, 5 s
 # here) ends them, and mpirun follows once TCP gives up on the cut-off daemon (hosts.sh)
-hosts_two "${RUN[@]}" dist.timeout=5 output.dir="$T/cut" >"$T/out.txt" 2>&1 &
-job=$!
-for ((i = 0; i < 1200; i++)); do
-  [ -f "$T/cut/metrics.csv" ] && [ "$(wc -l <"$T/cut/metrics.csv")" -ge 2 ] && break
-  kill -0 $job 2>/dev/null || fail "the run ended before its first epoch: $(cat "$T/out.txt")"
-  sleep 0.05
-done
-t0=$(date +%s.%N)
-kill "$(cat "$HOSTS_TMP/link.pid")"
-waited=0
-while kill -0 $job 2>/dev/null && [ $waited -lt 1200 ]; do
-  sleep 0.05
-  waited=$((waited + 1))
-done
-t1=$(date +%s.%N)
-kill -0 $job 2>/dev/null && { kill -9 $job; fail "the job was still running 60 s after the partition"; }
-wait $job
-rc=$?
-echo "test_dist_hosts: the job ended $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s after the partition (exit $rc)"
-[ $rc != 0 ] || fail "a partition: exit status 0"
+lose_second_host "$T/cut" partition "the partition" dist.timeout=5
 grep -q "process 0 of 2: no progress in data-parallel training for [0-9]* s" "$T/out.txt" ||
   fail "no watchdog message: $(cat "$T/out.txt")"
-[ "$(wc -l <"$T/cut/metrics.csv")" = 2 ] || fail "metrics.csv after the partition: $(cat "$T/cut/metrics.csv")"
 exit 0
