@@ -268,6 +268,9 @@ qt_act qt_act_default(qt_act_kind kind);
 /* "sigmoid", "tanh", "silu", "hardsigmoid", "hardswish", "gelu", "gelu_tanh", "leaky_relu",
  * "elu"; qt_act_parse: -1 for another name. */
 const char *qt_act_name(qt_act_kind kind);
+/* Whether a hard sigmoid's (alpha, beta) are PyTorch's (1/6, 1/2), computed as relu6(x + 3) / 6;
+ * otherwise as ONNX's max(0, min(1, alpha x + beta)). */
+int qt_act_torch_hardsigmoid(float alpha, float beta);
 int qt_act_parse(const char *name, qt_act_kind *out);
 qt_tensor *qt_activation(qt_ctx *ctx, qt_tensor *x, qt_act a);
 qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad);

@@ -45,9 +45,7 @@ qt_act qt_act_default(qt_act_kind kind) {
   return a;
 }
 
-/* PyTorch's hardsigmoid, relu6(x + 3) / 6, when (alpha, beta) are its (1/6, 1/2); otherwise
- * ONNX's HardSigmoid, max(0, min(1, alpha x + beta)). */
-static int torch_hardsigmoid(const qt_act *a) { return a->alpha == 1.0f / 6.0f && a->beta == 0.5f; }
+int qt_act_torch_hardsigmoid(float alpha, float beta) { return alpha == 1.0f / 6.0f && beta == 0.5f; }
 
 static const float GELU_TANH_BETA = (float)(SQRT2 * TWO_OVER_SQRTPI * 0.5), GELU_TANH_KAPPA = 0.044715f;
 
@@ -119,14 +117,14 @@ static inline float act_backward(float g, float x, float y, const qt_act *a, int
 }
 
 void qt_act_forward(float *out, const float *inp, int64_t n, const qt_act *a) {
-  const int hs = torch_hardsigmoid(a);
+  const int hs = qt_act_torch_hardsigmoid(a->alpha, a->beta);
 #pragma omp parallel for schedule(static) if (n >= ACT_PARALLEL_MIN)
   for (int64_t i = 0; i < n; i++) out[i] = act_forward(inp[i], a, hs);
 }
 
 void qt_act_backward(float *dinp, const float *dout, const float *inp, const float *out, int64_t n, const qt_act *a) {
   if (!dinp) return;
-  const int hs = torch_hardsigmoid(a);
+  const int hs = qt_act_torch_hardsigmoid(a->alpha, a->beta);
 #pragma omp parallel for schedule(static) if (n >= ACT_PARALLEL_MIN)
   for (int64_t i = 0; i < n; i++) dinp[i] += act_backward(dout[i], inp ? inp[i] : 0.0f, out ? out[i] : 0.0f, a, hs);
 }

@@ -75,15 +75,14 @@ void qt_dist_abort(int exit_code, const char *fmt, ...) __attribute__((noreturn,
  * a host lost without its connections closing (a network partition) leaves every other process
  * waiting for ever. qt_dist_watchdog_start(timeout) starts a thread (nothing alone, or with
  * timeout <= 0) that ends this process with status 1 and a message naming it when no
- * qt_dist_watchdog_beat came for qt_dist_watchdog_limit(timeout, the longest gap between beats so
- * far) seconds: the timeout, or QT_DIST_WATCHDOG_GAPS times the slowest step when that is longer,
- * so that a model whose steps take minutes is not cut short. qt_dist_watchdog_stop ends the
- * thread (before work that not every process does). */
+ * qt_dist_watchdog_beat came for the timeout, or for QT_DIST_WATCHDOG_GAPS times the longest gap
+ * between beats so far (the slowest step) when that is longer, so that a model whose steps take
+ * minutes is not cut short. qt_dist_watchdog_stop ends the thread (before work that not every
+ * process does). */
 #define QT_DIST_WATCHDOG_GAPS 10
 void qt_dist_watchdog_start(double timeout);
 void qt_dist_watchdog_beat(void);
 void qt_dist_watchdog_stop(void);
-double qt_dist_watchdog_limit(double timeout, double slowest_gap);
 
 /* 64-bit FNV-1a of n bytes, continuing from h (start with QT_DIST_HASH_INIT): checksums that
  * processes compare to find state that drifted apart. */

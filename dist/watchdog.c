@@ -26,7 +26,7 @@ static double now_s(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-double qt_dist_watchdog_limit(double timeout, double slowest_gap) {
+static double watchdog_limit(double timeout, double slowest_gap) {
   const double scaled = QT_DIST_WATCHDOG_GAPS * slowest_gap;
   return scaled > timeout ? scaled : timeout;
 }
@@ -36,8 +36,7 @@ static void *watch(void *arg) {
   const struct timespec tick = {0, 200 * 1000 * 1000};
   while (!atomic_load(&stop)) {
     nanosleep(&tick, NULL);
-    const double idle = now_s() - atomic_load(&last_beat),
-                 limit = qt_dist_watchdog_limit(floor_s, atomic_load(&slowest));
+    const double idle = now_s() - atomic_load(&last_beat), limit = watchdog_limit(floor_s, atomic_load(&slowest));
     if (!atomic_load(&stop) && idle > limit) {
       fprintf(stderr,
               "process %d of %d: no progress in data-parallel training for %.0f s (limit %.0f s: dist.timeout, or %d "

@@ -454,7 +454,7 @@ static double act_f64(double v, const qt_node_attrs *a) {
     case QT_ACT_TANH: return tanh(v);
     case QT_ACT_SILU: return v / (1.0 + exp(-v));
     case QT_ACT_HARDSIGMOID: {
-      const double t = a->alpha == 1.0f / 6.0f && a->beta == 0.5f ? (v + 3.0) / 6.0 : al * v + be;
+      const double t = qt_act_torch_hardsigmoid(a->alpha, a->beta) ? (v + 3.0) / 6.0 : al * v + be;
       return t < 0 ? 0.0 : t > 1 ? 1.0 : t;
     }
     case QT_ACT_HARDSWISH: {
