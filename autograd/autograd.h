@@ -127,6 +127,7 @@ typedef enum {
   QT_PROFILE_SQUARED_ERROR,
   QT_PROFILE_QDROP,
   QT_PROFILE_ACTIVATION,
+  QT_PROFILE_MUL,
   QT_PROFILE_OP_COUNT
 } qt_profile_op;
 /* The parts of a training step that are not ops, timed by their callers (train/trainer.c,
@@ -282,6 +283,9 @@ qt_tensor *qt_flatten(qt_ctx *ctx, qt_tensor *x);
 /* x (N, IN), w (OUT, IN), b (OUT) or NULL -> (N, OUT) */
 qt_tensor *qt_linear(qt_ctx *ctx, qt_tensor *x, qt_tensor *w, qt_tensor *b);
 qt_tensor *qt_add(qt_ctx *ctx, qt_tensor *a, qt_tensor *b);
+/* a * b element-wise: b of a's shape, or a (N, H, W, C) and b (N, C), one factor per sample and
+ * channel (squeeze-excite) -> a's shape (autograd/ops_binary.c) */
+qt_tensor *qt_mul(qt_ctx *ctx, qt_tensor *a, qt_tensor *b);
 /* Mean softmax cross-entropy of logits (N, C) against labels (N) in [0, C): a (1) tensor.
  * If probs_out is not NULL it receives the arena softmax (N, C). */
 qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *labels, float **probs_out);

@@ -292,6 +292,12 @@ void qt_act_backward(float *dinp, const float *dout, const float *inp, const flo
                      const struct qt_act *a);
 int qt_act_backward_reads_input(int kind);
 
+/* ---- multiplication (autograd/ops_binary.c): a (N, P, C) times b (N, C) at every p --------- */
+void qt_mul_forward(float *y, const float *a, const float *b, int64_t N, int64_t P, int64_t C);
+/* da += dy * b, db += sum over p of dy * a (either may be NULL) */
+void qt_mul_backward(float *da, float *db, const float *dy, const float *a, const float *b, int64_t N, int64_t P,
+                     int64_t C);
+
 /* ---- relu / relu6 with the backward's mask as bits ------------------------------------- */
 /* The training forward: out as qt_relu_forward (six: qt_relu6_forward) and mask, (n + 7) / 8
  * bytes, bit i % 8 of mask[i / 8] set where the gradient passes: the test the _backward kernels

@@ -1,4 +1,4 @@
-/* Private to the differentiable ops (autograd.h), shared by their four files:
+/* Private to the differentiable ops (autograd.h), shared by their files:
  *   ops.c        plain ops: conv2d, relu / relu6, pooling, flatten, linear, add, channel add,
  *                softmax cross-entropy
  *   ops_quant.c  quantization-aware training ops: fake quant (fixed and LSQ scales), fake quant
@@ -7,6 +7,7 @@
  *                image), BN folding
  *   ops_adaround.c AdaRound's soft-quantized weight and rounding regularizer, the squared error,
  *                QDrop's mix
+ *   ops_act.c    the element-wise activations; ops_binary.c  the product of two activations
  * Each op checks shapes, allocates its output, calls its kernel and records itself on the tape.
  * Shape errors here are programming errors (graphs validate shapes when they are built), so
  * they abort with file:line and both shapes. */

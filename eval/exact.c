@@ -520,6 +520,13 @@ static int run_float_node(qt_exact *x, int i, double *y, int n, int64_t numel, c
 #pragma omp parallel for schedule(static)
       for (int64_t k = 0; k < numel; k++) y[k] = act_f64(src[k], &nd->attr);
       return 0;
+    case QT_OP_MUL: { /* b of a's shape, or a (C) vector per sample scaling every pixel */
+      const double *s2 = x->vd[nd->inputs[1]];
+      const int64_t per = numel / n, C = g->values[nd->inputs[1]].ndim == 1 ? g->values[nd->inputs[1]].shape[0] : per;
+#pragma omp parallel for schedule(static)
+      for (int64_t k = 0; k < numel; k++) y[k] = src[k] * s2[k / per * C + k % C];
+      return 0;
+    }
     default: return qt_err(err, "exact reference: node %s: op %s has no exact form", nd->name, qt_op_name(nd->op));
   }
 }

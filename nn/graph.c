@@ -228,6 +228,12 @@ int qt_graph_add(qt_graph *g, const char *name, int a, int b) {
   return build(g, QT_OP_ADD, name, inputs, 2, &attr, 0, NULL, 0);
 }
 
+int qt_graph_mul(qt_graph *g, const char *name, int a, int b) {
+  const int inputs[2] = {a, b};
+  const qt_node_attrs attr = {0};
+  return build(g, QT_OP_MUL, name, inputs, 2, &attr, 0, NULL, 0);
+}
+
 int qt_graph_alloc(qt_graph *g, char *err) {
   if (g->error[0]) {
     snprintf(err, QT_ERR_LEN, "%s", g->error);

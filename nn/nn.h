@@ -37,6 +37,7 @@ typedef enum {
   QT_OP_QUANTIZE,   /* fp32 -> integers (convert graph) */
   QT_OP_DEQUANTIZE, /* integers -> fp32 (convert graph) */
   QT_OP_ACTIVATION, /* element-wise: attr.act (qt_act_kind), attr.alpha, attr.beta (qt_activation) */
+  QT_OP_MUL,        /* a * b: b of a's shape, or a an image (H, W, C) and b a (C) vector (squeeze-excite) */
   QT_OP_COUNT
 } qt_op;
 const char *qt_op_name(qt_op op);
@@ -245,6 +246,8 @@ int qt_graph_global_avg_pool(qt_graph *g, const char *name, int x);
 int qt_graph_flatten(qt_graph *g, const char *name, int x);
 int qt_graph_linear(qt_graph *g, const char *name, int x, int out_features, int bias);
 int qt_graph_add(qt_graph *g, const char *name, int a, int b);
+/* a * b: b of a's shape, or a (C) vector scaling the channels of the image a at every pixel. */
+int qt_graph_mul(qt_graph *g, const char *name, int a, int b);
 /* Marks the output and allocates the slabs (zeroed; BN running_var = 1, gamma = 1). */
 int qt_graph_finalize(qt_graph *g, int output, char *err);
 

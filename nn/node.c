@@ -168,6 +168,7 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
     case QT_OP_FLATTEN: return qt_flatten(ctx, x);
     case QT_OP_ADD: return x2 ? qt_add(ctx, x, x2) : NULL;
     case QT_OP_ACTIVATION: return qt_activation(ctx, x, (qt_act){(qt_act_kind)a->act, a->alpha, a->beta});
+    case QT_OP_MUL: return x2 ? qt_mul(ctx, x, x2) : NULL;
     default: return NULL;
   }
 }

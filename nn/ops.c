@@ -108,6 +108,17 @@ static int add_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndi
   return same_as_input(a, in, ndim, shape, err);
 }
 
+/* mul: b of a's shape, or the image a (H, W, C) scaled per channel by the vector b (C). */
+static int mul_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  const qt_value *x = in[0], *s = in[1];
+  int same = x->ndim == s->ndim;
+  for (int d = 0; same && d < x->ndim; d++) same = x->shape[d] == s->shape[d];
+  if (!same && !(x->ndim == 3 && s->ndim == 1 && s->shape[0] == x->shape[2]))
+    return qt_err(err, "mul inputs '%s' and '%s' neither have one shape nor are an image and a vector of its channels",
+                  x->name, s->name);
+  return same_as_input(a, in, ndim, shape, err);
+}
+
 enum { NONE = QT_SLOT_NONE, OPT = QT_SLOT_OPTIONAL, REQ = QT_SLOT_REQUIRED };
 
 static const qt_op_info op_table[] = {
@@ -148,6 +159,7 @@ static const qt_op_info op_table[] = {
                       .shape = linear_shape},
     [QT_OP_ADD] = {.name = "add", .min_inputs = 2, .max_inputs = 2, .param_free = 1, .shape = add_shape},
     [QT_OP_ACTIVATION] = {.name = "activation", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = act_shape},
+    [QT_OP_MUL] = {.name = "mul", .min_inputs = 2, .max_inputs = 2, .param_free = 1, .shape = mul_shape},
     [QT_OP_FAKE_QUANT] = {.name = "fake_quant",
                           .min_inputs = 1,
                           .max_inputs = 1,

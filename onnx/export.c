@@ -528,6 +528,26 @@ static int op_add(exporter *e) {
   return 0;
 }
 
+/* a * b; a (C) vector b scaling an image a becomes [N, C, 1, 1] first (ONNX broadcasts from the
+ * right). */
+static int op_mul(exporter *e) {
+  const qt_node *n = e->node;
+  const value_info *a = vin(e, 0), *b = vin(e, 1);
+  const char *bn = vname(e, n->inputs[1]);
+  if (e->g->values[n->inputs[0]].ndim == 3 && e->g->values[n->inputs[1]].ndim == 1) {
+    char *shape = qt_exp_str(e, "%s.shape", n->name), *b4 = qt_exp_str(e, "%s.b", n->name);
+    const int64_t four = 4, dims[4] = {0, -1, 1, 1};
+    qt_exp_add_int64(e, shape, 1, &four, dims, 4);
+    qt_exp_add_node(e, "Reshape", b4, b4, 2, bn, shape);
+    bn = b4;
+  } else if (a->perm_c != b->perm_c || a->perm_h != b->perm_h || a->perm_w != b->perm_w) {
+    return qt_exp_node_err(e, "multiplies a flattened image (ONNX order (c, h, w)) by a value in another order");
+  }
+  qt_exp_add_node(e, "Mul", n->name, out(e), 2, in0(e), bn);
+  e->vi[n->output] = *a;
+  return 0;
+}
+
 static int op_batch_norm(exporter *e) {
   const qt_node *n = e->node;
   if (vin(e, 0)->perm_c)
@@ -567,6 +587,7 @@ static int export_node(exporter *e) {
     case QT_OP_FLATTEN: return op_flatten(e);
     case QT_OP_ADD: return op_add(e);
     case QT_OP_ACTIVATION: return op_activation(e);
+    case QT_OP_MUL: return op_mul(e);
     case QT_OP_BATCH_NORM: return op_batch_norm(e);
     case QT_OP_FAKE_QUANT:
     case QT_OP_CONV_BN:

@@ -21,7 +21,7 @@
 /* ---- the model ------------------------------------------------------------------------------- */
 
 static const qt_imp_op *op_lookup(const char *op) {
-  const qt_imp_op *tables[] = {qt_imp_layer_ops, qt_imp_shape_ops};
+  const qt_imp_op *tables[] = {qt_imp_layer_ops, qt_imp_elementwise_ops, qt_imp_shape_ops};
   for (size_t k = 0; k < sizeof tables / sizeof tables[0]; k++)
     for (const qt_imp_op *row = tables[k]; row->op; row++)
       if (strcmp(row->op, op) == 0) return row;

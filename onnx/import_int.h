@@ -46,6 +46,8 @@ typedef struct {
   int n_ints, scalar;
   /* S_NONE: an output no supported consumer reads */
   const char *what;
+  int gelu; /* S_NONE: step 1..4 of a GELU decomposed as Div, Erf, Add, Mul, Mul (import_elementwise.c),
+             * with the S_ACT fields of its x */
 } sym;
 
 typedef enum { COPY_AS_IS, COPY_TRANSPOSE } copy_kind;
@@ -91,8 +93,9 @@ typedef struct {
 } qt_imp_op;
 
 /* The op tables, each ended by a row whose op is NULL. */
-extern const qt_imp_op qt_imp_layer_ops[]; /* import_ops.c */
-extern const qt_imp_op qt_imp_shape_ops[]; /* import_shape.c */
+extern const qt_imp_op qt_imp_layer_ops[];       /* import_ops.c */
+extern const qt_imp_op qt_imp_elementwise_ops[]; /* import_elementwise.c */
+extern const qt_imp_op qt_imp_shape_ops[];       /* import_shape.c */
 
 static inline const char *str(const char *s) { return s ? s : ""; }
 

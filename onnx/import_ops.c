@@ -1,7 +1,6 @@
-/* The ONNX ops that become graph IR nodes (import_int.h): Conv, BatchNormalization, the
- * activations (Relu, Clip, Sigmoid, Tanh, HardSigmoid, HardSwish, LeakyRelu, Elu, Gelu),
- * pooling, Flatten / Reshape, Gemm / MatMul, Add, and the ops dropped or folded into their
- * consumer (Identity, Dropout, a zero Pad). */
+/* The ONNX ops that become graph IR layers (import_int.h): Conv, BatchNormalization, pooling,
+ * Flatten / Reshape, Gemm / MatMul, and the ops dropped or folded into their consumer (Identity,
+ * Dropout, a zero Pad). The element-wise ones are in import_elementwise.c. */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
 #include <math.h>
 #include <stdint.h>
@@ -20,12 +19,43 @@ static int zeros(const Onnx__TensorProto *t) {
   return 1;
 }
 
+/* A 1x1 Conv of a global pool's [N, C, 1, 1] (squeeze-excite): a linear layer of the (C) vector,
+ * its output standing for [N, OC, 1, 1] in turn. */
+static int conv_of_pooled(imp *im, sym *x) {
+  const Onnx__TensorProto *w = qt_imp_param_input(im, 1, "weight", 0), *b = NULL;
+  if (!w) return -1;
+  if (in_name(im->node, 2) && !(b = qt_imp_param_input(im, 2, "bias", 1))) return -1;
+  int64_t group = 1;
+  window win;
+  if (qt_imp_attr_int(im, "group", 1, &group) || qt_imp_read_window(im, &win)) return -1;
+  const int one = !win.has_kernel || (win.kernel[0] == 1 && win.kernel[1] == 1);
+  if (group != 1 || !one || win.pad[0] || win.pad[1] || win.pad[2] || win.pad[3] || x->padded || w->n_dims != 4 ||
+      w->dims[2] != 1 || w->dims[3] != 1)
+    return qt_imp_node_err(im,
+                           "a Conv of the [N, C, 1, 1] of a global average pool ('%s') is supported as a 1x1 "
+                           "convolution without groups or padding (a linear layer of the C vector)",
+                           x->name);
+  const int64_t C = val(im, x)->shape[0], OC = w->dims[0], want_w[4] = {OC, C, 1, 1}, want_b[1] = {OC};
+  if (qt_imp_check_float_tensor(im, w, "weight", 4, want_w) ||
+      (b && qt_imp_check_float_tensor(im, b, "bias", 1, want_b)))
+    return -1;
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, w->name, name);
+  const int y = qt_graph_linear(im->g, name, x->value, (int)OC, b != NULL);
+  if (qt_imp_builder_check(im, y)) return -1;
+  const qt_node *nd = &im->g->nodes[node_of(im, y)];
+  qt_imp_add_copy(im, nd->param[QT_P_WEIGHT], w, COPY_AS_IS, NULL);
+  if (b) qt_imp_add_copy(im, nd->param[QT_P_BIAS], b, COPY_AS_IS, NULL);
+  qt_imp_bind_act(im, 0, y)->pooled = 1;
+  return 0;
+}
+
 static int op_conv(imp *im) {
   sym *x = qt_imp_act_input(im, 0, "X", 1);
   if (!x) return -1;
+  if (x->pooled) return conv_of_pooled(im, x);
   if (!is_image(im, x))
-    return qt_imp_node_err(im, "input '%s' is a flat (N, F) tensor%s; Conv needs an image (N, C, H, W)", x->name,
-                           x->pooled ? " (GlobalAveragePool's output is a (C) vector in the graph IR)" : "");
+    return qt_imp_node_err(im, "input '%s' is a flat (N, F) tensor; Conv needs an image (N, C, H, W)", x->name);
   const Onnx__TensorProto *w = qt_imp_param_input(im, 1, "weight", 0), *b = NULL;
   if (!w) return -1;
   if (in_name(im->node, 2) && !(b = qt_imp_param_input(im, 2, "bias", 1))) return -1;
@@ -112,67 +142,6 @@ static int op_batch_norm(imp *im) {
   s->pooled = x->pooled;
   qt_imp_outputs_unused(im, 1, "a training statistics output of BatchNormalization");
   return 0;
-}
-
-/* The output y (a builder result) of an element-wise op of x: bound with x's layout and pooling. */
-static int bind_elementwise(imp *im, const sym *x, int y) {
-  if (qt_imp_builder_check(im, y)) return -1;
-  sym *s = qt_imp_bind_act(im, 0, y);
-  s->pooled = x->pooled;
-  s->perm_h = x->perm_h, s->perm_w = x->perm_w, s->perm_c = x->perm_c;
-  return 0;
-}
-
-/* Relu, Clip(0, 6) -> relu6, Clip(0, inf) -> relu. */
-static int op_relu(imp *im, int clip) {
-  sym *x = qt_imp_act_input(im, 0, "X", 0);
-  if (!x) return -1;
-  int six = 0;
-  if (clip) {
-    float lo = -INFINITY, hi = INFINITY;
-    int has_lo = 0, has_hi = 0;
-    if (qt_imp_scalar_input(im, 1, "min", &lo, &has_lo) || qt_imp_scalar_input(im, 2, "max", &hi, &has_hi)) return -1;
-    const Onnx__AttributeProto *a_lo = qt_imp_attr(im->node, "min"), *a_hi = qt_imp_attr(im->node, "max");
-    if (a_lo) lo = a_lo->f, has_lo = 1;
-    if (a_hi) hi = a_hi->f, has_hi = 1;
-    if (!has_lo || lo != 0.0f || (has_hi && hi != 6.0f && hi != INFINITY))
-      return qt_imp_node_err(im, "Clip(min %g, max %g) is not supported: only Clip(0, 6) (ReLU6) and Clip(0) (ReLU)",
-                             has_lo ? (double)lo : -INFINITY, has_hi ? (double)hi : INFINITY);
-    six = has_hi && hi == 6.0f;
-  }
-  char name[QT_NAME_LEN];
-  qt_imp_node_name(im, NULL, name);
-  return bind_elementwise(im, x, six ? qt_graph_relu6(im->g, name, x->value) : qt_graph_relu(im->g, name, x->value));
-}
-
-/* The element-wise activations (qt_activation): Sigmoid, Tanh, HardSigmoid (alpha 0.2, beta 0.5 by
- * default; PyTorch exports its own as 1/6, 1/2), HardSwish, LeakyRelu (alpha 0.01), Elu (alpha 1)
- * and Gelu (opset 20: approximate "none" or "tanh"). */
-static int op_activation(imp *im, qt_act_kind kind) {
-  sym *x = qt_imp_act_input(im, 0, "X", 0);
-  if (!x) return -1;
-  qt_act a = qt_act_default(kind);
-  if (kind == QT_ACT_HARDSIGMOID &&
-      (qt_imp_attr_float(im, "alpha", 0.2f, &a.alpha) || qt_imp_attr_float(im, "beta", 0.5f, &a.beta)))
-    return -1;
-  if ((kind == QT_ACT_LEAKY_RELU || kind == QT_ACT_ELU) &&
-      qt_imp_attr_float(im, "alpha", kind == QT_ACT_ELU ? 1.0f : 0.01f, &a.alpha))
-    return -1;
-  if (kind == QT_ACT_GELU) {
-    const Onnx__AttributeProto *ap = qt_imp_attr(im->node, "approximate");
-    if (ap) {
-      const size_t len = ap->s.len;
-      if (len == 4 && memcmp(ap->s.data, "tanh", 4) == 0)
-        a.kind = QT_ACT_GELU_TANH;
-      else if (!(len == 4 && memcmp(ap->s.data, "none", 4) == 0))
-        return qt_imp_node_err(im, "Gelu's approximate must be \"none\" or \"tanh\"");
-    }
-  }
-  if (!isfinite(a.alpha) || !isfinite(a.beta))
-    return qt_imp_node_err(im, "alpha %g, beta %g: not finite", (double)a.alpha, (double)a.beta);
-  char name[QT_NAME_LEN];
-  qt_imp_node_name(im, NULL, name);
-  return bind_elementwise(im, x, qt_graph_activation(im->g, name, x->value, a));
 }
 
 static int op_pool(imp *im, int max) {
@@ -434,33 +403,6 @@ static int op_matmul(imp *im) {
   return 0;
 }
 
-static int op_add(imp *im) {
-  sym *a = qt_imp_input(im, 0, "A"), *b = a ? qt_imp_input(im, 1, "B") : NULL;
-  if (!b) return -1;
-  if (a->kind != S_ACT || b->kind != S_ACT)
-    return qt_imp_node_err(im,
-                           "Add of '%s' (%s) and '%s' (%s): only the residual Add of two activations, and the bias Add "
-                           "right after a MatMul, are supported",
-                           a->name, kind_text(a), b->name, kind_text(b));
-  if (!(a = qt_imp_act_input(im, 0, "A", 0)) || !(b = qt_imp_act_input(im, 1, "B", 0))) return -1;
-  if (a->perm_c != b->perm_c || a->perm_h != b->perm_h || a->perm_w != b->perm_w || a->pooled != b->pooled)
-    return qt_imp_node_err(im, "Add of '%s' and '%s', laid out differently in the graph IR", a->name, b->name);
-  const qt_value *va = val(im, a), *vb = val(im, b);
-  int same = va->ndim == vb->ndim;
-  for (int d = 0; same && d < va->ndim; d++) same = va->shape[d] == vb->shape[d];
-  if (!same)
-    return qt_imp_node_err(im, "Add of '%s' and '%s' of different shapes (broadcasting is not supported)", a->name,
-                           b->name);
-  char name[QT_NAME_LEN];
-  qt_imp_node_name(im, NULL, name);
-  const int y = qt_graph_add(im->g, name, a->value, b->value);
-  if (qt_imp_builder_check(im, y)) return -1;
-  sym *s = qt_imp_bind_act(im, 0, y);
-  s->pooled = a->pooled;
-  s->perm_h = a->perm_h, s->perm_w = a->perm_w, s->perm_c = a->perm_c;
-  return 0;
-}
-
 /* Identity, Dropout: dropped (Dropout's mask output must be unused). */
 static int op_identity(imp *im) {
   sym *x = qt_imp_input(im, 0, "input");
@@ -514,59 +456,12 @@ static int op_pad(imp *im) {
   return 0;
 }
 
-/* Sigmoid; with the Mul right after it taking its input and its output, x * Sigmoid(x) as one SiLU
- * (how torch exports nn.SiLU): the Mul is absorbed, and the Sigmoid's own output may have no other
- * reader (it is refused by name if one reads it). */
-static int f_sigmoid(imp *im) {
-  const int next = im->node_index + 1;
-  const Onnx__NodeProto *n = im->node, *m = next < (int)im->gp->n_node ? im->gp->node[next] : NULL;
-  if (!m || strcmp(str(m->op_type), "Mul") != 0 || m->n_input != 2 || !n->input[0] || !m->input[0] || !m->input[1])
-    return op_activation(im, QT_ACT_SIGMOID);
-  const char *x = n->input[0], *sg = n->output[0];
-  if (!((strcmp(m->input[0], x) == 0 && strcmp(m->input[1], sg) == 0) ||
-        (strcmp(m->input[1], x) == 0 && strcmp(m->input[0], sg) == 0)))
-    return op_activation(im, QT_ACT_SIGMOID);
-  if (op_activation(im, QT_ACT_SILU)) return -1;
-  const sym y = im->syms[im->n_syms - 1]; /* the SiLU's value, bound to the Sigmoid's output */
-  im->syms[im->n_syms - 1].kind = S_NONE;
-  im->syms[im->n_syms - 1].what = "a Sigmoid folded into the SiLU x * Sigmoid(x)";
-  sym *s = qt_imp_add_sym(im, m->output[0], S_ACT);
-  const char *name = s->name;
-  *s = y;
-  s->name = name;
-  im->absorbed[next] = 1;
-  im->info->folded++;
-  return 0;
-}
-
-/* A Mul that is not part of x * Sigmoid(x) (SiLU, f_sigmoid). */
-static int op_mul(imp *im) {
-  return qt_imp_node_err(im, "Mul is supported only as x * Sigmoid(x) right after the Sigmoid (SiLU)");
-}
-static int f_tanh(imp *im) { return op_activation(im, QT_ACT_TANH); }
-static int f_hardsigmoid(imp *im) { return op_activation(im, QT_ACT_HARDSIGMOID); }
-static int f_hardswish(imp *im) { return op_activation(im, QT_ACT_HARDSWISH); }
-static int f_leaky_relu(imp *im) { return op_activation(im, QT_ACT_LEAKY_RELU); }
-static int f_elu(imp *im) { return op_activation(im, QT_ACT_ELU); }
-static int f_gelu(imp *im) { return op_activation(im, QT_ACT_GELU); }
-static int f_relu(imp *im) { return op_relu(im, 0); }
-static int f_clip(imp *im) { return op_relu(im, 1); }
 static int f_maxpool(imp *im) { return op_pool(im, 1); }
 static int f_avgpool(imp *im) { return op_pool(im, 0); }
 
 const qt_imp_op qt_imp_layer_ops[] = {
     {"Conv", op_conv, 2, 3, 1, 1},
     {"BatchNormalization", op_batch_norm, 5, 5, 1, 5}, /* 5 outputs in training mode before opset 14 */
-    {"Relu", f_relu, 1, 1, 1, 1},
-    {"Clip", f_clip, 1, 3, 1, 1},
-    {"Sigmoid", f_sigmoid, 1, 1, 1, 1},
-    {"Mul", op_mul, 2, 2, 1, 1},
-    {"Tanh", f_tanh, 1, 1, 1, 1},
-    {"HardSigmoid", f_hardsigmoid, 1, 1, 1, 1},
-    {"HardSwish", f_hardswish, 1, 1, 1, 1},
-    {"LeakyRelu", f_leaky_relu, 1, 1, 1, 1},
-    {"Elu", f_elu, 1, 1, 1, 1},
-    {"Gelu", f_gelu, 1, 1, 1, 1},
     {"MaxPool", f_maxpool, 1, 1, 1, 2},
     {"AveragePool", f_avgpool, 1, 1, 1, 1},
     {"GlobalAveragePool", op_global_pool, 1, 1, 1, 1},
@@ -576,7 +471,6 @@ const qt_imp_op qt_imp_layer_ops[] = {
     {"Reshape", op_reshape, 2, 2, 1, 1},
     {"Gemm", op_gemm, 2, 3, 1, 1},
     {"MatMul", op_matmul, 2, 2, 1, 1},
-    {"Add", op_add, 2, 2, 1, 1},
     {"Identity", op_identity, 1, 1, 1, 1},
     {"Dropout", op_identity, 1, 3, 1, 2},
     {"Pad", op_pad, 1, 4, 1, 1},

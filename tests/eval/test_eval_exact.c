@@ -179,10 +179,12 @@ static void check_layer(const layer_case *lc) {
     QT_CHECK(qt_exact_run(e, got, input, N, err) == 0);
     int64_t bad = 0;
     for (int64_t k = 0; k < N * out_image; k++) bad += got[k] != want[k];
-    if (bad) qt_test_fail("%s: %lld of %lld outputs differ from the independent integer computation", lc->what,
-                          (long long)bad, (long long)(N * out_image));
-    else printf("%s: %lld outputs identical to the independent integer computation\n", lc->what,
-                (long long)(N * out_image));
+    if (bad)
+      qt_test_fail("%s: %lld of %lld outputs differ from the independent integer computation", lc->what, (long long)bad,
+                   (long long)(N * out_image));
+    else
+      printf("%s: %lld outputs identical to the independent integer computation\n", lc->what,
+             (long long)(N * out_image));
   }
   qt_exact_free(e);
   free(input);
@@ -256,8 +258,8 @@ static void check_ties(void) {
     const int q = tie_case(cases[i].acc, &fq);
     printf("ties: sum %lld = %.6f output steps: exact %d (want %d), float32 executor %d\n", (long long)cases[i].acc,
            (double)cases[i].acc / (2.0 * (double)half), q, cases[i].want, fq);
-    if (q != cases[i].want) qt_test_fail("ties: sum %lld: exact reference gives %d, want %d", (long long)cases[i].acc, q,
-                                         cases[i].want);
+    if (q != cases[i].want)
+      qt_test_fail("ties: sum %lld: exact reference gives %d, want %d", (long long)cases[i].acc, q, cases[i].want);
   }
 }
 
@@ -278,15 +280,15 @@ static qt_graph *mobile_graph(void) {
   return g;
 }
 
-/* Every activation of qt_activation between convolutions (fp32 between quantized neighbours). */
+/* Every activation of qt_activation between convolutions, then a squeeze-excite mul and an image
+ * times itself (fp32 between quantized neighbours). */
 static qt_graph *act_graph(void) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_graph_create("act_like");
-  const qt_act kinds[] = {qt_act_default(QT_ACT_HARDSWISH), qt_act_default(QT_ACT_SILU),
-                          qt_act_default(QT_ACT_GELU),      {QT_ACT_LEAKY_RELU, 0.2f, 0},
-                          qt_act_default(QT_ACT_ELU),       qt_act_default(QT_ACT_GELU_TANH),
-                          qt_act_default(QT_ACT_TANH),      {QT_ACT_HARDSIGMOID, 0.2f, 0.5f},
-                          qt_act_default(QT_ACT_SIGMOID)};
+  const qt_act kinds[] = {
+      qt_act_default(QT_ACT_HARDSWISH), qt_act_default(QT_ACT_SILU),      qt_act_default(QT_ACT_GELU),
+      {QT_ACT_LEAKY_RELU, 0.2f, 0},     qt_act_default(QT_ACT_ELU),       qt_act_default(QT_ACT_GELU_TANH),
+      qt_act_default(QT_ACT_TANH),      {QT_ACT_HARDSIGMOID, 0.2f, 0.5f}, qt_act_default(QT_ACT_SIGMOID)};
   int v = qt_graph_input(g, "input", 28, 28, 1);
   char name[32];
   for (int k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
@@ -295,6 +297,11 @@ static qt_graph *act_graph(void) {
     snprintf(name, sizeof name, "act%d", k);
     v = qt_graph_activation(g, name, v, kinds[k]);
   }
+  /* squeeze-excite: the image times its channel gates (mul by a (C) vector), then by itself */
+  int s = qt_graph_relu(g, "se.relu", qt_graph_linear(g, "se.fc1", qt_graph_global_avg_pool(g, "se.pool", v), 4, 1));
+  s = qt_graph_activation(g, "se.gate", qt_graph_linear(g, "se.fc2", s, 8, 1), qt_act_default(QT_ACT_HARDSIGMOID));
+  v = qt_graph_mul(g, "se", v, s);
+  v = qt_graph_mul(g, "square", v, v);
   int y = qt_graph_linear(g, "fc", qt_graph_global_avg_pool(g, "gap", v), 10, 1);
   QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
   return g;
@@ -341,8 +348,9 @@ static void check_model(const char *model, int wbits, int abits) {
   QT_CHECK(qt_exact_run(e, tmp, x, N, err) == 0);
   omp_set_num_threads(threads);
   for (int64_t k = 0; k < N * classes; k++) moved += tmp[k] != ref[k];
-  if (moved) qt_test_fail("%s W%dA%d: %lld outputs change with the split or the thread count", model, wbits, abits,
-                          (long long)moved);
+  if (moved)
+    qt_test_fail("%s W%dA%d: %lld outputs change with the split or the thread count", model, wbits, abits,
+                 (long long)moved);
 
   /* 4. the float32 executor and the oneDNN device against it */
   const float lsb = qt_output_lsb(g);
@@ -361,13 +369,15 @@ static void check_model(const char *model, int wbits, int abits) {
   QT_ASSERT(d, "%s", err);
   QT_CHECK(qt_device_run(d, tmp, x, N, err) == 0);
   qt_device_agreement_add(&dev, tmp, ref, NULL, N, classes);
-  printf("%s W%dA%d%s: %d integer layers; float32 executor vs exact: max %.2f LSB, %lld of %lld differ; oneDNN vs "
-         "exact: max %.2f LSB, %lld differ (%d images: exact %.3f s, float32 executor %.3f s)\n",
-         model, wbits, abits, g_bias_int32 ? " int32 bias" : "", qt_exact_integer_layers(e), fl.max_lsb, (long long)fl.differ, (long long)fl.outputs,
-         dev.max_lsb, (long long)dev.differ, N, t_exact, t_float);
+  printf(
+      "%s W%dA%d%s: %d integer layers; float32 executor vs exact: max %.2f LSB, %lld of %lld differ; oneDNN vs "
+      "exact: max %.2f LSB, %lld differ (%d images: exact %.3f s, float32 executor %.3f s)\n",
+      model, wbits, abits, g_bias_int32 ? " int32 bias" : "", qt_exact_integer_layers(e), fl.max_lsb,
+      (long long)fl.differ, (long long)fl.outputs, dev.max_lsb, (long long)dev.differ, N, t_exact, t_float);
   QT_CHECK(lsb > 0);
   QT_CHECK(qt_exact_integer_layers(e) >= 2);
-  if (fl.max_lsb > 2.0 + 1e-4) qt_test_fail("%s: float32 executor %.2f LSB from exact (contract: 2)", model, fl.max_lsb);
+  if (fl.max_lsb > 2.0 + 1e-4)
+    qt_test_fail("%s: float32 executor %.2f LSB from exact (contract: 2)", model, fl.max_lsb);
   if (!qt_device_agreement_pass(&dev)) qt_test_fail("%s: the oneDNN device fails the rule against exact", model);
   qt_device_free(d);
   qt_ctx_free(ctx);

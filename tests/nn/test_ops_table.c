@@ -26,20 +26,21 @@ static void check_names_and_flags(void) {
     const int stateful = op == QT_OP_BATCH_NORM || op == QT_OP_CONV_BN || op == QT_OP_FAKE_QUANT;
     const int simple = op == QT_OP_RELU || op == QT_OP_RELU6 || op == QT_OP_MAX_POOL2D || op == QT_OP_AVG_POOL2D ||
                        op == QT_OP_GLOBAL_AVG_POOL || op == QT_OP_FLATTEN || op == QT_OP_ADD ||
-                       op == QT_OP_ACTIVATION;
+                       op == QT_OP_ACTIVATION || op == QT_OP_MUL;
     if (qt_op_has_weight((qt_op)op) != weight || qt_op_is_stateful((qt_op)op) != stateful ||
         qt_op_is_param_free((qt_op)op) != simple)
       qt_test_fail("op %s: flags has_weight %d stateful %d param_free %d", info->name, qt_op_has_weight((qt_op)op),
                    qt_op_is_stateful((qt_op)op), qt_op_is_param_free((qt_op)op));
     const int rank = op == QT_OP_CONV2D || op == QT_OP_CONV_BN ? 4 : op == QT_OP_LINEAR ? 2 : 0;
     const int act_quant = op == QT_OP_FAKE_QUANT || op == QT_OP_QUANTIZE || op == QT_OP_DEQUANTIZE;
-    const int graphs = op == QT_OP_FAKE_QUANT || op == QT_OP_CONV_BN       ? QT_OP_PREPARED_ONLY
+    const int graphs = op == QT_OP_FAKE_QUANT || op == QT_OP_CONV_BN    ? QT_OP_PREPARED_ONLY
                        : op == QT_OP_QUANTIZE || op == QT_OP_DEQUANTIZE ? QT_OP_CONVERT_ONLY
                                                                         : QT_OP_ANY_GRAPH;
     if (info->weight_rank != rank || info->act_quant != act_quant || info->graphs != graphs)
       qt_test_fail("op %s: weight_rank %d act_quant %d graphs %d", info->name, info->weight_rank, info->act_quant,
                    info->graphs);
-    if (weight && (info->param_use[QT_P_WEIGHT] != QT_SLOT_REQUIRED || strcmp(info->param_suffix[QT_P_WEIGHT], "weight")))
+    if (weight &&
+        (info->param_use[QT_P_WEIGHT] != QT_SLOT_REQUIRED || strcmp(info->param_suffix[QT_P_WEIGHT], "weight")))
       qt_test_fail("op %s: the weight slot", info->name);
     for (int k = 0; k < QT_MAX_PARAMS; k++)
       if ((info->param_use[k] != QT_SLOT_NONE) != (info->param_suffix[k] != NULL) ||
@@ -51,9 +52,11 @@ static void check_names_and_flags(void) {
   QT_CHECK(qt_op_parse("sigmoid", &out) == -1);
   QT_CHECK(!qt_op_has_weight(QT_OP_COUNT) && strcmp(qt_op_name(QT_OP_COUNT), "?") == 0);
   const qt_op_info *bn = qt_op_info_get(QT_OP_BATCH_NORM), *cbn = qt_op_info_get(QT_OP_CONV_BN);
-  QT_CHECK(!strcmp(bn->param_suffix[QT_P_GAMMA], "weight") && !strcmp(bn->buffer_suffix[QT_B_RUNNING_VAR], "running_var"));
+  QT_CHECK(!strcmp(bn->param_suffix[QT_P_GAMMA], "weight") &&
+           !strcmp(bn->buffer_suffix[QT_B_RUNNING_VAR], "running_var"));
   QT_CHECK(!strcmp(cbn->param_suffix[QT_P_BN_GAMMA], "bn.weight") &&
-           !strcmp(cbn->buffer_suffix[QT_B_RUNNING_MEAN], "bn.running_mean") && cbn->param_use[QT_P_BIAS] == QT_SLOT_OPTIONAL);
+           !strcmp(cbn->buffer_suffix[QT_B_RUNNING_MEAN], "bn.running_mean") &&
+           cbn->param_use[QT_P_BIAS] == QT_SLOT_OPTIONAL);
 }
 
 static void expect_shape(const char *what, qt_op op, const qt_node_attrs *a, const qt_value *const *in, int n_in,
@@ -63,7 +66,8 @@ static void expect_shape(const char *what, qt_op op, const qt_node_attrs *a, con
   int64_t shape[3] = {0, 0, 0};
   const int rc = qt_op_output_shape(op, a, in, n_in, &nd, shape, err);
   if (needle) {
-    if (rc == 0 || !strstr(err, needle)) qt_test_fail("%s: rc %d, message '%s', want one with '%s'", what, rc, err, needle);
+    if (rc == 0 || !strstr(err, needle))
+      qt_test_fail("%s: rc %d, message '%s', want one with '%s'", what, rc, err, needle);
     return;
   }
   if (rc) {
@@ -78,11 +82,17 @@ static void expect_shape(const char *what, qt_op op, const qt_node_attrs *a, con
 }
 
 static void check_shapes(void) {
-  const qt_value img = {.name = "x", .ndim = 3, .shape = {28, 28, 1}}, img2 = {.name = "y", .ndim = 3, .shape = {28, 28, 2}},
-                 flat = {.name = "f", .ndim = 1, .shape = {784}};
+  const qt_value img = {.name = "x", .ndim = 3, .shape = {28, 28, 1}},
+                 img2 = {.name = "y", .ndim = 3, .shape = {28, 28, 2}}, flat = {.name = "f", .ndim = 1, .shape = {784}};
   const qt_value *x[2] = {&img, &img}, *xy[2] = {&img, &img2}, *f[1] = {&flat};
-  const qt_node_attrs conv = {.kernel_h = 3, .kernel_w = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1,
-                              .groups = 1, .out_channels = 32};
+  const qt_node_attrs conv = {.kernel_h = 3,
+                              .kernel_w = 3,
+                              .stride_h = 1,
+                              .stride_w = 1,
+                              .pad_h = 1,
+                              .pad_w = 1,
+                              .groups = 1,
+                              .out_channels = 32};
   const qt_node_attrs pool = {.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2};
   const qt_node_attrs big = {.kernel_h = 31, .kernel_w = 31, .stride_h = 1, .stride_w = 1};
   const qt_node_attrs lin = {.out_channels = 10}, none = {0};
@@ -101,10 +111,19 @@ static void check_shapes(void) {
   expect_shape("activation alpha", QT_OP_ACTIVATION, &(qt_node_attrs){.act = QT_ACT_ELU, .alpha = INFINITY}, x, 1, 0,
                NULL, "elu: alpha inf and beta 0 must be finite");
   expect_shape("add shapes", QT_OP_ADD, &none, xy, 2, 0, NULL, "add inputs 'x' and 'y' differ in shape");
+  const qt_value gate = {.name = "g", .ndim = 1, .shape = {2}};
+  const qt_value *se[2] = {&img2, &gate}, *se_bad[2] = {&img, &gate}, *se_rev[2] = {&gate, &img2};
+  expect_shape("mul", QT_OP_MUL, &none, x, 2, 3, (int64_t[]){28, 28, 1}, NULL);
+  expect_shape("mul by channels", QT_OP_MUL, &none, se, 2, 3, (int64_t[]){28, 28, 2}, NULL);
+  expect_shape("mul channels", QT_OP_MUL, &none, se_bad, 2, 0, NULL,
+               "mul inputs 'x' and 'g' neither have one shape nor are an image and a vector of its channels");
+  expect_shape("mul order", QT_OP_MUL, &none, se_rev, 2, 0, NULL, "mul inputs 'g' and 'y' neither");
+  expect_shape("mul arity", QT_OP_MUL, &none, x, 1, 0, NULL, "op 'mul' takes 2 input(s), has 1");
   expect_shape("pool fit", QT_OP_AVG_POOL2D, &big, x, 1, 0, NULL, "kernel 31 stride 1 pad 0 do not fit input 28x28");
-  expect_shape("conv fit", QT_OP_CONV2D, &(qt_node_attrs){.kernel_h = 31, .kernel_w = 31, .stride_h = 1, .stride_w = 1,
-                                                          .groups = 1, .out_channels = 4},
-               x, 1, 0, NULL, "kernel 31x31 stride 1x1 pad 0x0 do not fit input 28x28");
+  expect_shape(
+      "conv fit", QT_OP_CONV2D,
+      &(qt_node_attrs){.kernel_h = 31, .kernel_w = 31, .stride_h = 1, .stride_w = 1, .groups = 1, .out_channels = 4}, x,
+      1, 0, NULL, "kernel 31x31 stride 1x1 pad 0x0 do not fit input 28x28");
   expect_shape("linear rank", QT_OP_LINEAR, &lin, x, 1, 0, NULL, "insert a flatten");
   expect_shape("conv rank", QT_OP_CONV2D, &conv, f, 1, 0, NULL, "conv2d input 'f' is not an image");
 }
@@ -149,7 +168,8 @@ static void check_node_forward(const char *model) {
     }
     mine[n->output] = y;
     const int v = n->output, reader = qt_graph_sole_consumer(g, v);
-    const int overwritten = reader >= 0 && (g->nodes[reader].op == QT_OP_RELU || g->nodes[reader].op == QT_OP_BATCH_NORM);
+    const int overwritten =
+        reader >= 0 && (g->nodes[reader].op == QT_OP_RELU || g->nodes[reader].op == QT_OP_BATCH_NORM);
     if (overwritten) continue;
     const qt_tensor *want = vals[v];
     if (qt_tensor_numel(y) != qt_tensor_numel(want) ||
@@ -171,8 +191,8 @@ static void check_builder_suffixes(void) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build("fashion_cnn", err);
   QT_ASSERT(g, "%s", err);
-  const char *want[] = {"conv1.weight", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var", "fc1.weight",
-                        "fc1.bias"};
+  const char *want[] = {"conv1.weight",    "bn1.weight", "bn1.bias", "bn1.running_mean",
+                        "bn1.running_var", "fc1.weight", "fc1.bias"};
   for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
     if (qt_graph_find_tensor(g, want[k]) < 0) qt_test_fail("fashion_cnn has no tensor '%s'", want[k]);
   QT_CHECK(qt_graph_find_tensor(g, "conv1.bias") < 0); /* conv without bias: the optional slot stays empty */

@@ -1,13 +1,19 @@
 #!/usr/bin/python3
-"""Writes tests/onnx/models/act_cnn.onnx and its PyTorch reference tests/onnx/ref/act_ref.h5 (run
-with Debian's torch 1.13: /usr/bin/python3 tests/onnx/make_act_models.py; deterministic, seed 0;
-the CTest tests need no torch, only these committed files).
+"""Writes tests/onnx/models/act_cnn.onnx and se_cnn.onnx and their PyTorch reference
+tests/onnx/ref/act_ref.h5 (run with Debian's torch 1.13: /usr/bin/python3
+tests/onnx/make_act_models.py; deterministic, seed 0; the CTest tests need no torch, only these
+committed files).
 
 act_cnn: a small conv net for Fashion-MNIST with element-wise activations, each after a conv +
 BN: Hardswish (HardSwish), Hardsigmoid (HardSigmoid, alpha 1/6), LeakyReLU(0.1) (LeakyRelu),
 ELU(0.5) (Elu), Tanh, Sigmoid, and SiLU (exported as x * Sigmoid(x): Sigmoid, Mul); a stride-2
 depthwise conv, global average pool, flatten, linear. Opset 17, training export (BN kept), dynamic batch.
-The reference group `act_cnn` holds what make_onnx_models.py's write_ref writes (x, labels,
+se_cnn: squeeze-excite blocks as torchvision builds them (torchvision.ops.SqueezeExcitation:
+adaptive average pool, 1x1 conv, activation, 1x1 conv, gate, then gate * input): MobileNetV3's
+(ReLU, Hardsigmoid) after a stride-2 depthwise conv, EfficientNet's (SiLU, Sigmoid) after a
+stride-2 conv with SiLU, then a conv with GELU (torch 1.13 exports it as Div, Erf, Add, Mul,
+Mul), global average pool, flatten, linear. Opset 17, training export, dynamic batch.
+The reference groups `act_cnn` and `se_cnn` hold what make_onnx_models.py's write_ref writes (x, labels,
 y_eval; y_train, loss, grad/<name>, after/<buffer>), which tests/onnx/test_onnx_import.c checks.
 """
 import os
@@ -41,6 +47,45 @@ class ActCNN(nn.Module):
         return self.fc(self.gap(x).flatten(1))
 
 
+class SqueezeExcitation(nn.Module):
+    """torchvision.ops.SqueezeExcitation (torchvision 0.14), written out: torchvision is not a
+    dependency of the tests."""
+    def __init__(self, channels, squeeze, act, gate):
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(channels, squeeze, 1)
+        self.fc2 = nn.Conv2d(squeeze, channels, 1)
+        self.activation = act
+        self.scale_activation = gate
+
+    def forward(self, x):
+        scale = self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(x)))))
+        return scale * x
+
+
+class SECNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+        def unit(cin, cout, act, k=3, stride=1, groups=1):
+            return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+                                 nn.BatchNorm2d(cout), act)
+        self.stem = unit(1, 16, nn.Hardswish())
+        self.dw = unit(16, 16, nn.ReLU(), stride=2, groups=16)
+        self.se1 = SqueezeExcitation(16, 8, nn.ReLU(), nn.Hardsigmoid())
+        self.pw = nn.Sequential(nn.Conv2d(16, 24, 1, bias=False), nn.BatchNorm2d(24))
+        self.u2 = unit(24, 24, nn.SiLU(), stride=2)
+        self.se2 = SqueezeExcitation(24, 6, nn.SiLU(), nn.Sigmoid())
+        self.u3 = unit(24, 32, nn.GELU())
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.pw(self.se1(self.dw(self.stem(x))))
+        x = self.u3(self.se2(self.u2(x)))
+        return self.fc(self.gap(x).flatten(1))
+
+
 def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -53,6 +98,11 @@ def main():
         f.attrs["torch_version"] = str(torch.__version__).encode()
         exported = base.export(model, os.path.join(base.MODELS, "act_cnn.onnx"), 17, True)
         base.write_ref(f, "act_cnn", exported)
+        torch.manual_seed(1)
+        model = SECNN()
+        base.randomize_bn(model, gen)
+        exported = base.export(model, os.path.join(base.MODELS, "se_cnn.onnx"), 17, True)
+        base.write_ref(f, "se_cnn", exported)
     os.replace(tmp, os.path.join(base.REF, "act_ref.h5"))
 
 

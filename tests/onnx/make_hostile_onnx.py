@@ -15,8 +15,9 @@ unpack ran out of stack on both, exit 139):
   names each IR node apart: r, r_2, r_3, ...);
 - many_inputs.onnx: a Relu with 10,000 inputs; dup_init.onnx: two initializers named "w";
   neg_dims.onnx: an initializer with dimension -1; escape_name.onnx: a node (of an op the
-  importer refuses) named with a terminal escape sequence; mul_alone.onnx: Mul(x, x), a Mul that
-  is not a SiLU's.
+  importer refuses) named with a terminal escape sequence; mul_const.onnx: Mul(x, w) by an
+  initializer (a Mul of an activation by a constant tensor); div_one.onnx: x / 1, a Div that
+  does not start a GELU.
 
 Usage: python3 tests/onnx/make_hostile_onnx.py OUT_DIR
 """
@@ -128,8 +129,11 @@ def main():
                                                     initializer("w", [-1]))),
                        ("escape_name.onnx", relu_model(string(1, "x") + string(2, "y") +
                                                        string(3, "\x1b[31mred\x1b[0m") + string(4, "Softplus"))),
-                       ("mul_alone.onnx", relu_model(string(1, "x") + string(1, "x") + string(2, "y") +
-                                                     string(3, "square") + string(4, "Mul")))):
+                       ("mul_const.onnx", relu_model(string(1, "x") + string(1, "w") + string(2, "y") +
+                                                     string(3, "scale") + string(4, "Mul"),
+                                                     initializer("w", [2]))),
+                       ("div_one.onnx", relu_model(string(1, "x") + string(1, "one") + string(2, "y") +
+                                                   string(3, "div") + string(4, "Div"), initializer("one", [])))):
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
         print("wrote %s (%d bytes)" % (os.path.join(out, name), len(data)))

@@ -172,8 +172,7 @@ static void one(const char *stem, const char *model_key, const char *mode, int w
   struct stat sb;
   if (stat(onnx, &sb) || sb.st_size != info.bytes)
     qt_test_fail("%s: %s is not the %lld bytes reported", stem, onnx, (long long)info.bytes);
-  if (checker(onnx))
-    qt_test_fail("%s: onnx.checker (full_check) rejects %s", stem, onnx);
+  if (checker(onnx)) qt_test_fail("%s: onnx.checker (full_check) rejects %s", stem, onnx);
 
   const float *x;
   int n = 0;
@@ -231,6 +230,11 @@ int main(void) {
   snprintf(act, sizeof act, "model.onnx=%s", qt_test_path("tests/onnx/models/act_cnn.onnx"));
   one("act_cnn_w8a8", act, "ptq", 8, 8, 0);
   one("act_cnn_w4a4", act, "qat", 4, 4, 0);
+  /* squeeze-excite: the image times its channel gates (fp32 Mul of a Reshape'd [N, C, 1, 1]) */
+  char se[4200];
+  snprintf(se, sizeof se, "model.onnx=%s", qt_test_path("tests/onnx/models/se_cnn.onnx"));
+  one("se_cnn_w8a8", se, "ptq", 8, 8, 0);
+  one("se_cnn_w4a4", se, "qat", 4, 4, 0);
   /* int32 biases (quant.bias = int32): written as the graph's integers */
   one("fashion_cnn_w8a8_b32", "model.name=fashion_cnn", "ptq", 8, 8, 1);
   one("mobilenet_w4a4_b32", mobilenet, "qat", 4, 4, 1);

@@ -127,8 +127,10 @@ static void train_step(const char *model, qt_graph *g, qt_ctx *ctx, float *x, in
     float *back = p->is_buffer ? NULL : unpermuted(g, t, got);
     snprintf(what, sizeof what, "%s %s%s", model, name, back ? " (columns permuted back)" : "");
     const double r = expect_rel(what, back ? back : got, ref, nr, p->is_buffer ? TOL_OUT : TOL_GRAD);
-    if (p->is_buffer) fig->stats = fmax(fig->stats, r);
-    else fig->grad = fmax(fig->grad, r), fig->n_grads++;
+    if (p->is_buffer)
+      fig->stats = fmax(fig->stats, r);
+    else
+      fig->grad = fmax(fig->grad, r), fig->n_grads++;
     free(back);
     free(ref);
   }
@@ -147,11 +149,13 @@ static void same_as_preset(const char *model, qt_graph *g, qt_ctx *ctx, float *x
     same = a->op == b->op && strcmp(a->name, b->name) == 0 && memcmp(&a->attr, &b->attr, sizeof a->attr) == 0 &&
            a->n_inputs == b->n_inputs && memcmp(a->inputs, b->inputs, sizeof a->inputs) == 0 &&
            memcmp(a->param, b->param, sizeof a->param) == 0 && memcmp(a->buffer, b->buffer, sizeof a->buffer) == 0;
-    if (!same) qt_test_fail("%s: node %d is %s '%s' in the preset, %s '%s' imported (or their attributes differ)", model,
-                            i, qt_op_name(a->op), a->name, qt_op_name(b->op), b->name);
+    if (!same)
+      qt_test_fail("%s: node %d is %s '%s' in the preset, %s '%s' imported (or their attributes differ)", model, i,
+                   qt_op_name(a->op), a->name, qt_op_name(b->op), b->name);
   }
   for (int v = 0; same && v < p->n_values; v++)
-    same = p->values[v].ndim == g->values[v].ndim && memcmp(p->values[v].shape, g->values[v].shape, sizeof p->values[v].shape) == 0;
+    same = p->values[v].ndim == g->values[v].ndim &&
+           memcmp(p->values[v].shape, g->values[v].shape, sizeof p->values[v].shape) == 0;
   for (int t = 0; same && t < p->n_tensors; t++)
     same = strcmp(p->tensors[t].name, g->tensors[t].name) == 0 && p->tensors[t].numel == g->tensors[t].numel &&
            p->tensors[t].ndim == g->tensors[t].ndim;
@@ -197,18 +201,21 @@ static void same_graph_as(const char *model, const qt_graph *g, const char *twin
     const qt_node *a = &o->nodes[i], *b = &g->nodes[i];
     same = a->op == b->op && strcmp(a->name, b->name) == 0 && memcmp(&a->attr, &b->attr, sizeof a->attr) == 0 &&
            a->n_inputs == b->n_inputs && memcmp(a->inputs, b->inputs, sizeof a->inputs) == 0;
-    if (!same) qt_test_fail("%s: node %d is %s '%s', %s '%s' in %s", model, i, qt_op_name(b->op), b->name,
-                            qt_op_name(a->op), a->name, twin);
+    if (!same)
+      qt_test_fail("%s: node %d is %s '%s', %s '%s' in %s", model, i, qt_op_name(b->op), b->name, qt_op_name(a->op),
+                   a->name, twin);
   }
   for (int v = 0; same && v < o->n_values; v++)
     same = o->values[v].ndim == g->values[v].ndim &&
            memcmp(o->values[v].shape, g->values[v].shape, sizeof o->values[v].shape) == 0;
   for (int k = 0; same && k < o->n_tensors; k++) {
     const qt_param *a = &o->tensors[k], *b = &g->tensors[k];
-    same = strcmp(a->name, b->name) == 0 && a->numel == b->numel && a->is_buffer == b->is_buffer &&
-           (a->is_buffer || memcmp(o->params + a->offset, g->params + b->offset, (size_t)a->numel * sizeof(float)) == 0);
-    if (!same) qt_test_fail("%s: tensor %d '%s' differs from %s's '%s' (name, size or values)", model, k, b->name, twin,
-                            a->name);
+    same =
+        strcmp(a->name, b->name) == 0 && a->numel == b->numel && a->is_buffer == b->is_buffer &&
+        (a->is_buffer || memcmp(o->params + a->offset, g->params + b->offset, (size_t)a->numel * sizeof(float)) == 0);
+    if (!same)
+      qt_test_fail("%s: tensor %d '%s' differs from %s's '%s' (name, size or values)", model, k, b->name, twin,
+                   a->name);
   }
   if (!same) {
     qt_test_fail("%s: the imported graph is not %s's", model, twin);
@@ -240,8 +247,10 @@ static void check_model_in(const char *dir, const char *model, int preset, const
     qt_test_fail("%s: eval forward: %s", model, g->error);
   } else {
     snprintf(what, sizeof what, "%s eval-mode logits", model);
-    if (qt_tensor_numel(y) != n) qt_test_fail("%s: %lld logits, want %lld", what, (long long)qt_tensor_numel(y), (long long)n);
-    else fig.eval = expect_rel(what, qt_f32(y), want, n, TOL_OUT);
+    if (qt_tensor_numel(y) != n)
+      qt_test_fail("%s: %lld logits, want %lld", what, (long long)qt_tensor_numel(y), (long long)n);
+    else
+      fig.eval = expect_rel(what, qt_f32(y), want, n, TOL_OUT);
     float *y_eval = qt_test_copy_f32(qt_f32(y), qt_tensor_numel(y));
     if (preset) same_as_preset(model, g, ctx, x, n_x, y_eval);
     free(y_eval);
@@ -269,9 +278,11 @@ static void expect_info(const char *dir, const char *model, int64_t ir, int64_t 
   qt_graph *g = import_model(dir, model, &info);
   if (!g) return;
   if (info.ir_version != ir || info.opset != opset || info.external != external || info.batch_norms != batch_norms)
-    qt_test_fail("%s: IR %lld, opset %lld, %d external initializers, %d BatchNormalization nodes; want %lld, %lld, %d, "
-                 "%d", model, (long long)info.ir_version, (long long)info.opset, info.external, info.batch_norms,
-                 (long long)ir, (long long)opset, external, batch_norms);
+    qt_test_fail(
+        "%s: IR %lld, opset %lld, %d external initializers, %d BatchNormalization nodes; want %lld, %lld, %d, "
+        "%d",
+        model, (long long)info.ir_version, (long long)info.opset, info.external, info.batch_norms, (long long)ir,
+        (long long)opset, external, batch_norms);
   qt_graph_free(g);
 }
 
@@ -286,6 +297,8 @@ int main(void) {
   /* torch 1.13's export of the element-wise activations (tests/onnx/make_act_models.py) */
   ref_name = "act_ref.h5";
   check_model("act_cnn", 0, "u1.u1.2", 1);
+  /* squeeze-excite (1x1 convs of a pooled vector, Mul by it) and GELU as Div, Erf, Add, Mul, Mul */
+  check_model("se_cnn", 0, "se1.fc1", 1);
   /* torch 2.x's exports, the opset forms and external data (tests/onnx/make_torch2_models.py) */
   ref_name = "onnx2_ref.h5";
   check_model_in("tests/onnx/models/", "t2_fashion_cnn", 0, "fc1", 1, "fashion_cnn");

@@ -312,6 +312,9 @@ def run(nodes, values, tensors, quant, x, output):
             y = xi.reshape(xi.shape[0], -1)
         elif op == "add":
             y = (ins[0].astype(np.float64) + ins[1]).astype(np.float32)
+        elif op == "mul":  # a (C) vector scales every pixel of an image
+            b = ins[1] if ins[1].ndim == ins[0].ndim else ins[1][:, None, None, :]
+            y = (ins[0] * b).astype(np.float32)
         elif op == "batch_norm":
             y = batch_norm(xi, a, tensors, tensors[a["weight"]], tensors[a["bias"]])
         elif op == "activation":

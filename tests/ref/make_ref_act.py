@@ -10,6 +10,10 @@ activations of autograd/ops_act.c, tested by tests/kernels_cpu/test_activations_
     gelu_tanh (approximate='tanh'), leaky_relu_0.01, leaky_relu_0.2, elu_1, elu_0.5,
     hardsigmoid_onnx (ONNX's HardSigmoid default alpha 0.2, beta 0.5, stated as
     torch.clamp(0.2 x + 0.5, 0, 1))
+  mul_a, mul_dy        a (3, 5, 4, 6) NHWC and an upstream gradient of its shape
+  mul_same_b, mul_channel_b   b of a's shape, and b (3, 6): one factor per sample and channel
+  mul_<same|channel>_y, _da, _db   a * b (the channel one broadcast over H and W, as
+    squeeze-excite's gate * x) and both gradients (autograd/ops_binary.c)
 
 Run: /usr/bin/python3 tests/ref/make_ref_act.py   (deterministic: fixed seed)
 """
@@ -51,5 +55,21 @@ for name, fn in CASES.items():
     y.backward(dy)
     put(data, name + "_y", y)
     put(data, name + "_dx", xi.grad)
+
+gen = torch.Generator().manual_seed(99)
+a = torch.randn(3, 5, 4, 6, generator=gen)
+b_same = torch.randn(3, 5, 4, 6, generator=gen)
+b_channel = torch.rand(3, 6, generator=gen)
+dy_mul = torch.randn(3, 5, 4, 6, generator=gen)
+put(data, "mul_a", a)
+put(data, "mul_dy", dy_mul)
+for name, b, view in (("mul_same", b_same, lambda t: t), ("mul_channel", b_channel, lambda t: t[:, None, None, :])):
+    ai, bi = a.clone().requires_grad_(), b.clone().requires_grad_()
+    y = ai * view(bi)
+    y.backward(dy_mul)
+    put(data, name + "_b", b)
+    put(data, name + "_y", y)
+    put(data, name + "_da", ai.grad)
+    put(data, name + "_db", bi.grad)
 
 write(os.path.join(HERE, "act.h5"), data, "tests/ref/make_ref_act.py", torch.__version__)

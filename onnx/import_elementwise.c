@@ -1,0 +1,276 @@
+/* The element-wise ONNX ops (import_int.h): Relu and Clip (ReLU, ReLU6), the activations
+ * (Sigmoid, Tanh, HardSigmoid, HardSwish, LeakyRelu, Elu, Gelu), SiLU as x * Sigmoid(x), GELU as
+ * torch exports it before opset 20 (x * (Erf(x / sqrt 2) + 1) * 0.5: Div, Erf, Add, Mul, Mul),
+ * the residual Add of two activations, and Mul of two activations of one shape or of an image by
+ * a per-channel vector (squeeze-excite: the vector is a global pool's [N, C, 1, 1] after its 1x1
+ * convolutions). */
+#define _GNU_SOURCE /* struct hsearch_data in import_int.h */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnx/import_int.h"
+
+/* The output y (a builder result) of an element-wise op of x: bound with x's layout and pooling. */
+static int bind_elementwise(imp *im, const sym *x, int y) {
+  if (qt_imp_builder_check(im, y)) return -1;
+  sym *s = qt_imp_bind_act(im, 0, y);
+  s->pooled = x->pooled;
+  s->perm_h = x->perm_h, s->perm_w = x->perm_w, s->perm_c = x->perm_c;
+  return 0;
+}
+
+/* Whether s is a float scalar constant; its value in *v. */
+static int const_scalar(const sym *s, float *v) {
+  if (!s || s->kind != S_CONST || s->t->data_type != ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT || numel_of(s->t) != 1 ||
+      (s->t->has_raw_data ? s->t->raw_data.len != 4 : s->t->n_float_data != 1))
+    return 0;
+  qt_imp_float_data(s->t, v, 1);
+  return 1;
+}
+
+/* The sym of input k of the current node whatever its kind (NULL when absent). */
+static sym *raw_input(imp *im, size_t k) {
+  const char *name = in_name(im->node, k);
+  return name ? qt_imp_find(im, name) : NULL;
+}
+
+/* Relu, Clip(0, 6) -> relu6, Clip(0, inf) -> relu. */
+static int op_relu(imp *im, int clip) {
+  sym *x = qt_imp_act_input(im, 0, "X", 0);
+  if (!x) return -1;
+  int six = 0;
+  if (clip) {
+    float lo = -INFINITY, hi = INFINITY;
+    int has_lo = 0, has_hi = 0;
+    if (qt_imp_scalar_input(im, 1, "min", &lo, &has_lo) || qt_imp_scalar_input(im, 2, "max", &hi, &has_hi)) return -1;
+    const Onnx__AttributeProto *a_lo = qt_imp_attr(im->node, "min"), *a_hi = qt_imp_attr(im->node, "max");
+    if (a_lo) lo = a_lo->f, has_lo = 1;
+    if (a_hi) hi = a_hi->f, has_hi = 1;
+    if (!has_lo || lo != 0.0f || (has_hi && hi != 6.0f && hi != INFINITY))
+      return qt_imp_node_err(im, "Clip(min %g, max %g) is not supported: only Clip(0, 6) (ReLU6) and Clip(0) (ReLU)",
+                             has_lo ? (double)lo : -INFINITY, has_hi ? (double)hi : INFINITY);
+    six = has_hi && hi == 6.0f;
+  }
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  return bind_elementwise(im, x, six ? qt_graph_relu6(im->g, name, x->value) : qt_graph_relu(im->g, name, x->value));
+}
+
+/* The element-wise activations (qt_activation): Sigmoid, Tanh, HardSigmoid (alpha 0.2, beta 0.5 by
+ * default; PyTorch exports its own as 1/6, 1/2), HardSwish, LeakyRelu (alpha 0.01), Elu (alpha 1)
+ * and Gelu (opset 20: approximate "none" or "tanh"). */
+static int op_activation(imp *im, qt_act_kind kind) {
+  sym *x = qt_imp_act_input(im, 0, "X", 0);
+  if (!x) return -1;
+  qt_act a = qt_act_default(kind);
+  if (kind == QT_ACT_HARDSIGMOID &&
+      (qt_imp_attr_float(im, "alpha", 0.2f, &a.alpha) || qt_imp_attr_float(im, "beta", 0.5f, &a.beta)))
+    return -1;
+  if ((kind == QT_ACT_LEAKY_RELU || kind == QT_ACT_ELU) &&
+      qt_imp_attr_float(im, "alpha", kind == QT_ACT_ELU ? 1.0f : 0.01f, &a.alpha))
+    return -1;
+  if (kind == QT_ACT_GELU) {
+    const Onnx__AttributeProto *ap = qt_imp_attr(im->node, "approximate");
+    if (ap) {
+      const size_t len = ap->s.len;
+      if (len == 4 && memcmp(ap->s.data, "tanh", 4) == 0)
+        a.kind = QT_ACT_GELU_TANH;
+      else if (!(len == 4 && memcmp(ap->s.data, "none", 4) == 0))
+        return qt_imp_node_err(im, "Gelu's approximate must be \"none\" or \"tanh\"");
+    }
+  }
+  if (!isfinite(a.alpha) || !isfinite(a.beta))
+    return qt_imp_node_err(im, "alpha %g, beta %g: not finite", (double)a.alpha, (double)a.beta);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  return bind_elementwise(im, x, qt_graph_activation(im->g, name, x->value, a));
+}
+
+/* ---- GELU as Div, Erf, Add, Mul, Mul --------------------------------------------------------- */
+
+/* Each of the five nodes leaves its output pending (S_NONE, with x's value and layout and the
+ * step reached in `gelu`); the last makes one gelu activation of x. A pending output read by any
+ * other node is refused with what it is. */
+static const char gelu_what[] = "a partial GELU (Div by sqrt 2, Erf, Add 1, Mul by x, Mul by 0.5)";
+
+/* The current node's output as step `step` of the GELU of x (x's fields kept). */
+static void gelu_pending(imp *im, const sym *x, int step) {
+  sym *s = qt_imp_add_sym(im, im->node->output[0], S_NONE), keep = *x;
+  const char *name = s->name;
+  *s = keep;
+  s->name = name;
+  s->kind = S_NONE;
+  s->what = gelu_what;
+  s->gelu = step;
+  im->info->folded++;
+}
+
+/* Whether the current node (Div, Add or a Mul: two inputs) continues a GELU: one input is the
+ * pending step `from` (for the Div: an activation, x), the other the constant c; for the Mul by x,
+ * the other is x itself (c unused). 1 when it did, 0 when the node is no part of a GELU, -1 on an
+ * error (a node that reads a pending step otherwise). */
+static int gelu_step(imp *im, int from, float c, const char *op) {
+  if (im->node->n_input != 2) return 0;
+  for (int k = 0; k < 2; k++) {
+    sym *p = raw_input(im, (size_t)k), *o = raw_input(im, (size_t)(1 - k));
+    if (!p || !o || (from == 0 ? p->kind != S_ACT || p->padded : !(p->kind == S_NONE && p->gelu == from))) continue;
+    if (from == 0 && k == 1) continue; /* x / c: x first */
+    float v;
+    if (from == 3) { /* (Erf(..) + 1) * x */
+      if (o->kind != S_ACT || o->value != p->value)
+        return qt_imp_node_err(im, "%s continues %s from '%s' but multiplies by '%s', not by the Div's input", op,
+                               gelu_what, p->name, o->name);
+      gelu_pending(im, o, 4);
+      return 1;
+    }
+    if (!const_scalar(o, &v) || fabsf(v - c) > 1e-6f * c) {
+      if (from == 0) return 0;
+      return qt_imp_node_err(im, "%s continues %s of '%s' with '%s', not the constant %g", op, gelu_what, p->name,
+                             o->name, (double)c);
+    }
+    if (from < 4) {
+      gelu_pending(im, p, from + 1);
+      return 1;
+    }
+    char name[QT_NAME_LEN];
+    qt_imp_node_name(im, NULL, name);
+    p->kind = S_ACT; /* x's fields, for bind_elementwise */
+    const int y = qt_graph_activation(im->g, name, p->value, qt_act_default(QT_ACT_GELU));
+    p->kind = S_NONE;
+    return bind_elementwise(im, p, y) ? -1 : 1;
+  }
+  return 0;
+}
+
+/* Div: only x / sqrt 2, the start of a GELU. */
+static int op_div(imp *im) {
+  const int r = gelu_step(im, 0, 1.41421356f, "Div");
+  if (r) return r < 0 ? -1 : 0;
+  return qt_imp_node_err(im, "Div is supported only as the x / sqrt(2) that starts a GELU (%s)", gelu_what);
+}
+
+static int op_erf(imp *im) {
+  sym *p = raw_input(im, 0);
+  if (p && p->kind == S_NONE && p->gelu == 1) {
+    gelu_pending(im, p, 2);
+    return 0;
+  }
+  return qt_imp_node_err(im, "Erf is supported only within a GELU (%s)", gelu_what);
+}
+
+/* ---- Add, Mul ------------------------------------------------------------------------------ */
+
+static int op_add(imp *im) {
+  const int r = gelu_step(im, 2, 1.0f, "Add");
+  if (r) return r < 0 ? -1 : 0;
+  sym *a = qt_imp_input(im, 0, "A"), *b = a ? qt_imp_input(im, 1, "B") : NULL;
+  if (!b) return -1;
+  if (a->kind != S_ACT || b->kind != S_ACT)
+    return qt_imp_node_err(im,
+                           "Add of '%s' (%s) and '%s' (%s): only the residual Add of two activations, and the bias Add "
+                           "right after a MatMul, are supported",
+                           a->name, kind_text(a), b->name, kind_text(b));
+  if (!(a = qt_imp_act_input(im, 0, "A", 0)) || !(b = qt_imp_act_input(im, 1, "B", 0))) return -1;
+  if (a->perm_c != b->perm_c || a->perm_h != b->perm_h || a->perm_w != b->perm_w || a->pooled != b->pooled)
+    return qt_imp_node_err(im, "Add of '%s' and '%s', laid out differently in the graph IR", a->name, b->name);
+  const qt_value *va = val(im, a), *vb = val(im, b);
+  int same = va->ndim == vb->ndim;
+  for (int d = 0; same && d < va->ndim; d++) same = va->shape[d] == vb->shape[d];
+  if (!same)
+    return qt_imp_node_err(im, "Add of '%s' and '%s' of different shapes (broadcasting is not supported)", a->name,
+                           b->name);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_add(im->g, name, a->value, b->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  sym *s = qt_imp_bind_act(im, 0, y);
+  s->pooled = a->pooled;
+  s->perm_h = a->perm_h, s->perm_w = a->perm_w, s->perm_c = a->perm_c;
+  return 0;
+}
+
+/* Mul: a step of a GELU, or a * b of two activations of one shape and layout, or an image scaled
+ * by a per-channel vector (a global pool's [N, C, 1, 1]), either way round. */
+static int op_mul(imp *im) {
+  int r = gelu_step(im, 3, 0.0f, "Mul");
+  if (!r) r = gelu_step(im, 4, 0.5f, "Mul");
+  if (r) return r < 0 ? -1 : 0;
+  sym *a = qt_imp_input(im, 0, "A"), *b = a ? qt_imp_input(im, 1, "B") : NULL;
+  if (!b) return -1;
+  if (a->kind != S_ACT || b->kind != S_ACT)
+    return qt_imp_node_err(im, "Mul of '%s' (%s) and '%s' (%s): only Mul of two activations is supported", a->name,
+                           kind_text(a), b->name, kind_text(b));
+  if (!(a = qt_imp_act_input(im, 0, "A", 0)) || !(b = qt_imp_act_input(im, 1, "B", 0))) return -1;
+  if (b->pooled && is_image(im, a)) {
+  } else if (a->pooled && is_image(im, b)) {
+    sym *t = a;
+    a = b, b = t;
+  } else if (a->perm_c != b->perm_c || a->perm_h != b->perm_h || a->perm_w != b->perm_w || a->pooled != b->pooled) {
+    return qt_imp_node_err(im, "Mul of '%s' and '%s', laid out differently in the graph IR", a->name, b->name);
+  }
+  const qt_value *va = val(im, a), *vb = val(im, b);
+  int same = va->ndim == vb->ndim;
+  for (int d = 0; same && d < va->ndim; d++) same = va->shape[d] == vb->shape[d];
+  if (!same && !(b->pooled && vb->shape[0] == va->shape[va->ndim - 1]))
+    return qt_imp_node_err(im,
+                           "Mul of '%s' and '%s': shapes neither equal nor an image and a [N, C, 1, 1] of its "
+                           "channels",
+                           a->name, b->name);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  return bind_elementwise(im, a, qt_graph_mul(im->g, name, a->value, b->value));
+}
+
+/* Sigmoid; with the Mul right after it taking its input and its output, x * Sigmoid(x) as one SiLU
+ * (how torch exports nn.SiLU): the Mul is absorbed, and the Sigmoid's own output may have no other
+ * reader (it is refused by name if one reads it). */
+static int f_sigmoid(imp *im) {
+  const int next = im->node_index + 1;
+  const Onnx__NodeProto *n = im->node, *m = next < (int)im->gp->n_node ? im->gp->node[next] : NULL;
+  if (!m || strcmp(str(m->op_type), "Mul") != 0 || m->n_input != 2 || !n->input[0] || !m->input[0] || !m->input[1])
+    return op_activation(im, QT_ACT_SIGMOID);
+  const char *x = n->input[0], *sg = n->output[0];
+  if (!((strcmp(m->input[0], x) == 0 && strcmp(m->input[1], sg) == 0) ||
+        (strcmp(m->input[1], x) == 0 && strcmp(m->input[0], sg) == 0)))
+    return op_activation(im, QT_ACT_SIGMOID);
+  if (op_activation(im, QT_ACT_SILU)) return -1;
+  const sym y = im->syms[im->n_syms - 1]; /* the SiLU's value, bound to the Sigmoid's output */
+  im->syms[im->n_syms - 1].kind = S_NONE;
+  im->syms[im->n_syms - 1].what = "a Sigmoid folded into the SiLU x * Sigmoid(x)";
+  sym *s = qt_imp_add_sym(im, m->output[0], S_ACT);
+  const char *name = s->name;
+  *s = y;
+  s->name = name;
+  im->absorbed[next] = 1;
+  im->info->folded++;
+  return 0;
+}
+
+static int f_tanh(imp *im) { return op_activation(im, QT_ACT_TANH); }
+static int f_hardsigmoid(imp *im) { return op_activation(im, QT_ACT_HARDSIGMOID); }
+static int f_hardswish(imp *im) { return op_activation(im, QT_ACT_HARDSWISH); }
+static int f_leaky_relu(imp *im) { return op_activation(im, QT_ACT_LEAKY_RELU); }
+static int f_elu(imp *im) { return op_activation(im, QT_ACT_ELU); }
+static int f_gelu(imp *im) { return op_activation(im, QT_ACT_GELU); }
+static int f_relu(imp *im) { return op_relu(im, 0); }
+static int f_clip(imp *im) { return op_relu(im, 1); }
+
+const qt_imp_op qt_imp_elementwise_ops[] = {
+    {"Relu", f_relu, 1, 1, 1, 1},
+    {"Clip", f_clip, 1, 3, 1, 1},
+    {"Sigmoid", f_sigmoid, 1, 1, 1, 1},
+    {"Tanh", f_tanh, 1, 1, 1, 1},
+    {"HardSigmoid", f_hardsigmoid, 1, 1, 1, 1},
+    {"HardSwish", f_hardswish, 1, 1, 1, 1},
+    {"LeakyRelu", f_leaky_relu, 1, 1, 1, 1},
+    {"Elu", f_elu, 1, 1, 1, 1},
+    {"Gelu", f_gelu, 1, 1, 1, 1},
+    {"Div", op_div, 2, 2, 1, 1},
+    {"Erf", op_erf, 1, 1, 1, 1},
+    {"Add", op_add, 2, 2, 1, 1},
+    {"Mul", op_mul, 2, 2, 1, 1},
+    {NULL, NULL, 0, 0, 0, 0},
+};
