@@ -128,6 +128,8 @@ typedef enum {
   QT_PROFILE_QDROP,
   QT_PROFILE_ACTIVATION,
   QT_PROFILE_MUL,
+  QT_PROFILE_CONCAT,
+  QT_PROFILE_CHANNELS,
   QT_PROFILE_OP_COUNT
 } qt_profile_op;
 /* The parts of a training step that are not ops, timed by their callers (train/trainer.c,
@@ -286,6 +288,15 @@ qt_tensor *qt_add(qt_ctx *ctx, qt_tensor *a, qt_tensor *b);
 /* a * b element-wise: b of a's shape, or a (N, H, W, C) and b (N, C), one factor per sample and
  * channel (squeeze-excite) -> a's shape (autograd/ops_binary.c) */
 qt_tensor *qt_mul(qt_ctx *ctx, qt_tensor *a, qt_tensor *b);
+/* xs[0..n-1] of one rank and equal dims but the last, joined along the last (channels of an
+ * image, features of a flat tensor), in order (autograd/ops_binary.c) */
+#define QT_CONCAT_MAX 8
+qt_tensor *qt_concat(qt_ctx *ctx, qt_tensor *const *xs, int n);
+/* The last dim's C channels as (groups, C / groups), transposed: ShuffleNet's channel shuffle
+ * (autograd/ops_channels.c) */
+qt_tensor *qt_channel_shuffle(qt_ctx *ctx, qt_tensor *x, int groups);
+/* Channels [begin, end) of the last dim (a Split or Slice along channels) */
+qt_tensor *qt_channel_slice(qt_ctx *ctx, qt_tensor *x, int begin, int end);
 /* Mean softmax cross-entropy of logits (N, C) against labels (N) in [0, C): a (1) tensor.
  * If probs_out is not NULL it receives the arena softmax (N, C). */
 qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *labels, float **probs_out);

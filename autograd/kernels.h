@@ -292,6 +292,11 @@ void qt_act_backward(float *dinp, const float *dout, const float *inp, const flo
                      const struct qt_act *a);
 int qt_act_backward_reads_input(int kind);
 
+/* ---- channel shuffle (autograd/ops_channels.c): rows of C channels, output channel c from
+ * input channel (c % groups) * (C / groups) + c / groups; the backward adds dy back there ---- */
+void qt_channel_shuffle_forward(float *y, const float *x, int64_t rows, int64_t C, int groups);
+void qt_channel_shuffle_backward(float *dx, const float *dy, int64_t rows, int64_t C, int groups);
+
 /* ---- multiplication (autograd/ops_binary.c): a (N, P, C) times b (N, C) at every p --------- */
 void qt_mul_forward(float *y, const float *a, const float *b, int64_t N, int64_t P, int64_t C);
 /* da += dy * b, db += sum over p of dy * a (either may be NULL) */

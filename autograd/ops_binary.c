@@ -1,4 +1,5 @@
-/* Element-wise multiplication of two activations (autograd.h qt_mul), with the squeeze-excite
+/* The ops joining activations: concatenation along channels (autograd.h qt_concat), and
+ * element-wise multiplication of two activations (qt_mul), with the squeeze-excite
  * broadcast: b either has a's shape, or a is an image (N, H, W, C) and b holds one value per
  * sample and channel (N, C), applied at every pixel. Its kernels (kernels.h qt_mul_forward /
  * qt_mul_backward) view a as (N, P, C) and b as (N, C) with P = H * W under the broadcast, P = 1
@@ -78,3 +79,70 @@ static qt_tensor *mul_op(qt_ctx *ctx, qt_tensor *a, qt_tensor *b) {
 }
 
 qt_tensor *qt_mul(qt_ctx *ctx, qt_tensor *a, qt_tensor *b) { PROFILED(ctx, QT_PROFILE_MUL, mul_op(ctx, a, b)); }
+
+/* ---- concat ---------------------------------------------------------------------------------- */
+typedef struct {
+  qt_tensor *xs[QT_CONCAT_MAX], *y;
+  int n;
+} concat_saved;
+
+/* The rows (all dims but the last) of x's, and each input's share of a row of y. */
+static void concat_backward(qt_ctx *ctx, void *p) {
+  concat_saved *s = p;
+  if (!s->y->grad) return;
+  const int64_t Y = s->y->shape[s->y->ndim - 1], rows = qt_tensor_numel(s->y) / (Y ? Y : 1);
+  int64_t off = 0;
+  for (int k = 0; k < s->n; k++) {
+    qt_tensor *x = s->xs[k];
+    const int64_t C = x->shape[x->ndim - 1];
+    if (x->requires_grad) {
+      float *dx = qt_tensor_grad(ctx, x);
+      const float *dy = s->y->grad;
+#pragma omp parallel for schedule(static) if (rows * C >= MUL_PARALLEL_MIN)
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < C; c++) dx[r * C + c] += dy[r * Y + off + c];
+    }
+    off += C;
+  }
+}
+
+static qt_tensor *concat_op(qt_ctx *ctx, qt_tensor *const *xs, int n) {
+  QT_ASSERT(n >= 1 && n <= QT_CONCAT_MAX, "concat: %d inputs (1..%d)", n, QT_CONCAT_MAX);
+  const qt_tensor *x0 = xs[0];
+  int64_t shape[8], Y = 0;
+  for (int k = 0; k < n; k++) {
+    check_f32(xs[k], x0->ndim, "concat", "an input");
+    for (int d = 0; d + 1 < x0->ndim; d++)
+      QT_ASSERT(xs[k]->shape[d] == x0->shape[d], "concat: input %d differs in dimension %d (%lld vs %lld)", k, d,
+                (long long)xs[k]->shape[d], (long long)x0->shape[d]);
+    Y += xs[k]->shape[x0->ndim - 1];
+  }
+  memcpy(shape, x0->shape, (size_t)x0->ndim * sizeof *shape);
+  shape[x0->ndim - 1] = Y;
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x0->ndim, shape);
+  const int64_t rows = qt_tensor_numel(y) / (Y ? Y : 1);
+  float *yd = qt_f32(y);
+  int64_t off = 0;
+  for (int k = 0; k < n; k++) {
+    const int64_t C = xs[k]->shape[x0->ndim - 1];
+    const float *xd = qt_f32(xs[k]);
+#pragma omp parallel for schedule(static) if (rows * C >= MUL_PARALLEL_MIN)
+    for (int64_t r = 0; r < rows; r++) memcpy(yd + r * Y + off, xd + r * C, (size_t)C * sizeof *yd);
+    off += C;
+  }
+  int rec = 0;
+  for (int k = 0; k < n; k++) rec |= qt_tape_recording(ctx, xs[k], NULL, NULL);
+  if (rec) {
+    y->requires_grad = 1;
+    concat_saved *sv = qt_tape_push(ctx, QT_PROFILE_CONCAT, concat_backward, sizeof *sv, y);
+    memset(sv, 0, sizeof *sv);
+    for (int k = 0; k < n; k++) sv->xs[k] = xs[k];
+    sv->y = y;
+    sv->n = n;
+  }
+  return y;
+}
+
+qt_tensor *qt_concat(qt_ctx *ctx, qt_tensor *const *xs, int n) {
+  PROFILED(ctx, QT_PROFILE_CONCAT, concat_op(ctx, xs, n));
+}

@@ -7,7 +7,8 @@
  *                image), BN folding
  *   ops_adaround.c AdaRound's soft-quantized weight and rounding regularizer, the squared error,
  *                QDrop's mix
- *   ops_act.c    the element-wise activations; ops_binary.c  the product of two activations
+ *   ops_act.c    the element-wise activations; ops_binary.c  concat and the product of two
+ *                activations; ops_channels.c  channel shuffle and slice
  * Each op checks shapes, allocates its output, calls its kernel and records itself on the tape.
  * Shape errors here are programming errors (graphs validate shapes when they are built), so
  * they abort with file:line and both shapes. */

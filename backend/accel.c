@@ -584,7 +584,8 @@ static void run_cpu(qt_accel *a, rt_value *rt, int i, const float *input, int N)
   /* the executor's own node forward (nn.h); the graph is a finalized Q/DQ graph in eval mode,
    * which the forward reads and never changes */
   qt_tensor *ins[QT_MAX_INPUTS] = {x, NULL};
-  if (n->n_inputs > 1) ins[1] = wrap(ctx, fp32_of(a, rt, n->inputs[1], N), N, &g->values[n->inputs[1]]);
+  for (int k = 1; k < n->n_inputs; k++)
+    ins[k] = wrap(ctx, fp32_of(a, rt, n->inputs[k], N), N, &g->values[n->inputs[k]]);
   char err[QT_ERR_LEN];
   qt_tensor *y = qt_node_forward((qt_graph *)g, ctx, i, ins, 0, err);
   QT_ASSERT(y, "accelerator runtime: node %s (%s): %s", n->name, qt_op_name(n->op), err);

@@ -34,7 +34,8 @@ qt_step *qt_new_step(qt_program *p, qt_step_kind kind) {
   qt_step *s = &p->steps[p->n_steps++];
   memset(s, 0, sizeof *s);
   s->kind = kind;
-  s->in[0] = s->in[1] = s->out = -1;
+  for (int k = 0; k < QT_MAX_INPUTS; k++) s->in[k] = -1;
+  s->out = -1;
   return s;
 }
 
@@ -64,8 +65,7 @@ static qt_tensor *wrap(qt_ctx *ctx, void *data, int N, int ndim, const int64_t *
 
 void qt_fallback_inputs(qt_program *p, const qt_step *s, int N, qt_tensor **ins) {
   const qt_node *n = &p->g->nodes[s->node];
-  for (int k = 0; k < n->n_inputs && k < 2; k++)
-    ins[k] = wrap(p->ctx, p->bufs[s->in[k]], N, s->in_ndim[k], s->in_shape[k]);
+  for (int k = 0; k < n->n_inputs; k++) ins[k] = wrap(p->ctx, p->bufs[s->in[k]], N, s->in_ndim[k], s->in_shape[k]);
 }
 
 /* ---- value representations ------------------------------------------------------------------ */
@@ -186,11 +186,11 @@ static void lower_fallback(qt_lowering *L, int i, const char *reason) {
   const qt_graph *g = L->g;
   qt_program *p = L->p;
   const qt_node *n = &g->nodes[i];
-  int in_slots[2] = {-1, -1};
-  for (int k = 0; k < n->n_inputs && k < 2; k++) in_slots[k] = qt_f32_slot(L, n->inputs[k]);
+  int in_slots[QT_MAX_INPUTS];
+  for (int k = 0; k < n->n_inputs; k++) in_slots[k] = qt_f32_slot(L, n->inputs[k]);
   qt_step *s = qt_new_step(p, QT_STEP_FALLBACK);
   s->node = i;
-  for (int k = 0; k < n->n_inputs && k < 2; k++) {
+  for (int k = 0; k < n->n_inputs; k++) {
     const qt_value *v = &g->values[n->inputs[k]];
     s->in[k] = in_slots[k];
     s->in_ndim[k] = v->ndim;

@@ -31,8 +31,8 @@ typedef enum {
 
 typedef struct {
   qt_step_kind kind;
-  int in[2], out;   /* slots */
-  int64_t in_numel; /* per sample, of in[0] (quantize / dequantize: of both sides) */
+  int in[QT_MAX_INPUTS], out; /* slots (kernels read in[0] and in[1]; fallbacks all of the node's) */
+  int64_t in_numel;           /* per sample, of in[0] (quantize / dequantize: of both sides) */
   /* quantize / dequantize (and a backend's requantizing kernels) */
   int channels;
   float *scale;
@@ -47,8 +47,8 @@ typedef struct {
   const void *aux;
   /* fallback: the node of the Q/DQ graph, run by qt_node_forward */
   int node;
-  int in_ndim[2];
-  int64_t in_shape[2][3];
+  int in_ndim[QT_MAX_INPUTS];
+  int64_t in_shape[QT_MAX_INPUTS][3];
 } qt_step;
 
 typedef struct {

@@ -527,6 +527,32 @@ static int run_float_node(qt_exact *x, int i, double *y, int n, int64_t numel, c
       for (int64_t k = 0; k < numel; k++) y[k] = src[k] * s2[k / per * C + k % C];
       return 0;
     }
+    case QT_OP_CONCAT: { /* along the last dim (channels or features) */
+      const qt_value *ov = &g->values[v];
+      const int64_t Y = ov->shape[ov->ndim - 1], rows = numel / Y;
+      int64_t off = 0;
+      for (int k = 0; k < nd->n_inputs; k++) {
+        const qt_value *iv = &g->values[nd->inputs[k]];
+        const int64_t C = iv->shape[iv->ndim - 1];
+        const double *sk = x->vd[nd->inputs[k]];
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; r++) memcpy(y + r * Y + off, sk + r * C, (size_t)C * sizeof *y);
+        off += C;
+      }
+      return 0;
+    }
+    case QT_OP_CHANNEL_SHUFFLE:
+    case QT_OP_CHANNEL_SLICE: { /* copies along the last dim: channels */
+      const qt_value *iv = &g->values[a];
+      const int shuffle = nd->op == QT_OP_CHANNEL_SHUFFLE, G = shuffle ? nd->attr.groups : 1;
+      const int64_t C = iv->shape[iv->ndim - 1], K = shuffle ? C : nd->attr.end - nd->attr.begin, rows = numel / K,
+                    per = C / G;
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < K; k++)
+          y[r * K + k] = src[r * C + (shuffle ? (k % G) * per + k / G : nd->attr.begin + k)];
+      return 0;
+    }
     default: return qt_err(err, "exact reference: node %s: op %s has no exact form", nd->name, qt_op_name(nd->op));
   }
 }

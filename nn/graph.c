@@ -234,6 +234,21 @@ int qt_graph_mul(qt_graph *g, const char *name, int a, int b) {
   return build(g, QT_OP_MUL, name, inputs, 2, &attr, 0, NULL, 0);
 }
 
+int qt_graph_concat(qt_graph *g, const char *name, const int *inputs, int n) {
+  const qt_node_attrs attr = {0};
+  return build(g, QT_OP_CONCAT, name, inputs, n, &attr, 0, NULL, 0);
+}
+
+int qt_graph_channel_shuffle(qt_graph *g, const char *name, int x, int groups) {
+  const qt_node_attrs attr = {.groups = groups};
+  return build(g, QT_OP_CHANNEL_SHUFFLE, name, &x, 1, &attr, 0, NULL, 0);
+}
+
+int qt_graph_channel_slice(qt_graph *g, const char *name, int x, int begin, int end) {
+  const qt_node_attrs attr = {.begin = begin, .end = end};
+  return build(g, QT_OP_CHANNEL_SLICE, name, &x, 1, &attr, 0, NULL, 0);
+}
+
 int qt_graph_alloc(qt_graph *g, char *err) {
   if (g->error[0]) {
     snprintf(err, QT_ERR_LEN, "%s", g->error);

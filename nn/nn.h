@@ -32,12 +32,15 @@ typedef enum {
   QT_OP_FLATTEN,
   QT_OP_LINEAR,
   QT_OP_ADD,
-  QT_OP_FAKE_QUANT, /* observer + fake quant of its input (prepared graphs) */
-  QT_OP_CONV_BN,    /* QAT conv + BN with delayed folding (docs/design.md: delayed folding) */
-  QT_OP_QUANTIZE,   /* fp32 -> integers (convert graph) */
-  QT_OP_DEQUANTIZE, /* integers -> fp32 (convert graph) */
-  QT_OP_ACTIVATION, /* element-wise: attr.act (qt_act_kind), attr.alpha, attr.beta (qt_activation) */
-  QT_OP_MUL,        /* a * b: b of a's shape, or a an image (H, W, C) and b a (C) vector (squeeze-excite) */
+  QT_OP_FAKE_QUANT,      /* observer + fake quant of its input (prepared graphs) */
+  QT_OP_CONV_BN,         /* QAT conv + BN with delayed folding (docs/design.md: delayed folding) */
+  QT_OP_QUANTIZE,        /* fp32 -> integers (convert graph) */
+  QT_OP_DEQUANTIZE,      /* integers -> fp32 (convert graph) */
+  QT_OP_ACTIVATION,      /* element-wise: attr.act (qt_act_kind), attr.alpha, attr.beta (qt_activation) */
+  QT_OP_MUL,             /* a * b: b of a's shape, or a an image (H, W, C) and b a (C) vector (squeeze-excite) */
+  QT_OP_CONCAT,          /* 2 to QT_MAX_INPUTS values joined along channels (images) or features (flat) */
+  QT_OP_CHANNEL_SHUFFLE, /* attr.groups: the channels as (groups, C / groups), transposed (ShuffleNet) */
+  QT_OP_CHANNEL_SLICE,   /* channels [attr.begin, attr.end) (Split, Slice) */
   QT_OP_COUNT
 } qt_op;
 const char *qt_op_name(qt_op op);
@@ -106,6 +109,7 @@ typedef struct {
   float eps, momentum;                                              /* batch_norm */
   int act;                                                          /* activation: qt_act_kind */
   float alpha, beta;                                                /* activation: qt_act's */
+  int begin, end;                                                   /* channel_slice: [begin, end) */
 } qt_node_attrs;
 
 typedef struct {
@@ -153,7 +157,8 @@ const qt_op_info *qt_op_info_get(qt_op op);
 int qt_op_has_weight(qt_op op);
 /* batch_norm, conv_bn, fake_quant: nodes whose behaviour depends on node->training. */
 int qt_op_is_stateful(qt_op op);
-/* relu, relu6, pools, flatten, add: computed by qt_apply_simple_op. */
+/* relu, relu6, pools, flatten, add, activation, mul, concat, channel shuffle and slice: computed
+ * by qt_apply_simple_op. */
 int qt_op_is_param_free(qt_op op);
 /* Checks arity, then the table's shape function: the per-sample output shape, or -1 with err
  * ("op 'relu' takes 1 input(s), has 2", "kernel 3x3 ... do not fit input 2x2"). */
@@ -248,6 +253,12 @@ int qt_graph_linear(qt_graph *g, const char *name, int x, int out_features, int 
 int qt_graph_add(qt_graph *g, const char *name, int a, int b);
 /* a * b: b of a's shape, or a (C) vector scaling the channels of the image a at every pixel. */
 int qt_graph_mul(qt_graph *g, const char *name, int a, int b);
+/* inputs[0..n-1] (2 to QT_MAX_INPUTS) of one rank and equal dims but the last, joined along it. */
+int qt_graph_concat(qt_graph *g, const char *name, const int *inputs, int n);
+/* x's channels as (groups, C / groups), transposed (ShuffleNet's channel shuffle). */
+int qt_graph_channel_shuffle(qt_graph *g, const char *name, int x, int groups);
+/* x's channels [begin, end). */
+int qt_graph_channel_slice(qt_graph *g, const char *name, int x, int begin, int end);
 /* Marks the output and allocates the slabs (zeroed; BN running_var = 1, gamma = 1). */
 int qt_graph_finalize(qt_graph *g, int output, char *err);
 
@@ -303,10 +314,12 @@ void qt_graph_sync_learned_scales(qt_graph *g);
 /* Mode switch: every stateful node follows it. */
 void qt_graph_set_training(qt_graph *g, int training);
 
-/* The parameter-free ops on tensors: relu and relu6 (in place when `inplace`), max/avg/global-average
- * pool, flatten, add (x + x2). One definition for this executor and the backends' fp32
- * fallbacks; NULL for any other op. */
-qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_tensor *x, qt_tensor *x2, int inplace);
+/* The parameter-free ops on tensors in[0..n_in-1]: relu and relu6 (in place when `inplace`),
+ * max/avg/global-average pool, flatten, add, activation, mul, concat, channel shuffle and slice.
+ * One definition for this
+ * executor and the backends' fp32 fallbacks; NULL for any other op. */
+qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_tensor *const *in, int n_in,
+                              int inplace);
 /* One node of an fp32, prepared or Q/DQ graph, computed on its input tensors (inputs[k] holds
  * the value n->inputs[k], batch first) with the node's own parameters from g: conv2d and linear
  * with the weight the node computes with (the fp32 parameter; in a prepared graph its

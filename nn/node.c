@@ -158,7 +158,9 @@ void qt_drop_unless(qt_ctx *ctx, qt_tensor *dead, const qt_tensor *keep) {
     qt_tensor_free(ctx, dead);
 }
 
-qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_tensor *x, qt_tensor *x2, int inplace) {
+qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_tensor *const *in, int n_in,
+                              int inplace) {
+  qt_tensor *x = in[0], *x2 = n_in > 1 ? in[1] : NULL;
   switch (op) {
     case QT_OP_RELU: return qt_relu(ctx, x, inplace);
     case QT_OP_RELU6: return qt_relu6(ctx, x, inplace);
@@ -169,6 +171,9 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
     case QT_OP_ADD: return x2 ? qt_add(ctx, x, x2) : NULL;
     case QT_OP_ACTIVATION: return qt_activation(ctx, x, (qt_act){(qt_act_kind)a->act, a->alpha, a->beta});
     case QT_OP_MUL: return x2 ? qt_mul(ctx, x, x2) : NULL;
+    case QT_OP_CONCAT: return qt_concat(ctx, in, n_in);
+    case QT_OP_CHANNEL_SHUFFLE: return qt_channel_shuffle(ctx, x, a->groups);
+    case QT_OP_CHANNEL_SLICE: return qt_channel_slice(ctx, x, a->begin, a->end);
     default: return NULL;
   }
 }
@@ -200,7 +205,7 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
                            a->momentum, a->eps, inplace);
     default:
       if (qt_op_is_param_free(n->op))
-        return qt_apply_simple_op(ctx, n->op, a, x, n->n_inputs > 1 ? inputs[1] : NULL,
+        return qt_apply_simple_op(ctx, n->op, a, inputs, n->n_inputs,
                                   inplace && (n->op == QT_OP_RELU || n->op == QT_OP_RELU6));
       qt_err(err,
              "node %s: op '%s' is not an fp32 op (qt_node_forward computes conv2d, linear, batch_norm and the "

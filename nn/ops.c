@@ -119,6 +119,42 @@ static int mul_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndi
   return same_as_input(a, in, ndim, shape, err);
 }
 
+/* concat: one rank, equal dims but the last, which adds up. */
+static int concat_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  (void)a;
+  const qt_value *x = in[0];
+  shape[x->ndim - 1] = 0;
+  for (int k = 0; k < QT_MAX_INPUTS && in[k]; k++) {
+    int fits = in[k]->ndim == x->ndim;
+    for (int d = 0; fits && d + 1 < x->ndim; d++) fits = in[k]->shape[d] == x->shape[d];
+    if (!fits)
+      return qt_err(err, "concat inputs '%s' and '%s' differ in rank or in a dimension other than the last", x->name,
+                    in[k]->name);
+    shape[x->ndim - 1] += in[k]->shape[x->ndim - 1];
+  }
+  for (int d = 0; d + 1 < x->ndim; d++) shape[d] = x->shape[d];
+  *ndim = x->ndim;
+  return 0;
+}
+
+static int shuffle_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  const int64_t C = in[0]->shape[in[0]->ndim - 1];
+  if (a->groups < 1 || C % a->groups)
+    return qt_err(err, "channel_shuffle: %d groups do not divide the %lld channels of '%s'", a->groups, (long long)C,
+                  in[0]->name);
+  return same_as_input(a, in, ndim, shape, err);
+}
+
+static int slice_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  const qt_value *x = in[0];
+  const int64_t C = x->shape[x->ndim - 1];
+  if (a->begin < 0 || a->begin >= a->end || a->end > C)
+    return qt_err(err, "channel_slice: channels [%d, %d) of the %lld of '%s'", a->begin, a->end, (long long)C, x->name);
+  same_as_input(a, in, ndim, shape, err);
+  shape[x->ndim - 1] = a->end - a->begin;
+  return 0;
+}
+
 enum { NONE = QT_SLOT_NONE, OPT = QT_SLOT_OPTIONAL, REQ = QT_SLOT_REQUIRED };
 
 static const qt_op_info op_table[] = {
@@ -160,6 +196,12 @@ static const qt_op_info op_table[] = {
     [QT_OP_ADD] = {.name = "add", .min_inputs = 2, .max_inputs = 2, .param_free = 1, .shape = add_shape},
     [QT_OP_ACTIVATION] = {.name = "activation", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = act_shape},
     [QT_OP_MUL] = {.name = "mul", .min_inputs = 2, .max_inputs = 2, .param_free = 1, .shape = mul_shape},
+    [QT_OP_CONCAT] =
+        {.name = "concat", .min_inputs = 2, .max_inputs = QT_MAX_INPUTS, .param_free = 1, .shape = concat_shape},
+    [QT_OP_CHANNEL_SHUFFLE] =
+        {.name = "channel_shuffle", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = shuffle_shape},
+    [QT_OP_CHANNEL_SLICE] =
+        {.name = "channel_slice", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = slice_shape},
     [QT_OP_FAKE_QUANT] = {.name = "fake_quant",
                           .min_inputs = 1,
                           .max_inputs = 1,
@@ -220,9 +262,15 @@ int qt_op_is_param_free(qt_op op) { return (unsigned)op < QT_OP_COUNT && op_tabl
 int qt_op_output_shape(qt_op op, const qt_node_attrs *attr, const qt_value *const *inputs, int n_inputs, int *ndim,
                        int64_t shape[3], char *err) {
   const qt_op_info *info = qt_op_info_get(op);
-  if (n_inputs < info->min_inputs || n_inputs > info->max_inputs)
-    return qt_err(err, "op '%s' takes %d input(s), has %d", info->name, info->min_inputs, n_inputs);
+  if (n_inputs < info->min_inputs || n_inputs > info->max_inputs) {
+    if (info->min_inputs == info->max_inputs)
+      return qt_err(err, "op '%s' takes %d input(s), has %d", info->name, info->min_inputs, n_inputs);
+    return qt_err(err, "op '%s' takes %d to %d inputs, has %d", info->name, info->min_inputs, info->max_inputs,
+                  n_inputs);
+  }
   if (!info->shape) return qt_err(err, "op '%s' has no inferred output shape", info->name);
   memset(shape, 0, 3 * sizeof *shape);
-  return info->shape(attr, inputs, ndim, shape, err);
+  const qt_value *in[QT_MAX_INPUTS + 1] = {0}; /* NULL after the last (concat counts them) */
+  for (int k = 0; k < n_inputs; k++) in[k] = inputs[k];
+  return info->shape(attr, in, ndim, shape, err);
 }

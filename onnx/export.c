@@ -548,6 +548,61 @@ static int op_mul(exporter *e) {
   return 0;
 }
 
+/* concat -> Concat along axis 1 (channels of [N, C, H, W], features of [N, F]). */
+static int op_concat(exporter *e) {
+  const qt_node *n = e->node;
+  for (int k = 0; k < n->n_inputs; k++)
+    if (vin(e, k)->perm_c)
+      return qt_exp_node_err(e, "joins a flattened image (ONNX order (c, h, w)); the graph's is (h, w, c)");
+  const char *in[QT_MAX_INPUTS] = {0};
+  for (int k = 0; k < n->n_inputs; k++) in[k] = vname(e, n->inputs[k]);
+  _Static_assert(QT_MAX_INPUTS == 4, "concat's inputs below");
+  qt_exp_attr_int(e, qt_exp_add_node(e, "Concat", n->name, out(e), n->n_inputs, in[0], in[1], in[2], in[3]), "axis", 1);
+  e->vi[n->output] = *vin(e, 0);
+  return 0;
+}
+
+/* channel_shuffle -> Reshape to [N, g, C / g, (H, W)], Transpose of the two, Reshape back. */
+static int op_channel_shuffle(exporter *e) {
+  const qt_node *n = e->node;
+  const qt_value *x = &e->g->values[n->inputs[0]];
+  if (vin(e, 0)->perm_c)
+    return qt_exp_node_err(e, "shuffles a flattened image (ONNX order (c, h, w)); the graph's is (h, w, c)");
+  const int img = x->ndim == 3, G = n->attr.groups;
+  const int64_t C = x->shape[x->ndim - 1];
+  const int64_t grouped[5] = {0, G, C / G, x->shape[0], x->shape[1]}, back[4] = {0, C, x->shape[0], x->shape[1]};
+  const int64_t n1 = img ? 5 : 3, n2 = img ? 4 : 2;
+  char *s1 = qt_exp_str(e, "%s.grouped_shape", n->name), *s2 = qt_exp_str(e, "%s.shape", n->name),
+       *t1 = qt_exp_str(e, "%s.grouped", n->name), *t2 = qt_exp_str(e, "%s.transposed", n->name);
+  qt_exp_add_int64(e, s1, 1, &n1, grouped, n1);
+  qt_exp_add_int64(e, s2, 1, &n2, back, n2);
+  qt_exp_add_node(e, "Reshape", t1, t1, 2, in0(e), s1);
+  Onnx__NodeProto *t = qt_exp_add_node(e, "Transpose", t2, t2, 1, t1);
+  if (img)
+    qt_exp_attr_ints(e, t, "perm", 5, 0, 2, 1, 3, 4);
+  else
+    qt_exp_attr_ints(e, t, "perm", 3, 0, 2, 1);
+  qt_exp_add_node(e, "Reshape", n->name, out(e), 2, t2, s2);
+  e->vi[n->output] = *vin(e, 0);
+  return 0;
+}
+
+/* channel_slice -> Slice of axis 1 (channels or features) from begin to end. */
+static int op_channel_slice(exporter *e) {
+  const qt_node *n = e->node;
+  if (vin(e, 0)->perm_c)
+    return qt_exp_node_err(e, "slices a flattened image (ONNX order (c, h, w)); the graph's is (h, w, c)");
+  const int64_t one = 1, b = n->attr.begin, en = n->attr.end, axis = 1;
+  char *sb = qt_exp_str(e, "%s.starts", n->name), *se = qt_exp_str(e, "%s.ends", n->name),
+       *sa = qt_exp_str(e, "%s.axes", n->name);
+  qt_exp_add_int64(e, sb, 1, &one, &b, 1);
+  qt_exp_add_int64(e, se, 1, &one, &en, 1);
+  qt_exp_add_int64(e, sa, 1, &one, &axis, 1);
+  qt_exp_add_node(e, "Slice", n->name, out(e), 4, in0(e), sb, se, sa);
+  e->vi[n->output] = *vin(e, 0);
+  return 0;
+}
+
 static int op_batch_norm(exporter *e) {
   const qt_node *n = e->node;
   if (vin(e, 0)->perm_c)
@@ -588,6 +643,9 @@ static int export_node(exporter *e) {
     case QT_OP_ADD: return op_add(e);
     case QT_OP_ACTIVATION: return op_activation(e);
     case QT_OP_MUL: return op_mul(e);
+    case QT_OP_CONCAT: return op_concat(e);
+    case QT_OP_CHANNEL_SHUFFLE: return op_channel_shuffle(e);
+    case QT_OP_CHANNEL_SLICE: return op_channel_slice(e);
     case QT_OP_BATCH_NORM: return op_batch_norm(e);
     case QT_OP_FAKE_QUANT:
     case QT_OP_CONV_BN:

@@ -85,11 +85,13 @@ static int check_model(imp *im, const Onnx__ModelProto *m) {
     if (!n->op_type || !op_lookup(n->op_type))
       return qt_imp_node_err(im,
                              "op type not supported (supported: Conv, BatchNormalization, Relu, Clip(0, 6), "
-                             "Sigmoid, Tanh, HardSigmoid, HardSwish, LeakyRelu, Elu, Gelu, Mul (x * Sigmoid(x)), "
-                             "MaxPool, AveragePool, GlobalAveragePool, ReduceMean (over H and W), Flatten, Reshape "
-                             "(flatten), Squeeze, Gemm, MatMul, Add, Identity, Dropout, Pad (zeros before Conv / "
-                             "AveragePool), and Constant / Shape / Gather / Unsqueeze / Squeeze / Concat / Expand / "
-                             "Cast / CastLike / Reshape computing constants and shapes)");
+                             "Sigmoid, Tanh, HardSigmoid, HardSwish, LeakyRelu, Elu, Gelu (or Div, Erf, Add, Mul, "
+                             "Mul), Mul of two activations, MaxPool, AveragePool, GlobalAveragePool, ReduceMean "
+                             "(over H and W), Flatten, Reshape (flatten; a channel shuffle's with Transpose), "
+                             "Squeeze, Gemm, MatMul, Add, Concat, Split and Slice of channels, Identity, Dropout, "
+                             "Pad (zeros before Conv / AveragePool), and Constant / Shape / Gather / Unsqueeze / "
+                             "Squeeze / Concat / Expand / Cast / CastLike / Reshape / Add / Sub / Mul / Div "
+                             "computing constants and shapes)");
     const qt_imp_op *row = op_lookup(n->op_type);
     if (n->n_input < (size_t)row->min_in || n->n_input > (size_t)row->max_in)
       return qt_imp_node_err(im, "%zu inputs; %s takes %d to %d", n->n_input, row->op, row->min_in, row->max_in);

@@ -1,9 +1,9 @@
-/* The element-wise ONNX ops (import_int.h): Relu and Clip (ReLU, ReLU6), the activations
+/* The element-wise ONNX ops and those joining activations (import_int.h): Relu and Clip (ReLU, ReLU6), the activations
  * (Sigmoid, Tanh, HardSigmoid, HardSwish, LeakyRelu, Elu, Gelu), SiLU as x * Sigmoid(x), GELU as
  * torch exports it before opset 20 (x * (Erf(x / sqrt 2) + 1) * 0.5: Div, Erf, Add, Mul, Mul),
  * the residual Add of two activations, and Mul of two activations of one shape or of an image by
  * a per-channel vector (squeeze-excite: the vector is a global pool's [N, C, 1, 1] after its 1x1
- * convolutions). */
+ * convolutions), and Concat of activations along channels. */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
 #include <math.h>
 #include <stdint.h>
@@ -145,11 +145,20 @@ static int gelu_step(imp *im, int from, float c, const char *op) {
   return 0;
 }
 
-/* Div: only x / sqrt 2, the start of a GELU. */
+/* Div: x / sqrt 2, the start of a GELU, or shape arithmetic. */
 static int op_div(imp *im) {
+  const sym *a = raw_input(im, 0);
+  if (a && a->kind == S_INTS) return qt_imp_ints_arith(im, '/');
   const int r = gelu_step(im, 0, 1.41421356f, "Div");
   if (r) return r < 0 ? -1 : 0;
   return qt_imp_node_err(im, "Div is supported only as the x / sqrt(2) that starts a GELU (%s)", gelu_what);
+}
+
+/* Sub: shape arithmetic only. */
+static int op_sub(imp *im) {
+  const sym *a = raw_input(im, 0);
+  if (a && a->kind == S_INTS) return qt_imp_ints_arith(im, '-');
+  return qt_imp_node_err(im, "Sub is supported only in shape computations");
 }
 
 static int op_erf(imp *im) {
@@ -164,6 +173,8 @@ static int op_erf(imp *im) {
 /* ---- Add, Mul ------------------------------------------------------------------------------ */
 
 static int op_add(imp *im) {
+  const sym *first = raw_input(im, 0);
+  if (first && first->kind == S_INTS) return qt_imp_ints_arith(im, '+');
   const int r = gelu_step(im, 2, 1.0f, "Add");
   if (r) return r < 0 ? -1 : 0;
   sym *a = qt_imp_input(im, 0, "A"), *b = a ? qt_imp_input(im, 1, "B") : NULL;
@@ -192,9 +203,11 @@ static int op_add(imp *im) {
   return 0;
 }
 
-/* Mul: a step of a GELU, or a * b of two activations of one shape and layout, or an image scaled
+/* Mul: shape arithmetic, a step of a GELU, or a * b of two activations of one shape and layout, or an image scaled
  * by a per-channel vector (a global pool's [N, C, 1, 1]), either way round. */
 static int op_mul(imp *im) {
+  const sym *first = raw_input(im, 0);
+  if (first && first->kind == S_INTS) return qt_imp_ints_arith(im, '*');
   int r = gelu_step(im, 3, 0.0f, "Mul");
   if (!r) r = gelu_step(im, 4, 0.5f, "Mul");
   if (r) return r < 0 ? -1 : 0;
@@ -249,6 +262,34 @@ static int f_sigmoid(imp *im) {
   return 0;
 }
 
+/* Concat of 2 to QT_MAX_INPUTS activations along channels (images, axis 1) or features (flat
+ * tensors and pooled vectors, axis 1), all laid out alike. */
+int qt_imp_concat_act(imp *im) {
+  const int n = (int)im->node->n_input;
+  if (n < 2 || n > QT_MAX_INPUTS)
+    return qt_imp_node_err(im, "Concat of %d activations; 2 to %d are supported", n, QT_MAX_INPUTS);
+  int64_t axis;
+  if (qt_imp_attr_int(im, "axis", 0, &axis)) return -1;
+  sym *x[QT_MAX_INPUTS] = {0};
+  int ids[QT_MAX_INPUTS];
+  for (int k = 0; k < n; k++) {
+    if (!(x[k] = qt_imp_act_input(im, (size_t)k, "input", 0))) return -1;
+    ids[k] = x[k]->value;
+    if (x[k]->perm_c || x[k]->pooled != x[0]->pooled || is_image(im, x[k]) != is_image(im, x[0]))
+      return qt_imp_node_err(im, "Concat of '%s' and '%s', laid out differently in the graph IR", x[0]->name,
+                             x[k]->name);
+  }
+  const int rank = is_image(im, x[0]) || x[0]->pooled ? 4 : 2;
+  if (axis != 1 && axis != 1 - rank)
+    return qt_imp_node_err(im,
+                           "Concat along axis %lld; only along channels (axis 1 of [N, C, H, W]) or features "
+                           "(axis 1 of [N, F]) is supported",
+                           (long long)axis);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  return bind_elementwise(im, x[0], qt_graph_concat(im->g, name, ids, n));
+}
+
 static int f_tanh(imp *im) { return op_activation(im, QT_ACT_TANH); }
 static int f_hardsigmoid(imp *im) { return op_activation(im, QT_ACT_HARDSIGMOID); }
 static int f_hardswish(imp *im) { return op_activation(im, QT_ACT_HARDSWISH); }
@@ -270,6 +311,7 @@ const qt_imp_op qt_imp_elementwise_ops[] = {
     {"Gelu", f_gelu, 1, 1, 1, 1},
     {"Div", op_div, 2, 2, 1, 1},
     {"Erf", op_erf, 1, 1, 1, 1},
+    {"Sub", op_sub, 2, 2, 1, 1},
     {"Add", op_add, 2, 2, 1, 1},
     {"Mul", op_mul, 2, 2, 1, 1},
     {NULL, NULL, 0, 0, 0, 0},

@@ -46,8 +46,10 @@ typedef struct {
   int n_ints, scalar;
   /* S_NONE: an output no supported consumer reads */
   const char *what;
-  int gelu; /* S_NONE: step 1..4 of a GELU decomposed as Div, Erf, Add, Mul, Mul (import_elementwise.c),
-             * with the S_ACT fields of its x */
+  int gelu;            /* S_NONE: step 1..4 of a GELU decomposed as Div, Erf, Add, Mul, Mul (import_elementwise.c),
+                        * with the S_ACT fields of its x */
+  int shuffle, groups; /* S_NONE: step 1 (Reshape to [N, groups, C / groups, H, W]) or 2 (then
+                        * Transpose) of a channel shuffle (import_ops.c), with x's S_ACT fields */
 } sym;
 
 typedef enum { COPY_AS_IS, COPY_TRANSPOSE } copy_kind;
@@ -95,7 +97,12 @@ typedef struct {
 /* The op tables, each ended by a row whose op is NULL. */
 extern const qt_imp_op qt_imp_layer_ops[];       /* import_ops.c */
 extern const qt_imp_op qt_imp_elementwise_ops[]; /* import_elementwise.c */
-extern const qt_imp_op qt_imp_shape_ops[];       /* import_shape.c */
+extern const qt_imp_op qt_imp_shape_ops[];
+/* Concat of activations (import_elementwise.c; import_shape.c's Concat hands them over). */
+int qt_imp_concat_act(imp *im);
+/* Add ('+'), Sub ('-'), Mul ('*'), Div ('/') of shape computations (import_shape.c;
+ * import_elementwise.c's Add, Mul and Div hand them over). */
+int qt_imp_ints_arith(imp *im, char op); /* import_shape.c */
 
 static inline const char *str(const char *s) { return s ? s : ""; }
 

@@ -1,6 +1,7 @@
 /* The ONNX ops that become graph IR layers (import_int.h): Conv, BatchNormalization, pooling,
- * Flatten / Reshape, Gemm / MatMul, and the ops dropped or folded into their consumer (Identity,
- * Dropout, a zero Pad). The element-wise ones are in import_elementwise.c. */
+ * Flatten / Reshape, Gemm / MatMul, the channel shuffle (Reshape, Transpose, Reshape), Split and
+ * Slice of channels, and the ops dropped or folded into their consumer (Identity, Dropout, a
+ * zero Pad). The element-wise ones are in import_elementwise.c. */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
 #include <math.h>
 #include <stdint.h>
@@ -276,16 +277,100 @@ static int op_flatten(imp *im) {
   return flatten(im, x);
 }
 
-/* Reshape to (batch, -1) or (batch, features): x.view(n, -1) or flatten(1). */
+/* ---- channel shuffle: Reshape to [N, g, C / g, H, W], Transpose [0, 2, 1, 3, 4], Reshape back -- */
+
+static const char shuffle_what[] =
+    "a grouped view of channels (a channel shuffle's Reshape to [N, g, C / g, H, W], Transpose [0, 2, 1, 3, 4], "
+    "Reshape to [N, C, H, W])";
+
+/* Whether a Reshape's first entry s0 is the batch: computed, 0 (copied), the model's static batch,
+ * or -1 with the rest of the shape holding a sample's `per` values. */
+static int batch_entry(const imp *im, int64_t s0, int64_t allowzero, int64_t rest, int64_t per) {
+  return s0 == BATCH || (s0 == 0 && !allowzero) || (im->static_batch > 0 && s0 == im->static_batch) ||
+         (s0 == -1 && rest == per);
+}
+
+/* The current node's output as step `step` of the channel shuffle of x by `groups` (x's fields kept). */
+static void shuffle_pending(imp *im, const sym *x, int step, int groups) {
+  const sym keep = *x;
+  sym *s = qt_imp_add_sym(im, im->node->output[0], S_NONE);
+  const char *name = s->name;
+  *s = keep;
+  s->name = name;
+  s->kind = S_NONE;
+  s->what = shuffle_what;
+  s->shuffle = step;
+  s->groups = groups;
+  im->info->folded++;
+}
+
+/* Reshape of an image to [N, g, C / g, H, W]: the start of a channel shuffle. */
+static int shuffle_begin(imp *im, sym *x, const int64_t *s, int64_t allowzero) {
+  const qt_value *v = val(im, x);
+  const int64_t H = v->shape[0], W = v->shape[1], C = v->shape[2];
+  if (!batch_entry(im, s[0], allowzero, s[1] * s[2] * s[3] * s[4], C * H * W) || s[1] < 1 || s[1] * s[2] != C ||
+      s[3] != H || s[4] != W)
+    return qt_imp_node_err(im,
+                           "Reshape of an image [N, %lld, %lld, %lld] to 5 dims: only [N, g, C / g, H, W], a "
+                           "channel shuffle's grouping, is supported",
+                           (long long)C, (long long)H, (long long)W);
+  shuffle_pending(im, x, 1, (int)s[1]);
+  return 0;
+}
+
+/* Reshape back to [N, C, H, W] after the Transpose: one channel_shuffle node. */
+static int shuffle_end(imp *im, sym *p, const sym *shape, int64_t allowzero) {
+  sym x = *p;
+  x.kind = S_ACT;
+  const qt_value *v = val(im, &x);
+  const int64_t H = v->shape[0], W = v->shape[1], C = v->shape[2], *s = shape->ints;
+  if (shape->n_ints != 4 || !batch_entry(im, s[0], allowzero, s[1] * s[2] * s[3], C * H * W) || s[1] != C ||
+      s[2] != H || s[3] != W)
+    return qt_imp_node_err(im, "Reshape of %s: only back to [N, %lld, %lld, %lld] is supported", shuffle_what,
+                           (long long)C, (long long)H, (long long)W);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_channel_shuffle(im->g, name, x.value, p->groups);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_bind_act(im, 0, y);
+  return 0;
+}
+
+/* Transpose: only the swap of a channel shuffle's groups and channels. */
+static int op_transpose(imp *im) {
+  sym *p = in_name(im->node, 0) ? qt_imp_find(im, im->node->input[0]) : NULL;
+  int64_t perm[5];
+  int found = 0;
+  if (p && p->kind == S_NONE && p->shuffle == 1) {
+    if (qt_imp_attr_ints(im, "perm", perm, 5, &found)) return -1;
+    if (found && perm[0] == 0 && perm[1] == 2 && perm[2] == 1 && perm[3] == 3 && perm[4] == 4) {
+      shuffle_pending(im, p, 2, p->groups);
+      return 0;
+    }
+  }
+  return qt_imp_node_err(im, "Transpose is supported only as a channel shuffle's (perm [0, 2, 1, 3, 4] of %s)",
+                         shuffle_what);
+}
+
+/* Reshape to (batch, -1) or (batch, features): x.view(n, -1) or flatten(1); the two Reshapes of a
+ * channel shuffle; shape arithmetic. */
 static int op_reshape(imp *im) {
+  sym *raw = in_name(im->node, 0) ? qt_imp_find(im, im->node->input[0]) : NULL, tmp;
+  if (raw && raw->kind == S_NONE && raw->shuffle == 2) {
+    int64_t allowzero = 0;
+    const sym *shape = qt_imp_ints_input(im, 1, "shape", &tmp);
+    if (!shape || qt_imp_attr_int(im, "allowzero", 0, &allowzero)) return -1;
+    return shuffle_end(im, raw, shape, allowzero);
+  }
   const sym *data = qt_imp_input(im, 0, "data");
   if (data && data->kind != S_ACT) return qt_imp_reshape_ints(im);
-  sym *x = qt_imp_act_input(im, 0, "data", 0), tmp;
+  sym *x = qt_imp_act_input(im, 0, "data", 0);
   if (!x) return -1;
   const sym *shape = qt_imp_ints_input(im, 1, "shape", &tmp);
   if (!shape) return -1;
   int64_t allowzero = 0;
   if (qt_imp_attr_int(im, "allowzero", 0, &allowzero)) return -1;
+  if (shape->n_ints == 5 && is_image(im, x) && !x->perm_c) return shuffle_begin(im, x, shape->ints, allowzero);
   const int64_t F = features(im, x);
   const int64_t *s = shape->ints;
   char d[96];
@@ -296,15 +381,107 @@ static int op_reshape(imp *im) {
                                   : snprintf(d + k, sizeof d - k, "%s%lld", i ? ", " : "", (long long)s[i]));
     if (k < sizeof d) snprintf(d + k, sizeof d - k, "]");
   }
-  const int batch_ok =
-      shape->n_ints == 2 && (s[0] == BATCH || (s[0] == 0 && !allowzero) ||
-                             (im->static_batch > 0 && s[0] == im->static_batch) || (s[0] == -1 && s[1] == F));
+  const int batch_ok = shape->n_ints == 2 && batch_entry(im, s[0], allowzero, s[1], F);
   if (!batch_ok || !(s[1] == -1 || s[1] == F))
     return qt_imp_node_err(im,
                            "Reshape to %s of a tensor with %lld features per sample: only the flatten x.view(n, -1) "
                            "(batch, -1) is supported",
                            d, (long long)F);
   return flatten(im, x);
+}
+
+/* ---- channel ranges: Split, Slice ----------------------------------------------------------- */
+
+/* The channel axis of x as ONNX numbers it: 1 of [N, C, H, W] (-3) or of [N, F] (-1). */
+static int channel_axis(imp *im, const sym *x, int64_t axis) {
+  const int rank = is_image(im, x) || x->pooled ? 4 : 2;
+  return axis == 1 || axis == 1 - rank;
+}
+
+/* A list of integers: the attribute `attr` (older opsets) or input k (a constant or computed);
+ * *n = 0 when neither is there. */
+static int ints_arg(imp *im, const char *attr, size_t k, int64_t *v, int *n) {
+  const Onnx__AttributeProto *a = qt_imp_attr(im->node, attr);
+  *n = 0;
+  if (a) {
+    if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS || a->n_ints > MAX_INTS)
+      return qt_imp_node_err(im, "attribute %s: expected at most %d integers", attr, MAX_INTS);
+    *n = (int)a->n_ints;
+    memcpy(v, a->ints, a->n_ints * sizeof *v);
+    return 0;
+  }
+  if (!in_name(im->node, k)) return 0;
+  sym tmp;
+  const sym *s = qt_imp_ints_input(im, k, attr, &tmp);
+  if (!s) return -1;
+  *n = s->n_ints;
+  memcpy(v, s->ints, (size_t)s->n_ints * sizeof *v);
+  return 0;
+}
+
+/* Output k of the current node as channels [begin, end) of x. */
+static int bind_slice(imp *im, size_t k, const sym *x, int64_t begin, int64_t end) {
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_channel_slice(im->g, name, x->value, (int)begin, (int)end);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_bind_act(im, k, y)->pooled = x->pooled;
+  return 0;
+}
+
+/* Split along channels into the sizes of `split` (an input from opset 13, an attribute before),
+ * or into equal parts (num_outputs from opset 18, else the outputs' count). */
+static int op_split(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "input", 0);
+  if (!x) return -1;
+  int64_t axis = 0, sizes[MAX_INTS];
+  int n = 0;
+  if (qt_imp_attr_int(im, "axis", 0, &axis) || ints_arg(im, "split", 1, sizes, &n)) return -1;
+  if (x->perm_c || !channel_axis(im, x, axis))
+    return qt_imp_node_err(im, "Split along axis %lld: only along channels (axis 1) is supported", (long long)axis);
+  const int64_t C = val(im, x)->shape[val(im, x)->ndim - 1];
+  const int outs = (int)im->node->n_output;
+  if (!n) { /* equal parts, the last smaller, as ONNX's num_outputs */
+    if (outs > MAX_INTS) return qt_imp_node_err(im, "Split into %d outputs (at most %d)", outs, MAX_INTS);
+    const int64_t part = (C + outs - 1) / outs;
+    for (int k = 0; k < outs; k++) sizes[k] = k + 1 < outs ? part : C - part * (outs - 1);
+    n = outs;
+  }
+  int64_t sum = 0;
+  for (int k = 0; k < n; k++) sum += sizes[k] > 0 ? sizes[k] : -1;
+  if (n != outs || sum != C)
+    return qt_imp_node_err(im, "Split of %lld channels into %d positive sizes for %d outputs: they do not add up",
+                           (long long)C, n, outs);
+  int64_t at = 0;
+  for (int k = 0; k < n; k++) {
+    if (in_name(im->node, 0) && im->node->output[k] && im->node->output[k][0] &&
+        bind_slice(im, (size_t)k, x, at, at + sizes[k]))
+      return -1;
+    at += sizes[k];
+  }
+  return 0;
+}
+
+/* Slice of one range of channels, step 1 (x[:, a:b] and chunk as torch exports them). */
+static int op_slice(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "data", 0);
+  if (!x) return -1;
+  int64_t starts[MAX_INTS], ends[MAX_INTS], axes[MAX_INTS] = {0}, steps[MAX_INTS] = {1};
+  int ns, ne, na, nt;
+  if (ints_arg(im, "starts", 1, starts, &ns) || ints_arg(im, "ends", 2, ends, &ne) ||
+      ints_arg(im, "axes", 3, axes, &na) || ints_arg(im, "steps", 4, steps, &nt))
+    return -1;
+  if (ns != 1 || ne != 1 || na > 1 || nt > 1 || (nt && steps[0] != 1) || x->perm_c ||
+      !channel_axis(im, x, na ? axes[0] : 0))
+    return qt_imp_node_err(im, "only a Slice of one range of channels (axis 1), step 1, is supported");
+  const int64_t C = val(im, x)->shape[val(im, x)->ndim - 1];
+  int64_t b = starts[0] < 0 ? starts[0] + C : starts[0], e = ends[0] < 0 ? ends[0] + C : ends[0];
+  if (b < 0) b = 0;
+  if (e > C) e = C;
+  if (b >= e)
+    return qt_imp_node_err(im, "Slice of channels [%lld, %lld) of %lld is empty", (long long)b, (long long)e,
+                           (long long)C);
+  return bind_slice(im, 0, x, b, e);
 }
 
 /* W (OUT, IN) of a linear layer reading x; transposed: W is stored (IN, OUT). */
@@ -471,6 +648,9 @@ const qt_imp_op qt_imp_layer_ops[] = {
     {"Reshape", op_reshape, 2, 2, 1, 1},
     {"Gemm", op_gemm, 2, 3, 1, 1},
     {"MatMul", op_matmul, 2, 2, 1, 1},
+    {"Transpose", op_transpose, 1, 1, 1, 1},
+    {"Split", op_split, 1, 2, 1, MAX_INTS},
+    {"Slice", op_slice, 3, 5, 1, 1},
     {"Identity", op_identity, 1, 1, 1, 1},
     {"Dropout", op_identity, 1, 3, 1, 2},
     {"Pad", op_pad, 1, 4, 1, 1},

@@ -1,5 +1,6 @@
 /* Constants and the small integer shape arithmetic that exporters write around a Reshape
- * (import_int.h): Constant, Shape, Gather, Unsqueeze, Concat, Expand, Cast, CastLike, and the
+ * (import_int.h): Constant, Shape, Gather, Unsqueeze, Concat (of activations: import_elementwise.c),
+ * Expand, Cast, CastLike, and the
  * shape computations of Squeeze and Reshape (import_ops.c reads those ops). They are evaluated
  * at import; none of them reaches the graph IR. */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
@@ -119,6 +120,34 @@ static int op_gather(imp *im) {
   return 0;
 }
 
+/* Add, Sub, Mul, Div of shape computations (ShuffleNet's chunk: (channels + 1) / 2 * k), element by
+ * element or by one integer; integer Div rounds toward zero, as ONNX's. The batch entry takes no
+ * part, and a Div by anything but a positive integer is refused. */
+int qt_imp_ints_arith(imp *im, char op) {
+  sym tmp_a, tmp_b;
+  const sym *a = qt_imp_ints_input(im, 0, "A", &tmp_a);
+  if (!a) return -1;
+  const sym sa = *a;
+  const sym *b = qt_imp_ints_input(im, 1, "B", &tmp_b);
+  if (!b) return -1;
+  const sym sb = *b;
+  const int n = sa.n_ints > sb.n_ints ? sa.n_ints : sb.n_ints;
+  if ((sa.n_ints != n && sa.n_ints != 1) || (sb.n_ints != n && sb.n_ints != 1))
+    return qt_imp_node_err(im, "shape computations of %d and %d entries do not broadcast", sa.n_ints, sb.n_ints);
+  sym *s = qt_imp_add_sym(im, im->node->output[0], S_INTS);
+  s->scalar = sa.scalar && sb.scalar;
+  s->n_ints = n;
+  for (int i = 0; i < n; i++) {
+    const int64_t x = sa.ints[sa.n_ints == 1 ? 0 : i], y = sb.ints[sb.n_ints == 1 ? 0 : i];
+    if (x == BATCH || y == BATCH) return qt_imp_node_err(im, "arithmetic on the batch dimension is not supported");
+    if ((x > ((int64_t)1 << 40) || x < -((int64_t)1 << 40)) || (y > ((int64_t)1 << 40) || y < -((int64_t)1 << 40)))
+      return qt_imp_node_err(im, "shape entries %lld, %lld out of range", (long long)x, (long long)y);
+    if (op == '/' && y <= 0) return qt_imp_node_err(im, "Div of a shape by %lld (positive only)", (long long)y);
+    s->ints[i] = op == '+' ? x + y : op == '-' ? x - y : op == '*' ? x * y : x / y;
+  }
+  return 0;
+}
+
 static int op_unsqueeze(imp *im) {
   sym tmp;
   const sym *d = qt_imp_ints_input(im, 0, "data", &tmp);
@@ -137,6 +166,8 @@ static int op_unsqueeze(imp *im) {
 }
 
 static int op_concat(imp *im) {
+  const sym *first = im->node->n_input ? qt_imp_find(im, str(im->node->input[0])) : NULL;
+  if (first && first->kind == S_ACT) return qt_imp_concat_act(im);
   int64_t axis = 0;
   if (qt_imp_attr_int(im, "axis", 0, &axis)) return -1;
   if (axis != 0) return qt_imp_node_err(im, "only Concat of shapes (axis 0) is supported");
@@ -259,7 +290,7 @@ static int op_cast_like(imp *im) {
 const qt_imp_op qt_imp_shape_ops[] = {
     {"Constant", op_constant, 0, 0, 1, 1},    {"Shape", op_shape, 1, 1, 1, 1},
     {"Gather", op_gather, 2, 2, 1, 1},        {"Unsqueeze", op_unsqueeze, 1, 2, 1, 1},
-    {"Concat", op_concat, 1, MAX_INTS, 1, 1}, /* only a Reshape's shape: a few integer vectors */
+    {"Concat", op_concat, 1, MAX_INTS, 1, 1}, /* shapes, or activations (qt_imp_concat_act) */
     {"Expand", op_expand, 2, 2, 1, 1},        {"Cast", op_cast, 1, 1, 1, 1},
     {"CastLike", op_cast_like, 2, 2, 1, 1},   {NULL, NULL, 0, 0, 0, 0},
 };

@@ -253,7 +253,7 @@ static qt_tensor *unit_forward(ar_run *r, const unit *u, unit_state *st, qt_tens
         y = in[0];
       }
     } else if (qt_op_is_param_free(nd->op)) {
-      y = qt_apply_simple_op(ctx, nd->op, &nd->attr, in[0], in[1], 0);
+      y = qt_apply_simple_op(ctx, nd->op, &nd->attr, in, nd->n_inputs, 0);
     } else if (nd->op == QT_OP_CONV2D || nd->op == QT_OP_LINEAR || nd->op == QT_OP_BATCH_NORM) {
       y = qt_node_forward(g, ctx, node, in, 0, err);
       if (!y) return NULL;

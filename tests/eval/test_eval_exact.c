@@ -280,8 +280,9 @@ static qt_graph *mobile_graph(void) {
   return g;
 }
 
-/* Every activation of qt_activation between convolutions, then a squeeze-excite mul and an image
- * times itself (fp32 between quantized neighbours). */
+/* Every activation of qt_activation between convolutions, then a squeeze-excite mul, an image
+ * times itself, a concat of three values, a channel shuffle and a channel slice (fp32 between
+ * quantized neighbours). */
 static qt_graph *act_graph(void) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_graph_create("act_like");
@@ -302,6 +303,11 @@ static qt_graph *act_graph(void) {
   s = qt_graph_activation(g, "se.gate", qt_graph_linear(g, "se.fc2", s, 8, 1), qt_act_default(QT_ACT_HARDSIGMOID));
   v = qt_graph_mul(g, "se", v, s);
   v = qt_graph_mul(g, "square", v, v);
+  /* three values joined along channels: 8 + 8 + 4 */
+  const int parts[3] = {v, qt_graph_relu(g, "cat.relu", v), qt_graph_conv2d(g, "cat.conv", v, 4, 1, 1, 0, 1, 1)};
+  v = qt_graph_concat(g, "cat", parts, 3);
+  /* its 20 channels shuffled in 4 groups, then channels [2, 14) */
+  v = qt_graph_channel_slice(g, "slice", qt_graph_channel_shuffle(g, "shuffle", v, 4), 2, 14);
   int y = qt_graph_linear(g, "fc", qt_graph_global_avg_pool(g, "gap", v), 10, 1);
   QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
   return g;

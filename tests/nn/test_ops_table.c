@@ -26,7 +26,8 @@ static void check_names_and_flags(void) {
     const int stateful = op == QT_OP_BATCH_NORM || op == QT_OP_CONV_BN || op == QT_OP_FAKE_QUANT;
     const int simple = op == QT_OP_RELU || op == QT_OP_RELU6 || op == QT_OP_MAX_POOL2D || op == QT_OP_AVG_POOL2D ||
                        op == QT_OP_GLOBAL_AVG_POOL || op == QT_OP_FLATTEN || op == QT_OP_ADD ||
-                       op == QT_OP_ACTIVATION || op == QT_OP_MUL;
+                       op == QT_OP_ACTIVATION || op == QT_OP_MUL || op == QT_OP_CONCAT || op == QT_OP_CHANNEL_SHUFFLE ||
+                       op == QT_OP_CHANNEL_SLICE;
     if (qt_op_has_weight((qt_op)op) != weight || qt_op_is_stateful((qt_op)op) != stateful ||
         qt_op_is_param_free((qt_op)op) != simple)
       qt_test_fail("op %s: flags has_weight %d stateful %d param_free %d", info->name, qt_op_has_weight((qt_op)op),
@@ -119,6 +120,22 @@ static void check_shapes(void) {
                "mul inputs 'x' and 'g' neither have one shape nor are an image and a vector of its channels");
   expect_shape("mul order", QT_OP_MUL, &none, se_rev, 2, 0, NULL, "mul inputs 'g' and 'y' neither");
   expect_shape("mul arity", QT_OP_MUL, &none, x, 1, 0, NULL, "op 'mul' takes 2 input(s), has 1");
+  const qt_value *cat3[3] = {&img, &img2, &img}, *cat_bad[2] = {&img, &flat};
+  expect_shape("concat", QT_OP_CONCAT, &none, cat3, 3, 3, (int64_t[]){28, 28, 4}, NULL);
+  expect_shape("concat flat", QT_OP_CONCAT, &none, (const qt_value *const[]){&flat, &gate}, 2, 1, (int64_t[]){786},
+               NULL);
+  expect_shape("concat rank", QT_OP_CONCAT, &none, cat_bad, 2, 0, NULL,
+               "concat inputs 'x' and 'f' differ in rank or in a dimension other than the last");
+  expect_shape("concat arity", QT_OP_CONCAT, &none, x, 1, 0, NULL, "op 'concat' takes 2 to 4 inputs, has 1");
+  const qt_value img6 = {.name = "z", .ndim = 3, .shape = {7, 7, 6}};
+  const qt_value *z[1] = {&img6};
+  expect_shape("shuffle", QT_OP_CHANNEL_SHUFFLE, &(qt_node_attrs){.groups = 3}, z, 1, 3, (int64_t[]){7, 7, 6}, NULL);
+  expect_shape("shuffle groups", QT_OP_CHANNEL_SHUFFLE, &(qt_node_attrs){.groups = 4}, z, 1, 0, NULL,
+               "channel_shuffle: 4 groups do not divide the 6 channels of 'z'");
+  expect_shape("slice", QT_OP_CHANNEL_SLICE, &(qt_node_attrs){.begin = 2, .end = 5}, z, 1, 3, (int64_t[]){7, 7, 3},
+               NULL);
+  expect_shape("slice range", QT_OP_CHANNEL_SLICE, &(qt_node_attrs){.begin = 4, .end = 7}, z, 1, 0, NULL,
+               "channel_slice: channels [4, 7) of the 6 of 'z'");
   expect_shape("pool fit", QT_OP_AVG_POOL2D, &big, x, 1, 0, NULL, "kernel 31 stride 1 pad 0 do not fit input 28x28");
   expect_shape(
       "conv fit", QT_OP_CONV2D,

@@ -168,6 +168,16 @@ def run_onnx(model, x):
             y = (ins[0].astype(np.float64) * ins[1]).astype(np.float32)
         elif op == "Div":
             y = (ins[0].astype(np.float64) / ins[1]).astype(np.float32)
+        elif op == "Transpose":
+            y = np.transpose(ins[0], a["perm"])
+        elif op == "Slice":  # starts, ends, axes; steps 1
+            assert len(ins) == 4 or (len(ins) == 5 and ins[4] is None), "Slice steps"
+            sl = [slice(None)] * ins[0].ndim
+            for b, e, ax in zip(ins[1], ins[2], ins[3]):
+                sl[int(ax)] = slice(int(b), int(e))
+            y = ins[0][tuple(sl)]
+        elif op == "Concat":
+            y = np.concatenate(ins, axis=a["axis"])
         elif op == "BatchNormalization":
             xx, g, b, m, v = ins
             sh = (1, -1) + (1,) * (xx.ndim - 2)

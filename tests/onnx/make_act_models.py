@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Writes tests/onnx/models/act_cnn.onnx and se_cnn.onnx and their PyTorch reference
+"""Writes tests/onnx/models/act_cnn.onnx, se_cnn.onnx, cat_cnn.onnx and shuffle_cnn.onnx and their
+PyTorch reference
 tests/onnx/ref/act_ref.h5 (run with Debian's torch 1.13: /usr/bin/python3
 tests/onnx/make_act_models.py; deterministic, seed 0; the CTest tests need no torch, only these
 committed files).
@@ -13,7 +14,16 @@ adaptive average pool, 1x1 conv, activation, 1x1 conv, gate, then gate * input):
 (ReLU, Hardsigmoid) after a stride-2 depthwise conv, EfficientNet's (SiLU, Sigmoid) after a
 stride-2 conv with SiLU, then a conv with GELU (torch 1.13 exports it as Div, Erf, Add, Mul,
 Mul), global average pool, flatten, linear. Opset 17, training export, dynamic batch.
-The reference groups `act_cnn` and `se_cnn` hold what make_onnx_models.py's write_ref writes (x, labels,
+cat_cnn: concatenation along channels: SqueezeNet's Fire module (a 1x1 squeeze, then 1x1 and
+3x3 expands concatenated), twice, with BN, an Inception-style block of three branches (1x1,
+3x3, average pool + 1x1), and the concatenation of two global pools' vectors before the linear
+layer. Opset 17, training export, dynamic batch.
+shuffle_cnn: ShuffleNetV2's units as torchvision builds them (torchvision.models.shufflenetv2:
+the stride-2 unit's two branches concatenated, the stride-1 unit's x.chunk(2, dim=1) with one
+half passed through, channel_shuffle's view to [N, 2, C / 2, H, W], transpose and view back,
+its sizes computed from x.size()), then global average pool, linear. Opset 17, training export,
+dynamic batch.
+The reference groups `act_cnn`, `se_cnn`, `cat_cnn` and `shuffle_cnn` hold what make_onnx_models.py's write_ref writes (x, labels,
 y_eval; y_train, loss, grad/<name>, after/<buffer>), which tests/onnx/test_onnx_import.c checks.
 """
 import os
@@ -86,6 +96,89 @@ class SECNN(nn.Module):
         return self.fc(self.gap(x).flatten(1))
 
 
+class Fire(nn.Module):
+    """torchvision.models.squeezenet.Fire (torchvision 0.14), with BN after each conv."""
+    def __init__(self, cin, squeeze, expand1, expand3):
+        super().__init__()
+
+        def cbr(a, b, k):
+            return nn.Sequential(nn.Conv2d(a, b, k, padding=k // 2, bias=False), nn.BatchNorm2d(b), nn.ReLU())
+        self.squeeze = cbr(cin, squeeze, 1)
+        self.expand1x1 = cbr(squeeze, expand1, 1)
+        self.expand3x3 = cbr(squeeze, expand3, 3)
+
+    def forward(self, x):
+        x = self.squeeze(x)
+        return torch.cat([self.expand1x1(x), self.expand3x3(x)], 1)
+
+
+class CatCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.fire1 = Fire(16, 8, 16, 16)
+        self.pool = nn.MaxPool2d(2, 2)
+        self.fire2 = Fire(32, 8, 16, 16)
+        self.b1 = nn.Conv2d(32, 8, 1)
+        self.b3 = nn.Conv2d(32, 8, 3, padding=1)
+        self.bp = nn.Sequential(nn.AvgPool2d(3, 1, 1), nn.Conv2d(32, 8, 1))
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(56, 10)
+
+    def forward(self, x):
+        x = self.fire2(self.pool(self.fire1(self.stem(x))))
+        y = torch.relu(torch.cat([self.b1(x), self.b3(x), self.bp(x)], 1))
+        return self.fc(torch.cat([self.gap(x).flatten(1), self.gap(y).flatten(1)], 1))
+
+
+def channel_shuffle(x, groups):
+    """torchvision.models.shufflenetv2.channel_shuffle (torchvision 0.14)."""
+    batchsize, num_channels, height, width = x.size()
+    channels_per_group = num_channels // groups
+    x = x.view(batchsize, groups, channels_per_group, height, width)
+    x = torch.transpose(x, 1, 2).contiguous()
+    return x.view(batchsize, num_channels, height, width)
+
+
+class ShuffleUnit(nn.Module):
+    """torchvision.models.shufflenetv2.InvertedResidual (torchvision 0.14), written out."""
+    def __init__(self, inp, oup, stride):
+        super().__init__()
+        self.stride = stride
+        branch = oup // 2
+
+        def dw(c, s):
+            return [nn.Conv2d(c, c, 3, s, 1, groups=c, bias=False), nn.BatchNorm2d(c)]
+
+        def pw(a, b):
+            return [nn.Conv2d(a, b, 1, bias=False), nn.BatchNorm2d(b), nn.ReLU(inplace=True)]
+        if stride > 1:
+            self.branch1 = nn.Sequential(*dw(inp, stride), *pw(inp, branch))
+        else:
+            self.branch1 = nn.Sequential()
+        self.branch2 = nn.Sequential(*pw(inp if stride > 1 else branch, branch), *dw(branch, stride),
+                                     *pw(branch, branch))
+
+    def forward(self, x):
+        if self.stride == 1:
+            x1, x2 = x.chunk(2, dim=1)
+            out = torch.cat((x1, self.branch2(x2)), dim=1)
+        else:
+            out = torch.cat((self.branch1(x), self.branch2(x)), dim=1)
+        return channel_shuffle(out, 2)
+
+
+class ShuffleCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Sequential(nn.Conv2d(1, 12, 3, 2, 1, bias=False), nn.BatchNorm2d(12), nn.ReLU())
+        self.stage = nn.Sequential(ShuffleUnit(12, 24, 2), ShuffleUnit(24, 24, 1), ShuffleUnit(24, 24, 1))
+        self.fc = nn.Linear(24, 10)
+
+    def forward(self, x):
+        return self.fc(self.stage(self.conv1(x)).mean([2, 3]))
+
+
 def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -103,6 +196,16 @@ def main():
         base.randomize_bn(model, gen)
         exported = base.export(model, os.path.join(base.MODELS, "se_cnn.onnx"), 17, True)
         base.write_ref(f, "se_cnn", exported)
+        torch.manual_seed(2)
+        model = CatCNN()
+        base.randomize_bn(model, gen)
+        exported = base.export(model, os.path.join(base.MODELS, "cat_cnn.onnx"), 17, True)
+        base.write_ref(f, "cat_cnn", exported)
+        torch.manual_seed(3)
+        model = ShuffleCNN()
+        base.randomize_bn(model, gen)
+        exported = base.export(model, os.path.join(base.MODELS, "shuffle_cnn.onnx"), 17, True)
+        base.write_ref(f, "shuffle_cnn", exported)
     os.replace(tmp, os.path.join(base.REF, "act_ref.h5"))
 
 

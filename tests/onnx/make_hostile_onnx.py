@@ -17,7 +17,8 @@ unpack ran out of stack on both, exit 139):
   neg_dims.onnx: an initializer with dimension -1; escape_name.onnx: a node (of an op the
   importer refuses) named with a terminal escape sequence; mul_const.onnx: Mul(x, w) by an
   initializer (a Mul of an activation by a constant tensor); div_one.onnx: x / 1, a Div that
-  does not start a GELU.
+  does not start a GELU; concat_h.onnx: Concat(x, x) along H (axis 2); transpose_hw.onnx: a
+  Transpose of H and W; split_h.onnx: a Split along H.
 
 Usage: python3 tests/onnx/make_hostile_onnx.py OUT_DIR
 """
@@ -133,7 +134,19 @@ def main():
                                                      string(3, "scale") + string(4, "Mul"),
                                                      initializer("w", [2]))),
                        ("div_one.onnx", relu_model(string(1, "x") + string(1, "one") + string(2, "y") +
-                                                   string(3, "div") + string(4, "Div"), initializer("one", [])))):
+                                                   string(3, "div") + string(4, "Div"), initializer("one", []))),
+                       ("concat_h.onnx", relu_model(string(1, "x") + string(1, "x") + string(2, "y") +
+                                                    string(3, "cat") + string(4, "Concat") +
+                                                    field_bytes(5, string(1, "axis") + field_int(3, 2) +
+                                                                field_int(20, 2)))),
+                       ("transpose_hw.onnx", relu_model(string(1, "x") + string(2, "y") + string(3, "swap") +
+                                                        string(4, "Transpose") +
+                                                        field_bytes(5, string(1, "perm") + field_bytes(8, bytes(
+                                                            [0, 1, 3, 2])) + field_int(20, 7)))),
+                       ("split_h.onnx", relu_model(string(1, "x") + string(2, "y") + string(2, "z") +
+                                                   string(3, "halves") + string(4, "Split") +
+                                                   field_bytes(5, string(1, "axis") + field_int(3, 2) +
+                                                               field_int(20, 2))))):
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
         print("wrote %s (%d bytes)" % (os.path.join(out, name), len(data)))

@@ -65,6 +65,11 @@ grep -q $'\x1b' "$T/err" && { echo "escape_name: stderr holds a raw escape chara
 expect mul_const "node 'scale' (Mul, opset 13)" "Mul of 'x' (an activation) and 'w' (a constant): only Mul of two activations" -- "$T/mul_const.onnx"
 # a Div by 1, not the x / sqrt(2) that starts a GELU
 expect div_one "node 'div' (Div, opset 13)" "Div is supported only as the x / sqrt(2) that starts a GELU" -- "$T/div_one.onnx"
+# a Concat of images along H
+expect concat_h "node 'cat' (Concat, opset 13)" "Concat along axis 2; only along channels" -- "$T/concat_h.onnx"
+# a Transpose that is not a channel shuffle's, a Split along H
+expect transpose_hw "node 'swap' (Transpose, opset 13)" "Transpose is supported only as a channel shuffle's" -- "$T/transpose_hw.onnx"
+expect split_h "node 'halves' (Split, opset 13)" "Split along axis 2: only along channels (axis 1)" -- "$T/split_h.onnx"
 # import is linear in the model's size: 100,000 nodes, and 8,000 nodes of one name (their IR
 # names were found by linear scans, cubic in the repeated name: over a minute), each walked to
 # the refusal at their end (the output is an image), within a bound far above the time they take

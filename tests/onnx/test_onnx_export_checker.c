@@ -235,6 +235,16 @@ int main(void) {
   snprintf(se, sizeof se, "model.onnx=%s", qt_test_path("tests/onnx/models/se_cnn.onnx"));
   one("se_cnn_w8a8", se, "ptq", 8, 8, 0);
   one("se_cnn_w4a4", se, "qat", 4, 4, 0);
+  /* Concat of images along channels and of pooled vectors (fp32 Concat) */
+  char cat[4200];
+  snprintf(cat, sizeof cat, "model.onnx=%s", qt_test_path("tests/onnx/models/cat_cnn.onnx"));
+  one("cat_cnn_w8a8", cat, "ptq", 8, 8, 0);
+  one("cat_cnn_w4a4", cat, "qat", 4, 4, 0);
+  /* channel shuffle and slices of channels (fp32 Reshape, Transpose, Reshape; Slice) */
+  char shuffle[4200];
+  snprintf(shuffle, sizeof shuffle, "model.onnx=%s", qt_test_path("tests/onnx/models/shuffle_cnn.onnx"));
+  one("shuffle_cnn_w8a8", shuffle, "ptq", 8, 8, 0);
+  one("shuffle_cnn_w4a4", shuffle, "qat", 4, 4, 0);
   /* int32 biases (quant.bias = int32): written as the graph's integers */
   one("fashion_cnn_w8a8_b32", "model.name=fashion_cnn", "ptq", 8, 8, 1);
   one("mobilenet_w4a4_b32", mobilenet, "qat", 4, 4, 1);

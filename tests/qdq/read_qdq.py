@@ -312,6 +312,14 @@ def run(nodes, values, tensors, quant, x, output):
             y = xi.reshape(xi.shape[0], -1)
         elif op == "add":
             y = (ins[0].astype(np.float64) + ins[1]).astype(np.float32)
+        elif op == "concat":  # along the last axis: channels (NHWC) or features
+            y = np.concatenate(ins, axis=-1)
+        elif op == "channel_shuffle":  # (groups, C / groups) transposed, along the last axis
+            g_ = int(a["groups"])
+            c_ = xi.shape[-1]
+            y = xi.reshape(xi.shape[:-1] + (g_, c_ // g_)).swapaxes(-1, -2).reshape(xi.shape)
+        elif op == "channel_slice":
+            y = np.ascontiguousarray(xi[..., int(a["begin"]):int(a["end"])])
         elif op == "mul":  # a (C) vector scales every pixel of an image
             b = ins[1] if ins[1].ndim == ins[0].ndim else ins[1][:, None, None, :]
             y = (ins[0] * b).astype(np.float32)
