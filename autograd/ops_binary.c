@@ -49,12 +49,13 @@ typedef struct {
   int64_t N, P, C;
 } mul_saved;
 
+/* t's gradient buffer when t takes one, else NULL. */
+static float *grad_of(qt_ctx *ctx, qt_tensor *t) { return t->requires_grad ? qt_tensor_grad(ctx, t) : NULL; }
+
 static void mul_backward(qt_ctx *ctx, void *p) {
-  mul_saved *s = p;
-  if (!s->y->grad) return;
-  float *da = s->a->requires_grad ? qt_tensor_grad(ctx, s->a) : NULL;
-  float *db = s->b->requires_grad ? qt_tensor_grad(ctx, s->b) : NULL;
-  qt_mul_backward(da, db, s->y->grad, qt_f32(s->a), qt_f32(s->b), s->N, s->P, s->C);
+  const mul_saved *s = p;
+  if (s->y->grad)
+    qt_mul_backward(grad_of(ctx, s->a), grad_of(ctx, s->b), s->y->grad, qt_f32(s->a), qt_f32(s->b), s->N, s->P, s->C);
 }
 
 static qt_tensor *mul_op(qt_ctx *ctx, qt_tensor *a, qt_tensor *b) {

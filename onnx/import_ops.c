@@ -20,6 +20,22 @@ static int zeros(const Onnx__TensorProto *t) {
   return 1;
 }
 
+/* A linear layer named after its weight w reading x, with OUT outputs: w copied as `kind` (its
+ * columns taken back to (h, w, c) order when x is a flattened image), bias b or none; bound to
+ * the node's output 0. NULL on an error. */
+static sym *add_linear(imp *im, sym *x, const Onnx__TensorProto *w, copy_kind kind, const Onnx__TensorProto *b,
+                       int64_t OUT) {
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, w->name, name);
+  const int y = qt_graph_linear(im->g, name, x->value, (int)OUT, b != NULL);
+  if (qt_imp_builder_check(im, y)) return NULL;
+  const qt_node *nd = &im->g->nodes[node_of(im, y)];
+  qt_imp_add_copy(im, nd->param[QT_P_WEIGHT], w, kind, x->perm_c ? x : NULL);
+  if (b) qt_imp_add_copy(im, nd->param[QT_P_BIAS], b, COPY_AS_IS, NULL);
+  if (x->perm_c) im->info->permuted++;
+  return qt_imp_bind_act(im, 0, y);
+}
+
 /* A 1x1 Conv of a global pool's [N, C, 1, 1] (squeeze-excite): a linear layer of the (C) vector,
  * its output standing for [N, OC, 1, 1] in turn. */
 static int conv_of_pooled(imp *im, sym *x) {
@@ -40,14 +56,9 @@ static int conv_of_pooled(imp *im, sym *x) {
   if (qt_imp_check_float_tensor(im, w, "weight", 4, want_w) ||
       (b && qt_imp_check_float_tensor(im, b, "bias", 1, want_b)))
     return -1;
-  char name[QT_NAME_LEN];
-  qt_imp_node_name(im, w->name, name);
-  const int y = qt_graph_linear(im->g, name, x->value, (int)OC, b != NULL);
-  if (qt_imp_builder_check(im, y)) return -1;
-  const qt_node *nd = &im->g->nodes[node_of(im, y)];
-  qt_imp_add_copy(im, nd->param[QT_P_WEIGHT], w, COPY_AS_IS, NULL);
-  if (b) qt_imp_add_copy(im, nd->param[QT_P_BIAS], b, COPY_AS_IS, NULL);
-  qt_imp_bind_act(im, 0, y)->pooled = 1;
+  sym *y = add_linear(im, x, w, COPY_AS_IS, b, OC);
+  if (!y) return -1;
+  y->pooled = 1;
   return 0;
 }
 
@@ -506,16 +517,7 @@ static int linear(imp *im, sym *x, const Onnx__TensorProto *w, int transposed, c
                        : qt_imp_check_float_tensor(im, b, "bias", 1, want_b))
       return -1;
   }
-  char name[QT_NAME_LEN];
-  qt_imp_node_name(im, w->name, name);
-  const int y = qt_graph_linear(im->g, name, x->value, (int)OUT, b != NULL);
-  if (qt_imp_builder_check(im, y)) return -1;
-  const qt_node *nd = &im->g->nodes[node_of(im, y)];
-  qt_imp_add_copy(im, nd->param[QT_P_WEIGHT], w, transposed ? COPY_TRANSPOSE : COPY_AS_IS, x->perm_c ? x : NULL);
-  if (b) qt_imp_add_copy(im, nd->param[QT_P_BIAS], b, COPY_AS_IS, NULL);
-  if (x->perm_c) im->info->permuted++;
-  qt_imp_bind_act(im, 0, y);
-  return 0;
+  return add_linear(im, x, w, transposed ? COPY_TRANSPOSE : COPY_AS_IS, b, OUT) ? 0 : -1;
 }
 
 static int op_gemm(imp *im) {

@@ -120,17 +120,23 @@ static int op_gather(imp *im) {
   return 0;
 }
 
+/* Inputs 0 and 1 as small integer vectors (qt_imp_ints_input), copied out. */
+static int two_ints(imp *im, const char *role0, const char *role1, sym *a, sym *b) {
+  sym tmp;
+  const sym *p = qt_imp_ints_input(im, 0, role0, &tmp);
+  if (!p) return -1;
+  *a = *p;
+  if (!(p = qt_imp_ints_input(im, 1, role1, &tmp))) return -1;
+  *b = *p;
+  return 0;
+}
+
 /* Add, Sub, Mul, Div of shape computations (ShuffleNet's chunk: (channels + 1) / 2 * k), element by
  * element or by one integer; integer Div rounds toward zero, as ONNX's. The batch entry takes no
  * part, and a Div by anything but a positive integer is refused. */
 int qt_imp_ints_arith(imp *im, char op) {
-  sym tmp_a, tmp_b;
-  const sym *a = qt_imp_ints_input(im, 0, "A", &tmp_a);
-  if (!a) return -1;
-  const sym sa = *a;
-  const sym *b = qt_imp_ints_input(im, 1, "B", &tmp_b);
-  if (!b) return -1;
-  const sym sb = *b;
+  sym sa, sb;
+  if (two_ints(im, "A", "B", &sa, &sb)) return -1;
   const int n = sa.n_ints > sb.n_ints ? sa.n_ints : sb.n_ints;
   if ((sa.n_ints != n && sa.n_ints != 1) || (sb.n_ints != n && sb.n_ints != 1))
     return qt_imp_node_err(im, "shape computations of %d and %d entries do not broadcast", sa.n_ints, sb.n_ints);
@@ -202,12 +208,9 @@ int qt_imp_squeeze_ints(imp *im, const int64_t *axes, int n_axes) {
 
 /* Reshape of a shape computation: to a vector ([-1] or [n]), or of one entry to a scalar ([]). */
 int qt_imp_reshape_ints(imp *im) {
-  sym tmp_d, tmp_s;
-  const sym *d = qt_imp_ints_input(im, 0, "data", &tmp_d);
-  if (!d) return -1;
-  const sym data = *d;
-  const sym *shape = qt_imp_ints_input(im, 1, "shape", &tmp_s);
-  if (!shape) return -1;
+  sym data, shape_v;
+  if (two_ints(im, "data", "shape", &data, &shape_v)) return -1;
+  const sym *shape = &shape_v;
   const int n = data.scalar ? 1 : data.n_ints;
   const int vector = shape->n_ints == 1 && (shape->ints[0] == -1 || shape->ints[0] == n);
   if (!vector && !(shape->n_ints == 0 && n == 1))
