@@ -264,7 +264,7 @@ static int f_sigmoid(imp *im) {
 
 /* Concat of 2 to QT_MAX_INPUTS activations along channels (images, axis 1) or features (flat
  * tensors and pooled vectors, axis 1), all laid out alike. */
-int qt_imp_concat_act(imp *im) {
+static int concat_act(imp *im) {
   const int n = (int)im->node->n_input;
   if (n < 2 || n > QT_MAX_INPUTS)
     return qt_imp_node_err(im, "Concat of %d activations; 2 to %d are supported", n, QT_MAX_INPUTS);
@@ -288,6 +288,12 @@ int qt_imp_concat_act(imp *im) {
   char name[QT_NAME_LEN];
   qt_imp_node_name(im, NULL, name);
   return bind_elementwise(im, x[0], qt_graph_concat(im->g, name, ids, n));
+}
+
+/* Concat of activations, or of shape computations (import_shape.c). */
+static int op_concat(imp *im) {
+  const sym *first = raw_input(im, 0);
+  return first && first->kind == S_ACT ? concat_act(im) : qt_imp_concat_ints(im);
 }
 
 static int f_tanh(imp *im) { return op_activation(im, QT_ACT_TANH); }
@@ -314,5 +320,6 @@ const qt_imp_op qt_imp_elementwise_ops[] = {
     {"Sub", op_sub, 2, 2, 1, 1},
     {"Add", op_add, 2, 2, 1, 1},
     {"Mul", op_mul, 2, 2, 1, 1},
+    {"Concat", op_concat, 1, MAX_INTS, 1, 1},
     {NULL, NULL, 0, 0, 0, 0},
 };

@@ -98,8 +98,8 @@ typedef struct {
 extern const qt_imp_op qt_imp_layer_ops[];       /* import_ops.c */
 extern const qt_imp_op qt_imp_elementwise_ops[]; /* import_elementwise.c */
 extern const qt_imp_op qt_imp_shape_ops[];
-/* Concat of activations (import_elementwise.c; import_shape.c's Concat hands them over). */
-int qt_imp_concat_act(imp *im);
+/* Concat of shape computations (import_shape.c; import_elementwise.c's Concat hands them over). */
+int qt_imp_concat_ints(imp *im);
 /* Add ('+'), Sub ('-'), Mul ('*'), Div ('/') of shape computations (import_shape.c;
  * import_elementwise.c's Add, Mul and Div hand them over). */
 int qt_imp_ints_arith(imp *im, char op); /* import_shape.c */

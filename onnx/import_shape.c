@@ -1,7 +1,7 @@
 /* Constants and the small integer shape arithmetic that exporters write around a Reshape
- * (import_int.h): Constant, Shape, Gather, Unsqueeze, Concat (of activations: import_elementwise.c),
- * Expand, Cast, CastLike, and the
- * shape computations of Squeeze and Reshape (import_ops.c reads those ops). They are evaluated
+ * (import_int.h): Constant, Shape, Gather, Unsqueeze, Expand, Cast, CastLike; Concat, Add, Sub,
+ * Mul and Div of shapes (import_elementwise.c reads those ops), and the shape computations of
+ * Squeeze and Reshape (import_ops.c reads those ops). They are evaluated
  * at import; none of them reaches the graph IR. */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
 #include <stdint.h>
@@ -171,9 +171,7 @@ static int op_unsqueeze(imp *im) {
   return 0;
 }
 
-static int op_concat(imp *im) {
-  const sym *first = im->node->n_input ? qt_imp_find(im, str(im->node->input[0])) : NULL;
-  if (first && first->kind == S_ACT) return qt_imp_concat_act(im);
+int qt_imp_concat_ints(imp *im) {
   int64_t axis = 0;
   if (qt_imp_attr_int(im, "axis", 0, &axis)) return -1;
   if (axis != 0) return qt_imp_node_err(im, "only Concat of shapes (axis 0) is supported");
@@ -291,9 +289,7 @@ static int op_cast_like(imp *im) {
 }
 
 const qt_imp_op qt_imp_shape_ops[] = {
-    {"Constant", op_constant, 0, 0, 1, 1},    {"Shape", op_shape, 1, 1, 1, 1},
-    {"Gather", op_gather, 2, 2, 1, 1},        {"Unsqueeze", op_unsqueeze, 1, 2, 1, 1},
-    {"Concat", op_concat, 1, MAX_INTS, 1, 1}, /* shapes, or activations (qt_imp_concat_act) */
-    {"Expand", op_expand, 2, 2, 1, 1},        {"Cast", op_cast, 1, 1, 1, 1},
-    {"CastLike", op_cast_like, 2, 2, 1, 1},   {NULL, NULL, 0, 0, 0, 0},
+    {"Constant", op_constant, 0, 0, 1, 1},   {"Shape", op_shape, 1, 1, 1, 1},   {"Gather", op_gather, 2, 2, 1, 1},
+    {"Unsqueeze", op_unsqueeze, 1, 2, 1, 1}, {"Expand", op_expand, 2, 2, 1, 1}, {"Cast", op_cast, 1, 1, 1, 1},
+    {"CastLike", op_cast_like, 2, 2, 1, 1},  {NULL, NULL, 0, 0, 0, 0},
 };
