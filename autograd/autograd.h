@@ -276,8 +276,9 @@ const char *qt_act_name(qt_act_kind kind);
 int qt_act_torch_hardsigmoid(float alpha, float beta);
 int qt_act_parse(const char *name, qt_act_kind *out);
 qt_tensor *qt_activation(qt_ctx *ctx, qt_tensor *x, qt_act a);
-qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad);
-qt_tensor *qt_avg_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad);
+/* Square windows; ceil_mode as PyTorch's (0: floor mode, its default). */
+qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad, int ceil_mode);
+qt_tensor *qt_avg_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad, int ceil_mode);
 /* (N,H,W,C) -> (N,C) */
 qt_tensor *qt_global_avg_pool(qt_ctx *ctx, qt_tensor *x);
 /* (N, ...) -> (N, prod(...)); a view sharing memory, in NHWC order. */

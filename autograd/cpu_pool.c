@@ -2,7 +2,8 @@
  * reference twins. Inner loops run over the C contiguous channels of one pixel, so they
  * vectorize; forward passes parallelize over output rows, backward passes over images (each
  * image's gradient is written by one thread in a fixed order: deterministic, race-free even
- * when windows overlap). Semantics follow PyTorch: floor-mode output size, max pool argmax is
+ * when windows overlap). Semantics follow PyTorch: floor-mode or ceil-mode output size (windows
+ * clipped to the input; an average divides by the window clipped to the padded input), max pool argmax is
  * h*W+w of the chosen input with ties going to the first in row-major window order and a NaN
  * always taken (the last NaN of a window wins, as PyTorch's CPU kernel), average pool divides
  * by the window size counting padding (count_include_pad=True). */
@@ -23,14 +24,22 @@ static int64_t floor_div(int64_t a, int64_t b) {
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
-/* PyTorch's pooling_output_shape (floor mode, dilation 1) and pool2d_shape_check. */
+/* One side of PyTorch's pooling_output_shape (dilation 1): in ceil mode the last window may hang
+ * over the end, but starts inside the input or its left padding. */
+static int64_t pool_out(int64_t in, int k, int stride, int pad, int ceil_mode) {
+  int64_t out = floor_div(in + 2 * (int64_t)pad - k + (ceil_mode ? stride - 1 : 0), stride) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) out--;
+  return out;
+}
+
+/* PyTorch's pooling_output_shape and pool2d_shape_check. */
 int qt_pool2d_shape_init(qt_pool2d_shape *s) {
   if (s->N <= 0 || s->H <= 0 || s->W <= 0 || s->C <= 0) return -1;
   if (s->KH <= 0 || s->KW <= 0 || s->stride_h <= 0 || s->stride_w <= 0) return -1;
   if (s->pad_h < 0 || s->pad_w < 0 || s->pad_h > s->KH / 2 || s->pad_w > s->KW / 2) return -1;
   if ((int64_t)s->H * s->W > INT32_MAX) return -1; /* argmax is int32 h*W+w */
-  int64_t oh = floor_div((int64_t)s->H + 2 * (int64_t)s->pad_h - s->KH, s->stride_h) + 1;
-  int64_t ow = floor_div((int64_t)s->W + 2 * (int64_t)s->pad_w - s->KW, s->stride_w) + 1;
+  const int64_t oh = pool_out(s->H, s->KH, s->stride_h, s->pad_h, s->ceil_mode);
+  const int64_t ow = pool_out(s->W, s->KW, s->stride_w, s->pad_w, s->ceil_mode);
   if (oh < 1 || ow < 1) return -1;
   s->OH = (int)oh;
   s->OW = (int)ow;

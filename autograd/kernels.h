@@ -327,7 +327,8 @@ void qt_relu_grad_span_at(float *d, const uint8_t *mask, int64_t i0, int64_t n);
 typedef struct {
   int N, H, W, C;
   int KH, KW, stride_h, stride_w, pad_h, pad_w;
-  int OH, OW; /* derived by qt_pool2d_shape_init (floor mode, as PyTorch's default) */
+  int ceil_mode; /* 0: floor mode (PyTorch's default); 1: ceil mode (the last window may hang over) */
+  int OH, OW;    /* derived by qt_pool2d_shape_init, as PyTorch's pooling_output_shape */
 } qt_pool2d_shape;
 int qt_pool2d_shape_init(qt_pool2d_shape *s);
 

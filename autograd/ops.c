@@ -160,7 +160,7 @@ static void pool2d_backward(qt_ctx *ctx, void *p) {
   }
 }
 
-static qt_tensor *pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad, int avg) {
+static qt_tensor *pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad, int ceil_mode, int avg) {
   const char *op = avg ? "avg_pool2d" : "max_pool2d";
   check_f32(x, 4, op, "input");
   qt_pool2d_shape s = {.N = (int)x->shape[0],
@@ -172,7 +172,8 @@ static qt_tensor *pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int 
                        .stride_h = stride,
                        .stride_w = stride,
                        .pad_h = pad,
-                       .pad_w = pad};
+                       .pad_w = pad,
+                       .ceil_mode = ceil_mode};
   QT_ASSERT(qt_pool2d_shape_init(&s) == 0, "%s: invalid shape (input %dx%d, kernel %d, stride %d, pad %d)", op, s.H,
             s.W, kernel, stride, pad);
   int64_t shape[4] = {s.N, s.OH, s.OW, s.C};
@@ -212,11 +213,11 @@ static qt_tensor *pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int 
   return y;
 }
 
-qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad) {
-  PROFILED(ctx, QT_PROFILE_MAX_POOL2D, pool2d(ctx, x, kernel, stride, pad, 0));
+qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad, int ceil_mode) {
+  PROFILED(ctx, QT_PROFILE_MAX_POOL2D, pool2d(ctx, x, kernel, stride, pad, ceil_mode, 0));
 }
-qt_tensor *qt_avg_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad) {
-  PROFILED(ctx, QT_PROFILE_AVG_POOL2D, pool2d(ctx, x, kernel, stride, pad, 1));
+qt_tensor *qt_avg_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad, int ceil_mode) {
+  PROFILED(ctx, QT_PROFILE_AVG_POOL2D, pool2d(ctx, x, kernel, stride, pad, ceil_mode, 1));
 }
 
 typedef struct {

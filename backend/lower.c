@@ -181,6 +181,7 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int relu, int quant) 
 static const char *lower_max_pool_u8(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
+  if (n->attr.ceil) return "ceil-mode max pool: this lowering has no u8 form of it";
   const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
   qt_int8_params p;
   memset(&p, 0, sizeof p);

@@ -358,11 +358,19 @@ static const char *lower_same_qparams(qt_lowering *L, int i) {
   xnn_operator_t op = NULL;
   enum xnn_status st;
   const int C = (int)xv->shape[xv->ndim - 1];
+  /* ceil mode: the last windows hang over the bottom and right, as extra padding there */
+  const int64_t over_h =
+                    pool ? (yv->shape[0] - 1) * n->attr.stride_h + n->attr.kernel_h - xv->shape[0] - 2 * n->attr.pad_h
+                         : 0,
+                over_w =
+                    pool ? (yv->shape[1] - 1) * n->attr.stride_w + n->attr.kernel_w - xv->shape[1] - 2 * n->attr.pad_w
+                         : 0;
   if (pool)
     st = xnn_create_max_pooling2d_nhwc_s8(
-        (uint32_t)n->attr.pad_h, (uint32_t)n->attr.pad_w, (uint32_t)n->attr.pad_h, (uint32_t)n->attr.pad_w,
-        (uint32_t)n->attr.kernel_h, (uint32_t)n->attr.kernel_w, (uint32_t)n->attr.stride_h, (uint32_t)n->attr.stride_w,
-        1, 1, (size_t)C, (size_t)C, (size_t)C, -128, 127, 0, &op);
+        (uint32_t)n->attr.pad_h, (uint32_t)(n->attr.pad_w + (over_w > 0 ? over_w : 0)),
+        (uint32_t)(n->attr.pad_h + (over_h > 0 ? over_h : 0)), (uint32_t)n->attr.pad_w, (uint32_t)n->attr.kernel_h,
+        (uint32_t)n->attr.kernel_w, (uint32_t)n->attr.stride_h, (uint32_t)n->attr.stride_w, 1, 1, (size_t)C, (size_t)C,
+        (size_t)C, -128, 127, 0, &op);
   else {
     const int zp = in->zero_point[0] < -128 ? -128 : in->zero_point[0];
     st = xnn_create_clamp_nc_s8((size_t)qt_value_numel(xv), (size_t)qt_value_numel(xv), (size_t)qt_value_numel(xv),

@@ -198,17 +198,22 @@ int qt_graph_activation(qt_graph *g, const char *name, int x, qt_act a) {
   return build(g, QT_OP_ACTIVATION, name, &x, 1, &attr, 0, NULL, 0);
 }
 
-static int pool(qt_graph *g, qt_op op, const char *name, int x, int kernel, int stride, int pad) {
-  const qt_node_attrs attr = {
-      .kernel_h = kernel, .kernel_w = kernel, .stride_h = stride, .stride_w = stride, .pad_h = pad, .pad_w = pad};
+int qt_graph_pool2d(qt_graph *g, qt_op op, const char *name, int x, int kernel, int stride, int pad, int ceil) {
+  const qt_node_attrs attr = {.kernel_h = kernel,
+                              .kernel_w = kernel,
+                              .stride_h = stride,
+                              .stride_w = stride,
+                              .pad_h = pad,
+                              .pad_w = pad,
+                              .ceil = ceil};
   return build(g, op, name, &x, 1, &attr, 0, NULL, 0);
 }
 
 int qt_graph_max_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad) {
-  return pool(g, QT_OP_MAX_POOL2D, name, x, kernel, stride, pad);
+  return qt_graph_pool2d(g, QT_OP_MAX_POOL2D, name, x, kernel, stride, pad, 0);
 }
 int qt_graph_avg_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad) {
-  return pool(g, QT_OP_AVG_POOL2D, name, x, kernel, stride, pad);
+  return qt_graph_pool2d(g, QT_OP_AVG_POOL2D, name, x, kernel, stride, pad, 0);
 }
 
 int qt_graph_global_avg_pool(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_GLOBAL_AVG_POOL, name, x); }

@@ -110,6 +110,7 @@ typedef struct {
   int act;                                                          /* activation: qt_act_kind */
   float alpha, beta;                                                /* activation: qt_act's */
   int begin, end;                                                   /* channel_slice: [begin, end) */
+  int ceil; /* pools: PyTorch's ceil_mode (the last window may hang over; only where it adds one) */
 } qt_node_attrs;
 
 typedef struct {
@@ -247,6 +248,8 @@ int qt_graph_relu6(qt_graph *g, const char *name, int x);
 int qt_graph_activation(qt_graph *g, const char *name, int x, qt_act a);
 int qt_graph_max_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad);
 int qt_graph_avg_pool2d(qt_graph *g, const char *name, int x, int kernel, int stride, int pad);
+/* Either pool (op max_pool2d or avg_pool2d) in floor mode or, ceil set, PyTorch's ceil mode. */
+int qt_graph_pool2d(qt_graph *g, qt_op op, const char *name, int x, int kernel, int stride, int pad, int ceil);
 int qt_graph_global_avg_pool(qt_graph *g, const char *name, int x);
 int qt_graph_flatten(qt_graph *g, const char *name, int x);
 int qt_graph_linear(qt_graph *g, const char *name, int x, int out_features, int bias);

@@ -164,8 +164,8 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
   switch (op) {
     case QT_OP_RELU: return qt_relu(ctx, x, inplace);
     case QT_OP_RELU6: return qt_relu6(ctx, x, inplace);
-    case QT_OP_MAX_POOL2D: return qt_max_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h);
-    case QT_OP_AVG_POOL2D: return qt_avg_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h);
+    case QT_OP_MAX_POOL2D: return qt_max_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h, a->ceil);
+    case QT_OP_AVG_POOL2D: return qt_avg_pool2d(ctx, x, a->kernel_h, a->stride_h, a->pad_h, a->ceil);
     case QT_OP_GLOBAL_AVG_POOL: return qt_global_avg_pool(ctx, x);
     case QT_OP_FLATTEN: return qt_flatten(ctx, x);
     case QT_OP_ADD: return x2 ? qt_add(ctx, x, x2) : NULL;

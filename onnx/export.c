@@ -476,7 +476,9 @@ static int op_pool(exporter *e, const char *op_type) {
   if (x.pool_dq) { /* quantize -> [max pool -> Clip -> dequantize] (dequantize_before_pool) */
     const qt_node *dq = &e->g->nodes[x.pool_dq - 1], *q = &e->g->nodes[e->g->values[dq->inputs[0]].producer];
     char *pooled = qt_exp_str(e, "%s.pooled", n->name), *clipped = qt_exp_str(e, "%s.clipped", q->name);
-    qt_exp_attr_window(e, qt_exp_add_node(e, op_type, n->name, pooled, 1, vname(e, dq->inputs[0])), &n->attr);
+    Onnx__NodeProto *o = qt_exp_add_node(e, op_type, n->name, pooled, 1, vname(e, dq->inputs[0]));
+    qt_exp_attr_window(e, o, &n->attr);
+    if (n->attr.ceil) qt_exp_attr_int(e, o, "ceil_mode", 1);
     emit_clip(e, q, x.container, pooled, clipped);
     emit_dequantize(e, dq, x.container, clipped, out(e));
     e->vi[n->output] = x;
@@ -487,6 +489,7 @@ static int op_pool(exporter *e, const char *op_type) {
   Onnx__NodeProto *o = qt_exp_add_node(e, op_type, n->name, out(e), 1, in0(e));
   qt_exp_attr_window(e, o, &n->attr);
   if (n->op == QT_OP_AVG_POOL2D) qt_exp_attr_int(e, o, "count_include_pad", 1);
+  if (n->attr.ceil) qt_exp_attr_int(e, o, "ceil_mode", 1);
   return 0;
 }
 

@@ -166,9 +166,7 @@ static int op_pool(imp *im, int max) {
       qt_imp_attr_int(im, "count_include_pad", 0, &count_pad) || qt_imp_attr_int(im, "storage_order", 0, &storage))
     return -1;
   if (!win.has_kernel) return qt_imp_node_err(im, "no kernel_shape");
-  if (ceil_mode)
-    return qt_imp_node_err(im, "ceil_mode = %lld is not supported (the graph IR pools in floor mode)",
-                           (long long)ceil_mode);
+  if (ceil_mode != 0 && ceil_mode != 1) return qt_imp_node_err(im, "ceil_mode = %lld", (long long)ceil_mode);
   if (!max && !count_pad && (win.pad[0] || win.pad[1] || win.pad[2] || win.pad[3]))
     return qt_imp_node_err(
         im,
@@ -185,8 +183,18 @@ static int op_pool(imp *im, int max) {
   char name[QT_NAME_LEN];
   qt_imp_node_name(im, NULL, name);
   const int k = (int)win.kernel[0], s = (int)win.stride[0], p = (int)win.pad[0];
-  const int y =
-      max ? qt_graph_max_pool2d(im->g, name, x->value, k, s, p) : qt_graph_avg_pool2d(im->g, name, x->value, k, s, p);
+  /* ceil mode only where it adds a window (elsewhere both modes are one pool) */
+  const qt_value *xv = val(im, x);
+  int ceil = 0;
+  for (int d = 0; d < 2 && ceil_mode; d++) {
+    const int64_t in = xv->shape[d] + 2 * p - k;
+    int64_t c = (in + s - 1) / s + 1;
+    if ((c - 1) * s >= xv->shape[d] + p) c--;
+    ceil |= in >= 0 && c != in / s + 1;
+  }
+  if (ceil && !max)
+    return qt_imp_node_err(im, "ceil_mode = 1 where the last window hangs over is supported for MaxPool only");
+  const int y = qt_graph_pool2d(im->g, max ? QT_OP_MAX_POOL2D : QT_OP_AVG_POOL2D, name, x->value, k, s, p, ceil);
   if (qt_imp_builder_check(im, y)) return -1;
   if (x->padded) im->info->folded++;
   qt_imp_bind_act(im, 0, y);

@@ -116,6 +116,9 @@ static int read_node_attrs(hid_t g, const char *obj, node_rec *r, char *msg) {
     if (qt_act_parse(act, &kind)) return qt_err(msg, "%s: unknown activation '%s'", obj, act);
     a->act = (int)kind;
   }
+  if ((r->op == QT_OP_MAX_POOL2D || r->op == QT_OP_AVG_POOL2D) && H5Aexists(g, "ceil") > 0 &&
+      read_attr_flag(g, obj, "ceil", &a->ceil, msg))
+    return -1;
   if (r->op == QT_OP_CHANNEL_SLICE &&
       (read_attr_int(g, obj, "begin", &a->begin, msg) || read_attr_int(g, obj, "end", &a->end, msg)))
     return -1;

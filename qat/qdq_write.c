@@ -226,6 +226,8 @@ static int write_node(writer *w, hid_t gn, const qt_graph *g, int i) {
   if (!bad && n->op == QT_OP_ACTIVATION) /* only there: files without activations keep their bytes */
     bad = qt_h5_attr_write_str(ng, "act", qt_act_name((qt_act_kind)a->act)) ||
           qt_h5_attr_write_float(ng, "alpha", a->alpha) || qt_h5_attr_write_float(ng, "beta", a->beta);
+  if (!bad && a->ceil && (n->op == QT_OP_MAX_POOL2D || n->op == QT_OP_AVG_POOL2D)) /* likewise */
+    bad = qt_h5_attr_write_int(ng, "ceil", a->ceil);
   if (!bad && n->op == QT_OP_CHANNEL_SLICE) /* likewise */
     bad = qt_h5_attr_write_int(ng, "begin", a->begin) || qt_h5_attr_write_int(ng, "end", a->end);
   for (int k = 0; k < QT_MAX_PARAMS && !bad; k++) {

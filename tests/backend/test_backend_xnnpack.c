@@ -83,8 +83,7 @@ static void calibrate(qt_graph *g, const float *x, int n) {
     if (q->op != QT_OP_QUANTIZE) continue;
     qt_ctx_reset(ctx);
     qt_tensor **vals;
-    QT_ASSERT(qt_graph_forward_values(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &vals), "%s",
-              g->error);
+    QT_ASSERT(qt_graph_forward_values(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &vals), "%s", g->error);
     const qt_tensor *v = vals[q->inputs[0]];
     float lo = 0, hi = 0;
     for (int64_t k = 0; k < qt_tensor_numel(v); k++) {
@@ -216,8 +215,10 @@ static int activation(qt_graph *g, int x, int act) {
 static void conv_pattern(int C, int OC, int groups, int act, int stride, int out_bits) {
   char what[128];
   snprintf(what, sizeof what, "%s %d->%d%s stride %d A%d",
-           groups == C && groups == OC && groups > 1 ? "depthwise conv" : groups > 1 ? "grouped conv" : "conv", C, OC,
-           act_names[act], stride, out_bits);
+           groups == C && groups == OC && groups > 1 ? "depthwise conv"
+           : groups > 1                              ? "grouped conv"
+                                                     : "conv",
+           C, OC, act_names[act], stride, out_bits);
   qt_graph *g = qt_graph_create("conv_pattern");
   int x = qt_graph_input(g, "input", 10, 10, C);
   x = qdq(g, "input.fq", x, 8);
@@ -260,16 +261,18 @@ static void linear_pattern(int act) {
   qt_graph_free(g);
 }
 
-/* input 9x9x4 -> q/dq -> max_pool (k3 s2 p1) -> fp32 output: identical */
-static void max_pool_pattern(void) {
+/* input 9x9x4 -> q/dq -> max_pool (k3 s2 p1) -> fp32 output: identical; ceil: 10x10x4, k3 s2 p0
+ * in ceil mode (5x5 out, floor mode's 4x4 and the windows hanging over the bottom and right) */
+static void max_pool_pattern(int ceil) {
   qt_graph *g = qt_graph_create("max_pool_pattern");
-  int x = qt_graph_input(g, "input", 9, 9, 4);
+  int x = qt_graph_input(g, "input", 9 + ceil, 9 + ceil, 4);
   x = qdq(g, "input.fq", x, 8);
-  x = qt_graph_max_pool2d(g, "pool", x, 3, 2, 1);
+  x = qt_graph_pool2d(g, QT_OP_MAX_POOL2D, "pool", x, 3, 2, !ceil, ceil);
   finalize(g, x);
+  QT_CHECK(!ceil || g->values[x].shape[0] == 5);
   float *in = random_input(g, 8, -1.0f, 4.5f);
   calibrate(g, in, 8);
-  compare("max pool k3 s2 p1 on int8", g, in, 8, 1, 0, 0, 0);
+  compare(ceil ? "max pool k3 s2 p0 ceil mode on int8" : "max pool k3 s2 p1 on int8", g, in, 8, 1, 0, 0, 0);
   free(in);
   qt_graph_free(g);
 }
@@ -333,7 +336,8 @@ static void fallback_pattern(void) {
   const char *reason = NULL;
   if (qt_device_node_on_backend(m, "avgpool", &reason) != 0 || !strstr(reason, "avg_pool2d in fp32") ||
       !strstr(reason, "no qs8 average pooling"))
-    qt_test_fail("fallback: avgpool is not listed as an fp32 fallback with its reason (got '%s')", reason ? reason : "");
+    qt_test_fail("fallback: avgpool is not listed as an fp32 fallback with its reason (got '%s')",
+                 reason ? reason : "");
   const int64_t on = qt_device_output_numel(m) * 8;
   float *got = malloc((size_t)on * sizeof(float));
   QT_ASSERT(qt_device_run(m, got, in, 8, err) == 0, "%s", err);
@@ -411,7 +415,8 @@ static void snap_biases(qt_graph *g) {
     const qt_node *n = &g->nodes[i];
     if (!n->wq || !n->wq->qweight || n->param[QT_P_BIAS] < 0) continue;
     int v = n->inputs[0];
-    while (g->nodes[g->values[v].producer].op == QT_OP_FLATTEN || g->nodes[g->values[v].producer].op == QT_OP_MAX_POOL2D)
+    while (g->nodes[g->values[v].producer].op == QT_OP_FLATTEN ||
+           g->nodes[g->values[v].producer].op == QT_OP_MAX_POOL2D)
       v = g->nodes[g->values[v].producer].inputs[0];
     const qt_node *dq = &g->nodes[g->values[v].producer];
     QT_ASSERT(dq->op == QT_OP_DEQUANTIZE, "%s: input not a dequantize", n->name);
@@ -468,8 +473,9 @@ static void onednn_model_on_xnnpack(const char *model) {
     if (n->op != QT_OP_CONV2D && n->op != QT_OP_LINEAR && n->op != QT_OP_ADD && n->op != QT_OP_MAX_POOL2D) continue;
     const char *reason = NULL;
     const int on = qt_device_node_on_backend(m, n->name, &reason);
-    if (on != 0 || !reason || (!strstr(reason, "XNNPACK's qs8 operators take int8") &&
-                               !strstr(reason, "XNNPACK's qs8 fully connected takes one weight scale")))
+    if (on != 0 || !reason ||
+        (!strstr(reason, "XNNPACK's qs8 operators take int8") &&
+         !strstr(reason, "XNNPACK's qs8 fully connected takes one weight scale")))
       qt_test_fail("%s quantized for onednn: node %s: on xnnpack %d, reason '%s'", model, n->name, on,
                    reason ? reason : "");
   }
@@ -504,16 +510,17 @@ int main(int argc, char **argv) {
   }
   conv_pattern(3, 16, 1, 0, 1, 8);
   conv_pattern(3, 16, 1, 1, 1, 8);
-  conv_pattern(3, 16, 1, 2, 1, 8);  /* relu6 as the output clamp */
+  conv_pattern(3, 16, 1, 2, 1, 8); /* relu6 as the output clamp */
   conv_pattern(3, 16, 1, 0, 2, 8);
-  conv_pattern(3, 16, 1, 1, 1, 4);  /* 4-bit output range: the clamp */
-  conv_pattern(8, 8, 8, 2, 1, 8);   /* depthwise + relu6 (MobileNet) */
-  conv_pattern(8, 8, 8, 0, 2, 8);   /* depthwise, stride 2 */
-  conv_pattern(8, 16, 2, 1, 1, 8);  /* two groups */
+  conv_pattern(3, 16, 1, 1, 1, 4); /* 4-bit output range: the clamp */
+  conv_pattern(8, 8, 8, 2, 1, 8);  /* depthwise + relu6 (MobileNet) */
+  conv_pattern(8, 8, 8, 0, 2, 8);  /* depthwise, stride 2 */
+  conv_pattern(8, 16, 2, 1, 1, 8); /* two groups */
   linear_pattern(0);
   linear_pattern(1);
   linear_pattern(2);
-  max_pool_pattern();
+  max_pool_pattern(0);
+  max_pool_pattern(1);
   global_avg_pool_pattern(8);
   global_avg_pool_pattern(4);
   add_pattern(0);

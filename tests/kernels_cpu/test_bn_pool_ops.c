@@ -60,7 +60,7 @@ static result step(const shape *sh, int kind, int relu, int with_div, int mode, 
   } else {
     qt_tensor *b = div ? qt_batch_norm_div(ctx, x, div, gamma, beta, r.rm, r.rv, 1, 0.1f, 1e-5f, relu)
                        : qt_batch_norm_relu(ctx, x, gamma, beta, r.rm, r.rv, 0.1f, 1e-5f, relu == 2);
-    y = kind == PLAIN ? qt_max_pool2d(ctx, b, K, K, 0)
+    y = kind == PLAIN ? qt_max_pool2d(ctx, b, K, K, 0, 0)
         : kind == STE ? qt_fake_quant_max_pool2d(ctx, b, &sd, &zp, qmin, qmax, K)
                       : qt_fake_quant_lsq_max_pool2d(ctx, b, scale, &zp, qmin, qmax, gf, K);
   }

@@ -112,7 +112,7 @@ static result step(const shape *s, int fused, int frees, const float *xd, const 
                                         s->pool);
     } else {
       qt_tensor *n = qt_batch_norm_relu(ctx, c, gamma, beta, r.rm, r.rv, 0.1f, eps, s->relu == 2);
-      y = qt_max_pool2d(ctx, n, s->pool, s->pool, 0);
+      y = qt_max_pool2d(ctx, n, s->pool, s->pool, 0, 0);
     }
   }
   r.ny = qt_tensor_numel(y);

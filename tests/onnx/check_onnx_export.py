@@ -77,8 +77,22 @@ def window_attrs(a, w_shape=None):
     p = list(a.get("pads", [0, 0, 0, 0]))
     assert list(a.get("dilations", [1, 1])) == [1, 1], "dilations other than 1"
     assert a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET"), "auto_pad"
-    assert a.get("ceil_mode", 0) == 0, "ceil_mode"
     return k, s, (p[0], p[1], p[2], p[3])
+
+
+def ceil_pads(a, x_shape):
+    """MaxPool's pads, with ceil_mode's overhang added at the bottom and right (PyTorch's and ONNX's
+    output size: the last window starts inside the input or its top/left padding)."""
+    (kh, kw), (sh, sw), (t, l, b, r) = window_attrs(a)
+    if not a.get("ceil_mode", 0):
+        return (t, l, b, r)
+    over = []
+    for n, k, s, p0, p1 in ((x_shape[2], kh, sh, t, b), (x_shape[3], kw, sw, l, r)):
+        o = -(-(n + p0 + p1 - k) // s) + 1
+        if (o - 1) * s >= n + p0:
+            o -= 1
+        over.append(max(0, (o - 1) * s + k - (n + p0 + p1)))
+    return (t, l, b + over[0], r + over[1])
 
 
 def conv(x, w, b, a):
@@ -130,12 +144,14 @@ def run_onnx(model, x):
             hi = ins[2] if len(ins) > 2 and ins[2] is not None else np.float32(np.inf)
             y = np.minimum(np.maximum(ins[0], lo), hi).astype(ins[0].dtype)  # float, or the integers' type
         elif op == "MaxPool":
-            (kh, kw), (sh, sw), pads = window_attrs(a)
+            (kh, kw), (sh, sw), _ = window_attrs(a)
+            pads = ceil_pads(a, ins[0].shape)
             t = ins[0].dtype  # float32, or the integers of a quantized tensor
             fill = -np.inf if t == np.float32 else np.iinfo(t).min
             y = windows(ins[0], kh, kw, sh, sw, pads, fill).max(axis=(4, 5)).astype(t)
         elif op == "AveragePool":
             (kh, kw), (sh, sw), pads = window_attrs(a)
+            assert a.get("ceil_mode", 0) == 0, "AveragePool ceil_mode"
             assert a.get("count_include_pad", 0) == 1 or pads == (0, 0, 0, 0)
             y = (windows(ins[0].astype(np.float64), kh, kw, sh, sw, pads, 0.0).sum(axis=(4, 5)) / (kh * kw))
             y = y.astype(np.float32)

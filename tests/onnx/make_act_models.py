@@ -15,7 +15,7 @@ adaptive average pool, 1x1 conv, activation, 1x1 conv, gate, then gate * input):
 stride-2 conv with SiLU, then a conv with GELU (torch 1.13 exports it as Div, Erf, Add, Mul,
 Mul), global average pool, flatten, linear. Opset 17, training export, dynamic batch.
 cat_cnn: concatenation along channels: SqueezeNet's Fire module (a 1x1 squeeze, then 1x1 and
-3x3 expands concatenated), twice, with BN, an Inception-style block of three branches (1x1,
+3x3 expands concatenated), twice, with BN and SqueezeNet's ceil-mode max pool between them, an Inception-style block of three branches (1x1,
 3x3, average pool + 1x1), and the concatenation of two global pools' vectors before the linear
 layer. Opset 17, training export, dynamic batch.
 shuffle_cnn: ShuffleNetV2's units as torchvision builds them (torchvision.models.shufflenetv2:
@@ -117,7 +117,7 @@ class CatCNN(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
         self.fire1 = Fire(16, 8, 16, 16)
-        self.pool = nn.MaxPool2d(2, 2)
+        self.pool = nn.MaxPool2d(3, 2, ceil_mode=True)  # SqueezeNet's: 14 -> 7 (floor mode: 6)
         self.fire2 = Fire(32, 8, 16, 16)
         self.b1 = nn.Conv2d(32, 8, 1)
         self.b3 = nn.Conv2d(32, 8, 3, padding=1)

@@ -18,7 +18,8 @@ unpack ran out of stack on both, exit 139):
   importer refuses) named with a terminal escape sequence; mul_const.onnx: Mul(x, w) by an
   initializer (a Mul of an activation by a constant tensor); div_one.onnx: x / 1, a Div that
   does not start a GELU; concat_h.onnx: Concat(x, x) along H (axis 2); transpose_hw.onnx: a
-  Transpose of H and W; split_h.onnx: a Split along H.
+  Transpose of H and W; split_h.onnx: a Split along H; avgpool_ceil.onnx: AveragePool(3, 2) in
+  ceil mode.
 
 Usage: python3 tests/onnx/make_hostile_onnx.py OUT_DIR
 """
@@ -146,7 +147,15 @@ def main():
                        ("split_h.onnx", relu_model(string(1, "x") + string(2, "y") + string(2, "z") +
                                                    string(3, "halves") + string(4, "Split") +
                                                    field_bytes(5, string(1, "axis") + field_int(3, 2) +
-                                                               field_int(20, 2))))):
+                                                               field_int(20, 2)))),
+                       ("avgpool_ceil.onnx", relu_model(string(1, "x") + string(2, "y") + string(3, "pool") +
+                                                        string(4, "AveragePool") +
+                                                        field_bytes(5, string(1, "kernel_shape") +
+                                                                    field_bytes(8, bytes([3, 3])) + field_int(20, 7)) +
+                                                        field_bytes(5, string(1, "strides") +
+                                                                    field_bytes(8, bytes([2, 2])) + field_int(20, 7)) +
+                                                        field_bytes(5, string(1, "ceil_mode") + field_int(3, 1) +
+                                                                    field_int(20, 2))))):
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
         print("wrote %s (%d bytes)" % (os.path.join(out, name), len(data)))

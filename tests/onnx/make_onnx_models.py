@@ -23,7 +23,7 @@ Models (tests/onnx/models/, torch.onnx.export, dynamic batch unless noted):
                    Add), ReLU, BatchNorm1d. Static batch 2 (the Reshape's shape is a constant [2, -1]).
 
 Bad models (tests/onnx/bad/, for test_onnx_errors.sh), each a variant of a tiny conv net:
-  unsupported_op (Softplus), dilation2 (a dilated conv), ceil_mode (MaxPool ceil_mode=1),
+  unsupported_op (Softplus), dilation2 (a dilated conv),
   auto_pad (a Conv given auto_pad SAME_UPPER), asymmetric_pad (a Conv given pads [0, 0, 1, 1]),
   dynamic_hw (input [batch, 1, height, width], its Gemm sized for 16x16 images), rgb_dynamic
   (input [batch, 3, height, width]), missing_initializer (the conv weight removed),
@@ -288,10 +288,6 @@ def make_bad():
     m = bad_base()
     m.conv = nn.Conv2d(1, 2, 3, padding=2, dilation=2)
     export(m, os.path.join(BAD, "dilation2.onnx"), 13, False)
-
-    m = bad_base()
-    m.pool = nn.MaxPool2d(4, ceil_mode=True)
-    export(m, os.path.join(BAD, "ceil_mode.onnx"), 13, False)
 
     p = copy.deepcopy(proto)
     conv = next(n for n in p.graph.node if n.op_type == "Conv")

@@ -222,6 +222,14 @@ def batch_norm(x, a, tensors, gamma, beta):
     return ((x - m) / np.sqrt(v.astype(np.float64) + float(a["eps"])) * gamma + beta).astype(np.float32)
 
 
+def ceil_over(n, k, s, p):
+    """Ceil mode (PyTorch's pooling_output_shape): how far the last window hangs over the padded end."""
+    o = -(-(n + 2 * p - k) // s) + 1
+    if (o - 1) * s >= n + p:
+        o -= 1
+    return max(0, (o - 1) * s + k - (n + 2 * p))
+
+
 def windows(x, kh, kw, sh, sw, ph, pw, fill):
     """(N,H,W,C) -> (N,OH,OW,C,KH,KW) windows after padding with `fill`."""
     x = np.pad(x, ((0, 0), (ph, ph), (pw, pw), (0, 0)), constant_values=fill)
@@ -299,9 +307,11 @@ def run(nodes, values, tensors, quant, x, output):
             y = np.maximum(xi, np.float32(0))
         elif op == "relu6":
             y = np.minimum(np.maximum(xi, np.float32(0)), np.float32(6))
-        elif op == "max_pool2d":
+        elif op == "max_pool2d":  # ceil: the last windows hang over the bottom and right (-inf there)
             k, s, p = int(a["kernel_h"]), int(a["stride_h"]), int(a["pad_h"])
-            y = windows(xi, k, k, s, s, p, p, -np.inf).max(axis=(4, 5)).astype(np.float32)
+            over = [ceil_over(n, k, s, p) if int(a.get("ceil", 0)) else 0 for n in xi.shape[1:3]]
+            xo = np.pad(xi, ((0, 0), (0, over[0]), (0, over[1]), (0, 0)), constant_values=-np.inf)
+            y = windows(xo, k, k, s, s, p, p, -np.inf).max(axis=(4, 5)).astype(np.float32)
         elif op == "avg_pool2d":  # count_include_pad: divide by k*k
             k, s, p = int(a["kernel_h"]), int(a["stride_h"]), int(a["pad_h"])
             y = windows(xi.astype(np.float64), k, k, s, s, p, p, 0.0).sum(axis=(4, 5)) / (k * k)
