@@ -271,7 +271,19 @@ void qt_fault_point(const char *name) {
 
 void qt_memory_policy_init(void) { mallopt(M_MMAP_THRESHOLD, 128 * 1024); }
 
+/* VmHWM of /proc/self/status: this process image's own peak (Linux keeps ru_maxrss across
+ * execve, so getrusage would report a large parent's peak for a child it started); getrusage
+ * where /proc is not there. */
 double qt_peak_rss_mb(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (f) {
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof line, f))
+      if (sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+    fclose(f);
+    if (kb >= 0) return (double)kb / 1024.0;
+  }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   return (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */

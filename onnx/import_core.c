@@ -478,8 +478,22 @@ static void scope_name(const Onnx__NodeProto *n, char *out, size_t len) {
   qt_imp_sanitize(s, out, len);
 }
 
+/* A name longer than IMP_NAME_MAX as its last characters after an FNV-1a hash of the whole
+ * ("3f2a9c1b-block.0.2"): the names prepare and convert derive from it fit QT_NAME_LEN, and
+ * names that differ only in their head stay apart. */
+static void fit_name(char *s) {
+  const size_t n = strlen(s);
+  if (n <= IMP_NAME_MAX) return;
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+  char out[QT_NAME_LEN];
+  const size_t keep = IMP_NAME_MAX - 9;
+  snprintf(out, sizeof out, "%08x-%s", (unsigned)h, s + n - keep);
+  snprintf(s, IMP_NAME_MAX + 1, "%s", out);
+}
+
 /* The IR name of the current node: after its weight's PyTorch name ("conv1.weight" -> "conv1"),
- * else its scope; made unique. */
+ * else its scope; at most IMP_NAME_MAX characters (fit_name); made unique. */
 void qt_imp_node_name(imp *im, const char *weight, char *out) {
   char cand[QT_NAME_LEN] = "";
   if (weight) {
@@ -493,6 +507,7 @@ void qt_imp_node_name(imp *im, const char *weight, char *out) {
   if (!cand[0]) torch_module(im->node, cand, sizeof cand);
   if (!cand[0]) scope_name(im->node, cand, sizeof cand);
   if (!cand[0]) snprintf(cand, sizeof cand, "%s_%d", str(im->node->op_type), im->node_index);
+  fit_name(cand);
   if (qt_graph_find_node(im->g, cand) < 0) {
     snprintf(out, QT_NAME_LEN, "%s", cand);
     return;
@@ -503,6 +518,7 @@ void qt_imp_node_name(imp *im, const char *weight, char *out) {
   for (char *p = buf; *p; p++)
     if (*p == '/') *p = '.';
   qt_imp_sanitize(buf, full, sizeof full);
+  fit_name(full);
   if (full[0] && qt_graph_find_node(im->g, full) < 0) {
     snprintf(out, QT_NAME_LEN, "%s", full);
     return;
@@ -511,7 +527,7 @@ void qt_imp_node_name(imp *im, const char *weight, char *out) {
   for (intptr_t k = (intptr_t)memo->data;; k++) {
     char tail[24];
     snprintf(tail, sizeof tail, "_%ld", (long)k);
-    snprintf(out, QT_NAME_LEN, "%.*s%s", (int)(QT_NAME_LEN - 1 - strlen(tail)), cand, tail);
+    snprintf(out, QT_NAME_LEN, "%.*s%s", (int)(IMP_NAME_MAX - strlen(tail)), cand, tail);
     if (qt_graph_find_node(im->g, out) < 0) {
       memo->data = (void *)(k + 1);
       return;

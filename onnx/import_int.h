@@ -24,6 +24,9 @@
 #include "onnx/onnx_import.h"
 
 #define BATCH INT64_MIN /* the batch dimension in shape arithmetic */
+/* The longest IR node name the importer makes: prepare and convert append up to 14 characters
+ * (".fq.dequantize") to a node's name, and a name has at most QT_NAME_LEN - 1. */
+#define IMP_NAME_MAX (QT_NAME_LEN - 1 - 14)
 #define MAX_INTS 8
 
 typedef enum { S_NONE, S_ACT, S_CONST, S_INTS } sym_kind;
