@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""torchvision's CNN zoo through the whole pipeline: fp32 -> PTQ W8A8 -> QAT W4A8 -> check ->
+int8 device -> QDQ ONNX -> ONNX Runtime, one row per model, into experiments/results/zoo.md
+(+ zoo.json).
+
+    bench/peers/.venv/bin/python experiments/zoo.py                    # every model, runs/zoo/
+    bench/peers/.venv/bin/python experiments/zoo.py --models squeezenet1_1 --train-limit 2048
+
+Runs with the peers' environment (bench/peers/setup_peers.sh makes it: torch 2.x, torchvision,
+onnxruntime, h5py), by hand, never in CI. Each model is torchvision's, built with 10 classes, its
+first convolution taking 1 channel (Fashion-MNIST's 1x28x28), exported by the TorchScript
+exporter in training mode (BN kept, opset 17, dynamic batch); EfficientNet-B0 with
+stochastic_depth_prob=0 (in training mode its stochastic depth exports random ops, which the
+importer refuses). Then build/bin/qat_train, as a user would:
+  - fp32: experiments/mobilenet_onnx_fp32.ini's recipe (SGD 0.05, cosine, batch 128) for
+    --fp32-epochs on the first --train-limit training images;
+  - PTQ W8A8 (oneDNN Quantizer, histogram MSE ranges) and QAT W4A8 (LSQ, --qat-epochs at lr
+    0.005, BN frozen after the first epoch) from that checkpoint; each converts, checks the
+    training graph against the Q/DQ graph, lowers to the oneDNN int8 device and exports
+    model_qdq.onnx;
+  - the first --test-limit test images for every accuracy;
+  - ONNX Runtime (graph optimizations disabled) runs the QAT run's model_qdq.onnx on the first
+    256 test images, against the int8 device's logits (qat_run --write-outputs), in output LSB;
+  - the fp32 recipe's first training step twice (train_limit 128, 1 epoch), its checkpoints
+    compared bit for bit.
+Figures of time and memory are qat_train's own (summary.json: train images/s, peak RSS).
+"""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "ort"))
+import ort_eval  # noqa: E402
+import ortlib  # noqa: E402
+
+MODELS = ["resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "shufflenet_v2_x0_5",
+          "squeezenet1_1"]
+FP32_INI = os.path.join(ROOT, "experiments", "mobilenet_onnx_fp32.ini")
+QAT = ["quant.mode=qat", "quant.weight_bits=4", "quant.activation_bits=8", "quant.quantizer=onednn",
+       "train.lr=0.005", "train.schedule=cosine", "train.min_lr=0", "quant.learnable_scale=true",
+       "quant.activation_observer=histogram", "quant.activation_range=mse", "quant.freeze_bn_after=1"]
+PTQ = ["quant.mode=ptq", "quant.weight_bits=8", "quant.activation_bits=8", "quant.quantizer=onednn",
+       "quant.calibration_batches=32", "quant.activation_observer=histogram", "quant.activation_range=mse"]
+
+
+def build(name):
+    import torch.nn as nn
+    import torchvision
+    kw = {"num_classes": 10}
+    if name == "efficientnet_b0":
+        kw["stochastic_depth_prob"] = 0.0
+    m = getattr(torchvision.models, name)(**kw)
+    for path, mod in m.named_modules():  # the first convolution takes 1 channel
+        if isinstance(mod, nn.Conv2d) and mod.in_channels == 3:
+            parent = m
+            for p in path.split(".")[:-1]:
+                parent = getattr(parent, p)
+            setattr(parent, path.split(".")[-1],
+                    nn.Conv2d(1, mod.out_channels, mod.kernel_size, mod.stride, mod.padding, bias=mod.bias is not None))
+            break
+    return m
+
+
+def export(name, path):
+    import torch
+    torch.manual_seed(0)
+    m = build(name).train()
+    torch.onnx.export(m, torch.randn(2, 1, 28, 28), path, opset_version=17, dynamo=False,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+
+
+def qat_train(args, config, overrides, log):
+    cmd = [os.path.join(args.build, "bin", "qat_train"), config] + overrides
+    t0 = time.time()
+    with open(log, "w") as f:
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+                             env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    return rc, time.time() - t0, " ".join(cmd[1:])
+
+
+def summary(d):
+    with open(os.path.join(d, "summary.json")) as f:
+        return json.load(f)
+
+
+def acc(s, stage):
+    st = s.get("stages", {}).get(stage)
+    return round(100 * st["test_accuracy"], 2) if st else None
+
+
+def ort_vs_device(args, d, out_scale):
+    """ORT (optimizations off) on model_qdq.onnx against the int8 device's logits, 256 images."""
+    n = 256
+    dev = os.path.join(d, "device_outputs.h5")
+    rc = subprocess.call([os.path.join(args.build, "bin", "qat_run"), os.path.join(d, "model_qdq.h5"), "--images",
+                          str(n), "--quiet", "--write-outputs", dev], cwd=ROOT, stdout=subprocess.DEVNULL)
+    if rc:
+        return {"error": "qat_run exit %d" % rc}
+    with h5py.File(dev, "r") as f:
+        want = f["logits"][...]
+    x, _ = ort_eval.load_images(ort_eval.FASHION + "t10k-images-idx3-ubyte.gz",
+                                ort_eval.FASHION + "t10k-labels-idx1-ubyte.gz", 0.2860, 0.3530, n)
+    y, info = ortlib.run(os.path.join(d, "model_qdq.onnx"), x, layout="NHWC", opt="disabled")
+    lsb = np.abs(y.astype(np.float64) - want) / out_scale
+    return {"images": n, "max_lsb": round(float(lsb.max()), 2),
+            "top1_agreement": float((y.argmax(1) == want.argmax(1)).mean()), "ort_version": info["ort_version"]}
+
+
+def repeatable(args, d, config):
+    """The fp32 recipe's first training step twice: bit-identical checkpoints?"""
+    params = []
+    for k in range(2):
+        out = os.path.join(d, "step%d" % k)
+        rc, _, _ = qat_train(args, config, ["train.epochs=1", "data.train_limit=128", "data.test_limit=128",
+                                            "output.dir=" + out], os.path.join(d, "step%d.log" % k))
+        if rc:
+            return None
+        with h5py.File(os.path.join(out, "checkpoint.h5"), "r") as f:
+            vals = []
+            f.visititems(lambda n, o: vals.append((n, o[...].tobytes())) if isinstance(o, h5py.Dataset) else None)
+            params.append(vals)
+    return params[0] == params[1]
+
+
+def run_model(args, name):
+    d = os.path.join(args.runs, name)
+    os.makedirs(d, exist_ok=True)
+    onnx_path = os.path.join(d, name + ".onnx")
+    row = {"model": name}
+    t0 = time.time()
+    export(name, onnx_path)
+    row["export_s"] = round(time.time() - t0, 1)
+    fp32_dir = os.path.join(d, "fp32")
+    config = os.path.join(d, "fp32.ini")
+    with open(FP32_INI) as f:
+        text = f.read()
+    text = text.replace("tests/onnx/models/mobilenet.onnx", onnx_path).replace("runs/mobilenet_onnx_fp32", fp32_dir)
+    text = text.replace("epochs = 4", "epochs = %d" % args.fp32_epochs)
+    with open(config, "w") as f:
+        f.write(text)
+    limits = ["data.train_limit=%d" % args.train_limit, "data.test_limit=%d" % args.test_limit]
+    rc, sec, cmd = qat_train(args, config, limits, os.path.join(d, "fp32.log"))
+    row["fp32_rc"], row["fp32_s"] = rc, round(sec, 1)
+    if rc:
+        row["error"] = "fp32 run: exit %d (%s)" % (rc, os.path.join(d, "fp32.log"))
+        return row
+    s = summary(fp32_dir)
+    row["params"] = s.get("parameters")
+    row["fp32"] = acc(s, "fp32")
+    row["train_images_per_s"] = s["train"]["images_per_s"]
+    row["peak_rss_mb"] = s["train"]["peak_rss_mb"]
+    for kind, over in (("ptq_w8a8", PTQ), ("qat_w4a8", QAT + ["train.epochs=%d" % args.qat_epochs])):
+        out = os.path.join(d, kind)
+        rc, sec, cmd = qat_train(args, config, limits + over + [
+            "quant.fp32_checkpoint=" + os.path.join(fp32_dir, "checkpoint.h5"), "quant.fp32_config=" + config,
+            "output.dir=" + out], os.path.join(d, kind + ".log"))
+        r = {"rc": rc, "seconds": round(sec, 1)}
+        if rc == 0:
+            s = summary(out)
+            r.update({"fake_quant": acc(s, "fake_quant"), "qdq": acc(s, "qdq"), "exact": acc(s, "qdq_exact"),
+                      "int8": acc(s, "int8"), "check_ok": s["check"]["ok"],
+                      "device_vs_qdq_max_lsb": s["int8_vs_qdq"]["max_lsb"],
+                      "qdq_vs_exact_max_lsb": s["qdq_float_vs_exact"]["max_lsb"],
+                      "int8_partitions": s["lowering"]["int8_partitions"],
+                      "fallback_partitions": s["lowering"]["fallback_partitions"],
+                      "fallback_ops": sorted({fb["reason"].split(" in fp32")[0] for fb in s["lowering"]["fallbacks"]}),
+                      "train_images_per_s": s["train"]["images_per_s"] if "train" in s else None,
+                      "peak_rss_mb": s["train"]["peak_rss_mb"] if "train" in s else None})
+            if kind == "qat_w4a8":
+                r["ort"] = ort_vs_device(args, out, s["int8_vs_qdq"]["output_scale"])
+        row[kind] = r
+    row["step_bit_identical"] = repeatable(args, d, config)
+    return row
+
+
+def fmt(v):
+    return "—" if v is None else ("%.2f" % v if isinstance(v, float) else str(v))
+
+
+def write(args, rows, versions):
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "zoo.json"), "w") as f:
+        json.dump({"versions": versions, "args": vars(args), "rows": rows}, f, indent=1)
+    lines = ["# torchvision's CNN zoo through the pipeline", "",
+             "Generated by `bench/peers/.venv/bin/python experiments/zoo.py %s` on %s (%s, %d cores, %s)." % (
+                 " ".join(sys.argv[1:]), versions["date"], versions["cpu"], os.cpu_count(), "one run at a time"),
+             "torch %s, torchvision %s (the exporter), ONNX Runtime %s." % (
+                 versions["torch"], versions["torchvision"], versions["onnxruntime"]), "",
+             "Recipe (a pipeline check, not a tuned training): fp32 %d epochs on the first %d training images; "
+             "PTQ W8A8 (histogram MSE ranges, oneDNN Quantizer); QAT W4A8 (LSQ) %d epoch(s) from the fp32 "
+             "checkpoint; accuracies (%%) on the first %d test images. The check is the training graph against the "
+             "Q/DQ graph; device: the oneDNN int8 lowering against the Q/DQ graph, whose float32 executor is "
+             "checked against the exact integer reference (max output LSB); ORT: ONNX Runtime (optimizations "
+             "disabled) on the QAT run's model_qdq.onnx against the int8 device, 256 images. Images/s and peak RSS: "
+             "the fp32 training run's." % (args.fp32_epochs, args.train_limit, args.qat_epochs, args.test_limit), "",
+             "| model | params | fp32 | PTQ W8A8 Q/DQ | QAT W4A8 fake-quant / Q/DQ / int8 | check | device vs Q/DQ, "
+             "Q/DQ vs exact (LSB) | ORT vs device (LSB, top-1) | int8 / fallback partitions (QAT) | fallback ops | "
+             "train img/s | peak RSS MB | step bit-identical |",
+             "|---|---:|---:|---:|---:|---|---|---|---|---|---:|---:|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append("| %s | — | — | — | — | — | — | — | — | %s | — | — | — |" % (r["model"], r["error"]))
+            continue
+        p, q = r.get("ptq_w8a8", {}), r.get("qat_w4a8", {})
+        o = q.get("ort", {})
+        lines.append("| %s | %s | %s | %s | %s / %s / %s | %s | %s, %s | %s | %s / %s | %s | %s | %s | %s |" % (
+            r["model"], fmt(r.get("params")), fmt(r.get("fp32")), fmt(p.get("qdq")), fmt(q.get("fake_quant")),
+            fmt(q.get("qdq")), fmt(q.get("int8")),
+            "ok" if p.get("check_ok") and q.get("check_ok") else "FAIL",
+            fmt(q.get("device_vs_qdq_max_lsb")), fmt(q.get("qdq_vs_exact_max_lsb")),
+            "%s, %.1f%%" % (fmt(o.get("max_lsb")), 100 * o["top1_agreement"]) if "max_lsb" in o else o.get("error", "—"),
+            fmt(q.get("int8_partitions")), fmt(q.get("fallback_partitions")), ", ".join(q.get("fallback_ops", [])),
+            fmt(r.get("train_images_per_s")), fmt(r.get("peak_rss_mb")),
+            {True: "yes", False: "NO", None: "—"}[r.get("step_bit_identical")]))
+    with open(os.path.join(args.out, "zoo.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="*", default=MODELS, choices=MODELS)
+    ap.add_argument("--runs", default=os.path.join(ROOT, "runs", "zoo"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results"))
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--train-limit", type=int, default=8192)
+    ap.add_argument("--test-limit", type=int, default=2000)
+    ap.add_argument("--fp32-epochs", type=int, default=2)
+    ap.add_argument("--qat-epochs", type=int, default=1)
+    args = ap.parse_args()
+    import onnxruntime
+    import torch
+    import torchvision
+    cpu = platform.machine()
+    with open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    versions = {"torch": torch.__version__, "torchvision": torchvision.__version__,
+                "onnxruntime": onnxruntime.__version__, "machine": platform.node() or "?", "cpu": cpu,
+                "date": time.strftime("%Y-%m-%d")}
+    rows = []
+    for name in args.models:
+        print("zoo: %s ..." % name, flush=True)
+        t0 = time.time()
+        rows.append(run_model(args, name))
+        print("zoo: %s done in %.0f s: %s" % (name, time.time() - t0, json.dumps(rows[-1])[:300]), flush=True)
+        write(args, rows, versions)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
