@@ -309,6 +309,13 @@ static int batch_entry(const imp *im, int64_t s0, int64_t allowzero, int64_t res
          (s0 == -1 && rest == per);
 }
 
+/* Whether n shape entries are each in [1, 2^15]: their product cannot overflow. */
+static int dims_fit(const int64_t *d, int n) {
+  for (int i = 0; i < n; i++)
+    if (d[i] < 1 || d[i] > 32768) return 0;
+  return 1;
+}
+
 /* The current node's output as step `step` of the channel shuffle of x by `groups` (x's fields kept). */
 static void shuffle_pending(imp *im, const sym *x, int step, int groups) {
   const sym keep = *x;
@@ -327,8 +334,8 @@ static void shuffle_pending(imp *im, const sym *x, int step, int groups) {
 static int shuffle_begin(imp *im, sym *x, const int64_t *s, int64_t allowzero) {
   const qt_value *v = val(im, x);
   const int64_t H = v->shape[0], W = v->shape[1], C = v->shape[2];
-  if (!batch_entry(im, s[0], allowzero, s[1] * s[2] * s[3] * s[4], C * H * W) || s[1] < 1 || s[1] * s[2] != C ||
-      s[3] != H || s[4] != W)
+  if (!dims_fit(s + 1, 4) || !batch_entry(im, s[0], allowzero, s[1] * s[2] * s[3] * s[4], C * H * W) ||
+      s[1] * s[2] != C || s[3] != H || s[4] != W)
     return qt_imp_node_err(im,
                            "Reshape of an image [N, %lld, %lld, %lld] to 5 dims: only [N, g, C / g, H, W], a "
                            "channel shuffle's grouping, is supported",
@@ -343,8 +350,8 @@ static int shuffle_end(imp *im, sym *p, const sym *shape, int64_t allowzero) {
   x.kind = S_ACT;
   const qt_value *v = val(im, &x);
   const int64_t H = v->shape[0], W = v->shape[1], C = v->shape[2], *s = shape->ints;
-  if (shape->n_ints != 4 || !batch_entry(im, s[0], allowzero, s[1] * s[2] * s[3], C * H * W) || s[1] != C ||
-      s[2] != H || s[3] != W)
+  if (shape->n_ints != 4 || !dims_fit(s + 1, 3) || !batch_entry(im, s[0], allowzero, s[1] * s[2] * s[3], C * H * W) ||
+      s[1] != C || s[2] != H || s[3] != W)
     return qt_imp_node_err(im, "Reshape of %s: only back to [N, %lld, %lld, %lld] is supported", shuffle_what,
                            (long long)C, (long long)H, (long long)W);
   char name[QT_NAME_LEN];

@@ -146,7 +146,7 @@ int qt_imp_ints_arith(imp *im, char op) {
   for (int i = 0; i < n; i++) {
     const int64_t x = sa.ints[sa.n_ints == 1 ? 0 : i], y = sb.ints[sb.n_ints == 1 ? 0 : i];
     if (x == BATCH || y == BATCH) return qt_imp_node_err(im, "arithmetic on the batch dimension is not supported");
-    if ((x > ((int64_t)1 << 40) || x < -((int64_t)1 << 40)) || (y > ((int64_t)1 << 40) || y < -((int64_t)1 << 40)))
+    if ((x > ((int64_t)1 << 31) || x < -((int64_t)1 << 31)) || (y > ((int64_t)1 << 31) || y < -((int64_t)1 << 31)))
       return qt_imp_node_err(im, "shape entries %lld, %lld out of range", (long long)x, (long long)y);
     if (op == '/' && y <= 0) return qt_imp_node_err(im, "Div of a shape by %lld (positive only)", (long long)y);
     s->ints[i] = op == '+' ? x + y : op == '-' ? x - y : op == '*' ? x * y : x / y;
