@@ -276,6 +276,10 @@ const char *qt_act_name(qt_act_kind kind);
 int qt_act_torch_hardsigmoid(float alpha, float beta);
 int qt_act_parse(const char *name, qt_act_kind *out);
 qt_tensor *qt_activation(qt_ctx *ctx, qt_tensor *x, qt_act a);
+/* One side of a pool's output, as PyTorch's pooling_output_shape (dilation 1): floor mode, or in
+ * ceil mode the last window may hang over the end but starts inside the input or its left
+ * padding; -1 when the window does not fit (or kernel, stride or pad is out of range). */
+int64_t qt_pool_output_size(int64_t in, int kernel, int stride, int pad, int ceil_mode);
 /* Square windows; ceil_mode as PyTorch's (0: floor mode, its default). */
 qt_tensor *qt_max_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad, int ceil_mode);
 qt_tensor *qt_avg_pool2d(qt_ctx *ctx, qt_tensor *x, int kernel, int stride, int pad, int ceil_mode);

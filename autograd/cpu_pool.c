@@ -24,10 +24,9 @@ static int64_t floor_div(int64_t a, int64_t b) {
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
-/* One side of PyTorch's pooling_output_shape (dilation 1): in ceil mode the last window may hang
- * over the end, but starts inside the input or its left padding. */
-static int64_t pool_out(int64_t in, int k, int stride, int pad, int ceil_mode) {
-  int64_t out = floor_div(in + 2 * (int64_t)pad - k + (ceil_mode ? stride - 1 : 0), stride) + 1;
+int64_t qt_pool_output_size(int64_t in, int kernel, int stride, int pad, int ceil_mode) {
+  if (kernel < 1 || stride < 1 || pad < 0 || in + 2 * (int64_t)pad < kernel) return -1;
+  int64_t out = floor_div(in + 2 * (int64_t)pad - kernel + (ceil_mode ? stride - 1 : 0), stride) + 1;
   if (ceil_mode && (out - 1) * stride >= in + pad) out--;
   return out;
 }
@@ -38,8 +37,8 @@ int qt_pool2d_shape_init(qt_pool2d_shape *s) {
   if (s->KH <= 0 || s->KW <= 0 || s->stride_h <= 0 || s->stride_w <= 0) return -1;
   if (s->pad_h < 0 || s->pad_w < 0 || s->pad_h > s->KH / 2 || s->pad_w > s->KW / 2) return -1;
   if ((int64_t)s->H * s->W > INT32_MAX) return -1; /* argmax is int32 h*W+w */
-  const int64_t oh = pool_out(s->H, s->KH, s->stride_h, s->pad_h, s->ceil_mode);
-  const int64_t ow = pool_out(s->W, s->KW, s->stride_w, s->pad_w, s->ceil_mode);
+  const int64_t oh = qt_pool_output_size(s->H, s->KH, s->stride_h, s->pad_h, s->ceil_mode);
+  const int64_t ow = qt_pool_output_size(s->W, s->KW, s->stride_w, s->pad_w, s->ceil_mode);
   if (oh < 1 || ow < 1) return -1;
   s->OH = (int)oh;
   s->OW = (int)ow;

@@ -8,21 +8,6 @@
 #include <stdarg.h>
 #include <string.h>
 
-/* Output side of a window (conv, pool); -1 when it does not fit. */
-static int64_t window_out(int64_t in, int k, int s, int p) {
-  if (k < 1 || s < 1 || p < 0 || in + 2 * (int64_t)p < k) return -1;
-  return (in + 2 * (int64_t)p - k) / s + 1;
-}
-
-/* Output side of a pool in ceil mode (PyTorch's pooling_output_shape: the last window starts
- * inside the input or its left padding); -1 when it does not fit. */
-static int64_t window_out_ceil(int64_t in, int k, int s, int p) {
-  if (k < 1 || s < 1 || p < 0 || in + 2 * (int64_t)p < k) return -1;
-  int64_t out = (in + 2 * (int64_t)p - k + s - 1) / s + 1;
-  if ((out - 1) * s >= in + p) out--;
-  return out;
-}
-
 static int same_as_input(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
   (void)a;
   (void)err;
@@ -52,8 +37,9 @@ static int conv_shape(const qt_node_attrs *a, const qt_value *const *in, int *nd
   if (a->groups < 1 || a->out_channels < 1 || C % a->groups || a->out_channels % a->groups)
     return qt_err(err, "groups %d must divide in-channels %lld and out-channels %d", a->groups, (long long)C,
                   a->out_channels);
-  shape[0] = window_out(x->shape[0], a->kernel_h, a->stride_h, a->pad_h);
-  shape[1] = window_out(x->shape[1], a->kernel_w, a->stride_w, a->pad_w);
+  /* a convolution's windows are placed as a floor-mode pool's */
+  shape[0] = qt_pool_output_size(x->shape[0], a->kernel_h, a->stride_h, a->pad_h, 0);
+  shape[1] = qt_pool_output_size(x->shape[1], a->kernel_w, a->stride_w, a->pad_w, 0);
   if (shape[0] < 1 || shape[1] < 1)
     return qt_err(err, "kernel %dx%d stride %dx%d pad %dx%d do not fit input %lldx%lld", a->kernel_h, a->kernel_w,
                   a->stride_h, a->stride_w, a->pad_h, a->pad_w, (long long)x->shape[0], (long long)x->shape[1]);
@@ -67,9 +53,8 @@ static int pool_shape(const char *op, const qt_node_attrs *a, const qt_value *x,
   if (a->kernel_h != a->kernel_w || a->stride_h != a->stride_w || a->pad_h != a->pad_w)
     return qt_err(err, "%s needs a square kernel, stride and padding (kernel %dx%d stride %dx%d pad %dx%d)", op,
                   a->kernel_h, a->kernel_w, a->stride_h, a->stride_w, a->pad_h, a->pad_w);
-  int64_t (*out)(int64_t, int, int, int) = a->ceil ? window_out_ceil : window_out;
-  shape[0] = out(x->shape[0], a->kernel_h, a->stride_h, a->pad_h);
-  shape[1] = out(x->shape[1], a->kernel_w, a->stride_w, a->pad_w);
+  shape[0] = qt_pool_output_size(x->shape[0], a->kernel_h, a->stride_h, a->pad_h, a->ceil);
+  shape[1] = qt_pool_output_size(x->shape[1], a->kernel_w, a->stride_w, a->pad_w, a->ceil);
   if (shape[0] < 1 || shape[1] < 1 || 2 * a->pad_h > a->kernel_h)
     return qt_err(err, "kernel %d stride %d pad %d do not fit input %lldx%lld", a->kernel_h, a->stride_h, a->pad_h,
                   (long long)x->shape[0], (long long)x->shape[1]);

@@ -186,12 +186,8 @@ static int op_pool(imp *im, int max) {
   /* ceil mode only where it adds a window (elsewhere both modes are one pool) */
   const qt_value *xv = val(im, x);
   int ceil = 0;
-  for (int d = 0; d < 2 && ceil_mode; d++) {
-    const int64_t in = xv->shape[d] + 2 * p - k;
-    int64_t c = (in + s - 1) / s + 1;
-    if ((c - 1) * s >= xv->shape[d] + p) c--;
-    ceil |= in >= 0 && c != in / s + 1;
-  }
+  for (int d = 0; d < 2 && ceil_mode; d++)
+    ceil |= qt_pool_output_size(xv->shape[d], k, s, p, 1) != qt_pool_output_size(xv->shape[d], k, s, p, 0);
   if (ceil && !max)
     return qt_imp_node_err(im, "ceil_mode = 1 where the last window hangs over is supported for MaxPool only");
   const int y = qt_graph_pool2d(im->g, max ? QT_OP_MAX_POOL2D : QT_OP_AVG_POOL2D, name, x->value, k, s, p, ceil);
