@@ -146,19 +146,20 @@ static int build(qt_graph *g, qt_op op, const char *name, const int *inputs, int
   return g->nodes[id].output = new_value(g, name, ndim, shape, id);
 }
 
+/* The attributes of a square window: kernel, stride and pad the same in H and W. */
+static qt_node_attrs square_window(int kernel, int stride, int pad) {
+  return (qt_node_attrs){
+      .kernel_h = kernel, .kernel_w = kernel, .stride_h = stride, .stride_w = stride, .pad_h = pad, .pad_w = pad};
+}
+
 int qt_graph_conv2d(qt_graph *g, const char *name, int x, int out_channels, int kernel, int stride, int pad, int groups,
                     int bias) {
   if (check_value(g, name, x)) return -1;
   const qt_value *v = &g->values[x];
   const int64_t C = v->ndim == 3 ? v->shape[2] : 1;
-  const qt_node_attrs attr = {.kernel_h = kernel,
-                              .kernel_w = kernel,
-                              .stride_h = stride,
-                              .stride_w = stride,
-                              .pad_h = pad,
-                              .pad_w = pad,
-                              .groups = groups,
-                              .out_channels = out_channels};
+  qt_node_attrs attr = square_window(kernel, stride, pad);
+  attr.groups = groups;
+  attr.out_channels = out_channels;
   const int64_t ws[4] = {out_channels, groups >= 1 ? C / groups : 0, kernel, kernel};
   return build(g, QT_OP_CONV2D, name, &x, 1, &attr, 4, ws, bias);
 }
@@ -184,11 +185,12 @@ int qt_graph_batch_norm(qt_graph *g, const char *name, int x) {
   return build(g, QT_OP_BATCH_NORM, name, &x, 1, &attr, 0, NULL, 0);
 }
 
-/* A node of one input and no attributes. */
-static int plain(qt_graph *g, qt_op op, const char *name, int x) {
+/* A node of inputs[0..n-1] and no attributes. */
+static int no_attrs(qt_graph *g, qt_op op, const char *name, const int *inputs, int n) {
   const qt_node_attrs attr = {0};
-  return build(g, op, name, &x, 1, &attr, 0, NULL, 0);
+  return build(g, op, name, inputs, n, &attr, 0, NULL, 0);
 }
+static int plain(qt_graph *g, qt_op op, const char *name, int x) { return no_attrs(g, op, name, &x, 1); }
 int qt_graph_relu(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_RELU, name, x); }
 
 int qt_graph_relu6(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_RELU6, name, x); }
@@ -199,13 +201,8 @@ int qt_graph_activation(qt_graph *g, const char *name, int x, qt_act a) {
 }
 
 int qt_graph_pool2d(qt_graph *g, qt_op op, const char *name, int x, int kernel, int stride, int pad, int ceil) {
-  const qt_node_attrs attr = {.kernel_h = kernel,
-                              .kernel_w = kernel,
-                              .stride_h = stride,
-                              .stride_w = stride,
-                              .pad_h = pad,
-                              .pad_w = pad,
-                              .ceil = ceil};
+  qt_node_attrs attr = square_window(kernel, stride, pad);
+  attr.ceil = ceil;
   return build(g, op, name, &x, 1, &attr, 0, NULL, 0);
 }
 
@@ -228,20 +225,15 @@ int qt_graph_linear(qt_graph *g, const char *name, int x, int out_features, int 
 }
 
 int qt_graph_add(qt_graph *g, const char *name, int a, int b) {
-  const int inputs[2] = {a, b};
-  const qt_node_attrs attr = {0};
-  return build(g, QT_OP_ADD, name, inputs, 2, &attr, 0, NULL, 0);
+  return no_attrs(g, QT_OP_ADD, name, (const int[2]){a, b}, 2);
 }
 
 int qt_graph_mul(qt_graph *g, const char *name, int a, int b) {
-  const int inputs[2] = {a, b};
-  const qt_node_attrs attr = {0};
-  return build(g, QT_OP_MUL, name, inputs, 2, &attr, 0, NULL, 0);
+  return no_attrs(g, QT_OP_MUL, name, (const int[2]){a, b}, 2);
 }
 
 int qt_graph_concat(qt_graph *g, const char *name, const int *inputs, int n) {
-  const qt_node_attrs attr = {0};
-  return build(g, QT_OP_CONCAT, name, inputs, n, &attr, 0, NULL, 0);
+  return no_attrs(g, QT_OP_CONCAT, name, inputs, n);
 }
 
 int qt_graph_channel_shuffle(qt_graph *g, const char *name, int x, int groups) {

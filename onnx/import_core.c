@@ -557,6 +557,14 @@ sym *qt_imp_alias(imp *im, size_t out_k, const sym *x) {
   return s;
 }
 
+sym *qt_imp_pending(imp *im, const sym *x, const char *what) {
+  sym *s = qt_imp_alias(im, 0, x);
+  s->kind = S_NONE;
+  s->what = what;
+  im->info->folded++;
+  return s;
+}
+
 void qt_imp_add_copy(imp *im, int tensor, const Onnx__TensorProto *src, copy_kind kind, const sym *perm) {
   if (im->n_copies == im->cap_copies) {
     im->cap_copies = im->cap_copies ? 2 * im->cap_copies : 32;

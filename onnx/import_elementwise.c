@@ -97,16 +97,7 @@ static int op_activation(imp *im, qt_act_kind kind) {
 static const char gelu_what[] = "a partial GELU (Div by sqrt 2, Erf, Add 1, Mul by x, Mul by 0.5)";
 
 /* The current node's output as step `step` of the GELU of x (x's fields kept). */
-static void gelu_pending(imp *im, const sym *x, int step) {
-  sym *s = qt_imp_add_sym(im, im->node->output[0], S_NONE), keep = *x;
-  const char *name = s->name;
-  *s = keep;
-  s->name = name;
-  s->kind = S_NONE;
-  s->what = gelu_what;
-  s->gelu = step;
-  im->info->folded++;
-}
+static void gelu_pending(imp *im, const sym *x, int step) { qt_imp_pending(im, x, gelu_what)->gelu = step; }
 
 /* Whether the current node (Div, Add or a Mul: two inputs) continues a GELU: one input is the
  * pending step `from` (for the Div: an activation, x), the other the constant c; for the Mul by x,
@@ -137,9 +128,7 @@ static int gelu_step(imp *im, int from, float c, const char *op) {
     }
     char name[QT_NAME_LEN];
     qt_imp_node_name(im, NULL, name);
-    p->kind = S_ACT; /* x's fields, for bind_elementwise */
-    const int y = qt_graph_activation(im->g, name, p->value, qt_act_default(QT_ACT_GELU));
-    p->kind = S_NONE;
+    const int y = qt_graph_activation(im->g, name, p->value, qt_act_default(QT_ACT_GELU)); /* x's value */
     return bind_elementwise(im, p, y) ? -1 : 1;
   }
   return 0;

@@ -202,6 +202,10 @@ int qt_imp_builder_check(imp *im, int v);
 sym *qt_imp_bind_act(imp *im, size_t out_k, int value);
 /* Output out_k of the current node aliases x (Identity, Dropout, a flatten of a flat tensor). */
 sym *qt_imp_alias(imp *im, size_t out_k, const sym *x);
+/* Output 0 of the current node as a pending step of a pattern the importer folds (a GELU, a
+ * channel shuffle): S_NONE, refused with `what` if anything else reads it, and x's activation
+ * fields kept for the pattern's last node; counted as folded. */
+sym *qt_imp_pending(imp *im, const sym *x, const char *what);
 /* A parameter to copy from src into graph tensor `tensor` once the graph is finalized. */
 void qt_imp_add_copy(imp *im, int tensor, const Onnx__TensorProto *src, copy_kind kind, const sym *perm);
 /* A note for messages about features: where the input's dims came from. */

@@ -314,16 +314,9 @@ static int dims_fit(const int64_t *d, int n) {
 
 /* The current node's output as step `step` of the channel shuffle of x by `groups` (x's fields kept). */
 static void shuffle_pending(imp *im, const sym *x, int step, int groups) {
-  const sym keep = *x;
-  sym *s = qt_imp_add_sym(im, im->node->output[0], S_NONE);
-  const char *name = s->name;
-  *s = keep;
-  s->name = name;
-  s->kind = S_NONE;
-  s->what = shuffle_what;
+  sym *s = qt_imp_pending(im, x, shuffle_what);
   s->shuffle = step;
   s->groups = groups;
-  im->info->folded++;
 }
 
 /* Reshape of an image to [N, g, C / g, H, W]: the start of a channel shuffle. */
