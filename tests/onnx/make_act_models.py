@@ -180,32 +180,19 @@ class ShuffleCNN(nn.Module):
 
 
 def main():
-    torch.manual_seed(0)
     torch.set_num_threads(1)
-    gen = torch.Generator().manual_seed(0)
-    model = ActCNN()
-    base.randomize_bn(model, gen)
+    gen = torch.Generator().manual_seed(0)  # every model's BN statistics, in this order
     tmp = os.path.join(base.REF, "act_ref.h5.tmp")
     with h5py.File(tmp, "w") as f:
         f.attrs["generator"] = b"tests/onnx/make_act_models.py"
         f.attrs["torch_version"] = str(torch.__version__).encode()
-        exported = base.export(model, os.path.join(base.MODELS, "act_cnn.onnx"), 17, True)
-        base.write_ref(f, "act_cnn", exported)
-        torch.manual_seed(1)
-        model = SECNN()
-        base.randomize_bn(model, gen)
-        exported = base.export(model, os.path.join(base.MODELS, "se_cnn.onnx"), 17, True)
-        base.write_ref(f, "se_cnn", exported)
-        torch.manual_seed(2)
-        model = CatCNN()
-        base.randomize_bn(model, gen)
-        exported = base.export(model, os.path.join(base.MODELS, "cat_cnn.onnx"), 17, True)
-        base.write_ref(f, "cat_cnn", exported)
-        torch.manual_seed(3)
-        model = ShuffleCNN()
-        base.randomize_bn(model, gen)
-        exported = base.export(model, os.path.join(base.MODELS, "shuffle_cnn.onnx"), 17, True)
-        base.write_ref(f, "shuffle_cnn", exported)
+        for seed, (name, cls) in enumerate((("act_cnn", ActCNN), ("se_cnn", SECNN), ("cat_cnn", CatCNN),
+                                             ("shuffle_cnn", ShuffleCNN))):
+            torch.manual_seed(seed)
+            model = cls()
+            base.randomize_bn(model, gen)
+            exported = base.export(model, os.path.join(base.MODELS, name + ".onnx"), 17, True)
+            base.write_ref(f, name, exported)
     os.replace(tmp, os.path.join(base.REF, "act_ref.h5"))
 
 

@@ -108,6 +108,16 @@ def relu_model(node_fields, initializers=b""):
                  field_bytes(12, out))
 
 
+def attr_int(name, v):
+    """NodeProto.attribute (5): AttributeProto name (1), i (3), type INT (20: 2)."""
+    return field_bytes(5, string(1, name) + field_int(3, v) + field_int(20, 2))
+
+
+def attr_ints(name, vs):
+    """NodeProto.attribute (5): AttributeProto name (1), ints (8, packed; each < 128), type INTS (20: 7)."""
+    return field_bytes(5, string(1, name) + field_bytes(8, bytes(vs)) + field_int(20, 7))
+
+
 def initializer(name, dims):
     """TensorProto: dims (1), data_type float (2), name (8), float_data (4, packed)."""
     n = 1
@@ -137,25 +147,14 @@ def main():
                        ("div_one.onnx", relu_model(string(1, "x") + string(1, "one") + string(2, "y") +
                                                    string(3, "div") + string(4, "Div"), initializer("one", []))),
                        ("concat_h.onnx", relu_model(string(1, "x") + string(1, "x") + string(2, "y") +
-                                                    string(3, "cat") + string(4, "Concat") +
-                                                    field_bytes(5, string(1, "axis") + field_int(3, 2) +
-                                                                field_int(20, 2)))),
+                                                    string(3, "cat") + string(4, "Concat") + attr_int("axis", 2))),
                        ("transpose_hw.onnx", relu_model(string(1, "x") + string(2, "y") + string(3, "swap") +
-                                                        string(4, "Transpose") +
-                                                        field_bytes(5, string(1, "perm") + field_bytes(8, bytes(
-                                                            [0, 1, 3, 2])) + field_int(20, 7)))),
+                                                        string(4, "Transpose") + attr_ints("perm", [0, 1, 3, 2]))),
                        ("split_h.onnx", relu_model(string(1, "x") + string(2, "y") + string(2, "z") +
-                                                   string(3, "halves") + string(4, "Split") +
-                                                   field_bytes(5, string(1, "axis") + field_int(3, 2) +
-                                                               field_int(20, 2)))),
+                                                   string(3, "halves") + string(4, "Split") + attr_int("axis", 2))),
                        ("avgpool_ceil.onnx", relu_model(string(1, "x") + string(2, "y") + string(3, "pool") +
-                                                        string(4, "AveragePool") +
-                                                        field_bytes(5, string(1, "kernel_shape") +
-                                                                    field_bytes(8, bytes([3, 3])) + field_int(20, 7)) +
-                                                        field_bytes(5, string(1, "strides") +
-                                                                    field_bytes(8, bytes([2, 2])) + field_int(20, 7)) +
-                                                        field_bytes(5, string(1, "ceil_mode") + field_int(3, 1) +
-                                                                    field_int(20, 2))))):
+                                                        string(4, "AveragePool") + attr_ints("kernel_shape", [3, 3]) +
+                                                        attr_ints("strides", [2, 2]) + attr_int("ceil_mode", 1)))):
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
         print("wrote %s (%d bytes)" % (os.path.join(out, name), len(data)))

@@ -207,6 +207,17 @@ done:
   free(o);
 }
 
+/* tests/onnx/models/<model>.onnx exported at W8A8 PTQ and W4A4 QAT (<model>_w8a8, <model>_w4a4). */
+static void onnx_model_both(const char *model) {
+  char path[300], override[4200], stem[300];
+  snprintf(path, sizeof path, "tests/onnx/models/%s.onnx", model);
+  snprintf(override, sizeof override, "model.onnx=%s", qt_test_path(path));
+  snprintf(stem, sizeof stem, "%s_w8a8", model);
+  one(stem, override, "ptq", 8, 8, 0);
+  snprintf(stem, sizeof stem, "%s_w4a4", model);
+  one(stem, override, "qat", 4, 4, 0);
+}
+
 int main(void) {
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   char cmd[4200];
@@ -226,25 +237,13 @@ int main(void) {
   one("mobilenet_w4a4", mobilenet, "qat", 4, 4, 0);
   /* the element-wise activations, fp32 between quantized convolutions (Sigmoid, Tanh, HardSigmoid,
    * LeakyRelu, Elu as themselves, hard swish as x * HardSigmoid(x)) */
-  char act[4200];
-  snprintf(act, sizeof act, "model.onnx=%s", qt_test_path("tests/onnx/models/act_cnn.onnx"));
-  one("act_cnn_w8a8", act, "ptq", 8, 8, 0);
-  one("act_cnn_w4a4", act, "qat", 4, 4, 0);
+  onnx_model_both("act_cnn");
   /* squeeze-excite: the image times its channel gates (fp32 Mul of a Reshape'd [N, C, 1, 1]) */
-  char se[4200];
-  snprintf(se, sizeof se, "model.onnx=%s", qt_test_path("tests/onnx/models/se_cnn.onnx"));
-  one("se_cnn_w8a8", se, "ptq", 8, 8, 0);
-  one("se_cnn_w4a4", se, "qat", 4, 4, 0);
+  onnx_model_both("se_cnn");
   /* Concat of images along channels and of pooled vectors (fp32 Concat) */
-  char cat[4200];
-  snprintf(cat, sizeof cat, "model.onnx=%s", qt_test_path("tests/onnx/models/cat_cnn.onnx"));
-  one("cat_cnn_w8a8", cat, "ptq", 8, 8, 0);
-  one("cat_cnn_w4a4", cat, "qat", 4, 4, 0);
+  onnx_model_both("cat_cnn");
   /* channel shuffle and slices of channels (fp32 Reshape, Transpose, Reshape; Slice) */
-  char shuffle[4200];
-  snprintf(shuffle, sizeof shuffle, "model.onnx=%s", qt_test_path("tests/onnx/models/shuffle_cnn.onnx"));
-  one("shuffle_cnn_w8a8", shuffle, "ptq", 8, 8, 0);
-  one("shuffle_cnn_w4a4", shuffle, "qat", 4, 4, 0);
+  onnx_model_both("shuffle_cnn");
   /* int32 biases (quant.bias = int32): written as the graph's integers */
   one("fashion_cnn_w8a8_b32", "model.name=fashion_cnn", "ptq", 8, 8, 1);
   one("mobilenet_w4a4_b32", mobilenet, "qat", 4, 4, 1);
