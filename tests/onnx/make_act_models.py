@@ -15,16 +15,17 @@ adaptive average pool, 1x1 conv, activation, 1x1 conv, gate, then gate * input):
 stride-2 conv with SiLU, then a conv with GELU (torch 1.13 exports it as Div, Erf, Add, Mul,
 Mul), global average pool, flatten, linear. Opset 17, training export, dynamic batch.
 cat_cnn: concatenation along channels: SqueezeNet's Fire module (a 1x1 squeeze, then 1x1 and
-3x3 expands concatenated), twice, with BN and SqueezeNet's ceil-mode max pool between them, an Inception-style block of three branches (1x1,
-3x3, average pool + 1x1), and the concatenation of two global pools' vectors before the linear
-layer. Opset 17, training export, dynamic batch.
+3x3 expands concatenated), twice, with BN and SqueezeNet's ceil-mode max pool between them, an
+Inception-style block of three branches (1x1, 3x3, average pool + 1x1), and the concatenation
+of two global pools' vectors before the linear layer. Opset 17, training export, dynamic batch.
 shuffle_cnn: ShuffleNetV2's units as torchvision builds them (torchvision.models.shufflenetv2:
 the stride-2 unit's two branches concatenated, the stride-1 unit's x.chunk(2, dim=1) with one
 half passed through, channel_shuffle's view to [N, 2, C / 2, H, W], transpose and view back,
 its sizes computed from x.size()), then global average pool, linear. Opset 17, training export,
 dynamic batch.
-The reference groups `act_cnn`, `se_cnn`, `cat_cnn` and `shuffle_cnn` hold what make_onnx_models.py's write_ref writes (x, labels,
-y_eval; y_train, loss, grad/<name>, after/<buffer>), which tests/onnx/test_onnx_import.c checks.
+The reference groups `act_cnn`, `se_cnn`, `cat_cnn` and `shuffle_cnn` hold what
+make_onnx_models.py's write_ref writes (x, labels, y_eval; y_train, loss, grad/<name>,
+after/<buffer>), which tests/onnx/test_onnx_import.c checks.
 """
 import os
 
