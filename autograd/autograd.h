@@ -130,6 +130,8 @@ typedef enum {
   QT_PROFILE_MUL,
   QT_PROFILE_CONCAT,
   QT_PROFILE_CHANNELS,
+  QT_PROFILE_LAYER_NORM,
+  QT_PROFILE_ATTENTION,
   QT_PROFILE_OP_COUNT
 } qt_profile_op;
 /* The parts of a training step that are not ops, timed by their callers (train/trainer.c,
@@ -302,6 +304,15 @@ qt_tensor *qt_concat(qt_ctx *ctx, qt_tensor *const *xs, int n);
 qt_tensor *qt_channel_shuffle(qt_ctx *ctx, qt_tensor *x, int groups);
 /* Channels [begin, end) of the last dim (a Split or Slice along channels) */
 qt_tensor *qt_channel_slice(qt_ctx *ctx, qt_tensor *x, int begin, int end);
+/* Layer norm of x's last dim (C): (x - mean) / sqrt(var + eps) * gamma (C) + beta (C, or NULL),
+ * per row (autograd/ops_tokens.c) */
+qt_tensor *qt_layer_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor *beta, float eps);
+/* Multi-head scaled dot-product attention of q, k, v (N, ..., D), one shape, the dims between N
+ * and D being T tokens (an image's pixels): per sample and head (D / heads features each),
+ * softmax(Q K^T / sqrt(D / heads)) V -> (N, ..., D) (autograd/ops_tokens.c) */
+qt_tensor *qt_attention(qt_ctx *ctx, qt_tensor *q, qt_tensor *k, qt_tensor *v, int heads);
+/* x (N, ...) + p, p of one sample's shape (a learned position embedding) (autograd/ops_tokens.c) */
+qt_tensor *qt_add_param(qt_ctx *ctx, qt_tensor *x, qt_tensor *p);
 /* Mean softmax cross-entropy of logits (N, C) against labels (N) in [0, C): a (1) tensor.
  * If probs_out is not NULL it receives the arena softmax (N, C). */
 qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *labels, float **probs_out);

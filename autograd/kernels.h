@@ -303,6 +303,21 @@ void qt_mul_forward(float *y, const float *a, const float *b, int64_t N, int64_t
 void qt_mul_backward(float *da, float *db, const float *dy, const float *a, const float *b, int64_t N, int64_t P,
                      int64_t C);
 
+/* ---- the transformer's kernels (autograd/ops_tokens.c) ------------------------------------ */
+/* Layer norm of rows (rows, C); mean and rstd (rows) written when not NULL; beta may be NULL. */
+void qt_layer_norm_forward(float *y, float *mean, float *rstd, const float *x, const float *gamma, const float *beta,
+                           int64_t rows, int64_t C, float eps);
+/* dx, dgamma, dbeta += (each may be NULL), from the forward's mean and rstd. */
+void qt_layer_norm_backward(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x, const float *gamma,
+                            const float *mean, const float *rstd, int64_t rows, int64_t C);
+/* q, k, v, y (N, T, D); probs (N, heads, T, T) receives the softmax of the scaled scores. */
+void qt_attention_forward(float *y, float *probs, const float *q, const float *k, const float *v, int64_t N, int64_t T,
+                          int64_t D, int heads);
+/* dq, dk, dv += (each may be NULL); scratch holds (N, heads, T, T) floats. */
+void qt_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dy, const float *q,
+                           const float *k, const float *v, const float *probs, int64_t N, int64_t T, int64_t D,
+                           int heads);
+
 /* ---- relu / relu6 with the backward's mask as bits ------------------------------------- */
 /* The training forward: out as qt_relu_forward (six: qt_relu6_forward) and mask, (n + 7) / 8
  * bytes, bit i % 8 of mask[i / 8] set where the gradient passes: the test the _backward kernels

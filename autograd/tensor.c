@@ -387,7 +387,9 @@ static const char *const profile_op_names[] = {"conv2d",
                                                "activation",
                                                "mul",
                                                "concat",
-                                               "channels"};
+                                               "channels",
+                                               "layer_norm",
+                                               "attention"};
 _Static_assert(sizeof profile_op_names / sizeof profile_op_names[0] == QT_PROFILE_OP_COUNT, "profile op names");
 static const char *const profile_phase_names[] = {"data", "zero_grad", "optimizer", "observer", "grad_sum", "step"};
 _Static_assert(sizeof profile_phase_names / sizeof profile_phase_names[0] == QT_PROFILE_PHASE_COUNT,
