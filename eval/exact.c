@@ -436,6 +436,54 @@ static void run_batch_norm(const qt_graph *g, const qt_node *nd, const double *s
   free(sd);
 }
 
+/* Layer norm of every row of C channels in float64 (the biased variance, as PyTorch's). */
+static void run_layer_norm(const qt_graph *g, const qt_node *nd, const double *src, double *y, int64_t numel) {
+  const qt_value *ov = &g->values[nd->output];
+  const int64_t C = ov->shape[ov->ndim - 1], rows = numel / C;
+  const float *gm = g->params + g->tensors[nd->param[QT_P_GAMMA]].offset;
+  const float *bt = g->params + g->tensors[nd->param[QT_P_BETA]].offset;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    const double *s = src + r * C;
+    double m = 0, v = 0;
+    for (int64_t c = 0; c < C; c++) m += s[c];
+    m /= (double)C;
+    for (int64_t c = 0; c < C; c++) v += (s[c] - m) * (s[c] - m);
+    const double sd = sqrt(v / (double)C + (double)nd->attr.eps);
+    for (int64_t c = 0; c < C; c++) y[r * C + c] = (s[c] - m) / sd * gm[c] + bt[c];
+  }
+}
+
+/* Multi-head attention of q, k, v (n images of T pixels, C channels) in float64, per image and
+ * head: softmax(Q K^T / sqrt(C / heads)) V. */
+static void run_attention(const qt_graph *g, const qt_node *nd, const double *q, const double *k, const double *v,
+                          double *y, int n) {
+  const qt_value *ov = &g->values[nd->output];
+  const int64_t T = ov->shape[0] * ov->shape[1], C = ov->shape[2], H = nd->attr.heads, dh = C / H;
+  const double scale = 1.0 / sqrt((double)dh);
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < (int64_t)n * H; bh++) {
+    const int64_t o = bh / H * T * C + bh % H * dh;
+    double *p = xmalloc((size_t)T * sizeof *p);
+    for (int64_t i = 0; i < T; i++) {
+      double mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < T; j++) {
+        double s = 0;
+        for (int64_t d = 0; d < dh; d++) s += q[o + i * C + d] * k[o + j * C + d];
+        p[j] = s * scale;
+        mx = p[j] > mx ? p[j] : mx;
+      }
+      for (int64_t j = 0; j < T; j++) sum += p[j] = exp(p[j] - mx);
+      for (int64_t d = 0; d < dh; d++) {
+        double s = 0;
+        for (int64_t j = 0; j < T; j++) s += p[j] * v[o + j * C + d];
+        y[o + i * C + d] = s / sum;
+      }
+    }
+    free(p);
+  }
+}
+
 /* relu (six: relu6) in float64; NaN passes through. */
 static void run_relu(const double *src, double *y, int64_t numel, int six) {
 #pragma omp parallel for schedule(static)
@@ -492,6 +540,15 @@ static int run_float_node(qt_exact *x, int i, double *y, int n, int64_t numel, c
     case QT_OP_CONV2D:
     case QT_OP_LINEAR: run_layer(x, nd, &x->layers[i], y, n); return 0;
     case QT_OP_BATCH_NORM: run_batch_norm(g, nd, src, y, numel); return 0;
+    case QT_OP_LAYER_NORM: run_layer_norm(g, nd, src, y, numel); return 0;
+    case QT_OP_ATTENTION: run_attention(g, nd, src, x->vd[nd->inputs[1]], x->vd[nd->inputs[2]], y, n); return 0;
+    case QT_OP_ADD_PARAM: { /* a tensor of one image's shape */
+      const float *p = g->params + g->tensors[nd->param[QT_P_WEIGHT]].offset;
+      const int64_t per = numel / n;
+#pragma omp parallel for schedule(static)
+      for (int64_t k = 0; k < numel; k++) y[k] = src[k] + p[k % per];
+      return 0;
+    }
     case QT_OP_RELU: run_relu(src, y, numel, 0); return 0;
     case QT_OP_RELU6: run_relu(src, y, numel, 1); return 0;
     case QT_OP_MAX_POOL2D:

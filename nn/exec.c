@@ -368,7 +368,10 @@ static qt_tensor *run_node(qt_graph *g, qt_ctx *ctx, int node, qt_tensor **vals,
     case QT_OP_MUL:
     case QT_OP_CONCAT:
     case QT_OP_CHANNEL_SHUFFLE:
-    case QT_OP_CHANNEL_SLICE: return run_alone(g, ctx, node, vals);
+    case QT_OP_CHANNEL_SLICE:
+    case QT_OP_LAYER_NORM:
+    case QT_OP_ATTENTION:
+    case QT_OP_ADD_PARAM: return run_alone(g, ctx, node, vals);
     case QT_OP_INPUT:
     case QT_OP_COUNT: break;
   }

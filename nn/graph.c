@@ -111,8 +111,9 @@ int qt_graph_input(qt_graph *g, const char *name, int h, int w, int c) {
 
 /* The builders' common path: checks the inputs, infers the output shape with the op table,
  * adds the node and the tensors of its slots (in slot order, parameters first): slot
- * QT_P_WEIGHT of a layer with a weight takes wshape, every other slot is a vector over the
- * output channels; an optional slot is made only when `optional` asks for it. */
+ * QT_P_WEIGHT of a layer with a weight takes wshape, that of an op whose parameter is per sample
+ * (add_param) the output's per-sample shape, every other slot is a vector over the output
+ * channels; an optional slot is made only when `optional` asks for it. */
 static int build(qt_graph *g, qt_op op, const char *name, const int *inputs, int n_inputs, const qt_node_attrs *attr,
                  int wndim, const int64_t *wshape, int optional) {
   const qt_value *in[QT_MAX_INPUTS];
@@ -135,9 +136,16 @@ static int build(qt_graph *g, qt_op op, const char *name, const int *inputs, int
     for (int k = 0; k < QT_MAX_PARAMS; k++) {
       const int use = b ? info->buffer_use[k] : info->param_use[k];
       if (use == QT_SLOT_NONE || (use == QT_SLOT_OPTIONAL && !optional)) continue;
-      const int is_weight = !b && k == QT_P_WEIGHT && info->has_weight;
-      const int t = new_tensor(g, id, b ? info->buffer_suffix[k] : info->param_suffix[k], is_weight ? wndim : 1,
-                               is_weight ? wshape : channels, b);
+      const int is_weight = !b && k == QT_P_WEIGHT && info->has_weight,
+                per_sample = !b && k == QT_P_WEIGHT && info->param_per_sample;
+      const int t = new_tensor(g, id, b ? info->buffer_suffix[k] : info->param_suffix[k],
+                               is_weight    ? wndim
+                               : per_sample ? ndim
+                                            : 1,
+                               is_weight    ? wshape
+                               : per_sample ? shape
+                                            : channels,
+                               b);
       if (b)
         g->nodes[id].buffer[k] = t;
       else
@@ -245,6 +253,18 @@ int qt_graph_channel_slice(qt_graph *g, const char *name, int x, int begin, int 
   const qt_node_attrs attr = {.begin = begin, .end = end};
   return build(g, QT_OP_CHANNEL_SLICE, name, &x, 1, &attr, 0, NULL, 0);
 }
+
+int qt_graph_layer_norm(qt_graph *g, const char *name, int x, float eps) {
+  const qt_node_attrs attr = {.eps = eps};
+  return build(g, QT_OP_LAYER_NORM, name, &x, 1, &attr, 0, NULL, 0);
+}
+
+int qt_graph_attention(qt_graph *g, const char *name, int q, int k, int v, int heads) {
+  const qt_node_attrs attr = {.heads = heads};
+  return build(g, QT_OP_ATTENTION, name, (const int[3]){q, k, v}, 3, &attr, 0, NULL, 0);
+}
+
+int qt_graph_add_param(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_ADD_PARAM, name, x); }
 
 int qt_graph_alloc(qt_graph *g, char *err) {
   if (g->error[0]) {
@@ -376,6 +396,12 @@ void qt_graph_init_params(qt_graph *g, uint64_t seed) {
       if (n->param[QT_P_BIAS] >= 0) {
         qt_param *b = &g->tensors[n->param[QT_P_BIAS]];
         for (int64_t k = 0; k < b->numel; k++) g->params[b->offset + k] = uniform(&s, bound);
+      }
+    } else if (n->op == QT_OP_LAYER_NORM) {
+      const qt_param *gm = &g->tensors[n->param[QT_P_GAMMA]], *bt = &g->tensors[n->param[QT_P_BETA]];
+      for (int64_t k = 0; k < gm->numel; k++) {
+        g->params[gm->offset + k] = 1.0f;
+        g->params[bt->offset + k] = 0.0f;
       }
     } else if (n->op == QT_OP_BATCH_NORM) {
       qt_param *gm = &g->tensors[n->param[QT_P_GAMMA]], *bt = &g->tensors[n->param[QT_P_BETA]];

@@ -41,6 +41,9 @@ typedef enum {
   QT_OP_CONCAT,          /* 2 to QT_MAX_INPUTS values joined along channels (images) or features (flat) */
   QT_OP_CHANNEL_SHUFFLE, /* attr.groups: the channels as (groups, C / groups), transposed (ShuffleNet) */
   QT_OP_CHANNEL_SLICE,   /* channels [attr.begin, attr.end) (Split, Slice) */
+  QT_OP_LAYER_NORM,      /* over the channels of every pixel (token): params weight, bias; attr.eps */
+  QT_OP_ATTENTION,       /* multi-head self-attention of q, k, v (the pixels are the tokens): attr.heads */
+  QT_OP_ADD_PARAM,       /* x + a learned tensor of x's per-sample shape (a position embedding) */
   QT_OP_COUNT
 } qt_op;
 const char *qt_op_name(qt_op op);
@@ -106,10 +109,11 @@ int qt_qstate_observe_sync(qt_qstate *q, const float *data, int64_t outer, int64
 typedef struct {
   int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, groups; /* conv2d, pools */
   int out_channels;                                                 /* conv2d, linear */
-  float eps, momentum;                                              /* batch_norm */
+  float eps, momentum;                                              /* batch_norm; layer_norm: eps */
   int act;                                                          /* activation: qt_act_kind */
   float alpha, beta;                                                /* activation: qt_act's */
   int begin, end;                                                   /* channel_slice: [begin, end) */
+  int heads;                                                        /* attention */
   int ceil; /* pools: PyTorch's ceil_mode (the last window may hang over; only where it adds one) */
 } qt_node_attrs;
 
@@ -149,6 +153,7 @@ typedef struct {
   unsigned char graphs; /* qt_op_graphs */
   int stateful;         /* follows the train/eval mode switch */
   int param_free;       /* no tensors, no quantization state: qt_apply_simple_op */
+  int param_per_sample; /* the parameter in slot 0 has the output's per-sample shape (add_param) */
   qt_op_shape_fn shape; /* NULL for input (its shape is given) */
 } qt_op_info;
 
@@ -262,6 +267,14 @@ int qt_graph_concat(qt_graph *g, const char *name, const int *inputs, int n);
 int qt_graph_channel_shuffle(qt_graph *g, const char *name, int x, int groups);
 /* x's channels [begin, end). */
 int qt_graph_channel_slice(qt_graph *g, const char *name, int x, int begin, int end);
+/* Layer norm over the channels (features) of each pixel (of a flat value: of the sample), with a
+ * learned scale (weight, 1 at first) and shift (bias, 0), eps as PyTorch's. */
+int qt_graph_layer_norm(qt_graph *g, const char *name, int x, float eps);
+/* Multi-head scaled dot-product attention of q, k, v (one shape, an image: the H * W pixels are
+ * the tokens, C their features split into `heads` heads): softmax(Q K^T / sqrt(C / heads)) V. */
+int qt_graph_attention(qt_graph *g, const char *name, int q, int k, int v, int heads);
+/* x + a learned tensor of x's per-sample shape ("<name>.weight"; a position embedding). */
+int qt_graph_add_param(qt_graph *g, const char *name, int x);
 /* Marks the output and allocates the slabs (zeroed; BN running_var = 1, gamma = 1). */
 int qt_graph_finalize(qt_graph *g, int output, char *err);
 

@@ -174,6 +174,7 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
     case QT_OP_CONCAT: return qt_concat(ctx, in, n_in);
     case QT_OP_CHANNEL_SHUFFLE: return qt_channel_shuffle(ctx, x, a->groups);
     case QT_OP_CHANNEL_SLICE: return qt_channel_slice(ctx, x, a->begin, a->end);
+    case QT_OP_ATTENTION: return n_in == 3 ? qt_attention(ctx, x, in[1], in[2], a->heads) : NULL;
     default: return NULL;
   }
 }
@@ -203,13 +204,17 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
                            g->buffers + g->tensors[n->buffer[QT_B_RUNNING_MEAN]].offset,
                            g->buffers + g->tensors[n->buffer[QT_B_RUNNING_VAR]].offset, n->training && !n->bn_frozen,
                            a->momentum, a->eps, inplace);
+    case QT_OP_LAYER_NORM:
+      return qt_layer_norm(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_GAMMA]),
+                           qt_param_tensor(g, ctx, n->param[QT_P_BETA]), a->eps);
+    case QT_OP_ADD_PARAM: return qt_add_param(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
     default:
       if (qt_op_is_param_free(n->op))
         return qt_apply_simple_op(ctx, n->op, a, inputs, n->n_inputs,
                                   inplace && (n->op == QT_OP_RELU || n->op == QT_OP_RELU6));
       qt_err(err,
-             "node %s: op '%s' is not an fp32 op (qt_node_forward computes conv2d, linear, batch_norm and the "
-             "parameter-free ops)",
+             "node %s: op '%s' is not an fp32 op (qt_node_forward computes conv2d, linear, batch_norm, layer_norm, "
+             "add_param and the parameter-free ops)",
              n->name, qt_op_name(n->op));
       return NULL;
   }

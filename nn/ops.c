@@ -150,6 +150,24 @@ static int slice_shape(const qt_node_attrs *a, const qt_value *const *in, int *n
   return 0;
 }
 
+static int layer_norm_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  if (!(a->eps > 0) || !isfinite(a->eps))
+    return qt_err(err, "layer_norm: eps %g must be finite and > 0", (double)a->eps);
+  return same_as_input(a, in, ndim, shape, err);
+}
+
+/* attention: q, k, v of one image shape, heads dividing the channels. */
+static int attention_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  if (image_input("attention", in[0], err)) return -1;
+  for (int k = 1; k < 3; k++)
+    if (in[k]->ndim != 3 || memcmp(in[k]->shape, in[0]->shape, sizeof in[0]->shape))
+      return qt_err(err, "attention inputs '%s' and '%s' differ in shape", in[0]->name, in[k]->name);
+  if (a->heads < 1 || in[0]->shape[2] % a->heads)
+    return qt_err(err, "attention: %d heads do not divide the %lld channels of '%s'", a->heads,
+                  (long long)in[0]->shape[2], in[0]->name);
+  return same_as_input(a, in, ndim, shape, err);
+}
+
 enum { NONE = QT_SLOT_NONE, OPT = QT_SLOT_OPTIONAL, REQ = QT_SLOT_REQUIRED };
 
 static const qt_op_info op_table[] = {
@@ -197,6 +215,21 @@ static const qt_op_info op_table[] = {
         {.name = "channel_shuffle", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = shuffle_shape},
     [QT_OP_CHANNEL_SLICE] =
         {.name = "channel_slice", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = slice_shape},
+    [QT_OP_LAYER_NORM] = {.name = "layer_norm",
+                          .min_inputs = 1,
+                          .max_inputs = 1,
+                          .param_suffix = {"weight", "bias"},
+                          .param_use = {REQ, REQ},
+                          .shape = layer_norm_shape},
+    [QT_OP_ATTENTION] =
+        {.name = "attention", .min_inputs = 3, .max_inputs = 3, .param_free = 1, .shape = attention_shape},
+    [QT_OP_ADD_PARAM] = {.name = "add_param",
+                         .min_inputs = 1,
+                         .max_inputs = 1,
+                         .param_suffix = {"weight"},
+                         .param_use = {REQ},
+                         .param_per_sample = 1,
+                         .shape = same_as_input},
     [QT_OP_FAKE_QUANT] = {.name = "fake_quant",
                           .min_inputs = 1,
                           .max_inputs = 1,

@@ -626,6 +626,124 @@ static int op_batch_norm(exporter *e) {
   return 0;
 }
 
+/* The data of node n's parameter in slot k. */
+static const float *param_data(const exporter *e, const qt_node *n, int k) {
+  return e->g->params + e->g->tensors[n->param[k]].offset;
+}
+
+/* A node "<node>.<what>" of op_type with inputs a (and b), its name also its output's; *node (when
+ * not NULL) receives it, for attributes. */
+static char *step(exporter *e, const char *op_type, const char *what, const char *a, const char *b,
+                  Onnx__NodeProto **node) {
+  char *t = qt_exp_str(e, "%s.%s", e->node->name, what);
+  Onnx__NodeProto *o = b ? qt_exp_add_node(e, op_type, t, t, 2, a, b) : qt_exp_add_node(e, op_type, t, t, 1, a);
+  if (node) *node = o;
+  return t;
+}
+static char *reduce_mean_channels(exporter *e, const char *what, const char *x) {
+  Onnx__NodeProto *o;
+  char *t = step(e, "ReduceMean", what, x, NULL, &o);
+  qt_exp_attr_ints(e, o, "axes", 1, 1);
+  return t;
+}
+
+/* layer_norm -> opset 13's ReduceMean over axis 1 (channels of [N, C, H, W], features of [N, F]),
+ * Sub, Mul, ReduceMean, Add eps, Sqrt, Div, Mul weight, Add bias (weight and bias [C, 1, 1] for an
+ * image, [F] for a flat value), as PyTorch writes LayerNorm before opset 17. */
+static int op_layer_norm(exporter *e) {
+  const qt_node *n = e->node;
+  const qt_value *x = &e->g->values[n->inputs[0]];
+  if (vin(e, 0)->perm_c)
+    return qt_exp_node_err(e,
+                           "layer norm of a flattened image: ONNX orders its features (c, h, w), the graph (h, w, c)");
+  const int img = x->ndim == 3;
+  const int64_t C = x->shape[x->ndim - 1], dims[3] = {C, 1, 1}, none = 0;
+  const qt_param *w = &e->g->tensors[n->param[QT_P_GAMMA]], *b = &e->g->tensors[n->param[QT_P_BETA]];
+  qt_exp_add_float(e, w->name, img ? 3 : 1, dims, param_data(e, n, QT_P_GAMMA), C);
+  qt_exp_add_float(e, b->name, img ? 3 : 1, dims, param_data(e, n, QT_P_BETA), C);
+  char *eps = qt_exp_str(e, "%s.eps", n->name);
+  qt_exp_add_float(e, eps, 0, &none, &n->attr.eps, 1);
+  char *mean = reduce_mean_channels(e, "mean", in0(e));
+  char *d = step(e, "Sub", "centered", in0(e), mean, NULL);
+  char *var = reduce_mean_channels(e, "var", step(e, "Mul", "squared", d, d, NULL));
+  char *sd = step(e, "Sqrt", "std", step(e, "Add", "var_eps", var, eps, NULL), NULL, NULL);
+  char *scaled = step(e, "Mul", "scaled", step(e, "Div", "normalized", d, sd, NULL), w->name, NULL);
+  qt_exp_add_node(e, "Add", n->name, out(e), 2, scaled, b->name);
+  e->vi[n->output] = *vin(e, 0);
+  return 0;
+}
+
+/* attention -> per head MatMul(Q, K^T), Mul by 1 / sqrt(C / heads), Softmax over the last axis,
+ * MatMul with V, and the heads and tokens back to [N, C, H, W] (Transposes and Reshapes). */
+static int op_attention(exporter *e) {
+  const qt_node *n = e->node;
+  const qt_value *x = &e->g->values[n->inputs[0]];
+  const int64_t H = x->shape[0], W = x->shape[1], C = x->shape[2], h = n->attr.heads, T = H * W;
+  const int64_t three = 3, four = 4, none = 0;
+  const int64_t flat[3] = {0, C, T}, heads[4] = {0, T, h, C / h}, tokens[3] = {0, T, C}, image[4] = {0, C, H, W};
+  char *fs = qt_exp_str(e, "%s.flat_shape", n->name), *hs = qt_exp_str(e, "%s.heads_shape", n->name),
+       *ts = qt_exp_str(e, "%s.tokens_shape", n->name), *is = qt_exp_str(e, "%s.image_shape", n->name);
+  qt_exp_add_int64(e, fs, 1, &three, flat, 3);
+  qt_exp_add_int64(e, hs, 1, &four, heads, 4);
+  qt_exp_add_int64(e, ts, 1, &three, tokens, 3);
+  qt_exp_add_int64(e, is, 1, &four, image, 4);
+  const char *in[3];
+  for (int k = 0; k < 3; k++) {
+    if (vin(e, k)->perm_c) return qt_exp_node_err(e, "attention of a flattened image");
+    in[k] = vname(e, n->inputs[k]);
+  }
+  static const char *const names[3] = {"q", "k", "v"};
+  char *hd[3];
+  for (int k = 0; k < 3; k++) {
+    Onnx__NodeProto *t;
+    char *flat_t = step(e, "Reshape", qt_exp_str(e, "%s_flat", names[k]), in[k], fs, NULL);
+    char *tok = step(e, "Transpose", qt_exp_str(e, "%s_tokens", names[k]), flat_t, NULL, &t);
+    qt_exp_attr_ints(e, t, "perm", 3, 0, 2, 1);
+    char *split = step(e, "Reshape", qt_exp_str(e, "%s_split", names[k]), tok, hs, NULL);
+    hd[k] = step(e, "Transpose", qt_exp_str(e, "%s_heads", names[k]), split, NULL, &t);
+    if (k == 1) /* K^T */
+      qt_exp_attr_ints(e, t, "perm", 4, 0, 2, 3, 1);
+    else
+      qt_exp_attr_ints(e, t, "perm", 4, 0, 2, 1, 3);
+  }
+  const float scale = (float)(1.0 / sqrt((double)(C / h)));
+  char *sc = qt_exp_str(e, "%s.scale", n->name);
+  qt_exp_add_float(e, sc, 0, &none, &scale, 1);
+  Onnx__NodeProto *t;
+  char *scores = step(e, "Mul", "scores", step(e, "MatMul", "qk", hd[0], hd[1], NULL), sc, NULL);
+  char *probs = step(e, "Softmax", "probs", scores, NULL, &t);
+  qt_exp_attr_int(e, t, "axis", -1);
+  char *o = step(e, "Transpose", "out_tokens", step(e, "MatMul", "out_heads", probs, hd[2], NULL), NULL, &t);
+  qt_exp_attr_ints(e, t, "perm", 4, 0, 2, 1, 3);
+  char *ot = step(e, "Transpose", "out_channels", step(e, "Reshape", "out_merged", o, ts, NULL), NULL, &t);
+  qt_exp_attr_ints(e, t, "perm", 3, 0, 2, 1);
+  qt_exp_add_node(e, "Reshape", n->name, out(e), 2, ot, is);
+  e->vi[n->output] = *vin(e, 0);
+  return 0;
+}
+
+/* add_param -> Add of the parameter as [1, C, H, W] (an image's) or [1, F]. */
+static int op_add_param(exporter *e) {
+  const qt_node *n = e->node;
+  const qt_value *x = &e->g->values[n->inputs[0]];
+  if (vin(e, 0)->perm_c) return qt_exp_node_err(e, "adds a parameter to a flattened image");
+  const qt_param *p = &e->g->tensors[n->param[QT_P_WEIGHT]];
+  const float *d = param_data(e, n, QT_P_WEIGHT);
+  if (x->ndim == 3) {
+    const int64_t H = x->shape[0], W = x->shape[1], C = x->shape[2], dims[4] = {1, C, H, W};
+    float *t = qt_exp_alloc(e, (size_t)(H * W * C) * sizeof *t);
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t k = 0; k < H * W; k++) t[c * H * W + k] = d[k * C + c];
+    qt_exp_add_float(e, p->name, 4, dims, t, H * W * C);
+  } else {
+    const int64_t dims[2] = {1, p->numel};
+    qt_exp_add_float(e, p->name, 2, dims, d, p->numel);
+  }
+  qt_exp_add_node(e, "Add", n->name, out(e), 2, in0(e), p->name);
+  e->vi[n->output] = *vin(e, 0);
+  return 0;
+}
+
 static int export_node(exporter *e) {
   const qt_node *n = e->node;
   switch (n->op) {
@@ -650,6 +768,9 @@ static int export_node(exporter *e) {
     case QT_OP_CHANNEL_SHUFFLE: return op_channel_shuffle(e);
     case QT_OP_CHANNEL_SLICE: return op_channel_slice(e);
     case QT_OP_BATCH_NORM: return op_batch_norm(e);
+    case QT_OP_LAYER_NORM: return op_layer_norm(e);
+    case QT_OP_ATTENTION: return op_attention(e);
+    case QT_OP_ADD_PARAM: return op_add_param(e);
     case QT_OP_FAKE_QUANT:
     case QT_OP_CONV_BN:
     case QT_OP_COUNT: break;

@@ -21,7 +21,7 @@
 /* ---- the model ------------------------------------------------------------------------------- */
 
 static const qt_imp_op *op_lookup(const char *op) {
-  const qt_imp_op *tables[] = {qt_imp_layer_ops, qt_imp_elementwise_ops, qt_imp_shape_ops};
+  const qt_imp_op *tables[] = {qt_imp_layer_ops, qt_imp_elementwise_ops, qt_imp_shape_ops, qt_imp_tokens_ops};
   for (size_t k = 0; k < sizeof tables / sizeof tables[0]; k++)
     for (const qt_imp_op *row = tables[k]; row->op; row++)
       if (strcmp(row->op, op) == 0) return row;
@@ -89,6 +89,7 @@ static int check_model(imp *im, const Onnx__ModelProto *m) {
                              "Mul), Mul of two activations, MaxPool, AveragePool, GlobalAveragePool, ReduceMean "
                              "(over H and W), Flatten, Reshape (flatten; a channel shuffle's with Transpose), "
                              "Squeeze, Gemm, MatMul, Add, Concat, Split and Slice of channels, Identity, Dropout, "
+                             "LayerNormalization, multi-head attention (MatMul, Softmax, Transpose, Reshape), "
                              "Pad (zeros before Conv / AveragePool), and Constant / Shape / Gather / Unsqueeze / "
                              "Squeeze / Concat / Expand / Cast / CastLike / Reshape / Add / Sub / Mul / Div "
                              "computing constants and shapes)");

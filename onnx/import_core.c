@@ -117,6 +117,22 @@ sym *qt_imp_input(imp *im, size_t k, const char *role) {
   return s;
 }
 
+/* Whether the current op may read s: tokens (an image standing for [N, C, T] or [N, T, C],
+ * import_tokens.c) only by the ops that take them as such. */
+static int tokens_reader_ok(const imp *im, const sym *s) {
+  static const char *const tc[] = {"Add",       "Mul",       "Div",       "LayerNormalization",
+                                   "MatMul",    "Reshape",   "Transpose", "ReduceMean",
+                                   "Shape",     "Identity",  "Dropout",   "Relu",
+                                   "Clip",      "Sigmoid",   "Tanh",      "HardSigmoid",
+                                   "HardSwish", "LeakyRelu", "Elu",       "Gelu",
+                                   "Erf",       NULL};
+  static const char *const ct[] = {"Transpose", "Shape", "Identity", "Dropout", NULL};
+  if (s->kind != S_ACT || !s->tokens) return 1;
+  for (const char *const *op = s->tokens == TOK_TC ? tc : ct; *op; op++)
+    if (strcmp(str(im->node->op_type), *op) == 0) return 1;
+  return 0;
+}
+
 /* An activation input (a pending Pad only where allow_pad). */
 sym *qt_imp_act_input(imp *im, size_t k, const char *role, int allow_pad) {
   sym *s = qt_imp_input(im, k, role);
@@ -124,6 +140,13 @@ sym *qt_imp_act_input(imp *im, size_t k, const char *role, int allow_pad) {
   if (s->kind != S_ACT)
     return qt_imp_node_err(im, "input %zu (%s) '%s' is %s, expected an activation computed from the graph input", k,
                            role, s->name, kind_text(s)),
+           NULL;
+  if (!tokens_reader_ok(im, s))
+    return qt_imp_node_err(im,
+                           "input '%s' stands for %s; only element-wise ops, Add, LayerNormalization, MatMul, "
+                           "ReduceMean over the tokens, multi-head attention's Reshape / Transpose and Shape read "
+                           "tokens",
+                           s->name, s->tokens == TOK_TC ? "tokens [N, T, C]" : "an image as [N, C, H * W]"),
            NULL;
   if (s->padded && !allow_pad)
     return qt_imp_node_err(im,

@@ -19,6 +19,7 @@ static int bind_elementwise(imp *im, const sym *x, int y) {
   sym *s = qt_imp_bind_act(im, 0, y);
   s->pooled = x->pooled;
   s->perm_h = x->perm_h, s->perm_w = x->perm_w, s->perm_c = x->perm_c;
+  s->tokens = x->tokens;
   return 0;
 }
 
@@ -138,9 +139,13 @@ static int gelu_step(imp *im, int from, float c, const char *op) {
 static int op_div(imp *im) {
   const sym *a = raw_input(im, 0);
   if (a && a->kind == S_INTS) return qt_imp_ints_arith(im, '/');
-  const int r = gelu_step(im, 0, 1.41421356f, "Div");
+  int r = gelu_step(im, 0, 1.41421356f, "Div");
+  if (!r) r = qt_imp_tokens_scale(im, 1);
   if (r) return r < 0 ? -1 : 0;
-  return qt_imp_node_err(im, "Div is supported only as the x / sqrt(2) that starts a GELU (%s)", gelu_what);
+  return qt_imp_node_err(im,
+                         "Div is supported only as the x / sqrt(2) that starts a GELU (%s) and as the scaling of "
+                         "attention scores",
+                         gelu_what);
 }
 
 /* Sub: shape arithmetic only. */
@@ -164,7 +169,8 @@ static int op_erf(imp *im) {
 static int op_add(imp *im) {
   const sym *first = raw_input(im, 0);
   if (first && first->kind == S_INTS) return qt_imp_ints_arith(im, '+');
-  const int r = gelu_step(im, 2, 1.0f, "Add");
+  int r = gelu_step(im, 2, 1.0f, "Add");
+  if (!r) r = qt_imp_tokens_add(im);
   if (r) return r < 0 ? -1 : 0;
   sym *a = qt_imp_input(im, 0, "A"), *b = a ? qt_imp_input(im, 1, "B") : NULL;
   if (!b) return -1;
@@ -174,7 +180,8 @@ static int op_add(imp *im) {
                            "right after a MatMul, are supported",
                            a->name, kind_text(a), b->name, kind_text(b));
   if (!(a = qt_imp_act_input(im, 0, "A", 0)) || !(b = qt_imp_act_input(im, 1, "B", 0))) return -1;
-  if (a->perm_c != b->perm_c || a->perm_h != b->perm_h || a->perm_w != b->perm_w || a->pooled != b->pooled)
+  if (a->perm_c != b->perm_c || a->perm_h != b->perm_h || a->perm_w != b->perm_w || a->pooled != b->pooled ||
+      a->tokens != b->tokens)
     return qt_imp_node_err(im, "Add of '%s' and '%s', laid out differently in the graph IR", a->name, b->name);
   const qt_value *va = val(im, a), *vb = val(im, b);
   int same = va->ndim == vb->ndim;
@@ -189,6 +196,7 @@ static int op_add(imp *im) {
   sym *s = qt_imp_bind_act(im, 0, y);
   s->pooled = a->pooled;
   s->perm_h = a->perm_h, s->perm_w = a->perm_w, s->perm_c = a->perm_c;
+  s->tokens = a->tokens;
   return 0;
 }
 
@@ -199,6 +207,7 @@ static int op_mul(imp *im) {
   if (first && first->kind == S_INTS) return qt_imp_ints_arith(im, '*');
   int r = gelu_step(im, 3, 0.0f, "Mul");
   if (!r) r = gelu_step(im, 4, 0.5f, "Mul");
+  if (!r) r = qt_imp_tokens_scale(im, 0);
   if (r) return r < 0 ? -1 : 0;
   sym *a = qt_imp_input(im, 0, "A"), *b = a ? qt_imp_input(im, 1, "B") : NULL;
   if (!b) return -1;
@@ -210,7 +219,8 @@ static int op_mul(imp *im) {
   } else if (a->pooled && is_image(im, b)) {
     sym *t = a;
     a = b, b = t;
-  } else if (a->perm_c != b->perm_c || a->perm_h != b->perm_h || a->perm_w != b->perm_w || a->pooled != b->pooled) {
+  } else if (a->perm_c != b->perm_c || a->perm_h != b->perm_h || a->perm_w != b->perm_w || a->pooled != b->pooled ||
+             a->tokens != b->tokens) {
     return qt_imp_node_err(im, "Mul of '%s' and '%s', laid out differently in the graph IR", a->name, b->name);
   }
   const qt_value *va = val(im, a), *vb = val(im, b);

@@ -30,6 +30,7 @@
 #define MAX_INTS 8
 
 typedef enum { S_NONE, S_ACT, S_CONST, S_INTS } sym_kind;
+enum { TOK_NONE, TOK_CT, TOK_TC };
 
 typedef struct {
   const char *name;
@@ -40,6 +41,8 @@ typedef struct {
   int perm_h, perm_w, perm_c; /* a flat value in (h, w, c) order standing for PyTorch's (c, h, w) flatten */
   int pad[4];                 /* a pending zero Pad (top, left, bottom, right) of the image `value` */
   int padded;
+  int tokens; /* the image `value` (H, W, C) standing for ONNX's [N, C, H * W] (TOK_CT) or for the tokens
+               * [N, H * W, C] (TOK_TC) of a vision transformer (import_tokens.c) */
   /* S_CONST */
   const Onnx__TensorProto *t;
   const char *user; /* first node using it as a parameter (shared parameters are refused) */
@@ -53,6 +56,10 @@ typedef struct {
                         * with the S_ACT fields of its x */
   int shuffle, groups; /* S_NONE: step 1 (Reshape to [N, groups, C / groups, H, W]) or 2 (then
                         * Transpose) of a channel shuffle (import_ops.c), with x's S_ACT fields */
+  int attn, heads;     /* S_NONE: a step of multi-head attention (import_tokens.c, attn_step), `heads`
+                        * heads; value: q (or the tokens being split), attn_k, attn_v: k and v */
+  int attn_k, attn_v;
+  float attn_scale; /* the constant factors of the scores so far */
 } sym;
 
 typedef enum { COPY_AS_IS, COPY_TRANSPOSE } copy_kind;
@@ -101,6 +108,18 @@ typedef struct {
 extern const qt_imp_op qt_imp_layer_ops[];       /* import_ops.c */
 extern const qt_imp_op qt_imp_elementwise_ops[]; /* import_elementwise.c */
 extern const qt_imp_op qt_imp_shape_ops[];
+extern const qt_imp_op qt_imp_tokens_ops[]; /* import_tokens.c */
+/* The transformer's steps that other files' ops hand over (import_tokens.c): each returns 1 when
+ * it imported the current node, 0 when the node is none of its, -1 on an error. */
+int qt_imp_tokens_reshape(imp *im);           /* Reshape of tokens or of an attention step */
+int qt_imp_tokens_transpose(imp *im);         /* Transpose of tokens or of an attention step */
+int qt_imp_tokens_matmul(imp *im);            /* MatMul of attention steps */
+int qt_imp_tokens_scale(imp *im, int divide); /* Mul or Div of an attention step by a constant */
+int qt_imp_tokens_add(imp *im);               /* Add of a learned [1, T, C] to tokens */
+int qt_imp_tokens_mean(imp *im);              /* ReduceMean of tokens over T */
+/* MatMul(tokens, W) [+ b]: a 1x1 convolution of the image standing for them (import_tokens.c). */
+int qt_imp_tokens_linear(imp *im, sym *x, const Onnx__TensorProto *w, const Onnx__TensorProto *b);
+
 /* Concat of shape computations (import_shape.c; import_elementwise.c's Concat hands them over). */
 int qt_imp_concat_ints(imp *im);
 /* Add ('+'), Sub ('-'), Mul ('*'), Div ('/') of shape computations (import_shape.c;

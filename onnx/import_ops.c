@@ -224,6 +224,8 @@ static int hw_axes(const int64_t *axes, int n_axes) {
  * for [N, C, 1, 1], as GlobalAveragePool's does; keepdims 0: a flat (N, C) tensor). The axes are
  * an attribute before opset 18, an input from 18. */
 static int op_reduce_mean(imp *im) {
+  const int r = qt_imp_tokens_mean(im);
+  if (r) return r < 0 ? -1 : 0;
   sym *x = qt_imp_act_input(im, 0, "data", 0);
   if (!x) return -1;
   int64_t axes[MAX_INTS], keepdims = 1, noop = 0;
@@ -353,6 +355,8 @@ static int shuffle_end(imp *im, sym *p, const sym *shape, int64_t allowzero) {
 
 /* Transpose: only the swap of a channel shuffle's groups and channels. */
 static int op_transpose(imp *im) {
+  const int r = qt_imp_tokens_transpose(im);
+  if (r) return r < 0 ? -1 : 0;
   sym *p = in_name(im->node, 0) ? qt_imp_find(im, im->node->input[0]) : NULL;
   int64_t perm[5];
   int found = 0;
@@ -363,7 +367,9 @@ static int op_transpose(imp *im) {
       return 0;
     }
   }
-  return qt_imp_node_err(im, "Transpose is supported only as a channel shuffle's (perm [0, 2, 1, 3, 4] of %s)",
+  return qt_imp_node_err(im,
+                         "Transpose is supported only as a channel shuffle's (perm [0, 2, 1, 3, 4] of %s), "
+                         "between an image's [N, C, H * W] and its tokens, and within multi-head attention",
                          shuffle_what);
 }
 
@@ -377,6 +383,8 @@ static int op_reshape(imp *im) {
     if (!shape || qt_imp_attr_int(im, "allowzero", 0, &allowzero)) return -1;
     return shuffle_end(im, raw, shape, allowzero);
   }
+  const int r = qt_imp_tokens_reshape(im);
+  if (r) return r < 0 ? -1 : 0;
   const sym *data = qt_imp_input(im, 0, "data");
   if (data && data->kind != S_ACT) return qt_imp_reshape_ints(im);
   sym *x = qt_imp_act_input(im, 0, "data", 0);
@@ -479,10 +487,28 @@ static int op_split(imp *im) {
 
 /* Slice of one range of channels, step 1 (x[:, a:b] and chunk as torch exports them). */
 static int op_slice(imp *im) {
-  sym *x = qt_imp_act_input(im, 0, "data", 0);
-  if (!x) return -1;
   int64_t starts[MAX_INTS], ends[MAX_INTS], axes[MAX_INTS] = {0}, steps[MAX_INTS] = {1};
   int ns, ne, na, nt;
+  const sym *data = qt_imp_input(im, 0, "data");
+  if (!data) return -1;
+  if (data->kind == S_INTS && !data->scalar) { /* a range of a shape: x.shape[:2] */
+    sym d = *data;
+    if (ints_arg(im, "starts", 1, starts, &ns) || ints_arg(im, "ends", 2, ends, &ne) ||
+        ints_arg(im, "axes", 3, axes, &na) || ints_arg(im, "steps", 4, steps, &nt))
+      return -1;
+    if (ns != 1 || ne != 1 || na > 1 || (na && axes[0] != 0 && axes[0] != -1) || nt > 1 || (nt && steps[0] != 1))
+      return qt_imp_node_err(im, "Slice of a shape: only one range, step 1, is supported");
+    const int64_t n = d.n_ints;
+    int64_t b = starts[0] < 0 ? starts[0] + n : starts[0], e = ends[0] < 0 ? ends[0] + n : ends[0];
+    b = b < 0 ? 0 : b > n ? n : b;
+    e = e < b ? b : e > n ? n : e;
+    sym *s = qt_imp_add_sym(im, im->node->output[0], S_INTS);
+    s->n_ints = (int)(e - b);
+    memcpy(s->ints, d.ints + b, (size_t)s->n_ints * sizeof *s->ints);
+    return 0;
+  }
+  sym *x = qt_imp_act_input(im, 0, "data", 0);
+  if (!x) return -1;
   if (ints_arg(im, "starts", 1, starts, &ns) || ints_arg(im, "ends", 2, ends, &ne) ||
       ints_arg(im, "axes", 3, axes, &na) || ints_arg(im, "steps", 4, steps, &nt))
     return -1;
@@ -560,6 +586,8 @@ static int sole_reader(imp *im, const char *name, int *count) {
 
 /* MatMul(A, W) [+ bias]: an Add of a constant right after it becomes the layer's bias. */
 static int op_matmul(imp *im) {
+  const int r = qt_imp_tokens_matmul(im);
+  if (r) return r < 0 ? -1 : 0;
   sym *x = qt_imp_act_input(im, 0, "A", 0);
   if (!x) return -1;
   const Onnx__TensorProto *w = qt_imp_param_input(im, 1, "weight", 0), *b = NULL;
@@ -576,11 +604,12 @@ static int op_matmul(imp *im) {
       im->absorbed[add] = 1;
     }
   }
-  if (linear(im, x, w, 1, b, "MatMul")) return -1;
+  if (x->tokens == TOK_TC ? qt_imp_tokens_linear(im, x, w, b) : linear(im, x, w, 1, b, "MatMul")) return -1;
   if (b) { /* the Add's output is the layer's */
-    const sym *y = &im->syms[im->n_syms - 1];
-    const int value = y->value;
-    qt_imp_add_sym(im, im->gp->node[add]->output[0], S_ACT)->value = value;
+    const sym y = im->syms[im->n_syms - 1];
+    sym *s = qt_imp_add_sym(im, im->gp->node[add]->output[0], S_ACT);
+    s->value = y.value;
+    s->tokens = y.tokens;
     im->info->folded++;
   }
   return 0;

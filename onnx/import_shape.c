@@ -79,6 +79,10 @@ static int op_shape(imp *im) {
     full[0] = x->n_ints;
   } else if (!(x = qt_imp_act_input(im, 0, "data", 0))) {
     return -1;
+  } else if (x->tokens) { /* [N, C, T] or [N, T, C] */
+    const qt_value *v = val(im, x);
+    const int64_t T = v->shape[0] * v->shape[1], C = v->shape[2];
+    full[0] = BATCH, full[1] = x->tokens == TOK_CT ? C : T, full[2] = x->tokens == TOK_CT ? T : C, n = 3;
   } else if (val(im, x)->ndim == 3) {
     const qt_value *v = val(im, x);
     full[0] = BATCH, full[1] = v->shape[2], full[2] = v->shape[0], full[3] = v->shape[1], n = 4;

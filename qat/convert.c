@@ -150,11 +150,11 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
     int id = qt_graph_add_node(c, op, n->name, inputs, n->n_inputs, &n->attr, v->ndim, v->shape);
     if (id < 0) break;
     vmap[n->output] = c->nodes[id].output;
-    /* eps, momentum and bn_frozen are BN's: the conv2d that conv_bn folds into carries none
-     * (0, as docs/qdq_format.md says of attributes an op does not use). */
+    /* eps, momentum and bn_frozen are BN's (eps also layer norm's): the conv2d that conv_bn folds
+     * into carries none (0, as docs/qdq_format.md says of attributes an op does not use). */
     if (op == QT_OP_BATCH_NORM) {
       c->nodes[id].bn_frozen = n->bn_frozen;
-    } else {
+    } else if (op != QT_OP_LAYER_NORM) {
       c->nodes[id].attr.eps = c->nodes[id].attr.momentum = 0.0f;
       c->nodes[id].bn_frozen = 0;
     }

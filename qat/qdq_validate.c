@@ -226,7 +226,17 @@ static int check_node_tensors(const qt_graph *g, const qt_node *n, const char *w
       return qt_err(msg, "%s: out_channels %d, weight '%s' has %lld", where, n->attr.out_channels, W->name,
                     (long long)channels);
   }
-  for (int k = info->has_weight ? QT_P_WEIGHT + 1 : 0; k < QT_MAX_PARAMS; k++)
+  if (info->param_per_sample) { /* add_param: the input's per-sample shape */
+    const qt_param *P = &g->tensors[n->param[QT_P_WEIGHT]];
+    if (P->ndim != x->ndim || memcmp(P->shape, x->shape, (size_t)x->ndim * sizeof *x->shape)) {
+      char s[64], want[64];
+      qt_qdq_shape_str(s, sizeof s, P->ndim, P->shape);
+      qt_qdq_shape_str(want, sizeof want, x->ndim, x->shape);
+      return qt_err(msg, "%s: parameter '%s' is %s, the input's shape %s", where, P->name, s, want);
+    }
+  }
+  const int first = info->has_weight || info->param_per_sample ? QT_P_WEIGHT + 1 : 0;
+  for (int k = first; k < QT_MAX_PARAMS; k++)
     if (check_vector(g, where, n->param[k], channels, msg)) return -1;
   for (int k = 0; k < QT_MAX_PARAMS; k++)
     if (check_vector(g, where, n->buffer[k], channels, msg)) return -1;

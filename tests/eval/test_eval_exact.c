@@ -9,7 +9,8 @@
  * 3. The answer does not depend on how images are split into calls (7 per call) or on the thread
  *    count (1 or the default).
  * 4. FashionCNN, ResCNN, a depthwise / relu6 / residual add / average-pool / global-pool graph and
- *    a graph of every activation (qt_activation, fp32 between quantized convolutions), PTQ-converted
+ *    a graph of every activation (qt_activation, fp32 between quantized convolutions) and a vision
+ *    transformer's block (fp32 position embedding, layer norm and attention), PTQ-converted
  *    W8A8, W4A8 and W4A4 with random weights: the float32 Q/DQ executor within 2 output
  *    LSB of the exact reference (the format's contract), the oneDNN device within 1 LSB; the
  *    counts of differing logits printed. FashionCNN and that graph at W8A8 with int32 biases too.
@@ -313,12 +314,33 @@ static qt_graph *act_graph(void) {
   return g;
 }
 
+/* A vision transformer's block (fp32 add_param, layer_norm and attention between quantized 1x1
+ * convolutions): 4x4 patches of 16 channels, a position embedding (random), a pre-norm attention
+ * block of 4 heads with its residual, a layer norm, the mean token, a linear head. */
+static qt_graph *vit_graph(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("vit_like");
+  int x = qt_graph_input(g, "input", 28, 28, 1);
+  int t = qt_graph_add_param(g, "pos", qt_graph_conv2d(g, "patch", x, 16, 4, 4, 0, 1, 1));
+  int n = qt_graph_layer_norm(g, "norm1", t, 1e-6f);
+  int q = qt_graph_conv2d(g, "q", n, 16, 1, 1, 0, 1, 1), k = qt_graph_conv2d(g, "k", n, 16, 1, 1, 0, 1, 1),
+      v = qt_graph_conv2d(g, "v", n, 16, 1, 1, 0, 1, 1);
+  int a = qt_graph_conv2d(g, "proj", qt_graph_attention(g, "attn", q, k, v, 4), 16, 1, 1, 0, 1, 1);
+  int r = qt_graph_layer_norm(g, "norm", qt_graph_add(g, "res", t, a), 1e-6f);
+  int y = qt_graph_linear(g, "head", qt_graph_global_avg_pool(g, "mean", r), 10, 1);
+  QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
+  qt_param *p = &g->tensors[g->nodes[qt_graph_find_node(g, "pos")].param[QT_P_WEIGHT]];
+  for (int64_t i = 0; i < p->numel; i++) g->params[p->offset + i] = rnd_uniform(-0.5f, 0.5f);
+  return g;
+}
+
 static int g_bias_int32; /* converted: quant.bias = int32 */
 
 static qt_graph *converted(const char *model, int wbits, int abits, uint64_t seed) {
   char err[QT_ERR_LEN];
   qt_graph *g = strcmp(model, "mobile_like") == 0 ? mobile_graph()
                 : strcmp(model, "act_like") == 0  ? act_graph()
+                : strcmp(model, "vit_like") == 0  ? vit_graph()
                                                   : qt_model_build(model, err);
   QT_ASSERT(g, "%s", err);
   qt_graph_init_params(g, seed);
@@ -438,9 +460,9 @@ int main(void) {
   };
   for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++) check_layer(&layers[i]);
   check_ties();
-  const char *models[] = {"fashion_cnn", "res_cnn", "mobile_like", "act_like"};
+  const char *models[] = {"fashion_cnn", "res_cnn", "mobile_like", "act_like", "vit_like"};
   const int bits[][2] = {{8, 8}, {4, 8}, {4, 4}};
-  for (int m = 0; m < 4; m++)
+  for (int m = 0; m < 5; m++)
     for (int b = 0; b < 3; b++) check_model(models[m], bits[b][0], bits[b][1]);
   g_bias_int32 = 1;
   check_model("fashion_cnn", 8, 8);

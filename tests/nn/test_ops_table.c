@@ -27,7 +27,7 @@ static void check_names_and_flags(void) {
     const int simple = op == QT_OP_RELU || op == QT_OP_RELU6 || op == QT_OP_MAX_POOL2D || op == QT_OP_AVG_POOL2D ||
                        op == QT_OP_GLOBAL_AVG_POOL || op == QT_OP_FLATTEN || op == QT_OP_ADD ||
                        op == QT_OP_ACTIVATION || op == QT_OP_MUL || op == QT_OP_CONCAT || op == QT_OP_CHANNEL_SHUFFLE ||
-                       op == QT_OP_CHANNEL_SLICE;
+                       op == QT_OP_CHANNEL_SLICE || op == QT_OP_ATTENTION;
     if (qt_op_has_weight((qt_op)op) != weight || qt_op_is_stateful((qt_op)op) != stateful ||
         qt_op_is_param_free((qt_op)op) != simple)
       qt_test_fail("op %s: flags has_weight %d stateful %d param_free %d", info->name, qt_op_has_weight((qt_op)op),
@@ -136,6 +136,18 @@ static void check_shapes(void) {
                NULL);
   expect_shape("slice range", QT_OP_CHANNEL_SLICE, &(qt_node_attrs){.begin = 4, .end = 7}, z, 1, 0, NULL,
                "channel_slice: channels [4, 7) of the 6 of 'z'");
+  const qt_value *qkv[3] = {&img6, &img6, &img6}, *qkv_bad[3] = {&img6, &img6, &img};
+  expect_shape("attention", QT_OP_ATTENTION, &(qt_node_attrs){.heads = 3}, qkv, 3, 3, (int64_t[]){7, 7, 6}, NULL);
+  expect_shape("attention heads", QT_OP_ATTENTION, &(qt_node_attrs){.heads = 4}, qkv, 3, 0, NULL,
+               "attention: 4 heads do not divide the 6 channels of 'z'");
+  expect_shape("attention shapes", QT_OP_ATTENTION, &(qt_node_attrs){.heads = 1}, qkv_bad, 3, 0, NULL,
+               "attention inputs 'z' and 'x' differ in shape");
+  const qt_value *flat3[3] = {&flat, &flat, &flat};
+  expect_shape("attention flat", QT_OP_ATTENTION, &(qt_node_attrs){.heads = 1}, flat3, 3, 0, NULL,
+               "attention input 'f' is not an image");
+  expect_shape("layer_norm", QT_OP_LAYER_NORM, &(qt_node_attrs){.eps = 1e-6f}, z, 1, 3, (int64_t[]){7, 7, 6}, NULL);
+  expect_shape("layer_norm eps", QT_OP_LAYER_NORM, &none, z, 1, 0, NULL, "layer_norm: eps 0 must be finite and > 0");
+  expect_shape("add_param", QT_OP_ADD_PARAM, &none, z, 1, 3, (int64_t[]){7, 7, 6}, NULL);
   expect_shape("pool fit", QT_OP_AVG_POOL2D, &big, x, 1, 0, NULL, "kernel 31 stride 1 pad 0 do not fit input 28x28");
   expect_shape(
       "conv fit", QT_OP_CONV2D,

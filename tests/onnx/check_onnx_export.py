@@ -185,7 +185,20 @@ def run_onnx(model, x):
         elif op == "Div":
             y = (ins[0].astype(np.float64) / ins[1]).astype(np.float32)
         elif op == "Transpose":
-            y = np.transpose(ins[0], a["perm"])
+            y = np.ascontiguousarray(np.transpose(ins[0], a["perm"]))
+        elif op == "Sub":
+            y = (ins[0].astype(np.float64) - ins[1]).astype(np.float32)
+        elif op == "Sqrt":
+            y = np.sqrt(ins[0].astype(np.float64)).astype(np.float32)
+        elif op == "ReduceMean":  # opset 13: axes as an attribute
+            y = ins[0].astype(np.float64).mean(axis=tuple(a["axes"]), keepdims=bool(a.get("keepdims", 1)))
+            y = y.astype(np.float32)
+        elif op == "MatMul":
+            y = np.matmul(ins[0].astype(np.float64), ins[1]).astype(np.float32)
+        elif op == "Softmax":  # opset 13: along one axis
+            v = ins[0].astype(np.float64)
+            e = np.exp(v - v.max(axis=a.get("axis", -1), keepdims=True))
+            y = (e / e.sum(axis=a.get("axis", -1), keepdims=True)).astype(np.float32)
         elif op == "Slice":  # starts, ends, axes; steps 1
             assert len(ins) == 4 or (len(ins) == 5 and ins[4] is None), "Slice steps"
             sl = [slice(None)] * ins[0].ndim

@@ -180,6 +180,58 @@ class ShuffleCNN(nn.Module):
         return self.fc(self.stage(self.conv1(x)).mean([2, 3]))
 
 
+class Attention(nn.Module):
+    """Multi-head self-attention as small vision transformers write it by hand: q, k and v
+    linear maps of the tokens, split into heads, softmax(q k^T * scale) v with timm's
+    scale = (C / heads) ** -0.5, the heads merged, an output projection."""
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        n, t, c = x.shape
+        h = self.heads
+        q = self.q(x).reshape(n, t, h, c // h).transpose(1, 2)
+        k = self.k(x).reshape(n, t, h, c // h).transpose(1, 2)
+        v = self.v(x).reshape(n, t, h, c // h).transpose(1, 2)
+        attn = (q @ k.transpose(-2, -1)) * self.scale
+        x = (attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(n, t, c)
+        return self.proj(x)
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: x + attention(LN(x)), then x + MLP(LN(x)) with GELU."""
+    def __init__(self, dim, heads, hidden):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim, eps=1e-6), nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Attention(dim, heads)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class ViT(nn.Module):
+    """A small vision transformer for 1x28x28: 4x4 patches (a stride-4 conv) as 49 tokens of 32
+    features, a learned position embedding, two blocks of 4 heads, a final LayerNorm, the mean
+    of the tokens, a linear head."""
+    def __init__(self, dim=32, heads=4, depth=2, hidden=64):
+        super().__init__()
+        self.patch = nn.Conv2d(1, dim, 4, 4)
+        self.pos_embedding = nn.Parameter(torch.randn(1, 49, dim) * 0.02)
+        self.blocks = nn.Sequential(*[Block(dim, heads, hidden) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2) + self.pos_embedding
+        return self.head(self.norm(self.blocks(x)).mean(dim=1))
+
+
 def main():
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)  # every model's BN statistics, in this order
@@ -188,12 +240,12 @@ def main():
         f.attrs["generator"] = b"tests/onnx/make_act_models.py"
         f.attrs["torch_version"] = str(torch.__version__).encode()
         for seed, (name, cls) in enumerate((("act_cnn", ActCNN), ("se_cnn", SECNN), ("cat_cnn", CatCNN),
-                                             ("shuffle_cnn", ShuffleCNN))):
+                                             ("shuffle_cnn", ShuffleCNN), ("vit", ViT))):
             torch.manual_seed(seed)
             model = cls()
             base.randomize_bn(model, gen)
             exported = base.export(model, os.path.join(base.MODELS, name + ".onnx"), 17, True)
-            base.write_ref(f, name, exported)
+            base.write_ref(f, name, exported, {"pos_embedding": "pos_embedding.weight"})
     os.replace(tmp, os.path.join(base.REF, "act_ref.h5"))
 
 

@@ -8,7 +8,8 @@
 # (op type and opset) and what is wrong, before any training: no checkpoint is written.
 # The bad models are made by tests/onnx/make_onnx_models.py (the external-data ones by
 # tests/onnx/make_torch2_models.py); hostile ones (nesting 100,000 deep, an
-# unnamed graph input) by tests/onnx/make_hostile_onnx.py at test time.
+# unnamed graph input) by tests/onnx/make_hostile_onnx.py at test time, and variants of the vision
+# transformer by tests/onnx/make_bad_vit.py.
 # Usage: test_onnx_errors.sh path/to/qat_train SOURCE_DIR
 set -u
 BIN="$1"
@@ -72,6 +73,12 @@ expect avgpool_ceil "node 'pool' (AveragePool, opset 13)" "ceil_mode = 1 where t
 # a Transpose that is not a channel shuffle's, a Split along H
 expect transpose_hw "node 'swap' (Transpose, opset 13)" "Transpose is supported only as a channel shuffle's" -- "$T/transpose_hw.onnx"
 expect split_h "node 'halves' (Split, opset 13)" "Split along axis 2: only along channels (axis 1)" -- "$T/split_h.onnx"
+# the vision transformer with its attention scaled by 0.5, its Softmax over axis 2, and the mean
+# of its tokens keeping their axis (tests/onnx/make_bad_vit.py)
+/usr/bin/python3 tests/onnx/make_bad_vit.py "$T" > /dev/null || { echo "make_bad_vit.py failed"; fail=1; }
+expect vit_scale "node '/blocks/blocks.0/attn/Softmax' (Softmax, opset 17)" "the attention scores are scaled by 0.5; only by 1 / sqrt(8)" -- "$T/vit_scale.onnx"
+expect vit_softmax_axis "(Softmax, opset 17)" "Softmax is supported only over the last axis of attention scores" -- "$T/vit_softmax_axis.onnx"
+expect vit_mean_keepdims "node '/ReduceMean' (ReduceMean, opset 17)" "only over T (axes [1], keepdims 0)" -- "$T/vit_mean_keepdims.onnx"
 # import is linear in the model's size: 100,000 nodes, and 8,000 nodes of one name (their IR
 # names were found by linear scans, cubic in the repeated name: over a minute), each walked to
 # the refusal at their end (the output is an image), within a bound far above the time they take

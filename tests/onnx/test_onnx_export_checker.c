@@ -244,6 +244,9 @@ int main(void) {
   onnx_model_both("cat_cnn");
   /* channel shuffle and slices of channels (fp32 Reshape, Transpose, Reshape; Slice) */
   onnx_model_both("shuffle_cnn");
+  /* a vision transformer: fp32 LayerNormalization (ReduceMean, Sub, ...), attention (Reshape, Transpose,
+   * MatMul, Mul, Softmax), position embedding (Add) between quantized per-token 1x1 convolutions */
+  onnx_model_both("vit");
   /* int32 biases (quant.bias = int32): written as the graph's integers */
   one("fashion_cnn_w8a8_b32", "model.name=fashion_cnn", "ptq", 8, 8, 1);
   one("mobilenet_w4a4_b32", mobilenet, "qat", 4, 4, 1);

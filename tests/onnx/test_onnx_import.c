@@ -325,6 +325,9 @@ int main(void) {
   check_model("cat_cnn", 0, "fire1", 1);
   /* ShuffleNetV2's units: chunk (Slice), Concat, channel shuffle (Reshape, Transpose, Reshape) */
   check_model("shuffle_cnn", 0, "stage.stage.1.Reshape_1", 1);
+  /* a vision transformer: patch tokens, position embedding, LayerNormalization, per-token MatMul,
+   * multi-head attention written out (Reshape, Transpose, MatMul, Mul, Softmax), the mean token */
+  check_model("vit", 0, "blocks.0.attn.q", 1);
   /* torch 2.x's exports, the opset forms and external data (tests/onnx/make_torch2_models.py) */
   ref_name = "onnx2_ref.h5";
   check_model_in("tests/onnx/models/", "t2_fashion_cnn", 0, "fc1", 1, "fashion_cnn");

@@ -337,6 +337,21 @@ def run(nodes, values, tensors, quant, x, output):
             y = batch_norm(xi, a, tensors, tensors[a["weight"]], tensors[a["bias"]])
         elif op == "activation":
             y = activation(xi, text(a["act"]), float(a["alpha"]), float(a["beta"]))
+        elif op == "layer_norm":  # over the channels of every pixel (features of a flat value)
+            x64 = xi.astype(np.float64)
+            m = x64.mean(axis=-1, keepdims=True)
+            sd = np.sqrt(((x64 - m) ** 2).mean(axis=-1, keepdims=True) + float(np.float32(a["eps"])))
+            y = ((x64 - m) / sd * tensors[a["weight"]] + tensors[a["bias"]]).astype(np.float32)
+        elif op == "attention":  # the pixels are the tokens; heads split the channels
+            h_ = int(a["heads"])
+            n_, c_ = xi.shape[0], xi.shape[-1]
+            q, k, v = (t.astype(np.float64).reshape(n_, -1, h_, c_ // h_).transpose(0, 2, 1, 3) for t in ins)
+            s_ = q @ k.transpose(0, 1, 3, 2) / np.sqrt(c_ // h_)
+            p_ = np.exp(s_ - s_.max(axis=-1, keepdims=True))
+            p_ /= p_.sum(axis=-1, keepdims=True)
+            y = (p_ @ v).transpose(0, 2, 1, 3).reshape(xi.shape).astype(np.float32)
+        elif op == "add_param":  # a tensor of one sample's shape
+            y = (xi.astype(np.float64) + tensors[a["weight"]]).astype(np.float32)
         else:
             raise SystemExit(f"node {a['index']} '{a['name']}': op '{op}' unknown to this reader")
         vals[int(a["output"])] = y

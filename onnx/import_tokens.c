@@ -1,0 +1,339 @@
+/* A vision transformer's ONNX ops (import_int.h). The graph IR holds the tokens [N, T, C] of a
+ * patch embedding as the image (H, W, C) they came from (T = H * W, pixels in row-major order:
+ * the same floats), so per-token ops are per-pixel ones:
+ *   - Reshape of an image to [N, C, -1] (x.flatten(2)) then Transpose [0, 2, 1]: the tokens, no
+ *     node (the sym's `tokens` says how the image stands for the ONNX tensor);
+ *   - MatMul of tokens by a constant [C, E] (+ its bias Add): a 1x1 convolution;
+ *   - Add of a learned [1, T, C] (a position embedding): add_param;
+ *   - LayerNormalization over the last axis (tokens, or a flat [N, F]): layer_norm;
+ *   - ReduceMean of tokens over T (the mean of the tokens): a global average pool;
+ *   - multi-head attention as it is written by hand (timm, most small ViTs) and exported: q, k
+ *     and v each Reshape'd to [N, T, heads, C / heads] and Transpose'd to [N, heads, T, C / heads]
+ *     (k to [N, heads, C / heads, T], at once or by a second Transpose), MatMul(q, k^T), scaled by
+ *     constants (before or after the MatMul) whose product is 1 / sqrt(C / heads), Softmax over the
+ *     last axis, MatMul with v, Transpose [0, 2, 1, 3] and Reshape to [N, T, C]: one attention
+ *     node. Every step before the last is pending (S_NONE, `attn`); a pending step read by anything
+ *     else is refused by name.
+ * Element-wise ops, the residual Add and GELU read tokens as they read images. */
+#define _GNU_SOURCE /* struct hsearch_data in import_int.h */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnx/import_int.h"
+
+/* The attention steps (sym.attn): the ONNX tensor each pending output stands for. */
+enum {
+  A_SPLIT = 1, /* [N, T, heads, C / heads] of the tokens `value` */
+  A_HEADS,     /* [N, heads, T, C / heads] */
+  A_KT,        /* [N, heads, C / heads, T] */
+  A_SCORES,    /* q k^T [N, heads, T, T] (value q, attn_k k) */
+  A_PROBS,     /* its Softmax over the last axis */
+  A_OUT,       /* probs v [N, heads, T, C / heads] (attn_v v) */
+  A_OUT_T      /* Transpose'd back to [N, T, heads, C / heads] */
+};
+
+static const char attn_what[] =
+    "a step of multi-head attention (Reshape to [N, T, heads, C / heads], Transpose, MatMul(q, k^T), scale, "
+    "Softmax, MatMul with v, Transpose, Reshape to [N, T, C])";
+
+static sym *raw_input(imp *im, size_t k) {
+  const char *name = in_name(im->node, k);
+  return name ? qt_imp_find(im, name) : NULL;
+}
+static int is_attn(const sym *s) { return s && s->kind == S_NONE && s->attn; }
+static int is_tokens(const sym *s) { return s && s->kind == S_ACT && s->tokens == TOK_TC; }
+
+/* The current node's output as attention step `step` from p (p's fields kept). */
+static sym *attn_pending(imp *im, const sym *p, int step) {
+  sym *s = qt_imp_pending(im, p, attn_what);
+  s->attn = step;
+  return s;
+}
+
+static int64_t tokens_of(imp *im, const sym *s) {
+  const qt_value *v = &im->g->values[s->value];
+  return v->shape[0] * v->shape[1];
+}
+static int64_t channels_of(imp *im, const sym *s) { return im->g->values[s->value].shape[2]; }
+
+/* ---- tokens -------------------------------------------------------------------------------- */
+
+/* Whether shape entry s0 is the batch (computed, copied by 0, or the model's static batch). */
+static int is_batch(const imp *im, int64_t s0, int64_t allowzero) {
+  return s0 == BATCH || (s0 == 0 && !allowzero) || (im->static_batch > 0 && s0 == im->static_batch);
+}
+
+/* Reshape of an image to [N, C, T] (or -1 for T): x.flatten(2). */
+static int image_to_tokens(imp *im, sym *x, const sym *shape, int64_t allowzero) {
+  const qt_value *v = val(im, x);
+  const int64_t C = v->shape[2], T = v->shape[0] * v->shape[1], *s = shape->ints;
+  if (shape->n_ints != 3 || !is_batch(im, s[0], allowzero) || s[1] != C || !(s[2] == -1 || s[2] == T)) return 0;
+  qt_imp_alias(im, 0, x)->tokens = TOK_CT;
+  im->info->dropped++;
+  return 1;
+}
+
+/* Reshape of tokens [N, T, C] to [N, T, heads, C / heads] (the split into heads), or of the
+ * attention's [N, T, heads, C / heads] back to [N, T, C]: the attention node. */
+int qt_imp_tokens_reshape(imp *im) {
+  sym *x = raw_input(im, 0), tmp;
+  if (!x || !(is_tokens(x) || is_attn(x) || (x->kind == S_ACT && is_image(im, x) && !x->tokens && !x->perm_c)))
+    return 0;
+  int64_t allowzero = 0;
+  const sym *shape = qt_imp_ints_input(im, 1, "shape", &tmp);
+  if (!shape || qt_imp_attr_int(im, "allowzero", 0, &allowzero)) return -1;
+  const int64_t *s = shape->ints;
+  if (x->kind == S_ACT && !x->tokens) return image_to_tokens(im, x, shape, allowzero);
+  const int64_t T = tokens_of(im, x), C = channels_of(im, x);
+  if (is_tokens(x)) {
+    if (shape->n_ints != 4 || !is_batch(im, s[0], allowzero) || s[1] != T || s[2] < 1 || s[2] > C || C % s[2] ||
+        !(s[3] == C / s[2] || s[3] == -1))
+      return qt_imp_node_err(im,
+                             "Reshape of the tokens [N, %lld, %lld]: only the split into heads [N, %lld, heads, "
+                             "%lld / heads] is supported",
+                             (long long)T, (long long)C, (long long)T, (long long)C);
+    sym *p = attn_pending(im, x, A_SPLIT);
+    p->heads = (int)s[2];
+    p->attn_scale = 1.0f;
+    p->tokens = TOK_NONE;
+    return 1;
+  }
+  if (x->attn != A_OUT_T) return qt_imp_node_err(im, "Reshape of '%s', %s", x->name, attn_what);
+  if (shape->n_ints != 3 || !is_batch(im, s[0], allowzero) || s[1] != T || !(s[2] == C || s[2] == -1))
+    return qt_imp_node_err(im, "Reshape of the attention's heads: only back to [N, %lld, %lld] is supported",
+                           (long long)T, (long long)C);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_attention(im->g, name, x->value, x->attn_k, x->attn_v, x->heads);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_bind_act(im, 0, y)->tokens = TOK_TC;
+  return 1;
+}
+
+static int perm_is(const int64_t *p, int n, const int64_t *want) {
+  for (int i = 0; i < n; i++)
+    if (p[i] != want[i]) return 0;
+  return 1;
+}
+
+/* Transpose [0, 2, 1] between [N, C, T] and [N, T, C]; the attention's head transposes. */
+int qt_imp_tokens_transpose(imp *im) {
+  sym *x = raw_input(im, 0);
+  if (!x || !((x->kind == S_ACT && x->tokens) || is_attn(x))) return 0;
+  int64_t perm[4];
+  int found = 0;
+  const int rank = x->kind == S_ACT ? 3 : 4;
+  if (qt_imp_attr_ints(im, "perm", perm, (size_t)rank, &found)) return -1;
+  static const int64_t swap3[3] = {0, 2, 1}, heads[4] = {0, 2, 1, 3}, kt[4] = {0, 2, 3, 1}, last[4] = {0, 1, 3, 2};
+  if (x->kind == S_ACT) {
+    if (!found || !perm_is(perm, 3, swap3))
+      return qt_imp_node_err(im, "Transpose of tokens: only perm [0, 2, 1] (between [N, C, T] and [N, T, C])");
+    qt_imp_alias(im, 0, x)->tokens = x->tokens == TOK_CT ? TOK_TC : TOK_CT;
+    im->info->dropped++;
+    return 1;
+  }
+  if (found && x->attn == A_SPLIT && perm_is(perm, 4, heads)) {
+    attn_pending(im, x, A_HEADS);
+  } else if (found && x->attn == A_SPLIT && perm_is(perm, 4, kt)) {
+    attn_pending(im, x, A_KT);
+  } else if (found && x->attn == A_HEADS && perm_is(perm, 4, last)) {
+    attn_pending(im, x, A_KT);
+  } else if (found && x->attn == A_OUT && perm_is(perm, 4, heads)) {
+    attn_pending(im, x, A_OUT_T);
+  } else {
+    return qt_imp_node_err(im,
+                           "Transpose of '%s' (%s): only [0, 2, 1, 3] of the split heads or of the output, "
+                           "[0, 2, 3, 1] (or [0, 1, 3, 2] after [0, 2, 1, 3]) for k^T",
+                           x->name, attn_what);
+  }
+  return 1;
+}
+
+/* MatMul(q, k^T) -> the scores; MatMul(probabilities, v) -> the output heads. */
+int qt_imp_tokens_matmul(imp *im) {
+  sym *a = raw_input(im, 0), *b = raw_input(im, 1);
+  if (!is_attn(a) && !is_attn(b)) return 0;
+  if (!is_attn(a) || !is_attn(b) || a->heads != b->heads || tokens_of(im, a) != tokens_of(im, b) ||
+      channels_of(im, a) != channels_of(im, b) ||
+      !((a->attn == A_HEADS && b->attn == A_KT) || (a->attn == A_PROBS && b->attn == A_HEADS)))
+    return qt_imp_node_err(im,
+                           "MatMul of '%s' and '%s': only q [N, heads, T, d] by k^T [N, heads, d, T], then the "
+                           "Softmax of their product by v [N, heads, T, d], of one shape, are supported (%s)",
+                           a->name, b->name, attn_what);
+  if (a->attn == A_HEADS) {
+    sym *p = attn_pending(im, a, A_SCORES);
+    p->attn_k = b->value;
+    p->attn_scale = a->attn_scale * b->attn_scale;
+  } else {
+    if (b->attn_scale != 1.0f)
+      return qt_imp_node_err(im, "MatMul with v '%s', which is scaled: only q and k may be scaled", b->name);
+    attn_pending(im, a, A_OUT)->attn_v = b->value;
+  }
+  return 1;
+}
+
+/* q, k or their product times (or divided by) a float constant scalar. */
+int qt_imp_tokens_scale(imp *im, int divide) {
+  sym *a = raw_input(im, 0), *b = raw_input(im, 1);
+  if (!is_attn(a) && !is_attn(b)) return 0;
+  sym *p = is_attn(a) ? a : b, *c = p == a ? b : a;
+  float v = 0;
+  const int ok = c && c->kind == S_CONST && c->t->data_type == ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT &&
+                 numel_of(c->t) == 1 && (c->t->has_raw_data ? c->t->raw_data.len == 4 : c->t->n_float_data == 1);
+  if (ok) qt_imp_float_data(c->t, &v, 1);
+  if (!ok || !isfinite(v) || v == 0.0f || (divide && p != a) ||
+      !(p->attn == A_HEADS || p->attn == A_KT || p->attn == A_SCORES))
+    return qt_imp_node_err(im, "%s of '%s' (%s): only q, k or their product scaled by a constant scalar",
+                           divide ? "Div" : "Mul", p->name, attn_what);
+  attn_pending(im, p, p->attn)->attn_scale = divide ? p->attn_scale / v : p->attn_scale * v;
+  return 1;
+}
+
+/* Softmax of the scores over the last axis, scaled by 1 / sqrt(C / heads) in all. */
+static int op_softmax(imp *im) {
+  sym *x = raw_input(im, 0);
+  int64_t axis = -1;
+  if (qt_imp_attr_int(im, "axis", im->opset >= 13 ? -1 : 1, &axis)) return -1;
+  if (!is_attn(x) || x->attn != A_SCORES || !(axis == -1 || axis == 3 || (im->opset < 13 && axis == 1)))
+    return qt_imp_node_err(im, "Softmax is supported only over the last axis of attention scores (%s)", attn_what);
+  const double d = (double)channels_of(im, x) / x->heads, want = 1.0 / sqrt(d);
+  if (fabs((double)x->attn_scale - want) > 1e-6 * want)
+    return qt_imp_node_err(im,
+                           "the attention scores are scaled by %g; only by 1 / sqrt(%g) = %g (the head size's) is "
+                           "supported",
+                           (double)x->attn_scale, d, want);
+  attn_pending(im, x, A_PROBS);
+  return 0;
+}
+
+/* ---- per-token layers ------------------------------------------------------------------------ */
+
+static int ends_with(const char *s, const char *tail) {
+  const size_t n = strlen(s), t = strlen(tail);
+  return n > t && strcmp(s + n - t, tail) == 0;
+}
+
+/* The IR name of a node with the parameters w (and b): after PyTorch's module name, which torch's
+ * export keeps in a bias's name where it renames the weight it transposed ("onnx::MatMul_12"), or
+ * after a parameter that is a module's attribute itself ("pos_embedding"). */
+static void param_node_name(imp *im, const char *w, const char *b, char *out) {
+  char buf[300];
+  const char *use = NULL;
+  if (w && ends_with(w, ".weight") && !strstr(w, "::"))
+    use = w;
+  else if (b && ends_with(b, ".bias") && !strstr(b, "::") && strlen(b) < 200)
+    snprintf(buf, sizeof buf, "%.*s.weight", (int)(strlen(b) - 5), b), use = buf;
+  else if (w && !b && w[0] && !strstr(w, "::") && strlen(w) < 200)
+    snprintf(buf, sizeof buf, "%s.weight", w), use = buf;
+  qt_imp_node_name(im, use, out);
+}
+
+int qt_imp_tokens_linear(imp *im, sym *x, const Onnx__TensorProto *w, const Onnx__TensorProto *b) {
+  const int64_t C = channels_of(im, x);
+  char d[96];
+  qt_imp_dims_str(w->dims, w->n_dims, d, sizeof d);
+  if (w->n_dims != 2 || w->dims[0] != C)
+    return qt_imp_node_err(im, "the weight '%s' has dims %s; the tokens '%s' have %lld features, want [%lld, E]",
+                           str(w->name), d, x->name, (long long)C, (long long)C);
+  const int64_t E = w->dims[1], want_w[2] = {C, E}, want_b[1] = {E};
+  if (qt_imp_check_float_tensor(im, w, "weight", 2, want_w) ||
+      (b && qt_imp_check_float_tensor(im, b, "bias", 1, want_b)))
+    return -1;
+  if (E < 1 || E > INT32_MAX) return qt_imp_node_err(im, "%lld output features", (long long)E);
+  char name[QT_NAME_LEN];
+  param_node_name(im, w->name, b ? b->name : NULL, name);
+  const int y = qt_graph_conv2d(im->g, name, x->value, (int)E, 1, 1, 0, 1, b != NULL);
+  if (qt_imp_builder_check(im, y)) return -1;
+  const qt_node *nd = &im->g->nodes[node_of(im, y)];
+  qt_imp_add_copy(im, nd->param[QT_P_WEIGHT], w, COPY_TRANSPOSE, NULL);
+  if (b) qt_imp_add_copy(im, nd->param[QT_P_BIAS], b, COPY_AS_IS, NULL);
+  qt_imp_bind_act(im, 0, y)->tokens = TOK_TC;
+  return 0;
+}
+
+/* Tokens + an initializer [1, T, C] (or [T, C]): add_param. */
+int qt_imp_tokens_add(imp *im) {
+  sym *a = raw_input(im, 0), *b = raw_input(im, 1);
+  sym *x = is_tokens(a) ? a : is_tokens(b) ? b : NULL, *p = x == a ? b : a;
+  if (!x || !p || p->kind != S_CONST) return 0;
+  const int64_t T = tokens_of(im, x), C = channels_of(im, x), want3[3] = {1, T, C}, want2[2] = {T, C};
+  const Onnx__TensorProto *t = qt_imp_param_input(im, p == a ? 0 : 1, "parameter", 0);
+  if (!t || qt_imp_check_float_tensor(im, t, "parameter", (int)t->n_dims, NULL)) return -1;
+  if (!((t->n_dims == 3 && !memcmp(t->dims, want3, sizeof want3)) ||
+        (t->n_dims == 2 && !memcmp(t->dims, want2, sizeof want2)))) {
+    char d[96];
+    qt_imp_dims_str(t->dims, t->n_dims, d, sizeof d);
+    return qt_imp_node_err(im,
+                           "Add of the tokens '%s' [N, %lld, %lld] and '%s' %s: only a learned [1, %lld, %lld] (a "
+                           "position embedding) is supported",
+                           x->name, (long long)T, (long long)C, str(t->name), d, (long long)T, (long long)C);
+  }
+  char name[QT_NAME_LEN];
+  param_node_name(im, t->name, NULL, name);
+  const int y = qt_graph_add_param(im->g, name, x->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_add_copy(im, im->g->nodes[node_of(im, y)].param[QT_P_WEIGHT], t, COPY_AS_IS, NULL);
+  qt_imp_bind_act(im, 0, y)->tokens = TOK_TC;
+  return 1;
+}
+
+/* ReduceMean of the tokens over T (axes [1], keepdims 0): the mean token, a flat [N, C]. */
+int qt_imp_tokens_mean(imp *im) {
+  sym *x = raw_input(im, 0);
+  if (!is_tokens(x)) return 0;
+  int64_t axes[MAX_INTS], keepdims = 1;
+  int n_axes = 0;
+  if (qt_imp_axes(im, 1, axes, &n_axes) || qt_imp_attr_int(im, "keepdims", 1, &keepdims)) return -1;
+  if (n_axes != 1 || !(axes[0] == 1 || axes[0] == -2) || keepdims)
+    return qt_imp_node_err(im, "ReduceMean of tokens [N, T, C]: only over T (axes [1], keepdims 0) is supported");
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_global_avg_pool(im->g, name, x->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_bind_act(im, 0, y);
+  return 1;
+}
+
+/* LayerNormalization over the last axis of tokens or of a flat [N, F]; its Mean and InvStdDev
+ * outputs unused. */
+static int op_layer_norm(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "X", 0);
+  if (!x) return -1;
+  int64_t axis = -1, stash = 1;
+  float eps = 1e-5f;
+  if (qt_imp_attr_int(im, "axis", -1, &axis) || qt_imp_attr_float(im, "epsilon", 1e-5f, &eps) ||
+      qt_imp_attr_int(im, "stash_type", 1, &stash))
+    return -1;
+  const int flat = !is_image(im, x) && !x->pooled;
+  if (!(x->tokens == TOK_TC || flat) || x->perm_c || !(axis == -1 || axis == (flat ? 1 : 2)))
+    return qt_imp_node_err(im,
+                           "LayerNormalization of '%s': only over the last axis of tokens [N, T, C] or of a flat [N, "
+                           "F] is supported",
+                           x->name);
+  if (!(eps > 0) || !isfinite(eps)) return qt_imp_node_err(im, "epsilon %g must be finite and > 0", (double)eps);
+  const Onnx__TensorProto *w = qt_imp_param_input(im, 1, "Scale", 0), *b = NULL;
+  if (!w) return -1;
+  if (!in_name(im->node, 2)) return qt_imp_node_err(im, "LayerNormalization without a bias B is not supported");
+  if (!(b = qt_imp_param_input(im, 2, "B", 0))) return -1;
+  const int64_t C[1] = {val(im, x)->shape[val(im, x)->ndim - 1]};
+  if (qt_imp_check_float_tensor(im, w, "Scale", 1, C) || qt_imp_check_float_tensor(im, b, "B", 1, C)) return -1;
+  qt_imp_outputs_unused(im, 1, "LayerNormalization's Mean and InvStdDev outputs");
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, w->name, name);
+  const int y = qt_graph_layer_norm(im->g, name, x->value, eps);
+  if (qt_imp_builder_check(im, y)) return -1;
+  const qt_node *nd = &im->g->nodes[node_of(im, y)];
+  qt_imp_add_copy(im, nd->param[QT_P_GAMMA], w, COPY_AS_IS, NULL);
+  qt_imp_add_copy(im, nd->param[QT_P_BETA], b, COPY_AS_IS, NULL);
+  qt_imp_bind_act(im, 0, y)->tokens = x->tokens;
+  return 0;
+}
+
+const qt_imp_op qt_imp_tokens_ops[] = {
+    {"LayerNormalization", op_layer_norm, 2, 3, 1, 3},
+    {"Softmax", op_softmax, 1, 1, 1, 1},
+    {NULL, NULL, 0, 0, 0, 0},
+};

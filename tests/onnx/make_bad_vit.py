@@ -1,0 +1,49 @@
+#!/usr/bin/python3
+"""Writes variants of tests/onnx/models/vit.onnx that the importer must refuse (run at test time by
+tests/onnx/test_onnx_errors.sh with Debian's python3-onnx; no torch):
+  vit_scale.onnx         the first attention's scores scaled by 0.5, not 1 / sqrt(head size)
+  vit_softmax_axis.onnx  the first attention's Softmax over axis 2, not the last
+  vit_mean_keepdims.onnx the mean of the tokens with keepdims 1 ([N, 1, C])
+Usage: make_bad_vit.py OUT_DIR"""
+import os
+import sys
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def first(model, op_type):
+    return next(n for n in model.graph.node if n.op_type == op_type)
+
+
+def set_attr(node, name, value):
+    for a in list(node.attribute):
+        if a.name == name:
+            node.attribute.remove(a)
+    node.attribute.append(helper.make_attribute(name, value))
+
+
+def scaled(model):
+    softmax = first(model, "Softmax")
+    mul = next(n for n in model.graph.node if n.output[0] == softmax.input[0])
+    const = next(n for n in model.graph.node if n.output and n.output[0] in mul.input and n.op_type == "Constant")
+    set_attr(const, "value", numpy_helper.from_array(np.array(0.5, dtype=np.float32)))
+
+
+def main():
+    out = sys.argv[1]
+    edits = {"vit_scale": scaled,
+             "vit_softmax_axis": lambda m: set_attr(first(m, "Softmax"), "axis", 2),
+             "vit_mean_keepdims": lambda m: set_attr(first(m, "ReduceMean"), "keepdims", 1)}
+    for name, edit in edits.items():
+        model = onnx.load(os.path.join(HERE, "models", "vit.onnx"))
+        edit(model)
+        onnx.save(model, os.path.join(out, name + ".onnx"))
+        print("wrote %s" % os.path.join(out, name + ".onnx"))
+
+
+if __name__ == "__main__":
+    main()
