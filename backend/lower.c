@@ -40,8 +40,18 @@ static const char *output_range_problem(qt_lowering *L, const qt_qstate *q) {
   return fits_u8(q->spec.qmin, q->spec.qmax) ? NULL : "output range does not fit u8";
 }
 
+/* Whether the layer's u8 x s8 products, summed in pairs, fit the saturating int16 in which oneDNN
+ * adds them on a CPU without VNNI (docs/design.md: no VNNI): 2 * max(u8) * max|w| <= 32767. */
+static int pair_sums_fit(const qt_value_rep *in, const qt_qstate *wq) {
+  if (qt_cpu_has_vnni()) return 1;
+  int64_t w_max = 0;
+  for (int64_t k = 0; k < wq->n_qweight; k++) w_max = llabs(wq->qweight[k]) > w_max ? llabs(wq->qweight[k]) : w_max;
+  return 2 * (int64_t)in->qmax * w_max <= 32767;
+}
+
 /* Whether node i starts dq -> conv/linear [-> relu | relu6] -> q with u8 activations and s8
- * per-channel symmetric weights. Returns NULL and fills relu/quant, or the reason not. */
+ * per-channel symmetric weights whose pair sums fit. Returns NULL and fills relu/quant, or the
+ * reason not. */
 static const char *match_int8_layer(qt_lowering *L, int i, int *relu, int *quant) {
   const qt_node *n = &L->g->nodes[i];
   const qt_value_rep *in = &L->rep[n->inputs[0]];
@@ -53,6 +63,9 @@ static const char *match_int8_layer(qt_lowering *L, int i, int *relu, int *quant
   if (n->wq->spec.qmin < -128 || n->wq->spec.qmax > 127) return "weight range does not fit s8";
   for (int c = 0; c < n->wq->channels; c++)
     if (n->wq->zero_point[c] != 0) return "weights have a non-zero zero point";
+  if (!pair_sums_fit(in, n->wq))
+    return "u8 x s8 pair sums can pass 32767, and without VNNI oneDNN adds them in a saturating int16 (7-bit "
+           "weights or activations in [0, 127] run in int8)";
   return qt_match_output(L, i, relu, quant);
 }
 

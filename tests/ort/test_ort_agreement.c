@@ -16,7 +16,10 @@
  *   to a third of the images.
  * - the graphs with int32 biases (quant.bias = int32: fashion_cnn_w8a8_b32, mobilenet_w4a4_b32),
  *   exported with their own integers: optimizations disabled and default, both judged by the
- *   same rule (the bias ORT's fused kernels add is the graph's).
+ *   same rule (the bias ORT's fused kernels add is the graph's). They are quantized for this CPU:
+ *   without VNNI ORT's fused kernels, as oneDNN's, sum u8 x s8 pairs in a saturating int16
+ *   (full-range 8-bit weights were 36 LSB off on an AVX2 CPU), so the Quantizer gives them 7-bit
+ *   weights there.
  * The max LSB, the number of differing logits and the top-1 agreement are printed per model.
  * Usage: test_ort_agreement SOURCE_DIR EXPORT_DIR (where test_onnx_export_checker left its files);
  * the test environment's python is $QT_PYTHON (set by qt_add_ort_test). */
