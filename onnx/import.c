@@ -101,6 +101,7 @@ static int check_model(imp *im, const Onnx__ModelProto *m) {
     if (n->n_output < 1 || !n->output[0] || !n->output[0][0]) return qt_imp_node_err(im, "no output");
     im->info->convs += strcmp(n->op_type, "Conv") == 0;
     im->info->batch_norms += strcmp(n->op_type, "BatchNormalization") == 0;
+    im->info->layer_norms += strcmp(n->op_type, "LayerNormalization") == 0;
   }
   if (gp->n_output != 1)
     return qt_imp_file_err(im, "graph '%s' has %zu outputs; one (the logits) is supported", str(gp->name),

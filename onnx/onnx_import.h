@@ -49,6 +49,7 @@ typedef struct {
   int permuted;                 /* linear weights whose columns were permuted to NHWC order */
   int nodes;                    /* ONNX nodes read */
   int convs, batch_norms;       /* Conv and BatchNormalization nodes (none: the exporter folded BN) */
+  int layer_norms;              /* LayerNormalization nodes (a transformer: no BN by design) */
   int external;                 /* initializers read from external data files */
 } qt_onnx_info;
 

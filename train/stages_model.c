@@ -174,7 +174,7 @@ static qt_graph *import_onnx(const qt_options *o, const qt_dataset *data, qt_sta
     return NULL;
   }
   static int noted; /* once a process: a run imports its model more than once */
-  if (info.convs > 0 && info.batch_norms == 0 && !noted) {
+  if (info.convs > 0 && info.batch_norms == 0 && info.layer_norms == 0 && !noted) {
     noted = 1;
     fprintf(stderr,
             "note: %s has no BatchNormalization (its exporter folded BN into the convs), so there is no BN for "
