@@ -247,6 +247,19 @@ static void check_verdicts(void) {
   r.lsb.max_lsb = r.agreement.max_lsb = 2;
   qt_report_verdict(&r, v, sizeof v);
   if (!strstr(v, "2.0 output LSB") || !strstr(v, "lowering bug")) qt_test_fail("verdict (2 LSB): %s", v);
+  /* the float32 executor as far from the exact reference: fp32 ops near a rounding tie, not lowering */
+  qt_device_agreement_init(&r.float_vs_exact, 0.1f);
+  r.float_vs_exact.images = r.float_vs_exact.agree = 1000;
+  r.float_vs_exact.max_lsb = 2;
+  r.float_vs_exact.over_max_lsb = 1;
+  qt_report_verdict(&r, v, sizeof v);
+  if (!strstr(v, "as the float32 Q/DQ executor is (2.0 LSB, 100.00%)") || strstr(v, "a lowering bug"))
+    qt_test_fail("verdict (2 LSB, the float32 executor too): %s", v);
+  r.float_vs_exact.max_lsb = 1; /* the executor closer: the device's own error */
+  r.float_vs_exact.over_max_lsb = 0;
+  qt_report_verdict(&r, v, sizeof v);
+  if (!strstr(v, "a lowering bug")) qt_test_fail("verdict (2 LSB, the float32 executor at 1): %s", v);
+  memset(&r.float_vs_exact, 0, sizeof r.float_vs_exact);
   r.lsb.max_lsb = r.agreement.max_lsb = 1;
   r.agreement.over_max_lsb = 0;
   r.agreement.agree = 998;
