@@ -311,8 +311,6 @@ qt_tensor *qt_layer_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
  * and D being T tokens (an image's pixels): per sample and head (D / heads features each),
  * softmax(Q K^T / sqrt(D / heads)) V -> (N, ..., D) (autograd/ops_tokens.c) */
 qt_tensor *qt_attention(qt_ctx *ctx, qt_tensor *q, qt_tensor *k, qt_tensor *v, int heads);
-/* x (N, ...) + p, p of one sample's shape (a learned position embedding) (autograd/ops_tokens.c) */
-qt_tensor *qt_add_param(qt_ctx *ctx, qt_tensor *x, qt_tensor *p);
 /* Mean softmax cross-entropy of logits (N, C) against labels (N) in [0, C): a (1) tensor.
  * If probs_out is not NULL it receives the arena softmax (N, C). */
 qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *labels, float **probs_out);
@@ -429,7 +427,8 @@ qt_tensor *qt_squared_error(qt_ctx *ctx, qt_tensor *x, const float *target, doub
 /* y = x * s (divide: x / s) with s (C) along x's first axis (weights (C, ...)) or its last
  * axis (activations (..., C)); gradients flow to x and s. */
 qt_tensor *qt_channel_scale(qt_ctx *ctx, qt_tensor *x, qt_tensor *s, int first_axis, int divide);
-/* y = x + b with b (C) along the last axis. */
+/* y = x + b with b of x's last dims: (C) along the last axis, or one sample's shape (a learned
+ * position embedding); b's gradient sums over the rest, in double. */
 qt_tensor *qt_channel_add(qt_ctx *ctx, qt_tensor *x, qt_tensor *b);
 /* BN scale factor sf = gamma / sqrt(running_var + eps) (C); gradient flows to gamma. */
 qt_tensor *qt_bn_scale_factor(qt_ctx *ctx, qt_tensor *gamma, const float *running_var, float eps);

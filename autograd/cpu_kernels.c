@@ -256,18 +256,25 @@ static void check_label(int32_t label, int i, int C) {
   QT_ASSERT(label >= 0 && label < C, "cross_entropy: label %d of row %d is outside [0, %d)", label, i, C);
 }
 
+void qt_softmax_row(float *p, const float *x, int64_t C, float *max, float *sum) {
+  float m = x[0];
+  for (int64_t j = 1; j < C; j++) m = x[j] > m ? x[j] : m;
+  float s = 0.0f;
+  for (int64_t j = 0; j < C; j++) {
+    p[j] = expf(x[j] - m);
+    s += p[j];
+  }
+  const float inv = 1.0f / s;
+#pragma omp simd
+  for (int64_t j = 0; j < C; j++) p[j] *= inv;
+  if (max) *max = m;
+  if (sum) *sum = s;
+}
+
 /* Softmax of one row into p; returns -log softmax[label], stable (max subtracted). */
 static float softmax_row_nll(float *restrict p, const float *restrict x, int32_t label, int C) {
-  float m = x[0];
-  for (int j = 1; j < C; j++) m = x[j] > m ? x[j] : m;
-  float sum = 0.0f;
-  for (int j = 0; j < C; j++) {
-    p[j] = expf(x[j] - m);
-    sum += p[j];
-  }
-  const float inv = 1.0f / sum;
-#pragma omp simd
-  for (int j = 0; j < C; j++) p[j] *= inv;
+  float m, sum;
+  qt_softmax_row(p, x, C, &m, &sum);
   return logf(sum) - (x[label] - m);
 }
 

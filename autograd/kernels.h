@@ -377,6 +377,9 @@ void qt_add_backward_ref(float *da, float *db, const float *dout, int64_t n);
 /* ---- softmax cross-entropy (mean over the batch) ---------------------------------------- */
 /* probs (N, C) receives softmax(logits); returns the mean negative log-likelihood.
  * Labels must lie in [0, C). */
+/* p = softmax(x) of one row of C (max subtracted; p may be x); the max and the sum of the
+ * exponentials in *max and *sum when not NULL. */
+void qt_softmax_row(float *p, const float *x, int64_t C, float *max, float *sum);
 float qt_cross_entropy_forward(float *probs, const float *logits, const int32_t *labels, int N, int C);
 float qt_cross_entropy_forward_ref(float *probs, const float *logits, const int32_t *labels, int N, int C);
 /* dlogits += dloss * (probs - onehot(labels)) / N */

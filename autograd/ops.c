@@ -390,7 +390,7 @@ typedef struct {
 static void channel_add_backward(qt_ctx *ctx, void *p) {
   ca_saved *sv = p;
   if (!sv->y->grad) return;
-  const int C = (int)sv->b->shape[0];
+  const int C = (int)qt_tensor_numel(sv->b);
   const int64_t n = qt_tensor_numel(sv->y), rows = n / C;
   if (sv->x->requires_grad) qt_add_backward(qt_tensor_grad(ctx, sv->x), NULL, sv->y->grad, n);
   if (sv->b->requires_grad) {
@@ -406,9 +406,13 @@ static void channel_add_backward(qt_ctx *ctx, void *p) {
 
 static qt_tensor *channel_add_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *b) {
   check_f32(x, -1, "channel_add", "input");
-  const int C = (int)b->shape[0];
-  QT_ASSERT(x->shape[x->ndim - 1] == C, "channel_add: %d biases for %lld channels", C,
-            (long long)x->shape[x->ndim - 1]);
+  QT_ASSERT(b->ndim >= 1 && b->ndim < x->ndim, "channel_add: an addend of rank %d for an input of rank %d", b->ndim,
+            x->ndim);
+  for (int d = 0; d < b->ndim; d++)
+    QT_ASSERT(b->shape[d] == x->shape[x->ndim - b->ndim + d],
+              "channel_add: the addend's dim %d is %lld, the input's matching dim %lld", d, (long long)b->shape[d],
+              (long long)x->shape[x->ndim - b->ndim + d]);
+  const int C = (int)qt_tensor_numel(b);
   qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
   const int64_t rows = qt_tensor_numel(x) / C;
   float *yd = qt_f32(y);

@@ -9,7 +9,7 @@
  *                QDrop's mix
  *   ops_act.c    the element-wise activations; ops_binary.c  concat and the product of two
  *                activations; ops_channels.c  channel shuffle and slice
- *   ops_tokens.c the transformer's ops: layer norm, multi-head attention, a learned addend
+ *   ops_tokens.c the transformer's ops: layer norm, multi-head attention
  * Each op checks shapes, allocates its output, calls its kernel and records itself on the tape.
  * Shape errors here are programming errors (graphs validate shapes when they are built), so
  * they abort with file:line and both shapes. */

@@ -1,7 +1,7 @@
-/* The transformer's ops (autograd.h): layer norm over the last dim, multi-head scaled dot-product
- * attention, and the addition of a learned tensor of a sample's shape (a vision transformer's
- * position embedding). Tokens are the pixels of an (N, H, W, C) image (or the rows of (N, T, C)):
- * T = H * W tokens of C features, in row-major pixel order.
+/* The transformer's ops (autograd.h): layer norm over the last dim and multi-head scaled dot-product
+ * attention (a position embedding is qt_channel_add of one sample's shape). Tokens are the pixels
+ * of an (N, H, W, C) image (or the rows of (N, T, C)): T = H * W tokens of C features, in
+ * row-major pixel order.
  *
  * Layer norm accumulates a row's mean and variance in double (PyTorch's CPU kernel in float with
  * its own order: a few units in the last place). Attention runs each (sample, head) through
@@ -113,21 +113,6 @@ qt_tensor *qt_layer_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
 
 /* ---- attention ------------------------------------------------------------------------------- */
 
-/* Row-wise softmax of the T x T scores in place. */
-static void softmax_rows(float *s, int64_t T) {
-  for (int64_t i = 0; i < T; i++) {
-    float *r = s + i * T, mx = r[0];
-    for (int64_t j = 1; j < T; j++) mx = r[j] > mx ? r[j] : mx;
-    float sum = 0.0f;
-    for (int64_t j = 0; j < T; j++) {
-      r[j] = expf(r[j] - mx);
-      sum += r[j];
-    }
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < T; j++) r[j] *= inv;
-  }
-}
-
 void qt_attention_forward(float *y, float *probs, const float *q, const float *k, const float *v, int64_t N, int64_t T,
                           int64_t D, int heads) {
   const int64_t dh = D / heads;
@@ -137,7 +122,7 @@ void qt_attention_forward(float *y, float *probs, const float *q, const float *k
     const int64_t n = nh / heads, o = n * T * D + (nh % heads) * dh;
     float *p = probs + nh * T * T;
     QT_DNNL_CHECK(dnnl_sgemm('N', 'T', T, T, dh, scale, q + o, D, k + o, D, 0.0f, p, T));
-    softmax_rows(p, T);
+    for (int64_t i = 0; i < T; i++) qt_softmax_row(p + i * T, p + i * T, T, NULL, NULL);
     QT_DNNL_CHECK(dnnl_sgemm('N', 'N', T, dh, T, 1.0f, p, T, v + o, D, 0.0f, y + o, D));
   }
 }
@@ -209,55 +194,4 @@ static qt_tensor *attention_op(qt_ctx *ctx, qt_tensor *q, qt_tensor *k, qt_tenso
 
 qt_tensor *qt_attention(qt_ctx *ctx, qt_tensor *q, qt_tensor *k, qt_tensor *v, int heads) {
   PROFILED(ctx, QT_PROFILE_ATTENTION, attention_op(ctx, q, k, v, heads));
-}
-
-/* ---- the addition of a learned tensor -------------------------------------------------------- */
-
-typedef struct {
-  qt_tensor *x, *p, *y;
-  int64_t N, per;
-} add_param_saved;
-
-static void add_param_backward(qt_ctx *ctx, void *p) {
-  const add_param_saved *s = p;
-  if (!s->y->grad) return;
-  const float *dy = s->y->grad;
-  float *dx = grad_of(ctx, s->x), *dp = grad_of(ctx, s->p);
-  const int64_t N = s->N, per = s->per;
-  if (dx) {
-#pragma omp parallel for schedule(static) if (N * per >= TOKENS_PARALLEL_MIN)
-    for (int64_t i = 0; i < N * per; i++) dx[i] += dy[i];
-  }
-  if (dp) {
-#pragma omp parallel for schedule(static) if (N * per >= TOKENS_PARALLEL_MIN)
-    for (int64_t i = 0; i < per; i++) {
-      float acc = 0.0f;
-      for (int64_t n = 0; n < N; n++) acc += dy[n * per + i];
-      dp[i] += acc;
-    }
-  }
-}
-
-static qt_tensor *add_param_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *p) {
-  check_f32(x, -1, "add_param", "input");
-  check_f32(p, x->ndim - 1, "add_param", "parameter");
-  for (int d = 1; d < x->ndim; d++)
-    QT_ASSERT(p->shape[d - 1] == x->shape[d], "add_param: the parameter's dimension %d is %lld, the input's %lld",
-              d - 1, (long long)p->shape[d - 1], (long long)x->shape[d]);
-  const int64_t N = x->shape[0], per = qt_tensor_numel(p);
-  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
-  const float *xd = qt_f32(x), *pd = qt_f32(p);
-  float *yd = qt_f32(y);
-#pragma omp parallel for schedule(static) if (N * per >= TOKENS_PARALLEL_MIN)
-  for (int64_t i = 0; i < N * per; i++) yd[i] = xd[i] + pd[i % per];
-  if (qt_tape_recording(ctx, x, p, NULL)) {
-    y->requires_grad = 1;
-    add_param_saved *sv = qt_tape_push(ctx, QT_PROFILE_ADD, add_param_backward, sizeof *sv, y);
-    *sv = (add_param_saved){x, p, y, N, per};
-  }
-  return y;
-}
-
-qt_tensor *qt_add_param(qt_ctx *ctx, qt_tensor *x, qt_tensor *p) {
-  PROFILED(ctx, QT_PROFILE_ADD, add_param_op(ctx, x, p));
 }

@@ -207,7 +207,7 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
     case QT_OP_LAYER_NORM:
       return qt_layer_norm(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_GAMMA]),
                            qt_param_tensor(g, ctx, n->param[QT_P_BETA]), a->eps);
-    case QT_OP_ADD_PARAM: return qt_add_param(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
+    case QT_OP_ADD_PARAM: return qt_channel_add(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
     default:
       if (qt_op_is_param_free(n->op))
         return qt_apply_simple_op(ctx, n->op, a, inputs, n->n_inputs,

@@ -31,6 +31,12 @@ static const char *in0(const exporter *e) { return vname(e, e->node->inputs[0]);
 static const char *out(const exporter *e) { return vname(e, e->node->output); }
 static value_info *vin(exporter *e, int k) { return &e->vi[e->node->inputs[k]]; }
 
+/* The current node's output in its input's ONNX layout (its flatten order); 0. */
+static int keep_layout(exporter *e) {
+  e->vi[e->node->output] = *vin(e, 0);
+  return 0;
+}
+
 /* The 8-bit container of an integer range: uint8 for an unsigned one, int8 for a signed one;
  * 0 when none holds it. */
 static int container_of(int is_signed, int qmin, int qmax) {
@@ -398,8 +404,7 @@ static int op_relu6(exporter *e) {
   qt_exp_add_scalar_float(e, mn, 0.0f);
   qt_exp_add_scalar_float(e, mx, 6.0f);
   qt_exp_add_node(e, "Clip", n->name, out(e), 3, in0(e), mn, mx);
-  e->vi[n->output] = *vin(e, 0);
-  return 0;
+  return keep_layout(e);
 }
 
 /* An activation in opset 13's ops: Sigmoid, Tanh, HardSigmoid, LeakyRelu and Elu as themselves;
@@ -561,8 +566,7 @@ static int op_concat(exporter *e) {
   for (int k = 0; k < n->n_inputs; k++) in[k] = vname(e, n->inputs[k]);
   _Static_assert(QT_MAX_INPUTS == 4, "concat's inputs below");
   qt_exp_attr_int(e, qt_exp_add_node(e, "Concat", n->name, out(e), n->n_inputs, in[0], in[1], in[2], in[3]), "axis", 1);
-  e->vi[n->output] = *vin(e, 0);
-  return 0;
+  return keep_layout(e);
 }
 
 /* channel_shuffle -> Reshape to [N, g, C / g, (H, W)], Transpose of the two, Reshape back. */
@@ -586,8 +590,7 @@ static int op_channel_shuffle(exporter *e) {
   else
     qt_exp_attr_ints(e, t, "perm", 3, 0, 2, 1);
   qt_exp_add_node(e, "Reshape", n->name, out(e), 2, t2, s2);
-  e->vi[n->output] = *vin(e, 0);
-  return 0;
+  return keep_layout(e);
 }
 
 /* channel_slice -> Slice of axis 1 (channels or features) from begin to end. */
@@ -602,8 +605,7 @@ static int op_channel_slice(exporter *e) {
   qt_exp_add_int64(e, se, 1, &one, &en, 1);
   qt_exp_add_int64(e, sa, 1, &one, &axis, 1);
   qt_exp_add_node(e, "Slice", n->name, out(e), 4, in0(e), sb, se, sa);
-  e->vi[n->output] = *vin(e, 0);
-  return 0;
+  return keep_layout(e);
 }
 
 static int op_batch_norm(exporter *e) {
@@ -647,6 +649,27 @@ static char *reduce_mean_channels(exporter *e, const char *what, const char *x) 
   return t;
 }
 
+/* add_param -> Add of the parameter as [1, C, H, W] (an image's) or [1, F]. */
+static int op_add_param(exporter *e) {
+  const qt_node *n = e->node;
+  const qt_value *x = &e->g->values[n->inputs[0]];
+  if (vin(e, 0)->perm_c) return qt_exp_node_err(e, "adds a parameter to a flattened image");
+  const qt_param *p = &e->g->tensors[n->param[QT_P_WEIGHT]];
+  const float *d = param_data(e, n, QT_P_WEIGHT);
+  if (x->ndim == 3) {
+    const int64_t H = x->shape[0], W = x->shape[1], C = x->shape[2], dims[4] = {1, C, H, W};
+    float *t = qt_exp_alloc(e, (size_t)(H * W * C) * sizeof *t);
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t k = 0; k < H * W; k++) t[c * H * W + k] = d[k * C + c];
+    qt_exp_add_float(e, p->name, 4, dims, t, H * W * C);
+  } else {
+    const int64_t dims[2] = {1, p->numel};
+    qt_exp_add_float(e, p->name, 2, dims, d, p->numel);
+  }
+  qt_exp_add_node(e, "Add", n->name, out(e), 2, in0(e), p->name);
+  return keep_layout(e);
+}
+
 /* layer_norm -> opset 13's ReduceMean over axis 1 (channels of [N, C, H, W], features of [N, F]),
  * Sub, Mul, ReduceMean, Add eps, Sqrt, Div, Mul weight, Add bias (weight and bias [C, 1, 1] for an
  * image, [F] for a flat value), as PyTorch writes LayerNorm before opset 17. */
@@ -669,8 +692,7 @@ static int op_layer_norm(exporter *e) {
   char *sd = step(e, "Sqrt", "std", step(e, "Add", "var_eps", var, eps, NULL), NULL, NULL);
   char *scaled = step(e, "Mul", "scaled", step(e, "Div", "normalized", d, sd, NULL), w->name, NULL);
   qt_exp_add_node(e, "Add", n->name, out(e), 2, scaled, b->name);
-  e->vi[n->output] = *vin(e, 0);
-  return 0;
+  return keep_layout(e);
 }
 
 /* attention -> per head MatMul(Q, K^T), Mul by 1 / sqrt(C / heads), Softmax over the last axis,
@@ -718,30 +740,7 @@ static int op_attention(exporter *e) {
   char *ot = step(e, "Transpose", "out_channels", step(e, "Reshape", "out_merged", o, ts, NULL), NULL, &t);
   qt_exp_attr_ints(e, t, "perm", 3, 0, 2, 1);
   qt_exp_add_node(e, "Reshape", n->name, out(e), 2, ot, is);
-  e->vi[n->output] = *vin(e, 0);
-  return 0;
-}
-
-/* add_param -> Add of the parameter as [1, C, H, W] (an image's) or [1, F]. */
-static int op_add_param(exporter *e) {
-  const qt_node *n = e->node;
-  const qt_value *x = &e->g->values[n->inputs[0]];
-  if (vin(e, 0)->perm_c) return qt_exp_node_err(e, "adds a parameter to a flattened image");
-  const qt_param *p = &e->g->tensors[n->param[QT_P_WEIGHT]];
-  const float *d = param_data(e, n, QT_P_WEIGHT);
-  if (x->ndim == 3) {
-    const int64_t H = x->shape[0], W = x->shape[1], C = x->shape[2], dims[4] = {1, C, H, W};
-    float *t = qt_exp_alloc(e, (size_t)(H * W * C) * sizeof *t);
-    for (int64_t c = 0; c < C; c++)
-      for (int64_t k = 0; k < H * W; k++) t[c * H * W + k] = d[k * C + c];
-    qt_exp_add_float(e, p->name, 4, dims, t, H * W * C);
-  } else {
-    const int64_t dims[2] = {1, p->numel};
-    qt_exp_add_float(e, p->name, 2, dims, d, p->numel);
-  }
-  qt_exp_add_node(e, "Add", n->name, out(e), 2, in0(e), p->name);
-  e->vi[n->output] = *vin(e, 0);
-  return 0;
+  return keep_layout(e);
 }
 
 static int export_node(exporter *e) {

@@ -191,13 +191,7 @@ static int op_add(imp *im) {
                            b->name);
   char name[QT_NAME_LEN];
   qt_imp_node_name(im, NULL, name);
-  const int y = qt_graph_add(im->g, name, a->value, b->value);
-  if (qt_imp_builder_check(im, y)) return -1;
-  sym *s = qt_imp_bind_act(im, 0, y);
-  s->pooled = a->pooled;
-  s->perm_h = a->perm_h, s->perm_w = a->perm_w, s->perm_c = a->perm_c;
-  s->tokens = a->tokens;
-  return 0;
+  return bind_elementwise(im, a, qt_graph_add(im->g, name, a->value, b->value));
 }
 
 /* Mul: shape arithmetic, a step of a GELU, or a * b of two activations of one shape and layout, or an image scaled

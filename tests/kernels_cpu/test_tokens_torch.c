@@ -6,7 +6,8 @@
  *     0 (eps 1e-6): y, dx, dgamma, dbeta;
  *   - multi-head attention, (2, 7, 7, 32) with 4 heads (49 tokens) and (3, 5, 16) with 1 head:
  *     y, dq, dk, dv;
- *   - the addition of a learned (7, 7, 8) tensor to a (3, 7, 7, 8) batch: y, dx, dp.
+ *   - the addition of a learned (7, 7, 8) tensor to a (3, 7, 7, 8) batch (qt_channel_add, a
+ *     position embedding): y, dx, dp.
  * Each comparison is max |ours - torch| over max |torch|, at most 2e-6 (float sums in other
  * orders: oneDNN's sgemm against PyTorch's bmm, a double mean and variance against PyTorch's
  * float ones; the figures measured are printed). Then the mutations a test must see: a head
@@ -120,7 +121,7 @@ static void check_add_param(void) {
   int64_t shape[8];
   int ndim;
   dy = load("addp_dy", shape, &ndim);
-  qt_tensor *y = qt_add_param(ctx, x, p);
+  qt_tensor *y = qt_channel_add(ctx, x, p);
   compare("addp", "y", qt_f32(y), 0);
   backward_with(ctx, y, dy);
   compare("addp", "dx", x->grad, 0);
