@@ -97,6 +97,8 @@ typedef enum { QT_ISA_AUTO, QT_ISA_VNNI, QT_ISA_NO_VNNI } qt_isa_choice;
 /* Whether oneDNN's effective ISA on this CPU has VNNI (u8 x s8 dot products without 16-bit
  * saturation). */
 int qt_cpu_has_vnni(void);
+/* The largest |integer weight - zero point| of a layer's weight state (the pair-sum bound's). */
+int64_t qt_max_abs_weight(const qt_qstate *wq);
 
 /* The built-in backend above: oneDNN int8 on this CPU. Ops it lowers to integers (conv2d,
  * linear, relu, max_pool2d, flatten, add), 2..8-bit signed symmetric weights (per channel or per

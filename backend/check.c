@@ -270,12 +270,7 @@ static void check_saturation(qt_backend_check_result *r, const qt_graph *g, int 
   const qt_qstate *wq = n->wq;
   const int a_max = in->spec.qmax;
   if (in->spec.qmin < 0) return; /* signed activations: flagged as a sign violation instead */
-  const int64_t inner = wq->n_qweight / wq->channels;
-  int64_t w_max = 0;
-  for (int64_t k = 0; k < wq->n_qweight; k++) {
-    int64_t w = llabs((int64_t)wq->qweight[k] - wq->zero_point[k / inner]);
-    if (w > w_max) w_max = w;
-  }
+  const int64_t w_max = qt_max_abs_weight(wq);
   const int64_t pair = 2 * (int64_t)a_max * w_max;
   if (pair > 32767)
     add_violation(r, g, i, QT_VIOLATION_SATURATION,
@@ -283,6 +278,16 @@ static void check_saturation(qt_backend_check_result *r, const qt_graph *g, int 
                   "|%lld|): without VNNI the int16 sum saturates and results are wrong; keep weights in [-64, 63] "
                   "(7 bits) or activations in [0, 127]",
                   a_max, (long long)w_max, (long long)pair, in->spec.qmin, in->spec.qmax, (long long)w_max);
+}
+
+int64_t qt_max_abs_weight(const qt_qstate *wq) {
+  const int64_t inner = wq->n_qweight / wq->channels;
+  int64_t w_max = 0;
+  for (int64_t k = 0; k < wq->n_qweight; k++) {
+    const int64_t w = llabs((int64_t)wq->qweight[k] - wq->zero_point[k / inner]);
+    if (w > w_max) w_max = w;
+  }
+  return w_max;
 }
 
 int qt_backend_check(const qt_graph *g, const qt_backend_desc *d, qt_backend_check_result *r, char *err) {

@@ -43,10 +43,7 @@ static const char *output_range_problem(qt_lowering *L, const qt_qstate *q) {
 /* Whether the layer's u8 x s8 products, summed in pairs, fit the saturating int16 in which oneDNN
  * adds them on a CPU without VNNI (docs/design.md: no VNNI): 2 * max(u8) * max|w| <= 32767. */
 static int pair_sums_fit(const qt_value_rep *in, const qt_qstate *wq) {
-  if (qt_cpu_has_vnni()) return 1;
-  int64_t w_max = 0;
-  for (int64_t k = 0; k < wq->n_qweight; k++) w_max = llabs(wq->qweight[k]) > w_max ? llabs(wq->qweight[k]) : w_max;
-  return 2 * (int64_t)in->qmax * w_max <= 32767;
+  return qt_cpu_has_vnni() || 2 * (int64_t)in->qmax * qt_max_abs_weight(wq) <= 32767;
 }
 
 /* Whether node i starts dq -> conv/linear [-> relu | relu6] -> q with u8 activations and s8

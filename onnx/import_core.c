@@ -362,6 +362,14 @@ int qt_imp_const_ints(imp *im, const Onnx__TensorProto *t, int64_t *v, int *n, i
 }
 
 /* Input k as a small integer vector (a constant or a shape computation). */
+int qt_imp_const_scalar(const sym *s, float *v) {
+  if (!s || s->kind != S_CONST || s->t->data_type != ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT || numel_of(s->t) != 1 ||
+      (s->t->has_raw_data ? s->t->raw_data.len != 4 : s->t->n_float_data != 1))
+    return 0;
+  qt_imp_float_data(s->t, v, 1);
+  return 1;
+}
+
 sym *qt_imp_ints_input(imp *im, size_t k, const char *role, sym *tmp) {
   sym *s = qt_imp_input(im, k, role);
   if (!s) return NULL;

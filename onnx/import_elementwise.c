@@ -23,21 +23,6 @@ static int bind_elementwise(imp *im, const sym *x, int y) {
   return 0;
 }
 
-/* Whether s is a float scalar constant; its value in *v. */
-static int const_scalar(const sym *s, float *v) {
-  if (!s || s->kind != S_CONST || s->t->data_type != ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT || numel_of(s->t) != 1 ||
-      (s->t->has_raw_data ? s->t->raw_data.len != 4 : s->t->n_float_data != 1))
-    return 0;
-  qt_imp_float_data(s->t, v, 1);
-  return 1;
-}
-
-/* The sym of input k of the current node whatever its kind (NULL when absent). */
-static sym *raw_input(imp *im, size_t k) {
-  const char *name = in_name(im->node, k);
-  return name ? qt_imp_find(im, name) : NULL;
-}
-
 /* Relu, Clip(0, 6) -> relu6, Clip(0, inf) -> relu. */
 static int op_relu(imp *im, int clip) {
   sym *x = qt_imp_act_input(im, 0, "X", 0);
@@ -107,7 +92,7 @@ static void gelu_pending(imp *im, const sym *x, int step) { qt_imp_pending(im, x
 static int gelu_step(imp *im, int from, float c, const char *op) {
   if (im->node->n_input != 2) return 0;
   for (int k = 0; k < 2; k++) {
-    sym *p = raw_input(im, (size_t)k), *o = raw_input(im, (size_t)(1 - k));
+    sym *p = qt_imp_raw_input(im, (size_t)k), *o = qt_imp_raw_input(im, (size_t)(1 - k));
     if (!p || !o || (from == 0 ? p->kind != S_ACT || p->padded : !(p->kind == S_NONE && p->gelu == from))) continue;
     if (from == 0 && k == 1) continue; /* x / c: x first */
     float v;
@@ -118,7 +103,7 @@ static int gelu_step(imp *im, int from, float c, const char *op) {
       gelu_pending(im, o, 4);
       return 1;
     }
-    if (!const_scalar(o, &v) || fabsf(v - c) > 1e-6f * c) {
+    if (!qt_imp_const_scalar(o, &v) || fabsf(v - c) > 1e-6f * c) {
       if (from == 0) return 0;
       return qt_imp_node_err(im, "%s continues %s of '%s' with '%s', not the constant %g", op, gelu_what, p->name,
                              o->name, (double)c);
@@ -137,7 +122,7 @@ static int gelu_step(imp *im, int from, float c, const char *op) {
 
 /* Div: x / sqrt 2, the start of a GELU, or shape arithmetic. */
 static int op_div(imp *im) {
-  const sym *a = raw_input(im, 0);
+  const sym *a = qt_imp_raw_input(im, 0);
   if (a && a->kind == S_INTS) return qt_imp_ints_arith(im, '/');
   int r = gelu_step(im, 0, 1.41421356f, "Div");
   if (!r) r = qt_imp_tokens_scale(im, 1);
@@ -150,13 +135,13 @@ static int op_div(imp *im) {
 
 /* Sub: shape arithmetic only. */
 static int op_sub(imp *im) {
-  const sym *a = raw_input(im, 0);
+  const sym *a = qt_imp_raw_input(im, 0);
   if (a && a->kind == S_INTS) return qt_imp_ints_arith(im, '-');
   return qt_imp_node_err(im, "Sub is supported only in shape computations");
 }
 
 static int op_erf(imp *im) {
-  sym *p = raw_input(im, 0);
+  sym *p = qt_imp_raw_input(im, 0);
   if (p && p->kind == S_NONE && p->gelu == 1) {
     gelu_pending(im, p, 2);
     return 0;
@@ -167,7 +152,7 @@ static int op_erf(imp *im) {
 /* ---- Add, Mul ------------------------------------------------------------------------------ */
 
 static int op_add(imp *im) {
-  const sym *first = raw_input(im, 0);
+  const sym *first = qt_imp_raw_input(im, 0);
   if (first && first->kind == S_INTS) return qt_imp_ints_arith(im, '+');
   int r = gelu_step(im, 2, 1.0f, "Add");
   if (!r) r = qt_imp_tokens_add(im);
@@ -197,7 +182,7 @@ static int op_add(imp *im) {
 /* Mul: shape arithmetic, a step of a GELU, or a * b of two activations of one shape and layout, or an image scaled
  * by a per-channel vector (a global pool's [N, C, 1, 1]), either way round. */
 static int op_mul(imp *im) {
-  const sym *first = raw_input(im, 0);
+  const sym *first = qt_imp_raw_input(im, 0);
   if (first && first->kind == S_INTS) return qt_imp_ints_arith(im, '*');
   int r = gelu_step(im, 3, 0.0f, "Mul");
   if (!r) r = gelu_step(im, 4, 0.5f, "Mul");
@@ -285,7 +270,7 @@ static int concat_act(imp *im) {
 
 /* Concat of activations, or of shape computations (import_shape.c). */
 static int op_concat(imp *im) {
-  const sym *first = raw_input(im, 0);
+  const sym *first = qt_imp_raw_input(im, 0);
   return first && first->kind == S_ACT ? concat_act(im) : qt_imp_concat_ints(im);
 }
 

@@ -147,6 +147,13 @@ static inline int is_image(imp *im, const sym *s) { return val(im, s)->ndim == 3
 static inline int64_t features(imp *im, const sym *s) { return qt_value_numel(val(im, s)); }
 static inline int node_of(imp *im, int value) { return im->g->values[value].producer; }
 
+/* Whether a Reshape's first entry s0 is the batch: computed, 0 (copied), the model's static batch,
+ * or -1 with the rest of the shape holding a sample's `per` values (rest 0, per 1: never). */
+static inline int qt_imp_batch_entry(const imp *im, int64_t s0, int64_t allowzero, int64_t rest, int64_t per) {
+  return s0 == BATCH || (s0 == 0 && !allowzero) || (im->static_batch > 0 && s0 == im->static_batch) ||
+         (s0 == -1 && rest == per);
+}
+
 /* Elements of a tensor's dims, -1 when negative or overflowing. */
 static inline int64_t numel_of(const Onnx__TensorProto *t) {
   int64_t n = 1;
@@ -166,6 +173,12 @@ int qt_imp_file_err(imp *im, const char *fmt, ...) __attribute__((format(printf,
 void qt_imp_dims_str(const int64_t *d, size_t n, char *buf, size_t len);
 
 sym *qt_imp_find(imp *im, const char *name);
+/* The sym of input k of the current node whatever its kind (NULL when absent). */
+static inline sym *qt_imp_raw_input(imp *im, size_t k) {
+  const char *name = in_name(im->node, k);
+  return name ? qt_imp_find(im, name) : NULL;
+}
+
 sym *qt_imp_add_sym(imp *im, const char *name, sym_kind kind);
 /* Input k of the current node, which must exist (role names it in messages). */
 sym *qt_imp_input(imp *im, size_t k, const char *role);
@@ -200,6 +213,8 @@ int qt_imp_check_float_tensor(imp *im, const Onnx__TensorProto *t, const char *r
 void qt_imp_float_data(const Onnx__TensorProto *t, float *out, int64_t n);
 /* An integer tensor (int64 or int32) of at most MAX_INTS values as S_INTS data. */
 int qt_imp_const_ints(imp *im, const Onnx__TensorProto *t, int64_t *v, int *n, int *scalar);
+/* Whether s is a float scalar constant; its value in *v. */
+int qt_imp_const_scalar(const sym *s, float *v);
 /* Input k as a small integer vector (a constant or a shape computation); tmp holds a constant's. */
 sym *qt_imp_ints_input(imp *im, size_t k, const char *role, sym *tmp);
 /* A float scalar constant (Clip's min and max); *present = 0 when the input is left out. */

@@ -300,13 +300,6 @@ static const char shuffle_what[] =
     "a grouped view of channels (a channel shuffle's Reshape to [N, g, C / g, H, W], Transpose [0, 2, 1, 3, 4], "
     "Reshape to [N, C, H, W])";
 
-/* Whether a Reshape's first entry s0 is the batch: computed, 0 (copied), the model's static batch,
- * or -1 with the rest of the shape holding a sample's `per` values. */
-static int batch_entry(const imp *im, int64_t s0, int64_t allowzero, int64_t rest, int64_t per) {
-  return s0 == BATCH || (s0 == 0 && !allowzero) || (im->static_batch > 0 && s0 == im->static_batch) ||
-         (s0 == -1 && rest == per);
-}
-
 /* Whether n shape entries are each in [1, 2^15]: their product cannot overflow. */
 static int dims_fit(const int64_t *d, int n) {
   for (int i = 0; i < n; i++)
@@ -325,7 +318,7 @@ static void shuffle_pending(imp *im, const sym *x, int step, int groups) {
 static int shuffle_begin(imp *im, sym *x, const int64_t *s, int64_t allowzero) {
   const qt_value *v = val(im, x);
   const int64_t H = v->shape[0], W = v->shape[1], C = v->shape[2];
-  if (!dims_fit(s + 1, 4) || !batch_entry(im, s[0], allowzero, s[1] * s[2] * s[3] * s[4], C * H * W) ||
+  if (!dims_fit(s + 1, 4) || !qt_imp_batch_entry(im, s[0], allowzero, s[1] * s[2] * s[3] * s[4], C * H * W) ||
       s[1] * s[2] != C || s[3] != H || s[4] != W)
     return qt_imp_node_err(im,
                            "Reshape of an image [N, %lld, %lld, %lld] to 5 dims: only [N, g, C / g, H, W], a "
@@ -341,8 +334,8 @@ static int shuffle_end(imp *im, sym *p, const sym *shape, int64_t allowzero) {
   x.kind = S_ACT;
   const qt_value *v = val(im, &x);
   const int64_t H = v->shape[0], W = v->shape[1], C = v->shape[2], *s = shape->ints;
-  if (shape->n_ints != 4 || !dims_fit(s + 1, 3) || !batch_entry(im, s[0], allowzero, s[1] * s[2] * s[3], C * H * W) ||
-      s[1] != C || s[2] != H || s[3] != W)
+  if (shape->n_ints != 4 || !dims_fit(s + 1, 3) ||
+      !qt_imp_batch_entry(im, s[0], allowzero, s[1] * s[2] * s[3], C * H * W) || s[1] != C || s[2] != H || s[3] != W)
     return qt_imp_node_err(im, "Reshape of %s: only back to [N, %lld, %lld, %lld] is supported", shuffle_what,
                            (long long)C, (long long)H, (long long)W);
   char name[QT_NAME_LEN];
@@ -404,7 +397,7 @@ static int op_reshape(imp *im) {
                                   : snprintf(d + k, sizeof d - k, "%s%lld", i ? ", " : "", (long long)s[i]));
     if (k < sizeof d) snprintf(d + k, sizeof d - k, "]");
   }
-  const int batch_ok = shape->n_ints == 2 && batch_entry(im, s[0], allowzero, s[1], F);
+  const int batch_ok = shape->n_ints == 2 && qt_imp_batch_entry(im, s[0], allowzero, s[1], F);
   if (!batch_ok || !(s[1] == -1 || s[1] == F))
     return qt_imp_node_err(im,
                            "Reshape to %s of a tensor with %lld features per sample: only the flatten x.view(n, -1) "

@@ -39,10 +39,6 @@ static const char attn_what[] =
     "a step of multi-head attention (Reshape to [N, T, heads, C / heads], Transpose, MatMul(q, k^T), scale, "
     "Softmax, MatMul with v, Transpose, Reshape to [N, T, C])";
 
-static sym *raw_input(imp *im, size_t k) {
-  const char *name = in_name(im->node, k);
-  return name ? qt_imp_find(im, name) : NULL;
-}
 static int is_attn(const sym *s) { return s && s->kind == S_NONE && s->attn; }
 static int is_tokens(const sym *s) { return s && s->kind == S_ACT && s->tokens == TOK_TC; }
 
@@ -61,16 +57,12 @@ static int64_t channels_of(imp *im, const sym *s) { return im->g->values[s->valu
 
 /* ---- tokens -------------------------------------------------------------------------------- */
 
-/* Whether shape entry s0 is the batch (computed, copied by 0, or the model's static batch). */
-static int is_batch(const imp *im, int64_t s0, int64_t allowzero) {
-  return s0 == BATCH || (s0 == 0 && !allowzero) || (im->static_batch > 0 && s0 == im->static_batch);
-}
-
 /* Reshape of an image to [N, C, T] (or -1 for T): x.flatten(2). */
 static int image_to_tokens(imp *im, sym *x, const sym *shape, int64_t allowzero) {
   const qt_value *v = val(im, x);
   const int64_t C = v->shape[2], T = v->shape[0] * v->shape[1], *s = shape->ints;
-  if (shape->n_ints != 3 || !is_batch(im, s[0], allowzero) || s[1] != C || !(s[2] == -1 || s[2] == T)) return 0;
+  if (shape->n_ints != 3 || !qt_imp_batch_entry(im, s[0], allowzero, 0, 1) || s[1] != C || !(s[2] == -1 || s[2] == T))
+    return 0;
   qt_imp_alias(im, 0, x)->tokens = TOK_CT;
   im->info->dropped++;
   return 1;
@@ -79,7 +71,7 @@ static int image_to_tokens(imp *im, sym *x, const sym *shape, int64_t allowzero)
 /* Reshape of tokens [N, T, C] to [N, T, heads, C / heads] (the split into heads), or of the
  * attention's [N, T, heads, C / heads] back to [N, T, C]: the attention node. */
 int qt_imp_tokens_reshape(imp *im) {
-  sym *x = raw_input(im, 0), tmp;
+  sym *x = qt_imp_raw_input(im, 0), tmp;
   if (!x || !(is_tokens(x) || is_attn(x) || (x->kind == S_ACT && is_image(im, x) && !x->tokens && !x->perm_c)))
     return 0;
   int64_t allowzero = 0;
@@ -89,8 +81,8 @@ int qt_imp_tokens_reshape(imp *im) {
   if (x->kind == S_ACT && !x->tokens) return image_to_tokens(im, x, shape, allowzero);
   const int64_t T = tokens_of(im, x), C = channels_of(im, x);
   if (is_tokens(x)) {
-    if (shape->n_ints != 4 || !is_batch(im, s[0], allowzero) || s[1] != T || s[2] < 1 || s[2] > C || C % s[2] ||
-        !(s[3] == C / s[2] || s[3] == -1))
+    if (shape->n_ints != 4 || !qt_imp_batch_entry(im, s[0], allowzero, 0, 1) || s[1] != T || s[2] < 1 || s[2] > C ||
+        C % s[2] || !(s[3] == C / s[2] || s[3] == -1))
       return qt_imp_node_err(im,
                              "Reshape of the tokens [N, %lld, %lld]: only the split into heads [N, %lld, heads, "
                              "%lld / heads] is supported",
@@ -102,7 +94,7 @@ int qt_imp_tokens_reshape(imp *im) {
     return 1;
   }
   if (x->attn != A_OUT_T) return qt_imp_node_err(im, "Reshape of '%s', %s", x->name, attn_what);
-  if (shape->n_ints != 3 || !is_batch(im, s[0], allowzero) || s[1] != T || !(s[2] == C || s[2] == -1))
+  if (shape->n_ints != 3 || !qt_imp_batch_entry(im, s[0], allowzero, 0, 1) || s[1] != T || !(s[2] == C || s[2] == -1))
     return qt_imp_node_err(im, "Reshape of the attention's heads: only back to [N, %lld, %lld] is supported",
                            (long long)T, (long long)C);
   char name[QT_NAME_LEN];
@@ -121,7 +113,7 @@ static int perm_is(const int64_t *p, int n, const int64_t *want) {
 
 /* Transpose [0, 2, 1] between [N, C, T] and [N, T, C]; the attention's head transposes. */
 int qt_imp_tokens_transpose(imp *im) {
-  sym *x = raw_input(im, 0);
+  sym *x = qt_imp_raw_input(im, 0);
   if (!x || !((x->kind == S_ACT && x->tokens) || is_attn(x))) return 0;
   int64_t perm[4];
   int found = 0;
@@ -154,7 +146,7 @@ int qt_imp_tokens_transpose(imp *im) {
 
 /* MatMul(q, k^T) -> the scores; MatMul(probabilities, v) -> the output heads. */
 int qt_imp_tokens_matmul(imp *im) {
-  sym *a = raw_input(im, 0), *b = raw_input(im, 1);
+  sym *a = qt_imp_raw_input(im, 0), *b = qt_imp_raw_input(im, 1);
   if (!is_attn(a) && !is_attn(b)) return 0;
   if (!is_attn(a) || !is_attn(b) || a->heads != b->heads || tokens_of(im, a) != tokens_of(im, b) ||
       channels_of(im, a) != channels_of(im, b) ||
@@ -177,14 +169,11 @@ int qt_imp_tokens_matmul(imp *im) {
 
 /* q, k or their product times (or divided by) a float constant scalar. */
 int qt_imp_tokens_scale(imp *im, int divide) {
-  sym *a = raw_input(im, 0), *b = raw_input(im, 1);
+  sym *a = qt_imp_raw_input(im, 0), *b = qt_imp_raw_input(im, 1);
   if (!is_attn(a) && !is_attn(b)) return 0;
   sym *p = is_attn(a) ? a : b, *c = p == a ? b : a;
   float v = 0;
-  const int ok = c && c->kind == S_CONST && c->t->data_type == ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT &&
-                 numel_of(c->t) == 1 && (c->t->has_raw_data ? c->t->raw_data.len == 4 : c->t->n_float_data == 1);
-  if (ok) qt_imp_float_data(c->t, &v, 1);
-  if (!ok || !isfinite(v) || v == 0.0f || (divide && p != a) ||
+  if (!qt_imp_const_scalar(c, &v) || !isfinite(v) || v == 0.0f || (divide && p != a) ||
       !(p->attn == A_HEADS || p->attn == A_KT || p->attn == A_SCORES))
     return qt_imp_node_err(im, "%s of '%s' (%s): only q, k or their product scaled by a constant scalar",
                            divide ? "Div" : "Mul", p->name, attn_what);
@@ -194,7 +183,7 @@ int qt_imp_tokens_scale(imp *im, int divide) {
 
 /* Softmax of the scores over the last axis, scaled by 1 / sqrt(C / heads) in all. */
 static int op_softmax(imp *im) {
-  sym *x = raw_input(im, 0);
+  sym *x = qt_imp_raw_input(im, 0);
   int64_t axis = -1;
   if (qt_imp_attr_int(im, "axis", im->opset >= 13 ? -1 : 1, &axis)) return -1;
   if (!is_attn(x) || x->attn != A_SCORES || !(axis == -1 || axis == 3 || (im->opset < 13 && axis == 1)))
@@ -256,7 +245,7 @@ int qt_imp_tokens_linear(imp *im, sym *x, const Onnx__TensorProto *w, const Onnx
 
 /* Tokens + an initializer [1, T, C] (or [T, C]): add_param. */
 int qt_imp_tokens_add(imp *im) {
-  sym *a = raw_input(im, 0), *b = raw_input(im, 1);
+  sym *a = qt_imp_raw_input(im, 0), *b = qt_imp_raw_input(im, 1);
   sym *x = is_tokens(a) ? a : is_tokens(b) ? b : NULL, *p = x == a ? b : a;
   if (!x || !p || p->kind != S_CONST) return 0;
   const int64_t T = tokens_of(im, x), C = channels_of(im, x), want3[3] = {1, T, C}, want2[2] = {T, C};
@@ -282,7 +271,7 @@ int qt_imp_tokens_add(imp *im) {
 
 /* ReduceMean of the tokens over T (axes [1], keepdims 0): the mean token, a flat [N, C]. */
 int qt_imp_tokens_mean(imp *im) {
-  sym *x = raw_input(im, 0);
+  sym *x = qt_imp_raw_input(im, 0);
   if (!is_tokens(x)) return 0;
   int64_t axes[MAX_INTS], keepdims = 1;
   int n_axes = 0;
