@@ -294,6 +294,10 @@ int qt_act_backward_reads_input(int kind);
 
 /* ---- channel shuffle (autograd/ops_channels.c): rows of C channels, output channel c from
  * input channel (c % groups) * (C / groups) + c / groups; the backward adds dy back there ---- */
+/* Output channel c of a shuffle by `groups` of C channels reads input channel
+ * qt_channel_shuffle_src(c): the input viewed as (groups, C / groups), transposed to
+ * (C / groups, groups). */
+int64_t qt_channel_shuffle_src(int64_t c, int64_t C, int groups);
 void qt_channel_shuffle_forward(float *y, const float *x, int64_t rows, int64_t C, int groups);
 void qt_channel_shuffle_backward(float *dx, const float *dy, int64_t rows, int64_t C, int groups);
 

@@ -9,9 +9,7 @@
 
 #define CHANNELS_PARALLEL_MIN 16384
 
-/* Output channel c of a shuffle by `groups` of C channels reads input channel src(c): the input
- * viewed as (groups, C / groups), transposed to (C / groups, groups). */
-static int64_t shuffle_src(int64_t c, int64_t C, int groups) {
+int64_t qt_channel_shuffle_src(int64_t c, int64_t C, int groups) {
   const int64_t per = C / groups;
   return (c % groups) * per + c / groups;
 }
@@ -19,13 +17,13 @@ static int64_t shuffle_src(int64_t c, int64_t C, int groups) {
 void qt_channel_shuffle_forward(float *y, const float *x, int64_t rows, int64_t C, int groups) {
 #pragma omp parallel for schedule(static) if (rows * C >= CHANNELS_PARALLEL_MIN)
   for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < C; c++) y[r * C + c] = x[r * C + shuffle_src(c, C, groups)];
+    for (int64_t c = 0; c < C; c++) y[r * C + c] = x[r * C + qt_channel_shuffle_src(c, C, groups)];
 }
 
 void qt_channel_shuffle_backward(float *dx, const float *dy, int64_t rows, int64_t C, int groups) {
 #pragma omp parallel for schedule(static) if (rows * C >= CHANNELS_PARALLEL_MIN)
   for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < C; c++) dx[r * C + shuffle_src(c, C, groups)] += dy[r * C + c];
+    for (int64_t c = 0; c < C; c++) dx[r * C + qt_channel_shuffle_src(c, C, groups)] += dy[r * C + c];
 }
 
 typedef struct {

@@ -47,7 +47,10 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "onednn_cpu");
   d->onednn_runtime = 1;
-  const qt_op ops[] = {QT_OP_CONV2D, QT_OP_LINEAR, QT_OP_RELU, QT_OP_RELU6, QT_OP_MAX_POOL2D, QT_OP_FLATTEN, QT_OP_ADD};
+  const qt_op ops[] = {QT_OP_CONV2D,       QT_OP_LINEAR,  QT_OP_RELU,   QT_OP_RELU6,
+                       QT_OP_MAX_POOL2D,   QT_OP_FLATTEN, QT_OP_ADD,    QT_OP_GLOBAL_AVG_POOL,
+                       QT_OP_ACTIVATION,   QT_OP_MUL,     QT_OP_CONCAT, QT_OP_CHANNEL_SHUFFLE,
+                       QT_OP_CHANNEL_SLICE};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 */
   d->weight_sign = QT_SIGN_SIGNED;             /* s8 weights */
@@ -57,9 +60,9 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
   const int vnni = isa == QT_ISA_AUTO ? qt_cpu_has_vnni() : isa == QT_ISA_VNNI;
   d->pair_sum_int16 = !vnni;
   d->weight_8bit_as_7bit = !vnni; /* the Quantizer's answer to pair_sum_int16 (docs/design.md: no VNNI) */
-  /* average pools have no int8 kernel here; their inputs and outputs stay quantized, so they
-   * run as dq -> fp32 -> q fallback partitions between int8 kernels */
-  d->fallback_quantized[QT_OP_AVG_POOL2D] = d->fallback_quantized[QT_OP_GLOBAL_AVG_POOL] = 1;
+  /* the average pool has no u8 kernel here; its input and output stay quantized, so it runs
+   * as a dq -> fp32 -> q fallback partition between int8 kernels */
+  d->fallback_quantized[QT_OP_AVG_POOL2D] = 1;
   if (isa == QT_ISA_AUTO)
     snprintf(d->isa, sizeof d->isa, "%s", isa_name(dnnl_get_effective_cpu_isa()));
   else

@@ -16,7 +16,7 @@ typedef struct {
   qt_int8_kind kind;
   int H, W, C;                                  /* input per sample, NHWC; linear: H = W = 1, C = IN */
   int OC, OH, OW;                               /* output per sample; pool: OC = C; linear: OH = OW = 1 */
-  int KH, KW, stride_h, stride_w, pad_h, pad_w; /* conv, pool (symmetric padding, floor mode) */
+  int KH, KW, stride_h, stride_w, pad_h, pad_w; /* conv (symmetric padding), max pool (right padding: as OH, OW ask) */
   int groups;         /* conv: 0 or 1 = dense; C / groups input channels per group (depthwise: C) */
   int zp_src, zp_dst; /* conv: runtime zero points (0 = none); linear: must be 0 */
   int relu;           /* eltwise relu post-op */

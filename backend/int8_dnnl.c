@@ -126,9 +126,14 @@ static dnnl_status_t make_pd(const qt_int8_op *op, int N, dnnl_primitive_desc_t 
       st = dnnl_primitive_desc_create(pd, &id, attr, qt_dnnl_engine(), NULL);
     }
   } else {
+    /* right / bottom padding as the output size asks: a ceil-mode pool's last window hangs over
+     * the input (oneDNN's max ignores padding); in floor mode this is the left padding */
+    const int rh = (p->OH - 1) * p->stride_h + p->KH - p->H - p->pad_h,
+              rw = (p->OW - 1) * p->stride_w + p->KW - p->W - p->pad_w;
+    const dnnl_dims_t pad_r = {rh > p->pad_h ? rh : p->pad_h, rw > p->pad_w ? rw : p->pad_w};
     dnnl_pooling_desc_t pl;
     QT_DNNL_CHECK(dnnl_pooling_forward_desc_init(&pl, dnnl_forward_inference, dnnl_pooling_max, &s, &d, strides, kernel,
-                                                 pad, pad));
+                                                 pad, pad_r));
     st = dnnl_primitive_desc_create(pd, &pl, attr, qt_dnnl_engine(), NULL);
   }
   if (ops) QT_DNNL_CHECK(dnnl_post_ops_destroy(ops));

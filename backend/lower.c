@@ -5,9 +5,12 @@
  * skeleton's (lowering.h), with u8 as the 8-bit representation: every range within [0, 255] is
  * held as u8, any other as i32. The patterns here: conv / linear units become one int8 kernel,
  * max pooling keeps a u8 representation (dequantize is monotone and elementwise), so the int8
- * kernels chain over u8 NHWC tensors, and a residual add of two u8 tensors requantizes straight
- * to u8 (lower_add_u8). Each runtime buffer ("slot") is allocated from the context's arena at
- * every run. */
+ * kernels chain over u8 NHWC tensors. The other ops without weights run on u8 in the Q/DQ graph's
+ * own float operations, so each is bit for bit the Q/DQ graph's dq -> op -> q: a residual add or
+ * a mul of two u8 tensors (lower_binary_u8), element-wise activations as a 256-entry table,
+ * concat as a table per input, relu, the channel shuffle and slice as copies, the global average
+ * pool as the fp32 kernel's sums. Each runtime buffer ("slot") is allocated from the context's
+ * arena at every run. */
 #include "backend/runtimes.h"
 #include "base/base.h"
 
@@ -15,18 +18,44 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/kernels.h"
 #include "backend/int8.h"
 #include "backend/lowering.h"
 
 /* The kernels of QT_STEP_KERNEL steps (qt_step.op_kind). */
-typedef enum { K_INT8, K_REQUANTIZE, K_ADD_U8 } kernel_kind;
+typedef enum { K_INT8, K_REQUANTIZE, K_ADD_U8, K_TABLE_U8, K_CONCAT_U8, K_GATHER_U8, K_GAP_U8 } kernel_kind;
 
-/* A u8 add's data (qt_step.aux): each input's dequantized values by integer, a fused relu or
- * relu6. */
+/* A u8 add's or mul's data (qt_step.aux): each input's dequantized values by integer, a fused
+ * relu or relu6. mul: a * b, where b holds one value per sample and channel of C, applied at
+ * each of a's P pixels (P = 1: b has a's shape); add: a + b of one shape. */
 typedef struct {
   float lut[2][256];
   int relu, relu6;
+  int mul;
+  int64_t P, C;
 } u8_add;
+
+/* A u8 -> u8 table (activations, relu) or one per input (concat: input k's channels C[k] at
+ * offset off[k] of the output's Y channels per row). */
+typedef struct {
+  uint8_t map[QT_MAX_INPUTS][256];
+  int n;
+  int64_t C[QT_MAX_INPUTS], off[QT_MAX_INPUTS], Y;
+} u8_table;
+
+/* A copy of channels (shuffle, slice): output channel c of OC reads input channel src[c] of IC. */
+typedef struct {
+  int64_t IC, OC;
+  int32_t *src;
+} u8_gather;
+
+/* A global average pool of HW pixels of C channels: each input integer's dequantized value, a
+ * fused relu or relu6. */
+typedef struct {
+  float lut[256];
+  int64_t HW, C;
+  int relu, relu6;
+} u8_gap;
 
 struct qt_lowered {
   qt_program prog;
@@ -191,7 +220,6 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int relu, int quant) 
 static const char *lower_max_pool_u8(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
-  if (n->attr.ceil) return "ceil-mode max pool: this lowering has no u8 form of it";
   const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
   qt_int8_params p;
   memset(&p, 0, sizeof p);
@@ -210,44 +238,218 @@ static const char *lower_max_pool_u8(qt_lowering *L, int i) {
   return NULL;
 }
 
-/* dq(a) + dq(b) [-> relu | relu6] -> q on u8 tensors, each input with its own scale and zero
- * point. The step computes per element what the Q/DQ graph computes, in the same float operations:
- * (float)(q - zp) * s for each input (a 256-entry table), one float add, the relu (relu6), then the
- * reference quantize; so it is bit-exact, and no fp32 tensor is materialized. */
-static const char *lower_add_u8(qt_lowering *L, int i) {
+/* ---- the ops without weights on u8 -------------------------------------------------------- */
+
+/* NULL when value v is held as u8 with one scale and zero point (a dequantize's output). */
+static const char *u8_input(const qt_lowering *L, int v) {
+  const qt_value_rep *r = &L->rep[v];
+  if (r->kind != QT_REP_INT8) return "an input is not a u8-quantized tensor (no dequantize before it)";
+  if (r->channels != 1) return "an input has per-channel activation qparams";
+  return NULL;
+}
+
+/* Each u8 integer's dequantized value, as the Q/DQ graph's dequantize computes it. */
+static void dequantized(const qt_value_rep *r, float *lut) {
+  for (int q = 0; q < 256; q++) lut[q] = (float)(q - r->zero_point[0]) * r->scale[0];
+}
+
+static float fused_relu(float v, int relu, int relu6) {
+  return (relu || relu6) && v < 0.0f ? 0.0f : relu6 && v > 6.0f ? 6.0f : v;
+}
+
+/* y[0..255] (after the unit's relu / relu6) quantized by the unit's quantize: the u8 table. */
+static void table_of(const qt_lowering *L, const float *y, int relu, int quant, uint8_t *map) {
+  const qt_node *qn = &L->g->nodes[quant];
+  const qt_value_rep *r = &L->rep[qn->output];
+  const int relu6 = relu >= 0 && L->g->nodes[relu].op == QT_OP_RELU6;
+  float v[256];
+  int32_t q[256];
+  for (int k = 0; k < 256; k++) v[k] = fused_relu(y[k], relu >= 0 && !relu6, relu6);
+  qt_quantize(q, v, 256, 1, 1, r->scale, r->zero_point, qn->q->spec.qmin, qn->q->spec.qmax);
+  for (int k = 0; k < 256; k++) map[k] = (uint8_t)q[k];
+}
+
+/* A unit's kernel step reading node i's first input, into the quantize's u8 value. */
+static qt_step *u8_unit_step(qt_lowering *L, int i, int kind, int relu, int quant) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
-  const qt_value_rep *in[2] = {&L->rep[n->inputs[0]], &L->rep[n->inputs[1]]};
+  const int64_t numel = qt_value_numel(&g->values[n->output]);
+  qt_step *s = qt_kernel_step(L->p, kind, NULL, L->rep[n->inputs[0]].slot, qt_value_numel(&g->values[n->inputs[0]]),
+                              (size_t)numel);
+  for (int k = 1; k < n->n_inputs; k++) s->in[k] = L->rep[n->inputs[k]].slot;
+  qt_unit_done(L, i, relu, quant, s->out);
+  return s;
+}
+
+static const char *fused_name(const qt_lowering *L, int relu) {
+  return relu < 0 ? "" : L->g->nodes[relu].op == QT_OP_RELU6 ? ", fused relu6" : ", fused relu";
+}
+
+/* dq(a) + dq(b) or dq(a) * dq(b) [-> relu | relu6] -> q on u8 tensors, each input with its own
+ * scale and zero point. The step computes per element what the Q/DQ graph computes, in the same
+ * float operations: (float)(q - zp) * s for each input (a 256-entry table), one float add or
+ * multiply, the relu (relu6), then the reference quantize; so it is bit-exact, and no fp32 tensor
+ * is materialized. */
+static const char *lower_binary_u8(qt_lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
   for (int k = 0; k < 2; k++) {
-    if (in[k]->kind != QT_REP_INT8) return "an input is not a u8-quantized tensor (no dequantize before it)";
-    if (in[k]->channels != 1) return "an input has per-channel activation qparams";
+    const char *why = u8_input(L, n->inputs[k]);
+    if (why) return why;
   }
   int relu, quant;
   const char *why = qt_match_output(L, i, &relu, &quant);
   if (why) return why;
   const qt_node *qn = &g->nodes[quant];
   u8_add *a = qt_keep(L->p, sizeof *a);
-  for (int k = 0; k < 2; k++)
-    for (int q = 0; q < 256; q++) a->lut[k][q] = (float)(q - in[k]->zero_point[0]) * in[k]->scale[0];
+  for (int k = 0; k < 2; k++) dequantized(&L->rep[n->inputs[k]], a->lut[k]);
   a->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
   a->relu = relu >= 0 && !a->relu6;
-  const int64_t numel = qt_value_numel(&g->values[n->output]);
-  qt_step *s = qt_kernel_step(L->p, K_ADD_U8, NULL, in[0]->slot, numel, (size_t)numel);
-  s->in[1] = in[1]->slot;
+  a->mul = n->op == QT_OP_MUL;
+  const qt_value *av = &g->values[n->inputs[0]], *bv = &g->values[n->inputs[1]];
+  const int64_t numel = qt_value_numel(av);
+  a->P = numel == qt_value_numel(bv) ? 1 : av->shape[0] * av->shape[1]; /* else an image by a (C) vector */
+  a->C = numel / a->P;
+  qt_step *s = u8_unit_step(L, i, K_ADD_U8, relu, quant);
   s->aux = a;
   s->qmin = qn->q->spec.qmin;
   s->qmax = qn->q->spec.qmax;
-  qt_unit_done(L, i, relu, quant, s->out);
   const qt_value_rep *r = &L->rep[qn->output];
   s->channels = 1;
   s->scale = r->scale;
   s->zero_point = r->zero_point;
   char nodes[256];
   qt_unit_nodes(L, i, 2, relu, quant, nodes, sizeof nodes);
-  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "add u8 + u8 -> u8%s (own scales and zero points, requantized)",
-              a->relu6    ? ", fused relu6"
-              : relu >= 0 ? ", fused relu"
-                          : "");
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 %s u8 -> u8%s (own scales and zero points, requantized)",
+              a->mul ? "mul" : "add", a->mul ? "*" : "+", fused_name(L, relu));
+  return NULL;
+}
+
+/* dq -> activation [-> relu | relu6] -> q: the activation of each of the 256 dequantized values,
+ * by the fp32 kernel itself (qt_act_forward), quantized: a table, bit for bit the Q/DQ graph. */
+static const char *lower_activation_u8(qt_lowering *L, int i) {
+  const qt_node *n = &L->g->nodes[i];
+  const char *why = u8_input(L, n->inputs[0]);
+  int relu, quant;
+  if (why || (why = qt_match_output(L, i, &relu, &quant))) return why;
+  float x[256], y[256];
+  dequantized(&L->rep[n->inputs[0]], x);
+  const qt_act a = {(qt_act_kind)n->attr.act, n->attr.alpha, n->attr.beta};
+  qt_act_forward(y, x, 256, &a);
+  u8_table *t = qt_keep(L->p, sizeof *t);
+  qt_step *s = u8_unit_step(L, i, K_TABLE_U8, relu, quant);
+  table_of(L, y, relu, quant, t->map[0]);
+  s->aux = t;
+  char nodes[256];
+  qt_unit_nodes(L, i, 1, relu, quant, nodes, sizeof nodes);
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s on u8: a 256-entry table%s", qt_act_name(a.kind),
+              fused_name(L, relu));
+  return NULL;
+}
+
+/* dq(x1), dq(x2), ... -> concat [-> relu] -> q: each input's integers requantized to the
+ * output's by a table (the Q/DQ graph quantizes the dequantized values it copies), copied into
+ * its channels. */
+static const char *lower_concat_u8(qt_lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  for (int k = 0; k < n->n_inputs; k++) {
+    const char *why = u8_input(L, n->inputs[k]);
+    if (why) return why;
+  }
+  int relu, quant;
+  const char *why = qt_match_output(L, i, &relu, &quant);
+  if (why) return why;
+  const qt_value *yv = &g->values[n->output];
+  u8_table *t = qt_keep(L->p, sizeof *t);
+  t->n = n->n_inputs;
+  t->Y = yv->shape[yv->ndim - 1];
+  float x[QT_MAX_INPUTS][256];
+  for (int k = 0; k < n->n_inputs; k++) {
+    const qt_value *xv = &g->values[n->inputs[k]];
+    t->C[k] = xv->shape[xv->ndim - 1];
+    t->off[k] = k ? t->off[k - 1] + t->C[k - 1] : 0;
+    dequantized(&L->rep[n->inputs[k]], x[k]);
+  }
+  qt_step *s = u8_unit_step(L, i, K_CONCAT_U8, relu, quant);
+  for (int k = 0; k < n->n_inputs; k++) table_of(L, x[k], relu, quant, t->map[k]);
+  s->in_numel = qt_value_numel(yv); /* rows * Y per sample */
+  s->aux = t;
+  char nodes[256];
+  qt_unit_nodes(L, i, n->n_inputs, relu, quant, nodes, sizeof nodes);
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "concat of %d u8 tensors -> u8 (each requantized by a table)%s",
+              n->n_inputs, fused_name(L, relu));
+  return NULL;
+}
+
+/* channel_shuffle, channel_slice on u8: a copy of channels, the input's qparams kept. */
+static const char *lower_gather_u8(qt_lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const char *why = u8_input(L, n->inputs[0]);
+  if (why) return why;
+  const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
+  u8_gather *c = qt_keep(L->p, sizeof *c);
+  c->IC = xv->shape[xv->ndim - 1];
+  c->OC = yv->shape[yv->ndim - 1];
+  c->src = qt_keep(L->p, (size_t)c->OC * sizeof *c->src);
+  for (int64_t k = 0; k < c->OC; k++)
+    c->src[k] = (int32_t)(n->op == QT_OP_CHANNEL_SHUFFLE ? qt_channel_shuffle_src(k, c->IC, n->attr.groups)
+                                                         : n->attr.begin + k);
+  qt_step *s = qt_kernel_step(L->p, K_GATHER_U8, NULL, L->rep[n->inputs[0]].slot, qt_value_numel(xv),
+                              (size_t)qt_value_numel(yv));
+  s->aux = c;
+  qt_same_qparams(L, i, s->out);
+  qt_part_add(&L->p->parts, QT_PART_INT8, n->name, "%s on u8 (a copy, same qparams)", qt_op_name(n->op));
+  return NULL;
+}
+
+/* relu on u8 (outside a unit: after a max pool or a concat): max(q, zp), the input's qparams
+ * kept, since zero is on the grid and dequantize is monotone. */
+static const char *lower_relu_u8(qt_lowering *L, int i) {
+  const qt_node *n = &L->g->nodes[i];
+  const char *why = u8_input(L, n->inputs[0]);
+  if (why) return why;
+  const qt_value_rep *in = &L->rep[n->inputs[0]];
+  u8_table *t = qt_keep(L->p, sizeof *t);
+  for (int q = 0; q < 256; q++) t->map[0][q] = (uint8_t)(q < in->zero_point[0] ? in->zero_point[0] : q);
+  const int64_t numel = qt_value_numel(&L->g->values[n->output]);
+  qt_step *s = qt_kernel_step(L->p, K_TABLE_U8, NULL, in->slot, numel, (size_t)numel);
+  s->aux = t;
+  qt_same_qparams(L, i, s->out);
+  qt_part_add(&L->p->parts, QT_PART_INT8, n->name, "relu on u8: max(q, zero point)");
+  return NULL;
+}
+
+/* dq -> global_avg_pool [-> relu | relu6] -> q: per channel, the dequantized values summed in
+ * float in the fp32 kernel's order (qt_global_avg_pool_forward: pixel by pixel) and divided by
+ * the pixel count, then the reference quantize: bit for bit the Q/DQ graph. */
+static const char *lower_gap_u8(qt_lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const char *why = u8_input(L, n->inputs[0]);
+  int relu, quant;
+  if (why || (why = qt_match_output(L, i, &relu, &quant))) return why;
+  const qt_value *xv = &g->values[n->inputs[0]];
+  u8_gap *a = qt_keep(L->p, sizeof *a);
+  dequantized(&L->rep[n->inputs[0]], a->lut);
+  a->HW = xv->shape[0] * xv->shape[1];
+  a->C = xv->shape[2];
+  a->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
+  a->relu = relu >= 0 && !a->relu6;
+  const qt_node *qn = &g->nodes[quant];
+  qt_step *s = u8_unit_step(L, i, K_GAP_U8, relu, quant);
+  s->aux = a;
+  s->qmin = qn->q->spec.qmin;
+  s->qmax = qn->q->spec.qmax;
+  const qt_value_rep *r = &L->rep[qn->output];
+  s->channels = 1;
+  s->scale = r->scale;
+  s->zero_point = r->zero_point;
+  char nodes[256];
+  qt_unit_nodes(L, i, 1, relu, quant, nodes, sizeof nodes);
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "global average pool u8 -> u8 (float sums, requantized)%s",
+              fused_name(L, relu));
   return NULL;
 }
 
@@ -264,7 +466,14 @@ static const char *lower_node(qt_lowering *L, int i) {
     case QT_OP_MAX_POOL2D:
       if (L->rep[n->inputs[0]].kind != QT_REP_INT8) return "input is not a u8-quantized tensor";
       return lower_max_pool_u8(L, i);
-    case QT_OP_ADD: return lower_add_u8(L, i);
+    case QT_OP_RELU: return lower_relu_u8(L, i);
+    case QT_OP_ADD:
+    case QT_OP_MUL: return lower_binary_u8(L, i);
+    case QT_OP_ACTIVATION: return lower_activation_u8(L, i);
+    case QT_OP_CONCAT: return lower_concat_u8(L, i);
+    case QT_OP_CHANNEL_SHUFFLE:
+    case QT_OP_CHANNEL_SLICE: return lower_gather_u8(L, i);
+    case QT_OP_GLOBAL_AVG_POOL: return lower_gap_u8(L, i);
     default: return "no int8 pattern for this op";
   }
 }
@@ -324,23 +533,78 @@ static void run_dequantize(const qt_step *s, float *out, const void *in, int64_t
   }
 }
 
-/* u8 add: per block, the reference's float operations into a small buffer, then the
+/* u8 add / mul: per block, the reference's float operations into a small buffer, then the
  * reference quantize (so every rounding is the Q/DQ graph's own). */
-static void run_add_u8(const qt_step *s, uint8_t *out, const uint8_t *a, const uint8_t *b, int64_t n) {
+static void run_binary_u8(const qt_step *s, uint8_t *out, const uint8_t *a, const uint8_t *b, int64_t n) {
   enum { BLOCK = 4096 };
   const u8_add *d = s->aux;
-  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK, PC = d->P * d->C;
 #pragma omp parallel for schedule(static) if (n >= 65536)
   for (int64_t blk = 0; blk < blocks; blk++) {
     float y[BLOCK];
     int32_t q[BLOCK];
     const int64_t i0 = blk * BLOCK, len = n - i0 < BLOCK ? n - i0 : BLOCK;
-    for (int64_t k = 0; k < len; k++) {
-      const float v = d->lut[0][a[i0 + k]] + d->lut[1][b[i0 + k]];
-      y[k] = (d->relu || d->relu6) && v < 0.0f ? 0.0f : d->relu6 && v > 6.0f ? 6.0f : v;
-    }
+    if (!d->mul)
+      for (int64_t k = 0; k < len; k++) y[k] = d->lut[0][a[i0 + k]] + d->lut[1][b[i0 + k]];
+    else if (d->P == 1)
+      for (int64_t k = 0; k < len; k++) y[k] = d->lut[0][a[i0 + k]] * d->lut[1][b[i0 + k]];
+    else
+      for (int64_t k = 0; k < len; k++) {
+        const int64_t i = i0 + k;
+        y[k] = d->lut[0][a[i]] * d->lut[1][b[i / PC * d->C + i % d->C]];
+      }
+    for (int64_t k = 0; k < len; k++) y[k] = fused_relu(y[k], d->relu, d->relu6);
     qt_quantize(q, y, len, 1, 1, s->scale, s->zero_point, s->qmin, s->qmax);
     for (int64_t k = 0; k < len; k++) out[i0 + k] = (uint8_t)q[k];
+  }
+}
+
+static void run_table_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int64_t n) {
+  const uint8_t *map = ((const u8_table *)s->aux)->map[0];
+#pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t i = 0; i < n; i++) out[i] = map[in[i]];
+}
+
+/* numel: of the output (rows of Y channels) */
+static void run_concat_u8(const qt_step *s, uint8_t *out, uint8_t *const *in, int64_t numel) {
+  const u8_table *t = s->aux;
+  const int64_t rows = numel / t->Y;
+#pragma omp parallel for schedule(static) if (numel >= 65536)
+  for (int64_t r = 0; r < rows; r++)
+    for (int k = 0; k < t->n; k++) {
+      const uint8_t *x = in[k] + r * t->C[k], *map = t->map[k];
+      uint8_t *y = out + r * t->Y + t->off[k];
+      for (int64_t c = 0; c < t->C[k]; c++) y[c] = map[x[c]];
+    }
+}
+
+static void run_gather_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int64_t n) {
+  const u8_gather *c = s->aux;
+  const int64_t rows = n / c->IC;
+#pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t k = 0; k < c->OC; k++) out[r * c->OC + k] = in[r * c->IC + c->src[k]];
+}
+
+/* N images: per channel, acc += the dequantized value, pixel by pixel, then acc / HW (as
+ * qt_global_avg_pool_forward), the relu, the reference quantize. */
+static void run_gap_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int N) {
+  const u8_gap *d = s->aux;
+  const int64_t HW = d->HW, C = d->C;
+#pragma omp parallel for schedule(static) if ((int64_t)N * HW * C >= 65536)
+  for (int n = 0; n < N; n++) {
+    float *acc = malloc((size_t)C * sizeof *acc);
+    int32_t *q = malloc((size_t)C * sizeof *q);
+    QT_ASSERT(acc && q, "out of memory");
+    const uint8_t *img = in + (int64_t)n * HW * C;
+    for (int64_t c = 0; c < C; c++) acc[c] = 0.0f;
+    for (int64_t i = 0; i < HW; i++)
+      for (int64_t c = 0; c < C; c++) acc[c] += d->lut[img[i * C + c]];
+    for (int64_t c = 0; c < C; c++) acc[c] = fused_relu(acc[c] / (float)HW, d->relu, d->relu6);
+    qt_quantize(q, acc, C, 1, 1, s->scale, s->zero_point, s->qmin, s->qmax);
+    for (int64_t c = 0; c < C; c++) out[(int64_t)n * C + c] = (uint8_t)q[c];
+    free(acc);
+    free(q);
   }
 }
 
@@ -367,11 +631,17 @@ static void *run_fallback(qt_program *p, const qt_step *s, int N) {
   return y->data;
 }
 
-static void run_kernel(const qt_step *s, void *o, void *in, void *in2, int64_t numel, int n) {
+static void run_kernel(const qt_program *p, const qt_step *s, void *o, int64_t numel, int n) {
+  uint8_t *in[QT_MAX_INPUTS] = {NULL};
+  for (int k = 0; k < QT_MAX_INPUTS; k++) in[k] = s->in[k] >= 0 ? p->bufs[s->in[k]] : NULL;
   switch ((kernel_kind)s->op_kind) {
-    case K_INT8: qt_int8_op_run(s->op, o, in, n); break;
-    case K_REQUANTIZE: run_requantize(s, o, in, numel); break;
-    case K_ADD_U8: run_add_u8(s, o, in, in2, numel); break;
+    case K_INT8: qt_int8_op_run(s->op, o, in[0], n); break;
+    case K_REQUANTIZE: run_requantize(s, o, (const float *)(void *)in[0], numel); break;
+    case K_ADD_U8: run_binary_u8(s, o, in[0], in[1], numel); break;
+    case K_TABLE_U8: run_table_u8(s, o, in[0], numel); break;
+    case K_CONCAT_U8: run_concat_u8(s, o, in, numel); break;
+    case K_GATHER_U8: run_gather_u8(s, o, in[0], numel); break;
+    case K_GAP_U8: run_gap_u8(s, o, in[0], n); break;
   }
 }
 
@@ -396,7 +666,7 @@ int qt_lowered_run(qt_lowered *m, float *out, const float *input, int n, char *e
     switch (s->kind) {
       case QT_STEP_QUANTIZE: run_quantize(s, o, in, numel, p->ctx); break;
       case QT_STEP_DEQUANTIZE: run_dequantize(s, o, in, numel); break;
-      case QT_STEP_KERNEL: run_kernel(s, o, in, s->in[1] >= 0 ? p->bufs[s->in[1]] : NULL, numel, n); break;
+      case QT_STEP_KERNEL: run_kernel(p, s, o, numel, n); break;
       case QT_STEP_FALLBACK: break;
     }
   }

@@ -97,7 +97,7 @@ typedef struct {
   unsigned char fallback_quantized[QT_OP_COUNT];    /* 1: not run on integers, but the Quantizer
                                                      * still quantizes its input and output, so the op runs
                                                      * as dq -> fp32 op -> q between integer kernels (onednn_cpu:
-                                                     * avg_pool2d, global_avg_pool) */
+                                                     * avg_pool2d) */
   char isa[32];                                     /* informative: "avx2", "avx512_core_vnni", "accelerator" */
   int onednn_runtime;                               /* 1: deployed by lowering to oneDNN's int8 kernels (the
                                                      * built-in onednn_cpu); 0: simulated as an accelerator */
@@ -109,9 +109,10 @@ typedef struct {
  * Units (no quantization inside): conv -> bn (folded), and a relu or relu6 after a conv, linear
  * or add when the backend runs that op. A conv2d / linear is quantized when its op is listed and its
  * output channels fit max_channels (and no override leaves it fp32); an add / avg_pool2d /
- * global_avg_pool when listed in ops or fallback_quantized; everything else stays fp32 (its
- * quantized consumers get a quantized input). The outputs of max-pool, flatten and relu share
- * their input's qparams when the backend runs them. Weights: signed unless the backend says
+ * global_avg_pool / activation / mul / concat when listed in ops or fallback_quantized (its
+ * inputs and output quantization points); everything else stays fp32 (its quantized consumers
+ * get a quantized input). The outputs of max-pool, flatten, relu, channel_shuffle and
+ * channel_slice share their input's qparams when the backend runs them. Weights: signed unless the backend says
  * unsigned, symmetric when required (else affine), per channel unless per-tensor only, 8-bit
  * given 7 bits with weight_8bit_as_7bit, per tensor for the ops in weight_per_tensor_ops, and otherwise with
  * pair_sum_int16 narrowed so that 2 * max|w| * max(a) fits int16; activations: unsigned affine, signed affine when the

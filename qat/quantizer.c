@@ -163,11 +163,21 @@ static int quantized_value(const qt_annotations *a, int v) {
   return 0;
 }
 
-/* Whether op may pass its input's qparams through (max-pool, flatten, relu: they keep values
- * on the input's grid) and the backend runs it. Not relu6: 6 need not lie on the grid, so a
- * relu6 outside a unit is an fp32 op whose quantized consumers quantize its output. */
+/* Whether op may pass its input's qparams through (max-pool, flatten, relu, and the channel
+ * shuffle and slice, which copy values: they keep values on the input's grid) and the backend
+ * runs it. Not relu6: 6 need not lie on the grid, so a relu6 outside a unit is an fp32 op whose
+ * quantized consumers quantize its output. */
 static int passes_through(const qt_backend_desc *d, qt_op op) {
-  return (op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU) && d->ops[op];
+  return (op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU || op == QT_OP_CHANNEL_SHUFFLE ||
+          op == QT_OP_CHANNEL_SLICE) &&
+         d->ops[op];
+}
+
+/* Ops without weights that start a quantized unit (inputs and output quantization points) when
+ * the backend runs them on integers or asks for them quantized around an fp32 kernel. */
+static int quantized_op(qt_op op) {
+  return op == QT_OP_ADD || op == QT_OP_AVG_POOL2D || op == QT_OP_GLOBAL_AVG_POOL || op == QT_OP_ACTIVATION ||
+         op == QT_OP_MUL || op == QT_OP_CONCAT;
 }
 
 /* The outputs of quantized units become quantization points and pass-through ops share their
@@ -254,10 +264,10 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
     const int k = qt_graph_find_node(g, o->name);
     if (k < 0) return qt_err(err, "quant.layer_overrides: no node named '%s' in model %s", o->name, g->name);
     const qt_op op = g->nodes[k].op;
-    if (!qt_op_has_weight(op) && op != QT_OP_ADD && op != QT_OP_AVG_POOL2D && op != QT_OP_GLOBAL_AVG_POOL)
+    if (!qt_op_has_weight(op) && !quantized_op(op))
       return qt_err(err,
                     "quant.layer_overrides: '%s' is a %s node; overrides name the layers that start a quantized "
-                    "unit (conv2d, linear, add, average pools)",
+                    "unit (conv2d, linear, add, average pools, activation, mul, concat)",
                     o->name, qt_op_name(op));
     if ((o->weight_bits && !bits_allowed(d->weight_bits, o->weight_bits)) ||
         (o->activation_bits && !bits_allowed(d->activation_bits, o->activation_bits)))
@@ -305,7 +315,7 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
         out->weight[i] = 1;
         out->weight_spec[i] = weight_spec(d, cfg, n->op, o && o->weight_bits ? o->weight_bits : cfg->weight_bits);
       }
-    } else if (n->op == QT_OP_ADD || n->op == QT_OP_AVG_POOL2D || n->op == QT_OP_GLOBAL_AVG_POOL) {
+    } else if (quantized_op(n->op)) {
       quantized_unit[i] = !fp32 && (d->ops[n->op] || d->fallback_quantized[n->op]);
     }
   }

@@ -60,10 +60,10 @@ static void for_batches(const qt_dataset *ds, batch_fn fn, void *state) {
 typedef struct {
   qt_graph *g;
   qt_ctx *ctx;
-  int32_t *labels;    /* label_from_model: written */
+  int32_t *labels; /* label_from_model: written */
   int64_t seen, correct;
   qt_device *m;      /* count_device */
-  qt_sqnr_sum input;  /* input_sqnr */
+  qt_sqnr_sum input; /* input_sqnr */
   const qt_node *q;
 } run_state;
 
@@ -131,9 +131,17 @@ static void input_sqnr(void *state, const float *x, int n, const int32_t *labels
   free(y);
 }
 
-static qt_graph *convert_w8a8(const qt_graph *g, const qt_dataset *ds) {
+/* g PTQ W8A8 for oneDNN, calibrated on ds; the layer `fp32_layer` (unless NULL) left in fp32. */
+static qt_graph *convert_w8a8(const qt_graph *g, const qt_dataset *ds, const char *fp32_layer) {
   char err[QT_ERR_LEN];
-  qt_graph *p = qt_test_prepare_ptq_onednn(g);
+  qt_quantizer_config qc;
+  qt_quantizer_config_default(&qc);
+  if (fp32_layer) {
+    qc.n_overrides = 1;
+    snprintf(qc.overrides[0].name, sizeof qc.overrides[0].name, "%s", fp32_layer);
+    qc.overrides[0].fp32 = 1;
+  }
+  qt_graph *p = qt_test_prepare_onednn(g, &qc, QT_PREPARE_PTQ);
   run_state s = {p, qt_ctx_create(), NULL, 0, 0, NULL, {0, 0, 0}, NULL};
   qt_ctx_set_grad(s.ctx, 0);
   qt_graph_set_mode(p, QT_MODE_CALIBRATE);
@@ -156,7 +164,8 @@ static const qt_report_point *find_point(const qt_report *r, const char *name) {
 
 /* ResCNN has conv -> bn points without a relu: PTQ folds the bn into the conv, so the Q/DQ
  * graph reads the point from the folded conv. The point must be named and compared as the fp32
- * graph's bn output (non-trivial BN statistics make the two differ). */
+ * graph's bn output (non-trivial BN statistics make the two differ). block2.conv1 is left in fp32, so
+ * the device has a fallback partition, which the report and its JSON list. */
 static void check_folded_points(const qt_dataset *ds) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build("res_cnn", err);
@@ -177,7 +186,7 @@ static void check_folded_points(const qt_dataset *ds) {
     qt_test_fill_uniform(var, C, 0.2f, 0.6f, seed++);
   }
   qt_graph_set_mode(g, QT_MODE_EVAL);
-  qt_graph *qdq = convert_w8a8(g, ds);
+  qt_graph *qdq = convert_w8a8(g, ds, "block2.conv1"); /* one fp32 layer: a fallback partition */
   qt_device *m = qt_device_open(qdq, NULL, err);
   QT_ASSERT(m, "%s", err);
   qt_report r;
@@ -191,8 +200,9 @@ static void check_folded_points(const qt_dataset *ds) {
       if (p->kind != QT_POINT_ACTIVATION) continue;
       folded += strstr(p->name, ".bn2") != NULL;
       const double db = qt_sqnr_sum_db(&p->fp32_vs_qdq);
-      if (p->fp32_vs_qdq.n == 0 || !(db > 25)) qt_test_fail("res_cnn point %s: fp32 vs Q/DQ %.2f dB over %lld values",
-                                                             p->name, db, (long long)p->fp32_vs_qdq.n);
+      if (p->fp32_vs_qdq.n == 0 || !(db > 25))
+        qt_test_fail("res_cnn point %s: fp32 vs Q/DQ %.2f dB over %lld values", p->name, db,
+                     (long long)p->fp32_vs_qdq.n);
     }
     if (folded != 2) qt_test_fail("res_cnn: %d points named after a folded bn (block*.bn2), want 2", folded);
     QT_CHECK(r.fallback_partitions > 0 && r.lsb.max_lsb <= 2.0);
@@ -224,8 +234,10 @@ static void check_verdicts(void) {
   r.lsb.max_lsb = 1;
   char v[768];
   qt_report_verdict(&r, v, sizeof v);
-  if (!strstr(v, "stage 1 (fp32 -> Q/DQ: quantization) lost 2.40 points; stage 2 (Q/DQ -> int8 device: lowering) "
-                 "lost 0.00 points") || !strstr(v, "lost in stage 1"))
+  if (!strstr(v,
+              "stage 1 (fp32 -> Q/DQ: quantization) lost 2.40 points; stage 2 (Q/DQ -> int8 device: lowering) "
+              "lost 0.00 points") ||
+      !strstr(v, "lost in stage 1"))
     qt_test_fail("verdict (stage 1): %s", v);
   r.qdq_correct = 900;
   r.device_correct = 890;
@@ -235,7 +247,8 @@ static void check_verdicts(void) {
     qt_test_fail("verdict (stage 2): %s", v);
   r.device_correct = 901;
   qt_report_verdict(&r, v, sizeof v);
-  if (!strstr(v, "neither stage lost accuracy") || !strstr(v, "lost -0.10 points")) qt_test_fail("verdict (none): %s", v);
+  if (!strstr(v, "neither stage lost accuracy") || !strstr(v, "lost -0.10 points"))
+    qt_test_fail("verdict (none): %s", v);
   if (strstr(v, "lowering bug")) qt_test_fail("verdict (1 LSB, the rule passes): %s", v);
   /* the device is judged by the agreement rule (within 1 output LSB, >= 99.9% identical top-1) */
   qt_device_agreement_init(&r.agreement, 0.1f);
@@ -303,7 +316,7 @@ int main(void) {
   for_batches(&ds, label_from_model, &s);
   memcpy(ds.labels, labels, N_IMAGES * sizeof(int32_t));
   free(labels);
-  qt_graph *qdq = convert_w8a8(fp32, &ds);
+  qt_graph *qdq = convert_w8a8(fp32, &ds, NULL);
   qt_device *m = qt_device_open(qdq, NULL, err);
   QT_ASSERT(m, "%s", err);
 
@@ -323,8 +336,8 @@ int main(void) {
   run_state c = {NULL, NULL, NULL, 0, 0, NULL, {0, 0, 0}, NULL};
   for_batches(&ds, count_exact, &c);
   qt_exact_free(exact_ref);
-  if (c.correct != r.qdq_correct) qt_test_fail("Q/DQ correct %lld, recomputed %lld", (long long)r.qdq_correct,
-                                               (long long)c.correct);
+  if (c.correct != r.qdq_correct)
+    qt_test_fail("Q/DQ correct %lld, recomputed %lld", (long long)r.qdq_correct, (long long)c.correct);
   run_state cf = {qdq, s.ctx, NULL, 0, 0, NULL, {0, 0, 0}, NULL};
   for_batches(&ds, count_graph, &cf);
   QT_CHECK(r.float_vs_exact.images == N_IMAGES && r.float_vs_exact.output_scale == r.output_scale);
@@ -334,14 +347,14 @@ int main(void) {
          (long long)r.float_vs_exact.outputs, r.float_vs_exact.max_lsb);
   run_state d = {NULL, NULL, NULL, 0, 0, m, {0, 0, 0}, NULL};
   for_batches(&ds, count_device, &d);
-  if (d.correct != r.device_correct) qt_test_fail("device correct %lld, recomputed %lld", (long long)r.device_correct,
-                                                  (long long)d.correct);
+  if (d.correct != r.device_correct)
+    qt_test_fail("device correct %lld, recomputed %lld", (long long)r.device_correct, (long long)d.correct);
   QT_CHECK(fabs(r.device_accuracy - (double)d.correct / N_IMAGES) < 1e-12);
   QT_CHECK(r.top1_agreement >= 0.98 && r.top1_agreement <= 1.0);
   QT_CHECK(r.output_scale > 0);
   const int64_t hist = r.lsb.count[0] + r.lsb.count[1] + r.lsb.count[2] + r.lsb.count[3];
-  if (hist != (int64_t)N_IMAGES * 10) qt_test_fail("LSB histogram holds %lld logits, want %d", (long long)hist,
-                                                   N_IMAGES * 10);
+  if (hist != (int64_t)N_IMAGES * 10)
+    qt_test_fail("LSB histogram holds %lld logits, want %d", (long long)hist, N_IMAGES * 10);
   if (!(r.lsb.max_lsb <= 2.0) || r.lsb.count[3] != 0)
     qt_test_fail("device vs Q/DQ: max %.3f LSB, %lld logits over 2 LSB", r.lsb.max_lsb, (long long)r.lsb.count[3]);
   QT_CHECK(fabs(r.max_abs_diff - r.lsb.max_lsb * r.output_scale) <= 1e-5 * (1 + r.max_abs_diff));
@@ -362,8 +375,8 @@ int main(void) {
   }
   const qt_report_point *in = find_point(&r, "input");
   if (in) {
-    if (in->qdq_vs_device.noise != 0) qt_test_fail("input point: device differs from Q/DQ (noise %g)",
-                                                   in->qdq_vs_device.noise);
+    if (in->qdq_vs_device.noise != 0)
+      qt_test_fail("input point: device differs from Q/DQ (noise %g)", in->qdq_vs_device.noise);
     run_state h = {NULL, NULL, NULL, 0, 0, NULL, {0, 0, 0}, &qdq->nodes[qt_graph_find_node(qdq, "input.fq.quantize")]};
     for_batches(&ds, input_sqnr, &h);
     const double want = qt_sqnr_sum_db(&h.input), got = qt_sqnr_sum_db(&in->fp32_vs_qdq);
@@ -391,9 +404,17 @@ int main(void) {
 
   /* The text and JSON forms. */
   char *json = qt_report_json(&r, "  ");
-  const char *keys[] = {"\"int8_vs_qdq\"", "\"top1_agreement\"", "\"max_lsb\"", "\"lsb_histogram\"", "\"sqnr_db\"",
-                        "\"stage_loss_points\"", "\"verdict\"", "\"lowering\"", "\"point\": \"relu2\"",
-                        "\"qdq_reference\": \"exact\"", "\"qdq_float_vs_exact\": {\"images\": 200"};
+  const char *keys[] = {"\"int8_vs_qdq\"",
+                        "\"top1_agreement\"",
+                        "\"max_lsb\"",
+                        "\"lsb_histogram\"",
+                        "\"sqnr_db\"",
+                        "\"stage_loss_points\"",
+                        "\"verdict\"",
+                        "\"lowering\"",
+                        "\"point\": \"relu2\"",
+                        "\"qdq_reference\": \"exact\"",
+                        "\"qdq_float_vs_exact\": {\"images\": 200"};
   for (int i = 0; i < 11; i++)
     if (!strstr(json, keys[i])) qt_test_fail("JSON lacks %s:\n%s", keys[i], json);
   if (strstr(json, "inf") || strstr(json, "nan")) qt_test_fail("JSON holds inf or nan:\n%s", json);
@@ -422,8 +443,10 @@ int main(void) {
 
   /* Inference speed. */
   qt_inference_speed sp;
-  if (qt_inference_measure(fp32, m, &ds, &lc, 32, 2, 1, &sp, err)) qt_test_fail("qt_inference_measure: %s", err);
-  else QT_CHECK(sp.batch == 32 && sp.images == 64 && sp.fp32_images_per_s > 0 && sp.int8_images_per_s > 0);
+  if (qt_inference_measure(fp32, m, &ds, &lc, 32, 2, 1, &sp, err))
+    qt_test_fail("qt_inference_measure: %s", err);
+  else
+    QT_CHECK(sp.batch == 32 && sp.images == 64 && sp.fp32_images_per_s > 0 && sp.int8_images_per_s > 0);
 
   qt_ctx_free(s.ctx);
   qt_device_free(m);
