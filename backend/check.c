@@ -74,15 +74,22 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
 /* From the operators xnnpack.h (Debian's 2022-02 snapshot) declares: qs8 activations (int8 with
  * a zero point), qc8 convolution weights (int8, one scale per output channel, no zero point),
  * qs8 fully connected with one weight scale (there is no qc8 fully connected in this version),
- * int32 bias in accumulator units; s8 max pooling, qs8 global average pooling and add; ReLU /
- * ReLU6 as the output clamp of the operator before them. No qs8 average pooling (only qu8). */
+ * int32 bias in accumulator units; s8 max pooling, qs8 global average pooling, add and multiply;
+ * qs8 elu (and sigmoid, tanh with fixed output qparams); x8 channel shuffle and copy (a channel
+ * slice); ReLU / ReLU6 as the output clamp of the operator before them. No qs8 average pooling
+ * (only qu8), and no copy that requantizes (concat stays fp32). */
 void qt_backend_desc_xnnpack(qt_backend_desc *d) {
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "xnnpack");
   d->xnnpack_runtime = 1;
-  const qt_op ops[] = {QT_OP_CONV2D,     QT_OP_LINEAR,  QT_OP_RELU, QT_OP_RELU6,
-                       QT_OP_MAX_POOL2D, QT_OP_FLATTEN, QT_OP_ADD,  QT_OP_GLOBAL_AVG_POOL};
+  const qt_op ops[] = {
+      QT_OP_CONV2D, QT_OP_LINEAR,          QT_OP_RELU, QT_OP_RELU6,      QT_OP_MAX_POOL2D,      QT_OP_FLATTEN,
+      QT_OP_ADD,    QT_OP_GLOBAL_AVG_POOL, QT_OP_MUL,  QT_OP_ACTIVATION, QT_OP_CHANNEL_SHUFFLE, QT_OP_CHANNEL_SLICE};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
+  /* elu in qs8 with any qparams; sigmoid and tanh only with fixed output qparams (1/256, -128;
+   * 1/128, 0), which this Quantizer does not give, so they stay fp32 (the lowering runs them when
+   * a graph has those qparams); no hard swish, GELU, SiLU or leaky ReLU in qs8 here */
+  d->act_kinds = 1u << QT_ACT_ELU;
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 bits inside int8 */
   d->weight_sign = QT_SIGN_SIGNED;             /* qc8 / qs8 weights */
   d->activation_sign = QT_SIGN_SIGNED;         /* qs8 activations, affine (int8 zero point) */
@@ -112,8 +119,16 @@ void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
   qt_bits_mask_str(d->weight_bits, ",", wb, sizeof wb);
   qt_bits_mask_str(d->activation_bits, ",", ab, sizeof ab);
   fprintf(f, "backend %s (%s)\n  ops:", d->name, d->isa);
-  for (int op = 0; op < QT_OP_COUNT; op++)
-    if (d->ops[op]) fprintf(f, " %s", qt_op_name((qt_op)op));
+  for (int op = 0; op < QT_OP_COUNT; op++) {
+    if (!d->ops[op]) continue;
+    fprintf(f, " %s", qt_op_name((qt_op)op));
+    for (int k = 0, first = 1; op == QT_OP_ACTIVATION && d->act_kinds && k < QT_ACT_COUNT; k++)
+      if (d->act_kinds >> k & 1u) {
+        fprintf(f, "%s%s", first ? " (" : ", ", qt_act_name((qt_act_kind)k));
+        first = 0;
+      }
+    if (op == QT_OP_ACTIVATION && d->act_kinds) fputc(')', f);
+  }
   fprintf(f, "\n  weights: %s bits, %s, %s, %s", wb, qt_signedness_name(d->weight_sign),
           d->weight_symmetric ? "symmetric" : "affine allowed",
           d->weight_per_tensor_only ? "per-tensor only" : "per-channel allowed");
@@ -329,7 +344,7 @@ int qt_backend_check(const qt_graph *g, const qt_backend_desc *d, qt_backend_che
     int integer_input = 0;
     for (int k = 0; k < n->n_inputs; k++) integer_input |= integer_source(g, n->inputs[k]) >= 0;
     const int layer = qt_op_has_weight(n->op) && n->wq;
-    if (!d->ops[n->op] && (integer_input || layer))
+    if (!qt_backend_runs(d, n) && (integer_input || layer))
       add_violation(r, g, i, QT_VIOLATION_OP,
                     "op %s on quantized data is not run by %s: it runs in fp32 on the CPU (a fallback partition)",
                     qt_op_name(n->op), d->name);

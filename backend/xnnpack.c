@@ -392,12 +392,141 @@ static const char *lower_same_qparams(qt_lowering *L, int i) {
   return NULL;
 }
 
+/* A qs8 operator created by `what`: NULL, or its refusal in L->why. */
+static const char *created(qt_lowering *L, const char *what, enum xnn_status st) {
+  if (st == xnn_status_success) return NULL;
+  snprintf(L->why, sizeof L->why, "%s refused it (%s)", what, qt_xnn_status_name(st));
+  return L->why;
+}
+
+/* dq -> sigmoid | tanh | elu [-> relu] -> q: XNNPACK's qs8 operator of that kind, per row of C
+ * channels (sigmoid and tanh only with their fixed output qparams); the other kinds have none in
+ * this XNNPACK. */
+static const char *lower_activation(qt_lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const qt_act_kind kind = (qt_act_kind)n->attr.act;
+  if (kind != QT_ACT_SIGMOID && kind != QT_ACT_TANH && kind != QT_ACT_ELU) {
+    snprintf(L->why, sizeof L->why, "no qs8 %s in this XNNPACK (sigmoid, tanh and elu only)", qt_act_name(kind));
+    return L->why;
+  }
+  const char *why = int8_input_problem(L, n->inputs[0]);
+  if (why) return why;
+  int act, quant;
+  if ((why = qt_match_output(L, i, &act, &quant))) return why;
+  const qt_qstate *qo = g->nodes[quant].q;
+  /* XNNPACK's qs8 sigmoid and tanh produce fixed qparams (TFLite's): scale 1/256, zero point -128
+   * for [0, 1); scale 1/128, zero point 0 for [-1, 1) */
+  const int sig = kind == QT_ACT_SIGMOID;
+  if ((sig || kind == QT_ACT_TANH) &&
+      (qo->scale[0] != (sig ? 0x1p-8f : 0x1p-7f) || qo->zero_point[0] != (sig ? -128 : 0))) {
+    snprintf(L->why, sizeof L->why,
+             "XNNPACK's qs8 %s takes only an output scale of 1/%d with zero point %d; this output has scale %g, zero "
+             "point %d",
+             qt_act_name(kind), sig ? 256 : 128, sig ? -128 : 0, qo->scale[0], qo->zero_point[0]);
+    return L->why;
+  }
+  const qt_value_rep *in = &L->rep[n->inputs[0]];
+  const qt_value *xv = &g->values[n->inputs[0]];
+  const size_t C = (size_t)xv->shape[xv->ndim - 1];
+  int8_t lo, hi;
+  output_clamp(g, act, qo, &lo, &hi);
+  const int8_t izp = (int8_t)in->zero_point[0], ozp = (int8_t)qo->zero_point[0];
+  xnn_operator_t op = NULL;
+  enum xnn_status st;
+  if (kind == QT_ACT_SIGMOID)
+    st = xnn_create_sigmoid_nc_qs8(C, C, C, izp, in->scale[0], ozp, qo->scale[0], lo, hi, 0, &op);
+  else if (kind == QT_ACT_TANH)
+    st = xnn_create_tanh_nc_qs8(C, C, C, izp, in->scale[0], ozp, qo->scale[0], lo, hi, 0, &op);
+  else
+    st = xnn_create_elu_nc_qs8(C, C, C, n->attr.alpha, izp, in->scale[0], ozp, qo->scale[0], lo, hi, 0, &op);
+  if ((why = created(L, "XNNPACK's qs8 activation operator", st))) return why;
+  const int64_t numel = qt_value_numel(xv);
+  qt_step *s = qt_kernel_step(L->p,
+                              kind == QT_ACT_SIGMOID ? XK_SIGMOID
+                              : kind == QT_ACT_TANH  ? XK_TANH
+                                                     : XK_ELU,
+                              op, in->slot, numel, (size_t)numel);
+  s->H = (int)(numel / (int64_t)C); /* rows per sample */
+  qt_unit_done(L, i, act, quant, s->out);
+  char nodes[256];
+  qt_unit_nodes(L, i, 1, act, quant, nodes, sizeof nodes);
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s qs8 -> qs8%s", qt_act_name(kind), act_text(g, act));
+  return NULL;
+}
+
+/* dq(a) * dq(b) [-> relu] -> q: b of a's shape, or a per-channel vector of an image (squeeze-excite). */
+static const char *lower_mul(qt_lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const char *why;
+  for (int k = 0; k < 2; k++)
+    if ((why = int8_input_problem(L, n->inputs[k]))) return why;
+  int act, quant;
+  if ((why = qt_match_output(L, i, &act, &quant))) return why;
+  const qt_qstate *qo = g->nodes[quant].q;
+  const qt_value_rep *a = &L->rep[n->inputs[0]], *b = &L->rep[n->inputs[1]];
+  int8_t lo, hi;
+  output_clamp(g, act, qo, &lo, &hi);
+  xnn_operator_t op = NULL;
+  if ((why = created(L, "xnn_create_multiply_nd_qs8",
+                     xnn_create_multiply_nd_qs8((int8_t)a->zero_point[0], a->scale[0], (int8_t)b->zero_point[0],
+                                                b->scale[0], (int8_t)qo->zero_point[0], qo->scale[0], lo, hi, 0, &op))))
+    return why;
+  const qt_value *av = &g->values[n->inputs[0]];
+  const int64_t numel = qt_value_numel(av), bn = qt_value_numel(&g->values[n->inputs[1]]);
+  qt_step *s = qt_kernel_step(L->p, XK_MUL, op, a->slot, numel, (size_t)numel);
+  s->in[1] = b->slot;
+  s->W = (int)bn;           /* b's values per sample: C, or all of a's */
+  s->H = (int)(numel / bn); /* the pixels b is applied at */
+  qt_unit_done(L, i, act, quant, s->out);
+  char nodes[256];
+  qt_unit_nodes(L, i, 2, act, quant, nodes, sizeof nodes);
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "multiply qs8 * qs8 -> qs8%s (own scales and zero points)",
+              act_text(g, act));
+  return NULL;
+}
+
+/* channel_shuffle and channel_slice on int8: x8 copies, the input's qparams kept. */
+static const char *lower_channels(qt_lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const char *why = int8_input_problem(L, n->inputs[0]);
+  if (why) return why;
+  const qt_value_rep *in = &L->rep[n->inputs[0]];
+  const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
+  const size_t IC = (size_t)xv->shape[xv->ndim - 1], OC = (size_t)yv->shape[yv->ndim - 1];
+  const int shuffle = n->op == QT_OP_CHANNEL_SHUFFLE;
+  xnn_operator_t op = NULL;
+  if (shuffle)
+    why =
+        created(L, "xnn_create_channel_shuffle_nc_x8",
+                xnn_create_channel_shuffle_nc_x8((size_t)n->attr.groups, IC / (size_t)n->attr.groups, IC, IC, 0, &op));
+  else
+    why = created(L, "xnn_create_copy_nc_x8", xnn_create_copy_nc_x8(OC, IC, OC, 0, &op));
+  if (why) return why;
+  qt_step *s = qt_kernel_step(L->p, shuffle ? XK_SHUFFLE : XK_COPY, op, in->slot, qt_value_numel(xv),
+                              (size_t)qt_value_numel(yv));
+  if (shuffle)
+    s->H = (int)(qt_value_numel(xv) / (int64_t)IC); /* rows per sample */
+  else
+    s->H = n->attr.begin, s->W = (int)IC;
+  qt_same_qparams(L, i, s->out);
+  qt_part_add(&L->p->parts, QT_PART_INT8, n->name, "%s on int8 (%s, same qparams)", qt_op_name(n->op),
+              shuffle ? "channel shuffle x8" : "copy x8");
+  return NULL;
+}
+
 /* The XNNPACK patterns starting at node i (qt_lowering_ops.lower_node). */
 static const char *lower_node(qt_lowering *L, int i) {
   switch (L->g->nodes[i].op) {
     case QT_OP_CONV2D:
     case QT_OP_LINEAR: return lower_layer(L, i);
     case QT_OP_ADD: return lower_add(L, i);
+    case QT_OP_MUL: return lower_mul(L, i);
+    case QT_OP_ACTIVATION: return lower_activation(L, i);
+    case QT_OP_CHANNEL_SHUFFLE:
+    case QT_OP_CHANNEL_SLICE: return lower_channels(L, i);
     case QT_OP_GLOBAL_AVG_POOL: return lower_global_avg_pool(L, i);
     case QT_OP_MAX_POOL2D:
     case QT_OP_RELU: return lower_same_qparams(L, i);

@@ -12,7 +12,20 @@
 #include "backend/lowering.h"
 
 /* The kernels of QT_STEP_KERNEL steps (qt_step.op_kind; qt_step.op is the xnn_operator_t). */
-typedef enum { XK_CONV, XK_FC, XK_MAX_POOL, XK_GAVG_POOL, XK_ADD, XK_CLAMP } xnn_kind;
+typedef enum {
+  XK_CONV,
+  XK_FC,
+  XK_MAX_POOL,
+  XK_GAVG_POOL,
+  XK_ADD,
+  XK_CLAMP,
+  XK_SIGMOID,
+  XK_TANH,
+  XK_ELU,
+  XK_MUL,
+  XK_SHUFFLE,
+  XK_COPY /* channels [H, H + copy's channels) of each row of in_numel / W channels (a slice) */
+} xnn_kind;
 
 struct qt_xnnpack {
   qt_program prog; /* the steps, with 8-bit integers as int8 */

@@ -103,6 +103,18 @@ static enum xnn_status run_xnn(const qt_step *s, void *o, const void *in, const 
       break;
     }
     case XK_CLAMP: st = xnn_setup_clamp_nc_s8(s->op, n, in, o, pool); break;
+    case XK_SIGMOID: st = xnn_setup_sigmoid_nc_qs8(s->op, n * (size_t)s->H, in, o, pool); break;
+    case XK_TANH: st = xnn_setup_tanh_nc_qs8(s->op, n * (size_t)s->H, in, o, pool); break;
+    case XK_ELU: st = xnn_setup_elu_nc_qs8(s->op, n * (size_t)s->H, in, o, pool); break;
+    case XK_MUL: { /* a: (N, P, C), b: (N, 1, C), broadcast over a's P pixels */
+      const size_t a[3] = {n, (size_t)s->H, (size_t)s->W}, b[3] = {n, 1, (size_t)s->W};
+      st = xnn_setup_multiply_nd_qs8(s->op, 3, a, 3, b, in, in2, o, pool);
+      break;
+    }
+    case XK_SHUFFLE: st = xnn_setup_channel_shuffle_nc_x8(s->op, n * (size_t)s->H, in, o, pool); break;
+    case XK_COPY:
+      st = xnn_setup_copy_nc_x8(s->op, n * (size_t)(s->in_numel / s->W), (const int8_t *)in + s->H, o, pool);
+      break;
   }
   return st == xnn_status_success ? xnn_run_operator(s->op, pool) : st;
 }

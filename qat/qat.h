@@ -73,6 +73,8 @@ void qt_bits_mask_str(unsigned mask, const char *sep, char *buf, size_t n);
 typedef struct {
   char name[QT_NAME_LEN];
   unsigned char ops[QT_OP_COUNT]; /* 1: the backend runs this op on integers */
+  unsigned act_kinds;             /* activation: the kinds it runs on integers, bit k for qt_act_kind k;
+                                   * 0 = every kind */
   unsigned weight_bits;           /* allowed widths: bit b set for b-bit (2..8) */
   unsigned activation_bits;
   qt_signedness weight_sign, activation_sign;
@@ -104,6 +106,11 @@ typedef struct {
   int xnnpack_runtime;                              /* 1: deployed by lowering to XNNPACK's operators (the
                                                      * built-in xnnpack, backend/xnnpack.c) */
 } qt_backend_desc;
+
+/* Whether the backend runs node n's op on integers (for an activation: its kind too). */
+static inline int qt_backend_runs(const qt_backend_desc *d, const qt_node *n) {
+  return d->ops[n->op] && (n->op != QT_OP_ACTIVATION || !d->act_kinds || (d->act_kinds >> n->attr.act & 1u));
+}
 
 /* The Quantizer: annotations for g from the backend description d and the settings cfg.
  * Units (no quantization inside): conv -> bn (folded), and a relu or relu6 after a conv, linear

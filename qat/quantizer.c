@@ -316,7 +316,7 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
         out->weight_spec[i] = weight_spec(d, cfg, n->op, o && o->weight_bits ? o->weight_bits : cfg->weight_bits);
       }
     } else if (quantized_op(n->op)) {
-      quantized_unit[i] = !fp32 && (d->ops[n->op] || d->fallback_quantized[n->op]);
+      quantized_unit[i] = !fp32 && (qt_backend_runs(d, n) || d->fallback_quantized[n->op]);
     }
   }
   place_points(g, cfg, d, last, quantized_unit, out);

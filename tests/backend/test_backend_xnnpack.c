@@ -2,8 +2,11 @@
  * random data, one pattern at a time: dq -> conv [-> relu | relu6] -> q (per-channel qc8 weights,
  * input and output zero points, stride, a 4-bit output), depthwise and grouped convs,
  * dq -> flatten -> linear [-> relu] -> q (per-tensor weights), max pooling, global average
- * pooling, a residual add with relu: every output within 1 LSB, the share of 1-LSB differences
- * printed. An average pool (no qs8 kernel) runs as a fallback partition and equals the float
+ * pooling, a residual add with relu, elu, sigmoid and tanh with their fixed output qparams,
+ * multiply (one shape, and an image by a per-channel vector), the channel shuffle and slice
+ * (exact): every output within 1 LSB, the share of 1-LSB differences printed. Sigmoid and tanh
+ * with calibrated output qparams and the kinds without a qs8 operator run as fallback partitions,
+ * naming why. An average pool (no qs8 kernel) runs as a fallback partition and equals the float
  * Q/DQ executor bit for bit; a model quantized for oneDNN (u8 activations, per-channel linear
  * weights) runs entirely in fallbacks, each with its reason, never a wrong number; FashionCNN and
  * ResCNN quantized for XNNPACK (W8A8, W4A8, W4A4) end to end with their biases on the
@@ -316,6 +319,70 @@ static void add_pattern(int act) {
   qt_graph_free(g);
 }
 
+/* input -> q/dq -> activation -> q/dq (out_bits), calibrated: XNNPACK's qs8 elu; sigmoid and tanh
+ * fall back (their qs8 operators take only fixed output qparams) unless `fixed` gives the output
+ * those (1/256, -128; 1/128, 0); the kinds without a qs8 operator fall back. */
+static void activation_pattern(qt_act_kind kind, int out_bits, int fixed) {
+  char err[QT_ERR_LEN], what[64];
+  snprintf(what, sizeof what, "%s A%d%s", qt_act_name(kind), out_bits, fixed ? " (fixed output qparams)" : "");
+  qt_graph *g = qt_graph_create("act_pattern");
+  int x = qdq(g, "input.fq", qt_graph_input(g, "input", 6, 5, 8), 8);
+  x = qdq(g, "act.fq", qt_graph_activation(g, "act", x, qt_act_default(kind)), out_bits);
+  finalize(g, x);
+  float *in = random_input(g, 16, -4.0f, 4.0f);
+  calibrate(g, in, 16);
+  if (fixed)
+    for (int i = 0; i < g->n_nodes; i++)
+      if (strncmp(g->nodes[i].name, "act.fq.", 7) == 0) {
+        g->nodes[i].q->scale[0] = kind == QT_ACT_SIGMOID ? 1.0f / 256 : 1.0f / 128;
+        g->nodes[i].q->zero_point[0] = kind == QT_ACT_SIGMOID ? -128 : 0;
+      }
+  const int runs = kind == QT_ACT_ELU || fixed;
+  compare(what, g, in, 16, runs, !runs, 1, 0);
+  qt_backend_desc d;
+  qt_backend_desc_xnnpack(&d);
+  qt_device *m = qt_device_open(g, &d, err);
+  QT_ASSERT(m, "%s", err);
+  const char *reason = NULL, *want = kind == QT_ACT_SIGMOID || kind == QT_ACT_TANH ? "takes only an output scale of 1/"
+                                                                                     : "no qs8 ";
+  if (!runs && (qt_device_node_on_backend(m, "act", &reason) != 0 || !reason || !strstr(reason, want)))
+    qt_test_fail("%s: the fallback's reason is '%s', want '%s...'", what, reason ? reason : "", want);
+  qt_device_free(m);
+  free(in);
+  qt_graph_free(g);
+}
+
+/* a (an image) * b, each q/dq: b the per-channel global average pool of the input (squeeze-excite's
+ * gate) or a second q/dq of the input (one shape) */
+static void mul_pattern(int broadcast) {
+  qt_graph *g = qt_graph_create("mul_pattern");
+  const int x = qt_graph_input(g, "input", 6, 5, 8);
+  const int a = qdq(g, "a.fq", x, 8);
+  int b = qdq(g, "b.fq", x, 4); /* other qparams: a 4-bit range */
+  if (broadcast) b = qdq(g, "gap.fq", qt_graph_global_avg_pool(g, "gap", b), 8);
+  const int y = qdq(g, "mul.fq", qt_graph_mul(g, "mul", a, b), 8);
+  finalize(g, y);
+  float *in = random_input(g, 16, -1.5f, 2.0f);
+  calibrate(g, in, 16);
+  compare(broadcast ? "multiply image * per-channel vector" : "multiply of one shape", g, in, 16, 1 + broadcast, 0, 1,
+          0);
+  free(in);
+  qt_graph_free(g);
+}
+
+/* q/dq -> channel_shuffle (4 groups) -> channel_slice [2, 7): x8 copies, exact */
+static void channels_pattern(void) {
+  qt_graph *g = qt_graph_create("channels_pattern");
+  int x = qdq(g, "input.fq", qt_graph_input(g, "input", 6, 5, 8), 8);
+  x = qt_graph_channel_slice(g, "slice", qt_graph_channel_shuffle(g, "shuffle", x, 4), 2, 7);
+  finalize(g, x);
+  float *in = random_input(g, 16, -1.5f, 2.0f);
+  calibrate(g, in, 16);
+  compare("channel shuffle and slice on int8", g, in, 16, 2, 0, 0, 0);
+  free(in);
+  qt_graph_free(g);
+}
+
 /* dq -> avg_pool -> q: no qs8 kernel, an fp32 fallback partition with its reason; the device
  * equals the float Q/DQ executor bit for bit and the exact reference within 1 LSB. */
 static void fallback_pattern(void) {
@@ -525,6 +592,13 @@ int main(int argc, char **argv) {
   global_avg_pool_pattern(4);
   add_pattern(0);
   add_pattern(1);
+  for (int k = 0; k < QT_ACT_COUNT; k++) activation_pattern((qt_act_kind)k, 8, 0);
+  activation_pattern(QT_ACT_ELU, 4, 0);
+  activation_pattern(QT_ACT_SIGMOID, 8, 1);
+  activation_pattern(QT_ACT_TANH, 8, 1);
+  mul_pattern(1);
+  mul_pattern(0);
+  channels_pattern();
   fallback_pattern();
   onednn_model_on_xnnpack("fashion_cnn");
   onednn_model_on_xnnpack("res_cnn");
