@@ -346,11 +346,45 @@ static int shuffle_end(imp *im, sym *p, const sym *shape, int64_t allowzero) {
   return 0;
 }
 
-/* Transpose: only the swap of a channel shuffle's groups and channels. */
+/* Transpose of a constant matrix (a linear layer's weight as torch's exporter writes it without
+ * constant folding: MatMul(x, Transpose(W))): the transposed constant, made at import. */
+static int transpose_const(imp *im, sym *p) {
+  const Onnx__TensorProto *t = p->t;
+  int64_t perm[2] = {1, 0};
+  int found = 0;
+  if (qt_imp_attr_ints(im, "perm", perm, 2, &found)) return -1;
+  if (t->n_dims != 2 || perm[0] != 1 || perm[1] != 0)
+    return qt_imp_node_err(im, "Transpose of the constant '%s' (%zu dims): only a matrix's (perm [1, 0]) is supported",
+                           str(t->name), t->n_dims);
+  if (qt_imp_check_float_tensor(im, t, "matrix", 2, NULL)) return -1;
+  if (p->user)
+    return qt_imp_node_err(im,
+                           "the constant '%s' is also a parameter of node '%s'; shared parameters are not supported",
+                           str(t->name), p->user);
+  p->user = im->node->name && im->node->name[0] ? im->node->name : "(unnamed)";
+  const int64_t R = t->dims[0], C = t->dims[1], dims[2] = {C, R};
+  float *x = malloc((size_t)(R * C + 1) * sizeof *x);
+  QT_ASSERT(x, "out of memory");
+  qt_imp_float_data(t, x, R * C);
+  Onnx__TensorProto *y =
+      qt_imp_new_tensor(im, im->node->output[0], ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, dims, (size_t)2);
+  float *out = (float *)y->raw_data.data;
+  for (int64_t i = 0; i < R; i++)
+    for (int64_t j = 0; j < C; j++) out[j * R + i] = x[i * C + j];
+  free(x);
+  sym *s = qt_imp_add_sym(im, im->node->output[0], S_CONST);
+  s->t = y;
+  s->computed = 1;
+  return 0;
+}
+
+/* Transpose: the swap of a channel shuffle's groups and channels; the tokens' and attention's
+ * (import_tokens.c); a constant matrix. */
 static int op_transpose(imp *im) {
   const int r = qt_imp_tokens_transpose(im);
   if (r) return r < 0 ? -1 : 0;
   sym *p = in_name(im->node, 0) ? qt_imp_find(im, im->node->input[0]) : NULL;
+  if (p && p->kind == S_CONST) return transpose_const(im, p);
   int64_t perm[5];
   int found = 0;
   if (p && p->kind == S_NONE && p->shuffle == 1) {

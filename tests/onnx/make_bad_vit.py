@@ -1,9 +1,12 @@
 #!/usr/bin/python3
-"""Writes variants of tests/onnx/models/vit.onnx that the importer must refuse (run at test time by
-tests/onnx/test_onnx_errors.sh with Debian's python3-onnx; no torch):
+"""Writes variants of tests/onnx/models/vit.onnx (run at test time by tests/onnx/test_onnx_errors.sh
+with Debian's python3-onnx; no torch). Three the importer must refuse:
   vit_scale.onnx         the first attention's scores scaled by 0.5, not 1 / sqrt(head size)
   vit_softmax_axis.onnx  the first attention's Softmax over axis 2, not the last
   vit_mean_keepdims.onnx the mean of the tokens with keepdims 1 ([N, 1, C])
+and one it must import as vit.onnx itself:
+  vit_transposed.onnx    every MatMul weight W stored transposed and read through Transpose(W^T), as
+                         torch's exporter writes a linear layer of tokens without constant folding
 Usage: make_bad_vit.py OUT_DIR"""
 import os
 import sys
@@ -33,11 +36,28 @@ def scaled(model):
     set_attr(const, "value", numpy_helper.from_array(np.array(0.5, dtype=np.float32)))
 
 
+def transposed(model):
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes = []
+    for n in model.graph.node:
+        if n.op_type == "MatMul" and n.input[1] in inits:
+            t = inits[n.input[1]]
+            wt = numpy_helper.to_array(t).T.copy()
+            t.CopyFrom(numpy_helper.from_array(wt, t.name + "_t"))
+            out = t.name + "_back"
+            nodes.append(helper.make_node("Transpose", [t.name], [out], name=n.name + "_weight_T", perm=[1, 0]))
+            n.input[1] = out
+        nodes.append(n)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
 def main():
     out = sys.argv[1]
     edits = {"vit_scale": scaled,
              "vit_softmax_axis": lambda m: set_attr(first(m, "Softmax"), "axis", 2),
-             "vit_mean_keepdims": lambda m: set_attr(first(m, "ReduceMean"), "keepdims", 1)}
+             "vit_mean_keepdims": lambda m: set_attr(first(m, "ReduceMean"), "keepdims", 1),
+             "vit_transposed": transposed}
     for name, edit in edits.items():
         model = onnx.load(os.path.join(HERE, "models", "vit.onnx"))
         edit(model)

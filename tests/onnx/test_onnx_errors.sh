@@ -9,7 +9,7 @@
 # The bad models are made by tests/onnx/make_onnx_models.py (the external-data ones by
 # tests/onnx/make_torch2_models.py); hostile ones (nesting 100,000 deep, an
 # unnamed graph input) by tests/onnx/make_hostile_onnx.py at test time, and variants of the vision
-# transformer by tests/onnx/make_bad_vit.py.
+# transformer by tests/onnx/make_bad_vit.py (and one it imports as the original: the same run).
 # Usage: test_onnx_errors.sh path/to/qat_train SOURCE_DIR
 set -u
 BIN="$1"
@@ -79,6 +79,17 @@ expect split_h "node 'halves' (Split, opset 13)" "Split along axis 2: only along
 expect vit_scale "node '/blocks/blocks.0/attn/Softmax' (Softmax, opset 17)" "the attention scores are scaled by 0.5; only by 1 / sqrt(8)" -- "$T/vit_scale.onnx"
 expect vit_softmax_axis "(Softmax, opset 17)" "Softmax is supported only over the last axis of attention scores" -- "$T/vit_softmax_axis.onnx"
 expect vit_mean_keepdims "node '/ReduceMean' (ReduceMean, opset 17)" "only over T (axes [1], keepdims 0)" -- "$T/vit_mean_keepdims.onnx"
+# ... and with its MatMul weights read through Transpose nodes (torch's export without constant
+# folding): imported as vit.onnx itself, the same one-epoch run (one thread) to the last digit
+for m in tests/onnx/models/vit.onnx "$T/vit_transposed.onnx"; do
+  OMP_NUM_THREADS=1 "$BIN" "$T/ok.ini" "model.onnx=$m" train.threads=1 data.train_limit=256 data.test_limit=128 \
+    "output.dir=$T/same_$(basename "$m" .onnx)" >/dev/null 2>"$T/err" || { echo "$m: exit $?:"; cat "$T/err"; fail=1; }
+done
+# (epoch, lr, losses and accuracies; not the timing columns)
+cut -d, -f1-6 "$T/same_vit/metrics.csv" > "$T/m1"; cut -d, -f1-6 "$T/same_vit_transposed/metrics.csv" > "$T/m2"
+if ! cmp -s "$T/m1" "$T/m2" || [ "$(wc -l < "$T/m1")" -lt 2 ]; then
+  echo "vit_transposed: its run differs from vit.onnx's:"; cat "$T/same_vit/metrics.csv" "$T/same_vit_transposed/metrics.csv"; fail=1
+fi
 # import is linear in the model's size: 100,000 nodes, and 8,000 nodes of one name (their IR
 # names were found by linear scans, cubic in the repeated name: over a minute), each walked to
 # the refusal at their end (the output is an image), within a bound far above the time they take
