@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""torchvision's CNN zoo through the whole pipeline: fp32 -> PTQ W8A8 -> QAT W4A8 -> check ->
+"""torchvision's CNN zoo and a small vision transformer through the whole pipeline: fp32 -> PTQ W8A8 -> QAT W4A8 -> check ->
 int8 device -> QDQ ONNX -> ONNX Runtime, one row per model, into experiments/results/zoo.md
 (+ zoo.json).
 
@@ -11,8 +11,12 @@ onnxruntime, h5py), by hand, never in CI. Each model is torchvision's, built wit
 first convolution taking 1 channel (Fashion-MNIST's 1x28x28), exported by the TorchScript
 exporter in training mode (BN kept, opset 17, dynamic batch); EfficientNet-B0 with
 stochastic_depth_prob=0 (in training mode its stochastic depth exports random ops, which the
-importer refuses). Then build/bin/qat_train, as a user would:
-  - fp32: experiments/mobilenet_onnx_fp32.ini's recipe (SGD 0.05, cosine, batch 128) for
+importer refuses). The ViT is tests/onnx/make_act_models.py's (timm's style: 4x4 patches of
+1x28x28 as 49 tokens of 32 features, 2 pre-norm blocks of 4 heads, q, k, v as separate linear
+maps; torchvision's VisionTransformer, with nn.MultiheadAttention and a class token, is refused
+at import), trained with experiments/vit_onnx_fp32.ini's recipe (AdamW 2e-3, weight decay 0.05)
+and QAT at lr 2e-4. Then build/bin/qat_train, as a user would:
+  - fp32: experiments/mobilenet_onnx_fp32.ini's recipe (SGD 0.05, cosine, batch 128; the ViT's above) for
     --fp32-epochs on the first --train-limit training images;
   - PTQ W8A8 (oneDNN Quantizer, histogram MSE ranges) and QAT W4A8 (LSQ, --qat-epochs at lr
     0.005, BN frozen after the first epoch) from that checkpoint; each converts, checks the
@@ -42,10 +46,14 @@ import ort_eval  # noqa: E402
 import ortlib  # noqa: E402
 
 MODELS = ["resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "shufflenet_v2_x0_5",
-          "squeezenet1_1"]
-FP32_INI = os.path.join(ROOT, "experiments", "mobilenet_onnx_fp32.ini")
+          "squeezenet1_1", "vit"]
+# per model kind: the fp32 recipe, the names in it that the run replaces, the QAT learning rate
+RECIPES = {"cnn": (os.path.join(ROOT, "experiments", "mobilenet_onnx_fp32.ini"), "tests/onnx/models/mobilenet.onnx",
+                   "runs/mobilenet_onnx_fp32", "0.005"),
+           "vit": (os.path.join(ROOT, "experiments", "vit_onnx_fp32.ini"), "tests/onnx/models/vit.onnx",
+                   "runs/vit_onnx_fp32", "0.0002")}
 QAT = ["quant.mode=qat", "quant.weight_bits=4", "quant.activation_bits=8", "quant.quantizer=onednn",
-       "train.lr=0.005", "train.schedule=cosine", "train.min_lr=0", "quant.learnable_scale=true",
+       "train.schedule=cosine", "train.min_lr=0", "quant.learnable_scale=true",
        "quant.activation_observer=histogram", "quant.activation_range=mse", "quant.freeze_bn_after=1"]
 PTQ = ["quant.mode=ptq", "quant.weight_bits=8", "quant.activation_bits=8", "quant.quantizer=onednn",
        "quant.calibration_batches=32", "quant.activation_observer=histogram", "quant.activation_range=mse"]
@@ -54,6 +62,10 @@ PTQ = ["quant.mode=ptq", "quant.weight_bits=8", "quant.activation_bits=8", "quan
 def build(name):
     import torch.nn as nn
     import torchvision
+    if name == "vit":
+        sys.path.insert(0, os.path.join(ROOT, "tests", "onnx"))
+        import make_act_models
+        return make_act_models.ViT()
     kw = {"num_classes": 10}
     if name == "efficientnet_b0":
         kw["stochastic_depth_prob"] = 0.0
@@ -142,13 +154,17 @@ def run_model(args, name):
     row["export_s"] = round(time.time() - t0, 1)
     fp32_dir = os.path.join(d, "fp32")
     config = os.path.join(d, "fp32.ini")
-    with open(FP32_INI) as f:
+    ini, ini_model, ini_dir, qat_lr = RECIPES["vit" if name == "vit" else "cnn"]
+    with open(ini) as f:
         text = f.read()
-    text = text.replace("tests/onnx/models/mobilenet.onnx", onnx_path).replace("runs/mobilenet_onnx_fp32", fp32_dir)
+    text = text.replace(ini_model, onnx_path).replace(ini_dir, fp32_dir)
     text = text.replace("epochs = 4", "epochs = %d" % args.fp32_epochs)
+    # the limits in the recipe's file, so that the PTQ and QAT runs reuse its fp32 checkpoint
+    # (quant.fp32_config: a run whose [data] differs trains its own)
+    text = text.replace("[data]\n", "[data]\ntrain_limit = %d\ntest_limit = %d\n" % (args.train_limit, args.test_limit), 1)
     with open(config, "w") as f:
         f.write(text)
-    limits = ["data.train_limit=%d" % args.train_limit, "data.test_limit=%d" % args.test_limit]
+    limits = []
     rc, sec, cmd = qat_train(args, config, limits, os.path.join(d, "fp32.log"))
     row["fp32_rc"], row["fp32_s"] = rc, round(sec, 1)
     if rc:
@@ -159,7 +175,7 @@ def run_model(args, name):
     row["fp32"] = acc(s, "fp32")
     row["train_images_per_s"] = s["train"]["images_per_s"]
     row["peak_rss_mb"] = s["train"]["peak_rss_mb"]
-    for kind, over in (("ptq_w8a8", PTQ), ("qat_w4a8", QAT + ["train.epochs=%d" % args.qat_epochs])):
+    for kind, over in (("ptq_w8a8", PTQ), ("qat_w4a8", QAT + ["train.lr=" + qat_lr, "train.epochs=%d" % args.qat_epochs])):
         out = os.path.join(d, kind)
         rc, sec, cmd = qat_train(args, config, limits + over + [
             "quant.fp32_checkpoint=" + os.path.join(fp32_dir, "checkpoint.h5"), "quant.fp32_config=" + config,
@@ -191,13 +207,21 @@ def write(args, rows, versions):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "zoo.json"), "w") as f:
         json.dump({"versions": versions, "args": vars(args), "rows": rows}, f, indent=1)
-    lines = ["# torchvision's CNN zoo through the pipeline", "",
-             "Generated by `bench/peers/.venv/bin/python experiments/zoo.py %s` on %s (%s, %d cores, %s)." % (
-                 " ".join(sys.argv[1:]), versions["date"], versions["cpu"], os.cpu_count(), "one run at a time"),
+    made = []  # each distinct command and date, with its models
+    for r in rows:
+        key = (r.get("command", "experiments/zoo.py"), r.get("date", versions["date"]))
+        if key not in [m[0] for m in made]:
+            made.append((key, []))
+        next(m[1] for m in made if m[0] == key).append(r["model"])
+    by = "; ".join("`bench/peers/.venv/bin/python %s` on %s%s" % (c, d, "" if len(made) == 1 else " (%s)" % ", ".join(ms))
+                   for (c, d), ms in made)
+    lines = ["# torchvision's CNN zoo and a small vision transformer through the pipeline", "",
+             "Generated by %s (%s, %d cores, %s)." % (by, versions["cpu"], os.cpu_count(), "one run at a time"),
              "torch %s, torchvision %s (the exporter), ONNX Runtime %s." % (
                  versions["torch"], versions["torchvision"], versions["onnxruntime"]), "",
-             "Recipe (a pipeline check, not a tuned training): fp32 %d epochs on the first %d training images; "
-             "PTQ W8A8 (histogram MSE ranges, oneDNN Quantizer); QAT W4A8 (LSQ) %d epoch(s) from the fp32 "
+             "Recipe (a pipeline check, not a tuned training): fp32 %d epochs on the first %d training images "
+             "(SGD 0.05; the ViT: AdamW 2e-3); PTQ W8A8 (histogram MSE ranges, oneDNN Quantizer); QAT W4A8 (LSQ; "
+             "lr 0.005, the ViT 2e-4) %d epoch(s) from the fp32 "
              "checkpoint; accuracies (%%) on the first %d test images. The check is the training graph against the "
              "Q/DQ graph; device: the oneDNN int8 lowering against the Q/DQ graph, whose float32 executor is "
              "checked against the exact integer reference (max output LSB); ORT: ONNX Runtime (optimizations "
@@ -236,6 +260,8 @@ def main():
     ap.add_argument("--test-limit", type=int, default=2000)
     ap.add_argument("--fp32-epochs", type=int, default=2)
     ap.add_argument("--qat-epochs", type=int, default=1)
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the rows of OUT/zoo.json for the models not run now (same settings required)")
     args = ap.parse_args()
     import onnxruntime
     import torch
@@ -246,13 +272,23 @@ def main():
     versions = {"torch": torch.__version__, "torchvision": torchvision.__version__,
                 "onnxruntime": onnxruntime.__version__, "machine": platform.node() or "?", "cpu": cpu,
                 "date": time.strftime("%Y-%m-%d")}
+    kept = {}
+    if args.keep:
+        with open(os.path.join(args.out, "zoo.json")) as f:
+            old = json.load(f)
+        same = ("train_limit", "test_limit", "fp32_epochs", "qat_epochs", "build")
+        if any(old["args"].get(k) != getattr(args, k) for k in same):
+            sys.exit("zoo: --keep: %s/zoo.json was made with other settings (%s)" % (args.out, ", ".join(same)))
+        kept = {r["model"]: r for r in old["rows"] if r["model"] not in args.models}
     rows = []
     for name in args.models:
         print("zoo: %s ..." % name, flush=True)
         t0 = time.time()
         rows.append(run_model(args, name))
+        rows[-1].update({"command": " ".join(["experiments/zoo.py"] + sys.argv[1:]), "date": versions["date"]})
         print("zoo: %s done in %.0f s: %s" % (name, time.time() - t0, json.dumps(rows[-1])[:300]), flush=True)
-        write(args, rows, versions)
+        done = {r["model"]: r for r in rows}
+        write(args, [done.get(m) or kept[m] for m in MODELS if m in done or m in kept], versions)
     return 0
 
 
