@@ -81,6 +81,24 @@ def build(name):
     return m
 
 
+def recipe_kind(name):
+    return "vit" if name == "vit" else "cnn"
+
+
+def write_fp32_config(name, onnx_path, out_dir, path, epochs, train_limit, test_limit):
+    """The model's fp32 recipe (RECIPES) for onnx_path, written to `path`: its output in out_dir, the
+    data limits in the file, so that the PTQ and QAT runs reuse its fp32 checkpoint
+    (quant.fp32_config: a run whose [data] differs trains its own)."""
+    ini, ini_model, ini_dir, _ = RECIPES[recipe_kind(name)]
+    with open(ini) as f:
+        text = f.read()
+    text = text.replace(ini_model, onnx_path).replace(ini_dir, out_dir)
+    text = text.replace("epochs = 4", "epochs = %d" % epochs)
+    text = text.replace("[data]\n", "[data]\ntrain_limit = %d\ntest_limit = %d\n" % (train_limit, test_limit), 1)
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def export(name, path):
     import torch
     torch.manual_seed(0)
@@ -154,16 +172,8 @@ def run_model(args, name):
     row["export_s"] = round(time.time() - t0, 1)
     fp32_dir = os.path.join(d, "fp32")
     config = os.path.join(d, "fp32.ini")
-    ini, ini_model, ini_dir, qat_lr = RECIPES["vit" if name == "vit" else "cnn"]
-    with open(ini) as f:
-        text = f.read()
-    text = text.replace(ini_model, onnx_path).replace(ini_dir, fp32_dir)
-    text = text.replace("epochs = 4", "epochs = %d" % args.fp32_epochs)
-    # the limits in the recipe's file, so that the PTQ and QAT runs reuse its fp32 checkpoint
-    # (quant.fp32_config: a run whose [data] differs trains its own)
-    text = text.replace("[data]\n", "[data]\ntrain_limit = %d\ntest_limit = %d\n" % (args.train_limit, args.test_limit), 1)
-    with open(config, "w") as f:
-        f.write(text)
+    write_fp32_config(name, onnx_path, fp32_dir, config, args.fp32_epochs, args.train_limit, args.test_limit)
+    qat_lr = RECIPES[recipe_kind(name)][3]
     limits = []
     rc, sec, cmd = qat_train(args, config, limits, os.path.join(d, "fp32.log"))
     row["fp32_rc"], row["fp32_s"] = rc, round(sec, 1)

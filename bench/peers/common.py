@@ -45,19 +45,32 @@ def parse_ini_train(path):
     return dict(cp["train"]) if cp.has_section("train") else {}
 
 
+def zoo_model(model):
+    """Whether `model` is one of experiments/zoo.py's (torchvision's, and the small ViT)."""
+    import zoo
+    return model in zoo.MODELS
+
+
 def recipe(model, method):
     """The training recipe of `method` (fp32, ptq, qat, ...) for `model` as qat_train would
     resolve it: the model's fp32 config's [train], then the grid's overrides and the method's
-    (train.* keys, and quant.freeze_bn_after / quant.calibration_batches)."""
-    g = load_grid(model)
-    cfg = os.path.join(ROOT, g["fp32_config"].replace("{model}", model))
+    (train.* keys, and quant.freeze_bn_after / quant.calibration_batches). A zoo model: its zoo
+    recipe's fp32 [train] (experiments/zoo.py, RECIPES)."""
+    if zoo_model(model):
+        import zoo
+        g, cfg = None, zoo.RECIPES[zoo.recipe_kind(model)][0]
+    else:
+        g = load_grid(model)
+        cfg = os.path.join(ROOT, g["fp32_config"].replace("{model}", model))
     r = {"epochs": 4, "batch_size": 128, "optimizer": "sgd", "lr": 0.05, "schedule": "cosine", "min_lr": 0.0,
          "momentum": 0.9, "nesterov": False, "weight_decay": 5e-4, "warmup_epochs": 0, "beta1": 0.9,
          "beta2": 0.999, "adam_eps": 1e-8, "freeze_bn_after": 0.0, "calibration_batches": 32}
     for k, v in parse_ini_train(cfg).items():
         r[k] = v
-    overrides = list(g["overrides"]) + list(g["method_defs"][method]["overrides"])
-    overrides += g["model_overrides"].get("%s:%s" % (method, model), [])
+    overrides = []
+    if g:
+        overrides = list(g["overrides"]) + list(g["method_defs"][method]["overrides"])
+        overrides += g["model_overrides"].get("%s:%s" % (method, model), [])
     for ov in overrides:
         key, _, value = ov.partition("=")
         sec, _, name = key.partition(".")

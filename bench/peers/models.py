@@ -55,6 +55,9 @@ def build(name):
         return ResCNN()
     if name in ("mobilenet_onnx", "mobilenet"):
         return MobileNetSmall()
+    import zoo  # experiments/zoo.py (on the path by common.py): torchvision's models as the zoo builds them
+    if name in zoo.MODELS:
+        return zoo.build(name)
     raise ValueError("unknown model %r (known: %s)" % (name, ", ".join(MODEL_NAMES)))
 
 

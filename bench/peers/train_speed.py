@@ -3,6 +3,11 @@ eager channels_last, torch.compile), one epoch each per round, the contenders ta
 
     bench/peers/.venv/bin/python bench/peers/train_speed.py                 # 30,000 images, 3 rounds
     bench/peers/.venv/bin/python bench/peers/train_speed.py --models fashion_cnn --images 2000 --rounds 1
+    bench/peers/.venv/bin/python bench/peers/train_speed.py --models resnet18,mobilenet_v2 --images 4096
+
+A model of experiments/zoo.py (torchvision's, with 10 classes and a 1-channel first convolution)
+is exported as the zoo exports it and trained by qat_train with the zoo's fp32 recipe (that of
+experiments/mobilenet_onnx_fp32.ini); PyTorch trains torchvision's module itself.
 
 As bench/bench_train.py does it: every round runs ours (`qat_train experiments/<model>_fp32.ini
 train.epochs=1 data.train_limit=N`, its images/s from summary.json: the epoch's training steps)
@@ -91,8 +96,14 @@ def run_torch(model, images, variant, threads, warmup, seed):
 
 def run_ours(build, model, images, threads, seed):
     out = tempfile.mkdtemp(prefix="peers_train_")
-    g = common.load_grid(model)
-    cfg = os.path.join(common.ROOT, g["fp32_config"].replace("{model}", model))
+    if common.zoo_model(model):  # exported as experiments/zoo.py does, with its fp32 recipe
+        import zoo
+        onnx_path, cfg = os.path.join(out, model + ".onnx"), os.path.join(out, "fp32.ini")
+        zoo.export(model, onnx_path)
+        zoo.write_fp32_config(model, onnx_path, out, cfg, 1, images, 1000)
+    else:
+        g = common.load_grid(model)
+        cfg = os.path.join(common.ROOT, g["fp32_config"].replace("{model}", model))
     cmd = [common.qat_train(build), cfg, "train.epochs=1", "data.train_limit=%d" % images, "data.test_limit=1000",
            "output.dir=" + out, "output.progress=none", "train.threads=%d" % threads, "train.seed=%d" % seed]
     p = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True,
