@@ -269,8 +269,9 @@ static void table_of(const qt_lowering *L, const float *y, int relu, int quant, 
   for (int k = 0; k < 256; k++) map[k] = (uint8_t)q[k];
 }
 
-/* A unit's kernel step reading node i's first input, into the quantize's u8 value. */
-static qt_step *u8_unit_step(qt_lowering *L, int i, int kind, int relu, int quant) {
+/* A unit's kernel step reading node i's inputs, into the quantize's u8 value; requant: the step
+ * quantizes floats itself (the quantize's range and qparams on the step). */
+static qt_step *u8_unit_step(qt_lowering *L, int i, int kind, int relu, int quant, int requant) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const int64_t numel = qt_value_numel(&g->values[n->output]);
@@ -278,6 +279,15 @@ static qt_step *u8_unit_step(qt_lowering *L, int i, int kind, int relu, int quan
                               (size_t)numel);
   for (int k = 1; k < n->n_inputs; k++) s->in[k] = L->rep[n->inputs[k]].slot;
   qt_unit_done(L, i, relu, quant, s->out);
+  if (requant) {
+    const qt_node *qn = &g->nodes[quant];
+    const qt_value_rep *r = &L->rep[qn->output];
+    s->qmin = qn->q->spec.qmin;
+    s->qmax = qn->q->spec.qmax;
+    s->channels = 1;
+    s->scale = r->scale;
+    s->zero_point = r->zero_point;
+  }
   return s;
 }
 
@@ -300,7 +310,6 @@ static const char *lower_binary_u8(qt_lowering *L, int i) {
   int relu, quant;
   const char *why = qt_match_output(L, i, &relu, &quant);
   if (why) return why;
-  const qt_node *qn = &g->nodes[quant];
   u8_add *a = qt_keep(L->p, sizeof *a);
   for (int k = 0; k < 2; k++) dequantized(&L->rep[n->inputs[k]], a->lut[k]);
   a->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
@@ -310,14 +319,8 @@ static const char *lower_binary_u8(qt_lowering *L, int i) {
   const int64_t numel = qt_value_numel(av);
   a->P = numel == qt_value_numel(bv) ? 1 : av->shape[0] * av->shape[1]; /* else an image by a (C) vector */
   a->C = numel / a->P;
-  qt_step *s = u8_unit_step(L, i, K_ADD_U8, relu, quant);
+  qt_step *s = u8_unit_step(L, i, K_ADD_U8, relu, quant, 1);
   s->aux = a;
-  s->qmin = qn->q->spec.qmin;
-  s->qmax = qn->q->spec.qmax;
-  const qt_value_rep *r = &L->rep[qn->output];
-  s->channels = 1;
-  s->scale = r->scale;
-  s->zero_point = r->zero_point;
   char nodes[256];
   qt_unit_nodes(L, i, 2, relu, quant, nodes, sizeof nodes);
   qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 %s u8 -> u8%s (own scales and zero points, requantized)",
@@ -337,7 +340,7 @@ static const char *lower_activation_u8(qt_lowering *L, int i) {
   const qt_act a = {(qt_act_kind)n->attr.act, n->attr.alpha, n->attr.beta};
   qt_act_forward(y, x, 256, &a);
   u8_table *t = qt_keep(L->p, sizeof *t);
-  qt_step *s = u8_unit_step(L, i, K_TABLE_U8, relu, quant);
+  qt_step *s = u8_unit_step(L, i, K_TABLE_U8, relu, quant, 0);
   table_of(L, y, relu, quant, t->map[0]);
   s->aux = t;
   char nodes[256];
@@ -371,7 +374,7 @@ static const char *lower_concat_u8(qt_lowering *L, int i) {
     t->off[k] = k ? t->off[k - 1] + t->C[k - 1] : 0;
     dequantized(&L->rep[n->inputs[k]], x[k]);
   }
-  qt_step *s = u8_unit_step(L, i, K_CONCAT_U8, relu, quant);
+  qt_step *s = u8_unit_step(L, i, K_CONCAT_U8, relu, quant, 0);
   for (int k = 0; k < n->n_inputs; k++) table_of(L, x[k], relu, quant, t->map[k]);
   s->in_numel = qt_value_numel(yv); /* rows * Y per sample */
   s->aux = t;
@@ -437,15 +440,8 @@ static const char *lower_gap_u8(qt_lowering *L, int i) {
   a->C = xv->shape[2];
   a->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
   a->relu = relu >= 0 && !a->relu6;
-  const qt_node *qn = &g->nodes[quant];
-  qt_step *s = u8_unit_step(L, i, K_GAP_U8, relu, quant);
+  qt_step *s = u8_unit_step(L, i, K_GAP_U8, relu, quant, 1);
   s->aux = a;
-  s->qmin = qn->q->spec.qmin;
-  s->qmax = qn->q->spec.qmax;
-  const qt_value_rep *r = &L->rep[qn->output];
-  s->channels = 1;
-  s->scale = r->scale;
-  s->zero_point = r->zero_point;
   char nodes[256];
   qt_unit_nodes(L, i, 1, relu, quant, nodes, sizeof nodes);
   qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "global average pool u8 -> u8 (float sums, requantized)%s",

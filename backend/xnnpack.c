@@ -282,9 +282,13 @@ static const char *lower_layer(qt_lowering *L, int i) {
   return NULL;
 }
 
-static const char *lower_add(qt_lowering *L, int i) {
+/* dq(a) + dq(b) or dq(a) * dq(b) [-> relu] -> q, each input with its own qparams: add, b of a's
+ * shape; mul, b of a's shape or a per-channel vector of an image (squeeze-excite), broadcast over
+ * its pixels. */
+static const char *lower_binary(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
+  const int mul = n->op == QT_OP_MUL;
   const char *why;
   for (int k = 0; k < 2; k++)
     if ((why = int8_input_problem(L, n->inputs[k]))) return why;
@@ -295,22 +299,25 @@ static const char *lower_add(qt_lowering *L, int i) {
   int8_t lo, hi;
   output_clamp(g, act, qo, &lo, &hi);
   xnn_operator_t op = NULL;
-  const enum xnn_status st =
-      xnn_create_add_nd_qs8((int8_t)a->zero_point[0], a->scale[0], (int8_t)b->zero_point[0], b->scale[0],
-                            (int8_t)qo->zero_point[0], qo->scale[0], lo, hi, 0, &op);
+  const enum xnn_status st = (mul ? xnn_create_multiply_nd_qs8 : xnn_create_add_nd_qs8)(
+      (int8_t)a->zero_point[0], a->scale[0], (int8_t)b->zero_point[0], b->scale[0], (int8_t)qo->zero_point[0],
+      qo->scale[0], lo, hi, 0, &op);
   if (st != xnn_status_success) {
-    snprintf(L->why, sizeof L->why, "xnn_create_add_nd_qs8 refused it (%s; input / output scale ratios %.4g, %.4g)",
-             qt_xnn_status_name(st), a->scale[0] / qo->scale[0], b->scale[0] / qo->scale[0]);
+    snprintf(L->why, sizeof L->why, "%s refused it (%s; input / output scale ratios %.4g, %.4g)",
+             mul ? "xnn_create_multiply_nd_qs8" : "xnn_create_add_nd_qs8", qt_xnn_status_name(st),
+             a->scale[0] / qo->scale[0], b->scale[0] / qo->scale[0]);
     return L->why;
   }
-  const int64_t numel = qt_value_numel(&g->values[n->output]);
-  qt_step *s = qt_kernel_step(L->p, XK_ADD, op, a->slot, numel, (size_t)numel);
+  const int64_t numel = qt_value_numel(&g->values[n->inputs[0]]), bn = qt_value_numel(&g->values[n->inputs[1]]);
+  qt_step *s = qt_kernel_step(L->p, mul ? XK_MUL : XK_ADD, op, a->slot, numel, (size_t)numel);
   s->in[1] = b->slot;
+  s->W = (int)bn;           /* b's values per sample: C, or all of a's */
+  s->H = (int)(numel / bn); /* the pixels b is applied at */
   qt_unit_done(L, i, act, quant, s->out);
   char nodes[256];
   qt_unit_nodes(L, i, 2, act, quant, nodes, sizeof nodes);
-  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "add qs8 + qs8 -> qs8%s (own scales and zero points)",
-              act_text(g, act));
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s qs8 %s qs8 -> qs8%s (own scales and zero points)",
+              mul ? "multiply" : "add", mul ? "*" : "+", act_text(g, act));
   return NULL;
 }
 
@@ -455,38 +462,6 @@ static const char *lower_activation(qt_lowering *L, int i) {
   return NULL;
 }
 
-/* dq(a) * dq(b) [-> relu] -> q: b of a's shape, or a per-channel vector of an image (squeeze-excite). */
-static const char *lower_mul(qt_lowering *L, int i) {
-  const qt_graph *g = L->g;
-  const qt_node *n = &g->nodes[i];
-  const char *why;
-  for (int k = 0; k < 2; k++)
-    if ((why = int8_input_problem(L, n->inputs[k]))) return why;
-  int act, quant;
-  if ((why = qt_match_output(L, i, &act, &quant))) return why;
-  const qt_qstate *qo = g->nodes[quant].q;
-  const qt_value_rep *a = &L->rep[n->inputs[0]], *b = &L->rep[n->inputs[1]];
-  int8_t lo, hi;
-  output_clamp(g, act, qo, &lo, &hi);
-  xnn_operator_t op = NULL;
-  if ((why = created(L, "xnn_create_multiply_nd_qs8",
-                     xnn_create_multiply_nd_qs8((int8_t)a->zero_point[0], a->scale[0], (int8_t)b->zero_point[0],
-                                                b->scale[0], (int8_t)qo->zero_point[0], qo->scale[0], lo, hi, 0, &op))))
-    return why;
-  const qt_value *av = &g->values[n->inputs[0]];
-  const int64_t numel = qt_value_numel(av), bn = qt_value_numel(&g->values[n->inputs[1]]);
-  qt_step *s = qt_kernel_step(L->p, XK_MUL, op, a->slot, numel, (size_t)numel);
-  s->in[1] = b->slot;
-  s->W = (int)bn;           /* b's values per sample: C, or all of a's */
-  s->H = (int)(numel / bn); /* the pixels b is applied at */
-  qt_unit_done(L, i, act, quant, s->out);
-  char nodes[256];
-  qt_unit_nodes(L, i, 2, act, quant, nodes, sizeof nodes);
-  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "multiply qs8 * qs8 -> qs8%s (own scales and zero points)",
-              act_text(g, act));
-  return NULL;
-}
-
 /* channel_shuffle and channel_slice on int8: x8 copies, the input's qparams kept. */
 static const char *lower_channels(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
@@ -522,8 +497,8 @@ static const char *lower_node(qt_lowering *L, int i) {
   switch (L->g->nodes[i].op) {
     case QT_OP_CONV2D:
     case QT_OP_LINEAR: return lower_layer(L, i);
-    case QT_OP_ADD: return lower_add(L, i);
-    case QT_OP_MUL: return lower_mul(L, i);
+    case QT_OP_ADD:
+    case QT_OP_MUL: return lower_binary(L, i);
     case QT_OP_ACTIVATION: return lower_activation(L, i);
     case QT_OP_CHANNEL_SHUFFLE:
     case QT_OP_CHANNEL_SLICE: return lower_channels(L, i);
