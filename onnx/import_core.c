@@ -230,7 +230,7 @@ int qt_imp_axes(imp *im, size_t k, int64_t *axes, int *n) {
     if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS || a->n_ints > MAX_INTS)
       return qt_imp_node_err(im, "attribute axes: expected at most %d integers", MAX_INTS);
     *n = (int)a->n_ints;
-    memcpy(axes, a->ints, a->n_ints * sizeof *axes);
+    qt_imp_copy(axes, a->ints, a->n_ints * sizeof *axes);
     return 0;
   }
   if (!in_name(im->node, k)) return 0;
@@ -238,7 +238,7 @@ int qt_imp_axes(imp *im, size_t k, int64_t *axes, int *n) {
   const sym *s = qt_imp_ints_input(im, k, "axes", &tmp);
   if (!s) return -1;
   *n = s->n_ints;
-  memcpy(axes, s->ints, (size_t)s->n_ints * sizeof *axes);
+  qt_imp_copy(axes, s->ints, (size_t)s->n_ints * sizeof *axes);
   return 0;
 }
 
@@ -326,9 +326,9 @@ int qt_imp_check_float_tensor(imp *im, const Onnx__TensorProto *t, const char *r
 /* raw_data may be unaligned: copied. */
 void qt_imp_float_data(const Onnx__TensorProto *t, float *out, int64_t n) {
   if (t->has_raw_data)
-    memcpy(out, t->raw_data.data, (size_t)n * sizeof(float)); /* little-endian, as ONNX stores it */
+    qt_imp_copy(out, t->raw_data.data, (size_t)n * sizeof(float)); /* little-endian, as ONNX stores it */
   else
-    memcpy(out, t->float_data, (size_t)n * sizeof(float));
+    qt_imp_copy(out, t->float_data, (size_t)n * sizeof(float));
 }
 
 /* An integer tensor (int64 or int32) of at most MAX_INTS values as S_INTS data. */
@@ -352,10 +352,10 @@ int qt_imp_const_ints(imp *im, const Onnx__TensorProto *t, int64_t *v, int *n, i
     return qt_imp_node_err(im, "constant '%s': %s of the wrong size", str(t->name),
                            t->has_raw_data ? "raw data" : "data");
   if (i64) {
-    memcpy(v, data, (size_t)count * 8);
+    qt_imp_copy(v, data, (size_t)count * 8);
   } else {
     int32_t tmp[MAX_INTS];
-    memcpy(tmp, data, (size_t)count * 4);
+    qt_imp_copy(tmp, data, (size_t)count * 4);
     for (int i = 0; i < count; i++) v[i] = tmp[i];
   }
   return 0;

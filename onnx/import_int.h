@@ -19,6 +19,7 @@
 #include <search.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "onnx.pb-c.h"
 #include "onnx/onnx_import.h"
@@ -263,5 +264,11 @@ int qt_imp_reshape_ints(imp *im);
  * message. qt_imp_free_external gives the tensors back as they were, before the model is freed. */
 int qt_imp_load_external(imp *im);
 void qt_imp_free_external(imp *im);
+
+/* memcpy that copies nothing for n = 0, when src may then be NULL (an empty repeated field of a
+ * protobuf message has no array: memcpy from NULL is undefined even for 0 bytes). */
+static inline void qt_imp_copy(void *dst, const void *src, size_t n) {
+  if (n) memcpy(dst, src, n);
+}
 
 #endif

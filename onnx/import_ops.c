@@ -457,7 +457,7 @@ static int ints_arg(imp *im, const char *attr, size_t k, int64_t *v, int *n) {
     if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS || a->n_ints > MAX_INTS)
       return qt_imp_node_err(im, "attribute %s: expected at most %d integers", attr, MAX_INTS);
     *n = (int)a->n_ints;
-    memcpy(v, a->ints, a->n_ints * sizeof *v);
+    qt_imp_copy(v, a->ints, a->n_ints * sizeof *v);
     return 0;
   }
   if (!in_name(im->node, k)) return 0;
@@ -465,7 +465,7 @@ static int ints_arg(imp *im, const char *attr, size_t k, int64_t *v, int *n) {
   const sym *s = qt_imp_ints_input(im, k, attr, &tmp);
   if (!s) return -1;
   *n = s->n_ints;
-  memcpy(v, s->ints, (size_t)s->n_ints * sizeof *v);
+  qt_imp_copy(v, s->ints, (size_t)s->n_ints * sizeof *v);
   return 0;
 }
 
@@ -531,7 +531,7 @@ static int op_slice(imp *im) {
     e = e < b ? b : e > n ? n : e;
     sym *s = qt_imp_add_sym(im, im->node->output[0], S_INTS);
     s->n_ints = (int)(e - b);
-    memcpy(s->ints, d.ints + b, (size_t)s->n_ints * sizeof *s->ints);
+    qt_imp_copy(s->ints, d.ints + b, (size_t)s->n_ints * sizeof *s->ints);
     return 0;
   }
   sym *x = qt_imp_act_input(im, 0, "data", 0);

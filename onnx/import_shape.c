@@ -15,7 +15,7 @@ static sym *new_ints(imp *im, const int64_t *v, int n, int scalar) {
   sym *s = qt_imp_add_sym(im, im->node->output[0], S_INTS);
   s->n_ints = n;
   s->scalar = scalar;
-  memcpy(s->ints, v, (size_t)n * sizeof *v);
+  qt_imp_copy(s->ints, v, (size_t)n * sizeof *v);
   return s;
 }
 
@@ -73,7 +73,7 @@ static int op_shape(imp *im) {
   if (x->kind == S_CONST) {
     if (x->t->n_dims > MAX_INTS) return qt_imp_node_err(im, "Shape of a constant of rank %zu", x->t->n_dims);
     n = (int)x->t->n_dims;
-    memcpy(full, x->t->dims, (size_t)n * sizeof *full);
+    qt_imp_copy(full, x->t->dims, (size_t)n * sizeof *full);
   } else if (x->kind == S_INTS) {
     n = x->scalar ? 0 : 1;
     full[0] = x->n_ints;
@@ -98,7 +98,7 @@ static int op_shape(imp *im) {
     return qt_imp_node_err(im, "start %lld / end %lld out of range", (long long)start, (long long)end);
   sym *s = qt_imp_add_sym(im, im->node->output[0], S_INTS);
   s->n_ints = (int)(end - start);
-  memcpy(s->ints, full + start, (size_t)s->n_ints * sizeof *s->ints);
+  qt_imp_copy(s->ints, full + start, (size_t)s->n_ints * sizeof *s->ints);
   return 0;
 }
 
@@ -187,12 +187,12 @@ int qt_imp_concat_ints(imp *im) {
     if (!p) return -1;
     if (p->scalar || n + p->n_ints > MAX_INTS)
       return qt_imp_node_err(im, "only Concat of short 1-D shapes is supported");
-    memcpy(v + n, p->ints, (size_t)p->n_ints * sizeof *v);
+    qt_imp_copy(v + n, p->ints, (size_t)p->n_ints * sizeof *v);
     n += p->n_ints;
   }
   sym *s = qt_imp_add_sym(im, im->node->output[0], S_INTS);
   s->n_ints = n;
-  memcpy(s->ints, v, (size_t)n * sizeof *v);
+  qt_imp_copy(s->ints, v, (size_t)n * sizeof *v);
   return 0;
 }
 
