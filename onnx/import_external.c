@@ -109,6 +109,10 @@ static int load_one(imp *im, Onnx__TensorProto *t, const char *real_dir) {
       len_s = e->value;
   }
   if (check_location(im, t, loc)) return -1;
+  /* as ONNX's checker: the data is in the side file only (and raw_data is not overwritten) */
+  if (t->has_raw_data || t->n_float_data || t->n_int32_data || t->n_int64_data || t->n_double_data ||
+      t->n_uint64_data || t->n_string_data)
+    return ext_err(im, t, loc, "the tensor is stored externally but also holds data in the model file");
   const int elem = elem_size(t->data_type);
   if (!elem)
     return ext_err(im, t, loc, "ONNX data type %d; external data is read for float32, int32 and int64 tensors",

@@ -86,10 +86,12 @@ stored externally; everything else is inside the .onnx.
                        160-byte file.
   ext_length.onnx      location "ext_data.bin", offset 64, length 68: not 2*1*3*3*4 = 72.
   ext_missing.onnx     location "ext_missing.bin": no such file.
+  ext_inline.onnx      location "ext_data.bin", offset 64, length 72, and raw_data as well: data
+                       stored externally and inline at once.
   A symlink as location is made at test time (not committed).
-  onnx 1.23.2's checker (path form) refuses absolute, dotdot, dotdot_reentry, missing and accepts
-  past_end and length (it does not read the data); ONNX Runtime 1.32 refuses all but ok and
-  dotdot_reentry.
+  onnx 1.23.2's checker (path form) refuses absolute, dotdot, dotdot_reentry, missing, inline and
+  accepts past_end and length (it does not read the data); ONNX Runtime 1.32 refuses all but ok
+  and dotdot_reentry.
 
 References (tests/onnx/ref/onnx2_ref.h5, attributes generator, torch_version, onnxscript_version,
 onnx_version, onnxruntime_version), the format of onnx_ref.h5 (make_onnx_models.write_ref), one group per
@@ -381,13 +383,14 @@ def ext_weights():
     }
 
 
-def ext_model(location, offset=EXT_OFFSET, length=72):
+def ext_model(location, offset=EXT_OFFSET, length=72, inline=False):
     w = ext_weights()
     inits = []
     for k, v in w.items():
         t = numpy_helper.from_array(v, k)
         if k == "conv.weight":
-            t.ClearField("raw_data")
+            if not inline:
+                t.ClearField("raw_data")
             t.data_location = TensorProto.EXTERNAL
             for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
                 e = t.external_data.add()
@@ -423,10 +426,12 @@ def make_ext():
         "ext_past_end": ext_model("ext_data.bin", offset=100),
         "ext_length": ext_model("ext_data.bin", length=68),
         "ext_missing": ext_model("ext_missing.bin"),
+        "ext_inline": ext_model("ext_data.bin", inline=True),
     }
     for name, m in files.items():
         path = os.path.join(BAD, name + ".onnx")
-        onnx.save(m, path)
+        with open(path, "wb") as f:  # not onnx.save: it would write ext_inline's raw_data out
+            f.write(m.SerializeToString())
         try:
             check(path)
             verdict = "accepted"

@@ -129,6 +129,8 @@ expect ext_past_end "external data 'ext_data.bin': bytes 100 to 172 are past the
   -- $B/ext_past_end.onnx
 expect ext_length "external data 'ext_data.bin': length 68, but the tensor's 18 values take 72 bytes" -- $B/ext_length.onnx
 expect ext_missing "external data 'ext_missing.bin': cannot open" "No such file" -- $B/ext_missing.onnx
+expect ext_inline "tensor 'conv.weight': external data 'ext_data.bin': the tensor is stored externally but also" \
+  "holds data in the model file" -- $B/ext_inline.onnx
 mkdir -p "$T/outside" "$T/link_out" "$T/link_in/sub" && cp $B/ext_data.bin "$T/outside/ext_data.bin"
 cp $B/ext_ok.onnx "$T/link_out/" && ln -s "$T/outside/ext_data.bin" "$T/link_out/ext_data.bin"
 expect ext_symlink_out "external data 'ext_data.bin': resolves to $T/outside/ext_data.bin, outside the model's directory" \
