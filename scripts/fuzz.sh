@@ -10,6 +10,9 @@
 # Usage (as root on Debian 12): bash scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 60)
 # Environment: QT_FUZZ_TARGETS="qdq checkpoint" runs a subset (default: all seven);
 #   QT_FUZZ_RUNS=N stops a target after N executions (SECONDS stays the cap);
+#   QT_FUZZ_SEED=S fixes libFuzzer's random seed (S, then S+1 for a restart; default: a new one
+#   each run), so that a run goes through the same inputs on any machine as far as its time
+#   lets it (CI fixes it: a gate should not fail at random on a bug nobody introduced);
 #   QT_FUZZ_TIMEOUT (s per input, default 20), QT_FUZZ_RSS_MB (default 2048),
 #   QT_FUZZ_JOBS (build parallelism, default 2).
 # Each target's new inputs accumulate in build-fuzz/corpus/<target>/ (seeded from fuzz/corpus/
@@ -27,6 +30,11 @@ targets=${QT_FUZZ_TARGETS:-config idx hdf5 folder qdq checkpoint onnx}
 timeout=${QT_FUZZ_TIMEOUT:-20}
 rss_mb=${QT_FUZZ_RSS_MB:-2048}
 runs=${QT_FUZZ_RUNS:--1}
+seed=${QT_FUZZ_SEED:-}
+if [ -n "$seed" ] && ! [[ "$seed" =~ ^[0-9]+$ ]]; then
+  echo "fuzz: QT_FUZZ_SEED must be a non-negative integer, not '$seed'" >&2
+  exit 2
+fi
 
 PACKAGES=(clang libclang-rt-14-dev libomp-14-dev)
 missing=()
@@ -151,7 +159,7 @@ for t in $targets; do
     rc=0
     ASAN_OPTIONS=$campaign_asan:detect_leaks=$leaks LSAN_OPTIONS=suppressions=$PWD/fuzz/lsan_campaign.supp \
       "$bin" -max_total_time="$left" -runs="$runs" -timeout="$timeout" -rss_limit_mb="$rss_mb" \
-      $no_malloc_limit -dict=fuzz/dict/$t.dict -artifact_prefix="$artifacts" -print_final_stats=1 \
+      ${seed:+-seed=$((seed + round - 1))} $no_malloc_limit -dict=fuzz/dict/$t.dict -artifact_prefix="$artifacts" -print_final_stats=1 \
       "$work" fuzz/corpus/$t fuzz/regressions/$t >"$log" 2>&1 || rc=$?
     n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     [ -n "$n" ] || n=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#')
