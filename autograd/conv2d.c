@@ -403,14 +403,18 @@ static dnnl_primitive_desc_t conv_forward_pd(const conv_entry *e, int has_bias, 
 /* Direct on NHWC, or for a shape that allows it and where oneDNN implements it, Winograd on the
  * layout oneDNN picks for it (with the reorders from and to NHWC). Not below 16 input or output
  * channels: oneDNN's Winograd pads channels to blocks of 16, and FashionCNN's conv1 (1 -> 32)
- * measured 9.9 against 5.5 ms forward (its two conv2d calls per step under QAT with observers). */
+ * measured 9.9 against 5.5 ms forward (its two conv2d calls per step under QAT with observers).
+ * Not for an output smaller than one 4x4 tile (F(4x4, 3x3)) in height or width: the tile is
+ * then mostly padding; ResNet-18 on 28x28 images (3x3 convs at 7x7, 4x4, 2x2 and 1x1) trained
+ * at 340 images/s with Winograd at every size, 720 with 2x2 and 1x1 direct, 650 with only 1x1
+ * direct (bench_profile, 2 threads). */
 static void conv_choose_algorithm(conv_entry *e) {
   const qt_conv2d_shape *s = &e->shape;
   e->alg = dnnl_convolution_direct;
   e->act_src = conv_src_md(s);
   e->act_dst = conv_dst_md(s);
   if (!s->winograd || s->groups != 1 || s->KH != 3 || s->KW != 3 || s->stride_h != 1 || s->stride_w != 1 || s->C < 16 ||
-      s->OC < 16)
+      s->OC < 16 || s->OH < 4 || s->OW < 4)
     return;
   const dnnl_memory_desc_t nhwc_src = e->act_src, nhwc_dst = e->act_dst;
   const dnnl_dim_t ds[4] = {s->N, s->C, s->H, s->W}, dd[4] = {s->N, s->OC, s->OH, s->OW};

@@ -114,7 +114,8 @@ static const option_row rows[] = {
     ROW(train, threads, QT_CFG_INT, "0", 0, 1024, NULL, "OpenMP threads (0 = all cores)"),
     ROW(train, conv_algorithm, QT_CFG_ENUM, "winograd", 0, 0, "winograd|direct",
         "convolutions of the training steps: winograd = oneDNN's Winograd F(4x4,3x3) kernels where oneDNN has "
-        "them (3x3, stride 1, at least 16 input and output channels, AVX-512; about twice as fast, relative rounding "
+        "them (3x3, stride 1, at least 16 input and output channels, an output of at least 4x4, AVX-512; about twice "
+        "as fast, relative rounding "
         "~1e-6), direct elsewhere; direct = "
         "always direct. Evaluation, calibration, the check and the report always run direct convolutions"),
     ROW(train, resume, QT_CFG_BOOL, "false", 0, 0, NULL, "continue from output.dir's checkpoint if present"),

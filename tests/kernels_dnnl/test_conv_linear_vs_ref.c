@@ -259,6 +259,8 @@ static void check_conv_winograd(void) {
   check_conv(winograd(conv_shape(2, 9, 8, 16, 16, 3, 3, 2, 2, 1, 1, 1)), 2400);  /* stride 2: direct */
   check_conv(winograd(conv_shape(2, 7, 7, 16, 16, 3, 3, 1, 1, 1, 1, 16)), 2500); /* depthwise: direct */
   check_conv(winograd(conv_shape(2, 8, 8, 1, 32, 3, 3, 1, 1, 1, 1, 1)), 2600);   /* one input channel: direct */
+  check_conv(winograd(conv_shape(2, 3, 5, 32, 32, 3, 3, 1, 1, 1, 1, 1)), 2650);  /* under 4 rows: direct */
+  check_conv(winograd(conv_shape(2, 1, 1, 64, 64, 3, 3, 1, 1, 1, 1, 1)), 2660);  /* 1x1: direct */
   const char *used = qt_dnnl_kernels_used();
   const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
