@@ -642,10 +642,33 @@ static int op_matmul(imp *im) {
   return 0;
 }
 
-/* Identity, Dropout: dropped (Dropout's mask output must be unused). */
+/* Whether a Dropout drops anything in training: a ratio that is not a constant 0 (the attribute
+ * before opset 12, then input 1; 0.5 when absent) and, from opset 12 on, a training_mode input
+ * that is a constant true (an exporter in training mode writes it; absent, Dropout is the
+ * identity); before opset 12 training was the runtime's mode. */
+static int dropout_trains(imp *im) {
+  if (strcmp(str(im->node->op_type), "Dropout") != 0) return 0;
+  float ratio = 0.5f;
+  if (im->opset < 12) {
+    if (qt_imp_attr_float(im, "ratio", 0.5f, &ratio)) return 0;
+    return ratio != 0.0f;
+  }
+  const sym *r = in_name(im->node, 1) ? qt_imp_find(im, in_name(im->node, 1)) : NULL;
+  if (r && qt_imp_const_scalar(r, &ratio) && ratio == 0.0f) return 0;
+  const sym *t = in_name(im->node, 2) ? qt_imp_find(im, in_name(im->node, 2)) : NULL;
+  if (!t || t->kind != S_CONST) return 0;
+  const Onnx__TensorProto *c = t->t;
+  if (c->has_raw_data) return c->raw_data.len > 0 && c->raw_data.data[0] != 0;
+  return c->n_int32_data > 0 && c->int32_data[0] != 0;
+}
+
+/* Identity, Dropout: dropped (Dropout's mask output must be unused). A Dropout that drops in
+ * training is counted (info->dropouts), and the first one named: the graph has no dropout. */
 static int op_identity(imp *im) {
   sym *x = qt_imp_input(im, 0, "input");
   if (!x) return -1;
+  if (dropout_trains(im) && im->info->dropouts++ == 0)
+    qt_imp_node_label(im, im->info->dropout_name, sizeof im->info->dropout_name);
   qt_imp_alias(im, 0, x);
   im->info->dropped++;
   qt_imp_outputs_unused(im, 1, "Dropout's mask output");

@@ -39,18 +39,20 @@
 /* What the import found, for reports and error messages. */
 typedef struct {
   int64_t ir_version, opset;
-  char producer[64];            /* producer name and version, e.g. "pytorch 1.13.1" */
-  char input_name[QT_NAME_LEN]; /* the ONNX graph input */
-  char input_decl[128];         /* its declared shape, e.g. "[batch, 1, 28, 28] (NCHW)" */
-  int dynamic_dims;             /* C, H or W given by a dim_param (resolved from the data's shape) */
-  int needs_shape;              /* set on failure: dynamic dims and no data shape given */
-  int dropped;                  /* Identity / Dropout nodes dropped */
-  int folded;                   /* Pad nodes folded into a Conv / AveragePool, Adds folded into MatMul */
-  int permuted;                 /* linear weights whose columns were permuted to NHWC order */
-  int nodes;                    /* ONNX nodes read */
-  int convs, batch_norms;       /* Conv and BatchNormalization nodes (none: the exporter folded BN) */
-  int layer_norms;              /* LayerNormalization nodes (a transformer: no BN by design) */
-  int external;                 /* initializers read from external data files */
+  char producer[64];              /* producer name and version, e.g. "pytorch 1.13.1" */
+  char input_name[QT_NAME_LEN];   /* the ONNX graph input */
+  char input_decl[128];           /* its declared shape, e.g. "[batch, 1, 28, 28] (NCHW)" */
+  int dynamic_dims;               /* C, H or W given by a dim_param (resolved from the data's shape) */
+  int needs_shape;                /* set on failure: dynamic dims and no data shape given */
+  int dropped;                    /* Identity / Dropout nodes dropped */
+  int dropouts;                   /* of them, Dropouts that drop in training (the graph has no dropout) */
+  char dropout_name[QT_NAME_LEN]; /* the first of those, its node name (escaped) */
+  int folded;                     /* Pad nodes folded into a Conv / AveragePool, Adds folded into MatMul */
+  int permuted;                   /* linear weights whose columns were permuted to NHWC order */
+  int nodes;                      /* ONNX nodes read */
+  int convs, batch_norms;         /* Conv and BatchNormalization nodes (none: the exporter folded BN) */
+  int layer_norms;                /* LayerNormalization nodes (a transformer: no BN by design) */
+  int external;                   /* initializers read from external data files */
 } qt_onnx_info;
 
 /* Imports the ONNX model at path. data_hwc (may be NULL) is the data's image shape (H, W, C),

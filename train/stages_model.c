@@ -173,12 +173,21 @@ static qt_graph *import_onnx(const qt_options *o, const qt_dataset *data, qt_sta
     qt_status_fail(st, QT_STATUS_INPUT);
     return NULL;
   }
-  static int noted; /* once a process: a run imports its model more than once */
+  static int noted, noted_dropout; /* once a process: a run imports its model more than once */
+  if (info.dropouts > 0 && !noted_dropout) {
+    noted_dropout = 1;
+    fprintf(stderr,
+            "note: %s has %d Dropout node%s that drop%s in training (the first: '%s'); the graph has no dropout, so "
+            "this model trains without it\n",
+            o->model.onnx, info.dropouts, info.dropouts == 1 ? "" : "s", info.dropouts == 1 ? "s" : "",
+            info.dropout_name);
+  }
   if (info.convs > 0 && info.batch_norms == 0 && info.layer_norms == 0 && !noted) {
     noted = 1;
     fprintf(stderr,
-            "note: %s has no BatchNormalization (its exporter folded BN into the convs), so there is no BN for "
-            "QAT to fold late; to keep BN, export with torch.onnx.export(..., optimize=False) (torch 2.x) or "
+            "note: %s has no BatchNormalization; if the PyTorch model has BN, its exporter folded it into the convs, "
+            "and there is no BN for QAT to fold late; to keep BN, export with torch.onnx.export(..., optimize=False) "
+            "(torch 2.x) or "
             "training=torch.onnx.TrainingMode.TRAINING (torch 1.13)\n",
             o->model.onnx);
   }

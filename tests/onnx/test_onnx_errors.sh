@@ -150,6 +150,36 @@ onnx.save(m, sys.argv[1] + "/opset23.onnx")
 PY
 expect ir11 "$T/ir11.onnx: IR version 11 is not supported (6 to 10" -- "$T/ir11.onnx"
 expect opset23 "$T/opset23.onnx: opset 23 of the default domain is not supported (11 to 22)" -- "$T/opset23.onnx"
+# Dropout is dropped at import; a run whose model drops in training (ratio not 0, training_mode
+# true) says so once, naming the first such node; one that is the identity (no training_mode, or
+# ratio 0) does not
+"${QT_PYTHON:-.venv/bin/python}" - "$T" <<'PY' || { echo "making the Dropout files failed"; fail=1; }
+import sys, numpy as np, onnx
+from onnx import TensorProto, helper, numpy_helper
+def drop_model(path, ratio, training):
+    inits = [numpy_helper.from_array(np.full((10, 784), 0.01, np.float32), "fc.weight"),
+             numpy_helper.from_array(np.zeros(10, np.float32), "fc.bias"),
+             numpy_helper.from_array(np.array(ratio, np.float32), "ratio")]
+    ins = ["x", "ratio"]
+    if training is not None:
+        inits.append(numpy_helper.from_array(np.array(training), "training_mode"))
+        ins.append("training_mode")
+    nodes = [helper.make_node("Dropout", ins, ["d"], name="/drop/Dropout"),
+             helper.make_node("Flatten", ["d"], ["f"], name="/Flatten", axis=1),
+             helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["y"], name="/fc/Gemm", transB=1)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 28, 28])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+drop_model(sys.argv[1] + "/drop_train.onnx", 0.5, True)
+drop_model(sys.argv[1] + "/drop_eval.onnx", 0.5, None)
+drop_model(sys.argv[1] + "/drop_zero.onnx", 0.0, True)
+PY
+for m in drop_train drop_eval drop_zero; do
+  "$BIN" "$T/ok.ini" "model.onnx=$T/$m.onnx" "output.dir=$T/$m" >/dev/null 2>"$T/err" || { echo "$m: exit $?:"; cat "$T/err"; fail=1; }
+  n=$(grep -c "Dropout node that drops in training (the first: '/drop/Dropout'); the graph has no dropout" "$T/err")
+  want=0; [ $m = drop_train ] && want=1
+  [ "$n" -eq $want ] || { echo "$m: the Dropout note appears $n times, want $want:"; cat "$T/err"; fail=1; }
+done
 expect name_and_onnx "model.name = res_cnn (override) and model.onnx" "both name the model" \
   -- tests/onnx/models/res_cnn.onnx model.name=res_cnn
 # a quantized run's fp32 recipe must train the same model

@@ -102,7 +102,7 @@ def run(build, work, onnx):
     r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         fail("%s: qat_train exited with %d:\n%s" % (stem, r.returncode, r.stderr[-3000:]))
-    folded_note = "has no BatchNormalization (its exporter folded BN into the convs)"
+    folded_note = "has no BatchNormalization; if the PyTorch model has BN, its exporter folded it"
     notes = r.stderr.count(folded_note)
     graph = onnx_lib.load(onnx, load_external_data=False).graph
     want_notes = 0 if any(n.op_type == "BatchNormalization" for n in graph.node) else 1
