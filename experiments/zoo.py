@@ -5,6 +5,7 @@ int8 device -> QDQ ONNX -> ONNX Runtime, one row per model, into experiments/res
 
     bench/peers/.venv/bin/python experiments/zoo.py                    # every model, runs/zoo/
     bench/peers/.venv/bin/python experiments/zoo.py --models squeezenet1_1 --train-limit 2048
+    bench/peers/.venv/bin/python experiments/zoo.py --models resnet18 --torch-only   # the PyTorch column alone
 
 Runs with the peers' environment (bench/peers/setup_peers.sh makes it: torch 2.x, torchvision,
 onnxruntime, h5py), by hand, never in CI. Each model is torchvision's, built with 10 classes, its
@@ -26,7 +27,9 @@ and QAT at lr 2e-4. Then build/bin/qat_train, as a user would:
   - ONNX Runtime (graph optimizations disabled) runs the QAT run's model_qdq.onnx on the first
     256 test images, against the int8 device's logits (qat_run --write-outputs), in output LSB;
   - the fp32 recipe's first training step twice (train_limit 128, 1 epoch), its checkpoints
-    compared bit for bit.
+    compared bit for bit;
+  - PyTorch trains the same model from the same initial weights with the same recipe and images
+    (bench/peers/pt2e.py's loop): the fp32 column's reference.
 Figures of time and memory are qat_train's own (summary.json: train images/s, peak RSS).
 """
 import argparse
@@ -52,6 +55,14 @@ RECIPES = {"cnn": (os.path.join(ROOT, "experiments", "mobilenet_onnx_fp32.ini"),
                    "runs/mobilenet_onnx_fp32", "0.005"),
            "vit": (os.path.join(ROOT, "experiments", "vit_onnx_fp32.ini"), "tests/onnx/models/vit.onnx",
                    "runs/vit_onnx_fp32", "0.0002")}
+# Per model, where the shared recipe does not train it: the fp32 learning rate, and the BN
+# momentum (PyTorch's convention) the model is built with. torchvision's MobileNetV3 has BN
+# momentum 0.01, made for 600 ImageNet epochs: after the recipe's 128 steps its running
+# statistics are still 28% their initial values, and eval accuracy is chance (9.85% here and in
+# PyTorch alike, whose training mode reaches 79%). SqueezeNet (no BN) does not learn at lr 0.05
+# (chance here, 19% in PyTorch; 43% at 0.02).
+FP32_LR = {"squeezenet1_1": "0.02"}
+BN_MOMENTUM = {"mobilenet_v3_small": 0.1}
 QAT = ["quant.mode=qat", "quant.weight_bits=4", "quant.activation_bits=8", "quant.quantizer=onednn",
        "train.schedule=cosine", "train.min_lr=0", "quant.learnable_scale=true",
        "quant.activation_observer=histogram", "quant.activation_range=mse", "quant.freeze_bn_after=1"]
@@ -70,6 +81,10 @@ def build(name):
     if name == "efficientnet_b0":
         kw["stochastic_depth_prob"] = 0.0
     m = getattr(torchvision.models, name)(**kw)
+    if name in BN_MOMENTUM:
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.momentum = BN_MOMENTUM[name]
     for path, mod in m.named_modules():  # the first convolution takes 1 channel
         if isinstance(mod, nn.Conv2d) and mod.in_channels == 3:
             parent = m
@@ -94,6 +109,9 @@ def write_fp32_config(name, onnx_path, out_dir, path, epochs, train_limit, test_
         text = f.read()
     text = text.replace(ini_model, onnx_path).replace(ini_dir, out_dir)
     text = text.replace("epochs = 4", "epochs = %d" % epochs)
+    if name in FP32_LR:
+        assert "\nlr = 0.05\n" in text
+        text = text.replace("\nlr = 0.05\n", "\nlr = %s\n" % FP32_LR[name])
     text = text.replace("[data]\n", "[data]\ntrain_limit = %d\ntest_limit = %d\n" % (train_limit, test_limit), 1)
     with open(path, "w") as f:
         f.write(text)
@@ -146,6 +164,25 @@ def ort_vs_device(args, d, out_scale):
             "top1_agreement": float((y.argmax(1) == want.argmax(1)).mean()), "ort_version": info["ort_version"]}
 
 
+def torch_fp32(name, config, train_limit, test_limit):
+    """PyTorch's own training of the model with the same recipe (config's [train]), from the same
+    initial weights (torch.manual_seed(0) before building, as export() does), on the same images:
+    the test accuracy (%) of the fp32 column's reference. The batches' order is PyTorch's."""
+    import torch
+    sys.path.insert(0, os.path.join(ROOT, "bench", "peers"))
+    import common
+    import models
+    import pt2e
+    rec = common.recipe(name, "fp32", config)
+    torch.manual_seed(0)
+    m = build(name)
+    x, y = models.load_fashion("train", train_limit)
+    xt, yt = models.load_fashion("t10k", test_limit)
+    t0 = time.time()
+    pt2e.train_epochs(m, x, y, rec, int(rec["seed"]), int(rec["epochs"]))
+    return round(100 * models.accuracy(m, xt, yt), 2), round(time.time() - t0, 1)
+
+
 def repeatable(args, d, config):
     """The fp32 recipe's first training step twice: bit-identical checkpoints?"""
     params = []
@@ -185,6 +222,7 @@ def run_model(args, name):
     row["fp32"] = acc(s, "fp32")
     row["train_images_per_s"] = s["train"]["images_per_s"]
     row["peak_rss_mb"] = s["train"]["peak_rss_mb"]
+    row["torch_fp32"], row["torch_fp32_s"] = torch_fp32(name, config, args.train_limit, args.test_limit)
     for kind, over in (("ptq_w8a8", PTQ), ("qat_w4a8", QAT + ["train.lr=" + qat_lr, "train.epochs=%d" % args.qat_epochs])):
         out = os.path.join(d, kind)
         rc, sec, cmd = qat_train(args, config, limits + over + [
@@ -225,30 +263,36 @@ def write(args, rows, versions):
         next(m[1] for m in made if m[0] == key).append(r["model"])
     by = "; ".join("`bench/peers/.venv/bin/python %s` on %s%s" % (c, d, "" if len(made) == 1 else " (%s)" % ", ".join(ms))
                    for (c, d), ms in made)
+    later = [r for r in rows if "torch_command" in r]
+    if later:
+        by += "; the PyTorch column of %s by `bench/peers/.venv/bin/python %s` on %s" % (
+            ", ".join(r["model"] for r in later), later[0]["torch_command"], later[0]["torch_date"])
     lines = ["# torchvision's CNN zoo and a small vision transformer through the pipeline", "",
              "Generated by %s (%s, %d cores, %s)." % (by, versions["cpu"], os.cpu_count(), "one run at a time"),
              "torch %s, torchvision %s (the exporter), ONNX Runtime %s." % (
                  versions["torch"], versions["torchvision"], versions["onnxruntime"]), "",
              "Recipe (a pipeline check, not a tuned training): fp32 %d epochs on the first %d training images "
-             "(SGD 0.05; the ViT: AdamW 2e-3); PTQ W8A8 (histogram MSE ranges, oneDNN Quantizer); QAT W4A8 (LSQ; "
+             "(SGD 0.05, SqueezeNet 0.02; the ViT: AdamW 2e-3; MobileNetV3 built with BN momentum 0.1, not "
+             "torchvision's 0.01: see experiments/zoo.py); PyTorch: PyTorch's own training with the same recipe "
+             "from the same initial weights; PTQ W8A8 (histogram MSE ranges, oneDNN Quantizer); QAT W4A8 (LSQ; "
              "lr 0.005, the ViT 2e-4) %d epoch(s) from the fp32 "
              "checkpoint; accuracies (%%) on the first %d test images. The check is the training graph against the "
              "Q/DQ graph; device: the oneDNN int8 lowering against the Q/DQ graph, whose float32 executor is "
              "checked against the exact integer reference (max output LSB); ORT: ONNX Runtime (optimizations "
              "disabled) on the QAT run's model_qdq.onnx against the int8 device, 256 images. Images/s and peak RSS: "
              "the fp32 training run's." % (args.fp32_epochs, args.train_limit, args.qat_epochs, args.test_limit), "",
-             "| model | params | fp32 | PTQ W8A8 Q/DQ | QAT W4A8 fake-quant / Q/DQ / int8 | check | device vs Q/DQ, "
+             "| model | params | fp32 | PyTorch fp32 | PTQ W8A8 Q/DQ | QAT W4A8 fake-quant / Q/DQ / int8 | check | device vs Q/DQ, "
              "Q/DQ vs exact (LSB) | ORT vs device (LSB, top-1) | int8 / fallback partitions (QAT) | fallback ops | "
              "train img/s | peak RSS MB | step bit-identical |",
-             "|---|---:|---:|---:|---:|---|---|---|---|---|---:|---:|---|"]
+             "|---|---:|---:|---:|---:|---:|---|---|---|---|---|---:|---:|---|"]
     for r in rows:
         if "error" in r:
-            lines.append("| %s | — | — | — | — | — | — | — | — | %s | — | — | — |" % (r["model"], r["error"]))
+            lines.append("| %s | — | — | — | — | — | — | — | — | — | %s | — | — | — |" % (r["model"], r["error"]))
             continue
         p, q = r.get("ptq_w8a8", {}), r.get("qat_w4a8", {})
         o = q.get("ort", {})
-        lines.append("| %s | %s | %s | %s | %s / %s / %s | %s | %s, %s | %s | %s / %s | %s | %s | %s | %s |" % (
-            r["model"], fmt(r.get("params")), fmt(r.get("fp32")), fmt(p.get("qdq")), fmt(q.get("fake_quant")),
+        lines.append("| %s | %s | %s | %s | %s | %s / %s / %s | %s | %s, %s | %s | %s / %s | %s | %s | %s | %s |" % (
+            r["model"], fmt(r.get("params")), fmt(r.get("fp32")), fmt(r.get("torch_fp32")), fmt(p.get("qdq")), fmt(q.get("fake_quant")),
             fmt(q.get("qdq")), fmt(q.get("int8")),
             "ok" if p.get("check_ok") and q.get("check_ok") else "FAIL",
             fmt(q.get("device_vs_qdq_max_lsb")), fmt(q.get("qdq_vs_exact_max_lsb")),
@@ -272,6 +316,9 @@ def main():
     ap.add_argument("--qat-epochs", type=int, default=1)
     ap.add_argument("--keep", action="store_true",
                     help="keep the rows of OUT/zoo.json for the models not run now (same settings required)")
+    ap.add_argument("--torch-only", action="store_true",
+                    help="only (re)compute the PyTorch fp32 column of the --models' rows of OUT/zoo.json, from "
+                         "their RUNS/<model>/fp32.ini (implies --keep)")
     args = ap.parse_args()
     import onnxruntime
     import torch
@@ -283,13 +330,27 @@ def main():
                 "onnxruntime": onnxruntime.__version__, "machine": platform.node() or "?", "cpu": cpu,
                 "date": time.strftime("%Y-%m-%d")}
     kept = {}
+    if args.torch_only:
+        args.keep = True
     if args.keep:
         with open(os.path.join(args.out, "zoo.json")) as f:
             old = json.load(f)
         same = ("train_limit", "test_limit", "fp32_epochs", "qat_epochs", "build")
         if any(old["args"].get(k) != getattr(args, k) for k in same):
             sys.exit("zoo: --keep: %s/zoo.json was made with other settings (%s)" % (args.out, ", ".join(same)))
-        kept = {r["model"]: r for r in old["rows"] if r["model"] not in args.models}
+        kept = {r["model"]: r for r in old["rows"] if r["model"] not in args.models or args.torch_only}
+    if args.torch_only:
+        for name in args.models:
+            r = kept.get(name)
+            if r is None or "error" in r:
+                sys.exit("zoo: --torch-only: no row of %s in %s/zoo.json" % (name, args.out))
+            r["torch_fp32"], r["torch_fp32_s"] = torch_fp32(name, os.path.join(args.runs, name, "fp32.ini"),
+                                                            args.train_limit, args.test_limit)
+            r["torch_command"] = " ".join(["experiments/zoo.py"] + sys.argv[1:])
+            r["torch_date"] = versions["date"]
+            print("zoo: %s: PyTorch fp32 %.2f%% (ours %.2f%%)" % (name, r["torch_fp32"], r["fp32"]), flush=True)
+        write(args, [kept[m] for m in MODELS if m in kept], old["versions"])
+        return 0
     rows = []
     for name in args.models:
         print("zoo: %s ..." % name, flush=True)

@@ -51,14 +51,15 @@ def zoo_model(model):
     return model in zoo.MODELS
 
 
-def recipe(model, method):
+def recipe(model, method, config=None):
     """The training recipe of `method` (fp32, ptq, qat, ...) for `model` as qat_train would
     resolve it: the model's fp32 config's [train], then the grid's overrides and the method's
-    (train.* keys, and quant.freeze_bn_after / quant.calibration_batches). A zoo model: its zoo
-    recipe's fp32 [train] (experiments/zoo.py, RECIPES)."""
+    (train.* keys, and quant.freeze_bn_after / quant.calibration_batches). A zoo model: the
+    [train] of `config` (the fp32 config experiments/zoo.py wrote), else of its zoo recipe's
+    (experiments/zoo.py, RECIPES)."""
     if zoo_model(model):
         import zoo
-        g, cfg = None, zoo.RECIPES[zoo.recipe_kind(model)][0]
+        g, cfg = None, config or zoo.RECIPES[zoo.recipe_kind(model)][0]
     else:
         g = load_grid(model)
         cfg = os.path.join(ROOT, g["fp32_config"].replace("{model}", model))
