@@ -382,6 +382,21 @@ double qt_report_stage2_loss(const qt_report *r) {
   return 100.0 * (double)(r->qdq_correct - r->device_correct) / (double)r->images;
 }
 
+/* "; inside the graph the device first departs ..." for the first activation point (graph order)
+ * where the device's value is not the Q/DQ graph's, into buf at k; nothing when none was probed. */
+static void first_departure(const qt_report *r, char *buf, size_t len) {
+  const size_t k = strlen(buf);
+  for (int i = 0; i < r->n_points && k < len; i++) {
+    const qt_report_point *p = &r->points[i];
+    if (p->kind != QT_POINT_ACTIVATION || p->qdq_vs_device.n == 0 || p->qdq_vs_device.noise == 0) continue;
+    snprintf(buf + k, len - k,
+             "; inside the graph the device first departs from the Q/DQ graph at '%s' (SQNR %.1f dB over the first "
+             "%lld images): the kernel there, or its rounding growing through the layers after it",
+             p->name, qt_sqnr_sum_db(&p->qdq_vs_device), (long long)r->probe_images);
+    return;
+  }
+}
+
 void qt_report_verdict(const qt_report *r, char *buf, size_t len) {
   const double s1 = qt_report_stage1_loss(r), s2 = qt_report_stage2_loss(r);
   /* Judged on whole images: a stage lost accuracy when it got fewer images right. */
@@ -431,6 +446,7 @@ void qt_report_verdict(const qt_report *r, char *buf, size_t len) {
       snprintf(buf + k, len - (size_t)k,
                "; the device has identical top-1 on %.2f%% of images (the rule: %s): a lowering bug",
                100 * qt_device_agreement_top1(&r->agreement), qt_device_agreement_rule());
+    first_departure(r, buf, len);
   }
 }
 
@@ -489,7 +505,7 @@ void qt_report_print(const qt_report *r, FILE *f) {
              p->is_output && p->kind != QT_POINT_OUTPUT ? ", output" : "");
     fprintf(f, "    %-38s %-16s %s\n", name, a, b);
   }
-  char v[768];
+  char v[1536];
   qt_report_verdict(r, v, sizeof v);
   fprintf(f, "  verdict: %s\n", v);
 }
@@ -560,7 +576,7 @@ char *qt_report_json(const qt_report *r, const char *in) {
   qt_strbuf_printf(&b, ", \"lowering\": ");
   sb_json_number(&b, qt_report_stage2_loss(r));
   qt_strbuf_printf(&b, "},\n%s\"verdict\": ", in);
-  char v[768];
+  char v[1536];
   qt_report_verdict(r, v, sizeof v);
   qt_strbuf_json_string(&b, v);
   qt_strbuf_printf(&b, ",\n%s\"lowering\": {\"int8_partitions\": %d, \"fallback_partitions\": %d, \"fallbacks\": [", in,

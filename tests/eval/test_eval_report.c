@@ -232,7 +232,7 @@ static void check_verdicts(void) {
   r.device_correct = 876;
   r.output_scale = 0.1f;
   r.lsb.max_lsb = 1;
-  char v[768];
+  char v[1536];
   qt_report_verdict(&r, v, sizeof v);
   if (!strstr(v,
               "stage 1 (fp32 -> Q/DQ: quantization) lost 2.40 points; stage 2 (Q/DQ -> int8 device: lowering) "
@@ -283,6 +283,24 @@ static void check_verdicts(void) {
   r.agreement.agree = 998;
   qt_report_verdict(&r, v, sizeof v);
   if (!strstr(v, "99.80%") || !strstr(v, "lowering bug")) qt_test_fail("verdict (99.8%% top-1): %s", v);
+  if (strstr(v, "first departs")) qt_test_fail("verdict (no point probed): %s", v);
+  /* probed points: the first activation whose device value is not the Q/DQ graph's is named */
+  const int n_points = r.n_points;
+  r.n_points = 3;
+  r.probe_images = 64;
+  memset(r.points, 0, 3 * sizeof r.points[0]);
+  snprintf(r.points[0].name, sizeof r.points[0].name, "conv1");
+  r.points[0].qdq_vs_device = (qt_sqnr_sum){.signal = 5, .noise = 0, .n = 10};
+  snprintf(r.points[1].name, sizeof r.points[1].name, "conv2.weight");
+  r.points[1].kind = QT_POINT_WEIGHT;
+  r.points[1].qdq_vs_device = (qt_sqnr_sum){.signal = 5, .noise = 1, .n = 10};
+  snprintf(r.points[2].name, sizeof r.points[2].name, "relu2");
+  r.points[2].qdq_vs_device = (qt_sqnr_sum){.signal = 1000, .noise = 0.1, .n = 10};
+  qt_report_verdict(&r, v, sizeof v);
+  if (!strstr(v, "lowering bug") || !strstr(v, "first departs from the Q/DQ graph at 'relu2' (SQNR 40.0 dB over "
+                                               "the first 64 images)"))
+    qt_test_fail("verdict (relu2 departs): %s", v);
+  r.n_points = n_points;
   r.agreement.agree = 1000;
   r.has_fp32 = 0;
   r.lsb.max_lsb = r.agreement.max_lsb = 0;
