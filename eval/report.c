@@ -382,8 +382,8 @@ double qt_report_stage2_loss(const qt_report *r) {
   return 100.0 * (double)(r->qdq_correct - r->device_correct) / (double)r->images;
 }
 
-/* "; inside the graph the device first departs ..." for the first activation point (graph order)
- * where the device's value is not the Q/DQ graph's, into buf at k; nothing when none was probed. */
+/* Appends "; inside the graph the device first departs ..." to buf for the first activation point
+ * (graph order) whose device value is not the Q/DQ graph's; nothing when none was probed. */
 static void first_departure(const qt_report *r, char *buf, size_t len) {
   const size_t k = strlen(buf);
   for (int i = 0; i < r->n_points && k < len; i++) {
