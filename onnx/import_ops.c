@@ -648,11 +648,11 @@ static int op_matmul(imp *im) {
  * identity); before opset 12 training was the runtime's mode. */
 static int dropout_trains(imp *im) {
   if (strcmp(str(im->node->op_type), "Dropout") != 0) return 0;
-  float ratio = 0.5f;
-  if (im->opset < 12) {
-    if (qt_imp_attr_float(im, "ratio", 0.5f, &ratio)) return 0;
-    return ratio != 0.0f;
+  if (im->opset < 12) { /* only asks: a ratio of another type is not this note's business */
+    const Onnx__AttributeProto *a = qt_imp_attr(im->node, "ratio");
+    return !a || (a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT && a->f != 0.0f);
   }
+  float ratio = 0.5f;
   const sym *r = in_name(im->node, 1) ? qt_imp_find(im, in_name(im->node, 1)) : NULL;
   if (r && qt_imp_const_scalar(r, &ratio) && ratio == 0.0f) return 0;
   const sym *t = in_name(im->node, 2) ? qt_imp_find(im, in_name(im->node, 2)) : NULL;

@@ -156,28 +156,34 @@ expect opset23 "$T/opset23.onnx: opset 23 of the default domain is not supported
 "${QT_PYTHON:-.venv/bin/python}" - "$T" <<'PY' || { echo "making the Dropout files failed"; fail=1; }
 import sys, numpy as np, onnx
 from onnx import TensorProto, helper, numpy_helper
-def drop_model(path, ratio, training):
+def drop_model(path, ratio, training, opset=13):
     inits = [numpy_helper.from_array(np.full((10, 784), 0.01, np.float32), "fc.weight"),
-             numpy_helper.from_array(np.zeros(10, np.float32), "fc.bias"),
-             numpy_helper.from_array(np.array(ratio, np.float32), "ratio")]
-    ins = ["x", "ratio"]
-    if training is not None:
-        inits.append(numpy_helper.from_array(np.array(training), "training_mode"))
-        ins.append("training_mode")
-    nodes = [helper.make_node("Dropout", ins, ["d"], name="/drop/Dropout"),
+             numpy_helper.from_array(np.zeros(10, np.float32), "fc.bias")]
+    if opset < 12:  # ratio an attribute, no training_mode
+        drop = helper.make_node("Dropout", ["x"], ["d"], name="/drop/Dropout", ratio=ratio)
+    else:
+        inits.append(numpy_helper.from_array(np.array(ratio, np.float32), "ratio"))
+        ins = ["x", "ratio"]
+        if training is not None:
+            inits.append(numpy_helper.from_array(np.array(training), "training_mode"))
+            ins.append("training_mode")
+        drop = helper.make_node("Dropout", ins, ["d"], name="/drop/Dropout")
+    nodes = [drop,
              helper.make_node("Flatten", ["d"], ["f"], name="/Flatten", axis=1),
              helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["y"], name="/fc/Gemm", transB=1)]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 28, 28])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8), path)
 drop_model(sys.argv[1] + "/drop_train.onnx", 0.5, True)
 drop_model(sys.argv[1] + "/drop_eval.onnx", 0.5, None)
 drop_model(sys.argv[1] + "/drop_zero.onnx", 0.0, True)
+drop_model(sys.argv[1] + "/drop_train_opset11.onnx", 0.5, None, 11)
+drop_model(sys.argv[1] + "/drop_zero_opset11.onnx", 0.0, None, 11)
 PY
-for m in drop_train drop_eval drop_zero; do
+for m in drop_train drop_eval drop_zero drop_train_opset11 drop_zero_opset11; do
   "$BIN" "$T/ok.ini" "model.onnx=$T/$m.onnx" "output.dir=$T/$m" >/dev/null 2>"$T/err" || { echo "$m: exit $?:"; cat "$T/err"; fail=1; }
   n=$(grep -c "Dropout node that drops in training (the first: '/drop/Dropout'); the graph has no dropout" "$T/err")
-  want=0; [ $m = drop_train ] && want=1
+  want=0; case $m in drop_train*) want=1 ;; esac
   [ "$n" -eq $want ] || { echo "$m: the Dropout note appears $n times, want $want:"; cat "$T/err"; fail=1; }
 done
 expect name_and_onnx "model.name = res_cnn (override) and model.onnx" "both name the model" \
