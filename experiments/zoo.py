@@ -251,10 +251,11 @@ def fmt(v):
     return "—" if v is None else ("%.2f" % v if isinstance(v, float) else str(v))
 
 
-def write(args, rows, versions):
+def write(args, rows, versions, run_args=None):
+    """zoo.json (with run_args, default vars(args): the settings the rows were run with) and zoo.md."""
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "zoo.json"), "w") as f:
-        json.dump({"versions": versions, "args": vars(args), "rows": rows}, f, indent=1)
+        json.dump({"versions": versions, "args": run_args or vars(args), "rows": rows}, f, indent=1)
     made = []  # each distinct command and date, with its models
     for r in rows:
         key = (r.get("command", "experiments/zoo.py"), r.get("date", versions["date"]))
@@ -349,7 +350,7 @@ def main():
             r["torch_command"] = " ".join(["experiments/zoo.py"] + sys.argv[1:])
             r["torch_date"] = versions["date"]
             print("zoo: %s: PyTorch fp32 %.2f%% (ours %.2f%%)" % (name, r["torch_fp32"], r["fp32"]), flush=True)
-        write(args, [kept[m] for m in MODELS if m in kept], old["versions"])
+        write(args, [kept[m] for m in MODELS if m in kept], old["versions"], old["args"])
         return 0
     rows = []
     for name in args.models:
