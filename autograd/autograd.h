@@ -87,6 +87,15 @@ int qt_ctx_backward_frees(const qt_ctx *ctx);
 void qt_ctx_set_batch_sync(qt_ctx *ctx, const qt_batch_sync *sync);
 const qt_batch_sync *qt_ctx_batch_sync(const qt_ctx *ctx);
 
+/* The random stream of the stochastic ops (dropout) for what ctx computes from now on: `seed`
+ * (the trainer's: the run's seed mixed with the step) and `row0`, the row of the whole batch that
+ * this process's first row is (data parallel: its shard's offset; else 0). A draw is a function of
+ * (seed, op key, row0 + row, element) alone, so a batch split across processes draws what one
+ * process would for the whole batch. Both 0 by default; qt_ctx_reset keeps the setting. */
+void qt_ctx_set_random(qt_ctx *ctx, uint64_t seed, int64_t row0);
+uint64_t qt_ctx_random_seed(const qt_ctx *ctx);
+int64_t qt_ctx_random_row0(const qt_ctx *ctx);
+
 /* The tape's entries are numbered in the order the ops recorded them, from 0 after
  * qt_ctx_reset; the next op recorded gets qt_ctx_tape_length. A tensor made when the length was
  * k has its gradient written only by entries k and later. */
@@ -126,6 +135,7 @@ typedef enum {
   QT_PROFILE_ADAROUND_ROUND_LOSS,
   QT_PROFILE_SQUARED_ERROR,
   QT_PROFILE_QDROP,
+  QT_PROFILE_DROPOUT,
   QT_PROFILE_ACTIVATION,
   QT_PROFILE_MUL,
   QT_PROFILE_CONCAT,
@@ -419,6 +429,12 @@ qt_tensor *qt_adaround_round_loss(qt_ctx *ctx, qt_tensor *v, float beta, float l
  * (its fake-quantized value), drawn per element from (seed, i) alone, so the same for any thread
  * count; x and xq of one shape; the gradient goes to whichever was taken. */
 qt_tensor *qt_qdrop(qt_ctx *ctx, qt_tensor *x, qt_tensor *xq, float drop, uint64_t seed);
+/* Dropout of x (batch first) in training, as PyTorch's: each element is zeroed with probability p
+ * (0 <= p <= 1), the others scaled by 1 / (1 - p) (that float32 factor, as PyTorch multiplies);
+ * p = 1 zeroes every element. Element e of row r is kept when qt_uniform_at(key, (row0 + r) * S + e)
+ * >= p, S the elements per row: the mask is a function of (key, row0 + r, e) alone, so any thread
+ * count and any split of the batch draw the same one. The gradient is dy times the same factor. */
+qt_tensor *qt_dropout(qt_ctx *ctx, qt_tensor *x, float p, uint64_t key, int64_t row0);
 /* sum_i (x_i - target_i)^2 / divisor (one element; summed in double); gradient to x only. With
  * divisor = numel / channels it is the squared error summed over the last axis and averaged over
  * the others, the reconstruction loss of AdaRound's and BRECQ's implementations. */

@@ -11,7 +11,8 @@
  * libm's expf, tanhf and erff, one element at a time: PyTorch's vectorized kernels use other
  * approximations of those functions, so results agree to a few units in the last place, not bit
  * for bit (tests/kernels_cpu/test_activations_torch.c states the tolerances). Sigmoid and tanh
- * differentiate through their output, the others through their input. */
+ * differentiate through their output, the others through their input. Also dropout in training
+ * (qt_dropout), whose mask is a function of its key and each element's place in the whole batch. */
 #include "autograd/ops_int.h"
 
 #include <math.h>
@@ -164,4 +165,54 @@ static qt_tensor *act_op(qt_ctx *ctx, qt_tensor *x, qt_act a) {
 
 qt_tensor *qt_activation(qt_ctx *ctx, qt_tensor *x, qt_act a) {
   PROFILED(ctx, QT_PROFILE_ACTIVATION, act_op(ctx, x, a));
+}
+
+/* ---- dropout --------------------------------------------------------------------------------- */
+typedef struct {
+  qt_tensor *x, *y;
+  float p, scale;
+  uint64_t key;
+  int64_t row0;
+} dropout_saved;
+
+/* y = x * scale where element i of the batch (row r, element e: i = r * S + e) is kept, else 0;
+ * dy -> dx alike (x NULL: the backward, adding to y). */
+static void dropout_apply(float *y, const float *x, const float *dy, int64_t n, int64_t S, float p, float scale,
+                          uint64_t key, int64_t row0) {
+#pragma omp parallel for schedule(static) if (n >= ACT_PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    const int keep = p < 1.0f && qt_uniform_at(key, row0 * S + i) >= p;
+    if (x)
+      y[i] = keep ? x[i] * scale : 0.0f;
+    else if (keep)
+      y[i] += dy[i] * scale;
+  }
+}
+
+static void dropout_backward(qt_ctx *ctx, void *p) {
+  dropout_saved *s = p;
+  if (!s->y->grad || !s->x->requires_grad) return;
+  const int64_t n = qt_tensor_numel(s->y);
+  dropout_apply(qt_tensor_grad(ctx, s->x), NULL, s->y->grad, n, s->x->shape[0] ? n / s->x->shape[0] : 0, s->p, s->scale,
+                s->key, s->row0);
+}
+
+static qt_tensor *dropout_op(qt_ctx *ctx, qt_tensor *x, float p, uint64_t key, int64_t row0) {
+  check_f32(x, -1, "dropout", "input");
+  QT_ASSERT(p >= 0.0f && p <= 1.0f, "dropout: probability %g", (double)p);
+  QT_ASSERT(x->ndim >= 1 && row0 >= 0, "dropout: rank %d, row %lld", x->ndim, (long long)row0);
+  const float scale = p < 1.0f ? 1.0f / (float)(1.0 - (double)p) : 0.0f; /* PyTorch: x * (1 / float(1 - p)) */
+  const int64_t n = qt_tensor_numel(x), S = x->shape[0] ? n / x->shape[0] : 0;
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+  dropout_apply(qt_f32(y), qt_f32(x), NULL, n, S, p, scale, key, row0);
+  if (qt_tape_recording(ctx, x, NULL, NULL)) {
+    y->requires_grad = 1;
+    dropout_saved *sv = qt_tape_push(ctx, QT_PROFILE_DROPOUT, dropout_backward, sizeof *sv, y);
+    *sv = (dropout_saved){x, y, p, scale, key, row0};
+  }
+  return y;
+}
+
+qt_tensor *qt_dropout(qt_ctx *ctx, qt_tensor *x, float p, uint64_t key, int64_t row0) {
+  PROFILED(ctx, QT_PROFILE_DROPOUT, dropout_op(ctx, x, p, key, row0));
 }

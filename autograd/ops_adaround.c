@@ -190,15 +190,6 @@ static void qdrop_backward(qt_ctx *ctx, void *p) {
   }
 }
 
-/* A uniform draw in [0, 1) from (seed, i): splitmix64 of their mix. */
-static inline float uniform_at(uint64_t seed, int64_t i) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return (float)(z >> 40) * (1.0f / 16777216.0f);
-}
-
 static qt_tensor *qdrop_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *xq, float drop, uint64_t seed) {
   check_f32(x, -1, "qdrop", "float input");
   check_f32(xq, x->ndim, "qdrop", "quantized input");
@@ -214,7 +205,7 @@ static qt_tensor *qdrop_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *xq, float drop,
   float *yd = qt_f32(y);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++) {
-    const int t = uniform_at(seed, i) < drop;
+    const int t = qt_uniform_at(seed, i) < drop;
     yd[i] = t ? a[i] : b[i];
     if (took_x) took_x[i] = (unsigned char)t;
   }

@@ -62,6 +62,12 @@ static inline qt_conv2d_shape conv_shape_of(const qt_tensor *x, const qt_tensor 
     return y_;                                          \
   } while (0)
 
+/* A uniform draw in [0, 1) from (seed, i): splitmix64 of their mix, its top 24 bits. The same for
+ * any thread count or batch split: QDrop's choice and dropout's mask are functions of it. */
+static inline float qt_uniform_at(uint64_t seed, int64_t i) {
+  return (float)(qt_mix64(seed + 0x9E3779B97F4A7C15ull * (uint64_t)i) >> 40) * (1.0f / 16777216.0f);
+}
+
 /* Batch norm's tape state (its ops are below), here for the max pools that hand it their gradient. */
 typedef struct {
   qt_tensor *x, *s, *gamma, *beta, *y; /* s: the per-channel divisor of x (conv_bn), or NULL */

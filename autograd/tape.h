@@ -31,7 +31,9 @@ struct qt_ctx {
   int blocked_handoff; /* qt_ctx_set_blocked_handoff */
   qt_tape_entry *tape;
   size_t tape_len, tape_cap;
-  const qt_batch_sync *sync;      /* the processes sharing the batch, or NULL */
+  const qt_batch_sync *sync; /* the processes sharing the batch, or NULL */
+  uint64_t random_seed;      /* qt_ctx_set_random */
+  int64_t random_row0;
   qt_profile *profile;            /* NULL: not profiling */
   qt_backward_hook backward_hook; /* qt_ctx_set_backward_hook, or NULL */
   void *backward_hook_user;

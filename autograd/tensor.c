@@ -316,6 +316,12 @@ int qt_tape_recording(const qt_ctx *ctx, const qt_tensor *a, const qt_tensor *b,
 
 void qt_ctx_set_batch_sync(qt_ctx *ctx, const qt_batch_sync *sync) { ctx->sync = sync; }
 const qt_batch_sync *qt_ctx_batch_sync(const qt_ctx *ctx) { return ctx->sync; }
+void qt_ctx_set_random(qt_ctx *ctx, uint64_t seed, int64_t row0) {
+  ctx->random_seed = seed;
+  ctx->random_row0 = row0;
+}
+uint64_t qt_ctx_random_seed(const qt_ctx *ctx) { return ctx->random_seed; }
+int64_t qt_ctx_random_row0(const qt_ctx *ctx) { return ctx->random_row0; }
 size_t qt_ctx_tape_length(const qt_ctx *ctx) { return ctx->tape_len; }
 void qt_ctx_set_backward_hook(qt_ctx *ctx, qt_backward_hook fn, void *user) {
   ctx->backward_hook = fn;
@@ -384,6 +390,7 @@ static const char *const profile_op_names[] = {"conv2d",
                                                "adaround_round_loss",
                                                "squared_error",
                                                "qdrop",
+                                               "dropout",
                                                "activation",
                                                "mul",
                                                "concat",

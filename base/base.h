@@ -31,6 +31,17 @@ void qt_panic(const char *file, int line, const char *fmt, ...) __attribute__((n
 typedef void (*qt_panic_hook)(const char *message);
 qt_panic_hook qt_panic_set_hook(qt_panic_hook hook);
 
+/* ---- random numbers ---------------------------------------------------------------------------- */
+/* splitmix64's output of state z (z advanced by the golden-ratio increment, then mixed): the
+ * counter-based generator behind every random draw of a run (the loader's order and augmentation,
+ * dropout's masks, QDrop's choices), each a function of a key and a counter alone. */
+static inline uint64_t qt_mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 /* ---- errors ----------------------------------------------------------------------------------- */
 /* The one error formatter: writes the message to err (QT_ERR_LEN bytes; may be NULL) and returns
  * -1, so that `return qt_err(err, "...", ...);` reports and fails in one statement. */

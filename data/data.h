@@ -118,6 +118,9 @@ int64_t qt_loader_num_batches(const qt_loader *l);
 /* Rows of the whole batch the last qt_loader_next returned a shard of (its own size without
  * shards); 0 before the first. */
 int qt_loader_batch_rows(const qt_loader *l);
+/* The row of that whole batch that the last batch's first row is: this loader's shard's offset
+ * (0 without shards, and before the first). */
+int qt_loader_shard_first(const qt_loader *l);
 
 /* Stops the background thread (if any) and frees the loader; NULL is fine. */
 void qt_loader_free(qt_loader *l);

@@ -57,18 +57,11 @@ struct qt_loader {
 
 /* ---------------------------------------------------------------- random numbers */
 
-static uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-/* splitmix64: the state advances by the golden-ratio increment, the output is mix64. */
+/* splitmix64: the state advances by the golden-ratio increment, the output is qt_mix64. */
 static uint64_t rng_next(uint64_t *state) {
   uint64_t z = *state;
   *state += 0x9e3779b97f4a7c15ull;
-  return mix64(z);
+  return qt_mix64(z);
 }
 
 /* Uniform in [0, bound) without modulo bias. */
@@ -81,7 +74,7 @@ static uint64_t rng_below(uint64_t *state, uint64_t bound) {
 }
 
 static uint64_t epoch_key(uint64_t seed, uint64_t domain, int epoch) {
-  return mix64(mix64(seed ^ domain) ^ (uint64_t)(int64_t)epoch);
+  return qt_mix64(qt_mix64(seed ^ domain) ^ (uint64_t)(int64_t)epoch);
 }
 
 /* ---------------------------------------------------------------- batch filling */
@@ -161,7 +154,7 @@ static void fill_batch(qt_loader *l, int64_t b, int s) {
     if (augment) {
       /* Always three draws in the same order, so enabling one augmentation leaves the
        * others' random numbers unchanged. */
-      uint64_t state = mix64(aug_key ^ (uint64_t)pos);
+      uint64_t state = qt_mix64(aug_key ^ (uint64_t)pos);
       uint64_t span = 2 * (uint64_t)l->cfg.crop_pad + 1;
       int ry = (int)rng_below(&state, span);
       int rx = (int)rng_below(&state, span);
@@ -348,6 +341,12 @@ int qt_loader_next(qt_loader *l, const float **images, const int32_t **labels) {
 int64_t qt_loader_num_batches(const qt_loader *l) { return l ? l->num_batches : 0; }
 
 int qt_loader_batch_rows(const qt_loader *l) { return l ? l->last_rows : 0; }
+
+int qt_loader_shard_first(const qt_loader *l) {
+  int64_t first = 0;
+  if (l) shard_rows(l, l->last_rows, &first);
+  return (int)first;
+}
 
 void qt_loader_free(qt_loader *l) {
   if (!l) return;

@@ -231,7 +231,8 @@ qt_exact *qt_exact_open(const qt_graph *g, char *err) {
     if (n->op == QT_OP_DEQUANTIZE && n->q->channels == 1 && n->inputs[0] != g->input &&
         g->nodes[g->values[n->inputs[0]].producer].op == QT_OP_QUANTIZE)
       x->iq[n->output] = i;
-    else if ((n->op == QT_OP_MAX_POOL2D || n->op == QT_OP_FLATTEN) && x->iq[n->inputs[0]] >= 0)
+    else if ((n->op == QT_OP_MAX_POOL2D || n->op == QT_OP_FLATTEN || n->op == QT_OP_DROPOUT) &&
+             x->iq[n->inputs[0]] >= 0)
       x->iq[n->output] = x->iq[n->inputs[0]];
     if ((n->op == QT_OP_CONV2D || n->op == QT_OP_LINEAR) && plan_layer(x, i, err)) {
       qt_exact_free(x);
@@ -561,6 +562,7 @@ static int run_float_node(qt_exact *x, int i, double *y, int n, int64_t numel, c
       return 0;
     case QT_OP_GLOBAL_AVG_POOL: run_global_avg_pool(&g->values[a], src, y, n); return 0;
     case QT_OP_FLATTEN:
+    case QT_OP_DROPOUT: /* the identity in eval (convert leaves it out; a file may still hold one) */
       memcpy(y, src, (size_t)numel * sizeof *y);
       if (x->iq[v] >= 0) {
         x->vi[v] = buf_get(x, (size_t)numel * sizeof *x->vi[v]);

@@ -254,6 +254,11 @@ int qt_graph_channel_slice(qt_graph *g, const char *name, int x, int begin, int 
   return build(g, QT_OP_CHANNEL_SLICE, name, &x, 1, &attr, 0, NULL, 0);
 }
 
+int qt_graph_dropout(qt_graph *g, const char *name, int x, float ratio) {
+  const qt_node_attrs attr = {.ratio = ratio};
+  return build(g, QT_OP_DROPOUT, name, &x, 1, &attr, 0, NULL, 0);
+}
+
 int qt_graph_layer_norm(qt_graph *g, const char *name, int x, float eps) {
   const qt_node_attrs attr = {.eps = eps};
   return build(g, QT_OP_LAYER_NORM, name, &x, 1, &attr, 0, NULL, 0);
@@ -477,7 +482,7 @@ int qt_graph_quant_source(const qt_graph *g, int v) {
     const qt_node *n = &g->nodes[g->values[v].producer];
     if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_DEQUANTIZE)
       return n->q && n->q->channels == 1 ? g->values[v].producer : -1;
-    if (n->op != QT_OP_MAX_POOL2D && n->op != QT_OP_FLATTEN && n->op != QT_OP_RELU) return -1;
+    if (n->op != QT_OP_MAX_POOL2D && n->op != QT_OP_FLATTEN && n->op != QT_OP_RELU && n->op != QT_OP_DROPOUT) return -1;
     v = n->inputs[0];
   }
   return -1;
@@ -490,8 +495,8 @@ int qt_bias_scales(const qt_graph *g, int node, float *scale, char *err) {
   const int src = qt_graph_quant_source(g, n->inputs[0]);
   if (src < 0)
     return qt_err(err,
-                  "%s: the int32 bias needs an input quantized per tensor (through max_pool2d, flatten, relu at "
-                  "most), and %s is not",
+                  "%s: the int32 bias needs an input quantized per tensor (through max_pool2d, flatten, relu, dropout "
+                  "at most), and %s is not",
                   n->name, g->values[n->inputs[0]].name);
   const qt_qstate *xq = g->nodes[src].q;
   if (!xq->calibrated || !wq->calibrated)

@@ -44,6 +44,7 @@ typedef enum {
   QT_OP_LAYER_NORM,      /* over the channels of every pixel (token): params weight, bias; attr.eps */
   QT_OP_ATTENTION,       /* multi-head self-attention of q, k, v (the pixels are the tokens): attr.heads */
   QT_OP_ADD_PARAM,       /* x + a learned tensor of x's per-sample shape (a position embedding) */
+  QT_OP_DROPOUT,         /* training: qt_dropout with probability attr.ratio; eval: x (convert removes it) */
   QT_OP_COUNT
 } qt_op;
 const char *qt_op_name(qt_op op);
@@ -114,7 +115,8 @@ typedef struct {
   float alpha, beta;                                                /* activation: qt_act's */
   int begin, end;                                                   /* channel_slice: [begin, end) */
   int heads;                                                        /* attention */
-  int ceil; /* pools: PyTorch's ceil_mode (the last window may hang over; only where it adds one) */
+  int ceil;    /* pools: PyTorch's ceil_mode (the last window may hang over; only where it adds one) */
+  float ratio; /* dropout: the probability of zeroing an element, 0 <= ratio < 1 */
 } qt_node_attrs;
 
 typedef struct {
@@ -161,7 +163,7 @@ typedef struct {
 const qt_op_info *qt_op_info_get(qt_op op);
 /* conv2d, linear, conv_bn: the layers with a (quantizable) weight. */
 int qt_op_has_weight(qt_op op);
-/* batch_norm, conv_bn, fake_quant: nodes whose behaviour depends on node->training. */
+/* batch_norm, conv_bn, fake_quant, dropout: nodes whose behaviour depends on node->training. */
 int qt_op_is_stateful(qt_op op);
 /* relu, relu6, pools, flatten, add, activation, mul, concat, channel shuffle and slice: computed
  * by qt_apply_simple_op. */
@@ -180,7 +182,7 @@ typedef struct {
   qt_node_attrs attr;
   int param[QT_MAX_PARAMS]; /* indices into the graph's tensor table, -1 = none */
   int buffer[QT_MAX_PARAMS];
-  int training;  /* mode of stateful nodes (batch_norm, conv_bn, fake_quant) */
+  int training;  /* mode of stateful nodes (batch_norm, conv_bn, fake_quant, dropout) */
   qt_qstate *q;  /* fake_quant / quantize / dequantize: activation quantization */
   qt_qstate *wq; /* conv2d / linear / conv_bn: weight quantization, NULL = fp32 */
   int bn_frozen; /* batch_norm / conv_bn: running statistics frozen */
@@ -275,6 +277,11 @@ int qt_graph_layer_norm(qt_graph *g, const char *name, int x, float eps);
 int qt_graph_attention(qt_graph *g, const char *name, int q, int k, int v, int heads);
 /* x + a learned tensor of x's per-sample shape ("<name>.weight"; a position embedding). */
 int qt_graph_add_param(qt_graph *g, const char *name, int x);
+/* Dropout with probability ratio (0 <= ratio < 1): in training mode each element is zeroed with
+ * that probability and the rest scaled by 1 / (1 - ratio), the mask drawn from the ctx's random
+ * stream (qt_ctx_set_random) and the node's name; in eval mode (and calibration) the identity.
+ * qt_convert leaves it out: the Q/DQ graph computes the eval model. */
+int qt_graph_dropout(qt_graph *g, const char *name, int x, float ratio);
 /* Marks the output and allocates the slabs (zeroed; BN running_var = 1, gamma = 1). */
 int qt_graph_finalize(qt_graph *g, int output, char *err);
 
@@ -309,7 +316,8 @@ int64_t qt_value_numel(const qt_value *v);
 int qt_graph_sole_consumer(const qt_graph *g, int v);
 /* The fake_quant or dequantize node on whose per-tensor grid the values of v lie: v's producer,
  * or the one reached through max_pool2d, flatten and relu (which keep values on their input's
- * grid); -1 when there is none (an fp32 value, a per-channel quantization). */
+ * grid) and dropout (the identity in eval, and absent from Q/DQ graphs); -1 when there is none (an
+ * fp32 value, a per-channel quantization). */
 int qt_graph_quant_source(const qt_graph *g, int v);
 /* The int32 bias's scales of layer `node` (conv2d / linear / conv_bn whose weight spec has
  * bias_int32): scale[c] = s_x * s_w[c] as a float32 product, for the OC output channels (a

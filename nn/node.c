@@ -179,6 +179,14 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
   }
 }
 
+/* A dropout node's key for a step's seed: FNV-1a of its name mixed into the seed, so that each
+ * node draws its own mask, the same in the fp32 and the prepared graph (names carry over). */
+static uint64_t dropout_key(uint64_t seed, const char *name) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 0x100000001B3ull;
+  return seed ^ (h * 0x9E3779B97F4A7C15ull);
+}
+
 qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const *inputs, int inplace, char *err) {
   QT_ASSERT(node >= 0 && node < g->n_nodes && g->finalized, "node %d of graph %s", node, g->name);
   qt_node *n = &g->nodes[node];
@@ -208,13 +216,16 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
       return qt_layer_norm(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_GAMMA]),
                            qt_param_tensor(g, ctx, n->param[QT_P_BETA]), a->eps);
     case QT_OP_ADD_PARAM: return qt_channel_add(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
+    case QT_OP_DROPOUT:
+      if (!n->training || a->ratio == 0.0f) return x; /* the identity: the value aliases its input */
+      return qt_dropout(ctx, x, a->ratio, dropout_key(qt_ctx_random_seed(ctx), n->name), qt_ctx_random_row0(ctx));
     default:
       if (qt_op_is_param_free(n->op))
         return qt_apply_simple_op(ctx, n->op, a, inputs, n->n_inputs,
                                   inplace && (n->op == QT_OP_RELU || n->op == QT_OP_RELU6));
       qt_err(err,
              "node %s: op '%s' is not an fp32 op (qt_node_forward computes conv2d, linear, batch_norm, layer_norm, "
-             "add_param and the parameter-free ops)",
+             "add_param, dropout and the parameter-free ops)",
              n->name, qt_op_name(n->op));
       return NULL;
   }

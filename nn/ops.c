@@ -26,6 +26,13 @@ static int act_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndi
   return same_as_input(a, in, ndim, shape, err);
 }
 
+/* Dropout's probability is in [0, 1) (ONNX's range: 1 would zero everything). */
+static int dropout_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  if (!(a->ratio >= 0.0f && a->ratio < 1.0f))
+    return qt_err(err, "dropout: ratio %g is not in [0, 1)", (double)a->ratio);
+  return same_as_input(a, in, ndim, shape, err);
+}
+
 static int image_input(const char *op, const qt_value *x, char *err) {
   return x->ndim == 3 ? 0 : qt_err(err, "%s input '%s' is not an image (H, W, C)", op, x->name);
 }
@@ -230,6 +237,7 @@ static const qt_op_info op_table[] = {
                          .param_use = {REQ},
                          .param_per_sample = 1,
                          .shape = same_as_input},
+    [QT_OP_DROPOUT] = {.name = "dropout", .min_inputs = 1, .max_inputs = 1, .stateful = 1, .shape = dropout_shape},
     [QT_OP_FAKE_QUANT] = {.name = "fake_quant",
                           .min_inputs = 1,
                           .max_inputs = 1,

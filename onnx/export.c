@@ -770,6 +770,9 @@ static int export_node(exporter *e) {
     case QT_OP_LAYER_NORM: return op_layer_norm(e);
     case QT_OP_ATTENTION: return op_attention(e);
     case QT_OP_ADD_PARAM: return op_add_param(e);
+    case QT_OP_DROPOUT: /* an fp32 graph's: the inference model has none (a Q/DQ graph holds no dropout) */
+      qt_exp_add_node(e, "Identity", n->name, out(e), 1, in0(e));
+      return keep_layout(e);
     case QT_OP_FAKE_QUANT:
     case QT_OP_CONV_BN:
     case QT_OP_COUNT: break;

@@ -42,13 +42,6 @@ int qt_imp_node_err(imp *im, const char *fmt, ...) {
   return escaped(im->err);
 }
 
-void qt_imp_node_label(imp *im, char *out, size_t n) {
-  char buf[QT_ERR_LEN], label[32];
-  snprintf(buf, sizeof buf, "%s", node_label(im->node, im->node_index, label, sizeof label));
-  escaped(buf);
-  snprintf(out, n, "%s", buf);
-}
-
 int qt_imp_file_err(imp *im, const char *fmt, ...) {
   char what[QT_ERR_LEN];
   QT_VFORMAT(what, fmt);

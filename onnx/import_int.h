@@ -167,8 +167,6 @@ static inline int64_t numel_of(const Onnx__TensorProto *t) {
 
 /* ---- import_core.c ---- */
 
-/* The current node's name (or "#<index>") with control characters escaped, into out (n bytes). */
-void qt_imp_node_label(imp *im, char *out, size_t n);
 /* "onnx: <path>: node '<name>' (<OpType>, opset <n>): <what>"; returns -1. */
 int qt_imp_node_err(imp *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "onnx: <path>: <what>"; returns -1. */

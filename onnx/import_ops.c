@@ -1,7 +1,7 @@
 /* The ONNX ops that become graph IR layers (import_int.h): Conv, BatchNormalization, pooling,
  * Flatten / Reshape, Gemm / MatMul, the channel shuffle (Reshape, Transpose, Reshape), Split and
- * Slice of channels, and the ops dropped or folded into their consumer (Identity, Dropout, a
- * zero Pad). The element-wise ones are in import_elementwise.c. */
+ * Slice of channels, Dropout, and the ops dropped or folded into their consumer (Identity, an
+ * inference-mode Dropout, a zero Pad). The element-wise ones are in import_elementwise.c. */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
 #include <math.h>
 #include <stdint.h>
@@ -642,36 +642,51 @@ static int op_matmul(imp *im) {
   return 0;
 }
 
-/* Whether a Dropout drops anything in training: a ratio that is not a constant 0 (the attribute
- * before opset 12, then input 1; 0.5 when absent) and, from opset 12 on, a training_mode input
- * that is a constant true (an exporter in training mode writes it; absent, Dropout is the
- * identity); before opset 12 training was the runtime's mode. */
-static int dropout_trains(imp *im) {
-  if (strcmp(str(im->node->op_type), "Dropout") != 0) return 0;
-  if (im->opset < 12) { /* only asks: a ratio of another type is not this note's business */
+/* Dropout's ratio into *ratio when it drops anything in training, else 0 there: the ratio (the attribute before
+ * opset 12, then input 1, a constant; 0.5 when absent) and, from opset 12 on, a training_mode
+ * input that is a constant true (an exporter in training mode writes it; absent, Dropout is the
+ * identity); before opset 12 training was the runtime's mode. -1 after an error. */
+static int dropout_ratio(imp *im, float *ratio) {
+  *ratio = 0.5f;
+  if (im->opset < 12) {
     const Onnx__AttributeProto *a = qt_imp_attr(im->node, "ratio");
-    return !a || (a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT && a->f != 0.0f);
+    if (a && a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT)
+      return qt_imp_node_err(im, "attribute ratio: expected a float");
+    if (a) *ratio = a->f;
+  } else {
+    const sym *t = in_name(im->node, 2) ? qt_imp_find(im, in_name(im->node, 2)) : NULL;
+    const Onnx__TensorProto *c = t && t->kind == S_CONST ? t->t : NULL;
+    if (!c || !(c->has_raw_data ? c->raw_data.len > 0 && c->raw_data.data[0] != 0
+                                : c->n_int32_data > 0 && c->int32_data[0] != 0)) {
+      *ratio = 0.0f; /* inference mode: the identity whatever the ratio */
+      return 0;
+    }
+    const sym *r = in_name(im->node, 1) ? qt_imp_find(im, in_name(im->node, 1)) : NULL;
+    if (r && !qt_imp_const_scalar(r, ratio)) return qt_imp_node_err(im, "input ratio: expected a constant scalar");
   }
-  float ratio = 0.5f;
-  const sym *r = in_name(im->node, 1) ? qt_imp_find(im, in_name(im->node, 1)) : NULL;
-  if (r && qt_imp_const_scalar(r, &ratio) && ratio == 0.0f) return 0;
-  const sym *t = in_name(im->node, 2) ? qt_imp_find(im, in_name(im->node, 2)) : NULL;
-  if (!t || t->kind != S_CONST) return 0;
-  const Onnx__TensorProto *c = t->t;
-  if (c->has_raw_data) return c->raw_data.len > 0 && c->raw_data.data[0] != 0;
-  return c->n_int32_data > 0 && c->int32_data[0] != 0;
+  if (!(*ratio >= 0.0f && *ratio < 1.0f)) return qt_imp_node_err(im, "ratio %g is not in [0, 1)", (double)*ratio);
+  return 0;
 }
 
-/* Identity, Dropout: dropped (Dropout's mask output must be unused). A Dropout that drops in
- * training is counted (info->dropouts), and the first one named: the graph has no dropout. */
+/* Identity: dropped. Dropout: a dropout node of the graph where it drops in training (of an
+ * activation), else dropped (its mask output must be unused). */
 static int op_identity(imp *im) {
   sym *x = qt_imp_input(im, 0, "input");
   if (!x) return -1;
-  if (dropout_trains(im) && im->info->dropouts++ == 0)
-    qt_imp_node_label(im, im->info->dropout_name, sizeof im->info->dropout_name);
+  float ratio = 0.0f;
+  if (strcmp(str(im->node->op_type), "Dropout") == 0 && dropout_ratio(im, &ratio)) return -1;
+  qt_imp_outputs_unused(im, 1, "Dropout's mask output");
+  if (ratio > 0.0f && x->kind == S_ACT && !x->padded) {
+    char name[QT_NAME_LEN];
+    qt_imp_node_name(im, NULL, name);
+    const int y = qt_graph_dropout(im->g, name, x->value, ratio);
+    if (qt_imp_builder_check(im, y)) return -1;
+    qt_imp_alias(im, 0, x)->value = y; /* x's layout fields carry over */
+    im->info->dropouts++;
+    return 0;
+  }
   qt_imp_alias(im, 0, x);
   im->info->dropped++;
-  qt_imp_outputs_unused(im, 1, "Dropout's mask output");
   return 0;
 }
 

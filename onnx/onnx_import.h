@@ -12,7 +12,8 @@
  * before a Conv is folded into its padding, as PyTorch exports AvgPool2d), GlobalAveragePool and
  * ReduceMean over H and W, Flatten, Squeeze of a pooled [N, C, 1, 1], the Reshape that
  * x.view(n, -1) exports, Gemm, MatMul (+ Add of a bias), Add of two activations (residual),
- * Identity, Dropout (dropped: the graph IR has no dropout). Constants and the shape arithmetic
+ * Identity (dropped), Dropout (a dropout node where it drops in training: a ratio above 0 and,
+ * from opset 12, training_mode true; else dropped). Constants and the shape arithmetic
  * exporters write (Constant, Shape, Gather, Unsqueeze, Squeeze, Concat, Expand, Cast, CastLike,
  * Reshape of a shape) are evaluated at import; torch 2.x's all-zero bias of a Conv without one is
  * dropped. Where an op's form changed between opsets (axes as an attribute or an input in
@@ -39,20 +40,19 @@
 /* What the import found, for reports and error messages. */
 typedef struct {
   int64_t ir_version, opset;
-  char producer[64];              /* producer name and version, e.g. "pytorch 1.13.1" */
-  char input_name[QT_NAME_LEN];   /* the ONNX graph input */
-  char input_decl[128];           /* its declared shape, e.g. "[batch, 1, 28, 28] (NCHW)" */
-  int dynamic_dims;               /* C, H or W given by a dim_param (resolved from the data's shape) */
-  int needs_shape;                /* set on failure: dynamic dims and no data shape given */
-  int dropped;                    /* Identity / Dropout nodes dropped */
-  int dropouts;                   /* of them, Dropouts that drop in training (the graph has no dropout) */
-  char dropout_name[QT_NAME_LEN]; /* the first of those, its node name (escaped) */
-  int folded;                     /* Pad nodes folded into a Conv / AveragePool, Adds folded into MatMul */
-  int permuted;                   /* linear weights whose columns were permuted to NHWC order */
-  int nodes;                      /* ONNX nodes read */
-  int convs, batch_norms;         /* Conv and BatchNormalization nodes (none: the exporter folded BN) */
-  int layer_norms;                /* LayerNormalization nodes (a transformer: no BN by design) */
-  int external;                   /* initializers read from external data files */
+  char producer[64];            /* producer name and version, e.g. "pytorch 1.13.1" */
+  char input_name[QT_NAME_LEN]; /* the ONNX graph input */
+  char input_decl[128];         /* its declared shape, e.g. "[batch, 1, 28, 28] (NCHW)" */
+  int dynamic_dims;             /* C, H or W given by a dim_param (resolved from the data's shape) */
+  int needs_shape;              /* set on failure: dynamic dims and no data shape given */
+  int dropped;                  /* Identity nodes and Dropouts that drop nothing in training, dropped */
+  int dropouts;                 /* Dropouts that drop in training: dropout nodes of the graph */
+  int folded;                   /* Pad nodes folded into a Conv / AveragePool, Adds folded into MatMul */
+  int permuted;                 /* linear weights whose columns were permuted to NHWC order */
+  int nodes;                    /* ONNX nodes read */
+  int convs, batch_norms;       /* Conv and BatchNormalization nodes (none: the exporter folded BN) */
+  int layer_norms;              /* LayerNormalization nodes (a transformer: no BN by design) */
+  int external;                 /* initializers read from external data files */
 } qt_onnx_info;
 
 /* Imports the ONNX model at path. data_hwc (may be NULL) is the data's image shape (H, W, C),

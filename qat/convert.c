@@ -146,6 +146,10 @@ qt_graph *qt_convert(const qt_graph *pg, char *err) {
       vmap[n->output] = c->nodes[dn].output;
       continue;
     }
+    if (n->op == QT_OP_DROPOUT) { /* the identity in eval: its consumers read its input */
+      vmap[n->output] = inputs[0];
+      continue;
+    }
     qt_op op = n->op == QT_OP_CONV_BN ? QT_OP_CONV2D : n->op;
     int id = qt_graph_add_node(c, op, n->name, inputs, n->n_inputs, &n->attr, v->ndim, v->shape);
     if (id < 0) break;

@@ -123,6 +123,7 @@ static int read_node_attrs(hid_t g, const char *obj, node_rec *r, char *msg) {
       (read_attr_int(g, obj, "begin", &a->begin, msg) || read_attr_int(g, obj, "end", &a->end, msg)))
     return -1;
   if (r->op == QT_OP_ATTENTION && read_attr_int(g, obj, "heads", &a->heads, msg)) return -1;
+  if (r->op == QT_OP_DROPOUT && read_attr_float(g, obj, "ratio", &a->ratio, msg)) return -1;
   for (int k = 0; k < QT_MAX_PARAMS; k++) {
     if (H5Aexists(g, qt_qdq_param_slot_names[k]) != 0 &&
         read_attr_str(g, obj, qt_qdq_param_slot_names[k], r->param[k], sizeof r->param[k], msg))

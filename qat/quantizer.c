@@ -166,11 +166,13 @@ static int quantized_value(const qt_annotations *a, int v) {
 /* Whether op may pass its input's qparams through (max-pool, flatten, relu, and the channel
  * shuffle and slice, which copy values: they keep values on the input's grid) and the backend
  * runs it. Not relu6: 6 need not lie on the grid, so a relu6 outside a unit is an fp32 op whose
- * quantized consumers quantize its output. */
+ * quantized consumers quantize its output. Dropout always: it is the identity in eval, and
+ * convert removes it, so no backend runs it (in training its scaled values leave the grid, as a
+ * QAT layer's float arithmetic does, and the observer before it sees the eval model's range). */
 static int passes_through(const qt_backend_desc *d, qt_op op) {
-  return (op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU || op == QT_OP_CHANNEL_SHUFFLE ||
-          op == QT_OP_CHANNEL_SLICE) &&
-         d->ops[op];
+  return op == QT_OP_DROPOUT || ((op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU ||
+                                  op == QT_OP_CHANNEL_SHUFFLE || op == QT_OP_CHANNEL_SLICE) &&
+                                 d->ops[op]);
 }
 
 /* Ops without weights that start a quantized unit (inputs and output quantization points) when
@@ -183,7 +185,8 @@ static int quantized_op(qt_op op) {
 /* The outputs of quantized units become quantization points and pass-through ops share their
  * input's qparams; then the inputs of quantized units that are not quantized yet (the graph
  * input, the output of an fp32 layer) become points too, and pass-through ops after them
- * share. last[i]: the last node of the unit headed by i. */
+ * share; a dropout's input rather than its output, so that the observer sees the values of eval.
+ * last[i]: the last node of the unit headed by i. */
 static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, const qt_backend_desc *d, const int *last,
                          const int *quantized_unit, qt_annotations *out) {
   for (int i = 0; i < g->n_nodes; i++) {
@@ -205,8 +208,12 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
     for (int k = 0; k < n->n_inputs; k++) {
       int v = n->inputs[k];
       if (quantized_value(out, v)) continue;
-      out->act[v] = 1;
-      out->act_spec[v] = act_spec(d, cfg, cfg->activation_bits);
+      while (v != g->input && g->nodes[g->values[v].producer].op == QT_OP_DROPOUT)
+        v = g->nodes[g->values[v].producer].inputs[0];
+      if (!quantized_value(out, v)) {
+        out->act[v] = 1;
+        out->act_spec[v] = act_spec(d, cfg, cfg->activation_bits);
+      }
       for (int j = 0; j < g->n_nodes; j++) {
         const qt_node *m = &g->nodes[j];
         if (passes_through(d, m->op) && out->unit[j] == j && out->share[m->output] < 0 &&

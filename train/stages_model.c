@@ -173,15 +173,7 @@ static qt_graph *import_onnx(const qt_options *o, const qt_dataset *data, qt_sta
     qt_status_fail(st, QT_STATUS_INPUT);
     return NULL;
   }
-  static int noted, noted_dropout; /* once a process: a run imports its model more than once */
-  if (info.dropouts > 0 && !noted_dropout) {
-    noted_dropout = 1;
-    fprintf(stderr,
-            "note: %s has %d Dropout node%s that drop%s in training (the first: '%s'); the graph has no dropout, so "
-            "this model trains without it\n",
-            o->model.onnx, info.dropouts, info.dropouts == 1 ? "" : "s", info.dropouts == 1 ? "s" : "",
-            info.dropout_name);
-  }
+  static int noted; /* once a process: a run imports its model more than once */
   if (info.convs > 0 && info.batch_norms == 0 && info.layer_norms == 0 && !noted) {
     noted = 1;
     fprintf(stderr,

@@ -321,6 +321,13 @@ static void batch_totals(const qt_trainer *t, float lv, int B, int64_t correct_b
   free(all);
 }
 
+/* The random stream of step `step` (dropout's masks): a function of the run's seed and the step
+ * alone, so that a resumed run draws what an uninterrupted one would. */
+#define DROPOUT_DOMAIN 0x44524f504f555421ull
+static uint64_t step_seed(int seed, int64_t step) {
+  return qt_mix64(qt_mix64((uint64_t)(int64_t)seed ^ DROPOUT_DOMAIN) ^ (uint64_t)step);
+}
+
 static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out, qt_status *st) {
   qt_graph *g = t->g;
   qt_loader_start_epoch(t->loader, epoch);
@@ -340,6 +347,8 @@ static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *ou
     apply_schedules(t, epoch, b);
     qt_ctx_reset(ctx);
     qt_ctx_set_grad(ctx, 1);
+    /* a process's rows are rows shard_first.. of the whole batch: the masks of one process's */
+    qt_ctx_set_random(ctx, step_seed(t->o->train.seed, t->step), qt_loader_shard_first(t->loader));
     int64_t shape[4] = {B, t->train->h, t->train->w, t->train->c};
     qt_tensor *logits = qt_graph_forward(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)images));
     if (!logits)
@@ -428,6 +437,7 @@ int qt_trainer_epoch(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out,
   qt_ctx_set_conv_winograd(ctx, 0);
   qt_ops_release_scratch(); /* the training steps' convolution buffers, not needed until the next epoch */
   qt_ctx_set_batch_sync(ctx, was);
+  qt_ctx_set_random(ctx, 0, 0);
   if (!rc && t->size > 1) rc = check_replicas(t, epoch + 1, st);
   return rc;
 }

@@ -23,7 +23,7 @@ static void check_names_and_flags(void) {
     if (info->min_inputs > info->max_inputs || info->max_inputs > QT_MAX_INPUTS)
       qt_test_fail("op %s: inputs %d..%d", info->name, info->min_inputs, info->max_inputs);
     const int weight = op == QT_OP_CONV2D || op == QT_OP_LINEAR || op == QT_OP_CONV_BN;
-    const int stateful = op == QT_OP_BATCH_NORM || op == QT_OP_CONV_BN || op == QT_OP_FAKE_QUANT;
+    const int stateful = op == QT_OP_BATCH_NORM || op == QT_OP_CONV_BN || op == QT_OP_FAKE_QUANT || op == QT_OP_DROPOUT;
     const int simple = op == QT_OP_RELU || op == QT_OP_RELU6 || op == QT_OP_MAX_POOL2D || op == QT_OP_AVG_POOL2D ||
                        op == QT_OP_GLOBAL_AVG_POOL || op == QT_OP_FLATTEN || op == QT_OP_ADD ||
                        op == QT_OP_ACTIVATION || op == QT_OP_MUL || op == QT_OP_CONCAT || op == QT_OP_CHANNEL_SHUFFLE ||

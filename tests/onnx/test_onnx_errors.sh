@@ -150,9 +150,9 @@ onnx.save(m, sys.argv[1] + "/opset23.onnx")
 PY
 expect ir11 "$T/ir11.onnx: IR version 11 is not supported (6 to 10" -- "$T/ir11.onnx"
 expect opset23 "$T/opset23.onnx: opset 23 of the default domain is not supported (11 to 22)" -- "$T/opset23.onnx"
-# Dropout is dropped at import; a run whose model drops in training (ratio not 0, training_mode
-# true) says so once, naming the first such node; one that is the identity (no training_mode, or
-# ratio 0) does not
+# A Dropout that drops in training (ratio not 0; from opset 12 training_mode true) becomes a
+# dropout node of the graph (model.dot shows it); one that is the identity (no training_mode, or
+# ratio 0) is dropped; a ratio of 1 is refused
 "${QT_PYTHON:-.venv/bin/python}" - "$T" <<'PY' || { echo "making the Dropout files failed"; fail=1; }
 import sys, numpy as np, onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -179,13 +179,15 @@ drop_model(sys.argv[1] + "/drop_eval.onnx", 0.5, None)
 drop_model(sys.argv[1] + "/drop_zero.onnx", 0.0, True)
 drop_model(sys.argv[1] + "/drop_train_opset11.onnx", 0.5, None, 11)
 drop_model(sys.argv[1] + "/drop_zero_opset11.onnx", 0.0, None, 11)
+drop_model(sys.argv[1] + "/drop_one.onnx", 1.0, True)
 PY
 for m in drop_train drop_eval drop_zero drop_train_opset11 drop_zero_opset11; do
   "$BIN" "$T/ok.ini" "model.onnx=$T/$m.onnx" "output.dir=$T/$m" >/dev/null 2>"$T/err" || { echo "$m: exit $?:"; cat "$T/err"; fail=1; }
-  n=$(grep -c "Dropout node that drops in training (the first: '/drop/Dropout'); the graph has no dropout" "$T/err")
+  n=$(grep -cF 'label="drop\ndropout' "$T/$m/model.dot")
   want=0; case $m in drop_train*) want=1 ;; esac
-  [ "$n" -eq $want ] || { echo "$m: the Dropout note appears $n times, want $want:"; cat "$T/err"; fail=1; }
+  [ "$n" -eq $want ] || { echo "$m: $n dropout nodes in model.dot, want $want:"; cat "$T/$m/model.dot"; fail=1; }
 done
+expect drop_one "node '/drop/Dropout' (Dropout, opset 13): ratio 1 is not in [0, 1)" -- "$T/drop_one.onnx"
 expect name_and_onnx "model.name = res_cnn (override) and model.onnx" "both name the model" \
   -- tests/onnx/models/res_cnn.onnx model.name=res_cnn
 # a quantized run's fp32 recipe must train the same model

@@ -352,6 +352,8 @@ def run(nodes, values, tensors, quant, x, output):
             y = (p_ @ v).transpose(0, 2, 1, 3).reshape(xi.shape).astype(np.float32)
         elif op == "add_param":  # a tensor of one sample's shape
             y = (xi.astype(np.float64) + tensors[a["weight"]]).astype(np.float32)
+        elif op == "dropout":  # the identity in eval
+            y = xi
         else:
             raise SystemExit(f"node {a['index']} '{a['name']}': op '{op}' unknown to this reader")
         vals[int(a["output"])] = y
@@ -359,7 +361,7 @@ def run(nodes, values, tensors, quant, x, output):
             r = quant[("activation", a["name"])]
             if len(r["scale"]) == 1:
                 src[int(a["output"])] = r
-        elif op in ("max_pool2d", "flatten", "relu") and xs is not None:
+        elif op in ("max_pool2d", "flatten", "relu", "dropout") and xs is not None:
             src[int(a["output"])] = xs
     return vals[output]
 
