@@ -431,9 +431,10 @@ qt_tensor *qt_adaround_round_loss(qt_ctx *ctx, qt_tensor *v, float beta, float l
 qt_tensor *qt_qdrop(qt_ctx *ctx, qt_tensor *x, qt_tensor *xq, float drop, uint64_t seed);
 /* Dropout of x (batch first) in training, as PyTorch's: each element is zeroed with probability p
  * (0 <= p <= 1), the others scaled by 1 / (1 - p) (that float32 factor, as PyTorch multiplies);
- * p = 1 zeroes every element. Element e of row r is kept when qt_uniform_at(key, (row0 + r) * S + e)
- * >= p, S the elements per row: the mask is a function of (key, row0 + r, e) alone, so any thread
- * count and any split of the batch draw the same one. The gradient is dy times the same factor. */
+ * p = 1 zeroes every element. Element e of row r is kept when a uniform draw in [0, 1) from
+ * qt_mix64 (base.h) of key and (row0 + r) * S + e, S the elements per row, is at least p: the mask
+ * is a function of (key, row0 + r, e) alone, so any thread count and any split of the batch draw
+ * the same one. The gradient is dy times the same factor where kept, 0 elsewhere. */
 qt_tensor *qt_dropout(qt_ctx *ctx, qt_tensor *x, float p, uint64_t key, int64_t row0);
 /* sum_i (x_i - target_i)^2 / divisor (one element; summed in double); gradient to x only. With
  * divisor = numel / channels it is the squared error summed over the last axis and averaged over

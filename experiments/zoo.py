@@ -6,6 +6,7 @@ int8 device -> QDQ ONNX -> ONNX Runtime, one row per model, into experiments/res
     bench/peers/.venv/bin/python experiments/zoo.py                    # every model, runs/zoo/
     bench/peers/.venv/bin/python experiments/zoo.py --models squeezenet1_1 --train-limit 2048
     bench/peers/.venv/bin/python experiments/zoo.py --models resnet18 --torch-only   # the PyTorch column alone
+    bench/peers/.venv/bin/python experiments/zoo.py --models squeezenet1_1 --seeds 5 --keep  # + fp32 over 5 seeds
 
 Runs with the peers' environment (bench/peers/setup_peers.sh makes it: torch 2.x, torchvision,
 onnxruntime, h5py), by hand, never in CI. Each model is torchvision's, built with 10 classes, its
@@ -59,8 +60,8 @@ RECIPES = {"cnn": (os.path.join(ROOT, "experiments", "mobilenet_onnx_fp32.ini"),
 # momentum (PyTorch's convention) the model is built with. torchvision's MobileNetV3 has BN
 # momentum 0.01, made for 600 ImageNet epochs: after the recipe's 128 steps its running
 # statistics are still 28% their initial values, and eval accuracy is chance (9.85% here and in
-# PyTorch alike, whose training mode reaches 79%). SqueezeNet (no BN) does not learn at lr 0.05
-# (chance here, 19% in PyTorch; 43% at 0.02).
+# PyTorch alike, whose training mode reaches 79%). SqueezeNet (no BN) is fragile: PyTorch
+# reaches 19% at lr 0.05 and 43% at 0.02 (and chance on some seeds: --seeds).
 FP32_LR = {"squeezenet1_1": "0.02"}
 BN_MOMENTUM = {"mobilenet_v3_small": 0.1}
 QAT = ["quant.mode=qat", "quant.weight_bits=4", "quant.activation_bits=8", "quant.quantizer=onednn",
@@ -164,10 +165,11 @@ def ort_vs_device(args, d, out_scale):
             "top1_agreement": float((y.argmax(1) == want.argmax(1)).mean()), "ort_version": info["ort_version"]}
 
 
-def torch_fp32(name, config, train_limit, test_limit):
-    """PyTorch's own training of the model with the same recipe (config's [train]), from the same
-    initial weights (torch.manual_seed(0) before building, as export() does), on the same images:
-    the test accuracy (%) of the fp32 column's reference. The batches' order is PyTorch's."""
+def torch_fp32(name, config, train_limit, test_limit, seed=None):
+    """PyTorch's own training of the model with the same recipe (config's [train]; its seed, or
+    `seed`, draws the batches' order), from the same initial weights (torch.manual_seed(0) before
+    building, as export() does), on the same images: the test accuracy (%) of the fp32 column's
+    reference. The batches' order is PyTorch's."""
     import torch
     sys.path.insert(0, os.path.join(ROOT, "bench", "peers"))
     import common
@@ -179,8 +181,22 @@ def torch_fp32(name, config, train_limit, test_limit):
     x, y = models.load_fashion("train", train_limit)
     xt, yt = models.load_fashion("t10k", test_limit)
     t0 = time.time()
-    pt2e.train_epochs(m, x, y, rec, int(rec["seed"]), int(rec["epochs"]))
+    pt2e.train_epochs(m, x, y, rec, int(rec["seed"]) if seed is None else seed, int(rec["epochs"]))
     return round(100 * models.accuracy(m, xt, yt), 2), round(time.time() - t0, 1)
+
+
+def fp32_seeds(args, name, d, config):
+    """The fp32 recipe trained with train.seed 0 .. --seeds - 1 (the batches' order and, where the
+    model has Dropout, its masks), ours and PyTorch's: their test accuracies (%), for models whose
+    training is fragile at this recipe."""
+    ours, theirs = [], []
+    for k in range(args.seeds):
+        out = os.path.join(d, "fp32_seed%d" % k)
+        rc, _, _ = qat_train(args, config, ["train.seed=%d" % k, "output.dir=" + out],
+                             os.path.join(d, "fp32_seed%d.log" % k))
+        ours.append(acc(summary(out), "fp32") if rc == 0 else None)
+        theirs.append(torch_fp32(name, config, args.train_limit, args.test_limit, seed=k)[0])
+    return ours, theirs
 
 
 def repeatable(args, d, config):
@@ -244,6 +260,8 @@ def run_model(args, name):
                 r["ort"] = ort_vs_device(args, out, s["int8_vs_qdq"]["output_scale"])
         row[kind] = r
     row["step_bit_identical"] = repeatable(args, d, config)
+    if args.seeds > 1:
+        row["fp32_seeds"], row["torch_fp32_seeds"] = fp32_seeds(args, name, d, config)
     return row
 
 
@@ -301,6 +319,16 @@ def write(args, rows, versions, run_args=None):
             fmt(q.get("int8_partitions")), fmt(q.get("fallback_partitions")), ", ".join(q.get("fallback_ops", [])),
             fmt(r.get("train_images_per_s")), fmt(r.get("peak_rss_mb")),
             {True: "yes", False: "NO", None: "—"}[r.get("step_bit_identical")]))
+    swept = [r for r in rows if r.get("fp32_seeds")]
+    if swept:
+        lines += ["", "fp32 with train.seed 0 to %d (the batches' order and the Dropout masks; PyTorch: its shuffle "
+                  "from the same seeds, its Dropout from its generator), ours / PyTorch's:" % (
+                      len(swept[0]["fp32_seeds"]) - 1), "",
+                  "| model | " + " | ".join("seed %d" % k for k in range(len(swept[0]["fp32_seeds"]))) + " |",
+                  "|---|" + "---:|" * len(swept[0]["fp32_seeds"])]
+        for r in swept:
+            lines.append("| %s | %s |" % (r["model"], " | ".join(
+                "%s / %s" % (fmt(a), fmt(b)) for a, b in zip(r["fp32_seeds"], r["torch_fp32_seeds"]))))
     with open(os.path.join(args.out, "zoo.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -315,6 +343,8 @@ def main():
     ap.add_argument("--test-limit", type=int, default=2000)
     ap.add_argument("--fp32-epochs", type=int, default=2)
     ap.add_argument("--qat-epochs", type=int, default=1)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="also train fp32 (ours and PyTorch's) with train.seed 0 .. SEEDS-1, for fragile models")
     ap.add_argument("--keep", action="store_true",
                     help="keep the rows of OUT/zoo.json for the models not run now (same settings required)")
     ap.add_argument("--torch-only", action="store_true",
