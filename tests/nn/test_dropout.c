@@ -4,7 +4,8 @@
  * The op: about p of the elements zeroed (within 5 standard deviations), the others scaled by
  * PyTorch's factor exactly (the float32 that torch 1.13's F.dropout gives a kept element of ones:
  * 0x3f8e38e4 for p = 0.1, 0x3fb6db6e for 0.3, 2 for 0.5, printed by
- *     /usr/bin/python3 -c "import torch; y = torch.nn.functional.dropout(torch.ones(99), 0.3); print(y[y != 0][0].item())"
+ *     /usr/bin/python3 -c "import torch; y = torch.nn.functional.dropout(torch.ones(99), 0.3); print(y[y !=
+ * 0][0].item())"
  * ), the gradient dy times the same factor where kept and 0 elsewhere (exact), the same mask for 1
  * and 2 threads and for a batch split in two at any row (row0), and another mask for another key.
  * The graph: training mode drops and eval mode is the identity (the node's value is its input's);
@@ -21,32 +22,22 @@
 #include "tests/common/quantizer_util.h"
 #include "tests/common/testutil.h"
 
-static float *randn(int64_t n, uint64_t seed) {
-  float *x = malloc((size_t)n * sizeof *x);
-  uint64_t s = seed;
-  for (int64_t i = 0; i < n; i++) {
-    s = qt_mix64(s);
-    const double u1 = ((double)(s >> 11) + 1.0) / 9007199254740993.0;
-    s = qt_mix64(s);
-    const double u2 = (double)(s >> 11) / 9007199254740992.0;
-    x[i] = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-    if (x[i] == 0.0f) x[i] = 1e-3f; /* kept iff the output is non-zero */
-  }
+/* n uniform values in [-1, 1), none 0 (an element is kept iff its output is non-zero) */
+static float *nonzero_uniform(int64_t n, uint64_t seed) {
+  float *x = qt_test_uniform(n, seed);
+  for (int64_t i = 0; i < n; i++)
+    if (x[i] == 0.0f) x[i] = 1e-3f;
   return x;
 }
 
-static qt_tensor *dropout_of(qt_ctx *ctx, float *x, int64_t rows, int64_t S, float p, uint64_t key, int64_t row0,
-                             int grad) {
-  qt_ctx_set_grad(ctx, grad);
-  qt_tensor *t = qt_tensor_wrap(ctx, QT_F32, 2, (int64_t[]){rows, S}, x);
-  t->requires_grad = grad;
-  return qt_dropout(ctx, t, p, key, row0);
+static qt_tensor *dropout_of(qt_ctx *ctx, float *x, int64_t rows, int64_t S, float p, uint64_t key, int64_t row0) {
+  return qt_dropout(ctx, qt_tensor_wrap(ctx, QT_F32, 2, (int64_t[]){rows, S}, x), p, key, row0);
 }
 
 static void test_op(void) {
   enum { ROWS = 6, S = 5000 };
   const int64_t n = (int64_t)ROWS * S;
-  float *x = randn(n, 1), *dy = randn(n, 2);
+  float *x = nonzero_uniform(n, 1), *dy = nonzero_uniform(n, 2);
   const struct {
     float p;
     uint32_t scale_bits;
@@ -56,7 +47,10 @@ static void test_op(void) {
     float scale;
     memcpy(&scale, &cases[c].scale_bits, sizeof scale);
     qt_ctx *ctx = qt_ctx_create();
-    qt_tensor *y = dropout_of(ctx, x, ROWS, S, p, 77, 0, 1);
+    qt_ctx_set_grad(ctx, 1);
+    qt_tensor *t = qt_tensor_wrap(ctx, QT_F32, 2, (int64_t[]){ROWS, S}, x);
+    t->requires_grad = 1;
+    qt_tensor *y = qt_dropout(ctx, t, p, 77, 0);
     int64_t dropped = 0, bad = 0;
     for (int64_t i = 0; i < n; i++) {
       const float v = qt_f32(y)[i];
@@ -70,17 +64,11 @@ static void test_op(void) {
       qt_test_fail("p %g: %lld of %lld dropped (expected %.0f +- %.0f)", (double)p, (long long)dropped, (long long)n,
                    (double)n * p, 5 * sd);
     if (bad) qt_test_fail("p %g: %lld kept elements are not x * %.9g", (double)p, (long long)bad, (double)scale);
-    qt_ctx_free(ctx);
     /* the backward: dy * scale where kept, 0 where dropped (dy: the gradient of sum((y - t)^2) / 2) */
-    ctx = qt_ctx_create();
-    qt_ctx_set_grad(ctx, 1);
-    qt_tensor *t = qt_tensor_wrap(ctx, QT_F32, 2, (int64_t[]){ROWS, S}, x);
-    t->requires_grad = 1;
-    qt_tensor *y2 = qt_dropout(ctx, t, p, 77, 0);
-    qt_backward(ctx, qt_squared_error(ctx, y2, dy, 2.0));
+    qt_backward(ctx, qt_squared_error(ctx, y, dy, 2.0));
     int64_t badg = 0;
     for (int64_t i = 0; i < n; i++) {
-      const float want = qt_f32(y2)[i] != 0.0f ? y2->grad[i] * scale : 0.0f;
+      const float want = qt_f32(y)[i] != 0.0f ? y->grad[i] * scale : 0.0f;
       if (t->grad[i] != want) badg++;
     }
     if (badg) qt_test_fail("p %g: %lld gradients are not dy * mask * scale", (double)p, (long long)badg);
@@ -91,23 +79,23 @@ static void test_op(void) {
   qt_ctx *ctx = qt_ctx_create();
   omp_set_num_threads(1);
   float *one = malloc((size_t)n * sizeof *one);
-  memcpy(one, qt_f32(dropout_of(ctx, x, ROWS, S, 0.5f, 5, 0, 0)), (size_t)n * sizeof *one);
+  memcpy(one, qt_f32(dropout_of(ctx, x, ROWS, S, 0.5f, 5, 0)), (size_t)n * sizeof *one);
   omp_set_num_threads(2);
-  qt_test_close("2 threads", qt_f32(dropout_of(ctx, x, ROWS, S, 0.5f, 5, 0, 0)), one, n, 0, 0);
+  qt_test_close("2 threads", qt_f32(dropout_of(ctx, x, ROWS, S, 0.5f, 5, 0)), one, n, 0, 0);
   for (int split = 1; split < ROWS; split += 2) {
-    qt_test_close("rows before the split", qt_f32(dropout_of(ctx, x, split, S, 0.5f, 5, 0, 0)), one,
-                  (int64_t)split * S, 0, 0);
+    qt_test_close("rows before the split", qt_f32(dropout_of(ctx, x, split, S, 0.5f, 5, 0)), one, (int64_t)split * S, 0,
+                  0);
     qt_test_close("rows after the split",
-                  qt_f32(dropout_of(ctx, x + (int64_t)split * S, ROWS - split, S, 0.5f, 5, split, 0)),
+                  qt_f32(dropout_of(ctx, x + (int64_t)split * S, ROWS - split, S, 0.5f, 5, split)),
                   one + (int64_t)split * S, (int64_t)(ROWS - split) * S, 0, 0);
   }
-  const float *other = qt_f32(dropout_of(ctx, x, ROWS, S, 0.5f, 6, 0, 0));
+  const float *other = qt_f32(dropout_of(ctx, x, ROWS, S, 0.5f, 6, 0));
   int64_t same = 0;
   for (int64_t i = 0; i < n; i++) same += (other[i] == 0.0f) == (one[i] == 0.0f);
   if (same > n * 6 / 10) qt_test_fail("keys 5 and 6: %lld of %lld mask elements agree", (long long)same, (long long)n);
   /* p = 0 keeps everything unscaled; p = 1 zeroes everything */
-  qt_test_close("p 0", qt_f32(dropout_of(ctx, x, ROWS, S, 0.0f, 5, 0, 0)), x, n, 0, 0);
-  const float *z = qt_f32(dropout_of(ctx, x, ROWS, S, 1.0f, 5, 0, 0));
+  qt_test_close("p 0", qt_f32(dropout_of(ctx, x, ROWS, S, 0.0f, 5, 0)), x, n, 0, 0);
+  const float *z = qt_f32(dropout_of(ctx, x, ROWS, S, 1.0f, 5, 0));
   for (int64_t i = 0; i < n; i++)
     if (z[i] != 0.0f) {
       qt_test_fail("p 1: element %lld is %g", (long long)i, (double)z[i]);
@@ -158,7 +146,7 @@ static void test_graph(void) {
   enum { N = 8 };
   char err[QT_ERR_LEN];
   qt_graph *g = model();
-  float *x = randn(N * 72, 9);
+  float *x = nonzero_uniform(N * 72, 9);
   float *a = forward(g, x, N, 11, 1), *b = forward(g, x, N, 11, 1), *c = forward(g, x, N, 12, 1);
   float *e = forward(g, x, N, 11, 0);
   qt_test_close("two steps of one random stream", a, b, N * 10, 0, 0);
@@ -173,8 +161,7 @@ static void test_graph(void) {
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     if (n->op != QT_OP_DROPOUT) continue;
-    qt_test_close(n->name, qt_f32(vals[n->output]), qt_f32(vals[n->inputs[0]]), qt_tensor_numel(vals[n->output]), 0,
-                  0);
+    qt_test_close(n->name, qt_f32(vals[n->output]), qt_f32(vals[n->inputs[0]]), qt_tensor_numel(vals[n->output]), 0, 0);
   }
   qt_ctx_free(ctx);
 
