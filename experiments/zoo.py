@@ -185,12 +185,19 @@ def torch_fp32(name, config, train_limit, test_limit, seed=None):
     return round(100 * models.accuracy(m, xt, yt), 2), round(time.time() - t0, 1)
 
 
-def fp32_seeds(args, name, d, config):
+def fp32_seeds(args, row, d, config):
     """The fp32 recipe trained with train.seed 0 .. --seeds - 1 (the batches' order and, where the
     model has Dropout, its masks), ours and PyTorch's: their test accuracies (%), for models whose
-    training is fragile at this recipe."""
+    training is fragile at this recipe. The recipe's own seed is the row's fp32 runs."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "peers"))
+    import common
+    name, own = row["model"], int(common.recipe(row["model"], "fp32", config)["seed"])
     ours, theirs = [], []
     for k in range(args.seeds):
+        if k == own:
+            ours.append(row["fp32"])
+            theirs.append(row["torch_fp32"])
+            continue
         out = os.path.join(d, "fp32_seed%d" % k)
         rc, _, _ = qat_train(args, config, ["train.seed=%d" % k, "output.dir=" + out],
                              os.path.join(d, "fp32_seed%d.log" % k))
@@ -261,7 +268,7 @@ def run_model(args, name):
         row[kind] = r
     row["step_bit_identical"] = repeatable(args, d, config)
     if args.seeds > 1:
-        row["fp32_seeds"], row["torch_fp32_seeds"] = fp32_seeds(args, name, d, config)
+        row["fp32_seeds"], row["torch_fp32_seeds"] = fp32_seeds(args, row, d, config)
     return row
 
 
