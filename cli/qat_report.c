@@ -8,7 +8,8 @@
  * agreement and output LSB histogram, per-point SQNR, which stage lost accuracy, and fp32 /
  * int8 inference images/s at batch 256. --images N: the first N test images; --batch N: the
  * report's batch size (default 256; timing uses --timing-batch); --probe-images N: the device is
- * read inside the graph on the first N images (default 1024; 0: only at the output);
+ * read inside the graph on the first N images (default 1024; 0: only at the output), and each
+ * partition is judged alone on the first of them (at most 256: the column "alone");
  * --no-timing: skip the speed measurement; --timing-rounds R: best of R rounds (default 3);
  * --timing-batch B: the images per timed run (default 256; 1 for latency), max(8, 2048 / B) runs
  * per round;

@@ -41,6 +41,10 @@ struct qt_exact {
    * allocates the same sequence: after the first, none is allocated or faulted in again) */
   void **pool;
   int n_pool, cap_pool;
+  /* teacher forcing (qt_exact_run_forced): per value, or NULL; the chunk's first image */
+  const int32_t *const *forced;
+  int32_t *const *own;
+  int64_t image0;
 };
 
 static void *xmalloc(size_t bytes) {
@@ -389,16 +393,21 @@ static int run_quantize(qt_exact *x, const qt_node *nd, const float *input, int6
   int32_t *y = x->vi[nd->output] = buf_get(x, (size_t)numel * sizeof *y);
   if (a == g->input) {
     qt_quantize(y, input, numel / q->channels, q->channels, 1, q->scale, q->zero_point, q->spec.qmin, q->spec.qmax);
-    return 0;
-  }
-  if (!src) return qt_err(err, "exact reference: quantize %s reads integers", nd->name);
-  const double lo = q->spec.qmin, hi = q->spec.qmax;
-  const int C = q->channels;
-  const int64_t rows = numel / C;
+  } else {
+    if (!src) return qt_err(err, "exact reference: quantize %s reads integers", nd->name);
+    const double lo = q->spec.qmin, hi = q->spec.qmax;
+    const int C = q->channels;
+    const int64_t rows = numel / C;
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; r++)
-    for (int c = 0; c < C; c++)
-      y[r * C + c] = requantize(src[r * C + c], (double)q->scale[c], (double)q->zero_point[c], lo, hi);
+    for (int64_t r = 0; r < rows; r++)
+      for (int c = 0; c < C; c++)
+        y[r * C + c] = requantize(src[r * C + c], (double)q->scale[c], (double)q->zero_point[c], lo, hi);
+  }
+  if (x->forced && x->forced[nd->output]) {
+    const int64_t at = x->image0 * qt_value_numel(&g->values[nd->output]);
+    memcpy(x->own[nd->output] + at, y, (size_t)numel * sizeof *y);
+    memcpy(y, x->forced[nd->output] + at, (size_t)numel * sizeof *y);
+  }
   return 0;
 }
 
@@ -665,12 +674,23 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
   return rc;
 }
 
-int qt_exact_run(qt_exact *x, float *out, const float *input, int n, char *err) {
+int qt_exact_run_forced(qt_exact *x, float *out, const float *input, int n, const int32_t *const *forced,
+                        int32_t *const *own, char *err) {
   const qt_value *in = &x->g->values[x->g->input];
   const int64_t in_image = qt_value_numel(in), out_image = qt_exact_output_numel(x);
-  for (int b = 0; b < n; b += EXACT_CHUNK) {
+  x->forced = forced;
+  x->own = own;
+  int rc = 0;
+  for (int b = 0; b < n && !rc; b += EXACT_CHUNK) {
     const int m = n - b < EXACT_CHUNK ? n - b : EXACT_CHUNK;
-    if (run_chunk(x, out + b * out_image, input + b * in_image, m, err)) return -1;
+    x->image0 = b;
+    rc = run_chunk(x, out + b * out_image, input + b * in_image, m, err);
   }
-  return 0;
+  x->forced = NULL;
+  x->own = NULL;
+  return rc;
+}
+
+int qt_exact_run(qt_exact *x, float *out, const float *input, int n, char *err) {
+  return qt_exact_run_forced(x, out, input, n, NULL, NULL, err);
 }

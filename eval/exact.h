@@ -45,6 +45,15 @@ void qt_exact_free(qt_exact *x);
  * is quantized as qt_quantize does: NaN to the clamp's bound). */
 int qt_exact_run(qt_exact *x, float *out, const float *input, int n, char *err);
 int64_t qt_exact_output_numel(const qt_exact *x);
+
+/* Teacher forcing, to judge a device one partition at a time: runs input as qt_exact_run does,
+ * except at each quantize node whose output value v has forced[v] != NULL (forced and own are
+ * indexed by value, g->n_values long). There the reference's own integers are written to own[v]
+ * (n, numel of v), then replaced by forced[v] (n, numel: a device's integers at that point) for
+ * every node after it. So own[v] is what the exact arithmetic makes of the device's own inputs to
+ * the nodes between the quantization points before v and v: one partition, judged alone. */
+int qt_exact_run_forced(qt_exact *x, float *out, const float *input, int n, const int32_t *const *forced,
+                        int32_t *const *own, char *err);
 /* Nodes computed on the integer path (conv2d / linear), for reports. */
 int qt_exact_integer_layers(const qt_exact *x);
 

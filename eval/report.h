@@ -127,8 +127,20 @@ typedef struct {
   int is_output;             /* the graph output (an activation point or QT_POINT_OUTPUT) */
   qt_sqnr_sum fp32_vs_qdq;   /* n == 0: not measured (no fp32 model or no value of that name) */
   qt_sqnr_sum qdq_vs_device; /* n == 0: not measured (weights: the device runs the same integers) */
+  /* The partition ending here, judged alone (an activation point, over the first forced_images
+   * images): the device's integers at the point against what the exact reference makes of the
+   * device's own integers at the points before it (qt_exact_run_forced). forced_n == 0: not
+   * measured. */
+  int64_t forced_n;      /* integers compared */
+  int64_t forced_over;   /* of them more than QT_AGREEMENT_MAX_LSB apart */
+  int64_t forced_differ; /* of them apart at all */
+  int64_t forced_max;    /* the largest |device - exact| (integers: LSB of the point) */
 } qt_report_point;
 
+/* Each partition is judged alone on the first probe images, at most this many, and at most as
+ * many as keep QT_REPORT_FORCED_VALUES of the device's integers (4 bytes each) in memory. */
+#define QT_REPORT_FORCED_IMAGES 256
+#define QT_REPORT_FORCED_VALUES ((int64_t)1 << 25)
 #define QT_REPORT_MAX_POINTS 2048 /* quantization points and weights: ResNet-152 has about 310 */
 #define QT_REPORT_MAX_FALLBACKS 16
 
@@ -150,6 +162,7 @@ typedef struct {
   qt_device_agreement agreement;      /* the same comparison judged by the pass rule (verdict) */
   qt_device_agreement float_vs_exact; /* the float32 Q/DQ executor against the exact reference */
   int64_t probe_images;               /* images the device was read on at intermediate points (0: not) */
+  int64_t forced_images;              /* images each partition was judged alone on (0: not) */
   int int8_partitions, fallback_partitions;
   int n_fallbacks; /* fallback partitions listed below: the first QT_REPORT_MAX_FALLBACKS */
   qt_report_fallback fallbacks[QT_REPORT_MAX_FALLBACKS];
@@ -164,7 +177,8 @@ typedef struct {
  * Accuracies, agreement, the LSB histogram, fp32-vs-Q/DQ SQNR and the output's
  * Q/DQ-vs-device SQNR cover the whole set. Q/DQ-vs-device SQNR at intermediate points covers
  * the first probe_images images (0: not measured), read with qt_device_read_value one point
- * at a time. Returns -1 with err on a shape mismatch or a failing forward. */
+ * at a time; the same reads judge each partition alone (forced_*, on the first forced_images of
+ * them). Returns -1 with err on a shape mismatch or a failing forward. */
 int qt_report_run(qt_graph *fp32, qt_graph *qdq, qt_device *device, const qt_dataset *ds, const qt_loader_config *lc,
                   int64_t probe_images, qt_report *r, char *err);
 
@@ -173,8 +187,13 @@ double qt_report_stage1_loss(const qt_report *r);
 double qt_report_stage2_loss(const qt_report *r);
 /* One line: what each stage lost and which of the two lost the accuracy, e.g. "stage 1
  * (fp32 -> Q/DQ: quantization) lost 2.40 points; stage 2 (Q/DQ -> int8 device: lowering)
- * lost 0.00 points: the accuracy was lost in stage 1 (quantization)", and when the device fails
- * the agreement rule (qt_device_agreement_pass), that it does: a lowering bug. */
+ * lost 0.00 points: the accuracy was lost in stage 1 (quantization)". When a partition judged
+ * alone is more than QT_AGREEMENT_MAX_LSB from the exact reference, it names the first such
+ * point: a lowering bug. When the device fails the agreement rule (qt_device_agreement_pass)
+ * while every partition alone keeps within it, the difference is rounding that grows through the
+ * layers, and the line says so; without the partitions judged alone (no probes), a device that
+ * fails the rule is a lowering bug unless the float32 executor is as far from the exact
+ * reference. */
 void qt_report_verdict(const qt_report *r, char *buf, size_t len);
 /* The whole report for humans. */
 void qt_report_print(const qt_report *r, FILE *f);

@@ -9,12 +9,16 @@
  *   a weight's SQNR recomputed from its integers;
  * - probes on the first 50 images only; without an fp32 model; ResCNN's conv -> bn points,
  *   read from the folded conv in the Q/DQ graph, compared with the fp32 graph's bn output;
- * - the verdict names the stage that lost accuracy (synthetic counts), flags > 2 LSB;
+ * - the verdict names the stage that lost accuracy (synthetic counts), flags > 2 LSB, and tells
+ *   a partition over 1 LSB alone from rounding that grows (synthetic, and a device running a
+ *   broken copy of conv2: only relu2's partition is named);
+ * - every partition alone within 1 LSB on the W8A8 device;
  * - JSON holds the keys and no inf/nan; inference timing returns positive speeds. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "eval/exact.h"
 #include "eval/report.h"
@@ -283,23 +287,36 @@ static void check_verdicts(void) {
   r.agreement.agree = 998;
   qt_report_verdict(&r, v, sizeof v);
   if (!strstr(v, "99.80%") || !strstr(v, "lowering bug")) qt_test_fail("verdict (99.8%% top-1): %s", v);
-  if (strstr(v, "first departs")) qt_test_fail("verdict (no point probed): %s", v);
-  /* probed points: the first activation whose device value is not the Q/DQ graph's is named */
+  /* each partition judged alone: within 1 LSB everywhere, the difference is rounding growing */
   const int n_points = r.n_points;
   r.n_points = 3;
-  r.probe_images = 64;
   memset(r.points, 0, 3 * sizeof r.points[0]);
   snprintf(r.points[0].name, sizeof r.points[0].name, "conv1");
-  r.points[0].qdq_vs_device = (qt_sqnr_sum){.signal = 5, .noise = 0, .n = 10};
   snprintf(r.points[1].name, sizeof r.points[1].name, "conv2.weight");
   r.points[1].kind = QT_POINT_WEIGHT;
-  r.points[1].qdq_vs_device = (qt_sqnr_sum){.signal = 5, .noise = 1, .n = 10};
   snprintf(r.points[2].name, sizeof r.points[2].name, "relu2");
-  r.points[2].qdq_vs_device = (qt_sqnr_sum){.signal = 1000, .noise = 0.1, .n = 10};
+  r.forced_images = 64;
+  for (int i = 0; i < 3; i++)
+    if (i != 1) r.points[i].forced_n = 640;
+  r.points[2].forced_max = 1;
+  r.points[2].forced_differ = 5;
   qt_report_verdict(&r, v, sizeof v);
-  if (!strstr(v, "lowering bug") || !strstr(v, "first departs from the Q/DQ graph at 'relu2' (SQNR 40.0 dB over "
-                                               "the first 64 images)"))
-    qt_test_fail("verdict (relu2 departs): %s", v);
+  if (strstr(v, ": a lowering bug") || !strstr(v, "99.80% of images") ||
+      !strstr(v,
+              "every partition ending at a quantization point, judged alone on the device's own inputs (the "
+              "first 64 images), keeps within 1 LSB of the exact reference: rounding that grows through the layers"))
+    qt_test_fail("verdict (every partition within 1 LSB alone): %s", v);
+  /* one partition alone over the rule: named, even when the device passes at the output */
+  r.points[2].forced_max = 4;
+  r.points[2].forced_over = 2;
+  r.agreement.agree = 1000;
+  qt_report_verdict(&r, v, sizeof v);
+  if (!strstr(v,
+              "the partition ending at 'relu2' is 4 LSB from the exact reference (2 of 640 integers more than 1 "
+              "LSB apart): a lowering bug"))
+    qt_test_fail("verdict (relu2 alone at 4 LSB): %s", v);
+  memset(r.points, 0, 3 * sizeof r.points[0]);
+  r.forced_images = 0;
   r.n_points = n_points;
   r.agreement.agree = 1000;
   r.has_fp32 = 0;
@@ -307,6 +324,51 @@ static void check_verdicts(void) {
   qt_report_verdict(&r, v, sizeof v);
   if (!strstr(v, "not measured")) qt_test_fail("verdict (no fp32): %s", v);
   if (!isnan(qt_report_stage1_loss(&r))) qt_test_fail("stage 1 loss without an fp32 model is not NaN");
+}
+
+/* A device that runs a broken copy of the Q/DQ graph (conv2's first output channel computed
+ * with other integer weights): judged alone, the partition ending at relu2 is many LSB off and
+ * named as a lowering bug, while the partitions before it and after it (on the device's own
+ * inputs) stay within 1 LSB. */
+static void check_broken_partition(const qt_graph *fp32, qt_graph *qdq, const qt_dataset *ds) {
+  char err[QT_ERR_LEN], path[] = "/tmp/qt_report_broken_XXXXXX";
+  const int fd = mkstemp(path);
+  QT_ASSERT(fd >= 0, "mkstemp");
+  close(fd);
+  QT_ASSERT(qt_qdq_save(path, qdq, err) == 0, "%s", err);
+  qt_graph *broken = qt_qdq_load(path, err);
+  QT_ASSERT(broken, "%s", err);
+  remove(path);
+  const qt_node *conv2 = &broken->nodes[qt_graph_find_node(broken, "conv2")];
+  QT_ASSERT(conv2->wq && conv2->wq->qweight, "conv2 has no integer weights");
+  const int64_t per_channel = conv2->wq->n_qweight / conv2->attr.out_channels;
+  for (int64_t k = 0; k < per_channel; k++) conv2->wq->qweight[k] = conv2->wq->qweight[k] > 0 ? -60 : 60;
+  qt_device *m = qt_device_open(broken, NULL, err);
+  QT_ASSERT(m, "%s", err);
+  qt_report r;
+  qt_loader_config lc = loader_config();
+  if (qt_report_run((qt_graph *)fp32, qdq, m, ds, &lc, 64, &r, err)) {
+    qt_test_fail("qt_report_run (broken conv2): %s", err);
+  } else {
+    char v[1536];
+    qt_report_verdict(&r, v, sizeof v);
+    printf("broken conv2: %s\n", v);
+    if (!strstr(v, "the partition ending at 'relu2' is ") || !strstr(v, "a lowering bug"))
+      qt_test_fail("verdict (broken conv2): %s", v);
+    const char *fine[] = {"input", "relu1", "relu3", "fc2"};
+    for (int i = 0; i < 4; i++) {
+      const qt_report_point *p = find_point(&r, fine[i]);
+      if (p && (p->forced_n == 0 || p->forced_max > 1))
+        qt_test_fail("broken conv2: point %s alone: %lld integers, max %lld LSB", fine[i], (long long)p->forced_n,
+                     (long long)p->forced_max);
+    }
+    const qt_report_point *p = find_point(&r, "relu2");
+    if (p && !(p->forced_max > 10 && p->forced_over > 0))
+      qt_test_fail("broken conv2: relu2 alone max %lld LSB, %lld over 1", (long long)p->forced_max,
+                   (long long)p->forced_over);
+  }
+  qt_device_free(m);
+  qt_graph_free(broken);
 }
 
 int main(void) {
@@ -382,6 +444,11 @@ int main(void) {
     qt_test_fail("device vs Q/DQ: max %.3f LSB, %lld logits over 2 LSB", r.lsb.max_lsb, (long long)r.lsb.count[3]);
   QT_CHECK(fabs(r.max_abs_diff - r.lsb.max_lsb * r.output_scale) <= 1e-5 * (1 + r.max_abs_diff));
   QT_CHECK(r.int8_partitions > 0 && r.fallback_partitions == 0);
+  {
+    char v[1536];
+    qt_report_verdict(&r, v, sizeof v);
+    if (strstr(v, ": a lowering bug")) qt_test_fail("verdict: %s", v);
+  }
 
   /* Points. */
   QT_CHECK(r.n_points == 9);
@@ -395,11 +462,18 @@ int main(void) {
     const double s1 = qt_sqnr_sum_db(&p->fp32_vs_qdq), s2 = qt_sqnr_sum_db(&p->qdq_vs_device);
     if (!(s1 > 10 && s1 < 100)) qt_test_fail("point %s: fp32 vs Q/DQ %.2f dB", p->name, s1);
     if (!(s2 > 30)) qt_test_fail("point %s: Q/DQ vs device %.2f dB (rounding only expected)", p->name, s2);
+    /* each partition alone, on every image (200 <= QT_REPORT_FORCED_IMAGES): within 1 LSB */
+    const int64_t numel = i == 0 ? 784 : i == 4 ? 10 : -1;
+    if (p->forced_n == 0 || (numel > 0 && p->forced_n != N_IMAGES * numel) || p->forced_max > 1 || p->forced_over != 0)
+      qt_test_fail("point %s alone: %lld integers, max %lld LSB, %lld over 1", p->name, (long long)p->forced_n,
+                   (long long)p->forced_max, (long long)p->forced_over);
   }
+  QT_CHECK(r.forced_images == N_IMAGES);
   const qt_report_point *in = find_point(&r, "input");
   if (in) {
-    if (in->qdq_vs_device.noise != 0)
-      qt_test_fail("input point: device differs from Q/DQ (noise %g)", in->qdq_vs_device.noise);
+    if (in->qdq_vs_device.noise != 0 || in->forced_differ != 0)
+      qt_test_fail("input point: device differs from Q/DQ (noise %g, %lld integers alone)", in->qdq_vs_device.noise,
+                   (long long)in->forced_differ);
     run_state h = {NULL, NULL, NULL, 0, 0, NULL, {0, 0, 0}, &qdq->nodes[qt_graph_find_node(qdq, "input.fq.quantize")]};
     for_batches(&ds, input_sqnr, &h);
     const double want = qt_sqnr_sum_db(&h.input), got = qt_sqnr_sum_db(&in->fp32_vs_qdq);
@@ -437,8 +511,10 @@ int main(void) {
                         "\"lowering\"",
                         "\"point\": \"relu2\"",
                         "\"qdq_reference\": \"exact\"",
-                        "\"qdq_float_vs_exact\": {\"images\": 200"};
-  for (int i = 0; i < 11; i++)
+                        "\"qdq_float_vs_exact\": {\"images\": 200",
+                        "\"alone_images\": 200",
+                        "\"alone\": {\"max_lsb\": "};
+  for (int i = 0; i < 13; i++)
     if (!strstr(json, keys[i])) qt_test_fail("JSON lacks %s:\n%s", keys[i], json);
   if (strstr(json, "inf") || strstr(json, "nan")) qt_test_fail("JSON holds inf or nan:\n%s", json);
   QT_CHECK(strstr(json, "999.0") != NULL); /* the input point: identical on the device */
@@ -463,6 +539,9 @@ int main(void) {
   if (relu1) QT_CHECK(relu1->qdq_vs_device.n == 50 * 28 * 28 * 32);
   const qt_report_point *fc2 = find_point(&r3, "fc2");
   if (fc2) QT_CHECK(fc2->qdq_vs_device.n == N_IMAGES * 10); /* the output: every image */
+  QT_CHECK(r3.forced_images == 50 && (!relu1 || relu1->forced_n == 50 * 28 * 28 * 32));
+  QT_CHECK(r2.forced_images == 0 && (!find_point(&r2, "relu2") || find_point(&r2, "relu2")->forced_n == 0));
+  check_broken_partition(fp32, qdq, &ds);
 
   /* Inference speed. */
   qt_inference_speed sp;
