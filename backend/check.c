@@ -63,6 +63,11 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
   /* the average pool has no u8 kernel here; its input and output stay quantized, so it runs
    * as a dq -> fp32 -> q fallback partition between int8 kernels */
   d->fallback_quantized[QT_OP_AVG_POOL2D] = 1;
+  /* conv / linear -> SiLU or hard swish: the layer's f32 output, the activation and the
+   * requantization in one partition, as PT2E's X86 Inductor quantizer fuses conv + unary: a
+   * per-tensor point before the activation would round the layer's wide pre-activation range
+   * (EfficientNet-B0, docs/experiments.md) */
+  d->fused_act_kinds = 1u << QT_ACT_SILU | 1u << QT_ACT_HARDSWISH;
   if (isa == QT_ISA_AUTO)
     snprintf(d->isa, sizeof d->isa, "%s", isa_name(dnnl_get_effective_cpu_isa()));
   else
@@ -129,6 +134,11 @@ void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
       }
     if (op == QT_OP_ACTIVATION && d->act_kinds) fputc(')', f);
   }
+  for (int k = 0, first = 1; k < QT_ACT_COUNT; k++)
+    if (d->fused_act_kinds >> k & 1u) {
+      fprintf(f, "%s%s", first ? "\n  fused after conv2d / linear: " : ", ", qt_act_name((qt_act_kind)k));
+      first = 0;
+    }
   fprintf(f, "\n  weights: %s bits, %s, %s, %s", wb, qt_signedness_name(d->weight_sign),
           d->weight_symmetric ? "symmetric" : "affine allowed",
           d->weight_per_tensor_only ? "per-tensor only" : "per-channel allowed");

@@ -23,7 +23,25 @@
 #include "backend/lowering.h"
 
 /* The kernels of QT_STEP_KERNEL steps (qt_step.op_kind). */
-typedef enum { K_INT8, K_REQUANTIZE, K_ADD_U8, K_TABLE_U8, K_CONCAT_U8, K_GATHER_U8, K_GAP_U8 } kernel_kind;
+typedef enum {
+  K_INT8,
+  K_REQUANTIZE,
+  K_ACT_REQUANTIZE,
+  K_ADD_U8,
+  K_TABLE_U8,
+  K_CONCAT_U8,
+  K_GATHER_U8,
+  K_GAP_U8
+} kernel_kind;
+
+/* A layer's fused activation (qt_step.aux of K_ACT_REQUANTIZE): the activation of the f32 layer
+ * output (real values), a relu or relu6 after it, then the quantize: 1/s as the format's
+ * quantize multiplies (the zero point and range are the step's). */
+typedef struct {
+  qt_act act;
+  int relu, relu6;
+  float inv_scale;
+} act_requant;
 
 /* A u8 add's or mul's data (qt_step.aux): each input's dequantized values by integer, a fused
  * relu or relu6. mul: a * b, where b holds one value per sample and channel of C, applied at
@@ -75,12 +93,14 @@ static int pair_sums_fit(const qt_value_rep *in, const qt_qstate *wq) {
   return qt_cpu_has_vnni() || 2 * (int64_t)in->qmax * qt_max_abs_weight(wq) <= 32767;
 }
 
-/* Whether node i starts dq -> conv/linear [-> relu | relu6] -> q with u8 activations and s8
- * per-channel symmetric weights whose pair sums fit. Returns NULL and fills relu/quant, or the
- * reason not. */
-static const char *match_int8_layer(qt_lowering *L, int i, int *relu, int *quant) {
-  const qt_node *n = &L->g->nodes[i];
+/* Whether node i starts dq -> conv/linear [-> activation] [-> relu | relu6] -> q with u8
+ * activations and s8 per-channel symmetric weights whose pair sums fit. Returns NULL and fills
+ * act (the activation node, or -1), relu and quant, or the reason not. */
+static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *relu, int *quant) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
   const qt_value_rep *in = &L->rep[n->inputs[0]];
+  *act = -1;
   *relu = -1;
   *quant = -1;
   if (!n->wq || !n->wq->qweight) return "weights are not quantized (fp32 layer)";
@@ -92,11 +112,19 @@ static const char *match_int8_layer(qt_lowering *L, int i, int *relu, int *quant
   if (!pair_sums_fit(in, n->wq))
     return "u8 x s8 pair sums can pass 32767, and without VNNI oneDNN adds them in a saturating int16 (7-bit "
            "weights or activations in [0, 127] run in int8)";
+  /* an activation fused after the layer (the Quantizer's units for onednn_cpu: SiLU, hard swish) */
+  const int c = L->consumer[n->output];
+  if (n->output != g->output && c >= 0 && g->nodes[c].op == QT_OP_ACTIVATION) {
+    const char *why = qt_match_output(L, c, relu, quant);
+    if (!why) *act = c;
+    return why;
+  }
   return qt_match_output(L, i, relu, quant);
 }
 
-/* The int8 kernel's parameters for the unit i [-> relu] -> quant. */
-static void layer_params(const qt_lowering *L, int i, int relu, int quant, qt_int8_params *p) {
+/* The int8 kernel's parameters for the unit i [-> act] [-> relu] -> quant: with an activation, an
+ * f32 output of real values (the activation, relu and quantize follow in K_ACT_REQUANTIZE). */
+static void layer_params(const qt_lowering *L, int i, int act, int relu, int quant, qt_int8_params *p) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const qt_qstate *qo = g->nodes[quant].q;
@@ -114,14 +142,15 @@ static void layer_params(const qt_lowering *L, int i, int relu, int quant, qt_in
     p->zp_src = L->rep[n->inputs[0]].zero_point[0];
     /* oneDNN rounds (x + zp), the reference round(x) + zp: equal on exact ties only for an
      * even zp. An odd one takes an f32 dst and the reference's requantization. */
-    p->dst_f32 = zp_out & 1;
+    p->dst_f32 = (zp_out & 1) || act >= 0;
     p->zp_dst = p->dst_f32 ? 0 : zp_out;
   } else {
     p->H = p->W = p->OH = p->OW = 1;
     p->C = (int)qt_value_numel(xv);
-    p->dst_f32 = zp_out != 0; /* inner product takes no zero points in oneDNN 2.6 */
+    p->dst_f32 = zp_out != 0 || act >= 0; /* inner product takes no zero points in oneDNN 2.6 */
   }
   p->OC = n->attr.out_channels;
+  if (act >= 0) return; /* no post-op: the activation, relu and range follow in f32 */
   const int six = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
   p->relu = relu >= 0 && !six;
   p->relu6 = six;
@@ -133,9 +162,14 @@ static void layer_params(const qt_lowering *L, int i, int relu, int quant, qt_in
   }
 }
 
+static const char *fused_name(const qt_lowering *L, int relu) {
+  return relu < 0 ? "" : L->g->nodes[relu].op == QT_OP_RELU6 ? ", fused relu6" : ", fused relu";
+}
+
 /* The int8 kernel of layer i with the parameters p: s8 weights, the bias in accumulator units
- * and the output scales. NULL with err when oneDNN refuses it. */
-static qt_int8_op *layer_op(const qt_lowering *L, int i, int quant, const qt_int8_params *p, char *err) {
+ * and the output scales (to the quantize's units; real: to real values, for a fused
+ * activation). NULL with err when oneDNN refuses it. */
+static qt_int8_op *layer_op(const qt_lowering *L, int i, int quant, int real, const qt_int8_params *p, char *err) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const qt_value_rep *in = &L->rep[n->inputs[0]];
@@ -143,7 +177,7 @@ static qt_int8_op *layer_op(const qt_lowering *L, int i, int quant, const qt_int
   const int is_conv = n->op == QT_OP_CONV2D;
   const int OC = n->attr.out_channels;
   const int64_t inner = wq->n_qweight / OC;
-  const float s_x = in->scale[0], s_out = g->nodes[quant].q->scale[0];
+  const float s_x = in->scale[0], s_out = real ? 1.0f : g->nodes[quant].q->scale[0];
   const int zp_x = in->zero_point[0];
   int8_t *w8 = malloc((size_t)wq->n_qweight);
   float *bias = malloc((size_t)OC * sizeof(float)), *oscale = malloc((size_t)OC * sizeof(float));
@@ -175,16 +209,16 @@ static const char *refused(const char *err) {
   return reason;
 }
 
-static const char *lower_int8_layer(qt_lowering *L, int i, int relu, int quant) {
+static const char *lower_int8_layer(qt_lowering *L, int i, int act, int relu, int quant) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const qt_node *qn = &g->nodes[quant];
   const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
   const int is_conv = n->op == QT_OP_CONV2D;
   qt_int8_params p;
-  layer_params(L, i, relu, quant, &p);
+  layer_params(L, i, act, relu, quant, &p);
   char err[QT_ERR_LEN];
-  qt_int8_op *op = layer_op(L, i, quant, &p, err);
+  qt_int8_op *op = layer_op(L, i, quant, act >= 0, &p, err);
   if (!op) return refused(err);
   const int64_t out_numel = qt_value_numel(yv);
   const qt_step *s = qt_kernel_step(L->p, K_INT8, op, L->rep[n->inputs[0]].slot, qt_value_numel(xv),
@@ -192,28 +226,47 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int relu, int quant) 
   int out_slot = s->out;
   if (p.dst_f32) {
     const int zp_out = qn->q->zero_point[0];
-    qt_step *r = qt_kernel_step(L->p, K_REQUANTIZE, NULL, out_slot, out_numel, (size_t)out_numel);
+    qt_step *r =
+        qt_kernel_step(L->p, act >= 0 ? K_ACT_REQUANTIZE : K_REQUANTIZE, NULL, out_slot, out_numel, (size_t)out_numel);
     r->qmin = qn->q->spec.qmin;
     r->qmax = qn->q->spec.qmax;
     r->zero_point = qt_keep_copy(L->p, &zp_out, sizeof zp_out);
+    if (act >= 0) {
+      const qt_node *a = &g->nodes[act];
+      act_requant *ar = qt_keep(L->p, sizeof *ar);
+      ar->act = (qt_act){(qt_act_kind)a->attr.act, a->attr.alpha, a->attr.beta};
+      ar->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
+      ar->relu = relu >= 0 && !ar->relu6;
+      ar->inv_scale = 1.0f / qn->q->scale[0];
+      r->aux = ar;
+      L->done[act] = 1;
+    }
     out_slot = r->out;
   }
   qt_unit_done(L, i, relu, quant, out_slot);
   char nodes[256];
-  qt_unit_nodes(L, i, 1, relu, quant, nodes, sizeof nodes);
-  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> u8%s%s (%s)",
-              !is_conv                                                       ? "inner product"
-              : n->attr.groups == n->attr.out_channels && n->attr.groups > 1 ? "depthwise conv"
-              : n->attr.groups > 1                                           ? "grouped conv"
-                                                                             : "conv",
-              p.relu6     ? ", fused relu6"
-              : relu >= 0 ? ", fused relu"
-                          : "",
-              p.dst_f32  ? (is_conv ? ", f32 dst requantized (odd output zero point)"
-                                    : ", f32 dst requantized (output zero point)")
-              : p.zp_dst ? ", output zero point"
-                         : "",
-              qt_int8_op_impl(op));
+  if (act >= 0) /* "x -> layer -> act [-> relu] -> q" */
+    snprintf(nodes, sizeof nodes, "%s -> %s -> %s%s%s -> %s", g->nodes[xv->producer].name, n->name, g->nodes[act].name,
+             relu >= 0 ? " -> " : "", relu >= 0 ? g->nodes[relu].name : "", qn->name);
+  else
+    qt_unit_nodes(L, i, 1, relu, quant, nodes, sizeof nodes);
+  const char *kind = !is_conv                                                       ? "inner product"
+                     : n->attr.groups == n->attr.out_channels && n->attr.groups > 1 ? "depthwise conv"
+                     : n->attr.groups > 1                                           ? "grouped conv"
+                                                                                    : "conv";
+  if (act >= 0)
+    qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> f32, %s%s in f32 -> u8 (%s)", kind,
+                qt_act_name((qt_act_kind)g->nodes[act].attr.act), fused_name(L, relu), qt_int8_op_impl(op));
+  else
+    qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> u8%s%s (%s)", kind,
+                p.relu6     ? ", fused relu6"
+                : relu >= 0 ? ", fused relu"
+                            : "",
+                p.dst_f32  ? (is_conv ? ", f32 dst requantized (odd output zero point)"
+                                      : ", f32 dst requantized (output zero point)")
+                : p.zp_dst ? ", output zero point"
+                           : "",
+                qt_int8_op_impl(op));
   return NULL;
 }
 
@@ -289,10 +342,6 @@ static qt_step *u8_unit_step(qt_lowering *L, int i, int kind, int relu, int quan
     s->zero_point = r->zero_point;
   }
   return s;
-}
-
-static const char *fused_name(const qt_lowering *L, int relu) {
-  return relu < 0 ? "" : L->g->nodes[relu].op == QT_OP_RELU6 ? ", fused relu6" : ", fused relu";
 }
 
 /* dq(a) + dq(b) or dq(a) * dq(b) [-> relu | relu6] -> q on u8 tensors, each input with its own
@@ -455,9 +504,9 @@ static const char *lower_node(qt_lowering *L, int i) {
   switch (n->op) {
     case QT_OP_CONV2D:
     case QT_OP_LINEAR: {
-      int relu, quant;
-      const char *why = match_int8_layer(L, i, &relu, &quant);
-      return why ? why : lower_int8_layer(L, i, relu, quant);
+      int act, relu, quant;
+      const char *why = match_int8_layer(L, i, &act, &relu, &quant);
+      return why ? why : lower_int8_layer(L, i, act, relu, quant);
     }
     case QT_OP_MAX_POOL2D:
       if (L->rep[n->inputs[0]].kind != QT_REP_INT8) return "input is not a u8-quantized tensor";
@@ -615,6 +664,25 @@ static void run_requantize(const qt_step *s, uint8_t *out, const float *in, int6
   }
 }
 
+/* A fused activation on the layer's real f32 output, then relu / relu6 and the quantize, in
+ * blocks: the fp32 kernel's activation (qt_act_forward) and the format's quantize formula. */
+static void run_act_requantize(const qt_step *s, uint8_t *out, const float *in, int64_t n) {
+  enum { BLOCK = 1024 };
+  const act_requant *a = s->aux;
+  const float zp = (float)s->zero_point[0], lo = (float)s->qmin, hi = (float)s->qmax;
+  float y[BLOCK];
+  for (int64_t k0 = 0; k0 < n; k0 += BLOCK) {
+    const int64_t len = n - k0 < BLOCK ? n - k0 : BLOCK;
+    qt_act_forward(y, in + k0, len, &a->act);
+    for (int64_t k = 0; k < len; k++) {
+      float r = nearbyintf(fused_relu(y[k], a->relu, a->relu6) * a->inv_scale) + zp;
+      if (!(r >= lo)) r = lo;
+      if (r > hi) r = hi;
+      out[k0 + k] = (uint8_t)r;
+    }
+  }
+}
+
 /* The fallback node with the executor's own node forward (the graph is a finalized Q/DQ graph in
  * eval mode, which the forward reads and never changes). */
 static void *run_fallback(qt_program *p, const qt_step *s, int N) {
@@ -633,6 +701,7 @@ static void run_kernel(const qt_program *p, const qt_step *s, void *o, int64_t n
   switch ((kernel_kind)s->op_kind) {
     case K_INT8: qt_int8_op_run(s->op, o, in[0], n); break;
     case K_REQUANTIZE: run_requantize(s, o, (const float *)(void *)in[0], numel); break;
+    case K_ACT_REQUANTIZE: run_act_requantize(s, o, (const float *)(void *)in[0], numel); break;
     case K_ADD_U8: run_binary_u8(s, o, in[0], in[1], numel); break;
     case K_TABLE_U8: run_table_u8(s, o, in[0], numel); break;
     case K_CONCAT_U8: run_concat_u8(s, o, in, numel); break;

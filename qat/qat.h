@@ -75,6 +75,10 @@ typedef struct {
   unsigned char ops[QT_OP_COUNT]; /* 1: the backend runs this op on integers */
   unsigned act_kinds;             /* activation: the kinds it runs on integers, bit k for qt_act_kind k;
                                    * 0 = every kind */
+  unsigned fused_act_kinds;       /* activations (bit k for qt_act_kind k) it runs fused after a
+                                   * quantized conv2d or linear, on the layer's output before the
+                                   * requantization: no quantization point between the two (onednn_cpu:
+                                   * SiLU and hard swish, as PT2E's X86 Inductor quantizer fuses them) */
   unsigned weight_bits;           /* allowed widths: bit b set for b-bit (2..8) */
   unsigned activation_bits;
   qt_signedness weight_sign, activation_sign;
@@ -114,7 +118,8 @@ static inline int qt_backend_runs(const qt_backend_desc *d, const qt_node *n) {
 
 /* The Quantizer: annotations for g from the backend description d and the settings cfg.
  * Units (no quantization inside): conv -> bn (folded), and a relu or relu6 after a conv, linear
- * or add when the backend runs that op. A conv2d / linear is quantized when its op is listed and its
+ * or add when the backend runs that op, or an activation of a kind in fused_act_kinds after a
+ * quantized conv or linear. A conv2d / linear is quantized when its op is listed and its
  * output channels fit max_channels (and no override leaves it fp32); an add / avg_pool2d /
  * global_avg_pool / activation / mul / concat when listed in ops or fallback_quantized (its
  * inputs and output quantization points); everything else stays fp32 (its quantized consumers

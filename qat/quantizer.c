@@ -293,11 +293,13 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
   QT_ASSERT(last && quantized_unit, "out of memory");
 
   /* Units: conv -> bn (folded by prepare/convert), then a relu or relu6 the backend runs fused
-   * after a conv, linear or add. */
+   * after a conv, linear or add, or an activation it fuses after a quantized conv or linear. */
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     last[i] = i;
     if (out->unit[i] != i) continue;
+    const qt_layer_override *o = find_override(cfg, n->name);
+    const int fp32 = o && o->fp32;
     int tail = i;
     if (n->op == QT_OP_CONV2D) {
       int c = qt_graph_sole_consumer(g, n->output);
@@ -311,11 +313,13 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
       if (c >= 0 && (g->nodes[c].op == QT_OP_RELU || g->nodes[c].op == QT_OP_RELU6) && d->ops[g->nodes[c].op]) {
         out->unit[c] = i;
         tail = c;
+      } else if (c >= 0 && g->nodes[c].op == QT_OP_ACTIVATION && (d->fused_act_kinds >> g->nodes[c].attr.act & 1u) &&
+                 n->op != QT_OP_ADD && !fp32 && layer_fits(d, n)) {
+        out->unit[c] = i;
+        tail = c;
       }
     }
     last[i] = tail;
-    const qt_layer_override *o = find_override(cfg, n->name);
-    const int fp32 = o && o->fp32;
     if (qt_op_has_weight(n->op)) {
       quantized_unit[i] = !fp32 && layer_fits(d, n);
       if (quantized_unit[i]) {

@@ -1,11 +1,11 @@
 /* Each lowered pattern against the Q/DQ reference interpreter (qt_graph_forward) on random
  * data: dq -> conv [-> relu | relu6] -> q (input zero point, padding, stride, output zero point, a
- * 4-bit output range, relu6 into a 4-bit range narrower than 6; grouped and depthwise convs too), dq -> flatten -> linear [-> relu | relu6] -> q (folded input zero point, f32
- * requantization for an output zero point), max pooling on u8, a fallback partition
- * (average pooling), FashionCNN converted end to end (W8A8 and W4A4), batch sizes changing
- * between runs, and a prepared graph refused. Int8 partitions: at most 1 output LSB with
- * realistic scales, 0 with power-of-two scales and small integers (exact arithmetic);
- * max pooling and fallbacks: identical. */
+ * 4-bit output range, relu6 into a 4-bit range narrower than 6; grouped and depthwise convs too), dq -> flatten ->
+ * linear [-> relu | relu6] -> q (folded input zero point, f32 requantization for an output zero point), conv / linear
+ * -> activation -> q (SiLU, hard swish, sigmoid, GELU on the layer's f32 output), max pooling on u8, a fallback
+ * partition (average pooling), FashionCNN converted end to end (W8A8 and W4A4), batch sizes changing between runs, and
+ * a prepared graph refused. Int8 partitions: at most 1 output LSB with realistic scales, 0 with power-of-two scales and
+ * small integers (exact arithmetic); max pooling and fallbacks: identical. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -287,6 +287,51 @@ static void linear_pattern(int relu, int zp_in, int exact) {
   qt_graph_free(g);
 }
 
+/* dq -> conv (groups: 1, or depthwise) | flatten -> linear -> activation [-> relu6] -> q: one int8
+ * partition, the layer's f32 output, the activation and the quantize in f32 (the Quantizer's
+ * unit for onednn_cpu's fused SiLU and hard swish; any kind lowers so). */
+static void act_pattern(int linear, int depthwise, qt_act_kind kind, int relu6, int qmax) {
+  char what[160];
+  snprintf(what, sizeof what, "%s + %s%s -> [0, %d]",
+           linear      ? "linear"
+           : depthwise ? "depthwise conv"
+                       : "conv",
+           qt_act_name(kind), relu6 ? " + relu6" : "", qmax);
+  const float s_in = 0.0123f;
+  qt_graph *g = qt_graph_create("act_pattern");
+  int x = qt_graph_input(g, "input", 6, 6, 8);
+  x = qdq(g, "input.fq", x, s_in, 90, 255);
+  if (linear)
+    x = qt_graph_linear(g, "layer", qt_graph_flatten(g, "flatten", x), 24, 1);
+  else
+    x = qt_graph_conv2d(g, "layer", x, 8, 3, 1, 1, depthwise ? 8 : 1, 1);
+  x = qt_graph_activation(g, "act", x, (qt_act){kind, 0.0f, 0.0f});
+  if (relu6) x = qt_graph_relu6(g, "relu6", x);
+  x = qdq(g, "out.fq", x, 1.0f, 0, qmax);
+  finalize(g, x);
+  quantize_weights(g, "layer", g_wmax, s_in, 0);
+  float *in = random_input(g, 8, -90 * s_in - 0.1f, 165 * s_in + 0.1f);
+  calibrate(g, in, 8, 0);
+  compare(what, g, in, 8, linear ? 2 : 1, 0, 1);
+  char err[QT_ERR_LEN];
+  qt_device *m = qt_device_open(g, NULL, err);
+  QT_ASSERT(m, "%s", err);
+  int found = 0;
+  for (int k = 0; k < qt_device_partition_count(m); k++) {
+    const char *nodes, *detail;
+    if (qt_device_partition(m, k, &nodes, &detail) == QT_PART_INT8 && strstr(nodes, "layer -> act") &&
+        strstr(detail, qt_act_name(kind)) && strstr(detail, "in f32 -> u8"))
+      found = 1;
+  }
+  if (!found) {
+    qt_test_fail("%s: no int8 partition 'layer -> act' running %s in f32", what, qt_act_name(kind));
+    qt_device_report(m, stderr);
+  }
+  qt_device_free(m);
+  free(in);
+  qt_graph_free(g);
+}
+
 /* A conv with full-range s8 weights on u8 inputs: an int8 kernel where the CPU has VNNI; without
  * it (this machine, or ONEDNN_MAX_CPU_ISA=AVX2: test_backend_patterns_avx2) its pair sums could
  * saturate oneDNN's int16, so it runs in an fp32 fallback naming that, identical to the Q/DQ
@@ -441,6 +486,11 @@ int main(void) {
     conv_pattern(2, 1, 15, -1, exact);
     g_out_scale = 1.0f;
   }
+  act_pattern(0, 0, QT_ACT_SILU, 0, 255);
+  act_pattern(0, 1, QT_ACT_SILU, 0, 255); /* EfficientNet's depthwise conv -> bn -> SiLU */
+  act_pattern(0, 0, QT_ACT_HARDSWISH, 0, 15);
+  act_pattern(1, 0, QT_ACT_SIGMOID, 1, 255);
+  act_pattern(0, 0, QT_ACT_GELU, 0, 255);
   max_pool_pattern();
   fallback_pattern();
   fashion_cnn(8, 8);

@@ -1,6 +1,8 @@
 /* Quantizer, prepare, convert and the consistency check on FashionCNN and ResCNN:
  * - the onednn Quantizer's annotations (points, shared qparams, 7-bit weights without VNNI; a
- *   relu6 fused into its conv's unit, an fp32 op outside one);
+ *   relu6 fused into its conv's unit, an fp32 op outside one; SiLU and hard swish fused into a
+ *   quantized conv's or linear's unit, not sigmoid, not after an fp32 layer, none for XNNPACK;
+ *   that QAT graph converts, passes the check and deploys with the fused units on oneDNN);
  * - PTQ and QAT prepared graphs convert to Q/DQ graphs that pass the check;
  * - negative cases the check must catch: a changed scale, a missing Q/DQ pair, a quantization
  *   point moved past a ReLU, BN folded with the wrong statistics, an integer outside the range;
@@ -164,6 +166,93 @@ static void relu6_units(void) {
   QT_CHECK(a.unit[qt_graph_find_node(g, "relu1")] == qt_graph_find_node(g, "relu1"));
   QT_CHECK(a.act[g->nodes[qt_graph_find_node(g, "bn1")].output]);
   qt_annotations_free(&a);
+  qt_graph_free(g);
+}
+
+/* SiLU and hard swish after a quantized conv or linear join its unit on onednn_cpu (its
+ * fused_act_kinds: the point after the activation, none on the layer's output), sigmoid does
+ * not; an fp32 layer (an override) or XNNPACK's description fuses none. The QAT graph converts,
+ * passes the check and deploys on oneDNN with no fallback partition, the fused units within 1
+ * LSB of the float32 Q/DQ executor. */
+static void fused_activation_units(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("fused_acts");
+  int x = qt_graph_input(g, "input", 28, 28, 1);
+  x = qt_graph_conv2d(g, "conv1", x, 8, 3, 2, 1, 1, 0);
+  x = qt_graph_batch_norm(g, "bn1", x);
+  x = qt_graph_activation(g, "silu1", x, (qt_act){QT_ACT_SILU, 0, 0});
+  x = qt_graph_conv2d(g, "conv2", x, 8, 3, 1, 1, 8, 0); /* depthwise */
+  x = qt_graph_batch_norm(g, "bn2", x);
+  x = qt_graph_activation(g, "hswish2", x, (qt_act){QT_ACT_HARDSWISH, 0, 0});
+  x = qt_graph_conv2d(g, "conv3", x, 8, 1, 1, 0, 1, 1);
+  x = qt_graph_activation(g, "sig3", x, (qt_act){QT_ACT_SIGMOID, 0, 0});
+  x = qt_graph_flatten(g, "flatten", x);
+  x = qt_graph_linear(g, "fc", x, 10, 1);
+  x = qt_graph_activation(g, "silu4", x, (qt_act){QT_ACT_SILU, 0, 0});
+  QT_ASSERT(qt_graph_finalize(g, x, err) == 0, "%s", err);
+  qt_graph_init_params(g, 5);
+  for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.3f + 0.2f * (float)(i % 7);
+  qt_quantizer_config qc = qt_test_quantizer_config(8, 8);
+  qt_annotations a;
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+#define N_(name) qt_graph_find_node(g, name)
+#define V(name) g->nodes[N_(name)].output
+  QT_CHECK(a.unit[N_("silu1")] == N_("conv1") && !a.act[V("bn1")] && a.act[V("silu1")]);
+  QT_CHECK(a.unit[N_("hswish2")] == N_("conv2") && !a.act[V("bn2")] && a.act[V("hswish2")]);
+  QT_CHECK(a.unit[N_("sig3")] == N_("sig3") && a.act[V("conv3")] && a.act[V("sig3")]);
+  QT_CHECK(a.unit[N_("silu4")] == N_("fc") && !a.act[V("fc")] && a.act[V("silu4")]);
+  /* the unit's point after the activation, through prepare (QAT), training steps and convert */
+  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_QAT, err);
+  qt_annotations_free(&a);
+  QT_ASSERT(p, "prepare: %s", err);
+  exercise(p, QT_PREPARE_QAT);
+  qt_graph *c = qt_convert(p, err);
+  QT_ASSERT(c, "convert: %s", err);
+  qt_check_report r = check(p, c);
+  if (!r.ok || r.max_lsb > 1.0)
+    qt_test_fail("fused activations: check %s, max %.2f LSB:\n%s", r.ok ? "ok" : "failed", r.max_lsb, r.reason);
+  qt_device *m = qt_device_open(c, NULL, err);
+  QT_ASSERT(m, "%s", err);
+  int fused = 0;
+  for (int k = 0; k < qt_device_partition_count(m); k++) {
+    const char *nodes, *detail;
+    qt_device_partition(m, k, &nodes, &detail);
+    fused += strstr(detail, "in f32 -> u8") != NULL;
+  }
+  if (fused != 3 || qt_device_count(m, QT_PART_FALLBACK) != 0) {
+    qt_test_fail("fused activations: %d fused partitions (want 3), %d fallbacks", fused,
+                 qt_device_count(m, QT_PART_FALLBACK));
+    qt_device_report(m, stderr);
+  }
+  float *xb = batch(9), out_d[N * 10];
+  QT_ASSERT(qt_device_run(m, out_d, xb, N, err) == 0, "%s", err);
+  qt_ctx *ctx = qt_ctx_create();
+  const int64_t shape[4] = {N, 28, 28, 1};
+  qt_graph_set_mode(c, QT_MODE_EVAL);
+  qt_tensor *y = qt_graph_forward(c, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, xb));
+  QT_ASSERT(y, "%s", c->error);
+  const float lsb = c->nodes[c->values[c->output].producer].q->scale[0];
+  for (int k = 0; k < N * 10; k++)
+    if (fabsf(out_d[k] - qt_f32(y)[k]) > 1.0001f * lsb)
+      qt_test_fail("fused activations: output %d: device %g, Q/DQ %g (LSB %g)", k, out_d[k], qt_f32(y)[k], lsb);
+  qt_ctx_free(ctx);
+  free(xb);
+  qt_device_free(m);
+  qt_graph_free(c);
+  qt_graph_free(p);
+  /* an fp32 conv1 keeps its SiLU out of its unit; XNNPACK fuses none */
+  QT_CHECK(qt_parse_overrides(&qc, "conv1=fp32", err) == 0);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+  QT_CHECK(a.unit[N_("silu1")] == N_("silu1"));
+  qt_annotations_free(&a);
+  qc = qt_test_quantizer_config(8, 8);
+  qt_backend_desc d;
+  qt_backend_desc_xnnpack(&d);
+  QT_CHECK(qt_quantizer(g, &d, &qc, &a, err) == 0);
+  QT_CHECK(a.unit[N_("silu1")] == N_("silu1") && a.act[V("bn1")] && a.unit[N_("silu4")] == N_("silu4"));
+  qt_annotations_free(&a);
+#undef N_
+#undef V
   qt_graph_free(g);
 }
 
@@ -525,6 +614,7 @@ int main(void) {
   round_trip("res_cnn", QT_PREPARE_QAT, 8, 8);
   round_trip("res_cnn", QT_PREPARE_PTQ, 3, 3);
   round_trip("fashion_mlp", QT_PREPARE_QAT, 2, 8);
+  fused_activation_units();
   /* LSQ: scales are parameters that training moves; convert and check follow them */
   g_lsq = 1;
   round_trip("fashion_cnn", QT_PREPARE_QAT, 4, 4);
