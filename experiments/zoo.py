@@ -7,6 +7,7 @@ int8 device -> QDQ ONNX -> ONNX Runtime, one row per model, into experiments/res
     bench/peers/.venv/bin/python experiments/zoo.py --models squeezenet1_1 --train-limit 2048
     bench/peers/.venv/bin/python experiments/zoo.py --models resnet18 --torch-only   # the PyTorch column alone
     bench/peers/.venv/bin/python experiments/zoo.py --models squeezenet1_1 --seeds 5 --keep  # + fp32 over 5 seeds
+    bench/peers/.venv/bin/python experiments/zoo.py --pt2e             # PT2E on the rows' fp32 checkpoints
 
 Runs with the peers' environment (bench/peers/setup_peers.sh makes it: torch 2.x, torchvision,
 onnxruntime, h5py), by hand, never in CI. Each model is torchvision's, built with 10 classes, its
@@ -31,6 +32,13 @@ and QAT at lr 2e-4. Then build/bin/qat_train, as a user would:
     compared bit for bit;
   - PyTorch trains the same model from the same initial weights with the same recipe and images
     (bench/peers/pt2e.py's loop): the fp32 column's reference.
+--pt2e (alone: for the --models' rows of OUT/zoo.json) loads each row's fp32 checkpoint (ours) into
+the PyTorch module and quantizes it with PT2E (torchao's prepare_pt2e / prepare_qat_pt2e /
+convert_pt2e, bench/peers/pt2e.py): PTQ W8A8 with XNNPACKQuantizer and X86InductorQuantizer (the
+same 32 calibration batches of 128 training images), QAT W4A8 with XNNPACKQuantizer (the QAT
+recipe above, without LSQ: PT2E's fake quant keeps observer ranges); so the quantizers are
+compared on one fp32 model. The module's fp32 accuracy with our weights is recorded as the check
+that the weights were mapped.
 Figures of time and memory are qat_train's own (summary.json: train images/s, peak RSS).
 """
 import argparse
@@ -108,6 +116,12 @@ def write_fp32_config(name, onnx_path, out_dir, path, epochs, train_limit, test_
     ini, ini_model, ini_dir, _ = RECIPES[recipe_kind(name)]
     with open(ini) as f:
         text = f.read()
+    # the recipe's own header comment describes its model: this file's names the zoo's
+    body = text[text.index("[model]"):]
+    text = ("; %s (%s, exported from %s), trained in fp32 by experiments/zoo.py with the recipe of\n"
+            "; %s; the epochs and data limits below (and the learning rate where FP32_LR sets one) are the zoo's.\n" % (
+                name, onnx_path, "tests/onnx/make_act_models.py" if name == "vit" else "torchvision",
+                os.path.relpath(ini, ROOT))) + body
     text = text.replace(ini_model, onnx_path).replace(ini_dir, out_dir)
     text = text.replace("epochs = 4", "epochs = %d" % epochs)
     if name in FP32_LR:
@@ -204,6 +218,72 @@ def fp32_seeds(args, row, d, config):
         ours.append(acc(summary(out), "fp32") if rc == 0 else None)
         theirs.append(torch_fp32(name, config, args.train_limit, args.test_limit, seed=k)[0])
     return ours, theirs
+
+
+def load_ours(name, ckpt):
+    """The PyTorch module of `name` with our fp32 checkpoint's parameters and BN statistics (names as
+    the importer keeps them: the module's own; a 1x1 conv the importer holds as a linear map, or a
+    linear map it holds as a 1x1 conv, is reshaped)."""
+    import torch
+    torch.manual_seed(0)
+    m = build(name)
+    sd = m.state_dict()
+    seen = set()
+    with h5py.File(ckpt, "r") as f:
+        for grp in ("params", "buffers"):
+            for k in f[grp]:
+                a = torch.from_numpy(np.asarray(f[grp][k]))
+                if k not in sd and k.endswith(".weight") and k[:-7] in sd and sd[k[:-7]].numel() == a.numel():
+                    k = k[:-7]  # a parameter added as a whole (the ViT's position embedding): the importer
+                    a = a.reshape(sd[k].shape)  # names it <name>.weight and keeps its tokens in order
+                if k not in sd:
+                    raise ValueError("our tensor %s has no counterpart in the PyTorch module" % k)
+                if sd[k].shape != a.shape:
+                    # a 1x1 conv held as a linear map, or a linear map held as a 1x1 conv (per token)
+                    if sd[k].shape[:2] != a.shape[:2] or sd[k].numel() != a.numel() or {sd[k].dim(), a.dim()} != {2, 4}:
+                        raise ValueError("%s: ours %s, PyTorch's %s" % (k, tuple(a.shape), tuple(sd[k].shape)))
+                    a = a.reshape(sd[k].shape)
+                sd[k] = a
+                seen.add(k)
+    missing = [k for k in sd if k not in seen and not k.endswith("num_batches_tracked")]
+    if missing:
+        raise ValueError("the PyTorch module's %s not in our checkpoint" % ", ".join(missing[:3]))
+    m.load_state_dict(sd)
+    return m
+
+
+def pt2e_columns(args, name):
+    """PT2E PTQ W8A8 (XNNPACK, X86 Inductor) and QAT W4A8 (XNNPACK) of our fp32 checkpoint: test
+    accuracies (%), or the error."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "peers"))
+    import common
+    import models
+    import pt2e
+    d = os.path.join(args.runs, name)
+    config = os.path.join(d, "fp32.ini")
+    out = {}
+    try:
+        m = load_ours(name, os.path.join(d, "fp32", "checkpoint.h5"))
+    except (ValueError, OSError, KeyError) as e:
+        return {"error": "loading our checkpoint: %s" % e}
+    x, y = models.load_fashion("train", args.train_limit)
+    xt, yt = models.load_fashion("t10k", args.test_limit)
+    out["fp32_ours_in_torch"] = round(100 * models.accuracy(m.eval(), xt, yt), 2)
+    rec = common.recipe(name, "fp32", config)
+    calib = pt2e.calibration_batches(x, y, rec, 0, 32)
+    for kind in ("xnnpack", "x86"):
+        try:
+            out["ptq_w8a8_" + kind] = round(100 * pt2e.run_ptq(m, kind, "w8a8", calib, xt, yt)[0], 2)
+        except Exception as e:  # a peer's failure is a result, reported with its message
+            out["ptq_w8a8_" + kind] = "error: %s" % str(e).splitlines()[0][:160]
+    qrec = dict(rec, lr=float(RECIPES[recipe_kind(name)][3]), epochs=args.qat_epochs, freeze_bn_after=1.0,
+                schedule="cosine", min_lr=0.0)
+    try:
+        out["qat_w4a8_xnnpack"] = round(100 * pt2e.run_qat(m, "xnnpack", "w4a8", qrec, int(rec["seed"]), x, y, xt,
+                                                           yt)[0], 2)
+    except Exception as e:
+        out["qat_w4a8_xnnpack"] = "error: %s" % str(e).splitlines()[0][:160]
+    return out
 
 
 def repeatable(args, d, config):
@@ -326,6 +406,32 @@ def write(args, rows, versions, run_args=None):
             fmt(q.get("int8_partitions")), fmt(q.get("fallback_partitions")), ", ".join(q.get("fallback_ops", [])),
             fmt(r.get("train_images_per_s")), fmt(r.get("peak_rss_mb")),
             {True: "yes", False: "NO", None: "—"}[r.get("step_bit_identical")]))
+    quantized = [r for r in rows if "pt2e" in r]
+    if quantized:
+        runs = []  # each distinct command and date, with its models
+        for r in quantized:
+            key = (r["pt2e"].get("command", "?"), r["pt2e"].get("date", "?"))
+            if key not in [k for k, _ in runs]:
+                runs.append((key, []))
+            next(ms for k, ms in runs if k == key).append(r["model"])
+        by = "; ".join("`bench/peers/.venv/bin/python %s` on %s%s" % (c, d, "" if len(runs) == 1 else " (%s)" % ", ".join(ms))
+                       for (c, d), ms in runs)
+        lines += ["", "PT2E (torchao %s) on our fp32 checkpoints, by %s: the checkpoint loaded into the PyTorch "
+                  "module (its fp32 accuracy there: the mapping's check), PTQ W8A8 with XNNPACKQuantizer and "
+                  "X86InductorQuantizer (32 calibration batches), QAT W4A8 with XNNPACKQuantizer (the recipe above, "
+                  "observer ranges, no LSQ); ours beside them (ours: the main table's):" % (
+                      quantized[0]["pt2e"].get("torchao", "?"), by), "",
+                  "| model | fp32: ours / our weights in PyTorch | PTQ W8A8: ours / PT2E XNNPACK / PT2E X86 | QAT W4A8: "
+                  "ours (int8) / PT2E XNNPACK |", "|---|---:|---:|---:|"]
+        for r in quantized:
+            t = r["pt2e"]
+            if "error" in t:
+                lines.append("| %s | %s | — | — |" % (r["model"], t["error"]))
+                continue
+            lines.append("| %s | %s / %s | %s / %s / %s | %s / %s |" % (
+                r["model"], fmt(r.get("fp32")), fmt(t.get("fp32_ours_in_torch")), fmt(r.get("ptq_w8a8", {}).get("qdq")),
+                fmt(t.get("ptq_w8a8_xnnpack")), fmt(t.get("ptq_w8a8_x86")), fmt(r.get("qat_w4a8", {}).get("int8")),
+                fmt(t.get("qat_w4a8_xnnpack"))))
     swept = [r for r in rows if r.get("fp32_seeds")]
     if swept:
         lines += ["", "fp32 with train.seed 0 to %d (the batches' order and the Dropout masks; PyTorch: its shuffle "
@@ -354,6 +460,9 @@ def main():
                     help="also train fp32 (ours and PyTorch's) with train.seed 0 .. SEEDS-1, for fragile models")
     ap.add_argument("--keep", action="store_true",
                     help="keep the rows of OUT/zoo.json for the models not run now (same settings required)")
+    ap.add_argument("--pt2e", action="store_true",
+                    help="only (re)compute the PT2E columns of the --models' rows of OUT/zoo.json, from their "
+                         "RUNS/<model>/fp32/checkpoint.h5 (implies --keep)")
     ap.add_argument("--torch-only", action="store_true",
                     help="only (re)compute the PyTorch fp32 column of the --models' rows of OUT/zoo.json, from "
                          "their RUNS/<model>/fp32.ini (implies --keep)")
@@ -368,7 +477,7 @@ def main():
                 "onnxruntime": onnxruntime.__version__, "machine": platform.node() or "?", "cpu": cpu,
                 "date": time.strftime("%Y-%m-%d")}
     kept = {}
-    if args.torch_only:
+    if args.torch_only or args.pt2e:
         args.keep = True
     if args.keep:
         with open(os.path.join(args.out, "zoo.json")) as f:
@@ -376,7 +485,20 @@ def main():
         same = ("train_limit", "test_limit", "fp32_epochs", "qat_epochs", "build")
         if any(old["args"].get(k) != getattr(args, k) for k in same):
             sys.exit("zoo: --keep: %s/zoo.json was made with other settings (%s)" % (args.out, ", ".join(same)))
-        kept = {r["model"]: r for r in old["rows"] if r["model"] not in args.models or args.torch_only}
+        kept = {r["model"]: r for r in old["rows"] if r["model"] not in args.models or args.torch_only or args.pt2e}
+    if args.pt2e:
+        import torchao
+        for name in args.models:
+            r = kept.get(name)
+            if r is None or "error" in r:
+                sys.exit("zoo: --pt2e: no row of %s in %s/zoo.json" % (name, args.out))
+            t0 = time.time()
+            r["pt2e"] = pt2e_columns(args, name)
+            r["pt2e"].update({"command": " ".join(["experiments/zoo.py"] + sys.argv[1:]), "date": versions["date"],
+                              "torchao": torchao.__version__, "seconds": round(time.time() - t0, 1)})
+            print("zoo: %s: PT2E %s" % (name, json.dumps(r["pt2e"])), flush=True)
+            write(args, [kept[m] for m in MODELS if m in kept], old["versions"], old["args"])
+        return 0
     if args.torch_only:
         for name in args.models:
             r = kept.get(name)
