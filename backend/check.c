@@ -64,9 +64,9 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
    * as a dq -> fp32 -> q fallback partition between int8 kernels */
   d->fallback_quantized[QT_OP_AVG_POOL2D] = 1;
   /* conv / linear -> SiLU or hard swish: the layer's f32 output, the activation and the
-   * requantization in one partition, as PT2E's X86 Inductor quantizer fuses conv + unary: a
-   * per-tensor point before the activation would round the layer's wide pre-activation range
-   * (EfficientNet-B0, docs/experiments.md) */
+   * requantization in one partition, as PT2E's X86 Inductor quantizer fuses conv + unary: no
+   * per-tensor point on the pre-activation output (EfficientNet-B0's QAT W4A8,
+   * docs/experiments.md) */
   d->fused_act_kinds = 1u << QT_ACT_SILU | 1u << QT_ACT_HARDSWISH;
   if (isa == QT_ISA_AUTO)
     snprintf(d->isa, sizeof d->isa, "%s", isa_name(dnnl_get_effective_cpu_isa()));
