@@ -1,8 +1,11 @@
 /* The Quantizer for oneDNN's description in tests (header only; programs that include it link
  * the backend library): qt_quantizer with qt_backend_desc_onednn_cpu(isa), its settings, and a
- * PTQ-prepared graph from it. */
+ * PTQ-prepared graph from it; a graph read back from its Q/DQ file. */
 #ifndef QT_TEST_QUANTIZER_UTIL_H
 #define QT_TEST_QUANTIZER_UTIL_H
+
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "qat/qat.h"
@@ -60,6 +63,20 @@ static inline qt_graph *qt_test_prepare_ptq_onednn(const qt_graph *g) {
   qt_quantizer_config qc;
   qt_quantizer_config_default(&qc);
   return qt_test_prepare_onednn(g, &qc, QT_PREPARE_PTQ);
+}
+
+/* g written to a temporary file by qt_qdq_save and read back by qt_qdq_load (the file is removed):
+ * what a deployment tool reads, and a copy of g that shares nothing with it. Aborts on an error. */
+static inline qt_graph *qt_test_qdq_reload(const qt_graph *g) {
+  char err[QT_ERR_LEN], path[] = "/tmp/qt_test_qdq_XXXXXX";
+  const int fd = mkstemp(path);
+  QT_ASSERT(fd >= 0, "mkstemp");
+  close(fd);
+  QT_ASSERT(qt_qdq_save(path, g, err) == 0, "%s", err);
+  qt_graph *l = qt_qdq_load(path, err);
+  QT_ASSERT(l, "%s", err);
+  unlink(path);
+  return l;
 }
 
 #endif

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "eval/exact.h"
 #include "eval/report.h"
@@ -331,14 +330,8 @@ static void check_verdicts(void) {
  * named as a lowering bug, while the partitions before it and after it (on the device's own
  * inputs) stay within 1 LSB. */
 static void check_broken_partition(const qt_graph *fp32, qt_graph *qdq, const qt_dataset *ds) {
-  char err[QT_ERR_LEN], path[] = "/tmp/qt_report_broken_XXXXXX";
-  const int fd = mkstemp(path);
-  QT_ASSERT(fd >= 0, "mkstemp");
-  close(fd);
-  QT_ASSERT(qt_qdq_save(path, qdq, err) == 0, "%s", err);
-  qt_graph *broken = qt_qdq_load(path, err);
-  QT_ASSERT(broken, "%s", err);
-  remove(path);
+  char err[QT_ERR_LEN];
+  qt_graph *broken = qt_test_qdq_reload(qdq);
   const qt_node *conv2 = &broken->nodes[qt_graph_find_node(broken, "conv2")];
   QT_ASSERT(conv2->wq && conv2->wq->qweight, "conv2 has no integer weights");
   const int64_t per_channel = conv2->wq->n_qweight / conv2->attr.out_channels;

@@ -16,7 +16,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "qat/qat.h"
 #include "tests/common/quantizer_util.h"
@@ -191,16 +190,9 @@ static void test_graph(void) {
   float *qe = forward(q, x, N, 11, 0);
   qt_test_close("convert graph = prepared graph in eval", qe, pe, N * 10, 1e-5f, 1e-4f);
   /* the prepared graph's file keeps the nodes and their ratios */
-  char path[] = "/tmp/qt_dropout_XXXXXX";
-  const int fd = mkstemp(path);
-  QT_ASSERT(fd >= 0, "mkstemp");
-  close(fd);
-  QT_ASSERT(qt_qdq_save(path, p, err) == 0, "%s", err);
-  qt_graph *l = qt_qdq_load(path, err);
-  QT_ASSERT(l, "%s", err);
+  qt_graph *l = qt_test_qdq_reload(p);
   const int k = qt_graph_find_node(l, "drop_fc");
   QT_CHECK(k >= 0 && l->nodes[k].op == QT_OP_DROPOUT && l->nodes[k].attr.ratio == 0.2f);
-  unlink(path);
   /* a ratio outside [0, 1) is refused at build */
   qt_graph *bad = qt_graph_create("bad");
   qt_graph_dropout(bad, "d", qt_graph_input(bad, "input", 2, 2, 1), 1.0f);
