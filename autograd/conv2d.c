@@ -17,11 +17,13 @@
  * so, qt_ctx_set_blocked_handoff) skips the source's reorders: two of the five (the forward's and
  * the weight gradient's), and a fresh input gradient is written straight into its buffer (the
  * third).
+ * A convolution whose output has at most CONV_GEMM_MAX_PIXELS pixels runs as matrix products
+ * instead (conv2d_gemm.c), and so does the weight gradient of a depthwise one there.
  * The _ref twins are plain loops with double accumulation. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+#include "autograd/conv2d_int.h"
 #include "autograd/dnnl_util.h"
 #include "base/base.h"
-#include "autograd/kernels.h"
 
 #include <math.h>
 #include <omp.h>
@@ -217,6 +219,7 @@ void qt_conv2d_release_scratch(void) {
   shared_unmap(&g_bsrc, &g_bsrc_len);
   shared_unmap(&g_bdst, &g_bdst_len);
   shared_unmap(&g_pad, &g_pad_len);
+  qt_conv2d_gemm_release_scratch();
 }
 
 void qt_conv2d_scratch_bytes(size_t *src, size_t *dst, size_t *pad) {
@@ -541,6 +544,10 @@ static void bias_grad_accumulate(float *dbias, const float *dout, const qt_conv2
 }
 
 void qt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias, const qt_conv2d_shape *s) {
+  if (qt_conv2d_gemm_applies(s)) {
+    qt_conv2d_gemm_forward(out, inp, weight, bias, s);
+    return;
+  }
   conv_entry *e = conv_lookup(s);
   conv_prim *p = conv_forward_prim(e, bias != NULL);
   dnnl_memory_t wei = conv_prepare_weights(e, p, weight);
@@ -657,6 +664,18 @@ void qt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *
 void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *dbias, const float *dout,
                            const float *inp, const float *weight, const qt_conv2d_shape *s) {
   if (!dinp && !dweight) {
+    if (dbias) bias_grad_accumulate(dbias, dout, s);
+    return;
+  }
+  if (qt_conv2d_gemm_applies(s)) {
+    if (dinp) qt_conv2d_gemm_backward_data(dinp, dinp_write, dout, weight, s);
+    if (dweight) qt_conv2d_gemm_backward_weights(dweight, dout, inp, s);
+    if (dbias) bias_grad_accumulate(dbias, dout, s);
+    return;
+  }
+  if (dweight && qt_conv2d_dw_weights_applies(s)) { /* the input gradient on oneDNN's depthwise kernel */
+    qt_conv2d_backward_ex(dinp, dinp_write, NULL, NULL, dout, inp, weight, s);
+    qt_conv2d_dw_backward_weights(dweight, dout, inp, s);
     if (dbias) bias_grad_accumulate(dbias, dout, s);
     return;
   }

@@ -523,4 +523,14 @@ void qt_graph_set_training(qt_graph *g, int training) {
   for (int i = 0; i < g->n_nodes; i++) g->nodes[i].training = training;
 }
 
-void qt_graph_zero_grad(qt_graph *g) { memset(g->grads, 0, (size_t)g->n_params * sizeof(float)); }
+/* In chunks across the OpenMP threads: ResNet-18's 11.2 M gradients (45 MB) took 4.4 ms a step
+ * on one thread (bench_profile's zero_grad row, 2 threads, batch 128). */
+#define ZERO_GRAD_CHUNK ((int64_t)1 << 16)
+void qt_graph_zero_grad(qt_graph *g) {
+  const int64_t n = g->n_params, chunks = (n + ZERO_GRAD_CHUNK - 1) / ZERO_GRAD_CHUNK;
+#pragma omp parallel for schedule(static) if (chunks > 4)
+  for (int64_t k = 0; k < chunks; k++) {
+    const int64_t at = k * ZERO_GRAD_CHUNK, len = n - at < ZERO_GRAD_CHUNK ? n - at : ZERO_GRAD_CHUNK;
+    memset(g->grads + at, 0, (size_t)len * sizeof(float));
+  }
+}

@@ -260,7 +260,7 @@ static void check_conv_winograd(void) {
   check_conv(winograd(conv_shape(2, 7, 7, 16, 16, 3, 3, 1, 1, 1, 1, 16)), 2500); /* depthwise: direct */
   check_conv(winograd(conv_shape(2, 8, 8, 1, 32, 3, 3, 1, 1, 1, 1, 1)), 2600);   /* one input channel: direct */
   check_conv(winograd(conv_shape(2, 3, 5, 32, 32, 3, 3, 1, 1, 1, 1, 1)), 2650);  /* under 4 rows: direct */
-  check_conv(winograd(conv_shape(2, 1, 1, 64, 64, 3, 3, 1, 1, 1, 1, 1)), 2660);  /* 1x1: direct */
+  check_conv(winograd(conv_shape(2, 1, 1, 64, 64, 3, 3, 1, 1, 1, 1, 1)), 2660);  /* 1x1: a matrix product */
   const char *used = qt_dnnl_kernels_used();
   const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -305,6 +305,22 @@ int main(void) {
   check_conv(conv_shape(2, 28, 28, 1, 32, 3, 3, 1, 1, 1, 1, 1), 1400);  /* layer 1 at full size */
   check_conv(conv_shape(2, 7, 8, 4, 6, 1, 1, 3, 3, 0, 0, 1), 1500);     /* stride 3: last rows unused */
   check_conv(conv_shape(2, 5, 4, 3, 4, 1, 3, 2, 1, 2, 3, 1), 1600);     /* padding beyond the kernel */
+  /* outputs of at most 4 pixels: matrix products (conv2d_gemm.c) */
+  check_conv(conv_shape(4, 1, 1, 64, 48, 3, 3, 1, 1, 1, 1, 1), 1700);   /* 3x3 on 1x1: the centre tap alone */
+  check_conv(conv_shape(4, 2, 2, 32, 40, 3, 3, 1, 1, 1, 1, 1), 1710);   /* 3x3 on 2x2: one linear map */
+  check_conv(conv_shape(2, 1, 2, 8, 6, 3, 3, 1, 1, 1, 1, 1), 1712);     /* the same on 1x2 */
+  check_conv(conv_shape(2, 2, 2, 4, 6, 5, 5, 1, 1, 2, 2, 1), 1714);     /* 5x5 on 2x2 */
+  check_conv(conv_shape(3, 4, 4, 16, 24, 3, 3, 2, 2, 1, 1, 1), 1720);   /* stride 2 to 2x2 */
+  check_conv(conv_shape(2, 2, 1, 8, 8, 3, 3, 2, 2, 1, 1, 1), 1730);     /* stride 2 to 1x1, taps on two rows */
+  check_conv(conv_shape(3, 2, 2, 24, 12, 1, 1, 1, 1, 0, 0, 1), 1740);   /* 1x1: the input itself */
+  check_conv(conv_shape(2, 4, 3, 8, 6, 1, 1, 3, 3, 0, 0, 1), 1750);     /* 1x1 stride 3: one tap, not one to one */
+  check_conv(conv_shape(2, 1, 1, 4, 4, 1, 1, 2, 2, 1, 1, 1), 1760);     /* every tap on padding */
+  check_conv(conv_shape(2, 3, 1, 6, 5, 5, 3, 4, 1, 2, 1, 1), 1770);     /* 5x3, some taps dead */
+  /* depthwise with at most 4 output pixels: the weight gradient of conv2d_gemm.c */
+  check_conv(conv_shape(4, 2, 2, 32, 32, 3, 3, 1, 1, 1, 1, 32), 1800);
+  check_conv(conv_shape(3, 1, 1, 20, 20, 3, 3, 1, 1, 1, 1, 20), 1810); /* channels not blocks of 16 */
+  check_conv(conv_shape(2, 2, 2, 16, 16, 3, 3, 2, 2, 1, 1, 16), 1820); /* stride 2 to 1x1 */
+  check_conv(conv_shape(2, 2, 2, 8, 16, 3, 3, 1, 1, 1, 1, 8), 1830);   /* multiplier 2: oneDNN */
   check_conv_cache_eviction();
   check_conv_winograd();
 
