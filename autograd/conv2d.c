@@ -20,7 +20,6 @@
  * A convolution whose output has at most CONV_GEMM_MAX_PIXELS pixels runs as matrix products
  * instead (conv2d_gemm.c), and so does the weight gradient of a depthwise one there.
  * The _ref twins are plain loops with double accumulation. */
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "autograd/conv2d_int.h"
 #include "autograd/dnnl_util.h"
 #include "base/base.h"
@@ -31,7 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 int qt_conv2d_shape_init(qt_conv2d_shape *s) {
   if (s->N <= 0 || s->H <= 0 || s->W <= 0 || s->C <= 0 || s->OC <= 0 || s->KH <= 0 || s->KW <= 0) return -1;
@@ -201,24 +199,14 @@ static void conv_cache_release(void) {
   g_attr = NULL;
 }
 
-/* The shared buffers are mapped and unmapped directly, not malloc'd: glibc raises its mmap
- * threshold to the size of any mapped chunk free() returns, after which the process's later large
- * allocations come from the heap and stay resident when freed (the QAT W4A4 example's peak RSS
- * measured 147.4 MB with these buffers malloc'd, 141.3 before they existed, and 134.8 with
- * MALLOC_MMAP_THRESHOLD_ fixed). */
-static void shared_unmap(void **buf, size_t *len) {
-  if (*buf) munmap(*buf, *len);
-  *buf = NULL;
-  *len = 0;
-}
-
+/* Frees the shared buffers, mapped by qt_dnnl_mapped (dnnl_util.h says why). */
 void qt_conv2d_release_scratch(void) {
   free(g_scratch);
   g_scratch = NULL;
   g_scratch_len = 0;
-  shared_unmap(&g_bsrc, &g_bsrc_len);
-  shared_unmap(&g_bdst, &g_bdst_len);
-  shared_unmap(&g_pad, &g_pad_len);
+  qt_dnnl_unmap(&g_bsrc, &g_bsrc_len);
+  qt_dnnl_unmap(&g_bdst, &g_bdst_len);
+  qt_dnnl_unmap(&g_pad, &g_pad_len);
   qt_conv2d_gemm_release_scratch();
 }
 
@@ -230,14 +218,7 @@ void qt_conv2d_scratch_bytes(size_t *src, size_t *dst, size_t *pad) {
 
 /* *buf grown to at least bytes (contents not kept), bound to mem. */
 static void bind_shared(dnnl_memory_t mem, void **buf, size_t *len, size_t bytes) {
-  if (bytes > *len) {
-    shared_unmap(buf, len);
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) qt_dnnl_die(__FILE__, __LINE__, "out of memory for the conv2d scratch buffers");
-    *buf = p;
-    *len = bytes;
-  }
-  qt_dnnl_memory_bind(mem, *buf);
+  qt_dnnl_memory_bind(mem, qt_dnnl_mapped(buf, len, bytes));
 }
 
 /* A blocked entry's source-shaped (bind_src) or destination-shaped (bind_dst) activation memory:

@@ -21,37 +21,24 @@
  *
  * Each output element is summed in a fixed order for a given thread count: the runs are
  * bit-identical run to run, as the oneDNN path's. */
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "autograd/conv2d_int.h"
 #include "autograd/dnnl_util.h"
 
 #include <omp.h>
 #include <string.h>
-#include <sys/mman.h>
 
-/* The scratch this file's products use, mapped directly as conv2d.c's shared buffers are (the
- * reason is there): the im2col matrix or the input gradient's columns, and the gathered weights
- * or their gradient. */
+/* The scratch this file's products use (qt_dnnl_mapped): the im2col matrix or the input
+ * gradient's columns, and the gathered weights or their gradient. */
 static void *g_col, *g_wg;
 static size_t g_col_len, g_wg_len;
 
 static float *scratch(void **buf, size_t *len, size_t floats) {
-  const size_t bytes = floats * sizeof(float);
-  if (bytes > *len) {
-    if (*buf) munmap(*buf, *len);
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) qt_dnnl_die(__FILE__, __LINE__, "out of memory for the conv2d matrix-product scratch");
-    *buf = p;
-    *len = bytes;
-  }
-  return *buf;
+  return qt_dnnl_mapped(buf, len, floats * sizeof(float));
 }
 
 void qt_conv2d_gemm_release_scratch(void) {
-  if (g_col) munmap(g_col, g_col_len);
-  if (g_wg) munmap(g_wg, g_wg_len);
-  g_col = g_wg = NULL;
-  g_col_len = g_wg_len = 0;
+  qt_dnnl_unmap(&g_col, &g_col_len);
+  qt_dnnl_unmap(&g_wg, &g_wg_len);
 }
 
 int qt_conv2d_gemm_applies(const qt_conv2d_shape *s) {

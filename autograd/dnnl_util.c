@@ -1,4 +1,5 @@
 /* Shared oneDNN engine, stream and checked helpers (see dnnl_util.h). */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "autograd/dnnl_util.h"
 #include "base/base.h"
 
@@ -6,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static dnnl_engine_t g_engine;
 static dnnl_stream_t g_stream;
@@ -143,4 +145,21 @@ void qt_dnnl_primitive_destroy(dnnl_primitive_t *prim) {
 void qt_dnnl_memory_destroy(dnnl_memory_t *mem) {
   if (*mem) QT_DNNL_CHECK(dnnl_memory_destroy(*mem));
   *mem = NULL;
+}
+
+void qt_dnnl_unmap(void **buf, size_t *len) {
+  if (*buf) munmap(*buf, *len);
+  *buf = NULL;
+  *len = 0;
+}
+
+void *qt_dnnl_mapped(void **buf, size_t *len, size_t bytes) {
+  if (bytes > *len) {
+    qt_dnnl_unmap(buf, len);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) qt_dnnl_die(__FILE__, __LINE__, "out of memory for the conv2d scratch buffers");
+    *buf = p;
+    *len = bytes;
+  }
+  return *buf;
 }
