@@ -94,21 +94,33 @@ float *qt_optim_state(qt_optim *o, int i, const char **name) {
 /* Parallel loops pay off only on large slabs. */
 #define QT_OPTIM_OMP_MIN 16384
 
+/* The steps sum p * 0 over the parameters they write: 0 while every p is finite, NaN once one is
+ * not (Inf * 0 and NaN * 0 are NaN), one fused multiply-add per element in the loop that is
+ * there anyway. Only then are the non-finite ones counted. */
+static int64_t non_finite(const float *params, int64_t n, float nf) {
+  if (nf == 0.0f) return 0;
+  int64_t bad = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : bad) if (n >= QT_OPTIM_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) bad += !isfinite(params[i]);
+  return bad;
+}
+
 /* torch.optim.SGD._single_tensor_sgd, per element:
  *   d = g + wd*p;  buf = first step ? d : momentum*buf + (1-dampening)*d;
  *   d = nesterov ? d + momentum*buf : buf;  p -= lr*d */
-static void sgd_step(qt_optim *o, float *params, const float *grads, float lr) {
+static int64_t sgd_step(qt_optim *o, float *params, const float *grads, float lr) {
   const int64_t n = o->n;
   const float wd = o->cfg.weight_decay, momentum = o->cfg.momentum;
   const float damp = (float)(1.0 - (double)o->cfg.dampening);
   const int nesterov = o->cfg.nesterov, first = o->steps == 0;
   const uint8_t *decay = o->decay;
   float *buf = o->state; /* (n) or NULL without momentum */
+  float nf = 0;
   if (buf && !first && !nesterov) {
     /* the usual step, written so that it vectorizes: the same operations per element as the
      * loop below, the decay mask a select instead of a branch */
     const int all = wd != 0 && !decay, masked = wd != 0 && decay;
-#pragma omp parallel for simd schedule(static) if (n >= QT_OPTIM_OMP_MIN)
+#pragma omp parallel for simd schedule(static) reduction(+ : nf) if (n >= QT_OPTIM_OMP_MIN)
     for (int64_t i = 0; i < n; i++) {
       float d = grads[i];
       const float dw = fmaf(params[i], wd, d);
@@ -116,11 +128,13 @@ static void sgd_step(qt_optim *o, float *params, const float *grads, float lr) {
       if (masked) d = decay[i] ? dw : d;
       const float b = fmaf(d, damp, buf[i] * momentum);
       buf[i] = b;
-      params[i] = fmaf(b, -lr, params[i]);
+      const float p = fmaf(b, -lr, params[i]);
+      params[i] = p;
+      nf = fmaf(p, 0.0f, nf);
     }
-    return;
+    return non_finite(params, n, nf);
   }
-#pragma omp parallel for schedule(static) if (n >= QT_OPTIM_OMP_MIN)
+#pragma omp parallel for schedule(static) reduction(+ : nf) if (n >= QT_OPTIM_OMP_MIN)
   for (int64_t i = 0; i < n; i++) {
     float d = grads[i];
     if (wd != 0 && (!decay || decay[i])) d = fmaf(params[i], wd, d);
@@ -129,13 +143,15 @@ static void sgd_step(qt_optim *o, float *params, const float *grads, float lr) {
       d = nesterov ? fmaf(buf[i], momentum, d) : buf[i];
     }
     params[i] = fmaf(d, -lr, params[i]);
+    nf = fmaf(params[i], 0.0f, nf);
   }
+  return non_finite(params, n, nf);
 }
 
 /* torch.optim.AdamW._single_tensor_adamw (amsgrad off), step t counted from 1:
  *   p *= 1 - lr*wd;  m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g;
  *   p += (-lr/(1-beta1^t)) * m / (sqrt(v)/sqrt(1-beta2^t) + eps) */
-static void adamw_step(qt_optim *o, float *params, const float *grads, float lr) {
+static int64_t adamw_step(qt_optim *o, float *params, const float *grads, float lr) {
   const int64_t n = o->n;
   const double t = (double)(o->steps + 1);
   const float beta1 = o->cfg.beta1, beta2 = o->cfg.beta2, eps = o->cfg.eps;
@@ -150,7 +166,8 @@ static void adamw_step(qt_optim *o, float *params, const float *grads, float lr)
   /* a select for the decay mask instead of a branch, so the loop vectorizes (with sqrtf an
    * instruction: optim/CMakeLists.txt): per element the same operations in the same order */
   const int all = decoupled && !decay, masked = decoupled && decay;
-#pragma omp parallel for simd schedule(static) if (n >= QT_OPTIM_OMP_MIN)
+  float nf = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : nf) if (n >= QT_OPTIM_OMP_MIN)
   for (int64_t i = 0; i < n; i++) {
     const float g = grads[i];
     float p = params[i];
@@ -160,17 +177,22 @@ static void adamw_step(qt_optim *o, float *params, const float *grads, float lr)
     const float m = fmaf(g, one_minus_beta1, exp_avg[i] * beta1);
     const float v = fmaf(one_minus_beta2 * g, g, exp_avg_sq[i] * beta2);
     const float denom = sqrtf(v) / bias_correction2_sqrt + eps;
-    params[i] = p + neg_step_size * m / denom;
+    const float q = p + neg_step_size * m / denom;
+    params[i] = q;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
+    nf = fmaf(q, 0.0f, nf);
   }
+  return non_finite(params, n, nf);
 }
 
-void qt_optim_step(qt_optim *o, float *params, const float *grads, float lr) {
+int64_t qt_optim_step(qt_optim *o, float *params, const float *grads, float lr) {
+  int64_t bad = 0;
   switch (o->cfg.kind) {
-    case QT_OPTIM_SGD: sgd_step(o, params, grads, lr); break;
-    case QT_OPTIM_ADAMW: adamw_step(o, params, grads, lr); break;
+    case QT_OPTIM_SGD: bad = sgd_step(o, params, grads, lr); break;
+    case QT_OPTIM_ADAMW: bad = adamw_step(o, params, grads, lr); break;
     default: qt_panic(__FILE__, __LINE__, "qt_optim_step: optimizer kind %d has no step", (int)o->cfg.kind);
   }
   o->steps++;
+  return bad;
 }

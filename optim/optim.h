@@ -48,8 +48,10 @@ void qt_optim_free(qt_optim *o);
 
 /* One update of params (n) from grads (n) at learning rate lr (parallel over n with OpenMP;
  * elementwise, so the result does not depend on the thread count). Increments the step
- * counter. */
-void qt_optim_step(qt_optim *o, float *params, const float *grads, float lr);
+ * counter. Returns how many parameters are not finite after the update (counted in the same
+ * pass, so a diverging run is caught at the step that diverged even where the loss stays finite):
+ * 0 normally; the caller decides what a non-zero count means (the trainer stops). */
+int64_t qt_optim_step(qt_optim *o, float *params, const float *grads, float lr);
 
 /* Elements whose mask byte is 0 get no weight decay (biases, BatchNorm parameters); NULL (the
  * default, as in PyTorch) decays everything. The optimizer keeps the pointer, not a copy: the

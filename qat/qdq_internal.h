@@ -54,7 +54,8 @@ int qt_qdq_bad_link_name(const char *name);
 int qt_qdq_infer_kind(const qt_graph *g, graph_kind *kind, char *msg);
 /* Shapes, ids, topological order and slots: everything but quantization records. */
 int qt_qdq_validate_structure(const qt_graph *g, graph_kind kind, char *msg);
-/* Quantization records: ranges, channels, scales, zero points, integer weights. */
+/* Tensor values (finite) and quantization records: ranges, channels, scales, zero points, integer
+ * weights. */
 int qt_qdq_validate_quant(const qt_graph *g, graph_kind kind, char *msg);
 /* The quantization axis of a record: -1 per tensor; weights: 0 (OIHW output channels);
  * activations: the last axis of the (N, ...) tensor, the channel of NHWC. */

@@ -419,7 +419,25 @@ static int check_bias(const qt_graph *g, int i, graph_kind kind, const char *whe
   return 0;
 }
 
+/* Every tensor's values finite: a NaN weight turns into a clamp bound of the integer range
+ * (the quantize's min and max drop the NaN), so the file would run and compute something no
+ * float model did. A diverged training leaves such values. */
+static int check_tensor_values(const qt_graph *g, char *msg) {
+  for (int t = 0; t < g->n_tensors; t++) {
+    const qt_param *p = &g->tensors[t];
+    const float *v = (p->is_buffer ? g->buffers : g->params) + p->offset;
+    for (int64_t i = 0; i < p->numel; i++)
+      if (!isfinite(v[i]))
+        return qt_err(msg,
+                      "tensor '%s'[%lld] is %s: a Q/DQ graph holds finite values only (a diverged training "
+                      "leaves such values)",
+                      p->name, (long long)i, isnan(v[i]) ? "NaN" : "Inf");
+  }
+  return 0;
+}
+
 int qt_qdq_validate_quant(const qt_graph *g, graph_kind kind, char *msg) {
+  if (check_tensor_values(g, msg)) return -1;
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     char where[QT_NAME_LEN + 32];

@@ -328,6 +328,36 @@ static uint64_t step_seed(int seed, int64_t step) {
   return qt_mix64(qt_mix64((uint64_t)(int64_t)seed ^ DROPOUT_DOMAIN) ^ (uint64_t)step);
 }
 
+/* "training diverged: <what> at epoch, batch (step, lr); <done>", the last checkpoint named. */
+static int diverged(const qt_trainer *t, qt_status *st, const char *what, int epoch, int64_t b, float lr,
+                    const char *done) {
+  if (t->progress == 2) fputc('\n', stderr);
+  char ckpt[QT_OPT_STR + 32];
+  snprintf(ckpt, sizeof ckpt, "%s/checkpoint.h5", t->o->output.dir);
+  return qt_status_set(st, QT_STATUS_RUNTIME,
+                       "training diverged: %s at epoch %d, batch %lld (step %lld, lr %g); %s. The last good "
+                       "checkpoint (%s) is kept; try a lower train.lr",
+                       what, epoch + 1, (long long)b + 1, (long long)t->step, (double)lr, done,
+                       access(ckpt, F_OK) == 0 ? ckpt : "none written yet");
+}
+
+/* "parameter <name>[i] is NaN after the update (n of the model's parameters are not finite)":
+ * the first of the n non-finite parameters the optimizer counted. */
+static void first_bad_param(const qt_graph *g, int64_t n, char *out, size_t len) {
+  for (int k = 0; k < g->n_tensors; k++) {
+    const qt_param *p = &g->tensors[k];
+    if (p->is_buffer) continue;
+    const float *v = g->params + p->offset;
+    for (int64_t i = 0; i < p->numel; i++)
+      if (!isfinite(v[i])) {
+        snprintf(out, len, "parameter %s[%lld] is %s after the update (%lld of the model's parameters are not finite)",
+                 p->name, (long long)i, isnan(v[i]) ? "NaN" : "Inf", (long long)n);
+        return;
+      }
+  }
+  snprintf(out, len, "%lld parameters are not finite after the update", (long long)n);
+}
+
 static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *out, qt_status *st) {
   qt_graph *g = t->g;
   qt_loader_start_epoch(t->loader, epoch);
@@ -363,16 +393,10 @@ static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *ou
     int bad_rank;
     batch_totals(t, lv, B, correct_b, &loss_b, &correct_all, &rows, &bad_rank, &bad_loss);
     if (bad_rank >= 0) {
-      if (t->progress == 2) fputc('\n', stderr);
-      char ckpt[QT_OPT_STR + 32], where[48] = "";
-      snprintf(ckpt, sizeof ckpt, "%s/checkpoint.h5", t->o->output.dir);
+      char what[64], where[48] = "";
       if (t->size > 1) snprintf(where, sizeof where, " on process %d of %d", bad_rank, t->size);
-      return qt_status_set(
-          st, QT_STATUS_RUNTIME,
-          "training diverged: loss is %s%s at epoch %d, batch %lld (step %lld, lr %g); stopped without "
-          "updating. The last good checkpoint (%s) is kept; try a lower train.lr",
-          isnan(bad_loss) ? "NaN" : "Inf", where, epoch + 1, (long long)b + 1, (long long)t->step, (double)lr,
-          access(ckpt, F_OK) == 0 ? ckpt : "none written yet");
+      snprintf(what, sizeof what, "loss is %s%s", isnan(bad_loss) ? "NaN" : "Inf", where);
+      return diverged(t, st, what, epoch, b, lr, "stopped without updating");
     }
     if (prof) t_phase = qt_now_seconds();
     qt_graph_zero_grad(g);
@@ -395,8 +419,13 @@ static int epoch_steps(qt_trainer *t, qt_ctx *ctx, int epoch, qt_epoch_stats *ou
     }
     lr = qt_lr_at(&t->sched, t->step);
     if (prof) t_phase = qt_now_seconds();
-    qt_optim_step(t->opt, g->params, g->grads, lr);
+    const int64_t bad_params = qt_optim_step(t->opt, g->params, g->grads, lr);
     if (prof) qt_profile_add_phase(prof, QT_PROFILE_OPTIMIZER, qt_now_seconds() - t_phase);
+    if (bad_params) { /* the same on every process: they hold the same parameters */
+      char what[4 * QT_NAME_LEN];
+      first_bad_param(g, bad_params, what, sizeof what);
+      return diverged(t, st, what, epoch, b, lr, "stopped; the model in memory is not saved");
+    }
     t->step++;
     b++;
     qt_fault_point("training_step"); /* QT_FAULT=training_step:k: a crash after k steps (tests) */

@@ -1,12 +1,12 @@
 /* Q/DQ file validation: each bad input (missing file, not HDF5, truncated, wrong format or
  * version, unknown op, value id out of range or out of order, tensor shape that does not fit
- * its op, integers outside [qmin, qmax], bad scales and zero points, missing datasets,
- * attributes and records, orphan records, a Q/DQ graph labelled kind 'prepared', a bad input
- * preprocessing description: std 0, a shape other than the input's, no mean) fails with its
- * own message naming the file and the object; a file without the `kind` attribute (written
- * before prepared graphs could be saved) loads as a Q/DQ graph; a tensor no node uses (a huge
- * one once took gigabytes before validation) and a tensor declared but never written are
- * refused before any tensor data is read; a refused save names the node
+ * its op, integers outside [qmin, qmax], a tensor value that is not finite, bad scales and
+ * zero points, missing datasets, attributes and records, orphan records, a Q/DQ graph labelled
+ * kind 'prepared', a bad input preprocessing description: std 0, a shape other than the
+ * input's, no mean) fails with its own message naming the file and the object; a file without
+ * the `kind` attribute (written before prepared graphs could be saved) loads as a Q/DQ graph; a
+ * tensor no node uses (a huge one once took gigabytes before validation) and a tensor declared
+ * but never written are refused before any tensor data is read; a refused save names the node
  * and leaves the existing file untouched. */
 #include <hdf5.h>
 #include <hdf5_hl.h>
@@ -120,6 +120,7 @@ static void e_weight_int_shape(hid_t f) {
   QT_ASSERT(H5LTmake_dataset_int(f, "/quant/weight/fc/weight_int", 2, d, zeros) >= 0, "make weight_int");
 }
 static void e_scale_nan(hid_t f) { poke_f32(f, "/quant/weight/conv1/scale", 2, NAN); }
+static void e_tensor_nan(hid_t f) { poke_f32(f, "/tensors/fc.bias", 4, NAN); }
 static void e_scale_inf(hid_t f) { poke_f32(f, "/quant/activation/relu1.quantize/scale", 0, INFINITY); }
 static void e_scale_zero(hid_t f) { poke_f32(f, "/quant/activation/fc.dequantize/scale", 0, 0.0f); }
 static void e_scale_negative(hid_t f) { poke_f32(f, "/quant/weight/fc/scale", 9, -0.5f); }
@@ -270,6 +271,12 @@ static void save_errors(void) {
   if (qt_qdq_save(BASE, g, err) == 0 || !strstr(err, "scale[1] = 0"))
     qt_test_fail("save with a zero scale: '%s'", err);
   conv->wq->scale[1] = 0.01f;
+  float *w = qt_graph_tensor_data(g, conv->param[QT_P_WEIGHT]);
+  const float w7 = w[7];
+  w[7] = -INFINITY; /* a diverged training's weight */
+  if (qt_qdq_save(BASE, g, err) == 0 || !strstr(err, "tensor 'conv1.weight'[7] is Inf"))
+    qt_test_fail("save with an infinite weight: '%s'", err);
+  w[7] = w7;
   int32_t *qw = conv->wq->qweight;
   conv->wq->qweight = NULL;
   if (qt_qdq_save(BASE, g, err) == 0 || !strstr(err, "without integer weights"))
@@ -315,6 +322,7 @@ static const qdq_error_case load_errors[] = {
     {"weight_int_shape", e_weight_int_shape, "'weight_int' has shape (64, 10), want (10, 64)"},
     {"scale_nan", e_scale_nan, "node 3 'conv1': weight quantization: scale[2] = nan is not a finite number > 0"},
     {"scale_inf", e_scale_inf, "scale[0] = inf"},
+    {"tensor_nan", e_tensor_nan, "tensor 'fc.bias'[4] is NaN: a Q/DQ graph holds finite values only"},
     {"scale_zero", e_scale_zero, "node 11 'fc.dequantize': activation quantization: scale[0] = 0"},
     {"scale_negative", e_scale_negative, "scale[9] = -0.5"},
     {"zero_point", e_zero_point, "zero_point[0] = 256 outside [qmin 0, qmax 255]"},
