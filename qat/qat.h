@@ -19,6 +19,9 @@
 #include "quant/quant.h"
 
 #define QT_MAX_OVERRIDES 64
+/* The override name that applies to every layer without one of its own ("*=fp32;conv1=w8a8":
+ * only conv1's unit quantized). */
+#define QT_OVERRIDE_ANY "*"
 
 typedef struct {
   char name[QT_NAME_LEN]; /* node name (conv/linear) */
@@ -45,7 +48,7 @@ typedef struct {
 
 /* Defaults: W8A8, min-max weights, moving-average activations. */
 void qt_quantizer_config_default(qt_quantizer_config *c);
-/* Parses "conv1=fp32;fc1=w4a8;fc2=w8" into overrides. */
+/* Parses "conv1=fp32;fc1=w4a8;fc2=w8" into overrides; "*=..." sets every other layer. */
 int qt_parse_overrides(qt_quantizer_config *c, const char *text, char *err);
 
 /* The Quantizer's output: per value, whether it is quantized (and how) or shares another

@@ -76,10 +76,14 @@ int qt_parse_overrides(qt_quantizer_config *c, const char *text, char *err) {
   return 0;
 }
 
+/* The layer's own override, else the "*" entry, else NULL. */
 static const qt_layer_override *find_override(const qt_quantizer_config *c, const char *name) {
-  for (int i = 0; i < c->n_overrides; i++)
+  const qt_layer_override *any = NULL;
+  for (int i = 0; i < c->n_overrides; i++) {
     if (strcmp(c->overrides[i].name, name) == 0) return &c->overrides[i];
-  return NULL;
+    if (strcmp(c->overrides[i].name, QT_OVERRIDE_ANY) == 0) any = &c->overrides[i];
+  }
+  return any;
 }
 
 /* ---- the specs a backend description implies ------------------------------------------------ */
@@ -268,14 +272,16 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
                   d->name);
   for (int i = 0; i < cfg->n_overrides; i++) {
     const qt_layer_override *o = &cfg->overrides[i];
-    const int k = qt_graph_find_node(g, o->name);
-    if (k < 0) return qt_err(err, "quant.layer_overrides: no node named '%s' in model %s", o->name, g->name);
-    const qt_op op = g->nodes[k].op;
-    if (!qt_op_has_weight(op) && !quantized_op(op))
-      return qt_err(err,
-                    "quant.layer_overrides: '%s' is a %s node; overrides name the layers that start a quantized "
-                    "unit (conv2d, linear, add, average pools, activation, mul, concat)",
-                    o->name, qt_op_name(op));
+    if (strcmp(o->name, QT_OVERRIDE_ANY) != 0) { /* "*" names every layer; a name, one node */
+      const int k = qt_graph_find_node(g, o->name);
+      if (k < 0) return qt_err(err, "quant.layer_overrides: no node named '%s' in model %s", o->name, g->name);
+      const qt_op op = g->nodes[k].op;
+      if (!qt_op_has_weight(op) && !quantized_op(op))
+        return qt_err(err,
+                      "quant.layer_overrides: '%s' is a %s node; overrides name the layers that start a quantized "
+                      "unit (conv2d, linear, add, average pools, activation, mul, concat)",
+                      o->name, qt_op_name(op));
+    }
     if ((o->weight_bits && !bits_allowed(d->weight_bits, o->weight_bits)) ||
         (o->activation_bits && !bits_allowed(d->activation_bits, o->activation_bits)))
       return qt_err(err, "quant.layer_overrides: %s=w%da%d: %s allows weight bits {%s}, activation bits {%s}", o->name,

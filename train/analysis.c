@@ -512,10 +512,8 @@ static int section_sensitivity(analysis *A, layer_sens *sens, char *err) {
                    A->wb, A->ab);
   qt_strbuf_printf(js, ",\n  \"sensitivity\": [");
   for (int L = 0; L < A->n_layers; L++) {
-    char ov[4096] = "";
-    size_t len = 0;
-    for (int k = 0; k < A->n_layers; k++)
-      if (k != L) len += (size_t)snprintf(ov + len, sizeof ov - len, "%s%s=fp32", len ? ";" : "", A->layers[k]);
+    char ov[QT_NAME_LEN + 32]; /* every other unit in fp32, however many the model has */
+    snprintf(ov, sizeof ov, "%s=fp32;%s=w%da%d", QT_OVERRIDE_ANY, A->layers[L], A->wb, A->ab);
     if (variant_accuracy(A, ov, &sens[L].acc, NULL, err)) return -1;
     snprintf(sens[L].name, sizeof sens[L].name, "%s", A->layers[L]);
     sens[L].drop = 100 * (A->ref.accuracy - sens[L].acc);

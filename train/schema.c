@@ -153,7 +153,7 @@ static const option_row rows[] = {
     ROW(quant, learnable_scale, QT_CFG_BOOL, "false", 0, 0, NULL,
         "QAT: LSQ, scales are trained parameters (initialized by the observers on the first batch)"),
     ROW(quant, layer_overrides, QT_CFG_STRING, "", 0, 0, NULL,
-        "per-layer settings by node name, e.g. conv1=w8a8;fc2=fp32 (mixed precision)"),
+        "per-layer settings by node name, e.g. conv1=w8a8;fc2=fp32 (mixed precision); * = every other layer"),
     ROW(quant, fp32_checkpoint, QT_CFG_STRING, "", 0, 0, NULL,
         "fp32 checkpoint to quantize (empty: from the initialization)"),
     ROW(quant, fp32_config, QT_CFG_STRING, "", 0, 0, NULL,

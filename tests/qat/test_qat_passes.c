@@ -124,6 +124,22 @@ static void annotations(void) {
   QT_CHECK(a.weight_spec[qt_graph_find_node(g, "conv2")].qmin == -128);
   QT_CHECK(!a.weight[f2] && !a.act[g->nodes[f2].output]);
   qt_annotations_free(&a);
+  /* "*" sets every layer without an override of its own: only conv1's unit quantized (its
+   * input and its output the only points), and "*=w4" narrows every other layer's weights */
+  QT_CHECK(qt_parse_overrides(&qc, "*=fp32;conv1=w8a8", err) == 0);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+  n_points = 0;
+  for (int v = 0; v < g->n_values; v++) n_points += a.act[v];
+  QT_CHECK(n_points == 2 && a.act[g->nodes[qt_graph_find_node(g, "relu1")].output]);
+  QT_CHECK(a.weight[c1] && a.weight_spec[c1].qmin == -128);
+  for (int i = 1; i < 4; i++) QT_CHECK(!a.weight[qt_graph_find_node(g, weights[i])]);
+  qt_annotations_free(&a);
+  QT_CHECK(qt_parse_overrides(&qc, "conv1=w8;*=w4", err) == 0);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+  QT_CHECK(a.weight_spec[c1].qmin == -128 && a.weight_spec[f2].qmin == -8 &&
+           a.weight_spec[qt_graph_find_node(g, "conv2")].qmin == -8);
+  qt_annotations_free(&a);
+  QT_CHECK(qt_parse_overrides(&qc, "*=fp32;*=w8", err) != 0 && strstr(err, "'*' is set twice"));
   QT_CHECK(qt_parse_overrides(&qc, "fc9=fp32", err) == 0);
   QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) != 0 && strstr(err, "fc9"));
   QT_CHECK(qt_parse_overrides(&qc, "fc2=w9", err) != 0 && strstr(err, "fc2=w9"));
