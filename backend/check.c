@@ -68,6 +68,10 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
    * per-tensor point on the pre-activation output (EfficientNet-B0's QAT W4A8,
    * docs/experiments.md) */
   d->fused_act_kinds = 1u << QT_ACT_SILU | 1u << QT_ACT_HARDSWISH;
+  /* conv -> add [-> relu]: the conv's f32 output, the other input dequantized, the add and the
+   * requantization in one partition (with quant.fuse_add; the X86 Inductor quantizer's conv +
+   * add) */
+  d->conv_add = 1;
   if (isa == QT_ISA_AUTO)
     snprintf(d->isa, sizeof d->isa, "%s", isa_name(dnnl_get_effective_cpu_isa()));
   else
@@ -139,6 +143,7 @@ void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
       fprintf(f, "%s%s", first ? "\n  fused after conv2d / linear: " : ", ", qt_act_name((qt_act_kind)k));
       first = 0;
     }
+  if (d->conv_add) fprintf(f, "\n  fused after conv2d: add [-> relu | relu6] (quant.fuse_add)");
   fprintf(f, "\n  weights: %s bits, %s, %s, %s", wb, qt_signedness_name(d->weight_sign),
           d->weight_symmetric ? "symmetric" : "affine allowed",
           d->weight_per_tensor_only ? "per-tensor only" : "per-channel allowed");

@@ -27,6 +27,7 @@ typedef enum {
   K_INT8,
   K_REQUANTIZE,
   K_ACT_REQUANTIZE,
+  K_ADD_REQUANTIZE,
   K_ADD_U8,
   K_TABLE_U8,
   K_CONCAT_U8,
@@ -42,6 +43,14 @@ typedef struct {
   int relu, relu6;
   float inv_scale;
 } act_requant;
+
+/* A conv's fused add (qt_step.aux of K_ADD_REQUANTIZE): the conv's f32 output (real values) plus
+ * the other input's dequantized value (a table by integer), a relu or relu6, then the quantize. */
+typedef struct {
+  float lut[256];
+  int relu, relu6;
+  float inv_scale;
+} add_requant;
 
 /* A u8 add's or mul's data (qt_step.aux): each input's dequantized values by integer, a fused
  * relu or relu6. mul: a * b, where b holds one value per sample and channel of C, applied at
@@ -93,14 +102,24 @@ static int pair_sums_fit(const qt_value_rep *in, const qt_qstate *wq) {
   return qt_cpu_has_vnni() || 2 * (int64_t)in->qmax * qt_max_abs_weight(wq) <= 32767;
 }
 
-/* Whether node i starts dq -> conv/linear [-> activation] [-> relu | relu6] -> q with u8
- * activations and s8 per-channel symmetric weights whose pair sums fit. Returns NULL and fills
- * act (the activation node, or -1), relu and quant, or the reason not. */
-static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *relu, int *quant) {
+static const char *u8_input(const qt_lowering *L, int v);
+static void dequantized(const qt_value_rep *r, float *lut);
+
+/* The input of the add `add` that is not value v. */
+static int other_input(const qt_graph *g, int add, int v) {
+  const qt_node *a = &g->nodes[add];
+  return a->inputs[0] == v ? a->inputs[1] : a->inputs[0];
+}
+
+/* Whether node i starts dq -> conv/linear [-> activation | -> add(dq(r), .)] [-> relu | relu6] ->
+ * q with u8 activations and s8 per-channel symmetric weights whose pair sums fit. Returns NULL
+ * and fills act (the activation node, or -1), add (a conv's fused add, or -1), relu and quant, or
+ * the reason not. */
+static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *add, int *relu, int *quant) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const qt_value_rep *in = &L->rep[n->inputs[0]];
-  *act = -1;
+  *act = *add = -1;
   *relu = -1;
   *quant = -1;
   if (!n->wq || !n->wq->qweight) return "weights are not quantized (fp32 layer)";
@@ -119,12 +138,22 @@ static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *relu, 
     if (!why) *act = c;
     return why;
   }
+  /* an add the conv's output goes to alone, the other input u8 (the Quantizer's conv + add unit,
+   * quant.fuse_add) */
+  if (n->op == QT_OP_CONV2D && n->output != g->output && c >= 0 && g->nodes[c].op == QT_OP_ADD) {
+    const int r = other_input(g, c, n->output);
+    const char *why = r == n->output ? "its output is added to itself" : u8_input(L, r);
+    if (!why) why = qt_match_output(L, c, relu, quant);
+    if (!why) *add = c;
+    return why;
+  }
   return qt_match_output(L, i, relu, quant);
 }
 
-/* The int8 kernel's parameters for the unit i [-> act] [-> relu] -> quant: with an activation, an
- * f32 output of real values (the activation, relu and quantize follow in K_ACT_REQUANTIZE). */
-static void layer_params(const qt_lowering *L, int i, int act, int relu, int quant, qt_int8_params *p) {
+/* The int8 kernel's parameters for the unit i [-> act | -> add] [-> relu] -> quant: real (an
+ * activation or an add follows), an f32 output of real values (the activation or add, relu and
+ * quantize follow in K_ACT_REQUANTIZE / K_ADD_REQUANTIZE). */
+static void layer_params(const qt_lowering *L, int i, int real, int relu, int quant, qt_int8_params *p) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const qt_qstate *qo = g->nodes[quant].q;
@@ -142,15 +171,15 @@ static void layer_params(const qt_lowering *L, int i, int act, int relu, int qua
     p->zp_src = L->rep[n->inputs[0]].zero_point[0];
     /* oneDNN rounds (x + zp), the reference round(x) + zp: equal on exact ties only for an
      * even zp. An odd one takes an f32 dst and the reference's requantization. */
-    p->dst_f32 = (zp_out & 1) || act >= 0;
+    p->dst_f32 = (zp_out & 1) || real;
     p->zp_dst = p->dst_f32 ? 0 : zp_out;
   } else {
     p->H = p->W = p->OH = p->OW = 1;
     p->C = (int)qt_value_numel(xv);
-    p->dst_f32 = zp_out != 0 || act >= 0; /* inner product takes no zero points in oneDNN 2.6 */
+    p->dst_f32 = zp_out != 0 || real; /* inner product takes no zero points in oneDNN 2.6 */
   }
   p->OC = n->attr.out_channels;
-  if (act >= 0) return; /* no post-op: the activation, relu and range follow in f32 */
+  if (real) return; /* no post-op: the activation or add, relu and range follow in f32 */
   const int six = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
   p->relu = relu >= 0 && !six;
   p->relu6 = six;
@@ -209,16 +238,17 @@ static const char *refused(const char *err) {
   return reason;
 }
 
-static const char *lower_int8_layer(qt_lowering *L, int i, int act, int relu, int quant) {
+static const char *lower_int8_layer(qt_lowering *L, int i, int act, int add, int relu, int quant) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const qt_node *qn = &g->nodes[quant];
   const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
   const int is_conv = n->op == QT_OP_CONV2D;
+  const int real = act >= 0 || add >= 0;
   qt_int8_params p;
-  layer_params(L, i, act, relu, quant, &p);
+  layer_params(L, i, real, relu, quant, &p);
   char err[QT_ERR_LEN];
-  qt_int8_op *op = layer_op(L, i, quant, act >= 0, &p, err);
+  qt_int8_op *op = layer_op(L, i, quant, real, &p, err);
   if (!op) return refused(err);
   const int64_t out_numel = qt_value_numel(yv);
   const qt_step *s = qt_kernel_step(L->p, K_INT8, op, L->rep[n->inputs[0]].slot, qt_value_numel(xv),
@@ -226,8 +256,11 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int relu, in
   int out_slot = s->out;
   if (p.dst_f32) {
     const int zp_out = qn->q->zero_point[0];
-    qt_step *r =
-        qt_kernel_step(L->p, act >= 0 ? K_ACT_REQUANTIZE : K_REQUANTIZE, NULL, out_slot, out_numel, (size_t)out_numel);
+    qt_step *r = qt_kernel_step(L->p,
+                                act >= 0   ? K_ACT_REQUANTIZE
+                                : add >= 0 ? K_ADD_REQUANTIZE
+                                           : K_REQUANTIZE,
+                                NULL, out_slot, out_numel, (size_t)out_numel);
     r->qmin = qn->q->spec.qmin;
     r->qmax = qn->q->spec.qmax;
     r->zero_point = qt_keep_copy(L->p, &zp_out, sizeof zp_out);
@@ -241,13 +274,26 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int relu, in
       r->aux = ar;
       L->done[act] = 1;
     }
+    if (add >= 0) {
+      add_requant *ad = qt_keep(L->p, sizeof *ad);
+      const int res = other_input(g, add, n->output);
+      dequantized(&L->rep[res], ad->lut);
+      ad->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
+      ad->relu = relu >= 0 && !ad->relu6;
+      ad->inv_scale = 1.0f / qn->q->scale[0];
+      r->in[1] = L->rep[res].slot;
+      r->aux = ad;
+      L->done[add] = 1;
+    }
     out_slot = r->out;
   }
   qt_unit_done(L, i, relu, quant, out_slot);
   char nodes[256];
-  if (act >= 0) /* "x -> layer -> act [-> relu] -> q" */
-    snprintf(nodes, sizeof nodes, "%s -> %s -> %s%s%s -> %s", g->nodes[xv->producer].name, n->name, g->nodes[act].name,
-             relu >= 0 ? " -> " : "", relu >= 0 ? g->nodes[relu].name : "", qn->name);
+  if (real) /* "x -> layer -> act [-> relu] -> q", "x -> layer + r -> add [-> relu] -> q" */
+    snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s%s%s -> %s", g->nodes[xv->producer].name, n->name,
+             add >= 0 ? " + " : "", add >= 0 ? g->nodes[g->values[other_input(g, add, n->output)].producer].name : "",
+             g->nodes[act >= 0 ? act : add].name, relu >= 0 ? " -> " : "", relu >= 0 ? g->nodes[relu].name : "",
+             qn->name);
   else
     qt_unit_nodes(L, i, 1, relu, quant, nodes, sizeof nodes);
   const char *kind = !is_conv                                                       ? "inner product"
@@ -257,6 +303,9 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int relu, in
   if (act >= 0)
     qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> f32, %s%s in f32 -> u8 (%s)", kind,
                 qt_act_name((qt_act_kind)g->nodes[act].attr.act), fused_name(L, relu), qt_int8_op_impl(op));
+  else if (add >= 0)
+    qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> f32, + u8 input%s in f32 -> u8 (%s)", kind,
+                fused_name(L, relu), qt_int8_op_impl(op));
   else
     qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> u8%s%s (%s)", kind,
                 p.relu6     ? ", fused relu6"
@@ -504,9 +553,9 @@ static const char *lower_node(qt_lowering *L, int i) {
   switch (n->op) {
     case QT_OP_CONV2D:
     case QT_OP_LINEAR: {
-      int act, relu, quant;
-      const char *why = match_int8_layer(L, i, &act, &relu, &quant);
-      return why ? why : lower_int8_layer(L, i, act, relu, quant);
+      int act, add, relu, quant;
+      const char *why = match_int8_layer(L, i, &act, &add, &relu, &quant);
+      return why ? why : lower_int8_layer(L, i, act, add, relu, quant);
     }
     case QT_OP_MAX_POOL2D:
       if (L->rep[n->inputs[0]].kind != QT_REP_INT8) return "input is not a u8-quantized tensor";
@@ -683,6 +732,20 @@ static void run_act_requantize(const qt_step *s, uint8_t *out, const float *in, 
   }
 }
 
+/* A conv's fused add on its real f32 output: + the other input's dequantized value (table), the
+ * relu / relu6, then the quantize formula; per element the Q/DQ graph's float add, relu and
+ * quantize. */
+static void run_add_requantize(const qt_step *s, uint8_t *out, const float *in, const uint8_t *r, int64_t n) {
+  const add_requant *a = s->aux;
+  const float zp = (float)s->zero_point[0], lo = (float)s->qmin, hi = (float)s->qmax;
+  for (int64_t k = 0; k < n; k++) {
+    float v = nearbyintf(fused_relu(in[k] + a->lut[r[k]], a->relu, a->relu6) * a->inv_scale) + zp;
+    if (!(v >= lo)) v = lo;
+    if (v > hi) v = hi;
+    out[k] = (uint8_t)v;
+  }
+}
+
 /* The fallback node with the executor's own node forward (the graph is a finalized Q/DQ graph in
  * eval mode, which the forward reads and never changes). */
 static void *run_fallback(qt_program *p, const qt_step *s, int N) {
@@ -702,6 +765,7 @@ static void run_kernel(const qt_program *p, const qt_step *s, void *o, int64_t n
     case K_INT8: qt_int8_op_run(s->op, o, in[0], n); break;
     case K_REQUANTIZE: run_requantize(s, o, (const float *)(void *)in[0], numel); break;
     case K_ACT_REQUANTIZE: run_act_requantize(s, o, (const float *)(void *)in[0], numel); break;
+    case K_ADD_REQUANTIZE: run_add_requantize(s, o, (const float *)(void *)in[0], in[1], numel); break;
     case K_ADD_U8: run_binary_u8(s, o, in[0], in[1], numel); break;
     case K_TABLE_U8: run_table_u8(s, o, in[0], numel); break;
     case K_CONCAT_U8: run_concat_u8(s, o, in, numel); break;

@@ -42,6 +42,9 @@ typedef struct {
   int learnable_scale; /* LSQ: weights and activations learn their scales (QAT) */
   qt_bias_choice bias; /* conv/linear biases: int32 at s_x * s_w, or float; auto:
                         * int32 where the backend requires it (bias_int32_only) */
+  int fuse_add;        /* a quantized conv2d whose output goes only to an add joins the add's
+                        * unit (and a relu after it): no point on the conv's output, as PT2E's X86
+                        * Inductor quantizer fuses conv + add; needs the backend's conv_add */
   int n_overrides;
   qt_layer_override overrides[QT_MAX_OVERRIDES];
 } qt_quantizer_config;
@@ -82,6 +85,8 @@ typedef struct {
                                    * quantized conv2d or linear, on the layer's output before the
                                    * requantization: no quantization point between the two (onednn_cpu:
                                    * SiLU and hard swish, as PT2E's X86 Inductor quantizer fuses them) */
+  int conv_add;                   /* it runs a quantized conv2d's output added to a quantized tensor
+                                   * [-> relu] before the requantization, as one unit (quant.fuse_add) */
   unsigned weight_bits;           /* allowed widths: bit b set for b-bit (2..8) */
   unsigned activation_bits;
   qt_signedness weight_sign, activation_sign;
@@ -122,18 +127,18 @@ static inline int qt_backend_runs(const qt_backend_desc *d, const qt_node *n) {
 /* The Quantizer: annotations for g from the backend description d and the settings cfg.
  * Units (no quantization inside): conv -> bn (folded), and a relu or relu6 after a conv, linear
  * or add when the backend runs that op, or an activation of a kind in fused_act_kinds after a
- * quantized conv or linear. A conv2d / linear is quantized when its op is listed and its
- * output channels fit max_channels (and no override leaves it fp32); an add / avg_pool2d /
- * global_avg_pool / activation / mul / concat when listed in ops or fallback_quantized (its
- * inputs and output quantization points); everything else stays fp32 (its quantized consumers
- * get a quantized input). The outputs of max-pool, flatten, relu, channel_shuffle and
- * channel_slice share their input's qparams when the backend runs them. Weights: signed unless the backend says
- * unsigned, symmetric when required (else affine), per channel unless per-tensor only, 8-bit
- * given 7 bits with weight_8bit_as_7bit, per tensor for the ops in weight_per_tensor_ops, and otherwise with
- * pair_sum_int16 narrowed so that 2 * max|w| * max(a) fits int16; activations: unsigned affine, signed affine when the
- * backend asks for signed ones (XNNPACK's qs8), signed symmetric when it asks for symmetric ones; per tensor;
- * power-of-two scales when required. Bit widths come from cfg (and its overrides) and must be allowed by d. LSQ is
- * refused with power-of-two scales. Returns 0, or -1 with err naming the setting and the backend. */
+ * quantized conv or linear; with cfg->fuse_add (and d->conv_add), a quantized conv whose output
+ * goes only to an add, the add and a relu / relu6 after it (the add's other input a point). A conv2d / linear is
+ * quantized when its op is listed and its output channels fit max_channels (and no override leaves it fp32); an add /
+ * avg_pool2d / global_avg_pool / activation / mul / concat when listed in ops or fallback_quantized (its inputs and
+ * output quantization points); everything else stays fp32 (its quantized consumers get a quantized input). The outputs
+ * of max-pool, flatten, relu, channel_shuffle and channel_slice share their input's qparams when the backend runs them.
+ * Weights: signed unless the backend says unsigned, symmetric when required (else affine), per channel unless
+ * per-tensor only, 8-bit given 7 bits with weight_8bit_as_7bit, per tensor for the ops in weight_per_tensor_ops, and
+ * otherwise with pair_sum_int16 narrowed so that 2 * max|w| * max(a) fits int16; activations: unsigned affine, signed
+ * affine when the backend asks for signed ones (XNNPACK's qs8), signed symmetric when it asks for symmetric ones; per
+ * tensor; power-of-two scales when required. Bit widths come from cfg (and its overrides) and must be allowed by d. LSQ
+ * is refused with power-of-two scales. Returns 0, or -1 with err naming the setting and the backend. */
 int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, qt_annotations *out,
                  char *err);
 void qt_annotations_free(qt_annotations *a);

@@ -192,7 +192,7 @@ static int quantized_op(qt_op op) {
  * share; a dropout's input rather than its output, so that the observer sees the values of eval.
  * last[i]: the last node of the unit headed by i. */
 static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, const qt_backend_desc *d, const int *last,
-                         const int *quantized_unit, qt_annotations *out) {
+                         const int *quantized_unit, const int *added, qt_annotations *out) {
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     if (out->unit[i] != i) continue;
@@ -209,9 +209,9 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
   for (int i = 0; i < g->n_nodes; i++) {
     if (!quantized_unit[i]) continue;
     const qt_node *n = &g->nodes[i];
-    for (int k = 0; k < n->n_inputs; k++) {
-      int v = n->inputs[k];
-      if (quantized_value(out, v)) continue;
+    for (int k = 0; k <= n->n_inputs; k++) { /* the head's inputs, then a fused add's other input */
+      int v = k < n->n_inputs ? n->inputs[k] : added[i];
+      if (v < 0 || quantized_value(out, v)) continue;
       while (v != g->input && g->nodes[g->values[v].producer].op == QT_OP_DROPOUT)
         v = g->nodes[g->values[v].producer].inputs[0];
       if (!quantized_value(out, v)) {
@@ -270,6 +270,8 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
                   "quantizer %s: float biases requested; the backend takes int32 biases only (at input scale x "
                   "weight scale)",
                   d->name);
+  if (cfg->fuse_add && !d->conv_add)
+    return qt_err(err, "quantizer %s: quant.fuse_add: the backend runs no conv + add unit (onednn_cpu does)", d->name);
   for (int i = 0; i < cfg->n_overrides; i++) {
     const qt_layer_override *o = &cfg->overrides[i];
     if (strcmp(o->name, QT_OVERRIDE_ANY) != 0) { /* "*" names every layer; a name, one node */
@@ -290,19 +292,34 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
   return 0;
 }
 
+/* With quant.fuse_add, the other input of the add c that the conv unit ending at `tail` feeds
+ * alone: the add then joins the unit. -1 when c is no such add, adds the conv's output to
+ * itself, or is left fp32 by an override of its own. */
+static int fused_add(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, int c, int tail) {
+  if (!cfg->fuse_add || !d->conv_add || c < 0 || g->nodes[c].op != QT_OP_ADD || !d->ops[QT_OP_ADD]) return -1;
+  const qt_node *a = &g->nodes[c];
+  const int mine = g->nodes[tail].output, other = a->inputs[0] == mine ? a->inputs[1] : a->inputs[0];
+  if (a->n_inputs != 2 || other == mine) return -1;
+  for (int k = 0; k < cfg->n_overrides; k++)
+    if (strcmp(cfg->overrides[k].name, a->name) == 0 && cfg->overrides[k].fp32) return -1;
+  return other;
+}
+
 int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, qt_annotations *out,
                  char *err) {
   memset(out, 0, sizeof *out);
   if (check_settings(g, d, cfg, err)) return -1;
   annotations_init(out, g);
   int *last = malloc((size_t)g->n_nodes * sizeof(int)), *quantized_unit = calloc((size_t)g->n_nodes, sizeof(int));
-  QT_ASSERT(last && quantized_unit, "out of memory");
+  int *added = malloc((size_t)g->n_nodes * sizeof(int)); /* per head: a fused add's other input, or -1 */
+  QT_ASSERT(last && quantized_unit && added, "out of memory");
 
   /* Units: conv -> bn (folded by prepare/convert), then a relu or relu6 the backend runs fused
    * after a conv, linear or add, or an activation it fuses after a quantized conv or linear. */
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     last[i] = i;
+    added[i] = -1;
     if (out->unit[i] != i) continue;
     const qt_layer_override *o = find_override(cfg, n->name);
     const int fp32 = o && o->fp32;
@@ -323,6 +340,15 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
                  n->op != QT_OP_ADD && !fp32 && layer_fits(d, n)) {
         out->unit[c] = i;
         tail = c;
+      } else if (n->op == QT_OP_CONV2D && !fp32 && layer_fits(d, n) &&
+                 (added[i] = fused_add(g, d, cfg, c, tail)) >= 0) {
+        out->unit[c] = i; /* conv [-> bn] -> add [-> relu | relu6] */
+        tail = c;
+        const int r = qt_graph_sole_consumer(g, g->nodes[c].output);
+        if (r >= 0 && (g->nodes[r].op == QT_OP_RELU || g->nodes[r].op == QT_OP_RELU6) && d->ops[g->nodes[r].op]) {
+          out->unit[r] = i;
+          tail = r;
+        }
       }
     }
     last[i] = tail;
@@ -336,13 +362,12 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
       quantized_unit[i] = !fp32 && (qt_backend_runs(d, n) || d->fallback_quantized[n->op]);
     }
   }
-  place_points(g, cfg, d, last, quantized_unit, out);
+  place_points(g, cfg, d, last, quantized_unit, added, out);
   /* int32 biases: every quantized layer (its input is a quantization point by now, per tensor) */
   const int bias_int32 = cfg->bias == QT_BIAS_INT32 || (cfg->bias == QT_BIAS_AUTO && d->bias_int32_only);
   for (int i = 0; i < g->n_nodes && bias_int32; i++)
     if (out->weight[i]) out->weight_spec[i].bias_int32 = 1;
-  free(last);
-  free(quantized_unit);
+  QT_FREE_ALL(last, quantized_unit, added);
   return 0;
 }
 

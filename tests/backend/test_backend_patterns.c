@@ -3,7 +3,8 @@
  * 4-bit output range, relu6 into a 4-bit range narrower than 6; grouped and depthwise convs too), dq -> flatten ->
  * linear [-> relu | relu6] -> q (folded input zero point, f32 requantization for an output zero point), conv / linear
  * -> activation -> q (SiLU, hard swish, sigmoid, GELU on the layer's f32 output), max pooling on u8, a fallback
- * partition (average pooling), FashionCNN converted end to end (W8A8 and W4A4), batch sizes changing between runs, and
+ * partition (average pooling), conv -> add(dq(r)) [-> relu | relu6] -> q (quant.fuse_add's unit), FashionCNN and ResCNN
+ * (with and without quant.fuse_add) converted end to end (W8A8 and W4A4), batch sizes changing between runs, and
  * a prepared graph refused. Int8 partitions: at most 1 output LSB with realistic scales, 0 with power-of-two scales and
  * small integers (exact arithmetic); max pooling and fallbacks: identical. */
 #include <math.h>
@@ -332,6 +333,40 @@ static void act_pattern(int linear, int depthwise, qt_act_kind kind, int relu6, 
   qt_graph_free(g);
 }
 
+/* The Quantizer's conv + add unit (quant.fuse_add): input -> q/dq (zp 100) -> conv 3x3 (8 -> 8)
+ * -> add(., the dequantized input) [-> relu | relu6] -> q/dq, one int8 partition: the conv's f32
+ * output plus the other input's dequantized value, requantized. */
+static void add_pattern(int relu, int qmax) {
+  char what[160];
+  snprintf(what, sizeof what, "conv + add%s -> [0, %d]", act_names[relu], qmax);
+  const float s_in = 0.0123f;
+  qt_graph *g = qt_graph_create("add_pattern");
+  int x = qt_graph_input(g, "input", 7, 7, 8);
+  x = qdq(g, "input.fq", x, s_in, 100, 255);
+  int y = qt_graph_conv2d(g, "conv", x, 8, 3, 1, 1, 1, 1);
+  y = qt_graph_add(g, "add", y, x);
+  if (relu == 1) y = qt_graph_relu(g, "relu", y);
+  if (relu == 2) y = qt_graph_relu6(g, "relu6", y);
+  y = qdq(g, "out.fq", y, 1.0f, 0, qmax);
+  finalize(g, y);
+  quantize_weights(g, "conv", g_wmax, s_in, 0);
+  float *in = random_input(g, 8, -100 * s_in - 0.1f, 155 * s_in + 0.1f);
+  calibrate(g, in, 8, 0);
+  compare(what, g, in, 8, 1, 0, 1);
+  char err[QT_ERR_LEN];
+  qt_device *m = qt_device_open(g, NULL, err);
+  QT_ASSERT(m, "%s", err);
+  const char *nodes = "", *detail = "";
+  if (qt_device_count(m, QT_PART_INT8) != 1 || qt_device_partition(m, 1, &nodes, &detail) != QT_PART_INT8 ||
+      !strstr(nodes, "conv + input.fq.dequantize -> add") || !strstr(detail, "+ u8 input")) {
+    qt_test_fail("%s: no int8 partition 'conv + ... -> add' (%s: %s)", what, nodes, detail);
+    qt_device_report(m, stderr);
+  }
+  qt_device_free(m);
+  free(in);
+  qt_graph_free(g);
+}
+
 /* A conv with full-range s8 weights on u8 inputs: an int8 kernel where the CPU has VNNI; without
  * it (this machine, or ONEDNN_MAX_CPU_ISA=AVX2: test_backend_patterns_avx2) its pair sums could
  * saturate oneDNN's int16, so it runs in an fp32 fallback naming that, identical to the Q/DQ
@@ -405,12 +440,13 @@ static void fallback_pattern(void) {
 }
 
 /* FashionCNN through the real pipeline: quantizer -> PTQ prepare -> calibration -> convert. */
-static qt_graph *converted_model(const char *model, int wbits, int abits) {
+static qt_graph *converted_model(const char *model, int wbits, int abits, int fuse_add) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build(model, err);
   qt_graph_init_params(g, 5);
   for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.3f + 0.2f * (float)(i % 7);
   qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
+  qc.fuse_add = fuse_add;
   qt_annotations a;
   QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   return qt_test_ptq_convert(g, &a);
@@ -419,7 +455,7 @@ static qt_graph *converted_model(const char *model, int wbits, int abits) {
 static void fashion_cnn(int wbits, int abits) {
   char what[64];
   snprintf(what, sizeof what, "fashion_cnn W%dA%d", wbits, abits);
-  qt_graph *g = converted_model("fashion_cnn", wbits, abits);
+  qt_graph *g = converted_model("fashion_cnn", wbits, abits, 0);
   float *x = malloc(sizeof(float) * 256 * 784);
   qt_test_fill_uniform(x, 256 * 784, -0.8f, 2.0f, 99);
   /* conv1, pool1, conv2, pool2, flatten, fc1, fc2: all int8 */
@@ -431,9 +467,10 @@ static void fashion_cnn(int wbits, int abits) {
   qt_graph_free(g);
 }
 
-/* ResCNN: residual adds (and global average pooling) fall back to fp32 between int8 convs. */
-static void res_cnn(void) {
-  qt_graph *g = converted_model("res_cnn", 8, 8);
+/* ResCNN: its residual adds on u8 between int8 convs, or (fuse_add) each in the unit of the conv
+ * before it: 8 int8 partitions, two of them conv + add + relu. */
+static void res_cnn(int fuse_add) {
+  qt_graph *g = converted_model("res_cnn", 8, 8, fuse_add);
   float *x = malloc(sizeof(float) * 64 * 784);
   qt_test_fill_uniform(x, 64 * 784, -0.8f, 2.0f, 98);
   char err[QT_ERR_LEN];
@@ -441,8 +478,17 @@ static void res_cnn(void) {
   QT_ASSERT(m, "%s", err);
   if (getenv("QT_TEST_VERBOSE")) qt_device_report(m, stderr);
   const int fallbacks = qt_device_count(m, QT_PART_FALLBACK);
+  int fused = 0;
+  for (int k = 0; k < qt_device_partition_count(m); k++) {
+    const char *nodes, *detail;
+    fused += qt_device_partition(m, k, &nodes, &detail) == QT_PART_INT8 && strstr(detail, "+ u8 input") != NULL;
+  }
+  if (fused != (fuse_add ? 2 : 0)) qt_test_fail("res_cnn fuse_add %d: %d conv + add partitions", fuse_add, fused);
+  if (fuse_add && (fallbacks || qt_device_count(m, QT_PART_INT8) != 8))
+    qt_test_fail("res_cnn fuse_add: %d int8 / %d fallback partitions, want 8 / 0", qt_device_count(m, QT_PART_INT8),
+                 fallbacks);
   qt_device_free(m);
-  compare("res_cnn W8A8", g, x, 64, -1, fallbacks, 1);
+  compare(fuse_add ? "res_cnn W8A8 fuse_add" : "res_cnn W8A8", g, x, 64, -1, fallbacks, 1);
   free(x);
   qt_graph_free(g);
 }
@@ -495,7 +541,11 @@ int main(void) {
   fallback_pattern();
   fashion_cnn(8, 8);
   fashion_cnn(4, 4);
-  res_cnn();
+  add_pattern(0, 255);
+  add_pattern(1, 255);
+  add_pattern(2, 15); /* relu6 into a 4-bit range */
+  res_cnn(0);
+  res_cnn(1);
   prepared_refused();
   return qt_test_finish();
 }

@@ -2,7 +2,8 @@
  * - the onednn Quantizer's annotations (points, shared qparams, 7-bit weights without VNNI; a
  *   relu6 fused into its conv's unit, an fp32 op outside one; SiLU and hard swish fused into a
  *   quantized conv's or linear's unit, not sigmoid, not after an fp32 layer, none for XNNPACK;
- *   that QAT graph converts, passes the check and deploys with the fused units on oneDNN);
+ *   that QAT graph converts, passes the check and deploys with the fused units on oneDNN; with
+ *   quant.fuse_add, ResCNN's conv -> bn -> add -> relu units, through QAT and PTQ and the check);
  * - PTQ and QAT prepared graphs convert to Q/DQ graphs that pass the check;
  * - negative cases the check must catch: a changed scale, a missing Q/DQ pair, a quantization
  *   point moved past a ReLU, BN folded with the wrong statistics, an integer outside the range;
@@ -32,6 +33,7 @@ static float *batch(uint64_t seed) {
 
 static int g_lsq;        /* prepared_model: learnable scales */
 static int g_bias_int32; /* prepared_model: int32 biases */
+static int g_fuse_add;   /* prepared_model: quant.fuse_add */
 
 static qt_graph *prepared_model(const char *model, qt_prepare_mode mode, int wbits, int abits, int vnni) {
   char err[QT_ERR_LEN];
@@ -43,6 +45,7 @@ static qt_graph *prepared_model(const char *model, qt_prepare_mode mode, int wbi
   qc.weight_observer = mode == QT_PREPARE_QAT ? QT_OBSERVER_MOVING_AVERAGE : QT_OBSERVER_MINMAX;
   qc.learnable_scale = g_lsq;
   qc.bias = g_bias_int32 ? QT_BIAS_INT32 : QT_BIAS_AUTO;
+  qc.fuse_add = g_fuse_add;
   qt_annotations a;
   if (qt_test_quantizer_onednn(g, &qc, vnni ? QT_ISA_VNNI : QT_ISA_NO_VNNI, &a, err)) qt_test_fail("quantizer: %s", err);
   qt_graph *p = qt_prepare(g, &a, mode, err);
@@ -267,6 +270,41 @@ static void fused_activation_units(void) {
   QT_CHECK(qt_quantizer(g, &d, &qc, &a, err) == 0);
   QT_CHECK(a.unit[N_("silu1")] == N_("silu1") && a.act[V("bn1")] && a.unit[N_("silu4")] == N_("silu4"));
   qt_annotations_free(&a);
+#undef N_
+#undef V
+  qt_graph_free(g);
+}
+
+/* quant.fuse_add on ResCNN: each block's conv2 -> bn2 -> add -> relu2 is one unit (no point on
+ * bn2's output; the add's other input, stem.relu / down.relu, a point); an add left fp32 by an
+ * override of its own is not fused; a backend without conv_add (XNNPACK) refuses the setting. */
+static void fused_add_units(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_model_build("res_cnn", err);
+#define N_(name) qt_graph_find_node(g, name)
+#define V(name) g->nodes[N_(name)].output
+  qt_quantizer_config qc = qt_test_quantizer_config(8, 8);
+  qc.fuse_add = 1;
+  qt_annotations a;
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+  QT_CHECK(a.unit[N_("block1.add")] == N_("block1.conv2") && a.unit[N_("block1.relu2")] == N_("block1.conv2"));
+  QT_CHECK(a.unit[N_("block2.add")] == N_("block2.conv2") && a.unit[N_("block2.relu2")] == N_("block2.conv2"));
+  QT_CHECK(!a.act[V("block1.bn2")] && !a.act[V("block1.add")] && a.act[V("block1.relu2")] && a.act[V("stem.relu")]);
+  QT_CHECK(!a.act[V("block2.bn2")] && a.act[V("block2.relu2")] && a.act[V("down.relu")]);
+  qt_annotations_free(&a);
+  QT_CHECK(qt_parse_overrides(&qc, "block1.add=fp32", err) == 0);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+  QT_CHECK(a.unit[N_("block1.add")] == N_("block1.add") && a.act[V("block1.bn2")]);
+  QT_CHECK(a.unit[N_("block2.add")] == N_("block2.conv2"));
+  qt_annotations_free(&a);
+  qc = qt_test_quantizer_config(8, 8);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0); /* off by default */
+  QT_CHECK(a.unit[N_("block1.add")] == N_("block1.add") && a.act[V("block1.bn2")]);
+  qt_annotations_free(&a);
+  qc.fuse_add = 1;
+  qt_backend_desc d;
+  qt_backend_desc_xnnpack(&d);
+  QT_CHECK(qt_quantizer(g, &d, &qc, &a, err) != 0 && strstr(err, "quant.fuse_add") && strstr(err, "xnnpack"));
 #undef N_
 #undef V
   qt_graph_free(g);
@@ -631,6 +669,11 @@ int main(void) {
   round_trip("res_cnn", QT_PREPARE_PTQ, 3, 3);
   round_trip("fashion_mlp", QT_PREPARE_QAT, 2, 8);
   fused_activation_units();
+  fused_add_units();
+  g_fuse_add = 1; /* the conv + add units through QAT and PTQ, convert and the check */
+  round_trip("res_cnn", QT_PREPARE_QAT, 4, 8);
+  round_trip("res_cnn", QT_PREPARE_PTQ, 8, 8);
+  g_fuse_add = 0;
   /* LSQ: scales are parameters that training moves; convert and check follow them */
   g_lsq = 1;
   round_trip("fashion_cnn", QT_PREPARE_QAT, 4, 4);
