@@ -72,6 +72,10 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
    * requantization in one partition (with quant.fuse_add; the X86 Inductor quantizer's conv +
    * add) */
   d->conv_add = 1;
+  /* conv / linear -> activation -> mul (squeeze-excite): the layer's f32 output, the activation,
+   * the product with the other input dequantized and the requantization in one partition (with
+   * quant.fuse_gate) */
+  d->gate_mul = 1;
   if (isa == QT_ISA_AUTO)
     snprintf(d->isa, sizeof d->isa, "%s", isa_name(dnnl_get_effective_cpu_isa()));
   else
@@ -144,6 +148,7 @@ void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
       first = 0;
     }
   if (d->conv_add) fprintf(f, "\n  fused after conv2d: add [-> relu | relu6] (quant.fuse_add)");
+  if (d->gate_mul) fprintf(f, "\n  fused after conv2d / linear: activation -> mul (quant.fuse_gate)");
   fprintf(f, "\n  weights: %s bits, %s, %s, %s", wb, qt_signedness_name(d->weight_sign),
           d->weight_symmetric ? "symmetric" : "affine allowed",
           d->weight_per_tensor_only ? "per-tensor only" : "per-channel allowed");

@@ -28,6 +28,7 @@ typedef enum {
   K_REQUANTIZE,
   K_ACT_REQUANTIZE,
   K_ADD_REQUANTIZE,
+  K_GATE_REQUANTIZE,
   K_ADD_U8,
   K_TABLE_U8,
   K_CONCAT_U8,
@@ -51,6 +52,17 @@ typedef struct {
   int relu, relu6;
   float inv_scale;
 } add_requant;
+
+/* A layer's fused gate (qt_step.aux of K_GATE_REQUANTIZE): per sample, the activation of the
+ * layer's C real f32 outputs, each multiplying channel c of the other input's P pixels
+ * (dequantized by a table; P = 1: one shape), then the quantize. */
+typedef struct {
+  qt_act act;
+  float lut[256];
+  int64_t P, C;
+  int relu, relu6;
+  float inv_scale;
+} gate_requant;
 
 /* A u8 add's or mul's data (qt_step.aux): each input's dequantized values by integer, a fused
  * relu or relu6. mul: a * b, where b holds one value per sample and channel of C, applied at
@@ -111,10 +123,10 @@ static int other_input(const qt_graph *g, int add, int v) {
   return a->inputs[0] == v ? a->inputs[1] : a->inputs[0];
 }
 
-/* Whether node i starts dq -> conv/linear [-> activation | -> add(dq(r), .)] [-> relu | relu6] ->
- * q with u8 activations and s8 per-channel symmetric weights whose pair sums fit. Returns NULL
- * and fills act (the activation node, or -1), add (a conv's fused add, or -1), relu and quant, or
- * the reason not. */
+/* Whether node i starts dq -> conv/linear [-> activation [-> mul(dq(r), .)] | -> add(dq(r), .)]
+ * [-> relu | relu6] -> q with u8 activations and s8 per-channel symmetric weights whose pair sums
+ * fit. Returns NULL and fills act (the activation node, or -1), add (a conv's fused add or the
+ * gate's mul after act, or -1), relu and quant, or the reason not. */
 static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *add, int *relu, int *quant) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
@@ -134,7 +146,20 @@ static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *add, i
   /* an activation fused after the layer (the Quantizer's units for onednn_cpu: SiLU, hard swish) */
   const int c = L->consumer[n->output];
   if (n->output != g->output && c >= 0 && g->nodes[c].op == QT_OP_ACTIVATION) {
-    const char *why = qt_match_output(L, c, relu, quant);
+    const int gate = g->nodes[c].output, m = gate == g->output ? -1 : L->consumer[gate];
+    const char *why;
+    if (m >= 0 && g->nodes[m].op == QT_OP_MUL) { /* a gate (quant.fuse_gate): the mul's other input u8 */
+      const int r = other_input(g, m, gate);
+      const int64_t ng = qt_value_numel(&g->values[gate]), nr = qt_value_numel(&g->values[r]);
+      const qt_value *rv = &g->values[r];
+      why = r == gate ? "the gate multiplies itself" : u8_input(L, r);
+      if (!why && !(ng == nr || (rv->shape[rv->ndim - 1] == ng && nr % ng == 0)))
+        why = "the gate is neither of the other input's shape nor one value per channel";
+      if (!why) why = qt_match_output(L, m, relu, quant);
+      if (!why) *add = m;
+    } else {
+      why = qt_match_output(L, c, relu, quant);
+    }
     if (!why) *act = c;
     return why;
   }
@@ -256,15 +281,32 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int add, int
   int out_slot = s->out;
   if (p.dst_f32) {
     const int zp_out = qn->q->zero_point[0];
+    const int gate = act >= 0 && add >= 0;
+    const int64_t unit_numel = add >= 0 ? qt_value_numel(&g->values[g->nodes[add].output]) : out_numel;
     qt_step *r = qt_kernel_step(L->p,
-                                act >= 0   ? K_ACT_REQUANTIZE
+                                gate       ? K_GATE_REQUANTIZE
+                                : act >= 0 ? K_ACT_REQUANTIZE
                                 : add >= 0 ? K_ADD_REQUANTIZE
                                            : K_REQUANTIZE,
-                                NULL, out_slot, out_numel, (size_t)out_numel);
+                                NULL, out_slot, out_numel, (size_t)unit_numel);
     r->qmin = qn->q->spec.qmin;
     r->qmax = qn->q->spec.qmax;
     r->zero_point = qt_keep_copy(L->p, &zp_out, sizeof zp_out);
-    if (act >= 0) {
+    if (gate) {
+      const qt_node *a = &g->nodes[act];
+      gate_requant *gr = qt_keep(L->p, sizeof *gr);
+      const int res = other_input(g, add, a->output);
+      gr->act = (qt_act){(qt_act_kind)a->attr.act, a->attr.alpha, a->attr.beta};
+      dequantized(&L->rep[res], gr->lut);
+      gr->C = out_numel;
+      gr->P = unit_numel / out_numel;
+      gr->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
+      gr->relu = relu >= 0 && !gr->relu6;
+      gr->inv_scale = 1.0f / qn->q->scale[0];
+      r->in[1] = L->rep[res].slot;
+      r->aux = gr;
+      L->done[act] = L->done[add] = 1;
+    } else if (act >= 0) {
       const qt_node *a = &g->nodes[act];
       act_requant *ar = qt_keep(L->p, sizeof *ar);
       ar->act = (qt_act){(qt_act_kind)a->attr.act, a->attr.alpha, a->attr.beta};
@@ -274,7 +316,7 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int add, int
       r->aux = ar;
       L->done[act] = 1;
     }
-    if (add >= 0) {
+    if (add >= 0 && !gate) {
       add_requant *ad = qt_keep(L->p, sizeof *ad);
       const int res = other_input(g, add, n->output);
       dequantized(&L->rep[res], ad->lut);
@@ -288,21 +330,29 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int add, int
     out_slot = r->out;
   }
   qt_unit_done(L, i, relu, quant, out_slot);
-  char nodes[256];
-  if (real) /* "x -> layer -> act [-> relu] -> q", "x -> layer + r -> add [-> relu] -> q" */
-    snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s%s%s -> %s", g->nodes[xv->producer].name, n->name,
-             add >= 0 ? " + " : "", add >= 0 ? g->nodes[g->values[other_input(g, add, n->output)].producer].name : "",
-             g->nodes[act >= 0 ? act : add].name, relu >= 0 ? " -> " : "", relu >= 0 ? g->nodes[relu].name : "",
-             qn->name);
-  else
+  char nodes[320];
+  if (real) { /* "x -> layer -> act [* r -> mul] [-> relu] -> q", "x -> layer + r -> add [-> relu] -> q" */
+    const int gate = act >= 0 && add >= 0;
+    const int r = add < 0 ? -1 : other_input(g, add, gate ? g->nodes[act].output : n->output);
+    const char *rname = r >= 0 ? g->nodes[g->values[r].producer].name : "";
+    size_t len = (size_t)snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s", g->nodes[xv->producer].name, n->name,
+                                  r >= 0 && !gate ? " + " : "", r >= 0 && !gate ? rname : "",
+                                  g->nodes[act >= 0 ? act : add].name);
+    if (gate && len < sizeof nodes)
+      len += (size_t)snprintf(nodes + len, sizeof nodes - len, " * %s -> %s", rname, g->nodes[add].name);
+    if (len < sizeof nodes)
+      snprintf(nodes + len, sizeof nodes - len, "%s%s -> %s", relu >= 0 ? " -> " : "",
+               relu >= 0 ? g->nodes[relu].name : "", qn->name);
+  } else
     qt_unit_nodes(L, i, 1, relu, quant, nodes, sizeof nodes);
   const char *kind = !is_conv                                                       ? "inner product"
                      : n->attr.groups == n->attr.out_channels && n->attr.groups > 1 ? "depthwise conv"
                      : n->attr.groups > 1                                           ? "grouped conv"
                                                                                     : "conv";
   if (act >= 0)
-    qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> f32, %s%s in f32 -> u8 (%s)", kind,
-                qt_act_name((qt_act_kind)g->nodes[act].attr.act), fused_name(L, relu), qt_int8_op_impl(op));
+    qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> f32, %s%s%s in f32 -> u8 (%s)", kind,
+                qt_act_name((qt_act_kind)g->nodes[act].attr.act), add >= 0 ? ", * u8 input" : "", fused_name(L, relu),
+                qt_int8_op_impl(op));
   else if (add >= 0)
     qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> f32, + u8 input%s in f32 -> u8 (%s)", kind,
                 fused_name(L, relu), qt_int8_op_impl(op));
@@ -746,6 +796,31 @@ static void run_add_requantize(const qt_step *s, uint8_t *out, const float *in, 
   }
 }
 
+/* A layer's fused gate on its real f32 outputs z (C per sample, numel of them in all): per
+ * sample the activation of the C values (the fp32 kernel's, qt_act_forward), each times channel
+ * c of the other input's P pixels (dequantized by the table), the relu / relu6, then the quantize
+ * formula: per element the Q/DQ graph's activation, float multiply and quantize. */
+static void run_gate_requantize(const qt_step *s, uint8_t *out, const float *z, const uint8_t *x, int64_t numel) {
+  const gate_requant *a = s->aux;
+  const int64_t C = a->C, P = a->P, N = numel / C;
+  const float zp = (float)s->zero_point[0], lo = (float)s->qmin, hi = (float)s->qmax;
+  float *gate = malloc((size_t)C * sizeof(float));
+  QT_ASSERT(gate, "out of memory");
+  for (int64_t smp = 0; smp < N; smp++) {
+    qt_act_forward(gate, z + smp * C, C, &a->act);
+    const uint8_t *xs = x + smp * P * C;
+    uint8_t *os = out + smp * P * C;
+    for (int64_t p = 0; p < P; p++)
+      for (int64_t c = 0; c < C; c++) {
+        float v = nearbyintf(fused_relu(a->lut[xs[p * C + c]] * gate[c], a->relu, a->relu6) * a->inv_scale) + zp;
+        if (!(v >= lo)) v = lo;
+        if (v > hi) v = hi;
+        os[p * C + c] = (uint8_t)v;
+      }
+  }
+  free(gate);
+}
+
 /* The fallback node with the executor's own node forward (the graph is a finalized Q/DQ graph in
  * eval mode, which the forward reads and never changes). */
 static void *run_fallback(qt_program *p, const qt_step *s, int N) {
@@ -766,6 +841,7 @@ static void run_kernel(const qt_program *p, const qt_step *s, void *o, int64_t n
     case K_REQUANTIZE: run_requantize(s, o, (const float *)(void *)in[0], numel); break;
     case K_ACT_REQUANTIZE: run_act_requantize(s, o, (const float *)(void *)in[0], numel); break;
     case K_ADD_REQUANTIZE: run_add_requantize(s, o, (const float *)(void *)in[0], in[1], numel); break;
+    case K_GATE_REQUANTIZE: run_gate_requantize(s, o, (const float *)(void *)in[0], in[1], numel); break;
     case K_ADD_U8: run_binary_u8(s, o, in[0], in[1], numel); break;
     case K_TABLE_U8: run_table_u8(s, o, in[0], numel); break;
     case K_CONCAT_U8: run_concat_u8(s, o, in, numel); break;

@@ -45,6 +45,9 @@ typedef struct {
   int fuse_add;        /* a quantized conv2d whose output goes only to an add joins the add's
                         * unit (and a relu after it): no point on the conv's output, as PT2E's X86
                         * Inductor quantizer fuses conv + add; needs the backend's conv_add */
+  int fuse_gate;       /* a quantized conv2d / linear -> activation -> mul (a squeeze-excite gate:
+                        * the layer's output activated, times another tensor) is one unit: no
+                        * point on the layer's or the activation's output; needs gate_mul */
   int n_overrides;
   qt_layer_override overrides[QT_MAX_OVERRIDES];
 } qt_quantizer_config;
@@ -87,6 +90,9 @@ typedef struct {
                                    * SiLU and hard swish, as PT2E's X86 Inductor quantizer fuses them) */
   int conv_add;                   /* it runs a quantized conv2d's output added to a quantized tensor
                                    * [-> relu] before the requantization, as one unit (quant.fuse_add) */
+  int gate_mul;                   /* it runs a quantized conv2d's / linear's output through an
+                                   * activation and multiplies a quantized tensor by it before the
+                                   * requantization, as one unit (quant.fuse_gate) */
   unsigned weight_bits;           /* allowed widths: bit b set for b-bit (2..8) */
   unsigned activation_bits;
   qt_signedness weight_sign, activation_sign;
@@ -128,7 +134,9 @@ static inline int qt_backend_runs(const qt_backend_desc *d, const qt_node *n) {
  * Units (no quantization inside): conv -> bn (folded), and a relu or relu6 after a conv, linear
  * or add when the backend runs that op, or an activation of a kind in fused_act_kinds after a
  * quantized conv or linear; with cfg->fuse_add (and d->conv_add), a quantized conv whose output
- * goes only to an add, the add and a relu / relu6 after it (the add's other input a point). A conv2d / linear is
+ * goes only to an add, the add and a relu / relu6 after it (the add's other input a point); with
+ * cfg->fuse_gate (and d->gate_mul), a quantized conv or linear -> activation -> mul (the mul's
+ * other input a point). A conv2d / linear is
  * quantized when its op is listed and its output channels fit max_channels (and no override leaves it fp32); an add /
  * avg_pool2d / global_avg_pool / activation / mul / concat when listed in ops or fallback_quantized (its inputs and
  * output quantization points); everything else stays fp32 (its quantized consumers get a quantized input). The outputs

@@ -272,6 +272,10 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
                   d->name);
   if (cfg->fuse_add && !d->conv_add)
     return qt_err(err, "quantizer %s: quant.fuse_add: the backend runs no conv + add unit (onednn_cpu does)", d->name);
+  if (cfg->fuse_gate && !d->gate_mul)
+    return qt_err(
+        err, "quantizer %s: quant.fuse_gate: the backend runs no layer -> activation -> mul unit (onednn_cpu does)",
+        d->name);
   for (int i = 0; i < cfg->n_overrides; i++) {
     const qt_layer_override *o = &cfg->overrides[i];
     if (strcmp(o->name, QT_OVERRIDE_ANY) != 0) { /* "*" names every layer; a name, one node */
@@ -292,6 +296,13 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
   return 0;
 }
 
+/* Whether the node named `name` has an override of its own that leaves it fp32. */
+static int own_fp32(const qt_quantizer_config *cfg, const char *name) {
+  for (int k = 0; k < cfg->n_overrides; k++)
+    if (strcmp(cfg->overrides[k].name, name) == 0 && cfg->overrides[k].fp32) return 1;
+  return 0;
+}
+
 /* With quant.fuse_add, the other input of the add c that the conv unit ending at `tail` feeds
  * alone: the add then joins the unit. -1 when c is no such add, adds the conv's output to
  * itself, or is left fp32 by an override of its own. */
@@ -300,8 +311,18 @@ static int fused_add(const qt_graph *g, const qt_backend_desc *d, const qt_quant
   const qt_node *a = &g->nodes[c];
   const int mine = g->nodes[tail].output, other = a->inputs[0] == mine ? a->inputs[1] : a->inputs[0];
   if (a->n_inputs != 2 || other == mine) return -1;
-  for (int k = 0; k < cfg->n_overrides; k++)
-    if (strcmp(cfg->overrides[k].name, a->name) == 0 && cfg->overrides[k].fp32) return -1;
+  return own_fp32(cfg, a->name) ? -1 : other;
+}
+
+/* With quant.fuse_gate, the other input of the mul after the activation c that a quantized layer
+ * feeds alone (c's output going only to that mul): the activation and the mul then join the
+ * layer's unit. -1 otherwise, or when an override of their own leaves either fp32. */
+static int fused_gate(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, int c) {
+  if (!cfg->fuse_gate || !d->gate_mul || c < 0 || g->nodes[c].op != QT_OP_ACTIVATION || !d->ops[QT_OP_MUL]) return -1;
+  const int gate = g->nodes[c].output, m = qt_graph_sole_consumer(g, gate);
+  if (m < 0 || g->nodes[m].op != QT_OP_MUL || g->nodes[m].n_inputs != 2) return -1;
+  const int other = g->nodes[m].inputs[0] == gate ? g->nodes[m].inputs[1] : g->nodes[m].inputs[0];
+  if (other == gate || own_fp32(cfg, g->nodes[c].name) || own_fp32(cfg, g->nodes[m].name)) return -1;
   return other;
 }
 
@@ -340,6 +361,10 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
                  n->op != QT_OP_ADD && !fp32 && layer_fits(d, n)) {
         out->unit[c] = i;
         tail = c;
+      } else if (n->op != QT_OP_ADD && !fp32 && layer_fits(d, n) && (added[i] = fused_gate(g, d, cfg, c)) >= 0) {
+        const int m = qt_graph_sole_consumer(g, g->nodes[c].output);
+        out->unit[c] = out->unit[m] = i; /* conv / linear -> activation -> mul: a gate */
+        tail = m;
       } else if (n->op == QT_OP_CONV2D && !fp32 && layer_fits(d, n) &&
                  (added[i] = fused_add(g, d, cfg, c, tail)) >= 0) {
         out->unit[c] = i; /* conv [-> bn] -> add [-> relu | relu6] */

@@ -155,6 +155,9 @@ static const option_row rows[] = {
     ROW(quant, fuse_add, QT_CFG_BOOL, "false", 0, 0, NULL,
         "a conv whose output goes only to an add joins the add (and a relu after it) in one unit: no "
         "quantization point on the conv's output, as PT2E's X86 Inductor quantizer fuses conv + add (onednn)"),
+    ROW(quant, fuse_gate, QT_CFG_BOOL, "false", 0, 0, NULL,
+        "a conv or linear -> activation -> mul (a squeeze-excite gate) is one unit: no quantization point on "
+        "the layer's or the activation's output (onednn)"),
     ROW(quant, layer_overrides, QT_CFG_STRING, "", 0, 0, NULL,
         "per-layer settings by node name, e.g. conv1=w8a8;fc2=fp32 (mixed precision); * = every other layer"),
     ROW(quant, fp32_checkpoint, QT_CFG_STRING, "", 0, 0, NULL,

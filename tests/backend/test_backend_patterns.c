@@ -3,7 +3,8 @@
  * 4-bit output range, relu6 into a 4-bit range narrower than 6; grouped and depthwise convs too), dq -> flatten ->
  * linear [-> relu | relu6] -> q (folded input zero point, f32 requantization for an output zero point), conv / linear
  * -> activation -> q (SiLU, hard swish, sigmoid, GELU on the layer's f32 output), max pooling on u8, a fallback
- * partition (average pooling), conv -> add(dq(r)) [-> relu | relu6] -> q (quant.fuse_add's unit), FashionCNN and ResCNN
+ * partition (average pooling), conv -> add(dq(r)) [-> relu | relu6] -> q (quant.fuse_add's unit), linear -> sigmoid /
+ * hard sigmoid -> mul(dq(r), .) -> q (quant.fuse_gate's squeeze-excite unit), FashionCNN and ResCNN
  * (with and without quant.fuse_add) converted end to end (W8A8 and W4A4), batch sizes changing between runs, and
  * a prepared graph refused. Int8 partitions: at most 1 output LSB with realistic scales, 0 with power-of-two scales and
  * small integers (exact arithmetic); max pooling and fallbacks: identical. */
@@ -367,6 +368,47 @@ static void add_pattern(int relu, int qmax) {
   qt_graph_free(g);
 }
 
+/* The Quantizer's gate unit (quant.fuse_gate), squeeze-excite as EfficientNet and MobileNetV3
+ * have it: input -> q/dq (zp 100) -> global average pool -> q/dq -> linear (8 -> 8) -> sigmoid or
+ * hard sigmoid -> mul(the dequantized input, .) -> q/dq; the linear, the activation and the
+ * product one int8 partition. */
+static void gate_pattern(qt_act_kind kind) {
+  char what[160];
+  snprintf(what, sizeof what, "linear -> %s -> mul (gate)", qt_act_name(kind));
+  const float s_in = 0.0123f;
+  qt_graph *g = qt_graph_create("gate_pattern");
+  int x = qt_graph_input(g, "input", 5, 5, 8);
+  x = qdq(g, "input.fq", x, s_in, 100, 255);
+  int z = qt_graph_global_avg_pool(g, "pool", x);
+  z = qdq(g, "pool.fq", z, s_in, 100, 255);
+  z = qt_graph_linear(g, "fc", z, 8, 1);
+  z = qt_graph_activation(g, "act", z, (qt_act){kind, 0.0f, 0.0f});
+  int y = qt_graph_mul(g, "mul", x, z);
+  y = qdq(g, "out.fq", y, 1.0f, 0, 255);
+  finalize(g, y);
+  quantize_weights(g, "fc", g_wmax, s_in, 0);
+  float *in = random_input(g, 8, -100 * s_in - 0.1f, 155 * s_in + 0.1f);
+  calibrate(g, in, 8, 0);
+  compare(what, g, in, 8, 2, 0, 1);
+  char err[QT_ERR_LEN];
+  qt_device *m = qt_device_open(g, NULL, err);
+  QT_ASSERT(m, "%s", err);
+  int found = 0;
+  for (int k = 0; k < qt_device_partition_count(m); k++) {
+    const char *nodes, *detail;
+    if (qt_device_partition(m, k, &nodes, &detail) == QT_PART_INT8 && strstr(nodes, "fc -> act * input.fq.dequantize -> mul") &&
+        strstr(detail, "* u8 input in f32 -> u8"))
+      found = 1;
+  }
+  if (!found) {
+    qt_test_fail("%s: no int8 partition 'fc -> act * ... -> mul'", what);
+    qt_device_report(m, stderr);
+  }
+  qt_device_free(m);
+  free(in);
+  qt_graph_free(g);
+}
+
 /* A conv with full-range s8 weights on u8 inputs: an int8 kernel where the CPU has VNNI; without
  * it (this machine, or ONEDNN_MAX_CPU_ISA=AVX2: test_backend_patterns_avx2) its pair sums could
  * saturate oneDNN's int16, so it runs in an fp32 fallback naming that, identical to the Q/DQ
@@ -544,6 +586,8 @@ int main(void) {
   add_pattern(0, 255);
   add_pattern(1, 255);
   add_pattern(2, 15); /* relu6 into a 4-bit range */
+  gate_pattern(QT_ACT_SIGMOID);
+  gate_pattern(QT_ACT_HARDSIGMOID);
   res_cnn(0);
   res_cnn(1);
   prepared_refused();

@@ -3,7 +3,8 @@
  *   relu6 fused into its conv's unit, an fp32 op outside one; SiLU and hard swish fused into a
  *   quantized conv's or linear's unit, not sigmoid, not after an fp32 layer, none for XNNPACK;
  *   that QAT graph converts, passes the check and deploys with the fused units on oneDNN; with
- *   quant.fuse_add, ResCNN's conv -> bn -> add -> relu units, through QAT and PTQ and the check);
+ *   quant.fuse_add, ResCNN's conv -> bn -> add -> relu units, through QAT and PTQ and the check;
+ *   with quant.fuse_gate, a squeeze-excite block's fc -> sigmoid -> mul unit);
  * - PTQ and QAT prepared graphs convert to Q/DQ graphs that pass the check;
  * - negative cases the check must catch: a changed scale, a missing Q/DQ pair, a quantization
  *   point moved past a ReLU, BN folded with the wrong statistics, an integer outside the range;
@@ -305,6 +306,46 @@ static void fused_add_units(void) {
   qt_backend_desc d;
   qt_backend_desc_xnnpack(&d);
   QT_CHECK(qt_quantizer(g, &d, &qc, &a, err) != 0 && strstr(err, "quant.fuse_add") && strstr(err, "xnnpack"));
+#undef N_
+#undef V
+  qt_graph_free(g);
+}
+
+/* quant.fuse_gate on a squeeze-excite block (conv -> relu -> pool -> fc -> sigmoid -> mul(relu,
+ * .)): fc, the sigmoid and the mul one unit (no point on fc's or the sigmoid's output, the mul's
+ * other input a point); off by default; an fp32 override on the mul keeps it out; XNNPACK refuses
+ * the setting. */
+static void fused_gate_units(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("se");
+  int x = qt_graph_input(g, "input", 6, 6, 3);
+  x = qt_graph_relu(g, "relu", qt_graph_conv2d(g, "conv", x, 8, 3, 1, 1, 1, 1));
+  int z = qt_graph_linear(g, "fc", qt_graph_global_avg_pool(g, "pool", x), 8, 1);
+  z = qt_graph_activation(g, "sig", z, (qt_act){QT_ACT_SIGMOID, 0.0f, 0.0f});
+  int y = qt_graph_mul(g, "mul", x, z);
+  y = qt_graph_linear(g, "head", qt_graph_flatten(g, "flatten", y), 10, 1);
+  QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
+#define N_(name) qt_graph_find_node(g, name)
+#define V(name) g->nodes[N_(name)].output
+  qt_quantizer_config qc = qt_test_quantizer_config(8, 8);
+  qc.fuse_gate = 1;
+  qt_annotations a;
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+  QT_CHECK(a.unit[N_("sig")] == N_("fc") && a.unit[N_("mul")] == N_("fc"));
+  QT_CHECK(!a.act[V("fc")] && !a.act[V("sig")] && a.act[V("mul")] && a.act[V("relu")] && a.act[V("pool")]);
+  qt_annotations_free(&a);
+  QT_CHECK(qt_parse_overrides(&qc, "mul=fp32", err) == 0);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+  QT_CHECK(a.unit[N_("mul")] == N_("mul") && a.act[V("fc")]);
+  qt_annotations_free(&a);
+  qc = qt_test_quantizer_config(8, 8);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0); /* off by default */
+  QT_CHECK(a.unit[N_("mul")] == N_("mul") && a.act[V("fc")] && a.act[V("sig")]);
+  qt_annotations_free(&a);
+  qc.fuse_gate = 1;
+  qt_backend_desc d;
+  qt_backend_desc_xnnpack(&d);
+  QT_CHECK(qt_quantizer(g, &d, &qc, &a, err) != 0 && strstr(err, "quant.fuse_gate") && strstr(err, "xnnpack"));
 #undef N_
 #undef V
   qt_graph_free(g);
@@ -670,6 +711,7 @@ int main(void) {
   round_trip("fashion_mlp", QT_PREPARE_QAT, 2, 8);
   fused_activation_units();
   fused_add_units();
+  fused_gate_units();
   g_fuse_add = 1; /* the conv + add units through QAT and PTQ, convert and the check */
   round_trip("res_cnn", QT_PREPARE_QAT, 4, 8);
   round_trip("res_cnn", QT_PREPARE_PTQ, 8, 8);
