@@ -209,7 +209,7 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
   for (int i = 0; i < g->n_nodes; i++) {
     if (!quantized_unit[i]) continue;
     const qt_node *n = &g->nodes[i];
-    for (int k = 0; k <= n->n_inputs; k++) { /* the head's inputs, then a fused add's other input */
+    for (int k = 0; k <= n->n_inputs; k++) { /* the head's inputs, then a fused add's or gate's other one */
       int v = k < n->n_inputs ? n->inputs[k] : added[i];
       if (v < 0 || quantized_value(out, v)) continue;
       while (v != g->input && g->nodes[g->values[v].producer].op == QT_OP_DROPOUT)
@@ -332,11 +332,12 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
   if (check_settings(g, d, cfg, err)) return -1;
   annotations_init(out, g);
   int *last = malloc((size_t)g->n_nodes * sizeof(int)), *quantized_unit = calloc((size_t)g->n_nodes, sizeof(int));
-  int *added = malloc((size_t)g->n_nodes * sizeof(int)); /* per head: a fused add's other input, or -1 */
+  int *added = malloc((size_t)g->n_nodes * sizeof(int)); /* per head: a fused add's or gate's other input, or -1 */
   QT_ASSERT(last && quantized_unit && added, "out of memory");
 
   /* Units: conv -> bn (folded by prepare/convert), then a relu or relu6 the backend runs fused
-   * after a conv, linear or add, or an activation it fuses after a quantized conv or linear. */
+   * after a conv, linear or add, or an activation it fuses after a quantized conv or linear, or
+   * (quant.fuse_gate) an activation and the mul it feeds, or (quant.fuse_add) an add [-> relu]. */
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     last[i] = i;
