@@ -117,21 +117,15 @@ static int pair_sums_fit(const qt_value_rep *in, const qt_qstate *wq) {
 static const char *u8_input(const qt_lowering *L, int v);
 static void dequantized(const qt_value_rep *r, float *lut);
 
-/* The input of the add `add` that is not value v. */
-static int other_input(const qt_graph *g, int add, int v) {
-  const qt_node *a = &g->nodes[add];
-  return a->inputs[0] == v ? a->inputs[1] : a->inputs[0];
-}
-
 /* Whether node i starts dq -> conv/linear [-> activation [-> mul(dq(r), .)] | -> add(dq(r), .)]
  * [-> relu | relu6] -> q with u8 activations and s8 per-channel symmetric weights whose pair sums
- * fit. Returns NULL and fills act (the activation node, or -1), add (a conv's fused add or the
- * gate's mul after act, or -1), relu and quant, or the reason not. */
-static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *add, int *relu, int *quant) {
+ * fit. Returns NULL and fills act (the activation node, or -1), bin (the fused binary node: a
+ * conv's add, or a gate's mul after act; or -1), relu and quant, or the reason not. */
+static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *bin, int *relu, int *quant) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const qt_value_rep *in = &L->rep[n->inputs[0]];
-  *act = *add = -1;
+  *act = *bin = -1;
   *relu = -1;
   *quant = -1;
   if (!n->wq || !n->wq->qweight) return "weights are not quantized (fp32 layer)";
@@ -149,14 +143,14 @@ static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *add, i
     const int gate = g->nodes[c].output, m = gate == g->output ? -1 : L->consumer[gate];
     const char *why;
     if (m >= 0 && g->nodes[m].op == QT_OP_MUL) { /* a gate (quant.fuse_gate): the mul's other input u8 */
-      const int r = other_input(g, m, gate);
+      const int r = qt_graph_other_input(g, m, gate);
       const int64_t ng = qt_value_numel(&g->values[gate]), nr = qt_value_numel(&g->values[r]);
       const qt_value *rv = &g->values[r];
       why = r == gate ? "the gate multiplies itself" : u8_input(L, r);
       if (!why && !(ng == nr || (rv->shape[rv->ndim - 1] == ng && nr % ng == 0)))
         why = "the gate is neither of the other input's shape nor one value per channel";
       if (!why) why = qt_match_output(L, m, relu, quant);
-      if (!why) *add = m;
+      if (!why) *bin = m;
     } else {
       why = qt_match_output(L, c, relu, quant);
     }
@@ -166,10 +160,10 @@ static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *add, i
   /* an add the conv's output goes to alone, the other input u8 (the Quantizer's conv + add unit,
    * quant.fuse_add) */
   if (n->op == QT_OP_CONV2D && n->output != g->output && c >= 0 && g->nodes[c].op == QT_OP_ADD) {
-    const int r = other_input(g, c, n->output);
+    const int r = qt_graph_other_input(g, c, n->output);
     const char *why = r == n->output ? "its output is added to itself" : u8_input(L, r);
     if (!why) why = qt_match_output(L, c, relu, quant);
-    if (!why) *add = c;
+    if (!why) *bin = c;
     return why;
   }
   return qt_match_output(L, i, relu, quant);
@@ -263,13 +257,13 @@ static const char *refused(const char *err) {
   return reason;
 }
 
-static const char *lower_int8_layer(qt_lowering *L, int i, int act, int add, int relu, int quant) {
+static const char *lower_int8_layer(qt_lowering *L, int i, int act, int bin, int relu, int quant) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const qt_node *qn = &g->nodes[quant];
   const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
   const int is_conv = n->op == QT_OP_CONV2D;
-  const int real = act >= 0 || add >= 0;
+  const int real = act >= 0 || bin >= 0;
   qt_int8_params p;
   layer_params(L, i, real, relu, quant, &p);
   char err[QT_ERR_LEN];
@@ -281,12 +275,12 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int add, int
   int out_slot = s->out;
   if (p.dst_f32) {
     const int zp_out = qn->q->zero_point[0];
-    const int gate = act >= 0 && add >= 0;
-    const int64_t unit_numel = add >= 0 ? qt_value_numel(&g->values[g->nodes[add].output]) : out_numel;
+    const int gate = act >= 0 && bin >= 0;
+    const int64_t unit_numel = bin >= 0 ? qt_value_numel(&g->values[g->nodes[bin].output]) : out_numel;
     qt_step *r = qt_kernel_step(L->p,
                                 gate       ? K_GATE_REQUANTIZE
                                 : act >= 0 ? K_ACT_REQUANTIZE
-                                : add >= 0 ? K_ADD_REQUANTIZE
+                                : bin >= 0 ? K_ADD_REQUANTIZE
                                            : K_REQUANTIZE,
                                 NULL, out_slot, out_numel, (size_t)unit_numel);
     r->qmin = qn->q->spec.qmin;
@@ -295,7 +289,7 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int add, int
     if (gate) {
       const qt_node *a = &g->nodes[act];
       gate_requant *gr = qt_keep(L->p, sizeof *gr);
-      const int res = other_input(g, add, a->output);
+      const int res = qt_graph_other_input(g, bin, a->output);
       gr->act = (qt_act){(qt_act_kind)a->attr.act, a->attr.alpha, a->attr.beta};
       dequantized(&L->rep[res], gr->lut);
       gr->C = out_numel;
@@ -305,7 +299,7 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int add, int
       gr->inv_scale = 1.0f / qn->q->scale[0];
       r->in[1] = L->rep[res].slot;
       r->aux = gr;
-      L->done[act] = L->done[add] = 1;
+      L->done[act] = L->done[bin] = 1;
     } else if (act >= 0) {
       const qt_node *a = &g->nodes[act];
       act_requant *ar = qt_keep(L->p, sizeof *ar);
@@ -316,30 +310,30 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int add, int
       r->aux = ar;
       L->done[act] = 1;
     }
-    if (add >= 0 && !gate) {
+    if (bin >= 0 && !gate) {
       add_requant *ad = qt_keep(L->p, sizeof *ad);
-      const int res = other_input(g, add, n->output);
+      const int res = qt_graph_other_input(g, bin, n->output);
       dequantized(&L->rep[res], ad->lut);
       ad->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
       ad->relu = relu >= 0 && !ad->relu6;
       ad->inv_scale = 1.0f / qn->q->scale[0];
       r->in[1] = L->rep[res].slot;
       r->aux = ad;
-      L->done[add] = 1;
+      L->done[bin] = 1;
     }
     out_slot = r->out;
   }
   qt_unit_done(L, i, relu, quant, out_slot);
   char nodes[320];
   if (real) { /* "x -> layer -> act [* r -> mul] [-> relu] -> q", "x -> layer + r -> add [-> relu] -> q" */
-    const int gate = act >= 0 && add >= 0;
-    const int r = add < 0 ? -1 : other_input(g, add, gate ? g->nodes[act].output : n->output);
+    const int gate = act >= 0 && bin >= 0;
+    const int r = bin < 0 ? -1 : qt_graph_other_input(g, bin, gate ? g->nodes[act].output : n->output);
     const char *rname = r >= 0 ? g->nodes[g->values[r].producer].name : "";
     size_t len = (size_t)snprintf(nodes, sizeof nodes, "%s -> %s%s%s -> %s", g->nodes[xv->producer].name, n->name,
                                   r >= 0 && !gate ? " + " : "", r >= 0 && !gate ? rname : "",
-                                  g->nodes[act >= 0 ? act : add].name);
+                                  g->nodes[act >= 0 ? act : bin].name);
     if (gate && len < sizeof nodes)
-      len += (size_t)snprintf(nodes + len, sizeof nodes - len, " * %s -> %s", rname, g->nodes[add].name);
+      len += (size_t)snprintf(nodes + len, sizeof nodes - len, " * %s -> %s", rname, g->nodes[bin].name);
     if (len < sizeof nodes)
       snprintf(nodes + len, sizeof nodes - len, "%s%s -> %s", relu >= 0 ? " -> " : "",
                relu >= 0 ? g->nodes[relu].name : "", qn->name);
@@ -351,9 +345,9 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int add, int
                                                                                     : "conv";
   if (act >= 0)
     qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> f32, %s%s%s in f32 -> u8 (%s)", kind,
-                qt_act_name((qt_act_kind)g->nodes[act].attr.act), add >= 0 ? ", * u8 input" : "", fused_name(L, relu),
+                qt_act_name((qt_act_kind)g->nodes[act].attr.act), bin >= 0 ? ", * u8 input" : "", fused_name(L, relu),
                 qt_int8_op_impl(op));
-  else if (add >= 0)
+  else if (bin >= 0)
     qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> f32, + u8 input%s in f32 -> u8 (%s)", kind,
                 fused_name(L, relu), qt_int8_op_impl(op));
   else
@@ -603,9 +597,9 @@ static const char *lower_node(qt_lowering *L, int i) {
   switch (n->op) {
     case QT_OP_CONV2D:
     case QT_OP_LINEAR: {
-      int act, add, relu, quant;
-      const char *why = match_int8_layer(L, i, &act, &add, &relu, &quant);
-      return why ? why : lower_int8_layer(L, i, act, add, relu, quant);
+      int act, bin, relu, quant;
+      const char *why = match_int8_layer(L, i, &act, &bin, &relu, &quant);
+      return why ? why : lower_int8_layer(L, i, act, bin, relu, quant);
     }
     case QT_OP_MAX_POOL2D:
       if (L->rep[n->inputs[0]].kind != QT_REP_INT8) return "input is not a u8-quantized tensor";
@@ -752,15 +746,18 @@ static void run_gap_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int N)
   }
 }
 
-/* round half even, add the zero point in float, clamp (NaN -> qmin), as the Q node does. */
+/* A value already in output units (divided by the scale) as the Q node makes it an integer:
+ * round half even, add the zero point in float, clamp (NaN -> qmin). */
+static inline uint8_t quantized_u8(float v, float zp, float lo, float hi) {
+  float r = nearbyintf(v) + zp;
+  if (!(r >= lo)) r = lo;
+  if (r > hi) r = hi;
+  return (uint8_t)r;
+}
+
 static void run_requantize(const qt_step *s, uint8_t *out, const float *in, int64_t n) {
   const float zp = (float)s->zero_point[0], lo = (float)s->qmin, hi = (float)s->qmax;
-  for (int64_t i = 0; i < n; i++) {
-    float r = nearbyintf(in[i]) + zp;
-    if (!(r >= lo)) r = lo;
-    if (r > hi) r = hi;
-    out[i] = (uint8_t)r;
-  }
+  for (int64_t i = 0; i < n; i++) out[i] = quantized_u8(in[i], zp, lo, hi);
 }
 
 /* A fused activation on the layer's real f32 output, then relu / relu6 and the quantize, in
@@ -773,12 +770,8 @@ static void run_act_requantize(const qt_step *s, uint8_t *out, const float *in, 
   for (int64_t k0 = 0; k0 < n; k0 += BLOCK) {
     const int64_t len = n - k0 < BLOCK ? n - k0 : BLOCK;
     qt_act_forward(y, in + k0, len, &a->act);
-    for (int64_t k = 0; k < len; k++) {
-      float r = nearbyintf(fused_relu(y[k], a->relu, a->relu6) * a->inv_scale) + zp;
-      if (!(r >= lo)) r = lo;
-      if (r > hi) r = hi;
-      out[k0 + k] = (uint8_t)r;
-    }
+    for (int64_t k = 0; k < len; k++)
+      out[k0 + k] = quantized_u8(fused_relu(y[k], a->relu, a->relu6) * a->inv_scale, zp, lo, hi);
   }
 }
 
@@ -788,12 +781,8 @@ static void run_act_requantize(const qt_step *s, uint8_t *out, const float *in, 
 static void run_add_requantize(const qt_step *s, uint8_t *out, const float *in, const uint8_t *r, int64_t n) {
   const add_requant *a = s->aux;
   const float zp = (float)s->zero_point[0], lo = (float)s->qmin, hi = (float)s->qmax;
-  for (int64_t k = 0; k < n; k++) {
-    float v = nearbyintf(fused_relu(in[k] + a->lut[r[k]], a->relu, a->relu6) * a->inv_scale) + zp;
-    if (!(v >= lo)) v = lo;
-    if (v > hi) v = hi;
-    out[k] = (uint8_t)v;
-  }
+  for (int64_t k = 0; k < n; k++)
+    out[k] = quantized_u8(fused_relu(in[k] + a->lut[r[k]], a->relu, a->relu6) * a->inv_scale, zp, lo, hi);
 }
 
 /* A layer's fused gate on its real f32 outputs z (C per sample, numel of them in all): per
@@ -811,12 +800,9 @@ static void run_gate_requantize(const qt_step *s, uint8_t *out, const float *z, 
     const uint8_t *xs = x + smp * P * C;
     uint8_t *os = out + smp * P * C;
     for (int64_t p = 0; p < P; p++)
-      for (int64_t c = 0; c < C; c++) {
-        float v = nearbyintf(fused_relu(a->lut[xs[p * C + c]] * gate[c], a->relu, a->relu6) * a->inv_scale) + zp;
-        if (!(v >= lo)) v = lo;
-        if (v > hi) v = hi;
-        os[p * C + c] = (uint8_t)v;
-      }
+      for (int64_t c = 0; c < C; c++)
+        os[p * C + c] =
+            quantized_u8(fused_relu(a->lut[xs[p * C + c]] * gate[c], a->relu, a->relu6) * a->inv_scale, zp, lo, hi);
   }
   free(gate);
 }

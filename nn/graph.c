@@ -477,6 +477,11 @@ int qt_graph_sole_consumer(const qt_graph *g, int v) {
   return -1;
 }
 
+int qt_graph_other_input(const qt_graph *g, int node, int v) {
+  const qt_node *n = &g->nodes[node];
+  return n->inputs[0] == v ? n->inputs[1] : n->inputs[0];
+}
+
 int qt_graph_quant_source(const qt_graph *g, int v) {
   for (int hops = 0; v >= 0 && v != g->input && hops <= g->n_nodes; hops++) {
     const qt_node *n = &g->nodes[g->values[v].producer];

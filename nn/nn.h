@@ -314,6 +314,8 @@ int qt_graph_find_node(const qt_graph *g, const char *name);
 int64_t qt_value_numel(const qt_value *v);
 /* The only node consuming value v (v not the graph output), else -1. */
 int qt_graph_sole_consumer(const qt_graph *g, int v);
+/* The input of the two-input node `node` that is not value v (v when both inputs are v). */
+int qt_graph_other_input(const qt_graph *g, int node, int v);
 /* The fake_quant or dequantize node on whose per-tensor grid the values of v lie: v's producer,
  * or the one reached through max_pool2d, flatten and relu (which keep values on their input's
  * grid) and dropout (the identity in eval, and absent from Q/DQ graphs); -1 when there is none (an

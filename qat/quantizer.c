@@ -192,7 +192,7 @@ static int quantized_op(qt_op op) {
  * share; a dropout's input rather than its output, so that the observer sees the values of eval.
  * last[i]: the last node of the unit headed by i. */
 static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, const qt_backend_desc *d, const int *last,
-                         const int *quantized_unit, const int *added, qt_annotations *out) {
+                         const int *quantized_unit, const int *other_in, qt_annotations *out) {
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     if (out->unit[i] != i) continue;
@@ -210,7 +210,7 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
     if (!quantized_unit[i]) continue;
     const qt_node *n = &g->nodes[i];
     for (int k = 0; k <= n->n_inputs; k++) { /* the head's inputs, then a fused add's or gate's other one */
-      int v = k < n->n_inputs ? n->inputs[k] : added[i];
+      int v = k < n->n_inputs ? n->inputs[k] : other_in[i];
       if (v < 0 || quantized_value(out, v)) continue;
       while (v != g->input && g->nodes[g->values[v].producer].op == QT_OP_DROPOUT)
         v = g->nodes[g->values[v].producer].inputs[0];
@@ -308,10 +308,9 @@ static int own_fp32(const qt_quantizer_config *cfg, const char *name) {
  * itself, or is left fp32 by an override of its own. */
 static int fused_add(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, int c, int tail) {
   if (!cfg->fuse_add || !d->conv_add || c < 0 || g->nodes[c].op != QT_OP_ADD || !d->ops[QT_OP_ADD]) return -1;
-  const qt_node *a = &g->nodes[c];
-  const int mine = g->nodes[tail].output, other = a->inputs[0] == mine ? a->inputs[1] : a->inputs[0];
-  if (a->n_inputs != 2 || other == mine) return -1;
-  return own_fp32(cfg, a->name) ? -1 : other;
+  const int mine = g->nodes[tail].output, other = qt_graph_other_input(g, c, mine);
+  if (g->nodes[c].n_inputs != 2 || other == mine) return -1;
+  return own_fp32(cfg, g->nodes[c].name) ? -1 : other;
 }
 
 /* With quant.fuse_gate, the other input of the mul after the activation c that a quantized layer
@@ -321,7 +320,7 @@ static int fused_gate(const qt_graph *g, const qt_backend_desc *d, const qt_quan
   if (!cfg->fuse_gate || !d->gate_mul || c < 0 || g->nodes[c].op != QT_OP_ACTIVATION || !d->ops[QT_OP_MUL]) return -1;
   const int gate = g->nodes[c].output, m = qt_graph_sole_consumer(g, gate);
   if (m < 0 || g->nodes[m].op != QT_OP_MUL || g->nodes[m].n_inputs != 2) return -1;
-  const int other = g->nodes[m].inputs[0] == gate ? g->nodes[m].inputs[1] : g->nodes[m].inputs[0];
+  const int other = qt_graph_other_input(g, m, gate);
   if (other == gate || own_fp32(cfg, g->nodes[c].name) || own_fp32(cfg, g->nodes[m].name)) return -1;
   return other;
 }
@@ -332,8 +331,8 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
   if (check_settings(g, d, cfg, err)) return -1;
   annotations_init(out, g);
   int *last = malloc((size_t)g->n_nodes * sizeof(int)), *quantized_unit = calloc((size_t)g->n_nodes, sizeof(int));
-  int *added = malloc((size_t)g->n_nodes * sizeof(int)); /* per head: a fused add's or gate's other input, or -1 */
-  QT_ASSERT(last && quantized_unit && added, "out of memory");
+  int *other_in = malloc((size_t)g->n_nodes * sizeof(int)); /* per head: a fused add's or gate's other input, or -1 */
+  QT_ASSERT(last && quantized_unit && other_in, "out of memory");
 
   /* Units: conv -> bn (folded by prepare/convert), then a relu or relu6 the backend runs fused
    * after a conv, linear or add, or an activation it fuses after a quantized conv or linear, or
@@ -341,7 +340,7 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
   for (int i = 0; i < g->n_nodes; i++) {
     const qt_node *n = &g->nodes[i];
     last[i] = i;
-    added[i] = -1;
+    other_in[i] = -1;
     if (out->unit[i] != i) continue;
     const qt_layer_override *o = find_override(cfg, n->name);
     const int fp32 = o && o->fp32;
@@ -362,12 +361,12 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
                  n->op != QT_OP_ADD && !fp32 && layer_fits(d, n)) {
         out->unit[c] = i;
         tail = c;
-      } else if (n->op != QT_OP_ADD && !fp32 && layer_fits(d, n) && (added[i] = fused_gate(g, d, cfg, c)) >= 0) {
+      } else if (n->op != QT_OP_ADD && !fp32 && layer_fits(d, n) && (other_in[i] = fused_gate(g, d, cfg, c)) >= 0) {
         const int m = qt_graph_sole_consumer(g, g->nodes[c].output);
         out->unit[c] = out->unit[m] = i; /* conv / linear -> activation -> mul: a gate */
         tail = m;
       } else if (n->op == QT_OP_CONV2D && !fp32 && layer_fits(d, n) &&
-                 (added[i] = fused_add(g, d, cfg, c, tail)) >= 0) {
+                 (other_in[i] = fused_add(g, d, cfg, c, tail)) >= 0) {
         out->unit[c] = i; /* conv [-> bn] -> add [-> relu | relu6] */
         tail = c;
         const int r = qt_graph_sole_consumer(g, g->nodes[c].output);
@@ -388,12 +387,12 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
       quantized_unit[i] = !fp32 && (qt_backend_runs(d, n) || d->fallback_quantized[n->op]);
     }
   }
-  place_points(g, cfg, d, last, quantized_unit, added, out);
+  place_points(g, cfg, d, last, quantized_unit, other_in, out);
   /* int32 biases: every quantized layer (its input is a quantization point by now, per tensor) */
   const int bias_int32 = cfg->bias == QT_BIAS_INT32 || (cfg->bias == QT_BIAS_AUTO && d->bias_int32_only);
   for (int i = 0; i < g->n_nodes && bias_int32; i++)
     if (out->weight[i]) out->weight_spec[i].bias_int32 = 1;
-  QT_FREE_ALL(last, quantized_unit, added);
+  QT_FREE_ALL(last, quantized_unit, other_in);
   return 0;
 }
 

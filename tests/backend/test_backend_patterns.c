@@ -173,6 +173,18 @@ static double compare(const char *what, qt_graph *g, const float *x, int n, int 
   return worst;
 }
 
+/* The device's int8 partitions whose node list holds `nodes` and whose detail holds `detail` and
+ * `detail2` (NULL: anything). */
+static int int8_partitions(const qt_device *m, const char *nodes, const char *detail, const char *detail2) {
+  int n = 0;
+  for (int k = 0; k < qt_device_partition_count(m); k++) {
+    const char *nd, *dt;
+    n += qt_device_partition(m, k, &nd, &dt) == QT_PART_INT8 && (!nodes || strstr(nd, nodes)) &&
+         (!detail || strstr(dt, detail)) && (!detail2 || strstr(dt, detail2));
+  }
+  return n;
+}
+
 static qt_graph *finalize(qt_graph *g, int y) {
   char err[QT_ERR_LEN];
   QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
@@ -318,14 +330,7 @@ static void act_pattern(int linear, int depthwise, qt_act_kind kind, int relu6, 
   char err[QT_ERR_LEN];
   qt_device *m = qt_device_open(g, NULL, err);
   QT_ASSERT(m, "%s", err);
-  int found = 0;
-  for (int k = 0; k < qt_device_partition_count(m); k++) {
-    const char *nodes, *detail;
-    if (qt_device_partition(m, k, &nodes, &detail) == QT_PART_INT8 && strstr(nodes, "layer -> act") &&
-        strstr(detail, qt_act_name(kind)) && strstr(detail, "in f32 -> u8"))
-      found = 1;
-  }
-  if (!found) {
+  if (!int8_partitions(m, "layer -> act", qt_act_name(kind), "in f32 -> u8")) {
     qt_test_fail("%s: no int8 partition 'layer -> act' running %s in f32", what, qt_act_name(kind));
     qt_device_report(m, stderr);
   }
@@ -357,10 +362,9 @@ static void add_pattern(int relu, int qmax) {
   char err[QT_ERR_LEN];
   qt_device *m = qt_device_open(g, NULL, err);
   QT_ASSERT(m, "%s", err);
-  const char *nodes = "", *detail = "";
-  if (qt_device_count(m, QT_PART_INT8) != 1 || qt_device_partition(m, 1, &nodes, &detail) != QT_PART_INT8 ||
-      !strstr(nodes, "conv + input.fq.dequantize -> add") || !strstr(detail, "+ u8 input")) {
-    qt_test_fail("%s: no int8 partition 'conv + ... -> add' (%s: %s)", what, nodes, detail);
+  if (qt_device_count(m, QT_PART_INT8) != 1 ||
+      int8_partitions(m, "conv + input.fq.dequantize -> add", "+ u8 input", NULL) != 1) {
+    qt_test_fail("%s: the one int8 partition is not 'conv + ... -> add'", what);
     qt_device_report(m, stderr);
   }
   qt_device_free(m);
@@ -393,14 +397,7 @@ static void gate_pattern(qt_act_kind kind) {
   char err[QT_ERR_LEN];
   qt_device *m = qt_device_open(g, NULL, err);
   QT_ASSERT(m, "%s", err);
-  int found = 0;
-  for (int k = 0; k < qt_device_partition_count(m); k++) {
-    const char *nodes, *detail;
-    if (qt_device_partition(m, k, &nodes, &detail) == QT_PART_INT8 && strstr(nodes, "fc -> act * input.fq.dequantize -> mul") &&
-        strstr(detail, "* u8 input in f32 -> u8"))
-      found = 1;
-  }
-  if (!found) {
+  if (!int8_partitions(m, "fc -> act * input.fq.dequantize -> mul", "* u8 input in f32 -> u8", NULL)) {
     qt_test_fail("%s: no int8 partition 'fc -> act * ... -> mul'", what);
     qt_device_report(m, stderr);
   }
@@ -520,11 +517,7 @@ static void res_cnn(int fuse_add) {
   QT_ASSERT(m, "%s", err);
   if (getenv("QT_TEST_VERBOSE")) qt_device_report(m, stderr);
   const int fallbacks = qt_device_count(m, QT_PART_FALLBACK);
-  int fused = 0;
-  for (int k = 0; k < qt_device_partition_count(m); k++) {
-    const char *nodes, *detail;
-    fused += qt_device_partition(m, k, &nodes, &detail) == QT_PART_INT8 && strstr(detail, "+ u8 input") != NULL;
-  }
+  const int fused = int8_partitions(m, NULL, "+ u8 input", NULL);
   if (fused != (fuse_add ? 2 : 0)) qt_test_fail("res_cnn fuse_add %d: %d conv + add partitions", fuse_add, fused);
   if (fuse_add && (fallbacks || qt_device_count(m, QT_PART_INT8) != 8))
     qt_test_fail("res_cnn fuse_add: %d int8 / %d fallback partitions, want 8 / 0", qt_device_count(m, QT_PART_INT8),
