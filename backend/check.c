@@ -88,7 +88,7 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
  * a zero point), qc8 convolution weights (int8, one scale per output channel, no zero point),
  * qs8 fully connected with one weight scale (there is no qc8 fully connected in this version),
  * int32 bias in accumulator units; s8 max pooling, qs8 global average pooling, add and multiply;
- * qs8 elu (and sigmoid, tanh with fixed output qparams); x8 channel shuffle and copy (a channel
+ * qs8 elu, sigmoid and tanh (the last two with fixed output qparams); x8 channel shuffle and copy (a channel
  * slice); ReLU / ReLU6 as the output clamp of the operator before them. No qs8 average pooling
  * (only qu8), and no copy that requantizes (concat stays fp32). */
 void qt_backend_desc_xnnpack(qt_backend_desc *d) {
@@ -100,9 +100,10 @@ void qt_backend_desc_xnnpack(qt_backend_desc *d) {
       QT_OP_ADD,    QT_OP_GLOBAL_AVG_POOL, QT_OP_MUL,  QT_OP_ACTIVATION, QT_OP_CHANNEL_SHUFFLE, QT_OP_CHANNEL_SLICE};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
   /* elu in qs8 with any qparams; sigmoid and tanh only with fixed output qparams (1/256, -128;
-   * 1/128, 0), which this Quantizer does not give, so they stay fp32 (the lowering runs them when
-   * a graph has those qparams); no hard swish, GELU, SiLU or leaky ReLU in qs8 here */
-  d->act_kinds = 1u << QT_ACT_ELU;
+   * 1/128, 0), which the Quantizer gives them (at fewer bits the lowering finds other qparams
+   * and runs them as fp32 fallbacks); no hard swish, GELU, SiLU or leaky ReLU in qs8 here */
+  d->act_kinds = 1u << QT_ACT_ELU | 1u << QT_ACT_SIGMOID | 1u << QT_ACT_TANH;
+  d->fixed_act_kinds = 1u << QT_ACT_SIGMOID | 1u << QT_ACT_TANH;
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 bits inside int8 */
   d->weight_sign = QT_SIGN_SIGNED;             /* qc8 / qs8 weights */
   d->activation_sign = QT_SIGN_SIGNED;         /* qs8 activations, affine (int8 zero point) */
@@ -145,6 +146,11 @@ void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
   for (int k = 0, first = 1; k < QT_ACT_COUNT; k++)
     if (d->fused_act_kinds >> k & 1u) {
       fprintf(f, "%s%s", first ? "\n  fused after conv2d / linear: " : ", ", qt_act_name((qt_act_kind)k));
+      first = 0;
+    }
+  for (int k = 0, first = 1; k < QT_ACT_COUNT; k++)
+    if (d->fixed_act_kinds >> k & 1u) {
+      fprintf(f, "%s%s", first ? "\n  fixed output qparams: " : ", ", qt_act_name((qt_act_kind)k));
       first = 0;
     }
   if (d->conv_add) fprintf(f, "\n  fused after conv2d: add [-> relu | relu6] (quant.fuse_add)");

@@ -74,6 +74,10 @@ typedef struct {
                    * its folded bias) is quantized too, to int32 with zero point 0 and
                    * the derived per-channel scale s_x * s_w[c] (qt_bias_scales): the
                    * bias in accumulator units, as integer kernels add it */
+  /* fixed_scale > 0: fixed qparams with fixed_zero_point (an activation of known range whose
+   * integer operator takes only these, e.g. sigmoid on XNNPACK): no observer, never learned */
+  float fixed_scale;
+  int fixed_zero_point;
 } qt_qspec;
 
 /* Quantization state living on a node: the spec, the observer, the qparams training uses and

@@ -25,6 +25,11 @@ qt_qstate *qt_qstate_create(const qt_qspec *spec, int channels, char *err) {
   q->observe = 1;
   q->fake_quant = 1;
   q->scale_param = -1;
+  if (spec->fixed_scale > 0) {
+    q->scale[0] = spec->fixed_scale;
+    q->zero_point[0] = spec->fixed_zero_point;
+    q->calibrated = 1;
+  }
   return q;
 }
 
@@ -95,6 +100,14 @@ int qt_qstate_observe(qt_qstate *q, const float *data, int64_t outer, int64_t in
 
 int qt_qstate_observe_sync(qt_qstate *q, const float *data, int64_t outer, int64_t inner, const qt_batch_sync *sync,
                            char *err) {
+  if (q->spec.fixed_scale > 0) { /* fixed qparams: nothing to observe */
+    for (int c = 0; c < q->channels; c++) {
+      q->scale[c] = q->spec.fixed_scale;
+      q->zero_point[c] = q->spec.fixed_zero_point;
+    }
+    q->calibrated = 1;
+    return 0;
+  }
   if (qt_observer_update_sync(&q->obs, data, outer, inner, sync, err)) return -1;
   if (qt_observer_qparams(&q->obs, q->spec.qmin, q->spec.qmax, q->spec.symmetric, q->scale, q->zero_point, err))
     return -1;

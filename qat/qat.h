@@ -88,6 +88,10 @@ typedef struct {
                                    * quantized conv2d or linear, on the layer's output before the
                                    * requantization: no quantization point between the two (onednn_cpu:
                                    * SiLU and hard swish, as PT2E's X86 Inductor quantizer fuses them) */
+  unsigned fixed_act_kinds;       /* activations (bit k) whose integer operator takes only fixed output
+                                   * qparams for their known range (XNNPACK's qs8 sigmoid and tanh,
+                                   * TFLite's convention): the Quantizer gives their outputs those
+                                   * (qt_fixed_act_qparams) instead of observed ones */
   int conv_add;                   /* it runs a quantized conv2d's output added to a quantized tensor
                                    * [-> relu] before the requantization, as one unit (quant.fuse_add) */
   int gate_mul;                   /* it runs a quantized conv2d's / linear's output through an
@@ -146,9 +150,16 @@ static inline int qt_backend_runs(const qt_backend_desc *d, const qt_node *n) {
  * otherwise with pair_sum_int16 narrowed so that 2 * max|w| * max(a) fits int16; activations: unsigned affine, signed
  * affine when the backend asks for signed ones (XNNPACK's qs8), signed symmetric when it asks for symmetric ones; per
  * tensor; power-of-two scales when required. Bit widths come from cfg (and its overrides) and must be allowed by d. LSQ
- * is refused with power-of-two scales. Returns 0, or -1 with err naming the setting and the backend. */
+ * is refused with power-of-two scales. The output of an activation whose kind is in d->fixed_act_kinds gets fixed
+ * qparams (qt_fixed_act_qparams), neither observed nor learned. Returns 0, or -1 with err naming the setting and the
+ * backend. */
 int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, qt_annotations *out,
                  char *err);
+/* The fixed output qparams of an activation of known range on the integers [qmin, qmax] of a spec with 2^bits levels
+ * (PyTorch's FixedQParams convention; XNNPACK's qs8 operators at 8 bits): sigmoid's [0, 1) at scale 2^-bits, zero point
+ * qmin (signed 8-bit: 1/256, -128); tanh's [-1, 1) at scale 2^(1-bits), zero point qmin + 2^(bits-1) (signed 8-bit:
+ * 1/128, 0). Returns 1 with *scale, *zero_point set, or 0 when the kind has no fixed range. */
+int qt_fixed_act_qparams(int act_kind, const qt_qspec *s, float *scale, int *zero_point);
 void qt_annotations_free(qt_annotations *a);
 /* One line per quantization point and weight, for humans and the run's report. */
 void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f);

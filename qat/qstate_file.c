@@ -159,6 +159,12 @@ static int read_train_flags(hid_t r, const char *obj, const qt_graph *g, qt_qsta
   q->scale_param = want->scale_param;
   q->spec.pow2_scale = want->spec.pow2_scale;
   q->spec.learnable = want->spec.learnable;
+  q->spec.fixed_scale = want->spec.fixed_scale;
+  q->spec.fixed_zero_point = want->spec.fixed_zero_point;
+  if (q->calibrated && q->spec.fixed_scale > 0 &&
+      (q->scale[0] != q->spec.fixed_scale || q->zero_point[0] != q->spec.fixed_zero_point))
+    return qt_err(msg, "%s: scale %g, zero point %d in the checkpoint, but this run's Quantizer fixes them at %g, %d",
+                  obj, q->scale[0], q->zero_point[0], q->spec.fixed_scale, q->spec.fixed_zero_point);
   if (q->calibrated)
     for (int c = 0; c < q->channels; c++)
       if (!isfinite(q->scale[c]) || !(q->scale[c] > 0) || q->zero_point[c] < q->spec.qmin ||

@@ -1,6 +1,7 @@
 /* The Quantizer: annotations for a graph from a backend description (qat.h, qt_quantizer). The
  * descriptions themselves (oneDNN on this CPU, an accelerator from its INI file) are built by
  * the backend module. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -156,6 +157,14 @@ static qt_qspec weight_spec(const qt_backend_desc *d, const qt_quantizer_config 
   return s;
 }
 
+int qt_fixed_act_qparams(int act_kind, const qt_qspec *s, float *scale, int *zero_point) {
+  if (act_kind != QT_ACT_SIGMOID && act_kind != QT_ACT_TANH) return 0;
+  const int sig = act_kind == QT_ACT_SIGMOID;
+  *scale = ldexpf(1.0f, (sig ? 0 : 1) - s->bits);
+  *zero_point = s->qmin + (sig ? 0 : 1 << (s->bits - 1));
+  return 1;
+}
+
 /* ---- the Quantizer ----------------------------------------------------------------------------- */
 
 /* Whether v is a quantization point or shares one's qparams. */
@@ -199,9 +208,14 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
     if (quantized_unit[i]) {
       const qt_layer_override *o = find_override(cfg, n->name);
       const int bits = o && o->activation_bits ? o->activation_bits : cfg->activation_bits;
-      int v = g->nodes[last[i]].output;
+      const qt_node *t = &g->nodes[last[i]];
+      const int v = t->output;
       out->act[v] = 1;
       out->act_spec[v] = act_spec(d, cfg, bits);
+      qt_qspec *sp = &out->act_spec[v];
+      if (t->op == QT_OP_ACTIVATION && (d->fixed_act_kinds >> t->attr.act & 1u) &&
+          qt_fixed_act_qparams(t->attr.act, sp, &sp->fixed_scale, &sp->fixed_zero_point))
+        sp->learnable = sp->pow2_scale = 0; /* fixed: neither learned nor rounded */
     } else if (passes_through(d, n->op) && quantized_value(out, n->inputs[0])) {
       out->share[n->output] = n->inputs[0];
     }
@@ -402,6 +416,11 @@ void qt_annotations_free(qt_annotations *a) {
 }
 
 static void spec_str(const qt_qspec *s, char *buf, size_t n) {
+  if (s->fixed_scale > 0) {
+    snprintf(buf, n, "%s%d [%d, %d] fixed qparams: scale %g, zero point %d", s->is_signed ? "s" : "u", s->bits, s->qmin,
+             s->qmax, s->fixed_scale, s->fixed_zero_point);
+    return;
+  }
   snprintf(buf, n, "%s%d [%d, %d] %s%s%s, %s%s", s->is_signed ? "s" : "u", s->bits, s->qmin, s->qmax,
            s->symmetric ? "symmetric" : "affine", s->per_channel ? " per-channel" : " per-tensor",
            s->pow2_scale ? " power-of-two scales" : "", qt_observer_kind_name(s->observer),

@@ -4,7 +4,8 @@
  *   quantized conv's or linear's unit, not sigmoid, not after an fp32 layer, none for XNNPACK;
  *   that QAT graph converts, passes the check and deploys with the fused units on oneDNN; with
  *   quant.fuse_add, ResCNN's conv -> bn -> add -> relu units, through QAT and PTQ and the check;
- *   with quant.fuse_gate, a squeeze-excite block's fc -> sigmoid -> mul unit);
+ *   with quant.fuse_gate, a squeeze-excite block's fc -> sigmoid -> mul unit; XNNPACK's fixed
+ *   output qparams of sigmoid and tanh, kept through LSQ training and convert, run in int8);
  * - PTQ and QAT prepared graphs convert to Q/DQ graphs that pass the check;
  * - negative cases the check must catch: a changed scale, a missing Q/DQ pair, a quantization
  *   point moved past a ReLU, BN folded with the wrong statistics, an integer outside the range;
@@ -273,6 +274,90 @@ static void fused_activation_units(void) {
   qt_annotations_free(&a);
 #undef N_
 #undef V
+  qt_graph_free(g);
+}
+
+/* XNNPACK's Quantizer gives sigmoid's and tanh's outputs the fixed qparams of its qs8 operators
+ * (1/256, -128 and 1/128, 0 at 8 bits; 1/16, -8 and 1/8, 0 at 4), even with LSQ: no learned
+ * scale, unchanged by training's observers and by convert. At 8 bits XNNPACK runs both in int8
+ * within 1 LSB of the Q/DQ graph; at 4 bits it runs them as fallbacks, naming the output scale.
+ * onednn_cpu's Quantizer observes them. */
+static void fixed_act_qparams(int abits) {
+  char err[QT_ERR_LEN], what[32];
+  snprintf(what, sizeof what, "fixed qparams A%d", abits);
+  qt_graph *g = qt_graph_create("fixed_acts");
+  int x = qt_graph_input(g, "input", 28, 28, 1);
+  x = qt_graph_conv2d(g, "conv1", x, 8, 3, 2, 1, 1, 1);
+  x = qt_graph_activation(g, "sig", x, (qt_act){QT_ACT_SIGMOID, 0, 0});
+  x = qt_graph_conv2d(g, "conv2", x, 8, 3, 1, 1, 1, 1);
+  x = qt_graph_activation(g, "tanh", x, (qt_act){QT_ACT_TANH, 0, 0});
+  x = qt_graph_flatten(g, "flatten", x);
+  x = qt_graph_linear(g, "fc", x, 10, 1);
+  QT_ASSERT(qt_graph_finalize(g, x, err) == 0, "%s", err);
+  qt_graph_init_params(g, 3);
+  qt_quantizer_config qc = qt_test_quantizer_config(8, abits);
+  qc.learnable_scale = 1;
+  qt_annotations a;
+  const int sig = g->nodes[qt_graph_find_node(g, "sig")].output, th = g->nodes[qt_graph_find_node(g, "tanh")].output;
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+  QT_CHECK(a.act[sig] && a.act_spec[sig].fixed_scale == 0 && a.act_spec[sig].learnable);
+  qt_annotations_free(&a);
+  qt_backend_desc d;
+  qt_backend_desc_xnnpack(&d);
+  QT_ASSERT(qt_quantizer(g, &d, &qc, &a, err) == 0, "%s", err);
+  const float want_s[2] = {ldexpf(1.0f, -abits), ldexpf(1.0f, 1 - abits)};
+  const int want_z[2] = {-(1 << (abits - 1)), 0};
+  for (int k = 0; k < 2; k++) {
+    const qt_qspec *s = &a.act_spec[k ? th : sig];
+    if (!a.act[k ? th : sig] || s->fixed_scale != want_s[k] || s->fixed_zero_point != want_z[k] || s->learnable)
+      qt_test_fail("%s: %s's spec: point %d, fixed %g, %d, learnable %d (want %g, %d, 0)", what, k ? "tanh" : "sigmoid",
+                   a.act[k ? th : sig], s->fixed_scale, s->fixed_zero_point, s->learnable, want_s[k], want_z[k]);
+  }
+  qt_graph *p = qt_prepare(g, &a, QT_PREPARE_QAT, err);
+  qt_annotations_free(&a);
+  QT_ASSERT(p, "prepare: %s", err);
+  exercise(p, QT_PREPARE_QAT);
+  qt_graph *c = qt_convert(p, err);
+  QT_ASSERT(c, "convert: %s", err);
+  for (int k = 0; k < 2; k++) {
+    char fq[32], quantize[48];
+    snprintf(fq, sizeof fq, "%s.fq", k ? "tanh" : "sig");
+    snprintf(quantize, sizeof quantize, "%s.quantize", fq);
+    const int ip = qt_graph_find_node(p, fq), ic = qt_graph_find_node(c, quantize);
+    QT_ASSERT(ip >= 0 && ic >= 0, "%s: no %s in the prepared graph or no %s in the converted one", what, fq, quantize);
+    const qt_qstate *qp = p->nodes[ip].q, *qq = c->nodes[ic].q;
+    if (qp->scale_param >= 0 || qp->scale[0] != want_s[k] || qp->zero_point[0] != want_z[k] ||
+        qq->scale[0] != want_s[k] || qq->zero_point[0] != want_z[k])
+      qt_test_fail("%s: after training, %s: LSQ %d, scale %g, zp %d; converted %g, %d (want %g, %d)", what,
+                   k ? "tanh" : "sigmoid", qp->scale_param, qp->scale[0], qp->zero_point[0], qq->scale[0],
+                   qq->zero_point[0], want_s[k], want_z[k]);
+  }
+  qt_check_report r = check(p, c);
+  if (!r.ok) qt_test_fail("%s: check failed: %s", what, r.reason);
+  qt_device *m = qt_device_open(c, &d, err);
+  QT_ASSERT(m, "%s", err);
+  for (int k = 0; k < 2; k++) {
+    const char *reason = NULL;
+    const int on = qt_device_node_on_backend(m, k ? "tanh" : "sig", &reason);
+    if (abits == 8 ? on != 1 : on != 0 || !reason || !strstr(reason, "takes only an output scale of 1/"))
+      qt_test_fail("%s: %s on the backend: %d (%s)", what, k ? "tanh" : "sigmoid", on, reason ? reason : "");
+  }
+  float *xb = batch(9), out_d[N * 10];
+  QT_ASSERT(qt_device_run(m, out_d, xb, N, err) == 0, "%s", err);
+  qt_ctx *ctx = qt_ctx_create();
+  const int64_t shape[4] = {N, 28, 28, 1};
+  qt_graph_set_mode(c, QT_MODE_EVAL);
+  qt_tensor *y = qt_graph_forward(c, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, xb));
+  QT_ASSERT(y, "%s", c->error);
+  const float lsb = c->nodes[c->values[c->output].producer].q->scale[0];
+  for (int k = 0; k < N * 10; k++)
+    if (fabsf(out_d[k] - qt_f32(y)[k]) > 1.0001f * lsb)
+      qt_test_fail("%s: output %d: device %g, Q/DQ %g (LSB %g)", what, k, out_d[k], qt_f32(y)[k], lsb);
+  qt_ctx_free(ctx);
+  free(xb);
+  qt_device_free(m);
+  qt_graph_free(c);
+  qt_graph_free(p);
   qt_graph_free(g);
 }
 
@@ -722,6 +807,8 @@ int main(void) {
   fused_activation_units();
   fused_add_units();
   fused_gate_units();
+  fixed_act_qparams(8);
+  fixed_act_qparams(4);
   g_fuse_add = 1; /* the conv + add units through QAT and PTQ, convert and the check */
   round_trip("res_cnn", QT_PREPARE_QAT, 4, 8);
   round_trip("res_cnn", QT_PREPARE_PTQ, 8, 8);
