@@ -90,20 +90,23 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
  * int32 bias in accumulator units; s8 max pooling, qs8 global average pooling, add and multiply;
  * qs8 elu, sigmoid and tanh (the last two with fixed output qparams); x8 channel shuffle and copy (a channel
  * slice); ReLU / ReLU6 as the output clamp of the operator before them. No qs8 average pooling
- * (only qu8), and no copy that requantizes (concat stays fp32). */
+ * (only qu8), and no copy that requantizes: a concat runs as copies of inputs that share one set
+ * of qparams (concat_shared; the copies are ours, XNNPACK has no concatenation operator). */
 void qt_backend_desc_xnnpack(qt_backend_desc *d) {
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "xnnpack");
   d->xnnpack_runtime = 1;
   const qt_op ops[] = {
       QT_OP_CONV2D, QT_OP_LINEAR,          QT_OP_RELU, QT_OP_RELU6,      QT_OP_MAX_POOL2D,      QT_OP_FLATTEN,
-      QT_OP_ADD,    QT_OP_GLOBAL_AVG_POOL, QT_OP_MUL,  QT_OP_ACTIVATION, QT_OP_CHANNEL_SHUFFLE, QT_OP_CHANNEL_SLICE};
+      QT_OP_ADD,    QT_OP_GLOBAL_AVG_POOL, QT_OP_MUL,  QT_OP_ACTIVATION, QT_OP_CHANNEL_SHUFFLE, QT_OP_CHANNEL_SLICE,
+      QT_OP_CONCAT};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
   /* elu in qs8 with any qparams; sigmoid and tanh only with fixed output qparams (1/256, -128;
    * 1/128, 0), which the Quantizer gives them (at fewer bits the lowering finds other qparams
    * and runs them as fp32 fallbacks); no hard swish, GELU, SiLU or leaky ReLU in qs8 here */
   d->act_kinds = 1u << QT_ACT_ELU | 1u << QT_ACT_SIGMOID | 1u << QT_ACT_TANH;
   d->fixed_act_kinds = 1u << QT_ACT_SIGMOID | 1u << QT_ACT_TANH;
+  d->concat_shared = 1;
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 bits inside int8 */
   d->weight_sign = QT_SIGN_SIGNED;             /* qc8 / qs8 weights */
   d->activation_sign = QT_SIGN_SIGNED;         /* qs8 activations, affine (int8 zero point) */
@@ -153,6 +156,7 @@ void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
       fprintf(f, "%s%s", first ? "\n  fixed output qparams: " : ", ", qt_act_name((qt_act_kind)k));
       first = 0;
     }
+  if (d->concat_shared) fprintf(f, "\n  concat: inputs tied to one set of qparams (a copy)");
   if (d->conv_add) fprintf(f, "\n  fused after conv2d: add [-> relu | relu6] (quant.fuse_add)");
   if (d->gate_mul) fprintf(f, "\n  fused after conv2d / linear: activation -> mul (quant.fuse_gate)");
   fprintf(f, "\n  weights: %s bits, %s, %s, %s", wb, qt_signedness_name(d->weight_sign),

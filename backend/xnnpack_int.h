@@ -24,8 +24,16 @@ typedef enum {
   XK_ELU,
   XK_MUL,
   XK_SHUFFLE,
-  XK_COPY /* channels [H, H + copy's channels) of each row of in_numel / W channels (a slice) */
+  XK_COPY,  /* channels [H, H + copy's channels) of each row of in_numel / W channels (a slice) */
+  XK_CONCAT /* ours (XNNPACK has no concatenation here): aux an xnn_concat, inputs in[0..n) */
 } xnn_kind;
+
+/* A concat of inputs on one grid: input k's C[k] channels per row go to channels [off[k], off[k] +
+ * C[k]) of the output's Y. */
+typedef struct {
+  int n;
+  int64_t C[QT_MAX_INPUTS], off[QT_MAX_INPUTS], Y;
+} xnn_concat;
 
 struct qt_xnnpack {
   qt_program prog; /* the steps, with 8-bit integers as int8 */

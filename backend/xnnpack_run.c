@@ -87,6 +87,15 @@ static void run_dequantize(const qt_step *s, float *out, const void *in, int64_t
   pthreadpool_parallelize_1d_tile_1d(pool, dequantize_tile, &t, (size_t)n, BOUNDARY_TILE, 0);
 }
 
+/* XK_CONCAT on N images: rows of the output (in_numel / Y per image), each from every input. */
+static void run_concat(const qt_step *s, int8_t *out, void *const *bufs, int N) {
+  const xnn_concat *c = s->aux;
+  const int64_t rows = s->in_numel / c->Y * N;
+  for (int64_t r = 0; r < rows; r++)
+    for (int k = 0; k < c->n; k++)
+      memcpy(out + r * c->Y + c->off[k], (const int8_t *)bufs[s->in[k]] + r * c->C[k], (size_t)c->C[k]);
+}
+
 static enum xnn_status run_xnn(const qt_step *s, void *o, const void *in, const void *in2, int N, pthreadpool_t pool) {
   enum xnn_status st = xnn_status_invalid_state;
   const size_t n = (size_t)N;
@@ -115,6 +124,7 @@ static enum xnn_status run_xnn(const qt_step *s, void *o, const void *in, const 
     case XK_COPY:
       st = xnn_setup_copy_nc_x8(s->op, n * (size_t)(s->in_numel / s->W), (const int8_t *)in + s->H, o, pool);
       break;
+    case XK_CONCAT: break; /* ours: run_concat */
   }
   return st == xnn_status_success ? xnn_run_operator(s->op, pool) : st;
 }
@@ -170,6 +180,10 @@ int qt_xnnpack_run(qt_xnnpack *m, float *out, const float *input, int n, char *e
       case QT_STEP_QUANTIZE: run_quantize(s, o, in, numel, m->pool); break;
       case QT_STEP_DEQUANTIZE: run_dequantize(s, o, in, numel, m->pool); break;
       case QT_STEP_KERNEL: {
+        if (s->op_kind == XK_CONCAT) {
+          run_concat(s, o, p->bufs, n);
+          break;
+        }
         const enum xnn_status st = run_xnn(s, o, in, s->in[1] >= 0 ? p->bufs[s->in[1]] : NULL, n, m->pool);
         if (st != xnn_status_success)
           return qt_err(err, "run %s on xnnpack: step %d (partition operator) failed: %s", p->name, i,

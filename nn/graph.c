@@ -23,7 +23,7 @@ qt_graph *qt_graph_create(const char *name) {
 void qt_graph_free(qt_graph *g) {
   if (!g) return;
   for (int i = 0; i < g->n_nodes; i++) {
-    qt_qstate_free(g->nodes[i].q);
+    if (!g->nodes[i].q_tied) qt_qstate_free(g->nodes[i].q);
     qt_qstate_free(g->nodes[i].wq);
   }
   QT_FREE_ALL(g->nodes, g->values, g->tensors, g->params, g->grads, g->buffers);
@@ -487,7 +487,20 @@ int qt_graph_quant_source(const qt_graph *g, int v) {
     const qt_node *n = &g->nodes[g->values[v].producer];
     if (n->op == QT_OP_FAKE_QUANT || n->op == QT_OP_DEQUANTIZE)
       return n->q && n->q->channels == 1 ? g->values[v].producer : -1;
-    if (n->op != QT_OP_MAX_POOL2D && n->op != QT_OP_FLATTEN && n->op != QT_OP_RELU && n->op != QT_OP_DROPOUT) return -1;
+    if (n->op == QT_OP_CONCAT) { /* on one grid when every input's source has the first's qparams */
+      const int s0 = qt_graph_quant_source(g, n->inputs[0]);
+      for (int k = 1; k < n->n_inputs && s0 >= 0; k++) {
+        const int s = qt_graph_quant_source(g, n->inputs[k]);
+        const qt_qstate *a = g->nodes[s0].q, *b = s >= 0 ? g->nodes[s].q : NULL;
+        if (!b || a->scale[0] != b->scale[0] || a->zero_point[0] != b->zero_point[0] || a->spec.qmin != b->spec.qmin ||
+            a->spec.qmax != b->spec.qmax)
+          return -1;
+      }
+      return s0;
+    }
+    if (n->op != QT_OP_MAX_POOL2D && n->op != QT_OP_FLATTEN && n->op != QT_OP_RELU && n->op != QT_OP_DROPOUT &&
+        n->op != QT_OP_CHANNEL_SHUFFLE && n->op != QT_OP_CHANNEL_SLICE)
+      return -1;
     v = n->inputs[0];
   }
   return -1;
@@ -500,8 +513,8 @@ int qt_bias_scales(const qt_graph *g, int node, float *scale, char *err) {
   const int src = qt_graph_quant_source(g, n->inputs[0]);
   if (src < 0)
     return qt_err(err,
-                  "%s: the int32 bias needs an input quantized per tensor (through max_pool2d, flatten, relu, dropout "
-                  "at most), and %s is not",
+                  "%s: the int32 bias needs an input quantized per tensor (through max_pool2d, flatten, relu, dropout, "
+                  "a channel shuffle or slice, or a concat of inputs on one grid, at most), and %s is not",
                   n->name, g->values[n->inputs[0]].name);
   const qt_qstate *xq = g->nodes[src].q;
   if (!xq->calibrated || !wq->calibrated)

@@ -188,6 +188,7 @@ typedef struct {
   int buffer[QT_MAX_PARAMS];
   int training;  /* mode of stateful nodes (batch_norm, conv_bn, fake_quant, dropout) */
   qt_qstate *q;  /* fake_quant / quantize / dequantize: activation quantization */
+  int q_tied;    /* fake_quant: q is an earlier fake quant's (shared qparams), not owned here */
   qt_qstate *wq; /* conv2d / linear / conv_bn: weight quantization, NULL = fp32 */
   int bn_frozen; /* batch_norm / conv_bn: running statistics frozen */
 } qt_node;
@@ -321,8 +322,9 @@ int qt_graph_sole_consumer(const qt_graph *g, int v);
 /* The input of the two-input node `node` that is not value v (v when both inputs are v). */
 int qt_graph_other_input(const qt_graph *g, int node, int v);
 /* The fake_quant or dequantize node on whose per-tensor grid the values of v lie: v's producer,
- * or the one reached through max_pool2d, flatten and relu (which keep values on their input's
- * grid) and dropout (the identity in eval, and absent from Q/DQ graphs); -1 when there is none (an
+ * or the one reached through max_pool2d, flatten, relu, channel shuffle and slice (which keep
+ * values on their input's grid), dropout (the identity in eval, and absent from Q/DQ graphs) and
+ * a concat whose inputs all lie on one grid (the first input's source); -1 when there is none (an
  * fp32 value, a per-channel quantization). */
 int qt_graph_quant_source(const qt_graph *g, int v);
 /* The int32 bias's scales of layer `node` (conv2d / linear / conv_bn whose weight spec has

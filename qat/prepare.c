@@ -60,7 +60,11 @@ static int copy_node(prep *s, int i) {
   return id;
 }
 
-static int add_fake_quant(prep *s, int old_value, const qt_qspec *spec, char *err) {
+/* The fake quant at old_value (a point of a): its own state from the spec, or, tied, the state of
+ * the fake quant at its leader (made earlier: the Quantizer ties to a point quantized first). */
+static int add_fake_quant(prep *s, int old_value, const qt_annotations *a, char *err) {
+  const qt_qspec *spec = &a->act_spec[old_value];
+  const int leader = a->tie ? a->tie[old_value] : -1;
   char name[QT_NAME_LEN];
   snprintf(name, sizeof name, "%s.fq", s->g->values[old_value].name);
   int in = s->vmap[old_value];
@@ -70,6 +74,16 @@ static int add_fake_quant(prep *s, int old_value, const qt_qspec *spec, char *er
   if (id < 0) {
     snprintf(err, QT_ERR_LEN, "prepare: %s", s->p->error);
     return -1;
+  }
+  if (leader >= 0) {
+    const int lv = s->vmap[leader], ln = lv >= 0 ? s->p->values[lv].producer : -1;
+    if (ln < 0 || s->p->nodes[ln].op != QT_OP_FAKE_QUANT)
+      return qt_err(err, "prepare: %s is tied to the point at %s, which is not quantized before it", name,
+                    s->g->values[leader].name);
+    s->p->nodes[id].q = s->p->nodes[ln].q;
+    s->p->nodes[id].q_tied = 1;
+    s->vmap[old_value] = s->p->nodes[id].output;
+    return 0;
   }
   s->p->nodes[id].q = qt_qstate_create(spec, 1, err);
   if (!s->p->nodes[id].q) return -1;
@@ -164,7 +178,7 @@ static int prepare_conv_bn(prep *s, int i, int bn, const qt_annotations *a, qt_p
   if (new_id < 0) return 1;
   if (a->weight[i] && attach_weight_quant(s, new_id, &a->weight_spec[i], n->attr.out_channels, err)) return -1;
   s->vmap[n->output] = s->vmap[b->output] = s->p->nodes[new_id].output;
-  if (a->act[b->output] && add_fake_quant(s, b->output, &a->act_spec[b->output], err)) return -1;
+  if (a->act[b->output] && add_fake_quant(s, b->output, a, err)) return -1;
   return 0;
 }
 
@@ -182,7 +196,7 @@ static int prepare_node(prep *s, int i, const qt_annotations *a, char *err) {
     if (new_id < 0) return 1;
     if (a->weight[i] && attach_weight_quant(s, new_id, &a->weight_spec[i], n->attr.out_channels, err)) return -1;
   }
-  if (a->act[n->output] && add_fake_quant(s, n->output, &a->act_spec[n->output], err)) return -1;
+  if (a->act[n->output] && add_fake_quant(s, n->output, a, err)) return -1;
   return 0;
 }
 

@@ -64,6 +64,8 @@ typedef struct {
   int *act; /* per value: 1 = a quantization point */
   qt_qspec *act_spec;
   int *share;  /* per value: value whose qparams it shares, or -1 */
+  int *tie;    /* per value: for a point, the earlier point whose state its fake quant uses (one set of
+                * qparams for a concat's inputs: PT2E's SharedQuantizationSpec), or -1 */
   int *weight; /* per node: 1 = weight quantized */
   qt_qspec *weight_spec;
   int *unit; /* per node: id of the first node of its unit (itself if alone) */
@@ -92,6 +94,8 @@ typedef struct {
                                    * qparams for their known range (XNNPACK's qs8 sigmoid and tanh,
                                    * TFLite's convention): the Quantizer gives their outputs those
                                    * (qt_fixed_act_qparams) instead of observed ones */
+  int concat_shared;              /* it runs concat only as a copy of inputs on one grid: the Quantizer
+                                   * ties a concat's inputs to one point, the output sharing it */
   int conv_add;                   /* it runs a quantized conv2d's output added to a quantized tensor
                                    * [-> relu] before the requantization, as one unit (quant.fuse_add) */
   int gate_mul;                   /* it runs a quantized conv2d's / linear's output through an
@@ -151,8 +155,10 @@ static inline int qt_backend_runs(const qt_backend_desc *d, const qt_node *n) {
  * affine when the backend asks for signed ones (XNNPACK's qs8), signed symmetric when it asks for symmetric ones; per
  * tensor; power-of-two scales when required. Bit widths come from cfg (and its overrides) and must be allowed by d. LSQ
  * is refused with power-of-two scales. The output of an activation whose kind is in d->fixed_act_kinds gets fixed
- * qparams (qt_fixed_act_qparams), neither observed nor learned. Returns 0, or -1 with err naming the setting and the
- * backend. */
+ * qparams (qt_fixed_act_qparams), neither observed nor learned. With d->concat_shared a concat's inputs are points tied
+ * (out->tie) to one leader, the point an input already shares or else the input quantized first, and the output shares
+ * it; the concat keeps its own point when that cannot be done (two inputs sharing different points, and the like).
+ * Returns 0, or -1 with err naming the setting and the backend. */
 int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, qt_annotations *out,
                  char *err);
 /* The fixed output qparams of an activation of known range on the integers [qmin, qmax] of a spec with 2^bits levels

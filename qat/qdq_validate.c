@@ -399,8 +399,8 @@ static int check_bias(const qt_graph *g, int i, graph_kind kind, const char *whe
   }
   if (qt_graph_quant_source(g, n->inputs[0]) < 0)
     return qt_err(msg,
-                  "%s: an int32 bias needs an input quantized per tensor (a %s, through max_pool2d, flatten or "
-                  "relu at most); %s is not",
+                  "%s: an int32 bias needs an input quantized per tensor (a %s, through max_pool2d, flatten, relu, "
+                  "a channel shuffle or slice, or a concat of inputs on one grid, at most); %s is not",
                   where, kind == KIND_PREPARED ? "fake_quant" : "dequantize", g->values[n->inputs[0]].name);
   if (kind == KIND_PREPARED || n->param[QT_P_BIAS] < 0) {
     if (q->qbias)

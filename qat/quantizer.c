@@ -195,6 +195,72 @@ static int quantized_op(qt_op op) {
          op == QT_OP_MUL || op == QT_OP_CONCAT;
 }
 
+/* The point v stands for: v, or the point it shares (through pass-through ops). */
+static int root_of(const qt_annotations *a, int v) {
+  for (int hops = 0; a->share[v] >= 0 && hops < 1000; hops++) v = a->share[v];
+  return v;
+}
+
+/* Where prepare puts v's fake quant: right after v's producer (the graph input's first). */
+static int fq_order(const qt_graph *g, int v) { return v == g->input ? -1 : g->values[v].producer; }
+
+static int from_dropout(const qt_graph *g, int v) {
+  return v != g->input && g->nodes[g->values[v].producer].op == QT_OP_DROPOUT;
+}
+
+static int leads(const qt_annotations *a, int v) {
+  for (int u = 0; u < a->n_values; u++)
+    if (a->tie[u] == v) return 1;
+  return 0;
+}
+
+/* d->concat_shared: concat i's inputs become points tied to one leader, and its output shares the
+ * leader's qparams (PT2E's SharedQuantizationSpec for cat): the backend copies them. The leader is
+ * the point an input already shares (a max pool's or a channel slice's input, say), else the input
+ * quantized first; its observer sees every input. The concat keeps its own output point and its
+ * inputs their own when two inputs already share different points, an input is tied elsewhere or
+ * leads another concat, comes from a dropout, or has other bits or fixed qparams than the leader,
+ * or when the leader would be quantized after another input. */
+static void tie_concat(const qt_graph *g, const qt_quantizer_config *cfg, const qt_backend_desc *d, int i,
+                       qt_annotations *out) {
+  const qt_node *n = &g->nodes[i];
+  int leader = -1;
+  for (int k = 0; k < n->n_inputs; k++) {
+    const int v = n->inputs[k];
+    if (out->share[v] < 0) continue;
+    if (leader >= 0 && root_of(out, v) != leader) return;
+    leader = root_of(out, v);
+  }
+  if (leader < 0) {
+    leader = n->inputs[0];
+    for (int k = 1; k < n->n_inputs; k++)
+      if (fq_order(g, n->inputs[k]) < fq_order(g, leader)) leader = n->inputs[k];
+  }
+  const qt_layer_override *o = find_override(cfg, n->name);
+  const qt_qspec spec = out->act[leader]
+                            ? out->act_spec[leader]
+                            : act_spec(d, cfg, o && o->activation_bits ? o->activation_bits : cfg->activation_bits);
+  if (out->tie[leader] >= 0 || spec.fixed_scale > 0 || from_dropout(g, leader)) return;
+  for (int k = 0; k < n->n_inputs; k++) {
+    const int v = n->inputs[k];
+    if (v == leader || out->share[v] >= 0) continue;
+    if (out->tie[v] >= 0 || leads(out, v) || fq_order(g, v) < fq_order(g, leader) || from_dropout(g, v) ||
+        (out->act[v] && (out->act_spec[v].bits != spec.bits || out->act_spec[v].fixed_scale > 0)))
+      return;
+  }
+  out->act[leader] = 1;
+  out->act_spec[leader] = spec;
+  for (int k = 0; k < n->n_inputs; k++) {
+    const int v = n->inputs[k];
+    if (v == leader || out->share[v] >= 0) continue;
+    out->act[v] = 1;
+    out->act_spec[v] = spec;
+    out->tie[v] = leader;
+  }
+  out->act[n->output] = 0;
+  out->share[n->output] = leader;
+}
+
 /* The outputs of quantized units become quantization points and pass-through ops share their
  * input's qparams; then the inputs of quantized units that are not quantized yet (the graph
  * input, the output of an fp32 layer) become points too, and pass-through ops after them
@@ -220,6 +286,8 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
       out->share[n->output] = n->inputs[0];
     }
   }
+  for (int i = 0; i < g->n_nodes && d->concat_shared; i++)
+    if (quantized_unit[i] && g->nodes[i].op == QT_OP_CONCAT) tie_concat(g, cfg, d, i, out);
   for (int i = 0; i < g->n_nodes; i++) {
     if (!quantized_unit[i]) continue;
     const qt_node *n = &g->nodes[i];
@@ -249,11 +317,13 @@ static void annotations_init(qt_annotations *out, const qt_graph *g) {
   out->act = calloc((size_t)g->n_values, sizeof(int));
   out->act_spec = calloc((size_t)g->n_values, sizeof(qt_qspec));
   out->share = malloc((size_t)g->n_values * sizeof(int));
+  out->tie = malloc((size_t)g->n_values * sizeof(int));
   out->weight = calloc((size_t)g->n_nodes, sizeof(int));
   out->weight_spec = calloc((size_t)g->n_nodes, sizeof(qt_qspec));
   out->unit = malloc((size_t)g->n_nodes * sizeof(int));
-  QT_ASSERT(out->act && out->act_spec && out->share && out->weight && out->weight_spec && out->unit, "out of memory");
-  for (int v = 0; v < g->n_values; v++) out->share[v] = -1;
+  QT_ASSERT(out->act && out->act_spec && out->share && out->tie && out->weight && out->weight_spec && out->unit,
+            "out of memory");
+  for (int v = 0; v < g->n_values; v++) out->share[v] = out->tie[v] = -1;
   for (int i = 0; i < g->n_nodes; i++) out->unit[i] = i;
 }
 
@@ -411,7 +481,7 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
 }
 
 void qt_annotations_free(qt_annotations *a) {
-  QT_FREE_ALL(a->act, a->act_spec, a->share, a->weight, a->weight_spec, a->unit);
+  QT_FREE_ALL(a->act, a->act_spec, a->share, a->tie, a->weight, a->weight_spec, a->unit);
   memset(a, 0, sizeof *a);
 }
 
@@ -430,7 +500,9 @@ static void spec_str(const qt_qspec *s, char *buf, size_t n) {
 void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f) {
   char buf[200];
   for (int v = 0; v < a->n_values; v++) {
-    if (a->act[v]) {
+    if (a->act[v] && a->tie[v] >= 0) {
+      fprintf(f, "  activation %-16s tied to %s (shared qparams)\n", g->values[v].name, g->values[a->tie[v]].name);
+    } else if (a->act[v]) {
       spec_str(&a->act_spec[v], buf, sizeof buf);
       fprintf(f, "  activation %-16s %s\n", g->values[v].name, buf);
     } else if (a->share[v] >= 0) {
