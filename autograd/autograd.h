@@ -261,7 +261,9 @@ qt_tensor *qt_relu6(qt_ctx *ctx, qt_tensor *x, int inplace);
 /* Element-wise activations (autograd/ops_act.c), each PyTorch's formula and backward: sigmoid,
  * tanh, SiLU (x sigmoid(x)), hard sigmoid (alpha, beta: PyTorch's relu6(x + 3) / 6 for (1/6,
  * 1/2), else ONNX's clamp(alpha x + beta, 0, 1)), hard swish (x relu6(x + 3) / 6), GELU with erf
- * and with the tanh approximation, leaky ReLU (negative slope alpha) and ELU (alpha). */
+ * and with the tanh approximation, leaky ReLU (negative slope alpha) and ELU (alpha); and the
+ * arithmetic with a constant: affine (alpha x + beta, computed as x * alpha when beta is 0 and as
+ * x + beta when alpha is 1: PyTorch's x * c, x + c, x - c, c - x) and div (x / alpha). */
 typedef enum {
   QT_ACT_SIGMOID,
   QT_ACT_TANH,
@@ -272,16 +274,19 @@ typedef enum {
   QT_ACT_GELU_TANH,
   QT_ACT_LEAKY_RELU,
   QT_ACT_ELU,
+  QT_ACT_AFFINE,
+  QT_ACT_DIV,
   QT_ACT_COUNT
 } qt_act_kind;
 typedef struct qt_act {
   qt_act_kind kind;
-  float alpha, beta; /* hardsigmoid: slope and offset; leaky_relu: negative slope; elu: alpha */
+  float alpha, beta; /* hardsigmoid: slope and offset; leaky_relu: negative slope; elu: alpha; affine: factor and
+                      * offset; div: divisor */
 } qt_act;
-/* PyTorch's defaults: hardsigmoid (1/6, 1/2), leaky_relu 0.01, elu 1. */
+/* PyTorch's defaults: hardsigmoid (1/6, 1/2), leaky_relu 0.01, elu 1; affine (1, 0); div 1. */
 qt_act qt_act_default(qt_act_kind kind);
 /* "sigmoid", "tanh", "silu", "hardsigmoid", "hardswish", "gelu", "gelu_tanh", "leaky_relu",
- * "elu"; qt_act_parse: -1 for another name. */
+ * "elu", "affine", "div"; qt_act_parse: -1 for another name. */
 const char *qt_act_name(qt_act_kind kind);
 /* Whether a hard sigmoid's (alpha, beta) are PyTorch's (1/6, 1/2), computed as relu6(x + 3) / 6;
  * otherwise as ONNX's max(0, min(1, alpha x + beta)). */

@@ -1,5 +1,6 @@
 /* Element-wise activations beyond relu / relu6 (autograd.h qt_activation): sigmoid, tanh, SiLU,
- * hard sigmoid, hard swish, GELU (erf and tanh forms), leaky ReLU and ELU, their kernels
+ * hard sigmoid, hard swish, GELU (erf and tanh forms), leaky ReLU, ELU and the arithmetic with a
+ * constant (affine, div), their kernels
  * (kernels.h qt_act_forward / qt_act_backward) and the differentiable op.
  *
  * Each formula is PyTorch's (aten/src/ATen/native/cpu/Activation.cpp and UnaryOpsKernel.cpp,
@@ -24,8 +25,8 @@
 #define TWO_OVER_SQRTPI 1.12837916709551257390
 #define SQRT1_2 0.70710678118654752440
 
-static const char *const act_names[QT_ACT_COUNT] = {"sigmoid", "tanh",      "silu",       "hardsigmoid", "hardswish",
-                                                    "gelu",    "gelu_tanh", "leaky_relu", "elu"};
+static const char *const act_names[QT_ACT_COUNT] = {
+    "sigmoid", "tanh", "silu", "hardsigmoid", "hardswish", "gelu", "gelu_tanh", "leaky_relu", "elu", "affine", "div"};
 
 const char *qt_act_name(qt_act_kind kind) { return kind >= 0 && kind < QT_ACT_COUNT ? act_names[kind] : "?"; }
 
@@ -42,7 +43,7 @@ qt_act qt_act_default(qt_act_kind kind) {
   qt_act a = {kind, 0.0f, 0.0f};
   if (kind == QT_ACT_HARDSIGMOID) a.alpha = 1.0f / 6.0f, a.beta = 0.5f;
   if (kind == QT_ACT_LEAKY_RELU) a.alpha = 0.01f;
-  if (kind == QT_ACT_ELU) a.alpha = 1.0f;
+  if (kind == QT_ACT_ELU || kind == QT_ACT_AFFINE || kind == QT_ACT_DIV) a.alpha = 1.0f;
   return a;
 }
 
@@ -74,6 +75,11 @@ static inline float act_forward(float x, const qt_act *a, int torch_hs) {
     }
     case QT_ACT_LEAKY_RELU: return x > 0.0f ? x : x * a->alpha;
     case QT_ACT_ELU: return x <= 0.0f ? a->alpha * (expf(x) - 1.0f) : x;
+    case QT_ACT_AFFINE: /* one rounding, as PyTorch's x * c, x + c, c - x (-x exact) */
+      if (a->beta == 0.0f) return x * a->alpha;
+      if (a->alpha == 1.0f) return x + a->beta;
+      return a->alpha * x + a->beta;
+    case QT_ACT_DIV: return x / a->alpha;
     default: return NAN;
   }
 }
@@ -113,6 +119,8 @@ static inline float act_backward(float g, float x, float y, const qt_act *a, int
     }
     case QT_ACT_LEAKY_RELU: return x > 0.0f ? g : g * a->alpha;
     case QT_ACT_ELU: return x <= 0.0f ? g * a->alpha * expf(x) : g;
+    case QT_ACT_AFFINE: return g * a->alpha;
+    case QT_ACT_DIV: return g / a->alpha;
     default: return NAN;
   }
 }
@@ -130,7 +138,9 @@ void qt_act_backward(float *dinp, const float *dout, const float *inp, const flo
   for (int64_t i = 0; i < n; i++) dinp[i] += act_backward(dout[i], inp ? inp[i] : 0.0f, out ? out[i] : 0.0f, a, hs);
 }
 
-int qt_act_backward_reads_input(int kind) { return kind != QT_ACT_SIGMOID && kind != QT_ACT_TANH; }
+int qt_act_backward_reads_input(int kind) {
+  return kind != QT_ACT_SIGMOID && kind != QT_ACT_TANH && kind != QT_ACT_AFFINE && kind != QT_ACT_DIV;
+}
 
 /* ---- the op ---------------------------------------------------------------------------------- */
 typedef struct {

@@ -523,6 +523,8 @@ static double act_f64(double v, const qt_node_attrs *a) {
     case QT_ACT_GELU_TANH: return 0.5 * v * (1.0 + tanh(0.79788456080286535588 * (v + 0.044715 * v * v * v)));
     case QT_ACT_LEAKY_RELU: return v > 0 ? v : v * al;
     case QT_ACT_ELU: return v <= 0 ? al * (exp(v) - 1.0) : v;
+    case QT_ACT_AFFINE: return al * v + be;
+    case QT_ACT_DIV: return v / al;
     case QT_ACT_COUNT: break;
   }
   return NAN;

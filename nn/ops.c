@@ -23,6 +23,7 @@ static int act_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndi
   if (!isfinite(a->alpha) || !isfinite(a->beta))
     return qt_err(err, "%s: alpha %g and beta %g must be finite", qt_act_name((qt_act_kind)a->act), (double)a->alpha,
                   (double)a->beta);
+  if (a->act == QT_ACT_DIV && a->alpha == 0.0f) return qt_err(err, "div: the divisor (alpha) is 0");
   return same_as_input(a, in, ndim, shape, err);
 }
 

@@ -423,6 +423,27 @@ static int op_activation(exporter *e) {
       qt_exp_attr_float(e, qt_exp_add_node(e, "LeakyRelu", name, y, 1, x), "alpha", a->alpha);
       return 0;
     case QT_ACT_ELU: qt_exp_attr_float(e, qt_exp_add_node(e, "Elu", name, y, 1, x), "alpha", a->alpha); return 0;
+    case QT_ACT_DIV: {
+      char *c = qt_exp_str(e, "%s.divisor", name);
+      qt_exp_add_scalar_float(e, c, a->alpha);
+      qt_exp_add_node(e, "Div", name, y, 2, x, c);
+      return 0;
+    }
+    case QT_ACT_AFFINE: { /* Mul by alpha unless it is 1, then Add of beta unless it is 0 */
+      const int mul = a->alpha != 1.0f || a->beta == 0.0f, add = a->beta != 0.0f;
+      const char *m = add && mul ? qt_exp_str(e, "%s.scaled", name) : y;
+      if (mul) {
+        char *c = qt_exp_str(e, "%s.alpha", name);
+        qt_exp_add_scalar_float(e, c, a->alpha);
+        qt_exp_add_node(e, "Mul", add ? m : name, m, 2, x, c);
+      }
+      if (add) {
+        char *c = qt_exp_str(e, "%s.beta", name);
+        qt_exp_add_scalar_float(e, c, a->beta);
+        qt_exp_add_node(e, "Add", name, y, 2, mul ? m : x, c);
+      }
+      return 0;
+    }
     case QT_ACT_HARDSIGMOID:
     case QT_ACT_HARDSWISH: {
       const int swish = a->act == QT_ACT_HARDSWISH;

@@ -120,24 +120,60 @@ static int gelu_step(imp *im, int from, float c, const char *op) {
   return 0;
 }
 
+/* x op c of an activation x and a constant float scalar c: x * c, c * x, x + c, c + x and x - c (as
+ * x + (-c)), c - x (as -x + c) become one `affine` activation, x / c one `div` (PyTorch's
+ * arithmetic with a Python number). 1 when it did, 0 when the node is no such op, -1 on an error. */
+static int const_arith(imp *im, char op) {
+  if (im->node->n_input != 2) return 0;
+  for (int k = 0; k < 2; k++) {
+    const sym *xs = qt_imp_raw_input(im, (size_t)k), *cs = qt_imp_raw_input(im, (size_t)(1 - k));
+    float c;
+    if (!xs || xs->kind != S_ACT || !qt_imp_const_scalar(cs, &c)) continue;
+    if (op == '/' && k == 1)
+      return qt_imp_node_err(im,
+                             "Div of the constant %g by '%s': only an activation divided by a constant is supported",
+                             (double)c, xs->name);
+    if (!isfinite(c) || (op == '/' && c == 0.0f))
+      return qt_imp_node_err(im, "%s by the constant %g of '%s': the constant must be finite%s",
+                             op == '/'   ? "Div"
+                             : op == '*' ? "Mul"
+                             : op == '+' ? "Add"
+                                         : "Sub",
+                             (double)c, cs->name, op == '/' ? " and not 0" : "");
+    qt_act a = qt_act_default(op == '/' ? QT_ACT_DIV : QT_ACT_AFFINE);
+    if (op == '*' || op == '/') a.alpha = c;
+    if (op == '+') a.beta = c;
+    if (op == '-') a.alpha = k ? -1.0f : 1.0f, a.beta = k ? c : -c;
+    sym *x = qt_imp_act_input(im, (size_t)k, k ? "B" : "A", 0);
+    if (!x) return -1;
+    char name[QT_NAME_LEN];
+    qt_imp_node_name(im, NULL, name);
+    return bind_elementwise(im, x, qt_graph_activation(im->g, name, x->value, a)) ? -1 : 1;
+  }
+  return 0;
+}
+
 /* Div: x / sqrt 2, the start of a GELU, or shape arithmetic. */
 static int op_div(imp *im) {
   const sym *a = qt_imp_raw_input(im, 0);
   if (a && a->kind == S_INTS) return qt_imp_ints_arith(im, '/');
   int r = gelu_step(im, 0, 1.41421356f, "Div");
   if (!r) r = qt_imp_tokens_scale(im, 1);
+  if (!r) r = const_arith(im, '/');
   if (r) return r < 0 ? -1 : 0;
   return qt_imp_node_err(im,
-                         "Div is supported only as the x / sqrt(2) that starts a GELU (%s) and as the scaling of "
-                         "attention scores",
+                         "Div is supported only as an activation divided by a constant scalar, the x / sqrt(2) that "
+                         "starts a GELU (%s) and the scaling of attention scores",
                          gelu_what);
 }
 
-/* Sub: shape arithmetic only. */
+/* Sub: shape arithmetic, or an activation and a constant scalar. */
 static int op_sub(imp *im) {
   const sym *a = qt_imp_raw_input(im, 0);
   if (a && a->kind == S_INTS) return qt_imp_ints_arith(im, '-');
-  return qt_imp_node_err(im, "Sub is supported only in shape computations");
+  const int r = const_arith(im, '-');
+  if (r) return r < 0 ? -1 : 0;
+  return qt_imp_node_err(im, "Sub is supported only in shape computations and of an activation and a constant scalar");
 }
 
 static int op_erf(imp *im) {
@@ -155,6 +191,7 @@ static int op_add(imp *im) {
   const sym *first = qt_imp_raw_input(im, 0);
   if (first && first->kind == S_INTS) return qt_imp_ints_arith(im, '+');
   int r = gelu_step(im, 2, 1.0f, "Add");
+  if (!r) r = const_arith(im, '+');
   if (!r) r = qt_imp_tokens_add(im);
   if (r) return r < 0 ? -1 : 0;
   sym *a = qt_imp_input(im, 0, "A"), *b = a ? qt_imp_input(im, 1, "B") : NULL;
@@ -187,12 +224,15 @@ static int op_mul(imp *im) {
   int r = gelu_step(im, 3, 0.0f, "Mul");
   if (!r) r = gelu_step(im, 4, 0.5f, "Mul");
   if (!r) r = qt_imp_tokens_scale(im, 0);
+  if (!r) r = const_arith(im, '*');
   if (r) return r < 0 ? -1 : 0;
   sym *a = qt_imp_input(im, 0, "A"), *b = a ? qt_imp_input(im, 1, "B") : NULL;
   if (!b) return -1;
   if (a->kind != S_ACT || b->kind != S_ACT)
-    return qt_imp_node_err(im, "Mul of '%s' (%s) and '%s' (%s): only Mul of two activations is supported", a->name,
-                           kind_text(a), b->name, kind_text(b));
+    return qt_imp_node_err(im,
+                           "Mul of '%s' (%s) and '%s' (%s): only Mul of two activations, or of an activation and a "
+                           "constant scalar, is supported",
+                           a->name, kind_text(a), b->name, kind_text(b));
   if (!(a = qt_imp_act_input(im, 0, "A", 0)) || !(b = qt_imp_act_input(im, 1, "B", 0))) return -1;
   if (b->pooled && is_image(im, a)) {
   } else if (a->pooled && is_image(im, b)) {

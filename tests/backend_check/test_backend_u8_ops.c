@@ -172,5 +172,6 @@ int main(void) {
   imported("tests/onnx/models/se_cnn.onnx", 1);
   imported("tests/onnx/models/act_cnn.onnx", 1);
   imported("tests/onnx/models/shuffle_cnn.onnx", 1);
+  imported("tests/onnx/models/arith_cnn.onnx", 1);
   return qt_test_finish();
 }

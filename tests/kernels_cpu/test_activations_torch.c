@@ -159,6 +159,12 @@ int main(void) {
       {"elu_1", qt_act_default(QT_ACT_ELU), A, R},
       {"elu_0.5", {QT_ACT_ELU, 0.5f, 0.0f}, A, R},
       {"hardsigmoid_onnx", {QT_ACT_HARDSIGMOID, 0.2f, 0.5f}, 0, 0},
+      /* arithmetic with a constant: one rounding each, as PyTorch's: bit for bit */
+      {"mul_0.3", {QT_ACT_AFFINE, 0.3f, 0.0f}, 0, 0},
+      {"add_0.75", {QT_ACT_AFFINE, 1.0f, 0.75f}, 0, 0},
+      {"sub_0.3", {QT_ACT_AFFINE, 1.0f, -0.3f}, 0, 0},
+      {"rsub_0.3", {QT_ACT_AFFINE, -1.0f, 0.3f}, 0, 0},
+      {"div_3", {QT_ACT_DIV, 3.0f, 0.0f}, 0, 0},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     check_case(&cases[k], x, dy, n);

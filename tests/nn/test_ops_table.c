@@ -108,7 +108,7 @@ static void check_shapes(void) {
   expect_shape("activation", QT_OP_ACTIVATION, &(qt_node_attrs){.act = QT_ACT_ELU, .alpha = 0.5f}, x, 1, 3,
                (int64_t[]){28, 28, 1}, NULL);
   expect_shape("activation kind", QT_OP_ACTIVATION, &(qt_node_attrs){.act = QT_ACT_COUNT}, x, 1, 0, NULL,
-               "activation kind 9 is not one of 0..8");
+               "activation kind 11 is not one of 0..10");
   expect_shape("activation alpha", QT_OP_ACTIVATION, &(qt_node_attrs){.act = QT_ACT_ELU, .alpha = INFINITY}, x, 1, 0,
                NULL, "elu: alpha inf and beta 0 must be finite");
   expect_shape("add shapes", QT_OP_ADD, &none, xy, 2, 0, NULL, "add inputs 'x' and 'y' differ in shape");

@@ -16,8 +16,8 @@ unpack ran out of stack on both, exit 139):
 - many_inputs.onnx: a Relu with 10,000 inputs; dup_init.onnx: two initializers named "w";
   neg_dims.onnx: an initializer with dimension -1; escape_name.onnx: a node (of an op the
   importer refuses) named with a terminal escape sequence; mul_const.onnx: Mul(x, w) by an
-  initializer (a Mul of an activation by a constant tensor); div_one.onnx: x / 1, a Div that
-  does not start a GELU; concat_h.onnx: Concat(x, x) along H (axis 2); transpose_hw.onnx: a
+  initializer (a Mul of an activation by a constant tensor); div_one.onnx: 1 / x, a Div of a
+  constant by an activation; concat_h.onnx: Concat(x, x) along H (axis 2); transpose_hw.onnx: a
   Transpose of H and W; split_h.onnx: a Split along H; avgpool_ceil.onnx: AveragePool(3, 2) in
   ceil mode.
 
@@ -144,7 +144,7 @@ def main():
                        ("mul_const.onnx", relu_model(string(1, "x") + string(1, "w") + string(2, "y") +
                                                      string(3, "scale") + string(4, "Mul"),
                                                      initializer("w", [2]))),
-                       ("div_one.onnx", relu_model(string(1, "x") + string(1, "one") + string(2, "y") +
+                       ("div_one.onnx", relu_model(string(1, "one") + string(1, "x") + string(2, "y") +
                                                    string(3, "div") + string(4, "Div"), initializer("one", []))),
                        ("concat_h.onnx", relu_model(string(1, "x") + string(1, "x") + string(2, "y") +
                                                     string(3, "cat") + string(4, "Concat") + attr_int("axis", 2))),

@@ -65,7 +65,7 @@ grep -q $'\x1b' "$T/err" && { echo "escape_name: stderr holds a raw escape chara
 # a Mul of an activation by a constant tensor
 expect mul_const "node 'scale' (Mul, opset 13)" "Mul of 'x' (an activation) and 'w' (a constant): only Mul of two activations" -- "$T/mul_const.onnx"
 # a Div by 1, not the x / sqrt(2) that starts a GELU
-expect div_one "node 'div' (Div, opset 13)" "Div is supported only as the x / sqrt(2) that starts a GELU" -- "$T/div_one.onnx"
+expect div_one "node 'div' (Div, opset 13)" "only an activation divided by a constant is supported" -- "$T/div_one.onnx"
 # a Concat of images along H
 expect concat_h "node 'cat' (Concat, opset 13)" "Concat along axis 2; only along channels" -- "$T/concat_h.onnx"
 # an AveragePool in ceil mode whose last window hangs over (28 -> 14; floor mode: 13)

@@ -328,6 +328,8 @@ int main(void) {
   /* a vision transformer: patch tokens, position embedding, LayerNormalization, per-token MatMul,
    * multi-head attention written out (Reshape, Transpose, MatMul, Mul, Softmax), the mean token */
   check_model("vit", 0, "blocks.0.attn.q", 1);
+  /* Mul, Add, Sub (either order) and Div of an activation and a constant scalar: affine, div */
+  check_model("arith_cnn", 0, "Sub_1", 1);
   /* torch 2.x's exports, the opset forms and external data (tests/onnx/make_torch2_models.py) */
   ref_name = "onnx2_ref.h5";
   check_model_in("tests/onnx/models/", "t2_fashion_cnn", 0, "fc1", 1, "fashion_cnn");

@@ -259,6 +259,10 @@ def activation(x, act, alpha, beta):
         y = np.where(v > 0, v, v * alpha)
     elif act == "elu":
         y = np.where(v <= 0, alpha * (np.exp(np.minimum(v, 0.0)) - 1.0), v)
+    elif act == "affine":
+        y = alpha * v + beta
+    elif act == "div":
+        y = v / alpha
     else:
         raise SystemExit(f"activation '{act}' unknown to this reader")
     return y.astype(np.float32)

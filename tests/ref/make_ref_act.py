@@ -9,7 +9,8 @@ activations of autograd/ops_act.c, tested by tests/kernels_cpu/test_activations_
     sigmoid, tanh, silu, hardsigmoid, hardswish, gelu (approximate='none'),
     gelu_tanh (approximate='tanh'), leaky_relu_0.01, leaky_relu_0.2, elu_1, elu_0.5,
     hardsigmoid_onnx (ONNX's HardSigmoid default alpha 0.2, beta 0.5, stated as
-    torch.clamp(0.2 x + 0.5, 0, 1))
+    torch.clamp(0.2 x + 0.5, 0, 1)), and the arithmetic with a Python number: mul_0.3 (x * 0.3),
+    add_0.75 (x + 0.75), sub_0.3 (x - 0.3), rsub_0.3 (0.3 - x), div_3 (x / 3)
   mul_a, mul_dy        a (3, 5, 4, 6) NHWC and an upstream gradient of its shape
   mul_same_b, mul_channel_b   b of a's shape, and b (3, 6): one factor per sample and channel
   mul_<same|channel>_y, _da, _db   a * b (the channel one broadcast over H and W, as
@@ -48,6 +49,11 @@ CASES = {
     "elu_1": lambda t: F.elu(t, 1.0),
     "elu_0.5": lambda t: F.elu(t, 0.5),
     "hardsigmoid_onnx": lambda t: torch.clamp(0.2 * t + 0.5, 0.0, 1.0),
+    "mul_0.3": lambda t: t * 0.3,
+    "add_0.75": lambda t: t + 0.75,
+    "sub_0.3": lambda t: t - 0.3,
+    "rsub_0.3": lambda t: 0.3 - t,
+    "div_3": lambda t: t / 3.0,
 }
 for name, fn in CASES.items():
     xi = x.clone().requires_grad_()
