@@ -293,6 +293,9 @@ const char *qt_act_name(qt_act_kind kind);
 int qt_act_torch_hardsigmoid(float alpha, float beta);
 int qt_act_parse(const char *name, qt_act_kind *out);
 qt_tensor *qt_activation(qt_ctx *ctx, qt_tensor *x, qt_act a);
+/* PReLU (PyTorch's): x > 0 ? x : w[c] x with w one slope for every channel (numel 1) or one per
+ * channel of x's last axis (numel C); dx = x > 0 ? dy : w dy, dw[c] = sum of x dy where x <= 0. */
+qt_tensor *qt_prelu(qt_ctx *ctx, qt_tensor *x, qt_tensor *w);
 /* One side of a pool's output, as PyTorch's pooling_output_shape (dilation 1): floor mode, or in
  * ceil mode the last window may hang over the end but starts inside the input or its left
  * padding; -1 when the window does not fit (or kernel, stride or pad is out of range). */

@@ -17,6 +17,7 @@
 #include "autograd/ops_int.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ACT_PARALLEL_MIN 16384
@@ -175,6 +176,56 @@ static qt_tensor *act_op(qt_ctx *ctx, qt_tensor *x, qt_act a) {
 
 qt_tensor *qt_activation(qt_ctx *ctx, qt_tensor *x, qt_act a) {
   PROFILED(ctx, QT_PROFILE_ACTIVATION, act_op(ctx, x, a));
+}
+
+/* ---- PReLU ----------------------------------------------------------------------------------- */
+typedef struct {
+  qt_tensor *x, *w, *y;
+} prelu_saved;
+
+static void prelu_backward(qt_ctx *ctx, void *p) {
+  prelu_saved *s = p;
+  if (!s->y->grad) return;
+  const int64_t n = qt_tensor_numel(s->x), K = qt_tensor_numel(s->w), C = s->x->shape[s->x->ndim - 1];
+  const float *x = qt_f32(s->x), *w = qt_f32(s->w), *g = s->y->grad;
+  if (s->x->requires_grad) {
+    float *dx = qt_tensor_grad(ctx, s->x);
+#pragma omp parallel for schedule(static) if (n >= ACT_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) dx[i] += x[i] > 0.0f ? g[i] : w[K == 1 ? 0 : i % C] * g[i];
+  }
+  if (s->w->requires_grad) { /* sums in double, one per slope */
+    double *acc = calloc((size_t)K, sizeof *acc);
+    QT_ASSERT(acc, "out of memory");
+    for (int64_t i = 0; i < n; i++)
+      if (!(x[i] > 0.0f)) acc[K == 1 ? 0 : i % C] += (double)x[i] * (double)g[i];
+    float *dw = qt_tensor_grad(ctx, s->w);
+    for (int64_t k = 0; k < K; k++) dw[k] += (float)acc[k];
+    free(acc);
+  }
+}
+
+static qt_tensor *prelu_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w) {
+  check_f32(x, -1, "prelu", "input");
+  check_f32(w, -1, "prelu", "slope");
+  const int64_t n = qt_tensor_numel(x), K = qt_tensor_numel(w), C = x->shape[x->ndim - 1];
+  QT_ASSERT(K == 1 || K == C, "prelu: %lld slopes for %lld channels (1 or one per channel)", (long long)K,
+            (long long)C);
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, x->ndim, x->shape);
+  const float *xd = qt_f32(x), *wd = qt_f32(w);
+  float *yd = qt_f32(y);
+#pragma omp parallel for schedule(static) if (n >= ACT_PARALLEL_MIN)
+  for (int64_t i = 0; i < n; i++) yd[i] = xd[i] > 0.0f ? xd[i] : wd[K == 1 ? 0 : i % C] * xd[i];
+  if (qt_tape_recording(ctx, x, w, NULL)) {
+    y->requires_grad = 1;
+    prelu_saved *sv = qt_tape_push(ctx, QT_PROFILE_ACTIVATION, prelu_backward, sizeof *sv, y);
+    *sv = (prelu_saved){x, w, y};
+    x->saved = 1;
+  }
+  return y;
+}
+
+qt_tensor *qt_prelu(qt_ctx *ctx, qt_tensor *x, qt_tensor *w) {
+  PROFILED(ctx, QT_PROFILE_ACTIVATION, prelu_op(ctx, x, w));
 }
 
 /* ---- dropout --------------------------------------------------------------------------------- */

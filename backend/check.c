@@ -47,10 +47,10 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "onednn_cpu");
   d->onednn_runtime = 1;
-  const qt_op ops[] = {QT_OP_CONV2D,       QT_OP_LINEAR,  QT_OP_RELU,   QT_OP_RELU6,
-                       QT_OP_MAX_POOL2D,   QT_OP_FLATTEN, QT_OP_ADD,    QT_OP_GLOBAL_AVG_POOL,
-                       QT_OP_ACTIVATION,   QT_OP_MUL,     QT_OP_CONCAT, QT_OP_CHANNEL_SHUFFLE,
-                       QT_OP_CHANNEL_SLICE};
+  const qt_op ops[] = {QT_OP_CONV2D,        QT_OP_LINEAR,  QT_OP_RELU,   QT_OP_RELU6,
+                       QT_OP_MAX_POOL2D,    QT_OP_FLATTEN, QT_OP_ADD,    QT_OP_GLOBAL_AVG_POOL,
+                       QT_OP_ACTIVATION,    QT_OP_MUL,     QT_OP_CONCAT, QT_OP_CHANNEL_SHUFFLE,
+                       QT_OP_CHANNEL_SLICE, QT_OP_PRELU};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 */
   d->weight_sign = QT_SIGN_SIGNED;             /* s8 weights */
@@ -115,6 +115,7 @@ void qt_backend_desc_xnnpack(qt_backend_desc *d) {
   d->weight_per_tensor_ops[QT_OP_LINEAR] = 1;  /* xnn_create_fully_connected_nc_qs8: one kernel_scale */
   d->bias_int32_only = 1;                      /* const int32_t* bias in accumulator units */
   d->fallback_quantized[QT_OP_AVG_POOL2D] = 1; /* only qu8 average pooling: dq -> fp32 -> q */
+  d->fallback_quantized[QT_OP_PRELU] = 1;      /* only f32 PReLU in this XNNPACK */
   snprintf(d->isa, sizeof d->isa, "xnnpack operators");
 }
 

@@ -31,6 +31,7 @@ typedef enum {
   K_GATE_REQUANTIZE,
   K_ADD_U8,
   K_TABLE_U8,
+  K_CHANNEL_TABLE_U8,
   K_CONCAT_U8,
   K_GATHER_U8,
   K_GAP_U8
@@ -81,6 +82,12 @@ typedef struct {
   int n;
   int64_t C[QT_MAX_INPUTS], off[QT_MAX_INPUTS], Y;
 } u8_table;
+
+/* One u8 -> u8 table per channel of C (PReLU's slopes): C x 256 entries, channel-last rows. */
+typedef struct {
+  int64_t C;
+  uint8_t *maps;
+} u8_channel_table;
 
 /* A copy of channels (shuffle, slice): output channel c of OC reads input channel src[c] of IC. */
 typedef struct {
@@ -522,6 +529,47 @@ static const char *lower_concat_copy_u8(qt_lowering *L, int i, const char *no_ou
   return NULL;
 }
 
+/* dq -> prelu [-> relu | relu6] -> q: per slope, the fp32 kernel's PReLU (qt_prelu) of each of
+ * the 256 dequantized values, quantized: a table per channel (one table for a shared slope), bit
+ * for bit the Q/DQ graph. */
+static const char *lower_prelu_u8(qt_lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const char *why = u8_input(L, n->inputs[0]);
+  int relu, quant;
+  if (why || (why = qt_match_output(L, i, &relu, &quant))) return why;
+  const qt_param *w = &g->tensors[n->param[QT_P_WEIGHT]];
+  const float *slope = qt_param_data(g, n->param[QT_P_WEIGHT]);
+  float x[256];
+  dequantized(&L->rep[n->inputs[0]], x);
+  uint8_t *maps;
+  if (w->numel == 1) {
+    u8_table *t = qt_keep(L->p, sizeof *t);
+    u8_unit_step(L, i, K_TABLE_U8, relu, quant, 0)->aux = t;
+    maps = t->map[0];
+  } else {
+    u8_channel_table *t = qt_keep(L->p, sizeof *t);
+    t->C = w->numel;
+    t->maps = maps = qt_keep(L->p, (size_t)w->numel * 256);
+    u8_unit_step(L, i, K_CHANNEL_TABLE_U8, relu, quant, 0)->aux = t;
+  }
+  qt_ctx *ctx = qt_ctx_create(); /* the tables, once the step gave the quantize's value its qparams */
+  qt_ctx_set_grad(ctx, 0);
+  const int64_t one = 1, xs[1] = {256};
+  for (int64_t c = 0; c < w->numel; c++) {
+    qt_ctx_reset(ctx);
+    qt_tensor *y =
+        qt_prelu(ctx, qt_tensor_wrap(ctx, QT_F32, 1, xs, x), qt_tensor_wrap(ctx, QT_F32, 1, &one, (void *)(slope + c)));
+    table_of(L, qt_f32(y), relu, quant, maps + c * 256);
+  }
+  qt_ctx_free(ctx);
+  char nodes[256];
+  qt_unit_nodes(L, i, 1, relu, quant, nodes, sizeof nodes);
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "prelu on u8: a 256-entry table%s%s",
+              w->numel > 1 ? " per channel" : "", fused_name(L, relu));
+  return NULL;
+}
+
 /* dq(x1), dq(x2), ... -> concat [-> relu] -> q: each input's integers requantized to the
  * output's by a table (the Q/DQ graph quantizes the dequantized values it copies), copied into
  * its channels. Without the quantize, inputs on one grid are copied (lower_concat_copy_u8). */
@@ -638,6 +686,7 @@ static const char *lower_node(qt_lowering *L, int i) {
     case QT_OP_ADD:
     case QT_OP_MUL: return lower_binary_u8(L, i);
     case QT_OP_ACTIVATION: return lower_activation_u8(L, i);
+    case QT_OP_PRELU: return lower_prelu_u8(L, i);
     case QT_OP_CONCAT: return lower_concat_u8(L, i);
     case QT_OP_CHANNEL_SHUFFLE:
     case QT_OP_CHANNEL_SLICE: return lower_gather_u8(L, i);
@@ -731,6 +780,14 @@ static void run_table_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int6
   const uint8_t *map = ((const u8_table *)s->aux)->map[0];
 #pragma omp parallel for schedule(static) if (n >= 65536)
   for (int64_t i = 0; i < n; i++) out[i] = map[in[i]];
+}
+
+static void run_channel_table_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int64_t n) {
+  const u8_channel_table *t = s->aux;
+  const int64_t rows = n / t->C;
+#pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < t->C; c++) out[r * t->C + c] = t->maps[c * 256 + in[r * t->C + c]];
 }
 
 /* numel: of the output (rows of Y channels) */
@@ -860,6 +917,7 @@ static void run_kernel(const qt_program *p, const qt_step *s, void *o, int64_t n
     case K_GATE_REQUANTIZE: run_gate_requantize(s, o, (const float *)(void *)in[0], in[1], numel); break;
     case K_ADD_U8: run_binary_u8(s, o, in[0], in[1], numel); break;
     case K_TABLE_U8: run_table_u8(s, o, in[0], numel); break;
+    case K_CHANNEL_TABLE_U8: run_channel_table_u8(s, o, in[0], numel); break;
     case K_CONCAT_U8: run_concat_u8(s, o, in, numel); break;
     case K_GATHER_U8: run_gather_u8(s, o, in[0], numel); break;
     case K_GAP_U8: run_gap_u8(s, o, in[0], n); break;

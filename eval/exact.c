@@ -561,6 +561,14 @@ static int run_float_node(qt_exact *x, int i, double *y, int n, int64_t numel, c
       for (int64_t k = 0; k < numel; k++) y[k] = src[k] + p[k % per];
       return 0;
     }
+    case QT_OP_PRELU: { /* the fp32 kernel's single rounding */
+      const qt_param *w = &g->tensors[nd->param[QT_P_WEIGHT]];
+      const float *p = g->params + w->offset;
+      const int64_t C = g->values[v].shape[g->values[v].ndim - 1];
+#pragma omp parallel for schedule(static)
+      for (int64_t k = 0; k < numel; k++) y[k] = src[k] > 0.0f ? src[k] : p[w->numel == 1 ? 0 : k % C] * src[k];
+      return 0;
+    }
     case QT_OP_RELU: run_relu(src, y, numel, 0); return 0;
     case QT_OP_RELU6: run_relu(src, y, numel, 1); return 0;
     case QT_OP_MAX_POOL2D:

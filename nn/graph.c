@@ -131,7 +131,7 @@ static int build(qt_graph *g, qt_op op, const char *name, const int *inputs, int
   if (!n) return -1;
   const int id = g->n_nodes - 1;
   n->attr = *attr;
-  const int64_t channels[1] = {shape[ndim - 1]};
+  const int64_t channels[1] = {info->param_count_attr ? attr->out_channels : shape[ndim - 1]};
   for (int b = 0; b < 2; b++)
     for (int k = 0; k < QT_MAX_PARAMS; k++) {
       const int use = b ? info->buffer_use[k] : info->param_use[k];
@@ -271,6 +271,11 @@ int qt_graph_attention(qt_graph *g, const char *name, int q, int k, int v, int h
 
 int qt_graph_add_param(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_ADD_PARAM, name, x); }
 
+int qt_graph_prelu(qt_graph *g, const char *name, int x, int slopes) {
+  const qt_node_attrs a = {.out_channels = slopes};
+  return build(g, QT_OP_PRELU, name, &x, 1, &a, 0, NULL, 0);
+}
+
 int qt_graph_alloc(qt_graph *g, char *err) {
   if (g->error[0]) {
     snprintf(err, QT_ERR_LEN, "%s", g->error);
@@ -402,6 +407,9 @@ void qt_graph_init_params(qt_graph *g, uint64_t seed) {
         qt_param *b = &g->tensors[n->param[QT_P_BIAS]];
         for (int64_t k = 0; k < b->numel; k++) g->params[b->offset + k] = uniform(&s, bound);
       }
+    } else if (n->op == QT_OP_PRELU) {
+      const qt_param *w = &g->tensors[n->param[QT_P_WEIGHT]];
+      for (int64_t k = 0; k < w->numel; k++) g->params[w->offset + k] = 0.25f; /* PyTorch's init */
     } else if (n->op == QT_OP_LAYER_NORM) {
       const qt_param *gm = &g->tensors[n->param[QT_P_GAMMA]], *bt = &g->tensors[n->param[QT_P_BETA]];
       for (int64_t k = 0; k < gm->numel; k++) {

@@ -45,6 +45,7 @@ typedef enum {
   QT_OP_ATTENTION,       /* multi-head self-attention of q, k, v (the pixels are the tokens): attr.heads */
   QT_OP_ADD_PARAM,       /* x + a learned tensor of x's per-sample shape (a position embedding) */
   QT_OP_DROPOUT,         /* training: qt_dropout with probability attr.ratio; eval: x (convert removes it) */
+  QT_OP_PRELU,           /* x > 0 ? x : w x, param weight: attr.out_channels slopes (1, or one per channel) */
   QT_OP_COUNT
 } qt_op;
 const char *qt_op_name(qt_op op);
@@ -160,6 +161,7 @@ typedef struct {
   int stateful;         /* follows the train/eval mode switch */
   int param_free;       /* no tensors, no quantization state: qt_apply_simple_op */
   int param_per_sample; /* the parameter in slot 0 has the output's per-sample shape (add_param) */
+  int param_count_attr; /* the vectors of its slots hold attr.out_channels values (prelu: 1 or C) */
   qt_op_shape_fn shape; /* NULL for input (its shape is given) */
 } qt_op_info;
 
@@ -282,6 +284,9 @@ int qt_graph_layer_norm(qt_graph *g, const char *name, int x, float eps);
 int qt_graph_attention(qt_graph *g, const char *name, int q, int k, int v, int heads);
 /* x + a learned tensor of x's per-sample shape ("<name>.weight"; a position embedding). */
 int qt_graph_add_param(qt_graph *g, const char *name, int x);
+/* PReLU of x with `slopes` learned slopes (1, shared by every channel, or x's channel count),
+ * initialized by qt_graph_init_params to PyTorch's 0.25. */
+int qt_graph_prelu(qt_graph *g, const char *name, int x, int slopes);
 /* Dropout with probability ratio (0 <= ratio < 1): in training mode each element is zeroed with
  * that probability and the rest scaled by 1 / (1 - ratio), the mask drawn from the ctx's random
  * stream (qt_ctx_set_random) and the node's name; in eval mode (and calibration) the identity.

@@ -216,6 +216,7 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
       return qt_layer_norm(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_GAMMA]),
                            qt_param_tensor(g, ctx, n->param[QT_P_BETA]), a->eps);
     case QT_OP_ADD_PARAM: return qt_channel_add(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
+    case QT_OP_PRELU: return qt_prelu(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
     case QT_OP_DROPOUT:
       if (!n->training || a->ratio == 0.0f) return x; /* the identity: the value aliases its input */
       return qt_dropout(ctx, x, a->ratio, dropout_key(qt_ctx_random_seed(ctx), n->name), qt_ctx_random_row0(ctx));
@@ -225,7 +226,7 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
                                   inplace && (n->op == QT_OP_RELU || n->op == QT_OP_RELU6));
       qt_err(err,
              "node %s: op '%s' is not an fp32 op (qt_node_forward computes conv2d, linear, batch_norm, layer_norm, "
-             "add_param, dropout and the parameter-free ops)",
+             "add_param, prelu, dropout and the parameter-free ops)",
              n->name, qt_op_name(n->op));
       return NULL;
   }

@@ -27,6 +27,14 @@ static int act_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndi
   return same_as_input(a, in, ndim, shape, err);
 }
 
+/* PReLU's slopes: one, or one per channel. */
+static int prelu_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  const int64_t C = in[0]->shape[in[0]->ndim - 1];
+  if (a->out_channels != 1 && a->out_channels != C)
+    return qt_err(err, "%d slopes for %lld channels (1, or one per channel)", a->out_channels, (long long)C);
+  return same_as_input(a, in, ndim, shape, err);
+}
+
 /* Dropout's probability is in [0, 1) (ONNX's range: 1 would zero everything). */
 static int dropout_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
   if (!(a->ratio >= 0.0f && a->ratio < 1.0f))
@@ -239,6 +247,13 @@ static const qt_op_info op_table[] = {
                          .param_per_sample = 1,
                          .shape = same_as_input},
     [QT_OP_DROPOUT] = {.name = "dropout", .min_inputs = 1, .max_inputs = 1, .stateful = 1, .shape = dropout_shape},
+    [QT_OP_PRELU] = {.name = "prelu",
+                     .min_inputs = 1,
+                     .max_inputs = 1,
+                     .param_suffix = {"weight"},
+                     .param_use = {REQ},
+                     .param_count_attr = 1,
+                     .shape = prelu_shape},
     [QT_OP_FAKE_QUANT] = {.name = "fake_quant",
                           .min_inputs = 1,
                           .max_inputs = 1,

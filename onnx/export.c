@@ -691,6 +691,20 @@ static int op_add_param(exporter *e) {
   return keep_layout(e);
 }
 
+/* prelu -> PRelu with the slopes as [C, 1, 1] (an image's channels), [F] (a flat value's) or [1]
+ * (one shared slope). */
+static int op_prelu(exporter *e) {
+  const qt_node *n = e->node;
+  const qt_value *x = &e->g->values[n->inputs[0]];
+  const qt_param *p = &e->g->tensors[n->param[QT_P_WEIGHT]];
+  if (vin(e, 0)->perm_c && p->numel > 1) return qt_exp_node_err(e, "per-channel slopes of a flattened image");
+  const int64_t C = x->shape[x->ndim - 1], img[3] = {C, 1, 1}, flat[1] = {p->numel};
+  const int image = p->numel > 1 && x->ndim == 3;
+  qt_exp_add_float(e, p->name, image ? 3 : 1, image ? img : flat, param_data(e, n, QT_P_WEIGHT), p->numel);
+  qt_exp_add_node(e, "PRelu", n->name, out(e), 2, in0(e), p->name);
+  return keep_layout(e);
+}
+
 /* layer_norm -> opset 13's ReduceMean over axis 1 (channels of [N, C, H, W], features of [N, F]),
  * Sub, Mul, ReduceMean, Add eps, Sqrt, Div, Mul weight, Add bias (weight and bias [C, 1, 1] for an
  * image, [F] for a flat value), as PyTorch writes LayerNorm before opset 17. */
@@ -791,6 +805,7 @@ static int export_node(exporter *e) {
     case QT_OP_LAYER_NORM: return op_layer_norm(e);
     case QT_OP_ATTENTION: return op_attention(e);
     case QT_OP_ADD_PARAM: return op_add_param(e);
+    case QT_OP_PRELU: return op_prelu(e);
     case QT_OP_DROPOUT: /* an fp32 graph's: the inference model has none (a Q/DQ graph holds no dropout) */
       qt_exp_add_node(e, "Identity", n->name, out(e), 1, in0(e));
       return keep_layout(e);

@@ -280,6 +280,39 @@ static int f_sigmoid(imp *im) {
   return 0;
 }
 
+/* PRelu of an activation by a learned slope: one shared slope ([1], nn.PReLU()), or one per channel
+ * ([C, 1, 1] of an image, as torch exports nn.PReLU(C); [C]); the node is named after the slope's
+ * module. */
+static int op_prelu(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "X", 0);
+  if (!x) return -1;
+  const Onnx__TensorProto *t = qt_imp_param_input(im, 1, "slope", 0);
+  if (!t || qt_imp_check_float_tensor(im, t, "slope", (int)t->n_dims, NULL)) return -1;
+  const qt_value *v = val(im, x);
+  const int64_t C = v->shape[v->ndim - 1];
+  int64_t numel = 1;
+  for (size_t d = 0; d < t->n_dims; d++) numel *= t->dims[d];
+  const int per_channel =
+      numel == C && numel > 1 &&
+      (t->n_dims == 1 || (t->n_dims == 3 && t->dims[1] == 1 && t->dims[2] == 1 && (is_image(im, x) || x->pooled)));
+  if (numel != 1 && !per_channel) {
+    char d[96];
+    qt_imp_dims_str(t->dims, t->n_dims, d, sizeof d);
+    return qt_imp_node_err(im,
+                           "PRelu of '%s' (%lld channels) with the slope '%s' %s: one slope ([1]) or one per channel "
+                           "([C, 1, 1] or [C]) is supported",
+                           x->name, (long long)C, str(t->name), d);
+  }
+  if (per_channel && x->perm_c)
+    return qt_imp_node_err(im, "PRelu with one slope per channel of a flattened image '%s'", x->name);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, str(t->name), name);
+  const int y = qt_graph_prelu(im->g, name, x->value, (int)numel);
+  if (bind_elementwise(im, x, y)) return -1;
+  qt_imp_add_copy(im, im->g->nodes[node_of(im, y)].param[QT_P_WEIGHT], t, COPY_AS_IS, NULL);
+  return 0;
+}
+
 /* Concat of 2 to QT_MAX_INPUTS activations along channels (images, axis 1) or features (flat
  * tensors and pooled vectors, axis 1), all laid out alike. */
 static int concat_act(imp *im) {
@@ -339,5 +372,6 @@ const qt_imp_op qt_imp_elementwise_ops[] = {
     {"Add", op_add, 2, 2, 1, 1},
     {"Mul", op_mul, 2, 2, 1, 1},
     {"Concat", op_concat, 1, MAX_INTS, 1, 1},
+    {"PRelu", op_prelu, 2, 2, 1, 1},
     {NULL, NULL, 0, 0, 0, 0},
 };

@@ -146,19 +146,19 @@ static inline int qt_backend_runs(const qt_backend_desc *d, const qt_node *n) {
  * cfg->fuse_gate (and d->gate_mul), a quantized conv or linear -> activation -> mul (the mul's
  * other input a point). A conv2d / linear is
  * quantized when its op is listed and its output channels fit max_channels (and no override leaves it fp32); an add /
- * avg_pool2d / global_avg_pool / activation / mul / concat when listed in ops or fallback_quantized (its inputs and
- * output quantization points); everything else stays fp32 (its quantized consumers get a quantized input). The outputs
- * of max-pool, flatten, relu, channel_shuffle and channel_slice share their input's qparams when the backend runs them.
- * Weights: signed unless the backend says unsigned, symmetric when required (else affine), per channel unless
- * per-tensor only, 8-bit given 7 bits with weight_8bit_as_7bit, per tensor for the ops in weight_per_tensor_ops, and
- * otherwise with pair_sum_int16 narrowed so that 2 * max|w| * max(a) fits int16; activations: unsigned affine, signed
- * affine when the backend asks for signed ones (XNNPACK's qs8), signed symmetric when it asks for symmetric ones; per
- * tensor; power-of-two scales when required. Bit widths come from cfg (and its overrides) and must be allowed by d. LSQ
- * is refused with power-of-two scales. The output of an activation whose kind is in d->fixed_act_kinds gets fixed
- * qparams (qt_fixed_act_qparams), neither observed nor learned. With d->concat_shared a concat's inputs are points tied
- * (out->tie) to one leader, the point an input already shares or else the input quantized first, and the output shares
- * it; the concat keeps its own point when that cannot be done (two inputs sharing different points, and the like).
- * Returns 0, or -1 with err naming the setting and the backend. */
+ * avg_pool2d / global_avg_pool / activation / prelu / mul / concat when listed in ops or fallback_quantized (its inputs
+ * and output quantization points); everything else stays fp32 (its quantized consumers get a quantized input). The
+ * outputs of max-pool, flatten, relu, channel_shuffle and channel_slice share their input's qparams when the backend
+ * runs them. Weights: signed unless the backend says unsigned, symmetric when required (else affine), per channel
+ * unless per-tensor only, 8-bit given 7 bits with weight_8bit_as_7bit, per tensor for the ops in weight_per_tensor_ops,
+ * and otherwise with pair_sum_int16 narrowed so that 2 * max|w| * max(a) fits int16; activations: unsigned affine,
+ * signed affine when the backend asks for signed ones (XNNPACK's qs8), signed symmetric when it asks for symmetric
+ * ones; per tensor; power-of-two scales when required. Bit widths come from cfg (and its overrides) and must be allowed
+ * by d. LSQ is refused with power-of-two scales. The output of an activation whose kind is in d->fixed_act_kinds gets
+ * fixed qparams (qt_fixed_act_qparams), neither observed nor learned. With d->concat_shared a concat's inputs are
+ * points tied (out->tie) to one leader, the point an input already shares or else the input quantized first, and the
+ * output shares it; the concat keeps its own point when that cannot be done (two inputs sharing different points, and
+ * the like). Returns 0, or -1 with err naming the setting and the backend. */
 int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, qt_annotations *out,
                  char *err);
 /* The fixed output qparams of an activation of known range on the integers [qmin, qmax] of a spec with 2^bits levels

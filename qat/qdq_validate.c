@@ -216,7 +216,7 @@ static int check_node_tensors(const qt_graph *g, const qt_node *n, const char *w
   const qt_op_info *info = qt_op_info_get(n->op);
   if (!n->n_inputs) return 0;
   const qt_value *x = &g->values[n->inputs[0]];
-  int64_t channels = x->shape[x->ndim - 1];
+  int64_t channels = info->param_count_attr ? n->attr.out_channels : x->shape[x->ndim - 1];
   if (info->has_weight) {
     const qt_param *W = &g->tensors[n->param[QT_P_WEIGHT]];
     if (info->weight_rank == 4 ? check_conv_weight(n, x, W, where, msg) : check_linear_weight(x, W, where, msg))

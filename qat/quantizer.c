@@ -192,7 +192,7 @@ static int passes_through(const qt_backend_desc *d, qt_op op) {
  * the backend runs them on integers or asks for them quantized around an fp32 kernel. */
 static int quantized_op(qt_op op) {
   return op == QT_OP_ADD || op == QT_OP_AVG_POOL2D || op == QT_OP_GLOBAL_AVG_POOL || op == QT_OP_ACTIVATION ||
-         op == QT_OP_MUL || op == QT_OP_CONCAT;
+         op == QT_OP_MUL || op == QT_OP_CONCAT || op == QT_OP_PRELU;
 }
 
 /* The point v stands for: v, or the point it shares (through pass-through ops). */
@@ -369,7 +369,7 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
       if (!qt_op_has_weight(op) && !quantized_op(op))
         return qt_err(err,
                       "quant.layer_overrides: '%s' is a %s node; overrides name the layers that start a quantized "
-                      "unit (conv2d, linear, add, average pools, activation, mul, concat)",
+                      "unit (conv2d, linear, add, average pools, activation, prelu, mul, concat)",
                       o->name, qt_op_name(op));
     }
     if ((o->weight_bits && !bits_allowed(d->weight_bits, o->weight_bits)) ||

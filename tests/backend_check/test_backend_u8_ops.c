@@ -1,5 +1,6 @@
 /* The ops without weights that the oneDNN lowering runs on u8 (backend/lower.c): every element-wise
- * activation kind as a 256-entry table (8-bit and 4-bit outputs, a fused relu), mul of an image by a
+ * activation kind as a 256-entry table (8-bit and 4-bit outputs, a fused relu), PReLU as a table
+ * (one slope) or a table per channel, mul of an image by a
  * per-channel vector (squeeze-excite) and of two tensors of one shape, concat of inputs with their
  * own qparams (along channels and along features), the global average pool, relu outside a unit,
  * the channel shuffle and slice, and a ceil-mode max pool. Each hand-built Q/DQ graph lowers
@@ -77,6 +78,23 @@ static void activation(qt_act_kind kind, int qmax, int relu) {
   finish(g, y);
   float *x = inputs(-4.5f, 4.5f, 11 + (uint64_t)kind);
   compare(what, g, x, N, "a 256-entry table", 0);
+  free(x);
+  qt_graph_free(g);
+}
+
+/* x -> q/dq [0, 255] -> prelu (one shared slope, or one per channel, of both signs) -> q/dq */
+static void prelu(int per_channel) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("prelu_pattern");
+  int y = qdq(g, "in.fq", qt_graph_input(g, "input", H, W, C), 0, 255, 8.0f / 255, 131);
+  y = qt_graph_prelu(g, "prelu", y, per_channel ? C : 1);
+  y = qdq(g, "out.fq", y, 0, 255, 6.0f / 255, 100);
+  QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
+  float *w = qt_graph_tensor_data(g, g->nodes[qt_graph_find_node(g, "prelu")].param[QT_P_WEIGHT]);
+  for (int c = 0; c < (per_channel ? C : 1); c++) w[c] = 0.6f - 0.35f * (float)c;
+  float *x = inputs(-4.5f, 4.5f, 17);
+  compare(per_channel ? "prelu, a slope per channel" : "prelu, one slope", g, x, N,
+          per_channel ? "a 256-entry table per channel" : "prelu on u8: a 256-entry table", 0);
   free(x);
   qt_graph_free(g);
 }
@@ -164,6 +182,8 @@ int main(void) {
     activation((qt_act_kind)k, 15, 0);
   }
   activation(QT_ACT_SILU, 255, 1);
+  prelu(0);
+  prelu(1);
   mul(1);
   mul(0);
   concat(0);
@@ -173,5 +193,6 @@ int main(void) {
   imported("tests/onnx/models/act_cnn.onnx", 1);
   imported("tests/onnx/models/shuffle_cnn.onnx", 1);
   imported("tests/onnx/models/arith_cnn.onnx", 1);
+  imported("tests/onnx/models/prelu_cnn.onnx", 1);
   return qt_test_finish();
 }

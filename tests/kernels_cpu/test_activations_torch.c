@@ -1,7 +1,10 @@
 /* The element-wise activations (autograd/ops_act.c) against PyTorch 1.13 (tests/ref/act.h5,
  * written by tests/ref/make_ref_act.py): outputs and input gradients of sigmoid, tanh, SiLU, hard
- * sigmoid (PyTorch's and ONNX's form), hard swish, GELU (erf and tanh), leaky ReLU (0.01, 0.2) and
- * ELU (1, 0.5) on 2048 inputs, the piecewise functions' corners -3, 0 and 3 among them.
+ * sigmoid (PyTorch's and ONNX's form), hard swish, GELU (erf and tanh), leaky ReLU (0.01, 0.2),
+ * ELU (1, 0.5) and the arithmetic with a constant (affine: x * c, x + c, x - c, c - x; div: x / c)
+ * on 2048 inputs, the piecewise functions' corners -3, 0 and 3 among them; mul (check_mul) and
+ * PReLU with one slope and a slope per channel (check_prelu: forward and dx bit for bit, the
+ * slopes' gradient within 1e-6 of its largest).
  *
  * Tolerances: the piecewise-linear ones (hard sigmoid, hard swish, leaky ReLU) must be exact (0);
  * the others agree within 4e-7 absolute plus 4e-6 relative (libm's expf, tanhf and erff against
@@ -141,6 +144,63 @@ static void check_mul(const char *ref) {
   free(a), free(b), free(dy), free(y), free(da), free(db), free(want_y), free(want_da), free(want_db), free(t), free(g);
 }
 
+/* PReLU's gradients for upstream g: dx = x > 0 ? g : w g, dw = sum of x g where x <= 0 (double). */
+static void prelu_grads(const float *x, const float *w, const float *g, int64_t n, int64_t K, int64_t C, float *dx,
+                        float *dw) {
+  double acc[8] = {0};
+  QT_ASSERT(K <= 8, "prelu test: %lld slopes", (long long)K);
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t k = K == 1 ? 0 : i % C;
+    dx[i] = x[i] > 0.0f ? g[i] : w[k] * g[i];
+    if (!(x[i] > 0.0f)) acc[k] += (double)x[i] * (double)g[i];
+  }
+  for (int64_t k = 0; k < K; k++) dw[k] = (float)acc[k];
+}
+
+/* qt_prelu against PyTorch's F.prelu (case "prelu_one" or "prelu_channel"): the forward and dx
+ * bit for bit, dw (a sum) within 1e-6 of its largest; then the op's gradients on a tape against
+ * the same formulas for its upstream gradient, bit for bit. */
+static void check_prelu(const char *ref) {
+  char name[64], what[128];
+  int64_t n, m, K;
+  float *x = load_n("mul_a", &n), *dy = load_n("mul_dy", &m);
+  snprintf(name, sizeof name, "%s_w", ref);
+  float *w = load_n(name, &K);
+  snprintf(name, sizeof name, "%s_y", ref);
+  float *want_y = load_n(name, &m);
+  snprintf(name, sizeof name, "%s_dx", ref);
+  float *want_dx = load_n(name, &m);
+  snprintf(name, sizeof name, "%s_dw", ref);
+  float *want_dw = load_n(name, &m);
+  const int64_t C = 6, shape[4] = {3, 5, 4, 6};
+  float *dx = qt_test_zeros(n), dw[8];
+  prelu_grads(x, w, dy, n, K, C, dx, dw);
+  snprintf(what, sizeof what, "%s dx (formula)", ref);
+  qt_test_close(what, dx, want_dx, n, 0, 0);
+  snprintf(what, sizeof what, "%s dw (formula)", ref);
+  qt_test_close(what, dw, want_dw, K, 1e-6f, 1e-6f);
+  qt_ctx *ctx = qt_ctx_create();
+  qt_ctx_set_grad(ctx, 1);
+  const int64_t ws[1] = {K};
+  qt_tensor *xt = qt_tensor_wrap(ctx, QT_F32, 4, shape, x), *wt = qt_tensor_wrap(ctx, QT_F32, 1, ws, w);
+  xt->requires_grad = wt->requires_grad = 1;
+  qt_tensor *yt = qt_prelu(ctx, xt, wt);
+  snprintf(what, sizeof what, "%s forward", ref);
+  qt_test_close(what, qt_f32(yt), want_y, n, 0, 0);
+  float *t = qt_test_zeros(n), *g = qt_test_zeros(n);
+  for (int64_t i = 0; i < n; i++) t[i] = qt_f32(yt)[i] - 0.5f * dy[i];
+  for (int64_t i = 0; i < n; i++) g[i] = 2.0f * (qt_f32(yt)[i] - t[i]);
+  prelu_grads(x, w, g, n, K, C, dx, dw);
+  qt_backward(ctx, qt_squared_error(ctx, yt, t, 1.0));
+  QT_CHECK(xt->grad && wt->grad);
+  snprintf(what, sizeof what, "%s op dx", ref);
+  if (xt->grad) qt_test_close(what, xt->grad, dx, n, 0, 0);
+  snprintf(what, sizeof what, "%s op dw", ref);
+  if (wt->grad) qt_test_close(what, wt->grad, dw, K, 0, 0);
+  qt_ctx_free(ctx);
+  free(x), free(dy), free(w), free(want_y), free(want_dx), free(want_dw), free(dx), free(t), free(g);
+}
+
 int main(void) {
   int64_t n, m;
   float *x = load_n("x", &n), *dy = load_n("dy", &m);
@@ -173,6 +233,8 @@ int main(void) {
   QT_CHECK_NAMES(qt_act_kind, QT_ACT_COUNT, qt_act_name, qt_act_parse);
   check_mul("mul_same");
   check_mul("mul_channel");
+  check_prelu("prelu_one");
+  check_prelu("prelu_channel");
   free(x), free(dy);
   return qt_test_finish();
 }

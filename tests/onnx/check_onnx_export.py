@@ -175,6 +175,8 @@ def run_onnx(model, x):
             y = np.clip(np.float32(al) * ins[0] + np.float32(be), 0, 1).astype(np.float32)
         elif op == "LeakyRelu":
             y = np.where(ins[0] >= 0, ins[0], ins[0] * np.float32(a.get("alpha", 0.01))).astype(np.float32)
+        elif op == "PRelu":  # the slope broadcast as ONNX does ([C, 1, 1] over NCHW, [F] or [1])
+            y = np.where(ins[0] > 0, ins[0], ins[0] * ins[1].astype(np.float32)).astype(np.float32)
         elif op == "Elu":
             v = ins[0].astype(np.float64)
             y = np.where(v < 0, a.get("alpha", 1.0) * (np.exp(np.minimum(v, 0.0)) - 1.0), v).astype(np.float32)

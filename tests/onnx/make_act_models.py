@@ -18,6 +18,9 @@ cat_cnn: concatenation along channels: SqueezeNet's Fire module (a 1x1 squeeze, 
 3x3 expands concatenated), twice, with BN and SqueezeNet's ceil-mode max pool between them, an
 Inception-style block of three branches (1x1, 3x3, average pool + 1x1), and the concatenation
 of two global pools' vectors before the linear layer. Opset 17, training export, dynamic batch.
+prelu_cnn: nn.PReLU() (one slope, exported as PRelu with a [1] slope) after a conv + BN, and
+nn.PReLU(16) (a [16, 1, 1] slope) after a strided conv + BN, global average pool, linear. Opset
+17, training export, dynamic batch.
 arith_cnn: arithmetic with Python numbers between layers, as torch exports it (Mul, Add, Sub and Div
 with a constant scalar, the constant first for 1.0 - x): on the input, after a conv + BN + ReLU,
 after a conv + BN, after a conv, and on the pooled vector before the linear layer. Opset 17,
@@ -27,7 +30,8 @@ the stride-2 unit's two branches concatenated, the stride-1 unit's x.chunk(2, di
 half passed through, channel_shuffle's view to [N, 2, C / 2, H, W], transpose and view back,
 its sizes computed from x.size()), then global average pool, linear. Opset 17, training export,
 dynamic batch.
-The reference groups `act_cnn`, `se_cnn`, `cat_cnn`, `shuffle_cnn`, `vit` and `arith_cnn` hold what
+The reference groups `act_cnn`, `se_cnn`, `cat_cnn`, `shuffle_cnn`, `vit`, `arith_cnn` and
+`prelu_cnn` hold what
 make_onnx_models.py's write_ref writes (x, labels, y_eval; y_train, loss, grad/<name>,
 after/<buffer>), which tests/onnx/test_onnx_import.c checks.
 """
@@ -252,6 +256,23 @@ class ArithCNN(nn.Module):
         return self.fc(self.gap(x).flatten(1) * 0.7)
 
 
+class PReLUCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Sequential(nn.Conv2d(1, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8))
+        self.p1 = nn.PReLU()
+        self.c2 = nn.Sequential(nn.Conv2d(8, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16))
+        self.p2 = nn.PReLU(16)
+        with torch.no_grad():  # slopes apart from PyTorch's 0.25, of both signs
+            self.p2.weight.copy_(torch.linspace(-0.4, 0.6, 16))
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.p2(self.c2(self.p1(self.c1(x))))
+        return self.fc(self.gap(x).flatten(1))
+
+
 def main():
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)  # every model's BN statistics, in this order
@@ -260,7 +281,8 @@ def main():
         f.attrs["generator"] = b"tests/onnx/make_act_models.py"
         f.attrs["torch_version"] = str(torch.__version__).encode()
         for seed, (name, cls) in enumerate((("act_cnn", ActCNN), ("se_cnn", SECNN), ("cat_cnn", CatCNN),
-                                             ("shuffle_cnn", ShuffleCNN), ("vit", ViT), ("arith_cnn", ArithCNN))):
+                                             ("shuffle_cnn", ShuffleCNN), ("vit", ViT), ("arith_cnn", ArithCNN),
+                                             ("prelu_cnn", PReLUCNN))):
             torch.manual_seed(seed)
             model = cls()
             base.randomize_bn(model, gen)

@@ -252,6 +252,8 @@ int main(void) {
   onnx_model_both("vit");
   /* arithmetic with constant scalars (affine as Mul / Add, div as Div), u8 tables on the device */
   onnx_model_both("arith_cnn");
+  /* PReLU (fp32 between quantize and dequantize on the device) as PRelu */
+  onnx_model_both("prelu_cnn");
   /* int32 biases (quant.bias = int32): written as the graph's integers */
   one("fashion_cnn_w8a8_b32", "model.name=fashion_cnn", "ptq", 8, 8, 1);
   one("mobilenet_w4a4_b32", mobilenet, "qat", 4, 4, 1);

@@ -356,6 +356,9 @@ def run(nodes, values, tensors, quant, x, output):
             y = (p_ @ v).transpose(0, 2, 1, 3).reshape(xi.shape).astype(np.float32)
         elif op == "add_param":  # a tensor of one sample's shape
             y = (xi.astype(np.float64) + tensors[a["weight"]]).astype(np.float32)
+        elif op == "prelu":  # one slope, or one per channel (the last axis)
+            w_ = tensors[a["weight"]].astype(np.float32)
+            y = np.where(xi > 0, xi, w_ * xi).astype(np.float32)
         elif op == "dropout":  # the identity in eval
             y = xi
         else:

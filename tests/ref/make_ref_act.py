@@ -15,6 +15,8 @@ activations of autograd/ops_act.c, tested by tests/kernels_cpu/test_activations_
   mul_same_b, mul_channel_b   b of a's shape, and b (3, 6): one factor per sample and channel
   mul_<same|channel>_y, _da, _db   a * b (the channel one broadcast over H and W, as
     squeeze-excite's gate * x) and both gradients (autograd/ops_binary.c)
+  prelu_<one|channel>_w, _y, _dx, _dw   F.prelu of mul_a (NHWC, channels last: the slopes
+    broadcast over N, H, W) with one slope or one per channel, and both gradients for mul_dy
 
 Run: /usr/bin/python3 tests/ref/make_ref_act.py   (deterministic: fixed seed)
 """
@@ -77,5 +79,14 @@ for name, b, view in (("mul_same", b_same, lambda t: t), ("mul_channel", b_chann
     put(data, name + "_y", y)
     put(data, name + "_da", ai.grad)
     put(data, name + "_db", bi.grad)
+
+for name, w in (("prelu_one", torch.tensor([0.3])), ("prelu_channel", torch.rand(6, generator=gen) - 0.5)):
+    ai, wi = a.clone().permute(0, 3, 1, 2).requires_grad_(), w.clone().requires_grad_()  # NCHW for F.prelu
+    y = F.prelu(ai, wi)
+    y.backward(dy_mul.permute(0, 3, 1, 2))
+    put(data, name + "_w", w)
+    put(data, name + "_y", y.permute(0, 2, 3, 1))
+    put(data, name + "_dx", ai.grad.permute(0, 2, 3, 1))
+    put(data, name + "_dw", wi.grad)
 
 write(os.path.join(HERE, "act.h5"), data, "tests/ref/make_ref_act.py", torch.__version__)
