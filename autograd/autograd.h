@@ -320,6 +320,9 @@ qt_tensor *qt_concat(qt_ctx *ctx, qt_tensor *const *xs, int n);
 /* The last dim's C channels as (groups, C / groups), transposed: ShuffleNet's channel shuffle
  * (autograd/ops_channels.c) */
 qt_tensor *qt_channel_shuffle(qt_ctx *ctx, qt_tensor *x, int groups);
+/* x (N, H, W, C) upsampled by 2 in H and W, nearest or bilinear (PyTorch's, align_corners=False)
+ * -> (N, 2H, 2W, C) (autograd/ops_resize.c) */
+qt_tensor *qt_resize2x(qt_ctx *ctx, qt_tensor *x, int bilinear);
 /* Channels [begin, end) of the last dim (a Split or Slice along channels) */
 qt_tensor *qt_channel_slice(qt_ctx *ctx, qt_tensor *x, int begin, int end);
 /* Layer norm of x's last dim (C): (x - mean) / sqrt(var + eps) * gamma (C) + beta (C, or NULL),

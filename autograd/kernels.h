@@ -299,6 +299,10 @@ int qt_act_backward_reads_input(int kind);
  * (C / groups, groups). */
 int64_t qt_channel_shuffle_src(int64_t c, int64_t C, int groups);
 void qt_channel_shuffle_forward(float *y, const float *x, int64_t rows, int64_t C, int groups);
+/* x (N, H, W, C) -> y (N, 2H, 2W, C), nearest or bilinear (autograd/ops_resize.c); the backward
+ * adds to dx. */
+void qt_resize2x_forward(float *y, const float *x, int64_t N, int64_t H, int64_t W, int64_t C, int bilinear);
+void qt_resize2x_backward(float *dx, const float *dy, int64_t N, int64_t H, int64_t W, int64_t C, int bilinear);
 void qt_channel_shuffle_backward(float *dx, const float *dy, int64_t rows, int64_t C, int groups);
 
 /* ---- multiplication (autograd/ops_binary.c): a (N, P, C) times b (N, C) at every p --------- */

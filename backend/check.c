@@ -50,7 +50,7 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
   const qt_op ops[] = {QT_OP_CONV2D,        QT_OP_LINEAR,  QT_OP_RELU,   QT_OP_RELU6,
                        QT_OP_MAX_POOL2D,    QT_OP_FLATTEN, QT_OP_ADD,    QT_OP_GLOBAL_AVG_POOL,
                        QT_OP_ACTIVATION,    QT_OP_MUL,     QT_OP_CONCAT, QT_OP_CHANNEL_SHUFFLE,
-                       QT_OP_CHANNEL_SLICE, QT_OP_PRELU};
+                       QT_OP_CHANNEL_SLICE, QT_OP_PRELU,   QT_OP_RESIZE};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 */
   d->weight_sign = QT_SIGN_SIGNED;             /* s8 weights */

@@ -34,6 +34,7 @@ typedef enum {
   K_CHANNEL_TABLE_U8,
   K_CONCAT_U8,
   K_GATHER_U8,
+  K_RESIZE_U8,
   K_GAP_U8
 } kernel_kind;
 
@@ -627,6 +628,24 @@ static const char *lower_gather_u8(qt_lowering *L, int i) {
   return NULL;
 }
 
+/* resize nearest on u8: a copy of each pixel into a 2 x 2 block, the input's qparams kept; the
+ * bilinear one has no u8 kernel here (its fallback sits between quantize and dequantize). */
+static const char *lower_resize_u8(qt_lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  if (n->attr.mode != QT_RESIZE_NEAREST) return "bilinear resize has no u8 kernel here";
+  const char *why = u8_input(L, n->inputs[0]);
+  if (why) return why;
+  const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
+  qt_step *s = qt_kernel_step(L->p, K_RESIZE_U8, NULL, L->rep[n->inputs[0]].slot, qt_value_numel(xv),
+                              (size_t)qt_value_numel(yv));
+  s->H = (int)xv->shape[0];
+  s->W = (int)xv->shape[1];
+  qt_same_qparams(L, i, s->out);
+  qt_part_add(&L->p->parts, QT_PART_INT8, n->name, "resize (nearest, x2) on u8 (a copy, same qparams)");
+  return NULL;
+}
+
 /* relu on u8 (outside a unit: after a max pool or a concat): max(q, zp), the input's qparams
  * kept, since zero is on the grid and dequantize is monotone. */
 static const char *lower_relu_u8(qt_lowering *L, int i) {
@@ -691,6 +710,7 @@ static const char *lower_node(qt_lowering *L, int i) {
     case QT_OP_CHANNEL_SHUFFLE:
     case QT_OP_CHANNEL_SLICE: return lower_gather_u8(L, i);
     case QT_OP_GLOBAL_AVG_POOL: return lower_gap_u8(L, i);
+    case QT_OP_RESIZE: return lower_resize_u8(L, i);
     default: return "no int8 pattern for this op";
   }
 }
@@ -801,6 +821,21 @@ static void run_concat_u8(const qt_step *s, uint8_t *out, uint8_t *const *in, in
       uint8_t *y = out + r * t->Y + t->off[k];
       for (int64_t c = 0; c < t->C[k]; c++) y[c] = map[x[c]];
     }
+}
+
+/* N images of s->H x s->W pixels of C channels (n input values in all), each pixel copied to a
+ * 2 x 2 block of the output. */
+static void run_resize_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int64_t n) {
+  const int64_t H = s->H, W = s->W, C = s->in_numel / (H * W), rows = n / (W * C); /* input rows: N H */
+#pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t r = 0; r < 2 * rows; r++) { /* output rows: N 2H */
+    const uint8_t *x = in + (r / 2) * W * C;
+    uint8_t *y = out + r * 2 * W * C;
+    for (int64_t w = 0; w < W; w++) {
+      memcpy(y + 2 * w * C, x + w * C, (size_t)C);
+      memcpy(y + (2 * w + 1) * C, x + w * C, (size_t)C);
+    }
+  }
 }
 
 static void run_gather_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int64_t n) {
@@ -920,6 +955,7 @@ static void run_kernel(const qt_program *p, const qt_step *s, void *o, int64_t n
     case K_CHANNEL_TABLE_U8: run_channel_table_u8(s, o, in[0], numel); break;
     case K_CONCAT_U8: run_concat_u8(s, o, in, numel); break;
     case K_GATHER_U8: run_gather_u8(s, o, in[0], numel); break;
+    case K_RESIZE_U8: run_resize_u8(s, o, in[0], numel); break;
     case K_GAP_U8: run_gap_u8(s, o, in[0], n); break;
   }
 }

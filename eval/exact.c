@@ -561,7 +561,7 @@ static int run_float_node(qt_exact *x, int i, double *y, int n, int64_t numel, c
       for (int64_t k = 0; k < numel; k++) y[k] = src[k] + p[k % per];
       return 0;
     }
-    case QT_OP_PRELU: { /* the fp32 kernel's single rounding */
+    case QT_OP_PRELU: { /* in float64, as the other fp32 ops here */
       const qt_param *w = &g->tensors[nd->param[QT_P_WEIGHT]];
       const float *p = g->params + w->offset;
       const int64_t C = g->values[v].shape[g->values[v].ndim - 1];
@@ -629,6 +629,29 @@ static int run_float_node(qt_exact *x, int i, double *y, int n, int64_t numel, c
       for (int64_t r = 0; r < rows; r++)
         for (int64_t k = 0; k < K; k++)
           y[r * K + k] = src[r * C + (shuffle ? (k % G) * per + k / G : nd->attr.begin + k)];
+      return 0;
+    }
+    case QT_OP_RESIZE: { /* by 2: autograd/ops_resize.c's sources and weights, in float64 */
+      const qt_value *iv = &g->values[a];
+      const int64_t H = iv->shape[0], W = iv->shape[1], C = iv->shape[2], OH = 2 * H, OW = 2 * W;
+      const int bil = nd->attr.mode == QT_RESIZE_BILINEAR;
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < (int64_t)n * OH; r++) {
+        const int64_t b = r / OH, oh = r % OH;
+        double fh = bil ? fmax(0.5 * ((double)oh + 0.5) - 0.5, 0.0) : (double)(oh / 2);
+        const int64_t h0 = (int64_t)fh, h1 = h0 + (bil && h0 < H - 1 ? 1 : 0);
+        const double a1 = fh - (double)h0, a0 = 1.0 - a1;
+        for (int64_t ow = 0; ow < OW; ow++) {
+          double fw = bil ? fmax(0.5 * ((double)ow + 0.5) - 0.5, 0.0) : (double)(ow / 2);
+          const int64_t w0 = (int64_t)fw, w1 = w0 + (bil && w0 < W - 1 ? 1 : 0);
+          const double b1 = fw - (double)w0, b0 = 1.0 - b1;
+          const double *s = src + b * H * W * C;
+          double *o = y + (r * OW + ow) * C;
+          for (int64_t c = 0; c < C; c++)
+            o[c] = (s[(h0 * W + w0) * C + c] * b0 + s[(h0 * W + w1) * C + c] * b1) * a0 +
+                   (s[(h1 * W + w0) * C + c] * b0 + s[(h1 * W + w1) * C + c] * b1) * a1;
+        }
+      }
       return 0;
     }
     default: return qt_err(err, "exact reference: node %s: op %s has no exact form", nd->name, qt_op_name(nd->op));

@@ -369,6 +369,7 @@ static qt_tensor *run_node(qt_graph *g, qt_ctx *ctx, int node, qt_tensor **vals,
     case QT_OP_CONCAT:
     case QT_OP_CHANNEL_SHUFFLE:
     case QT_OP_CHANNEL_SLICE:
+    case QT_OP_RESIZE:
     case QT_OP_LAYER_NORM:
     case QT_OP_ATTENTION:
     case QT_OP_ADD_PARAM:

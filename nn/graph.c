@@ -271,6 +271,11 @@ int qt_graph_attention(qt_graph *g, const char *name, int q, int k, int v, int h
 
 int qt_graph_add_param(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_ADD_PARAM, name, x); }
 
+int qt_graph_resize(qt_graph *g, const char *name, int x, int mode) {
+  const qt_node_attrs a = {.stride_h = 2, .stride_w = 2, .mode = mode};
+  return build(g, QT_OP_RESIZE, name, &x, 1, &a, 0, NULL, 0);
+}
+
 int qt_graph_prelu(qt_graph *g, const char *name, int x, int slopes) {
   const qt_node_attrs a = {.out_channels = slopes};
   return build(g, QT_OP_PRELU, name, &x, 1, &a, 0, NULL, 0);

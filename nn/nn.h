@@ -46,6 +46,7 @@ typedef enum {
   QT_OP_ADD_PARAM,       /* x + a learned tensor of x's per-sample shape (a position embedding) */
   QT_OP_DROPOUT,         /* training: qt_dropout with probability attr.ratio; eval: x (convert removes it) */
   QT_OP_PRELU,           /* x > 0 ? x : w x, param weight: attr.out_channels slopes (1, or one per channel) */
+  QT_OP_RESIZE,          /* an image upsampled by attr.stride_h = attr.stride_w = 2: attr.mode nearest or bilinear */
   QT_OP_COUNT
 } qt_op;
 const char *qt_op_name(qt_op op);
@@ -112,8 +113,10 @@ int qt_qstate_observe(qt_qstate *q, const float *data, int64_t outer, int64_t in
 int qt_qstate_observe_sync(qt_qstate *q, const float *data, int64_t outer, int64_t inner, const qt_batch_sync *sync,
                            char *err);
 
+enum { QT_RESIZE_NEAREST = 0, QT_RESIZE_BILINEAR = 1 };
+
 typedef struct {
-  int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, groups; /* conv2d, pools */
+  int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, groups; /* conv2d, pools; resize: the scales */
   int out_channels;                                                 /* conv2d, linear */
   float eps, momentum;                                              /* batch_norm; layer_norm: eps */
   int act;                                                          /* activation: qt_act_kind */
@@ -122,6 +125,7 @@ typedef struct {
   int heads;                                                        /* attention */
   int ceil;    /* pools: PyTorch's ceil_mode (the last window may hang over; only where it adds one) */
   float ratio; /* dropout: the probability of zeroing an element, 0 <= ratio < 1 */
+  int mode;    /* resize: QT_RESIZE_NEAREST or QT_RESIZE_BILINEAR */
 } qt_node_attrs;
 
 typedef struct {
@@ -287,6 +291,8 @@ int qt_graph_add_param(qt_graph *g, const char *name, int x);
 /* PReLU of x with `slopes` learned slopes (1, shared by every channel, or x's channel count),
  * initialized by qt_graph_init_params to PyTorch's 0.25. */
 int qt_graph_prelu(qt_graph *g, const char *name, int x, int slopes);
+/* x (an image) upsampled by 2, mode QT_RESIZE_NEAREST or QT_RESIZE_BILINEAR. */
+int qt_graph_resize(qt_graph *g, const char *name, int x, int mode);
 /* Dropout with probability ratio (0 <= ratio < 1): in training mode each element is zeroed with
  * that probability and the rest scaled by 1 / (1 - ratio), the mask drawn from the ctx's random
  * stream (qt_ctx_set_random) and the node's name; in eval mode (and calibration) the identity.

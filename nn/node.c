@@ -174,6 +174,7 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
     case QT_OP_CONCAT: return qt_concat(ctx, in, n_in);
     case QT_OP_CHANNEL_SHUFFLE: return qt_channel_shuffle(ctx, x, a->groups);
     case QT_OP_CHANNEL_SLICE: return qt_channel_slice(ctx, x, a->begin, a->end);
+    case QT_OP_RESIZE: return qt_resize2x(ctx, x, a->mode == QT_RESIZE_BILINEAR);
     case QT_OP_ATTENTION: return n_in == 3 ? qt_attention(ctx, x, in[1], in[2], a->heads) : NULL;
     default: return NULL;
   }

@@ -35,6 +35,20 @@ static int prelu_shape(const qt_node_attrs *a, const qt_value *const *in, int *n
   return same_as_input(a, in, ndim, shape, err);
 }
 
+/* Resize: an image, scales 2 and 2, nearest or bilinear. */
+static int resize_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  if (in[0]->ndim != 3) return qt_err(err, "resize needs an image (H, W, C), has rank %d", in[0]->ndim);
+  if (a->stride_h != 2 || a->stride_w != 2)
+    return qt_err(err, "scales %d x %d; only 2 x 2 is supported", a->stride_h, a->stride_w);
+  if (a->mode != QT_RESIZE_NEAREST && a->mode != QT_RESIZE_BILINEAR)
+    return qt_err(err, "mode %d is neither nearest (0) nor bilinear (1)", a->mode);
+  *ndim = 3;
+  shape[0] = 2 * in[0]->shape[0];
+  shape[1] = 2 * in[0]->shape[1];
+  shape[2] = in[0]->shape[2];
+  return 0;
+}
+
 /* Dropout's probability is in [0, 1) (ONNX's range: 1 would zero everything). */
 static int dropout_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
   if (!(a->ratio >= 0.0f && a->ratio < 1.0f))
@@ -247,6 +261,7 @@ static const qt_op_info op_table[] = {
                          .param_per_sample = 1,
                          .shape = same_as_input},
     [QT_OP_DROPOUT] = {.name = "dropout", .min_inputs = 1, .max_inputs = 1, .stateful = 1, .shape = dropout_shape},
+    [QT_OP_RESIZE] = {.name = "resize", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = resize_shape},
     [QT_OP_PRELU] = {.name = "prelu",
                      .min_inputs = 1,
                      .max_inputs = 1,

@@ -691,6 +691,22 @@ static int op_add_param(exporter *e) {
   return keep_layout(e);
 }
 
+/* resize -> Resize by scales [1, 1, 2, 2], as torch writes F.interpolate(scale_factor=2):
+ * nearest with asymmetric coordinates rounded down, bilinear ('linear') with pytorch_half_pixel. */
+static int op_resize(exporter *e) {
+  const qt_node *n = e->node;
+  const int64_t four = 4;
+  const float scales[4] = {1.0f, 1.0f, 2.0f, 2.0f};
+  char *sc = qt_exp_str(e, "%s.scales", n->name);
+  qt_exp_add_float(e, sc, 1, &four, scales, 4);
+  Onnx__NodeProto *o = qt_exp_add_node(e, "Resize", n->name, out(e), 3, in0(e), "", sc);
+  const int bil = n->attr.mode == QT_RESIZE_BILINEAR;
+  qt_exp_attr_str(e, o, "mode", bil ? "linear" : "nearest");
+  qt_exp_attr_str(e, o, "coordinate_transformation_mode", bil ? "pytorch_half_pixel" : "asymmetric");
+  if (!bil) qt_exp_attr_str(e, o, "nearest_mode", "floor");
+  return keep_layout(e);
+}
+
 /* prelu -> PRelu with the slopes as [C, 1, 1] (an image's channels), [F] (a flat value's) or [1]
  * (one shared slope). */
 static int op_prelu(exporter *e) {
@@ -806,6 +822,7 @@ static int export_node(exporter *e) {
     case QT_OP_ATTENTION: return op_attention(e);
     case QT_OP_ADD_PARAM: return op_add_param(e);
     case QT_OP_PRELU: return op_prelu(e);
+    case QT_OP_RESIZE: return op_resize(e);
     case QT_OP_DROPOUT: /* an fp32 graph's: the inference model has none (a Q/DQ graph holds no dropout) */
       qt_exp_add_node(e, "Identity", n->name, out(e), 1, in0(e));
       return keep_layout(e);

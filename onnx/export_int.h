@@ -60,6 +60,7 @@ Onnx__NodeProto *qt_exp_add_node(exporter *e, const char *op_type, const char *n
 Onnx__AttributeProto *qt_exp_add_attr(exporter *e, Onnx__NodeProto *n, const char *name);
 void qt_exp_attr_int(exporter *e, Onnx__NodeProto *n, const char *name, int64_t v);
 void qt_exp_attr_float(exporter *e, Onnx__NodeProto *n, const char *name, float v);
+void qt_exp_attr_str(exporter *e, Onnx__NodeProto *n, const char *name, const char *v);
 void qt_exp_attr_ints(exporter *e, Onnx__NodeProto *n, const char *name, int count, ...);
 void qt_exp_attr_window(exporter *e, Onnx__NodeProto *n, const qt_node_attrs *a);
 

@@ -149,6 +149,14 @@ void qt_exp_attr_float(exporter *e, Onnx__NodeProto *n, const char *name, float 
   a->f = v;
 }
 
+void qt_exp_attr_str(exporter *e, Onnx__NodeProto *n, const char *name, const char *v) {
+  Onnx__AttributeProto *a = qt_exp_add_attr(e, n, name);
+  a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING;
+  a->has_s = 1;
+  a->s.len = strlen(v);
+  a->s.data = (uint8_t *)qt_exp_str(e, "%s", v);
+}
+
 void qt_exp_attr_ints(exporter *e, Onnx__NodeProto *n, const char *name, int count, ...) {
   Onnx__AttributeProto *a = qt_exp_add_attr(e, n, name);
   a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS;

@@ -733,6 +733,57 @@ static int op_pad(imp *im) {
   return 0;
 }
 
+/* Whether string attribute `name` of the node is absent (then def counts) or equals one of
+ * the values a, b (b may be NULL). */
+static int attr_is(imp *im, const char *name, const char *def, const char *a, const char *b) {
+  const Onnx__AttributeProto *at = qt_imp_attr(im->node, name);
+  const char *v = def;
+  size_t len = def ? strlen(def) : 0;
+  if (at) v = (const char *)at->s.data, len = at->s.len;
+  if (!v) return 0;
+  return (len == strlen(a) && memcmp(v, a, len) == 0) || (b && len == strlen(b) && memcmp(v, b, len) == 0);
+}
+
+/* Resize of an image by scales [1, 1, 2, 2] (F.interpolate(scale_factor=2), nn.Upsample):
+ * mode nearest with asymmetric coordinates rounded down (torch's 'nearest'), or mode linear with
+ * pytorch_half_pixel or half_pixel coordinates (torch's 'bilinear', align_corners=False). */
+static int op_resize(imp *im) {
+  sym *x = qt_imp_act_input(im, 0, "X", 0);
+  if (!x) return -1;
+  if (!is_image(im, x)) return qt_imp_node_err(im, "input '%s' is not an image (N, C, H, W)", x->name);
+  const size_t k_scales = im->opset < 11 ? 1 : 2;
+  if (im->node->n_input > 3 && in_name(im->node, 3))
+    return qt_imp_node_err(im, "Resize to sizes is not supported: give scales [1, 1, 2, 2] (scale_factor=2)");
+  const sym *s = in_name(im->node, k_scales) ? qt_imp_input(im, k_scales, "scales") : NULL;
+  float sc[4] = {0};
+  if (!s || s->kind != S_CONST || s->t->data_type != ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT || s->t->n_dims != 1 ||
+      s->t->dims[0] != 4)
+    return qt_imp_node_err(im, "Resize needs constant float scales [1, 1, 2, 2]");
+  qt_imp_float_data(s->t, sc, 4);
+  if (sc[0] != 1.0f || sc[1] != 1.0f || sc[2] != 2.0f || sc[3] != 2.0f)
+    return qt_imp_node_err(im, "scales [%g, %g, %g, %g]: only [1, 1, 2, 2] (upsampling by 2) is supported",
+                           (double)sc[0], (double)sc[1], (double)sc[2], (double)sc[3]);
+  int mode;
+  if (attr_is(im, "mode", "nearest", "nearest", NULL) &&
+      attr_is(im, "coordinate_transformation_mode", "half_pixel", "asymmetric", NULL) &&
+      attr_is(im, "nearest_mode", "round_prefer_floor", "floor", NULL))
+    mode = QT_RESIZE_NEAREST;
+  else if (attr_is(im, "mode", "nearest", "linear", NULL) &&
+           attr_is(im, "coordinate_transformation_mode", "half_pixel", "pytorch_half_pixel", "half_pixel"))
+    mode = QT_RESIZE_BILINEAR;
+  else
+    return qt_imp_node_err(im,
+                           "this Resize is not supported: mode nearest with asymmetric coordinates and nearest_mode "
+                           "floor (torch's 'nearest'), or mode linear with pytorch_half_pixel or half_pixel "
+                           "coordinates (torch's 'bilinear', align_corners=False)");
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_resize(im->g, name, x->value, mode);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_bind_act(im, 0, y);
+  return 0;
+}
+
 static int f_maxpool(imp *im) { return op_pool(im, 1); }
 static int f_avgpool(imp *im) { return op_pool(im, 0); }
 
@@ -754,5 +805,6 @@ const qt_imp_op qt_imp_layer_ops[] = {
     {"Identity", op_identity, 1, 1, 1, 1},
     {"Dropout", op_identity, 1, 3, 1, 2},
     {"Pad", op_pad, 1, 4, 1, 1},
+    {"Resize", op_resize, 1, 4, 1, 1},
     {NULL, NULL, 0, 0, 0, 0},
 };

@@ -124,6 +124,13 @@ static int read_node_attrs(hid_t g, const char *obj, node_rec *r, char *msg) {
     return -1;
   if (r->op == QT_OP_ATTENTION && read_attr_int(g, obj, "heads", &a->heads, msg)) return -1;
   if (r->op == QT_OP_DROPOUT && read_attr_float(g, obj, "ratio", &a->ratio, msg)) return -1;
+  if (r->op == QT_OP_RESIZE) { /* its mode by name */
+    char mode[QT_NAME_LEN];
+    if (read_attr_str(g, obj, "mode", mode, sizeof mode, msg)) return -1;
+    if (strcmp(mode, "nearest") && strcmp(mode, "bilinear"))
+      return qt_err(msg, "%s: resize mode '%s' (nearest or bilinear)", obj, mode);
+    a->mode = strcmp(mode, "bilinear") == 0 ? QT_RESIZE_BILINEAR : QT_RESIZE_NEAREST;
+  }
   for (int k = 0; k < QT_MAX_PARAMS; k++) {
     if (H5Aexists(g, qt_qdq_param_slot_names[k]) != 0 &&
         read_attr_str(g, obj, qt_qdq_param_slot_names[k], r->param[k], sizeof r->param[k], msg))

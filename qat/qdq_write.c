@@ -234,6 +234,8 @@ static int write_node(writer *w, hid_t gn, const qt_graph *g, int i) {
     bad = qt_h5_attr_write_int(ng, "heads", a->heads);
   if (!bad && n->op == QT_OP_DROPOUT) /* likewise */
     bad = qt_h5_attr_write_float(ng, "ratio", a->ratio);
+  if (!bad && n->op == QT_OP_RESIZE) /* likewise */
+    bad = qt_h5_attr_write_str(ng, "mode", a->mode == QT_RESIZE_BILINEAR ? "bilinear" : "nearest");
   for (int k = 0; k < QT_MAX_PARAMS && !bad; k++) {
     if (n->param[k] >= 0) bad = qt_h5_attr_write_str(ng, qt_qdq_param_slot_names[k], g->tensors[n->param[k]].name);
     if (!bad && n->buffer[k] >= 0)

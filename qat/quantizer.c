@@ -176,23 +176,27 @@ static int quantized_value(const qt_annotations *a, int v) {
   return 0;
 }
 
-/* Whether op may pass its input's qparams through (max-pool, flatten, relu, and the channel
- * shuffle and slice, which copy values: they keep values on the input's grid) and the backend
- * runs it. Not relu6: 6 need not lie on the grid, so a relu6 outside a unit is an fp32 op whose
+/* Whether node n may pass its input's qparams through (max-pool, flatten, relu, the channel
+ * shuffle and slice and a nearest resize, which copy values: they keep values on the input's
+ * grid) and the backend runs it. Not relu6: 6 need not lie on the grid, so a relu6 outside a unit is an fp32 op whose
  * quantized consumers quantize its output. Dropout always: it is the identity in eval, and
  * convert removes it, so no backend runs it (in training its scaled values leave the grid, as a
  * QAT layer's float arithmetic does, and the observer before it sees the eval model's range). */
-static int passes_through(const qt_backend_desc *d, qt_op op) {
-  return op == QT_OP_DROPOUT || ((op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU ||
-                                  op == QT_OP_CHANNEL_SHUFFLE || op == QT_OP_CHANNEL_SLICE) &&
-                                 d->ops[op]);
+static int passes_through(const qt_backend_desc *d, const qt_node *n) {
+  const qt_op op = n->op;
+  return op == QT_OP_DROPOUT ||
+         ((op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU || op == QT_OP_CHANNEL_SHUFFLE ||
+           op == QT_OP_CHANNEL_SLICE || (op == QT_OP_RESIZE && n->attr.mode == QT_RESIZE_NEAREST)) &&
+          d->ops[op]);
 }
 
-/* Ops without weights that start a quantized unit (inputs and output quantization points) when
+/* Nodes without weights that start a quantized unit (inputs and output quantization points) when
  * the backend runs them on integers or asks for them quantized around an fp32 kernel. */
-static int quantized_op(qt_op op) {
+static int quantized_op(const qt_node *n) {
+  const qt_op op = n->op;
   return op == QT_OP_ADD || op == QT_OP_AVG_POOL2D || op == QT_OP_GLOBAL_AVG_POOL || op == QT_OP_ACTIVATION ||
-         op == QT_OP_MUL || op == QT_OP_CONCAT || op == QT_OP_PRELU;
+         op == QT_OP_MUL || op == QT_OP_CONCAT || op == QT_OP_PRELU ||
+         (op == QT_OP_RESIZE && n->attr.mode == QT_RESIZE_BILINEAR);
 }
 
 /* The point v stands for: v, or the point it shares (through pass-through ops). */
@@ -282,7 +286,7 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
       if (t->op == QT_OP_ACTIVATION && (d->fixed_act_kinds >> t->attr.act & 1u) &&
           qt_fixed_act_qparams(t->attr.act, sp, &sp->fixed_scale, &sp->fixed_zero_point))
         sp->learnable = sp->pow2_scale = 0; /* fixed: neither learned nor rounded */
-    } else if (passes_through(d, n->op) && quantized_value(out, n->inputs[0])) {
+    } else if (passes_through(d, n) && quantized_value(out, n->inputs[0])) {
       out->share[n->output] = n->inputs[0];
     }
   }
@@ -302,7 +306,7 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
       }
       for (int j = 0; j < g->n_nodes; j++) {
         const qt_node *m = &g->nodes[j];
-        if (passes_through(d, m->op) && out->unit[j] == j && out->share[m->output] < 0 &&
+        if (passes_through(d, m) && out->unit[j] == j && out->share[m->output] < 0 &&
             quantized_value(out, m->inputs[0]) && !out->act[m->output])
           out->share[m->output] = m->inputs[0];
       }
@@ -366,10 +370,10 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
       const int k = qt_graph_find_node(g, o->name);
       if (k < 0) return qt_err(err, "quant.layer_overrides: no node named '%s' in model %s", o->name, g->name);
       const qt_op op = g->nodes[k].op;
-      if (!qt_op_has_weight(op) && !quantized_op(op))
+      if (!qt_op_has_weight(op) && !quantized_op(&g->nodes[k]))
         return qt_err(err,
                       "quant.layer_overrides: '%s' is a %s node; overrides name the layers that start a quantized "
-                      "unit (conv2d, linear, add, average pools, activation, prelu, mul, concat)",
+                      "unit (conv2d, linear, add, average pools, activation, prelu, mul, concat, bilinear resize)",
                       o->name, qt_op_name(op));
     }
     if ((o->weight_bits && !bits_allowed(d->weight_bits, o->weight_bits)) ||
@@ -467,7 +471,7 @@ int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer
         out->weight[i] = 1;
         out->weight_spec[i] = weight_spec(d, cfg, n->op, o && o->weight_bits ? o->weight_bits : cfg->weight_bits);
       }
-    } else if (quantized_op(n->op)) {
+    } else if (quantized_op(n)) {
       quantized_unit[i] = !fp32 && (qt_backend_runs(d, n) || d->fallback_quantized[n->op]);
     }
   }

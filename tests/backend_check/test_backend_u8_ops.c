@@ -1,6 +1,6 @@
 /* The ops without weights that the oneDNN lowering runs on u8 (backend/lower.c): every element-wise
  * activation kind as a 256-entry table (8-bit and 4-bit outputs, a fused relu), PReLU as a table
- * (one slope) or a table per channel, mul of an image by a
+ * (one slope) or a table per channel, a nearest resize as a copy, mul of an image by a
  * per-channel vector (squeeze-excite) and of two tensors of one shape, concat of inputs with their
  * own qparams (along channels and along features), the global average pool, relu outside a unit,
  * the channel shuffle and slice, and a ceil-mode max pool. Each hand-built Q/DQ graph lowers
@@ -99,6 +99,19 @@ static void prelu(int per_channel) {
   qt_graph_free(g);
 }
 
+/* x -> q/dq -> resize (nearest, x2): a u8 copy into 2 x 2 blocks, the qparams kept */
+static void resize_nearest(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("resize_pattern");
+  int y = qdq(g, "in.fq", qt_graph_input(g, "input", H, W, C), 0, 255, 8.0f / 255, 131);
+  y = qt_graph_resize(g, "up", y, QT_RESIZE_NEAREST);
+  QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
+  float *x = inputs(-4.5f, 4.5f, 19);
+  compare("resize nearest", g, x, N, "resize (nearest, x2) on u8", 0);
+  free(x);
+  qt_graph_free(g);
+}
+
 /* a (image) * b: b the global average pool of x (a per-channel vector, the squeeze-excite gate)
  * or another q/dq of x (same shape) */
 static void mul(int broadcast) {
@@ -184,6 +197,7 @@ int main(void) {
   activation(QT_ACT_SILU, 255, 1);
   prelu(0);
   prelu(1);
+  resize_nearest();
   mul(1);
   mul(0);
   concat(0);

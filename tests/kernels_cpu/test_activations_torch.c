@@ -4,7 +4,8 @@
  * ELU (1, 0.5) and the arithmetic with a constant (affine: x * c, x + c, x - c, c - x; div: x / c)
  * on 2048 inputs, the piecewise functions' corners -3, 0 and 3 among them; mul (check_mul) and
  * PReLU with one slope and a slope per channel (check_prelu: forward and dx bit for bit, the
- * slopes' gradient within 1e-6 of its largest).
+ * slopes' gradient within 1e-6 of its largest), and upsampling by 2 (check_resize: nearest bit for
+ * bit, bilinear within 1e-6).
  *
  * Tolerances: the piecewise-linear ones (hard sigmoid, hard swish, leaky ReLU) must be exact (0);
  * the others agree within 4e-7 absolute plus 4e-6 relative (libm's expf, tanhf and erff against
@@ -201,6 +202,48 @@ static void check_prelu(const char *ref) {
   free(x), free(dy), free(w), free(want_y), free(want_dx), free(want_dw), free(dx), free(t), free(g);
 }
 
+/* qt_resize2x against F.interpolate(scale_factor=2) of mul_a: nearest bit for bit; bilinear's
+ * forward and input gradient within 1e-6 of the largest (float sums of 0.25 / 0.75 weights in
+ * PyTorch's order); then the op on a tape against the kernels. */
+static void check_resize(int bilinear) {
+  char name[64], what[128];
+  const char *mode = bilinear ? "bilinear" : "nearest";
+  int64_t n, m, k;
+  float *x = load_n("mul_a", &n), *dy = load_n("resize_dy", &m);
+  snprintf(name, sizeof name, "resize_%s_y", mode);
+  float *want_y = load_n(name, &k);
+  snprintf(name, sizeof name, "resize_%s_dx", mode);
+  float *want_dx = load_n(name, &k);
+  QT_CHECK(m == 4 * n);
+  float *y = qt_test_zeros(m), *dx = qt_test_zeros(n);
+  qt_resize2x_forward(y, x, 3, 5, 4, 6, bilinear);
+  qt_resize2x_backward(dx, dy, 3, 5, 4, 6, bilinear);
+  const float tol = bilinear ? 1e-6f : 0.0f;
+  snprintf(what, sizeof what, "resize %s forward", mode);
+  qt_test_close(what, y, want_y, m, tol, tol);
+  snprintf(what, sizeof what, "resize %s dx", mode);
+  qt_test_close(what, dx, want_dx, n, tol, tol);
+  qt_ctx *ctx = qt_ctx_create();
+  qt_ctx_set_grad(ctx, 1);
+  const int64_t shape[4] = {3, 5, 4, 6};
+  qt_tensor *xt = qt_tensor_wrap(ctx, QT_F32, 4, shape, x);
+  xt->requires_grad = 1;
+  qt_tensor *yt = qt_resize2x(ctx, xt, bilinear);
+  snprintf(what, sizeof what, "resize %s op forward", mode);
+  qt_test_close(what, qt_f32(yt), y, m, 0, 0);
+  float *t = qt_test_zeros(m), *g = qt_test_zeros(m);
+  for (int64_t i = 0; i < m; i++) t[i] = y[i] - 0.5f * dy[i];
+  for (int64_t i = 0; i < m; i++) g[i] = 2.0f * (y[i] - t[i]);
+  memset(dx, 0, (size_t)n * sizeof *dx);
+  qt_resize2x_backward(dx, g, 3, 5, 4, 6, bilinear);
+  qt_backward(ctx, qt_squared_error(ctx, yt, t, 1.0));
+  QT_CHECK(xt->grad != NULL);
+  snprintf(what, sizeof what, "resize %s op dx", mode);
+  if (xt->grad) qt_test_close(what, xt->grad, dx, n, 0, 0);
+  qt_ctx_free(ctx);
+  free(x), free(dy), free(want_y), free(want_dx), free(y), free(dx), free(t), free(g);
+}
+
 int main(void) {
   int64_t n, m;
   float *x = load_n("x", &n), *dy = load_n("dy", &m);
@@ -235,6 +278,8 @@ int main(void) {
   check_mul("mul_channel");
   check_prelu("prelu_one");
   check_prelu("prelu_channel");
+  check_resize(0);
+  check_resize(1);
   free(x), free(dy);
   return qt_test_finish();
 }

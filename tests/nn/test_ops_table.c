@@ -27,7 +27,7 @@ static void check_names_and_flags(void) {
     const int simple = op == QT_OP_RELU || op == QT_OP_RELU6 || op == QT_OP_MAX_POOL2D || op == QT_OP_AVG_POOL2D ||
                        op == QT_OP_GLOBAL_AVG_POOL || op == QT_OP_FLATTEN || op == QT_OP_ADD ||
                        op == QT_OP_ACTIVATION || op == QT_OP_MUL || op == QT_OP_CONCAT || op == QT_OP_CHANNEL_SHUFFLE ||
-                       op == QT_OP_CHANNEL_SLICE || op == QT_OP_ATTENTION;
+                       op == QT_OP_CHANNEL_SLICE || op == QT_OP_ATTENTION || op == QT_OP_RESIZE;
     if (qt_op_has_weight((qt_op)op) != weight || qt_op_is_stateful((qt_op)op) != stateful ||
         qt_op_is_param_free((qt_op)op) != simple)
       qt_test_fail("op %s: flags has_weight %d stateful %d param_free %d", info->name, qt_op_has_weight((qt_op)op),
@@ -107,6 +107,15 @@ static void check_shapes(void) {
   expect_shape("relu arity", QT_OP_RELU, &none, x, 2, 0, NULL, "op 'relu' takes 1 input(s), has 2");
   expect_shape("activation", QT_OP_ACTIVATION, &(qt_node_attrs){.act = QT_ACT_ELU, .alpha = 0.5f}, x, 1, 3,
                (int64_t[]){28, 28, 1}, NULL);
+  expect_shape("resize", QT_OP_RESIZE, &(qt_node_attrs){.stride_h = 2, .stride_w = 2, .mode = QT_RESIZE_BILINEAR}, x,
+               1, 3, (int64_t[]){56, 56, 1}, NULL);
+  expect_shape("resize scales", QT_OP_RESIZE, &(qt_node_attrs){.stride_h = 3, .stride_w = 2}, x, 1, 0, NULL,
+               "scales 3 x 2; only 2 x 2 is supported");
+  expect_shape("resize mode", QT_OP_RESIZE, &(qt_node_attrs){.stride_h = 2, .stride_w = 2, .mode = 7}, x, 1, 0, NULL,
+               "mode 7 is neither nearest (0) nor bilinear (1)");
+  expect_shape("prelu", QT_OP_PRELU, &(qt_node_attrs){.out_channels = 1}, x, 1, 3, (int64_t[]){28, 28, 1}, NULL);
+  expect_shape("prelu slopes", QT_OP_PRELU, &(qt_node_attrs){.out_channels = 4}, x, 1, 0, NULL,
+               "4 slopes for 1 channels (1, or one per channel)");
   expect_shape("activation kind", QT_OP_ACTIVATION, &(qt_node_attrs){.act = QT_ACT_COUNT}, x, 1, 0, NULL,
                "activation kind 11 is not one of 0..10");
   expect_shape("activation alpha", QT_OP_ACTIVATION, &(qt_node_attrs){.act = QT_ACT_ELU, .alpha = INFINITY}, x, 1, 0,

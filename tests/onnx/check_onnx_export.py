@@ -122,6 +122,37 @@ def gemm(A, B, C, a):
     return y.astype(np.float32)
 
 
+def resize(x, scales, a):
+    """ONNX Resize of the spatial axes of NCHW x by scales (nearest with asymmetric coordinates
+    and floor, or linear with half_pixel / pytorch_half_pixel, source clamped to the edges)."""
+    mode = a.get("mode", b"nearest").decode()
+    ct = a.get("coordinate_transformation_mode", b"half_pixel").decode()
+    v = x.astype(np.float64)
+    for ax in (2, 3):
+        n_in, s = v.shape[ax], float(scales[ax])
+        n_out = int(math.floor(n_in * s))
+        o = np.arange(n_out, dtype=np.float64)
+        if ct == "asymmetric":
+            src = o / s
+        elif ct in ("half_pixel", "pytorch_half_pixel"):
+            src = (o + 0.5) / s - 0.5
+        else:
+            raise SystemExit("Resize: coordinate_transformation_mode %s unknown to this evaluator" % ct)
+        if mode == "nearest":
+            if a.get("nearest_mode", b"round_prefer_floor").decode() != "floor":
+                raise SystemExit("Resize: only nearest_mode floor in this evaluator")
+            v = np.take(v, np.clip(np.floor(src).astype(np.int64), 0, n_in - 1), axis=ax)
+            continue
+        src = np.clip(src, 0.0, n_in - 1)
+        i0 = np.floor(src).astype(np.int64)
+        i1 = np.minimum(i0 + 1, n_in - 1)
+        shape = [1, 1, 1, 1]
+        shape[ax] = n_out
+        l1 = (src - i0).reshape(shape)
+        v = np.take(v, i0, axis=ax) * (1.0 - l1) + np.take(v, i1, axis=ax) * l1
+    return v.astype(np.float32)
+
+
 def run_onnx(model, x):
     env = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     env[model.graph.input[0].name] = x
@@ -175,6 +206,8 @@ def run_onnx(model, x):
             y = np.clip(np.float32(al) * ins[0] + np.float32(be), 0, 1).astype(np.float32)
         elif op == "LeakyRelu":
             y = np.where(ins[0] >= 0, ins[0], ins[0] * np.float32(a.get("alpha", 0.01))).astype(np.float32)
+        elif op == "Resize":
+            y = resize(ins[0], ins[2], a)
         elif op == "PRelu":  # the slope broadcast as ONNX does ([C, 1, 1] over NCHW, [F] or [1])
             y = np.where(ins[0] > 0, ins[0], ins[0] * ins[1].astype(np.float32)).astype(np.float32)
         elif op == "Elu":

@@ -21,6 +21,10 @@ of two global pools' vectors before the linear layer. Opset 17, training export,
 prelu_cnn: nn.PReLU() (one slope, exported as PRelu with a [1] slope) after a conv + BN, and
 nn.PReLU(16) (a [16, 1, 1] slope) after a strided conv + BN, global average pool, linear. Opset
 17, training export, dynamic batch.
+resize_cnn: a strided conv + BN + ReLU, nn.Upsample(scale_factor=2) nearest (exported as Resize,
+asymmetric, floor), a conv, a strided conv, nn.Upsample bilinear (align_corners=False: Resize
+linear, pytorch_half_pixel), a conv, global average pool, linear. Opset 17, training export,
+dynamic batch.
 arith_cnn: arithmetic with Python numbers between layers, as torch exports it (Mul, Add, Sub and Div
 with a constant scalar, the constant first for 1.0 - x): on the input, after a conv + BN + ReLU,
 after a conv + BN, after a conv, and on the pooled vector before the linear layer. Opset 17,
@@ -30,8 +34,8 @@ the stride-2 unit's two branches concatenated, the stride-1 unit's x.chunk(2, di
 half passed through, channel_shuffle's view to [N, 2, C / 2, H, W], transpose and view back,
 its sizes computed from x.size()), then global average pool, linear. Opset 17, training export,
 dynamic batch.
-The reference groups `act_cnn`, `se_cnn`, `cat_cnn`, `shuffle_cnn`, `vit`, `arith_cnn` and
-`prelu_cnn` hold what
+The reference groups `act_cnn`, `se_cnn`, `cat_cnn`, `shuffle_cnn`, `vit`, `arith_cnn`,
+`prelu_cnn` and `resize_cnn` hold what
 make_onnx_models.py's write_ref writes (x, labels, y_eval; y_train, loss, grad/<name>,
 after/<buffer>), which tests/onnx/test_onnx_import.c checks.
 """
@@ -273,6 +277,23 @@ class PReLUCNN(nn.Module):
         return self.fc(self.gap(x).flatten(1))
 
 
+class ResizeCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Sequential(nn.Conv2d(1, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.up1 = nn.Upsample(scale_factor=2, mode="nearest")
+        self.c2 = nn.Sequential(nn.Conv2d(8, 8, 3, 1, 1), nn.ReLU())
+        self.c3 = nn.Sequential(nn.Conv2d(8, 16, 3, 2, 1), nn.ReLU())
+        self.up2 = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.c4 = nn.Conv2d(16, 16, 3, 2, 1)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.c4(self.up2(self.c3(self.c2(self.up1(self.c1(x))))))
+        return self.fc(self.gap(x).flatten(1))
+
+
 def main():
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)  # every model's BN statistics, in this order
@@ -282,7 +303,7 @@ def main():
         f.attrs["torch_version"] = str(torch.__version__).encode()
         for seed, (name, cls) in enumerate((("act_cnn", ActCNN), ("se_cnn", SECNN), ("cat_cnn", CatCNN),
                                              ("shuffle_cnn", ShuffleCNN), ("vit", ViT), ("arith_cnn", ArithCNN),
-                                             ("prelu_cnn", PReLUCNN))):
+                                             ("prelu_cnn", PReLUCNN), ("resize_cnn", ResizeCNN))):
             torch.manual_seed(seed)
             model = cls()
             base.randomize_bn(model, gen)

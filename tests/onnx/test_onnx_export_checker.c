@@ -254,6 +254,8 @@ int main(void) {
   onnx_model_both("arith_cnn");
   /* PReLU (fp32 between quantize and dequantize on the device) as PRelu */
   onnx_model_both("prelu_cnn");
+  /* upsampling by 2, nearest (a u8 copy on the device) and bilinear (fp32 between Q and DQ) */
+  onnx_model_both("resize_cnn");
   /* int32 biases (quant.bias = int32): written as the graph's integers */
   one("fashion_cnn_w8a8_b32", "model.name=fashion_cnn", "ptq", 8, 8, 1);
   one("mobilenet_w4a4_b32", mobilenet, "qat", 4, 4, 1);

@@ -332,6 +332,8 @@ int main(void) {
   check_model("arith_cnn", 0, "Sub_1", 1);
   /* PRelu with one slope ([1]) and one per channel ([C, 1, 1]): prelu, its slopes learned */
   check_model("prelu_cnn", 0, "p2", 1);
+  /* Resize by 2: nearest (asymmetric, floor) and bilinear (half_pixel), as nn.Upsample exports */
+  check_model("resize_cnn", 0, "up2", 1);
   /* torch 2.x's exports, the opset forms and external data (tests/onnx/make_torch2_models.py) */
   ref_name = "onnx2_ref.h5";
   check_model_in("tests/onnx/models/", "t2_fashion_cnn", 0, "fc1", 1, "fashion_cnn");

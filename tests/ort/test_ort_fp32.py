@@ -28,8 +28,8 @@ the valid twin of the hostile external-data files), with both optimization level
     y_train (forms_* and ext_ok have ORT's own output as y_eval: they check the file against
     what it computed when it was written).
 The models of tests/onnx/models named t2_* or forms_* and the groups of onnx2_ref.h5 must match,
-as the models act_*, se_*, cat_*, shuffle_*, vit, arith_* and prelu_* (tests/onnx/make_act_models.py) and
-act_ref.h5,
+as the models act_*, se_*, cat_*, shuffle_*, vit, arith_*, prelu_* and resize_*
+(tests/onnx/make_act_models.py) and act_ref.h5,
 checked as the torch 1.13 models are, and the other models and onnx_ref.h5 must.
 Tolerance: max |y - y_ref| <= 1e-5 * max |y_ref| (the measured worst is printed at the end).
 Eval and train logits differ by 0.3-1.7 of max |y_ref| here, so a BN run in the wrong mode
@@ -55,7 +55,7 @@ MODELS = os.path.join(SRC, "tests", "onnx", "models")
 REF = os.path.join(SRC, "tests", "onnx", "ref", "onnx_ref.h5")
 REF2 = os.path.join(SRC, "tests", "onnx", "ref", "onnx2_ref.h5")  # make_torch2_models.py
 REF_ACT = os.path.join(SRC, "tests", "onnx", "ref", "act_ref.h5")  # make_act_models.py
-REF_ACT_PREFIX = ("act_", "se_", "cat_", "shuffle_", "vit", "arith_", "prelu_")  # the models of tests/onnx/models whose references are in REF_ACT
+REF_ACT_PREFIX = ("act_", "se_", "cat_", "shuffle_", "vit", "arith_", "prelu_", "resize_")  # the models of tests/onnx/models whose references are in REF_ACT
 REF2_PREFIXES = ("t2_", "forms_")  # the models of tests/onnx/models whose references are in REF2
 REF2_BAD = os.path.join(SRC, "tests", "onnx", "bad")  # where its ext_* models are
 EXTERNAL_MODEL = "t2_mobilenet"  # its weights in t2_mobilenet.onnx.data
@@ -179,7 +179,7 @@ def main():
             acts = [m for m in models if m.startswith(REF_ACT_PREFIX)]
             missing = sorted(set(acts) ^ set(fa.keys()))
             if missing:
-                failures.append("models act_*, se_*, cat_*, shuffle_*, vit*, arith_*, prelu_* and the groups of act_ref.h5 differ: %s" % ", ".join(missing))
+                failures.append("models act_*, se_*, cat_*, shuffle_*, vit*, arith_*, prelu_*, resize_* and the groups of act_ref.h5 differ: %s" % ", ".join(missing))
             check_torch13(fa, acts, tmp, check, failures, versions)
 
         import ort_eval
@@ -243,9 +243,9 @@ def main():
                     failures.append(str(e))
                     print("%-20s --opt %-8s ERROR %s" % (name, opt, e))
 
-    # 13 models x 2 levels (eval) + 11 dynamic-batch training exports (those of make_act_models.py
+    # 14 models x 2 levels (eval) + 12 dynamic-batch training exports (those of make_act_models.py
     # among them) x 2 + fashion_cnn chunked x 2 + mobilenet_trained x 2
-    expected = 2 * len(models) + 2 * 11 + 2 + 2
+    expected = 2 * len(models) + 2 * 12 + 2 + 2
     # + onnx2_ref.h5: every group x 2 levels (eval) + its 2 training exports (t2_fashion_cnn,
     # t2_mobilenet) x 2
     expected += 2 * n2 + 2 * 2

@@ -237,6 +237,25 @@ def windows(x, kh, kw, sh, sw, ph, pw, fill):
     return v[:, ::sh, ::sw]
 
 
+def resize2x(x, bilinear, h_axis):
+    """Upsampling by 2 along axes h_axis and h_axis + 1: nearest (output o reads o // 2) or
+    bilinear (source 0.5 (o + 0.5) - 0.5 clamped at 0, the last index repeating), in float64."""
+    v = x.astype(np.float64)
+    for ax in (h_axis, h_axis + 1):
+        size = v.shape[ax]
+        if not bilinear:
+            v = np.repeat(v, 2, axis=ax)
+            continue
+        real = np.maximum(0.5 * (np.arange(2 * size) + 0.5) - 0.5, 0.0)
+        i0 = np.floor(real).astype(np.int64)
+        i1 = np.minimum(i0 + 1, size - 1)
+        shape = [1] * v.ndim
+        shape[ax] = 2 * size
+        l1 = (real - i0).reshape(shape)
+        v = np.take(v, i0, axis=ax) * (1.0 - l1) + np.take(v, i1, axis=ax) * l1
+    return v.astype(np.float32)
+
+
 def activation(x, act, alpha, beta):
     """docs/qdq_format.md's activations, in float64, rounded to float32 once."""
     v = x.astype(np.float64)
@@ -356,6 +375,8 @@ def run(nodes, values, tensors, quant, x, output):
             y = (p_ @ v).transpose(0, 2, 1, 3).reshape(xi.shape).astype(np.float32)
         elif op == "add_param":  # a tensor of one sample's shape
             y = (xi.astype(np.float64) + tensors[a["weight"]]).astype(np.float32)
+        elif op == "resize":  # by 2 in H and W of (N, H, W, C)
+            y = resize2x(xi, text(a["mode"]) == "bilinear", 1)
         elif op == "prelu":  # one slope, or one per channel (the last axis)
             w_ = tensors[a["weight"]].astype(np.float32)
             y = np.where(xi > 0, xi, w_ * xi).astype(np.float32)

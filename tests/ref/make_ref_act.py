@@ -17,6 +17,8 @@ activations of autograd/ops_act.c, tested by tests/kernels_cpu/test_activations_
     squeeze-excite's gate * x) and both gradients (autograd/ops_binary.c)
   prelu_<one|channel>_w, _y, _dx, _dw   F.prelu of mul_a (NHWC, channels last: the slopes
     broadcast over N, H, W) with one slope or one per channel, and both gradients for mul_dy
+  resize_dy, resize_<nearest|bilinear>_y, _dx   F.interpolate(scale_factor=2) of mul_a (NHWC),
+    nearest and bilinear (align_corners=False), and the input gradient for resize_dy
 
 Run: /usr/bin/python3 tests/ref/make_ref_act.py   (deterministic: fixed seed)
 """
@@ -88,5 +90,15 @@ for name, w in (("prelu_one", torch.tensor([0.3])), ("prelu_channel", torch.rand
     put(data, name + "_y", y.permute(0, 2, 3, 1))
     put(data, name + "_dx", ai.grad.permute(0, 2, 3, 1))
     put(data, name + "_dw", wi.grad)
+
+dy_resize = torch.randn(3, 10, 8, 6, generator=gen)
+put(data, "resize_dy", dy_resize)
+for mode in ("nearest", "bilinear"):
+    ai = a.clone().permute(0, 3, 1, 2).contiguous().requires_grad_()
+    kw = {} if mode == "nearest" else {"align_corners": False}
+    y = F.interpolate(ai, scale_factor=2, mode=mode, **kw)
+    y.backward(dy_resize.permute(0, 3, 1, 2))
+    put(data, "resize_%s_y" % mode, y.permute(0, 2, 3, 1))
+    put(data, "resize_%s_dx" % mode, ai.grad.permute(0, 2, 3, 1))
 
 write(os.path.join(HERE, "act.h5"), data, "tests/ref/make_ref_act.py", torch.__version__)
