@@ -503,29 +503,13 @@ static const char *lower_activation_u8(qt_lowering *L, int i) {
 /* Inputs on one grid with no quantize after the concat (the inputs tied by a Quantizer with
  * concat_shared, XNNPACK's): a copy into the channels, the qparams kept (identity tables). */
 static const char *lower_concat_copy_u8(qt_lowering *L, int i, const char *no_output) {
-  const qt_graph *g = L->g;
-  const qt_node *n = &g->nodes[i];
-  const qt_value_rep *r0 = &L->rep[n->inputs[0]];
-  for (int k = 1; k < n->n_inputs; k++) {
-    const qt_value_rep *r = &L->rep[n->inputs[k]];
-    if (r->scale[0] != r0->scale[0] || r->zero_point[0] != r0->zero_point[0] || r->qmin != r0->qmin ||
-        r->qmax != r0->qmax)
-      return no_output;
-  }
-  const qt_value *yv = &g->values[n->output];
+  const qt_node *n = &L->g->nodes[i];
+  if (qt_off_grid_input(L, n) >= 0) return no_output;
   u8_table *t = qt_keep(L->p, sizeof *t);
   t->n = n->n_inputs;
-  t->Y = yv->shape[yv->ndim - 1];
-  for (int k = 0; k < n->n_inputs; k++) {
-    const qt_value *xv = &g->values[n->inputs[k]];
-    t->C[k] = xv->shape[xv->ndim - 1];
-    t->off[k] = k ? t->off[k - 1] + t->C[k - 1] : 0;
+  for (int k = 0; k < n->n_inputs; k++)
     for (int q = 0; q < 256; q++) t->map[k][q] = (uint8_t)q;
-  }
-  qt_step *s = qt_kernel_step(L->p, K_CONCAT_U8, NULL, r0->slot, qt_value_numel(yv), (size_t)qt_value_numel(yv));
-  for (int k = 1; k < n->n_inputs; k++) s->in[k] = L->rep[n->inputs[k]].slot;
-  s->aux = t;
-  qt_same_qparams(L, i, s->out);
+  qt_concat_copy_step(L, i, K_CONCAT_U8, t->C, t->off, &t->Y)->aux = t;
   qt_part_add(&L->p->parts, QT_PART_INT8, n->name, "concat of %d u8 tensors (a copy, same qparams)", n->n_inputs);
   return NULL;
 }

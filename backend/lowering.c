@@ -179,6 +179,34 @@ void qt_same_qparams(qt_lowering *L, int i, int slot) {
   r->f32_slot = -1;
 }
 
+int qt_off_grid_input(const qt_lowering *L, const qt_node *n) {
+  const qt_value_rep *r0 = &L->rep[n->inputs[0]];
+  for (int k = 1; k < n->n_inputs; k++) {
+    const qt_value_rep *r = &L->rep[n->inputs[k]];
+    if (r->scale[0] != r0->scale[0] || r->zero_point[0] != r0->zero_point[0] || r->qmin != r0->qmin ||
+        r->qmax != r0->qmax)
+      return k;
+  }
+  return -1;
+}
+
+qt_step *qt_concat_copy_step(qt_lowering *L, int i, int kind, int64_t *C, int64_t *off, int64_t *Y) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const qt_value *yv = &g->values[n->output];
+  *Y = yv->shape[yv->ndim - 1];
+  for (int k = 0; k < n->n_inputs; k++) {
+    const qt_value *xv = &g->values[n->inputs[k]];
+    C[k] = xv->shape[xv->ndim - 1];
+    off[k] = k ? off[k - 1] + C[k - 1] : 0;
+  }
+  qt_step *s =
+      qt_kernel_step(L->p, kind, NULL, L->rep[n->inputs[0]].slot, qt_value_numel(yv), (size_t)qt_value_numel(yv));
+  for (int k = 1; k < n->n_inputs; k++) s->in[k] = L->rep[n->inputs[k]].slot;
+  qt_same_qparams(L, i, s->out);
+  return s;
+}
+
 /* ---- the walk ------------------------------------------------------------------------------- */
 
 /* dq -> fp32 op: the node runs with the framework's fp32 kernels on fp32 inputs. */

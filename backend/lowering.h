@@ -143,5 +143,12 @@ void qt_unit_done(qt_lowering *L, int first, int act, int quant, int slot);
 void qt_unit_nodes(const qt_lowering *L, int first, int n_in, int act, int quant, char *buf, size_t n);
 /* Node i's output keeps its input's representation and qparams, in `slot`. */
 void qt_same_qparams(qt_lowering *L, int i, int slot);
+/* The first input of node n whose integers lie on another grid than input 0's (scale, zero point
+ * or range), or -1 when all share one. */
+int qt_off_grid_input(const qt_lowering *L, const qt_node *n);
+/* The kernel step `kind` of concat node i whose inputs share one grid: it reads every input's
+ * slot and writes a new one holding input 0's qparams; C[k] and off[k] receive input k's
+ * channels and their offset in the output's *Y. */
+qt_step *qt_concat_copy_step(qt_lowering *L, int i, int kind, int64_t *C, int64_t *off, int64_t *Y);
 
 #endif

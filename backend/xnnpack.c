@@ -498,32 +498,23 @@ static const char *lower_channels(qt_lowering *L, int i) {
 static const char *lower_concat(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
-  const qt_value_rep *r0 = &L->rep[n->inputs[0]];
-  const qt_value *yv = &g->values[n->output];
-  xnn_concat *c = qt_keep(L->p, sizeof *c);
-  c->n = n->n_inputs;
-  c->Y = yv->shape[yv->ndim - 1];
   for (int k = 0; k < n->n_inputs; k++) {
     const char *why = int8_input_problem(L, n->inputs[k]);
     if (why) return why;
-    const qt_value_rep *r = &L->rep[n->inputs[k]];
-    if (r->scale[0] != r0->scale[0] || r->zero_point[0] != r0->zero_point[0] || r->qmin != r0->qmin ||
-        r->qmax != r0->qmax) {
-      snprintf(L->why, sizeof L->why,
-               "inputs on different grids ('%s': scale %g, zero point %d; '%s': scale %g, zero point %d): this "
-               "XNNPACK has no requantizing copy (the Quantizer ties a concat's inputs when it can)",
-               g->values[n->inputs[0]].name, r0->scale[0], r0->zero_point[0], g->values[n->inputs[k]].name, r->scale[0],
-               r->zero_point[0]);
-      return L->why;
-    }
-    const qt_value *xv = &g->values[n->inputs[k]];
-    c->C[k] = xv->shape[xv->ndim - 1];
-    c->off[k] = k ? c->off[k - 1] + c->C[k - 1] : 0;
   }
-  qt_step *s = qt_kernel_step(L->p, XK_CONCAT, NULL, r0->slot, qt_value_numel(yv), (size_t)qt_value_numel(yv));
-  for (int k = 1; k < n->n_inputs; k++) s->in[k] = L->rep[n->inputs[k]].slot;
-  s->aux = c;
-  qt_same_qparams(L, i, s->out);
+  const int k = qt_off_grid_input(L, n);
+  if (k >= 0) {
+    const qt_value_rep *r0 = &L->rep[n->inputs[0]], *r = &L->rep[n->inputs[k]];
+    snprintf(L->why, sizeof L->why,
+             "inputs on different grids ('%s': scale %g, zero point %d; '%s': scale %g, zero point %d): this "
+             "XNNPACK has no requantizing copy (the Quantizer ties a concat's inputs when it can)",
+             g->values[n->inputs[0]].name, r0->scale[0], r0->zero_point[0], g->values[n->inputs[k]].name, r->scale[0],
+             r->zero_point[0]);
+    return L->why;
+  }
+  xnn_concat *c = qt_keep(L->p, sizeof *c);
+  c->n = n->n_inputs;
+  qt_concat_copy_step(L, i, XK_CONCAT, c->C, c->off, &c->Y)->aux = c;
   qt_part_add(&L->p->parts, QT_PART_INT8, n->name, "concat of %d int8 tensors (copies, same qparams)", n->n_inputs);
   return NULL;
 }

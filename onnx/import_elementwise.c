@@ -187,6 +187,15 @@ static int op_erf(imp *im) {
 
 /* ---- Add, Mul ------------------------------------------------------------------------------ */
 
+/* The two inputs of an Add or Mul (op) as activations, or -1 with what is supported. */
+static int two_activations(imp *im, const char *op, const char *supported, sym **a, sym **b) {
+  if (!(*a = qt_imp_input(im, 0, "A")) || !(*b = qt_imp_input(im, 1, "B"))) return -1;
+  if ((*a)->kind != S_ACT || (*b)->kind != S_ACT)
+    return qt_imp_node_err(im, "%s of '%s' (%s) and '%s' (%s): only %s", op, (*a)->name, kind_text(*a), (*b)->name,
+                           kind_text(*b), supported);
+  return (*a = qt_imp_act_input(im, 0, "A", 0)) && (*b = qt_imp_act_input(im, 1, "B", 0)) ? 0 : -1;
+}
+
 static int op_add(imp *im) {
   const sym *first = qt_imp_raw_input(im, 0);
   if (first && first->kind == S_INTS) return qt_imp_ints_arith(im, '+');
@@ -194,14 +203,12 @@ static int op_add(imp *im) {
   if (!r) r = const_arith(im, '+');
   if (!r) r = qt_imp_tokens_add(im);
   if (r) return r < 0 ? -1 : 0;
-  sym *a = qt_imp_input(im, 0, "A"), *b = a ? qt_imp_input(im, 1, "B") : NULL;
-  if (!b) return -1;
-  if (a->kind != S_ACT || b->kind != S_ACT)
-    return qt_imp_node_err(im,
-                           "Add of '%s' (%s) and '%s' (%s): only the residual Add of two activations, and the bias Add "
-                           "right after a MatMul, are supported",
-                           a->name, kind_text(a), b->name, kind_text(b));
-  if (!(a = qt_imp_act_input(im, 0, "A", 0)) || !(b = qt_imp_act_input(im, 1, "B", 0))) return -1;
+  sym *a, *b;
+  if (two_activations(im, "Add",
+                      "the residual Add of two activations, the Add of an activation and a constant scalar, and the "
+                      "bias Add right after a MatMul, are supported",
+                      &a, &b))
+    return -1;
   if (a->perm_c != b->perm_c || a->perm_h != b->perm_h || a->perm_w != b->perm_w || a->pooled != b->pooled ||
       a->tokens != b->tokens)
     return qt_imp_node_err(im, "Add of '%s' and '%s', laid out differently in the graph IR", a->name, b->name);
@@ -226,14 +233,10 @@ static int op_mul(imp *im) {
   if (!r) r = qt_imp_tokens_scale(im, 0);
   if (!r) r = const_arith(im, '*');
   if (r) return r < 0 ? -1 : 0;
-  sym *a = qt_imp_input(im, 0, "A"), *b = a ? qt_imp_input(im, 1, "B") : NULL;
-  if (!b) return -1;
-  if (a->kind != S_ACT || b->kind != S_ACT)
-    return qt_imp_node_err(im,
-                           "Mul of '%s' (%s) and '%s' (%s): only Mul of two activations, or of an activation and a "
-                           "constant scalar, is supported",
-                           a->name, kind_text(a), b->name, kind_text(b));
-  if (!(a = qt_imp_act_input(im, 0, "A", 0)) || !(b = qt_imp_act_input(im, 1, "B", 0))) return -1;
+  sym *a, *b;
+  if (two_activations(im, "Mul", "Mul of two activations, or of an activation and a constant scalar, is supported", &a,
+                      &b))
+    return -1;
   if (b->pooled && is_image(im, a)) {
   } else if (a->pooled && is_image(im, b)) {
     sym *t = a;
