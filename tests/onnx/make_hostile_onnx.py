@@ -19,7 +19,7 @@ unpack ran out of stack on both, exit 139):
   initializer (a Mul of an activation by a constant tensor); div_one.onnx: 1 / x, a Div of a
   constant by an activation; concat_h.onnx: Concat(x, x) along H (axis 2); transpose_hw.onnx: a
   Transpose of H and W; split_h.onnx: a Split along H; avgpool_ceil.onnx: AveragePool(3, 2) in
-  ceil mode.
+  ceil mode; resize_one.onnx: a Resize by scales [1, 1, 1, 1].
 
 Usage: python3 tests/onnx/make_hostile_onnx.py OUT_DIR
 """
@@ -154,7 +154,9 @@ def main():
                                                    string(3, "halves") + string(4, "Split") + attr_int("axis", 2))),
                        ("avgpool_ceil.onnx", relu_model(string(1, "x") + string(2, "y") + string(3, "pool") +
                                                         string(4, "AveragePool") + attr_ints("kernel_shape", [3, 3]) +
-                                                        attr_ints("strides", [2, 2]) + attr_int("ceil_mode", 1)))):
+                                                        attr_ints("strides", [2, 2]) + attr_int("ceil_mode", 1))),
+                       ("resize_one.onnx", relu_model(string(1, "x") + string(1, "") + string(1, "s") + string(2, "y") +
+                                                      string(3, "up") + string(4, "Resize"), initializer("s", [4])))):
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
         print("wrote %s (%d bytes)" % (os.path.join(out, name), len(data)))

@@ -70,6 +70,7 @@ expect div_one "node 'div' (Div, opset 13)" "only an activation divided by a con
 expect concat_h "node 'cat' (Concat, opset 13)" "Concat along axis 2; only along channels" -- "$T/concat_h.onnx"
 # an AveragePool in ceil mode whose last window hangs over (28 -> 14; floor mode: 13)
 expect avgpool_ceil "node 'pool' (AveragePool, opset 13)" "ceil_mode = 1 where the last window hangs over is supported for MaxPool only" -- "$T/avgpool_ceil.onnx"
+expect resize_one "node 'up' (Resize, opset 13)" "only [1, 1, 2, 2] (upsampling by 2) is supported" -- "$T/resize_one.onnx"
 # a Transpose that is not a channel shuffle's, a Split along H
 expect transpose_hw "node 'swap' (Transpose, opset 13)" "Transpose is supported only as a channel shuffle's" -- "$T/transpose_hw.onnx"
 expect split_h "node 'halves' (Split, opset 13)" "Split along axis 2: only along channels (axis 1)" -- "$T/split_h.onnx"
