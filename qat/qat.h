@@ -20,7 +20,9 @@
 
 #define QT_MAX_OVERRIDES 64
 /* The override name that applies to every layer without one of its own ("*=fp32;conv1=w8a8":
- * only conv1's unit quantized). */
+ * only conv1's unit quantized). Other names with *, ? or [...] are shell patterns (fnmatch) that
+ * name every layer they match ("*.scale_activation=fp32"): a layer's own name comes first, then
+ * the first pattern that matches it, then "*". */
 #define QT_OVERRIDE_ANY "*"
 
 typedef struct {

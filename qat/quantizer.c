@@ -1,6 +1,7 @@
 /* The Quantizer: annotations for a graph from a backend description (qat.h, qt_quantizer). The
  * descriptions themselves (oneDNN on this CPU, an accelerator from its INI file) are built by
  * the backend module. */
+#include <fnmatch.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,14 +78,28 @@ int qt_parse_overrides(qt_quantizer_config *c, const char *text, char *err) {
   return 0;
 }
 
-/* The layer's own override, else the "*" entry, else NULL. */
+/* Whether an override's name is a shell pattern (*, ? or [...]) rather than one node's name. */
+static int is_pattern(const char *name) { return strpbrk(name, "*?[") != NULL; }
+
+/* Whether override o names node `name` itself: by its name, or by a pattern other than "*". */
+static int names_node(const qt_layer_override *o, const char *name) {
+  if (strcmp(o->name, name) == 0) return 1;
+  return strcmp(o->name, QT_OVERRIDE_ANY) != 0 && is_pattern(o->name) && fnmatch(o->name, name, 0) == 0;
+}
+
+/* The layer's own override (its name, else the first pattern matching it), else the "*" entry,
+ * else NULL. */
 static const qt_layer_override *find_override(const qt_quantizer_config *c, const char *name) {
-  const qt_layer_override *any = NULL;
+  const qt_layer_override *any = NULL, *pattern = NULL;
   for (int i = 0; i < c->n_overrides; i++) {
-    if (strcmp(c->overrides[i].name, name) == 0) return &c->overrides[i];
-    if (strcmp(c->overrides[i].name, QT_OVERRIDE_ANY) == 0) any = &c->overrides[i];
+    const qt_layer_override *o = &c->overrides[i];
+    if (strcmp(o->name, name) == 0) return o;
+    if (strcmp(o->name, QT_OVERRIDE_ANY) == 0)
+      any = o;
+    else if (!pattern && names_node(o, name))
+      pattern = o;
   }
-  return any;
+  return pattern ? pattern : any;
 }
 
 /* ---- the specs a backend description implies ------------------------------------------------ */
@@ -366,7 +381,17 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
         d->name);
   for (int i = 0; i < cfg->n_overrides; i++) {
     const qt_layer_override *o = &cfg->overrides[i];
-    if (strcmp(o->name, QT_OVERRIDE_ANY) != 0) { /* "*" names every layer; a name, one node */
+    if (strcmp(o->name, QT_OVERRIDE_ANY) != 0 && is_pattern(o->name)) { /* a pattern: some layer it names */
+      int k = 0;
+      while (k < g->n_nodes &&
+             !(names_node(o, g->nodes[k].name) && (qt_op_has_weight(g->nodes[k].op) || quantized_op(&g->nodes[k]))))
+        k++;
+      if (k == g->n_nodes)
+        return qt_err(err,
+                      "quant.layer_overrides: the pattern '%s' matches no layer that starts a quantized unit in "
+                      "model %s",
+                      o->name, g->name);
+    } else if (strcmp(o->name, QT_OVERRIDE_ANY) != 0) { /* "*" names every layer; a name, one node */
       const int k = qt_graph_find_node(g, o->name);
       if (k < 0) return qt_err(err, "quant.layer_overrides: no node named '%s' in model %s", o->name, g->name);
       const qt_op op = g->nodes[k].op;
@@ -384,11 +409,11 @@ static int check_settings(const qt_graph *g, const qt_backend_desc *d, const qt_
   return 0;
 }
 
-/* Whether the node named `name` has an override of its own that leaves it fp32. */
+/* Whether the node named `name` has an override of its own (its name or a pattern) that leaves
+ * it fp32. */
 static int own_fp32(const qt_quantizer_config *cfg, const char *name) {
-  for (int k = 0; k < cfg->n_overrides; k++)
-    if (strcmp(cfg->overrides[k].name, name) == 0 && cfg->overrides[k].fp32) return 1;
-  return 0;
+  const qt_layer_override *o = find_override(cfg, name);
+  return o && o->fp32 && strcmp(o->name, QT_OVERRIDE_ANY) != 0;
 }
 
 /* With quant.fuse_add, the other input of the add c that the conv unit ending at `tail` feeds

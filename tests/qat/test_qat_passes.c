@@ -144,6 +144,18 @@ static void annotations(void) {
   QT_CHECK(a.weight_spec[c1].qmin == -128 && a.weight_spec[f2].qmin == -8 &&
            a.weight_spec[qt_graph_find_node(g, "conv2")].qmin == -8);
   qt_annotations_free(&a);
+  /* patterns: "fc?=fp32" leaves fc1 and fc2 fp32; a layer's own name wins over a pattern, the
+   * first matching pattern over a later one and over "*"; a pattern that matches no layer (or
+   * only nodes that start no unit) is refused */
+  QT_CHECK(qt_parse_overrides(&qc, "*=w4;fc?=fp32;conv[12]=w6;conv1=w8", err) == 0);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) == 0);
+  QT_CHECK(!a.weight[f2] && !a.weight[qt_graph_find_node(g, "fc1")] && a.weight_spec[c1].qmin == -128 &&
+           a.weight_spec[qt_graph_find_node(g, "conv2")].qmin == -32);
+  qt_annotations_free(&a);
+  QT_CHECK(qt_parse_overrides(&qc, "block*=fp32", err) == 0);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) != 0 && strstr(err, "'block*' matches no layer"));
+  QT_CHECK(qt_parse_overrides(&qc, "bn*=fp32", err) == 0);
+  QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) != 0 && strstr(err, "'bn*' matches no layer"));
   QT_CHECK(qt_parse_overrides(&qc, "*=fp32;*=w8", err) != 0 && strstr(err, "'*' is set twice"));
   QT_CHECK(qt_parse_overrides(&qc, "fc9=fp32", err) == 0);
   QT_CHECK(qt_test_quantizer_onednn(g, &qc, QT_ISA_VNNI, &a, err) != 0 && strstr(err, "fc9"));
