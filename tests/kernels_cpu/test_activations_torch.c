@@ -62,9 +62,20 @@ static void check_case(const act_case *c, const float *x, const float *dy, int64
   free(want_y), free(want_dx), free(y), free(dx);
 }
 
-/* The op on a tape: loss = sum (act(x) - t)^2 with t = act(x) - dy / 2, whose gradient at the
- * output is dy up to rounding; x's gradient against the kernel's backward of the loss's own
- * gradient 2 (y - t). */
+/* The backward of loss = sum (y - t)^2 with t = y - dy / 2 from the op's output y (n values) on
+ * ctx's tape: the loss's gradient at y is dy up to rounding; returns it, 2 (y - t), for the
+ * kernels' backward to be compared with the op's (the caller frees it). */
+static float *backward_of_dy(qt_ctx *ctx, qt_tensor *y, const float *dy, int64_t n) {
+  float *t = qt_test_zeros(n), *g = qt_test_zeros(n);
+  for (int64_t i = 0; i < n; i++) t[i] = qt_f32(y)[i] - 0.5f * dy[i];
+  for (int64_t i = 0; i < n; i++) g[i] = 2.0f * (qt_f32(y)[i] - t[i]);
+  qt_backward(ctx, qt_squared_error(ctx, y, t, 1.0));
+  free(t);
+  return g;
+}
+
+/* The op on a tape (backward_of_dy): its output against the kernel's, bit for bit; x's gradient
+ * against the kernel's backward of the loss's own gradient. */
 static void check_op(const act_case *c, const float *x, const float *dy, int64_t n) {
   qt_ctx *ctx = qt_ctx_create();
   qt_ctx_set_grad(ctx, 1);
@@ -72,20 +83,17 @@ static void check_op(const act_case *c, const float *x, const float *dy, int64_t
   qt_tensor *xt = qt_tensor_wrap(ctx, QT_F32, 2, shape, (void *)x);
   xt->requires_grad = 1;
   qt_tensor *y = qt_activation(ctx, xt, c->act);
-  float *ky = qt_test_zeros(n), *t = qt_test_zeros(n), *g = qt_test_zeros(n), *kdx = qt_test_zeros(n);
+  float *ky = qt_test_zeros(n), *kdx = qt_test_zeros(n);
   qt_act_forward(ky, x, n, &c->act);
   char what[128];
   snprintf(what, sizeof what, "%s op forward", c->ref);
   qt_test_close(what, qt_f32(y), ky, n, 0, 0);
-  for (int64_t i = 0; i < n; i++) t[i] = ky[i] - 0.5f * dy[i];
-  for (int64_t i = 0; i < n; i++) g[i] = 2.0f * (ky[i] - t[i]);
-  qt_tensor *loss = qt_squared_error(ctx, y, t, 1.0);
-  qt_backward(ctx, loss);
+  float *g = backward_of_dy(ctx, y, dy, n);
   qt_act_backward(kdx, g, x, ky, n, &c->act);
   snprintf(what, sizeof what, "%s op backward", c->ref);
   QT_CHECK(xt->grad != NULL);
   if (xt->grad) qt_test_close(what, xt->grad, kdx, n, 1e-6f, 1e-5f);
-  free(ky), free(t), free(g), free(kdx);
+  free(ky), free(g), free(kdx);
   qt_ctx_free(ctx);
 }
 
@@ -129,20 +137,17 @@ static void check_mul(const char *ref) {
   qt_tensor *yt = qt_mul(ctx, at, bt);
   snprintf(what, sizeof what, "%s op forward", ref);
   qt_test_close(what, qt_f32(yt), y, na, 0, 0);
-  float *t = qt_test_zeros(na), *g = qt_test_zeros(na);
-  for (int64_t i = 0; i < na; i++) t[i] = y[i] - 0.5f * dy[i];
-  for (int64_t i = 0; i < na; i++) g[i] = 2.0f * (y[i] - t[i]);
+  float *g = backward_of_dy(ctx, yt, dy, na);
   memset(da, 0, (size_t)na * sizeof *da);
   memset(db, 0, (size_t)nb * sizeof *db);
   qt_mul_backward(da, db, g, a, b, N, P, K);
-  qt_backward(ctx, qt_squared_error(ctx, yt, t, 1.0));
   QT_CHECK(at->grad && bt->grad);
   snprintf(what, sizeof what, "%s op da", ref);
   if (at->grad) qt_test_close(what, at->grad, da, na, 0, 0);
   snprintf(what, sizeof what, "%s op db", ref);
   if (bt->grad) qt_test_close(what, bt->grad, db, nb, 0, 0);
   qt_ctx_free(ctx);
-  free(a), free(b), free(dy), free(y), free(da), free(db), free(want_y), free(want_da), free(want_db), free(t), free(g);
+  free(a), free(b), free(dy), free(y), free(da), free(db), free(want_y), free(want_da), free(want_db), free(g);
 }
 
 /* PReLU's gradients for upstream g: dx = x > 0 ? g : w g, dw = sum of x g where x <= 0 (double). */
@@ -188,18 +193,15 @@ static void check_prelu(const char *ref) {
   qt_tensor *yt = qt_prelu(ctx, xt, wt);
   snprintf(what, sizeof what, "%s forward", ref);
   qt_test_close(what, qt_f32(yt), want_y, n, 0, 0);
-  float *t = qt_test_zeros(n), *g = qt_test_zeros(n);
-  for (int64_t i = 0; i < n; i++) t[i] = qt_f32(yt)[i] - 0.5f * dy[i];
-  for (int64_t i = 0; i < n; i++) g[i] = 2.0f * (qt_f32(yt)[i] - t[i]);
+  float *g = backward_of_dy(ctx, yt, dy, n);
   prelu_grads(x, w, g, n, K, C, dx, dw);
-  qt_backward(ctx, qt_squared_error(ctx, yt, t, 1.0));
   QT_CHECK(xt->grad && wt->grad);
   snprintf(what, sizeof what, "%s op dx", ref);
   if (xt->grad) qt_test_close(what, xt->grad, dx, n, 0, 0);
   snprintf(what, sizeof what, "%s op dw", ref);
   if (wt->grad) qt_test_close(what, wt->grad, dw, K, 0, 0);
   qt_ctx_free(ctx);
-  free(x), free(dy), free(w), free(want_y), free(want_dx), free(want_dw), free(dx), free(t), free(g);
+  free(x), free(dy), free(w), free(want_y), free(want_dx), free(want_dw), free(dx), free(g);
 }
 
 /* qt_resize2x against F.interpolate(scale_factor=2) of mul_a: nearest bit for bit; bilinear's
@@ -231,17 +233,14 @@ static void check_resize(int bilinear) {
   qt_tensor *yt = qt_resize2x(ctx, xt, bilinear);
   snprintf(what, sizeof what, "resize %s op forward", mode);
   qt_test_close(what, qt_f32(yt), y, m, 0, 0);
-  float *t = qt_test_zeros(m), *g = qt_test_zeros(m);
-  for (int64_t i = 0; i < m; i++) t[i] = y[i] - 0.5f * dy[i];
-  for (int64_t i = 0; i < m; i++) g[i] = 2.0f * (y[i] - t[i]);
+  float *g = backward_of_dy(ctx, yt, dy, m);
   memset(dx, 0, (size_t)n * sizeof *dx);
   qt_resize2x_backward(dx, g, 3, 5, 4, 6, bilinear);
-  qt_backward(ctx, qt_squared_error(ctx, yt, t, 1.0));
   QT_CHECK(xt->grad != NULL);
   snprintf(what, sizeof what, "resize %s op dx", mode);
   if (xt->grad) qt_test_close(what, xt->grad, dx, n, 0, 0);
   qt_ctx_free(ctx);
-  free(x), free(dy), free(want_y), free(want_dx), free(y), free(dx), free(t), free(g);
+  free(x), free(dy), free(want_y), free(want_dx), free(y), free(dx), free(g);
 }
 
 int main(void) {

@@ -23,12 +23,6 @@
 enum { N = 16 };
 enum model { FIRE, SHUFFLE, TWO_POINTS };
 
-static float *batch(uint64_t seed) {
-  float *x = malloc(sizeof(float) * N * 784);
-  qt_test_fill_uniform(x, N * 784, -0.8f, 2.0f, seed);
-  return x;
-}
-
 /* fire: input -> conv0 -> relu0 -> {e1: 1x1 conv -> relu, e3: 3x3 conv -> relu} -> concat;
  * shuffle: input -> conv0 -> relu0 -> {slice [0, 4), slice [4, 8) -> conv -> relu} -> concat;
  * two points: input -> conv0 -> relu0 -> pool_a, conv1 -> relu1 -> pool_b -> concat (each max
@@ -67,30 +61,6 @@ static qt_graph *build(enum model m) {
 
 static int value_of(const qt_graph *g, const char *node) { return g->nodes[qt_graph_find_node(g, node)].output; }
 
-/* Calibrates (PTQ) or trains 4 SGD steps (QAT) on random batches. */
-static void exercise(qt_graph *p, qt_prepare_mode mode) {
-  qt_ctx *ctx = qt_ctx_create();
-  int32_t labels[N];
-  for (int i = 0; i < N; i++) labels[i] = i % 10;
-  const int64_t shape[4] = {N, 28, 28, 1};
-  for (int s = 0; s < 4; s++) {
-    float *x = batch(100 + (uint64_t)s);
-    qt_ctx_reset(ctx);
-    qt_graph_set_mode(p, QT_MODE_TRAIN);
-    qt_ctx_set_grad(ctx, mode == QT_PREPARE_QAT);
-    qt_tensor *out = qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x));
-    QT_ASSERT(out, "forward of prepared %s: %s", p->name, p->error);
-    if (mode == QT_PREPARE_QAT) {
-      qt_tensor *loss = qt_cross_entropy(ctx, out, labels, NULL);
-      qt_graph_zero_grad(p);
-      qt_backward(ctx, loss);
-      for (int64_t i = 0; i < p->n_params; i++) p->params[i] -= 0.01f * p->grads[i];
-    }
-    free(x);
-  }
-  qt_ctx_free(ctx);
-}
-
 /* The prepared graph of g for desc d, calibrated or trained. */
 static qt_graph *prepared(const qt_graph *g, const qt_backend_desc *d, qt_prepare_mode mode, int lsq,
                           qt_annotations *a) {
@@ -101,7 +71,7 @@ static qt_graph *prepared(const qt_graph *g, const qt_backend_desc *d, qt_prepar
   QT_ASSERT(qt_quantizer(g, d, &qc, a, err) == 0, "quantizer: %s", err);
   qt_graph *p = qt_prepare(g, a, mode, err);
   QT_ASSERT(p, "prepare: %s", err);
-  exercise(p, mode);
+  qt_test_exercise(p, mode, N);
   return p;
 }
 
@@ -111,7 +81,7 @@ static void deploy(const char *what, qt_graph *p, const qt_backend_desc *d, cons
   char err[QT_ERR_LEN];
   qt_graph *c = qt_convert(p, err);
   QT_ASSERT(c, "%s: convert: %s", what, err);
-  float *x = batch(7);
+  float *x = qt_test_images(N, 7);
   qt_check_report r;
   QT_ASSERT(qt_check(p, c, x, N, &r, err) == 0, "%s: check: %s", what, err);
   if (!r.ok) qt_test_fail("%s: the check failed:\n%s", what, r.reason);
@@ -133,18 +103,7 @@ static void deploy(const char *what, qt_graph *p, const qt_backend_desc *d, cons
     qt_test_fail("%s: %d fallback partitions (want 0)", what, qt_device_count(m, QT_PART_FALLBACK));
     qt_device_report(m, stderr);
   }
-  float out_d[N * 10];
-  QT_ASSERT(qt_device_run(m, out_d, x, N, err) == 0, "%s: %s", what, err);
-  qt_ctx *ctx = qt_ctx_create();
-  const int64_t shape[4] = {N, 28, 28, 1};
-  qt_graph_set_mode(c, QT_MODE_EVAL);
-  qt_tensor *y = qt_graph_forward(c, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x));
-  QT_ASSERT(y, "%s", c->error);
-  const float lsb = c->nodes[c->values[c->output].producer].q->scale[0];
-  for (int k = 0; k < N * 10; k++)
-    if (fabsf(out_d[k] - qt_f32(y)[k]) > 1.0001f * lsb)
-      qt_test_fail("%s: output %d: device %g, Q/DQ %g (LSB %g)", what, k, out_d[k], qt_f32(y)[k], lsb);
-  qt_ctx_free(ctx);
+  qt_test_device_near_qdq(what, m, c, x, N);
   qt_device_free(m);
   qt_graph_free(c);
   free(x);

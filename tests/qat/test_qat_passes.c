@@ -27,12 +27,6 @@
 
 enum { N = 16 };
 
-static float *batch(uint64_t seed) {
-  float *x = malloc(sizeof(float) * N * 784);
-  qt_test_fill_uniform(x, N * 784, -0.8f, 2.0f, seed);
-  return x;
-}
-
 static int g_lsq;        /* prepared_model: learnable scales */
 static int g_bias_int32; /* prepared_model: int32 biases */
 static int g_fuse_add;   /* prepared_model: quant.fuse_add */
@@ -57,34 +51,10 @@ static qt_graph *prepared_model(const char *model, qt_prepare_mode mode, int wbi
   return p;
 }
 
-/* Calibrate (PTQ) or train a few SGD steps (QAT) on random batches. */
-static void exercise(qt_graph *p, qt_prepare_mode mode) {
-  qt_ctx *ctx = qt_ctx_create();
-  int32_t labels[N];
-  for (int i = 0; i < N; i++) labels[i] = i % 10;
-  int64_t shape[4] = {N, 28, 28, 1};
-  for (int s = 0; s < 4; s++) {
-    float *x = batch(100 + (uint64_t)s);
-    qt_ctx_reset(ctx);
-    qt_graph_set_mode(p, QT_MODE_TRAIN);
-    qt_ctx_set_grad(ctx, mode == QT_PREPARE_QAT);
-    qt_tensor *out = qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x));
-    if (!out) qt_test_fail("forward of prepared %s: %s", p->name, p->error);
-    if (out && mode == QT_PREPARE_QAT) {
-      qt_tensor *loss = qt_cross_entropy(ctx, out, labels, NULL);
-      qt_graph_zero_grad(p);
-      qt_backward(ctx, loss);
-      for (int64_t i = 0; i < p->n_params; i++) p->params[i] -= 0.01f * p->grads[i];
-    }
-    free(x);
-  }
-  qt_ctx_free(ctx);
-}
-
 static qt_check_report check(qt_graph *t, qt_graph *c) {
   char err[QT_ERR_LEN];
   qt_check_report r;
-  float *x = batch(7);
+  float *x = qt_test_images(N, 7);
   if (qt_check(t, c, x, N, &r, err)) qt_test_fail("check could not run: %s", err);
   free(x);
   return r;
@@ -238,7 +208,7 @@ static void fused_activation_units(void) {
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_QAT, err);
   qt_annotations_free(&a);
   QT_ASSERT(p, "prepare: %s", err);
-  exercise(p, QT_PREPARE_QAT);
+  qt_test_exercise(p, QT_PREPARE_QAT, N);
   qt_graph *c = qt_convert(p, err);
   QT_ASSERT(c, "convert: %s", err);
   qt_check_report r = check(p, c);
@@ -257,18 +227,8 @@ static void fused_activation_units(void) {
                  qt_device_count(m, QT_PART_FALLBACK));
     qt_device_report(m, stderr);
   }
-  float *xb = batch(9), out_d[N * 10];
-  QT_ASSERT(qt_device_run(m, out_d, xb, N, err) == 0, "%s", err);
-  qt_ctx *ctx = qt_ctx_create();
-  const int64_t shape[4] = {N, 28, 28, 1};
-  qt_graph_set_mode(c, QT_MODE_EVAL);
-  qt_tensor *y = qt_graph_forward(c, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, xb));
-  QT_ASSERT(y, "%s", c->error);
-  const float lsb = c->nodes[c->values[c->output].producer].q->scale[0];
-  for (int k = 0; k < N * 10; k++)
-    if (fabsf(out_d[k] - qt_f32(y)[k]) > 1.0001f * lsb)
-      qt_test_fail("fused activations: output %d: device %g, Q/DQ %g (LSB %g)", k, out_d[k], qt_f32(y)[k], lsb);
-  qt_ctx_free(ctx);
+  float *xb = qt_test_images(N, 9);
+  qt_test_device_near_qdq("fused activations", m, c, xb, N);
   free(xb);
   qt_device_free(m);
   qt_graph_free(c);
@@ -328,7 +288,7 @@ static void fixed_act_qparams(int abits) {
   qt_graph *p = qt_prepare(g, &a, QT_PREPARE_QAT, err);
   qt_annotations_free(&a);
   QT_ASSERT(p, "prepare: %s", err);
-  exercise(p, QT_PREPARE_QAT);
+  qt_test_exercise(p, QT_PREPARE_QAT, N);
   qt_graph *c = qt_convert(p, err);
   QT_ASSERT(c, "convert: %s", err);
   for (int k = 0; k < 2; k++) {
@@ -354,18 +314,8 @@ static void fixed_act_qparams(int abits) {
     if (abits == 8 ? on != 1 : on != 0 || !reason || !strstr(reason, "takes only an output scale of 1/"))
       qt_test_fail("%s: %s on the backend: %d (%s)", what, k ? "tanh" : "sigmoid", on, reason ? reason : "");
   }
-  float *xb = batch(9), out_d[N * 10];
-  QT_ASSERT(qt_device_run(m, out_d, xb, N, err) == 0, "%s", err);
-  qt_ctx *ctx = qt_ctx_create();
-  const int64_t shape[4] = {N, 28, 28, 1};
-  qt_graph_set_mode(c, QT_MODE_EVAL);
-  qt_tensor *y = qt_graph_forward(c, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, xb));
-  QT_ASSERT(y, "%s", c->error);
-  const float lsb = c->nodes[c->values[c->output].producer].q->scale[0];
-  for (int k = 0; k < N * 10; k++)
-    if (fabsf(out_d[k] - qt_f32(y)[k]) > 1.0001f * lsb)
-      qt_test_fail("%s: output %d: device %g, Q/DQ %g (LSB %g)", what, k, out_d[k], qt_f32(y)[k], lsb);
-  qt_ctx_free(ctx);
+  float *xb = qt_test_images(N, 9);
+  qt_test_device_near_qdq(what, m, c, xb, N);
   free(xb);
   qt_device_free(m);
   qt_graph_free(c);
@@ -482,7 +432,7 @@ static void round_trip(const char *model, qt_prepare_mode mode, int wbits, int a
   char err[QT_ERR_LEN];
   qt_graph *p = prepared_model(model, mode, wbits, abits, 0);
   if (!p) return;
-  exercise(p, mode);
+  qt_test_exercise(p, mode, N);
   qt_graph *c = qt_convert(p, err);
   if (!c) {
     qt_test_fail("convert %s: %s", model, err);
@@ -501,7 +451,7 @@ static void round_trip(const char *model, qt_prepare_mode mode, int wbits, int a
 
 static void lsq_moves_scales(void) {
   qt_graph *p = prepared_model("fashion_cnn", QT_PREPARE_QAT, 4, 4, 1);
-  exercise(p, QT_PREPARE_QAT); /* first forward initializes, later steps train */
+  qt_test_exercise(p, QT_PREPARE_QAT, N); /* first forward initializes, later steps train */
   int t = qt_graph_find_tensor(p, "relu1.fq.scale"), w = qt_graph_find_tensor(p, "conv2.weight_scale");
   QT_CHECK(t >= 0 && w >= 0);
   if (t < 0 || w < 0) return;
@@ -525,7 +475,7 @@ static void lsq_moves_scales(void) {
 static void negatives(void) {
   char err[QT_ERR_LEN];
   qt_graph *p = prepared_model("fashion_cnn", QT_PREPARE_QAT, 4, 4, 1);
-  exercise(p, QT_PREPARE_QAT);
+  qt_test_exercise(p, QT_PREPARE_QAT, N);
   qt_graph *c = qt_convert(p, err);
   QT_CHECK(c != NULL);
   qt_check_report r = check(p, c);
@@ -597,8 +547,8 @@ static void negatives(void) {
   snprintf(g->values[bn1].name, sizeof g->values[bn1].name, "relu1"); /* same point name, earlier place */
   qt_graph *moved = qt_prepare(g, &a, QT_PREPARE_PTQ, err);
   QT_CHECK(good && moved);
-  exercise(good, QT_PREPARE_PTQ);
-  exercise(moved, QT_PREPARE_PTQ);
+  qt_test_exercise(good, QT_PREPARE_PTQ, N);
+  qt_test_exercise(moved, QT_PREPARE_PTQ, N);
   qt_graph *cm = qt_convert(moved, err);
   r = check(good, cm);
   if (r.ok || !strstr(r.reason, "moved")) qt_test_fail("moved quantization point not caught:\n%s", r.reason);
@@ -640,7 +590,7 @@ static void nan_in_observer(void) {
 
   qt_ctx *ctx = qt_ctx_create();
   qt_ctx_set_grad(ctx, 0);
-  float *x = batch(3);
+  float *x = qt_test_images(N, 3);
   x[100] = NAN;
   int64_t shape[4] = {N, 28, 28, 1};
   qt_graph_set_mode(p, QT_MODE_CALIBRATE);
@@ -667,7 +617,7 @@ static void lsq_from_calibration(void) {
   float first = 0;
   const float gain[3] = {1.0f, 3.0f, 0.5f}; /* batches of different ranges */
   for (int s = 0; s < 3; s++) {
-    float *x = batch(200 + (uint64_t)s);
+    float *x = qt_test_images(N, 200 + (uint64_t)s);
     for (int i = 0; i < N * 784; i++) x[i] *= gain[s];
     qt_ctx_reset(ctx);
     if (!qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x)))
@@ -686,7 +636,7 @@ static void lsq_from_calibration(void) {
   qt_set_observers(p, 0);
   qt_graph_set_mode(p, QT_MODE_TRAIN);
   qt_graph_tensor_data(p, t)[0] = 0.75f * calibrated; /* as if an optimizer step moved it */
-  float *x = batch(300);
+  float *x = qt_test_images(N, 300);
   qt_ctx_reset(ctx);
   QT_CHECK(qt_graph_forward(p, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, x)) != NULL);
   free(x);
@@ -742,7 +692,7 @@ static void int32_bias(void) {
     qt_graph *p = prepared_model(cases[k].model, cases[k].mode, cases[k].w, cases[k].a, 1);
     for (int i = 0; i < p->n_nodes; i++)
       if (p->nodes[i].wq) QT_CHECK(p->nodes[i].wq->spec.bias_int32 == 1);
-    exercise(p, cases[k].mode);
+    qt_test_exercise(p, cases[k].mode, N);
     qt_graph *c = qt_convert(p, err);
     if (!c) {
       qt_test_fail("convert %s: %s", cases[k].model, err);
