@@ -37,6 +37,13 @@ static float *load_n(const char *name, int64_t *n) {
   return p;
 }
 
+/* Dataset "<ref>_<part>" (a case's output, gradient or operand). */
+static float *load_part(const char *ref, const char *part, int64_t *n) {
+  char name[96];
+  snprintf(name, sizeof name, "%s_%s", ref, part);
+  return load_n(name, n);
+}
+
 typedef struct {
   const char *ref; /* the datasets' prefix */
   qt_act act;
@@ -45,12 +52,10 @@ typedef struct {
 
 static void check_case(const act_case *c, const float *x, const float *dy, int64_t n) {
   int64_t m;
-  char name[96], what[128];
-  snprintf(name, sizeof name, "%s_y", c->ref);
-  float *want_y = load_n(name, &m);
+  char what[128];
+  float *want_y = load_part(c->ref, "y", &m);
   QT_CHECK(m == n);
-  snprintf(name, sizeof name, "%s_dx", c->ref);
-  float *want_dx = load_n(name, &m);
+  float *want_dx = load_part(c->ref, "dx", &m);
   QT_CHECK(m == n);
   float *y = qt_test_zeros(n), *dx = qt_test_zeros(n);
   qt_act_forward(y, x, n, &c->act);
@@ -99,17 +104,12 @@ static void check_op(const act_case *c, const float *x, const float *dy, int64_t
 
 /* qt_mul against PyTorch (case "mul_same" or "mul_channel"), then on a tape against its kernels. */
 static void check_mul(const char *ref) {
-  char name[64];
   int64_t na, nb, ny, n;
   float *a = load_n("mul_a", &na), *dy = load_n("mul_dy", &n);
-  snprintf(name, sizeof name, "%s_b", ref);
-  float *b = load_n(name, &nb);
-  snprintf(name, sizeof name, "%s_y", ref);
-  float *want_y = load_n(name, &ny);
-  snprintf(name, sizeof name, "%s_da", ref);
-  float *want_da = load_n(name, &n);
-  snprintf(name, sizeof name, "%s_db", ref);
-  float *want_db = load_n(name, &n);
+  float *b = load_part(ref, "b", &nb);
+  float *want_y = load_part(ref, "y", &ny);
+  float *want_da = load_part(ref, "da", &n);
+  float *want_db = load_part(ref, "db", &n);
   const int64_t N = 3, C = 6, P = nb == na ? 1 : na / N / C, K = nb == na ? na / N : C;
   float *y = qt_test_zeros(na), *da = qt_test_zeros(na), *db = qt_test_zeros(nb);
   qt_mul_forward(y, a, b, N, P, K);
@@ -167,17 +167,13 @@ static void prelu_grads(const float *x, const float *w, const float *g, int64_t 
  * bit for bit, dw (a sum) within 1e-6 of its largest; then the op's gradients on a tape against
  * the same formulas for its upstream gradient, bit for bit. */
 static void check_prelu(const char *ref) {
-  char name[64], what[128];
+  char what[128];
   int64_t n, m, K;
   float *x = load_n("mul_a", &n), *dy = load_n("mul_dy", &m);
-  snprintf(name, sizeof name, "%s_w", ref);
-  float *w = load_n(name, &K);
-  snprintf(name, sizeof name, "%s_y", ref);
-  float *want_y = load_n(name, &m);
-  snprintf(name, sizeof name, "%s_dx", ref);
-  float *want_dx = load_n(name, &m);
-  snprintf(name, sizeof name, "%s_dw", ref);
-  float *want_dw = load_n(name, &m);
+  float *w = load_part(ref, "w", &K);
+  float *want_y = load_part(ref, "y", &m);
+  float *want_dx = load_part(ref, "dx", &m);
+  float *want_dw = load_part(ref, "dw", &m);
   const int64_t C = 6, shape[4] = {3, 5, 4, 6};
   float *dx = qt_test_zeros(n), dw[8];
   prelu_grads(x, w, dy, n, K, C, dx, dw);
@@ -208,14 +204,12 @@ static void check_prelu(const char *ref) {
  * forward and input gradient within 1e-6 of the largest (float sums of 0.25 / 0.75 weights in
  * PyTorch's order); then the op on a tape against the kernels. */
 static void check_resize(int bilinear) {
-  char name[64], what[128];
+  char ref[32], what[128];
   const char *mode = bilinear ? "bilinear" : "nearest";
+  snprintf(ref, sizeof ref, "resize_%s", mode);
   int64_t n, m, k;
   float *x = load_n("mul_a", &n), *dy = load_n("resize_dy", &m);
-  snprintf(name, sizeof name, "resize_%s_y", mode);
-  float *want_y = load_n(name, &k);
-  snprintf(name, sizeof name, "resize_%s_dx", mode);
-  float *want_dx = load_n(name, &k);
+  float *want_y = load_part(ref, "y", &k), *want_dx = load_part(ref, "dx", &k);
   QT_CHECK(m == 4 * n);
   float *y = qt_test_zeros(m), *dx = qt_test_zeros(n);
   qt_resize2x_forward(y, x, 3, 5, 4, 6, bilinear);
