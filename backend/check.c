@@ -88,23 +88,25 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
  * a zero point), qc8 convolution weights (int8, one scale per output channel, no zero point),
  * qs8 fully connected with one weight scale (there is no qc8 fully connected in this version),
  * int32 bias in accumulator units; s8 max pooling, qs8 global average pooling, add and multiply;
- * qs8 elu, sigmoid and tanh (the last two with fixed output qparams); x8 channel shuffle and copy (a channel
- * slice); ReLU / ReLU6 as the output clamp of the operator before them. No qs8 average pooling
- * (only qu8), and no copy that requantizes: a concat runs as copies of inputs that share one set
- * of qparams (concat_shared; the copies are ours, XNNPACK has no concatenation operator). */
+ * qs8 elu, sigmoid and tanh (the last two with fixed output qparams); qu8 leaky ReLU and average
+ * pooling (run on the int8 data with the top bit flipped: xnnpack.c); x8 channel shuffle and copy
+ * (a channel slice); ReLU / ReLU6 as the output clamp of the operator before them. No copy that
+ * requantizes: a concat runs as copies of inputs that share one set of qparams (concat_shared;
+ * the copies are ours, XNNPACK has no concatenation operator), and a nearest resize as our copy
+ * with its input's qparams (a bilinear one is quantized around and falls back). */
 void qt_backend_desc_xnnpack(qt_backend_desc *d) {
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "xnnpack");
   d->xnnpack_runtime = 1;
-  const qt_op ops[] = {
-      QT_OP_CONV2D, QT_OP_LINEAR,          QT_OP_RELU, QT_OP_RELU6,      QT_OP_MAX_POOL2D,      QT_OP_FLATTEN,
-      QT_OP_ADD,    QT_OP_GLOBAL_AVG_POOL, QT_OP_MUL,  QT_OP_ACTIVATION, QT_OP_CHANNEL_SHUFFLE, QT_OP_CHANNEL_SLICE,
-      QT_OP_CONCAT};
+  const qt_op ops[] = {QT_OP_CONV2D,          QT_OP_LINEAR,     QT_OP_RELU,       QT_OP_RELU6,
+                       QT_OP_MAX_POOL2D,      QT_OP_AVG_POOL2D, QT_OP_FLATTEN,    QT_OP_ADD,
+                       QT_OP_GLOBAL_AVG_POOL, QT_OP_MUL,        QT_OP_ACTIVATION, QT_OP_CHANNEL_SHUFFLE,
+                       QT_OP_CHANNEL_SLICE,   QT_OP_CONCAT,     QT_OP_RESIZE};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) d->ops[ops[i]] = 1;
-  /* elu in qs8 with any qparams; sigmoid and tanh only with fixed output qparams (1/256, -128;
-   * 1/128, 0), which the Quantizer gives them (at fewer bits the lowering finds other qparams
-   * and runs them as fp32 fallbacks); no hard swish, GELU, SiLU or leaky ReLU in qs8 here */
-  d->act_kinds = 1u << QT_ACT_ELU | 1u << QT_ACT_SIGMOID | 1u << QT_ACT_TANH;
+  /* elu and leaky ReLU with any qparams; sigmoid and tanh only with fixed output qparams (1/256,
+   * -128; 1/128, 0), which the Quantizer gives them (at fewer bits the lowering finds other
+   * qparams and runs them as fp32 fallbacks); no hard swish, GELU or SiLU here */
+  d->act_kinds = 1u << QT_ACT_ELU | 1u << QT_ACT_SIGMOID | 1u << QT_ACT_TANH | 1u << QT_ACT_LEAKY_RELU;
   d->fixed_act_kinds = 1u << QT_ACT_SIGMOID | 1u << QT_ACT_TANH;
   d->concat_shared = 1;
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 bits inside int8 */
@@ -114,7 +116,6 @@ void qt_backend_desc_xnnpack(qt_backend_desc *d) {
   d->activation_per_tensor_only = 1;           /* one input / output scale per operator */
   d->weight_per_tensor_ops[QT_OP_LINEAR] = 1;  /* xnn_create_fully_connected_nc_qs8: one kernel_scale */
   d->bias_int32_only = 1;                      /* const int32_t* bias in accumulator units */
-  d->fallback_quantized[QT_OP_AVG_POOL2D] = 1; /* only qu8 average pooling: dq -> fp32 -> q */
   d->fallback_quantized[QT_OP_PRELU] = 1;      /* only f32 PReLU in this XNNPACK */
   snprintf(d->isa, sizeof d->isa, "xnnpack operators");
 }

@@ -15,6 +15,7 @@
 #include "base/base.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -615,17 +616,11 @@ static const char *lower_gather_u8(qt_lowering *L, int i) {
 /* resize nearest on u8: a copy of each pixel into a 2 x 2 block, the input's qparams kept; the
  * bilinear one has no u8 kernel here (its fallback sits between quantize and dequantize). */
 static const char *lower_resize_u8(qt_lowering *L, int i) {
-  const qt_graph *g = L->g;
-  const qt_node *n = &g->nodes[i];
+  const qt_node *n = &L->g->nodes[i];
   if (n->attr.mode != QT_RESIZE_NEAREST) return "bilinear resize has no u8 kernel here";
   const char *why = u8_input(L, n->inputs[0]);
   if (why) return why;
-  const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
-  qt_step *s = qt_kernel_step(L->p, K_RESIZE_U8, NULL, L->rep[n->inputs[0]].slot, qt_value_numel(xv),
-                              (size_t)qt_value_numel(yv));
-  s->H = (int)xv->shape[0];
-  s->W = (int)xv->shape[1];
-  qt_same_qparams(L, i, s->out);
+  qt_resize_nearest_step(L, i, K_RESIZE_U8);
   qt_part_add(&L->p->parts, QT_PART_INT8, n->name, "resize (nearest, x2) on u8 (a copy, same qparams)");
   return NULL;
 }
@@ -807,18 +802,13 @@ static void run_concat_u8(const qt_step *s, uint8_t *out, uint8_t *const *in, in
     }
 }
 
-/* N images of s->H x s->W pixels of C channels (n input values in all), each pixel copied to a
- * 2 x 2 block of the output. */
+/* N images (n input values in all), output rows in parallel. */
 static void run_resize_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int64_t n) {
-  const int64_t H = s->H, W = s->W, C = s->in_numel / (H * W), rows = n / (W * C); /* input rows: N H */
-#pragma omp parallel for schedule(static) if (n >= 65536)
-  for (int64_t r = 0; r < 2 * rows; r++) { /* output rows: N 2H */
-    const uint8_t *x = in + (r / 2) * W * C;
-    uint8_t *y = out + r * 2 * W * C;
-    for (int64_t w = 0; w < W; w++) {
-      memcpy(y + 2 * w * C, x + w * C, (size_t)C);
-      memcpy(y + (2 * w + 1) * C, x + w * C, (size_t)C);
-    }
+  const int64_t rows = 2 * (n / (s->in_numel / s->H)); /* output rows: N 2H */
+#pragma omp parallel if (n >= 65536)
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    qt_resize_nearest_rows(s, out, in, rows * t / T, rows * (t + 1) / T);
   }
 }
 

@@ -207,6 +207,30 @@ qt_step *qt_concat_copy_step(qt_lowering *L, int i, int kind, int64_t *C, int64_
   return s;
 }
 
+qt_step *qt_resize_nearest_step(qt_lowering *L, int i, int kind) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
+  qt_step *s =
+      qt_kernel_step(L->p, kind, NULL, L->rep[n->inputs[0]].slot, qt_value_numel(xv), (size_t)qt_value_numel(yv));
+  s->H = (int)xv->shape[0];
+  s->W = (int)xv->shape[1];
+  qt_same_qparams(L, i, s->out);
+  return s;
+}
+
+void qt_resize_nearest_rows(const qt_step *s, void *out, const void *in, int64_t r0, int64_t r1) {
+  const int64_t W = s->W, C = s->in_numel / ((int64_t)s->H * W);
+  for (int64_t r = r0; r < r1; r++) { /* output row r of an image's 2 H reads input row r / 2 */
+    const unsigned char *x = (const unsigned char *)in + (r / 2) * W * C;
+    unsigned char *y = (unsigned char *)out + r * 2 * W * C;
+    for (int64_t w = 0; w < W; w++) {
+      memcpy(y + 2 * w * C, x + w * C, (size_t)C);
+      memcpy(y + (2 * w + 1) * C, x + w * C, (size_t)C);
+    }
+  }
+}
+
 /* ---- the walk ------------------------------------------------------------------------------- */
 
 /* dq -> fp32 op: the node runs with the framework's fp32 kernels on fp32 inputs. */

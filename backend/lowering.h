@@ -150,5 +150,10 @@ int qt_off_grid_input(const qt_lowering *L, const qt_node *n);
  * slot and writes a new one holding input 0's qparams; C[k] and off[k] receive input k's
  * channels and their offset in the output's *Y. */
 qt_step *qt_concat_copy_step(qt_lowering *L, int i, int kind, int64_t *C, int64_t *off, int64_t *Y);
+/* The kernel step `kind` of resize node i (nearest, by 2) on 8-bit integers: a copy of each pixel
+ * into a 2 x 2 block, the input's qparams kept (exact); qt_resize_nearest_rows runs it. */
+qt_step *qt_resize_nearest_step(qt_lowering *L, int i, int kind);
+/* Output rows [r0, r1) (of 2 H per image) of such a step, from its input `in` of bytes. */
+void qt_resize_nearest_rows(const qt_step *s, void *out, const void *in, int64_t r0, int64_t r1);
 
 #endif

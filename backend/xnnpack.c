@@ -12,9 +12,16 @@
  *   dq -> linear [-> relu | relu6] -> q   xnn_create_fully_connected_nc_qs8 (one weight scale)
  *   dq + dq -> add [-> relu | relu6] -> q xnn_create_add_nd_qs8
  *   dq -> global_avg_pool -> q            xnn_create_global_average_pooling_nwc_qs8
+ *   dq -> sigmoid | tanh | elu -> q       xnn_create_{sigmoid,tanh,elu}_nc_qs8
+ *   dq -> leaky_relu -> q                 xnn_create_leaky_relu_nc_qu8 (*)
+ *   dq -> avg_pool2d -> q                 xnn_create_average_pooling2d_nhwc_qu8 (*)
  *   max_pool2d on int8 (same qparams)     xnn_create_max_pooling2d_nhwc_s8
  *   relu on int8 (same qparams)           xnn_create_clamp_nc_s8 at the zero point
+ *   channel shuffle, channel slice        xnn_create_channel_shuffle_nc_x8, xnn_create_copy_nc_x8
+ *   concat on one grid, resize nearest    copies of ours (same qparams)
  *   flatten                               a view (the skeleton's)
+ * (*) qu8 operators, which this XNNPACK has and its qs8 set lacks, on the int8 data with the top
+ * bit flipped (x + 128, with the zero point + 128: the same real numbers; xnnpack_int.h).
  * Everything else (and a pattern whose records XNNPACK cannot take: u8 activations, per-channel
  * linear weights, an operator XNNPACK refuses) runs as dq -> fp32 op -> q with the framework's
  * own fp32 node forward: a fallback partition with its reason. A quantize of fp32 data and a
@@ -406,15 +413,16 @@ static const char *created(qt_lowering *L, const char *what, enum xnn_status st)
   return L->why;
 }
 
-/* dq -> sigmoid | tanh | elu [-> relu] -> q: XNNPACK's qs8 operator of that kind, per row of C
- * channels (sigmoid and tanh only with their fixed output qparams); the other kinds have none in
- * this XNNPACK. */
+/* dq -> sigmoid | tanh | elu | leaky_relu [-> relu] -> q: XNNPACK's operator of that kind, per row
+ * of C channels (sigmoid and tanh only with their fixed output qparams; leaky ReLU in qu8, on the
+ * int8 data with the top bit flipped); the other kinds have none in this XNNPACK. */
 static const char *lower_activation(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
   const qt_act_kind kind = (qt_act_kind)n->attr.act;
-  if (kind != QT_ACT_SIGMOID && kind != QT_ACT_TANH && kind != QT_ACT_ELU) {
-    snprintf(L->why, sizeof L->why, "no qs8 %s in this XNNPACK (sigmoid, tanh and elu only)", qt_act_name(kind));
+  if (kind != QT_ACT_SIGMOID && kind != QT_ACT_TANH && kind != QT_ACT_ELU && kind != QT_ACT_LEAKY_RELU) {
+    snprintf(L->why, sizeof L->why, "no qs8 or qu8 %s in this XNNPACK (sigmoid, tanh, elu and leaky ReLU only)",
+             qt_act_name(kind));
     return L->why;
   }
   const char *why = int8_input_problem(L, n->inputs[0]);
@@ -441,24 +449,82 @@ static const char *lower_activation(qt_lowering *L, int i) {
   const int8_t izp = (int8_t)in->zero_point[0], ozp = (int8_t)qo->zero_point[0];
   xnn_operator_t op = NULL;
   enum xnn_status st;
+  xnn_kind xk;
   if (kind == QT_ACT_SIGMOID)
-    st = xnn_create_sigmoid_nc_qs8(C, C, C, izp, in->scale[0], ozp, qo->scale[0], lo, hi, 0, &op);
+    st = xnn_create_sigmoid_nc_qs8(C, C, C, izp, in->scale[0], ozp, qo->scale[0], lo, hi, 0, &op), xk = XK_SIGMOID;
   else if (kind == QT_ACT_TANH)
-    st = xnn_create_tanh_nc_qs8(C, C, C, izp, in->scale[0], ozp, qo->scale[0], lo, hi, 0, &op);
+    st = xnn_create_tanh_nc_qs8(C, C, C, izp, in->scale[0], ozp, qo->scale[0], lo, hi, 0, &op), xk = XK_TANH;
+  else if (kind == QT_ACT_ELU)
+    st = xnn_create_elu_nc_qs8(C, C, C, n->attr.alpha, izp, in->scale[0], ozp, qo->scale[0], lo, hi, 0, &op),
+    xk = XK_ELU;
   else
-    st = xnn_create_elu_nc_qs8(C, C, C, n->attr.alpha, izp, in->scale[0], ozp, qo->scale[0], lo, hi, 0, &op);
-  if ((why = created(L, "XNNPACK's qs8 activation operator", st))) return why;
+    st = xnn_create_leaky_relu_nc_qu8(C, C, C, n->attr.alpha, (uint8_t)(izp + 128), in->scale[0], (uint8_t)(ozp + 128),
+                                      qo->scale[0], (uint8_t)(lo + 128), (uint8_t)(hi + 128), 0, &op),
+    xk = XK_LEAKY_RELU_U8;
+  if ((why = created(L, xk == XK_LEAKY_RELU_U8 ? "XNNPACK's qu8 leaky ReLU" : "XNNPACK's qs8 activation operator", st)))
+    return why;
   const int64_t numel = qt_value_numel(xv);
-  qt_step *s = qt_kernel_step(L->p,
-                              kind == QT_ACT_SIGMOID ? XK_SIGMOID
-                              : kind == QT_ACT_TANH  ? XK_TANH
-                                                     : XK_ELU,
-                              op, in->slot, numel, (size_t)numel);
+  qt_step *s = qt_kernel_step(L->p, xk, op, in->slot, numel, (size_t)numel);
   s->H = (int)(numel / (int64_t)C); /* rows per sample */
   qt_unit_done(L, i, act, quant, s->out);
   char nodes[256];
   qt_unit_nodes(L, i, 1, act, quant, nodes, sizeof nodes);
-  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s qs8 -> qs8%s", qt_act_name(kind), act_text(g, act));
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s %s%s", qt_act_name(kind),
+              xk == XK_LEAKY_RELU_U8 ? "qu8 -> qu8 (int8 with the top bit flipped)" : "qs8 -> qs8", act_text(g, act));
+  return NULL;
+}
+
+/* dq -> avg_pool2d [-> relu] -> q: XNNPACK's qu8 average pooling on the int8 data with the top
+ * bit flipped. Its padding holds the zero point and every window divides by the pool's size:
+ * PyTorch's count_include_pad, in floor mode (a ceil-mode window hanging over the input falls
+ * back). */
+static const char *lower_avg_pool(qt_lowering *L, int i) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
+  const qt_node_attrs *a = &n->attr;
+  if (qt_pool_output_size(xv->shape[0], a->kernel_h, a->stride_h, a->pad_h, 0) != yv->shape[0] ||
+      qt_pool_output_size(xv->shape[1], a->kernel_w, a->stride_w, a->pad_w, 0) != yv->shape[1])
+    return "ceil mode adds a window past the input: XNNPACK's average pooling has floor mode only";
+  const char *why = int8_input_problem(L, n->inputs[0]);
+  if (why) return why;
+  int act, quant;
+  if ((why = qt_match_output(L, i, &act, &quant))) return why;
+  const qt_qstate *qo = g->nodes[quant].q;
+  const qt_value_rep *in = &L->rep[n->inputs[0]];
+  const size_t C = (size_t)xv->shape[2];
+  int8_t lo, hi;
+  output_clamp(g, act, qo, &lo, &hi);
+  xnn_operator_t op = NULL;
+  const uint32_t ph = (uint32_t)a->pad_h, pw = (uint32_t)a->pad_w;
+  if ((why = created(L, "xnn_create_average_pooling2d_nhwc_qu8",
+                     xnn_create_average_pooling2d_nhwc_qu8(ph, pw, ph, pw, (uint32_t)a->kernel_h, (uint32_t)a->kernel_w,
+                                                           (uint32_t)a->stride_h, (uint32_t)a->stride_w, C, C, C,
+                                                           (uint8_t)(in->zero_point[0] + 128), in->scale[0],
+                                                           (uint8_t)(qo->zero_point[0] + 128), qo->scale[0],
+                                                           (uint8_t)(lo + 128), (uint8_t)(hi + 128), 0, &op))))
+    return why;
+  qt_step *s = qt_kernel_step(L->p, XK_AVG_POOL_U8, op, in->slot, qt_value_numel(xv), (size_t)qt_value_numel(yv));
+  s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
+  qt_unit_done(L, i, act, quant, s->out);
+  char nodes[256];
+  qt_unit_nodes(L, i, 1, act, quant, nodes, sizeof nodes);
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "average pooling qu8 -> qu8 (int8 with the top bit flipped)%s",
+              act_text(g, act));
+  return NULL;
+}
+
+/* resize nearest by 2 on int8: our copy, the input's qparams kept. XNNPACK's s8 bilinear resize
+ * keeps its input's qparams too, but the Quantizer gives a bilinear resize an output point of its
+ * own (its values leave the input's grid): it falls back. */
+static const char *lower_resize(qt_lowering *L, int i) {
+  const qt_node *n = &L->g->nodes[i];
+  if (n->attr.mode != QT_RESIZE_NEAREST)
+    return "bilinear resize: XNNPACK's s8 resize keeps the input's qparams, and this output has its own";
+  const char *why = int8_input_problem(L, n->inputs[0]);
+  if (why) return why;
+  qt_resize_nearest_step(L, i, XK_RESIZE);
+  qt_part_add(&L->p->parts, QT_PART_INT8, n->name, "resize (nearest, x2) on int8 (a copy, same qparams)");
   return NULL;
 }
 
@@ -533,7 +599,8 @@ static const char *lower_node(qt_lowering *L, int i) {
     case QT_OP_GLOBAL_AVG_POOL: return lower_global_avg_pool(L, i);
     case QT_OP_MAX_POOL2D:
     case QT_OP_RELU: return lower_same_qparams(L, i);
-    case QT_OP_AVG_POOL2D: return "no qs8 average pooling in this XNNPACK (only qu8)";
+    case QT_OP_AVG_POOL2D: return lower_avg_pool(L, i);
+    case QT_OP_RESIZE: return lower_resize(L, i);
     default: return "XNNPACK has no operator for this op here";
   }
 }

@@ -124,9 +124,28 @@ static enum xnn_status run_xnn(const qt_step *s, void *o, const void *in, const 
     case XK_COPY:
       st = xnn_setup_copy_nc_x8(s->op, n * (size_t)(s->in_numel / s->W), (const int8_t *)in + s->H, o, pool);
       break;
-    case XK_CONCAT: break; /* ours: run_concat */
+    case XK_LEAKY_RELU_U8: st = xnn_setup_leaky_relu_nc_qu8(s->op, n * (size_t)s->H, in, o, pool); break;
+    case XK_AVG_POOL_U8:
+      st = xnn_setup_average_pooling2d_nhwc_qu8(s->op, n, (size_t)s->H, (size_t)s->W, in, o, pool);
+      break;
+    case XK_CONCAT:
+    case XK_RESIZE: break; /* ours */
   }
   return st == xnn_status_success ? xnn_run_operator(s->op, pool) : st;
+}
+
+static void flip_top_bits(uint8_t *out, const uint8_t *in, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = in[i] ^ 0x80;
+}
+
+/* A qu8 operator on int8 data (xnnpack_int.h): the input flipped into scratch, the operator, the
+ * output flipped in place. */
+static enum xnn_status run_xnn_u8(qt_program *p, const qt_step *s, void *o, const void *in, int N, pthreadpool_t pool) {
+  uint8_t *u = qt_arena_alloc(p->ctx, (size_t)(s->in_numel * N) + XNN_EXTRA_BYTES);
+  flip_top_bits(u, in, s->in_numel * N);
+  const enum xnn_status st = run_xnn(s, o, u, NULL, N, pool);
+  if (st == xnn_status_success) flip_top_bits(o, o, (int64_t)p->slot_bytes[s->out] * N);
+  return st;
 }
 
 static void nothing(void *ctx, size_t i) {
@@ -184,7 +203,13 @@ int qt_xnnpack_run(qt_xnnpack *m, float *out, const float *input, int n, char *e
           run_concat(s, o, p->bufs, n);
           break;
         }
-        const enum xnn_status st = run_xnn(s, o, in, s->in[1] >= 0 ? p->bufs[s->in[1]] : NULL, n, m->pool);
+        if (s->op_kind == XK_RESIZE) {
+          qt_resize_nearest_rows(s, o, in, 0, 2 * (int64_t)s->H * n);
+          break;
+        }
+        const int u8 = s->op_kind == XK_LEAKY_RELU_U8 || s->op_kind == XK_AVG_POOL_U8;
+        const enum xnn_status st = u8 ? run_xnn_u8(p, s, o, in, n, m->pool)
+                                      : run_xnn(s, o, in, s->in[1] >= 0 ? p->bufs[s->in[1]] : NULL, n, m->pool);
         if (st != xnn_status_success)
           return qt_err(err, "run %s on xnnpack: step %d (partition operator) failed: %s", p->name, i,
                         qt_xnn_status_name(st));

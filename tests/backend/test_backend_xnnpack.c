@@ -2,12 +2,13 @@
  * random data, one pattern at a time: dq -> conv [-> relu | relu6] -> q (per-channel qc8 weights,
  * input and output zero points, stride, a 4-bit output), depthwise and grouped convs,
  * dq -> flatten -> linear [-> relu] -> q (per-tensor weights), max pooling, global average
- * pooling, a residual add with relu, elu, sigmoid and tanh with their fixed output qparams,
- * multiply (one shape, and an image by a per-channel vector), the channel shuffle and slice
- * (exact): every output within 1 LSB, the share of 1-LSB differences printed. Sigmoid and tanh
- * with calibrated output qparams and the kinds without a qs8 operator run as fallback partitions,
- * naming why. An average pool (no qs8 kernel) runs as a fallback partition and equals the float
- * Q/DQ executor bit for bit; a model quantized for oneDNN (u8 activations, per-channel linear
+ * pooling, a residual add with relu, elu, leaky ReLU, sigmoid and tanh with their fixed output
+ * qparams, multiply (one shape, and an image by a per-channel vector), average pooling (padding
+ * counted), the channel shuffle and slice and a nearest resize (exact): every output within 1
+ * LSB, the share of 1-LSB differences printed. Sigmoid and tanh with calibrated output qparams,
+ * the kinds without an operator and an average pool in ceil mode run as fallback partitions,
+ * naming why. A bilinear resize (its output on a grid of its own) runs as a fallback partition
+ * and equals the float Q/DQ executor bit for bit; a model quantized for oneDNN (u8 activations, per-channel linear
  * weights) runs entirely in fallbacks, each with its reason, never a wrong number; FashionCNN and
  * ResCNN quantized for XNNPACK (W8A8, W4A8, W4A4) end to end with their biases on the
  * accumulator grid (the int32 bias XNNPACK takes; the Quantizer does not put them there yet):
@@ -337,7 +338,7 @@ static void activation_pattern(qt_act_kind kind, int out_bits, int fixed) {
         g->nodes[i].q->scale[0] = kind == QT_ACT_SIGMOID ? 1.0f / 256 : 1.0f / 128;
         g->nodes[i].q->zero_point[0] = kind == QT_ACT_SIGMOID ? -128 : 0;
       }
-  const int runs = kind == QT_ACT_ELU || fixed;
+  const int runs = kind == QT_ACT_ELU || kind == QT_ACT_LEAKY_RELU || fixed;
   compare(what, g, in, 16, runs, !runs, 1, 0);
   qt_backend_desc d;
   qt_backend_desc_xnnpack(&d);
@@ -383,28 +384,70 @@ static void channels_pattern(void) {
   qt_graph_free(g);
 }
 
-/* dq -> avg_pool -> q: no qs8 kernel, an fp32 fallback partition with its reason; the device
- * equals the float Q/DQ executor bit for bit and the exact reference within 1 LSB. */
-static void fallback_pattern(void) {
-  char err[QT_ERR_LEN];
-  qt_graph *g = qt_graph_create("fallback_pattern");
-  int x = qt_graph_input(g, "input", 8, 8, 4);
-  x = qdq(g, "input.fq", x, 8);
-  x = qt_graph_avg_pool2d(g, "avgpool", x, 3, 2, 1);
-  x = qdq(g, "avgpool.fq", x, 8);
+/* dq -> avg_pool2d -> q (kernel, stride, pad; out_bits): XNNPACK's qu8 average pooling on the
+ * int8 data with the top bit flipped, padding counted (PyTorch's count_include_pad); in ceil mode
+ * where a window hangs over the input, a fallback naming it. */
+static void avg_pool_pattern(int kernel, int stride, int pad, int ceil, int out_bits) {
+  char err[QT_ERR_LEN], what[80];
+  snprintf(what, sizeof what, "avg pool %dx%d /%d pad %d%s A%d", kernel, kernel, stride, pad, ceil ? " ceil" : "",
+           out_bits);
+  qt_graph *g = qt_graph_create("avg_pool_pattern");
+  int x = qdq(g, "input.fq", qt_graph_input(g, "input", 9, 9, 12), 8);
+  x = qdq(g, "avgpool.fq", qt_graph_pool2d(g, QT_OP_AVG_POOL2D, "avgpool", x, kernel, stride, pad, ceil), out_bits);
   finalize(g, x);
-  float *in = random_input(g, 8, -1.5f, 2.5f);
-  calibrate(g, in, 8);
-  compare("avg pool (fallback)", g, in, 8, 0, 1, 1, 0);
+  float *in = random_input(g, 16, -1.5f, 2.5f);
+  calibrate(g, in, 16);
+  compare(what, g, in, 16, !ceil, ceil, 1, 0);
   qt_backend_desc d;
   qt_backend_desc_xnnpack(&d);
   qt_device *m = qt_device_open(g, &d, err);
   QT_ASSERT(m, "%s", err);
   const char *reason = NULL;
-  if (qt_device_node_on_backend(m, "avgpool", &reason) != 0 || !strstr(reason, "avg_pool2d in fp32") ||
-      !strstr(reason, "no qs8 average pooling"))
-    qt_test_fail("fallback: avgpool is not listed as an fp32 fallback with its reason (got '%s')",
-                 reason ? reason : "");
+  if (ceil && (qt_device_node_on_backend(m, "avgpool", &reason) != 0 || !strstr(reason, "ceil mode")))
+    qt_test_fail("%s: the fallback's reason is '%s', want 'ceil mode ...'", what, reason ? reason : "");
+  qt_device_free(m);
+  free(in);
+  qt_graph_free(g);
+}
+
+/* q/dq -> resize nearest x2 -> conv -> q/dq: the resize is our copy on int8 with the input's
+ * qparams, exact (the conv reads it) */
+static void resize_nearest_pattern(void) {
+  qt_graph *g = qt_graph_create("resize_pattern");
+  int x = qdq(g, "input.fq", qt_graph_input(g, "input", 5, 4, 8), 8);
+  x = qt_graph_resize(g, "up", x, QT_RESIZE_NEAREST);
+  x = qdq(g, "conv.fq", qt_graph_conv2d(g, "conv", x, 8, 3, 1, 1, 1, 1), 8);
+  finalize(g, x);
+  quantize_weights(g, "conv", 1);
+  float *in = random_input(g, 16, -1.5f, 2.0f);
+  calibrate(g, in, 16);
+  compare("resize nearest x2 on int8 -> conv", g, in, 16, 2, 0, 1, 0);
+  free(in);
+  qt_graph_free(g);
+}
+
+/* dq -> resize bilinear x2 -> q: its output on a grid of its own, which XNNPACK's s8 resize
+ * cannot give: an fp32 fallback partition with its reason; the device equals the float Q/DQ
+ * executor bit for bit and the exact reference within 1 LSB. */
+static void fallback_pattern(void) {
+  char err[QT_ERR_LEN];
+  qt_graph *g = qt_graph_create("fallback_pattern");
+  int x = qt_graph_input(g, "input", 8, 8, 4);
+  x = qdq(g, "input.fq", x, 8);
+  x = qt_graph_resize(g, "up", x, QT_RESIZE_BILINEAR);
+  x = qdq(g, "up.fq", x, 8);
+  finalize(g, x);
+  float *in = random_input(g, 8, -1.5f, 2.5f);
+  calibrate(g, in, 8);
+  compare("resize bilinear (fallback)", g, in, 8, 0, 1, 1, 0);
+  qt_backend_desc d;
+  qt_backend_desc_xnnpack(&d);
+  qt_device *m = qt_device_open(g, &d, err);
+  QT_ASSERT(m, "%s", err);
+  const char *reason = NULL;
+  if (qt_device_node_on_backend(m, "up", &reason) != 0 || !strstr(reason, "resize in fp32") ||
+      !strstr(reason, "bilinear resize: XNNPACK's s8 resize keeps"))
+    qt_test_fail("fallback: up is not listed as an fp32 fallback with its reason (got '%s')", reason ? reason : "");
   const int64_t on = qt_device_output_numel(m) * 8;
   float *got = malloc((size_t)on * sizeof(float));
   QT_ASSERT(qt_device_run(m, got, in, 8, err) == 0, "%s", err);
@@ -594,11 +637,17 @@ int main(int argc, char **argv) {
   add_pattern(1);
   for (int k = 0; k < QT_ACT_COUNT; k++) activation_pattern((qt_act_kind)k, 8, 0);
   activation_pattern(QT_ACT_ELU, 4, 0);
+  activation_pattern(QT_ACT_LEAKY_RELU, 4, 0);
   activation_pattern(QT_ACT_SIGMOID, 8, 1);
   activation_pattern(QT_ACT_TANH, 8, 1);
   mul_pattern(1);
   mul_pattern(0);
   channels_pattern();
+  avg_pool_pattern(3, 2, 1, 0, 8);
+  avg_pool_pattern(2, 2, 0, 0, 8);
+  avg_pool_pattern(3, 1, 1, 0, 4);
+  avg_pool_pattern(2, 2, 0, 1, 8); /* 9 x 9: a fifth window over the edge */
+  resize_nearest_pattern();
   fallback_pattern();
   onednn_model_on_xnnpack("fashion_cnn");
   onednn_model_on_xnnpack("res_cnn");
