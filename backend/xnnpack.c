@@ -259,6 +259,35 @@ static xnn_operator_t layer_op(qt_lowering *L, int i, int quant, int8_t lo, int8
   return *why ? NULL : op;
 }
 
+/* A qs8 operator created by `what`: NULL, or its refusal in L->why. */
+static const char *created(qt_lowering *L, const char *what, enum xnn_status st) {
+  if (st == xnn_status_success) return NULL;
+  snprintf(L->why, sizeof L->why, "%s refused it (%s)", what, qt_xnn_status_name(st));
+  return L->why;
+}
+
+/* The start of a one-input unit i [-> relu | relu6] -> q: its int8 input and its output
+ * quantize (act, quant, qo), with the input's representation in *in; NULL, or the reason. */
+static const char *unary_unit(qt_lowering *L, int i, int *act, int *quant, const qt_qstate **qo,
+                              const qt_value_rep **in) {
+  const qt_node *n = &L->g->nodes[i];
+  const char *why = int8_input_problem(L, n->inputs[0]);
+  if (!why) why = qt_match_output(L, i, act, quant);
+  if (why) return why;
+  *qo = L->g->nodes[*quant].q;
+  *in = &L->rep[n->inputs[0]];
+  return NULL;
+}
+
+/* Unit i [-> act] -> quant of n_in inputs lowered to step s: its output, and its partition with
+ * `detail` and the fused activation. */
+static void unit_lowered(qt_lowering *L, int i, int n_in, int act, int quant, const qt_step *s, const char *detail) {
+  qt_unit_done(L, i, act, quant, s->out);
+  char nodes[256];
+  qt_unit_nodes(L, i, n_in, act, quant, nodes, sizeof nodes);
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s%s", detail, act_text(L->g, act));
+}
+
 static const char *lower_layer(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
@@ -331,31 +360,24 @@ static const char *lower_binary(qt_lowering *L, int i) {
 static const char *lower_global_avg_pool(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
-  const char *why = int8_input_problem(L, n->inputs[0]);
-  if (why) return why;
   int act, quant;
-  if ((why = qt_match_output(L, i, &act, &quant))) return why;
-  const qt_qstate *qo = g->nodes[quant].q;
-  const qt_value_rep *in = &L->rep[n->inputs[0]];
+  const qt_qstate *qo;
+  const qt_value_rep *in;
+  const char *why = unary_unit(L, i, &act, &quant, &qo, &in);
+  if (why) return why;
   const qt_value *xv = &g->values[n->inputs[0]];
   const int C = (int)xv->shape[2];
   int8_t lo, hi;
   output_clamp(g, act, qo, &lo, &hi);
   xnn_operator_t op = NULL;
-  const enum xnn_status st =
-      xnn_create_global_average_pooling_nwc_qs8((size_t)C, (size_t)C, (size_t)C, (int8_t)in->zero_point[0],
-                                                in->scale[0], (int8_t)qo->zero_point[0], qo->scale[0], lo, hi, 0, &op);
-  if (st != xnn_status_success) {
-    snprintf(L->why, sizeof L->why, "xnn_create_global_average_pooling_nwc_qs8 refused it (%s)",
-             qt_xnn_status_name(st));
-    return L->why;
-  }
+  if ((why = created(L, "xnn_create_global_average_pooling_nwc_qs8",
+                     xnn_create_global_average_pooling_nwc_qs8(
+                         (size_t)C, (size_t)C, (size_t)C, (int8_t)in->zero_point[0], in->scale[0],
+                         (int8_t)qo->zero_point[0], qo->scale[0], lo, hi, 0, &op))))
+    return why;
   qt_step *s = qt_kernel_step(L->p, XK_GAVG_POOL, op, in->slot, qt_value_numel(xv), (size_t)C);
   s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
-  qt_unit_done(L, i, act, quant, s->out);
-  char nodes[256];
-  qt_unit_nodes(L, i, 1, act, quant, nodes, sizeof nodes);
-  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "global average pooling qs8 -> qs8%s", act_text(g, act));
+  unit_lowered(L, i, 1, act, quant, s, "global average pooling qs8 -> qs8");
   return NULL;
 }
 
@@ -406,13 +428,6 @@ static const char *lower_same_qparams(qt_lowering *L, int i) {
   return NULL;
 }
 
-/* A qs8 operator created by `what`: NULL, or its refusal in L->why. */
-static const char *created(qt_lowering *L, const char *what, enum xnn_status st) {
-  if (st == xnn_status_success) return NULL;
-  snprintf(L->why, sizeof L->why, "%s refused it (%s)", what, qt_xnn_status_name(st));
-  return L->why;
-}
-
 /* dq -> sigmoid | tanh | elu | leaky_relu [-> relu] -> q: XNNPACK's operator of that kind, per row
  * of C channels (sigmoid and tanh only with their fixed output qparams; leaky ReLU in qu8, on the
  * int8 data with the top bit flipped); the other kinds have none in this XNNPACK. */
@@ -425,11 +440,11 @@ static const char *lower_activation(qt_lowering *L, int i) {
              qt_act_name(kind));
     return L->why;
   }
-  const char *why = int8_input_problem(L, n->inputs[0]);
-  if (why) return why;
   int act, quant;
-  if ((why = qt_match_output(L, i, &act, &quant))) return why;
-  const qt_qstate *qo = g->nodes[quant].q;
+  const qt_qstate *qo;
+  const qt_value_rep *in;
+  const char *why = unary_unit(L, i, &act, &quant, &qo, &in);
+  if (why) return why;
   /* XNNPACK's qs8 sigmoid and tanh produce fixed qparams (TFLite's): scale 1/256, zero point -128
    * for [0, 1); scale 1/128, zero point 0 for [-1, 1) */
   const int sig = kind == QT_ACT_SIGMOID;
@@ -441,7 +456,6 @@ static const char *lower_activation(qt_lowering *L, int i) {
              qt_act_name(kind), sig ? 256 : 128, sig ? -128 : 0, qo->scale[0], qo->zero_point[0]);
     return L->why;
   }
-  const qt_value_rep *in = &L->rep[n->inputs[0]];
   const qt_value *xv = &g->values[n->inputs[0]];
   const size_t C = (size_t)xv->shape[xv->ndim - 1];
   int8_t lo, hi;
@@ -466,11 +480,10 @@ static const char *lower_activation(qt_lowering *L, int i) {
   const int64_t numel = qt_value_numel(xv);
   qt_step *s = qt_kernel_step(L->p, xk, op, in->slot, numel, (size_t)numel);
   s->H = (int)(numel / (int64_t)C); /* rows per sample */
-  qt_unit_done(L, i, act, quant, s->out);
-  char nodes[256];
-  qt_unit_nodes(L, i, 1, act, quant, nodes, sizeof nodes);
-  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s %s%s", qt_act_name(kind),
-              xk == XK_LEAKY_RELU_U8 ? "qu8 -> qu8 (int8 with the top bit flipped)" : "qs8 -> qs8", act_text(g, act));
+  char detail[96];
+  snprintf(detail, sizeof detail, "%s %s", qt_act_name(kind),
+           xk == XK_LEAKY_RELU_U8 ? "qu8 -> qu8 (int8 with the top bit flipped)" : "qs8 -> qs8");
+  unit_lowered(L, i, 1, act, quant, s, detail);
   return NULL;
 }
 
@@ -486,12 +499,11 @@ static const char *lower_avg_pool(qt_lowering *L, int i) {
   if (qt_pool_output_size(xv->shape[0], a->kernel_h, a->stride_h, a->pad_h, 0) != yv->shape[0] ||
       qt_pool_output_size(xv->shape[1], a->kernel_w, a->stride_w, a->pad_w, 0) != yv->shape[1])
     return "ceil mode adds a window past the input: XNNPACK's average pooling has floor mode only";
-  const char *why = int8_input_problem(L, n->inputs[0]);
-  if (why) return why;
   int act, quant;
-  if ((why = qt_match_output(L, i, &act, &quant))) return why;
-  const qt_qstate *qo = g->nodes[quant].q;
-  const qt_value_rep *in = &L->rep[n->inputs[0]];
+  const qt_qstate *qo;
+  const qt_value_rep *in;
+  const char *why = unary_unit(L, i, &act, &quant, &qo, &in);
+  if (why) return why;
   const size_t C = (size_t)xv->shape[2];
   int8_t lo, hi;
   output_clamp(g, act, qo, &lo, &hi);
@@ -506,11 +518,7 @@ static const char *lower_avg_pool(qt_lowering *L, int i) {
     return why;
   qt_step *s = qt_kernel_step(L->p, XK_AVG_POOL_U8, op, in->slot, qt_value_numel(xv), (size_t)qt_value_numel(yv));
   s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
-  qt_unit_done(L, i, act, quant, s->out);
-  char nodes[256];
-  qt_unit_nodes(L, i, 1, act, quant, nodes, sizeof nodes);
-  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "average pooling qu8 -> qu8 (int8 with the top bit flipped)%s",
-              act_text(g, act));
+  unit_lowered(L, i, 1, act, quant, s, "average pooling qu8 -> qu8 (int8 with the top bit flipped)");
   return NULL;
 }
 
