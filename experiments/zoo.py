@@ -16,8 +16,8 @@ exporter in training mode (BN kept, opset 17, dynamic batch); EfficientNet-B0 wi
 stochastic_depth_prob=0 (in training mode its stochastic depth exports random ops, which the
 importer refuses). The ViT is tests/onnx/make_act_models.py's (timm's style: 4x4 patches of
 1x28x28 as 49 tokens of 32 features, 2 pre-norm blocks of 4 heads, q, k, v as separate linear
-maps; torchvision's VisionTransformer, with nn.MultiheadAttention and a class token, is refused
-at import), trained with experiments/vit_onnx_fp32.ini's recipe (AdamW 2e-3, weight decay 0.05)
+maps; torchvision's VisionTransformer, whose class token the importer does not read yet, is
+refused at import), trained with experiments/vit_onnx_fp32.ini's recipe (AdamW 2e-3, weight decay 0.05)
 and QAT at lr 2e-4. Then build/bin/qat_train, as a user would:
   - fp32: experiments/mobilenet_onnx_fp32.ini's recipe (SGD 0.05, cosine, batch 128; the ViT's above) for
     --fp32-epochs on the first --train-limit training images;

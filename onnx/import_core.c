@@ -127,8 +127,11 @@ static int tokens_reader_ok(const imp *im, const sym *s) {
                                    "HardSwish", "LeakyRelu", "Elu",       "Gelu",
                                    "Erf",       NULL};
   static const char *const ct[] = {"Transpose", "Shape", "Identity", "Dropout", NULL};
+  static const char *const tn[] = {"Transpose", "MatMul", "Reshape", "Shape", "Identity", "Dropout", NULL};
+  static const char *const tnf[] = {"Gemm", "MatMul", "Reshape", "Shape", "Identity", "Dropout", NULL};
   if (s->kind != S_ACT || !s->tokens) return 1;
-  for (const char *const *op = s->tokens == TOK_TC ? tc : ct; *op; op++)
+  const char *const *ops = s->tokens == TOK_TC ? tc : s->tokens == TOK_CT ? ct : s->tokens == TOK_TN ? tn : tnf;
+  for (const char *const *op = ops; *op; op++)
     if (strcmp(str(im->node->op_type), *op) == 0) return 1;
   return 0;
 }
@@ -145,8 +148,12 @@ sym *qt_imp_act_input(imp *im, size_t k, const char *role, int allow_pad) {
     return qt_imp_node_err(im,
                            "input '%s' stands for %s; only element-wise ops, Add, LayerNormalization, MatMul, "
                            "ReduceMean over the tokens, multi-head attention's Reshape / Transpose and Shape read "
-                           "tokens",
-                           s->name, s->tokens == TOK_TC ? "tokens [N, T, C]" : "an image as [N, C, H * W]"),
+                           "tokens (sequence first: Transpose, MatMul, Gemm, Reshape, Shape)",
+                           s->name,
+                           s->tokens == TOK_TC   ? "tokens [N, T, C]"
+                           : s->tokens == TOK_CT ? "an image as [N, C, H * W]"
+                           : s->tokens == TOK_TN ? "tokens sequence first [T, N, C]"
+                                                 : "tokens sequence first [T * N, C]"),
            NULL;
   if (s->padded && !allow_pad)
     return qt_imp_node_err(im,

@@ -153,11 +153,22 @@ static int const_arith(imp *im, char op) {
   return 0;
 }
 
+static int int_like(const sym *s) {
+  return s && (s->kind == S_INTS || (s->kind == S_CONST && s->t->data_type != ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT));
+}
+
+/* Whether the current binary op is shape arithmetic: its first input a shape computation, or both
+ * integer (constants among them: torch's exporter adds two Constant nodes in x.unflatten). */
+static int ints_operands(imp *im) {
+  const sym *a = qt_imp_raw_input(im, 0), *b = qt_imp_raw_input(im, 1);
+  return (a && a->kind == S_INTS) || (int_like(a) && int_like(b));
+}
+
 /* Div: x / sqrt 2, the start of a GELU, or shape arithmetic. */
 static int op_div(imp *im) {
-  const sym *a = qt_imp_raw_input(im, 0);
-  if (a && a->kind == S_INTS) return qt_imp_ints_arith(im, '/');
-  int r = gelu_step(im, 0, 1.41421356f, "Div");
+  if (ints_operands(im)) return qt_imp_ints_arith(im, '/');
+  int r = qt_imp_floats_arith(im, '/');
+  if (!r) r = gelu_step(im, 0, 1.41421356f, "Div");
   if (!r) r = qt_imp_tokens_scale(im, 1);
   if (!r) r = const_arith(im, '/');
   if (r) return r < 0 ? -1 : 0;
@@ -169,9 +180,9 @@ static int op_div(imp *im) {
 
 /* Sub: shape arithmetic, or an activation and a constant scalar. */
 static int op_sub(imp *im) {
-  const sym *a = qt_imp_raw_input(im, 0);
-  if (a && a->kind == S_INTS) return qt_imp_ints_arith(im, '-');
-  const int r = const_arith(im, '-');
+  if (ints_operands(im)) return qt_imp_ints_arith(im, '-');
+  int r = qt_imp_floats_arith(im, '-');
+  if (!r) r = const_arith(im, '-');
   if (r) return r < 0 ? -1 : 0;
   return qt_imp_node_err(im, "Sub is supported only in shape computations and of an activation and a constant scalar");
 }
@@ -197,9 +208,9 @@ static int two_activations(imp *im, const char *op, const char *supported, sym *
 }
 
 static int op_add(imp *im) {
-  const sym *first = qt_imp_raw_input(im, 0);
-  if (first && first->kind == S_INTS) return qt_imp_ints_arith(im, '+');
-  int r = gelu_step(im, 2, 1.0f, "Add");
+  if (ints_operands(im)) return qt_imp_ints_arith(im, '+');
+  int r = qt_imp_floats_arith(im, '+');
+  if (!r) r = gelu_step(im, 2, 1.0f, "Add");
   if (!r) r = const_arith(im, '+');
   if (!r) r = qt_imp_tokens_add(im);
   if (r) return r < 0 ? -1 : 0;
@@ -226,9 +237,9 @@ static int op_add(imp *im) {
 /* Mul: shape arithmetic, a step of a GELU, or a * b of two activations of one shape and layout, or an image scaled
  * by a per-channel vector (a global pool's [N, C, 1, 1]), either way round. */
 static int op_mul(imp *im) {
-  const sym *first = qt_imp_raw_input(im, 0);
-  if (first && first->kind == S_INTS) return qt_imp_ints_arith(im, '*');
-  int r = gelu_step(im, 3, 0.0f, "Mul");
+  if (ints_operands(im)) return qt_imp_ints_arith(im, '*');
+  int r = qt_imp_floats_arith(im, '*');
+  if (!r) r = gelu_step(im, 3, 0.0f, "Mul");
   if (!r) r = gelu_step(im, 4, 0.5f, "Mul");
   if (!r) r = qt_imp_tokens_scale(im, 0);
   if (!r) r = const_arith(im, '*');

@@ -25,13 +25,19 @@
 #include "onnx/onnx_import.h"
 
 #define BATCH INT64_MIN /* the batch dimension in shape arithmetic */
+/* The batch times k (1 <= k < 2^24) in shape arithmetic (x.size(0) * heads, tokens * batch):
+ * BATCH + k - 1 (BATCH itself for k = 1). */
+#define BATCH_MAX_FACTOR ((int64_t)1 << 24)
+static inline int64_t batch_times(int64_t k) { return BATCH + (k - 1); }
+/* The k of a batch multiple v, 0 for an ordinary entry. */
+static inline int64_t batch_factor(int64_t v) { return v < BATCH + BATCH_MAX_FACTOR - 1 ? v - BATCH + 1 : 0; }
 /* The longest IR node name the importer makes: prepare and convert append up to 14 characters
  * (".fq.dequantize") to a node's name, and a name has at most QT_NAME_LEN - 1. */
 #define IMP_NAME_MAX (QT_NAME_LEN - 1 - 14)
 #define MAX_INTS 8
 
 typedef enum { S_NONE, S_ACT, S_CONST, S_INTS } sym_kind;
-enum { TOK_NONE, TOK_CT, TOK_TC };
+enum { TOK_NONE, TOK_CT, TOK_TC, TOK_TN, TOK_TNF };
 
 typedef struct {
   const char *name;
@@ -43,7 +49,8 @@ typedef struct {
   int pad[4];                 /* a pending zero Pad (top, left, bottom, right) of the image `value` */
   int padded;
   int tokens; /* the image `value` (H, W, C) standing for ONNX's [N, C, H * W] (TOK_CT) or for the tokens
-               * [N, H * W, C] (TOK_TC) of a vision transformer (import_tokens.c) */
+               * [N, H * W, C] (TOK_TC) of a vision transformer, or for them sequence first: [T, N, C]
+               * (TOK_TN, nn.MultiheadAttention's layout) or [T * N, C] (TOK_TNF) (import_tokens.c) */
   /* S_CONST */
   const Onnx__TensorProto *t;
   const char *user; /* first node using it as a parameter (shared parameters are refused) */
@@ -118,14 +125,23 @@ int qt_imp_tokens_matmul(imp *im);            /* MatMul of attention steps */
 int qt_imp_tokens_scale(imp *im, int divide); /* Mul or Div of an attention step by a constant */
 int qt_imp_tokens_add(imp *im);               /* Add of a learned [1, T, C] to tokens */
 int qt_imp_tokens_mean(imp *im);              /* ReduceMean of tokens over T */
-/* MatMul(tokens, W) [+ b]: a 1x1 convolution of the image standing for them (import_tokens.c). */
-int qt_imp_tokens_linear(imp *im, sym *x, const Onnx__TensorProto *w, const Onnx__TensorProto *b);
+int qt_imp_tokens_unsqueeze(imp *im);         /* Unsqueeze of an attention step */
+int qt_imp_tokens_squeeze(imp *im);           /* Squeeze of an attention step */
+int qt_imp_tokens_gather(imp *im);            /* Gather of q, k or v from packed projections */
+/* The ONNX shape of an attention step s (its batch as BATCH or a multiple): *n entries of full. */
+void qt_imp_attn_shape(imp *im, const sym *s, int64_t *full, int *n);
+/* MatMul(tokens, W) [+ b] (W stored [C, E]; out_in: stored [E, C], Gemm's transB): a 1x1
+ * convolution of the image standing for them, in their layout (import_tokens.c). */
+int qt_imp_tokens_linear(imp *im, sym *x, const Onnx__TensorProto *w, const Onnx__TensorProto *b, int out_in);
 
 /* Concat of shape computations (import_shape.c; import_elementwise.c's Concat hands them over). */
 int qt_imp_concat_ints(imp *im);
 /* Add ('+'), Sub ('-'), Mul ('*'), Div ('/') of shape computations (import_shape.c;
  * import_elementwise.c's Add, Mul and Div hand them over). */
 int qt_imp_ints_arith(imp *im, char op); /* import_shape.c */
+/* Add ('+'), Sub ('-'), Mul ('*'), Div ('/') of two small float constants, folded (import_shape.c;
+ * the scale torch's exporter computes from a head's size); 0 when the inputs are not both such. */
+int qt_imp_floats_arith(imp *im, char op);
 
 static inline const char *str(const char *s) { return s ? s : ""; }
 

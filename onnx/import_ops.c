@@ -256,6 +256,8 @@ static int squeeze_act(imp *im, sym *x, const int64_t *axes, int n_axes) {
 
 /* Squeeze of an activation (squeeze_act) or of a shape computation (qt_imp_squeeze_ints). */
 static int op_squeeze(imp *im) {
+  const int r = qt_imp_tokens_squeeze(im);
+  if (r) return r < 0 ? -1 : 0;
   int64_t axes[MAX_INTS];
   int n_axes = 0;
   sym *x = qt_imp_input(im, 0, "data");
@@ -591,6 +593,7 @@ static int op_gemm(imp *im) {
   const Onnx__TensorProto *w = qt_imp_param_input(im, 1, "weight", 0), *b = NULL;
   if (!w) return -1;
   if (in_name(im->node, 2) && !(b = qt_imp_param_input(im, 2, "bias", 1))) return -1;
+  if (x->tokens == TOK_TNF) return qt_imp_tokens_linear(im, x, w, b, (int)tb);
   return linear(im, x, w, !tb, b, "Gemm");
 }
 
@@ -631,7 +634,9 @@ static int op_matmul(imp *im) {
       im->absorbed[add] = 1;
     }
   }
-  if (x->tokens == TOK_TC ? qt_imp_tokens_linear(im, x, w, b) : linear(im, x, w, 1, b, "MatMul")) return -1;
+  if (x->tokens == TOK_TC || x->tokens == TOK_TN || x->tokens == TOK_TNF ? qt_imp_tokens_linear(im, x, w, b, 0)
+                                                                         : linear(im, x, w, 1, b, "MatMul"))
+    return -1;
   if (b) { /* the Add's output is the layer's */
     const sym y = im->syms[im->n_syms - 1];
     sym *s = qt_imp_add_sym(im, im->gp->node[add]->output[0], S_ACT);

@@ -1,9 +1,11 @@
 /* Constants and the small integer shape arithmetic that exporters write around a Reshape
- * (import_int.h): Constant, Shape, Gather, Unsqueeze, Expand, Cast, CastLike; Concat, Add, Sub,
- * Mul and Div of shapes (import_elementwise.c reads those ops), and the shape computations of
+ * (import_int.h): Constant, Shape, Gather, Unsqueeze, Expand, Cast, CastLike, Mod; Concat, Add,
+ * Sub, Mul and Div of shapes (import_elementwise.c reads those ops); Sqrt and the arithmetic of
+ * small float constants (an attention's scale from its head size); and the shape computations of
  * Squeeze and Reshape (import_ops.c reads those ops). They are evaluated
  * at import; none of them reaches the graph IR. */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,13 +66,15 @@ static int op_constant(imp *im) {
 
 /* The shape of an activation (its batch as BATCH), of a constant, or of a shape computation. */
 static int op_shape(imp *im) {
-  sym *x = qt_imp_input(im, 0, "data");
-  if (!x) return -1;
+  sym *x = qt_imp_raw_input(im, 0);
+  if (!(x && x->kind == S_NONE && x->attn) && !(x = qt_imp_input(im, 0, "data"))) return -1;
   int64_t start = 0, end = INT64_MAX;
   if (qt_imp_attr_int(im, "start", 0, &start) || qt_imp_attr_int(im, "end", INT64_MAX, &end)) return -1;
   int64_t full[MAX_INTS];
   int n;
-  if (x->kind == S_CONST) {
+  if (x->kind == S_NONE) {
+    qt_imp_attn_shape(im, x, full, &n);
+  } else if (x->kind == S_CONST) {
     if (x->t->n_dims > MAX_INTS) return qt_imp_node_err(im, "Shape of a constant of rank %zu", x->t->n_dims);
     n = (int)x->t->n_dims;
     qt_imp_copy(full, x->t->dims, (size_t)n * sizeof *full);
@@ -79,10 +83,15 @@ static int op_shape(imp *im) {
     full[0] = x->n_ints;
   } else if (!(x = qt_imp_act_input(im, 0, "data", 0))) {
     return -1;
-  } else if (x->tokens) { /* [N, C, T] or [N, T, C] */
+  } else if (x->tokens) { /* [N, C, T], [N, T, C], [T, N, C] or [T * N, C] */
     const qt_value *v = val(im, x);
     const int64_t T = v->shape[0] * v->shape[1], C = v->shape[2];
-    full[0] = BATCH, full[1] = x->tokens == TOK_CT ? C : T, full[2] = x->tokens == TOK_CT ? T : C, n = 3;
+    if (x->tokens == TOK_TNF)
+      full[0] = batch_times(T), full[1] = C, n = 2;
+    else if (x->tokens == TOK_TN)
+      full[0] = T, full[1] = BATCH, full[2] = C, n = 3;
+    else
+      full[0] = BATCH, full[1] = x->tokens == TOK_CT ? C : T, full[2] = x->tokens == TOK_CT ? T : C, n = 3;
   } else if (val(im, x)->ndim == 3) {
     const qt_value *v = val(im, x);
     full[0] = BATCH, full[1] = v->shape[2], full[2] = v->shape[0], full[3] = v->shape[1], n = 4;
@@ -103,6 +112,8 @@ static int op_shape(imp *im) {
 }
 
 static int op_gather(imp *im) {
+  const int r = qt_imp_tokens_gather(im);
+  if (r) return r < 0 ? -1 : 0;
   sym tmp_d, tmp_i;
   const sym *d = qt_imp_ints_input(im, 0, "data", &tmp_d);
   if (!d) return -1;
@@ -135,9 +146,11 @@ static int two_ints(imp *im, const char *role0, const char *role1, sym *a, sym *
   return 0;
 }
 
-/* Add, Sub, Mul, Div of shape computations (ShuffleNet's chunk: (channels + 1) / 2 * k), element by
- * element or by one integer; integer Div rounds toward zero, as ONNX's. The batch entry takes no
- * part, and a Div by anything but a positive integer is refused. */
+/* Add, Sub, Mul, Div and Mod of shape computations (ShuffleNet's chunk: (channels + 1) / 2 * k),
+ * element by element or by one integer; integer Div rounds toward zero, as ONNX's, and Mod takes
+ * the divisor's sign (fmod 0). The batch takes part only in a product with a positive integer (a
+ * batch multiple: the batch times the heads of an attention), and a Div or Mod by anything but a
+ * positive integer is refused. */
 int qt_imp_ints_arith(imp *im, char op) {
   sym sa, sb;
   if (two_ints(im, "A", "B", &sa, &sb)) return -1;
@@ -149,16 +162,84 @@ int qt_imp_ints_arith(imp *im, char op) {
   s->n_ints = n;
   for (int i = 0; i < n; i++) {
     const int64_t x = sa.ints[sa.n_ints == 1 ? 0 : i], y = sb.ints[sb.n_ints == 1 ? 0 : i];
-    if (x == BATCH || y == BATCH) return qt_imp_node_err(im, "arithmetic on the batch dimension is not supported");
+    const int64_t bx = batch_factor(x), by = batch_factor(y);
+    if (bx || by) {
+      const int64_t k = bx ? bx : by, m = bx ? y : x;
+      if (op != '*' || (bx && by) || m < 1 || m >= BATCH_MAX_FACTOR / k)
+        return qt_imp_node_err(im,
+                               "arithmetic on the batch dimension is supported only as its product with a "
+                               "positive integer");
+      s->ints[i] = batch_times(k * m);
+      continue;
+    }
     if ((x > ((int64_t)1 << 31) || x < -((int64_t)1 << 31)) || (y > ((int64_t)1 << 31) || y < -((int64_t)1 << 31)))
       return qt_imp_node_err(im, "shape entries %lld, %lld out of range", (long long)x, (long long)y);
-    if (op == '/' && y <= 0) return qt_imp_node_err(im, "Div of a shape by %lld (positive only)", (long long)y);
-    s->ints[i] = op == '+' ? x + y : op == '-' ? x - y : op == '*' ? x * y : x / y;
+    if ((op == '/' || op == '%') && y <= 0)
+      return qt_imp_node_err(im, "%s of a shape by %lld (positive only)", op == '/' ? "Div" : "Mod", (long long)y);
+    s->ints[i] = op == '+' ? x + y : op == '-' ? x - y : op == '*' ? x * y : op == '/' ? x / y : ((x % y) + y) % y;
   }
   return 0;
 }
 
+static int op_mod(imp *im) {
+  int64_t fmod = 0;
+  if (qt_imp_attr_int(im, "fmod", 0, &fmod)) return -1;
+  if (fmod) return qt_imp_node_err(im, "Mod with fmod 1 is supported only on floats, which shapes are not");
+  return qt_imp_ints_arith(im, '%');
+}
+
+/* ---- small float constants (the attention's scale, 1 / sqrt(sqrt(head size)) each for q and k) -- */
+
+#define MAX_FOLD 16 /* values of a float constant folded at import */
+
+/* s as at most MAX_FOLD floats in v (*n of them); 0 when s is no such constant. */
+static int small_floats(const sym *s, float *v, int64_t *n) {
+  if (!s || s->kind != S_CONST || s->t->data_type != ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT) return 0;
+  const int64_t k = numel_of(s->t);
+  if (k < 1 || k > MAX_FOLD ||
+      (s->t->has_raw_data ? s->t->raw_data.len != (size_t)k * 4 : s->t->n_float_data != (size_t)k))
+    return 0;
+  qt_imp_float_data(s->t, v, k);
+  *n = k;
+  return 1;
+}
+
+int qt_imp_floats_arith(imp *im, char op) {
+  float a[MAX_FOLD], b[MAX_FOLD], y[MAX_FOLD];
+  int64_t na, nb;
+  const sym *sa = qt_imp_raw_input(im, 0), *sb = qt_imp_raw_input(im, 1);
+  if (!small_floats(sa, a, &na) || !small_floats(sb, b, &nb)) return 0;
+  const sym *big = na >= nb ? sa : sb;
+  const int64_t n = na > nb ? na : nb;
+  if ((na != n && na != 1) || (nb != n && nb != 1))
+    return qt_imp_node_err(im, "float constants of %lld and %lld values do not broadcast", (long long)na,
+                           (long long)nb);
+  for (int64_t i = 0; i < n; i++) {
+    const float x = a[na == 1 ? 0 : i], z = b[nb == 1 ? 0 : i]; /* float32 arithmetic, as a runtime's */
+    y[i] = op == '+' ? x + z : op == '-' ? x - z : op == '*' ? x * z : x / z;
+  }
+  new_floats(im, big->t->dims, (int)big->t->n_dims, y, n, 0);
+  return 1;
+}
+
+/* Sqrt of a small float constant. */
+static int op_sqrt(imp *im) {
+  float v[MAX_FOLD];
+  int64_t n;
+  const sym *x = qt_imp_raw_input(im, 0);
+  if (!small_floats(x, v, &n))
+    return qt_imp_node_err(im,
+                           "Sqrt is supported only of a float constant of at most %d values (an attention's "
+                           "scale computed from its head size)",
+                           MAX_FOLD);
+  for (int64_t i = 0; i < n; i++) v[i] = sqrtf(v[i]);
+  new_floats(im, x->t->dims, (int)x->t->n_dims, v, n, 0);
+  return 0;
+}
+
 static int op_unsqueeze(imp *im) {
+  const int r = qt_imp_tokens_unsqueeze(im);
+  if (r) return r < 0 ? -1 : 0;
   sym tmp;
   const sym *d = qt_imp_ints_input(im, 0, "data", &tmp);
   if (!d) return -1;
@@ -271,9 +352,21 @@ static int cast_to(imp *im, int to) {
     qt_imp_alias(im, 0, x);
     return 0;
   }
+  if (is_float && x->kind == S_INTS) { /* a head's size as a float (its scale follows) */
+    float v[MAX_INTS];
+    for (int i = 0; i < x->n_ints; i++) {
+      if (batch_factor(x->ints[i]) || x->ints[i] < -((int64_t)1 << 24) || x->ints[i] > ((int64_t)1 << 24))
+        return qt_imp_node_err(im, "cast of the shape entry %s to float is not supported",
+                               batch_factor(x->ints[i]) ? "of the batch" : "out of range");
+      v[i] = (float)x->ints[i];
+    }
+    const int64_t d = x->n_ints;
+    new_floats(im, &d, x->scalar ? 0 : 1, v, x->n_ints, 0);
+    return 0;
+  }
   return qt_imp_node_err(im,
                          "cast of '%s' (%s) to ONNX type %d: only constants and shape computations cast to their "
-                         "own kind (float to float, integers to integers) are supported",
+                         "own kind (float to float, integers to integers) and shapes to float are supported",
                          x->name, kind_text(x), to);
 }
 
@@ -293,7 +386,9 @@ static int op_cast_like(imp *im) {
 }
 
 const qt_imp_op qt_imp_shape_ops[] = {
-    {"Constant", op_constant, 0, 0, 1, 1},   {"Shape", op_shape, 1, 1, 1, 1},   {"Gather", op_gather, 2, 2, 1, 1},
-    {"Unsqueeze", op_unsqueeze, 1, 2, 1, 1}, {"Expand", op_expand, 2, 2, 1, 1}, {"Cast", op_cast, 1, 1, 1, 1},
-    {"CastLike", op_cast_like, 2, 2, 1, 1},  {NULL, NULL, 0, 0, 0, 0},
+    {"Constant", op_constant, 0, 0, 1, 1},  {"Shape", op_shape, 1, 1, 1, 1},
+    {"Gather", op_gather, 2, 2, 1, 1},      {"Unsqueeze", op_unsqueeze, 1, 2, 1, 1},
+    {"Expand", op_expand, 2, 2, 1, 1},      {"Cast", op_cast, 1, 1, 1, 1},
+    {"CastLike", op_cast_like, 2, 2, 1, 1}, {"Mod", op_mod, 2, 2, 1, 1},
+    {"Sqrt", op_sqrt, 1, 1, 1, 1},          {NULL, NULL, 0, 0, 0, 0},
 };

@@ -13,7 +13,18 @@
  *     constants (before or after the MatMul) whose product is 1 / sqrt(C / heads), Softmax over the
  *     last axis, MatMul with v, Transpose [0, 2, 1, 3] and Reshape to [N, T, C]: one attention
  *     node. Every step before the last is pending (S_NONE, `attn`); a pending step read by anything
- *     else is refused by name.
+ *     else is refused by name;
+ *   - nn.MultiheadAttention as torch's exporters write it (torchvision's ViT blocks): the tokens
+ *     Transpose'd [1, 0, 2] to [T, N, C] (TOK_TN: the same image, read sequence first), q, k and v
+ *     from one packed in_proj (a 1x1 convolution of 3 C outputs) by Reshape [T, N, 3, C],
+ *     Unsqueeze 0, Transpose [3, 1, 2, 0, 4], Squeeze 3 and Gather 0, 1, 2 (three channel
+ *     slices), each Reshape'd to [T, N * heads, C / heads], Transpose'd [1, 0, 2] and Reshape'd to
+ *     [N, heads, T, C / heads]; k^T by Transpose [0, 1, 3, 2], or by Reshape to [N * heads, T,
+ *     C / heads], Transpose [0, 2, 1] and Reshape to [N, heads, C / heads, T]; the output heads
+ *     Transpose'd [2, 0, 1, 3] and Reshape'd to [T * N, C] (TOK_TNF: the attention node), the
+ *     out_proj Gemm on it, Reshape to [T, N, C] and Transpose [1, 0, 2] back to the tokens. The
+ *     reshapes' shapes may be constants with -1 for the batch or computed from Shape, with the
+ *     batch times the heads or the tokens (import_shape.c).
  * Element-wise ops, the residual Add and GELU read tokens as they read images. */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
 #include <math.h>
@@ -32,12 +43,21 @@ enum {
   A_SCORES,    /* q k^T [N, heads, T, T] (value q, attn_k k) */
   A_PROBS,     /* its Softmax over the last axis */
   A_OUT,       /* probs v [N, heads, T, C / heads] (attn_v v) */
-  A_OUT_T      /* Transpose'd back to [N, T, heads, C / heads] */
+  A_OUT_T,     /* Transpose'd back to [N, T, heads, C / heads] */
+  /* nn.MultiheadAttention's (sequence first) */
+  A_PACK,     /* [T, N, 3, C] of the packed projections `value` (3 C channels) */
+  A_PACK_U,   /* [1, T, N, 3, C] */
+  A_PACK_T,   /* [3, T, N, 1, C] */
+  A_PACK_S,   /* [3, T, N, C] */
+  A_SPLIT_TN, /* [T, N * heads, C / heads] of q, k or v `value` */
+  A_HEADS_NT, /* [N * heads, T, C / heads] */
+  A_KT_NT,    /* [N * heads, C / heads, T] */
+  A_OUT_TN    /* the output heads [T, N, heads, C / heads] */
 };
 
 static const char attn_what[] =
     "a step of multi-head attention (Reshape to [N, T, heads, C / heads], Transpose, MatMul(q, k^T), scale, "
-    "Softmax, MatMul with v, Transpose, Reshape to [N, T, C])";
+    "Softmax, MatMul with v, Transpose, Reshape to [N, T, C]; or nn.MultiheadAttention's steps)";
 
 static int is_attn(const sym *s) { return s && s->kind == S_NONE && s->attn; }
 static int is_tokens(const sym *s) { return s && s->kind == S_ACT && s->tokens == TOK_TC; }
@@ -55,53 +75,165 @@ static int64_t tokens_of(imp *im, const sym *s) {
 }
 static int64_t channels_of(imp *im, const sym *s) { return im->g->values[s->value].shape[2]; }
 
+void qt_imp_attn_shape(imp *im, const sym *s, int64_t *full, int *n) {
+  const int64_t T = tokens_of(im, s), C = channels_of(im, s), h = s->heads, d = h ? C / h : 0, P = C / 3;
+  const int64_t N = BATCH, Nh = batch_times(h ? h : 1);
+  int64_t v[5];
+  int k = 4;
+  switch (s->attn) {
+    case A_SPLIT: v[0] = N, v[1] = T, v[2] = h, v[3] = d; break;
+    case A_HEADS: v[0] = N, v[1] = h, v[2] = T, v[3] = d; break;
+    case A_KT: v[0] = N, v[1] = h, v[2] = d, v[3] = T; break;
+    case A_SCORES:
+    case A_PROBS: v[0] = N, v[1] = h, v[2] = T, v[3] = T; break;
+    case A_OUT: v[0] = N, v[1] = h, v[2] = T, v[3] = d; break;
+    case A_OUT_T: v[0] = N, v[1] = T, v[2] = h, v[3] = d; break;
+    case A_PACK: v[0] = T, v[1] = N, v[2] = 3, v[3] = P; break;
+    case A_PACK_U: v[0] = 1, v[1] = T, v[2] = N, v[3] = 3, v[4] = P, k = 5; break;
+    case A_PACK_T: v[0] = 3, v[1] = T, v[2] = N, v[3] = 1, v[4] = P, k = 5; break;
+    case A_PACK_S: v[0] = 3, v[1] = T, v[2] = N, v[3] = P; break;
+    case A_SPLIT_TN: v[0] = T, v[1] = Nh, v[2] = d, k = 3; break;
+    case A_HEADS_NT: v[0] = Nh, v[1] = T, v[2] = d, k = 3; break;
+    case A_KT_NT: v[0] = Nh, v[1] = d, v[2] = T, k = 3; break;
+    default: v[0] = T, v[1] = N, v[2] = h, v[3] = d; break; /* A_OUT_TN */
+  }
+  qt_imp_copy(full, v, (size_t)k * sizeof *v);
+  *n = k;
+}
+
+/* Whether a Reshape's entry v is the batch times k: -1 (every other entry is checked exactly, so
+ * it can only be that), computed, or the model's static batch times k. */
+static int batch_is(const imp *im, int64_t v, int64_t k) {
+  return v == -1 || v == batch_times(k) || (im->static_batch > 0 && v == im->static_batch * k);
+}
+
 /* ---- tokens -------------------------------------------------------------------------------- */
 
 /* Reshape of an image to [N, C, T] (or -1 for T): x.flatten(2). */
 static int image_to_tokens(imp *im, sym *x, const sym *shape, int64_t allowzero) {
   const qt_value *v = val(im, x);
   const int64_t C = v->shape[2], T = v->shape[0] * v->shape[1], *s = shape->ints;
-  if (shape->n_ints != 3 || !qt_imp_batch_entry(im, s[0], allowzero, 0, 1) || s[1] != C || !(s[2] == -1 || s[2] == T))
+  if (shape->n_ints != 3 || !qt_imp_batch_entry(im, s[0], allowzero, s[1] * s[2], C * T) || s[1] != C ||
+      !(s[2] == -1 || s[2] == T))
     return 0;
   qt_imp_alias(im, 0, x)->tokens = TOK_CT;
   im->info->dropped++;
   return 1;
 }
 
-/* Reshape of tokens [N, T, C] to [N, T, heads, C / heads] (the split into heads), or of the
- * attention's [N, T, heads, C / heads] back to [N, T, C]: the attention node. */
+static int is_seq_first(const sym *s) { return s && s->kind == S_ACT && (s->tokens == TOK_TN || s->tokens == TOK_TNF); }
+
+static void shape_text(const int64_t *s, int n, char *buf, size_t len) {
+  size_t k = (size_t)snprintf(buf, len, "[");
+  for (int i = 0; i < n && k < len; i++) {
+    const int64_t b = batch_factor(s[i]);
+    k += (size_t)(b == 1  ? snprintf(buf + k, len - k, "%sbatch", i ? ", " : "")
+                  : b > 1 ? snprintf(buf + k, len - k, "%sbatch * %lld", i ? ", " : "", (long long)b)
+                          : snprintf(buf + k, len - k, "%s%lld", i ? ", " : "", (long long)s[i]));
+  }
+  if (k < len) snprintf(buf + k, len - k, "]");
+}
+
+/* Reshape of the tokens [T, N, C] (TOK_TN) into the packed projections [T, N, 3, C / 3] or into
+ * heads [T, N * heads, C / heads]; of [T * N, C] (TOK_TNF) back to [T, N, C]. */
+static int reshape_seq_first(imp *im, sym *x, const int64_t *s, int n) {
+  const int64_t T = tokens_of(im, x), C = channels_of(im, x);
+  if (x->tokens == TOK_TNF) {
+    if (n != 3 || s[0] != T || !batch_is(im, s[1], 1) || s[2] != C) {
+      char d[96];
+      shape_text(s, n, d, sizeof d);
+      return qt_imp_node_err(im, "Reshape of '%s' [%lld * batch, %lld] to %s: only to [%lld, batch, %lld] is supported",
+                             x->name, (long long)T, (long long)C, d, (long long)T, (long long)C);
+    }
+    qt_imp_alias(im, 0, x)->tokens = TOK_TN;
+    im->info->dropped++;
+    return 1;
+  }
+  if (n == 4 && s[0] == T && batch_is(im, s[1], 1) && s[2] == 3 && C % 3 == 0 && s[3] == C / 3) {
+    sym *p = attn_pending(im, x, A_PACK);
+    p->heads = 0;
+    p->tokens = TOK_NONE;
+    return 1;
+  }
+  if (n == 3 && s[0] == T && s[2] >= 1 && s[2] <= C && C % s[2] == 0 && batch_is(im, s[1], C / s[2])) {
+    sym *p = attn_pending(im, x, A_SPLIT_TN);
+    p->heads = (int)(C / s[2]);
+    p->attn_scale = 1.0f;
+    p->tokens = TOK_NONE;
+    return 1;
+  }
+  char d[96];
+  shape_text(s, n, d, sizeof d);
+  return qt_imp_node_err(im,
+                         "Reshape of the tokens '%s' [%lld, batch, %lld] to %s: only into q, k and v packed [%lld, "
+                         "batch, 3, %lld / 3] or into heads [%lld, batch * heads, %lld / heads] is supported",
+                         x->name, (long long)T, (long long)C, d, (long long)T, (long long)C, (long long)T,
+                         (long long)C);
+}
+
+/* Reshape of an attention step (x pending): the heads between [N * heads, T, d] and [N, heads, T,
+ * d] (k^T likewise), the output back to [N, T, C] or [T * N, C]: the attention node. */
+static int reshape_attn(imp *im, sym *x, const int64_t *s, int n, int64_t allowzero) {
+  const int64_t T = tokens_of(im, x), C = channels_of(im, x), h = x->heads, d = h ? C / h : 0;
+  int next = 0;
+  if (x->attn == A_HEADS_NT && n == 4 && batch_is(im, s[0], 1) && s[1] == h && s[2] == T && s[3] == d)
+    next = A_HEADS;
+  else if (x->attn == A_KT_NT && n == 4 && batch_is(im, s[0], 1) && s[1] == h && s[2] == d && s[3] == T)
+    next = A_KT;
+  else if (x->attn == A_HEADS && n == 3 && batch_is(im, s[0], h) && s[1] == T && s[2] == d)
+    next = A_HEADS_NT;
+  if (next) {
+    attn_pending(im, x, next);
+    return 1;
+  }
+  const int out_t = x->attn == A_OUT_T && n == 3 && qt_imp_batch_entry(im, s[0], allowzero, 0, 1) && s[1] == T &&
+                    (s[2] == C || s[2] == -1);
+  const int out_tn = x->attn == A_OUT_TN && n == 2 && batch_is(im, s[0], T) && s[1] == C;
+  if (!out_t && !out_tn) {
+    char want[96], got[96];
+    int64_t full[5];
+    int k;
+    qt_imp_attn_shape(im, x, full, &k);
+    shape_text(full, k, want, sizeof want);
+    shape_text(s, n, got, sizeof got);
+    return qt_imp_node_err(im,
+                           "Reshape of '%s' %s to %s: only the heads between [batch * heads, T, d] and [batch, "
+                           "heads, T, d] (or their k^T), and the output back to [batch, T, C] or [T * batch, C] (%s)",
+                           x->name, want, got, attn_what);
+  }
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_attention(im->g, name, x->value, x->attn_k, x->attn_v, x->heads);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_bind_act(im, 0, y)->tokens = out_t ? TOK_TC : TOK_TNF;
+  return 1;
+}
+
+/* Reshape of tokens [N, T, C] to [N, T, heads, C / heads] (the split into heads), of tokens
+ * sequence first, or of an attention step; of an image to [N, C, T]. */
 int qt_imp_tokens_reshape(imp *im) {
   sym *x = qt_imp_raw_input(im, 0), tmp;
-  if (!x || !(is_tokens(x) || is_attn(x) || (x->kind == S_ACT && is_image(im, x) && !x->tokens && !x->perm_c)))
+  if (!x || !(is_tokens(x) || is_attn(x) || is_seq_first(x) ||
+              (x->kind == S_ACT && is_image(im, x) && !x->tokens && !x->perm_c)))
     return 0;
   int64_t allowzero = 0;
   const sym *shape = qt_imp_ints_input(im, 1, "shape", &tmp);
   if (!shape || qt_imp_attr_int(im, "allowzero", 0, &allowzero)) return -1;
   const int64_t *s = shape->ints;
   if (x->kind == S_ACT && !x->tokens) return image_to_tokens(im, x, shape, allowzero);
+  if (is_seq_first(x)) return reshape_seq_first(im, x, s, shape->n_ints);
+  if (is_attn(x)) return reshape_attn(im, x, s, shape->n_ints, allowzero);
   const int64_t T = tokens_of(im, x), C = channels_of(im, x);
-  if (is_tokens(x)) {
-    if (shape->n_ints != 4 || !qt_imp_batch_entry(im, s[0], allowzero, 0, 1) || s[1] != T || s[2] < 1 || s[2] > C ||
-        C % s[2] || !(s[3] == C / s[2] || s[3] == -1))
-      return qt_imp_node_err(im,
-                             "Reshape of the tokens [N, %lld, %lld]: only the split into heads [N, %lld, heads, "
-                             "%lld / heads] is supported",
-                             (long long)T, (long long)C, (long long)T, (long long)C);
-    sym *p = attn_pending(im, x, A_SPLIT);
-    p->heads = (int)s[2];
-    p->attn_scale = 1.0f;
-    p->tokens = TOK_NONE;
-    return 1;
-  }
-  if (x->attn != A_OUT_T) return qt_imp_node_err(im, "Reshape of '%s', %s", x->name, attn_what);
-  if (shape->n_ints != 3 || !qt_imp_batch_entry(im, s[0], allowzero, 0, 1) || s[1] != T || !(s[2] == C || s[2] == -1))
-    return qt_imp_node_err(im, "Reshape of the attention's heads: only back to [N, %lld, %lld] is supported",
-                           (long long)T, (long long)C);
-  char name[QT_NAME_LEN];
-  qt_imp_node_name(im, NULL, name);
-  const int y = qt_graph_attention(im->g, name, x->value, x->attn_k, x->attn_v, x->heads);
-  if (qt_imp_builder_check(im, y)) return -1;
-  qt_imp_bind_act(im, 0, y)->tokens = TOK_TC;
+  if (shape->n_ints != 4 || !qt_imp_batch_entry(im, s[0], allowzero, 0, 1) || s[1] != T || s[2] < 1 || s[2] > C ||
+      C % s[2] || !(s[3] == C / s[2] || s[3] == -1))
+    return qt_imp_node_err(im,
+                           "Reshape of the tokens [N, %lld, %lld]: only the split into heads [N, %lld, heads, %lld / "
+                           "heads] is supported",
+                           (long long)T, (long long)C, (long long)T, (long long)C);
+  sym *p = attn_pending(im, x, A_SPLIT);
+  p->heads = (int)s[2];
+  p->attn_scale = 1.0f;
+  p->tokens = TOK_NONE;
   return 1;
 }
 
@@ -111,36 +243,108 @@ static int perm_is(const int64_t *p, int n, const int64_t *want) {
   return 1;
 }
 
-/* Transpose [0, 2, 1] between [N, C, T] and [N, T, C]; the attention's head transposes. */
+static int attn_rank(const sym *x) {
+  switch (x->attn) {
+    case A_PACK_U:
+    case A_PACK_T: return 5;
+    case A_SPLIT_TN:
+    case A_HEADS_NT:
+    case A_KT_NT: return 3;
+    default: return 4;
+  }
+}
+
+/* Transpose [0, 2, 1] between [N, C, T] and [N, T, C], [1, 0, 2] between [N, T, C] and [T, N,
+ * C]; the attention's transposes. */
 int qt_imp_tokens_transpose(imp *im) {
   sym *x = qt_imp_raw_input(im, 0);
   if (!x || !((x->kind == S_ACT && x->tokens) || is_attn(x))) return 0;
-  int64_t perm[4];
+  int64_t perm[5];
   int found = 0;
-  const int rank = x->kind == S_ACT ? 3 : 4;
+  const int rank = x->kind == S_ACT ? 3 : attn_rank(x);
   if (qt_imp_attr_ints(im, "perm", perm, (size_t)rank, &found)) return -1;
-  static const int64_t swap3[3] = {0, 2, 1}, heads[4] = {0, 2, 1, 3}, kt[4] = {0, 2, 3, 1}, last[4] = {0, 1, 3, 2};
+  static const int64_t swap3[3] = {0, 2, 1}, seq3[3] = {1, 0, 2}, heads[4] = {0, 2, 1, 3}, kt[4] = {0, 2, 3, 1},
+                       last[4] = {0, 1, 3, 2}, pack[5] = {3, 1, 2, 0, 4}, out_tn[4] = {2, 0, 1, 3};
   if (x->kind == S_ACT) {
-    if (!found || !perm_is(perm, 3, swap3))
-      return qt_imp_node_err(im, "Transpose of tokens: only perm [0, 2, 1] (between [N, C, T] and [N, T, C])");
-    qt_imp_alias(im, 0, x)->tokens = x->tokens == TOK_CT ? TOK_TC : TOK_CT;
+    int to = 0;
+    if (found && x->tokens != TOK_TNF && x->tokens != TOK_TN && perm_is(perm, 3, swap3))
+      to = x->tokens == TOK_CT ? TOK_TC : TOK_CT;
+    else if (found && (x->tokens == TOK_TC || x->tokens == TOK_TN) && perm_is(perm, 3, seq3))
+      to = x->tokens == TOK_TC ? TOK_TN : TOK_TC;
+    if (!to)
+      return qt_imp_node_err(im,
+                             "Transpose of tokens: only perm [0, 2, 1] (between [N, C, T] and [N, T, C]) and [1, 0, "
+                             "2] (between [N, T, C] and [T, N, C])");
+    qt_imp_alias(im, 0, x)->tokens = to;
     im->info->dropped++;
     return 1;
   }
-  if (found && x->attn == A_SPLIT && perm_is(perm, 4, heads)) {
-    attn_pending(im, x, A_HEADS);
-  } else if (found && x->attn == A_SPLIT && perm_is(perm, 4, kt)) {
-    attn_pending(im, x, A_KT);
-  } else if (found && x->attn == A_HEADS && perm_is(perm, 4, last)) {
-    attn_pending(im, x, A_KT);
-  } else if (found && x->attn == A_OUT && perm_is(perm, 4, heads)) {
-    attn_pending(im, x, A_OUT_T);
-  } else {
+  static const struct {
+    int from;
+    const int64_t *perm;
+    int to;
+  } steps[] = {{A_SPLIT, heads, A_HEADS},    {A_SPLIT, kt, A_KT},        {A_HEADS, last, A_KT},
+               {A_OUT, heads, A_OUT_T},      {A_PACK_U, pack, A_PACK_T}, {A_SPLIT_TN, seq3, A_HEADS_NT},
+               {A_HEADS_NT, swap3, A_KT_NT}, {A_OUT, out_tn, A_OUT_TN}};
+  for (size_t k = 0; found && k < sizeof steps / sizeof steps[0]; k++)
+    if (x->attn == steps[k].from && perm_is(perm, rank, steps[k].perm)) {
+      attn_pending(im, x, steps[k].to);
+      return 1;
+    }
+  char shape[96], p[64];
+  int64_t full[5];
+  int k;
+  qt_imp_attn_shape(im, x, full, &k);
+  shape_text(full, k, shape, sizeof shape);
+  shape_text(perm, found ? rank : 0, p, sizeof p);
+  return qt_imp_node_err(im,
+                         "Transpose %s of '%s' %s, a step of multi-head attention: not one of its transposes ([0, "
+                         "2, 1, 3] of the split heads or the output, [0, 2, 3, 1] or [0, 1, 3, 2] for k^T; "
+                         "nn.MultiheadAttention's [3, 1, 2, 0, 4] of the packed projections, [1, 0, 2] and [0, 2, "
+                         "1] of the heads, [2, 0, 1, 3] of the output)",
+                         p, x->name, shape);
+}
+
+/* Unsqueeze (squeeze 0) or Squeeze (squeeze 1) of the one axis `axis` (or its negative form
+ * neg) of the packed projections at step `from`, giving step `to`; `what` names them. */
+static int pack_axis(imp *im, int squeeze, int from, int64_t axis, int64_t neg, int to, const char *what) {
+  sym *x = qt_imp_raw_input(im, 0);
+  if (!is_attn(x)) return 0;
+  int64_t axes[MAX_INTS];
+  int n = 0;
+  if (qt_imp_axes(im, 1, axes, &n)) return -1;
+  if (x->attn != from || n != 1 || !(axes[0] == axis || axes[0] == neg))
+    return qt_imp_node_err(im, "%s of '%s' (%s): only of axis %lld of the packed projections %s",
+                           squeeze ? "Squeeze" : "Unsqueeze", x->name, attn_what, (long long)axis, what);
+  attn_pending(im, x, to);
+  return 1;
+}
+
+int qt_imp_tokens_unsqueeze(imp *im) { return pack_axis(im, 0, A_PACK, 0, -5, A_PACK_U, "[T, N, 3, C]"); }
+int qt_imp_tokens_squeeze(imp *im) { return pack_axis(im, 1, A_PACK_T, 3, -2, A_PACK_S, "[3, T, N, 1, C]"); }
+
+/* Gather 0, 1 or 2 along axis 0 of the packed projections [3, T, N, C]: q, k or v, a channel
+ * slice of the in_proj's 3 C outputs, tokens sequence first. */
+int qt_imp_tokens_gather(imp *im) {
+  sym *x = qt_imp_raw_input(im, 0), tmp;
+  if (!is_attn(x)) return 0;
+  int64_t axis = 0;
+  if (qt_imp_attr_int(im, "axis", 0, &axis)) return -1;
+  const sym *ix = qt_imp_ints_input(im, 1, "indices", &tmp);
+  if (!ix) return -1;
+  const int64_t i = ix->n_ints == 1 ? (ix->ints[0] < 0 ? ix->ints[0] + 3 : ix->ints[0]) : -1;
+  if (x->attn != A_PACK_S || axis != 0 || !ix->scalar || i < 0 || i > 2)
     return qt_imp_node_err(im,
-                           "Transpose of '%s' (%s): only [0, 2, 1, 3] of the split heads or of the output, "
-                           "[0, 2, 3, 1] (or [0, 1, 3, 2] after [0, 2, 1, 3]) for k^T",
+                           "Gather from '%s' (%s): only of q, k or v (a scalar index 0, 1 or 2 along axis 0) from "
+                           "the packed projections [3, T, N, C]",
                            x->name, attn_what);
-  }
+  const int64_t C = channels_of(im, x) / 3;
+  const sym from = *x;
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_channel_slice(im->g, name, from.value, (int)(i * C), (int)((i + 1) * C));
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_bind_act(im, 0, y)->tokens = TOK_TN;
   return 1;
 }
 
@@ -206,29 +410,32 @@ static int ends_with(const char *s, const char *tail) {
 }
 
 /* The IR name of a node with the parameters w (and b): after PyTorch's module name, which torch's
- * export keeps in a bias's name where it renames the weight it transposed ("onnx::MatMul_12"), or
- * after a parameter that is a module's attribute itself ("pos_embedding"). */
+ * export keeps in a bias's name where it renames the weight it transposed ("onnx::MatMul_12"),
+ * after nn.MultiheadAttention's in_proj_weight / in_proj_bias ("attn.in_proj"), or after a
+ * parameter that is a module's attribute itself ("pos_embedding"). */
 static void param_node_name(imp *im, const char *w, const char *b, char *out) {
   char buf[300];
   const char *use = NULL;
   if (w && ends_with(w, ".weight") && !strstr(w, "::"))
     use = w;
-  else if (b && ends_with(b, ".bias") && !strstr(b, "::") && strlen(b) < 200)
+  else if (w && ends_with(w, "_weight") && !strstr(w, "::") && strlen(w) < 200)
+    snprintf(buf, sizeof buf, "%.*s.weight", (int)(strlen(w) - 7), w), use = buf;
+  else if (b && (ends_with(b, ".bias") || ends_with(b, "_bias")) && !strstr(b, "::") && strlen(b) < 200)
     snprintf(buf, sizeof buf, "%.*s.weight", (int)(strlen(b) - 5), b), use = buf;
   else if (w && !b && w[0] && !strstr(w, "::") && strlen(w) < 200)
     snprintf(buf, sizeof buf, "%s.weight", w), use = buf;
   qt_imp_node_name(im, use, out);
 }
 
-int qt_imp_tokens_linear(imp *im, sym *x, const Onnx__TensorProto *w, const Onnx__TensorProto *b) {
+int qt_imp_tokens_linear(imp *im, sym *x, const Onnx__TensorProto *w, const Onnx__TensorProto *b, int out_in) {
   const int64_t C = channels_of(im, x);
   char d[96];
   qt_imp_dims_str(w->dims, w->n_dims, d, sizeof d);
-  if (w->n_dims != 2 || w->dims[0] != C)
-    return qt_imp_node_err(im, "the weight '%s' has dims %s; the tokens '%s' have %lld features, want [%lld, E]",
-                           str(w->name), d, x->name, (long long)C, (long long)C);
-  const int64_t E = w->dims[1], want_w[2] = {C, E}, want_b[1] = {E};
-  if (qt_imp_check_float_tensor(im, w, "weight", 2, want_w) ||
+  if (w->n_dims != 2 || w->dims[out_in ? 1 : 0] != C)
+    return qt_imp_node_err(im, "the weight '%s' has dims %s; the tokens '%s' have %lld features, want %s", str(w->name),
+                           d, x->name, (long long)C, out_in ? "[E, C] (transB)" : "[C, E]");
+  const int64_t E = w->dims[out_in ? 0 : 1], want_b[1] = {E};
+  if (qt_imp_check_float_tensor(im, w, "weight", 2, w->dims) ||
       (b && qt_imp_check_float_tensor(im, b, "bias", 1, want_b)))
     return -1;
   if (E < 1 || E > INT32_MAX) return qt_imp_node_err(im, "%lld output features", (long long)E);
@@ -237,9 +444,9 @@ int qt_imp_tokens_linear(imp *im, sym *x, const Onnx__TensorProto *w, const Onnx
   const int y = qt_graph_conv2d(im->g, name, x->value, (int)E, 1, 1, 0, 1, b != NULL);
   if (qt_imp_builder_check(im, y)) return -1;
   const qt_node *nd = &im->g->nodes[node_of(im, y)];
-  qt_imp_add_copy(im, nd->param[QT_P_WEIGHT], w, COPY_TRANSPOSE, NULL);
+  qt_imp_add_copy(im, nd->param[QT_P_WEIGHT], w, out_in ? COPY_AS_IS : COPY_TRANSPOSE, NULL);
   if (b) qt_imp_add_copy(im, nd->param[QT_P_BIAS], b, COPY_AS_IS, NULL);
-  qt_imp_bind_act(im, 0, y)->tokens = TOK_TC;
+  qt_imp_bind_act(im, 0, y)->tokens = x->tokens;
   return 0;
 }
 

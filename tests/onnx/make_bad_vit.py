@@ -1,9 +1,12 @@
 #!/usr/bin/python3
-"""Writes variants of tests/onnx/models/vit.onnx (run at test time by tests/onnx/test_onnx_errors.sh
+"""Writes variants of tests/onnx/models/vit.onnx and mha_vit.onnx (run at test time by tests/onnx/test_onnx_errors.sh
 with Debian's python3-onnx; no torch). Three the importer must refuse:
   vit_scale.onnx         the first attention's scores scaled by 0.5, not 1 / sqrt(head size)
   vit_softmax_axis.onnx  the first attention's Softmax over axis 2, not the last
   vit_mean_keepdims.onnx the mean of the tokens with keepdims 1 ([N, 1, C])
+two variants of mha_vit.onnx (nn.MultiheadAttention) it must refuse:
+  mha_pack_perm.onnx     the first packed projections Transpose'd [3, 2, 1, 0, 4], not [3, 1, 2, 0, 4]
+  mha_gather3.onnx       the first Gather of q, k or v taking index 3 of the packed [3, T, N, C]
 and one it must import as vit.onnx itself:
   vit_transposed.onnx    every MatMul weight W stored transposed and read through Transpose(W^T), as
                          torch's exporter writes a linear layer of tokens without constant folding
@@ -52,8 +55,30 @@ def transposed(model):
     model.graph.node.extend(nodes)
 
 
+def pack_transpose(model):
+    return next(n for n in model.graph.node
+                if n.op_type == "Transpose" and list(helper.get_attribute_value(n.attribute[0])) == [3, 1, 2, 0, 4])
+
+
+def pack_perm(model):
+    set_attr(pack_transpose(model), "perm", [3, 2, 1, 0, 4])
+
+
+def gather3(model):
+    t = pack_transpose(model)
+    squeeze = next(n for n in model.graph.node if n.op_type == "Squeeze" and n.input[0] == t.output[0])
+    g = next(n for n in model.graph.node if n.op_type == "Gather" and n.input[0] == squeeze.output[0])
+    model.graph.initializer.append(numpy_helper.from_array(np.array(3, dtype=np.int64), "index_3"))
+    g.input[1] = "index_3"
+
+
 def main():
     out = sys.argv[1]
+    for name, edit in {"mha_pack_perm": pack_perm, "mha_gather3": gather3}.items():
+        model = onnx.load(os.path.join(HERE, "models", "mha_vit.onnx"))
+        edit(model)
+        onnx.save(model, os.path.join(out, name + ".onnx"))
+        print("wrote %s" % os.path.join(out, name + ".onnx"))
     edits = {"vit_scale": scaled,
              "vit_softmax_axis": lambda m: set_attr(first(m, "Softmax"), "axis", 2),
              "vit_mean_keepdims": lambda m: set_attr(first(m, "ReduceMean"), "keepdims", 1),

@@ -75,11 +75,17 @@ expect resize_one "node 'up' (Resize, opset 13)" "only [1, 1, 2, 2] (upsampling 
 expect transpose_hw "node 'swap' (Transpose, opset 13)" "Transpose is supported only as a channel shuffle's" -- "$T/transpose_hw.onnx"
 expect split_h "node 'halves' (Split, opset 13)" "Split along axis 2: only along channels (axis 1)" -- "$T/split_h.onnx"
 # the vision transformer with its attention scaled by 0.5, its Softmax over axis 2, and the mean
-# of its tokens keeping their axis (tests/onnx/make_bad_vit.py)
+# of its tokens keeping their axis; variants of mha_vit.onnx (tests/onnx/make_bad_vit.py)
 /usr/bin/python3 tests/onnx/make_bad_vit.py "$T" > /dev/null || { echo "make_bad_vit.py failed"; fail=1; }
 expect vit_scale "node '/blocks/blocks.0/attn/Softmax' (Softmax, opset 17)" "the attention scores are scaled by 0.5; only by 1 / sqrt(8)" -- "$T/vit_scale.onnx"
 expect vit_softmax_axis "(Softmax, opset 17)" "Softmax is supported only over the last axis of attention scores" -- "$T/vit_softmax_axis.onnx"
 expect vit_mean_keepdims "node '/ReduceMean' (ReduceMean, opset 17)" "only over T (axes [1], keepdims 0)" -- "$T/vit_mean_keepdims.onnx"
+# nn.MultiheadAttention's packed projections transposed the wrong way, and a fourth of its three
+expect mha_pack_perm "node '/blocks/blocks.0/self_attention/Transpose_2' (Transpose, opset 17)" \
+  "Transpose [3, 2, 1, 0, 4] of '/blocks/blocks.0/self_attention/Unsqueeze_2_output_0' [1, 49, batch, 3, 32], a step of multi-head attention: not one of its transposes" \
+  -- "$T/mha_pack_perm.onnx"
+expect mha_gather3 "node '/blocks/blocks.0/self_attention/Gather_3' (Gather, opset 17)" \
+  "only of q, k or v (a scalar index 0, 1 or 2 along axis 0) from the packed projections [3, T, N, C]" -- "$T/mha_gather3.onnx"
 # ... and with its MatMul weights read through Transpose nodes (torch's export without constant
 # folding): imported as vit.onnx itself, the same one-epoch run (one thread) to the last digit
 for m in tests/onnx/models/vit.onnx "$T/vit_transposed.onnx"; do

@@ -250,6 +250,9 @@ int main(void) {
   /* a vision transformer: fp32 LayerNormalization (ReduceMean, Sub, ...), attention (Reshape, Transpose,
    * MatMul, Mul, Softmax), position embedding (Add) between quantized per-token 1x1 convolutions */
   onnx_model_both("vit");
+  /* torchvision's ViT blocks (nn.MultiheadAttention): the packed in_proj as one 1x1 convolution and
+   * three channel Slices */
+  onnx_model_both("mha_vit");
   /* arithmetic with constant scalars (affine as Mul / Add, div as Div), u8 tables on the device */
   onnx_model_both("arith_cnn");
   /* PReLU (fp32 between quantize and dequantize on the device) as PRelu */

@@ -1,6 +1,7 @@
 /* ONNX import against PyTorch (references from tests/onnx/make_onnx_models.py, no torch needed):
  * for every committed model (the three presets' twins, the MobileNet-style model in its training
- * and eval exports, the tiny model of the remaining ops) the imported graph computes PyTorch's
+ * and eval exports, the tiny model of the remaining ops, the activations' models, ViTs with
+ * nn.MultiheadAttention, torch 2.x's exports) the imported graph computes PyTorch's
  * eval-mode logits, and where BN remains its train-mode logits (batch statistics), the loss, the
  * gradient of every parameter (the permuted fc weights compared in PyTorch's column order) and
  * the running statistics after that step. The twins import as the presets themselves: the same
@@ -334,6 +335,12 @@ int main(void) {
   check_model("prelu_cnn", 0, "p2", 1);
   /* Resize by 2: nearest (asymmetric, floor) and bilinear (half_pixel), as nn.Upsample exports */
   check_model("resize_cnn", 0, "up2", 1);
+  /* torch 2.x's exports of nn.MultiheadAttention in torchvision's ViT blocks (tests/onnx/make_mha_models.py):
+   * the TorchScript exporter's (training mode, shapes computed from Shape) and the dynamo exporter's (eval mode,
+   * constant shapes, k^T through Reshape / Transpose / Reshape, external data) */
+  ref_name = "mha_ref.h5";
+  check_model("mha_vit", 0, "blocks.0.self_attention.in_proj", 1);
+  check_model("mha_vit_d", 0, "blocks.1.self_attention.in_proj", 0);
   /* torch 2.x's exports, the opset forms and external data (tests/onnx/make_torch2_models.py) */
   ref_name = "onnx2_ref.h5";
   check_model_in("tests/onnx/models/", "t2_fashion_cnn", 0, "fc1", 1, "fashion_cnn");

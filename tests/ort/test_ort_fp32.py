@@ -29,8 +29,9 @@ the valid twin of the hostile external-data files), with both optimization level
     what it computed when it was written).
 The models of tests/onnx/models named t2_* or forms_* and the groups of onnx2_ref.h5 must match,
 as the models act_*, se_*, cat_*, shuffle_*, vit, arith_*, prelu_* and resize_*
-(tests/onnx/make_act_models.py) and act_ref.h5,
-checked as the torch 1.13 models are, and the other models and onnx_ref.h5 must.
+(tests/onnx/make_act_models.py) and act_ref.h5, and the models mha_* (torchvision's ViT blocks,
+tests/onnx/make_mha_models.py: mha_vit_d reads its weights from mha_vit_d.onnx.data) and
+mha_ref.h5, checked as the torch 1.13 models are, and the other models and onnx_ref.h5 must.
 Tolerance: max |y - y_ref| <= 1e-5 * max |y_ref| (the measured worst is printed at the end).
 Eval and train logits differ by 0.3-1.7 of max |y_ref| here, so a BN run in the wrong mode
 fails.
@@ -57,6 +58,8 @@ REF2 = os.path.join(SRC, "tests", "onnx", "ref", "onnx2_ref.h5")  # make_torch2_
 REF_ACT = os.path.join(SRC, "tests", "onnx", "ref", "act_ref.h5")  # make_act_models.py
 REF_ACT_PREFIX = ("act_", "se_", "cat_", "shuffle_", "vit", "arith_", "prelu_", "resize_")  # the models of tests/onnx/models whose references are in REF_ACT
 REF2_PREFIXES = ("t2_", "forms_")  # the models of tests/onnx/models whose references are in REF2
+REF_MHA = os.path.join(SRC, "tests", "onnx", "ref", "mha_ref.h5")  # make_mha_models.py
+REF_MHA_PREFIX = "mha_"  # the models of tests/onnx/models whose references are in REF_MHA
 REF2_BAD = os.path.join(SRC, "tests", "onnx", "bad")  # where its ext_* models are
 EXTERNAL_MODEL = "t2_mobilenet"  # its weights in t2_mobilenet.onnx.data
 ROUNDTRIP = "mobilenet_trained"  # its reference: roundtrip_ref.h5 (logits on the test set)
@@ -168,8 +171,9 @@ def main():
             failures.append("%s %s --opt %s: relative error %.3g > %g" % (name, what, opt, err, TOL))
 
     all_models = sorted(f[:-5] for f in os.listdir(MODELS) if f.endswith(".onnx") and f[:-5] != ROUNDTRIP)
-    models = [m for m in all_models if not m.startswith(REF2_PREFIXES)]
+    models = [m for m in all_models if not m.startswith(REF2_PREFIXES + (REF_MHA_PREFIX,))]
     models2 = [m for m in all_models if m.startswith(REF2_PREFIXES)]
+    models_mha = [m for m in all_models if m.startswith(REF_MHA_PREFIX)]
     with h5py.File(REF, "r") as f, tempfile.TemporaryDirectory(prefix="test_ort_fp32.") as tmp:
         missing = sorted({m for m in models if not m.startswith(REF_ACT_PREFIX)} ^ set(f.keys()))
         if missing:
@@ -181,6 +185,11 @@ def main():
             if missing:
                 failures.append("models act_*, se_*, cat_*, shuffle_*, vit*, arith_*, prelu_*, resize_* and the groups of act_ref.h5 differ: %s" % ", ".join(missing))
             check_torch13(fa, acts, tmp, check, failures, versions)
+        with h5py.File(REF_MHA, "r") as fm:
+            missing = sorted(set(models_mha) ^ set(fm.keys()))
+            if missing:
+                failures.append("models mha_* and the groups of mha_ref.h5 differ: %s" % ", ".join(missing))
+            check_torch13(fm, models_mha, tmp, check, failures, versions)
 
         import ort_eval
         x, _ = ort_eval.load_images(ort_eval.FASHION + "t10k-images-idx3-ubyte.gz",
@@ -249,6 +258,8 @@ def main():
     # + onnx2_ref.h5: every group x 2 levels (eval) + its 2 training exports (t2_fashion_cnn,
     # t2_mobilenet) x 2
     expected += 2 * n2 + 2 * 2
+    # + mha_ref.h5: each model x 2 levels (eval) + mha_vit's training export x 2
+    expected += 2 * len(models_mha) + 2
     if checks != expected and not failures:
         failures.append("%d comparisons made, %d expected" % (checks, expected))
     print("ONNX Runtime %s; %d comparisons; worst relative error: %s; tolerance %g; %.1f s"

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Writes tests/onnx/models/mha_vit.onnx, mha_vit_d.onnx and their PyTorch reference
+tests/onnx/ref/mha_ref.h5. Run with the peers environment's torch 2.x and torchvision
+(bench/peers/.venv: nn.MultiheadAttention exports through scaled_dot_product_attention there,
+not through torch 1.13's bmm; torchvision builds the blocks):
+
+    bench/peers/.venv/bin/python tests/onnx/make_mha_models.py
+
+Deterministic (seed 0); the CTest tests need no torch, only these committed files.
+
+mha_vit: a small vision transformer built from torchvision's own encoder blocks
+(torchvision.models.vision_transformer.EncoderBlock: pre-norm, nn.MultiheadAttention with
+batch_first=True, its packed in_proj of q, k and v and its out_proj, an MLP with GELU): 4x4
+patches of 1x28x28 (a stride-4 conv) as 49 tokens of 32 features, a learned position embedding,
+two blocks of 4 heads, a final LayerNorm, the mean of the tokens, a linear head. Exported as
+experiments/zoo.py exports: the TorchScript exporter (dynamo=False), training mode, opset 17,
+dynamic batch, no constant folding: the attention's reshapes come from Shape / Gather / Concat
+arithmetic on the batch, its scale from Sqrt of the head size, k^T by Transpose [0, 1, 3, 2].
+mha_vit_d: the same model with the same weights, exported by the dynamo exporter (torch 2.x's
+default) in eval mode with its default optimizations: the reshapes are constants with -1 for the
+batch, k^T is a Reshape / Transpose [0, 2, 1] / Reshape of the heads, the scale a constant.
+
+The LayerNorm parameters and the biases are randomized (a trained model's; the dynamo exporter
+would otherwise share one initializer among parameters of equal values, and drop an out_proj
+bias of zeros).
+
+The reference groups hold what make_onnx_models.py's write_ref writes (x, labels, y_eval; for
+mha_vit also y_train, loss, grad/<name>), which tests/onnx/test_onnx_import.c checks; the
+gradients are named as the imported graph names its parameters (in_proj and out_proj after
+their module).
+"""
+import copy
+import os
+import warnings
+
+import h5py
+import onnx
+import torch
+import torch.nn as nn
+from torchvision.models.vision_transformer import EncoderBlock
+
+import make_onnx_models as base
+
+
+class MHAViT(nn.Module):
+    def __init__(self, dim=32, heads=4, depth=2, hidden=64):
+        super().__init__()
+        self.patch = nn.Conv2d(1, dim, 4, 4)
+        self.pos_embedding = nn.Parameter(torch.randn(1, 49, dim) * 0.02)
+        self.blocks = nn.Sequential(*[EncoderBlock(heads, dim, hidden, 0.0, 0.0) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2) + self.pos_embedding
+        return self.head(self.norm(self.blocks(x)).mean(dim=1))
+
+
+def randomize(model, gen):
+    """A trained model's LayerNorm parameters and biases (nn.MultiheadAttention starts its biases at
+    zero, LayerNorm at ones and zeros)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.copy_(torch.rand(m.weight.shape, generator=gen) * 0.5 + 0.75)
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+
+
+def ir_names(model):
+    """PyTorch's parameter names -> the imported graph's: in_proj_weight / in_proj_bias of a block's
+    attention are the in_proj layer's weight and bias."""
+    out = {}
+    for name, _ in model.named_parameters():
+        if name.endswith(".in_proj_weight") or name.endswith(".in_proj_bias"):
+            out[name] = name[: -len("_weight")] + ".weight" if name.endswith("_weight") else name[: -5] + ".bias"
+    out["pos_embedding"] = "pos_embedding.weight"
+    return out
+
+
+def main():
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    model = MHAViT()
+    randomize(model, gen)
+    x = torch.randn(2, 1, 28, 28)
+    ts = os.path.join(base.MODELS, "mha_vit.onnx")
+    m = copy.deepcopy(model).train()
+    torch.onnx.export(m, x, ts, opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, dynamo=False, input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+    onnx.checker.check_model(onnx.load(ts), full_check=True)
+    d = os.path.join(base.MODELS, "mha_vit_d.onnx")
+    torch.onnx.export(copy.deepcopy(model).eval(), (x,), d, dynamo=True, input_names=["input"],
+                      output_names=["logits"], dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
+    onnx.checker.check_model(onnx.load(d), full_check=True)
+    tmp = os.path.join(base.REF, "mha_ref.h5.tmp")
+    with h5py.File(tmp, "w") as f:
+        f.attrs["generator"] = b"tests/onnx/make_mha_models.py"
+        f.attrs["torch_version"] = str(torch.__version__).encode()
+        base.write_ref(f, "mha_vit", model, ir_names(model))
+        base.write_ref(f, "mha_vit_d", model, train=False)
+    os.replace(tmp, os.path.join(base.REF, "mha_ref.h5"))
+
+
+if __name__ == "__main__":
+    main()
