@@ -332,6 +332,11 @@ qt_tensor *qt_layer_norm(qt_ctx *ctx, qt_tensor *x, qt_tensor *gamma, qt_tensor 
  * and D being T tokens (an image's pixels): per sample and head (D / heads features each),
  * softmax(Q K^T / sqrt(D / heads)) V -> (N, ..., D) (autograd/ops_tokens.c) */
 qt_tensor *qt_attention(qt_ctx *ctx, qt_tensor *q, qt_tensor *k, qt_tensor *v, int heads);
+/* A class token: the learned (C) token w put before the H W tokens of x (N, H, W, C), giving
+ * (N, 1, 1 + H W, C) (PyTorch's cat([w.expand(N, 1, C), x.flatten], 1)); and the first token of
+ * x (N, H, W, C) as (N, C) (x[:, 0]). */
+qt_tensor *qt_prepend_token(qt_ctx *ctx, qt_tensor *x, qt_tensor *w);
+qt_tensor *qt_first_token(qt_ctx *ctx, qt_tensor *x);
 /* Mean softmax cross-entropy of logits (N, C) against labels (N) in [0, C): a (1) tensor.
  * If probs_out is not NULL it receives the arena softmax (N, C). */
 qt_tensor *qt_cross_entropy(qt_ctx *ctx, qt_tensor *logits, const int32_t *labels, float **probs_out);

@@ -1,5 +1,6 @@
-/* The transformer's ops (autograd.h): layer norm over the last dim and multi-head scaled dot-product
- * attention (a position embedding is qt_channel_add of one sample's shape). Tokens are the pixels
+/* The transformer's ops (autograd.h): layer norm over the last dim, multi-head scaled dot-product
+ * attention and the class token's prepend and pick (a position embedding is qt_channel_add of one
+ * sample's shape). Tokens are the pixels
  * of an (N, H, W, C) image (or the rows of (N, T, C)): T = H * W tokens of C features, in
  * row-major pixel order.
  *
@@ -195,3 +196,78 @@ static qt_tensor *attention_op(qt_ctx *ctx, qt_tensor *q, qt_tensor *k, qt_tenso
 qt_tensor *qt_attention(qt_ctx *ctx, qt_tensor *q, qt_tensor *k, qt_tensor *v, int heads) {
   PROFILED(ctx, QT_PROFILE_ATTENTION, attention_op(ctx, q, k, v, heads));
 }
+
+/* ---- the class token ------------------------------------------------------------------------- */
+
+typedef struct {
+  qt_tensor *x, *w, *y;
+} token_saved;
+
+static void prepend_token_backward(qt_ctx *ctx, void *p) {
+  const token_saved *s = p;
+  if (!s->y->grad) return;
+  const int64_t N = s->x->shape[0], C = s->w->shape[0], per = qt_tensor_numel(s->x) / (N ? N : 1);
+  float *dx = grad_of(ctx, s->x), *dw = grad_of(ctx, s->w);
+  const float *dy = s->y->grad;
+  for (int64_t n = 0; dx && n < N; n++) { /* the pixels' tokens follow the class token */
+    const float *src = dy + n * (per + C) + C;
+    float *dst = dx + n * per;
+    for (int64_t i = 0; i < per; i++) dst[i] += src[i];
+  }
+  for (int64_t c = 0; dw && c < C; c++) {
+    double acc = 0.0;
+    for (int64_t n = 0; n < N; n++) acc += dy[n * (per + C) + c];
+    dw[c] += (float)acc;
+  }
+}
+
+static qt_tensor *prepend_token_op(qt_ctx *ctx, qt_tensor *x, qt_tensor *w) {
+  check_f32(x, 4, "prepend_token", "input");
+  check_f32(w, 1, "prepend_token", "token");
+  const int64_t N = x->shape[0], C = x->shape[3], per = qt_tensor_numel(x) / (N ? N : 1);
+  QT_ASSERT(w->shape[0] == C, "prepend_token: a token of %lld features for tokens of %lld", (long long)w->shape[0],
+            (long long)C);
+  const int64_t shape[4] = {N, 1, 1 + x->shape[1] * x->shape[2], C};
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, 4, shape);
+  float *yd = qt_f32(y);
+  const float *xd = qt_f32(x), *wd = qt_f32(w);
+  for (int64_t n = 0; n < N; n++) {
+    memcpy(yd + n * (per + C), wd, (size_t)C * sizeof(float));
+    memcpy(yd + n * (per + C) + C, xd + n * per, (size_t)per * sizeof(float));
+  }
+  if (qt_tape_recording(ctx, x, w, NULL)) {
+    y->requires_grad = 1;
+    token_saved *sv = qt_tape_push(ctx, QT_PROFILE_CHANNELS, prepend_token_backward, sizeof *sv, y);
+    *sv = (token_saved){x, w, y};
+  }
+  return y;
+}
+
+qt_tensor *qt_prepend_token(qt_ctx *ctx, qt_tensor *x, qt_tensor *w) {
+  PROFILED(ctx, QT_PROFILE_CHANNELS, prepend_token_op(ctx, x, w));
+}
+
+static void first_token_backward(qt_ctx *ctx, void *p) {
+  const token_saved *s = p;
+  if (!s->y->grad || !s->x->requires_grad) return;
+  const int64_t N = s->x->shape[0], C = s->y->shape[1], per = qt_tensor_numel(s->x) / (N ? N : 1);
+  float *dx = qt_tensor_grad(ctx, s->x);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++) dx[n * per + c] += s->y->grad[n * C + c];
+}
+
+static qt_tensor *first_token_op(qt_ctx *ctx, qt_tensor *x) {
+  check_f32(x, 4, "first_token", "input");
+  const int64_t N = x->shape[0], C = x->shape[3], per = qt_tensor_numel(x) / (N ? N : 1);
+  const int64_t shape[2] = {N, C};
+  qt_tensor *y = qt_tensor_new(ctx, QT_F32, 2, shape);
+  for (int64_t n = 0; n < N; n++) memcpy(qt_f32(y) + n * C, qt_f32(x) + n * per, (size_t)C * sizeof(float));
+  if (qt_tape_recording(ctx, x, NULL, NULL)) {
+    y->requires_grad = 1;
+    token_saved *sv = qt_tape_push(ctx, QT_PROFILE_CHANNELS, first_token_backward, sizeof *sv, y);
+    *sv = (token_saved){x, NULL, y};
+  }
+  return y;
+}
+
+qt_tensor *qt_first_token(qt_ctx *ctx, qt_tensor *x) { PROFILED(ctx, QT_PROFILE_CHANNELS, first_token_op(ctx, x)); }

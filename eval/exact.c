@@ -654,6 +654,20 @@ static int run_float_node(qt_exact *x, int i, double *y, int n, int64_t numel, c
       }
       return 0;
     }
+    case QT_OP_PREPEND_TOKEN: { /* the learned token, then the input's tokens */
+      const float *p = g->params + g->tensors[nd->param[QT_P_WEIGHT]].offset;
+      const int64_t per = numel / n, C = g->values[v].shape[2];
+      for (int b = 0; b < n; b++) {
+        for (int64_t c = 0; c < C; c++) y[b * per + c] = p[c];
+        memcpy(y + b * per + C, src + b * (per - C), (size_t)(per - C) * sizeof *y);
+      }
+      return 0;
+    }
+    case QT_OP_FIRST_TOKEN: { /* the first token's features */
+      const int64_t C = numel / n, per = qt_value_numel(&g->values[a]);
+      for (int b = 0; b < n; b++) memcpy(y + b * C, src + b * per, (size_t)C * sizeof *y);
+      return 0;
+    }
     default: return qt_err(err, "exact reference: node %s: op %s has no exact form", nd->name, qt_op_name(nd->op));
   }
 }

@@ -373,6 +373,8 @@ static qt_tensor *run_node(qt_graph *g, qt_ctx *ctx, int node, qt_tensor **vals,
     case QT_OP_LAYER_NORM:
     case QT_OP_ATTENTION:
     case QT_OP_ADD_PARAM:
+    case QT_OP_PREPEND_TOKEN:
+    case QT_OP_FIRST_TOKEN:
     case QT_OP_PRELU:
     case QT_OP_DROPOUT: return run_alone(g, ctx, node, vals);
     case QT_OP_INPUT:

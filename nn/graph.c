@@ -276,6 +276,9 @@ int qt_graph_resize(qt_graph *g, const char *name, int x, int mode) {
   return build(g, QT_OP_RESIZE, name, &x, 1, &a, 0, NULL, 0);
 }
 
+int qt_graph_prepend_token(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_PREPEND_TOKEN, name, x); }
+int qt_graph_first_token(qt_graph *g, const char *name, int x) { return plain(g, QT_OP_FIRST_TOKEN, name, x); }
+
 int qt_graph_prelu(qt_graph *g, const char *name, int x, int slopes) {
   const qt_node_attrs a = {.out_channels = slopes};
   return build(g, QT_OP_PRELU, name, &x, 1, &a, 0, NULL, 0);

@@ -47,6 +47,9 @@ typedef enum {
   QT_OP_DROPOUT,         /* training: qt_dropout with probability attr.ratio; eval: x (convert removes it) */
   QT_OP_PRELU,           /* x > 0 ? x : w x, param weight: attr.out_channels slopes (1, or one per channel) */
   QT_OP_RESIZE,          /* an image upsampled by attr.stride_h = attr.stride_w = 2: attr.mode nearest or bilinear */
+  QT_OP_PREPEND_TOKEN,   /* tokens (H, W, C) -> (1, 1 + H W, C): a learned token (param weight, C) first (a class
+                          * token), then the pixels in row-major order */
+  QT_OP_FIRST_TOKEN,     /* tokens (H, W, C) -> the first one's (C) features (x[:, 0]: the class token's) */
   QT_OP_COUNT
 } qt_op;
 const char *qt_op_name(qt_op op);
@@ -293,6 +296,10 @@ int qt_graph_add_param(qt_graph *g, const char *name, int x);
 int qt_graph_prelu(qt_graph *g, const char *name, int x, int slopes);
 /* x (an image) upsampled by 2, mode QT_RESIZE_NEAREST or QT_RESIZE_BILINEAR. */
 int qt_graph_resize(qt_graph *g, const char *name, int x, int mode);
+/* A vision transformer's class token: a learned (C) token put before the tokens of image x, and
+ * the first token of tokens x as a (C) vector. */
+int qt_graph_prepend_token(qt_graph *g, const char *name, int x);
+int qt_graph_first_token(qt_graph *g, const char *name, int x);
 /* Dropout with probability ratio (0 <= ratio < 1): in training mode each element is zeroed with
  * that probability and the rest scaled by 1 / (1 - ratio), the mask drawn from the ctx's random
  * stream (qt_ctx_set_random) and the node's name; in eval mode (and calibration) the identity.

@@ -176,6 +176,7 @@ qt_tensor *qt_apply_simple_op(qt_ctx *ctx, qt_op op, const qt_node_attrs *a, qt_
     case QT_OP_CHANNEL_SLICE: return qt_channel_slice(ctx, x, a->begin, a->end);
     case QT_OP_RESIZE: return qt_resize2x(ctx, x, a->mode == QT_RESIZE_BILINEAR);
     case QT_OP_ATTENTION: return n_in == 3 ? qt_attention(ctx, x, in[1], in[2], a->heads) : NULL;
+    case QT_OP_FIRST_TOKEN: return qt_first_token(ctx, x);
     default: return NULL;
   }
 }
@@ -217,6 +218,7 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
       return qt_layer_norm(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_GAMMA]),
                            qt_param_tensor(g, ctx, n->param[QT_P_BETA]), a->eps);
     case QT_OP_ADD_PARAM: return qt_channel_add(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
+    case QT_OP_PREPEND_TOKEN: return qt_prepend_token(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
     case QT_OP_PRELU: return qt_prelu(ctx, x, qt_param_tensor(g, ctx, n->param[QT_P_WEIGHT]));
     case QT_OP_DROPOUT:
       if (!n->training || a->ratio == 0.0f) return x; /* the identity: the value aliases its input */
@@ -227,7 +229,7 @@ qt_tensor *qt_node_forward(qt_graph *g, qt_ctx *ctx, int node, qt_tensor *const 
                                   inplace && (n->op == QT_OP_RELU || n->op == QT_OP_RELU6));
       qt_err(err,
              "node %s: op '%s' is not an fp32 op (qt_node_forward computes conv2d, linear, batch_norm, layer_norm, "
-             "add_param, prelu, dropout and the parameter-free ops)",
+             "add_param, prepend_token, prelu, dropout and the parameter-free ops)",
              n->name, qt_op_name(n->op));
       return NULL;
   }

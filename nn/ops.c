@@ -198,6 +198,24 @@ static int attention_shape(const qt_node_attrs *a, const qt_value *const *in, in
   return same_as_input(a, in, ndim, shape, err);
 }
 
+/* prepend_token: (1, 1 + H W, C) of an image; first_token: (C) of an image. */
+static int prepend_token_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape,
+                               char *err) {
+  (void)a;
+  if (image_input("prepend_token", in[0], err)) return -1;
+  *ndim = 3;
+  shape[0] = 1, shape[1] = 1 + in[0]->shape[0] * in[0]->shape[1], shape[2] = in[0]->shape[2];
+  return 0;
+}
+
+static int first_token_shape(const qt_node_attrs *a, const qt_value *const *in, int *ndim, int64_t *shape, char *err) {
+  (void)a;
+  if (image_input("first_token", in[0], err)) return -1;
+  *ndim = 1;
+  shape[0] = in[0]->shape[2], shape[1] = shape[2] = 0;
+  return 0;
+}
+
 enum { NONE = QT_SLOT_NONE, OPT = QT_SLOT_OPTIONAL, REQ = QT_SLOT_REQUIRED };
 
 static const qt_op_info op_table[] = {
@@ -262,6 +280,14 @@ static const qt_op_info op_table[] = {
                          .shape = same_as_input},
     [QT_OP_DROPOUT] = {.name = "dropout", .min_inputs = 1, .max_inputs = 1, .stateful = 1, .shape = dropout_shape},
     [QT_OP_RESIZE] = {.name = "resize", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = resize_shape},
+    [QT_OP_PREPEND_TOKEN] = {.name = "prepend_token",
+                             .min_inputs = 1,
+                             .max_inputs = 1,
+                             .param_suffix = {"weight"},
+                             .param_use = {REQ},
+                             .shape = prepend_token_shape},
+    [QT_OP_FIRST_TOKEN] =
+        {.name = "first_token", .min_inputs = 1, .max_inputs = 1, .param_free = 1, .shape = first_token_shape},
     [QT_OP_PRELU] = {.name = "prelu",
                      .min_inputs = 1,
                      .max_inputs = 1,

@@ -794,6 +794,51 @@ static int op_attention(exporter *e) {
   return keep_layout(e);
 }
 
+/* prepend_token -> the token [1, C, 1] Expand'ed to [N, C, 1] (N from Shape and Gather),
+ * Concat'ed before the image's tokens [N, C, H * W] along axis 2 (torch's cat of class tokens),
+ * Reshape'd to the graph's [N, C, 1, 1 + H * W]. */
+static int op_prepend_token(exporter *e) {
+  const qt_node *n = e->node;
+  const qt_value *x = &e->g->values[n->inputs[0]];
+  if (vin(e, 0)->perm_c) return qt_exp_node_err(e, "prepends a token to a flattened image");
+  const int64_t C = x->shape[2], T = x->shape[0] * x->shape[1], three = 3, four = 4, one = 1, zero = 0;
+  const int64_t flat[3] = {0, C, T}, image[4] = {0, C, 1, 1 + T}, rest[2] = {C, 1}, tdims[3] = {1, C, 1};
+  const qt_param *p = &e->g->tensors[n->param[QT_P_WEIGHT]];
+  qt_exp_add_float(e, p->name, 3, tdims, param_data(e, n, QT_P_WEIGHT), C);
+  char *fs = qt_exp_str(e, "%s.flat_shape", n->name), *is = qt_exp_str(e, "%s.image_shape", n->name),
+       *rs = qt_exp_str(e, "%s.rest", n->name), *b0 = qt_exp_str(e, "%s.batch_axis", n->name);
+  qt_exp_add_int64(e, fs, 1, &three, flat, 3);
+  qt_exp_add_int64(e, is, 1, &four, image, 4);
+  const int64_t two = 2;
+  qt_exp_add_int64(e, rs, 1, &two, rest, 2);
+  qt_exp_add_int64(e, b0, 1, &one, &zero, 1);
+  Onnx__NodeProto *t;
+  char *batch = step(e, "Gather", "batch", step(e, "Shape", "shape", in0(e), NULL, NULL), b0, &t);
+  qt_exp_attr_int(e, t, "axis", 0);
+  char *es = step(e, "Concat", "expand_shape", batch, rs, &t);
+  qt_exp_attr_int(e, t, "axis", 0);
+  char *tok = step(e, "Expand", "tokens", p->name, es, NULL);
+  char *cat = step(e, "Concat", "cat", tok, step(e, "Reshape", "flat", in0(e), fs, NULL), &t);
+  qt_exp_attr_int(e, t, "axis", 2);
+  qt_exp_add_node(e, "Reshape", n->name, out(e), 2, cat, is);
+  return 0;
+}
+
+/* first_token -> the image's tokens [N, C, H * W], Gather of index 0 along axis 2: [N, C]. */
+static int op_first_token(exporter *e) {
+  const qt_node *n = e->node;
+  const qt_value *x = &e->g->values[n->inputs[0]];
+  if (vin(e, 0)->perm_c) return qt_exp_node_err(e, "takes a token of a flattened image");
+  const int64_t three = 3, none = 0, zero = 0, flat[3] = {0, x->shape[2], x->shape[0] * x->shape[1]};
+  char *fs = qt_exp_str(e, "%s.flat_shape", n->name), *ix = qt_exp_str(e, "%s.index", n->name);
+  qt_exp_add_int64(e, fs, 1, &three, flat, 3);
+  qt_exp_add_int64(e, ix, 0, &none, &zero, 1);
+  Onnx__NodeProto *g =
+      qt_exp_add_node(e, "Gather", n->name, out(e), 2, step(e, "Reshape", "flat", in0(e), fs, NULL), ix);
+  qt_exp_attr_int(e, g, "axis", 2);
+  return 0;
+}
+
 static int export_node(exporter *e) {
   const qt_node *n = e->node;
   switch (n->op) {
@@ -821,6 +866,8 @@ static int export_node(exporter *e) {
     case QT_OP_LAYER_NORM: return op_layer_norm(e);
     case QT_OP_ATTENTION: return op_attention(e);
     case QT_OP_ADD_PARAM: return op_add_param(e);
+    case QT_OP_PREPEND_TOKEN: return op_prepend_token(e);
+    case QT_OP_FIRST_TOKEN: return op_first_token(e);
     case QT_OP_PRELU: return op_prelu(e);
     case QT_OP_RESIZE: return op_resize(e);
     case QT_OP_DROPOUT: /* an fp32 graph's: the inference model has none (a Q/DQ graph holds no dropout) */

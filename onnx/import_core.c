@@ -125,7 +125,7 @@ static int tokens_reader_ok(const imp *im, const sym *s) {
                                    "Shape",     "Identity",  "Dropout",   "Relu",
                                    "Clip",      "Sigmoid",   "Tanh",      "HardSigmoid",
                                    "HardSwish", "LeakyRelu", "Elu",       "Gelu",
-                                   "Erf",       NULL};
+                                   "Erf",       "Gather",    "Concat",    NULL};
   static const char *const ct[] = {"Transpose", "Shape", "Identity", "Dropout", NULL};
   static const char *const tn[] = {"Transpose", "MatMul", "Reshape", "Shape", "Identity", "Dropout", NULL};
   static const char *const tnf[] = {"Gemm", "MatMul", "Reshape", "Shape", "Identity", "Dropout", NULL};

@@ -357,6 +357,8 @@ static int concat_act(imp *im) {
 
 /* Concat of activations, or of shape computations (import_shape.c). */
 static int op_concat(imp *im) {
+  const int r = qt_imp_tokens_concat(im);
+  if (r) return r < 0 ? -1 : 0;
   const sym *first = qt_imp_raw_input(im, 0);
   return first && first->kind == S_ACT ? concat_act(im) : qt_imp_concat_ints(im);
 }

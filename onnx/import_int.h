@@ -68,6 +68,8 @@ typedef struct {
                         * heads; value: q (or the tokens being split), attn_k, attn_v: k and v */
   int attn_k, attn_v;
   float attn_scale; /* the constant factors of the scores so far */
+  int cls;          /* S_NONE: a learned [1, 1, C] (t, its parameter) Expand'ed to [N, 1, C]: a class token
+                     * until the Concat before the tokens (import_tokens.c) */
 } sym;
 
 typedef enum { COPY_AS_IS, COPY_TRANSPOSE } copy_kind;
@@ -127,7 +129,10 @@ int qt_imp_tokens_add(imp *im);               /* Add of a learned [1, T, C] to t
 int qt_imp_tokens_mean(imp *im);              /* ReduceMean of tokens over T */
 int qt_imp_tokens_unsqueeze(imp *im);         /* Unsqueeze of an attention step */
 int qt_imp_tokens_squeeze(imp *im);           /* Squeeze of an attention step */
-int qt_imp_tokens_gather(imp *im);            /* Gather of q, k or v from packed projections */
+int qt_imp_tokens_gather(imp *im);            /* Gather of q, k or v from packed projections, of
+                                               * the first token */
+int qt_imp_tokens_expand(imp *im);            /* Expand of a class token to the batch */
+int qt_imp_tokens_concat(imp *im);            /* Concat of a class token and tokens */
 /* The ONNX shape of an attention step s (its batch as BATCH or a multiple): *n entries of full. */
 void qt_imp_attn_shape(imp *im, const sym *s, int64_t *full, int *n);
 /* MatMul(tokens, W) [+ b] (W stored [C, E]; out_in: stored [E, C], Gemm's transB): a 1x1

@@ -188,6 +188,64 @@ static int op_mod(imp *im) {
   return qt_imp_ints_arith(im, '%');
 }
 
+/* ConstantOfShape of a short shape: its `value` (an integer, 0 when absent) repeated, as a shape
+ * computation (torch's expand(n, -1, -1) writes one). */
+static int op_constant_of_shape(imp *im) {
+  sym tmp;
+  const sym *shape = qt_imp_ints_input(im, 0, "input", &tmp);
+  if (!shape) return -1;
+  const sym sh = shape->scalar ? (sym){0} : *shape;
+  const Onnx__AttributeProto *a = qt_imp_attr(im->node, "value");
+  int64_t v = 0;
+  if (a) {
+    int64_t got[MAX_INTS];
+    int n = 0, scalar = 0;
+    if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR || !a->t ||
+        a->t->data_type == ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT || qt_imp_const_ints(im, a->t, got, &n, &scalar) ||
+        n != 1)
+      return qt_imp_node_err(im, "ConstantOfShape is supported only with an integer value (a shape computation)");
+    v = got[0];
+  }
+  if (shape->scalar || sh.n_ints != 1 || sh.ints[0] < 0 || sh.ints[0] > MAX_INTS)
+    return qt_imp_node_err(im, "ConstantOfShape is supported only of a 1-D shape of at most %d entries", MAX_INTS);
+  int64_t out[MAX_INTS];
+  for (int i = 0; i < (int)sh.ints[0]; i++) out[i] = v;
+  new_ints(im, out, (int)sh.ints[0], 0);
+  return 0;
+}
+
+/* Equal of shape computations, element by element: 1 or 0 (the batch equals only itself). */
+static int op_equal(imp *im) {
+  sym a, b;
+  if (two_ints(im, "A", "B", &a, &b)) return -1;
+  const int n = a.n_ints > b.n_ints ? a.n_ints : b.n_ints;
+  if ((a.n_ints != n && a.n_ints != 1) || (b.n_ints != n && b.n_ints != 1))
+    return qt_imp_node_err(im, "shape computations of %d and %d entries do not broadcast", a.n_ints, b.n_ints);
+  int64_t out[MAX_INTS];
+  for (int i = 0; i < n; i++) out[i] = a.ints[a.n_ints == 1 ? 0 : i] == b.ints[b.n_ints == 1 ? 0 : i];
+  new_ints(im, out, n, a.scalar && b.scalar);
+  return 0;
+}
+
+/* Where(condition, X, Y) of shape computations of one length. */
+static int op_where(imp *im) {
+  sym c, x, y, tmp;
+  const sym *p = qt_imp_ints_input(im, 0, "condition", &tmp);
+  if (!p) return -1;
+  c = *p;
+  if (!(p = qt_imp_ints_input(im, 1, "X", &tmp))) return -1;
+  x = *p;
+  if (!(p = qt_imp_ints_input(im, 2, "Y", &tmp))) return -1;
+  y = *p;
+  if (c.n_ints != x.n_ints || c.n_ints != y.n_ints)
+    return qt_imp_node_err(im, "Where of shape computations of %d, %d and %d entries: only of one length", c.n_ints,
+                           x.n_ints, y.n_ints);
+  int64_t out[MAX_INTS];
+  for (int i = 0; i < c.n_ints; i++) out[i] = c.ints[i] ? x.ints[i] : y.ints[i];
+  new_ints(im, out, c.n_ints, c.scalar);
+  return 0;
+}
+
 /* ---- small float constants (the attention's scale, 1 / sqrt(sqrt(head size)) each for q and k) -- */
 
 #define MAX_FOLD 16 /* values of a float constant folded at import */
@@ -305,6 +363,8 @@ int qt_imp_reshape_ints(imp *im) {
 /* Expand of a shape entry (1-D) or of a float scalar (a constant tensor of the given shape, such
  * as the zero bias torch 2.x writes for a Conv without one). */
 static int op_expand(imp *im) {
+  const int r = qt_imp_tokens_expand(im);
+  if (r) return r < 0 ? -1 : 0;
   sym tmp_s, tmp_d;
   const sym *shape = qt_imp_ints_input(im, 1, "shape", &tmp_s);
   if (!shape) return -1;
@@ -386,9 +446,17 @@ static int op_cast_like(imp *im) {
 }
 
 const qt_imp_op qt_imp_shape_ops[] = {
-    {"Constant", op_constant, 0, 0, 1, 1},  {"Shape", op_shape, 1, 1, 1, 1},
-    {"Gather", op_gather, 2, 2, 1, 1},      {"Unsqueeze", op_unsqueeze, 1, 2, 1, 1},
-    {"Expand", op_expand, 2, 2, 1, 1},      {"Cast", op_cast, 1, 1, 1, 1},
-    {"CastLike", op_cast_like, 2, 2, 1, 1}, {"Mod", op_mod, 2, 2, 1, 1},
-    {"Sqrt", op_sqrt, 1, 1, 1, 1},          {NULL, NULL, 0, 0, 0, 0},
+    {"Constant", op_constant, 0, 0, 1, 1},
+    {"Shape", op_shape, 1, 1, 1, 1},
+    {"Gather", op_gather, 2, 2, 1, 1},
+    {"Unsqueeze", op_unsqueeze, 1, 2, 1, 1},
+    {"Expand", op_expand, 2, 2, 1, 1},
+    {"Cast", op_cast, 1, 1, 1, 1},
+    {"CastLike", op_cast_like, 2, 2, 1, 1},
+    {"Mod", op_mod, 2, 2, 1, 1},
+    {"Sqrt", op_sqrt, 1, 1, 1, 1},
+    {"ConstantOfShape", op_constant_of_shape, 1, 1, 1, 1},
+    {"Equal", op_equal, 2, 2, 1, 1},
+    {"Where", op_where, 3, 3, 1, 1},
+    {NULL, NULL, 0, 0, 0, 0},
 };

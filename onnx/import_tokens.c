@@ -25,6 +25,10 @@
  *     out_proj Gemm on it, Reshape to [T, N, C] and Transpose [1, 0, 2] back to the tokens. The
  *     reshapes' shapes may be constants with -1 for the batch or computed from Shape, with the
  *     batch times the heads or the tokens (import_shape.c).
+ *   - a class token (torchvision's ViT): Expand of a learned [1, 1, C] to [N, 1, C] (its shape
+ *     [batch, 1, 1] computed or constant), Concat'ed before the tokens along axis 1:
+ *     prepend_token, whose tokens are the image (1, 1 + T, C); Gather of index 0 along axis 1
+ *     of tokens (x[:, 0]): first_token, a flat [N, C].
  * Element-wise ops, the residual Add and GELU read tokens as they read images. */
 #define _GNU_SOURCE /* struct hsearch_data in import_int.h */
 #include <math.h>
@@ -58,6 +62,8 @@ enum {
 static const char attn_what[] =
     "a step of multi-head attention (Reshape to [N, T, heads, C / heads], Transpose, MatMul(q, k^T), scale, "
     "Softmax, MatMul with v, Transpose, Reshape to [N, T, C]; or nn.MultiheadAttention's steps)";
+
+static void param_node_name(imp *im, const char *w, const char *b, char *out);
 
 static int is_attn(const sym *s) { return s && s->kind == S_NONE && s->attn; }
 static int is_tokens(const sym *s) { return s && s->kind == S_ACT && s->tokens == TOK_TC; }
@@ -104,7 +110,8 @@ void qt_imp_attn_shape(imp *im, const sym *s, int64_t *full, int *n) {
 /* Whether a Reshape's entry v is the batch times k: -1 (every other entry is checked exactly, so
  * it can only be that), computed, or the model's static batch times k. */
 static int batch_is(const imp *im, int64_t v, int64_t k) {
-  return v == -1 || v == batch_times(k) || (im->static_batch > 0 && v == im->static_batch * k);
+  return v == -1 || v == batch_times(k) ||
+         (k > 0 && im->static_batch > 0 && im->static_batch <= INT64_MAX / k && v == im->static_batch * k);
 }
 
 /* ---- tokens -------------------------------------------------------------------------------- */
@@ -113,8 +120,8 @@ static int batch_is(const imp *im, int64_t v, int64_t k) {
 static int image_to_tokens(imp *im, sym *x, const sym *shape, int64_t allowzero) {
   const qt_value *v = val(im, x);
   const int64_t C = v->shape[2], T = v->shape[0] * v->shape[1], *s = shape->ints;
-  if (shape->n_ints != 3 || !qt_imp_batch_entry(im, s[0], allowzero, s[1] * s[2], C * T) || s[1] != C ||
-      !(s[2] == -1 || s[2] == T))
+  if (shape->n_ints != 3 || s[1] != C || !(s[2] == -1 || s[2] == T) ||
+      !qt_imp_batch_entry(im, s[0], allowzero, s[1] * s[2], C * T))
     return 0;
   qt_imp_alias(im, 0, x)->tokens = TOK_CT;
   im->info->dropped++;
@@ -323,10 +330,29 @@ static int pack_axis(imp *im, int squeeze, int from, int64_t axis, int64_t neg, 
 int qt_imp_tokens_unsqueeze(imp *im) { return pack_axis(im, 0, A_PACK, 0, -5, A_PACK_U, "[T, N, 3, C]"); }
 int qt_imp_tokens_squeeze(imp *im) { return pack_axis(im, 1, A_PACK_T, 3, -2, A_PACK_S, "[3, T, N, 1, C]"); }
 
+/* Gather of index 0 along axis 1 of tokens [N, T, C]: the first token, a flat [N, C] (x[:, 0]). */
+static int first_token(imp *im, sym *x) {
+  sym tmp;
+  int64_t axis = 0;
+  if (qt_imp_attr_int(im, "axis", 0, &axis)) return -1;
+  const sym *ix = qt_imp_ints_input(im, 1, "indices", &tmp);
+  if (!ix) return -1;
+  if (!(axis == 1 || axis == -2) || !ix->scalar || ix->n_ints != 1 || ix->ints[0] != 0)
+    return qt_imp_node_err(im, "Gather from the tokens '%s' [N, T, C]: only of the first token (index 0 along axis 1)",
+                           x->name);
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_first_token(im->g, name, x->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_bind_act(im, 0, y);
+  return 1;
+}
+
 /* Gather 0, 1 or 2 along axis 0 of the packed projections [3, T, N, C]: q, k or v, a channel
- * slice of the in_proj's 3 C outputs, tokens sequence first. */
+ * slice of the in_proj's 3 C outputs, tokens sequence first; of tokens, first_token. */
 int qt_imp_tokens_gather(imp *im) {
   sym *x = qt_imp_raw_input(im, 0), tmp;
+  if (is_tokens(x)) return first_token(im, x);
   if (!is_attn(x)) return 0;
   int64_t axis = 0;
   if (qt_imp_attr_int(im, "axis", 0, &axis)) return -1;
@@ -345,6 +371,57 @@ int qt_imp_tokens_gather(imp *im) {
   const int y = qt_graph_channel_slice(im->g, name, from.value, (int)(i * C), (int)((i + 1) * C));
   if (qt_imp_builder_check(im, y)) return -1;
   qt_imp_bind_act(im, 0, y)->tokens = TOK_TN;
+  return 1;
+}
+
+/* ---- the class token -------------------------------------------------------------------------- */
+
+static const char cls_what[] = "a class token Expand'ed to the batch (a Concat before the tokens reads it)";
+
+/* Expand of a learned [1, 1, C] to [N, 1, C] (shape [batch, 1, 1] or [batch, 1, C]:
+ * class_token.expand(n, -1, -1)): pending until the Concat. 0 when the input is no such
+ * parameter or the shape holds no batch. */
+int qt_imp_tokens_expand(imp *im) {
+  sym *p = qt_imp_raw_input(im, 0), tmp;
+  if (!p || p->kind != S_CONST || p->computed || p->t->data_type != ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT ||
+      p->t->n_dims != 3 || p->t->dims[0] != 1 || p->t->dims[1] != 1)
+    return 0;
+  const sym *shape = qt_imp_ints_input(im, 1, "shape", &tmp);
+  if (!shape) return -1;
+  const int64_t *s = shape->ints, C = p->t->dims[2];
+  if (shape->n_ints != 3 || batch_factor(s[0]) != 1) return 0;
+  if (!(s[1] == 1 || s[1] == -1) || !(s[2] == 1 || s[2] == -1 || s[2] == C))
+    return qt_imp_node_err(im, "Expand of the class token '%s' [1, 1, %lld]: only to [batch, 1, %lld]", str(p->t->name),
+                           (long long)C, (long long)C);
+  const Onnx__TensorProto *t = qt_imp_param_input(im, 0, "class token", 0);
+  if (!t || qt_imp_check_float_tensor(im, t, "class token", 3, t->dims)) return -1;
+  sym *o = qt_imp_add_sym(im, im->node->output[0], S_NONE);
+  o->what = cls_what;
+  o->cls = 1;
+  o->t = t;
+  im->info->folded++;
+  return 1;
+}
+
+/* Concat along axis 1 of a class token [N, 1, C] and tokens [N, T, C]: prepend_token. */
+int qt_imp_tokens_concat(imp *im) {
+  sym *a = qt_imp_raw_input(im, 0), *b = im->node->n_input > 1 ? qt_imp_raw_input(im, 1) : NULL;
+  const int a_cls = a && a->kind == S_NONE && a->cls, b_cls = b && b->kind == S_NONE && b->cls;
+  if (!a_cls && !b_cls && !is_tokens(a)) return 0;
+  int64_t axis = 0;
+  if (qt_imp_attr_int(im, "axis", 0, &axis)) return -1;
+  if (im->node->n_input != 2 || !a_cls || !is_tokens(b) || !(axis == 1 || axis == -2) ||
+      channels_of(im, b) != a->t->dims[2])
+    return qt_imp_node_err(im,
+                           "Concat of tokens: only of a class token [N, 1, C] (a learned [1, 1, C] Expand'ed) before "
+                           "tokens [N, T, C] of its C features, along axis 1");
+  char name[QT_NAME_LEN];
+  param_node_name(im, a->t->name, NULL, name);
+  const Onnx__TensorProto *t = a->t;
+  const int y = qt_graph_prepend_token(im->g, name, b->value);
+  if (qt_imp_builder_check(im, y)) return -1;
+  qt_imp_add_copy(im, im->g->nodes[node_of(im, y)].param[QT_P_WEIGHT], t, COPY_AS_IS, NULL);
+  qt_imp_bind_act(im, 0, y)->tokens = TOK_TC;
   return 1;
 }
 

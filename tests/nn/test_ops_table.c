@@ -27,7 +27,8 @@ static void check_names_and_flags(void) {
     const int simple = op == QT_OP_RELU || op == QT_OP_RELU6 || op == QT_OP_MAX_POOL2D || op == QT_OP_AVG_POOL2D ||
                        op == QT_OP_GLOBAL_AVG_POOL || op == QT_OP_FLATTEN || op == QT_OP_ADD ||
                        op == QT_OP_ACTIVATION || op == QT_OP_MUL || op == QT_OP_CONCAT || op == QT_OP_CHANNEL_SHUFFLE ||
-                       op == QT_OP_CHANNEL_SLICE || op == QT_OP_ATTENTION || op == QT_OP_RESIZE;
+                       op == QT_OP_CHANNEL_SLICE || op == QT_OP_ATTENTION || op == QT_OP_RESIZE ||
+                       op == QT_OP_FIRST_TOKEN;
     if (qt_op_has_weight((qt_op)op) != weight || qt_op_is_stateful((qt_op)op) != stateful ||
         qt_op_is_param_free((qt_op)op) != simple)
       qt_test_fail("op %s: flags has_weight %d stateful %d param_free %d", info->name, qt_op_has_weight((qt_op)op),
@@ -157,6 +158,11 @@ static void check_shapes(void) {
   expect_shape("layer_norm", QT_OP_LAYER_NORM, &(qt_node_attrs){.eps = 1e-6f}, z, 1, 3, (int64_t[]){7, 7, 6}, NULL);
   expect_shape("layer_norm eps", QT_OP_LAYER_NORM, &none, z, 1, 0, NULL, "layer_norm: eps 0 must be finite and > 0");
   expect_shape("add_param", QT_OP_ADD_PARAM, &none, z, 1, 3, (int64_t[]){7, 7, 6}, NULL);
+  expect_shape("prepend_token", QT_OP_PREPEND_TOKEN, &none, z, 1, 3, (int64_t[]){1, 50, 6}, NULL);
+  expect_shape("prepend_token flat", QT_OP_PREPEND_TOKEN, &none, flat3, 1, 0, NULL,
+               "prepend_token input 'f' is not an image");
+  expect_shape("first_token", QT_OP_FIRST_TOKEN, &none, z, 1, 1, (int64_t[]){6}, NULL);
+  expect_shape("first_token flat", QT_OP_FIRST_TOKEN, &none, flat3, 1, 0, NULL, "first_token input 'f' is not an image");
   expect_shape("pool fit", QT_OP_AVG_POOL2D, &big, x, 1, 0, NULL, "kernel 31 stride 1 pad 0 do not fit input 28x28");
   expect_shape(
       "conv fit", QT_OP_CONV2D,

@@ -30,6 +30,12 @@ except ImportError as e:
 MAX_LSB = 1.0      # ONNX evaluator vs read_qdq.py's interpreter, in final-dequantize LSB
 SLACK = 1e-3       # two adjacent dequantized levels are 1 LSB apart only up to their float32 rounding
 MAX_LSB_C = 2.0    # ONNX evaluator vs the C executor (read_qdq.py's tolerance: float32 accumulation order)
+# torchvision's ViT at W8A8: its logits read the class token alone (no mean over tokens), so one
+# 1-LSB flip where the first attention's float32 output (oneDNN's sgemm in the C executor; float64
+# here) lies at a rounding tie of its quantize reaches the logits as 3 LSB (1.2% of the 2000
+# outputs, found by dumping every quantize's input of the worst image: 6e-7 apart up to that
+# quantize, 1.7e-3 after out_proj). ONNX vs read_qdq.py stays at 0 LSB.
+MAX_LSB_C_OF = {"export_mha_vit_cls_w8a8": 3.0}
 
 
 # ---- a numpy evaluator of the ONNX ops the export writes (opset 13) ------------------------
@@ -242,6 +248,12 @@ def run_onnx(model, x):
             y = ins[0][tuple(sl)]
         elif op == "Concat":
             y = np.concatenate(ins, axis=a["axis"])
+        elif op == "Shape":  # opset 13: the whole shape
+            y = np.array(ins[0].shape, dtype=np.int64)
+        elif op == "Gather":
+            y = np.take(ins[0], ins[1], axis=a.get("axis", 0))
+        elif op == "Expand":  # ONNX's broadcast of the input and the shape
+            y = ins[0] * np.ones([int(d) for d in ins[1]], dtype=ins[0].dtype)
         elif op == "BatchNormalization":
             xx, g, b, m, v = ins
             sh = (1, -1) + (1,) * (xx.ndim - 2)
@@ -278,7 +290,7 @@ def check(rq, stem):
     dc = np.abs(got.astype(np.float64) - c_out) / lsb
     top = got.argmax(axis=1) == want.argmax(axis=1)
     topc = got.argmax(axis=1) == c_out.argmax(axis=1)
-    ok = d.max() <= MAX_LSB + SLACK and top.all() and dc.max() <= MAX_LSB_C + SLACK
+    ok = d.max() <= MAX_LSB + SLACK and top.all() and dc.max() <= MAX_LSB_C_OF.get(os.path.basename(stem), MAX_LSB_C) + SLACK
     print(f"{stem}: {x.shape[0]} images, ONNX vs read_qdq.py: max {d.max():.2f} LSB (scale {lsb:.6g}), "
           f"{100 * (d > 0).mean():.3f}% of outputs differ, top-1 equal on {100 * top.mean():.2f}%; "
           f"ONNX vs C executor: max {dc.max():.2f} LSB, {100 * (dc > 0).mean():.3f}% differ, top-1 equal on "

@@ -7,6 +7,9 @@ with Debian's python3-onnx; no torch). Three the importer must refuse:
 two variants of mha_vit.onnx (nn.MultiheadAttention) it must refuse:
   mha_pack_perm.onnx     the first packed projections Transpose'd [3, 2, 1, 0, 4], not [3, 1, 2, 0, 4]
   mha_gather3.onnx       the first Gather of q, k or v taking index 3 of the packed [3, T, N, C]
+and two of mha_vit_cls.onnx (torchvision's ViT):
+  mha_cls_after.onnx     the class token Concat'ed after the tokens, not before
+  mha_token1.onnx        the head reading token 1 (Gather index 1), not the class token
 and one it must import as vit.onnx itself:
   vit_transposed.onnx    every MatMul weight W stored transposed and read through Transpose(W^T), as
                          torch's exporter writes a linear layer of tokens without constant folding
@@ -72,10 +75,22 @@ def gather3(model):
     g.input[1] = "index_3"
 
 
+def cls_after(model):
+    cat = next(n for n in model.graph.node if n.op_type == "Concat" and "Expand" in n.input[0])
+    cat.input[0], cat.input[1] = cat.input[1], cat.input[0]
+
+
+def token1(model):
+    g = next(n for n in model.graph.node if n.op_type == "Gather" and "LayerNormalization" in n.input[0])
+    model.graph.initializer.append(numpy_helper.from_array(np.array(1, dtype=np.int64), "index_1"))
+    g.input[1] = "index_1"
+
+
 def main():
     out = sys.argv[1]
-    for name, edit in {"mha_pack_perm": pack_perm, "mha_gather3": gather3}.items():
-        model = onnx.load(os.path.join(HERE, "models", "mha_vit.onnx"))
+    for name, src, edit in (("mha_pack_perm", "mha_vit", pack_perm), ("mha_gather3", "mha_vit", gather3),
+                            ("mha_cls_after", "mha_vit_cls", cls_after), ("mha_token1", "mha_vit_cls", token1)):
+        model = onnx.load(os.path.join(HERE, "models", src + ".onnx"))
         edit(model)
         onnx.save(model, os.path.join(out, name + ".onnx"))
         print("wrote %s" % os.path.join(out, name + ".onnx"))

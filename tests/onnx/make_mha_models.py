@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes tests/onnx/models/mha_vit.onnx, mha_vit_d.onnx and their PyTorch reference
-tests/onnx/ref/mha_ref.h5. Run with the peers environment's torch 2.x and torchvision
+"""Writes tests/onnx/models/mha_vit.onnx, mha_vit_d.onnx, mha_vit_cls.onnx, mha_vit_cls_d.onnx and
+their PyTorch reference tests/onnx/ref/mha_ref.h5. Run with the peers environment's torch 2.x and torchvision
 (bench/peers/.venv: nn.MultiheadAttention exports through scaled_dot_product_attention there,
 not through torch 1.13's bmm; torchvision builds the blocks):
 
@@ -19,15 +19,18 @@ arithmetic on the batch, its scale from Sqrt of the head size, k^T by Transpose 
 mha_vit_d: the same model with the same weights, exported by the dynamo exporter (torch 2.x's
 default) in eval mode with its default optimizations: the reshapes are constants with -1 for the
 batch, k^T is a Reshape / Transpose [0, 2, 1] / Reshape of the heads, the scale a constant.
+mha_vit_cls, mha_vit_cls_d: torchvision's VisionTransformer itself, exported the same two ways: a
+class token (its Expand to the batch, from ConstantOfShape / Equal / Where arithmetic in the
+TorchScript export, and its Concat before the tokens), x[:, 0] (Gather) to the head.
 
 The LayerNorm parameters and the biases are randomized (a trained model's; the dynamo exporter
 would otherwise share one initializer among parameters of equal values, and drop an out_proj
 bias of zeros).
 
 The reference groups hold what make_onnx_models.py's write_ref writes (x, labels, y_eval; for
-mha_vit also y_train, loss, grad/<name>), which tests/onnx/test_onnx_import.c checks; the
-gradients are named as the imported graph names its parameters (in_proj and out_proj after
-their module).
+the TorchScript exports also y_train, loss, grad/<name>), which tests/onnx/test_onnx_import.c
+checks; the gradients are named as the imported graph names its parameters (in_proj after its
+module, a parameter that is a module's attribute as <name>.weight).
 """
 import copy
 import os
@@ -37,6 +40,7 @@ import h5py
 import onnx
 import torch
 import torch.nn as nn
+from torchvision.models import VisionTransformer
 from torchvision.models.vision_transformer import EncoderBlock
 
 import make_onnx_models as base
@@ -56,6 +60,18 @@ class MHAViT(nn.Module):
         return self.head(self.norm(self.blocks(x)).mean(dim=1))
 
 
+def torchvision_vit():
+    """torchvision's VisionTransformer itself (a class token, x[:, 0] to the head) for 1x28x28: 4x4
+    patches, 2 layers of 4 heads, 32 features, MLP 64, 10 classes, its patch conv taking 1 channel."""
+    m = VisionTransformer(image_size=28, patch_size=4, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64,
+                          num_classes=10)
+    m.conv_proj = nn.Conv2d(1, 32, 4, 4)
+    with torch.no_grad():  # a trained model's: torchvision starts the class token and the head at zero
+        m.class_token.normal_(0, 0.5)
+        m.heads.head.weight.normal_(0, 0.2)
+    return m
+
+
 def randomize(model, gen):
     """A trained model's LayerNorm parameters and biases (nn.MultiheadAttention starts its biases at
     zero, LayerNorm at ones and zeros)."""
@@ -68,41 +84,64 @@ def randomize(model, gen):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
 
 
+def fit_name(s):
+    """The importer's name for a node named s (onnx/import_core.c, fit_name): a name of more than 49
+    characters as an FNV-1a hash of it, '-' and its last 40 characters."""
+    if len(s) <= 49:
+        return s
+    h = 2166136261
+    for b in s.encode():
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return "%08x-%s" % (h, s[-40:])
+
+
 def ir_names(model):
-    """PyTorch's parameter names -> the imported graph's: in_proj_weight / in_proj_bias of a block's
-    attention are the in_proj layer's weight and bias."""
+    """PyTorch's parameter names -> the imported graph's: <node>.weight / <node>.bias, the node named
+    after the module (in_proj_weight / in_proj_bias: the module's in_proj; a parameter that is a
+    module's attribute, class_token or pos_embedding: itself), fit as the importer fits names."""
     out = {}
     for name, _ in model.named_parameters():
-        if name.endswith(".in_proj_weight") or name.endswith(".in_proj_bias"):
-            out[name] = name[: -len("_weight")] + ".weight" if name.endswith("_weight") else name[: -5] + ".bias"
-    out["pos_embedding"] = "pos_embedding.weight"
+        if name.endswith("_weight") or name.endswith("_bias"):
+            node, suffix = name.rsplit("_", 1)
+        elif name.endswith(".weight") or name.endswith(".bias"):
+            node, suffix = name.rsplit(".", 1)
+        else:
+            node, suffix = name, "weight"
+        out[name] = fit_name(node) + "." + suffix
     return out
 
 
-def main():
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(0)
-    model = MHAViT()
-    randomize(model, gen)
+def export_both(model, name, f):
+    """name.onnx (the TorchScript exporter, training mode) and name_d.onnx (the dynamo exporter, eval
+    mode), and their reference groups in the open file f."""
     x = torch.randn(2, 1, 28, 28)
-    ts = os.path.join(base.MODELS, "mha_vit.onnx")
+    ts = os.path.join(base.MODELS, name + ".onnx")
     m = copy.deepcopy(model).train()
     torch.onnx.export(m, x, ts, opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
                       do_constant_folding=False, dynamo=False, input_names=["input"], output_names=["logits"],
                       dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
     onnx.checker.check_model(onnx.load(ts), full_check=True)
-    d = os.path.join(base.MODELS, "mha_vit_d.onnx")
+    d = os.path.join(base.MODELS, name + "_d.onnx")
     torch.onnx.export(copy.deepcopy(model).eval(), (x,), d, dynamo=True, input_names=["input"],
                       output_names=["logits"], dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
     onnx.checker.check_model(onnx.load(d), full_check=True)
+    base.write_ref(f, name, model, ir_names(model))
+    base.write_ref(f, name + "_d", model, train=False)
+
+
+def main():
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
     tmp = os.path.join(base.REF, "mha_ref.h5.tmp")
     with h5py.File(tmp, "w") as f:
         f.attrs["generator"] = b"tests/onnx/make_mha_models.py"
         f.attrs["torch_version"] = str(torch.__version__).encode()
-        base.write_ref(f, "mha_vit", model, ir_names(model))
-        base.write_ref(f, "mha_vit_d", model, train=False)
+        for seed, (name, make) in enumerate((("mha_vit", MHAViT), ("mha_vit_cls", torchvision_vit))):
+            torch.manual_seed(seed)
+            model = make()
+            randomize(model, gen)
+            export_both(model, name, f)
     os.replace(tmp, os.path.join(base.REF, "mha_ref.h5"))
 
 

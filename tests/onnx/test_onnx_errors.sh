@@ -86,6 +86,10 @@ expect mha_pack_perm "node '/blocks/blocks.0/self_attention/Transpose_2' (Transp
   -- "$T/mha_pack_perm.onnx"
 expect mha_gather3 "node '/blocks/blocks.0/self_attention/Gather_3' (Gather, opset 17)" \
   "only of q, k or v (a scalar index 0, 1 or 2 along axis 0) from the packed projections [3, T, N, C]" -- "$T/mha_gather3.onnx"
+# torchvision's ViT with its class token after the tokens, and its head reading token 1
+expect mha_cls_after "node '/Concat_2' (Concat, opset 17)" "only of a class token [N, 1, C] (a learned [1, 1, C] Expand'ed) before tokens" \
+  -- "$T/mha_cls_after.onnx"
+expect mha_token1 "node '/Gather_4' (Gather, opset 17)" "only of the first token (index 0 along axis 1)" -- "$T/mha_token1.onnx"
 # ... and with its MatMul weights read through Transpose nodes (torch's export without constant
 # folding): imported as vit.onnx itself, the same one-epoch run (one thread) to the last digit
 for m in tests/onnx/models/vit.onnx "$T/vit_transposed.onnx"; do

@@ -341,6 +341,9 @@ int main(void) {
   ref_name = "mha_ref.h5";
   check_model("mha_vit", 0, "blocks.0.self_attention.in_proj", 1);
   check_model("mha_vit_d", 0, "blocks.1.self_attention.in_proj", 0);
+  /* torchvision's VisionTransformer: a class token (Expand, Concat: prepend_token) and x[:, 0] (first_token) */
+  check_model("mha_vit_cls", 0, "class_token", 1);
+  check_model("mha_vit_cls_d", 0, "class_token", 0);
   /* torch 2.x's exports, the opset forms and external data (tests/onnx/make_torch2_models.py) */
   ref_name = "onnx2_ref.h5";
   check_model_in("tests/onnx/models/", "t2_fashion_cnn", 0, "fc1", 1, "fashion_cnn");

@@ -29,8 +29,8 @@ the valid twin of the hostile external-data files), with both optimization level
     what it computed when it was written).
 The models of tests/onnx/models named t2_* or forms_* and the groups of onnx2_ref.h5 must match,
 as the models act_*, se_*, cat_*, shuffle_*, vit, arith_*, prelu_* and resize_*
-(tests/onnx/make_act_models.py) and act_ref.h5, and the models mha_* (torchvision's ViT blocks,
-tests/onnx/make_mha_models.py: mha_vit_d reads its weights from mha_vit_d.onnx.data) and
+(tests/onnx/make_act_models.py) and act_ref.h5, and the models mha_* (torchvision's ViT and its
+blocks, tests/onnx/make_mha_models.py: the *_d ones read their weights from *_d.onnx.data) and
 mha_ref.h5, checked as the torch 1.13 models are, and the other models and onnx_ref.h5 must.
 Tolerance: max |y - y_ref| <= 1e-5 * max |y_ref| (the measured worst is printed at the end).
 Eval and train logits differ by 0.3-1.7 of max |y_ref| here, so a BN run in the wrong mode
@@ -258,8 +258,8 @@ def main():
     # + onnx2_ref.h5: every group x 2 levels (eval) + its 2 training exports (t2_fashion_cnn,
     # t2_mobilenet) x 2
     expected += 2 * n2 + 2 * 2
-    # + mha_ref.h5: each model x 2 levels (eval) + mha_vit's training export x 2
-    expected += 2 * len(models_mha) + 2
+    # + mha_ref.h5: each model x 2 levels (eval) + its 2 training exports (mha_vit, mha_vit_cls) x 2
+    expected += 2 * len(models_mha) + 2 * 2
     if checks != expected and not failures:
         failures.append("%d comparisons made, %d expected" % (checks, expected))
     print("ONNX Runtime %s; %d comparisons; worst relative error: %s; tolerance %g; %.1f s"

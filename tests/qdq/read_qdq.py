@@ -375,6 +375,11 @@ def run(nodes, values, tensors, quant, x, output):
             y = (p_ @ v).transpose(0, 2, 1, 3).reshape(xi.shape).astype(np.float32)
         elif op == "add_param":  # a tensor of one sample's shape
             y = (xi.astype(np.float64) + tensors[a["weight"]]).astype(np.float32)
+        elif op == "prepend_token":  # a learned token before the pixels' tokens: (N, 1, 1 + H W, C)
+            t_ = np.broadcast_to(tensors[a["weight"]].astype(np.float32), (xi.shape[0], 1, xi.shape[-1]))
+            y = np.concatenate([t_, xi.reshape(xi.shape[0], -1, xi.shape[-1])], axis=1)[:, None]
+        elif op == "first_token":  # the first pixel's features: (N, C)
+            y = np.ascontiguousarray(xi.reshape(xi.shape[0], -1, xi.shape[-1])[:, 0])
         elif op == "resize":  # by 2 in H and W of (N, H, W, C)
             y = resize2x(xi, text(a["mode"]) == "bilinear", 1)
         elif op == "prelu":  # one slope, or one per channel (the last axis)
