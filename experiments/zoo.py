@@ -16,9 +16,9 @@ exporter in training mode (BN kept, opset 17, dynamic batch); EfficientNet-B0 wi
 stochastic_depth_prob=0 (in training mode its stochastic depth exports random ops, which the
 importer refuses). The ViT is tests/onnx/make_act_models.py's (timm's style: 4x4 patches of
 1x28x28 as 49 tokens of 32 features, 2 pre-norm blocks of 4 heads, q, k, v as separate linear
-maps; torchvision's VisionTransformer, whose class token the importer does not read yet, is
-refused at import), trained with experiments/vit_onnx_fp32.ini's recipe (AdamW 2e-3, weight decay 0.05)
-and QAT at lr 2e-4. Then build/bin/qat_train, as a user would:
+maps); vit_torchvision is torchvision's VisionTransformer of the same size (nn.MultiheadAttention
+with its packed in_proj, a class token, x[:, 0] to the head). Both train with
+experiments/vit_onnx_fp32.ini's recipe (AdamW 2e-3, weight decay 0.05) and QAT at lr 2e-4. Then build/bin/qat_train, as a user would:
   - fp32: experiments/mobilenet_onnx_fp32.ini's recipe (SGD 0.05, cosine, batch 128; the ViT's above) for
     --fp32-epochs on the first --train-limit training images;
   - PTQ W8A8 (oneDNN Quantizer, histogram MSE ranges) and QAT W4A8 (LSQ, --qat-epochs at lr
@@ -58,7 +58,7 @@ import ort_eval  # noqa: E402
 import ortlib  # noqa: E402
 
 MODELS = ["resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "shufflenet_v2_x0_5",
-          "squeezenet1_1", "vit"]
+          "squeezenet1_1", "vit", "vit_torchvision"]
 # per model kind: the fp32 recipe, the names in it that the run replaces, the QAT learning rate
 RECIPES = {"cnn": (os.path.join(ROOT, "experiments", "mobilenet_onnx_fp32.ini"), "tests/onnx/models/mobilenet.onnx",
                    "runs/mobilenet_onnx_fp32", "0.005"),
@@ -107,6 +107,11 @@ def build(name):
         sys.path.insert(0, os.path.join(ROOT, "tests", "onnx"))
         import make_act_models
         return make_act_models.ViT()
+    if name == "vit_torchvision":  # the ViT's size: 4x4 patches, 2 layers of 4 heads, 32 features, MLP 64
+        m = torchvision.models.VisionTransformer(image_size=28, patch_size=4, num_layers=2, num_heads=4, hidden_dim=32,
+                                                 mlp_dim=64, num_classes=10)
+        m.conv_proj = nn.Conv2d(1, 32, 4, 4)
+        return m
     kw = {"num_classes": 10}
     if name == "efficientnet_b0":
         kw["stochastic_depth_prob"] = 0.0
@@ -127,7 +132,7 @@ def build(name):
 
 
 def recipe_kind(name):
-    return "vit" if name == "vit" else "cnn"
+    return "vit" if name.startswith("vit") else "cnn"
 
 
 def write_fp32_config(name, onnx_path, out_dir, path, epochs, train_limit, test_limit):
@@ -250,10 +255,16 @@ def load_ours(name, ckpt):
     m = build(name)
     sd = m.state_dict()
     seen = set()
+    sys.path.insert(0, os.path.join(ROOT, "tests", "onnx"))
+    import make_mha_models  # the importer's names of nn.MultiheadAttention's and long-named parameters
+    theirs = {ours: t for t, ours in make_mha_models.ir_names(m).items()}
     with h5py.File(ckpt, "r") as f:
         for grp in ("params", "buffers"):
             for k in f[grp]:
                 a = torch.from_numpy(np.asarray(f[grp][k]))
+                if k not in sd and k in theirs and sd[theirs[k]].numel() == a.numel():
+                    k = theirs[k]
+                    a = a.reshape(sd[k].shape)
                 if k not in sd and k.endswith(".weight") and k[:-7] in sd and sd[k[:-7]].numel() == a.numel():
                     k = k[:-7]  # a parameter added as a whole (the ViT's position embedding): the importer
                     a = a.reshape(sd[k].shape)  # names it <name>.weight and keeps its tokens in order
@@ -399,10 +410,10 @@ def write(args, rows, versions, run_args=None):
              "torch %s, torchvision %s (the exporter), ONNX Runtime %s." % (
                  versions["torch"], versions["torchvision"], versions["onnxruntime"]), "",
              "Recipe (a pipeline check, not a tuned training): fp32 %d epochs%s on the first %d training images "
-             "(SGD 0.05, SqueezeNet 0.01, EfficientNet-B0 0.02; the ViT: AdamW 2e-3; MobileNetV3 built with BN momentum 0.1, not "
+             "(SGD 0.05, SqueezeNet 0.01, EfficientNet-B0 0.02; the ViTs: AdamW 2e-3; MobileNetV3 built with BN momentum 0.1, not "
              "torchvision's 0.01: see experiments/zoo.py); PyTorch: PyTorch's own training with the same recipe "
              "from the same initial weights; PTQ W8A8 (histogram MSE ranges, oneDNN Quantizer); QAT W4A8 (LSQ; "
-             "lr 0.005, the ViT 2e-4) %d epoch(s)%s from the fp32 "
+             "lr 0.005, the ViTs 2e-4) %d epoch(s)%s from the fp32 "
              "checkpoint; accuracies (%%) on the first %d test images. The check is the training graph against the "
              "Q/DQ graph; device: the oneDNN int8 lowering against the Q/DQ graph, whose float32 executor is "
              "checked against the exact integer reference (max output LSB); ORT: ONNX Runtime (optimizations "
