@@ -435,7 +435,7 @@ int qt_imp_tokens_matmul(imp *im) {
     return qt_imp_node_err(im,
                            "MatMul of '%s' and '%s': only q [N, heads, T, d] by k^T [N, heads, d, T], then the "
                            "Softmax of their product by v [N, heads, T, d], of one shape, are supported (%s)",
-                           a->name, b->name, attn_what);
+                           str(in_name(im->node, 0)), str(in_name(im->node, 1)), attn_what);
   if (a->attn == A_HEADS) {
     sym *p = attn_pending(im, a, A_SCORES);
     p->attn_k = b->value;
