@@ -66,6 +66,7 @@ typedef struct {
                         * Transpose) of a channel shuffle (import_ops.c), with x's S_ACT fields */
   int attn, heads;     /* S_NONE: a step of multi-head attention (import_tokens.c, attn_step), `heads`
                         * heads; value: q (or the tokens being split), attn_k, attn_v: k and v */
+  int attn_part;       /* timm's packed q, k, v: which of them (0, 1, 2) a Split or Slice took */
   int attn_k, attn_v;
   float attn_scale; /* the constant factors of the scores so far */
   int cls;          /* S_NONE: a learned [1, 1, C] (t, its parameter) Expand'ed to [N, 1, C]: a class token
@@ -132,6 +133,7 @@ int qt_imp_tokens_squeeze(imp *im);           /* Squeeze of an attention step */
 int qt_imp_tokens_gather(imp *im);            /* Gather of q, k or v from packed projections, of
                                                * the first token */
 int qt_imp_tokens_expand(imp *im);            /* Expand of a class token to the batch */
+int qt_imp_tokens_split(imp *im);             /* Split or Slice of timm's packed q, k, v */
 int qt_imp_tokens_concat(imp *im);            /* Concat of a class token and tokens */
 /* The ONNX shape of an attention step s (its batch as BATCH or a multiple): *n entries of full. */
 void qt_imp_attn_shape(imp *im, const sym *s, int64_t *full, int *n);
@@ -272,6 +274,10 @@ void qt_imp_outputs_unused(imp *im, size_t from, const char *what);
 Onnx__TensorProto *qt_imp_new_tensor(imp *im, const char *name, int data_type, const int64_t *dims, size_t n_dims);
 
 /* ---- import_shape.c: the shape computations of ops import_ops.c reads ---- */
+
+/* The integers of attribute `attr` (older opsets) or else of input k (newer ones): *n of them,
+ * 0 when neither is given (import_ops.c). */
+int qt_imp_ints_arg(imp *im, const char *attr, size_t k, int64_t *v, int *n);
 
 /* Squeeze of a one-entry shape to a scalar. */
 int qt_imp_squeeze_ints(imp *im, const int64_t *axes, int n_axes);

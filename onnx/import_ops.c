@@ -452,7 +452,7 @@ static int channel_axis(imp *im, const sym *x, int64_t axis) {
 
 /* A list of integers: the attribute `attr` (older opsets) or input k (a constant or computed);
  * *n = 0 when neither is there. */
-static int ints_arg(imp *im, const char *attr, size_t k, int64_t *v, int *n) {
+int qt_imp_ints_arg(imp *im, const char *attr, size_t k, int64_t *v, int *n) {
   const Onnx__AttributeProto *a = qt_imp_attr(im->node, attr);
   *n = 0;
   if (a) {
@@ -484,11 +484,13 @@ static int bind_slice(imp *im, size_t k, const sym *x, int64_t begin, int64_t en
 /* Split along channels into the sizes of `split` (an input from opset 13, an attribute before),
  * or into equal parts (num_outputs from opset 18, else the outputs' count). */
 static int op_split(imp *im) {
+  const int r = qt_imp_tokens_split(im);
+  if (r) return r < 0 ? -1 : 0;
   sym *x = qt_imp_act_input(im, 0, "input", 0);
   if (!x) return -1;
   int64_t axis = 0, sizes[MAX_INTS];
   int n = 0;
-  if (qt_imp_attr_int(im, "axis", 0, &axis) || ints_arg(im, "split", 1, sizes, &n)) return -1;
+  if (qt_imp_attr_int(im, "axis", 0, &axis) || qt_imp_ints_arg(im, "split", 1, sizes, &n)) return -1;
   if (x->perm_c || !channel_axis(im, x, axis))
     return qt_imp_node_err(im, "Split along axis %lld: only along channels (axis 1) is supported", (long long)axis);
   const int64_t C = val(im, x)->shape[val(im, x)->ndim - 1];
@@ -516,14 +518,16 @@ static int op_split(imp *im) {
 
 /* Slice of one range of channels, step 1 (x[:, a:b] and chunk as torch exports them). */
 static int op_slice(imp *im) {
+  const int r = qt_imp_tokens_split(im);
+  if (r) return r < 0 ? -1 : 0;
   int64_t starts[MAX_INTS], ends[MAX_INTS], axes[MAX_INTS] = {0}, steps[MAX_INTS] = {1};
   int ns, ne, na, nt;
   const sym *data = qt_imp_input(im, 0, "data");
   if (!data) return -1;
   if (data->kind == S_INTS && !data->scalar) { /* a range of a shape: x.shape[:2] */
     sym d = *data;
-    if (ints_arg(im, "starts", 1, starts, &ns) || ints_arg(im, "ends", 2, ends, &ne) ||
-        ints_arg(im, "axes", 3, axes, &na) || ints_arg(im, "steps", 4, steps, &nt))
+    if (qt_imp_ints_arg(im, "starts", 1, starts, &ns) || qt_imp_ints_arg(im, "ends", 2, ends, &ne) ||
+        qt_imp_ints_arg(im, "axes", 3, axes, &na) || qt_imp_ints_arg(im, "steps", 4, steps, &nt))
       return -1;
     if (ns != 1 || ne != 1 || na > 1 || (na && axes[0] != 0 && axes[0] != -1) || nt > 1 || (nt && steps[0] != 1))
       return qt_imp_node_err(im, "Slice of a shape: only one range, step 1, is supported");
@@ -538,8 +542,8 @@ static int op_slice(imp *im) {
   }
   sym *x = qt_imp_act_input(im, 0, "data", 0);
   if (!x) return -1;
-  if (ints_arg(im, "starts", 1, starts, &ns) || ints_arg(im, "ends", 2, ends, &ne) ||
-      ints_arg(im, "axes", 3, axes, &na) || ints_arg(im, "steps", 4, steps, &nt))
+  if (qt_imp_ints_arg(im, "starts", 1, starts, &ns) || qt_imp_ints_arg(im, "ends", 2, ends, &ne) ||
+      qt_imp_ints_arg(im, "axes", 3, axes, &na) || qt_imp_ints_arg(im, "steps", 4, steps, &nt))
     return -1;
   if (ns != 1 || ne != 1 || na > 1 || nt > 1 || (nt && steps[0] != 1) || x->perm_c ||
       !channel_axis(im, x, na ? axes[0] : 0))

@@ -56,7 +56,11 @@ enum {
   A_SPLIT_TN, /* [T, N * heads, C / heads] of q, k or v `value` */
   A_HEADS_NT, /* [N * heads, T, C / heads] */
   A_KT_NT,    /* [N * heads, C / heads, T] */
-  A_OUT_TN    /* the output heads [T, N, heads, C / heads] */
+  A_OUT_TN,   /* the output heads [T, N, heads, C / heads] */
+  /* timm's (batch first) */
+  A_QKV,     /* [N, T, 3, heads, C / 3 / heads] of the packed projections `value` (3 C channels) */
+  A_QKV_T,   /* [3, N, heads, T, C / 3 / heads] */
+  A_QKV_PART /* [1, N, heads, T, C / 3 / heads]: part attn_part of it */
 };
 
 static const char attn_what[] =
@@ -101,6 +105,9 @@ void qt_imp_attn_shape(imp *im, const sym *s, int64_t *full, int *n) {
     case A_SPLIT_TN: v[0] = T, v[1] = Nh, v[2] = d, k = 3; break;
     case A_HEADS_NT: v[0] = Nh, v[1] = T, v[2] = d, k = 3; break;
     case A_KT_NT: v[0] = Nh, v[1] = d, v[2] = T, k = 3; break;
+    case A_QKV: v[0] = N, v[1] = T, v[2] = 3, v[3] = h, v[4] = h ? P / h : 0, k = 5; break;
+    case A_QKV_T: v[0] = 3, v[1] = N, v[2] = h, v[3] = T, v[4] = h ? P / h : 0, k = 5; break;
+    case A_QKV_PART: v[0] = 1, v[1] = N, v[2] = h, v[3] = T, v[4] = h ? P / h : 0, k = 5; break;
     default: v[0] = T, v[1] = N, v[2] = h, v[3] = d; break; /* A_OUT_TN */
   }
   qt_imp_copy(full, v, (size_t)k * sizeof *v);
@@ -193,8 +200,8 @@ static int reshape_attn(imp *im, sym *x, const int64_t *s, int n, int64_t allowz
     attn_pending(im, x, next);
     return 1;
   }
-  const int out_t = x->attn == A_OUT_T && n == 3 && qt_imp_batch_entry(im, s[0], allowzero, 0, 1) && s[1] == T &&
-                    (s[2] == C || s[2] == -1);
+  const int out_t = x->attn == A_OUT_T && n == 3 && s[1] == T && (s[2] == C || s[2] == -1) &&
+                    qt_imp_batch_entry(im, s[0], allowzero, s[2] == -1 ? -1 : T * C, T * C);
   const int out_tn = x->attn == A_OUT_TN && n == 2 && batch_is(im, s[0], T) && s[1] == C;
   if (!out_t && !out_tn) {
     char want[96], got[96];
@@ -231,12 +238,20 @@ int qt_imp_tokens_reshape(imp *im) {
   if (is_seq_first(x)) return reshape_seq_first(im, x, s, shape->n_ints);
   if (is_attn(x)) return reshape_attn(im, x, s, shape->n_ints, allowzero);
   const int64_t T = tokens_of(im, x), C = channels_of(im, x);
-  if (shape->n_ints != 4 || !qt_imp_batch_entry(im, s[0], allowzero, 0, 1) || s[1] != T || s[2] < 1 || s[2] > C ||
-      C % s[2] || !(s[3] == C / s[2] || s[3] == -1))
+  if (shape->n_ints == 5 && s[1] == T && s[2] == 3 && C % 3 == 0 && s[3] >= 1 && s[3] <= C / 3 && (C / 3) % s[3] == 0 &&
+      s[4] == C / 3 / s[3] && qt_imp_batch_entry(im, s[0], allowzero, T * C, T * C)) { /* timm's packed q, k, v */
+    sym *p = attn_pending(im, x, A_QKV);
+    p->heads = (int)s[3];
+    p->attn_scale = 1.0f;
+    p->tokens = TOK_NONE;
+    return 1;
+  }
+  if (shape->n_ints != 4 || s[1] != T || s[2] < 1 || s[2] > C || C % s[2] || !(s[3] == C / s[2] || s[3] == -1) ||
+      !qt_imp_batch_entry(im, s[0], allowzero, s[3] == -1 ? -1 : T * C, T * C))
     return qt_imp_node_err(im,
                            "Reshape of the tokens [N, %lld, %lld]: only the split into heads [N, %lld, heads, %lld / "
-                           "heads] is supported",
-                           (long long)T, (long long)C, (long long)T, (long long)C);
+                           "heads] or timm's packed q, k, v [N, %lld, 3, heads, %lld / 3 / heads] is supported",
+                           (long long)T, (long long)C, (long long)T, (long long)C, (long long)T, (long long)C);
   sym *p = attn_pending(im, x, A_SPLIT);
   p->heads = (int)s[2];
   p->attn_scale = 1.0f;
@@ -253,7 +268,10 @@ static int perm_is(const int64_t *p, int n, const int64_t *want) {
 static int attn_rank(const sym *x) {
   switch (x->attn) {
     case A_PACK_U:
-    case A_PACK_T: return 5;
+    case A_PACK_T:
+    case A_QKV:
+    case A_QKV_T:
+    case A_QKV_PART: return 5;
     case A_SPLIT_TN:
     case A_HEADS_NT:
     case A_KT_NT: return 3;
@@ -271,7 +289,8 @@ int qt_imp_tokens_transpose(imp *im) {
   const int rank = x->kind == S_ACT ? 3 : attn_rank(x);
   if (qt_imp_attr_ints(im, "perm", perm, (size_t)rank, &found)) return -1;
   static const int64_t swap3[3] = {0, 2, 1}, seq3[3] = {1, 0, 2}, heads[4] = {0, 2, 1, 3}, kt[4] = {0, 2, 3, 1},
-                       last[4] = {0, 1, 3, 2}, pack[5] = {3, 1, 2, 0, 4}, out_tn[4] = {2, 0, 1, 3};
+                       last[4] = {0, 1, 3, 2}, pack[5] = {3, 1, 2, 0, 4}, out_tn[4] = {2, 0, 1, 3},
+                       qkv[5] = {2, 0, 3, 1, 4};
   if (x->kind == S_ACT) {
     int to = 0;
     if (found && x->tokens != TOK_TNF && x->tokens != TOK_TN && perm_is(perm, 3, swap3))
@@ -292,7 +311,7 @@ int qt_imp_tokens_transpose(imp *im) {
     int to;
   } steps[] = {{A_SPLIT, heads, A_HEADS},    {A_SPLIT, kt, A_KT},        {A_HEADS, last, A_KT},
                {A_OUT, heads, A_OUT_T},      {A_PACK_U, pack, A_PACK_T}, {A_SPLIT_TN, seq3, A_HEADS_NT},
-               {A_HEADS_NT, swap3, A_KT_NT}, {A_OUT, out_tn, A_OUT_TN}};
+               {A_HEADS_NT, swap3, A_KT_NT}, {A_OUT, out_tn, A_OUT_TN},  {A_QKV, qkv, A_QKV_T}};
   for (size_t k = 0; found && k < sizeof steps / sizeof steps[0]; k++)
     if (x->attn == steps[k].from && perm_is(perm, rank, steps[k].perm)) {
       attn_pending(im, x, steps[k].to);
@@ -308,7 +327,7 @@ int qt_imp_tokens_transpose(imp *im) {
                          "Transpose %s of '%s' %s, a step of multi-head attention: not one of its transposes ([0, "
                          "2, 1, 3] of the split heads or the output, [0, 2, 3, 1] or [0, 1, 3, 2] for k^T; "
                          "nn.MultiheadAttention's [3, 1, 2, 0, 4] of the packed projections, [1, 0, 2] and [0, 2, "
-                         "1] of the heads, [2, 0, 1, 3] of the output)",
+                         "1] of the heads, [2, 0, 1, 3] of the output; timm's [2, 0, 3, 1, 4] of its packed q, k, v)",
                          p, x->name, shape);
 }
 
@@ -328,7 +347,67 @@ static int pack_axis(imp *im, int squeeze, int from, int64_t axis, int64_t neg, 
 }
 
 int qt_imp_tokens_unsqueeze(imp *im) { return pack_axis(im, 0, A_PACK, 0, -5, A_PACK_U, "[T, N, 3, C]"); }
-int qt_imp_tokens_squeeze(imp *im) { return pack_axis(im, 1, A_PACK_T, 3, -2, A_PACK_S, "[3, T, N, 1, C]"); }
+
+/* Squeeze of axis 3 of the packed projections [3, T, N, 1, C]; of axis 0 of timm's part i of its
+ * packed q, k, v: channels [i C, (i + 1) C) of them, as q, k or v's split heads. */
+int qt_imp_tokens_squeeze(imp *im) {
+  sym *x = qt_imp_raw_input(im, 0);
+  if (!is_attn(x) || x->attn != A_QKV_PART) return pack_axis(im, 1, A_PACK_T, 3, -2, A_PACK_S, "[3, T, N, 1, C]");
+  int64_t axes[MAX_INTS];
+  int n = 0;
+  if (qt_imp_axes(im, 1, axes, &n)) return -1;
+  if (n != 1 || !(axes[0] == 0 || axes[0] == -5))
+    return qt_imp_node_err(im, "Squeeze of '%s' (%s): only of axis 0 of a part of the packed q, k, v", x->name,
+                           attn_what);
+  const sym from = *x;
+  const int64_t C = channels_of(im, x) / 3, i = from.attn_part;
+  char name[QT_NAME_LEN];
+  qt_imp_node_name(im, NULL, name);
+  const int y = qt_graph_channel_slice(im->g, name, from.value, (int)(i * C), (int)((i + 1) * C));
+  if (qt_imp_builder_check(im, y)) return -1;
+  sym *p = attn_pending(im, &from, A_HEADS);
+  p->value = y;
+  p->attn_part = 0;
+  p->attn_scale = 1.0f;
+  return 1;
+}
+
+/* Split of timm's packed q, k, v [3, N, heads, T, d] along axis 0 into its three parts, or Slice
+ * of one of them ([i, i + 1) of axis 0). */
+int qt_imp_tokens_split(imp *im) {
+  sym *x = qt_imp_raw_input(im, 0);
+  if (!is_attn(x)) return 0;
+  int64_t v[4][MAX_INTS], axis = 0;
+  int n[4] = {0};
+  const int slice = strcmp(str(im->node->op_type), "Slice") == 0;
+  if (slice ? qt_imp_ints_arg(im, "starts", 1, v[0], &n[0]) || qt_imp_ints_arg(im, "ends", 2, v[1], &n[1]) ||
+                  qt_imp_ints_arg(im, "axes", 3, v[2], &n[2]) || qt_imp_ints_arg(im, "steps", 4, v[3], &n[3])
+            : qt_imp_attr_int(im, "axis", 0, &axis) || qt_imp_ints_arg(im, "split", 1, v[0], &n[0]))
+    return -1;
+  const sym from = *x;
+  if (from.attn == A_QKV_T && slice && n[0] == 1 && n[1] == 1 && (n[2] == 0 || (n[2] == 1 && v[2][0] == 0)) &&
+      (n[3] == 0 || (n[3] == 1 && v[3][0] == 1)) && v[0][0] >= 0 && v[0][0] <= 2 && v[1][0] == v[0][0] + 1) {
+    attn_pending(im, &from, A_QKV_PART)->attn_part = (int)v[0][0];
+    return 1;
+  }
+  if (from.attn == A_QKV_T && !slice && axis == 0 && im->node->n_output == 3 &&
+      (n[0] == 0 || (n[0] == 3 && v[0][0] == 1 && v[0][1] == 1 && v[0][2] == 1))) {
+    for (size_t k = 0; k < 3; k++) {
+      sym *p = qt_imp_add_sym(im, im->node->output[k], S_NONE);
+      const char *name = p->name;
+      *p = from;
+      p->name = name;
+      p->attn = A_QKV_PART;
+      p->attn_part = (int)k;
+    }
+    im->info->folded++;
+    return 1;
+  }
+  return qt_imp_node_err(im,
+                         "%s of '%s' (%s): only of timm's packed q, k, v [3, N, heads, T, d] along axis 0, into its "
+                         "three parts (or one of them)",
+                         slice ? "Slice" : "Split", from.name, attn_what);
+}
 
 /* Gather of index 0 along axis 1 of tokens [N, T, C]: the first token, a flat [N, C] (x[:, 0]). */
 static int first_token(imp *im, sym *x) {

@@ -10,7 +10,8 @@ Both accumulate Conv/Gemm in float64 and round to float32 after, so they differ 
 two definitions differ: QuantizeLinear computes x / s, the Q/DQ graph x * (1/s) (a rounding flip
 on rare inputs), and the Clip the export puts before a sub-8-bit QuantizeLinear. Passes when
 every output is within 1 LSB of the final dequantize's scale and top-1 is the same on every
-image; also compares with the C executor's output (/output) within read_qdq.py's 2 LSB.
+image; also compares with the C executor's output (/output) within read_qdq.py's 2 LSB (8 where the
+logits read the class token alone: MAX_LSB_C_ONE_TOKEN).
 Needs numpy, h5py and onnx (the test environment, .venv, which scripts/setup.sh makes): a missing
 module is a failure, not a skip. The evaluator is this file's own, independent of onnx.reference."""
 import importlib.util
@@ -30,12 +31,13 @@ except ImportError as e:
 MAX_LSB = 1.0      # ONNX evaluator vs read_qdq.py's interpreter, in final-dequantize LSB
 SLACK = 1e-3       # two adjacent dequantized levels are 1 LSB apart only up to their float32 rounding
 MAX_LSB_C = 2.0    # ONNX evaluator vs the C executor (read_qdq.py's tolerance: float32 accumulation order)
-# torchvision's ViT at W8A8: its logits read the class token alone (no mean over tokens), so one
-# 1-LSB flip where the first attention's float32 output (oneDNN's sgemm in the C executor; float64
-# here) lies at a rounding tie of its quantize reaches the logits as 3 LSB (1.2% of the 2000
-# outputs, found by dumping every quantize's input of the worst image: 6e-7 apart up to that
-# quantize, 1.7e-3 after out_proj). ONNX vs read_qdq.py stays at 0 LSB.
-MAX_LSB_C_OF = {"export_mha_vit_cls_w8a8": 3.0}
+# A model whose logits read the class token alone (its graph has a first_token node: torchvision's
+# and timm's ViTs) passes one rounding tie of an attention's float32 output (oneDNN's sgemm in the
+# C executor, float64 here) at its quantize to the logits undiluted by a mean over tokens: at W8A8
+# 3 LSB on 1.2% of the outputs (mha_vit_cls) and 6 LSB on 0.7% (mha_timm), found by dumping every
+# quantize's input for the worst image: at most 4e-7 apart up to the first attention's output
+# quantize, 1.5e-3 after the projection that reads it. ONNX vs read_qdq.py stays at 0 LSB.
+MAX_LSB_C_ONE_TOKEN = 8.0
 
 
 # ---- a numpy evaluator of the ONNX ops the export writes (opset 13) ------------------------
@@ -290,7 +292,8 @@ def check(rq, stem):
     dc = np.abs(got.astype(np.float64) - c_out) / lsb
     top = got.argmax(axis=1) == want.argmax(axis=1)
     topc = got.argmax(axis=1) == c_out.argmax(axis=1)
-    ok = d.max() <= MAX_LSB + SLACK and top.all() and dc.max() <= MAX_LSB_C_OF.get(os.path.basename(stem), MAX_LSB_C) + SLACK
+    max_c = MAX_LSB_C_ONE_TOKEN if any(n["op"] == "first_token" for n in nodes) else MAX_LSB_C
+    ok = d.max() <= MAX_LSB + SLACK and top.all() and dc.max() <= max_c + SLACK
     print(f"{stem}: {x.shape[0]} images, ONNX vs read_qdq.py: max {d.max():.2f} LSB (scale {lsb:.6g}), "
           f"{100 * (d > 0).mean():.3f}% of outputs differ, top-1 equal on {100 * top.mean():.2f}%; "
           f"ONNX vs C executor: max {dc.max():.2f} LSB, {100 * (dc > 0).mean():.3f}% differ, top-1 equal on "

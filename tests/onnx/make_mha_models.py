@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes tests/onnx/models/mha_vit.onnx, mha_vit_d.onnx, mha_vit_cls.onnx, mha_vit_cls_d.onnx and
-their PyTorch reference tests/onnx/ref/mha_ref.h5. Run with the peers environment's torch 2.x and torchvision
+"""Writes tests/onnx/models/mha_vit.onnx, mha_vit_cls.onnx, mha_timm.onnx, their *_d.onnx twins
+and their PyTorch reference tests/onnx/ref/mha_ref.h5. Run with the peers environment's torch 2.x and torchvision
 (bench/peers/.venv: nn.MultiheadAttention exports through scaled_dot_product_attention there,
 not through torch 1.13's bmm; torchvision builds the blocks):
 
@@ -22,6 +22,10 @@ batch, k^T is a Reshape / Transpose [0, 2, 1] / Reshape of the heads, the scale 
 mha_vit_cls, mha_vit_cls_d: torchvision's VisionTransformer itself, exported the same two ways: a
 class token (its Expand to the batch, from ConstantOfShape / Equal / Where arithmetic in the
 TorchScript export, and its Concat before the tokens), x[:, 0] (Gather) to the head.
+mha_timm, mha_timm_d: timm's VisionTransformer as timm writes it (TimmViT below, timm not being
+installed): its Attention's packed q, k, v by Reshape [N, T, 3, heads, d], Transpose [2, 0, 3, 1,
+4] and unbind (Split and Squeeze in the TorchScript export, Slice and Squeeze in the dynamo one),
+a cls_token concatenated before the tokens, x[:, 0] to the head.
 
 The LayerNorm parameters and the biases are randomized (a trained model's; the dynamo exporter
 would otherwise share one initializer among parameters of equal values, and drop an out_proj
@@ -58,6 +62,54 @@ class MHAViT(nn.Module):
     def forward(self, x):
         x = self.patch(x).flatten(2).transpose(1, 2) + self.pos_embedding
         return self.head(self.norm(self.blocks(x)).mean(dim=1))
+
+
+class TimmAttention(nn.Module):
+    """timm.models.vision_transformer.Attention as timm writes it (fused_attn): one qkv linear map,
+    reshape(B, N, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0), scaled_dot_product_attention,
+    transpose(1, 2).reshape(B, N, C), proj."""
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        x = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.proj(x.transpose(1, 2).reshape(B, N, C))
+
+
+class TimmBlock(nn.Module):
+    def __init__(self, dim, heads, hidden):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim, eps=1e-6), TimmAttention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TimmViT(nn.Module):
+    """timm's VisionTransformer as it is written (patch embedding, cls_token expanded and
+    concatenated, pos_embed of 1 + T tokens, blocks, norm, x[:, 0], head), of the small ViT's size."""
+    def __init__(self, dim=32, heads=4, depth=2, hidden=64):
+        super().__init__()
+        self.patch_embed = nn.Conv2d(1, dim, 4, 4)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.5)
+        self.pos_embed = nn.Parameter(torch.randn(1, 50, dim) * 0.02)
+        self.blocks = nn.Sequential(*[TimmBlock(dim, heads, hidden) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x):
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        return self.head(self.norm(self.blocks(x))[:, 0])
 
 
 def torchvision_vit():
@@ -137,7 +189,8 @@ def main():
     with h5py.File(tmp, "w") as f:
         f.attrs["generator"] = b"tests/onnx/make_mha_models.py"
         f.attrs["torch_version"] = str(torch.__version__).encode()
-        for seed, (name, make) in enumerate((("mha_vit", MHAViT), ("mha_vit_cls", torchvision_vit))):
+        for seed, (name, make) in enumerate((("mha_vit", MHAViT), ("mha_vit_cls", torchvision_vit),
+                                             ("mha_timm", TimmViT))):
             torch.manual_seed(seed)
             model = make()
             randomize(model, gen)

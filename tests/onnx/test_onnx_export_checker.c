@@ -255,6 +255,8 @@ int main(void) {
   onnx_model_both("mha_vit");
   /* torchvision's VisionTransformer: its class token (Shape, Gather, Concat, Expand, Concat) and x[:, 0] (Gather) */
   onnx_model_both("mha_vit_cls");
+  /* timm's ViT: its packed q, k, v as one 1x1 convolution and three channel Slices */
+  onnx_model_both("mha_timm");
   /* arithmetic with constant scalars (affine as Mul / Add, div as Div), u8 tables on the device */
   onnx_model_both("arith_cnn");
   /* PReLU (fp32 between quantize and dequantize on the device) as PRelu */

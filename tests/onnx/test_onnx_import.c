@@ -344,6 +344,9 @@ int main(void) {
   /* torchvision's VisionTransformer: a class token (Expand, Concat: prepend_token) and x[:, 0] (first_token) */
   check_model("mha_vit_cls", 0, "class_token", 1);
   check_model("mha_vit_cls_d", 0, "class_token", 0);
+  /* timm's ViT as written: its packed q, k, v (Reshape to 5-D, Transpose, Split or Slice, Squeeze) */
+  check_model("mha_timm", 0, "blocks.0.attn.qkv", 1);
+  check_model("mha_timm_d", 0, "blocks.0.attn.qkv", 0);
   /* torch 2.x's exports, the opset forms and external data (tests/onnx/make_torch2_models.py) */
   ref_name = "onnx2_ref.h5";
   check_model_in("tests/onnx/models/", "t2_fashion_cnn", 0, "fc1", 1, "fashion_cnn");

@@ -258,8 +258,8 @@ def main():
     # + onnx2_ref.h5: every group x 2 levels (eval) + its 2 training exports (t2_fashion_cnn,
     # t2_mobilenet) x 2
     expected += 2 * n2 + 2 * 2
-    # + mha_ref.h5: each model x 2 levels (eval) + its 2 training exports (mha_vit, mha_vit_cls) x 2
-    expected += 2 * len(models_mha) + 2 * 2
+    # + mha_ref.h5: each model x 2 levels (eval) + its 3 training exports (mha_vit, mha_vit_cls, mha_timm) x 2
+    expected += 2 * len(models_mha) + 3 * 2
     if checks != expected and not failures:
         failures.append("%d comparisons made, %d expected" % (checks, expected))
     print("ONNX Runtime %s; %d comparisons; worst relative error: %s; tolerance %g; %.1f s"
