@@ -42,8 +42,11 @@ PTQ accuracy (every seed):
   NNCF (if it installed): nncf.quantize on the twin with the calibration batches (its default
       preset: symmetric, per-channel weights; fast bias correction), 4-bit weights through
       AdvancedQuantizationParameters; accuracy of the returned fake-quantized model.
+  Brevitas (if it installed): its ImageNet example's PTQ flow (preprocess_for_quantize,
+      quantize_model with the fx backend at the given bits, calibration_mode; then
+      bias_correction_mode), the fake-quant model's accuracy.
   Ours: the grid's [ptq] rows (Q/DQ graph and int8 device accuracies).
-Each part (ours, ort, aimet, nncf, speed) runs in a process of its own.
+Each part (ours, ort, aimet, nncf, brevitas, speed) runs in a process of its own.
 """
 import argparse
 import copy
@@ -330,11 +333,47 @@ def nncf_ptq(fp32_model, calib, x_test, y_test, bits_list):
     return out
 
 
+def brevitas_ptq(fp32_model, calib, x_test, y_test, bits_list):
+    """[(bits, variant, accuracy or None, error or None)]: Brevitas's own PTQ flow as its ImageNet
+    example runs it (brevitas_examples.imagenet_classification.ptq): preprocess_for_quantize (FX
+    trace, BN folded), quantize_model with the fx backend (int8-style integer formats at the given
+    bits: per-channel symmetric weights, per-tensor activations, 99.999th percentile statistics,
+    float scales, 32-bit bias), calibration_mode over the calibration batches, then (variant
+    "bias correction") bias_correction_mode over them too; the fake-quant model's accuracy."""
+    import torch
+    from brevitas.graph.calibrate import bias_correction_mode, calibration_mode
+    from brevitas.graph.quantize import preprocess_for_quantize
+    from brevitas_examples.imagenet_classification.ptq.ptq_common import quantize_model
+    out = []
+    for bits in bits_list:
+        w, a = pt2e.parse_bits(bits)
+        try:
+            m = preprocess_for_quantize(copy.deepcopy(fp32_model).eval())
+            q = quantize_model(m, backend="fx", weight_bit_width=w, act_bit_width=a, bias_bit_width=32,
+                               weight_quant_granularity="per_channel", act_quant_percentile=99.999,
+                               act_quant_type="sym", scale_factor_type="float_scale", quant_format="int")
+            q.eval()
+            with torch.no_grad():
+                with calibration_mode(q):
+                    for xb in calib:
+                        q(xb)
+                out.append((bits, "calibration", models.accuracy(q, x_test, y_test), None))
+                with bias_correction_mode(q):
+                    for xb in calib:
+                        q(xb)
+                out.append((bits, "bias correction", models.accuracy(q, x_test, y_test), None))
+        except Exception as e:  # noqa: BLE001
+            err = common.error_text(e)[0]
+            out += [(bits, v, None, err) for v in ("calibration", "bias correction") if not any(
+                r[0] == bits and r[1] == v for r in out)]
+    return out
+
+
 # ---- main --------------------------------------------------------------------------------------
 
-PARTS = ("ours", "ort", "aimet", "nncf", "speed")
+PARTS = ("ours", "ort", "aimet", "nncf", "brevitas", "speed")
 PART_LABELS = {"ours": "this framework (qat_train)", "ort": "ONNX Runtime quantize_static",
-               "aimet": "AIMET AdaRound", "nncf": "NNCF quantize",
+               "aimet": "AIMET AdaRound", "nncf": "NNCF quantize", "brevitas": "Brevitas PTQ",
                "speed": "ExecuTorch XNNPACK / this framework (speed)"}
 
 
@@ -401,6 +440,23 @@ def part_nncf(a, model_name, seed, base, ckpt, calib, x_test, y_test, result, fp
                                            method="quantize (default preset, fast bias correction)", bits=bits,
                                            accuracy=acc, error=err))
         log("  NNCF %s: %s" % (bits, err or "%.4f" % acc))
+
+
+def part_brevitas(a, model_name, seed, base, ckpt, calib, x_test, y_test, result, fp32_model):
+    ver = common.versions(("brevitas",))["brevitas"]
+    try:
+        if not ver:
+            raise RuntimeError("brevitas is not installed (see bench/peers/.venv/install_report.json)")
+        rows = brevitas_ptq(fp32_model, calib, x_test, y_test, split(a.ptq_bits))
+    except Exception as e:  # noqa: BLE001
+        rows = [(b, v, None, common.error_text(e)[0]) for b in split(a.ptq_bits)
+                for v in ("calibration", "bias correction")]
+    for bits, variant, acc, err in rows:
+        result["ptq_accuracy"].append(dict(base, framework="Brevitas %s" % ver,
+                                           method="fx quantize_model (per-channel weights, percentile "
+                                                  "99.999 activations), %s" % variant, bits=bits,
+                                           accuracy=acc, error=err))
+        log("  Brevitas %s %s: %s" % (bits, variant, err or "%.4f" % acc))
 
 
 def part_speed(a, model_name, seed, base, ckpt, calib, x_test, y_test, result, fp32_model):
@@ -499,7 +555,8 @@ def run_part(a, part, result):
             if part == "ours":
                 part_ours(*args)
             else:
-                {"ort": part_ort, "aimet": part_aimet, "nncf": part_nncf, "speed": part_speed}[part](*args, fp32_model)
+                {"ort": part_ort, "aimet": part_aimet, "nncf": part_nncf, "brevitas": part_brevitas,
+                 "speed": part_speed}[part](*args, fp32_model)
             common.write_json(a.out, result)
 
 
@@ -517,7 +574,7 @@ def main():
     ap.add_argument("--adaround-batches", type=int, default=16, help="AIMET's advice: ceil(2000 / batch size)")
     ap.add_argument("--adaround-iterations", type=int, default=0,
                     help="per layer (0 = AIMET's default: 10,000 at 8 bits, 15,000 below)")
-    ap.add_argument("--skip", default="", help="any of: ours, ort, aimet, nncf, speed (a part), executorch (in speed)")
+    ap.add_argument("--skip", default="", help="any of: ours, ort, aimet, nncf, brevitas, speed (a part), executorch (in speed)")
     ap.add_argument("--fp32-epochs", type=int, default=0)
     ap.add_argument("--train-limit", type=int, default=0)
     ap.add_argument("--test-limit", type=int, default=0)

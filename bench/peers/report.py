@@ -284,7 +284,7 @@ def main():
     speed, acc = infer_tables(infer, fails)
     md += ["## int8 inference: ExecuTorch XNNPACK against this framework's devices", ""] + speed + [""]
     md += ["## int8 inference: ONNX Runtime against this framework's devices", ""] + ort_table(ort) + [""]
-    md += ["## PTQ accuracy of other toolkits: ONNX Runtime quantize_static, AIMET AdaRound, NNCF", ""] + acc + [""]
+    md += ["## PTQ accuracy of other toolkits: ONNX Runtime quantize_static, AIMET AdaRound, NNCF, Brevitas", ""] + acc + [""]
     md += ["## Commands", ""]
     if steps:
         md += [md_table(["step", "command", "exit", "seconds"],
