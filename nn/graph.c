@@ -515,7 +515,8 @@ int qt_graph_quant_source(const qt_graph *g, int v) {
       return s0;
     }
     if (n->op != QT_OP_MAX_POOL2D && n->op != QT_OP_FLATTEN && n->op != QT_OP_RELU && n->op != QT_OP_DROPOUT &&
-        n->op != QT_OP_CHANNEL_SHUFFLE && n->op != QT_OP_CHANNEL_SLICE)
+        n->op != QT_OP_CHANNEL_SHUFFLE && n->op != QT_OP_CHANNEL_SLICE &&
+        !(n->op == QT_OP_RESIZE && n->attr.mode == QT_RESIZE_NEAREST))
       return -1;
     v = n->inputs[0];
   }
@@ -530,6 +531,7 @@ int qt_bias_scales(const qt_graph *g, int node, float *scale, char *err) {
   if (src < 0)
     return qt_err(err,
                   "%s: the int32 bias needs an input quantized per tensor (through max_pool2d, flatten, relu, dropout, "
+                  "a nearest resize, "
                   "a channel shuffle or slice, or a concat of inputs on one grid, at most), and %s is not",
                   n->name, g->values[n->inputs[0]].name);
   const qt_qstate *xq = g->nodes[src].q;

@@ -340,8 +340,8 @@ int qt_graph_sole_consumer(const qt_graph *g, int v);
 /* The input of the two-input node `node` that is not value v (v when both inputs are v). */
 int qt_graph_other_input(const qt_graph *g, int node, int v);
 /* The fake_quant or dequantize node on whose per-tensor grid the values of v lie: v's producer,
- * or the one reached through max_pool2d, flatten, relu, channel shuffle and slice (which keep
- * values on their input's grid), dropout (the identity in eval, and absent from Q/DQ graphs) and
+ * or the one reached through max_pool2d, flatten, relu, channel shuffle and slice and a nearest
+ * resize (which keep values on their input's grid), dropout (the identity in eval, and absent from Q/DQ graphs) and
  * a concat whose inputs all lie on one grid (the first input's source); -1 when there is none (an
  * fp32 value, a per-channel quantization). */
 int qt_graph_quant_source(const qt_graph *g, int v);
