@@ -92,8 +92,9 @@ void qt_backend_desc_onednn_cpu(qt_backend_desc *d, qt_isa_choice isa) {
  * pooling (run on the int8 data with the top bit flipped: xnnpack.c); x8 channel shuffle and copy
  * (a channel slice); ReLU / ReLU6 as the output clamp of the operator before them. No copy that
  * requantizes: a concat runs as copies of inputs that share one set of qparams (concat_shared;
- * the copies are ours, XNNPACK has no concatenation operator), and a nearest resize as our copy
- * with its input's qparams (a bilinear one is quantized around and falls back). */
+ * the copies are ours, XNNPACK has no concatenation operator), a nearest resize as our copy with
+ * its input's qparams, and a bilinear one by its s8 resize, which keeps its input's qparams: the
+ * Quantizer ties the output's point to the input's (resize_tied). */
 void qt_backend_desc_xnnpack(qt_backend_desc *d) {
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "xnnpack");
@@ -109,6 +110,7 @@ void qt_backend_desc_xnnpack(qt_backend_desc *d) {
   d->act_kinds = 1u << QT_ACT_ELU | 1u << QT_ACT_SIGMOID | 1u << QT_ACT_TANH | 1u << QT_ACT_LEAKY_RELU;
   d->fixed_act_kinds = 1u << QT_ACT_SIGMOID | 1u << QT_ACT_TANH;
   d->concat_shared = 1;
+  d->resize_tied = 1;                          /* resize_bilinear2d_nhwc_s8 keeps its input's qparams */
   d->weight_bits = d->activation_bits = 0x1fc; /* 2..8 bits inside int8 */
   d->weight_sign = QT_SIGN_SIGNED;             /* qc8 / qs8 weights */
   d->activation_sign = QT_SIGN_SIGNED;         /* qs8 activations, affine (int8 zero point) */
@@ -159,6 +161,7 @@ void qt_backend_desc_print(const qt_backend_desc *d, FILE *f) {
       first = 0;
     }
   if (d->concat_shared) fprintf(f, "\n  concat: inputs tied to one set of qparams (a copy)");
+  if (d->resize_tied) fprintf(f, "\n  bilinear resize: output tied to its input's qparams");
   if (d->conv_add) fprintf(f, "\n  fused after conv2d: add [-> relu | relu6] (quant.fuse_add)");
   if (d->gate_mul) fprintf(f, "\n  fused after conv2d / linear: activation -> mul (quant.fuse_gate)");
   fprintf(f, "\n  weights: %s bits, %s, %s, %s", wb, qt_signedness_name(d->weight_sign),

@@ -19,6 +19,7 @@
  *   relu on int8 (same qparams)           xnn_create_clamp_nc_s8 at the zero point
  *   channel shuffle, channel slice        xnn_create_channel_shuffle_nc_x8, xnn_create_copy_nc_x8
  *   concat on one grid, resize nearest    copies of ours (same qparams)
+ *   dq -> resize bilinear -> q (tied)     xnn_create_resize_bilinear2d_nhwc_s8 (same qparams)
  *   flatten                               a view (the skeleton's)
  * (*) qu8 operators, which this XNNPACK has and its qs8 set lacks, on the int8 data with the top
  * bit flipped (x + 128, with the zero point + 128: the same real numbers; xnnpack_int.h).
@@ -522,17 +523,40 @@ static const char *lower_avg_pool(qt_lowering *L, int i) {
   return NULL;
 }
 
-/* resize nearest by 2 on int8: our copy, the input's qparams kept. XNNPACK's s8 bilinear resize
- * keeps its input's qparams too, but the Quantizer gives a bilinear resize an output point of its
- * own (its values leave the input's grid): it falls back. */
+/* resize by 2 on int8, the input's qparams kept: nearest as our copy; bilinear by XNNPACK's s8
+ * resize (half-pixel centers, PyTorch's align_corners=False), whose output quantize must hold the
+ * input's qparams (the Quantizer ties them: resize_tied): it interpolates the integers and rounds
+ * to them, where the Q/DQ graph interpolates the dequantized values and rounds half to even. */
 static const char *lower_resize(qt_lowering *L, int i) {
-  const qt_node *n = &L->g->nodes[i];
-  if (n->attr.mode != QT_RESIZE_NEAREST)
-    return "bilinear resize: XNNPACK's s8 resize keeps the input's qparams, and this output has its own";
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
   const char *why = int8_input_problem(L, n->inputs[0]);
   if (why) return why;
-  qt_resize_nearest_step(L, i, XK_RESIZE);
-  qt_part_add(&L->p->parts, QT_PART_INT8, n->name, "resize (nearest, x2) on int8 (a copy, same qparams)");
+  if (n->attr.mode == QT_RESIZE_NEAREST) {
+    qt_resize_nearest_step(L, i, XK_RESIZE);
+    qt_part_add(&L->p->parts, QT_PART_INT8, n->name, "resize (nearest, x2) on int8 (a copy, same qparams)");
+    return NULL;
+  }
+  int act, quant;
+  if ((why = qt_match_output(L, i, &act, &quant))) return why;
+  const qt_value_rep *in = &L->rep[n->inputs[0]];
+  const qt_qstate *qo = g->nodes[quant].q;
+  if (act >= 0 || qo->scale[0] != in->scale[0] || qo->zero_point[0] != in->zero_point[0] || qo->spec.qmin != in->qmin ||
+      qo->spec.qmax != in->qmax) {
+    snprintf(L->why, sizeof L->why,
+             "bilinear resize: XNNPACK's s8 resize keeps the input's qparams (scale %g, zero point %d), and this "
+             "output has its own (scale %g, zero point %d%s)",
+             in->scale[0], in->zero_point[0], qo->scale[0], qo->zero_point[0], act >= 0 ? ", a relu after it" : "");
+    return L->why;
+  }
+  const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
+  const size_t C = (size_t)xv->shape[2];
+  xnn_operator_t op = NULL;
+  if ((why = created(L, "xnn_create_resize_bilinear2d_nhwc_s8", xnn_create_resize_bilinear2d_nhwc_s8(C, C, C, 0, &op))))
+    return why;
+  qt_step *s = qt_kernel_step(L->p, XK_RESIZE_BILINEAR, op, in->slot, qt_value_numel(xv), (size_t)qt_value_numel(yv));
+  s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
+  unit_lowered(L, i, 1, act, quant, s, "resize (bilinear, x2) s8 -> s8 (the input's qparams)");
   return NULL;
 }
 

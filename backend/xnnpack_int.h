@@ -27,6 +27,7 @@ typedef enum {
   XK_COPY,   /* channels [H, H + copy's channels) of each row of in_numel / W channels (a slice) */
   XK_CONCAT, /* ours (XNNPACK has no concatenation here): aux an xnn_concat, inputs in[0..n) */
   XK_RESIZE, /* ours: nearest by 2 (qt_resize_nearest_rows) */
+  XK_RESIZE_BILINEAR,
   /* qu8 operators (none in qs8 here) on int8 data: each int8 value x is the uint8 x + 128 with
    * the zero point + 128, the same real number; the runtime flips the top bit of the input into
    * a scratch buffer, runs the operator and flips the output's */

@@ -128,6 +128,10 @@ static enum xnn_status run_xnn(const qt_step *s, void *o, const void *in, const 
     case XK_AVG_POOL_U8:
       st = xnn_setup_average_pooling2d_nhwc_qu8(s->op, n, (size_t)s->H, (size_t)s->W, in, o, pool);
       break;
+    case XK_RESIZE_BILINEAR:
+      st = xnn_setup_resize_bilinear2d_nhwc_s8(s->op, n, (size_t)s->H, (size_t)s->W, 2 * (size_t)s->H, 2 * (size_t)s->W,
+                                               in, o, pool);
+      break;
     case XK_CONCAT:
     case XK_RESIZE: break; /* ours */
   }

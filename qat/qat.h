@@ -98,6 +98,8 @@ typedef struct {
                                    * (qt_fixed_act_qparams) instead of observed ones */
   int concat_shared;              /* it runs concat only as a copy of inputs on one grid: the Quantizer
                                    * ties a concat's inputs to one point, the output sharing it */
+  int resize_tied;                /* it runs a bilinear resize only on its input's grid (XNNPACK's s8
+                                   * resize): the Quantizer ties the output's point to the input's */
   int conv_add;                   /* it runs a quantized conv2d's output added to a quantized tensor
                                    * [-> relu] before the requantization, as one unit (quant.fuse_add) */
   int gate_mul;                   /* it runs a quantized conv2d's / linear's output through an
@@ -160,7 +162,8 @@ static inline int qt_backend_runs(const qt_backend_desc *d, const qt_node *n) {
  * fixed qparams (qt_fixed_act_qparams), neither observed nor learned. With d->concat_shared a concat's inputs are
  * points tied (out->tie) to one leader, the point an input already shares or else the input quantized first, and the
  * output shares it; the concat keeps its own point when that cannot be done (two inputs sharing different points, and
- * the like). Returns 0, or -1 with err naming the setting and the backend. */
+ * the like). With d->resize_tied a bilinear resize's output point is tied to its input's. Returns 0, or -1 with err
+ * naming the setting and the backend. */
 int qt_quantizer(const qt_graph *g, const qt_backend_desc *d, const qt_quantizer_config *cfg, qt_annotations *out,
                  char *err);
 /* The fixed output qparams of an activation of known range on the integers [qmin, qmax] of a spec with 2^bits levels

@@ -280,6 +280,21 @@ static void tie_concat(const qt_graph *g, const qt_quantizer_config *cfg, const 
   out->share[n->output] = leader;
 }
 
+/* d->resize_tied: bilinear resize i's output point is tied to its input's point (the input's own
+ * or the one it shares), as a tied concat input is: one observer and one set of qparams for both,
+ * so the backend interpolates on the input's grid. Left untied where that point is tied itself,
+ * has fixed qparams or other bits, or comes before a dropout. */
+static void tie_resize(const qt_graph *g, int i, qt_annotations *out) {
+  const qt_node *n = &g->nodes[i];
+  const int v = n->output, leader = root_of(out, n->inputs[0]);
+  if (!out->act[v] || !out->act[leader] || out->tie[leader] >= 0 || out->tie[v] >= 0 || leads(out, v) ||
+      out->act_spec[leader].fixed_scale > 0 || out->act_spec[v].bits != out->act_spec[leader].bits ||
+      from_dropout(g, leader))
+    return;
+  out->act_spec[v] = out->act_spec[leader];
+  out->tie[v] = leader;
+}
+
 /* The outputs of quantized units become quantization points and pass-through ops share their
  * input's qparams; then the inputs of quantized units that are not quantized yet (the graph
  * input, the output of an fp32 layer) become points too, and pass-through ops after them
@@ -327,6 +342,9 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
       }
     }
   }
+  for (int i = 0; i < g->n_nodes && d->resize_tied; i++)
+    if (quantized_unit[i] && g->nodes[i].op == QT_OP_RESIZE && g->nodes[i].attr.mode == QT_RESIZE_BILINEAR)
+      tie_resize(g, i, out);
 }
 
 /* Empty annotations for g (no points, nothing shared, every node its own unit). */

@@ -7,8 +7,9 @@
  * counted), the channel shuffle and slice and a nearest resize (exact): every output within 1
  * LSB, the share of 1-LSB differences printed. Sigmoid and tanh with calibrated output qparams,
  * the kinds without an operator and an average pool in ceil mode run as fallback partitions,
- * naming why. A bilinear resize (its output on a grid of its own) runs as a fallback partition
- * and equals the float Q/DQ executor bit for bit; a model quantized for oneDNN (u8 activations, per-channel linear
+ * naming why. A bilinear resize on its input's grid runs on XNNPACK's s8 resize, within 1 LSB;
+ * with an output grid of its own it runs as a fallback partition and equals the float Q/DQ
+ * executor bit for bit; a model quantized for oneDNN (u8 activations, per-channel linear
  * weights) runs entirely in fallbacks, each with its reason, never a wrong number; FashionCNN and
  * ResCNN quantized for XNNPACK (W8A8, W4A8, W4A4) end to end with their biases on the
  * accumulator grid (the int32 bias XNNPACK takes; the Quantizer does not put them there yet):
@@ -426,6 +427,29 @@ static void resize_nearest_pattern(void) {
   qt_graph_free(g);
 }
 
+/* dq -> resize bilinear x2 -> q on the input's grid (the Quantizer's tie for XNNPACK):
+ * XNNPACK's s8 resize, within 1 LSB (it rounds its integer interpolation, the Q/DQ graph rounds
+ * the interpolated reals half to even) */
+static void resize_bilinear_pattern(int bits) {
+  char what[64];
+  snprintf(what, sizeof what, "resize bilinear x2, tied qparams, A%d", bits);
+  qt_graph *g = qt_graph_create("bilinear_pattern");
+  int x = qdq(g, "input.fq", qt_graph_input(g, "input", 7, 6, 8), bits);
+  x = qdq(g, "up.fq", qt_graph_resize(g, "up", x, QT_RESIZE_BILINEAR), bits);
+  finalize(g, x);
+  float *in = random_input(g, 16, -1.5f, 2.5f);
+  calibrate(g, in, 16);
+  const qt_qstate *src = g->nodes[qt_graph_find_node(g, "input.fq.quantize")].q;
+  for (int i = 0; i < g->n_nodes; i++)
+    if (strncmp(g->nodes[i].name, "up.fq.", 6) == 0) {
+      g->nodes[i].q->scale[0] = src->scale[0];
+      g->nodes[i].q->zero_point[0] = src->zero_point[0];
+    }
+  compare(what, g, in, 16, 1, 0, 1, 0);
+  free(in);
+  qt_graph_free(g);
+}
+
 /* dq -> resize bilinear x2 -> q: its output on a grid of its own, which XNNPACK's s8 resize
  * cannot give: an fp32 fallback partition with its reason; the device equals the float Q/DQ
  * executor bit for bit and the exact reference within 1 LSB. */
@@ -648,6 +672,8 @@ int main(int argc, char **argv) {
   avg_pool_pattern(3, 1, 1, 0, 4);
   avg_pool_pattern(2, 2, 0, 1, 8); /* 9 x 9: a fifth window over the edge */
   resize_nearest_pattern();
+  resize_bilinear_pattern(8);
+  resize_bilinear_pattern(4);
   fallback_pattern();
   onednn_model_on_xnnpack("fashion_cnn");
   onednn_model_on_xnnpack("res_cnn");

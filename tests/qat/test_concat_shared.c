@@ -10,7 +10,10 @@
  *   to the point the slice shares.
  * - Not tied: inputs sharing two different points (the concat keeps its own output point and
  *   XNNPACK runs it as a fallback, naming the grids); onednn_cpu's default description (its
- *   concat requantizes each input). */
+ *   concat requantizes each input).
+ * - A bilinear resize for XNNPACK (resize_tied): its output tied to its input's point, run by
+ *   XNNPACK's s8 resize; a nearest one shares its input's point, the next conv's int32 bias on
+ *   that grid. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,9 +78,11 @@ static qt_graph *prepared(const qt_graph *g, const qt_backend_desc *d, qt_prepar
   return p;
 }
 
-/* Converts p, checks it, and runs it on d's device: the concat an int8 partition (copy) or a
- * fallback whose reason holds `fallback`; the device within 1 LSB of the Q/DQ graph. */
-static void deploy(const char *what, qt_graph *p, const qt_backend_desc *d, const char *copy, const char *fallback) {
+/* Converts p, checks it, and runs it on d's device: node `node` an int8 partition (whose detail
+ * holds `copy`) or a fallback whose reason holds `fallback`; the device within 1 LSB of the Q/DQ
+ * graph. */
+static void deploy(const char *what, qt_graph *p, const qt_backend_desc *d, const char *node, const char *copy,
+                   const char *fallback) {
   char err[QT_ERR_LEN];
   qt_graph *c = qt_convert(p, err);
   QT_ASSERT(c, "%s: convert: %s", what, err);
@@ -88,15 +93,15 @@ static void deploy(const char *what, qt_graph *p, const qt_backend_desc *d, cons
   qt_device *m = qt_device_open(c, d, err);
   QT_ASSERT(m, "%s: %s", what, err);
   const char *reason = NULL;
-  const int on = qt_device_node_on_backend(m, "cat", &reason);
+  const int on = qt_device_node_on_backend(m, node, &reason);
   int copies = 0;
   for (int k = 0; k < qt_device_partition_count(m); k++) {
     const char *nodes, *detail;
-    if (qt_device_partition(m, k, &nodes, &detail) == QT_PART_INT8 && strstr(nodes, "cat"))
+    if (qt_device_partition(m, k, &nodes, &detail) == QT_PART_INT8 && strstr(nodes, node))
       copies += strstr(detail, copy) != NULL;
   }
   if (fallback ? on != 0 || !reason || !strstr(reason, fallback) : on != 1 || copies != 1) {
-    qt_test_fail("%s: the concat on the backend: %d, copy partitions %d (%s)", what, on, copies, reason ? reason : "");
+    qt_test_fail("%s: %s on the backend: %d, its partitions %d (%s)", what, node, on, copies, reason ? reason : "");
     qt_device_report(m, stderr);
   }
   if (!fallback && qt_device_count(m, QT_PART_FALLBACK) != 0) {
@@ -132,7 +137,7 @@ static void fire(void) {
   QT_CHECK(a.act[e1] && a.act[e3] && a.act[cat] && a.tie[e3] < 0);
   const float s1 = fq_at(p, "e1.relu")->q->scale[0], s3 = fq_at(p, "e3.relu")->q->scale[0];
   QT_CHECK(s3 > 2.0f * s1); /* the branches' ranges differ */
-  deploy("fire, untied, oneDNN", p, &onednn, "requantized by a table", NULL);
+  deploy("fire, untied, oneDNN", p, &onednn, "cat", "requantized by a table", NULL);
   qt_annotations_free(&a);
   qt_graph_free(p);
   /* tied, PTQ with min-max observers: the leader's observer saw both branches */
@@ -144,7 +149,7 @@ static void fire(void) {
   if (f3->q != f1->q || !f3->q_tied || f1->q_tied || f1->q->scale[0] != fmaxf(s1, s3))
     qt_test_fail("fire, tied: the e3 fake quant's state is %s e1's (tied flag %d); scale %.9g, want %.9g",
                  f3->q == f1->q ? "" : "not", f3->q_tied, f1->q->scale[0], fmaxf(s1, s3));
-  deploy("fire, tied, PTQ, oneDNN", p, &shared, "a copy, same qparams", NULL);
+  deploy("fire, tied, PTQ, oneDNN", p, &shared, "cat", "a copy, same qparams", NULL);
   qt_annotations_free(&a);
   qt_graph_free(p);
   /* tied, QAT with LSQ: one learned scale */
@@ -156,13 +161,13 @@ static void fire(void) {
   snprintf(name, sizeof name, "e3.relu.fq.scale");
   for (int t = 0; t < p->n_tensors; t++)
     if (strcmp(p->tensors[t].name, name) == 0) qt_test_fail("fire, LSQ: the tied point has a scale of its own");
-  deploy("fire, tied, QAT LSQ, oneDNN", p, &shared, "a copy, same qparams", NULL);
+  deploy("fire, tied, QAT LSQ, oneDNN", p, &shared, "cat", "a copy, same qparams", NULL);
   qt_annotations_free(&a);
   qt_graph_free(p);
   /* XNNPACK's Quantizer ties them; its device copies (no fallback anywhere) */
   p = prepared(g, &xnn, QT_PREPARE_QAT, 0, &a);
   QT_CHECK(a.tie[e3] == e1 && a.share[cat] == e1);
-  deploy("fire, XNNPACK, QAT", p, &xnn, "copies, same qparams", NULL);
+  deploy("fire, XNNPACK, QAT", p, &xnn, "cat", "copies, same qparams", NULL);
   qt_annotations_free(&a);
   qt_graph_free(p);
   qt_graph_free(g);
@@ -179,7 +184,7 @@ static void shuffle(void) {
     qt_test_fail("shuffle: b tie %d (want relu0 %d), x1 share %d, cat point %d share %d", a.tie[b], r0, a.share[x1],
                  a.act[cat], a.share[cat]);
   QT_CHECK(fq_at(p, "b.relu")->q == fq_at(p, "relu0")->q);
-  deploy("shuffle, XNNPACK, PTQ", p, &xnn, "copies, same qparams", NULL);
+  deploy("shuffle, XNNPACK, PTQ", p, &xnn, "cat", "copies, same qparams", NULL);
   qt_annotations_free(&a);
   qt_graph_free(p);
   qt_graph_free(g);
@@ -193,7 +198,46 @@ static void two_points(void) {
   qt_graph *p = prepared(g, &xnn, QT_PREPARE_PTQ, 0, &a);
   const int pa = value_of(g, "pool_a"), pb = value_of(g, "pool_b"), cat = value_of(g, "cat");
   QT_CHECK(a.share[pa] >= 0 && a.share[pb] >= 0 && a.tie[pa] < 0 && a.tie[pb] < 0 && a.act[cat] && a.share[cat] < 0);
-  deploy("two points, XNNPACK", p, &xnn, "", "inputs on different grids");
+  deploy("two points, XNNPACK", p, &xnn, "cat", "", "inputs on different grids");
+  qt_annotations_free(&a);
+  qt_graph_free(p);
+  qt_graph_free(g);
+}
+
+/* A bilinear resize for XNNPACK (resize_tied): its output point tied to its input's (relu0's),
+ * one fake quant state; XNNPACK's s8 resize runs it in int8, within 1 LSB of the Q/DQ graph.
+ * onednn_cpu's description leaves it untied (a fallback between its own quantize points). A
+ * nearest resize shares its input's point, and the conv after it takes its int32 bias on that
+ * grid (qt_graph_quant_source walks through the resize). */
+static void resize(int mode) {
+  char err[QT_ERR_LEN];
+  const int bilinear = mode == QT_RESIZE_BILINEAR;
+  qt_graph *g = qt_graph_create("resize");
+  const int x = qt_graph_input(g, "input", 28, 28, 1);
+  const int r0 = qt_graph_relu(g, "relu0", qt_graph_conv2d(g, "conv0", x, 8, 3, 2, 1, 1, 1));
+  int y = qt_graph_resize(g, "up", r0, mode);
+  y = qt_graph_relu(g, "head.relu", qt_graph_conv2d(g, "head", y, 8, 3, 2, 1, 1, 1));
+  y = qt_graph_linear(g, "fc", qt_graph_flatten(g, "flatten", qt_graph_global_avg_pool(g, "gap", y)), 10, 1);
+  QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
+  qt_graph_init_params(g, 7);
+  const int up = value_of(g, "up");
+  qt_backend_desc xnn, onednn;
+  qt_backend_desc_xnnpack(&xnn);
+  qt_backend_desc_onednn_cpu(&onednn, QT_ISA_VNNI);
+  qt_annotations a;
+  for (int qat = 0; qat < 2; qat++) {
+    char what[64];
+    snprintf(what, sizeof what, "resize %s, XNNPACK, %s", bilinear ? "bilinear" : "nearest", qat ? "QAT" : "PTQ");
+    qt_graph *p = prepared(g, &xnn, qat ? QT_PREPARE_QAT : QT_PREPARE_PTQ, 0, &a);
+    if (bilinear ? !a.act[up] || a.tie[up] != r0 : a.act[up] || a.share[up] != r0)
+      qt_test_fail("%s: up point %d tie %d share %d, want relu0 %d", what, a.act[up], a.tie[up], a.share[up], r0);
+    if (bilinear) QT_CHECK(fq_at(p, "up")->q == fq_at(p, "relu0")->q && fq_at(p, "up")->q_tied);
+    deploy(what, p, &xnn, "up", bilinear ? "resize (bilinear, x2) s8" : "resize (nearest, x2) on int8", NULL);
+    qt_annotations_free(&a);
+    qt_graph_free(p);
+  }
+  qt_graph *p = prepared(g, &onednn, QT_PREPARE_PTQ, 0, &a);
+  QT_CHECK(bilinear ? a.act[up] && a.tie[up] < 0 : a.share[up] == r0);
   qt_annotations_free(&a);
   qt_graph_free(p);
   qt_graph_free(g);
@@ -203,5 +247,7 @@ int main(void) {
   fire();
   shuffle();
   two_points();
+  resize(QT_RESIZE_BILINEAR);
+  resize(QT_RESIZE_NEAREST);
   return qt_test_finish();
 }
