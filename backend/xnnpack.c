@@ -289,6 +289,18 @@ static void unit_lowered(qt_lowering *L, int i, int n_in, int act, int quant, co
   qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s%s", detail, act_text(L->g, act));
 }
 
+/* One-input unit i [-> act] -> quant on an image lowered to operator op of kind `kind`: its step
+ * (the input's H and W set) and partition. */
+static void image_unit_lowered(qt_lowering *L, int i, int kind, xnn_operator_t op, int act, int quant,
+                               const char *detail) {
+  const qt_node *n = &L->g->nodes[i];
+  const qt_value *xv = &L->g->values[n->inputs[0]], *yv = &L->g->values[n->output];
+  qt_step *s =
+      qt_kernel_step(L->p, kind, op, L->rep[n->inputs[0]].slot, qt_value_numel(xv), (size_t)qt_value_numel(yv));
+  s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
+  unit_lowered(L, i, 1, act, quant, s, detail);
+}
+
 static const char *lower_layer(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
@@ -376,9 +388,7 @@ static const char *lower_global_avg_pool(qt_lowering *L, int i) {
                          (size_t)C, (size_t)C, (size_t)C, (int8_t)in->zero_point[0], in->scale[0],
                          (int8_t)qo->zero_point[0], qo->scale[0], lo, hi, 0, &op))))
     return why;
-  qt_step *s = qt_kernel_step(L->p, XK_GAVG_POOL, op, in->slot, qt_value_numel(xv), (size_t)C);
-  s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
-  unit_lowered(L, i, 1, act, quant, s, "global average pooling qs8 -> qs8");
+  image_unit_lowered(L, i, XK_GAVG_POOL, op, act, quant, "global average pooling qs8 -> qs8");
   return NULL;
 }
 
@@ -517,9 +527,8 @@ static const char *lower_avg_pool(qt_lowering *L, int i) {
                                                            (uint8_t)(qo->zero_point[0] + 128), qo->scale[0],
                                                            (uint8_t)(lo + 128), (uint8_t)(hi + 128), 0, &op))))
     return why;
-  qt_step *s = qt_kernel_step(L->p, XK_AVG_POOL_U8, op, in->slot, qt_value_numel(xv), (size_t)qt_value_numel(yv));
-  s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
-  unit_lowered(L, i, 1, act, quant, s, "average pooling qu8 -> qu8 (int8 with the top bit flipped)");
+  image_unit_lowered(L, i, XK_AVG_POOL_U8, op, act, quant,
+                     "average pooling qu8 -> qu8 (int8 with the top bit flipped)");
   return NULL;
 }
 
@@ -530,17 +539,18 @@ static const char *lower_avg_pool(qt_lowering *L, int i) {
 static const char *lower_resize(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
-  const char *why = int8_input_problem(L, n->inputs[0]);
-  if (why) return why;
   if (n->attr.mode == QT_RESIZE_NEAREST) {
+    const char *why = int8_input_problem(L, n->inputs[0]);
+    if (why) return why;
     qt_resize_nearest_step(L, i, XK_RESIZE);
     qt_part_add(&L->p->parts, QT_PART_INT8, n->name, "resize (nearest, x2) on int8 (a copy, same qparams)");
     return NULL;
   }
   int act, quant;
-  if ((why = qt_match_output(L, i, &act, &quant))) return why;
-  const qt_value_rep *in = &L->rep[n->inputs[0]];
-  const qt_qstate *qo = g->nodes[quant].q;
+  const qt_qstate *qo;
+  const qt_value_rep *in;
+  const char *why = unary_unit(L, i, &act, &quant, &qo, &in);
+  if (why) return why;
   if (act >= 0 || qo->scale[0] != in->scale[0] || qo->zero_point[0] != in->zero_point[0] || qo->spec.qmin != in->qmin ||
       qo->spec.qmax != in->qmax) {
     snprintf(L->why, sizeof L->why,
@@ -549,14 +559,11 @@ static const char *lower_resize(qt_lowering *L, int i) {
              in->scale[0], in->zero_point[0], qo->scale[0], qo->zero_point[0], act >= 0 ? ", a relu after it" : "");
     return L->why;
   }
-  const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
-  const size_t C = (size_t)xv->shape[2];
+  const size_t C = (size_t)g->values[n->inputs[0]].shape[2];
   xnn_operator_t op = NULL;
   if ((why = created(L, "xnn_create_resize_bilinear2d_nhwc_s8", xnn_create_resize_bilinear2d_nhwc_s8(C, C, C, 0, &op))))
     return why;
-  qt_step *s = qt_kernel_step(L->p, XK_RESIZE_BILINEAR, op, in->slot, qt_value_numel(xv), (size_t)qt_value_numel(yv));
-  s->H = (int)xv->shape[0], s->W = (int)xv->shape[1];
-  unit_lowered(L, i, 1, act, quant, s, "resize (bilinear, x2) s8 -> s8 (the input's qparams)");
+  image_unit_lowered(L, i, XK_RESIZE_BILINEAR, op, act, quant, "resize (bilinear, x2) s8 -> s8 (the input's qparams)");
   return NULL;
 }
 
