@@ -393,6 +393,27 @@ sym *qt_imp_ints_input(imp *im, size_t k, const char *role, sym *tmp) {
 }
 
 /* A float scalar constant (Clip's min and max); *present = 0 when the input is left out. */
+/* A list of integers: the attribute `attr` (older opsets) or input k (a constant or computed);
+ * *n = 0 when neither is there. */
+int qt_imp_ints_arg(imp *im, const char *attr, size_t k, int64_t *v, int *n) {
+  const Onnx__AttributeProto *a = qt_imp_attr(im->node, attr);
+  *n = 0;
+  if (a) {
+    if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS || a->n_ints > MAX_INTS)
+      return qt_imp_node_err(im, "attribute %s: expected at most %d integers", attr, MAX_INTS);
+    *n = (int)a->n_ints;
+    qt_imp_copy(v, a->ints, a->n_ints * sizeof *v);
+    return 0;
+  }
+  if (!in_name(im->node, k)) return 0;
+  sym tmp;
+  const sym *s = qt_imp_ints_input(im, k, attr, &tmp);
+  if (!s) return -1;
+  *n = s->n_ints;
+  qt_imp_copy(v, s->ints, (size_t)s->n_ints * sizeof *v);
+  return 0;
+}
+
 int qt_imp_scalar_input(imp *im, size_t k, const char *role, float *v, int *present) {
   *present = 0;
   if (!in_name(im->node, k)) return 0;

@@ -241,6 +241,9 @@ int qt_imp_const_ints(imp *im, const Onnx__TensorProto *t, int64_t *v, int *n, i
 int qt_imp_const_scalar(const sym *s, float *v);
 /* Input k as a small integer vector (a constant or a shape computation); tmp holds a constant's. */
 sym *qt_imp_ints_input(imp *im, size_t k, const char *role, sym *tmp);
+/* The integers of attribute `attr` (older opsets) or else of input k (newer ones): *n of them,
+ * 0 when neither is given. */
+int qt_imp_ints_arg(imp *im, const char *attr, size_t k, int64_t *v, int *n);
 /* A float scalar constant (Clip's min and max); *present = 0 when the input is left out. */
 int qt_imp_scalar_input(imp *im, size_t k, const char *role, float *v, int *present);
 
@@ -274,10 +277,6 @@ void qt_imp_outputs_unused(imp *im, size_t from, const char *what);
 Onnx__TensorProto *qt_imp_new_tensor(imp *im, const char *name, int data_type, const int64_t *dims, size_t n_dims);
 
 /* ---- import_shape.c: the shape computations of ops import_ops.c reads ---- */
-
-/* The integers of attribute `attr` (older opsets) or else of input k (newer ones): *n of them,
- * 0 when neither is given (import_ops.c). */
-int qt_imp_ints_arg(imp *im, const char *attr, size_t k, int64_t *v, int *n);
 
 /* Squeeze of a one-entry shape to a scalar. */
 int qt_imp_squeeze_ints(imp *im, const int64_t *axes, int n_axes);

@@ -450,27 +450,6 @@ static int channel_axis(imp *im, const sym *x, int64_t axis) {
   return axis == 1 || axis == 1 - rank;
 }
 
-/* A list of integers: the attribute `attr` (older opsets) or input k (a constant or computed);
- * *n = 0 when neither is there. */
-int qt_imp_ints_arg(imp *im, const char *attr, size_t k, int64_t *v, int *n) {
-  const Onnx__AttributeProto *a = qt_imp_attr(im->node, attr);
-  *n = 0;
-  if (a) {
-    if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS || a->n_ints > MAX_INTS)
-      return qt_imp_node_err(im, "attribute %s: expected at most %d integers", attr, MAX_INTS);
-    *n = (int)a->n_ints;
-    qt_imp_copy(v, a->ints, a->n_ints * sizeof *v);
-    return 0;
-  }
-  if (!in_name(im->node, k)) return 0;
-  sym tmp;
-  const sym *s = qt_imp_ints_input(im, k, attr, &tmp);
-  if (!s) return -1;
-  *n = s->n_ints;
-  qt_imp_copy(v, s->ints, (size_t)s->n_ints * sizeof *v);
-  return 0;
-}
-
 /* Output k of the current node as channels [begin, end) of x. */
 static int bind_slice(imp *im, size_t k, const sym *x, int64_t begin, int64_t end) {
   char name[QT_NAME_LEN];
