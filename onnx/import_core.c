@@ -56,6 +56,17 @@ void qt_imp_dims_str(const int64_t *d, size_t n, char *buf, size_t len) {
   if (k < len) snprintf(buf + k, len - k, "]");
 }
 
+void qt_imp_ints_str(const int64_t *s, int n, char *buf, size_t len) {
+  size_t k = (size_t)snprintf(buf, len, "[");
+  for (int i = 0; i < n && k < len; i++) {
+    const int64_t b = batch_factor(s[i]);
+    k += (size_t)(b == 1  ? snprintf(buf + k, len - k, "%sbatch", i ? ", " : "")
+                  : b > 1 ? snprintf(buf + k, len - k, "%sbatch * %lld", i ? ", " : "", (long long)b)
+                          : snprintf(buf + k, len - k, "%s%lld", i ? ", " : "", (long long)s[i]));
+  }
+  if (k < len) snprintf(buf + k, len - k, "]");
+}
+
 /* ---- symbols --------------------------------------------------------------------------------- */
 
 /* Symbols are found through a hash (glibc's hsearch_r), so that import is linear in the model's

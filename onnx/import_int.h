@@ -195,6 +195,9 @@ int qt_imp_node_err(imp *im, const char *fmt, ...) __attribute__((format(printf,
 /* "onnx: <path>: <what>"; returns -1. */
 int qt_imp_file_err(imp *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void qt_imp_dims_str(const int64_t *d, size_t n, char *buf, size_t len);
+/* n entries of a shape computation as "[batch, 3, batch * 4]": the batch and its multiples by
+ * name. */
+void qt_imp_ints_str(const int64_t *s, int n, char *buf, size_t len);
 
 sym *qt_imp_find(imp *im, const char *name);
 /* The sym of input k of the current node whatever its kind (NULL when absent). */

@@ -426,13 +426,7 @@ static int op_reshape(imp *im) {
   const int64_t F = features(im, x);
   const int64_t *s = shape->ints;
   char d[96];
-  {
-    size_t k = (size_t)snprintf(d, sizeof d, "[");
-    for (int i = 0; i < shape->n_ints && k < sizeof d; i++)
-      k += (size_t)(s[i] == BATCH ? snprintf(d + k, sizeof d - k, "%sbatch", i ? ", " : "")
-                                  : snprintf(d + k, sizeof d - k, "%s%lld", i ? ", " : "", (long long)s[i]));
-    if (k < sizeof d) snprintf(d + k, sizeof d - k, "]");
-  }
+  qt_imp_ints_str(s, shape->n_ints, d, sizeof d);
   const int batch_ok = shape->n_ints == 2 && qt_imp_batch_entry(im, s[0], allowzero, s[1], F);
   if (!batch_ok || !(s[1] == -1 || s[1] == F))
     return qt_imp_node_err(im,

@@ -137,17 +137,6 @@ static int image_to_tokens(imp *im, sym *x, const sym *shape, int64_t allowzero)
 
 static int is_seq_first(const sym *s) { return s && s->kind == S_ACT && (s->tokens == TOK_TN || s->tokens == TOK_TNF); }
 
-static void shape_text(const int64_t *s, int n, char *buf, size_t len) {
-  size_t k = (size_t)snprintf(buf, len, "[");
-  for (int i = 0; i < n && k < len; i++) {
-    const int64_t b = batch_factor(s[i]);
-    k += (size_t)(b == 1  ? snprintf(buf + k, len - k, "%sbatch", i ? ", " : "")
-                  : b > 1 ? snprintf(buf + k, len - k, "%sbatch * %lld", i ? ", " : "", (long long)b)
-                          : snprintf(buf + k, len - k, "%s%lld", i ? ", " : "", (long long)s[i]));
-  }
-  if (k < len) snprintf(buf + k, len - k, "]");
-}
-
 /* Reshape of the tokens [T, N, C] (TOK_TN) into the packed projections [T, N, 3, C / 3] or into
  * heads [T, N * heads, C / heads]; of [T * N, C] (TOK_TNF) back to [T, N, C]. */
 static int reshape_seq_first(imp *im, sym *x, const int64_t *s, int n) {
@@ -155,7 +144,7 @@ static int reshape_seq_first(imp *im, sym *x, const int64_t *s, int n) {
   if (x->tokens == TOK_TNF) {
     if (n != 3 || s[0] != T || !batch_is(im, s[1], 1) || s[2] != C) {
       char d[96];
-      shape_text(s, n, d, sizeof d);
+      qt_imp_ints_str(s, n, d, sizeof d);
       return qt_imp_node_err(im, "Reshape of '%s' [%lld * batch, %lld] to %s: only to [%lld, batch, %lld] is supported",
                              x->name, (long long)T, (long long)C, d, (long long)T, (long long)C);
     }
@@ -177,7 +166,7 @@ static int reshape_seq_first(imp *im, sym *x, const int64_t *s, int n) {
     return 1;
   }
   char d[96];
-  shape_text(s, n, d, sizeof d);
+  qt_imp_ints_str(s, n, d, sizeof d);
   return qt_imp_node_err(im,
                          "Reshape of the tokens '%s' [%lld, batch, %lld] to %s: only into q, k and v packed [%lld, "
                          "batch, 3, %lld / 3] or into heads [%lld, batch * heads, %lld / heads] is supported",
@@ -208,8 +197,8 @@ static int reshape_attn(imp *im, sym *x, const int64_t *s, int n, int64_t allowz
     int64_t full[5];
     int k;
     qt_imp_attn_shape(im, x, full, &k);
-    shape_text(full, k, want, sizeof want);
-    shape_text(s, n, got, sizeof got);
+    qt_imp_ints_str(full, k, want, sizeof want);
+    qt_imp_ints_str(s, n, got, sizeof got);
     return qt_imp_node_err(im,
                            "Reshape of '%s' %s to %s: only the heads between [batch * heads, T, d] and [batch, "
                            "heads, T, d] (or their k^T), and the output back to [batch, T, C] or [T * batch, C] (%s)",
@@ -321,8 +310,8 @@ int qt_imp_tokens_transpose(imp *im) {
   int64_t full[5];
   int k;
   qt_imp_attn_shape(im, x, full, &k);
-  shape_text(full, k, shape, sizeof shape);
-  shape_text(perm, found ? rank : 0, p, sizeof p);
+  qt_imp_ints_str(full, k, shape, sizeof shape);
+  qt_imp_ints_str(perm, found ? rank : 0, p, sizeof p);
   return qt_imp_node_err(im,
                          "Transpose %s of '%s' %s, a step of multi-head attention: not one of its transposes ([0, "
                          "2, 1, 3] of the split heads or the output, [0, 2, 3, 1] or [0, 1, 3, 2] for k^T; "
