@@ -256,7 +256,9 @@ def load_ours(name, ckpt):
     sd = m.state_dict()
     seen = set()
     sys.path.insert(0, os.path.join(ROOT, "tests", "onnx"))
-    import make_mha_models  # the importer's names of nn.MultiheadAttention's and long-named parameters
+    # the importer's names: of nn.MultiheadAttention's in_proj, of long module names, and <name>.weight
+    # of a parameter that is a module's attribute (a position embedding, a class token)
+    import make_mha_models
     theirs = {ours: t for t, ours in make_mha_models.ir_names(m).items()}
     with h5py.File(ckpt, "r") as f:
         for grp in ("params", "buffers"):
@@ -265,9 +267,6 @@ def load_ours(name, ckpt):
                 if k not in sd and k in theirs and sd[theirs[k]].numel() == a.numel():
                     k = theirs[k]
                     a = a.reshape(sd[k].shape)
-                if k not in sd and k.endswith(".weight") and k[:-7] in sd and sd[k[:-7]].numel() == a.numel():
-                    k = k[:-7]  # a parameter added as a whole (the ViT's position embedding): the importer
-                    a = a.reshape(sd[k].shape)  # names it <name>.weight and keeps its tokens in order
                 if k not in sd:
                     raise ValueError("our tensor %s has no counterpart in the PyTorch module" % k)
                 if sd[k].shape != a.shape:
