@@ -498,6 +498,13 @@ int qt_graph_other_input(const qt_graph *g, int node, int v) {
   return n->inputs[0] == v ? n->inputs[1] : n->inputs[0];
 }
 
+int qt_node_keeps_grid(const qt_node *n) {
+  const qt_op op = n->op;
+  return op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU || op == QT_OP_DROPOUT ||
+         op == QT_OP_CHANNEL_SHUFFLE || op == QT_OP_CHANNEL_SLICE ||
+         (op == QT_OP_RESIZE && n->attr.mode == QT_RESIZE_NEAREST);
+}
+
 int qt_graph_quant_source(const qt_graph *g, int v) {
   for (int hops = 0; v >= 0 && v != g->input && hops <= g->n_nodes; hops++) {
     const qt_node *n = &g->nodes[g->values[v].producer];
@@ -514,10 +521,7 @@ int qt_graph_quant_source(const qt_graph *g, int v) {
       }
       return s0;
     }
-    if (n->op != QT_OP_MAX_POOL2D && n->op != QT_OP_FLATTEN && n->op != QT_OP_RELU && n->op != QT_OP_DROPOUT &&
-        n->op != QT_OP_CHANNEL_SHUFFLE && n->op != QT_OP_CHANNEL_SLICE &&
-        !(n->op == QT_OP_RESIZE && n->attr.mode == QT_RESIZE_NEAREST))
-      return -1;
+    if (!qt_node_keeps_grid(n)) return -1;
     v = n->inputs[0];
   }
   return -1;

@@ -339,11 +339,14 @@ int64_t qt_value_numel(const qt_value *v);
 int qt_graph_sole_consumer(const qt_graph *g, int v);
 /* The input of the two-input node `node` that is not value v (v when both inputs are v). */
 int qt_graph_other_input(const qt_graph *g, int node, int v);
+/* Whether node n's output holds only values of its input (max_pool2d, flatten, relu, channel
+ * shuffle and slice, a nearest resize: copies, or a maximum of them) or is the identity in eval
+ * (dropout): it keeps its input's grid. */
+int qt_node_keeps_grid(const qt_node *n);
 /* The fake_quant or dequantize node on whose per-tensor grid the values of v lie: v's producer,
- * or the one reached through max_pool2d, flatten, relu, channel shuffle and slice and a nearest
- * resize (which keep values on their input's grid), dropout (the identity in eval, and absent from Q/DQ graphs) and
- * a concat whose inputs all lie on one grid (the first input's source); -1 when there is none (an
- * fp32 value, a per-channel quantization). */
+ * or the one reached through nodes that keep their input's grid (qt_node_keeps_grid) and a concat
+ * whose inputs all lie on one grid (the first input's source); -1 when there is none (an fp32
+ * value, a per-channel quantization). */
 int qt_graph_quant_source(const qt_graph *g, int v);
 /* The int32 bias's scales of layer `node` (conv2d / linear / conv_bn whose weight spec has
  * bias_int32): scale[c] = s_x * s_w[c] as a float32 product, for the OC output channels (a

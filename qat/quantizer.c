@@ -191,18 +191,14 @@ static int quantized_value(const qt_annotations *a, int v) {
   return 0;
 }
 
-/* Whether node n may pass its input's qparams through (max-pool, flatten, relu, the channel
- * shuffle and slice and a nearest resize, which copy values: they keep values on the input's
- * grid) and the backend runs it. Not relu6: 6 need not lie on the grid, so a relu6 outside a unit is an fp32 op whose
+/* Whether node n may pass its input's qparams through (qt_node_keeps_grid: max-pool, flatten,
+ * relu, the channel shuffle and slice and a nearest resize, which copy values) and the backend
+ * runs it. Not relu6: 6 need not lie on the grid, so a relu6 outside a unit is an fp32 op whose
  * quantized consumers quantize its output. Dropout always: it is the identity in eval, and
  * convert removes it, so no backend runs it (in training its scaled values leave the grid, as a
  * QAT layer's float arithmetic does, and the observer before it sees the eval model's range). */
 static int passes_through(const qt_backend_desc *d, const qt_node *n) {
-  const qt_op op = n->op;
-  return op == QT_OP_DROPOUT ||
-         ((op == QT_OP_MAX_POOL2D || op == QT_OP_FLATTEN || op == QT_OP_RELU || op == QT_OP_CHANNEL_SHUFFLE ||
-           op == QT_OP_CHANNEL_SLICE || (op == QT_OP_RESIZE && n->attr.mode == QT_RESIZE_NEAREST)) &&
-          d->ops[op]);
+  return qt_node_keeps_grid(n) && (n->op == QT_OP_DROPOUT || d->ops[n->op]);
 }
 
 /* Nodes without weights that start a quantized unit (inputs and output quantization points) when
