@@ -2,12 +2,15 @@
 
     python3 bench/peers/report.py --work bench/peers/work --out experiments/results/peers
 
-Reads WORK/pt2e.json, WORK/train_speed.json, WORK/int8_infer.json (what pt2e.py,
-train_speed.py and int8_infer.py wrote), WORK/steps.json (run_all.sh's commands and exit
-statuses), bench/peers/.venv/install_report.json and pip_freeze.txt (setup_peers.sh),
+Reads every slice of WORK/results/ (one folder per run_all.sh run: pt2e.json, train_speed.json,
+int8_infer.json, what pt2e.py, train_speed.py and int8_infer.py wrote, and steps.json, run_all.sh's
+commands and exit statuses) and merges them: a row two slices measured (the same model, seed,
+method, bits and peer) comes from the slice that finished last. Also reads
+bench/peers/.venv/install_report.json and pip_freeze.txt (setup_peers.sh),
 experiments/results/ort.json (bench/bench_ort.py --json: ONNX Runtime's speed rows), and
-writes OUT.json (all of it, with the machine) and OUT.md: one table per question, then every
-failure with its error. Python standard library only.
+writes OUT.json (all of it, with the machine) and OUT.md: which models and seeds of the full set
+(--full-models x --full-seeds) are still missing, one table per question, then every failure with
+its error. Python standard library only.
 """
 import argparse
 import json
@@ -156,6 +159,11 @@ def train_table(res, fails):
     out = ["fp32 training, batch 128, %s threads, one epoch of %s images per round, %s rounds; images/s best "
            "(median) of the rounds, peak RSS. Speedup: ours over the fastest PyTorch variant, best-of figures, "
            "then the median and range of the rounds' own ratios." % (o["threads"], o["images"], o["rounds"])]
+    keys = ("threads", "images", "rounds")
+    for model, m in res["models"].items():
+        mo = m.get("options") or o
+        if any(mo.get(k) != o.get(k) for k in keys):
+            out[0] += " %s: %s threads, %s images, %s rounds." % (model, mo.get("threads"), mo.get("images"), mo.get("rounds"))
     table = []
     for model, m in res["models"].items():
         for name, r in m["rows"].items():
@@ -237,6 +245,84 @@ def ort_table(res):
     return out
 
 
+RESULTS = ("pt2e", "train_speed", "int8_infer")
+
+
+def read_slices(work):
+    """The slices under WORK/results/, oldest first (by the last time any of their scripts finished)."""
+    base = os.path.join(work, "results")
+    out = []
+    for tag in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        d = os.path.join(base, tag)
+        if not os.path.isdir(d):
+            continue
+        sl = {"tag": tag, "steps": read_json(os.path.join(d, "steps.json")) or []}
+        for name in RESULTS:
+            sl[name] = read_json(os.path.join(d, name + ".json"))
+        sl["finished"] = max([sl[n].get("finished") or "" for n in RESULTS if sl[n]] or [""])
+        out.append(sl)
+    return sorted(out, key=lambda x: x["finished"])
+
+
+def merged_rows(results, field, key):
+    """The rows of every result file's FIELD, one per KEY, the later file's winning."""
+    rows = {}
+    for res in results:
+        for r in res.get(field) or []:
+            rows[tuple(r.get(k) for k in key)] = r
+    return list(rows.values())
+
+
+def merge(slices):
+    """One result per script, as if one run had measured every slice."""
+    merged = {}
+    for name in RESULTS:
+        results = [sl[name] for sl in slices if sl[name]]
+        if not results:
+            merged[name] = None
+            continue
+        last = results[-1]
+        m = {k: last.get(k) for k in ("script", "versions", "options", "env")}
+        m["runs"] = [{k: r.get(k) for k in ("argv", "started", "finished", "versions")} for r in results]
+        if name == "pt2e":
+            m["rows"] = merged_rows(results, "rows", ("model", "seed", "framework", "quantizer", "method", "bits"))
+        elif name == "train_speed":
+            m["models"] = {}
+            for r in results:
+                for model, v in r["models"].items():
+                    m["models"][model] = dict(v, options=r.get("options"))
+        else:
+            m["speed"] = merged_rows(results, "speed", ("model", "engine"))
+            m["ptq_accuracy"] = merged_rows(results, "ptq_accuracy", ("model", "seed", "framework", "method", "bits"))
+            m["parts"] = {" ".join(r.get("argv") or []): r.get("parts") for r in results}
+        merged[name] = m
+    return merged
+
+
+def coverage(merged, models, seeds):
+    """What the full set (MODELS x SEEDS) still lacks, per script; [] when nothing."""
+    missing = []
+    per_seed = (("pt2e", "PT2E accuracy and QAT cost", "rows"), ("int8_infer", "other toolkits' PTQ accuracy", "ptq_accuracy"))
+    for name, what, field in per_seed:
+        have = {(r.get("model"), str(r.get("seed"))) for r in (merged[name] or {}).get(field) or []}
+        lack = []
+        for m in models:
+            ss = [s for s in seeds if (m, s) not in have]
+            if ss:
+                lack.append("%s (seed%s %s)" % (m, "s" if len(ss) > 1 else "", ", ".join(ss)))
+        if lack:
+            missing.append("%s: %s" % (what, ", ".join(lack)))
+    have = set(((merged["train_speed"] or {}).get("models") or {}).keys())
+    lack = [m for m in models if m not in have]
+    if lack:
+        missing.append("training speed: %s" % ", ".join(lack))
+    have = {r.get("model") for r in (merged["int8_infer"] or {}).get("speed") or []}
+    lack = [m for m in models if m not in have]
+    if lack:
+        missing.append("int8 inference speed: %s" % ", ".join(lack))
+    return missing
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", default=os.path.join(HERE, "work"))
@@ -245,12 +331,20 @@ def main():
     ap.add_argument("--note", default="", help="a line under the title (e.g. that this is a smoke run)")
     ap.add_argument("--ort", default=os.path.join(ROOT, "experiments", "results", "ort.json"),
                     help="bench/bench_ort.py's --json output")
+    ap.add_argument("--full-models", default="", help="the full set's models (comma-separated): the report says "
+                    "which of them, with --full-seeds, no slice has measured")
+    ap.add_argument("--full-seeds", default="")
     a = ap.parse_args()
-    pt2e = read_json(os.path.join(a.work, "pt2e.json"))
-    train = read_json(os.path.join(a.work, "train_speed.json"))
-    infer = read_json(os.path.join(a.work, "int8_infer.json"))
+    slices = read_slices(a.work)
+    merged = merge(slices)
+    pt2e, train, infer = merged["pt2e"], merged["train_speed"], merged["int8_infer"]
     ort = read_json(a.ort)
-    steps = read_json(os.path.join(a.work, "steps.json")) or []
+    steps = [dict(s, slice=sl["tag"]) for sl in slices for s in sl["steps"]]
+    missing = []
+    if a.full_models:
+        missing = coverage(merged, a.full_models.split(","), (a.full_seeds or "0").split(","))
+    versions = {json.dumps(run["versions"], sort_keys=True) for m in (pt2e, train, infer) if m
+                for run in m["runs"] if run.get("versions")}
     install = read_json(os.path.join(VENV, "install_report.json"))
     try:
         with open(os.path.join(VENV, "pip_freeze.txt")) as f:
@@ -261,11 +355,16 @@ def main():
     fails = Failures()
     allres = {"title": a.title, "note": a.note, "written": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": mach,
               "install": install, "pip_freeze": freeze, "steps": steps, "pt2e": pt2e, "train_speed": train,
-              "int8_infer": infer, "ort": ort}
+              "int8_infer": infer, "ort": ort, "slices": [sl["tag"] for sl in slices], "missing": missing}
     md = ["# %s" % a.title, ""]
     if a.note:
         md += ["**%s**" % a.note, ""]
-    md += ["Written by bench/peers/run_all.sh (bench/peers/README.md) on %s." % allres["written"], "",
+    if missing:
+        md += ["**Not the full set yet (%s models x seeds %s). Missing: %s.**" % (a.full_models, a.full_seeds,
+                                                                               "; ".join(missing)), ""]
+    md += ["Written by bench/peers/run_all.sh (bench/peers/README.md) on %s, from the slices %s (under "
+           "bench/peers/work/results/; the commands below)." % (allres["written"], ", ".join(allres["slices"]) or "none"),
+           "",
            "## Machine", "", "```"] + mach["lscpu_head"] + ["```", ""]
     md += ["## Versions", ""]
     if install:
@@ -277,6 +376,8 @@ def main():
             t.append([name, e.get("pinned") or "-", e.get("installed") or "-", st])
         md += ["Python %s (%s). Full `pip freeze` in the JSON." % (install.get("python"), install.get("python_executable")),
                "", md_table(["package", "pinned", "installed", "status"], t), ""]
+        if len(versions) > 1:
+            md += ["The slices ran with different package versions: each run's are in the JSON (`runs`).", ""]
     else:
         md += ["No install report (bench/peers/setup_peers.sh has not run).", ""]
     md += ["## PTQ and QAT accuracy: torchao PT2E against this framework", ""] + pt2e_tables(pt2e, fails) + [""]
@@ -287,11 +388,12 @@ def main():
     md += ["## PTQ accuracy of other toolkits: ONNX Runtime quantize_static, AIMET AdaRound, NNCF, Brevitas", ""] + acc + [""]
     md += ["## Commands", ""]
     if steps:
-        md += [md_table(["step", "command", "exit", "seconds"],
-                        [[s["name"], "`%s`" % s["command"], s.get("rc"), s.get("seconds")] for s in steps]), ""]
+        md += [md_table(["slice", "step", "command", "exit", "seconds"],
+                        [[s["slice"], s["name"], "`%s`" % s["command"], s.get("rc"), s.get("seconds")] for s in steps]), ""]
         for s in steps:
             if s.get("rc") not in (0, None):
-                fails.add("step %s" % s["name"], "exit %s; last lines of its log:\n%s" % (s.get("rc"), s.get("tail", "")))
+                fails.add("step %s of %s" % (s["name"], s["slice"]),
+                          "exit %s; last lines of its log:\n%s" % (s.get("rc"), s.get("tail", "")))
     md += ["## Failures", ""]
     if fails.items:
         for i, (where, err) in enumerate(fails.items, 1):

@@ -5,6 +5,10 @@
 #   bash bench/peers/run_all.sh --smoke         # tiny budgets, to prove it runs -> WORK/peers_smoke.{json,md}
 #   bash bench/peers/run_all.sh --models fashion_cnn --seeds 0   # a slice of the full set
 #
+# Each run keeps its result files in WORK/results/<models>_seeds<seeds>/ (a rerun of the same
+# slice replaces them); the report merges every slice there, the newest winning where two
+# measured the same row, and says which models and seeds the full set still lacks.
+#
 # Options: --smoke, --models LIST, --seeds LIST (default 0,1,2; with --smoke 0), --work DIR (default bench/peers/work, with
 # --smoke bench/peers/work/smoke: our fp32 checkpoints and runs, the scripts' JSON and logs),
 # --out PREFIX (default experiments/results/peers; with --smoke WORK/peers_smoke), --skip LIST (any of pt2e,
@@ -17,7 +21,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 PY="$HERE/.venv/bin/python"
 SMOKE=0
-MODELS="fashion_cnn,res_cnn,mobilenet_onnx"
+FULL_MODELS="fashion_cnn,res_cnn,mobilenet_onnx"
+FULL_SEEDS="0,1,2"
+MODELS="$FULL_MODELS"
 SEEDS=""
 WORK=""
 OUT=""
@@ -30,7 +36,7 @@ while [ $# -gt 0 ]; do
     --work) WORK="$2"; shift ;;
     --out) OUT="$2"; shift ;;
     --skip) SKIP="$2"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "run_all: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -47,15 +53,17 @@ fi
 if [ -z "$WORK" ]; then
   if [ "$SMOKE" = 1 ]; then WORK="$HERE/work/smoke"; else WORK="$HERE/work"; fi
 fi
-mkdir -p "$WORK/logs"
+mkdir -p "$WORK"
 WORK="$(cd "$WORK" && pwd)"
 if [ -z "$OUT" ]; then
   if [ "$SMOKE" = 1 ]; then OUT="$WORK/peers_smoke"; else OUT="$ROOT/experiments/results/peers"; fi
 fi
 
 if [ -z "$SEEDS" ]; then
-  if [ "$SMOKE" = 1 ]; then SEEDS="0"; else SEEDS="0,1,2"; fi
+  if [ "$SMOKE" = 1 ]; then SEEDS="0"; else SEEDS="$FULL_SEEDS"; fi
 fi
+RES="$WORK/results/$(printf '%s' "$MODELS" | tr ',' '+')_seeds$(printf '%s' "$SEEDS" | tr ',' '+')"
+mkdir -p "$RES/logs"
 COMMON=(--models "$MODELS" --seeds "$SEEDS" --work "$WORK")
 if [ "$SMOKE" = 1 ]; then
   # tiny budgets: every code path, no meaningful figure
@@ -70,22 +78,28 @@ else
   INFER_ARGS=("${COMMON[@]}")
   NOTE=""
 fi
+REPORT_ARGS=(--work "$WORK" --out "$OUT")
+if [ "$SMOKE" = 1 ]; then
+  REPORT_ARGS+=(--note "$NOTE")
+else
+  REPORT_ARGS+=(--full-models "$FULL_MODELS" --full-seeds "$FULL_SEEDS")
+fi
 
-STEPS="$WORK/steps.json"
-echo "[]" > "$STEPS"
-step() {  # step NAME COMMAND...: runs it with its log in WORK/logs/NAME.log, records it in steps.json
+STEPS="$RES/steps.json"
+[ -f "$STEPS" ] || echo "[]" > "$STEPS"
+step() {  # step NAME COMMAND...: runs it with its log in RES/logs/NAME.log, records it in RES/steps.json
   local name="$1"; shift
   case ",$SKIP," in *",$name,"*) echo "== $name: skipped"; return 0 ;; esac
   echo "== $name: $*"
-  rm -f "$WORK/$name.json"  # no stale result from an earlier run
+  rm -f "$RES/$name.json"  # no stale result from an earlier run of this slice
   local t0=$SECONDS rc
-  "$@" > "$WORK/logs/$name.log" 2>&1
+  "$@" > "$RES/logs/$name.log" 2>&1
   rc=$?
-  echo "   exit $rc after $((SECONDS - t0)) s (log: $WORK/logs/$name.log)"
-  "$PY" - "$STEPS" "$name" "$rc" "$((SECONDS - t0))" "$WORK/logs/$name.log" "$ROOT" "$@" <<'PY'
+  echo "   exit $rc after $((SECONDS - t0)) s (log: $RES/logs/$name.log)"
+  "$PY" - "$STEPS" "$name" "$rc" "$((SECONDS - t0))" "$RES/logs/$name.log" "$ROOT" "$@" <<'PY'
 import json, shlex, sys
 path, name, rc, secs, log, root, argv = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7:]
-steps = json.load(open(path))
+steps = [s for s in json.load(open(path)) if s["name"] != name]  # a skipped step keeps its earlier record
 lines = [l.rstrip() for l in open(log, errors="replace") if l.strip()]
 steps.append({"name": name, "command": " ".join(shlex.quote(a.replace(root + "/", "")) for a in argv),
               "rc": rc, "seconds": secs, "log": log, "tail": "\n".join(lines[-8:]) if rc else ""})
@@ -94,7 +108,7 @@ PY
 }
 
 cd "$ROOT" || exit 1
-step pt2e "$PY" "$HERE/pt2e.py" "${PT2E_ARGS[@]}" --out "$WORK/pt2e.json"
-step train_speed "$PY" "$HERE/train_speed.py" "${TRAIN_ARGS[@]}" --out "$WORK/train_speed.json"
-step int8_infer "$PY" "$HERE/int8_infer.py" "${INFER_ARGS[@]}" --out "$WORK/int8_infer.json"
-"$PY" "$HERE/report.py" --work "$WORK" --out "$OUT" --note "$NOTE"
+step pt2e "$PY" "$HERE/pt2e.py" "${PT2E_ARGS[@]}" --out "$RES/pt2e.json"
+step train_speed "$PY" "$HERE/train_speed.py" "${TRAIN_ARGS[@]}" --out "$RES/train_speed.json"
+step int8_infer "$PY" "$HERE/int8_infer.py" "${INFER_ARGS[@]}" --out "$RES/int8_infer.json"
+"$PY" "$HERE/report.py" "${REPORT_ARGS[@]}"
