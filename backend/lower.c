@@ -69,12 +69,14 @@ typedef struct {
 
 /* A u8 add's or mul's data (qt_step.aux): each input's dequantized values by integer, a fused
  * relu or relu6. mul: a * b, where b holds one value per sample and channel of C, applied at
- * each of a's P pixels (P = 1: b has a's shape); add: a + b of one shape. */
+ * each of a's P pixels (P = 1: b has a's shape); add: a + b of one shape. Inputs of one shape
+ * take pair: the output integer of every (a, b), at a * 256 + b. */
 typedef struct {
   float lut[2][256];
   int relu, relu6;
   int mul;
   int64_t P, C;
+  const uint8_t *pair;
 } u8_add;
 
 /* A u8 -> u8 table (activations, relu) or one per input (concat: input k's channels C[k] at
@@ -446,11 +448,21 @@ static qt_step *u8_unit_step(qt_lowering *L, int i, int kind, int relu, int quan
   return s;
 }
 
+/* The add's or mul's float operations, relu and quantize on n pairs of integers (a[k], b[k]) into q:
+ * what the Q/DQ graph computes per element. */
+static void binary_u8_block(const qt_step *s, const u8_add *d, const uint8_t *a, const uint8_t *b, int64_t n, float *y,
+                            int32_t *q) {
+  for (int64_t k = 0; k < n; k++) y[k] = d->mul ? d->lut[0][a[k]] * d->lut[1][b[k]] : d->lut[0][a[k]] + d->lut[1][b[k]];
+  for (int64_t k = 0; k < n; k++) y[k] = fused_relu(y[k], d->relu, d->relu6);
+  qt_quantize(q, y, n, 1, 1, s->scale, s->zero_point, s->qmin, s->qmax);
+}
+
 /* dq(a) + dq(b) or dq(a) * dq(b) [-> relu | relu6] -> q on u8 tensors, each input with its own
  * scale and zero point. The step computes per element what the Q/DQ graph computes, in the same
  * float operations: (float)(q - zp) * s for each input (a 256-entry table), one float add or
  * multiply, the relu (relu6), then the reference quantize; so it is bit-exact, and no fp32 tensor
- * is materialized. */
+ * is materialized. Inputs of one shape read the answer from a 65,536-entry table of every pair,
+ * made by those operations. */
 static const char *lower_binary_u8(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
@@ -472,6 +484,18 @@ static const char *lower_binary_u8(qt_lowering *L, int i) {
   a->C = numel / a->P;
   qt_step *s = u8_unit_step(L, i, K_ADD_U8, relu, quant, 1);
   s->aux = a;
+  if (a->P == 1) {
+    uint8_t *pair = qt_keep(L->p, 256 * 256), x[256], z[256];
+    float y[256];
+    int32_t q[256];
+    for (int k = 0; k < 256; k++) z[k] = (uint8_t)k;
+    for (int v = 0; v < 256; v++) {
+      memset(x, v, sizeof x);
+      binary_u8_block(s, a, x, z, 256, y, q);
+      for (int k = 0; k < 256; k++) pair[v * 256 + k] = (uint8_t)q[k];
+    }
+    a->pair = pair;
+  }
   char nodes[256];
   qt_unit_nodes(L, i, 2, relu, quant, nodes, sizeof nodes);
   qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 %s u8 -> u8%s (own scales and zero points, requantized)",
@@ -754,21 +778,22 @@ static void run_dequantize(const qt_step *s, float *out, const void *in, int64_t
 static void run_binary_u8(const qt_step *s, uint8_t *out, const uint8_t *a, const uint8_t *b, int64_t n) {
   enum { BLOCK = 4096 };
   const u8_add *d = s->aux;
+  if (d->pair) {
+    const uint8_t *pair = d->pair;
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++) out[i] = pair[(unsigned)a[i] << 8 | b[i]];
+    return;
+  }
   const int64_t blocks = (n + BLOCK - 1) / BLOCK, PC = d->P * d->C;
 #pragma omp parallel for schedule(static) if (n >= 65536)
-  for (int64_t blk = 0; blk < blocks; blk++) {
+  for (int64_t blk = 0; blk < blocks; blk++) { /* mul of an image by a per-channel vector */
     float y[BLOCK];
     int32_t q[BLOCK];
     const int64_t i0 = blk * BLOCK, len = n - i0 < BLOCK ? n - i0 : BLOCK;
-    if (!d->mul)
-      for (int64_t k = 0; k < len; k++) y[k] = d->lut[0][a[i0 + k]] + d->lut[1][b[i0 + k]];
-    else if (d->P == 1)
-      for (int64_t k = 0; k < len; k++) y[k] = d->lut[0][a[i0 + k]] * d->lut[1][b[i0 + k]];
-    else
-      for (int64_t k = 0; k < len; k++) {
-        const int64_t i = i0 + k;
-        y[k] = d->lut[0][a[i]] * d->lut[1][b[i / PC * d->C + i % d->C]];
-      }
+    for (int64_t k = 0; k < len; k++) {
+      const int64_t i = i0 + k;
+      y[k] = d->lut[0][a[i]] * d->lut[1][b[i / PC * d->C + i % d->C]];
+    }
     for (int64_t k = 0; k < len; k++) y[k] = fused_relu(y[k], d->relu, d->relu6);
     qt_quantize(q, y, len, 1, 1, s->scale, s->zero_point, s->qmin, s->qmax);
     for (int64_t k = 0; k < len; k++) out[i0 + k] = (uint8_t)q[k];
@@ -853,6 +878,7 @@ static inline uint8_t quantized_u8(float v, float zp, float lo, float hi) {
 
 static void run_requantize(const qt_step *s, uint8_t *out, const float *in, int64_t n) {
   const float zp = (float)s->zero_point[0], lo = (float)s->qmin, hi = (float)s->qmax;
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
   for (int64_t i = 0; i < n; i++) out[i] = quantized_u8(in[i], zp, lo, hi);
 }
 
