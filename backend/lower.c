@@ -129,9 +129,10 @@ static const char *u8_input(const qt_lowering *L, int v);
 static void dequantized(const qt_value_rep *r, float *lut);
 
 /* Whether node i starts dq -> conv/linear [-> activation [-> mul(dq(r), .)] | -> add(dq(r), .)]
- * [-> relu | relu6] -> q with u8 activations and s8 per-channel symmetric weights whose pair sums
- * fit. Returns NULL and fills act (the activation node, or -1), bin (the fused binary node: a
- * conv's add, or a gate's mul after act; or -1), relu and quant, or the reason not. */
+ * [-> relu | relu6] -> q, or dq -> conv/linear whose output is the graph's (quant.fp32_output: real
+ * values), with u8 activations and s8 per-channel symmetric weights whose pair sums fit. Returns
+ * NULL and fills act (the activation node, or -1), bin (the fused binary node: a conv's add, or a
+ * gate's mul after act; or -1), relu and quant (-1: the fp32 output), or the reason not. */
 static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *bin, int *relu, int *quant) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
@@ -177,19 +178,20 @@ static const char *match_int8_layer(qt_lowering *L, int i, int *act, int *bin, i
     if (!why) *bin = c;
     return why;
   }
+  if (n->output == g->output) return NULL; /* the graph's fp32 output: the kernel dequantizes */
   return qt_match_output(L, i, relu, quant);
 }
 
 /* The int8 kernel's parameters for the unit i [-> act | -> add] [-> relu] -> quant: real (an
- * activation or an add follows), an f32 output of real values (the activation or add, relu and
- * quantize follow in K_ACT_REQUANTIZE / K_ADD_REQUANTIZE). */
+ * activation or an add follows, or the output is the graph's: quant -1), an f32 output of real
+ * values (the activation or add, relu and quantize follow in K_ACT_REQUANTIZE / K_ADD_REQUANTIZE). */
 static void layer_params(const qt_lowering *L, int i, int real, int relu, int quant, qt_int8_params *p) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
-  const qt_qstate *qo = g->nodes[quant].q;
+  const qt_qstate *qo = quant >= 0 ? g->nodes[quant].q : NULL;
   const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
   const int is_conv = n->op == QT_OP_CONV2D;
-  const int zp_out = qo->zero_point[0], qmin = qo->spec.qmin, qmax = qo->spec.qmax;
+  const int zp_out = qo ? qo->zero_point[0] : 0, qmin = qo ? qo->spec.qmin : 0, qmax = qo ? qo->spec.qmax : 0;
   memset(p, 0, sizeof *p);
   p->kind = is_conv ? QT_INT8_CONV : QT_INT8_LINEAR;
   if (is_conv) {
@@ -268,13 +270,27 @@ static const char *refused(const char *err) {
   return reason;
 }
 
+/* The graph's output written by layer i's kernel as real values (quant.fp32_output). */
+static void fp32_output_done(qt_lowering *L, int i, int slot, const char *kind, const qt_int8_op *op) {
+  const qt_graph *g = L->g;
+  const qt_node *n = &g->nodes[i];
+  qt_value_rep *r = &L->rep[n->output];
+  r->kind = QT_REP_F32;
+  r->slot = r->f32_slot = slot;
+  r->fallback = -1;
+  L->done[i] = 1;
+  char nodes[2 * QT_NAME_LEN + 8];
+  snprintf(nodes, sizeof nodes, "%s -> %s", g->nodes[g->values[n->inputs[0]].producer].name, n->name);
+  qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> f32, the model's fp32 output (%s)", kind,
+              qt_int8_op_impl(op));
+}
+
 static const char *lower_int8_layer(qt_lowering *L, int i, int act, int bin, int relu, int quant) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
-  const qt_node *qn = &g->nodes[quant];
   const qt_value *xv = &g->values[n->inputs[0]], *yv = &g->values[n->output];
   const int is_conv = n->op == QT_OP_CONV2D;
-  const int real = act >= 0 || bin >= 0;
+  const int real = act >= 0 || bin >= 0 || quant < 0;
   qt_int8_params p;
   layer_params(L, i, real, relu, quant, &p);
   char err[QT_ERR_LEN];
@@ -284,6 +300,15 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int bin, int
   const qt_step *s = qt_kernel_step(L->p, K_INT8, op, L->rep[n->inputs[0]].slot, qt_value_numel(xv),
                                     (size_t)out_numel * (p.dst_f32 ? sizeof(float) : 1));
   int out_slot = s->out;
+  const char *kind = !is_conv                                                       ? "inner product"
+                     : n->attr.groups == n->attr.out_channels && n->attr.groups > 1 ? "depthwise conv"
+                     : n->attr.groups > 1                                           ? "grouped conv"
+                                                                                    : "conv";
+  if (quant < 0) {
+    fp32_output_done(L, i, out_slot, kind, op);
+    return NULL;
+  }
+  const qt_node *qn = &g->nodes[quant];
   if (p.dst_f32) {
     const int zp_out = qn->q->zero_point[0];
     const int gate = act >= 0 && bin >= 0;
@@ -350,10 +375,6 @@ static const char *lower_int8_layer(qt_lowering *L, int i, int act, int bin, int
                relu >= 0 ? g->nodes[relu].name : "", qn->name);
   } else
     qt_unit_nodes(L, i, 1, relu, quant, nodes, sizeof nodes);
-  const char *kind = !is_conv                                                       ? "inner product"
-                     : n->attr.groups == n->attr.out_channels && n->attr.groups > 1 ? "depthwise conv"
-                     : n->attr.groups > 1                                           ? "grouped conv"
-                                                                                    : "conv";
   if (act >= 0)
     qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 x s8 -> f32, %s%s%s in f32 -> u8 (%s)", kind,
                 qt_act_name((qt_act_kind)g->nodes[act].attr.act), bin >= 0 ? ", * u8 input" : "", fused_name(L, relu),

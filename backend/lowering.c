@@ -131,7 +131,8 @@ const char *qt_match_output(qt_lowering *L, int i, int *act, int *quant) {
   const qt_graph *g = L->g;
   int v = g->nodes[i].output, c = L->consumer[v];
   *act = *quant = -1;
-  if (v == g->output || c < 0) return "output is not consumed by exactly one node (no requantization point)";
+  if (v == g->output) return "its output is the model's fp32 output (no requantization point)";
+  if (c < 0) return "output is not consumed by exactly one node (no requantization point)";
   if (g->nodes[c].op == QT_OP_RELU || g->nodes[c].op == QT_OP_RELU6) {
     *act = c;
     v = g->nodes[c].output;

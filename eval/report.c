@@ -255,6 +255,14 @@ static void close_run(report_run *s) {
   qt_loader_free(s->loader);
 }
 
+/* Whether the two largest of y[0..n) are equal (quantized logits on one integer). */
+static int top2_tie(const float *y, int64_t n) {
+  const int64_t k = qt_argmax(y, n);
+  for (int64_t j = 0; j < n; j++)
+    if (j != k && y[j] == y[k]) return 1;
+  return 0;
+}
+
 /* Counts and compares one batch's answers: the fp32 graph's (fy, may be NULL), the exact
  * reference's (the Q/DQ graph's answer) and the device's; the points' SQNR. */
 static void add_batch(report_run *s, const qt_tensor *fy, qt_tensor **fv, qt_tensor **qv, const int32_t *labels,
@@ -267,6 +275,7 @@ static void add_batch(report_run *s, const qt_tensor *fy, qt_tensor **fv, qt_ten
     const int pq = (int)qt_argmax(qo + off, classes), pd = (int)qt_argmax(out + off, classes);
     if (fy) r->fp32_correct += (int)qt_argmax(qt_f32(fy) + off, classes) == labels[i];
     r->qdq_correct += pq == labels[i];
+    if (r->output_scale > 0) r->qdq_top2_ties += top2_tie(qo + off, classes);
     r->device_correct += pd == labels[i];
     r->agree += pq == pd;
   }
@@ -592,6 +601,11 @@ void qt_report_print(const qt_report *r, FILE *f) {
             (long long)r->lsb.count[2], (long long)r->lsb.count[3]);
   else
     fprintf(f, "fp32 output (no LSB): max logit difference %.6g\n", r->max_abs_diff);
+  if (r->qdq_top2_ties)
+    fprintf(f,
+            "  quantized logits: the two largest are equal on %lld of %lld images (%.2f%%), where the first class "
+            "wins; quant.fp32_output = true keeps the logits in fp32\n",
+            (long long)r->qdq_top2_ties, (long long)r->images, 100.0 * (double)r->qdq_top2_ties / (double)r->images);
   const qt_device_agreement *fe = &r->float_vs_exact;
   if (fe->images > 0) {
     fprintf(f, "  Q/DQ graph = its exact integer reference; the float32 Q/DQ executor against it: ");
@@ -669,7 +683,7 @@ char *qt_report_json(const qt_report *r, const char *in) {
   }
   qt_strbuf_printf(&b, ", \"max_abs_diff\": ");
   sb_json_number(&b, r->max_abs_diff);
-  qt_strbuf_printf(&b, "},\n");
+  qt_strbuf_printf(&b, ", \"qdq_top2_ties\": %lld},\n", (long long)r->qdq_top2_ties);
   /* The float32 Q/DQ executor against the exact reference the report judges with. */
   const qt_device_agreement *fe = &r->float_vs_exact;
   qt_strbuf_printf(&b,

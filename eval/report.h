@@ -157,6 +157,8 @@ typedef struct {
   double fp32_accuracy, qdq_accuracy, device_accuracy; /* top-1 in [0, 1] */
   double top1_agreement;                               /* Q/DQ vs device: fraction of images with the same top-1 */
   float output_scale;                 /* the output's LSB (its per-tensor dequantize scale); 0 = fp32 output */
+  int64_t qdq_top2_ties;              /* images whose quantized Q/DQ logits have their two largest equal
+                                       * (the arg max takes the first; 0 for an fp32 output) */
   qt_lsb_histogram lsb;               /* device vs Q/DQ output logits (empty when output_scale is 0) */
   double max_abs_diff;                /* device vs Q/DQ output logits, absolute */
   qt_device_agreement agreement;      /* the same comparison judged by the pass rule (verdict) */

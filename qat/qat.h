@@ -50,6 +50,9 @@ typedef struct {
   int fuse_gate;       /* a quantized conv2d / linear -> activation -> mul (a squeeze-excite gate:
                         * the layer's output activated, times another tensor) is one unit: no
                         * point on the layer's or the activation's output; needs gate_mul */
+  int fp32_output;     /* the graph's output is no quantization point: the last unit hands on real
+                        * values (its int8 layer dequantizes into fp32), as PT2E's X86 Inductor
+                        * quantizer leaves a model's logits */
   int n_overrides;
   qt_layer_override overrides[QT_MAX_OVERRIDES];
 } qt_quantizer_config;

@@ -306,6 +306,7 @@ static void place_points(const qt_graph *g, const qt_quantizer_config *cfg, cons
       const int bits = o && o->activation_bits ? o->activation_bits : cfg->activation_bits;
       const qt_node *t = &g->nodes[last[i]];
       const int v = t->output;
+      if (v == g->output && cfg->fp32_output) continue; /* the logits stay fp32 */
       out->act[v] = 1;
       out->act_spec[v] = act_spec(d, cfg, bits);
       qt_qspec *sp = &out->act_spec[v];

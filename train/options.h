@@ -90,9 +90,10 @@ typedef struct {
   qt_range_method activation_range;
   double percentile;
   int learnable_scale;
-  int fuse_add;  /* a conv feeding only an add joins the add's unit (onednn_cpu) */
-  int fuse_gate; /* a conv / linear -> activation -> mul is one unit (onednn_cpu) */
-  int cle;       /* PTQ: cross-layer equalization before calibration */
+  int fuse_add;    /* a conv feeding only an add joins the add's unit (onednn_cpu) */
+  int fuse_gate;   /* a conv / linear -> activation -> mul is one unit (onednn_cpu) */
+  int fp32_output; /* the graph's output is no quantization point (real values) */
+  int cle;         /* PTQ: cross-layer equalization before calibration */
   qt_cle_relu6 cle_relu6;
   qt_bias_correction_choice bias_correction;
   int bias_correction_images;

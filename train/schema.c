@@ -158,6 +158,9 @@ static const option_row rows[] = {
     ROW(quant, fuse_gate, QT_CFG_BOOL, "false", 0, 0, NULL,
         "a conv or linear -> activation -> mul (a squeeze-excite gate) is one unit: no quantization point on "
         "the layer's or the activation's output (onednn)"),
+    ROW(quant, fp32_output, QT_CFG_BOOL, "false", 0, 0, NULL,
+        "the model's output (the logits) stays fp32: the last unit's output is no quantization point, the "
+        "int8 layer writes real values (oneDNN's f32 destination), as PT2E's X86 Inductor quantizer leaves it"),
     ROW(quant, layer_overrides, QT_CFG_STRING, "", 0, 0, NULL,
         "per-layer settings by node name, e.g. conv1=w8a8;fc2=fp32 (mixed precision); * = every other layer"),
     ROW(quant, fp32_checkpoint, QT_CFG_STRING, "", 0, 0, NULL,

@@ -22,6 +22,7 @@ static int quantizer_config(const qt_quant_options *q, qt_quantizer_config *qc, 
   qc->learnable_scale = q->learnable_scale;
   qc->fuse_add = q->fuse_add;
   qc->fuse_gate = q->fuse_gate;
+  qc->fp32_output = q->fp32_output;
   qc->bias = q->bias == QT_QUANT_BIAS_INT32   ? QT_BIAS_INT32
              : q->bias == QT_QUANT_BIAS_FLOAT ? QT_BIAS_FLOAT
                                               : QT_BIAS_AUTO;

@@ -90,8 +90,7 @@ static void calibrate(qt_graph *g, const float *x, int n, int exact) {
     }
     qt_ctx_reset(ctx);
     qt_tensor **vals;
-    QT_ASSERT(qt_graph_forward_values(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &vals), "%s",
-              g->error);
+    QT_ASSERT(qt_graph_forward_values(g, ctx, qt_tensor_wrap(ctx, QT_F32, 4, shape, (void *)x), &vals), "%s", g->error);
     const qt_tensor *v = vals[q->inputs[0]];
     float lo = 0, hi = 0;
     for (int64_t k = 0; k < qt_tensor_numel(v); k++) {
@@ -163,8 +162,9 @@ static double compare(const char *what, qt_graph *g, const float *x, int n, int 
     }
     if (d > worst) worst = d;
   }
-  if (bad) qt_test_fail("%s: %lld of %lld outputs beyond %.0f LSB (max %.3g)", what, (long long)bad, (long long)on,
-                        max_lsb, worst);
+  if (bad)
+    qt_test_fail("%s: %lld of %lld outputs beyond %.0f LSB (max %.3g)", what, (long long)bad, (long long)on, max_lsb,
+                 worst);
   if (getenv("QT_TEST_VERBOSE"))
     fprintf(stderr, "%s: max %.3g LSB, %lld of %lld differ\n", what, worst, (long long)diff, (long long)on);
   free(got);
@@ -478,14 +478,16 @@ static void fallback_pattern(void) {
   qt_graph_free(g);
 }
 
-/* FashionCNN through the real pipeline: quantizer -> PTQ prepare -> calibration -> convert. */
+/* FashionCNN through the real pipeline: quantizer -> PTQ prepare -> calibration -> convert;
+ * fuse_add 2: quant.fp32_output instead. */
 static qt_graph *converted_model(const char *model, int wbits, int abits, int fuse_add) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build(model, err);
   qt_graph_init_params(g, 5);
   for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.3f + 0.2f * (float)(i % 7);
   qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
-  qc.fuse_add = fuse_add;
+  qc.fuse_add = fuse_add == 1;
+  qc.fp32_output = fuse_add == 2;
   qt_annotations a;
   QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   return qt_test_ptq_convert(g, &a);
@@ -528,6 +530,47 @@ static void res_cnn(int fuse_add) {
   qt_graph_free(g);
 }
 
+/* quant.fp32_output: dq -> [flatten ->] linear | conv -> the graph's fp32 output, the layer's
+ * kernel writing real values (f32 destination, s_x * s_w[c] per channel); one int8 partition (and
+ * the flatten view) within FP32_OUTPUT_TOL of the Q/DQ graph's float32 (the same products summed in
+ * another order); then FashionCNN converted with it end to end. */
+#define FP32_OUTPUT_TOL 1e-4
+static void fp32_output_pattern(int linear, int zp_in) {
+  char what[128];
+  snprintf(what, sizeof what, "%s -> fp32 output, zp_in %d", linear ? "flatten+linear" : "conv", zp_in);
+  const float s_in = 0.0171f;
+  qt_graph *g = qt_graph_create("fp32_output_pattern");
+  int x = qt_graph_input(g, "input", 4, 4, 5);
+  x = qdq(g, "input.fq", x, s_in, zp_in, 255);
+  x = linear ? qt_graph_linear(g, "fc", qt_graph_flatten(g, "flatten", x), 12, 1)
+             : qt_graph_conv2d(g, "fc", x, 12, 3, 1, 1, 1, 1);
+  finalize(g, x);
+  quantize_weights(g, "fc", g_wmax, s_in, 0);
+  float *in = random_input(g, 16, -(float)zp_in * s_in - 0.1f, (float)(255 - zp_in) * s_in + 0.1f);
+  char err[QT_ERR_LEN];
+  qt_device *m = qt_device_open(g, NULL, err);
+  QT_ASSERT(m, "%s", err);
+  if (!int8_partitions(m, linear ? "flatten -> fc" : "input.fq.dequantize -> fc", "the model's fp32 output", NULL)) {
+    qt_test_fail("%s: no int8 partition writing the fp32 output", what);
+    qt_device_report(m, stderr);
+  }
+  qt_device_free(m);
+  compare(what, g, in, 16, linear ? 2 : 1, 0, FP32_OUTPUT_TOL);
+  free(in);
+  qt_graph_free(g);
+
+  if (linear) return;
+  g = converted_model("fashion_cnn", 8, 8, 2);
+  const qt_node *o = &g->nodes[g->values[g->output].producer];
+  if (o->op != QT_OP_LINEAR)
+    qt_test_fail("fashion_cnn with fp32_output: the output is made by a %s", qt_op_name(o->op));
+  float *xs = malloc(sizeof(float) * 64 * 784);
+  qt_test_fill_uniform(xs, 64 * 784, -0.8f, 2.0f, 97);
+  compare("fashion_cnn W8A8 fp32 output", g, xs, 64, 7, 0, FP32_OUTPUT_TOL);
+  free(xs);
+  qt_graph_free(g);
+}
+
 static void prepared_refused(void) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build("fashion_cnn", err);
@@ -553,8 +596,8 @@ int main(void) {
     conv_pattern(0, 1, 15, 6, exact);    /* 4-bit, dst zero point and clip */
     conv_pattern(0, 1, 15, 7, exact);
     linear_pattern(1, 0, exact);
-    linear_pattern(1, 77, exact);   /* input zero point folded into the bias */
-    linear_pattern(0, 77, exact);   /* output zero point: f32 dst, requantized */
+    linear_pattern(1, 77, exact);        /* input zero point folded into the bias */
+    linear_pattern(0, 77, exact);        /* output zero point: f32 dst, requantized */
     conv_pattern(2, 1, 255, -1, exact);  /* relu6: clip post-op at 6 / s_out */
     conv_pattern(2, 1, 255, 101, exact); /* relu6 with an f32 dst */
     linear_pattern(2, 77, exact);
@@ -583,6 +626,8 @@ int main(void) {
   gate_pattern(QT_ACT_HARDSIGMOID);
   res_cnn(0);
   res_cnn(1);
+  fp32_output_pattern(1, 77);
+  fp32_output_pattern(0, 5);
   prepared_refused();
   return qt_test_finish();
 }

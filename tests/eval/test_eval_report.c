@@ -102,12 +102,19 @@ static void count_graph(void *state, const float *x, int n, const int32_t *label
 }
 
 static qt_exact *exact_ref; /* count_exact */
+static int64_t exact_ties;  /* count_exact: images whose two largest logits are equal */
 static void count_exact(void *state, const float *x, int n, const int32_t *labels) {
   run_state *s = state;
   char err[QT_ERR_LEN];
   float out[BATCH * 10];
   QT_ASSERT(qt_exact_run(exact_ref, out, x, n, err) == 0, "%s", err);
-  for (int i = 0; i < n; i++) s->correct += argmax(out + i * 10, 10) == labels[i];
+  for (int i = 0; i < n; i++) {
+    const int k = argmax(out + i * 10, 10);
+    s->correct += k == labels[i];
+    int equal = 0;
+    for (int j = 0; j < 10; j++) equal += j != k && out[i * 10 + j] == out[i * 10 + k];
+    exact_ties += equal > 0;
+  }
   s->seen += n;
 }
 
@@ -416,6 +423,29 @@ int main(void) {
   qt_exact_free(exact_ref);
   if (c.correct != r.qdq_correct)
     qt_test_fail("Q/DQ correct %lld, recomputed %lld", (long long)r.qdq_correct, (long long)c.correct);
+  if (exact_ties != r.qdq_top2_ties)
+    qt_test_fail("quantized logits with a top-2 tie: %lld, recomputed %lld", (long long)r.qdq_top2_ties,
+                 (long long)exact_ties);
+  printf("quantized logits with their two largest equal: %lld of %d images\n", (long long)exact_ties, N_IMAGES);
+  { /* the report names ties and the remedy; none, no line */
+    for (int ties = 0; ties <= 5; ties += 5) {
+      qt_report *t = malloc(sizeof *t); /* large: not on the stack */
+      QT_ASSERT(t, "out of memory");
+      *t = r;
+      t->qdq_top2_ties = ties;
+      char *text = NULL;
+      size_t len = 0;
+      FILE *f = open_memstream(&text, &len);
+      qt_report_print(t, f);
+      fclose(f);
+      free(t);
+      char want[64];
+      snprintf(want, sizeof want, "the two largest are equal on %d of %d images", ties, N_IMAGES);
+      if (!!strstr(text, want) != (ties > 0) || !!strstr(text, "quant.fp32_output = true") != (ties > 0))
+        qt_test_fail("report with %d tied images:\n%s", ties, text);
+      free(text);
+    }
+  }
   run_state cf = {qdq, s.ctx, NULL, 0, 0, NULL, {0, 0, 0}, NULL};
   for_batches(&ds, count_graph, &cf);
   QT_CHECK(r.float_vs_exact.images == N_IMAGES && r.float_vs_exact.output_scale == r.output_scale);
