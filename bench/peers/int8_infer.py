@@ -273,8 +273,14 @@ def aimet_ptq(fp32_model, calib, x_test, y_test, bits_list, n_batches, iteration
     import aimet_torch.common.quantsim_config as qc
     logging.disable(logging.INFO)  # AIMET logs every layer and step at INFO
     config = os.path.join(os.path.dirname(qc.__file__), "default_config_per_channel.json")
+    from aimet_torch.nn.modules.custom import Add as AimetAdd
     dummy = torch.zeros(1, 1, 28, 28)
     folded = copy.deepcopy(fp32_model).eval()
+    # the twins' residual `Add` modules (a + b) as AIMET's own, which its QuantSim knows how to quantize
+    for parent in list(folded.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child).__name__ == "Add" and not list(child.parameters()):
+                setattr(parent, name, AimetAdd())
     fold_all_batch_norms(folded, input_shapes=(1, 1, 28, 28))
     loader = [(xb, torch.zeros(xb.shape[0], dtype=torch.int64)) for xb in calib]
 
