@@ -5,7 +5,7 @@
 Reads every slice of WORK/results/ (one folder per run_all.sh run: pt2e.json, train_speed.json,
 int8_infer.json, what pt2e.py, train_speed.py and int8_infer.py wrote, and steps.json, run_all.sh's
 commands and exit statuses) and merges them: a row two slices measured (the same model, seed,
-method, bits and peer) comes from the slice that finished last. Also reads
+method, bits and peer) comes from the result file that finished last. Also reads
 bench/peers/.venv/install_report.json and pip_freeze.txt (setup_peers.sh),
 experiments/results/ort.json (bench/bench_ort.py --json: ONNX Runtime's speed rows), and
 writes OUT.json (all of it, with the machine) and OUT.md: which models and seeds of the full set
@@ -249,7 +249,8 @@ RESULTS = ("pt2e", "train_speed", "int8_infer")
 
 
 def read_slices(work):
-    """The slices under WORK/results/, oldest first (by the last time any of their scripts finished)."""
+    """The slices under WORK/results/, oldest first (by the last time any of their scripts finished:
+    the order of the commands in the report)."""
     base = os.path.join(work, "results")
     out = []
     for tag in sorted(os.listdir(base)) if os.path.isdir(base) else []:
@@ -277,7 +278,7 @@ def merge(slices):
     """One result per script, as if one run had measured every slice."""
     merged = {}
     for name in RESULTS:
-        results = [sl[name] for sl in slices if sl[name]]
+        results = sorted((sl[name] for sl in slices if sl[name]), key=lambda r: r.get("finished") or "")
         if not results:
             merged[name] = None
             continue
