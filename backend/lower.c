@@ -807,13 +807,14 @@ static void run_binary_u8(const qt_step *s, uint8_t *out, const uint8_t *a, cons
   }
   const int64_t blocks = (n + BLOCK - 1) / BLOCK, PC = d->P * d->C;
 #pragma omp parallel for schedule(static) if (n >= 65536)
-  for (int64_t blk = 0; blk < blocks; blk++) { /* mul of an image by a per-channel vector */
+  for (int64_t blk = 0; blk < blocks; blk++) { /* an image and a per-channel vector */
     float y[BLOCK];
     int32_t q[BLOCK];
     const int64_t i0 = blk * BLOCK, len = n - i0 < BLOCK ? n - i0 : BLOCK;
     for (int64_t k = 0; k < len; k++) {
       const int64_t i = i0 + k;
-      y[k] = d->lut[0][a[i]] * d->lut[1][b[i / PC * d->C + i % d->C]];
+      const float u = d->lut[0][a[i]], v = d->lut[1][b[i / PC * d->C + i % d->C]];
+      y[k] = d->mul ? u * v : u + v;
     }
     for (int64_t k = 0; k < len; k++) y[k] = fused_relu(y[k], d->relu, d->relu6);
     qt_quantize(q, y, len, 1, 1, s->scale, s->zero_point, s->qmin, s->qmax);
