@@ -478,16 +478,16 @@ static void fallback_pattern(void) {
   qt_graph_free(g);
 }
 
-/* FashionCNN through the real pipeline: quantizer -> PTQ prepare -> calibration -> convert;
- * fuse_add 2: quant.fp32_output instead. */
-static qt_graph *converted_model(const char *model, int wbits, int abits, int fuse_add) {
+/* FashionCNN through the real pipeline: quantizer -> PTQ prepare -> calibration -> convert; mode 1
+ * with quant.fuse_add, 2 with quant.fp32_output. */
+static qt_graph *converted_model(const char *model, int wbits, int abits, int mode) {
   char err[QT_ERR_LEN];
   qt_graph *g = qt_model_build(model, err);
   qt_graph_init_params(g, 5);
   for (int64_t i = 0; i < g->n_buffers; i++) g->buffers[i] = 0.3f + 0.2f * (float)(i % 7);
   qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
-  qc.fuse_add = fuse_add == 1;
-  qc.fp32_output = fuse_add == 2;
+  qc.fuse_add = mode == 1;
+  qc.fp32_output = mode == 2;
   qt_annotations a;
   QT_ASSERT(qt_test_quantizer_onednn(g, &qc, QT_ISA_AUTO, &a, err) == 0, "%s", err);
   return qt_test_ptq_convert(g, &a);
