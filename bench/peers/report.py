@@ -313,14 +313,12 @@ def coverage(merged, models, seeds):
                 lack.append("%s (seed%s %s)" % (m, "s" if len(ss) > 1 else "", ", ".join(ss)))
         if lack:
             missing.append("%s: %s" % (what, ", ".join(lack)))
-    have = set(((merged["train_speed"] or {}).get("models") or {}).keys())
-    lack = [m for m in models if m not in have]
-    if lack:
-        missing.append("training speed: %s" % ", ".join(lack))
-    have = {r.get("model") for r in (merged["int8_infer"] or {}).get("speed") or []}
-    lack = [m for m in models if m not in have]
-    if lack:
-        missing.append("int8 inference speed: %s" % ", ".join(lack))
+    per_model = (("training speed", set(((merged["train_speed"] or {}).get("models") or {}).keys())),
+                 ("int8 inference speed", {r.get("model") for r in (merged["int8_infer"] or {}).get("speed") or []}))
+    for what, have in per_model:
+        lack = [m for m in models if m not in have]
+        if lack:
+            missing.append("%s: %s" % (what, ", ".join(lack)))
     return missing
 
 
