@@ -45,7 +45,9 @@ PTQ accuracy (every seed):
   Brevitas (if it installed): its ImageNet example's PTQ flow (preprocess_for_quantize,
       quantize_model with the fx backend at the given bits, calibration_mode; then
       bias_correction_mode), the fake-quant model's accuracy.
-  Ours: the grid's [ptq] rows (Q/DQ graph and int8 device accuracies).
+  Ours: the grid's [ptq] rows, and the same with PTQ-MSE ranges and AdaRound
+      (experiments/grid/reconstruction.ini's [ptq_adaround]: 2000 steps per layer unless
+      --adaround-iterations; Q/DQ graph and int8 device accuracies).
 Each part (ours, ort, aimet, nncf, brevitas, speed) runs in a process of its own.
 """
 import argparse
@@ -387,18 +389,30 @@ def log(m):
     print(m, flush=True)
 
 
+# Our PTQ rows: (method label, overrides on the grid's [ptq] row, run directory tag). The second is
+# experiments/grid/reconstruction.ini's [ptq_adaround] (PTQ-MSE ranges, then AdaRound per layer):
+# the row to read beside AIMET's AdaRound.
+OURS_PTQ = (("PTQ (grid [ptq])", [], None),
+            ("PTQ-MSE + AdaRound (quant.adaround)",
+             ["quant.activation_observer=histogram", "quant.activation_range=mse", "quant.adaround=true"], "adaround"))
+
+
 def part_ours(a, model_name, seed, base, ckpt, calib, x_test, y_test, result):
     budget = common.budget_overrides(a.train_limit, a.test_limit)
     for bits in split(a.ptq_bits):
-        row = dict(base, framework="this framework (qat_train)", method="PTQ (grid [ptq])", bits=bits)
-        try:
-            _, s = common.run_ours(model_name, seed, "ptq", bits, a.work, a.build, a.threads, budget, log=log)
-            row["accuracy"], row["int8_accuracy"] = common.stage(s, "qdq"), common.stage(s, "int8")
-        except Exception as e:  # noqa: BLE001
-            row["error"] = common.error_text(e)[0]
-        result["ptq_accuracy"].append(row)
-        log("  ours PTQ %s: %s" % (bits, row.get("error") or "Q/DQ %.4f, int8 %.4f" % (
-            row["accuracy"] or float("nan"), row["int8_accuracy"] or float("nan"))))
+        for method, over, tag in OURS_PTQ:
+            row = dict(base, framework="this framework (qat_train)", method=method, bits=bits)
+            if tag == "adaround" and a.adaround_iterations:
+                over = over + ["quant.adaround_iterations=%d" % a.adaround_iterations]
+            try:
+                _, s = common.run_ours(model_name, seed, "ptq", bits, a.work, a.build, a.threads, budget + over,
+                                       log=log, tag=tag)
+                row["accuracy"], row["int8_accuracy"] = common.stage(s, "qdq"), common.stage(s, "int8")
+            except Exception as e:  # noqa: BLE001
+                row["error"] = common.error_text(e)[0]
+            result["ptq_accuracy"].append(row)
+            log("  ours %s %s: %s" % (method, bits, row.get("error") or "Q/DQ %.4f, int8 %.4f" % (
+                row["accuracy"] or float("nan"), row["int8_accuracy"] or float("nan"))))
 
 
 def part_ort(a, model_name, seed, base, ckpt, calib, x_test, y_test, result, fp32_model):

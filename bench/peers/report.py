@@ -210,7 +210,8 @@ def infer_tables(res, fails):
     speed.append(md_table(["model", "engine", "images/s, batch 256", "batch-1 latency ms", "accuracy %",
                            "ops outside the delegate"], table))
     acc = ["Test accuracy in %, mean ± std over seeds, from the same fp32 checkpoints (the twin's fp32 accuracy "
-           "beside it). Ours: the grid's [ptq] (Q/DQ graph; int8 device in brackets)."]
+           "beside it). Ours: the grid's [ptq], and PTQ-MSE + AdaRound (experiments/grid/reconstruction.ini's [ptq_adaround]) "
+           "(Q/DQ graph; int8 device in brackets)."]
     rows = res["ptq_accuracy"]
     table = []
     for model in dict.fromkeys(r["model"] for r in rows):

@@ -12,8 +12,9 @@
 # Options: --smoke, --models LIST, --seeds LIST (default 0,1,2; with --smoke 0), --work DIR (default bench/peers/work, with
 # --smoke bench/peers/work/smoke: our fp32 checkpoints and runs, the scripts' JSON and logs),
 # --out PREFIX (default experiments/results/peers; with --smoke WORK/peers_smoke), --skip LIST (any of pt2e,
-# train_speed, int8_infer). Needs bench/peers/setup_peers.sh's .venv and build/bin/qat_train
-# (bash scripts/setup.sh). Run it with both cores idle: every figure is a time or comes from a
+# train_speed, int8_infer), --infer-skip LIST (int8_infer.py's parts to leave out: any of ours, ort,
+# aimet, nncf, brevitas, speed; the report keeps their rows from the earlier slices). Needs
+# bench/peers/setup_peers.sh's .venv and build/bin/qat_train (bash scripts/setup.sh). Run it with both cores idle: every figure is a time or comes from a
 # training run that shares the machine.
 set -uo pipefail
 
@@ -28,6 +29,7 @@ SEEDS=""
 WORK=""
 OUT=""
 SKIP=""
+INFER_SKIP=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
@@ -36,7 +38,8 @@ while [ $# -gt 0 ]; do
     --work) WORK="$2"; shift ;;
     --out) OUT="$2"; shift ;;
     --skip) SKIP="$2"; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --infer-skip) INFER_SKIP="$2"; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "run_all: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -78,6 +81,7 @@ else
   INFER_ARGS=("${COMMON[@]}")
   NOTE=""
 fi
+if [ -n "$INFER_SKIP" ]; then INFER_ARGS+=(--skip "$INFER_SKIP"); fi
 REPORT_ARGS=(--work "$WORK" --out "$OUT")
 if [ "$SMOKE" = 1 ]; then
   REPORT_ARGS+=(--note "$NOTE")
