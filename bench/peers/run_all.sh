@@ -14,8 +14,8 @@
 # --out PREFIX (default experiments/results/peers; with --smoke WORK/peers_smoke), --skip LIST (any of pt2e,
 # train_speed, int8_infer), --infer-skip LIST (int8_infer.py's parts to leave out: any of ours, ort,
 # aimet, nncf, brevitas, speed; the report keeps their rows from the earlier slices). Needs
-# bench/peers/setup_peers.sh's .venv and build/bin/qat_train (bash scripts/setup.sh). Run it with both cores idle: every figure is a time or comes from a
-# training run that shares the machine.
+# bench/peers/setup_peers.sh's .venv and build/bin/qat_train (bash scripts/setup.sh). Run it with
+# both cores idle: every figure is a time or comes from a training run that shares the machine.
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift ;;
     --skip) SKIP="$2"; shift ;;
     --infer-skip) INFER_SKIP="$2"; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "run_all: unknown option $1" >&2; exit 2 ;;
   esac
   shift
