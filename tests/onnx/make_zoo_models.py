@@ -48,10 +48,12 @@ def strip(src, dst, name):
         if t.data_type != onnx.TensorProto.FLOAT or a.size < WEIGHTS_FROM:
             kept += 1
             continue
-        stats = {"mean": float(np.float32(a.astype(np.float64).mean())),
-                 "std": float(np.float32(a.astype(np.float64).std())), "min": float(a.min()), "max": float(a.max())}
-        if a.min() == a.max():
-            stats = {"mean": float(a.flat[0]), "std": 0.0, "min": float(a.min()), "max": float(a.max())}
+        stats = {"min": float(a.min()), "max": float(a.max())}
+        if a.min() == a.max():  # the value itself: a float64 mean of it need not round back to it
+            stats.update(mean=float(a.flat[0]), std=0.0)
+        else:
+            stats.update(mean=float(np.float32(a.astype(np.float64).mean())),
+                         std=float(np.float32(a.astype(np.float64).std())))
         t.ClearField("raw_data")
         t.ClearField("float_data")
         t.data_location = onnx.TensorProto.EXTERNAL

@@ -36,7 +36,9 @@ import ortlib  # noqa: E402
 TRAIN, TEST = 1024, 512
 TOL_FP32 = 1e-4
 SLACK = 0  # images ORT's and the exact reference's counts may differ by (--ort-slack)
-FP32 = """[model]
+# A config's [model] and [data]: the ONNX file and the first {train} / {test} Fashion-MNIST
+# images (test_ort_zoo.py writes its configs from it too).
+MODEL_DATA = """[model]
 onnx = {onnx}
 [data]
 format = idx
@@ -48,7 +50,8 @@ mean = 0.2860
 std = 0.3530
 train_limit = {train}
 test_limit = {test}
-[train]
+"""
+FP32 = MODEL_DATA + """[train]
 epochs = 1
 batch_size = 64
 lr = 0.05

@@ -53,19 +53,7 @@ TRAIN, TEST, BATCH = 512, 256, 64
 MAX_OVER = 0.005  # share of the logits more than 1 output LSB apart
 # The fallbacks the ViTs need (the Quantizer leaves these ops in fp32 as PT2E's do).
 VIT_FALLBACKS = {"add_param", "attention", "first_token", "layer_norm", "prepend_token"}
-CONFIG = """[model]
-onnx = {onnx}
-[data]
-format = idx
-train_images = {fashion}train-images-idx3-ubyte.gz
-train_labels = {fashion}train-labels-idx1-ubyte.gz
-test_images = {fashion}t10k-images-idx3-ubyte.gz
-test_labels = {fashion}t10k-labels-idx1-ubyte.gz
-mean = 0.2860
-std = 0.3530
-train_limit = {train}
-test_limit = {test}
-[train]
+CONFIG = test_ort_torch2.MODEL_DATA + """[train]
 epochs = 1
 batch_size = {batch}
 {optimizer}
@@ -77,14 +65,10 @@ progress = none
 """
 SGD = "optimizer = sgd\nlr = 0.02\nmomentum = 0.9\nweight_decay = 5e-4"
 ADAMW = "optimizer = adamw\nlr = 0.002\nweight_decay = 0.05"
+fail = test_ort_torch2.fail
 QAT = ["quant.mode=qat", "quant.weight_bits=4", "quant.activation_bits=8", "quant.quantizer=onednn",
        "quant.learnable_scale=true", "quant.activation_observer=histogram", "quant.activation_range=mse",
        "quant.check_batch=64"]
-
-
-def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
 
 
 def qat_train(build, args, what, name):
