@@ -152,7 +152,7 @@ int main(int argc, char **argv) {
   qt_report_print(&r, stdout);
   if (a.timing && print_timing(&a, fp32, m, &test, &lc, err)) goto fail;
   if (D->outputs_path) {
-    if (qt_device_write_outputs(m, &test, &lc, D->names, D->n_names, D->outputs_path, err)) goto fail;
+    if (qt_device_write_outputs(m, 0, &test, &lc, D->names, D->n_names, D->outputs_path, err)) goto fail;
     printf("qat_report: wrote the device's logits%s to %s\n", D->n_names ? " and values" : "", D->outputs_path);
   }
   status = 0;

@@ -814,7 +814,13 @@ int qt_cli_data_option(const char *prog, const char *accepted, int argc, char **
   switch (k) {
     case CONFIG: d->config_path = v; return 1;
     case OUTPUTS: d->outputs_path = v; return 1;
-    case VALUES: snprintf(d->values, sizeof d->values, "%s", v); return 1;
+    case VALUES:
+      if (strlen(v) >= sizeof d->values) {
+        fprintf(stderr, "%s: --values is longer than %zu characters\n", prog, sizeof d->values - 1);
+        return -1;
+      }
+      snprintf(d->values, sizeof d->values, "%s", v);
+      return 1;
     case IMAGES: return qt_cli_parse_int(prog, opt, v, 1, 1000000000, &d->images) ? -1 : 1;
     default: return qt_cli_parse_int(prog, opt, v, 1, 65536, &d->batch) ? -1 : 1;
   }

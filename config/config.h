@@ -98,8 +98,8 @@ int qt_cli_parse_int(const char *prog, const char *opt, const char *s, long lo, 
 typedef struct {
   const char *config_path, *outputs_path; /* NULL when not given */
   int images, batch;
-  char values[4096];     /* --values as given */
-  const char *names[64]; /* --values split by qt_cli_data_finish */
+  char values[65536];      /* --values as given */
+  const char *names[2048]; /* --values split by qt_cli_data_finish */
   int n_names;
 } qt_cli_data_options;
 /* Consumes argv[*i] (advancing *i past its value) when it is one of the options above that

@@ -169,8 +169,69 @@ static const qt_value *named_value(const qt_graph *g, const char *name) {
   return &g->values[g->nodes[qt_graph_find_node(g, name)].output];
 }
 
-int qt_device_write_outputs(qt_device *dev, const qt_dataset *ds, const qt_loader_config *lc, const char *const *values,
-                            int n_values, const char *path, char *err) {
+/* Writes the reference's logits and values, batch by batch: one run of the exact reference per
+ * batch gives every value. */
+static int write_reference_rows(const qt_graph *g, qt_loader *l, const qt_loader_config *lc, const char *const *values,
+                                int n_values, hid_t lab, const hid_t *d, char *err) {
+  qt_exact *x = qt_exact_open(g, err);
+  if (!x) return -1;
+  int *idx = malloc((size_t)(n_values + 1) * sizeof *idx);
+  float **dst = calloc((size_t)n_values + 1, sizeof *dst);
+  float *out = malloc((size_t)lc->batch_size * (size_t)qt_value_numel(&g->values[g->output]) * sizeof(float));
+  QT_ASSERT(idx && dst && out, "out of memory");
+  for (int k = 0; k < n_values; k++) {
+    const qt_value *v = named_value(g, values[k]);
+    idx[k] = (int)(v - g->values);
+    dst[k] = malloc((size_t)lc->batch_size * (size_t)qt_value_numel(v) * sizeof(float));
+    QT_ASSERT(dst[k], "out of memory for a batch of %s", values[k]);
+  }
+  int rc = 0, n;
+  int64_t at = 0;
+  const float *xb;
+  const int32_t *labels;
+  qt_loader_start_epoch(l, 0);
+  while (!rc && (n = qt_loader_next(l, &xb, &labels)) > 0) {
+    if (qt_exact_run_values(x, out, xb, n, idx, dst, n_values, err) ||
+        write_rows(lab, H5T_NATIVE_INT32, at, n, labels) || write_rows(d[0], H5T_NATIVE_FLOAT, at, n, out))
+      rc = -1;
+    for (int k = 0; k < n_values && !rc; k++) rc = write_rows(d[k + 1], H5T_NATIVE_FLOAT, at, n, dst[k]);
+    at += n;
+  }
+  for (int k = 0; k < n_values; k++) free(dst[k]);
+  QT_FREE_ALL(dst, idx, out);
+  qt_exact_free(x);
+  return rc;
+}
+
+/* The device's logits and values: one value at a time over the whole set (the device deploys
+ * each intermediate value once). */
+static int write_device_rows(qt_device *dev, qt_loader *l, const qt_loader_config *lc, const char *const *values,
+                             int n_values, hid_t lab, const hid_t *d, char *err) {
+  const qt_graph *g = qt_device_graph(dev);
+  int rc = 0, n;
+  const float *x;
+  const int32_t *labels;
+  for (int k = -1; k < n_values && !rc; k++) {
+    const char *name = k < 0 ? "logits" : values[k];
+    const qt_value *v = k < 0 ? &g->values[g->output] : named_value(g, name);
+    float *out = malloc((size_t)lc->batch_size * (size_t)qt_value_numel(v) * sizeof(float));
+    QT_ASSERT(out, "out of memory for a batch of %s", name);
+    int64_t at = 0;
+    qt_loader_start_epoch(l, 0);
+    while (!rc && (n = qt_loader_next(l, &x, &labels)) > 0) {
+      if ((k < 0 ? qt_device_run(dev, out, x, n, err) : qt_device_read_value(dev, name, out, x, n, err)) ||
+          (k < 0 && write_rows(lab, H5T_NATIVE_INT32, at, n, labels)) ||
+          write_rows(d[k + 1], H5T_NATIVE_FLOAT, at, n, out))
+        rc = -1;
+      at += n;
+    }
+    free(out);
+  }
+  return rc;
+}
+
+int qt_device_write_outputs(qt_device *dev, int reference, const qt_dataset *ds, const qt_loader_config *lc,
+                            const char *const *values, int n_values, const char *path, char *err) {
   const qt_graph *g = qt_device_graph(dev);
   for (int k = 0; k < n_values; k++) {
     if (qt_device_value_numel(dev, values[k]) < 0)
@@ -197,55 +258,25 @@ int qt_device_write_outputs(qt_device *dev, const qt_dataset *ds, const qt_loade
     return qt_err(err, "cannot create '%s'", tmp);
   }
   err[0] = 0;
-  int rc, n;
-  float *out = NULL;
-  const float *x;
-  const int32_t *labels;
+  int rc = -1, made = 0;
+  hid_t *d = malloc((size_t)(n_values + 1) * sizeof *d);
+  QT_ASSERT(d, "out of memory");
   hid_t lab = create_dataset(f, "labels", H5T_NATIVE_INT32, ds->n, NULL);
-  if (lab < 0) goto fail;
-  /* One value at a time over the whole set: the device deploys each intermediate value once. */
-  for (int k = -1; k < n_values; k++) {
-    const char *name = k < 0 ? "logits" : values[k];
-    const qt_value *v = k < 0 ? &g->values[g->output] : named_value(g, name);
-    const int64_t numel = qt_value_numel(v);
-    free(out);
-    out = malloc((size_t)lc->batch_size * (size_t)numel * sizeof(float));
-    QT_ASSERT(out, "out of memory for a batch of %s", name);
-    hid_t d = create_dataset(f, name, H5T_NATIVE_FLOAT, ds->n, v);
-    if (d < 0) goto fail;
-    int64_t at = 0;
-    qt_loader_start_epoch(l, 0);
-    while ((n = qt_loader_next(l, &x, &labels)) > 0) {
-      const int bad = (k < 0 ? qt_device_run(dev, out, x, n, err) : qt_device_read_value(dev, name, out, x, n, err)) ||
-                      (k < 0 && write_rows(lab, H5T_NATIVE_INT32, at, n, labels)) ||
-                      write_rows(d, H5T_NATIVE_FLOAT, at, n, out);
-      if (bad) {
-        H5Dclose(d);
-        goto fail;
-      }
-      at += n;
-    }
-    H5Dclose(d);
+  for (; lab >= 0 && made <= n_values; made++) {
+    const qt_value *v = made == 0 ? &g->values[g->output] : named_value(g, values[made - 1]);
+    if ((d[made] = create_dataset(f, made == 0 ? "logits" : values[made - 1], H5T_NATIVE_FLOAT, ds->n, v)) < 0) break;
   }
-  H5Dclose(lab);
-  lab = -1;
-  if (H5Fclose(f) < 0) {
-    f = -1;
-    qt_err(err, "cannot write '%s'", tmp);
-    goto fail;
-  }
-  f = -1;
-  rc = qt_file_commit(tmp, path, err);
-  free(out);
-  qt_loader_free(l);
-  return rc;
-fail:
-  if (!err[0]) qt_err(err, "cannot write '%s'", tmp);
+  if (lab >= 0 && made == n_values + 1)
+    rc = reference ? write_reference_rows(g, l, lc, values, n_values, lab, d, err)
+                   : write_device_rows(dev, l, lc, values, n_values, lab, d, err);
+  for (int k = 0; k < made; k++) H5Dclose(d[k]);
+  free(d);
   if (lab >= 0) H5Dclose(lab);
-  if (f >= 0) H5Fclose(f);
-  remove(tmp);
-  free(out);
+  if (H5Fclose(f) < 0 && !rc) rc = -1;
   qt_loader_free(l);
+  if (!rc) return qt_file_commit(tmp, path, err);
+  if (!err[0]) qt_err(err, "cannot write '%s'", tmp);
+  remove(tmp);
   return -1;
 }
 

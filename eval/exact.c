@@ -45,6 +45,10 @@ struct qt_exact {
   const int32_t *const *forced;
   int32_t *const *own;
   int64_t image0;
+  /* values written out (qt_exact_run_values): n_keep value indices and their destinations */
+  const int *keep;
+  float *const *keep_dst;
+  int n_keep;
 };
 
 static void *xmalloc(size_t bytes) {
@@ -684,6 +688,23 @@ static void release_inputs(qt_exact *x, const qt_node *nd, int i) {
   }
 }
 
+/* Copies value v of the chunk (numel elements from image image0) to the destinations that asked
+ * for it: float64 data rounded to float32; a quantize's integers (its output holds no float64 data)
+ * dequantized in float32, (q - zp) * s, as a device returns them. */
+static void keep_value(qt_exact *x, int v, int64_t numel) {
+  for (int k = 0; k < x->n_keep; k++) {
+    if (x->keep[k] != v) continue;
+    float *dst = x->keep_dst[k] + x->image0 * qt_value_numel(&x->g->values[v]);
+    if (x->vd[v]) {
+      for (int64_t e = 0; e < numel; e++) dst[e] = (float)x->vd[v][e];
+    } else {
+      const qt_qstate *q = x->g->nodes[x->g->values[v].producer].q;
+      const int C = q->channels;
+      for (int64_t e = 0; e < numel; e++) dst[e] = (float)(x->vi[v][e] - q->zero_point[e % C]) * q->scale[e % C];
+    }
+  }
+}
+
 /* One chunk of n images from in (n, H, W, C) fp32 to out (n, output numel) fp32. Elementwise
  * passes run in parallel over rows of the channel axis (each element's arithmetic is the same
  * whichever thread computes it). */
@@ -702,6 +723,7 @@ static int run_chunk(qt_exact *x, float *out, const float *input, int n, char *e
       double *y = x->vd[nd->output] = buf_get(x, (size_t)numel * sizeof *y);
       rc = run_float_node(x, i, y, n, numel, err);
     }
+    if (!rc && x->n_keep) keep_value(x, nd->output, numel);
     release_inputs(x, nd, i);
   }
   if (!rc) {
@@ -740,4 +762,16 @@ int qt_exact_run_forced(qt_exact *x, float *out, const float *input, int n, cons
 
 int qt_exact_run(qt_exact *x, float *out, const float *input, int n, char *err) {
   return qt_exact_run_forced(x, out, input, n, NULL, NULL, err);
+}
+
+int qt_exact_run_values(qt_exact *x, float *out, const float *input, int n, const int *values, float *const *dst,
+                        int n_values, char *err) {
+  x->keep = values;
+  x->keep_dst = dst;
+  x->n_keep = n_values;
+  const int rc = qt_exact_run_forced(x, out, input, n, NULL, NULL, err);
+  x->keep = NULL;
+  x->keep_dst = NULL;
+  x->n_keep = 0;
+  return rc;
 }

@@ -54,6 +54,12 @@ int64_t qt_exact_output_numel(const qt_exact *x);
  * the nodes between the quantization points before v and v: one partition, judged alone. */
 int qt_exact_run_forced(qt_exact *x, float *out, const float *input, int n, const int32_t *const *forced,
                         int32_t *const *own, char *err);
+/* Runs input as qt_exact_run does and also writes what the reference computes at values[k]
+ * (value indices of g) to dst[k] (n, numel of that value) fp32: integers dequantized in float32,
+ * (q - zp) * s, as a device returns a quantize's output (qt_device_read_value); float64 data
+ * rounded to float32. */
+int qt_exact_run_values(qt_exact *x, float *out, const float *input, int n, const int *values, float *const *dst,
+                        int n_values, char *err);
 /* Nodes computed on the integer path (conv2d / linear), for reports. */
 int qt_exact_integer_layers(const qt_exact *x);
 

@@ -107,9 +107,11 @@ int qt_device_compare(qt_device *dev, qt_graph *qdq, const qt_dataset *ds, const
 /* Writes what the device computes on the test set (ds in lc's batches, in order, no
  * augmentation) to the HDF5 file path, atomically (a qt_temp_create file, then renamed): "logits" (N,
  * output shape), "labels" (N) int32, and one dataset per name in values (a value or node name of
- * the device's Q/DQ graph, qt_device_read_value), (N, value shape) fp32. Returns -1 with err. */
-int qt_device_write_outputs(qt_device *dev, const qt_dataset *ds, const qt_loader_config *lc, const char *const *values,
-                            int n_values, const char *path, char *err);
+ * the device's Q/DQ graph, qt_device_read_value), (N, value shape) fp32. reference != 0: what the
+ * exact integer reference of the device's Q/DQ graph computes instead (qt_exact_run_values: at a
+ * quantize point its integers, dequantized as a device returns them). Returns -1 with err. */
+int qt_device_write_outputs(qt_device *dev, int reference, const qt_dataset *ds, const qt_loader_config *lc,
+                            const char *const *values, int n_values, const char *path, char *err);
 
 /* ---- the three-stage report --------------------------------------------------------------- */
 

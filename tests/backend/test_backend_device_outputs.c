@@ -4,16 +4,21 @@
  * one interface, for the oneDNN device and the accelerator alike: reading the output value by
  * name equals running); qat_run --compare on a Q/DQ graph whose output is fp32 (the last layer
  * left in fp32: no final dequantize, so no output LSB) says what it compared and passes (exit
- * 0); where a node runs (qt_device_node_on_backend) is asked the same way of the oneDNN device.
+ * 0); where a node runs (qt_device_node_on_backend) is asked the same way of the oneDNN device;
+ * qat_run --write-outputs --reference writes what the exact reference computes
+ * (qt_exact_run_values, bit for bit): at a quantize point its integers dequantized, within 1 LSB
+ * of the device's there.
  * The command-line parts are skipped when Fashion-MNIST is not installed. */
 #include <hdf5.h>
 #include <hdf5_hl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "eval/exact.h"
 #include "eval/report.h"
 #include "tests/common/ptq_util.h"
 #include "tests/common/quantizer_util.h"
@@ -104,6 +109,69 @@ static void read_value_by_name(const char *what, const qt_graph *g, const qt_bac
   qt_device_free(dev);
 }
 
+/* qat_run --write-outputs --reference on the first 300 images of l's set: logits, a quantize
+ * point and a pooled value equal qt_exact_run_values bit for bit; the quantize point holds
+ * integers (multiples of its scale) within 1 LSB of the device's; the logits equal
+ * qt_exact_run's. */
+static void check_reference(const qt_graph *g, qt_loader *l) {
+  char err[QT_ERR_LEN];
+  remove("reference.h5");
+  const int st =
+      run("outputs_model.h5 --images 300 --batch 128 --write-outputs reference.h5 --reference --values "
+          "relu1.fq.quantize,pool2");
+  if (st != 0 || access("reference.h5", R_OK) != 0 || !strstr(out_text, "exact reference"))
+    qt_test_fail("--write-outputs --reference: exit %d:\n%s", st, out_text);
+  const int node = qt_graph_find_node(g, "relu1.fq.quantize");
+  QT_ASSERT(node >= 0, "FashionCNN's Q/DQ graph has no relu1.fq.quantize");
+  const int vals[2] = {g->nodes[node].output, g->nodes[qt_graph_find_node(g, "pool2")].output};
+  const float s = g->nodes[node].q->scale[0];
+  const int64_t relu1 = 28 * 28 * 32, pool2 = 7 * 7 * 64;
+  hid_t f = H5Fopen("reference.h5", H5F_ACC_RDONLY, H5P_DEFAULT);
+  float *logits = read_floats(f, "logits", 300 * 10), *v1 = read_floats(f, "relu1.fq.quantize", 300 * relu1),
+        *v2 = read_floats(f, "pool2", 300 * pool2);
+  QT_ASSERT(logits && v1 && v2, "reference.h5: a dataset is missing or has the wrong size");
+  H5Fclose(f);
+  qt_exact *x = qt_exact_open(g, err);
+  qt_device *dev = qt_device_open(g, NULL, err);
+  QT_ASSERT(x && dev, "%s", err);
+  float *o = malloc(sizeof(float) * 128 * 10), *o2 = malloc(sizeof(float) * 128 * 10),
+        *d1 = malloc(sizeof(float) * 128 * relu1), *d2 = malloc(sizeof(float) * 128 * pool2),
+        *dv = malloc(sizeof(float) * 128 * relu1);
+  float *const dst[2] = {d1, d2};
+  const float *xb;
+  const int32_t *lab;
+  int n;
+  int64_t at = 0, bad = 0, off_grid = 0, over = 0, ones = 0;
+  qt_loader_start_epoch(l, 0);
+  while ((n = qt_loader_next(l, &xb, &lab)) > 0) {
+    QT_ASSERT(qt_exact_run_values(x, o, xb, n, vals, dst, 2, err) == 0, "%s", err);
+    QT_ASSERT(qt_exact_run(x, o2, xb, n, err) == 0, "%s", err);
+    QT_ASSERT(qt_device_read_value(dev, "relu1.fq.quantize", dv, xb, n, err) == 0, "%s", err);
+    bad += differ("reference logits", logits + at * 10, o, (int64_t)n * 10) +
+           differ("qt_exact_run_values against qt_exact_run", o, o2, (int64_t)n * 10) +
+           differ("reference relu1.fq.quantize", v1 + at * relu1, d1, (int64_t)n * relu1) +
+           differ("reference pool2", v2 + at * pool2, d2, (int64_t)n * pool2);
+    for (int64_t k = 0; k < (int64_t)n * relu1; k++) {
+      const double q = (double)d1[k] / s, lsb = fabs((double)d1[k] - (double)dv[k]) / s;
+      off_grid += fabs(q - nearbyint(q)) > 1e-3;
+      over += lsb > 1.0 + 1e-3;
+      ones += lsb > 0.5;
+    }
+    at += n;
+  }
+  printf("--reference: relu1.fq.quantize, the device against the exact reference: %lld of %lld values 1 LSB apart\n",
+         (long long)ones, (long long)(at * relu1));
+  if (bad || at != 300) qt_test_fail("--reference: %lld written values differ from the reference's", (long long)bad);
+  if (off_grid || over)
+    qt_test_fail("--reference: relu1.fq.quantize: %lld values off its integer grid, %lld over 1 LSB from the device",
+                 (long long)off_grid, (long long)over);
+  if (run("outputs_model.h5 --images 10 --reference") != 2 || !strstr(out_text, "--write-outputs"))
+    qt_test_fail("--reference without --write-outputs is not refused:\n%s", out_text);
+  QT_FREE_ALL(o, o2, d1, d2, dv, logits, v1, v2);
+  qt_device_free(dev);
+  qt_exact_free(x);
+}
+
 int main(void) {
   char err[QT_ERR_LEN];
   qt_graph *g = converted("", NULL);
@@ -167,6 +235,7 @@ int main(void) {
     if (bad || at != 300) qt_test_fail("--write-outputs: %lld written values differ from the device's (%lld images)",
                                        (long long)bad, (long long)at);
     H5Fclose(f);
+    check_reference(g, l);
     free(o);
     free(logits);
     free(v1);

@@ -151,5 +151,20 @@ int main(void) {
   QT_CHECK(qt_config_int(c, "train", "epochs") == 4);
 
   qt_config_free(c);
+
+  { /* --values: a list too long to hold is refused, not cut; one of 200 names is whole */
+    static char list[70000], *argv[3] = {"prog", "--values", list};
+    static qt_cli_data_options d;
+    memset(list, 'a', sizeof list - 1);
+    int i = 1;
+    QT_CHECK(qt_cli_data_option("prog", "--values --write-outputs", 3, argv, &i, &d) == -1);
+    list[0] = 0;
+    for (int k = 0; k < 200; k++) snprintf(list + strlen(list), 64, "%sblock.%d.relu.fq.quantize", k ? "," : "", k);
+    i = 1;
+    d.outputs_path = "out.h5";
+    QT_CHECK(qt_cli_data_option("prog", "--values --write-outputs", 3, argv, &i, &d) == 1);
+    QT_CHECK(qt_cli_data_finish("prog", &d) == 0 && d.n_names == 200);
+    QT_CHECK(strcmp(d.names[199], "block.199.relu.fq.quantize") == 0);
+  }
   return qt_test_finish();
 }

@@ -26,7 +26,11 @@ Judged, per model:
   barely trained models, their logits close together, a 1-LSB difference moves; measured at most
   0.16% over 1 LSB). A wrong scale, zero point or op in the export moves many logits: one
   mid-network dequantize scale of ResNet-18's export made 2% larger puts 0.74% of them over,
-  5% larger 7.8%.
+  5% larger 7.8%;
+- ONNX Runtime one partition at a time (tests/ort/ort_alone.py): every activation point of the
+  export fed the exact reference's integers, ORT's integers there within 1 LSB of the
+  reference's, at most 0.1% of a point's values 1 LSB apart (measured at most 0.005%; the 2%
+  larger scale above puts 28% of its partition's values 1 LSB or more apart, 2 LSB at most).
 
 Usage: test_ort_zoo.py BUILD_DIR WORK_DIR [--train N] [--test N] [NAME ...] (default: every
 graph in tests/onnx/zoo/).
@@ -43,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
+import ort_alone  # noqa: E402
 import ort_eval  # noqa: E402
 import ortlib  # noqa: E402
 import test_ort_torch2  # noqa: E402
@@ -164,6 +169,20 @@ def run(build, work, src):
     if over > MAX_OVER:
         fail("%s: ONNX Runtime against the device: %.2f%% of the logits more than 1 LSB apart (at most %.1f%%)" % (
             name, 100 * over, 100 * MAX_OVER))
+    try:
+        a = ort_alone.judge(build, os.path.join(qat_dir, "model_qdq.h5"), os.path.join(qat_dir, "model_qdq.onnx"),
+                            fp32_ini, TEST, out)
+        bad = ort_alone.failing(a)
+    except (OSError, ort_alone.AloneError) as e:
+        fail("%s: ONNX Runtime partition by partition: %s" % (name, e))
+    share = max(p["one_lsb"] / p["values"] for p in a["points"])
+    print("%s: ONNX Runtime, each of its %d partitions alone on the exact reference's integers: worst %d LSB (%s), "
+          "%d of %d values 1 LSB apart (at most %.3f%% at one point)" % (
+              name, len(a["points"]), a["worst"]["max_lsb"], a["worst"]["point"], a["one_lsb"], a["values"],
+              100 * share))
+    if bad:
+        fail("%s: ONNX Runtime partition by partition against the exact reference: over 1 LSB, or more than "
+             "%.1f%% of the values 1 LSB apart, at %s" % (name, 100 * ort_alone.MAX_ONE_LSB_SHARE, bad))
 
 
 def main():
