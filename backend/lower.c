@@ -910,10 +910,13 @@ static void run_act_requantize(const qt_step *s, uint8_t *out, const float *in, 
   enum { BLOCK = 1024 };
   const act_requant *a = s->aux;
   const float zp = (float)s->zero_point[0], lo = (float)s->qmin, hi = (float)s->qmax;
-  float y[BLOCK];
-  for (int64_t k0 = 0; k0 < n; k0 += BLOCK) {
-    const int64_t len = n - k0 < BLOCK ? n - k0 : BLOCK;
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t b = 0; b < blocks; b++) {
+    float y[BLOCK];
+    const int64_t k0 = b * BLOCK, len = n - k0 < BLOCK ? n - k0 : BLOCK;
     qt_act_forward(y, in + k0, len, &a->act);
+#pragma omp simd
     for (int64_t k = 0; k < len; k++)
       out[k0 + k] = quantized_u8(fused_relu(y[k], a->relu, a->relu6) * a->inv_scale, zp, lo, hi);
   }
@@ -925,6 +928,7 @@ static void run_act_requantize(const qt_step *s, uint8_t *out, const float *in, 
 static void run_add_requantize(const qt_step *s, uint8_t *out, const float *in, const uint8_t *r, int64_t n) {
   const add_requant *a = s->aux;
   const float zp = (float)s->zero_point[0], lo = (float)s->qmin, hi = (float)s->qmax;
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
   for (int64_t k = 0; k < n; k++)
     out[k] = quantized_u8(fused_relu(in[k] + a->lut[r[k]], a->relu, a->relu6) * a->inv_scale, zp, lo, hi);
 }
@@ -937,18 +941,19 @@ static void run_gate_requantize(const qt_step *s, uint8_t *out, const float *z, 
   const gate_requant *a = s->aux;
   const int64_t C = a->C, P = a->P, N = numel / C;
   const float zp = (float)s->zero_point[0], lo = (float)s->qmin, hi = (float)s->qmax;
-  float *gate = malloc((size_t)C * sizeof(float));
-  QT_ASSERT(gate, "out of memory");
-  for (int64_t smp = 0; smp < N; smp++) {
-    qt_act_forward(gate, z + smp * C, C, &a->act);
-    const uint8_t *xs = x + smp * P * C;
-    uint8_t *os = out + smp * P * C;
-    for (int64_t p = 0; p < P; p++)
-      for (int64_t c = 0; c < C; c++)
-        os[p * C + c] =
-            quantized_u8(fused_relu(a->lut[xs[p * C + c]] * gate[c], a->relu, a->relu6) * a->inv_scale, zp, lo, hi);
+  float *gates = malloc((size_t)numel * sizeof(float));
+  QT_ASSERT(gates, "out of memory");
+  qt_act_forward(gates, z, numel, &a->act);
+#pragma omp parallel for schedule(static) if (numel * P >= 65536)
+  for (int64_t row = 0; row < N * P; row++) { /* one pixel of one sample */
+    const float *gate = gates + (row / P) * C;
+    const uint8_t *xs = x + row * C;
+    uint8_t *os = out + row * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++)
+      os[c] = quantized_u8(fused_relu(a->lut[xs[c]] * gate[c], a->relu, a->relu6) * a->inv_scale, zp, lo, hi);
   }
-  free(gate);
+  free(gates);
 }
 
 /* The fallback node with the executor's own node forward (the graph is a finalized Q/DQ graph in
