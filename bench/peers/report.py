@@ -266,6 +266,28 @@ def read_slices(work):
     return sorted(out, key=lambda x: x["finished"])
 
 
+def base_slice(path):
+    """A report this script wrote before (OUT.json) as one slice older than any under WORK: its
+    merged rows, runs and steps, so that new slices add to it (a clone or a new machine keeps the
+    published report, not the work folder it came from)."""
+    b = read_json(path)
+    if not b or not isinstance(b.get("steps"), list):
+        sys.exit("report: --base %s: not a report JSON this script wrote" % path)
+    sl = {"tag": "base", "steps": b["steps"], "report": b}
+    for name in RESULTS:
+        m = dict(b[name]) if b.get(name) else None
+        if m:
+            m["finished"] = max([r.get("finished") or "" for r in m.get("runs") or []] or [""])
+        sl[name] = m
+    sl["finished"] = max([sl[n]["finished"] for n in RESULTS if sl[n]] or [""])
+    return sl
+
+
+def model_name(mach):
+    return next((l.split(":", 1)[1].strip() for l in (mach or {}).get("lscpu_head") or [] if l.startswith("Model name")),
+                "?")
+
+
 def merged_rows(results, field, key):
     """The rows of every result file's FIELD, one per KEY, the later file's winning."""
     rows = {}
@@ -285,7 +307,9 @@ def merge(slices):
             continue
         last = results[-1]
         m = {k: last.get(k) for k in ("script", "versions", "options", "env")}
-        m["runs"] = [{k: r.get(k) for k in ("argv", "started", "finished", "versions")} for r in results]
+        m["runs"] = []
+        for r in results:  # a base report's result holds its runs already
+            m["runs"] += r["runs"] if "runs" in r else [{k: r.get(k) for k in ("argv", "started", "finished", "versions")}]
         if name == "pt2e":
             m["rows"] = merged_rows(results, "rows", ("model", "seed", "framework", "quantizer", "method", "bits"))
         elif name == "train_speed":
@@ -296,7 +320,9 @@ def merge(slices):
         else:
             m["speed"] = merged_rows(results, "speed", ("model", "engine"))
             m["ptq_accuracy"] = merged_rows(results, "ptq_accuracy", ("model", "seed", "framework", "method", "bits"))
-            m["parts"] = {" ".join(r.get("argv") or []): r.get("parts") for r in results}
+            m["parts"] = {}
+            for r in results:
+                m["parts"].update(r["parts"] if "runs" in r else {" ".join(r.get("argv") or []): r.get("parts")})
         merged[name] = m
     return merged
 
@@ -334,12 +360,19 @@ def main():
     ap.add_argument("--full-models", default="", help="the full set's models (comma-separated): the report says "
                     "which of them, with --full-seeds, no slice has measured")
     ap.add_argument("--full-seeds", default="")
+    ap.add_argument("--base", help="a report JSON written before (e.g. experiments/results/peers.json): its rows "
+                    "count as measured before every slice under WORK")
     a = ap.parse_args()
     slices = read_slices(a.work)
+    base = base_slice(a.base) if a.base else None
+    if base:
+        slices = [base] + slices
     merged = merge(slices)
     pt2e, train, infer = merged["pt2e"], merged["train_speed"], merged["int8_infer"]
     ort = read_json(a.ort)
-    steps = [dict(s, slice=sl["tag"]) for sl in slices for s in sl["steps"]]
+    steps = [s if sl is base else dict(s, slice=sl["tag"]) for sl in slices for s in sl["steps"]]
+    new_tags = [sl["tag"] for sl in slices if sl is not base]
+    tags = list(dict.fromkeys((base["report"]["slices"] if base else []) + new_tags))
     missing = []
     if a.full_models:
         missing = coverage(merged, a.full_models.split(","), (a.full_seeds or "0").split(","))
@@ -355,7 +388,14 @@ def main():
     fails = Failures()
     allres = {"title": a.title, "note": a.note, "written": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": mach,
               "install": install, "pip_freeze": freeze, "steps": steps, "pt2e": pt2e, "train_speed": train,
-              "int8_infer": infer, "ort": ort, "slices": [sl["tag"] for sl in slices], "missing": missing}
+              "int8_infer": infer, "ort": ort, "slices": tags, "missing": missing}
+    # the CPU each slice ran on (a base report's slices: as it recorded them)
+    allres["slice_machines"] = {}
+    if base:
+        b = base["report"]
+        allres["slice_machines"] = b.get("slice_machines") or {t: model_name(b.get("machine")) for t in b["slices"]}
+        allres["base"] = {"file": a.base, "written": b.get("written")}
+    allres["slice_machines"].update({t: model_name(mach) for t in new_tags})
     md = ["# %s" % a.title, ""]
     if a.note:
         md += ["**%s**" % a.note, ""]
@@ -363,9 +403,17 @@ def main():
         md += ["**Not the full set yet (%s models x seeds %s). Missing: %s.**" % (a.full_models, a.full_seeds,
                                                                                "; ".join(missing)), ""]
     md += ["Written by bench/peers/run_all.sh (bench/peers/README.md) on %s, from the slices %s (under "
-           "bench/peers/work/results/; the commands below)." % (allres["written"], ", ".join(allres["slices"]) or "none"),
+           "bench/peers/work/results/%s; the commands below)." % (
+               allres["written"], ", ".join(allres["slices"]) or "none", ", or in the base report" if base else ""),
            "",
            "## Machine", "", "```"] + mach["lscpu_head"] + ["```", ""]
+    cpus = {}
+    for t, cpu in allres["slice_machines"].items():
+        cpus.setdefault(cpu, []).append(t)
+    if len(cpus) > 1 or base:
+        md += ["Slices by CPU%s: %s." % (" (the earlier ones as %s, written %s, records them)" % (
+            a.base, allres["base"]["written"]) if base else "", "; ".join(
+                "%s: %s" % (c, ", ".join(ts)) for c, ts in cpus.items())), ""]
     md += ["## Versions", ""]
     if install:
         t = []

@@ -13,7 +13,9 @@
 # --smoke bench/peers/work/smoke: our fp32 checkpoints and runs, the scripts' JSON and logs),
 # --out PREFIX (default experiments/results/peers; with --smoke WORK/peers_smoke), --skip LIST (any of pt2e,
 # train_speed, int8_infer), --infer-skip LIST (int8_infer.py's parts to leave out: any of ours, ort,
-# aimet, nncf, brevitas, speed; the report keeps their rows from the earlier slices). Needs
+# aimet, nncf, brevitas, speed; the report keeps their rows from the earlier slices), --base FILE
+# (a report JSON written before, e.g. experiments/results/peers.json: its rows count as earlier
+# slices, for a machine without the work folder they came from). Needs
 # bench/peers/setup_peers.sh's .venv and build/bin/qat_train (bash scripts/setup.sh). Run it with
 # both cores idle: every figure is a time or comes from a training run that shares the machine.
 set -uo pipefail
@@ -30,6 +32,7 @@ WORK=""
 OUT=""
 SKIP=""
 INFER_SKIP=""
+BASE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
@@ -39,7 +42,8 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift ;;
     --skip) SKIP="$2"; shift ;;
     --infer-skip) INFER_SKIP="$2"; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --base) BASE="$2"; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "run_all: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -83,6 +87,7 @@ else
 fi
 if [ -n "$INFER_SKIP" ]; then INFER_ARGS+=(--skip "$INFER_SKIP"); fi
 REPORT_ARGS=(--work "$WORK" --out "$OUT")
+[ -n "$BASE" ] && REPORT_ARGS+=(--base "$BASE")
 if [ "$SMOKE" = 1 ]; then
   REPORT_ARGS+=(--note "$NOTE")
 else
