@@ -1,8 +1,7 @@
 #!/bin/bash
-# Sets up (scripts/setup.sh) and runs the whole test suite (about 6 minutes on two idle cores,
-# 1.5 of them the quick experiment grid, half a minute the quick backends table; the whole of
-# .ci/run, with its three builds, the sanitizer pass and the fuzz smoke run: 14 minutes once the
-# packages are installed).
+# Sets up (scripts/setup.sh) and runs the whole test suite (about 12 minutes on two idle cores,
+# 4 of them the zoo's pipeline test; the whole of .ci/run, with its three builds, the sanitizer
+# pass and the fuzz smoke run: 22 minutes once the packages are installed).
 #   bash scripts/test.sh [CMAKE_ARGS...]   # set up, build, the whole suite
 #   bash scripts/test.sh --quick           # build (build/ must exist) and the unit tests only:
 #                                          # no training runs, grids, ONNX Runtime, MPI or tests

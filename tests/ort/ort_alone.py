@@ -33,8 +33,6 @@ import sys
 import h5py
 import numpy as np
 
-
-
 MAX_ONE_LSB_SHARE = 0.001
 ONE_LSB_ALLOWED = 8
 
@@ -101,7 +99,9 @@ def forced_model(model, pts):
 
 def onnx_layout(v, numel_shape):
     """The reference's values v (N, H, W, C) or (N, F) in the export's layout: images NCHW, a
-    vector the shape ONNX gives it (numel_shape: per-sample dims, or None)."""
+    vector the shape ONNX gives it (numel_shape: per-sample dims, or None). A point on a flattened
+    image, which ONNX orders (c, h, w) where the graph holds (h, w, c), is not reordered: no
+    export of the tests has one, and its values would fail the comparison, not pass it."""
     if v.ndim == 4:
         v = v.transpose(0, 3, 1, 2)
     if numel_shape is not None and int(np.prod(numel_shape)) == int(np.prod(v.shape[1:])):
