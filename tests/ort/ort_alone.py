@@ -48,6 +48,14 @@ def failing(res, max_lsb=1):
             if p["max_lsb"] > max_lsb or p["one_lsb"] > max(MAX_ONE_LSB_SHARE * p["values"], ONE_LSB_ALLOWED)]
 
 
+def summary(res):
+    """One line of a judge() result: the partitions, the worst point, the values 1 LSB apart."""
+    share = max(p["one_lsb"] / p["values"] for p in res["points"])
+    return ("%d partitions alone on %d images: worst %d LSB (%s), %d of %d values 1 LSB apart (at one point at most "
+            "%.4f%%)" % (len(res["points"]), res["images"], res["worst"]["max_lsb"], res["worst"]["point"],
+                         res["one_lsb"], res["values"], 100 * share))
+
+
 def _init(graph, name):
     import onnx.numpy_helper
     for t in graph.initializer:
@@ -152,9 +160,10 @@ def judge(build, qdq_h5, onnx_path, config, images=256, work=".", threads=2):
     if not pts:
         raise AloneError("%s holds no QuantizeLinear" % onnx_path)
     ref_h5 = os.path.join(work, "reference.h5")
+    images_value = input_name(qdq_h5)
     cmd = [os.path.join(build, "bin", "qat_run"), qdq_h5] + (["--config", config] if config else []) + [
         "--images", str(images), "--quiet", "--write-outputs", ref_h5, "--reference", "--values",
-        ",".join([input_name(qdq_h5)] + [p[0] for p in pts])]
+        ",".join([images_value] + [p[0] for p in pts])]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
         raise AloneError("qat_run --reference: %s" % r.stdout[-2000:])
@@ -170,7 +179,7 @@ def judge(build, qdq_h5, onnx_path, config, images=256, work=".", threads=2):
                                                                                        zp.dtype))
             feeds[tensor] = q.astype(zp.dtype)
             want[tensor] = q
-        x = f[input_name(qdq_h5)][...]
+        x = f[images_value][...]
     forced = forced_model(model, pts)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -214,9 +223,7 @@ def main():
         sys.exit("ort_alone: %s" % e)
     for p in res["points"]:
         print("%-50s max %d LSB, %d of %d values 1 LSB apart" % (p["point"], p["max_lsb"], p["one_lsb"], p["values"]))
-    print("ONNX Runtime %s, each of %d partitions alone on %d images: worst %d LSB (%s), %d of %d values 1 LSB apart"
-          % (res["ort_version"], len(res["points"]), res["images"], res["worst"]["max_lsb"], res["worst"]["point"],
-             res["one_lsb"], res["values"]))
+    print("ONNX Runtime %s, %s" % (res["ort_version"], summary(res)))
     bad = failing(res, a.max_lsb)
     if bad:
         sys.exit("ort_alone: %d points over %d LSB or with more than %.1f%% of their values 1 LSB apart: %s"

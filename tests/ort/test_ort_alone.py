@@ -29,15 +29,12 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnx.numpy_helper  # noqa: E402
 import ort_alone  # noqa: E402
+import test_ort_torch2  # noqa: E402
 
 IMAGES = 256
 # the case, the dequantize mutated, and the point ending the partition that reads it (conv2, relu2)
 MUTATED = ("fashion_cnn_w8a8", "relu1.fq.dequantize", "relu2.fq.quantize")
-
-
-def fail(msg):
-    print("FAIL: %s" % msg)
-    sys.exit(1)
+fail = test_ort_torch2.fail
 
 
 def judged(build, h5, model, work):
@@ -80,10 +77,7 @@ def main():
             res = judged(build, os.path.join(export_dir, "export_%s_qdq.h5" % case),
                          os.path.join(export_dir, "export_%s.onnx" % case), work)
             bad = ort_alone.failing(res)
-            share = max(p["one_lsb"] / p["values"] for p in res["points"])
-            print("%s: %d partitions alone, worst %d LSB (%s), %d of %d values 1 LSB apart (at one point at most "
-                  "%.4f%%)%s" % (case, len(res["points"]), res["worst"]["max_lsb"], res["worst"]["point"],
-                                 res["one_lsb"], res["values"], 100 * share, "; FAILING: %s" % bad if bad else ""))
+            print("%s: %s%s" % (case, ort_alone.summary(res), "; FAILING: %s" % bad if bad else ""))
             if bad:
                 failed.append(case)
         mutation(build, export_dir, work)

@@ -175,11 +175,7 @@ def run(build, work, src):
         bad = ort_alone.failing(a)
     except (OSError, ort_alone.AloneError) as e:
         fail("%s: ONNX Runtime partition by partition: %s" % (name, e))
-    share = max(p["one_lsb"] / p["values"] for p in a["points"])
-    print("%s: ONNX Runtime, each of its %d partitions alone on the exact reference's integers: worst %d LSB (%s), "
-          "%d of %d values 1 LSB apart (at most %.3f%% at one point)" % (
-              name, len(a["points"]), a["worst"]["max_lsb"], a["worst"]["point"], a["one_lsb"], a["values"],
-              100 * share))
+    print("%s: ONNX Runtime on the exact reference's integers, %s" % (name, ort_alone.summary(a)))
     if bad:
         fail("%s: ONNX Runtime partition by partition against the exact reference: over 1 LSB, or more than "
              "%.1f%% of the values 1 LSB apart, at %s" % (name, 100 * ort_alone.MAX_ONE_LSB_SHARE, bad))
