@@ -16,7 +16,8 @@
  * rounding. A caller whose input is nChw16c already (src_blocked: FashionCNN's conv1 op writes it
  * so, qt_ctx_set_blocked_handoff) skips the source's reorders: two of the five (the forward's and
  * the weight gradient's), and a fresh input gradient is written straight into its buffer (the
- * third).
+ * third). With 16 channels nChw16c is NHWC's byte order: such an input or output is bound as
+ * it is, with no reorder, whoever wrote it.
  * A convolution whose output has at most CONV_GEMM_MAX_PIXELS pixels runs as matrix products
  * instead (conv2d_gemm.c), and so does the weight gradient of a depthwise one there.
  * The _ref twins are plain loops with double accumulation. */
@@ -132,6 +133,8 @@ typedef struct {
   int blocked;                         /* act_* differ from NHWC: the reorders below run around them */
   int src16, dst16;                    /* act_src / act_dst are nChw16c: a caller may hand its input over so
                                         * (src_blocked) / take its output so (dst_blocked) */
+  int src_as_nhwc, dst_as_nhwc;        /* nChw16c with 16 channels: the bytes of NHWC, bound as they are
+                                        * with no reorder, as if the caller had set src_blocked / dst_blocked */
   dnnl_primitive_t src_in, dst_out, ddst_in, dsrc_out, dsrc_add; /* NHWC <-> act_* (add: accumulating) */
   dnnl_memory_t bsrc, bdst;   /* act_* memories, bound to the blocked scratch per call */
   dnnl_primitive_desc_t hint; /* a forward pd, the hint the backward pds are created from */
@@ -420,6 +423,8 @@ static void conv_choose_algorithm(conv_entry *e) {
   const dnnl_memory_desc_t src16 = qt_dnnl_md(4, ds, dnnl_nChw16c), dst16 = qt_dnnl_md(4, dd, dnnl_nChw16c);
   e->src16 = s->C % 16 == 0 && dnnl_memory_desc_equal(&e->act_src, &src16);
   e->dst16 = s->OC % 16 == 0 && dnnl_memory_desc_equal(&e->act_dst, &dst16);
+  e->src_as_nhwc = e->src16 && s->C == 16;
+  e->dst_as_nhwc = e->dst16 && s->OC == 16;
   e->src_in = qt_dnnl_reorder_create(&nhwc_src, &e->act_src, 0);
   e->dst_out = qt_dnnl_reorder_create(&e->act_dst, &nhwc_dst, 0);
   e->ddst_in = qt_dnnl_reorder_create(&nhwc_dst, &e->act_dst, 0);
@@ -537,17 +542,18 @@ void qt_conv2d_forward(float *out, const float *inp, const float *weight, const 
   if (bias) qt_dnnl_memory_bind(e->bias, bias);
   dnnl_memory_t src = e->src, dst = e->dst;
   check_layout(e, s);
+  const int src_blocked = s->src_blocked || e->src_as_nhwc, dst_blocked = s->dst_blocked || e->dst_as_nhwc;
   if (e->blocked) {
-    bind_src(e, inp, s->src_blocked);
-    bind_dst(e, out, s->dst_blocked);
-    if (!s->src_blocked) qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
+    bind_src(e, inp, src_blocked);
+    bind_dst(e, out, dst_blocked);
+    if (!src_blocked) qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
     src = e->bsrc;
     dst = e->bdst;
   }
   dnnl_exec_arg_t args[5] = {
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}, {DNNL_ARG_BIAS, e->bias}};
   conv_execute(p->prim, p->pad, bias ? 4 : 3, args);
-  if (e->blocked && !s->dst_blocked) qt_dnnl_reorder_run(e->dst_out, e->bdst, e->dst);
+  if (e->blocked && !dst_blocked) qt_dnnl_reorder_run(e->dst_out, e->bdst, e->dst);
 }
 
 int qt_conv2d_src_blocked16(const qt_conv2d_shape *s) { return conv_lookup(s)->src16; }
@@ -662,11 +668,12 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
   }
   conv_entry *e = conv_lookup(s);
   check_layout(e, s);
+  const int src_blocked = s->src_blocked || e->src_as_nhwc, dst_blocked = s->dst_blocked || e->dst_as_nhwc;
   qt_dnnl_memory_bind(e->ddst, dout);
   dnnl_memory_t ddst = e->ddst;
   if (e->blocked) {
-    bind_dst(e, dout, s->dst_blocked);
-    if (!s->dst_blocked) qt_dnnl_reorder_run(e->ddst_in, e->ddst, e->bdst);
+    bind_dst(e, dout, dst_blocked);
+    if (!dst_blocked) qt_dnnl_reorder_run(e->ddst_in, e->ddst, e->bdst);
     ddst = e->bdst;
   }
   if (dinp && conv_c1_applies(s)) {
@@ -674,15 +681,15 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
   } else if (dinp && e->blocked) {
     /* diff_src into dinp when it is blocked and fresh, else into the source-shaped scratch, then
      * added into a blocked dinp or reordered into an NHWC one */
-    const int direct = s->src_blocked && dinp_write;
+    const int direct = src_blocked && dinp_write;
     conv_prim *p = conv_backward_data_prim(e);
     dnnl_memory_t wei = conv_prepare_weights(e, p, weight);
     bind_src(e, dinp, direct);
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, e->bsrc}};
     conv_execute(p->prim, p->pad, 3, args);
-    if (s->src_blocked && !direct) {
+    if (src_blocked && !direct) {
       add_into(dinp, (const float *)g_bsrc, (int64_t)s->N * s->H * s->W * s->C);
-    } else if (!s->src_blocked) {
+    } else if (!src_blocked) {
       qt_dnnl_memory_bind(e->dsrc, dinp);
       qt_dnnl_reorder_run(dinp_write ? e->dsrc_out : e->dsrc_add, e->bsrc, e->dsrc);
     }
@@ -701,8 +708,8 @@ void qt_conv2d_backward_ex(float *dinp, int dinp_write, float *dweight, float *d
     qt_dnnl_memory_bind(e->src, inp);
     dnnl_memory_t src = e->src;
     if (e->blocked) { /* the source-shaped scratch is free again (diff_src went out above) */
-      bind_src(e, inp, s->src_blocked);
-      if (!s->src_blocked) qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
+      bind_src(e, inp, src_blocked);
+      if (!src_blocked) qt_dnnl_reorder_run(e->src_in, e->src, e->bsrc);
       src = e->bsrc;
     }
     dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, src},
