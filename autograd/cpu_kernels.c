@@ -232,21 +232,31 @@ void qt_add_forward_ref(float *out, const float *a, const float *b, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-void qt_add_backward(float *da, float *db, const float *dout, int64_t n) {
+void qt_add_backward(float *da, int da_write, float *db, int db_write, const float *dout, int64_t n) {
   if (da) {
+    if (da_write) {
 #pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++) da[i] += dout[i];
+      for (int64_t i = 0; i < n; i++) da[i] = dout[i];
+    } else {
+#pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
+      for (int64_t i = 0; i < n; i++) da[i] += dout[i];
+    }
   }
   if (db) {
+    if (db_write) {
 #pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++) db[i] += dout[i];
+      for (int64_t i = 0; i < n; i++) db[i] = dout[i];
+    } else {
+#pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
+      for (int64_t i = 0; i < n; i++) db[i] += dout[i];
+    }
   }
 }
 
-void qt_add_backward_ref(float *da, float *db, const float *dout, int64_t n) {
+void qt_add_backward_ref(float *da, int da_write, float *db, int db_write, const float *dout, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
-    if (da) da[i] += dout[i];
-    if (db) db[i] += dout[i];
+    if (da) da[i] = (da_write ? 0.0f : da[i]) + dout[i];
+    if (db) db[i] = (db_write ? 0.0f : db[i]) + dout[i];
   }
 }
 

@@ -345,7 +345,7 @@ void qt_global_avg_pool_forward_ref(float *out, const float *inp, int N, int HW,
     }
 }
 
-void qt_global_avg_pool_backward(float *dinp, const float *dout, int N, int HW, int C) {
+void qt_global_avg_pool_backward(float *dinp, int write, const float *dout, int N, int HW, int C) {
   if (!dinp) return;
 #pragma omp parallel if ((int64_t)N * HW * C >= POOL_PARALLEL_MIN)
   {
@@ -358,17 +358,25 @@ void qt_global_avg_pool_backward(float *dinp, const float *dout, int N, int HW, 
       float *img = dinp + (int64_t)n * HW * C;
       for (int i = 0; i < HW; i++) {
         float *restrict q = img + (int64_t)i * C;
+        if (write) {
 #pragma omp simd
-        for (int c = 0; c < C; c++) q[c] += g[c];
+          for (int c = 0; c < C; c++) q[c] = g[c];
+        } else {
+#pragma omp simd
+          for (int c = 0; c < C; c++) q[c] += g[c];
+        }
       }
     }
     free(g);
   }
 }
 
-void qt_global_avg_pool_backward_ref(float *dinp, const float *dout, int N, int HW, int C) {
+void qt_global_avg_pool_backward_ref(float *dinp, int write, const float *dout, int N, int HW, int C) {
   if (!dinp) return;
   for (int n = 0; n < N; n++)
     for (int i = 0; i < HW; i++)
-      for (int c = 0; c < C; c++) dinp[((int64_t)n * HW + i) * C + c] += dout[(int64_t)n * C + c] / (float)HW;
+      for (int c = 0; c < C; c++) {
+        float *q = &dinp[((int64_t)n * HW + i) * C + c];
+        *q = (write ? 0.0f : *q) + dout[(int64_t)n * C + c] / (float)HW;
+      }
 }

@@ -372,15 +372,17 @@ void qt_avg_pool2d_backward_ref(float *dinp, const float *dout, const qt_pool2d_
 /* Global average pool: out (N, C) = mean over H*W of inp (N, HW, C). */
 void qt_global_avg_pool_forward(float *out, const float *inp, int N, int HW, int C);
 void qt_global_avg_pool_forward_ref(float *out, const float *inp, int N, int HW, int C);
-void qt_global_avg_pool_backward(float *dinp, const float *dout, int N, int HW, int C);
-void qt_global_avg_pool_backward_ref(float *dinp, const float *dout, int N, int HW, int C);
+/* dinp += dout / HW over each image's HW positions; with write set, = instead of += */
+void qt_global_avg_pool_backward(float *dinp, int write, const float *dout, int N, int HW, int C);
+void qt_global_avg_pool_backward_ref(float *dinp, int write, const float *dout, int N, int HW, int C);
 
 /* ---- add (residual) --------------------------------------------------------------------- */
 void qt_add_forward(float *out, const float *a, const float *b, int64_t n);
 void qt_add_forward_ref(float *out, const float *a, const float *b, int64_t n);
-/* da += dout; db += dout (either may be NULL) */
-void qt_add_backward(float *da, float *db, const float *dout, int64_t n);
-void qt_add_backward_ref(float *da, float *db, const float *dout, int64_t n);
+/* da += dout; db += dout (either may be NULL); with da_write / db_write set, = instead of +=
+ * (a gradient buffer not yet written) */
+void qt_add_backward(float *da, int da_write, float *db, int db_write, const float *dout, int64_t n);
+void qt_add_backward_ref(float *da, int da_write, float *db, int db_write, const float *dout, int64_t n);
 
 /* ---- softmax cross-entropy (mean over the batch) ---------------------------------------- */
 /* probs (N, C) receives softmax(logits); returns the mean negative log-likelihood.

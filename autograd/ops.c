@@ -227,8 +227,10 @@ typedef struct {
 static void global_avg_pool_backward(qt_ctx *ctx, void *p) {
   unary_saved *s = p;
   if (!s->y->grad || !s->x->requires_grad) return;
-  qt_global_avg_pool_backward(qt_tensor_grad(ctx, s->x), s->y->grad, (int)s->x->shape[0],
-                              (int)(s->x->shape[1] * s->x->shape[2]), (int)s->x->shape[3]);
+  int fresh = 0;
+  float *dx = qt_tensor_grad_for_write(ctx, s->x, &fresh);
+  qt_global_avg_pool_backward(dx, fresh, s->y->grad, (int)s->x->shape[0], (int)(s->x->shape[1] * s->x->shape[2]),
+                              (int)s->x->shape[3]);
 }
 
 static qt_tensor *global_avg_pool_op(qt_ctx *ctx, qt_tensor *x) {
@@ -258,7 +260,7 @@ static void flatten_backward(qt_ctx *ctx, void *p) {
     if (ctx->backward_frees) s->y->grad = NULL; /* the buffer is the input's now */
     return;
   }
-  qt_add_backward(s->x->grad, NULL, s->y->grad, qt_tensor_numel(s->y));
+  qt_add_backward(s->x->grad, 0, NULL, 0, s->y->grad, qt_tensor_numel(s->y));
 }
 
 static qt_tensor *flatten_op(qt_ctx *ctx, qt_tensor *x) {
@@ -318,12 +320,29 @@ typedef struct {
   qt_tensor *a, *b, *y;
 } add_saved;
 
+/* Both inputs' gradients are the output's. With frees on, the output's gradient is dead after
+ * this entry: the first input without a gradient yet takes its buffer, and the other input's is
+ * written (fresh) or added to. */
 static void add_backward(qt_ctx *ctx, void *p) {
   add_saved *s = p;
   if (!s->y->grad) return;
-  float *da = s->a->requires_grad ? qt_tensor_grad(ctx, s->a) : NULL;
-  float *db = s->b->requires_grad ? qt_tensor_grad(ctx, s->b) : NULL;
-  qt_add_backward(da, db, s->y->grad, qt_tensor_numel(s->y));
+  const float *dout = s->y->grad;
+  const int64_t n = qt_tensor_numel(s->y);
+  if (s->a == s->b) { /* a + a */
+    if (s->a->requires_grad) qt_add_backward(qt_tensor_grad(ctx, s->a), 0, qt_tensor_grad(ctx, s->a), 0, dout, n);
+    return;
+  }
+  qt_tensor *a = s->a->requires_grad ? s->a : NULL, *b = s->b->requires_grad ? s->b : NULL;
+  qt_tensor **take = !ctx->backward_frees ? NULL : a && !a->grad ? &a : b && !b->grad ? &b : NULL;
+  if (take) {
+    (*take)->grad = s->y->grad;
+    s->y->grad = NULL; /* the buffer is the input's now */
+    *take = NULL;
+  }
+  int a_fresh = 0, b_fresh = 0;
+  float *da = a ? qt_tensor_grad_for_write(ctx, a, &a_fresh) : NULL;
+  float *db = b ? qt_tensor_grad_for_write(ctx, b, &b_fresh) : NULL;
+  if (da || db) qt_add_backward(da, a_fresh, db, b_fresh, dout, n);
 }
 
 static qt_tensor *add_op(qt_ctx *ctx, qt_tensor *a, qt_tensor *b) {
@@ -392,7 +411,7 @@ static void channel_add_backward(qt_ctx *ctx, void *p) {
   if (!sv->y->grad) return;
   const int C = (int)qt_tensor_numel(sv->b);
   const int64_t n = qt_tensor_numel(sv->y), rows = n / C;
-  if (sv->x->requires_grad) qt_add_backward(qt_tensor_grad(ctx, sv->x), NULL, sv->y->grad, n);
+  if (sv->x->requires_grad) qt_add_backward(qt_tensor_grad(ctx, sv->x), 0, NULL, 0, sv->y->grad, n);
   if (sv->b->requires_grad) {
     float *db = qt_tensor_grad(ctx, sv->b);
     double *acc = calloc((size_t)C, sizeof(double));

@@ -6,7 +6,11 @@
  *   cross-entropy labels outside [0, C) in forward and backward;
  * - numerics: a constant channel gives out = beta and invstd = 1/sqrt(eps) (no NaN); M = 2;
  *   cross-entropy with logits of +-1e30 stays finite; relu passes NaN forward and passes the
- *   gradient where its output is NaN (PyTorch's threshold_backward). */
+ *   gradient where its output is NaN (PyTorch's threshold_backward);
+ * - the add op's gradients on a tape (add_on_tape), where its backward hands the output's
+ *   gradient buffer to an input or writes a fresh one: x + x, an input that already has a
+ *   gradient, an input without one, and one that needs none, the same bits with frees on and off. */
+#include "autograd/autograd.h"
 #include "autograd/kernels.h"
 #include "tests/common/testutil.h"
 
@@ -14,6 +18,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -164,6 +169,56 @@ static void test_relu6_edges(void) {
   QT_CHECK(dx2[1] == 0.0f && dx2[3] == 0.0f && dx2[4] == 0.0f && dx2[5] == 0.0f);
 }
 
+/* u = (x + w) + x, v = u + u, loss = sum (v - t)^2; with g = dloss/dv: dw = 2g, dx = 4g (sums
+ * of equal terms, exact in float); and y = x + c with c needing no gradient: dx = dy. Returns
+ * x's gradient of the first (the caller frees it). */
+static float *add_grads(int frees) {
+  enum { N = 4096 };
+  qt_ctx *ctx = qt_ctx_create();
+  qt_ctx_set_grad(ctx, 1);
+  qt_ctx_set_backward_frees(ctx, frees);
+  float *xd = qt_test_uniform_range(N, -1.0f, 1.0f, 11), *wd = qt_test_uniform_range(N, -1.0f, 1.0f, 12);
+  float *t = qt_test_uniform_range(N, -1.0f, 1.0f, 13), *g = qt_test_zeros(N), *out = qt_test_zeros(N);
+  const int64_t shape[2] = {N / 16, 16};
+  qt_tensor *x = qt_tensor_wrap(ctx, QT_F32, 2, shape, xd), *w = qt_tensor_wrap(ctx, QT_F32, 2, shape, wd);
+  x->requires_grad = w->requires_grad = 1;
+  qt_tensor *u = qt_add(ctx, qt_add(ctx, x, w), x);
+  qt_tensor *v = qt_add(ctx, u, u);
+  for (int i = 0; i < N; i++) g[i] = 2.0f * (qt_f32(v)[i] - t[i]);
+  qt_backward(ctx, qt_squared_error(ctx, v, t, 1.0));
+  QT_CHECK(x->grad && w->grad && x->grad != w->grad);
+  if (x->grad && w->grad) {
+    int exact = 1;
+    for (int i = 0; i < N; i++) exact &= x->grad[i] == 2.0f * w->grad[i];
+    if (!exact) qt_test_fail("add on tape (frees %d): dx != 2 dw", frees);
+    for (int i = 0; i < N; i++) g[i] *= 2.0f;
+    qt_test_close(frees ? "add on tape dw (frees)" : "add on tape dw", w->grad, g, N, 1e-6f, 1e-6f);
+    memcpy(out, x->grad, N * sizeof *out);
+  }
+  qt_ctx_free(ctx);
+  ctx = qt_ctx_create();
+  qt_ctx_set_grad(ctx, 1);
+  qt_ctx_set_backward_frees(ctx, frees);
+  x = qt_tensor_wrap(ctx, QT_F32, 2, shape, xd);
+  x->requires_grad = 1;
+  qt_tensor *c = qt_tensor_wrap(ctx, QT_F32, 2, shape, wd);
+  qt_tensor *y = qt_add(ctx, x, c);
+  for (int i = 0; i < N; i++) g[i] = 2.0f * (qt_f32(y)[i] - t[i]);
+  qt_backward(ctx, qt_squared_error(ctx, y, t, 1.0));
+  QT_CHECK(x->grad && !c->grad);
+  if (x->grad) qt_test_close(frees ? "add on tape, c without gradient (frees)" : "add on tape, c without gradient",
+                             x->grad, g, N, 1e-6f, 1e-6f);
+  qt_ctx_free(ctx);
+  free(xd), free(wd), free(t), free(g);
+  return out;
+}
+
+static void add_on_tape(void) {
+  float *kept = add_grads(0), *freed = add_grads(1);
+  qt_test_close("add on tape: dx with frees on and off", freed, kept, 4096, 0, 0);
+  free(kept), free(freed);
+}
+
 int main(void) {
   /* forked children first, before this process starts OpenMP threads */
   expect_abort("batch_norm_forward_train M=1", bn_train_m1);
@@ -178,5 +233,6 @@ int main(void) {
   test_cross_entropy_extremes();
   test_relu_nan();
   test_relu6_edges();
+  add_on_tape();
   return qt_test_finish();
 }

@@ -38,7 +38,7 @@ static void run_all(results *r, const float *x, const float *dy, const float *ga
   qt_avg_pool2d_forward(r->avg, x, &a);
   qt_avg_pool2d_backward(r->avg_dx, dy, &a);
   qt_global_avg_pool_forward(r->gap, x, N, H * W, C);
-  qt_global_avg_pool_backward(r->gap_dx, dy, N, H * W, C);
+  qt_global_avg_pool_backward(r->gap_dx, 0, dy, N, H * W, C);
   r->loss = qt_cross_entropy_forward(r->probs, logits, labels, 128, NC);
   qt_cross_entropy_backward(r->dlogits, r->probs, labels, 1.0f, 128, NC);
 }

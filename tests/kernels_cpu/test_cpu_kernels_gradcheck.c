@@ -132,7 +132,7 @@ static void test_relu_add(void) {
   check_param("relu6 dinp", relu6_fwd, &e6, a6, d6, n, w, y, n);
   free(a6), free(d6);
   memset(da, 0, n * 4);
-  qt_add_backward(da, db, w, n);
+  qt_add_backward(da, 0, db, 0, w, n);
   check_param("add da", add_fwd, &e, e.a, da, n, w, y, n);
   check_param("add db", add_fwd, &e, e.b, db, n, w, y, n);
   free(e.a), free(e.b), free(w), free(y), free(da), free(db);
@@ -173,7 +173,7 @@ static void test_pool(int kind, int K, int S, int P) {
   pool_fwd(&q, y);
   if (kind == 0) qt_max_pool2d_backward(dx, w, q.argmax, &q.s);
   if (kind == 1) qt_avg_pool2d_backward(dx, w, &q.s);
-  if (kind == 2) qt_global_avg_pool_backward(dx, w, q.s.N, q.s.H * q.s.W, q.s.C);
+  if (kind == 2) qt_global_avg_pool_backward(dx, 0, w, q.s.N, q.s.H * q.s.W, q.s.C);
   snprintf(what, sizeof what, "%s k%d s%d p%d dinp", kind == 0 ? "max_pool" : kind == 1 ? "avg_pool" : "global_avg",
            K, S, P);
   check_param(what, pool_fwd, &q, q.x, dx, nin, w, y, nout);

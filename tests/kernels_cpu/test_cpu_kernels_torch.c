@@ -143,7 +143,7 @@ static void test_avg_pool(int use_ref) {
   y = qt_test_zeros((int64_t)N * C), dx = qt_test_zeros((int64_t)N * HW * C);
   (use_ref ? qt_global_avg_pool_forward_ref : qt_global_avg_pool_forward)(y, x, N, HW, C);
   qt_test_close(use_ref ? "ref global_avg_pool y" : "opt global_avg_pool y", y, want, (int64_t)N * C, ATOL, RTOL);
-  (use_ref ? qt_global_avg_pool_backward_ref : qt_global_avg_pool_backward)(dx, dy, N, HW, C);
+  (use_ref ? qt_global_avg_pool_backward_ref : qt_global_avg_pool_backward)(dx, 0, dy, N, HW, C);
   qt_test_close(use_ref ? "ref global_avg_pool dx" : "opt global_avg_pool dx", dx, want_dx, (int64_t)N * HW * C,
                 ATOL, RTOL);
   free(x), free(want), free(dy), free(want_dx), free(y), free(dx);

@@ -258,8 +258,16 @@ static void test_global_avg_pool(int N, int HW, int C, uint64_t seed) {
   qt_global_avg_pool_forward(y1, x, N, HW, C);
   qt_global_avg_pool_forward_ref(y2, x, N, HW, C);
   qt_test_close(what, y1, y2, (int64_t)N * C, 1e-6f, 1e-5f);
-  qt_global_avg_pool_backward(dx1, dy, N, HW, C);
-  qt_global_avg_pool_backward_ref(dx2, dy, N, HW, C);
+  qt_global_avg_pool_backward(dx1, 0, dy, N, HW, C);
+  qt_global_avg_pool_backward_ref(dx2, 0, dy, N, HW, C);
+  qt_test_close(what, dx1, dx2, nin, 0, 0);
+  /* written over (a fresh buffer): what was there before must not count */
+  qt_global_avg_pool_backward(dx1, 1, dy, N, HW, C);
+  memset(dx2, 0, (size_t)nin * sizeof *dx2);
+  qt_global_avg_pool_backward_ref(dx2, 0, dy, N, HW, C);
+  qt_test_close(what, dx1, dx2, nin, 0, 0);
+  memcpy(dx1, dx0, (size_t)nin * sizeof *dx1);
+  qt_global_avg_pool_backward_ref(dx1, 1, dy, N, HW, C);
   qt_test_close(what, dx1, dx2, nin, 0, 0);
   free(x), free(dy), free(dx0), free(dx1), free(dx2), free(y1), free(y2);
 }
@@ -304,16 +312,28 @@ static void test_relu_add(int64_t n, uint64_t seed) {
   qt_add_forward(ina, ina, b, n);
   check_exact_f32("add forward in place", ina, y2, n);
   float *da1 = qt_test_copy_f32(dx0, n), *db1 = qt_test_copy_f32(b, n), *da2 = qt_test_copy_f32(dx0, n), *db2 = qt_test_copy_f32(b, n);
-  qt_add_backward(da1, db1, dy, n);
-  qt_add_backward_ref(da2, db2, dy, n);
+  qt_add_backward(da1, 0, db1, 0, dy, n);
+  qt_add_backward_ref(da2, 0, db2, 0, dy, n);
   check_exact_f32("add backward da", da1, da2, n);
   check_exact_f32("add backward db", db1, db2, n);
-  qt_add_backward(NULL, db1, dy, n);
-  qt_add_backward_ref(NULL, db2, dy, n);
-  qt_add_backward(da1, NULL, dy, n);
-  qt_add_backward_ref(da2, NULL, dy, n);
+  qt_add_backward(NULL, 0, db1, 0, dy, n);
+  qt_add_backward_ref(NULL, 0, db2, 0, dy, n);
+  qt_add_backward(da1, 0, NULL, 0, dy, n);
+  qt_add_backward_ref(da2, 0, NULL, 0, dy, n);
   check_exact_f32("add backward da (db NULL)", da1, da2, n);
   check_exact_f32("add backward db (da NULL)", db1, db2, n);
+  /* written over (a fresh buffer) on one side, added on the other; the reference's write from
+   * garbage equals its add to zeros */
+  qt_add_backward(da1, 1, db1, 0, dy, n);
+  qt_add_backward_ref(da2, 1, db2, 0, dy, n);
+  check_exact_f32("add backward da written", da1, dy, n);
+  check_exact_f32("add backward da written (ref)", da2, dy, n);
+  check_exact_f32("add backward db added", db1, db2, n);
+  memcpy(da1, dx0, (size_t)n * sizeof *da1);
+  qt_add_backward(da1, 0, db1, 1, dy, n);
+  qt_add_backward_ref(da2, 0, db2, 1, dy, n);
+  check_exact_f32("add backward db written", db1, dy, n);
+  check_exact_f32("add backward db written (ref)", db2, dy, n);
   free(x), free(b), free(y1), free(y2), free(dy), free(dx0), free(dx1), free(dx2), free(inplace), free(ina);
   free(da1), free(db1), free(da2), free(db2);
 }
