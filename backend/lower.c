@@ -67,16 +67,17 @@ typedef struct {
   float inv_scale;
 } gate_requant;
 
-/* A u8 add's or mul's data (qt_step.aux): each input's dequantized values by integer, a fused
- * relu or relu6. mul: a * b, where b holds one value per sample and channel of C, applied at
- * each of a's P pixels (P = 1: b has a's shape); add: a + b of one shape. Inputs of one shape
- * take pair: the output integer of every (a, b), at a * 256 + b. */
+/* A u8 add's or mul's data (qt_step.aux): each input's dequantized values by integer, and its
+ * scale and zero point; a fused relu or relu6. mul: a * b, where b holds one value per sample and
+ * channel of C, applied at each of a's P pixels (P = 1: b has a's shape); add: a + b of one
+ * shape. */
 typedef struct {
   float lut[2][256];
+  float scale[2];
+  int32_t zero_point[2];
   int relu, relu6;
   int mul;
   int64_t P, C;
-  const uint8_t *pair;
 } u8_add;
 
 /* A u8 -> u8 table (activations, relu) or one per input (concat: input k's channels C[k] at
@@ -99,10 +100,11 @@ typedef struct {
   int32_t *src;
 } u8_gather;
 
-/* A global average pool of HW pixels of C channels: each input integer's dequantized value, a
- * fused relu or relu6. */
+/* A global average pool of HW pixels of C channels: the input's scale and zero point, a fused
+ * relu or relu6. */
 typedef struct {
-  float lut[256];
+  float scale;
+  int32_t zero_point;
   int64_t HW, C;
   int relu, relu6;
 } u8_gap;
@@ -469,21 +471,13 @@ static qt_step *u8_unit_step(qt_lowering *L, int i, int kind, int relu, int quan
   return s;
 }
 
-/* The add's or mul's float operations, relu and quantize on n pairs of integers (a[k], b[k]) into q:
- * what the Q/DQ graph computes per element. */
-static void binary_u8_block(const qt_step *s, const u8_add *d, const uint8_t *a, const uint8_t *b, int64_t n, float *y,
-                            int32_t *q) {
-  for (int64_t k = 0; k < n; k++) y[k] = d->mul ? d->lut[0][a[k]] * d->lut[1][b[k]] : d->lut[0][a[k]] + d->lut[1][b[k]];
-  for (int64_t k = 0; k < n; k++) y[k] = fused_relu(y[k], d->relu, d->relu6);
-  qt_quantize(q, y, n, 1, 1, s->scale, s->zero_point, s->qmin, s->qmax);
-}
-
 /* dq(a) + dq(b) or dq(a) * dq(b) [-> relu | relu6] -> q on u8 tensors, each input with its own
  * scale and zero point. The step computes per element what the Q/DQ graph computes, in the same
  * float operations: (float)(q - zp) * s for each input (a 256-entry table), one float add or
  * multiply, the relu (relu6), then the reference quantize; so it is bit-exact, and no fp32 tensor
- * is materialized. Inputs of one shape read the answer from a 65,536-entry table of every pair,
- * made by those operations. */
+ * is materialized. Inputs of one shape compute them element by element in vector registers,
+ * dequantize included (faster than a lookup in a 65,536-entry table of every pair: a byte
+ * gather per element). */
 static const char *lower_binary_u8(qt_lowering *L, int i) {
   const qt_graph *g = L->g;
   const qt_node *n = &g->nodes[i];
@@ -495,7 +489,12 @@ static const char *lower_binary_u8(qt_lowering *L, int i) {
   const char *why = qt_match_output(L, i, &relu, &quant);
   if (why) return why;
   u8_add *a = qt_keep(L->p, sizeof *a);
-  for (int k = 0; k < 2; k++) dequantized(&L->rep[n->inputs[k]], a->lut[k]);
+  for (int k = 0; k < 2; k++) {
+    const qt_value_rep *r = &L->rep[n->inputs[k]];
+    dequantized(r, a->lut[k]);
+    a->scale[k] = r->scale[0];
+    a->zero_point[k] = r->zero_point[0];
+  }
   a->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
   a->relu = relu >= 0 && !a->relu6;
   a->mul = n->op == QT_OP_MUL;
@@ -505,18 +504,6 @@ static const char *lower_binary_u8(qt_lowering *L, int i) {
   a->C = numel / a->P;
   qt_step *s = u8_unit_step(L, i, K_ADD_U8, relu, quant, 1);
   s->aux = a;
-  if (a->P == 1) {
-    uint8_t *pair = qt_keep(L->p, 256 * 256), x[256], z[256];
-    float y[256];
-    int32_t q[256];
-    for (int k = 0; k < 256; k++) z[k] = (uint8_t)k;
-    for (int v = 0; v < 256; v++) {
-      memset(x, v, sizeof x);
-      binary_u8_block(s, a, x, z, 256, y, q);
-      for (int k = 0; k < 256; k++) pair[v * 256 + k] = (uint8_t)q[k];
-    }
-    a->pair = pair;
-  }
   char nodes[256];
   qt_unit_nodes(L, i, 2, relu, quant, nodes, sizeof nodes);
   qt_part_add(&L->p->parts, QT_PART_INT8, nodes, "%s u8 %s u8 -> u8%s (own scales and zero points, requantized)",
@@ -698,7 +685,8 @@ static const char *lower_gap_u8(qt_lowering *L, int i) {
   if (why || (why = qt_match_output(L, i, &relu, &quant))) return why;
   const qt_value *xv = &g->values[n->inputs[0]];
   u8_gap *a = qt_keep(L->p, sizeof *a);
-  dequantized(&L->rep[n->inputs[0]], a->lut);
+  a->scale = L->rep[n->inputs[0]].scale[0];
+  a->zero_point = L->rep[n->inputs[0]].zero_point[0];
   a->HW = xv->shape[0] * xv->shape[1];
   a->C = xv->shape[2];
   a->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
@@ -799,10 +787,17 @@ static void run_dequantize(const qt_step *s, float *out, const void *in, int64_t
 static void run_binary_u8(const qt_step *s, uint8_t *out, const uint8_t *a, const uint8_t *b, int64_t n) {
   enum { BLOCK = 4096 };
   const u8_add *d = s->aux;
-  if (d->pair) {
-    const uint8_t *pair = d->pair;
+  if (d->P == 1) { /* the Q/DQ graph's float operations (lower_binary_u8), element by element */
+    const float sa = d->scale[0], sb = d->scale[1], inv_s = 1.0f / s->scale[0], zpf = (float)s->zero_point[0];
+    const float lo = (float)s->qmin, hi = (float)s->qmax;
+    const int32_t za = d->zero_point[0], zb = d->zero_point[1];
+    const int mul = d->mul, relu = d->relu, relu6 = d->relu6;
 #pragma omp parallel for simd schedule(static) if (n >= 65536)
-    for (int64_t i = 0; i < n; i++) out[i] = pair[(unsigned)a[i] << 8 | b[i]];
+    for (int64_t i = 0; i < n; i++) {
+      const float u = (float)((int32_t)a[i] - za) * sa, v = (float)((int32_t)b[i] - zb) * sb;
+      const float y = fused_relu(mul ? u * v : u + v, relu, relu6);
+      out[i] = (uint8_t)(int32_t)quant_clamp(quant_round(y, inv_s, zpf), lo, hi);
+    }
     return;
   }
   const int64_t blocks = (n + BLOCK - 1) / BLOCK, PC = d->P * d->C;
@@ -867,8 +862,9 @@ static void run_gather_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int
     for (int64_t k = 0; k < c->OC; k++) out[r * c->OC + k] = in[r * c->IC + c->src[k]];
 }
 
-/* N images: per channel, acc += the dequantized value, pixel by pixel, then acc / HW (as
- * qt_global_avg_pool_forward), the relu, the reference quantize. */
+/* N images: per channel, acc += the dequantized value ((float)(q - zp) * s, the dequantize's
+ * operations), pixel by pixel, then acc / HW (as qt_global_avg_pool_forward), the relu, the
+ * reference quantize. */
 static void run_gap_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int N) {
   const u8_gap *d = s->aux;
   const int64_t HW = d->HW, C = d->C;
@@ -879,8 +875,13 @@ static void run_gap_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int N)
     QT_ASSERT(acc && q, "out of memory");
     const uint8_t *img = in + (int64_t)n * HW * C;
     for (int64_t c = 0; c < C; c++) acc[c] = 0.0f;
-    for (int64_t i = 0; i < HW; i++)
-      for (int64_t c = 0; c < C; c++) acc[c] += d->lut[img[i * C + c]];
+    const float sc = d->scale;
+    const int32_t zp = d->zero_point;
+    for (int64_t i = 0; i < HW; i++) {
+      const uint8_t *px = img + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; c++) acc[c] += (float)((int32_t)px[c] - zp) * sc;
+    }
     for (int64_t c = 0; c < C; c++) acc[c] = fused_relu(acc[c] / (float)HW, d->relu, d->relu6);
     qt_quantize(q, acc, C, 1, 1, s->scale, s->zero_point, s->qmin, s->qmax);
     for (int64_t c = 0; c < C; c++) out[(int64_t)n * C + c] = (uint8_t)q[c];

@@ -1,6 +1,7 @@
-/* The int8 residual add of the oneDNN lowering (backend/lower.c, lower_add_u8): two u8 inputs
+/* The int8 residual add of the oneDNN lowering (backend/lower.c, lower_binary_u8): two u8 inputs
  * with their own scales and zero points, output requantized to u8 (with a fused relu or relu6, and a
- * 4-bit output range that clamps), bit-exact against the Q/DQ reference interpreter; ResCNN
+ * 4-bit output range that clamps), bit-exact against the Q/DQ reference interpreter, on random
+ * inputs and on every pair of input integers (every_pair); ResCNN
  * converted W8A8 lowers both residual adds to u8 (and everything else: no fallback) and
  * stays within 1 output LSB of the Q/DQ graph end to end. */
 #include "tests/backend_check/bcheck_util.h"
@@ -63,6 +64,31 @@ static void add_pattern(int relu, int qmax, float s1, int z1, float s2, int z2, 
   qt_graph_free(g);
 }
 
+/* Every pair of input integers: input 1x256x2 -> q/dq (s, z) -> channel 0 = a, channel 1 = b
+ * (slices of the u8 tensor); sample i holds integer i in channel 0 at every pixel, pixel w holds
+ * integer w in channel 1: 65,536 pairs. a + b [-> relu] -> q/dq (s3, z3). */
+static void every_pair(int relu, float s, int z, float s3, int z3) {
+  char err[QT_ERR_LEN], what[160];
+  snprintf(what, sizeof what, "add%s of every pair: %g/%d -> %g/%d", relu ? "+relu" : "", s, z, s3, z3);
+  qt_graph *g = qt_graph_create("every_pair");
+  int x = qt_graph_input(g, "input", 1, 256, 2);
+  x = qdq(g, "in.fq", x, 0, 255, s, z);
+  int a = qt_graph_channel_slice(g, "a", x, 0, 1), b = qt_graph_channel_slice(g, "b", x, 1, 2);
+  int y = qt_graph_add(g, "add", a, b);
+  if (relu) y = qt_graph_relu(g, "relu", y);
+  y = qdq(g, "out.fq", y, 0, 255, s3, z3);
+  QT_ASSERT(qt_graph_finalize(g, y, err) == 0, "%s", err);
+  float *in = malloc(sizeof(float) * 256 * 256 * 2);
+  for (int i = 0; i < 256; i++)
+    for (int w = 0; w < 256; w++) {
+      in[(i * 256 + w) * 2] = (float)(i - z) * s;
+      in[(i * 256 + w) * 2 + 1] = (float)(w - z) * s;
+    }
+  compare(what, g, in, 256, 1, 0, 0);
+  free(in);
+  qt_graph_free(g);
+}
+
 static void res_cnn(void) {
   /* quantized for this CPU: 7-bit weights without VNNI, so that its convolutions run in int8 too */
   qt_graph *g = ptq_model("res_cnn", NULL, 8, 8, qt_cpu_has_vnni(), "add_res_cnn.h5");
@@ -80,6 +106,8 @@ int main(void) {
   add_pattern(0, 255, 1.0f / 64, 64, 1.0f / 32, 20, 1.0f / 16, 90); /* ties: power-of-two scales */
   add_pattern(2, 255, 0.04f, 50, 0.03f, 40, 0.03f, 0);                /* relu6 clamps at 6 */
   add_pattern(2, 255, 1.0f / 16, 32, 1.0f / 32, 40, 1.0f / 32, 3);    /* relu6, power-of-two scales */
+  every_pair(0, 0.0123f, 100, 0.031f, 129);
+  every_pair(1, 1.0f / 64, 64, 1.0f / 32, 3); /* ties: power-of-two scales */
   res_cnn();
   return qt_test_finish();
 }
