@@ -15,7 +15,9 @@
 # train_speed, int8_infer), --infer-skip LIST (int8_infer.py's parts to leave out: any of ours, ort,
 # aimet, nncf, brevitas, speed; the report keeps their rows from the earlier slices), --base FILE
 # (a report JSON written before, e.g. experiments/results/peers.json: its rows count as earlier
-# slices, for a machine without the work folder they came from). Needs
+# slices, for a machine without the work folder they came from), --tag NAME (appended to the
+# slice's folder name: a second slice of the same models and seeds, e.g. speed measured again,
+# that does not replace the first one's results). Needs
 # bench/peers/setup_peers.sh's .venv and build/bin/qat_train (bash scripts/setup.sh). Run it with
 # both cores idle: every figure is a time or comes from a training run that shares the machine.
 set -uo pipefail
@@ -33,6 +35,7 @@ OUT=""
 SKIP=""
 INFER_SKIP=""
 BASE=""
+TAG=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
@@ -43,7 +46,8 @@ while [ $# -gt 0 ]; do
     --skip) SKIP="$2"; shift ;;
     --infer-skip) INFER_SKIP="$2"; shift ;;
     --base) BASE="$2"; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --tag) TAG="$2"; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "run_all: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -69,7 +73,7 @@ fi
 if [ -z "$SEEDS" ]; then
   if [ "$SMOKE" = 1 ]; then SEEDS="0"; else SEEDS="$FULL_SEEDS"; fi
 fi
-RES="$WORK/results/$(printf '%s' "$MODELS" | tr ',' '+')_seeds$(printf '%s' "$SEEDS" | tr ',' '+')"
+RES="$WORK/results/$(printf '%s' "$MODELS" | tr ',' '+')_seeds$(printf '%s' "$SEEDS" | tr ',' '+')${TAG:+_$TAG}"
 mkdir -p "$RES/logs"
 COMMON=(--models "$MODELS" --seeds "$SEEDS" --work "$WORK")
 if [ "$SMOKE" = 1 ]; then
