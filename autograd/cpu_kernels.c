@@ -232,25 +232,20 @@ void qt_add_forward_ref(float *out, const float *a, const float *b, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+/* d = dout (write) or d += dout */
+static void grad_write_or_add(float *d, int write, const float *dout, int64_t n) {
+  if (write) {
+#pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) d[i] = dout[i];
+  } else {
+#pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) d[i] += dout[i];
+  }
+}
+
 void qt_add_backward(float *da, int da_write, float *db, int db_write, const float *dout, int64_t n) {
-  if (da) {
-    if (da_write) {
-#pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
-      for (int64_t i = 0; i < n; i++) da[i] = dout[i];
-    } else {
-#pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
-      for (int64_t i = 0; i < n; i++) da[i] += dout[i];
-    }
-  }
-  if (db) {
-    if (db_write) {
-#pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
-      for (int64_t i = 0; i < n; i++) db[i] = dout[i];
-    } else {
-#pragma omp parallel for simd schedule(static) if (n >= ELEM_PARALLEL_MIN)
-      for (int64_t i = 0; i < n; i++) db[i] += dout[i];
-    }
-  }
+  if (da) grad_write_or_add(da, da_write, dout, n);
+  if (db) grad_write_or_add(db, db_write, dout, n);
 }
 
 void qt_add_backward_ref(float *da, int da_write, float *db, int db_write, const float *dout, int64_t n) {

@@ -67,12 +67,10 @@ typedef struct {
   float inv_scale;
 } gate_requant;
 
-/* A u8 add's or mul's data (qt_step.aux): each input's dequantized values by integer, and its
- * scale and zero point; a fused relu or relu6. mul: a * b, where b holds one value per sample and
- * channel of C, applied at each of a's P pixels (P = 1: b has a's shape); add: a + b of one
- * shape. */
+/* A u8 add's or mul's data (qt_step.aux): each input's scale and zero point; a fused relu or
+ * relu6. mul: a * b, where b holds one value per sample and channel of C, applied at each of a's
+ * P pixels (P = 1: b has a's shape); add: a + b of one shape. */
 typedef struct {
-  float lut[2][256];
   float scale[2];
   int32_t zero_point[2];
   int relu, relu6;
@@ -428,9 +426,14 @@ static const char *u8_input(const qt_lowering *L, int v) {
   return NULL;
 }
 
-/* Each u8 integer's dequantized value, as the Q/DQ graph's dequantize computes it. */
+/* A u8 integer's dequantized value, as the Q/DQ graph's dequantize computes it. */
+static inline float dequantized_u8(int32_t q, int32_t zero_point, float scale) {
+  return (float)(q - zero_point) * scale;
+}
+
+/* Each u8 integer's dequantized value (dequantized_u8). */
 static void dequantized(const qt_value_rep *r, float *lut) {
-  for (int q = 0; q < 256; q++) lut[q] = (float)(q - r->zero_point[0]) * r->scale[0];
+  for (int q = 0; q < 256; q++) lut[q] = dequantized_u8(q, r->zero_point[0], r->scale[0]);
 }
 
 static float fused_relu(float v, int relu, int relu6) {
@@ -473,7 +476,7 @@ static qt_step *u8_unit_step(qt_lowering *L, int i, int kind, int relu, int quan
 
 /* dq(a) + dq(b) or dq(a) * dq(b) [-> relu | relu6] -> q on u8 tensors, each input with its own
  * scale and zero point. The step computes per element what the Q/DQ graph computes, in the same
- * float operations: (float)(q - zp) * s for each input (a 256-entry table), one float add or
+ * float operations: (float)(q - zp) * s for each input (dequantized_u8), one float add or
  * multiply, the relu (relu6), then the reference quantize; so it is bit-exact, and no fp32 tensor
  * is materialized. Inputs of one shape compute them element by element in vector registers,
  * dequantize included (faster than a lookup in a 65,536-entry table of every pair: a byte
@@ -490,10 +493,8 @@ static const char *lower_binary_u8(qt_lowering *L, int i) {
   if (why) return why;
   u8_add *a = qt_keep(L->p, sizeof *a);
   for (int k = 0; k < 2; k++) {
-    const qt_value_rep *r = &L->rep[n->inputs[k]];
-    dequantized(r, a->lut[k]);
-    a->scale[k] = r->scale[0];
-    a->zero_point[k] = r->zero_point[0];
+    a->scale[k] = L->rep[n->inputs[k]].scale[0];
+    a->zero_point[k] = L->rep[n->inputs[k]].zero_point[0];
   }
   a->relu6 = relu >= 0 && g->nodes[relu].op == QT_OP_RELU6;
   a->relu = relu >= 0 && !a->relu6;
@@ -775,10 +776,10 @@ static void run_dequantize(const qt_step *s, float *out, const void *in, int64_t
     const float sc = s->scale[0];
     const int32_t zp = s->zero_point[0];
 #pragma omp parallel for simd schedule(static) if (n >= 65536)
-    for (int64_t i = 0; i < n; i++) out[i] = (float)((int32_t)q[i] - zp) * sc;
+    for (int64_t i = 0; i < n; i++) out[i] = dequantized_u8(q[i], zp, sc);
   } else {
 #pragma omp parallel for schedule(static) if (n >= 65536)
-    for (int64_t i = 0; i < n; i++) out[i] = (float)((int32_t)q[i] - s->zero_point[i % C]) * s->scale[i % C];
+    for (int64_t i = 0; i < n; i++) out[i] = dequantized_u8(q[i], s->zero_point[i % C], s->scale[i % C]);
   }
 }
 
@@ -787,14 +788,15 @@ static void run_dequantize(const qt_step *s, float *out, const void *in, int64_t
 static void run_binary_u8(const qt_step *s, uint8_t *out, const uint8_t *a, const uint8_t *b, int64_t n) {
   enum { BLOCK = 4096 };
   const u8_add *d = s->aux;
+  const float sa = d->scale[0], sb = d->scale[1];
+  const int32_t za = d->zero_point[0], zb = d->zero_point[1];
   if (d->P == 1) { /* the Q/DQ graph's float operations (lower_binary_u8), element by element */
-    const float sa = d->scale[0], sb = d->scale[1], inv_s = 1.0f / s->scale[0], zpf = (float)s->zero_point[0];
+    const float inv_s = 1.0f / s->scale[0], zpf = (float)s->zero_point[0];
     const float lo = (float)s->qmin, hi = (float)s->qmax;
-    const int32_t za = d->zero_point[0], zb = d->zero_point[1];
     const int mul = d->mul, relu = d->relu, relu6 = d->relu6;
 #pragma omp parallel for simd schedule(static) if (n >= 65536)
     for (int64_t i = 0; i < n; i++) {
-      const float u = (float)((int32_t)a[i] - za) * sa, v = (float)((int32_t)b[i] - zb) * sb;
+      const float u = dequantized_u8(a[i], za, sa), v = dequantized_u8(b[i], zb, sb);
       const float y = fused_relu(mul ? u * v : u + v, relu, relu6);
       out[i] = (uint8_t)(int32_t)quant_clamp(quant_round(y, inv_s, zpf), lo, hi);
     }
@@ -808,7 +810,7 @@ static void run_binary_u8(const qt_step *s, uint8_t *out, const uint8_t *a, cons
     const int64_t i0 = blk * BLOCK, len = n - i0 < BLOCK ? n - i0 : BLOCK;
     for (int64_t k = 0; k < len; k++) {
       const int64_t i = i0 + k;
-      const float u = d->lut[0][a[i]], v = d->lut[1][b[i / PC * d->C + i % d->C]];
+      const float u = dequantized_u8(a[i], za, sa), v = dequantized_u8(b[i / PC * d->C + i % d->C], zb, sb);
       y[k] = d->mul ? u * v : u + v;
     }
     for (int64_t k = 0; k < len; k++) y[k] = fused_relu(y[k], d->relu, d->relu6);
@@ -862,9 +864,8 @@ static void run_gather_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int
     for (int64_t k = 0; k < c->OC; k++) out[r * c->OC + k] = in[r * c->IC + c->src[k]];
 }
 
-/* N images: per channel, acc += the dequantized value ((float)(q - zp) * s, the dequantize's
- * operations), pixel by pixel, then acc / HW (as qt_global_avg_pool_forward), the relu, the
- * reference quantize. */
+/* N images: per channel, acc += the dequantized value (dequantized_u8), pixel by pixel, then
+ * acc / HW (as qt_global_avg_pool_forward), the relu, the reference quantize. */
 static void run_gap_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int N) {
   const u8_gap *d = s->aux;
   const int64_t HW = d->HW, C = d->C;
@@ -880,7 +881,7 @@ static void run_gap_u8(const qt_step *s, uint8_t *out, const uint8_t *in, int N)
     for (int64_t i = 0; i < HW; i++) {
       const uint8_t *px = img + i * C;
 #pragma omp simd
-      for (int64_t c = 0; c < C; c++) acc[c] += (float)((int32_t)px[c] - zp) * sc;
+      for (int64_t c = 0; c < C; c++) acc[c] += dequantized_u8(px[c], zp, sc);
     }
     for (int64_t c = 0; c < C; c++) acc[c] = fused_relu(acc[c] / (float)HW, d->relu, d->relu6);
     qt_quantize(q, acc, C, 1, 1, s->scale, s->zero_point, s->qmin, s->qmax);
