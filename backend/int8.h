@@ -2,7 +2,9 @@
  * convolution and inner product (u8 activations, s8 weights, per-channel output scales,
  * bias in accumulator units, fused ReLU / ReLU6 / clip, runtime zero points) and u8 max pooling.
  * Each op keeps its primitives per batch size (a few sizes, round robin); weights are
- * reordered into the primitive's layout once per primitive, never per call. */
+ * reordered into the primitive's layout once per primitive, never per call. A convolution of a
+ * one-channel image runs our own kernel instead where the CPU has AVX-512 VNNI (int8_conv1.h:
+ * the same bits, faster). */
 #ifndef QT_BACKEND_INT8_H
 #define QT_BACKEND_INT8_H
 
@@ -24,7 +26,8 @@ typedef struct {
   float relu6_hi;     /* 6 in output units: 6 / s_out */
   int clip;           /* eltwise clip post-op to [clip_lo, clip_hi] (output units before zp_dst) */
   int clip_lo, clip_hi;
-  int dst_f32; /* f32 dst (the caller requantizes) instead of u8 */
+  int dst_f32;   /* f32 dst (the caller requantizes) instead of u8 */
+  int dnnl_only; /* oneDNN's kernel even for a shape with one of our own (int8_conv1.h): tests */
 } qt_int8_params;
 
 typedef struct qt_int8_op qt_int8_op;

@@ -8,6 +8,7 @@
  * on an exact .5 tie the two agree only for an even zp_dst (the caller uses an f32 dst and
  * requantizes itself for an odd one). */
 #include "backend/int8.h"
+#include "backend/int8_conv1.h"
 #include "base/base.h"
 
 #include <math.h>
@@ -34,6 +35,7 @@ struct qt_int8_op {
   dnnl_memory_t zp_src, zp_dst; /* owned s32 (1) */
   int8_entry cache[INT8_CACHE_SIZE];
   int next;
+  qt_conv1 *conv1; /* our kernel for one input channel (int8_conv1.c) instead of oneDNN's */
   char impl[64];
 };
 
@@ -209,6 +211,10 @@ qt_int8_op *qt_int8_op_create(const qt_int8_params *p, const int8_t *weight, con
     if (p->zp_src) op->zp_src = s32_scalar(p->zp_src);
     if (p->zp_dst) op->zp_dst = s32_scalar(p->zp_dst);
   }
+  if (!p->dnnl_only && (op->conv1 = qt_conv1_create(p, weight, bias, oscale))) {
+    snprintf(op->impl, sizeof op->impl, "own:conv1_direct");
+    return op;
+  }
   /* Probe: does oneDNN implement this scheme at all? (Batch 1; kept as a cache entry.) */
   dnnl_status_t st = entry_build(op, &op->cache[0], 1);
   if (st != dnnl_success) {
@@ -236,6 +242,10 @@ static int8_entry *entry_for(qt_int8_op *op, int N) {
 }
 
 void qt_int8_op_run(qt_int8_op *op, void *dst, const uint8_t *src, int N) {
+  if (op->conv1) {
+    qt_conv1_run(op->conv1, dst, src, N);
+    return;
+  }
   int8_entry *e = entry_for(op, N);
   qt_dnnl_memory_bind(e->src, src);
   qt_dnnl_memory_bind(e->dst, dst);
@@ -254,6 +264,7 @@ void qt_int8_op_run(qt_int8_op *op, void *dst, const uint8_t *src, int N) {
 
 void qt_int8_op_free(qt_int8_op *op) {
   if (!op) return;
+  qt_conv1_free(op->conv1);
   for (int i = 0; i < INT8_CACHE_SIZE; i++) entry_release(&op->cache[i]);
   qt_dnnl_memory_destroy(&op->bias);
   qt_dnnl_memory_destroy(&op->zp_src);
