@@ -370,8 +370,10 @@ def main():
     merged = merge(slices)
     pt2e, train, infer = merged["pt2e"], merged["train_speed"], merged["int8_infer"]
     ort = read_json(a.ort)
-    steps = [s if sl is base else dict(s, slice=sl["tag"]) for sl in slices for s in sl["steps"]]
     new_tags = [sl["tag"] for sl in slices if sl is not base]
+    # a slice under WORK that the base report also holds lists its steps once: as WORK has them
+    steps = [s if sl is base else dict(s, slice=sl["tag"]) for sl in slices for s in sl["steps"]
+             if sl is not base or s.get("slice") not in new_tags]
     tags = list(dict.fromkeys((base["report"]["slices"] if base else []) + new_tags))
     missing = []
     if a.full_models:
