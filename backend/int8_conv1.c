@@ -62,7 +62,8 @@ static void pad_image(const qt_conv1 *k, uint8_t *xp, const uint8_t *img) {
 qt_conv1 *qt_conv1_create(const qt_int8_params *p, const int8_t *weight, const float *bias, const float *oscale) {
   if (p->kind != QT_INT8_CONV || p->C != 1 || p->groups > 1 || p->OC < 1 || p->OC > 16 * C1_MAX_BLOCKS) return NULL;
   if (p->KH < 1 || p->KW < 1 || p->KH * p->KW > 64 || p->stride_h < 1 || p->stride_w < 1 || p->pad_h < 0 ||
-      p->pad_w < 0 || p->OH < 1 || p->OW < 1 || p->zp_src < 0 || p->zp_src > 255 || p->zp_dst < 0 || p->zp_dst > 255)
+      p->pad_w < 0 || p->OH < 1 || p->OW < 1 || p->zp_src < 0 || p->zp_src > 255 || p->zp_dst < 0 || p->zp_dst > 255 ||
+      (p->dst_f32 && p->zp_dst)) /* an f32 output with a zero point (the lowering never asks for one) */
     return NULL;
   qt_conv1 *k = calloc(1, sizeof *k);
   QT_ASSERT(k, "out of memory");

@@ -139,7 +139,8 @@ static void run_case(const conv1_case *c, uint64_t seed) {
   QT_FREE_ALL(w, bias, oscale, x, got, want_dnnl, want_ref);
 }
 
-/* A shape our kernel does not take goes to oneDNN. */
+/* A shape our kernel does not take goes to oneDNN: 80 output channels; an f32 output with a zero
+ * point. */
 static void not_taken(void) {
   qt_int8_params p;
   memset(&p, 0, sizeof p);
@@ -152,6 +153,11 @@ static void not_taken(void) {
   qt_int8_op *op = qt_int8_op_create(&p, w, b, s, err);
   QT_ASSERT(op, "%s", err);
   if (strncmp(qt_int8_op_impl(op), "own:", 4) == 0) qt_test_fail("80 output channels: our kernel took it");
+  qt_int8_op_free(op);
+  p.OC = 16, p.dst_f32 = 1, p.zp_dst = 2;
+  op = qt_int8_op_create(&p, w, b, s, err);
+  QT_ASSERT(op, "%s", err);
+  if (strncmp(qt_int8_op_impl(op), "own:", 4) == 0) qt_test_fail("f32 output with a zero point: our kernel took it");
   qt_int8_op_free(op);
 }
 
