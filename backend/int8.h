@@ -41,7 +41,8 @@ qt_int8_op *qt_int8_op_create(const qt_int8_params *p, const int8_t *weight, con
 /* dst (N, OH, OW, OC) u8 (or f32 for dst_f32) from src (N, H, W, C) u8. */
 void qt_int8_op_run(qt_int8_op *op, void *dst, const uint8_t *src, int N);
 void qt_int8_op_free(qt_int8_op *op);
-/* The implementation oneDNN picked for the last primitive created ("jit_int8:avx512_core_vnni"...). */
+/* The implementation that runs the op: the one oneDNN picked for the last primitive created
+ * ("jit_int8:avx512_core_vnni"...), or "own:conv1_direct" (int8_conv1.h). */
 const char *qt_int8_op_impl(const qt_int8_op *op);
 
 #endif
