@@ -3,8 +3,8 @@
  * bias in accumulator units, fused ReLU / ReLU6 / clip, runtime zero points) and u8 max pooling.
  * Each op keeps its primitives per batch size (a few sizes, round robin); weights are
  * reordered into the primitive's layout once per primitive, never per call. A convolution of a
- * one-channel image runs our own kernel instead where the CPU has AVX-512 VNNI (int8_conv1.h:
- * the same bits, faster). */
+ * one-channel image runs our own kernel instead where the CPU has AVX-512 VNNI and oneDNN's ISA
+ * limit allows it (int8_conv1.h: the same bits, faster). */
 #ifndef QT_BACKEND_INT8_H
 #define QT_BACKEND_INT8_H
 

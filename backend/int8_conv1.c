@@ -1,7 +1,8 @@
 /* The int8 convolution of a one-channel image (int8_conv1.h): the first layer of FashionCNN,
  * ResCNN and the MobileNet-style model (1 -> 32 and 1 -> 16, 3x3), where oneDNN 2.6's int8
- * kernel is slow for what it computes (docs/performance.md). With AVX-512 VNNI; without it
- * qt_conv1_create declines and oneDNN runs the shape.
+ * kernel is slow for what it computes (docs/performance.md). With AVX-512 VNNI (in the build and
+ * within oneDNN's ISA limit, ONEDNN_MAX_CPU_ISA); without it qt_conv1_create declines and oneDNN
+ * runs the shape.
  *
  * Layout: the output channels in the 16 int32 lanes; each kernel row's taps in groups of four, one
  * VNNI dot product (u8 x s8, four products summed into each lane) per output pixel and group: the
@@ -19,6 +20,7 @@
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
+#include <oneapi/dnnl/dnnl.h>
 #endif
 #include <math.h>
 #include <omp.h>
@@ -65,6 +67,9 @@ qt_conv1 *qt_conv1_create(const qt_int8_params *p, const int8_t *weight, const f
       p->pad_w < 0 || p->OH < 1 || p->OW < 1 || p->zp_src < 0 || p->zp_src > 255 || p->zp_dst < 0 || p->zp_dst > 255 ||
       (p->dst_f32 && p->zp_dst)) /* an f32 output with a zero point (the lowering never asks for one) */
     return NULL;
+  /* oneDNN's ISA limit holds here too: under ONEDNN_MAX_CPU_ISA=AVX2 (an AVX2 machine emulated)
+   * oneDNN's kernel runs the shape */
+  if ((dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_vnni) != dnnl_cpu_isa_avx512_core_vnni) return NULL;
   qt_conv1 *k = calloc(1, sizeof *k);
   QT_ASSERT(k, "out of memory");
   k->p = *p;
