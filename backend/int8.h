@@ -8,6 +8,7 @@
 #ifndef QT_BACKEND_INT8_H
 #define QT_BACKEND_INT8_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "base/base.h"
@@ -29,6 +30,20 @@ typedef struct {
   int dst_f32;   /* f32 dst (the caller requantizes) instead of u8 */
   int dnnl_only; /* oneDNN's kernel even for a shape with one of our own (int8_conv1.h): tests */
 } qt_int8_params;
+
+/* The op's post-op as one clamp to [*lo, *hi] in output units (before zp_dst): relu (relu6) and
+ * the narrowed output range are clamps, and clamping twice equals clamping once to the
+ * intersection; -inf / inf where nothing bounds. A relu6 bound below the range: everything
+ * clamps to the range's bottom. */
+static inline void qt_int8_post_bounds(const qt_int8_params *p, float *lo, float *hi) {
+  float l = p->relu || p->relu6 ? 0.0f : -INFINITY, h = p->relu6 ? p->relu6_hi : INFINITY;
+  if (p->clip) {
+    l = fmaxf(l, (float)p->clip_lo);
+    h = fminf(h, (float)p->clip_hi);
+  }
+  *lo = l;
+  *hi = h < l ? l : h;
+}
 
 typedef struct qt_int8_op qt_int8_op;
 

@@ -35,7 +35,7 @@ struct qt_conv1 {
   int KQ;             /* groups of 4 taps per kernel row: ceil(KW / 4) */
   int PH, PW;         /* the padded image (PW: room for the last group's 4-byte read) */
   int32_t *w;         /* (KH, KQ, NB * 16) dwords: 4 s8 taps w[oc][kh][4q .. 4q + 3], zeros past KW, OC */
-  int32_t *comp;      /* (NB * 16): zp_src * sum_t w[oc][t] */
+  int32_t *start;     /* (NB * 16): -zp_src * sum_t w[oc][t], where the accumulators start */
   float *add, *mul;   /* (NB * 16): the bias, oscale */
   float lo, hi;       /* the post-op bounds in output units (before zp_dst), with an f32 output */
   float lo_u8, hi_u8; /* with a u8 output: also [-zp_dst, 255 - zp_dst] (the saturation) */
@@ -79,10 +79,10 @@ qt_conv1 *qt_conv1_create(const qt_int8_params *p, const int8_t *weight, const f
   k->PH = (p->OH - 1) * p->stride_h + p->KH;
   k->PW = (p->OW - 1) * p->stride_w + 4 * k->KQ;
   k->w = calloc((size_t)p->KH * (size_t)k->KQ * (size_t)L, sizeof *k->w);
-  k->comp = calloc((size_t)L, sizeof *k->comp);
+  k->start = calloc((size_t)L, sizeof *k->start);
   k->add = calloc((size_t)L, sizeof *k->add);
   k->mul = calloc((size_t)L, sizeof *k->mul);
-  QT_ASSERT(k->w && k->comp && k->add && k->mul, "out of memory");
+  QT_ASSERT(k->w && k->start && k->add && k->mul, "out of memory");
   for (int oc = 0; oc < p->OC; oc++) {
     int32_t sum = 0;
     for (int kh = 0; kh < p->KH; kh++)
@@ -92,17 +92,12 @@ qt_conv1 *qt_conv1_create(const qt_int8_params *p, const int8_t *weight, const f
         quad[kw % 4] = w;
         sum += w;
       }
-    k->comp[oc] = p->zp_src * sum;
+    k->start[oc] = -p->zp_src * sum;
     k->add[oc] = bias[oc];
     k->mul[oc] = oscale[oc];
   }
-  /* oneDNN's one eltwise post-op (int8_dnnl.c): relu, or clip to the intersection */
-  float lo = p->relu || p->relu6 ? 0.0f : -INFINITY, hi = p->relu6 ? p->relu6_hi : INFINITY;
-  if (p->clip) {
-    lo = fmaxf(lo, (float)p->clip_lo);
-    hi = fminf(hi, (float)p->clip_hi);
-  }
-  if (hi < lo) hi = lo;
+  float lo, hi; /* oneDNN's one eltwise post-op (int8_dnnl.c) */
+  qt_int8_post_bounds(p, &lo, &hi);
   k->lo = lo;
   k->hi = hi;
   /* oneDNN clamps to [lo, hi], adds zp_dst, saturates to [0, 255]. With c0 = -zp_dst and c1 =
@@ -117,7 +112,7 @@ qt_conv1 *qt_conv1_create(const qt_int8_params *p, const int8_t *weight, const f
 
 /* The per-channel constants of the requantization, in registers for one image. */
 typedef struct {
-  __m512i start[C1_MAX_BLOCKS]; /* -zp_src * sum(w): where the accumulators start */
+  __m512i start[C1_MAX_BLOCKS]; /* qt_conv1.start */
   __m512 add[C1_MAX_BLOCKS], mul[C1_MAX_BLOCKS];
   __m512 lo, hi, zp;
 } conv1_post;
@@ -216,7 +211,7 @@ void qt_conv1_run(const qt_conv1 *k, void *dst, const uint8_t *src, int N) {
     QT_ASSERT(xp, "out of memory");
     conv1_post q;
     for (int b = 0; b < k->NB; b++) {
-      q.start[b] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(k->comp + 16 * b));
+      q.start[b] = _mm512_loadu_si512(k->start + 16 * b);
       q.add[b] = _mm512_loadu_ps(k->add + 16 * b);
       q.mul[b] = _mm512_loadu_ps(k->mul + 16 * b);
     }
@@ -248,5 +243,5 @@ void qt_conv1_run(const qt_conv1 *k, void *dst, const uint8_t *src, int N) {
 
 void qt_conv1_free(qt_conv1 *k) {
   if (!k) return;
-  QT_FREE_ALL(k->w, k->add, k->mul, k->comp, k);
+  QT_FREE_ALL(k->w, k->add, k->mul, k->start, k);
 }

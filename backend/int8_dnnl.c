@@ -93,16 +93,11 @@ static dnnl_status_t make_pd(const qt_int8_op *op, int N, dnnl_primitive_desc_t 
     if (p->zp_dst) QT_DNNL_CHECK(dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_DST, 1, 0, &runtime));
     if (p->relu || p->relu6 || p->clip) {
       QT_DNNL_CHECK(dnnl_post_ops_create(&ops));
-      /* One eltwise post-op: relu (relu6) and the narrowed output range are clamps in output
-       * units, and clamping twice equals clamping once to the intersection. (oneDNN 2.6 dropped
-       * the second of two clip post-ops in its int8 convolutions: a 4-bit relu6 output whose
-       * 6 / s_out exceeds 15 reached 16 and 17, found on the MobileNet-style W4A4 model.) */
-      float lo = p->relu || p->relu6 ? 0.0f : -INFINITY, hi = p->relu6 ? p->relu6_hi : INFINITY;
-      if (p->clip) {
-        lo = fmaxf(lo, (float)p->clip_lo);
-        hi = fminf(hi, (float)p->clip_hi);
-      }
-      if (hi < lo) hi = lo; /* a relu6 bound below the range: everything clamps to its bottom */
+      /* One eltwise post-op (qt_int8_post_bounds). (oneDNN 2.6 dropped the second of two clip
+       * post-ops in its int8 convolutions: a 4-bit relu6 output whose 6 / s_out exceeds 15
+       * reached 16 and 17, found on the MobileNet-style W4A4 model.) */
+      float lo, hi;
+      qt_int8_post_bounds(p, &lo, &hi);
       if (!p->clip && !p->relu6)
         QT_DNNL_CHECK(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
       else
@@ -193,6 +188,10 @@ qt_int8_op *qt_int8_op_create(const qt_int8_params *p, const int8_t *weight, con
   qt_int8_op *op = calloc(1, sizeof *op);
   if (!op) qt_dnnl_die(__FILE__, __LINE__, "out of memory");
   op->p = *p;
+  if (!p->dnnl_only && (op->conv1 = qt_conv1_create(p, weight, bias, oscale))) {
+    snprintf(op->impl, sizeof op->impl, "own:conv1_direct");
+    return op;
+  }
   qt_dnnl_engine();
   if (p->kind != QT_INT8_MAX_POOL) {
     const size_t nw =
@@ -210,10 +209,6 @@ qt_int8_op *qt_int8_op_create(const qt_int8_params *p, const int8_t *weight, con
     memcpy(h, bias, (size_t)p->OC * sizeof(float));
     if (p->zp_src) op->zp_src = s32_scalar(p->zp_src);
     if (p->zp_dst) op->zp_dst = s32_scalar(p->zp_dst);
-  }
-  if (!p->dnnl_only && (op->conv1 = qt_conv1_create(p, weight, bias, oscale))) {
-    snprintf(op->impl, sizeof op->impl, "own:conv1_direct");
-    return op;
   }
   /* Probe: does oneDNN implement this scheme at all? (Batch 1; kept as a cache entry.) */
   dnnl_status_t st = entry_build(op, &op->cache[0], 1);
