@@ -17,7 +17,8 @@
 # (a report JSON written before, e.g. experiments/results/peers.json: its rows count as earlier
 # slices, for a machine without the work folder they came from), --tag NAME (appended to the
 # slice's folder name: a second slice of the same models and seeds, e.g. speed measured again,
-# that does not replace the first one's results). Needs
+# that does not replace the first one's results), --pt2e-args "ARGS" (more pt2e.py options, split at
+# spaces, e.g. "--quantizers= --ptq-bits= --qat-bits w8a8": our QAT W8A8 rows alone). Needs
 # bench/peers/setup_peers.sh's .venv and build/bin/qat_train (bash scripts/setup.sh). Run it with
 # both cores idle: every figure is a time or comes from a training run that shares the machine.
 set -uo pipefail
@@ -36,6 +37,7 @@ SKIP=""
 INFER_SKIP=""
 BASE=""
 TAG=""
+PT2E_EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
@@ -47,7 +49,8 @@ while [ $# -gt 0 ]; do
     --infer-skip) INFER_SKIP="$2"; shift ;;
     --base) BASE="$2"; shift ;;
     --tag) TAG="$2"; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --pt2e-args) read -r -a PT2E_EXTRA <<< "$2"; shift ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "run_all: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -89,6 +92,7 @@ else
   INFER_ARGS=("${COMMON[@]}")
   NOTE=""
 fi
+PT2E_ARGS+=("${PT2E_EXTRA[@]}")
 if [ -n "$INFER_SKIP" ]; then INFER_ARGS+=(--skip "$INFER_SKIP"); fi
 REPORT_ARGS=(--work "$WORK" --out "$OUT")
 [ -n "$BASE" ] && REPORT_ARGS+=(--base "$BASE")
