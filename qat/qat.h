@@ -34,6 +34,13 @@ typedef struct {
 
 typedef enum { QT_BIAS_AUTO, QT_BIAS_INT32, QT_BIAS_FLOAT } qt_bias_choice;
 
+/* With learnable_scale, which weight quantizers learn their scales; the others follow their
+ * observer every step (as PT2E's QAT does). BELOW_8: those of fewer than 8 bits (a layer's own
+ * bits, after overrides). Learned 8-bit weight scales lost whole channels in 3 of 7 W8A8 runs
+ * (grown past the channel's range, or collapsed to the FLT_EPSILON clamp), observed ones in none
+ * (docs/experiments.md, "LSQ at 8 bits"). */
+typedef enum { QT_LSQ_WEIGHTS_ALL, QT_LSQ_WEIGHTS_BELOW_8, QT_LSQ_WEIGHTS_NONE } qt_lsq_weights;
+
 typedef struct {
   int weight_bits;                  /* 2..8 */
   int activation_bits;              /* 2..8 */
@@ -41,7 +48,8 @@ typedef struct {
   qt_observer_kind activation_observer;
   qt_range_method activation_method; /* histogram: percentile / mse */
   float percentile;
-  int learnable_scale; /* LSQ: weights and activations learn their scales (QAT) */
+  int learnable_scale; /* LSQ: activations learn their scales (QAT), and weights as learnable_weights says */
+  qt_lsq_weights learnable_weights;
   qt_bias_choice bias; /* conv/linear biases: int32 at s_x * s_w, or float; auto:
                         * int32 where the backend requires it (bias_int32_only) */
   int fuse_add;        /* a quantized conv2d whose output goes only to an add joins the add's

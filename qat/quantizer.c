@@ -167,7 +167,8 @@ static qt_qspec weight_spec(const qt_backend_desc *d, const qt_quantizer_config 
   }
   s.observer = c->weight_observer;
   s.method = QT_RANGE_MINMAX;
-  s.learnable = c->learnable_scale;
+  s.learnable = c->learnable_scale && (c->learnable_weights == QT_LSQ_WEIGHTS_ALL ||
+                                       (c->learnable_weights == QT_LSQ_WEIGHTS_BELOW_8 && bits < 8));
   s.pow2_scale = d->pow2_scales;
   return s;
 }
@@ -535,10 +536,10 @@ static void spec_str(const qt_qspec *s, char *buf, size_t n) {
              s->qmax, s->fixed_scale, s->fixed_zero_point);
     return;
   }
-  snprintf(buf, n, "%s%d [%d, %d] %s%s%s, %s%s", s->is_signed ? "s" : "u", s->bits, s->qmin, s->qmax,
+  snprintf(buf, n, "%s%d [%d, %d] %s%s%s, %s%s%s", s->is_signed ? "s" : "u", s->bits, s->qmin, s->qmax,
            s->symmetric ? "symmetric" : "affine", s->per_channel ? " per-channel" : " per-tensor",
            s->pow2_scale ? " power-of-two scales" : "", qt_observer_kind_name(s->observer),
-           s->bias_int32 ? "; bias int32 at s_x * s_w" : "");
+           s->learnable ? ", learned scale (LSQ)" : "", s->bias_int32 ? "; bias int32 at s_x * s_w" : "");
 }
 
 void qt_annotations_print(const qt_graph *g, const qt_annotations *a, FILE *f) {

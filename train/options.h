@@ -26,6 +26,8 @@ typedef enum { QT_QUANT_ISA_AUTO, QT_QUANT_ISA_VNNI, QT_QUANT_ISA_NO_VNNI, QT_QU
 typedef enum { QT_QUANT_BIAS_AUTO, QT_QUANT_BIAS_INT32, QT_QUANT_BIAS_FLOAT, QT_QUANT_BIAS_COUNT } qt_quant_bias;
 /* quant.weight_observer: auto = minmax for PTQ, moving_average for QAT. */
 typedef enum { QT_WOBS_AUTO, QT_WOBS_MINMAX, QT_WOBS_MOVING_AVERAGE, QT_WOBS_COUNT } qt_weight_observer_choice;
+/* quant.learnable_weight_scale: with LSQ, auto = weights of fewer than 8 bits learn their scales */
+typedef enum { QT_LSQW_AUTO, QT_LSQW_TRUE, QT_LSQW_FALSE, QT_LSQW_COUNT } qt_learnable_weight_scale;
 typedef enum { QT_QAT_INIT_OBSERVERS, QT_QAT_INIT_CALIBRATION, QT_QAT_INIT_COUNT } qt_qat_init;
 typedef enum { QT_KEEP_W8A8, QT_KEEP_FP32, QT_KEEP_COUNT } qt_mixed_keep;
 /* quant.cle_relu6: chains through relu6 left alone, or the relu6 made relu and equalized */
@@ -90,6 +92,7 @@ typedef struct {
   qt_range_method activation_range;
   double percentile;
   int learnable_scale;
+  qt_learnable_weight_scale learnable_weight_scale;
   int fuse_add;    /* a conv feeding only an add joins the add's unit (onednn_cpu) */
   int fuse_gate;   /* a conv / linear -> activation -> mul is one unit (onednn_cpu) */
   int fp32_output; /* the graph's output is no quantization point (real values) */

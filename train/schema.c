@@ -152,6 +152,10 @@ static const option_row rows[] = {
     ROW(quant, percentile, QT_CFG_FLOAT, "99.99", 50, 100, NULL, "histogram + percentile: the percentile kept"),
     ROW(quant, learnable_scale, QT_CFG_BOOL, "false", 0, 0, NULL,
         "QAT: LSQ, scales are trained parameters (initialized by the observers on the first batch)"),
+    ROW(quant, learnable_weight_scale, QT_CFG_ENUM, "auto", 0, 0, "auto|true|false",
+        "with quant.learnable_scale: the weights' scales are trained too (true), follow the weight observer "
+        "every step as PT2E's QAT does (false), or auto: trained below 8 bits (a layer's own bits), observed at 8, "
+        "where learned scales lost whole channels (docs/experiments.md, \"LSQ at 8 bits\")"),
     ROW(quant, fuse_add, QT_CFG_BOOL, "false", 0, 0, NULL,
         "a conv whose output goes only to an add joins the add (and a relu after it) in one unit: no "
         "quantization point on the conv's output, as PT2E's X86 Inductor quantizer fuses conv + add (onednn)"),
@@ -322,6 +326,9 @@ static int check_rules(const qt_options *o, char *err) {
                   "equalization needs it folded)");
   if (q->learnable_scale && q->mode != QT_QUANT_QAT)
     return qt_err(err, "quant.learnable_scale needs quant.mode = qat (PTQ learns nothing)");
+  if (q->learnable_weight_scale != QT_LSQW_AUTO && !q->learnable_scale)
+    return qt_err(err, "quant.learnable_weight_scale = %s needs quant.learnable_scale = true",
+                  q->learnable_weight_scale == QT_LSQW_TRUE ? "true" : "false");
   if (q->quantizer == QT_QUANTIZER_BACKEND && !q->backend[0])
     return qt_err(err, "quant.quantizer = backend needs quant.backend (a backend description file)");
   if (q->quantizer != QT_QUANTIZER_BACKEND && q->backend[0] && strcmp(q->backend, "xnnpack") != 0 &&

@@ -20,6 +20,9 @@ static int quantizer_config(const qt_quant_options *q, qt_quantizer_config *qc, 
   qc->activation_method = q->activation_range;
   qc->percentile = (float)q->percentile;
   qc->learnable_scale = q->learnable_scale;
+  qc->learnable_weights = q->learnable_weight_scale == QT_LSQW_TRUE    ? QT_LSQ_WEIGHTS_ALL
+                          : q->learnable_weight_scale == QT_LSQW_FALSE ? QT_LSQ_WEIGHTS_NONE
+                                                                       : QT_LSQ_WEIGHTS_BELOW_8;
   qc->fuse_add = q->fuse_add;
   qc->fuse_gate = q->fuse_gate;
   qc->fp32_output = q->fp32_output;

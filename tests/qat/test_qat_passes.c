@@ -30,6 +30,8 @@ enum { N = 16 };
 static int g_lsq;        /* prepared_model: learnable scales */
 static int g_bias_int32; /* prepared_model: int32 biases */
 static int g_fuse_add;   /* prepared_model: quant.fuse_add */
+static qt_lsq_weights g_lsq_weights;   /* prepared_model: which weights learn their scales */
+static const char *g_overrides = ""; /* prepared_model: quant.layer_overrides */
 
 static qt_graph *prepared_model(const char *model, qt_prepare_mode mode, int wbits, int abits, int vnni) {
   char err[QT_ERR_LEN];
@@ -40,6 +42,8 @@ static qt_graph *prepared_model(const char *model, qt_prepare_mode mode, int wbi
   qt_quantizer_config qc = qt_test_quantizer_config(wbits, abits);
   qc.weight_observer = mode == QT_PREPARE_QAT ? QT_OBSERVER_MOVING_AVERAGE : QT_OBSERVER_MINMAX;
   qc.learnable_scale = g_lsq;
+  qc.learnable_weights = g_lsq_weights;
+  if (qt_parse_overrides(&qc, g_overrides, err)) qt_test_fail("overrides %s: %s", g_overrides, err);
   qc.bias = g_bias_int32 ? QT_BIAS_INT32 : QT_BIAS_AUTO;
   qc.fuse_add = g_fuse_add;
   qt_annotations a;
@@ -472,6 +476,42 @@ static void lsq_moves_scales(void) {
   qt_graph_free(p);
 }
 
+/* learnable_weights: with LSQ, which weight quantizers get a learned scale, by each layer's own
+ * bits (conv1 at 4 through an override, the others at the model's 8); activations learn theirs
+ * whatever it says. */
+static void lsq_weight_choice(void) {
+  static const struct {
+    qt_lsq_weights choice;
+    int conv1, conv2;
+  } cases[] = {{QT_LSQ_WEIGHTS_ALL, 1, 1}, {QT_LSQ_WEIGHTS_BELOW_8, 1, 0}, {QT_LSQ_WEIGHTS_NONE, 0, 0}};
+  g_lsq = 1;
+  g_overrides = "conv1=w4";
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    g_lsq_weights = cases[k].choice;
+    qt_graph *p = prepared_model("fashion_cnn", QT_PREPARE_QAT, 8, 8, 1);
+    const int w1 = qt_graph_find_tensor(p, "conv1.weight_scale"), w2 = qt_graph_find_tensor(p, "conv2.weight_scale");
+    const int a = qt_graph_find_tensor(p, "relu1.fq.scale");
+    const qt_node *c2 = &p->nodes[qt_graph_find_node(p, "conv2")];
+    if ((w1 >= 0) != cases[k].conv1 || (w2 >= 0) != cases[k].conv2 || a < 0 || c2->wq->spec.learnable != cases[k].conv2)
+      qt_test_fail("learnable_weights %d: conv1 (4-bit) scale %s, conv2 (8-bit) %s, relu1.fq %s", (int)cases[k].choice,
+                   w1 >= 0 ? "learned" : "observed", w2 >= 0 ? "learned" : "observed", a >= 0 ? "learned" : "observed");
+    if (cases[k].choice == QT_LSQ_WEIGHTS_BELOW_8) {
+      /* the observed 8-bit weights and the learned 4-bit ones train, convert and check alike */
+      qt_test_exercise(p, QT_PREPARE_QAT, N);
+      char err[QT_ERR_LEN];
+      qt_graph *c = qt_convert(p, err);
+      if (!c) qt_test_fail("convert: %s", err);
+      qt_check_report r = check(p, c);
+      if (!r.ok) qt_test_fail("learnable_weights below 8: check failed:\n%s", r.reason);
+      qt_graph_free(c);
+    }
+    qt_graph_free(p);
+  }
+  g_lsq = 0;
+  g_lsq_weights = QT_LSQ_WEIGHTS_ALL;
+  g_overrides = "";
+}
+
 static void negatives(void) {
   char err[QT_ERR_LEN];
   qt_graph *p = prepared_model("fashion_cnn", QT_PREPARE_QAT, 4, 4, 1);
@@ -782,6 +822,7 @@ int main(void) {
   lsq_moves_scales();
   lsq_from_calibration();
   g_lsq = 0;
+  lsq_weight_choice();
   negatives();
   shared_weight_refused();
   nan_in_observer();

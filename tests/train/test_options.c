@@ -60,11 +60,13 @@ static void test_every_key_lands_in_its_field(void) {
   for (int i = 0; i < n; i++) {
     const qt_cfg_key *k = &schema[i];
     int done = 0;
-    /* the last base turns on what a key may need (quant.cle_relu6 has no effect without quant.cle,
-     * quant.adaround_unit none without quant.adaround) */
+    /* the last two bases turn on what a key may need (quant.learnable_weight_scale needs
+     * quant.learnable_scale; quant.cle_relu6 has no effect without quant.cle, quant.adaround_unit
+     * none without quant.adaround) */
     const char *modes[] = {"qat", "ptq", "qat", "ptq"};
     for (int m = 0; m < 4 && !done; m++) {
       qt_config *c = base_config(modes[m], m == 2);
+      if (m == 2 && qt_config_apply_override(c, "quant.learnable_scale=true", err)) qt_test_fail("base 2: %s", err);
       if (m == 3 && (qt_config_apply_override(c, "quant.cle=true", err) ||
                      qt_config_apply_override(c, "quant.adaround=true", err)))
         qt_test_fail("the last base: %s", err);
@@ -119,6 +121,8 @@ static void test_rules(void) {
   } cases[] = {
       {"quant.mode=qat", "quant.qat_init=calibration", NULL},
       {"quant.mode=ptq", "quant.learnable_scale=true", "quant.learnable_scale needs quant.mode = qat"},
+      {"quant.mode=qat", "quant.learnable_weight_scale=true", "quant.learnable_weight_scale = true needs quant.learnable_scale"},
+      {"quant.mode=qat", "quant.learnable_weight_scale=auto", NULL},
       {"quant.mode=qat", "quant.cle=true", "quant.cle needs quant.mode = ptq"},
       {"quant.mode=ptq", "quant.cle=true", NULL},
       {"quant.mode=ptq", "quant.cle_relu6=relu", "quant.cle_relu6 = relu has no effect without quant.cle = true"},
