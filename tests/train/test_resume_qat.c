@@ -8,7 +8,8 @@
  * from a PTQ calibration (quant.qat_init = calibration, BN frozen at 0.5: the resumed run must
  * take the calibrated qparams from the checkpoint). Mismatches are refused with a message
  * naming the checkpoint: other [quant] settings, an fp32 checkpoint resumed as QAT and back,
- * and (below the config check) a checkpoint loaded into a differently prepared graph. */
+ * and (below the config check) a checkpoint loaded into a differently prepared graph. With LSQ,
+ * quantizer.txt marks the learned scales: 4-bit weights learn theirs, 8-bit ones do not. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,29 @@ static char *read_text(const char *path) {
   s[got] = 0;
   fclose(f);
   return s;
+}
+
+/* quantizer.txt of a run with LSQ: every activation point learns its scale, the weights as
+ * quant.learnable_weight_scale = auto decides (learned below 8 bits, observed at 8). */
+static void check_learned_marks(const char *dir, int weights_learned) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/quantizer.txt", dir);
+  char *text = read_text(path);
+  int w = 0, wl = 0, a = 0, al = 0;
+  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    const int learned = strstr(line, "learned scale (LSQ)") != NULL;
+    if (strncmp(line, "  weight ", 9) == 0) {
+      w++;
+      wl += learned;
+    } else if (strncmp(line, "  activation ", 13) == 0 && !strstr(line, " shares ") && !strstr(line, " tied to ")) {
+      a++;
+      al += learned;
+    }
+  }
+  if (!w || !a || wl != (weights_learned ? w : 0) || al != a)
+    qt_test_fail("%s: %d of %d weight scales and %d of %d activation scales learned; want %d and %d", path, wl, w, al, a,
+                 weights_learned ? w : 0, a);
+  free(text);
 }
 
 static int same_file(const char *a, const char *b) {
@@ -257,6 +281,12 @@ int main(void) {
   expect_refused("other activation observer", rc, err, "ste_split/checkpoint.h5", "quant.activation_observer");
   rc = run("lsq_split", lsq, "train.resume=true", "quant.learnable_scale=false", err);
   expect_refused("LSQ off", rc, err, "lsq_split/checkpoint.h5", "quant.learnable_scale");
+  rc = run("lsq_split", lsq, "train.resume=true", "quant.learnable_weight_scale=false", err);
+  expect_refused("weight scales observed", rc, err, "lsq_split/checkpoint.h5", "quant.learnable_weight_scale");
+  /* qat_train's default: learned 4-bit weight scales, observed 8-bit ones */
+  check_learned_marks("lsq_split", 1);
+  if (run("lsq_w8", lsq, "quant.weight_bits=8", "quant.activation_bits=8", err)) qt_test_fail("lsq_w8: %s", err);
+  check_learned_marks("lsq_w8", 0);
   /* An fp32 run's checkpoint resumed as QAT, and a QAT checkpoint resumed as fp32. */
   rc = run("fp32", ste, "train.resume=true", NULL, err);
   expect_refused("fp32 checkpoint resumed as QAT", rc, err, "fp32/checkpoint.h5", "quant.mode");
